@@ -1,0 +1,354 @@
+/* main.c: tandem-client, the command-line client of the coordinator.
+ *
+ *   tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)
+ *                 [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
+ *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
+ *                 [--spec-mode sampled|point_mass] [--stream] [--json]
+ *                 [--timeout-ms N]
+ *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
+ *
+ * Exit status: 0 success, 1 the coordinator answered with an error (code
+ * and message on stderr), 2 bad command line, 3 timeout or transport error.
+ * --json prints one JSON object with the fields of `tandem-generate --json`
+ * (ids, text, prompt_tokens, generated_tokens, prefill_ms, decode_ms,
+ * tokens_per_s, acceptance_rate, rounds, mean_accepted_per_round, draft_ms,
+ * verify_ms) plus the coordinator's timing and speculation counters.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "tandem_client.h"
+
+#define CLIENT_IDS_MAX 1000000
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
+            "                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
+            "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
+            "                     [--stream] [--json] [--timeout-ms N]\n"
+            "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
+            "default endpoint: %s, default timeout: 600000 ms\n",
+            TANDEM_CLIENT_DEFAULT_ENDPOINT);
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "tandem-client: %s: expected an integer in %ld..%ld, got \"%s\"\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *s, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0') {
+        fprintf(stderr, "tandem-client: %s: expected a number, got \"%s\"\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* "1,2,3" -> malloc'd ids. */
+static int parse_ids(const char *s, int32_t **out, int *n_out)
+{
+    int cap = 16, n = 0;
+    int32_t *ids = malloc(sizeof(*ids) * (size_t)cap);
+    if (ids == NULL)
+        return -1;
+    const char *p = s;
+    while (*p != '\0') {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno != 0 || end == p || v < 0 || v > INT32_MAX || (*end != ',' && *end != '\0') ||
+            n >= CLIENT_IDS_MAX) {
+            fprintf(stderr, "tandem-client: --ids: expected comma-separated non-negative integers, got \"%s\"\n", s);
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *grown = realloc(ids, sizeof(*ids) * (size_t)cap);
+            if (grown == NULL) {
+                free(ids);
+                return -1;
+            }
+            ids = grown;
+        }
+        ids[n++] = (int32_t)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "tandem-client: --ids: no ids given\n");
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+static double num_at(const cJSON *obj, const char *section, const char *name)
+{
+    const cJSON *s = section ? cJSON_GetObjectItemCaseSensitive(obj, section) : obj;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, name);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+}
+
+/* The --json summary of a done reply. */
+static int print_json_summary(const cJSON *done)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return -1;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(done, "ids");
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(done, "text");
+    const cJSON *finish = cJSON_GetObjectItemCaseSensitive(done, "finish_reason");
+    int ok = cJSON_AddItemToObject(o, "ids", ids ? cJSON_Duplicate(ids, 1) : cJSON_CreateArray());
+    ok = ok && cJSON_AddStringToObject(o, "text", cJSON_IsString(text) ? text->valuestring : "") != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "prompt_tokens", num_at(done, "usage", "prompt_tokens")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "generated_tokens", num_at(done, "usage", "generated_tokens")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "prefill_ms", num_at(done, "timing", "prefill_ms")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "decode_ms", num_at(done, "timing", "decode_ms")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "tokens_per_s", num_at(done, "timing", "tokens_per_s")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "acceptance_rate", num_at(done, "spec", "acceptance_rate")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "rounds", num_at(done, "spec", "rounds")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "mean_accepted_per_round",
+                                       num_at(done, "spec", "mean_accepted_per_round")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "draft_ms", num_at(done, "spec", "draft_ms")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "verify_ms", num_at(done, "spec", "verify_ms")) != NULL;
+    ok = ok && cJSON_AddStringToObject(o, "finish_reason", cJSON_IsString(finish) ? finish->valuestring : "") != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "queue_ms", num_at(done, "timing", "queue_ms")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "total_ms", num_at(done, "timing", "total_ms")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "drafted", num_at(done, "spec", "drafted")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "accepted", num_at(done, "spec", "accepted")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "predraft_offered", num_at(done, "spec", "predraft_offered")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(o, "predraft_used", num_at(done, "spec", "predraft_used")) != NULL;
+    char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (s == NULL)
+        return -1;
+    printf("%s\n", s);
+    cJSON_free(s);
+    return 0;
+}
+
+static int run_stats(struct tandem_client *client, int timeout_ms, int prometheus)
+{
+    char err[ERR_MSG_MAX];
+    cJSON *stats = NULL;
+    int rc = tandem_client_stats(client, timeout_ms, &stats, err);
+    if (rc != 0) {
+        fprintf(stderr, "tandem-client: %s\n", err);
+        return 3;
+    }
+    if (prometheus) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(stats, "prometheus");
+        fputs(cJSON_IsString(p) ? p->valuestring : "", stdout);
+    } else {
+        cJSON_DeleteItemFromObjectCaseSensitive(stats, "prometheus");
+        char *s = cJSON_Print(stats);
+        if (s != NULL) {
+            printf("%s\n", s);
+            cJSON_free(s);
+        }
+    }
+    cJSON_Delete(stats);
+    return 0;
+}
+
+static int run_generate(struct tandem_client *client, const struct tandem_client_request *req, int timeout_ms,
+                        int json)
+{
+    char err[ERR_MSG_MAX];
+    int rc = tandem_client_generate(client, req, err);
+    if (rc != 0) {
+        fprintf(stderr, "tandem-client: %s\n", err);
+        return 3;
+    }
+    for (;;) {
+        struct tandem_client_event ev;
+        rc = tandem_client_recv(client, timeout_ms, &ev, err);
+        if (rc != 0) {
+            fprintf(stderr, "tandem-client: %s\n", err);
+            return 3;
+        }
+        if (strcmp(ev.id, req->id) != 0 && ev.type != TANDEM_CLIENT_EVENT_ERROR) {
+            tandem_client_event_free(&ev);
+            continue;
+        }
+        int status = -1;
+        switch (ev.type) {
+        case TANDEM_CLIENT_EVENT_TOKEN:
+            if (!json) {
+                fputs(ev.text, stdout);
+                fflush(stdout);
+            }
+            break;
+        case TANDEM_CLIENT_EVENT_DONE:
+            if (json)
+                status = print_json_summary(ev.json) == 0 ? 0 : 3;
+            else {
+                if (!req->stream)
+                    fputs(ev.text, stdout);
+                fputc('\n', stdout);
+                status = 0;
+            }
+            break;
+        case TANDEM_CLIENT_EVENT_ERROR:
+            fprintf(stderr, "tandem-client: error %s: %s\n", ev.code, ev.message);
+            if (json) {
+                char *s = cJSON_PrintUnformatted(ev.json);
+                if (s != NULL) {
+                    printf("%s\n", s);
+                    cJSON_free(s);
+                }
+            }
+            status = 1;
+            break;
+        default:
+            break;
+        }
+        tandem_client_event_free(&ev);
+        if (status >= 0)
+            return status;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = TANDEM_CLIENT_DEFAULT_ENDPOINT;
+    struct tandem_client_request req;
+    tandem_client_request_init(&req);
+    req.id = "cli";
+    int32_t *ids = NULL;
+    int stats = 0, prometheus = 0, json = 0;
+    long timeout_ms = 600000;
+    int status = 2;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long l = 0;
+        double d = 0;
+        int takes_value = 1;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            free(ids);
+            return 0;
+        } else if (strcmp(a, "--stats") == 0) {
+            stats = 1, takes_value = 0;
+        } else if (strcmp(a, "--prometheus") == 0) {
+            prometheus = 1, takes_value = 0;
+        } else if (strcmp(a, "--stream") == 0) {
+            req.stream = true, takes_value = 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = 1, takes_value = 0;
+        } else if (v == NULL) {
+            fprintf(stderr, "tandem-client: %s: unknown option or missing value\n", a);
+            usage(stderr);
+            goto done;
+        } else if (strcmp(a, "--endpoint") == 0) {
+            endpoint = v;
+        } else if (strcmp(a, "--prompt") == 0) {
+            req.prompt = v;
+        } else if (strcmp(a, "--chat") == 0) {
+            req.chat = v;
+        } else if (strcmp(a, "--ids") == 0) {
+            free(ids);
+            ids = NULL;
+            if (parse_ids(v, &ids, &req.n_ids) != 0)
+                goto done;
+            req.ids = ids;
+        } else if (strcmp(a, "--max-tokens") == 0) {
+            if (parse_long(a, v, 1, INT32_MAX, &l) != 0)
+                goto done;
+            req.max_tokens = (int)l;
+        } else if (strcmp(a, "--temperature") == 0) {
+            if (parse_double(a, v, &d) != 0)
+                goto done;
+            req.temperature = d;
+        } else if (strcmp(a, "--top-k") == 0) {
+            if (parse_long(a, v, 0, INT32_MAX, &l) != 0)
+                goto done;
+            req.top_k = (int)l;
+        } else if (strcmp(a, "--top-p") == 0) {
+            if (parse_double(a, v, &d) != 0)
+                goto done;
+            req.top_p = d;
+        } else if (strcmp(a, "--min-p") == 0) {
+            if (parse_double(a, v, &d) != 0)
+                goto done;
+            req.min_p = d;
+        } else if (strcmp(a, "--seed") == 0) {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno != 0 || end == v || *end != '\0' || v[0] == '-') {
+                fprintf(stderr, "tandem-client: --seed: expected a non-negative integer, got \"%s\"\n", v);
+                goto done;
+            }
+            req.seed = s;
+            req.has_seed = true;
+        } else if (strcmp(a, "--stop") == 0) {
+            if (req.n_stop >= TANDEM_CLIENT_STOP_MAX) {
+                fprintf(stderr, "tandem-client: --stop: at most %d stop strings\n", TANDEM_CLIENT_STOP_MAX);
+                goto done;
+            }
+            req.stop[req.n_stop++] = v;
+        } else if (strcmp(a, "--spec-k") == 0) {
+            if (parse_long(a, v, 0, 16, &l) != 0)
+                goto done;
+            req.spec_k = (int)l;
+        } else if (strcmp(a, "--spec-mode") == 0) {
+            req.spec_mode = v;
+        } else if (strcmp(a, "--timeout-ms") == 0) {
+            if (parse_long(a, v, 1, INT32_MAX, &l) != 0)
+                goto done;
+            timeout_ms = l;
+        } else if (strcmp(a, "--id") == 0) {
+            req.id = v;
+        } else {
+            fprintf(stderr, "tandem-client: %s: unknown option\n", a);
+            usage(stderr);
+            goto done;
+        }
+        if (takes_value)
+            i++;
+    }
+    int n_inputs = (req.prompt != NULL) + (req.chat != NULL) + (req.ids != NULL);
+    if (!stats && n_inputs != 1) {
+        fprintf(stderr, "tandem-client: give exactly one of --prompt, --chat, --ids (or --stats)\n");
+        usage(stderr);
+        goto done;
+    }
+
+    char err[ERR_MSG_MAX];
+    struct tandem_client *client = NULL;
+    if (tandem_client_create(&client, endpoint, err) != 0) {
+        fprintf(stderr, "tandem-client: %s\n", err);
+        goto done;
+    }
+    if (stats)
+        status = run_stats(client, (int)timeout_ms, prometheus);
+    else
+        status = run_generate(client, &req, (int)timeout_ms, json);
+    tandem_client_destroy(client);
+done:
+    free(ids);
+    return status;
+}

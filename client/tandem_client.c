@@ -1,0 +1,300 @@
+/* tandem_client.c: the ZeroMQ client of the coordinator (see tandem_client.h).
+ *
+ * Invariants: the client owns one ZeroMQ context and one DEALER socket; each
+ * message is a single frame of JSON text (docs/protocol.md). Replies are
+ * validated to the extent the caller relies on them (a JSON object with a
+ * string "type"); anything else is ERR_PROTOCOL, never a crash.
+ */
+#include "tandem_client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "error.h"
+
+struct tandem_client {
+    void *zctx;
+    void *sock;
+};
+
+int tandem_client_create(struct tandem_client **out, const char *endpoint, char *err)
+{
+    *out = NULL;
+    if (endpoint == NULL || endpoint[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG, "endpoint: must not be empty");
+    struct tandem_client *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return error_set(err, ERR_NOMEM, "client: out of memory");
+    c->zctx = zmq_ctx_new();
+    if (c->zctx == NULL) {
+        free(c);
+        return error_set(err, ERR_SYSTEM, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    }
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (c->sock == NULL) {
+        int rc = error_set(err, ERR_SYSTEM, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
+        tandem_client_destroy(c);
+        return rc;
+    }
+    int linger_ms = 0;
+    if (zmq_setsockopt(c->sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0) {
+        int rc = error_set(err, ERR_SYSTEM, "zmq_setsockopt(ZMQ_LINGER): %s", zmq_strerror(zmq_errno()));
+        tandem_client_destroy(c);
+        return rc;
+    }
+    if (zmq_connect(c->sock, endpoint) != 0) {
+        int rc = error_set(err, ERR_INVALID_ARG, "endpoint %s: zmq_connect: %s", endpoint,
+                           zmq_strerror(zmq_errno()));
+        tandem_client_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void tandem_client_destroy(struct tandem_client *client)
+{
+    if (client == NULL)
+        return;
+    if (client->sock != NULL)
+        zmq_close(client->sock);
+    if (client->zctx != NULL)
+        zmq_ctx_term(client->zctx);
+    free(client);
+}
+
+void tandem_client_request_init(struct tandem_client_request *req)
+{
+    memset(req, 0, sizeof(*req));
+    req->temperature = -1;
+    req->top_k = -1;
+    req->top_p = -1;
+    req->min_p = -1;
+    req->spec_k = -1;
+}
+
+int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON **out, char *err)
+{
+    *out = NULL;
+    int n_inputs = (req->prompt != NULL) + (req->chat != NULL) + (req->ids != NULL);
+    if (n_inputs != 1)
+        return error_set(err, ERR_INVALID_ARG, "request: give exactly one of prompt, chat, ids");
+    if (req->n_stop < 0 || req->n_stop > TANDEM_CLIENT_STOP_MAX)
+        return error_set(err, ERR_INVALID_ARG, "stop: at most %d strings", TANDEM_CLIENT_STOP_MAX);
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL)
+        return error_set(err, ERR_NOMEM, "request: out of memory");
+    int ok = cJSON_AddNumberToObject(m, "v", 1) != NULL &&
+             cJSON_AddStringToObject(m, "type", "generate") != NULL &&
+             cJSON_AddStringToObject(m, "id", req->id ? req->id : "") != NULL;
+    if (req->prompt != NULL) {
+        ok = ok && cJSON_AddStringToObject(m, "prompt", req->prompt) != NULL;
+    } else if (req->chat != NULL) {
+        cJSON *msgs = cJSON_AddArrayToObject(m, "messages");
+        cJSON *msg = cJSON_CreateObject();
+        ok = ok && msgs != NULL && msg != NULL;
+        if (msg != NULL && !cJSON_AddItemToArray(msgs, msg)) {
+            cJSON_Delete(msg);
+            ok = 0;
+        }
+        ok = ok && cJSON_AddStringToObject(msg, "role", "user") != NULL &&
+             cJSON_AddStringToObject(msg, "content", req->chat) != NULL;
+    } else {
+        cJSON *ids = cJSON_AddArrayToObject(m, "prompt_ids");
+        ok = ok && ids != NULL;
+        for (int i = 0; ok && i < req->n_ids; i++) {
+            cJSON *n = cJSON_CreateNumber(req->ids[i]);
+            if (n == NULL || !cJSON_AddItemToArray(ids, n)) {
+                cJSON_Delete(n);
+                ok = 0;
+            }
+        }
+    }
+    if (req->max_tokens > 0)
+        ok = ok && cJSON_AddNumberToObject(m, "max_tokens", req->max_tokens) != NULL;
+    if (req->temperature >= 0)
+        ok = ok && cJSON_AddNumberToObject(m, "temperature", req->temperature) != NULL;
+    if (req->top_k >= 0)
+        ok = ok && cJSON_AddNumberToObject(m, "top_k", req->top_k) != NULL;
+    if (req->top_p >= 0)
+        ok = ok && cJSON_AddNumberToObject(m, "top_p", req->top_p) != NULL;
+    if (req->min_p >= 0)
+        ok = ok && cJSON_AddNumberToObject(m, "min_p", req->min_p) != NULL;
+    if (req->has_seed) {
+        char seed[24];
+        snprintf(seed, sizeof(seed), "%llu", (unsigned long long)req->seed);
+        ok = ok && cJSON_AddStringToObject(m, "seed", seed) != NULL;
+    }
+    if (req->n_stop > 0) {
+        cJSON *stop = cJSON_AddArrayToObject(m, "stop");
+        ok = ok && stop != NULL;
+        for (int i = 0; ok && i < req->n_stop; i++) {
+            cJSON *s = cJSON_CreateString(req->stop[i] ? req->stop[i] : "");
+            if (s == NULL || !cJSON_AddItemToArray(stop, s)) {
+                cJSON_Delete(s);
+                ok = 0;
+            }
+        }
+    }
+    if (req->stream)
+        ok = ok && cJSON_AddBoolToObject(m, "stream", 1) != NULL;
+    if (req->spec_k >= 0)
+        ok = ok && cJSON_AddNumberToObject(m, "spec_k", req->spec_k) != NULL;
+    if (req->spec_mode != NULL)
+        ok = ok && cJSON_AddStringToObject(m, "spec_mode", req->spec_mode) != NULL;
+    if (!ok) {
+        cJSON_Delete(m);
+        return error_set(err, ERR_NOMEM, "request: out of memory");
+    }
+    *out = m;
+    return 0;
+}
+
+int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err)
+{
+    if (zmq_send(client->sock, data, len, 0) < 0)
+        return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err)
+{
+    char *text = cJSON_PrintUnformatted(msg);
+    if (text == NULL)
+        return error_set(err, ERR_NOMEM, "request: out of memory");
+    int rc = tandem_client_send_raw(client, text, strlen(text), err);
+    cJSON_free(text);
+    return rc;
+}
+
+int tandem_client_generate(struct tandem_client *client, const struct tandem_client_request *req,
+                           char *err)
+{
+    cJSON *m = NULL;
+    int rc = tandem_client_request_to_json(req, &m, err);
+    if (rc != 0)
+        return rc;
+    rc = tandem_client_send_json(client, m, err);
+    cJSON_Delete(m);
+    return rc;
+}
+
+static const char *string_field(const cJSON *obj, const char *name)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return cJSON_IsString(item) ? item->valuestring : "";
+}
+
+int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tandem_client_event *ev,
+                       char *err)
+{
+    memset(ev, 0, sizeof(*ev));
+    zmq_pollitem_t item = {.socket = client->sock, .events = ZMQ_POLLIN};
+    int n = zmq_poll(&item, 1, timeout_ms < 0 ? -1 : timeout_ms);
+    if (n < 0)
+        return error_set(err, errno == EINTR ? ERR_CANCELLED : ERR_SYSTEM, "zmq_poll: %s",
+                         zmq_strerror(zmq_errno()));
+    if (n == 0)
+        return error_set(err, ERR_TIMEOUT, "no reply from the coordinator within %d ms", timeout_ms);
+    zmq_msg_t msg;
+    if (zmq_msg_init(&msg) != 0)
+        return error_set(err, ERR_SYSTEM, "zmq_msg_init: %s", zmq_strerror(zmq_errno()));
+    /* The reply is one frame; a stray delimiter frame (from a REQ-style
+     * peer) is skipped. */
+    cJSON *root = NULL;
+    int more = 0;
+    do {
+        if (zmq_msg_recv(&msg, client->sock, 0) < 0) {
+            zmq_msg_close(&msg);
+            cJSON_Delete(root);
+            return error_set(err, ERR_SYSTEM, "zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
+        }
+        more = zmq_msg_more(&msg);
+        if (root == NULL && zmq_msg_size(&msg) > 0)
+            root = cJSON_ParseWithLength(zmq_msg_data(&msg), zmq_msg_size(&msg));
+    } while (more);
+    zmq_msg_close(&msg);
+    if (!cJSON_IsObject(root) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "type"))) {
+        cJSON_Delete(root);
+        return error_set(err, ERR_PROTOCOL, "reply is not a JSON object with a \"type\"");
+    }
+    const char *type = string_field(root, "type");
+    if (strcmp(type, "token") == 0)
+        ev->type = TANDEM_CLIENT_EVENT_TOKEN;
+    else if (strcmp(type, "done") == 0)
+        ev->type = TANDEM_CLIENT_EVENT_DONE;
+    else if (strcmp(type, "error") == 0)
+        ev->type = TANDEM_CLIENT_EVENT_ERROR;
+    else if (strcmp(type, "stats") == 0)
+        ev->type = TANDEM_CLIENT_EVENT_STATS;
+    else
+        ev->type = TANDEM_CLIENT_EVENT_OTHER;
+    ev->id = string_field(root, "id");
+    ev->text = string_field(root, "text");
+    ev->code = string_field(root, "code");
+    ev->message = string_field(root, "message");
+    ev->json = root;
+    return 0;
+}
+
+void tandem_client_event_free(struct tandem_client_event *ev)
+{
+    if (ev == NULL)
+        return;
+    cJSON_Delete(ev->json);
+    memset(ev, 0, sizeof(*ev));
+}
+
+int tandem_client_stats(struct tandem_client *client, int timeout_ms, cJSON **stats_out, char *err)
+{
+    *stats_out = NULL;
+    static const char msg[] = "{\"v\":1,\"type\":\"stats\"}";
+    int rc = tandem_client_send_raw(client, msg, sizeof(msg) - 1, err);
+    if (rc != 0)
+        return rc;
+    for (;;) {
+        struct tandem_client_event ev;
+        rc = tandem_client_recv(client, timeout_ms, &ev, err);
+        if (rc != 0)
+            return rc;
+        if (ev.type == TANDEM_CLIENT_EVENT_STATS) {
+            *stats_out = ev.json;
+            return 0;
+        }
+        if (ev.type == TANDEM_CLIENT_EVENT_ERROR && ev.id[0] == '\0') {
+            rc = error_set(err, ERR_PROTOCOL, "stats: %s: %s", ev.code, ev.message);
+            tandem_client_event_free(&ev);
+            return rc;
+        }
+        tandem_client_event_free(&ev);
+    }
+}
+
+int tandem_client_event_ids(const struct tandem_client_event *ev, int32_t **ids_out, int *n_out,
+                            char *err)
+{
+    *ids_out = NULL;
+    *n_out = 0;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(ev->json, "ids");
+    if (!cJSON_IsArray(ids))
+        return error_set(err, ERR_PROTOCOL, "reply: \"ids\" is missing or not an array");
+    int n = cJSON_GetArraySize(ids);
+    int32_t *v = malloc(sizeof(*v) * (size_t)(n > 0 ? n : 1));
+    if (v == NULL)
+        return error_set(err, ERR_NOMEM, "ids: out of memory");
+    int i = 0;
+    const cJSON *e = NULL;
+    cJSON_ArrayForEach(e, ids) {
+        if (!cJSON_IsNumber(e)) {
+            free(v);
+            return error_set(err, ERR_PROTOCOL, "reply: ids[%d] is not a number", i);
+        }
+        v[i++] = (int32_t)e->valuedouble;
+    }
+    *ids_out = v;
+    *n_out = n;
+    return 0;
+}

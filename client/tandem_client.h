@@ -1,0 +1,106 @@
+/* tandem_client.h: a small C client for the Tandem coordinator.
+ *
+ * What it is: a ZeroMQ DEALER socket connected to the coordinator's client
+ * endpoint, plus helpers that build the "generate" and "stats" messages of
+ * docs/protocol.md and receive the replies (token / done / error / stats) as
+ * parsed JSON. One client may have several requests in flight; replies carry
+ * the request's "id" so the caller can tell them apart.
+ * What it is not: thread-safe (one thread per client, like a ZeroMQ socket)
+ * nor a retrying client: a timeout is reported, never hidden.
+ *
+ * Errors: 0 or a negative code from common/error.h, the reason in err.
+ */
+#ifndef TANDEM_CLIENT_H
+#define TANDEM_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#define TANDEM_CLIENT_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
+#define TANDEM_CLIENT_STOP_MAX 8
+
+struct tandem_client;
+
+/* Connects (ZeroMQ connects lazily: a missing coordinator shows up as a
+ * receive timeout, not here). Returns 0, ERR_INVALID_ARG (bad endpoint),
+ * ERR_SYSTEM or ERR_NOMEM. */
+int tandem_client_create(struct tandem_client **out, const char *endpoint, char *err);
+/* NULL-safe; drops unsent messages. */
+void tandem_client_destroy(struct tandem_client *client);
+
+/* A generate request. Fields left at their tandem_client_request_init values
+ * are not sent (the coordinator's defaults apply). Exactly one of prompt,
+ * chat (one user message), ids must be set. Strings are borrowed. */
+struct tandem_client_request {
+    const char *id;            /* NULL: "" */
+    const char *prompt;
+    const char *chat;
+    const int32_t *ids;
+    int n_ids;
+    int max_tokens;            /* 0: default */
+    double temperature;        /* < 0: default */
+    int top_k;                 /* < 0: default */
+    double top_p;              /* < 0: default */
+    double min_p;              /* < 0: default */
+    bool has_seed;
+    uint64_t seed;
+    const char *stop[TANDEM_CLIENT_STOP_MAX];
+    int n_stop;
+    bool stream;
+    int spec_k;                /* < 0: default */
+    const char *spec_mode;     /* NULL: default */
+};
+
+void tandem_client_request_init(struct tandem_client_request *req);
+
+/* Builds the request's JSON (caller cJSON_Deletes it). ERR_INVALID_ARG when
+ * not exactly one prompt kind is set. */
+int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON **out, char *err);
+
+/* Sends one message (any JSON; used for raw and malformed test messages
+ * too): send_json serializes msg, send_raw sends len bytes as they are. */
+int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err);
+int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err);
+
+/* Sends a generate request. */
+int tandem_client_generate(struct tandem_client *client, const struct tandem_client_request *req,
+                           char *err);
+
+enum tandem_client_event_type {
+    TANDEM_CLIENT_EVENT_TOKEN = 0,
+    TANDEM_CLIENT_EVENT_DONE = 1,
+    TANDEM_CLIENT_EVENT_ERROR = 2,
+    TANDEM_CLIENT_EVENT_STATS = 3,
+    TANDEM_CLIENT_EVENT_OTHER = 4,
+};
+
+/* One reply. json owns the whole message; the string fields point into it
+ * ("" when absent). */
+struct tandem_client_event {
+    enum tandem_client_event_type type;
+    const char *id;
+    const char *text;          /* token, done */
+    const char *code;          /* error */
+    const char *message;       /* error */
+    cJSON *json;
+};
+
+/* Waits up to timeout_ms (< 0: forever) for the next reply. Returns 0,
+ * ERR_TIMEOUT, ERR_PROTOCOL (a reply that is not a JSON object with a string
+ * "type") or ERR_SYSTEM. On 0 the caller frees the event with
+ * tandem_client_event_free. */
+int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tandem_client_event *ev,
+                       char *err);
+void tandem_client_event_free(struct tandem_client_event *ev);
+
+/* Sends {"type":"stats"} and waits for the reply (skipping replies of other
+ * kinds). *stats_out is the whole reply (caller cJSON_Deletes it). */
+int tandem_client_stats(struct tandem_client *client, int timeout_ms, cJSON **stats_out, char *err);
+
+/* Reads a token-id array ("ids") of an event into a malloc'd array. */
+int tandem_client_event_ids(const struct tandem_client_event *ev, int32_t **ids_out, int *n_out,
+                            char *err);
+
+#endif

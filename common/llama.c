@@ -1,0 +1,421 @@
+/* llama.c: the Llama forward pass, written once against the kernel op table.
+ *
+ * What it is: embedding, per layer RMSNorm -> q/k/v projections -> RoPE
+ * (Llama-3 scaled frequencies) -> KV cache store -> grouped-query attention
+ * -> output projection + residual -> RMSNorm -> SwiGLU MLP + residual, then
+ * the final norm and the (tied or untied) LM head for the rows asked for.
+ * What it is not: a sampler or a scheduler; it returns logits.
+ *
+ * Invariants: a slot's cache holds positions 0 .. len-1 of one sequence;
+ * positions >= len are garbage and never read. A call either appends all of
+ * its tokens to a slot or (on a validation error) none. Rows are processed in
+ * chunks of max_rows; since every kernel computes a row independently of the
+ * others, chunking never changes results.
+ */
+#include "llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "safetensors.h"
+
+/* Rows of logits computed per LM-head call: bounds the logits scratch to
+ * LOGIT_ROWS x vocab floats while covering a whole verification (K+1 <= 17). */
+#define LOGIT_ROWS 17
+
+struct llama_weight {
+    const void *ptr; /* backend memory */
+    enum kern_dtype dtype;
+};
+
+struct llama_layer {
+    struct llama_weight attn_norm; /* [dim] */
+    struct llama_weight wq;        /* [n_heads*head_dim, dim] */
+    struct llama_weight wk;        /* [n_kv_heads*head_dim, dim] */
+    struct llama_weight wv;        /* [n_kv_heads*head_dim, dim] */
+    struct llama_weight wo;        /* [dim, n_heads*head_dim] */
+    struct llama_weight ffn_norm;  /* [dim] */
+    struct llama_weight w_gate;    /* [ff, dim] */
+    struct llama_weight w_up;      /* [ff, dim] */
+    struct llama_weight w_down;    /* [dim, ff] */
+};
+
+struct llama_model {
+    struct model_config cfg;
+    struct kern_backend *be;
+    struct safetensors *st;
+    struct llama_weight embed;   /* [vocab, dim] */
+    struct llama_weight norm;    /* [dim] */
+    struct llama_weight lm_head; /* [vocab, dim]; the embedding when tied */
+    struct llama_layer *layers;  /* [n_layers] */
+    float *inv_freq;             /* host [head_dim/2] */
+    size_t weight_bytes_per_token;
+    const void **mapped;         /* every map_weights result, to unmap */
+    int n_mapped;
+};
+
+struct llama_ctx {
+    struct llama_model *model;
+    struct kern_backend *be;
+    int n_slots, max_seq_len, max_rows;
+    int *slot_len;     /* host [n_slots] */
+    float **kv;        /* per slot: [n_layers][2][max_seq_len][kv_dim] f32 */
+    size_t kv_layer_stride; /* floats per (layer, k|v) plane */
+    /* activations, backend memory, [max_rows, ...] */
+    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
+    float *logits;     /* [LOGIT_ROWS, vocab] */
+    int32_t *positions; /* host [max_rows] */
+};
+
+static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64_t d0, int64_t d1,
+                      struct llama_weight *w, char *err)
+{
+    const struct safetensors_tensor *t;
+    int64_t shape[2] = {d0, d1};
+    int rc = safetensors_expect(m->st, name, n_dims, shape, &t, err);
+    if (rc)
+        return rc;
+    const void *dev;
+    rc = m->be->ops->map_weights(m->be, t->data, t->size_bytes, &dev, err);
+    if (rc)
+        return rc;
+    m->mapped[m->n_mapped++] = dev;
+    w->ptr = dev;
+    w->dtype = t->dtype;
+    return 0;
+}
+
+static size_t weight_bytes(const struct llama_weight *w, size_t count)
+{
+    return count * kern_dtype_size(w->dtype);
+}
+
+int llama_model_load(struct llama_model **out, const char *model_dir, struct kern_backend *be,
+                     char *err)
+{
+    int rc;
+    *out = NULL;
+    struct llama_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return error_set(err, ERR_NOMEM, "llama model: out of memory");
+    m->be = be;
+    rc = model_config_load(&m->cfg, model_dir, err);
+    if (rc)
+        goto fail;
+    rc = safetensors_open(&m->st, model_dir, err);
+    if (rc)
+        goto fail;
+    rc = model_config_check_weights(&m->cfg, m->st, err);
+    if (rc)
+        goto fail;
+
+    const struct model_config *c = &m->cfg;
+    const int64_t dim = c->hidden_size, ff = c->intermediate_size;
+    const int64_t q_dim = (int64_t)c->num_attention_heads * c->head_dim;
+    const int64_t kv_dim = (int64_t)c->num_key_value_heads * c->head_dim;
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    m->mapped = calloc((size_t)c->num_hidden_layers * 9 + 3, sizeof *m->mapped);
+    m->inv_freq = calloc((size_t)c->head_dim / 2, sizeof *m->inv_freq);
+    if (!m->layers || !m->mapped || !m->inv_freq) {
+        rc = error_set(err, ERR_NOMEM, "llama model: out of memory");
+        goto fail;
+    }
+    model_config_rope_inv_freq(c, m->inv_freq);
+
+    if ((rc = map_tensor(m, "model.embed_tokens.weight", 2, c->vocab_size, dim, &m->embed, err)) ||
+        (rc = map_tensor(m, "model.norm.weight", 1, dim, 0, &m->norm, err)))
+        goto fail;
+    if (c->tie_word_embeddings)
+        m->lm_head = m->embed;
+    else if ((rc = map_tensor(m, "lm_head.weight", 2, c->vocab_size, dim, &m->lm_head, err)))
+        goto fail;
+
+    size_t per_token = weight_bytes(&m->norm, (size_t)dim) +
+                       weight_bytes(&m->lm_head, (size_t)c->vocab_size * (size_t)dim);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct llama_layer *L = &m->layers[l];
+        char name[128];
+#define LAYER_TENSOR(field, suffix, nd, a, b)                                       \
+    do {                                                                            \
+        snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, suffix);        \
+        if ((rc = map_tensor(m, name, nd, a, b, &L->field, err)))                   \
+            goto fail;                                                              \
+        per_token += weight_bytes(&L->field, (size_t)(a) * (size_t)((nd) == 2 ? (b) : 1)); \
+    } while (0)
+        LAYER_TENSOR(attn_norm, "input_layernorm", 1, dim, 0);
+        LAYER_TENSOR(wq, "self_attn.q_proj", 2, q_dim, dim);
+        LAYER_TENSOR(wk, "self_attn.k_proj", 2, kv_dim, dim);
+        LAYER_TENSOR(wv, "self_attn.v_proj", 2, kv_dim, dim);
+        LAYER_TENSOR(wo, "self_attn.o_proj", 2, dim, q_dim);
+        LAYER_TENSOR(ffn_norm, "post_attention_layernorm", 1, dim, 0);
+        LAYER_TENSOR(w_gate, "mlp.gate_proj", 2, ff, dim);
+        LAYER_TENSOR(w_up, "mlp.up_proj", 2, ff, dim);
+        LAYER_TENSOR(w_down, "mlp.down_proj", 2, dim, ff);
+#undef LAYER_TENSOR
+    }
+    m->weight_bytes_per_token = per_token;
+    *out = m;
+    return 0;
+fail:
+    llama_model_destroy(m);
+    return rc;
+}
+
+void llama_model_destroy(struct llama_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_mapped; i++)
+        m->be->ops->unmap_weights(m->be, m->mapped[i]);
+    free(m->mapped);
+    free(m->layers);
+    free(m->inv_freq);
+    safetensors_close(m->st);
+    free(m);
+}
+
+const struct model_config *llama_model_config(const struct llama_model *m) { return &m->cfg; }
+
+size_t llama_model_weight_bytes_per_token(const struct llama_model *m)
+{
+    return m->weight_bytes_per_token;
+}
+
+static int ctx_alloc(struct llama_ctx *ctx, size_t count, float **out, char *err)
+{
+    return ctx->be->ops->alloc(ctx->be, count * sizeof(float), (void **)out, err);
+}
+
+int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
+                     const struct llama_ctx_params *params, char *err)
+{
+    *out = NULL;
+    const struct model_config *c = &model->cfg;
+    if (params->n_slots < 1 || params->n_slots > 4096)
+        return error_set(err, ERR_INVALID_ARG, "n_slots: must be in 1..4096, got %d",
+                         params->n_slots);
+    int max_seq = params->max_seq_len;
+    if (max_seq == 0)
+        max_seq = c->max_position_embeddings < LLAMA_DEFAULT_MAX_SEQ_LEN
+                      ? c->max_position_embeddings
+                      : LLAMA_DEFAULT_MAX_SEQ_LEN;
+    if (max_seq < 2 || max_seq > c->max_position_embeddings)
+        return error_set(err, ERR_INVALID_ARG,
+                         "max_seq_len: must be in 2..%d (the model's max_position_embeddings), got %d",
+                         c->max_position_embeddings, max_seq);
+    int max_rows = params->max_rows ? params->max_rows : 256;
+    if (max_rows < 1 || max_rows > 65536)
+        return error_set(err, ERR_INVALID_ARG, "max_rows: must be in 1..65536, got %d", max_rows);
+
+    struct llama_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return error_set(err, ERR_NOMEM, "llama context: out of memory");
+    ctx->model = model;
+    ctx->be = model->be;
+    ctx->n_slots = params->n_slots;
+    ctx->max_seq_len = max_seq;
+    ctx->max_rows = max_rows;
+    int rc = ERR_NOMEM;
+    ctx->slot_len = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_len);
+    ctx->kv = calloc((size_t)ctx->n_slots, sizeof *ctx->kv);
+    ctx->positions = calloc((size_t)max_rows, sizeof *ctx->positions);
+    if (!ctx->slot_len || !ctx->kv || !ctx->positions) {
+        error_set(err, rc, "llama context: out of memory");
+        goto fail;
+    }
+    const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    ctx->kv_layer_stride = (size_t)max_seq * kv_dim;
+    for (int s = 0; s < ctx->n_slots; s++) {
+        size_t count = ctx->kv_layer_stride * 2 * (size_t)c->num_hidden_layers;
+        if ((rc = ctx_alloc(ctx, count, &ctx->kv[s], err)))
+            goto fail;
+    }
+    const size_t R = (size_t)max_rows, dim = (size_t)c->hidden_size,
+                 q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim,
+                 ff = (size_t)c->intermediate_size;
+    if ((rc = ctx_alloc(ctx, R * dim, &ctx->x, err)) ||
+        (rc = ctx_alloc(ctx, R * dim, &ctx->xn, err)) ||
+        (rc = ctx_alloc(ctx, R * q_dim, &ctx->q, err)) ||
+        (rc = ctx_alloc(ctx, R * kv_dim, &ctx->k, err)) ||
+        (rc = ctx_alloc(ctx, R * kv_dim, &ctx->v, err)) ||
+        (rc = ctx_alloc(ctx, R * q_dim, &ctx->att, err)) ||
+        (rc = ctx_alloc(ctx, R * dim, &ctx->proj, err)) ||
+        (rc = ctx_alloc(ctx, R * ff, &ctx->gate, err)) ||
+        (rc = ctx_alloc(ctx, R * ff, &ctx->up, err)) ||
+        (rc = ctx_alloc(ctx, (size_t)LOGIT_ROWS * (size_t)c->vocab_size, &ctx->logits, err)))
+        goto fail;
+    *out = ctx;
+    return 0;
+fail:
+    llama_ctx_destroy(ctx);
+    return rc;
+}
+
+void llama_ctx_destroy(struct llama_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    const struct kern_ops *ops = ctx->be->ops;
+    if (ctx->kv)
+        for (int s = 0; s < ctx->n_slots; s++)
+            ops->free(ctx->be, ctx->kv[s]);
+    float *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->k, ctx->v, ctx->att, ctx->proj,
+                     ctx->gate, ctx->up, ctx->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        ops->free(ctx->be, bufs[i]);
+    free(ctx->kv);
+    free(ctx->slot_len);
+    free(ctx->positions);
+    free(ctx);
+}
+
+struct llama_model *llama_ctx_model(const struct llama_ctx *ctx) { return ctx->model; }
+int llama_ctx_max_seq_len(const struct llama_ctx *ctx) { return ctx->max_seq_len; }
+int llama_ctx_n_slots(const struct llama_ctx *ctx) { return ctx->n_slots; }
+
+int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot)
+{
+    return (slot >= 0 && slot < ctx->n_slots) ? ctx->slot_len[slot] : -1;
+}
+
+int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
+{
+    if (slot < 0 || slot >= ctx->n_slots)
+        return error_set(err, ERR_RANGE, "slot: must be in 0..%d, got %d", ctx->n_slots - 1, slot);
+    if (new_len < 0 || new_len > ctx->slot_len[slot])
+        return error_set(err, ERR_RANGE, "truncate slot %d: new length %d outside 0..%d", slot,
+                         new_len, ctx->slot_len[slot]);
+    ctx->slot_len[slot] = new_len;
+    return 0;
+}
+
+/* Runs rows [0, n) of one chunk whose first position is pos0, leaving the
+ * final hidden states in ctx->x. */
+static int forward_chunk(struct llama_ctx *ctx, int slot, const int32_t *tokens, int n, int pos0,
+                         char *err)
+{
+    const struct llama_model *m = ctx->model;
+    const struct model_config *c = &m->cfg;
+    struct kern_backend *be = ctx->be;
+    const struct kern_ops *ops = be->ops;
+    const int dim = c->hidden_size, n_heads = c->num_attention_heads,
+              n_kv = c->num_key_value_heads, hd = c->head_dim, ff = c->intermediate_size;
+    const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
+    const float eps = (float)c->rms_norm_eps;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int rc;
+
+    for (int i = 0; i < n; i++)
+        ctx->positions[i] = pos0 + i;
+    if ((rc = ops->embed(be, ctx->x, m->embed.ptr, m->embed.dtype, tokens, n, dim, err)))
+        return rc;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const struct llama_layer *L = &m->layers[l];
+        float *k_cache = ctx->kv[slot] + (size_t)l * 2 * ctx->kv_layer_stride;
+        float *v_cache = k_cache + ctx->kv_layer_stride;
+        if ((rc = ops->rmsnorm(be, ctx->xn, ctx->x, L->attn_norm.ptr, L->attn_norm.dtype, n, dim,
+                               eps, err)) ||
+            (rc = ops->matmul(be, ctx->q, ctx->xn, L->wq.ptr, L->wq.dtype, n, dim, q_dim, err)) ||
+            (rc = ops->matmul(be, ctx->k, ctx->xn, L->wk.ptr, L->wk.dtype, n, dim, kv_dim, err)) ||
+            (rc = ops->matmul(be, ctx->v, ctx->xn, L->wv.ptr, L->wv.dtype, n, dim, kv_dim, err)) ||
+            (rc = ops->rope(be, ctx->q, ctx->positions, n, n_heads, hd, m->inv_freq, err)) ||
+            (rc = ops->rope(be, ctx->k, ctx->positions, n, n_kv, hd, m->inv_freq, err)))
+            return rc;
+        const size_t cache_off = (size_t)pos0 * (size_t)kv_dim;
+        const size_t rows_bytes = (size_t)n * (size_t)kv_dim * sizeof(float);
+        if ((rc = ops->copy(be, k_cache + cache_off, ctx->k, rows_bytes, err)) ||
+            (rc = ops->copy(be, v_cache + cache_off, ctx->v, rows_bytes, err)) ||
+            (rc = ops->attention(be, ctx->att, ctx->q, k_cache, v_cache, n, pos0, n_heads, n_kv, hd,
+                                 scale, err)) ||
+            (rc = ops->matmul(be, ctx->proj, ctx->att, L->wo.ptr, L->wo.dtype, n, q_dim, dim, err)) ||
+            (rc = ops->add(be, ctx->x, ctx->proj, (size_t)n * (size_t)dim, err)) ||
+            (rc = ops->rmsnorm(be, ctx->xn, ctx->x, L->ffn_norm.ptr, L->ffn_norm.dtype, n, dim, eps,
+                               err)) ||
+            (rc = ops->matmul(be, ctx->gate, ctx->xn, L->w_gate.ptr, L->w_gate.dtype, n, dim, ff,
+                              err)) ||
+            (rc = ops->matmul(be, ctx->up, ctx->xn, L->w_up.ptr, L->w_up.dtype, n, dim, ff, err)) ||
+            (rc = ops->swiglu(be, ctx->gate, ctx->gate, ctx->up, (size_t)n * (size_t)ff, err)) ||
+            (rc = ops->matmul(be, ctx->proj, ctx->gate, L->w_down.ptr, L->w_down.dtype, n, ff, dim,
+                              err)) ||
+            (rc = ops->add(be, ctx->x, ctx->proj, (size_t)n * (size_t)dim, err)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Final norm + LM head for rows [first, first + n) of the chunk in ctx->x,
+ * written to host logits_out in groups of LOGIT_ROWS. */
+static int logits_rows(struct llama_ctx *ctx, int first, int n, float *logits_out, char *err)
+{
+    const struct llama_model *m = ctx->model;
+    const int dim = m->cfg.hidden_size, vocab = m->cfg.vocab_size;
+    struct kern_backend *be = ctx->be;
+    int rc;
+    const int group = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
+    for (int done = 0; done < n; done += group) {
+        int rows = n - done < group ? n - done : group;
+        const float *h = ctx->x + (size_t)(first + done) * (size_t)dim;
+        if ((rc = be->ops->rmsnorm(be, ctx->xn, h, m->norm.ptr, m->norm.dtype, rows, dim,
+                                   (float)m->cfg.rms_norm_eps, err)) ||
+            (rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, rows,
+                                  dim, vocab, err)) ||
+            (rc = be->ops->download(be, logits_out + (size_t)done * (size_t)vocab, ctx->logits,
+                                    (size_t)rows * (size_t)vocab * sizeof(float), err)))
+            return rc;
+    }
+    return 0;
+}
+
+static int check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)
+{
+    const int vocab = ctx->model->cfg.vocab_size;
+    if (s->slot < 0 || s->slot >= ctx->n_slots)
+        return error_set(err, ERR_RANGE, "slot: must be in 0..%d, got %d", ctx->n_slots - 1,
+                         s->slot);
+    if (s->n_tokens < 1 || !s->tokens)
+        return error_set(err, ERR_INVALID_ARG, "forward: n_tokens must be >= 1, got %d",
+                         s->n_tokens);
+    if (s->n_logits < 0 || s->n_logits > s->n_tokens || (s->n_logits > 0 && !s->logits_out))
+        return error_set(err, ERR_INVALID_ARG, "forward: n_logits must be in 0..%d, got %d",
+                         s->n_tokens, s->n_logits);
+    const int len = ctx->slot_len[s->slot];
+    if (s->n_tokens > ctx->max_seq_len - len)
+        return error_set(err, ERR_CONTEXT_FULL,
+                         "sequence would reach %d positions, the context length is %d",
+                         len + s->n_tokens, ctx->max_seq_len);
+    for (int i = 0; i < s->n_tokens; i++)
+        if (s->tokens[i] < 0 || s->tokens[i] >= vocab)
+            return error_set(err, ERR_RANGE, "token id %d at index %d outside the vocabulary 0..%d",
+                             s->tokens[i], i, vocab - 1);
+    return 0;
+}
+
+int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs, char *err)
+{
+    int rc;
+    for (int i = 0; i < n_seqs; i++)
+        if ((rc = check_seq(ctx, &seqs[i], err)))
+            return rc;
+    const int vocab = ctx->model->cfg.vocab_size;
+    for (int i = 0; i < n_seqs; i++) {
+        const struct llama_seq_batch *s = &seqs[i];
+        const int pos_start = ctx->slot_len[s->slot];
+        const int first_logit_row = s->n_tokens - s->n_logits;
+        for (int off = 0; off < s->n_tokens; off += ctx->max_rows) {
+            int n = s->n_tokens - off < ctx->max_rows ? s->n_tokens - off : ctx->max_rows;
+            if ((rc = forward_chunk(ctx, s->slot, s->tokens + off, n, pos_start + off, err)))
+                return rc;
+            int lo = first_logit_row > off ? first_logit_row : off;
+            if (lo < off + n &&
+                (rc = logits_rows(ctx, lo - off, off + n - lo,
+                                  s->logits_out + (size_t)(lo - first_logit_row) * (size_t)vocab,
+                                  err)))
+                return rc;
+        }
+        ctx->slot_len[s->slot] = pos_start + s->n_tokens;
+    }
+    return 0;
+}

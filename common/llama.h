@@ -1,0 +1,78 @@
+/* llama.h: the Llama model (weights) and its run state (KV cache, activations).
+ *
+ * State is split by lifetime, as in llama2.c: struct llama_model holds the
+ * immutable config and the read-only weights (used in place from the
+ * safetensors mapping on the cpu backend); struct llama_ctx holds the KV
+ * cache of every sequence slot plus the activations of one forward call.
+ *
+ * One call, llama_forward, serves prefill, decode and verification: for each
+ * sequence in the batch it appends n tokens at the slot's current length and
+ * returns the logits of the rows asked for. The computation of a row never
+ * depends on how many rows are in the call (see kernels.h), so logits of a
+ * position are bit-identical in decode and in verification.
+ *
+ * Not thread-safe: one thread drives a llama_ctx at a time. Several contexts
+ * may share one model.
+ */
+#ifndef TANDEM_LLAMA_H
+#define TANDEM_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "model_config.h"
+
+#define LLAMA_DEFAULT_MAX_SEQ_LEN 8192
+
+struct llama_model;
+struct llama_ctx;
+
+/* Loads config.json and the safetensors weights of an HF model directory,
+ * checking every tensor's presence, dtype and shape against the config.
+ * Borrows be: it must outlive the model. */
+int llama_model_load(struct llama_model **out, const char *model_dir, struct kern_backend *be,
+                     char *err);
+void llama_model_destroy(struct llama_model *model);
+const struct model_config *llama_model_config(const struct llama_model *model);
+/* Bytes of weights one decode step reads (every layer + final norm + LM head). */
+size_t llama_model_weight_bytes_per_token(const struct llama_model *model);
+
+struct llama_ctx_params {
+    int n_slots;      /* sequence slots, each with its own KV cache; >= 1 */
+    int max_seq_len;  /* positions per slot; 0 = min(8192, max_position_embeddings) */
+    int max_rows;     /* rows per internal forward chunk; 0 = 256. Longer inputs are chunked. */
+};
+
+/* Borrows model. KV memory: n_slots * max_seq_len * layers * 2 * kv_heads *
+ * head_dim * 4 bytes, committed lazily by the OS as positions are used. */
+int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
+                     const struct llama_ctx_params *params, char *err);
+void llama_ctx_destroy(struct llama_ctx *ctx);
+struct llama_model *llama_ctx_model(const struct llama_ctx *ctx);
+int llama_ctx_max_seq_len(const struct llama_ctx *ctx);
+int llama_ctx_n_slots(const struct llama_ctx *ctx);
+/* Number of positions currently cached in slot. */
+int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot);
+/* Drops cached positions >= new_len (speculation rolls back rejected
+ * tokens). ERR_RANGE if new_len is negative or beyond the slot's length. */
+int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err);
+
+/* One sequence's part of a forward call: tokens are appended at positions
+ * slot_len .. slot_len + n_tokens - 1; logits of the last n_logits of those
+ * rows are written to logits_out (host memory, [n_logits, vocab] f32). */
+struct llama_seq_batch {
+    int slot;
+    const int32_t *tokens;
+    int n_tokens;   /* >= 1 */
+    int n_logits;   /* 0 .. n_tokens */
+    float *logits_out;
+};
+
+/* Runs the batch. Errors (nothing is changed in the failing slot):
+ * ERR_CONTEXT_FULL when a slot would exceed max_seq_len, ERR_RANGE for a
+ * token id outside the vocabulary or a bad slot, backend errors. */
+int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs,
+                  char *err);
+
+#endif

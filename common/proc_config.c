@@ -1,0 +1,653 @@
+/* proc_config.c: loading, overriding and validating the process config.
+ *
+ * Keys are described by one table per section kind (coordinator, worker);
+ * the JSON loader and the command-line setter both go through that table, so
+ * a key has one type, one range and one validator whichever way it arrives.
+ * Per-key checks (types, ranges, enums, endpoint syntax) run when a value is
+ * set; cross-key checks and derived defaults run in proc_config_finalize.
+ */
+#include "proc_config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "logging.h"
+
+#define PROC_CONFIG_FILE_MAX_BYTES (1 << 20)
+#define PROC_CONFIG_IPC_PATH_MAX 107
+#define PROC_CONFIG_INSTANCE_MAX 40
+
+enum key_kind {
+    KEY_STRING,
+    KEY_INT,
+    KEY_DEVICE, /* JSON integer >= 0 or string */
+};
+
+typedef int (*key_check_fn)(const char *value, char *msg, size_t msg_size);
+
+struct key_desc {
+    const char *name;
+    enum key_kind kind;
+    size_t offset;  /* within the section struct */
+    size_t size;    /* KEY_STRING / KEY_DEVICE: buffer size */
+    int min, max;   /* KEY_INT */
+    key_check_fn check;
+    const char *help;
+};
+
+static int check_endpoint(const char *value, char *msg, size_t msg_size)
+{
+    char err[ERR_MSG_MAX];
+    if (proc_config_check_endpoint(value, err) != 0) {
+        snprintf(msg, msg_size, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_endpoint_or_empty(const char *value, char *msg, size_t msg_size)
+{
+    return value[0] == '\0' ? 0 : check_endpoint(value, msg, msg_size);
+}
+
+static int check_backend(const char *value, char *msg, size_t msg_size)
+{
+    if (strcmp(value, "cpu") == 0 || strcmp(value, "cuda") == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"cpu\" or \"cuda\", got \"%s\"", value);
+    return -1;
+}
+
+static int check_spec_mode(const char *value, char *msg, size_t msg_size)
+{
+    if (strcmp(value, "sampled") == 0 || strcmp(value, "point_mass") == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"sampled\" or \"point_mass\", got \"%s\"", value);
+    return -1;
+}
+
+static int check_log_level(const char *value, char *msg, size_t msg_size)
+{
+    if (logging_level_parse(value) >= 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"error\", \"warn\", \"info\" or \"debug\", got \"%s\"",
+             value);
+    return -1;
+}
+
+static int check_nonempty(const char *value, char *msg, size_t msg_size)
+{
+    if (value[0] != '\0')
+        return 0;
+    snprintf(msg, msg_size, "must not be empty");
+    return -1;
+}
+
+static int check_device(const char *value, char *msg, size_t msg_size)
+{
+    for (const char *p = value; *p; p++) {
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+              *p == '-' || *p == ':' || *p == '.' || *p == '_')) {
+            snprintf(msg, msg_size,
+                     "must be a device index or a UUID / PCI bus id, got \"%s\"", value);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#define CKEY_STR(field, chk, h) \
+    {#field, KEY_STRING, offsetof(struct coordinator_config, field), \
+     sizeof(((struct coordinator_config *)0)->field), 0, 0, chk, h}
+#define CKEY_INT(field, lo, hi, h) \
+    {#field, KEY_INT, offsetof(struct coordinator_config, field), 0, lo, hi, NULL, h}
+#define WKEY_STR(field, chk, h) \
+    {#field, KEY_STRING, offsetof(struct worker_config, field), \
+     sizeof(((struct worker_config *)0)->field), 0, 0, chk, h}
+#define WKEY_INT(field, lo, hi, h) \
+    {#field, KEY_INT, offsetof(struct worker_config, field), 0, lo, hi, NULL, h}
+
+static const struct key_desc coordinator_keys[] = {
+    CKEY_STR(client_endpoint, check_endpoint, "client ROUTER endpoint [tcp://127.0.0.1:5555]"),
+    CKEY_STR(worker_endpoint, check_endpoint_or_empty,
+             "worker ROUTER endpoint [ipc:///tmp/tandem-<instance>-workers]"),
+    CKEY_STR(tokenizer, NULL, "model dir holding tokenizer.json [target_worker.model]"),
+    CKEY_INT(max_concurrency, 1, 4096, "sequences in flight [8]"),
+    CKEY_INT(max_queue, 0, 1000000, "queued requests beyond max_concurrency [64]"),
+    CKEY_INT(heartbeat_ms, 10, 600000, "heartbeat interval [500]"),
+    CKEY_INT(worker_timeout_ms, 20, 3600000, "worker silence before it is dead [3000]"),
+    CKEY_INT(request_timeout_ms, 1, INT_MAX, "request deadline [600000]"),
+    CKEY_INT(max_message_bytes, 1024, 1 << 30, "largest accepted message [1048576]"),
+    CKEY_INT(spec_k, 0, PROC_CONFIG_SPEC_K_LIMIT, "draft tokens per round, 0 = adaptive [0]"),
+    CKEY_INT(spec_k_max, 1, PROC_CONFIG_SPEC_K_LIMIT, "adaptive K upper bound [8]"),
+    CKEY_STR(spec_mode, check_spec_mode, "\"sampled\" or \"point_mass\" [sampled]"),
+    CKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
+};
+
+static const struct key_desc worker_keys[] = {
+    WKEY_STR(model, check_nonempty, "HF model directory (required)"),
+    WKEY_STR(backend, check_backend, "\"cpu\" or \"cuda\" [cpu]"),
+    {"device", KEY_DEVICE, offsetof(struct worker_config, device),
+     sizeof(((struct worker_config *)0)->device), 0, 0, check_device,
+     "cuda device: index or UUID [0]"},
+    WKEY_INT(threads, 0, 4096, "cpu threads, 0 = one per core [0]"),
+    WKEY_INT(max_seq_len, 0, 1 << 20, "positions per slot, 0 = model limit [8192]"),
+    WKEY_STR(coordinator_endpoint, check_endpoint_or_empty,
+             "coordinator worker endpoint [coordinator.worker_endpoint]"),
+    WKEY_INT(heartbeat_ms, 10, 600000, "heartbeat interval [500]"),
+    WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
+};
+
+#define N_KEYS(a) (sizeof(a) / sizeof((a)[0]))
+
+struct section_desc {
+    const char *name;
+    size_t offset; /* within struct proc_config */
+    const struct key_desc *keys;
+    size_t n_keys;
+};
+
+static const struct section_desc sections_table[] = {
+    {"coordinator", offsetof(struct proc_config, coordinator), coordinator_keys,
+     N_KEYS(coordinator_keys)},
+    {"draft_worker", offsetof(struct proc_config, draft_worker), worker_keys, N_KEYS(worker_keys)},
+    {"target_worker", offsetof(struct proc_config, target_worker), worker_keys,
+     N_KEYS(worker_keys)},
+};
+
+static const struct section_desc *section_find(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_KEYS(sections_table); i++)
+        if (strlen(sections_table[i].name) == len && strncmp(sections_table[i].name, name, len) == 0)
+            return &sections_table[i];
+    return NULL;
+}
+
+static const struct key_desc *key_find(const struct section_desc *sec, const char *name)
+{
+    for (size_t i = 0; i < sec->n_keys; i++)
+        if (strcmp(sec->keys[i].name, name) == 0)
+            return &sec->keys[i];
+    return NULL;
+}
+
+static void worker_defaults(struct worker_config *w)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(w->backend, sizeof w->backend, "cpu");
+    w->threads = 0;
+    w->max_seq_len = 8192;
+    w->heartbeat_ms = 500;
+    snprintf(w->log_level, sizeof w->log_level, "info");
+}
+
+void proc_config_defaults(struct proc_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->instance, sizeof cfg->instance, "tandem");
+    struct coordinator_config *c = &cfg->coordinator;
+    snprintf(c->client_endpoint, sizeof c->client_endpoint, "tcp://127.0.0.1:5555");
+    c->max_concurrency = 8;
+    c->max_queue = 64;
+    c->heartbeat_ms = 500;
+    c->worker_timeout_ms = 3000;
+    c->request_timeout_ms = 600000;
+    c->max_message_bytes = 1048576;
+    c->spec_k = 0;
+    c->spec_k_max = 8;
+    snprintf(c->spec_mode, sizeof c->spec_mode, "sampled");
+    snprintf(c->log_level, sizeof c->log_level, "info");
+    worker_defaults(&cfg->draft_worker);
+    worker_defaults(&cfg->target_worker);
+}
+
+static int check_instance(const char *value, char *err)
+{
+    size_t n = strlen(value);
+    int ok = n >= 1 && n <= PROC_CONFIG_INSTANCE_MAX;
+    for (size_t i = 0; ok && i < n; i++) {
+        char ch = value[i];
+        ok = (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+             ch == '_' || ch == '-' || ch == '.';
+    }
+    if (!ok || strcmp(value, ".") == 0 || strcmp(value, "..") == 0)
+        return error_set(err, ERR_INVALID_ARG,
+                         "instance: must be 1..%d characters of [A-Za-z0-9_.-], got \"%s\"",
+                         PROC_CONFIG_INSTANCE_MAX, value);
+    return 0;
+}
+
+/* Stores a string value after the key's checks. */
+static int key_set_string(void *sec_base, const char *sec_name, const struct key_desc *k,
+                          const char *value, char *err)
+{
+    if (strlen(value) >= k->size)
+        return error_set(err, ERR_INVALID_ARG, "%s.%s: longer than %zu bytes", sec_name, k->name,
+                         k->size - 1);
+    if (k->check) {
+        char msg[ERR_MSG_MAX - 128];
+        if (k->check(value, msg, sizeof msg) != 0)
+            return error_set(err, ERR_INVALID_ARG, "%s.%s: %s", sec_name, k->name, msg);
+    }
+    memcpy((char *)sec_base + k->offset, value, strlen(value) + 1);
+    return 0;
+}
+
+static int key_set_int(void *sec_base, const char *sec_name, const struct key_desc *k,
+                       long long value, char *err)
+{
+    if (value < k->min || value > k->max)
+        return error_set(err, ERR_INVALID_ARG, "%s.%s: must be in %d..%d, got %lld", sec_name,
+                         k->name, k->min, k->max, value);
+    *(int *)((char *)sec_base + k->offset) = (int)value;
+    return 0;
+}
+
+static const char *json_type_name(const cJSON *item)
+{
+    if (cJSON_IsNull(item))
+        return "null";
+    if (cJSON_IsBool(item))
+        return "boolean";
+    if (cJSON_IsNumber(item))
+        return "number";
+    if (cJSON_IsString(item))
+        return "string";
+    if (cJSON_IsArray(item))
+        return "array";
+    if (cJSON_IsObject(item))
+        return "object";
+    return "invalid";
+}
+
+/* Integral JSON number within long long range; 0 or -1. */
+static int json_integer(const cJSON *item, long long *out)
+{
+    if (!cJSON_IsNumber(item))
+        return -1;
+    double v = item->valuedouble;
+    if (!isfinite(v) || v != floor(v) || v < -9.0e15 || v > 9.0e15)
+        return -1;
+    *out = (long long)v;
+    return 0;
+}
+
+static int key_set_json(void *sec_base, const char *sec_name, const struct key_desc *k,
+                        const cJSON *item, char *err)
+{
+    long long iv;
+    switch (k->kind) {
+    case KEY_STRING:
+        if (!cJSON_IsString(item))
+            return error_set(err, ERR_INVALID_ARG, "%s.%s: expected a string, got %s", sec_name,
+                             k->name, json_type_name(item));
+        return key_set_string(sec_base, sec_name, k, item->valuestring, err);
+    case KEY_INT:
+        if (!cJSON_IsNumber(item))
+            return error_set(err, ERR_INVALID_ARG, "%s.%s: expected an integer, got %s",
+                             sec_name, k->name, json_type_name(item));
+        if (json_integer(item, &iv) != 0)
+            return error_set(err, ERR_INVALID_ARG, "%s.%s: expected an integer, got %g",
+                             sec_name, k->name, item->valuedouble);
+        return key_set_int(sec_base, sec_name, k, iv, err);
+    case KEY_DEVICE:
+        if (cJSON_IsString(item))
+            return key_set_string(sec_base, sec_name, k, item->valuestring, err);
+        if (cJSON_IsNumber(item)) {
+            if (json_integer(item, &iv) != 0 || iv < 0 || iv > 1023)
+                return error_set(err, ERR_INVALID_ARG,
+                                 "%s.%s: expected a device index in 0..1023 or a UUID string, "
+                                 "got %g",
+                                 sec_name, k->name, item->valuedouble);
+            char buf[32];
+            snprintf(buf, sizeof buf, "%lld", iv);
+            return key_set_string(sec_base, sec_name, k, buf, err);
+        }
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s.%s: expected an integer or a string, got %s", sec_name, k->name,
+                         json_type_name(item));
+    }
+    return error_set(err, ERR_INTERNAL, "%s.%s: bad key kind", sec_name, k->name);
+}
+
+static int has_duplicate_before(const cJSON *obj, const cJSON *item)
+{
+    for (const cJSON *p = obj->child; p && p != item; p = p->next)
+        if (p->string && item->string && strcmp(p->string, item->string) == 0)
+            return 1;
+    return 0;
+}
+
+int proc_config_load_json(struct proc_config *cfg, const char *json_text, const char *source,
+                          char *err)
+{
+    char inner[ERR_MSG_MAX];
+    int rc = 0;
+    if (!source)
+        source = "config";
+    cJSON *root = cJSON_Parse(json_text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = at && at >= json_text ? (long)(at - json_text) : -1;
+        return error_set(err, ERR_FORMAT, "%s: not valid JSON (near byte %ld)", source, off);
+    }
+    if (!cJSON_IsObject(root)) {
+        rc = error_set(err, ERR_FORMAT, "%s: expected a JSON object at the top, got %s", source,
+                       json_type_name(root));
+        goto done;
+    }
+    for (const cJSON *item = root->child; item; item = item->next) {
+        const char *name = item->string ? item->string : "";
+        if (has_duplicate_before(root, item)) {
+            rc = error_set(err, ERR_INVALID_ARG, "%s: %s: duplicate key", source, name);
+            goto done;
+        }
+        if (strcmp(name, "instance") == 0) {
+            if (!cJSON_IsString(item)) {
+                rc = error_set(err, ERR_INVALID_ARG, "%s: instance: expected a string, got %s",
+                               source, json_type_name(item));
+                goto done;
+            }
+            if ((rc = check_instance(item->valuestring, inner)) != 0) {
+                error_set(err, rc, "%s: %s", source, inner);
+                goto done;
+            }
+            snprintf(cfg->instance, sizeof cfg->instance, "%s", item->valuestring);
+            continue;
+        }
+        const struct section_desc *sec = section_find(name, strlen(name));
+        if (!sec) {
+            rc = error_set(err, ERR_INVALID_ARG, "%s: %s: unknown key", source, name);
+            goto done;
+        }
+        if (!cJSON_IsObject(item)) {
+            rc = error_set(err, ERR_INVALID_ARG, "%s: %s: expected an object, got %s", source,
+                           name, json_type_name(item));
+            goto done;
+        }
+        void *base = (char *)cfg + sec->offset;
+        for (const cJSON *kv = item->child; kv; kv = kv->next) {
+            const char *kname = kv->string ? kv->string : "";
+            if (has_duplicate_before(item, kv)) {
+                rc = error_set(err, ERR_INVALID_ARG, "%s: %s.%s: duplicate key", source, name,
+                               kname);
+                goto done;
+            }
+            const struct key_desc *k = key_find(sec, kname);
+            if (!k) {
+                rc = error_set(err, ERR_INVALID_ARG, "%s: %s.%s: unknown key", source, name,
+                               kname);
+                goto done;
+            }
+            if ((rc = key_set_json(base, sec->name, k, kv, inner)) != 0) {
+                error_set(err, rc, "%s: %s", source, inner);
+                goto done;
+            }
+        }
+    }
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int proc_config_load_file(struct proc_config *cfg, const char *path, char *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set_errno(err, ERR_IO, errno, "%s: cannot open config", path);
+    char *buf = malloc(PROC_CONFIG_FILE_MAX_BYTES + 1);
+    if (!buf) {
+        fclose(f);
+        return error_set(err, ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t n = fread(buf, 1, PROC_CONFIG_FILE_MAX_BYTES + 1, f);
+    int read_error = ferror(f);
+    fclose(f);
+    int rc;
+    if (read_error)
+        rc = error_set(err, ERR_IO, "%s: read error", path);
+    else if (n > PROC_CONFIG_FILE_MAX_BYTES)
+        rc = error_set(err, ERR_FORMAT, "%s: larger than %d bytes", path,
+                       PROC_CONFIG_FILE_MAX_BYTES);
+    else if (memchr(buf, '\0', n))
+        rc = error_set(err, ERR_FORMAT, "%s: contains a NUL byte", path);
+    else {
+        buf[n] = '\0';
+        rc = proc_config_load_json(cfg, buf, path, err);
+    }
+    free(buf);
+    return rc;
+}
+
+int proc_config_set(struct proc_config *cfg, const char *key, const char *value, char *err)
+{
+    char name[128];
+    if (!key || !value)
+        return error_set(err, ERR_INVALID_ARG, "config key or value missing");
+    if (strlen(key) >= sizeof name)
+        return error_set(err, ERR_INVALID_ARG, "%.64s...: unknown key", key);
+    /* Normalise dashes to underscores. */
+    size_t i;
+    for (i = 0; key[i]; i++)
+        name[i] = key[i] == '-' ? '_' : key[i];
+    name[i] = '\0';
+
+    if (strcmp(name, "instance") == 0) {
+        int rc = check_instance(value, err);
+        if (rc != 0)
+            return rc;
+        snprintf(cfg->instance, sizeof cfg->instance, "%s", value);
+        return 0;
+    }
+    const char *dot = strchr(name, '.');
+    const struct section_desc *sec = dot ? section_find(name, (size_t)(dot - name)) : NULL;
+    if (!sec)
+        return error_set(err, ERR_INVALID_ARG, "%s: unknown key", name);
+    const struct key_desc *k = key_find(sec, dot + 1);
+    if (!k)
+        return error_set(err, ERR_INVALID_ARG, "%s: unknown key", name);
+    void *base = (char *)cfg + sec->offset;
+    if (k->kind == KEY_INT) {
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (value[0] == '\0' || *end != '\0' || errno == ERANGE)
+            return error_set(err, ERR_INVALID_ARG, "%s: expected an integer, got \"%s\"", name,
+                             value);
+        return key_set_int(base, sec->name, k, v, err);
+    }
+    return key_set_string(base, sec->name, k, value, err);
+}
+
+int proc_config_check_endpoint(const char *endpoint, char *err)
+{
+    if (!endpoint || endpoint[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG, "empty endpoint");
+    if (strncmp(endpoint, "tcp://", 6) == 0) {
+        const char *hostport = endpoint + 6;
+        const char *colon = strrchr(hostport, ':');
+        if (!colon || colon == hostport)
+            return error_set(err, ERR_INVALID_ARG,
+                             "bad endpoint \"%s\": expected tcp://host:port", endpoint);
+        const char *port = colon + 1;
+        if (strcmp(port, "*") == 0)
+            return 0;
+        char *end = NULL;
+        errno = 0;
+        long p = strtol(port, &end, 10);
+        if (port[0] == '\0' || *end != '\0' || errno != 0 || p < 1 || p > 65535)
+            return error_set(err, ERR_INVALID_ARG,
+                             "bad endpoint \"%s\": port must be 1..65535 or *", endpoint);
+        for (const char *h = hostport; h < colon; h++)
+            if (*h == '/' || *h == ' ')
+                return error_set(err, ERR_INVALID_ARG, "bad endpoint \"%s\": bad host",
+                                 endpoint);
+        return 0;
+    }
+    if (strncmp(endpoint, "ipc://", 6) == 0) {
+        size_t n = strlen(endpoint + 6);
+        if (n == 0)
+            return error_set(err, ERR_INVALID_ARG, "bad endpoint \"%s\": empty ipc path",
+                             endpoint);
+        if (n > PROC_CONFIG_IPC_PATH_MAX)
+            return error_set(err, ERR_INVALID_ARG,
+                             "bad endpoint \"%s\": ipc path longer than %d bytes", endpoint,
+                             PROC_CONFIG_IPC_PATH_MAX);
+        return 0;
+    }
+    if (strncmp(endpoint, "inproc://", 9) == 0) {
+        if (endpoint[9] == '\0')
+            return error_set(err, ERR_INVALID_ARG, "bad endpoint \"%s\": empty inproc name",
+                             endpoint);
+        return 0;
+    }
+    return error_set(err, ERR_INVALID_ARG,
+                     "bad endpoint \"%s\": expected tcp://host:port, ipc://path or inproc://name",
+                     endpoint);
+}
+
+static int finalize_worker(struct proc_config *cfg, struct worker_config *w, const char *sec,
+                           char *err)
+{
+    if (w->model[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG, "%s.model: required", sec);
+    if (w->coordinator_endpoint[0] == '\0') {
+        if (strlen(cfg->coordinator.worker_endpoint) >= sizeof w->coordinator_endpoint)
+            return error_set(err, ERR_INTERNAL, "%s.coordinator_endpoint: too long", sec);
+        memcpy(w->coordinator_endpoint, cfg->coordinator.worker_endpoint,
+               strlen(cfg->coordinator.worker_endpoint) + 1);
+    }
+    char inner[ERR_MSG_MAX];
+    if (proc_config_check_endpoint(w->coordinator_endpoint, inner) != 0)
+        return error_set(err, ERR_INVALID_ARG, "%s.coordinator_endpoint: %s", sec, inner);
+    return 0;
+}
+
+int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
+{
+    int rc = check_instance(cfg->instance, err);
+    if (rc != 0)
+        return rc;
+    struct coordinator_config *c = &cfg->coordinator;
+    if (c->worker_endpoint[0] == '\0') {
+        int n = snprintf(c->worker_endpoint, sizeof c->worker_endpoint,
+                         "ipc:///tmp/tandem-%s-workers", cfg->instance);
+        if (n < 0 || (size_t)n >= sizeof c->worker_endpoint)
+            return error_set(err, ERR_INTERNAL, "coordinator.worker_endpoint: too long");
+    }
+    char inner[ERR_MSG_MAX];
+    if (proc_config_check_endpoint(c->worker_endpoint, inner) != 0)
+        return error_set(err, ERR_INVALID_ARG, "coordinator.worker_endpoint: %s", inner);
+    if (c->tokenizer[0] == '\0')
+        memcpy(c->tokenizer, cfg->target_worker.model, strlen(cfg->target_worker.model) + 1);
+
+    if (sections & PROC_CONFIG_COORDINATOR) {
+        if (proc_config_check_endpoint(c->client_endpoint, inner) != 0)
+            return error_set(err, ERR_INVALID_ARG, "coordinator.client_endpoint: %s", inner);
+        if (c->tokenizer[0] == '\0')
+            return error_set(err, ERR_INVALID_ARG,
+                             "coordinator.tokenizer: required (or set target_worker.model)");
+        if (c->spec_k > c->spec_k_max)
+            return error_set(err, ERR_INVALID_ARG,
+                             "coordinator.spec_k: must be <= coordinator.spec_k_max (%d), got %d",
+                             c->spec_k_max, c->spec_k);
+        if (c->worker_timeout_ms <= c->heartbeat_ms)
+            return error_set(err, ERR_INVALID_ARG,
+                             "coordinator.worker_timeout_ms: must be > coordinator.heartbeat_ms "
+                             "(%d), got %d",
+                             c->heartbeat_ms, c->worker_timeout_ms);
+    }
+    if ((sections & PROC_CONFIG_DRAFT) &&
+        (rc = finalize_worker(cfg, &cfg->draft_worker, "draft_worker", err)) != 0)
+        return rc;
+    if ((sections & PROC_CONFIG_TARGET) &&
+        (rc = finalize_worker(cfg, &cfg->target_worker, "target_worker", err)) != 0)
+        return rc;
+    return 0;
+}
+
+int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const char *section,
+                           unsigned sections, char *err)
+{
+    proc_config_defaults(cfg);
+    /* --config first, wherever it is, so flags override the file. */
+    const char *config_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0) {
+            if (i + 1 >= argc)
+                return error_set(err, ERR_INVALID_ARG, "--config: missing file name");
+            config_path = argv[++i];
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            config_path = argv[i] + 9;
+        }
+    }
+    int rc;
+    if (config_path && (rc = proc_config_load_file(cfg, config_path, err)) != 0)
+        return rc;
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--config") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(arg, "--config=", 9) == 0)
+            continue;
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            return error_set(err, ERR_INVALID_ARG, "%s: unexpected argument (flags are --key value)",
+                             arg);
+        char key[160];
+        const char *value;
+        const char *eq = strchr(arg, '=');
+        size_t klen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        if (klen >= 100)
+            return error_set(err, ERR_INVALID_ARG, "%.64s: unknown flag", arg);
+        char bare[100];
+        memcpy(bare, arg + 2, klen);
+        bare[klen] = '\0';
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return error_set(err, ERR_INVALID_ARG, "--%s: missing value", bare);
+            value = argv[++i];
+        }
+        for (char *p = bare; *p; p++)
+            if (*p == '-')
+                *p = '_';
+        if (strchr(bare, '.') || strcmp(bare, "instance") == 0 || !section || !section[0])
+            snprintf(key, sizeof key, "%s", bare);
+        else
+            snprintf(key, sizeof key, "%s.%s", section, bare);
+        if ((rc = proc_config_set(cfg, key, value, err)) != 0)
+            return rc;
+    }
+    return proc_config_finalize(cfg, sections, err);
+}
+
+void proc_config_print_usage(FILE *out, const char *section)
+{
+    fprintf(out, "  --config FILE              JSON config (sections coordinator, draft_worker, "
+                 "target_worker)\n");
+    fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
+    for (size_t s = 0; s < N_KEYS(sections_table); s++) {
+        const struct section_desc *sec = &sections_table[s];
+        if (section && section[0] && strcmp(section, sec->name) != 0)
+            continue;
+        for (size_t i = 0; i < sec->n_keys; i++) {
+            char flag[96];
+            if (section && section[0])
+                snprintf(flag, sizeof flag, "--%s", sec->keys[i].name);
+            else
+                snprintf(flag, sizeof flag, "--%s.%s", sec->name, sec->keys[i].name);
+            fprintf(out, "  %-26s %s\n", flag, sec->keys[i].help);
+        }
+    }
+}

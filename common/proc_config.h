@@ -1,0 +1,120 @@
+/* proc_config.h: the one JSON configuration file of the three Tandem processes.
+ *
+ * One file serves the coordinator, the draft worker and the target worker:
+ *   { "instance": "tandem",
+ *     "coordinator":   { ... },
+ *     "draft_worker":  { ... },
+ *     "target_worker": { ... } }
+ * Every section and key is optional except the workers' "model" (required
+ * only for the sections a process needs). Unknown keys and wrong types are
+ * errors naming the key ("coordinator.foo: unknown key",
+ * "coordinator.max_concurrency: expected an integer, got string").
+ * Command-line flags override file values (proc_config_set, proc_config_parse_args).
+ *
+ * Lifecycle: proc_config_defaults -> proc_config_load_file / _load_json ->
+ * proc_config_set (overrides) -> proc_config_finalize (derived defaults and
+ * validation of the sections a process uses). Only after finalize are the
+ * derived fields (worker_endpoint, tokenizer, coordinator_endpoint) filled.
+ *
+ * What it is not: it does not start anything, open sockets or look at model
+ * files (it checks only that a model path is given and that endpoints are
+ * well formed). The struct is plain data: no allocation, copyable.
+ */
+#ifndef TANDEM_PROC_CONFIG_H
+#define TANDEM_PROC_CONFIG_H
+
+#include <stdio.h>
+
+#define PROC_CONFIG_PATH_MAX 1024
+#define PROC_CONFIG_NAME_MAX 64
+/* Highest spec_k_max accepted; equals SPECDEC_K_MAX (specdec.h). */
+#define PROC_CONFIG_SPEC_K_LIMIT 16
+
+struct coordinator_config {
+    char client_endpoint[PROC_CONFIG_PATH_MAX];  /* default tcp://127.0.0.1:5555 */
+    char worker_endpoint[PROC_CONFIG_PATH_MAX];  /* default ipc:///tmp/tandem-<instance>-workers */
+    char tokenizer[PROC_CONFIG_PATH_MAX];        /* model dir with tokenizer.json; default target_worker.model */
+    int max_concurrency;      /* sequences in flight (= worker slots), default 8 */
+    int max_queue;            /* requests waiting beyond max_concurrency, default 64 */
+    int heartbeat_ms;         /* default 500 */
+    int worker_timeout_ms;    /* worker declared dead after this silence, default 3000 */
+    int request_timeout_ms;   /* default 600000 */
+    int max_message_bytes;    /* largest accepted ZeroMQ message, default 1048576 */
+    int spec_k;               /* 0 = adaptive */
+    int spec_k_max;           /* default 8, at most PROC_CONFIG_SPEC_K_LIMIT */
+    char spec_mode[PROC_CONFIG_NAME_MAX];  /* "sampled" (default) or "point_mass" */
+    char log_level[PROC_CONFIG_NAME_MAX];  /* "error" | "warn" | "info" (default) | "debug" */
+};
+
+struct worker_config {
+    char model[PROC_CONFIG_PATH_MAX];      /* HF model directory; required */
+    char backend[PROC_CONFIG_NAME_MAX];    /* "cpu" (default) or "cuda" */
+    char device[PROC_CONFIG_NAME_MAX];     /* cuda only: index ("1") or UUID string; "" = default.
+                                              Ignored with backend "cpu". */
+    int threads;                           /* cpu threads, 0 = one per core */
+    int max_seq_len;                       /* positions per slot, default 8192 (0 = model's limit) */
+    char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.worker_endpoint */
+    int heartbeat_ms;                      /* default 500 */
+    char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
+};
+
+struct proc_config {
+    char instance[PROC_CONFIG_NAME_MAX];   /* default "tandem"; [A-Za-z0-9_.-], 1..40 chars */
+    struct coordinator_config coordinator;
+    struct worker_config draft_worker, target_worker;
+};
+
+/* Sections a process needs validated (bit mask for proc_config_finalize). */
+enum proc_config_section {
+    PROC_CONFIG_COORDINATOR = 1u << 0,
+    PROC_CONFIG_DRAFT = 1u << 1,
+    PROC_CONFIG_TARGET = 1u << 2,
+};
+
+/* Fills every key with its default; derived keys are left "" until finalize. */
+void proc_config_defaults(struct proc_config *cfg);
+
+/* Reads the JSON file at path and applies its keys over cfg.
+ * ERR_IO (file unreadable), ERR_FORMAT (not JSON / not an object),
+ * ERR_INVALID_ARG (unknown key, wrong type, bad value), message naming
+ * the key ("<path>: coordinator.foo: unknown key"). cfg may be partly
+ * updated on failure. */
+int proc_config_load_file(struct proc_config *cfg, const char *path, char *err);
+
+/* Same from a JSON text; source names it in messages (NULL = "config"). */
+int proc_config_load_json(struct proc_config *cfg, const char *json_text, const char *source,
+                          char *err);
+
+/* Sets one key from a command-line string: key is "instance" or
+ * "<section>.<key>" (e.g. "draft_worker.model"); dashes in the key name are
+ * accepted for underscores. Integers must be plain decimal. ERR_INVALID_ARG
+ * naming the key for unknown keys and bad values. */
+int proc_config_set(struct proc_config *cfg, const char *key, const char *value, char *err);
+
+/* Fills derived defaults (worker_endpoint from instance, tokenizer from
+ * target_worker.model, workers' coordinator_endpoint from worker_endpoint)
+ * and validates the sections in the mask: required model paths, endpoint
+ * syntax (tcp://host:port, ipc://path, inproc://name), ranges and enums.
+ * ERR_INVALID_ARG with the key named ("draft_worker.model: required"). */
+int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err);
+
+/* Checks a ZeroMQ endpoint: tcp://host:port (port 1..65535 or "*"),
+ * ipc://path (path at most 107 bytes), inproc://name. ERR_INVALID_ARG with
+ * the reason (without a key: the caller prefixes it). */
+int proc_config_check_endpoint(const char *endpoint, char *err);
+
+/* Command line of a process: defaults, then `--config FILE` (wherever it
+ * appears), then every `--key value` / `--key=value` in order. A bare key
+ * belongs to `section` ("model" -> "<section>.model"; section NULL or ""
+ * requires qualified keys); "instance" and qualified keys
+ * ("--coordinator.max_queue 4") work from every process. Then finalize with
+ * the sections mask. `--help`/`-h` is not handled here: main checks it first.
+ * ERR_INVALID_ARG naming the flag or key. */
+int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const char *section,
+                           unsigned sections, char *err);
+
+/* Prints the keys of a section (or all when section is NULL) with their
+ * defaults, for --help. */
+void proc_config_print_usage(FILE *out, const char *section);
+
+#endif

@@ -1,0 +1,481 @@
+/* request.c: parsing and validation of a client's "generate" request.
+ *
+ * Invariants of a struct request returned by request_from_json: exactly one
+ * of prompt / messages / prompt_ids is set, every numeric field is in the
+ * range documented in request.h, every string is NUL-terminated and owned by
+ * the request. Nothing here asserts on the input: every shape a client can
+ * send ends in 0 or an error naming the field.
+ */
+#include "request.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+/* Largest integer a double holds exactly: seeds above it must be strings. */
+#define REQUEST_EXACT_INT_MAX 9007199254740992.0
+
+static const char *json_type_name(const cJSON *item)
+{
+    if (cJSON_IsString(item))
+        return "string";
+    if (cJSON_IsNumber(item))
+        return "number";
+    if (cJSON_IsBool(item))
+        return "boolean";
+    if (cJSON_IsNull(item))
+        return "null";
+    if (cJSON_IsArray(item))
+        return "array";
+    if (cJSON_IsObject(item))
+        return "object";
+    return "invalid";
+}
+
+int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
+                           enum request_kind *kind_out, char *err)
+{
+    *root_out = NULL;
+    if (data == NULL || len == 0)
+        return error_set(err, ERR_FORMAT, "request is not valid JSON (empty message)");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
+    if (root == NULL)
+        return error_set(err, ERR_FORMAT, "request is not valid JSON");
+    /* Only whitespace (or a trailing NUL some clients send) may follow. */
+    for (const char *p = end; p != NULL && p < data + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != '\0') {
+            cJSON_Delete(root);
+            return error_set(err, ERR_FORMAT, "request is not valid JSON (trailing bytes at offset %zu)",
+                             (size_t)(p - data));
+        }
+    }
+    *root_out = root;
+    if (!cJSON_IsObject(root))
+        return error_set(err, ERR_FORMAT, "request must be a JSON object, got %s", json_type_name(root));
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "v");
+    if (v == NULL)
+        return error_set(err, ERR_FORMAT, "v: required (protocol version %d)", REQUEST_PROTOCOL_VERSION);
+    if (!cJSON_IsNumber(v))
+        return error_set(err, ERR_FORMAT, "v: expected a number, got %s", json_type_name(v));
+    if (v->valuedouble != REQUEST_PROTOCOL_VERSION)
+        return error_set(err, ERR_FORMAT, "v: unsupported protocol version %g (this server speaks %d)",
+                         v->valuedouble, REQUEST_PROTOCOL_VERSION);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "type");
+    if (type == NULL)
+        return error_set(err, ERR_FORMAT, "type: required (\"generate\" or \"stats\")");
+    if (!cJSON_IsString(type))
+        return error_set(err, ERR_FORMAT, "type: expected a string, got %s", json_type_name(type));
+    if (strcmp(type->valuestring, "generate") == 0)
+        *kind_out = REQUEST_KIND_GENERATE;
+    else if (strcmp(type->valuestring, "stats") == 0)
+        *kind_out = REQUEST_KIND_STATS;
+    else
+        return error_set(err, ERR_FORMAT, "type: unknown message type \"%.64s\" (expected \"generate\" or \"stats\")",
+                         type->valuestring);
+    return 0;
+}
+
+const char *request_peek_id(const cJSON *root)
+{
+    const cJSON *id = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "id") : NULL;
+    if (cJSON_IsString(id) && strlen(id->valuestring) <= REQUEST_ID_MAX)
+        return id->valuestring;
+    return "";
+}
+
+static int expect_number(const cJSON *item, const char *name, double *out, char *err)
+{
+    if (!cJSON_IsNumber(item))
+        return error_set(err, ERR_INVALID_ARG, "%s: expected a number, got %s", name, json_type_name(item));
+    if (!isfinite(item->valuedouble))
+        return error_set(err, ERR_INVALID_ARG, "%s: must be a finite number", name);
+    *out = item->valuedouble;
+    return 0;
+}
+
+/* An integral JSON number in [lo, hi]. */
+static int expect_int(const cJSON *item, const char *name, long long lo, long long hi, long long *out,
+                      char *err)
+{
+    double d = 0;
+    int rc = expect_number(item, name, &d, err);
+    if (rc != 0)
+        return rc;
+    if (d != floor(d))
+        return error_set(err, ERR_INVALID_ARG, "%s: expected an integer, got %g", name, d);
+    if (d < (double)lo)
+        return error_set(err, ERR_INVALID_ARG, "%s: must be >= %lld, got %.0f", name, lo, d);
+    if (d > (double)hi)
+        return error_set(err, ERR_INVALID_ARG, "%s: must be <= %lld, got %.0f", name, hi, d);
+    *out = (long long)d;
+    return 0;
+}
+
+static int expect_string(const cJSON *item, const char *name, char *err)
+{
+    if (!cJSON_IsString(item))
+        return error_set(err, ERR_INVALID_ARG, "%s: expected a string, got %s", name, json_type_name(item));
+    return 0;
+}
+
+static char *dup_string(const char *s)
+{
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d != NULL)
+        memcpy(d, s, n + 1);
+    return d;
+}
+
+static int parse_seed(const cJSON *item, uint64_t *out, char *err)
+{
+    if (cJSON_IsNumber(item)) {
+        double d = item->valuedouble;
+        if (!isfinite(d) || d != floor(d))
+            return error_set(err, ERR_INVALID_ARG, "seed: expected a non-negative integer, got %g", d);
+        if (d < 0)
+            return error_set(err, ERR_INVALID_ARG, "seed: must be >= 0, got %.0f", d);
+        if (d > REQUEST_EXACT_INT_MAX)
+            return error_set(err, ERR_INVALID_ARG,
+                             "seed: %.0f is too large for a JSON number; send seeds above 2^53 as a decimal string",
+                             d);
+        *out = (uint64_t)d;
+        return 0;
+    }
+    if (cJSON_IsString(item)) {
+        const char *s = item->valuestring;
+        size_t n = strlen(s);
+        if (n == 0 || n > 20)
+            return error_set(err, ERR_INVALID_ARG, "seed: expected a decimal integer string, got \"%.32s\"", s);
+        for (size_t i = 0; i < n; i++)
+            if (s[i] < '0' || s[i] > '9')
+                return error_set(err, ERR_INVALID_ARG, "seed: expected a decimal integer string, got \"%.32s\"",
+                                 s);
+        errno = 0;
+        unsigned long long v = strtoull(s, NULL, 10);
+        if (errno == ERANGE)
+            return error_set(err, ERR_INVALID_ARG, "seed: must be < 2^64, got \"%s\"", s);
+        *out = (uint64_t)v;
+        return 0;
+    }
+    return error_set(err, ERR_INVALID_ARG, "seed: expected a number or a decimal string, got %s",
+                     json_type_name(item));
+}
+
+static int parse_messages(struct request *r, const cJSON *item, char *err)
+{
+    if (!cJSON_IsArray(item))
+        return error_set(err, ERR_INVALID_ARG, "messages: expected an array, got %s", json_type_name(item));
+    int n = cJSON_GetArraySize(item);
+    if (n < 1)
+        return error_set(err, ERR_INVALID_ARG, "messages: must hold at least one message");
+    r->messages = calloc((size_t)n, sizeof(*r->messages));
+    if (r->messages == NULL)
+        return error_set(err, ERR_NOMEM, "messages: out of memory");
+    int i = 0;
+    const cJSON *m = NULL;
+    cJSON_ArrayForEach(m, item) {
+        if (!cJSON_IsObject(m))
+            return error_set(err, ERR_INVALID_ARG, "messages[%d]: expected an object, got %s", i,
+                             json_type_name(m));
+        const cJSON *f = NULL;
+        cJSON_ArrayForEach(f, m) {
+            if (f->string == NULL || (strcmp(f->string, "role") != 0 && strcmp(f->string, "content") != 0))
+                return error_set(err, ERR_INVALID_ARG, "messages[%d].%.64s: unknown field", i,
+                                 f->string ? f->string : "?");
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        char name[48];
+        if (role == NULL)
+            return error_set(err, ERR_INVALID_ARG, "messages[%d].role: required", i);
+        snprintf(name, sizeof(name), "messages[%d].role", i);
+        int rc = expect_string(role, name, err);
+        if (rc != 0)
+            return rc;
+        if (role->valuestring[0] == '\0')
+            return error_set(err, ERR_INVALID_ARG, "messages[%d].role: must not be empty", i);
+        if (content == NULL)
+            return error_set(err, ERR_INVALID_ARG, "messages[%d].content: required", i);
+        snprintf(name, sizeof(name), "messages[%d].content", i);
+        rc = expect_string(content, name, err);
+        if (rc != 0)
+            return rc;
+        r->messages[i].role = dup_string(role->valuestring);
+        r->messages[i].content = dup_string(content->valuestring);
+        r->n_messages = i + 1;
+        if (r->messages[i].role == NULL || r->messages[i].content == NULL)
+            return error_set(err, ERR_NOMEM, "messages: out of memory");
+        i++;
+    }
+    return 0;
+}
+
+static int parse_prompt_ids(struct request *r, const cJSON *item, char *err)
+{
+    if (!cJSON_IsArray(item))
+        return error_set(err, ERR_INVALID_ARG, "prompt_ids: expected an array, got %s", json_type_name(item));
+    int n = cJSON_GetArraySize(item);
+    if (n < 1)
+        return error_set(err, ERR_INVALID_ARG, "prompt_ids: must hold at least one token id");
+    r->prompt_ids = malloc((size_t)n * sizeof(*r->prompt_ids));
+    if (r->prompt_ids == NULL)
+        return error_set(err, ERR_NOMEM, "prompt_ids: out of memory");
+    int i = 0;
+    const cJSON *e = NULL;
+    cJSON_ArrayForEach(e, item) {
+        char name[32];
+        snprintf(name, sizeof(name), "prompt_ids[%d]", i);
+        long long v = 0;
+        int rc = expect_int(e, name, 0, INT32_MAX, &v, err);
+        if (rc != 0)
+            return rc;
+        r->prompt_ids[i++] = (int32_t)v;
+    }
+    r->n_prompt_ids = n;
+    return 0;
+}
+
+static int parse_stop(struct request *r, const cJSON *item, char *err)
+{
+    if (!cJSON_IsArray(item))
+        return error_set(err, ERR_INVALID_ARG, "stop: expected an array of strings, got %s",
+                         json_type_name(item));
+    int n = cJSON_GetArraySize(item);
+    if (n > REQUEST_STOP_MAX)
+        return error_set(err, ERR_INVALID_ARG, "stop: at most %d strings, got %d", REQUEST_STOP_MAX, n);
+    if (n == 0)
+        return 0;
+    r->stop = calloc((size_t)n, sizeof(*r->stop));
+    if (r->stop == NULL)
+        return error_set(err, ERR_NOMEM, "stop: out of memory");
+    int i = 0;
+    const cJSON *e = NULL;
+    cJSON_ArrayForEach(e, item) {
+        if (!cJSON_IsString(e))
+            return error_set(err, ERR_INVALID_ARG, "stop[%d]: expected a string, got %s", i, json_type_name(e));
+        size_t len = strlen(e->valuestring);
+        if (len == 0)
+            return error_set(err, ERR_INVALID_ARG, "stop[%d]: must not be empty", i);
+        if (len > REQUEST_STOP_BYTES_MAX)
+            return error_set(err, ERR_INVALID_ARG, "stop[%d]: at most %d bytes, got %zu", i,
+                             REQUEST_STOP_BYTES_MAX, len);
+        r->stop[i] = dup_string(e->valuestring);
+        r->n_stop = i + 1;
+        if (r->stop[i] == NULL)
+            return error_set(err, ERR_NOMEM, "stop: out of memory");
+        i++;
+    }
+    return 0;
+}
+
+static const char *const request_fields[] = {
+    "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
+    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode",
+};
+
+static int check_fields(const cJSON *root, char *err)
+{
+    const size_t n_known = sizeof(request_fields) / sizeof(request_fields[0]);
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, root) {
+        if (f->string == NULL)
+            return error_set(err, ERR_INVALID_ARG, "request: field without a name");
+        size_t k = 0;
+        while (k < n_known && strcmp(f->string, request_fields[k]) != 0)
+            k++;
+        if (k == n_known)
+            return error_set(err, ERR_INVALID_ARG, "%.64s: unknown field", f->string);
+        for (const cJSON *g = f->next; g != NULL; g = g->next)
+            if (g->string != NULL && strcmp(g->string, f->string) == 0)
+                return error_set(err, ERR_INVALID_ARG, "%s: given more than once", f->string);
+    }
+    return 0;
+}
+
+static int fill_request(struct request *r, const cJSON *root, const struct request_limits *limits, char *err)
+{
+    int rc = check_fields(root, err);
+    if (rc != 0)
+        return rc;
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "id");
+    if (item != NULL) {
+        if ((rc = expect_string(item, "id", err)) != 0)
+            return rc;
+        if (strlen(item->valuestring) > REQUEST_ID_MAX)
+            return error_set(err, ERR_INVALID_ARG, "id: at most %d bytes, got %zu", REQUEST_ID_MAX,
+                             strlen(item->valuestring));
+        memcpy(r->id, item->valuestring, strlen(item->valuestring) + 1);
+    }
+
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "prompt_ids");
+    int n_inputs = (prompt != NULL) + (messages != NULL) + (ids != NULL);
+    if (n_inputs == 0)
+        return error_set(err, ERR_INVALID_ARG, "prompt: required (exactly one of prompt, messages, prompt_ids)");
+    if (n_inputs > 1)
+        return error_set(err, ERR_INVALID_ARG,
+                         "prompt: give exactly one of prompt, messages, prompt_ids (got %d of them)", n_inputs);
+    if (prompt != NULL) {
+        if ((rc = expect_string(prompt, "prompt", err)) != 0)
+            return rc;
+        r->input = REQUEST_INPUT_PROMPT;
+        r->prompt_len = strlen(prompt->valuestring);
+        if (r->prompt_len == 0)
+            return error_set(err, ERR_INVALID_ARG, "prompt: must not be empty");
+        r->prompt = dup_string(prompt->valuestring);
+        if (r->prompt == NULL)
+            return error_set(err, ERR_NOMEM, "prompt: out of memory");
+    } else if (messages != NULL) {
+        r->input = REQUEST_INPUT_MESSAGES;
+        if ((rc = parse_messages(r, messages, err)) != 0)
+            return rc;
+    } else {
+        r->input = REQUEST_INPUT_IDS;
+        if ((rc = parse_prompt_ids(r, ids, err)) != 0)
+            return rc;
+    }
+
+    long long v = 0;
+    double d = 0;
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "max_tokens")) != NULL) {
+        if ((rc = expect_int(item, "max_tokens", 1, limits->max_tokens_max, &v, err)) != 0)
+            return rc;
+        r->max_tokens = (int)v;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "temperature")) != NULL) {
+        if ((rc = expect_number(item, "temperature", &d, err)) != 0)
+            return rc;
+        if (d < 0)
+            return error_set(err, ERR_INVALID_ARG, "temperature: must be >= 0, got %g", d);
+        r->temperature = d;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "top_k")) != NULL) {
+        if ((rc = expect_int(item, "top_k", 0, INT32_MAX, &v, err)) != 0)
+            return rc;
+        r->top_k = (int)v;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "top_p")) != NULL) {
+        if ((rc = expect_number(item, "top_p", &d, err)) != 0)
+            return rc;
+        if (!(d > 0 && d <= 1))
+            return error_set(err, ERR_INVALID_ARG, "top_p: must be in (0, 1], got %g", d);
+        r->top_p = d;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "min_p")) != NULL) {
+        if ((rc = expect_number(item, "min_p", &d, err)) != 0)
+            return rc;
+        if (!(d >= 0 && d <= 1))
+            return error_set(err, ERR_INVALID_ARG, "min_p: must be in [0, 1], got %g", d);
+        r->min_p = d;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "seed")) != NULL) {
+        if ((rc = parse_seed(item, &r->seed, err)) != 0)
+            return rc;
+        r->has_seed = true;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "stop")) != NULL) {
+        if ((rc = parse_stop(r, item, err)) != 0)
+            return rc;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "stream")) != NULL) {
+        if (!cJSON_IsBool(item))
+            return error_set(err, ERR_INVALID_ARG, "stream: expected a boolean, got %s", json_type_name(item));
+        r->stream = cJSON_IsTrue(item);
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_k")) != NULL) {
+        if ((rc = expect_int(item, "spec_k", 0, REQUEST_SPEC_K_MAX, &v, err)) != 0)
+            return rc;
+        r->spec_k = (int)v;
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_mode")) != NULL) {
+        if ((rc = expect_string(item, "spec_mode", err)) != 0)
+            return rc;
+        if (strcmp(item->valuestring, "sampled") == 0)
+            r->spec_mode = REQUEST_SPEC_MODE_SAMPLED;
+        else if (strcmp(item->valuestring, "point_mass") == 0)
+            r->spec_mode = REQUEST_SPEC_MODE_POINT_MASS;
+        else
+            return error_set(err, ERR_INVALID_ARG,
+                             "spec_mode: expected \"sampled\" or \"point_mass\", got \"%.32s\"", item->valuestring);
+    }
+    return 0;
+}
+
+int request_from_json(struct request **out, const cJSON *root, const struct request_limits *limits,
+                      char *err)
+{
+    *out = NULL;
+    if (!cJSON_IsObject(root))
+        return error_set(err, ERR_INVALID_ARG, "request must be a JSON object");
+    if (limits == NULL || limits->max_tokens_max < 1)
+        return error_set(err, ERR_INVALID_ARG, "request limits: max_tokens_max must be >= 1");
+    struct request *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return error_set(err, ERR_NOMEM, "request: out of memory");
+    r->max_tokens = REQUEST_MAX_TOKENS_DEFAULT < limits->max_tokens_max ? REQUEST_MAX_TOKENS_DEFAULT
+                                                                         : limits->max_tokens_max;
+    r->temperature = 1.0;
+    r->top_k = 0;
+    r->top_p = 1.0;
+    r->min_p = 0.0;
+    r->spec_k = -1;
+    r->spec_mode = REQUEST_SPEC_MODE_DEFAULT;
+    int rc = fill_request(r, root, limits, err);
+    if (rc != 0) {
+        request_destroy(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int request_parse(struct request **out, const char *data, size_t len,
+                  const struct request_limits *limits, char *err)
+{
+    *out = NULL;
+    cJSON *root = NULL;
+    enum request_kind kind = REQUEST_KIND_GENERATE;
+    int rc = request_parse_envelope(data, len, &root, &kind, err);
+    if (rc == 0 && kind != REQUEST_KIND_GENERATE)
+        rc = error_set(err, ERR_FORMAT, "type: expected \"generate\"");
+    if (rc == 0)
+        rc = request_from_json(out, root, limits, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+void request_destroy(struct request *req)
+{
+    if (req == NULL)
+        return;
+    free(req->prompt);
+    for (int i = 0; i < req->n_messages; i++) {
+        free(req->messages[i].role);
+        free(req->messages[i].content);
+    }
+    free(req->messages);
+    free(req->prompt_ids);
+    for (int i = 0; i < req->n_stop; i++)
+        free(req->stop[i]);
+    free(req->stop);
+    free(req);
+}
+
+const char *request_spec_mode_name(enum request_spec_mode mode)
+{
+    switch (mode) {
+    case REQUEST_SPEC_MODE_SAMPLED:
+        return "sampled";
+    case REQUEST_SPEC_MODE_POINT_MASS:
+        return "point_mass";
+    default:
+        return "default";
+    }
+}

@@ -1,0 +1,115 @@
+/* request.h: a client's "generate" request, parsed and validated.
+ *
+ * What it is: the one place that turns the JSON a client sends to the
+ * coordinator ({"v":1,"type":"generate",...}, see docs/protocol.md) into a
+ * plain struct whose every field is in range. A request that comes out of
+ * request_parse is safe to schedule as far as its own fields go; what
+ * depends on the models (token ids against the vocabulary, prompt length
+ * against the context) is checked by the coordinator after tokenization.
+ * What it is not: a tokenizer or a scheduler; it knows nothing of models.
+ *
+ * Errors: every rejection names the field and what was wrong, e.g.
+ * "temperature: expected a number, got string", "max_tokens: must be >= 1,
+ * got 0", "request is not valid JSON". The wire error code for all of them
+ * is "invalid_request" (REQUEST_ERROR_CODE).
+ */
+#ifndef TANDEM_REQUEST_H
+#define TANDEM_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#define REQUEST_PROTOCOL_VERSION 1
+#define REQUEST_ID_MAX 128           /* bytes of the client's "id" string */
+#define REQUEST_STOP_MAX 8           /* stop strings per request */
+#define REQUEST_STOP_BYTES_MAX 256   /* bytes per stop string */
+#define REQUEST_SPEC_K_MAX 16        /* largest spec_k a client may ask for */
+#define REQUEST_MAX_TOKENS_DEFAULT 128
+#define REQUEST_ERROR_CODE "invalid_request"
+
+enum request_input {
+    REQUEST_INPUT_PROMPT = 0,    /* "prompt": text, tokenized as is (with BOS) */
+    REQUEST_INPUT_MESSAGES = 1,  /* "messages": chat, rendered by the chat template */
+    REQUEST_INPUT_IDS = 2,       /* "prompt_ids": token ids passed through */
+};
+
+enum request_spec_mode {
+    REQUEST_SPEC_MODE_DEFAULT = 0,  /* not given: the coordinator's configured mode */
+    REQUEST_SPEC_MODE_SAMPLED = 1,
+    REQUEST_SPEC_MODE_POINT_MASS = 2,
+};
+
+struct request_message {
+    char *role;      /* non-empty */
+    char *content;   /* may be empty */
+};
+
+/* Limits that come from the coordinator's configuration. */
+struct request_limits {
+    int max_tokens_max;   /* largest accepted max_tokens (>= 1) */
+};
+
+struct request {
+    char id[REQUEST_ID_MAX + 1];   /* client's id, "" when not given */
+    enum request_input input;
+    char *prompt;                  /* REQUEST_INPUT_PROMPT: NUL-terminated text */
+    size_t prompt_len;             /* bytes of prompt */
+    struct request_message *messages; /* REQUEST_INPUT_MESSAGES */
+    int n_messages;                /* >= 1 */
+    int32_t *prompt_ids;           /* REQUEST_INPUT_IDS: each >= 0 */
+    int n_prompt_ids;              /* >= 1 */
+    int max_tokens;                /* 1 .. limits.max_tokens_max, default 128 */
+    double temperature;            /* >= 0, default 1.0; 0 = greedy */
+    int top_k;                     /* >= 0, default 0 (off) */
+    double top_p;                  /* (0, 1], default 1 */
+    double min_p;                  /* [0, 1], default 0 */
+    uint64_t seed;                 /* meaningful when has_seed */
+    bool has_seed;
+    char **stop;                   /* n_stop non-empty strings */
+    int n_stop;                    /* 0 .. REQUEST_STOP_MAX */
+    bool stream;                   /* default false */
+    int spec_k;                    /* -1 = not given, else 0 .. REQUEST_SPEC_K_MAX (0 = adaptive) */
+    enum request_spec_mode spec_mode;
+};
+
+/* Kind of a client message, from its "type" field. */
+enum request_kind {
+    REQUEST_KIND_GENERATE = 0,
+    REQUEST_KIND_STATS = 1,
+};
+
+/* Parses len bytes of JSON (not necessarily NUL-terminated) into a cJSON
+ * tree, checks "v" and "type", and reports the kind. *root_out owns the tree
+ * (cJSON_Delete) and is set even on a failed "v"/"type" check, so the caller
+ * can still read the client's "id" for the error reply (request_peek_id);
+ * it is NULL when the text is not JSON. Returns 0 or ERR_FORMAT ("request is
+ * not valid JSON", "request must be a JSON object", "v: ...", "type: ..."). */
+int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
+                           enum request_kind *kind_out, char *err);
+
+/* The client's "id" when root is an object with a string "id" of at most
+ * REQUEST_ID_MAX bytes, else "". Never NULL; borrows root. */
+const char *request_peek_id(const cJSON *root);
+
+/* Validates a "generate" object (as returned by request_parse_envelope) and
+ * fills a new request. *out owns everything it points to (request_destroy).
+ * Returns 0, ERR_INVALID_ARG (a field missing, unknown, of the wrong type or
+ * out of range; err names it) or ERR_NOMEM. */
+int request_from_json(struct request **out, const cJSON *root, const struct request_limits *limits,
+                      char *err);
+
+/* Envelope + generate in one call; ERR_FORMAT also when the type is not
+ * "generate". */
+int request_parse(struct request **out, const char *data, size_t len,
+                  const struct request_limits *limits, char *err);
+
+/* NULL-safe. */
+void request_destroy(struct request *req);
+
+/* "sampled" / "point_mass" / "default". */
+const char *request_spec_mode_name(enum request_spec_mode mode);
+
+#endif

@@ -1,0 +1,345 @@
+/* sampling.c: adjusted distributions, argmax and inverse-CDF draws (contract
+ * and exact rules in sampling.h).
+ *
+ * Cost for a vocab of V: two passes (max, exp) plus one normalisation pass in
+ * every mode. top-k adds an O(V) selection (quickselect on (logit, index)
+ * pairs) and an O(k log k) sort only when top-p is also on. top-p without
+ * top-k gathers the tokens with e >= t for t = 2^-4, 2^-8, ... until they
+ * carry top_p of the mass, and sorts only those: the nucleus is a prefix of
+ * the canonical order, so any threshold set that reaches the mass contains
+ * it. Invariant: every selection is defined by the canonical order alone,
+ * never by the algorithm that found it, so results do not depend on
+ * thresholds, pivots or sort stability.
+ */
+#include "sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "error.h"
+#include "philox.h"
+
+struct sampling_cand {
+    float logit;
+    int32_t index;
+};
+
+struct sampling_workspace {
+    int vocab_max;
+    struct sampling_cand *cand; /* (vocab_max) */
+};
+
+void sampling_params_default(struct sampling_params *p)
+{
+    p->temperature = 0.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->seed = 0;
+}
+
+int sampling_params_validate(const struct sampling_params *p, char *err)
+{
+    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+        return error_set(err, ERR_INVALID_ARG, "temperature: must be >= 0 and finite, got %g",
+                         (double)p->temperature);
+    if (p->top_k < 0)
+        return error_set(err, ERR_INVALID_ARG, "top_k: must be >= 0 (0 = off), got %d", p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return error_set(err, ERR_INVALID_ARG, "top_p: must be in (0, 1], got %g",
+                         (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return error_set(err, ERR_INVALID_ARG, "min_p: must be in [0, 1], got %g",
+                         (double)p->min_p);
+    return 0;
+}
+
+int sampling_params_is_greedy(const struct sampling_params *p)
+{
+    return p->temperature == 0.0f;
+}
+
+int sampling_workspace_create(struct sampling_workspace **out, int vocab_max, char *err)
+{
+    *out = NULL;
+    if (vocab_max < 1)
+        return error_set(err, ERR_INVALID_ARG, "sampling workspace: vocab_max must be >= 1, got %d",
+                         vocab_max);
+    struct sampling_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        goto fail;
+    ws->vocab_max = vocab_max;
+    ws->cand = malloc((size_t)vocab_max * sizeof *ws->cand);
+    if (!ws->cand)
+        goto fail;
+    *out = ws;
+    return 0;
+fail:
+    sampling_workspace_destroy(ws);
+    return error_set(err, ERR_NOMEM, "sampling workspace: cannot allocate for vocab %d", vocab_max);
+}
+
+void sampling_workspace_destroy(struct sampling_workspace *ws)
+{
+    if (!ws)
+        return;
+    free(ws->cand);
+    free(ws);
+}
+
+/* The canonical order: a before b when its logit is larger, or equal with a
+ * lower index. */
+static inline int cand_before(struct sampling_cand a, struct sampling_cand b)
+{
+    return a.logit > b.logit || (a.logit == b.logit && a.index < b.index);
+}
+
+static int cand_compare(const void *pa, const void *pb)
+{
+    struct sampling_cand a = *(const struct sampling_cand *)pa;
+    struct sampling_cand b = *(const struct sampling_cand *)pb;
+    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
+}
+
+static void cand_swap(struct sampling_cand *a, struct sampling_cand *b)
+{
+    struct sampling_cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static void cand_insertion_sort(struct sampling_cand *a, int n)
+{
+    for (int i = 1; i < n; i++) {
+        struct sampling_cand x = a[i];
+        int j = i - 1;
+        while (j >= 0 && cand_before(x, a[j])) {
+            a[j + 1] = a[j];
+            j--;
+        }
+        a[j + 1] = x;
+    }
+}
+
+/* Rearranges a[0..n) so that a[nth] is the element the canonical sort would
+ * put there, everything before it precedes it and everything after follows.
+ * Keys are distinct (the index breaks ties), so Hoare partitioning around a
+ * median-of-three pivot always shrinks the range. */
+static void cand_select_nth(struct sampling_cand *a, int n, int nth)
+{
+    int lo = 0, hi = n - 1;
+    while (hi - lo >= 16) {
+        int mid = lo + (hi - lo) / 2;
+        if (cand_before(a[mid], a[lo]))
+            cand_swap(&a[mid], &a[lo]);
+        if (cand_before(a[hi], a[lo]))
+            cand_swap(&a[hi], &a[lo]);
+        if (cand_before(a[hi], a[mid]))
+            cand_swap(&a[hi], &a[mid]);
+        struct sampling_cand pivot = a[mid];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cand_before(a[i], pivot))
+                i++;
+            while (cand_before(pivot, a[j]))
+                j--;
+            if (i <= j) {
+                cand_swap(&a[i], &a[j]);
+                i++;
+                j--;
+            }
+        }
+        if (nth <= j)
+            hi = j;
+        else if (nth >= i)
+            lo = i;
+        else
+            return;
+    }
+    cand_insertion_sort(a + lo, hi - lo + 1);
+}
+
+/* Zeroes e[v] for every token that comes after `last` in the canonical order. */
+static void keep_through(float *e, const float *logits, int vocab, struct sampling_cand last)
+{
+    for (int v = 0; v < vocab; v++) {
+        struct sampling_cand c = {logits[v], v};
+        if (cand_before(last, c))
+            e[v] = 0.0f;
+    }
+}
+
+static double sum_index_order(const float *x, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+/* Scans sorted candidates c[0..n) and returns the position of the first one at
+ * which the running sum of e reaches target, or -1. */
+static int nucleus_end(const struct sampling_cand *c, int n, const float *e, double target)
+{
+    double cum = 0.0;
+    for (int i = 0; i < n; i++) {
+        cum += e[c[i].index];
+        if (cum >= target)
+            return i;
+    }
+    return -1;
+}
+
+/* top-p over the kept tokens; top_k_kept > 0 means ws->cand[0..top_k_kept)
+ * already holds exactly the kept tokens (the top-k set). */
+static void apply_top_p(struct sampling_workspace *ws, float top_p, const float *logits,
+                        int vocab, float *e, int top_k_kept)
+{
+    double target = (double)top_p * sum_index_order(e, vocab);
+    struct sampling_cand *c = ws->cand;
+    int n, end;
+    if (top_k_kept > 0) {
+        n = top_k_kept;
+        qsort(c, (size_t)n, sizeof *c, cand_compare);
+        end = nucleus_end(c, n, e, target);
+    } else {
+        end = -1;
+        n = 0;
+        for (float t = 0.0625f;; t *= 0.0625f) {
+            /* t underflows to 0 after ~37 steps: then every token qualifies. */
+            n = 0;
+            double mass = 0.0;
+            for (int v = 0; v < vocab; v++) {
+                if (e[v] >= t && (t > 0.0f || e[v] > 0.0f)) {
+                    c[n].logit = logits[v];
+                    c[n].index = v;
+                    n++;
+                    mass += e[v];
+                }
+            }
+            if (mass >= target || t == 0.0f) {
+                qsort(c, (size_t)n, sizeof *c, cand_compare);
+                end = nucleus_end(c, n, e, target);
+                if (end >= 0 || t == 0.0f)
+                    break;
+            }
+        }
+    }
+    if (end < 0) /* rounding kept the sum below target: the nucleus is everything kept */
+        return;
+    keep_through(e, logits, vocab, c[end]);
+}
+
+int sampling_adjust(struct sampling_workspace *ws, const struct sampling_params *p,
+                    const float *logits, int vocab, float *probs_out, char *err)
+{
+    int rc = sampling_params_validate(p, err);
+    if (rc)
+        return rc;
+    if (vocab < 1 || vocab > ws->vocab_max)
+        return error_set(err, ERR_INVALID_ARG, "sampling: vocab %d outside 1..%d", vocab,
+                         ws->vocab_max);
+    float max_logit = -INFINITY;
+    int arg = -1;
+    for (int v = 0; v < vocab; v++) {
+        float l = logits[v];
+        if (isnan(l) || l == INFINITY)
+            return error_set(err, ERR_INVALID_ARG, "logits[%d]: %s is not a valid logit", v,
+                             isnan(l) ? "NaN" : "+inf");
+        if (l > max_logit) {
+            max_logit = l;
+            arg = v;
+        }
+    }
+    if (arg < 0)
+        return error_set(err, ERR_INVALID_ARG, "logits: all %d values are -inf", vocab);
+
+    if (p->temperature == 0.0f) {
+        for (int v = 0; v < vocab; v++)
+            probs_out[v] = 0.0f;
+        probs_out[arg] = 1.0f;
+        return 0;
+    }
+
+    float *e = probs_out;
+    for (int v = 0; v < vocab; v++)
+        e[v] = expf((logits[v] - max_logit) / p->temperature);
+
+    int top_k_kept = 0;
+    if (p->top_k > 0 && p->top_k < vocab) {
+        struct sampling_cand *c = ws->cand;
+        for (int v = 0; v < vocab; v++) {
+            c[v].logit = logits[v];
+            c[v].index = v;
+        }
+        cand_select_nth(c, vocab, p->top_k - 1);
+        keep_through(e, logits, vocab, c[p->top_k - 1]);
+        top_k_kept = p->top_k;
+    }
+    if (p->top_p < 1.0f)
+        apply_top_p(ws, p->top_p, logits, vocab, e, top_k_kept);
+    if (p->min_p > 0.0f) {
+        for (int v = 0; v < vocab; v++)
+            if (e[v] < p->min_p)
+                e[v] = 0.0f;
+    }
+    /* e[arg] == 1 survives every filter, so the sum is >= 1. */
+    double total = sum_index_order(e, vocab);
+    for (int v = 0; v < vocab; v++)
+        probs_out[v] = (float)(e[v] / total);
+    return 0;
+}
+
+int sampling_argmax(const float *x, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            continue;
+        if (best < 0 || x[i] > x[best])
+            best = i;
+    }
+    return best;
+}
+
+int sampling_draw(const float *probs, int n, float u)
+{
+    double total = 0.0;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        if (probs[i] > 0.0f) {
+            total += probs[i];
+            last = i;
+        }
+    }
+    if (last < 0)
+        return -1;
+    double target = (double)u * total, cum = 0.0;
+    for (int i = 0; i < last; i++) {
+        if (probs[i] > 0.0f) {
+            cum += probs[i];
+            if (cum > target)
+                return i;
+        }
+    }
+    return last;
+}
+
+int sampling_sample(struct sampling_workspace *ws, const struct sampling_params *p,
+                    const float *logits, int vocab, uint32_t stream, uint64_t position,
+                    float *probs_out, int32_t *token_out, char *err)
+{
+    int rc = sampling_adjust(ws, p, logits, vocab, probs_out, err);
+    if (rc)
+        return rc;
+    int tok;
+    if (sampling_params_is_greedy(p)) {
+        tok = sampling_argmax(probs_out, vocab);
+    } else {
+        tok = sampling_draw(probs_out, vocab, philox_uniform(p->seed, stream, position, 0));
+    }
+    if (tok < 0) /* adjust always leaves a positive entry */
+        return error_set(err, ERR_INTERNAL, "sampling: adjusted distribution has no mass");
+    *token_out = tok;
+    return 0;
+}

@@ -1,0 +1,98 @@
+/* sampling.h: the request's sampling transforms and token draws, on host
+ * float arrays.
+ *
+ * What it is: the "adjusted distribution" of a position (temperature, top-k,
+ * top-p, min-p applied to logits, renormalised), an argmax, and an
+ * inverse-CDF draw driven by a caller-supplied uniform. Draft and target apply
+ * the same function, so q and p are comparable row by row.
+ * What it is not: a GPU kernel (the CUDA backend re-implements these rules),
+ * nor the speculative accept/reject step (speculate.h).
+ *
+ * The adjusted distribution, exactly (the CUDA twin must follow these rules;
+ * it may round differently inside sums, which can move a top-p boundary or a
+ * draw only where a running sum lands within rounding of a threshold):
+ *   - logits must not hold NaN or +inf; -inf masks a token. At least one
+ *     logit must be finite.
+ *   - Canonical order: logit descending, then token index ascending. It is a
+ *     total order and agrees with probability order (exp is monotone); every
+ *     boundary below (argmax, top-k, top-p) is taken in this order, so ties
+ *     are broken toward the lower index, deterministically.
+ *   - temperature == 0: greedy, one-hot 1.0 at the argmax (first in order).
+ *     Other fields are ignored.
+ *   - otherwise, with m = max logit: e[v] = expf((logit[v] - m) / temperature)
+ *     (float32; e = 1 exactly at the argmax), then, as HF transformers'
+ *     warpers in the order temperature -> top_k -> top_p -> min_p:
+ *     top_k > 0 and < vocab: keep exactly the first top_k tokens in order
+ *       (HF keeps every token tied with the k-th; we keep exactly k).
+ *     top_p < 1: with S = sum of kept e (double, index order), keep the
+ *       shortest prefix in order whose running sum of e (double, in order)
+ *       reaches >= top_p * S; always at least one token.
+ *     min_p > 0: keep tokens with e[v] >= min_p (min_p times the top token's
+ *       e, which is 1).
+ *     probs[v] = (float)(e[v] / sum of kept e) for kept tokens, 0 elsewhere.
+ *
+ * Threads: functions are reentrant; a workspace serves one caller at a time.
+ * Errors: 0 or a negative code from error.h, reason in err (NULL or
+ * ERR_MSG_MAX bytes).
+ */
+#ifndef TANDEM_SAMPLING_H
+#define TANDEM_SAMPLING_H
+
+#include <stdint.h>
+
+struct sampling_params {
+    float temperature; /* >= 0; 0 = greedy */
+    int top_k;         /* >= 0; 0 = off */
+    float top_p;       /* (0, 1]; 1 = off */
+    float min_p;       /* [0, 1]; 0 = off */
+    uint64_t seed;     /* Philox key for every draw of the request */
+};
+
+/* Greedy defaults: temperature 0, top_k 0, top_p 1, min_p 0, seed 0. */
+void sampling_params_default(struct sampling_params *p);
+
+/* ERR_INVALID_ARG naming the field ("temperature: must be >= 0, got -1") for a
+ * negative or non-finite temperature, top_k < 0, top_p outside (0, 1], min_p
+ * outside [0, 1] (NaN is outside every range). 0 when valid. */
+int sampling_params_validate(const struct sampling_params *p, char *err);
+
+/* 1 when p selects greedy decoding (temperature == 0). */
+int sampling_params_is_greedy(const struct sampling_params *p);
+
+/* Index buffers for the top-k / top-p selections, sized once (per sequence or
+ * per worker thread) so no call allocates. */
+struct sampling_workspace;
+
+/* ERR_INVALID_ARG when vocab_max < 1, ERR_NOMEM. */
+int sampling_workspace_create(struct sampling_workspace **out, int vocab_max, char *err);
+void sampling_workspace_destroy(struct sampling_workspace *ws); /* NULL-safe */
+
+/* The adjusted distribution of one position (rules above) into probs_out
+ * [vocab] (caller-owned, may be a shared-memory q row). logits [vocab] are not
+ * modified and must not alias probs_out. ws must hold at least vocab entries.
+ * ERR_INVALID_ARG: invalid params, vocab out of 1..vocab_max, a NaN or +inf
+ * logit (named by index), or every logit -inf. probs_out is unspecified
+ * after an error. */
+int sampling_adjust(struct sampling_workspace *ws, const struct sampling_params *p,
+                    const float *logits, int vocab, float *probs_out, char *err);
+
+/* Index of the largest element of x [n]; the lowest index among equal maxima;
+ * NaN is never chosen. -1 when n < 1 or every element is NaN. */
+int sampling_argmax(const float *x, int n);
+
+/* Inverse-CDF draw: with S = sum of probs (double, index order), the smallest
+ * index i whose running sum (double, index order) exceeds u * S, u in [0, 1).
+ * Entries <= 0 or NaN count as 0 and are never returned; if rounding carries
+ * the scan past the end, the last positive entry is returned. The input need
+ * not be normalised. -1 when n < 1 or no entry is positive. */
+int sampling_draw(const float *probs, int n, float u);
+
+/* One token for one position: sampling_adjust into probs_out [vocab], then
+ * the argmax (greedy) or sampling_draw with
+ * u = philox_uniform(p->seed, stream, position, 0); position is the absolute
+ * position of the token being produced (philox.h). Errors as sampling_adjust. */
+int sampling_sample(struct sampling_workspace *ws, const struct sampling_params *p,
+                    const float *logits, int vocab, uint32_t stream, uint64_t position,
+                    float *probs_out, int32_t *token_out, char *err);
+
+#endif

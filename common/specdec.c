@@ -1,0 +1,483 @@
+/* specdec.c: the draft half, the target half, adaptive K and the in-process
+ * speculative generation loop (see specdec.h for the contracts).
+ *
+ * Invariant kept by specdec_generate: the target's cache holds every accepted
+ * token but the last one (the last is fed at the start of the next round);
+ * the draft's cache holds draft_valid positions that match the accepted
+ * sequence, and whatever it cached beyond that is discarded through keep_len.
+ */
+#include "specdec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "philox.h"
+
+struct specdec_draft {
+    struct llama_ctx *ctx;
+    int vocab;
+    float *logits; /* [vocab] */
+    float *probs;  /* [vocab] */
+    struct sampling_workspace *ws;
+};
+
+struct specdec_target {
+    struct llama_ctx *ctx;
+    int vocab;
+    float *logits;  /* [SPECDEC_K_MAX + 1, vocab]: becomes the p rows in place */
+    float *scratch; /* [vocab] */
+    int32_t *seq;   /* [max_seq_len]: feed + drafts of one call */
+    struct sampling_workspace *ws;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int ctx_vocab(struct llama_ctx *ctx);
+
+int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char *err)
+{
+    *out = NULL;
+    struct specdec_draft *d = calloc(1, sizeof *d);
+    if (!d)
+        return error_set(err, ERR_NOMEM, "draft: out of memory");
+    d->ctx = ctx;
+    d->vocab = ctx_vocab(ctx);
+    d->logits = malloc((size_t)d->vocab * sizeof(float));
+    d->probs = malloc((size_t)d->vocab * sizeof(float));
+    int rc = (!d->logits || !d->probs) ? error_set(err, ERR_NOMEM, "draft: out of memory")
+                                        : sampling_workspace_create(&d->ws, d->vocab, err);
+    if (rc) {
+        specdec_draft_destroy(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void specdec_draft_destroy(struct specdec_draft *d)
+{
+    if (!d)
+        return;
+    sampling_workspace_destroy(d->ws);
+    free(d->logits);
+    free(d->probs);
+    free(d);
+}
+
+struct llama_ctx *specdec_draft_ctx(struct specdec_draft *d) { return d->ctx; }
+
+/* Picks draft token i from the draft logits in d->logits. */
+static int draft_pick(struct specdec_draft *d, const struct sampling_params *sp,
+                      enum speculate_mode mode, uint64_t position, float *q_row, int32_t *token,
+                      char *err)
+{
+    int greedy = sampling_params_is_greedy(sp);
+    float *row = q_row ? q_row : d->probs;
+    if (greedy || mode == SPECULATE_MODE_POINT_MASS) {
+        /* The argmax of the adjusted distribution is the argmax of the logits:
+         * temperature, top-k, top-p and min-p all keep the most likely token. */
+        *token = sampling_argmax(d->logits, d->vocab);
+        if (q_row) {
+            int rc = sampling_adjust(d->ws, sp, d->logits, d->vocab, q_row, err);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    int rc = sampling_adjust(d->ws, sp, d->logits, d->vocab, row, err);
+    if (rc)
+        return rc;
+    float u = philox_uniform(sp->seed, PHILOX_STREAM_DRAFT_SAMPLE, position, 0);
+    *token = sampling_draw(row, d->vocab, u);
+    return 0;
+}
+
+int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const int32_t *feed,
+                          int n_feed, int k, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
+                          char *err)
+{
+    if (k < 0 || k > SPECDEC_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECDEC_K_MAX, k);
+    if (n_feed < 1)
+        return error_set(err, ERR_INVALID_ARG, "draft: nothing to feed");
+    int rc = llama_ctx_truncate(d->ctx, slot, keep_len, err);
+    if (rc)
+        return rc;
+    struct llama_seq_batch b = {.slot = slot, .tokens = feed, .n_tokens = n_feed,
+                                .n_logits = k > 0 ? 1 : 0, .logits_out = d->logits};
+    if ((rc = llama_forward(d->ctx, &b, 1, err)))
+        return rc;
+    const uint64_t pos0 = (uint64_t)keep_len + (uint64_t)n_feed;
+    for (int i = 0; i < k; i++) {
+        float *q_row = q_rows_out ? q_rows_out + (size_t)i * (size_t)d->vocab : NULL;
+        if ((rc = draft_pick(d, sp, mode, pos0 + (uint64_t)i, q_row, &tokens_out[i], err)))
+            return rc;
+        if (i + 1 < k) {
+            struct llama_seq_batch next = {.slot = slot, .tokens = &tokens_out[i], .n_tokens = 1,
+                                           .n_logits = 1, .logits_out = d->logits};
+            if ((rc = llama_forward(d->ctx, &next, 1, err)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err)
+{
+    *out = NULL;
+    struct specdec_target *t = calloc(1, sizeof *t);
+    if (!t)
+        return error_set(err, ERR_NOMEM, "target: out of memory");
+    t->ctx = ctx;
+    t->vocab = ctx_vocab(ctx);
+    t->logits = malloc((size_t)(SPECDEC_K_MAX + 1) * (size_t)t->vocab * sizeof(float));
+    t->scratch = malloc((size_t)t->vocab * sizeof(float));
+    t->seq = malloc((size_t)llama_ctx_max_seq_len(ctx) * sizeof(int32_t));
+    int rc = (!t->logits || !t->scratch || !t->seq)
+                 ? error_set(err, ERR_NOMEM, "target: out of memory")
+                 : sampling_workspace_create(&t->ws, t->vocab, err);
+    if (rc) {
+        specdec_target_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+void specdec_target_destroy(struct specdec_target *t)
+{
+    if (!t)
+        return;
+    sampling_workspace_destroy(t->ws);
+    free(t->logits);
+    free(t->scratch);
+    free(t->seq);
+    free(t);
+}
+
+struct llama_ctx *specdec_target_ctx(struct specdec_target *t) { return t->ctx; }
+
+int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
+                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                          const float *q_rows, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
+                          char *err)
+{
+    *n_accepted_out = 0;
+    if (k < 0 || k > SPECDEC_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECDEC_K_MAX, k);
+    if (n_feed < 1)
+        return error_set(err, ERR_INVALID_ARG, "verify: nothing to feed");
+    const int max_seq = llama_ctx_max_seq_len(t->ctx);
+    if (keep_len < 0 || n_feed + k > max_seq - keep_len)
+        return error_set(err, ERR_CONTEXT_FULL,
+                         "verify would reach %d positions, the context length is %d",
+                         keep_len + n_feed + k, max_seq);
+    const int greedy = sampling_params_is_greedy(sp);
+    if (k > 0 && !greedy && mode == SPECULATE_MODE_SAMPLED && !q_rows)
+        return error_set(err, ERR_INVALID_ARG, "verify: q rows are required to verify sampled drafts");
+    int rc = llama_ctx_truncate(t->ctx, slot, keep_len, err);
+    if (rc)
+        return rc;
+    memcpy(t->seq, feed, (size_t)n_feed * sizeof(int32_t));
+    if (k > 0)
+        memcpy(t->seq + n_feed, draft, (size_t)k * sizeof(int32_t));
+    struct llama_seq_batch b = {.slot = slot, .tokens = t->seq, .n_tokens = n_feed + k,
+                                .n_logits = k + 1, .logits_out = t->logits};
+    if ((rc = llama_forward(t->ctx, &b, 1, err)))
+        return rc;
+    /* The p rows replace the logits in place: each row is read once. */
+    for (int i = 0; i <= k; i++) {
+        float *row = t->logits + (size_t)i * (size_t)t->vocab;
+        if ((rc = sampling_adjust(t->ws, sp, row, t->vocab, t->scratch, err)))
+            return rc;
+        memcpy(row, t->scratch, (size_t)t->vocab * sizeof(float));
+    }
+    struct speculate_input in = {
+        .k = k,
+        .vocab = t->vocab,
+        .draft_tokens = draft,
+        .q_rows = q_rows,
+        .p_rows = t->logits,
+        .greedy = greedy,
+        .mode = mode,
+        .seed = sp->seed,
+        .position0 = (uint64_t)keep_len + (uint64_t)n_feed,
+    };
+    int n_accepted = 0;
+    if ((rc = speculate_verify(&in, t->scratch, tokens_out, &n_accepted, err)))
+        return rc;
+    if ((rc = llama_ctx_truncate(t->ctx, slot, keep_len + n_feed + n_accepted, err)))
+        return rc;
+    *n_accepted_out = n_accepted;
+    return 0;
+}
+
+/* ---- adaptive K ---- */
+
+/* Weight of the newest observation in the running averages: recent rounds
+ * matter more (acceptance drifts with the content being generated), but one
+ * unlucky round must not flip the decision. */
+#define K_EWMA_ALPHA 0.15
+/* Rounds at K = 0 between probes with K = 1. */
+#define K_PROBE_INTERVAL 16
+
+void specdec_k_init(struct specdec_k_control *kc, int k_fixed, int k_max)
+{
+    memset(kc, 0, sizeof *kc);
+    kc->k_fixed = k_fixed;
+    kc->k_max = k_max < 1 ? 1 : (k_max > SPECDEC_K_MAX ? SPECDEC_K_MAX : k_max);
+    kc->k_current = k_fixed > 0 ? k_fixed : (kc->k_max < 4 ? kc->k_max : 4);
+    kc->accept_rate = 0.7; /* prior until measured; decays within a few rounds */
+}
+
+static double ewma(double old, double sample, int have_old)
+{
+    return have_old ? old + K_EWMA_ALPHA * (sample - old) : sample;
+}
+
+/* Modelled verification cost of k drafted rows. */
+static double k_verify_ms(const struct specdec_k_control *kc, int k)
+{
+    return kc->verify_ms_base + kc->verify_ms_per_row * k;
+}
+
+void specdec_k_update(struct specdec_k_control *kc, int k, int n_accepted, double draft_ms,
+                      double verify_ms)
+{
+    int have = kc->rounds_observed > 0;
+    if (k > 0) {
+        /* Per drafted position: n_accepted successes, then one failure unless
+         * every draft was accepted (a truncated geometric observation). */
+        double trials = n_accepted + (n_accepted < k ? 1 : 0);
+        double rate = trials > 0 ? n_accepted / trials : 0.0;
+        kc->accept_rate += K_EWMA_ALPHA * (rate - kc->accept_rate);
+        kc->draft_ms_per_token =
+            ewma(kc->draft_ms_per_token, draft_ms / k, kc->draft_ms_per_token > 0);
+        /* Split the verification time into base + per-row cost; the base is
+         * anchored by K = 0 rounds when there are any, else shared. */
+        double predicted = k_verify_ms(kc, k);
+        if (!have) {
+            kc->verify_ms_base = verify_ms;
+            kc->verify_ms_per_row = 0.0;
+        } else {
+            double extra = (verify_ms - predicted) / (1.0 + k);
+            kc->verify_ms_base += K_EWMA_ALPHA * extra;
+            kc->verify_ms_per_row += K_EWMA_ALPHA * extra * k / (1.0 + (double)k * k) * 2.0;
+            if (kc->verify_ms_per_row < 0)
+                kc->verify_ms_per_row = 0;
+        }
+    } else {
+        kc->verify_ms_base = ewma(kc->verify_ms_base, verify_ms, have);
+    }
+    kc->rounds_observed++;
+}
+
+double specdec_k_cost_ratio(const struct specdec_k_control *kc)
+{
+    if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0)
+        return 0.0;
+    return kc->draft_ms_per_token / kc->verify_ms_base;
+}
+
+int specdec_k_next(struct specdec_k_control *kc, int room)
+{
+    int cap = room - 1;
+    if (cap <= 0)
+        return 0;
+    if (kc->k_fixed > 0)
+        return kc->k_fixed < cap ? kc->k_fixed : cap;
+    int limit = kc->k_max < cap ? kc->k_max : cap;
+    if (kc->rounds_observed < 2 || kc->draft_ms_per_token <= 0) {
+        kc->k_current = kc->k_current < limit ? kc->k_current : limit;
+        if (kc->k_current < 1)
+            kc->k_current = 1;
+        return kc->k_current;
+    }
+    /* Throughput of plain decoding vs each k: expected tokens per round over
+     * the round's modelled cost (Leviathan et al. 2023, 3.5, with measured
+     * costs instead of the ratio c alone). */
+    double best_rate = 1.0 / kc->verify_ms_base;
+    int best_k = 0;
+    for (int k = 1; k <= limit; k++) {
+        double tokens = speculate_expected_tokens(kc->accept_rate, k);
+        double cost = k * kc->draft_ms_per_token + k_verify_ms(kc, k);
+        double rate = tokens / cost;
+        if (rate > best_rate * 1.02) { /* a 2% margin keeps noise from flapping */
+            best_rate = rate;
+            best_k = k;
+        }
+    }
+    if (best_k == 0) {
+        if (++kc->rounds_since_probe >= K_PROBE_INTERVAL) {
+            kc->rounds_since_probe = 0;
+            best_k = 1;
+        }
+    } else {
+        kc->rounds_since_probe = 0;
+    }
+    kc->k_current = best_k;
+    return best_k;
+}
+
+/* ---- in-process generation ---- */
+
+static int ctx_vocab(struct llama_ctx *ctx)
+{
+    return llama_model_config(llama_ctx_model(ctx))->vocab_size;
+}
+
+static int is_stop_id(const struct specdec_request *req, int32_t token)
+{
+    for (int i = 0; i < req->n_stop_ids; i++)
+        if (req->stop_ids[i] == token)
+            return 1;
+    return 0;
+}
+
+/* Appends emitted tokens, applying stop ids and max_tokens; returns how many
+ * were kept and sets *finished. */
+static int append_tokens(const struct specdec_request *req, const int32_t *tokens, int n,
+                         int32_t *out, int *n_out, const char **finish_reason, int *finished)
+{
+    int kept = 0;
+    for (int i = 0; i < n && !*finished; i++) {
+        out[(*n_out)++] = tokens[i];
+        kept++;
+        if (is_stop_id(req, tokens[i])) {
+            *finish_reason = "stop";
+            *finished = 1;
+        } else if (*n_out >= req->max_tokens) {
+            *finish_reason = "length";
+            *finished = 1;
+        }
+    }
+    return kept;
+}
+
+int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
+                     const struct specdec_request *req, int32_t *out_tokens, int *n_out,
+                     struct specdec_stats *stats, specdec_emit_fn emit, void *user, char *err)
+{
+    memset(stats, 0, sizeof *stats);
+    *n_out = 0;
+    int rc = sampling_params_validate(&req->sampling, err);
+    if (rc)
+        return rc;
+    if (req->n_prompt < 1 || !req->prompt)
+        return error_set(err, ERR_INVALID_ARG, "prompt: must hold at least one token");
+    if (req->max_tokens < 1)
+        return error_set(err, ERR_INVALID_ARG, "max_tokens: must be >= 1, got %d", req->max_tokens);
+    int max_seq = llama_ctx_max_seq_len(target->ctx);
+    if (draft) {
+        if (draft->vocab != target->vocab)
+            return error_set(err, ERR_MISMATCH, "draft vocabulary %d differs from the target's %d",
+                             draft->vocab, target->vocab);
+        int draft_max = llama_ctx_max_seq_len(draft->ctx);
+        max_seq = draft_max < max_seq ? draft_max : max_seq;
+    }
+    if (req->n_prompt > max_seq - 1)
+        return error_set(err, ERR_CONTEXT_FULL,
+                         "prompt: %d tokens leave no room to generate in a context of %d",
+                         req->n_prompt, max_seq);
+    if ((rc = llama_ctx_truncate(target->ctx, req->slot, 0, err)) ||
+        (draft && (rc = llama_ctx_truncate(draft->ctx, req->slot, 0, err))))
+        return rc;
+
+    int32_t *seq = malloc((size_t)max_seq * sizeof(int32_t));
+    float *q_rows = NULL;
+    const int need_q = draft && req->mode == SPECULATE_MODE_SAMPLED &&
+                       !sampling_params_is_greedy(&req->sampling);
+    if (need_q)
+        q_rows = malloc((size_t)SPECDEC_K_MAX * (size_t)target->vocab * sizeof(float));
+    if (!seq || (need_q && !q_rows)) {
+        free(seq);
+        free(q_rows);
+        return error_set(err, ERR_NOMEM, "generate: out of memory");
+    }
+    memcpy(seq, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
+    stats->prompt_tokens = req->n_prompt;
+    stats->finish_reason = "length";
+
+    struct specdec_k_control kc;
+    specdec_k_init(&kc, req->k_fixed, 8);
+    int32_t drafted[SPECDEC_K_MAX];
+    int32_t emitted[SPECDEC_K_MAX + 1];
+    int n_acc = 0, finished = 0;
+    const double t_start = now_ms();
+
+    /* Prefill: the target's call samples the first token; the draft only
+     * fills its cache. */
+    rc = specdec_target_verify(target, req->slot, 0, req->prompt, req->n_prompt, NULL, 0, NULL,
+                               &req->sampling, req->mode, emitted, &n_acc, err);
+    if (!rc && draft)
+        rc = specdec_draft_propose(draft, req->slot, 0, req->prompt, req->n_prompt, 0,
+                                   &req->sampling, req->mode, drafted, NULL, err);
+    if (rc)
+        goto done;
+    stats->prefill_ms = now_ms() - t_start;
+    int draft_valid = req->n_prompt;
+    int kept = append_tokens(req, emitted, 1, out_tokens, n_out, &stats->finish_reason, &finished);
+    seq[req->n_prompt] = emitted[0];
+    if (emit && emit(user, emitted, kept)) {
+        rc = error_set(err, ERR_CANCELLED, "generation cancelled");
+        goto done;
+    }
+    const double t_decode = now_ms();
+    while (!finished) {
+        const int len = req->n_prompt + *n_out; /* tokens in the sequence */
+        int room = req->max_tokens - *n_out;
+        if (max_seq - len < room)
+            room = max_seq - len;
+        if (room <= 0) {
+            stats->finish_reason = "length";
+            break;
+        }
+        int k = draft ? specdec_k_next(&kc, room) : 0;
+        double t0 = now_ms();
+        if (k > 0 && (rc = specdec_draft_propose(draft, req->slot, draft_valid, seq + draft_valid,
+                                                 len - draft_valid, k, &req->sampling, req->mode,
+                                                 drafted, q_rows, err)))
+            break;
+        double t1 = now_ms();
+        if ((rc = specdec_target_verify(target, req->slot, len - 1, seq + len - 1, 1, drafted, k,
+                                        q_rows, &req->sampling, req->mode, emitted, &n_acc, err)))
+            break;
+        double t2 = now_ms();
+        stats->rounds++;
+        stats->draft_ms += t1 - t0;
+        stats->verify_ms += t2 - t1;
+        if (draft)
+            specdec_k_update(&kc, k, n_acc, t1 - t0, t2 - t1);
+        if (k > 0) {
+            stats->drafted += k;
+            stats->accepted += n_acc;
+            for (int i = 0; i < n_acc; i++)
+                stats->accepted_at[i]++;
+            draft_valid = len + (n_acc < k - 1 ? n_acc : k - 1);
+        }
+        memcpy(seq + len, emitted, (size_t)(n_acc + 1) * sizeof(int32_t));
+        kept = append_tokens(req, emitted, n_acc + 1, out_tokens, n_out, &stats->finish_reason,
+                             &finished);
+        if (emit && emit(user, emitted, kept)) {
+            rc = error_set(err, ERR_CANCELLED, "generation cancelled");
+            break;
+        }
+    }
+    stats->decode_ms = now_ms() - t_decode;
+done:
+    stats->generated_tokens = *n_out;
+    stats->cost_ratio = specdec_k_cost_ratio(&kc);
+    free(seq);
+    free(q_rows);
+    return rc;
+}

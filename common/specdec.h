@@ -1,0 +1,141 @@
+/* specdec.h: speculative decoding, built once for every caller.
+ *
+ * A round is split into its two halves so that the in-process generator
+ * (specdec_generate) and the three-process pipeline (draft worker, target
+ * worker) run the same code:
+ *   draft half:  specdec_draft_propose  - roll back, feed tokens, draft k
+ *   target half: specdec_target_verify  - roll back, feed tokens + k drafts in
+ *                one forward call, accept/reject, roll back to what was kept
+ * Both halves are told explicitly which prefix of their KV cache is still
+ * valid (keep_len) and which accepted tokens they have not seen yet (feed),
+ * so neither keeps hidden assumptions about the other: the caller (the
+ * generator loop or the coordinator) owns the sequence.
+ *
+ * Randomness is Philox keyed by (request seed, stream, absolute position of
+ * the token being produced): the draft samples on PHILOX_STREAM_DRAFT_SAMPLE,
+ * the target accepts on PHILOX_STREAM_TARGET_ACCEPT and samples corrections
+ * and bonus tokens on PHILOX_STREAM_TARGET_SAMPLE. Target-only decoding of
+ * position P draws the same (stream, P) as a speculative correction would.
+ */
+#ifndef TANDEM_SPECDEC_H
+#define TANDEM_SPECDEC_H
+
+#include <stdint.h>
+
+#include "llama.h"
+#include "sampling.h"
+#include "speculate.h"
+
+#define SPECDEC_K_MAX 16
+
+struct specdec_draft;
+struct specdec_target;
+
+/* Borrows ctx (and its model); allocates logits and sampling scratch. */
+int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char *err);
+void specdec_draft_destroy(struct specdec_draft *draft);
+struct llama_ctx *specdec_draft_ctx(struct specdec_draft *draft);
+
+/* Truncates slot to keep_len, feeds feed[0..n_feed-1] (n_feed >= 1) at
+ * positions keep_len.., then drafts k tokens (0 <= k <= SPECDEC_K_MAX):
+ * token i is drawn from q_i, the request's adjusted draft distribution at
+ * absolute position keep_len + n_feed + i (argmax in point-mass mode and at
+ * temperature 0), and tokens 0..k-2 are fed back; the last drafted token is
+ * not fed (the next call's feed carries it). k = 0 only prefills.
+ * Afterwards the slot holds keep_len + n_feed + max(k - 1, 0) positions.
+ * q_rows_out: [k, vocab] f32, may be NULL (not needed in point-mass mode or
+ * at temperature 0). */
+int specdec_draft_propose(struct specdec_draft *draft, int slot, int keep_len, const int32_t *feed,
+                          int n_feed, int k, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
+                          char *err);
+
+int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err);
+void specdec_target_destroy(struct specdec_target *target);
+struct llama_ctx *specdec_target_ctx(struct specdec_target *target);
+
+/* Truncates slot to keep_len, runs feed[0..n_feed-1] followed by
+ * draft[0..k-1] in one forward call, takes the k + 1 target distributions p
+ * (after the last feed token and after each draft token), accepts or rejects
+ * the drafts (speculate_verify), and truncates the slot to
+ * keep_len + n_feed + n_accepted. Writes n_accepted + 1 tokens to tokens_out
+ * (the accepted drafts, then the correction or bonus token). k = 0 is plain
+ * decoding (and, with the prompt as feed, prefill): one token out.
+ * q_rows: [k, vocab] f32, read only in SPECULATE_MODE_SAMPLED at temperature > 0. */
+int specdec_target_verify(struct specdec_target *target, int slot, int keep_len,
+                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                          const float *q_rows, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
+                          char *err);
+
+/* Adaptive K (Leviathan et al. 2023, section 3.5): tokens per round
+ * E(a, k) = (1 - a^(k+1)) / (1 - a) against the round's measured cost
+ * k * t_draft + t_verify(k), compared with plain decoding's t_verify(0).
+ * Acceptance a and the times are running averages measured on this sequence
+ * (the draft/target cost ratio c = t_draft / t_verify(0) is measured, not
+ * assumed). K = 0 means plain decoding; while at 0 the controller probes
+ * K = 1 now and then so a sequence whose drafts start matching again can
+ * win speculation back. */
+struct specdec_k_control {
+    int k_fixed;            /* > 0: always this K (still clipped by the context) */
+    int k_max;
+    int k_current;
+    double accept_rate;     /* running estimate of a, per drafted token */
+    double draft_ms_per_token;
+    double verify_ms_base;  /* cost of a one-row target call */
+    double verify_ms_per_row; /* extra cost of each further row */
+    int rounds_observed;
+    int rounds_since_probe;
+};
+
+void specdec_k_init(struct specdec_k_control *kc, int k_fixed, int k_max);
+/* K for the next round; never more than room - 1 where room is the number
+ * of positions the sequence may still grow by (tokens still wanted, or
+ * context left), so a round never overflows max_seq_len. */
+int specdec_k_next(struct specdec_k_control *kc, int room);
+/* Feeds the measurements of a finished round (k drafted, n_accepted). */
+void specdec_k_update(struct specdec_k_control *kc, int k, int n_accepted, double draft_ms,
+                      double verify_ms);
+/* Measured draft/target cost ratio c (0 while unknown). */
+double specdec_k_cost_ratio(const struct specdec_k_control *kc);
+
+struct specdec_request {
+    const int32_t *prompt;
+    int n_prompt;
+    int max_tokens;              /* >= 1 */
+    struct sampling_params sampling;
+    enum speculate_mode mode;
+    int k_fixed;                 /* 0 = adaptive */
+    const int32_t *stop_ids;     /* EOS ids: generation ends after one of these */
+    int n_stop_ids;
+    int slot;                    /* slot in both contexts */
+};
+
+struct specdec_stats {
+    int prompt_tokens;
+    int generated_tokens;
+    int rounds;                  /* verification calls after prefill */
+    int drafted;
+    int accepted;
+    double prefill_ms;
+    double decode_ms;            /* everything after prefill */
+    double draft_ms;
+    double verify_ms;
+    double cost_ratio;           /* measured c, 0 if never measured */
+    int accepted_at[SPECDEC_K_MAX]; /* rounds whose draft position i was accepted */
+    const char *finish_reason;   /* "stop" or "length" */
+};
+
+/* Streaming callback: called with the tokens each round adds (after stop
+ * handling). Return nonzero to cancel (ERR_CANCELLED). */
+typedef int (*specdec_emit_fn)(void *user, const int32_t *tokens, int n_tokens);
+
+/* Generates up to max_tokens tokens into out_tokens (capacity max_tokens).
+ * draft NULL = target-only decoding. Stop ids end generation after the stop
+ * token (it is emitted); tokens accepted after it are discarded. Both slots
+ * are reset (truncated to 0) first. */
+int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
+                     const struct specdec_request *req, int32_t *out_tokens, int *n_out,
+                     struct specdec_stats *stats, specdec_emit_fn emit, void *user, char *err);
+
+#endif

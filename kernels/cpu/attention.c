@@ -1,0 +1,114 @@
+/* attention.c: cpu_attention, causal grouped-query attention over a KV cache.
+ *
+ * Query row i (position p = pos0 + i), head h, kv head g = h / (n_heads /
+ * n_kv_heads), over cache positions t = 0..p:
+ *   s[t]   = dot(q[i][h], k[t][g]) * scale   (fixed-order dot, cpu_simd.h)
+ *   m      = max_t s[t]
+ *   e[t]   = expf(s[t] - m);  sum = e[0] + e[1] + ... in increasing t
+ *   out[d] = sum over t in increasing order of (e[t] / sum) * v[t][g][d],
+ *            one FMA per t for each d (vectorised across d, never across t).
+ * Every step depends only on the row's position, its q and the cache, so a
+ * row's output is the same whether it is computed alone or beside others, by
+ * any thread. Tasks are (row, head) pairs; scores and the output accumulator
+ * live in per-thread scratch (grown once to the longest context seen). out
+ * may alias q: a task reads its q before it writes its out slice.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "cpu_simd.h"
+#include "error.h"
+
+struct attn_job {
+    float *out;
+    const float *q;
+    const float *k_cache;
+    const float *v_cache;
+    int pos0, n_heads, n_kv_heads, head_dim, group;
+    float scale;
+    float **scratch; /* per thread: [head_dim] accumulator, then [pos0 + n] scores */
+};
+
+static void attn_task(void *ctx, long begin, long end, int thread_idx)
+{
+    const struct attn_job *job = ctx;
+    const int hd = job->head_dim;
+    const size_t kv_stride = (size_t)job->n_kv_heads * (size_t)hd;
+    float *acc = job->scratch[thread_idx];
+    float *scores = acc + ((hd + 15) & ~15);
+    for (long task = begin; task < end; task++) {
+        const long i = task / job->n_heads;
+        const int h = (int)(task % job->n_heads);
+        const int g = h / job->group;
+        const int n_pos = job->pos0 + (int)i + 1;
+        const size_t qoff = ((size_t)i * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
+        const float *q = job->q + qoff;
+        const float *kb = job->k_cache + (size_t)g * (size_t)hd;
+        const float *vb = job->v_cache + (size_t)g * (size_t)hd;
+
+        float m = -INFINITY;
+        for (int t = 0; t < n_pos; t++) {
+            float s = cpu_simd_dot_f32(q, kb + (size_t)t * kv_stride, hd) * job->scale;
+            scores[t] = s;
+            m = s > m ? s : m;
+        }
+        float sum = 0.0f;
+        for (int t = 0; t < n_pos; t++) {
+            float e = expf(scores[t] - m);
+            scores[t] = e;
+            sum += e;
+        }
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        for (int t = 0; t < n_pos; t++) {
+            const float p = scores[t] / sum;
+            const float *v = vb + (size_t)t * kv_stride;
+            int d = 0;
+#ifdef __AVX2__
+            const __m256 pv = _mm256_set1_ps(p);
+            for (; d + 8 <= hd; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d),
+                                                          _mm256_loadu_ps(acc + d)));
+#endif
+            for (; d < hd; d++)
+                acc[d] = fmaf(p, v[d], acc[d]);
+        }
+        memcpy(job->out + qoff, acc, (size_t)hd * sizeof(float));
+    }
+}
+
+int cpu_attention(struct kern_backend *be, float *out, const float *q, const float *k_cache,
+                  const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
+                  int head_dim, float scale, char *err)
+{
+    struct cpu_backend *cb = cpu_backend_of(be);
+    if (n < 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu attention: bad shape n=%d pos0=%d n_heads=%d n_kv_heads=%d head_dim=%d",
+                         n, pos0, n_heads, n_kv_heads, head_dim);
+    if (n_heads % n_kv_heads != 0)
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu attention: n_heads=%d is not a multiple of n_kv_heads=%d", n_heads,
+                         n_kv_heads);
+    if (n == 0)
+        return 0;
+    if (pos0 > INT32_MAX - n)
+        return error_set(err, ERR_RANGE, "cpu attention: pos0=%d + n=%d overflows", pos0, n);
+    if (!out || !q || !k_cache || !v_cache)
+        return error_set(err, ERR_INVALID_ARG, "cpu attention: NULL tensor");
+    size_t floats = (size_t)((head_dim + 15) & ~15) + (size_t)pos0 + (size_t)n;
+    int rc = cpu_backend_scratch_reserve(cb, floats * sizeof(float), err);
+    if (rc < 0)
+        return rc;
+    struct attn_job job = {
+        .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache,
+        .pos0 = pos0, .n_heads = n_heads, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
+        .group = n_heads / n_kv_heads, .scale = scale, .scratch = cb->scratch,
+    };
+    long n_tasks = (long)n * n_heads;
+    /* Work per task grows with the context; tiny problems stay on the caller. */
+    long work = n_tasks * (long)(pos0 + n) * head_dim;
+    long chunk = work < 65536 ? n_tasks : 1;
+    cpu_pool_run(cb->pool, n_tasks, chunk, attn_task, &job);
+    return 0;
+}

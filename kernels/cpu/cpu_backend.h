@@ -1,0 +1,55 @@
+/* cpu_backend.h: the CPU backend's private state and its op functions
+ * (private to kernels/cpu; the public entry points are in kernels.h).
+ *
+ * Each op lives in its own file (matmul.c: cpu_matmul, ...) and has exactly the
+ * signature of its slot in struct kern_ops; cpu_backend.c fills the table.
+ * Ops are called from one thread at a time (the model's), which is the only
+ * thread that grows the scratch space; workers only use it.
+ */
+#ifndef TANDEM_KERNELS_CPU_BACKEND_H
+#define TANDEM_KERNELS_CPU_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_pool.h"
+#include "kernels.h"
+
+struct cpu_backend {
+    struct kern_backend base; /* must stay first */
+    struct cpu_pool *pool;
+    int n_threads;
+    /* Per-thread scratch: scratch[t] holds scratch_bytes bytes (64-aligned). */
+    float **scratch;
+    size_t scratch_bytes;
+};
+
+static inline struct cpu_backend *cpu_backend_of(struct kern_backend *be)
+{
+    return (struct cpu_backend *)be;
+}
+
+/* Makes every thread's scratch at least bytes_per_thread bytes (keeps the
+ * larger size; contents are not preserved). Call from the op's calling thread
+ * before dispatch. Returns 0 or ERR_NOMEM. */
+int cpu_backend_scratch_reserve(struct cpu_backend *cb, size_t bytes_per_thread, char *err);
+
+/* Checks a weight dtype: 0 or ERR_UNSUPPORTED naming `what`. */
+int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err);
+
+int cpu_embed(struct kern_backend *be, float *out, const void *table, enum kern_dtype dtype,
+              const int32_t *ids, int n, int dim, char *err);
+int cpu_rmsnorm(struct kern_backend *be, float *out, const float *in, const void *weight,
+                enum kern_dtype dtype, int n, int dim, float eps, char *err);
+int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
+               enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+int cpu_rope(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
+             int head_dim, const float *inv_freq, char *err);
+int cpu_attention(struct kern_backend *be, float *out, const float *q, const float *k_cache,
+                  const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
+                  int head_dim, float scale, char *err);
+int cpu_swiglu(struct kern_backend *be, float *out, const float *gate, const float *up,
+               size_t count, char *err);
+int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, char *err);
+
+#endif

@@ -1,0 +1,122 @@
+/* cpu_simd.h: dtype conversion and fixed-order reductions shared by the CPU
+ * kernels (private to kernels/cpu; static inline only).
+ *
+ * The fixed reduction order. Every length-`len` f32 reduction in the CPU
+ * backend (dot products, sums of squares) is computed the same way:
+ *   1. eight lane accumulators; lane j accumulates the terms k = j, j+8, ...
+ *      for k < len8 = len & ~7, in increasing k, each step one fused
+ *      multiply-add (or add);
+ *   2. the lanes are folded in a fixed tree: (l0+l4, l1+l5, l2+l6, l3+l7),
+ *      then (a0+a2, a1+a3), then b0+b1;
+ *   3. the tail k = len8 .. len-1 is added one term at a time, in order.
+ * The order depends on `len` alone, never on how many rows an op processes or
+ * on which thread runs it. With AVX2 the lanes are one __m256; without it they
+ * are emulated with fmaf on a float[8], which gives the same bits.
+ *
+ * Conversions: bf16 -> f32 is the 16-bit pattern shifted left by 16; f16 ->
+ * f32 is exact (F16C when available). Both are exact, so converting weights to
+ * f32 ahead of a reduction never changes a result.
+ */
+#ifndef TANDEM_KERNELS_CPU_SIMD_H
+#define TANDEM_KERNELS_CPU_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define CPU_SIMD_INLINE static inline __attribute__((always_inline))
+
+CPU_SIMD_INLINE float cpu_simd_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+CPU_SIMD_INLINE float cpu_simd_f16_to_f32(uint16_t h)
+{
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            mant <<= 1;
+        } while ((mant & 0x400u) == 0);
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+#endif
+}
+
+#ifdef __AVX2__
+CPU_SIMD_INLINE __m256 cpu_simd_load8_bf16(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+CPU_SIMD_INLINE __m256 cpu_simd_load8_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+/* Step 2 of the fixed order: fold 8 lanes. */
+CPU_SIMD_INLINE float cpu_simd_hsum8(__m256 v)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    __m128 c = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(c);
+}
+#endif
+
+/* Lane emulation of cpu_simd_hsum8 for the scalar path. */
+CPU_SIMD_INLINE float cpu_simd_hsum8_scalar(const float l[8])
+{
+    float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
+    float b0 = a0 + a2, b1 = a1 + a3;
+    return b0 + b1;
+}
+
+/* Fixed-order dot product of two f32 vectors. */
+CPU_SIMD_INLINE float cpu_simd_dot_f32(const float *a, const float *b, int len)
+{
+    const int len8 = len & ~7;
+    float s;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    for (int k = 0; k < len8; k += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    s = cpu_simd_hsum8(acc);
+#else
+    float l[8] = {0};
+    for (int k = 0; k < len8; k += 8)
+        for (int j = 0; j < 8; j++)
+            l[j] = fmaf(a[k + j], b[k + j], l[j]);
+    s = cpu_simd_hsum8_scalar(l);
+#endif
+    for (int k = len8; k < len; k++)
+        s = fmaf(a[k], b[k], s);
+    return s;
+}
+
+#endif

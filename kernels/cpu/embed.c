@@ -1,0 +1,66 @@
+/* embed.c: cpu_embed, out[i] = table[ids[i]] widened to f32 (exact).
+ *
+ * Pure conversion, no arithmetic: results cannot depend on n or threads.
+ * ids are host memory and are range-checked by the caller (vocab is not known
+ * here); a negative id is still rejected rather than read out of bounds.
+ */
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "cpu_simd.h"
+#include "error.h"
+
+struct embed_job {
+    float *out;
+    const void *table;
+    enum kern_dtype dtype;
+    const int32_t *ids;
+    int dim;
+};
+
+static void embed_task(void *ctx, long begin, long end, int thread_idx)
+{
+    const struct embed_job *job = ctx;
+    const size_t dim = (size_t)job->dim;
+    for (long i = begin; i < end; i++) {
+        float *y = job->out + (size_t)i * dim;
+        size_t row = (size_t)job->ids[i] * dim;
+        if (job->dtype == KERN_DTYPE_F32) {
+            memcpy(y, (const float *)job->table + row, dim * sizeof(float));
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)job->table + row;
+        size_t k = 0;
+#ifdef __AVX2__
+        for (; k + 8 <= dim; k += 8)
+            _mm256_storeu_ps(y + k, job->dtype == KERN_DTYPE_BF16 ? cpu_simd_load8_bf16(src + k)
+                                                                   : cpu_simd_load8_f16(src + k));
+#endif
+        for (; k < dim; k++)
+            y[k] = job->dtype == KERN_DTYPE_BF16 ? cpu_simd_bf16_to_f32(src[k])
+                                                 : cpu_simd_f16_to_f32(src[k]);
+    }
+}
+
+int cpu_embed(struct kern_backend *be, float *out, const void *table, enum kern_dtype dtype,
+              const int32_t *ids, int n, int dim, char *err)
+{
+    struct cpu_backend *cb = cpu_backend_of(be);
+    int rc = cpu_backend_check_dtype(dtype, "embed", err);
+    if (rc < 0)
+        return rc;
+    if (n < 0 || dim <= 0)
+        return error_set(err, ERR_INVALID_ARG, "cpu embed: bad shape n=%d dim=%d", n, dim);
+    if (n == 0)
+        return 0;
+    if (!out || !table || !ids)
+        return error_set(err, ERR_INVALID_ARG, "cpu embed: NULL argument");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0)
+            return error_set(err, ERR_INVALID_ARG, "cpu embed: ids[%d] = %d is negative", i,
+                             (int)ids[i]);
+    struct embed_job job = { .out = out, .table = table, .dtype = dtype, .ids = ids, .dim = dim };
+    long chunk = (long)n * dim < 262144 ? n : (65536 + dim - 1) / dim;
+    cpu_pool_run(cb->pool, n, chunk, embed_task, &job);
+    return 0;
+}

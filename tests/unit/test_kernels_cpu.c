@@ -1,0 +1,785 @@
+/* test_kernels_cpu.c: the CPU backend's ops against plain double-precision
+ * references written here, plus the exactness contract of kernels.h.
+ *
+ * Accuracy: every op is compared element-wise with |got - ref| <= atol +
+ * rtol * |ref| (tolerances stated at each check; the first mismatches are
+ * printed). Inputs are seeded pseudo-random values in [-1, 1).
+ * Exactness: batch invariance (a row computed alone vs inside n = 16) and
+ * thread-count invariance (1 vs 2 vs 3 threads) are compared bit for bit.
+ * Weight dtypes bf16, f16 and f32; odd sizes (d_in = 67, 3 heads, head_dim 16,
+ * 64 and 128); attention with pos0 > 0 and n > 1.
+ * The reference decodes bf16 as bits << 16 and f16 with ldexp, independently
+ * of the kernel's conversion code.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "kernels.h"
+
+/* ---- helpers ---------------------------------------------------------- */
+
+struct rng {
+    uint64_t s;
+};
+
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static float rng_float(struct rng *r)
+{
+    return (float)((double)(rng_next(r) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static void fill(struct rng *r, float *x, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        x[i] = rng_float(r);
+}
+
+static double ref_bf16(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+static double ref_f16(uint16_t h)
+{
+    int sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    double v;
+    if (exp == 0)
+        v = ldexp((double)mant, -24);
+    else if (exp == 31)
+        v = mant ? NAN : INFINITY;
+    else
+        v = ldexp((double)(mant + 1024), exp - 25);
+    return sign ? -v : v;
+}
+
+/* Random weights of a dtype (finite values of magnitude < 1); `ref` gets the
+ * exact values they stand for. Returns a malloc'd buffer. */
+static void *make_weights(struct rng *r, enum kern_dtype dt, size_t count, double *ref)
+{
+    void *w = malloc(count * kern_dtype_size(dt) + 1);
+    assert_non_null(w);
+    for (size_t i = 0; i < count; i++) {
+        float f = rng_float(r);
+        if (dt == KERN_DTYPE_F32) {
+            ((float *)w)[i] = f;
+            ref[i] = f;
+        } else if (dt == KERN_DTYPE_BF16) {
+            uint32_t bits;
+            memcpy(&bits, &f, sizeof(bits));
+            uint16_t h = (uint16_t)(bits >> 16);
+            ((uint16_t *)w)[i] = h;
+            ref[i] = ref_bf16(h);
+        } else {
+            /* sign, exponent 1..14 (values 2^-14 .. <1), random mantissa;
+             * every 17th value is a subnormal. */
+            uint64_t u = rng_next(r);
+            uint16_t h = (uint16_t)(((u & 1) << 15) | ((1 + (u >> 1) % 14) << 10) | ((u >> 8) & 0x3ff));
+            if (i % 17 == 5)
+                h = (uint16_t)((h & 0x83ff) | 0x0000);
+            ((uint16_t *)w)[i] = h;
+            ref[i] = ref_f16(h);
+        }
+    }
+    return w;
+}
+
+/* Counts elements outside atol + rtol*|ref|; prints the first few. */
+static int count_mismatches(const char *what, const float *got, const double *ref, size_t count,
+                            double atol, double rtol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        double diff = fabs((double)got[i] - ref[i]);
+        if (!(diff <= atol + rtol * fabs(ref[i]))) {
+            if (bad < 5)
+                fprintf(stderr, "%s: mismatch at %zu: got %.9g want %.9g (|diff| %.3g)\n", what, i,
+                        (double)got[i], ref[i], diff);
+            bad++;
+        }
+    }
+    if (bad)
+        fprintf(stderr, "%s: %d of %zu elements out of tolerance (atol %g, rtol %g)\n", what, bad,
+                count, atol, rtol);
+    return bad;
+}
+
+static int count_bit_diffs(const char *what, const float *a, const float *b, size_t count)
+{
+    int bad = 0;
+    for (size_t i = 0; i < count; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+            if (bad < 5)
+                fprintf(stderr, "%s: bits differ at %zu: %.9g vs %.9g\n", what, i, (double)a[i],
+                        (double)b[i]);
+            bad++;
+        }
+    return bad;
+}
+
+static struct kern_backend *make_backend(int n_threads)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct kern_backend *be = NULL;
+    int rc = kern_cpu_create(&be, n_threads, err);
+    if (rc != 0)
+        fprintf(stderr, "kern_cpu_create: %s\n", err);
+    assert_int_equal(rc, 0);
+    assert_non_null(be);
+    return be;
+}
+
+static float *falloc(size_t count)
+{
+    float *p = calloc(count ? count : 1, sizeof(float));
+    assert_non_null(p);
+    return p;
+}
+
+static double *dalloc(size_t count)
+{
+    double *p = calloc(count ? count : 1, sizeof(double));
+    assert_non_null(p);
+    return p;
+}
+
+static const enum kern_dtype all_dtypes[3] = {KERN_DTYPE_BF16, KERN_DTYPE_F16, KERN_DTYPE_F32};
+
+/* ---- references --------------------------------------------------------- */
+
+static void ref_matmul(double *out, const float *in, const double *w, int n, int d_in, int d_out)
+{
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < d_out; o++) {
+            double s = 0;
+            for (int k = 0; k < d_in; k++)
+                s += (double)in[(size_t)i * d_in + k] * w[(size_t)o * d_in + k];
+            out[(size_t)i * d_out + o] = s;
+        }
+}
+
+static void ref_rmsnorm(double *out, const float *in, const double *w, int n, int dim, double eps)
+{
+    for (int i = 0; i < n; i++) {
+        double ss = 0;
+        for (int k = 0; k < dim; k++)
+            ss += (double)in[(size_t)i * dim + k] * in[(size_t)i * dim + k];
+        double r = 1.0 / sqrt(ss / dim + eps);
+        for (int k = 0; k < dim; k++)
+            out[(size_t)i * dim + k] = in[(size_t)i * dim + k] * r * w[k];
+    }
+}
+
+static void ref_rope(double *out, const float *x, const int32_t *pos, int n, int n_heads, int hd,
+                     const float *inv_freq)
+{
+    int half = hd / 2;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *v = x + ((size_t)i * n_heads + h) * hd;
+            double *o = out + ((size_t)i * n_heads + h) * hd;
+            for (int j = 0; j < half; j++) {
+                /* the angle is rounded to f32 as HF computes it */
+                double a = (double)((float)pos[i] * inv_freq[j]);
+                o[j] = v[j] * cos(a) - (double)v[j + half] * sin(a);
+                o[j + half] = v[j + half] * cos(a) + (double)v[j] * sin(a);
+            }
+        }
+}
+
+static void ref_attention(double *out, const float *q, const float *kc, const float *vc, int n,
+                          int pos0, int n_heads, int n_kv, int hd, double scale)
+{
+    int group = n_heads / n_kv;
+    double *s = dalloc((size_t)(pos0 + n));
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < n_heads; h++) {
+            int g = h / group, np = pos0 + i + 1;
+            const float *qv = q + ((size_t)i * n_heads + h) * hd;
+            double m = -INFINITY, sum = 0;
+            for (int t = 0; t < np; t++) {
+                const float *kv = kc + ((size_t)t * n_kv + g) * hd;
+                double d = 0;
+                for (int k = 0; k < hd; k++)
+                    d += (double)qv[k] * kv[k];
+                s[t] = d * scale;
+                m = s[t] > m ? s[t] : m;
+            }
+            for (int t = 0; t < np; t++) {
+                s[t] = exp(s[t] - m);
+                sum += s[t];
+            }
+            double *o = out + ((size_t)i * n_heads + h) * hd;
+            for (int k = 0; k < hd; k++) {
+                double acc = 0;
+                for (int t = 0; t < np; t++)
+                    acc += s[t] / sum * vc[((size_t)t * n_kv + g) * hd + k];
+                o[k] = acc;
+            }
+        }
+    free(s);
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **state)
+{
+    static const int shapes[][3] = {
+        /* n, d_in, d_out */
+        {1, 64, 16}, {1, 67, 13}, {2, 67, 9}, {3, 130, 37}, {5, 8, 4},
+        {16, 67, 21}, {4, 1, 5}, {7, 259, 66}, {1, 2048, 20},
+    };
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {42};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int di = 0; di < 3; di++) {
+            int n = shapes[si][0], d_in = shapes[si][1], d_out = shapes[si][2];
+            enum kern_dtype dt = all_dtypes[di];
+            double *wref = dalloc((size_t)d_in * d_out);
+            void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
+            float *in = falloc((size_t)n * d_in), *out = falloc((size_t)n * d_out);
+            double *ref = dalloc((size_t)n * d_out);
+            fill(&r, in, (size_t)n * d_in);
+            assert_int_equal(be->ops->matmul(be, out, in, w, dt, n, d_in, d_out, err), 0);
+            ref_matmul(ref, in, wref, n, d_in, d_out);
+            char what[96];
+            snprintf(what, sizeof(what), "matmul %s n=%d d_in=%d d_out=%d", kern_dtype_name(dt), n,
+                     d_in, d_out);
+            /* f32 accumulation of up to 2048 terms of magnitude < 1 */
+            assert_int_equal(count_mismatches(what, out, ref, (size_t)n * d_out, 1e-5 * sqrt(d_in),
+                                              1e-5),
+                             0);
+            free(w);
+            free(wref);
+            free(in);
+            free(out);
+            free(ref);
+        }
+    be->ops->destroy(be);
+}
+
+/* Each row of an n = 16 product equals the same row computed alone (n = 1)
+ * and inside n = 3 (another tiling), bit for bit. */
+static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void **state)
+{
+    static const int shapes[][2] = {{67, 37}, {2048, 70}, {8, 5}, {1000, 9}};
+    const int n = 16;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {7};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int di = 0; di < 3; di++) {
+            int d_in = shapes[si][0], d_out = shapes[si][1];
+            enum kern_dtype dt = all_dtypes[di];
+            double *wref = dalloc((size_t)d_in * d_out);
+            void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
+            float *in = falloc((size_t)n * d_in), *batch = falloc((size_t)n * d_out);
+            float *one = falloc((size_t)n * d_out), *three = falloc((size_t)n * d_out);
+            fill(&r, in, (size_t)n * d_in);
+            assert_int_equal(be->ops->matmul(be, batch, in, w, dt, n, d_in, d_out, err), 0);
+            for (int i = 0; i < n; i++)
+                assert_int_equal(be->ops->matmul(be, one + (size_t)i * d_out,
+                                                 in + (size_t)i * d_in, w, dt, 1, d_in, d_out, err),
+                                 0);
+            for (int i = 0; i + 3 <= n; i += 3)
+                assert_int_equal(be->ops->matmul(be, three + (size_t)i * d_out,
+                                                 in + (size_t)i * d_in, w, dt, 3, d_in, d_out, err),
+                                 0);
+            assert_int_equal(be->ops->matmul(be, three + (size_t)15 * d_out,
+                                             in + (size_t)15 * d_in, w, dt, 1, d_in, d_out, err),
+                             0);
+            char what[96];
+            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=1 vs n=16", kern_dtype_name(dt), d_in);
+            assert_int_equal(count_bit_diffs(what, one, batch, (size_t)n * d_out), 0);
+            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=3 vs n=16", kern_dtype_name(dt), d_in);
+            assert_int_equal(count_bit_diffs(what, three, batch, (size_t)n * d_out), 0);
+            free(w);
+            free(wref);
+            free(in);
+            free(batch);
+            free(one);
+            free(three);
+        }
+    be->ops->destroy(be);
+}
+
+/* ---- rmsnorm ------------------------------------------------------------ */
+
+static void test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place(void **state)
+{
+    static const int dims[] = {67, 128, 2048, 3};
+    const int n = 5;
+    const float eps = 1e-5f;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {11};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(dims) / sizeof(dims[0]); si++)
+        for (int di = 0; di < 3; di++) {
+            int dim = dims[si];
+            enum kern_dtype dt = all_dtypes[di];
+            double *wref = dalloc((size_t)dim);
+            void *w = make_weights(&r, dt, (size_t)dim, wref);
+            float *in = falloc((size_t)n * dim), *out = falloc((size_t)n * dim);
+            double *ref = dalloc((size_t)n * dim);
+            fill(&r, in, (size_t)n * dim);
+            ref_rmsnorm(ref, in, wref, n, dim, eps);
+            assert_int_equal(be->ops->rmsnorm(be, out, in, w, dt, n, dim, eps, err), 0);
+            char what[64];
+            snprintf(what, sizeof(what), "rmsnorm %s dim=%d", kern_dtype_name(dt), dim);
+            assert_int_equal(count_mismatches(what, out, ref, (size_t)n * dim, 1e-5, 1e-5), 0);
+            /* in place gives the same bits */
+            assert_int_equal(be->ops->rmsnorm(be, in, in, w, dt, n, dim, eps, err), 0);
+            assert_int_equal(count_bit_diffs("rmsnorm in place", in, out, (size_t)n * dim), 0);
+            free(w);
+            free(wref);
+            free(in);
+            free(out);
+            free(ref);
+        }
+    be->ops->destroy(be);
+}
+
+static void test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch(void **state)
+{
+    const int n = 16, dim = 3077;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {12};
+    char err[ERR_MSG_MAX];
+    double *wref = dalloc(dim);
+    void *w = make_weights(&r, KERN_DTYPE_BF16, dim, wref);
+    float *in = falloc((size_t)n * dim), *batch = falloc((size_t)n * dim);
+    float *one = falloc((size_t)n * dim);
+    fill(&r, in, (size_t)n * dim);
+    assert_int_equal(be->ops->rmsnorm(be, batch, in, w, KERN_DTYPE_BF16, n, dim, 1e-5f, err), 0);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(be->ops->rmsnorm(be, one + (size_t)i * dim, in + (size_t)i * dim, w,
+                                          KERN_DTYPE_BF16, 1, dim, 1e-5f, err),
+                         0);
+    assert_int_equal(count_bit_diffs("rmsnorm n=1 vs n=16", one, batch, (size_t)n * dim), 0);
+    free(w);
+    free(wref);
+    free(in);
+    free(batch);
+    free(one);
+    be->ops->destroy(be);
+}
+
+/* ---- rope --------------------------------------------------------------- */
+
+static void make_inv_freq(float *inv_freq, int hd)
+{
+    for (int j = 0; j < hd / 2; j++)
+        inv_freq[j] = (float)pow(500000.0, -2.0 * j / hd);
+}
+
+static void test_kernels_cpu_rope_matches_reference_and_is_batch_invariant(void **state)
+{
+    static const int head_dims[] = {16, 64, 128};
+    const int n = 16, n_heads = 3;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {13};
+    char err[ERR_MSG_MAX];
+    for (size_t hi = 0; hi < 3; hi++) {
+        int hd = head_dims[hi];
+        size_t count = (size_t)n * n_heads * hd, row = (size_t)n_heads * hd;
+        float *inv_freq = falloc((size_t)hd / 2);
+        make_inv_freq(inv_freq, hd);
+        int32_t pos[16];
+        for (int i = 0; i < n; i++)
+            pos[i] = i < 8 ? 37 + i : (int32_t)(rng_next(&r) % 130000);
+        float *x = falloc(count), *batch = falloc(count), *one = falloc(count);
+        double *ref = dalloc(count);
+        fill(&r, x, count);
+        ref_rope(ref, x, pos, n, n_heads, hd, inv_freq);
+        memcpy(batch, x, count * sizeof(float));
+        memcpy(one, x, count * sizeof(float));
+        assert_int_equal(be->ops->rope(be, batch, pos, n, n_heads, hd, inv_freq, err), 0);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(be->ops->rope(be, one + i * row, pos + i, 1, n_heads, hd, inv_freq, err),
+                             0);
+        char what[64];
+        snprintf(what, sizeof(what), "rope head_dim=%d", hd);
+        /* cosf/sinf of the same f32 angle: a few ulps */
+        assert_int_equal(count_mismatches(what, batch, ref, count, 1e-6, 1e-5), 0);
+        assert_int_equal(count_bit_diffs("rope n=1 vs n=16", one, batch, count), 0);
+        free(inv_freq);
+        free(x);
+        free(batch);
+        free(one);
+        free(ref);
+    }
+    be->ops->destroy(be);
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+struct attn_case {
+    int n, pos0, n_heads, n_kv, hd;
+};
+
+static void test_kernels_cpu_attention_matches_reference(void **state)
+{
+    static const struct attn_case cases[] = {
+        {1, 0, 3, 1, 16},   /* first token */
+        {5, 0, 6, 2, 64},   /* prefill from 0, group 3 */
+        {5, 17, 3, 1, 128}, /* verification: pos0 > 0, n > 1 */
+        {1, 300, 6, 2, 64}, /* decode on a longer cache */
+        {4, 9, 3, 3, 20},   /* MHA, head_dim not a multiple of 8 */
+    };
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {14};
+    char err[ERR_MSG_MAX];
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const struct attn_case *c = &cases[ci];
+        int n_ctx = c->pos0 + c->n + 3;
+        size_t qn = (size_t)c->n * c->n_heads * c->hd, kn = (size_t)n_ctx * c->n_kv * c->hd;
+        float *q = falloc(qn), *kc = falloc(kn), *vc = falloc(kn), *out = falloc(qn);
+        double *ref = dalloc(qn);
+        fill(&r, q, qn);
+        fill(&r, kc, kn);
+        fill(&r, vc, kn);
+        for (size_t i = 0; i < qn; i++)
+            q[i] *= 3.0f; /* sharper softmax */
+        float scale = 1.0f / sqrtf((float)c->hd);
+        assert_int_equal(be->ops->attention(be, out, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv,
+                                            c->hd, scale, err),
+                         0);
+        ref_attention(ref, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv, c->hd, scale);
+        char what[96];
+        snprintf(what, sizeof(what), "attention n=%d pos0=%d heads=%d/%d hd=%d", c->n, c->pos0,
+                 c->n_heads, c->n_kv, c->hd);
+        assert_int_equal(count_mismatches(what, out, ref, qn, 1e-5, 1e-4), 0);
+        /* out aliasing q gives the same bits */
+        assert_int_equal(be->ops->attention(be, q, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv,
+                                            c->hd, scale, err),
+                         0);
+        assert_int_equal(count_bit_diffs("attention in place", q, out, qn), 0);
+        free(q);
+        free(kc);
+        free(vc);
+        free(out);
+        free(ref);
+    }
+    be->ops->destroy(be);
+}
+
+static void test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch(void **state)
+{
+    const int n = 16, pos0 = 40, n_heads = 6, n_kv = 2;
+    static const int head_dims[] = {16, 64, 128};
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {15};
+    char err[ERR_MSG_MAX];
+    for (int hi = 0; hi < 3; hi++) {
+        int hd = head_dims[hi], n_ctx = pos0 + n;
+        size_t row = (size_t)n_heads * hd, qn = (size_t)n * row;
+        size_t kn = (size_t)n_ctx * n_kv * hd;
+        float *q = falloc(qn), *kc = falloc(kn), *vc = falloc(kn);
+        float *batch = falloc(qn), *one = falloc(qn);
+        fill(&r, q, qn);
+        fill(&r, kc, kn);
+        fill(&r, vc, kn);
+        float scale = 1.0f / sqrtf((float)hd);
+        assert_int_equal(be->ops->attention(be, batch, q, kc, vc, n, pos0, n_heads, n_kv, hd, scale,
+                                            err),
+                         0);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(be->ops->attention(be, one + i * row, q + i * row, kc, vc, 1, pos0 + i,
+                                                n_heads, n_kv, hd, scale, err),
+                             0);
+        char what[64];
+        snprintf(what, sizeof(what), "attention hd=%d n=1 vs n=16", hd);
+        assert_int_equal(count_bit_diffs(what, one, batch, qn), 0);
+        free(q);
+        free(kc);
+        free(vc);
+        free(batch);
+        free(one);
+    }
+    be->ops->destroy(be);
+}
+
+/* ---- thread-count invariance -------------------------------------------- */
+
+/* Runs every arithmetic op on sizes big enough to be split across threads. */
+static void run_all_ops(struct kern_backend *be, float *res[6])
+{
+    char err[ERR_MSG_MAX];
+    struct rng r = {99};
+    const int n = 9, d_in = 1027, d_out = 515, dim = 9001;
+    double *wref = dalloc((size_t)d_in * d_out);
+    void *w = make_weights(&r, KERN_DTYPE_BF16, (size_t)d_in * d_out, wref);
+    float *in = falloc((size_t)n * d_in);
+    fill(&r, in, (size_t)n * d_in);
+    res[0] = falloc((size_t)n * d_out);
+    assert_int_equal(be->ops->matmul(be, res[0], in, w, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
+
+    double *nref = dalloc(dim);
+    void *nw = make_weights(&r, KERN_DTYPE_F16, dim, nref);
+    float *x = falloc((size_t)n * dim);
+    fill(&r, x, (size_t)n * dim);
+    res[1] = falloc((size_t)n * dim);
+    assert_int_equal(be->ops->rmsnorm(be, res[1], x, nw, KERN_DTYPE_F16, n, dim, 1e-6f, err), 0);
+
+    const int rn = 64, heads = 24, hd = 128, n_kv = 8, pos0 = 70;
+    size_t qn = (size_t)rn * heads * hd;
+    float inv_freq[64];
+    make_inv_freq(inv_freq, hd);
+    int32_t pos[64];
+    for (int i = 0; i < rn; i++)
+        pos[i] = pos0 + i;
+    res[2] = falloc(qn);
+    fill(&r, res[2], qn);
+    assert_int_equal(be->ops->rope(be, res[2], pos, rn, heads, hd, inv_freq, err), 0);
+
+    size_t kn = (size_t)(pos0 + rn) * n_kv * hd;
+    float *kc = falloc(kn), *vc = falloc(kn);
+    fill(&r, kc, kn);
+    fill(&r, vc, kn);
+    res[3] = falloc(qn);
+    assert_int_equal(be->ops->attention(be, res[3], res[2], kc, vc, rn, pos0, heads, n_kv, hd,
+                                        0.0883883f, err),
+                     0);
+
+    const size_t count = 100003;
+    float *up = falloc(count);
+    fill(&r, up, count);
+    res[4] = falloc(count);
+    fill(&r, res[4], count);
+    assert_int_equal(be->ops->swiglu(be, res[4], res[4], up, count, err), 0);
+    res[5] = falloc(count);
+    fill(&r, res[5], count);
+    assert_int_equal(be->ops->add(be, res[5], up, count, err), 0);
+
+    free(w);
+    free(wref);
+    free(in);
+    free(nref);
+    free(nw);
+    free(x);
+    free(kc);
+    free(vc);
+    free(up);
+}
+
+static void test_kernels_cpu_results_do_not_depend_on_thread_count(void **state)
+{
+    static const char *names[6] = {"matmul", "rmsnorm", "rope", "attention", "swiglu", "add"};
+    const size_t counts[6] = {9 * 515, 9 * 9001, 64 * 24 * 128, 64 * 24 * 128, 100003, 100003};
+    float *res[3][6];
+    for (int t = 0; t < 3; t++) {
+        struct kern_backend *be = make_backend(t + 1);
+        assert_int_equal(kern_cpu_threads(be), t + 1);
+        run_all_ops(be, res[t]);
+        be->ops->destroy(be);
+    }
+    for (int t = 1; t < 3; t++)
+        for (int op = 0; op < 6; op++) {
+            char what[64];
+            snprintf(what, sizeof(what), "%s: 1 vs %d threads", names[op], t + 1);
+            assert_int_equal(count_bit_diffs(what, res[0][op], res[t][op], counts[op]), 0);
+        }
+    for (int t = 0; t < 3; t++)
+        for (int op = 0; op < 6; op++)
+            free(res[t][op]);
+}
+
+/* ---- embed, swiglu, add ------------------------------------------------- */
+
+static void test_kernels_cpu_embed_widens_rows_exactly(void **state)
+{
+    const int vocab = 50, dim = 67, n = 7;
+    const int32_t ids[7] = {3, 0, 49, 3, 17, 8, 22};
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {16};
+    char err[ERR_MSG_MAX];
+    for (int di = 0; di < 3; di++) {
+        enum kern_dtype dt = all_dtypes[di];
+        double *tref = dalloc((size_t)vocab * dim);
+        void *table = make_weights(&r, dt, (size_t)vocab * dim, tref);
+        float *out = falloc((size_t)n * dim);
+        double *ref = dalloc((size_t)n * dim);
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < dim; k++)
+                ref[(size_t)i * dim + k] = tref[(size_t)ids[i] * dim + k];
+        assert_int_equal(be->ops->embed(be, out, table, dt, ids, n, dim, err), 0);
+        assert_int_equal(count_mismatches("embed", out, ref, (size_t)n * dim, 0.0, 0.0), 0);
+        free(table);
+        free(tref);
+        free(out);
+        free(ref);
+    }
+    be->ops->destroy(be);
+}
+
+static void test_kernels_cpu_bf16_converts_by_shifting_the_bits(void **state)
+{
+    static const uint16_t bits[] = {0x0000, 0x8000, 0x3f80, 0xbf80, 0x7f80, 0xff80,
+                                    0x0001, 0x807f, 0x4049, 0x7f7f, 0x3c00, 0x1234};
+    const int dim = 12;
+    const int32_t id = 0;
+    struct kern_backend *be = make_backend(1);
+    char err[ERR_MSG_MAX];
+    float out[12];
+    assert_int_equal(be->ops->embed(be, out, bits, KERN_DTYPE_BF16, &id, 1, dim, err), 0);
+    for (int k = 0; k < dim; k++) {
+        uint32_t want = (uint32_t)bits[k] << 16, got;
+        memcpy(&got, &out[k], sizeof(got));
+        assert_int_equal(got, want);
+    }
+    be->ops->destroy(be);
+}
+
+static void test_kernels_cpu_swiglu_and_add_match_reference(void **state)
+{
+    static const size_t counts[] = {1, 13, 4096, 70001};
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {17};
+    char err[ERR_MSG_MAX];
+    for (size_t ci = 0; ci < 4; ci++) {
+        size_t count = counts[ci];
+        float *g = falloc(count), *u = falloc(count), *out = falloc(count), *x = falloc(count);
+        double *ref = dalloc(count);
+        fill(&r, g, count);
+        fill(&r, u, count);
+        for (size_t i = 0; i < count; i++)
+            g[i] *= 8.0f;
+        for (size_t i = 0; i < count; i++)
+            ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        assert_int_equal(be->ops->swiglu(be, out, g, u, count, err), 0);
+        assert_int_equal(count_mismatches("swiglu", out, ref, count, 1e-6, 1e-5), 0);
+        /* out aliasing gate */
+        assert_int_equal(be->ops->swiglu(be, g, g, u, count, err), 0);
+        assert_int_equal(count_bit_diffs("swiglu in place", g, out, count), 0);
+
+        fill(&r, x, count);
+        for (size_t i = 0; i < count; i++)
+            ref[i] = (double)x[i] + u[i];
+        assert_int_equal(be->ops->add(be, x, u, count, err), 0);
+        /* one f32 rounding */
+        assert_int_equal(count_mismatches("add", x, ref, count, 0.0, 6e-8), 0);
+        free(g);
+        free(u);
+        free(out);
+        free(x);
+        free(ref);
+    }
+    be->ops->destroy(be);
+}
+
+/* ---- memory ops and argument checks ------------------------------------- */
+
+static void test_kernels_cpu_memory_ops_are_zeroed_aligned_and_copy(void **state)
+{
+    struct kern_backend *be = make_backend(0);
+    char err[ERR_MSG_MAX];
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_int_equal(kern_cpu_threads(be), online < 1 ? 1 : online);
+    assert_string_equal(be->name, "cpu");
+    static const size_t sizes[] = {1, 100, 4096, 3 << 20};
+    for (int si = 0; si < 4; si++) {
+        size_t size = sizes[si];
+        unsigned char *a = NULL, *b = NULL;
+        assert_int_equal(be->ops->alloc(be, size, (void **)&a, err), 0);
+        assert_int_equal(be->ops->alloc(be, size, (void **)&b, err), 0);
+        assert_int_equal((uintptr_t)a % 64, 0);
+        for (size_t i = 0; i < size; i++)
+            assert_int_equal(a[i], 0);
+        unsigned char *host = malloc(size), *back = malloc(size);
+        assert_non_null(host);
+        assert_non_null(back);
+        for (size_t i = 0; i < size; i++)
+            host[i] = (unsigned char)(i * 7 + 1);
+        assert_int_equal(be->ops->upload(be, a, host, size, err), 0);
+        assert_int_equal(be->ops->copy(be, b, a, size, err), 0);
+        assert_int_equal(be->ops->download(be, back, b, size, err), 0);
+        assert_memory_equal(back, host, size);
+        be->ops->free(be, a);
+        be->ops->free(be, b);
+        free(host);
+        free(back);
+    }
+    be->ops->free(be, NULL);
+    const void *mapped = NULL;
+    static const uint16_t weights[4] = {1, 2, 3, 4};
+    assert_int_equal(be->ops->map_weights(be, weights, sizeof(weights), &mapped, err), 0);
+    assert_ptr_equal(mapped, weights);
+    be->ops->unmap_weights(be, mapped);
+    assert_int_equal(be->ops->sync(be, err), 0);
+    be->ops->destroy(be);
+    be = NULL;
+    /* destroy is NULL-safe through any backend's table: nothing to call here,
+     * but kern_cpu_threads(NULL) must not crash */
+    assert_int_equal(kern_cpu_threads(be), 0);
+}
+
+static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
+{
+    struct kern_backend *be = make_backend(2);
+    char err[ERR_MSG_MAX] = "";
+    float buf[64] = {0};
+    int32_t pos[2] = {0, 1};
+    float inv_freq[4] = {1, 1, 1, 1};
+    assert_int_equal(be->ops->matmul(be, buf, buf + 32, buf, (enum kern_dtype)7, 1, 4, 4, err),
+                     ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "matmul"));
+    assert_int_equal(be->ops->matmul(be, buf, buf + 32, buf, KERN_DTYPE_F32, -1, 4, 4, err),
+                     ERR_INVALID_ARG);
+    assert_int_equal(be->ops->rmsnorm(be, buf, buf, buf, KERN_DTYPE_F32, 1, 0, 1e-5f, err),
+                     ERR_INVALID_ARG);
+    assert_int_equal(be->ops->rope(be, buf, pos, 2, 1, 7, inv_freq, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "head_dim"));
+    assert_int_equal(be->ops->attention(be, buf, buf, buf, buf, 1, 0, 4, 3, 8, 1.0f, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "n_kv_heads"));
+    int32_t bad_id = -1;
+    assert_int_equal(be->ops->embed(be, buf, buf, KERN_DTYPE_F32, &bad_id, 1, 4, err),
+                     ERR_INVALID_ARG);
+    struct kern_backend *none = NULL;
+    assert_int_equal(kern_cpu_create(&none, -3, err), ERR_INVALID_ARG);
+    assert_null(none);
+    /* n = 0 is a no-op */
+    assert_int_equal(be->ops->matmul(be, NULL, NULL, NULL, KERN_DTYPE_BF16, 0, 4, 4, err), 0);
+    be->ops->destroy(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernels_cpu_matmul_matches_reference_for_every_dtype),
+        cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
+        cmocka_unit_test(test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place),
+        cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
+        cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),
+        cmocka_unit_test(test_kernels_cpu_attention_matches_reference),
+        cmocka_unit_test(test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch),
+        cmocka_unit_test(test_kernels_cpu_results_do_not_depend_on_thread_count),
+        cmocka_unit_test(test_kernels_cpu_embed_widens_rows_exactly),
+        cmocka_unit_test(test_kernels_cpu_bf16_converts_by_shifting_the_bits),
+        cmocka_unit_test(test_kernels_cpu_swiglu_and_add_match_reference),
+        cmocka_unit_test(test_kernels_cpu_memory_ops_are_zeroed_aligned_and_copy),
+        cmocka_unit_test(test_kernels_cpu_bad_arguments_are_rejected),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

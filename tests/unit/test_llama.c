@@ -1,0 +1,565 @@
+/* test_llama.c: the optimised forward pass against a deliberately naive
+ * float64 reference, plus the properties speculation relies on: batch
+ * invariance (a position's logits are bit-identical alone or among up to 16
+ * rows, and under any chunking), KV truncation, and clear errors.
+ *
+ * Models are written by the test itself (random weights, odd sizes, GQA,
+ * Llama-3 RoPE scaling, tied and untied heads, BF16/F16/F32) so each case
+ * controls its shapes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "llama.h"
+#include "safetensors.h"
+
+/* float32 accumulation over hidden sizes <= 96 keeps each logit within this
+ * distance of the float64 reference (relative to the row's largest logit). */
+#define REF_ATOL 1e-4
+#define REF_RTOL 2e-4
+
+struct test_shape {
+    int vocab, dim, layers, heads, kv_heads, head_dim, ff;
+    int tied;
+    enum kern_dtype dtype;
+    int llama3_rope;
+};
+
+struct test_model {
+    char dir[256];
+    struct test_shape s;
+    /* host float copies of the weights as the model will see them */
+    double *embed, *lm_head, *norm;
+    double **w[9]; /* per kind, per layer */
+};
+
+enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_FFN_NORM, W_GATE, W_UP, W_DOWN };
+
+static uint64_t rng_state;
+static double rng_normal(void)
+{
+    /* splitmix64 -> two uniforms -> Box-Muller */
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        u[i] = ((double)(z >> 11) + 0.5) / 9007199254740992.0;
+    }
+    return sqrt(-2.0 * log(u[0])) * cos(2.0 * M_PI * u[1]);
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    b += 0x7FFF + ((b >> 16) & 1);
+    return (uint16_t)(b >> 16);
+}
+static float from_bf16(uint16_t h)
+{
+    uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* Makes one tensor: random values rounded through the dtype, a host double
+ * copy of exactly what the file holds, and the file bytes. */
+static void make_tensor(enum kern_dtype dt, size_t count, double scale, double offset, double **host,
+                        void **bytes)
+{
+    *host = malloc(count * sizeof(double));
+    *bytes = malloc(count * kern_dtype_size(dt));
+    assert_non_null(*host);
+    assert_non_null(*bytes);
+    for (size_t i = 0; i < count; i++) {
+        float v = (float)(offset + scale * rng_normal());
+        if (dt == KERN_DTYPE_BF16) {
+            uint16_t h = to_bf16(v);
+            ((uint16_t *)*bytes)[i] = h;
+            (*host)[i] = from_bf16(h);
+        } else if (dt == KERN_DTYPE_F16) {
+            _Float16 h = (_Float16)v;
+            ((_Float16 *)*bytes)[i] = h;
+            (*host)[i] = (double)h;
+        } else {
+            ((float *)*bytes)[i] = v;
+            (*host)[i] = v;
+        }
+    }
+}
+
+static void write_model(struct test_model *m, const struct test_shape *s, uint64_t seed)
+{
+    memset(m, 0, sizeof *m);
+    m->s = *s;
+    rng_state = seed;
+    snprintf(m->dir, sizeof m->dir, "/tmp/tandem-test-llama-XXXXXX");
+    assert_non_null(mkdtemp(m->dir));
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", m->dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_act\":\"silu\","
+            "\"vocab_size\":%d,\"hidden_size\":%d,\"intermediate_size\":%d,\"num_hidden_layers\":%d,"
+            "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,"
+            "\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0,"
+            "\"rope_scaling\":%s,\"tie_word_embeddings\":%s,\"bos_token_id\":1,\"eos_token_id\":[2,3]}",
+            s->vocab, s->dim, s->ff, s->layers, s->heads, s->kv_heads, s->head_dim,
+            s->llama3_rope ? "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,"
+                             "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}"
+                           : "null",
+            s->tied ? "true" : "false");
+    fclose(f);
+
+    int n_entries = 2 + (s->tied ? 0 : 1) + 9 * s->layers;
+    struct safetensors_entry *e = calloc((size_t)n_entries, sizeof *e);
+    void **bytes = calloc((size_t)n_entries, sizeof *bytes);
+    char (*names)[96] = calloc((size_t)n_entries, 96);
+    assert_non_null(e);
+    int ne = 0;
+#define ADD(nm, host, nd, a, b, scale, off)                                        \
+    do {                                                                           \
+        snprintf(names[ne], 96, "%s", nm);                                         \
+        make_tensor(s->dtype, (size_t)(a) * (size_t)(b), scale, off, host, &bytes[ne]); \
+        e[ne] = (struct safetensors_entry){.name = names[ne], .dtype = s->dtype, .n_dims = nd, \
+                                           .shape = {a, nd == 2 ? (b) : 0}, .data = bytes[ne]}; \
+        ne++;                                                                      \
+    } while (0)
+    ADD("model.embed_tokens.weight", &m->embed, 2, s->vocab, s->dim, 1.0, 0.0);
+    ADD("model.norm.weight", &m->norm, 1, s->dim, 1, 0.1, 1.0);
+    if (!s->tied)
+        ADD("lm_head.weight", &m->lm_head, 2, s->vocab, s->dim, 1.0, 0.0);
+    else
+        m->lm_head = m->embed;
+    int q_dim = s->heads * s->head_dim, kv_dim = s->kv_heads * s->head_dim;
+    for (int k = 0; k < 9; k++)
+        m->w[k] = calloc((size_t)s->layers, sizeof(double *));
+    for (int l = 0; l < s->layers; l++) {
+        char nm[96];
+#define LAYER(kind, suffix, nd, a, b, scale, off)                                  \
+    snprintf(nm, sizeof nm, "model.layers.%d.%s.weight", l, suffix);               \
+    ADD(nm, &m->w[kind][l], nd, a, b, scale, off)
+        LAYER(W_ATTN_NORM, "input_layernorm", 1, s->dim, 1, 0.1, 1.0);
+        LAYER(W_Q, "self_attn.q_proj", 2, q_dim, s->dim, 1.0 / sqrt(s->dim), 0.0);
+        LAYER(W_K, "self_attn.k_proj", 2, kv_dim, s->dim, 1.0 / sqrt(s->dim), 0.0);
+        LAYER(W_V, "self_attn.v_proj", 2, kv_dim, s->dim, 1.0 / sqrt(s->dim), 0.0);
+        LAYER(W_O, "self_attn.o_proj", 2, s->dim, q_dim, 1.0 / sqrt(q_dim), 0.0);
+        LAYER(W_FFN_NORM, "post_attention_layernorm", 1, s->dim, 1, 0.1, 1.0);
+        LAYER(W_GATE, "mlp.gate_proj", 2, s->ff, s->dim, 1.0 / sqrt(s->dim), 0.0);
+        LAYER(W_UP, "mlp.up_proj", 2, s->ff, s->dim, 1.0 / sqrt(s->dim), 0.0);
+        LAYER(W_DOWN, "mlp.down_proj", 2, s->dim, s->ff, 1.0 / sqrt(s->ff), 0.0);
+#undef LAYER
+    }
+#undef ADD
+    snprintf(path, sizeof path, "%s/model.safetensors", m->dir);
+    char err[ERR_MSG_MAX] = "";
+    int rc = safetensors_write(path, e, (size_t)ne, err);
+    if (rc)
+        fprintf(stderr, "safetensors_write: %s\n", err);
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < ne; i++)
+        free(bytes[i]);
+    free(bytes);
+    free(names);
+    free(e);
+}
+
+static void free_model(struct test_model *m)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", m->dir);
+    assert_int_equal(system(cmd), 0);
+    free(m->embed);
+    free(m->norm);
+    if (!m->s.tied)
+        free(m->lm_head);
+    for (int k = 0; k < 9; k++) {
+        for (int l = 0; l < m->s.layers; l++)
+            free(m->w[k][l]);
+        free(m->w[k]);
+    }
+}
+
+/* ---- float64 reference: the textbook Llama, one position at a time ---- */
+
+static void ref_rmsnorm(double *out, const double *x, const double *w, int n)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + 1e-5);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * r * w[i];
+}
+
+static void ref_matvec(double *out, const double *x, const double *w, int d_in, int d_out)
+{
+    for (int o = 0; o < d_out; o++) {
+        double acc = 0;
+        for (int k = 0; k < d_in; k++)
+            acc += w[(size_t)o * d_in + k] * x[k];
+        out[o] = acc;
+    }
+}
+
+static double ref_inv_freq(const struct test_shape *s, int j)
+{
+    double inv = pow(500000.0, -2.0 * j / s->head_dim);
+    if (!s->llama3_rope)
+        return inv;
+    const double factor = 32.0, low = 1.0, high = 4.0, orig = 64.0;
+    double wavelen = 2 * M_PI / inv;
+    if (wavelen < orig / high)
+        return inv;
+    if (wavelen > orig / low)
+        return inv / factor;
+    double smooth = (orig / wavelen - low) / (high - low);
+    return (1 - smooth) * inv / factor + smooth * inv;
+}
+
+static void ref_rope(double *x, int n_heads, int hd, int pos, const struct test_shape *s)
+{
+    for (int h = 0; h < n_heads; h++) {
+        double *v = x + (size_t)h * hd;
+        for (int j = 0; j < hd / 2; j++) {
+            double a = pos * ref_inv_freq(s, j);
+            double x1 = v[j], x2 = v[j + hd / 2];
+            v[j] = x1 * cos(a) - x2 * sin(a);
+            v[j + hd / 2] = x2 * cos(a) + x1 * sin(a);
+        }
+    }
+}
+
+/* logits: [T, vocab] */
+static void ref_forward(const struct test_model *m, const int32_t *tokens, int T, double *logits)
+{
+    const struct test_shape *s = &m->s;
+    int D = s->dim, q_dim = s->heads * s->head_dim, kv_dim = s->kv_heads * s->head_dim;
+    double *kc = calloc((size_t)s->layers * T * kv_dim, sizeof(double));
+    double *vc = calloc((size_t)s->layers * T * kv_dim, sizeof(double));
+    double *x = malloc(D * sizeof(double)), *xn = malloc(D * sizeof(double));
+    double *q = malloc(q_dim * sizeof(double)), *att = malloc(q_dim * sizeof(double));
+    double *o = malloc(D * sizeof(double)), *g = malloc(s->ff * sizeof(double));
+    double *u = malloc(s->ff * sizeof(double)), *sc = malloc(T * sizeof(double));
+    for (int t = 0; t < T; t++) {
+        memcpy(x, m->embed + (size_t)tokens[t] * D, D * sizeof(double));
+        for (int l = 0; l < s->layers; l++) {
+            double *K = kc + ((size_t)l * T + t) * kv_dim, *V = vc + ((size_t)l * T + t) * kv_dim;
+            ref_rmsnorm(xn, x, m->w[W_ATTN_NORM][l], D);
+            ref_matvec(q, xn, m->w[W_Q][l], D, q_dim);
+            ref_matvec(K, xn, m->w[W_K][l], D, kv_dim);
+            ref_matvec(V, xn, m->w[W_V][l], D, kv_dim);
+            ref_rope(q, s->heads, s->head_dim, t, s);
+            ref_rope(K, s->kv_heads, s->head_dim, t, s);
+            int group = s->heads / s->kv_heads;
+            for (int h = 0; h < s->heads; h++) {
+                int kvh = h / group;
+                double mx = -INFINITY;
+                for (int p = 0; p <= t; p++) {
+                    const double *Kp = kc + ((size_t)l * T + p) * kv_dim + (size_t)kvh * s->head_dim;
+                    double d = 0;
+                    for (int i = 0; i < s->head_dim; i++)
+                        d += q[h * s->head_dim + i] * Kp[i];
+                    sc[p] = d / sqrt(s->head_dim);
+                    mx = sc[p] > mx ? sc[p] : mx;
+                }
+                double sum = 0;
+                for (int p = 0; p <= t; p++)
+                    sum += (sc[p] = exp(sc[p] - mx));
+                for (int i = 0; i < s->head_dim; i++) {
+                    double acc = 0;
+                    for (int p = 0; p <= t; p++)
+                        acc += sc[p] / sum *
+                               vc[((size_t)l * T + p) * kv_dim + (size_t)kvh * s->head_dim + i];
+                    att[h * s->head_dim + i] = acc;
+                }
+            }
+            ref_matvec(o, att, m->w[W_O][l], q_dim, D);
+            for (int i = 0; i < D; i++)
+                x[i] += o[i];
+            ref_rmsnorm(xn, x, m->w[W_FFN_NORM][l], D);
+            ref_matvec(g, xn, m->w[W_GATE][l], D, s->ff);
+            ref_matvec(u, xn, m->w[W_UP][l], D, s->ff);
+            for (int i = 0; i < s->ff; i++)
+                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            ref_matvec(o, g, m->w[W_DOWN][l], s->ff, D);
+            for (int i = 0; i < D; i++)
+                x[i] += o[i];
+        }
+        ref_rmsnorm(xn, x, m->norm, D);
+        ref_matvec(logits + (size_t)t * s->vocab, xn, m->lm_head, D, s->vocab);
+    }
+    free(kc); free(vc); free(x); free(xn); free(q); free(att); free(o); free(g); free(u); free(sc);
+}
+
+/* ---- fixtures ---- */
+
+struct loaded {
+    struct kern_backend *be;
+    struct llama_model *model;
+    struct llama_ctx *ctx;
+};
+
+static void load(struct loaded *L, const char *dir, int threads, int max_seq, int max_rows)
+{
+    char err[ERR_MSG_MAX] = "";
+    int rc = kern_cpu_create(&L->be, threads, err);
+    assert_int_equal(rc, 0);
+    rc = llama_model_load(&L->model, dir, L->be, err);
+    if (rc)
+        fprintf(stderr, "llama_model_load: %s\n", err);
+    assert_int_equal(rc, 0);
+    struct llama_ctx_params p = {.n_slots = 2, .max_seq_len = max_seq, .max_rows = max_rows};
+    rc = llama_ctx_create(&L->ctx, L->model, &p, err);
+    if (rc)
+        fprintf(stderr, "llama_ctx_create: %s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void unload(struct loaded *L)
+{
+    llama_ctx_destroy(L->ctx);
+    llama_model_destroy(L->model);
+    L->be->ops->destroy(L->be);
+}
+
+static void random_tokens(int32_t *t, int n, int vocab, uint64_t seed)
+{
+    uint64_t x = seed * 2654435761u + 17;
+    for (int i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((x >> 33) % (uint64_t)vocab);
+    }
+}
+
+static float *forward_all(struct loaded *L, int slot, const int32_t *tokens, int n)
+{
+    float *logits = malloc((size_t)n * llama_model_config(L->model)->vocab_size * sizeof(float));
+    char err[ERR_MSG_MAX] = "";
+    struct llama_seq_batch b = {.slot = slot, .tokens = tokens, .n_tokens = n, .n_logits = n,
+                                .logits_out = logits};
+    int rc = llama_forward(L->ctx, &b, 1, err);
+    if (rc)
+        fprintf(stderr, "llama_forward: %s\n", err);
+    assert_int_equal(rc, 0);
+    return logits;
+}
+
+static void check_against_reference(const struct test_shape *s, uint64_t seed)
+{
+    struct test_model m;
+    write_model(&m, s, seed);
+    struct loaded L;
+    load(&L, m.dir, 2, 64, 0);
+    enum { T = 23 };
+    int32_t tokens[T];
+    random_tokens(tokens, T, s->vocab, seed);
+    float *got = forward_all(&L, 0, tokens, T);
+    double *ref = malloc((size_t)T * s->vocab * sizeof(double));
+    ref_forward(&m, tokens, T, ref);
+    int bad = 0;
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double row_max = 0;
+        for (int v = 0; v < s->vocab; v++)
+            row_max = fmax(row_max, fabs(ref[(size_t)t * s->vocab + v]));
+        for (int v = 0; v < s->vocab; v++) {
+            double r = ref[(size_t)t * s->vocab + v], g = got[(size_t)t * s->vocab + v];
+            double tol = REF_ATOL + REF_RTOL * row_max;
+            worst = fmax(worst, fabs(g - r) / (row_max + 1e-30));
+            if (!(fabs(g - r) <= tol) && bad++ < 5)
+                fprintf(stderr, "mismatch pos %d token %d: got %.7g ref %.7g (tol %.3g)\n", t, v, g,
+                        r, tol);
+        }
+    }
+    fprintf(stderr, "  worst |got-ref|/max|ref| = %.3g over %d positions\n", worst, T);
+    assert_int_equal(bad, 0);
+    free(ref);
+    free(got);
+    unload(&L);
+    free_model(&m);
+}
+
+static const struct test_shape SHAPE_GQA_BF16 = {.vocab = 97, .dim = 48, .layers = 2, .heads = 6,
+                                                 .kv_heads = 2, .head_dim = 8, .ff = 80, .tied = 0,
+                                                 .dtype = KERN_DTYPE_BF16, .llama3_rope = 1};
+static const struct test_shape SHAPE_TIED_F32 = {.vocab = 61, .dim = 40, .layers = 3, .heads = 4,
+                                                 .kv_heads = 4, .head_dim = 10, .ff = 72, .tied = 1,
+                                                 .dtype = KERN_DTYPE_F32, .llama3_rope = 0};
+static const struct test_shape SHAPE_MQA_F16 = {.vocab = 50, .dim = 32, .layers = 2, .heads = 3,
+                                                .kv_heads = 1, .head_dim = 16, .ff = 67, .tied = 1,
+                                                .dtype = KERN_DTYPE_F16, .llama3_rope = 1};
+
+static void test_llama_matches_float64_reference_gqa_bf16_untied(void **state)
+{
+    (void)state;
+    check_against_reference(&SHAPE_GQA_BF16, 11);
+}
+
+static void test_llama_matches_float64_reference_tied_f32(void **state)
+{
+    (void)state;
+    check_against_reference(&SHAPE_TIED_F32, 12);
+}
+
+static void test_llama_matches_float64_reference_mqa_f16(void **state)
+{
+    (void)state;
+    check_against_reference(&SHAPE_MQA_F16, 13);
+}
+
+/* Decode one row at a time, verify 16 rows at once, prefill in chunks of 3
+ * rows: every position's logits are bit-identical across the three. */
+static void test_llama_logits_are_batch_invariant(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 21);
+    const int V = SHAPE_GQA_BF16.vocab;
+    enum { T = 40 };
+    int32_t tokens[T];
+    random_tokens(tokens, T, V, 21);
+
+    struct loaded whole, chunked;
+    load(&whole, m.dir, 2, 64, 0);
+    load(&chunked, m.dir, 1, 64, 3); /* also a different thread count */
+    float *all = forward_all(&whole, 0, tokens, T);
+    float *all_chunked = forward_all(&chunked, 0, tokens, T);
+    assert_memory_equal(all, all_chunked, (size_t)T * V * sizeof(float));
+
+    /* slot 1: 24 rows one by one, then 16 rows in one verification-shaped call */
+    for (int t = 0; t < 24; t++) {
+        float *one = forward_all(&whole, 1, tokens + t, 1);
+        if (memcmp(one, all + (size_t)t * V, V * sizeof(float)) != 0)
+            fail_msg("position %d: decode logits differ from the prefill's", t);
+        free(one);
+    }
+    float *verify = forward_all(&whole, 1, tokens + 24, 16);
+    assert_memory_equal(verify, all + (size_t)24 * V, (size_t)16 * V * sizeof(float));
+    free(verify);
+    free(all);
+    free(all_chunked);
+    unload(&whole);
+    unload(&chunked);
+    free_model(&m);
+}
+
+/* Rolling back and feeding different tokens gives exactly what a fresh
+ * sequence with those tokens gives. */
+static void test_llama_truncate_keeps_prefix(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 31);
+    const int V = SHAPE_GQA_BF16.vocab;
+    struct loaded L;
+    load(&L, m.dir, 2, 64, 0);
+    int32_t a[12], b[12];
+    random_tokens(a, 12, V, 1);
+    memcpy(b, a, sizeof a);
+    random_tokens(b + 8, 4, V, 2);
+    float *la = forward_all(&L, 0, a, 12);
+    char err[ERR_MSG_MAX];
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 8, err), 0);
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 8);
+    float *lb_tail = forward_all(&L, 0, b + 8, 4);
+    float *lb = forward_all(&L, 1, b, 12);
+    assert_memory_equal(lb_tail, lb + (size_t)8 * V, (size_t)4 * V * sizeof(float));
+    assert_memory_equal(la, lb, (size_t)8 * V * sizeof(float));
+    /* truncating beyond the length is refused */
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 13, err), ERR_RANGE);
+    free(la); free(lb); free(lb_tail);
+    unload(&L);
+    free_model(&m);
+}
+
+static void test_llama_context_full_is_an_error_and_changes_nothing(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_TIED_F32, 41);
+    struct loaded L;
+    load(&L, m.dir, 1, 8, 0);
+    int32_t t[9];
+    random_tokens(t, 9, SHAPE_TIED_F32.vocab, 3);
+    char err[ERR_MSG_MAX] = "";
+    struct llama_seq_batch b = {.slot = 0, .tokens = t, .n_tokens = 6, .n_logits = 0};
+    assert_int_equal(llama_forward(L.ctx, &b, 1, err), 0);
+    b.n_tokens = 3;
+    assert_int_equal(llama_forward(L.ctx, &b, 1, err), ERR_CONTEXT_FULL);
+    assert_non_null(strstr(err, "context length is 8"));
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 6);
+    /* a bad token id and a bad slot are refused too */
+    int32_t bad = SHAPE_TIED_F32.vocab;
+    struct llama_seq_batch c = {.slot = 0, .tokens = &bad, .n_tokens = 1};
+    assert_int_equal(llama_forward(L.ctx, &c, 1, err), ERR_RANGE);
+    c.slot = 5;
+    c.tokens = t;
+    assert_int_equal(llama_forward(L.ctx, &c, 1, err), ERR_RANGE);
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 6);
+    unload(&L);
+    free_model(&m);
+}
+
+static void test_llama_missing_tensor_is_named(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_TIED_F32, 51);
+    /* a config claiming an untied head while the file has none */
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", m.dir);
+    FILE *f = fopen(path, "r+");
+    assert_non_null(f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    char *p = strstr(buf, "\"tie_word_embeddings\":true");
+    assert_non_null(p);
+    fclose(f);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%.*s\"tie_word_embeddings\":false%s", (int)(p - buf), buf,
+            p + strlen("\"tie_word_embeddings\":true"));
+    fclose(f);
+    char err[ERR_MSG_MAX] = "";
+    struct kern_backend *be;
+    assert_int_equal(kern_cpu_create(&be, 1, err), 0);
+    struct llama_model *model = NULL;
+    int rc = llama_model_load(&model, m.dir, be, err);
+    assert_true(rc < 0);
+    assert_null(model);
+    fprintf(stderr, "  error: %s\n", err);
+    assert_non_null(strstr(err, "lm_head.weight"));
+    be->ops->destroy(be);
+    free_model(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama_matches_float64_reference_gqa_bf16_untied),
+        cmocka_unit_test(test_llama_matches_float64_reference_tied_f32),
+        cmocka_unit_test(test_llama_matches_float64_reference_mqa_f16),
+        cmocka_unit_test(test_llama_logits_are_batch_invariant),
+        cmocka_unit_test(test_llama_truncate_keeps_prefix),
+        cmocka_unit_test(test_llama_context_full_is_an_error_and_changes_nothing),
+        cmocka_unit_test(test_llama_missing_tensor_is_named),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,276 @@
+/* test_proc_config.c: the process config file, overrides and validation. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "proc_config.h"
+
+static int load(struct proc_config *cfg, const char *json, char *err)
+{
+    proc_config_defaults(cfg);
+    return proc_config_load_json(cfg, json, "test.json", err);
+}
+
+static void test_proc_config_defaults_match_the_brief(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    proc_config_defaults(&cfg);
+    assert_int_equal(proc_config_set(&cfg, "target_worker.model", "/m/target", err), 0);
+    assert_int_equal(proc_config_set(&cfg, "draft_worker.model", "/m/draft", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_COORDINATOR | PROC_CONFIG_DRAFT |
+                                                    PROC_CONFIG_TARGET,
+                                          err),
+                     0);
+    assert_string_equal(cfg.instance, "tandem");
+    assert_string_equal(cfg.coordinator.client_endpoint, "tcp://127.0.0.1:5555");
+    assert_string_equal(cfg.coordinator.worker_endpoint, "ipc:///tmp/tandem-tandem-workers");
+    assert_string_equal(cfg.coordinator.tokenizer, "/m/target");
+    assert_int_equal(cfg.coordinator.max_concurrency, 8);
+    assert_int_equal(cfg.coordinator.max_queue, 64);
+    assert_int_equal(cfg.coordinator.heartbeat_ms, 500);
+    assert_int_equal(cfg.coordinator.worker_timeout_ms, 3000);
+    assert_int_equal(cfg.coordinator.request_timeout_ms, 600000);
+    assert_int_equal(cfg.coordinator.max_message_bytes, 1048576);
+    assert_int_equal(cfg.coordinator.spec_k, 0);
+    assert_int_equal(cfg.coordinator.spec_k_max, 8);
+    assert_string_equal(cfg.coordinator.spec_mode, "sampled");
+    assert_string_equal(cfg.coordinator.log_level, "info");
+    assert_string_equal(cfg.draft_worker.backend, "cpu");
+    assert_int_equal(cfg.draft_worker.max_seq_len, 8192);
+    assert_int_equal(cfg.draft_worker.heartbeat_ms, 500);
+    assert_string_equal(cfg.draft_worker.coordinator_endpoint, "ipc:///tmp/tandem-tandem-workers");
+    assert_string_equal(cfg.target_worker.coordinator_endpoint,
+                        "ipc:///tmp/tandem-tandem-workers");
+}
+
+static void test_proc_config_file_values_are_loaded(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    const char *json = "{\"instance\":\"blue\","
+                       "\"coordinator\":{\"max_concurrency\":3,\"spec_mode\":\"point_mass\","
+                       "\"client_endpoint\":\"tcp://*:6000\"},"
+                       "\"draft_worker\":{\"model\":\"/d\",\"device\":0,\"threads\":2},"
+                       "\"target_worker\":{\"model\":\"/t\",\"backend\":\"cuda\","
+                       "\"device\":\"GPU-1234-abcd\"}}";
+    assert_int_equal(load(&cfg, json, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_COORDINATOR | PROC_CONFIG_DRAFT |
+                                                    PROC_CONFIG_TARGET,
+                                          err),
+                     0);
+    assert_string_equal(cfg.instance, "blue");
+    assert_string_equal(cfg.coordinator.worker_endpoint, "ipc:///tmp/tandem-blue-workers");
+    assert_int_equal(cfg.coordinator.max_concurrency, 3);
+    assert_string_equal(cfg.coordinator.spec_mode, "point_mass");
+    assert_string_equal(cfg.coordinator.client_endpoint, "tcp://*:6000");
+    assert_string_equal(cfg.draft_worker.device, "0");
+    assert_int_equal(cfg.draft_worker.threads, 2);
+    assert_string_equal(cfg.target_worker.backend, "cuda");
+    assert_string_equal(cfg.target_worker.device, "GPU-1234-abcd");
+    assert_string_equal(cfg.coordinator.tokenizer, "/t");
+}
+
+static void test_proc_config_missing_model_names_the_key(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"model\":\"/t\"}}", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_DRAFT, err), ERR_INVALID_ARG);
+    assert_string_equal(err, "draft_worker.model: required");
+    /* The target section alone is fine. */
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_TARGET, err), 0);
+}
+
+static void test_proc_config_wrong_type_names_key_and_type(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max_concurrency\":\"8\"}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.max_concurrency: expected an integer, got string"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max_queue\":1.5}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.max_queue: expected an integer"));
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"model\":7}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker.model: expected a string, got number"));
+    assert_int_equal(load(&cfg, "{\"draft_worker\":[]}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker: expected an object, got array"));
+}
+
+static void test_proc_config_unknown_keys_are_rejected(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"foo\":1}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.foo: unknown key"));
+    assert_int_equal(load(&cfg, "{\"workers\":{}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "workers: unknown key"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max_queue\":1,\"max_queue\":2}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.max_queue: duplicate key"));
+    proc_config_defaults(&cfg);
+    assert_int_equal(proc_config_set(&cfg, "draft_worker.nope", "1", err), ERR_INVALID_ARG);
+    assert_string_equal(err, "draft_worker.nope: unknown key");
+}
+
+static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"backend\":\"tpu\"}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "target_worker.backend: must be \"cpu\" or \"cuda\", got \"tpu\""));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max_concurrency\":0}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.max_concurrency: must be in 1..4096, got 0"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"spec_mode\":\"greedy\"}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.spec_mode"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"log_level\":\"loud\"}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.log_level"));
+    assert_int_equal(load(&cfg, "{\"instance\":\"a/b\"}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "instance: must be"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"spec_k\":9,\"spec_k_max\":4}}", err), 0);
+    assert_int_equal(proc_config_set(&cfg, "target_worker.model", "/t", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_COORDINATOR, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.spec_k: must be <="));
+}
+
+static void test_proc_config_bad_endpoints_are_rejected(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(proc_config_check_endpoint("tcp://127.0.0.1:5555", err), 0);
+    assert_int_equal(proc_config_check_endpoint("tcp://*:5555", err), 0);
+    assert_int_equal(proc_config_check_endpoint("tcp://[::1]:5555", err), 0);
+    assert_int_equal(proc_config_check_endpoint("ipc:///tmp/x", err), 0);
+    assert_int_equal(proc_config_check_endpoint("inproc://w", err), 0);
+    assert_int_equal(proc_config_check_endpoint("tcp://host", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("tcp://host:0", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("tcp://host:70000", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("tcp://:80", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("ipc://", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("inproc://", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("http://x:1", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_check_endpoint("", err), ERR_INVALID_ARG);
+    char longpath[200] = "ipc:///";
+    memset(longpath + 7, 'a', 150);
+    longpath[157] = '\0';
+    assert_int_equal(proc_config_check_endpoint(longpath, err), ERR_INVALID_ARG);
+
+    struct proc_config cfg;
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"client_endpoint\":\"localhost:5555\"}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.client_endpoint: bad endpoint"));
+    proc_config_defaults(&cfg);
+    assert_int_equal(proc_config_set(&cfg, "draft_worker.coordinator_endpoint", "tcp://x", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker.coordinator_endpoint: bad endpoint"));
+}
+
+static void test_proc_config_set_parses_and_overrides(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max_queue\":5}}", err), 0);
+    assert_int_equal(proc_config_set(&cfg, "coordinator.max-queue", "7", err), 0);
+    assert_int_equal(cfg.coordinator.max_queue, 7);
+    assert_int_equal(proc_config_set(&cfg, "coordinator.max_queue", "7x", err), ERR_INVALID_ARG);
+    assert_string_equal(err, "coordinator.max_queue: expected an integer, got \"7x\"");
+    assert_int_equal(proc_config_set(&cfg, "coordinator.max_queue", "", err), ERR_INVALID_ARG);
+    assert_int_equal(proc_config_set(&cfg, "target_worker.device", "1", err), 0);
+    assert_string_equal(cfg.target_worker.device, "1");
+    assert_int_equal(proc_config_set(&cfg, "instance", "green", err), 0);
+    assert_string_equal(cfg.instance, "green");
+    assert_int_equal(cfg.coordinator.max_queue, 7);
+}
+
+static void test_proc_config_parse_args_file_then_flags(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tandem-test-config-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/c.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"draft_worker\":{\"model\":\"/file/draft\",\"threads\":3},"
+          "\"coordinator\":{\"max_concurrency\":2}}",
+          f);
+    assert_int_equal(fclose(f), 0);
+
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    char *argv[] = {"prog", "--model", "/cli/draft", "--config", path,
+                    "--coordinator.max-concurrency=5", "--instance", "x1", NULL};
+    int rc = proc_config_parse_args(&cfg, 8, argv, "draft_worker", PROC_CONFIG_DRAFT, err);
+    assert_int_equal(rc, 0);
+    assert_string_equal(cfg.draft_worker.model, "/cli/draft");
+    assert_int_equal(cfg.draft_worker.threads, 3);
+    assert_int_equal(cfg.coordinator.max_concurrency, 5);
+    assert_string_equal(cfg.draft_worker.coordinator_endpoint, "ipc:///tmp/tandem-x1-workers");
+
+    char *argv2[] = {"prog", "--config", path, "--threads", "many", NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 5, argv2, "draft_worker", PROC_CONFIG_DRAFT, err),
+                     ERR_INVALID_ARG);
+    assert_string_equal(err, "draft_worker.threads: expected an integer, got \"many\"");
+
+    char *argv3[] = {"prog", "--model", NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 2, argv3, "draft_worker", PROC_CONFIG_DRAFT, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "--model: missing value"));
+
+    char *argv4[] = {"prog", "stray", NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 2, argv4, "draft_worker", PROC_CONFIG_DRAFT, err),
+                     ERR_INVALID_ARG);
+
+    assert_int_equal(unlink(path), 0);
+    char *argv5[] = {"prog", "--config", path, NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 3, argv5, "draft_worker", PROC_CONFIG_DRAFT, err),
+                     ERR_IO);
+    assert_non_null(strstr(err, path));
+    assert_int_equal(rmdir(dir), 0);
+}
+
+static void test_proc_config_malformed_json_is_a_format_error(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"coordinator\":", err), ERR_FORMAT);
+    assert_non_null(strstr(err, "test.json: not valid JSON"));
+    assert_int_equal(load(&cfg, "[1,2]", err), ERR_FORMAT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_proc_config_defaults_match_the_brief),
+        cmocka_unit_test(test_proc_config_file_values_are_loaded),
+        cmocka_unit_test(test_proc_config_missing_model_names_the_key),
+        cmocka_unit_test(test_proc_config_wrong_type_names_key_and_type),
+        cmocka_unit_test(test_proc_config_unknown_keys_are_rejected),
+        cmocka_unit_test(test_proc_config_enum_and_range_errors_name_the_key),
+        cmocka_unit_test(test_proc_config_bad_endpoints_are_rejected),
+        cmocka_unit_test(test_proc_config_set_parses_and_overrides),
+        cmocka_unit_test(test_proc_config_parse_args_file_then_flags),
+        cmocka_unit_test(test_proc_config_malformed_json_is_a_format_error),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

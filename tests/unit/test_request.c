@@ -1,0 +1,296 @@
+/* test_request.c: the client request parser accepts well-formed "generate"
+ * requests with their defaults and rejects every bad request the issue lists
+ * (not JSON, missing prompt, unknown field, wrong types, max_tokens <= 0, bad
+ * sampling values) with a message that names the field. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "request.h"
+
+static const struct request_limits limits = {.max_tokens_max = 4096};
+
+static struct request *parse_ok(const char *json)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct request *r = NULL;
+    int rc = request_parse(&r, json, strlen(json), &limits, err);
+    if (rc != 0)
+        print_error("unexpected rejection of %s: %s\n", json, err);
+    assert_int_equal(rc, 0);
+    assert_non_null(r);
+    return r;
+}
+
+/* Expects a rejection whose message contains `needle`. */
+static void parse_bad(const char *json, int expected_rc, const char *needle)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct request *r = NULL;
+    int rc = request_parse(&r, json, strlen(json), &limits, err);
+    if (rc == 0 || strstr(err, needle) == NULL)
+        print_error("request %s: rc %d, message \"%s\", expected to contain \"%s\"\n", json, rc, err, needle);
+    assert_int_equal(rc, expected_rc);
+    assert_null(r);
+    assert_non_null(strstr(err, needle));
+}
+
+static void test_request_prompt_gets_defaults(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"id\":\"a1\",\"prompt\":\"Hello\"}");
+    assert_string_equal(r->id, "a1");
+    assert_int_equal(r->input, REQUEST_INPUT_PROMPT);
+    assert_string_equal(r->prompt, "Hello");
+    assert_int_equal(r->prompt_len, 5);
+    assert_int_equal(r->max_tokens, 128);
+    assert_true(r->temperature == 1.0);
+    assert_int_equal(r->top_k, 0);
+    assert_true(r->top_p == 1.0);
+    assert_true(r->min_p == 0.0);
+    assert_false(r->has_seed);
+    assert_int_equal(r->n_stop, 0);
+    assert_false(r->stream);
+    assert_int_equal(r->spec_k, -1);
+    assert_int_equal(r->spec_mode, REQUEST_SPEC_MODE_DEFAULT);
+    request_destroy(r);
+}
+
+static void test_request_all_fields_are_read(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok(
+        "{\"v\":1,\"type\":\"generate\",\"id\":\"x\",\"prompt_ids\":[1,2,300],\"max_tokens\":7,"
+        "\"temperature\":0.5,\"top_k\":40,\"top_p\":0.9,\"min_p\":0.05,\"seed\":42,"
+        "\"stop\":[\"\\n\\n\",\"END\"],\"stream\":true,\"spec_k\":4,\"spec_mode\":\"point_mass\"}");
+    assert_int_equal(r->input, REQUEST_INPUT_IDS);
+    assert_int_equal(r->n_prompt_ids, 3);
+    assert_int_equal(r->prompt_ids[0], 1);
+    assert_int_equal(r->prompt_ids[2], 300);
+    assert_int_equal(r->max_tokens, 7);
+    assert_true(r->temperature == 0.5);
+    assert_int_equal(r->top_k, 40);
+    assert_true(r->top_p == 0.9);
+    assert_true(r->min_p == 0.05);
+    assert_true(r->has_seed);
+    assert_true(r->seed == 42);
+    assert_int_equal(r->n_stop, 2);
+    assert_string_equal(r->stop[0], "\n\n");
+    assert_string_equal(r->stop[1], "END");
+    assert_true(r->stream);
+    assert_int_equal(r->spec_k, 4);
+    assert_int_equal(r->spec_mode, REQUEST_SPEC_MODE_POINT_MASS);
+    request_destroy(r);
+}
+
+static void test_request_messages_are_read(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                                 "{\"role\":\"user\",\"content\":\"Hi\"}],\"temperature\":0}");
+    assert_int_equal(r->input, REQUEST_INPUT_MESSAGES);
+    assert_int_equal(r->n_messages, 2);
+    assert_string_equal(r->messages[0].role, "system");
+    assert_string_equal(r->messages[0].content, "Be brief.");
+    assert_string_equal(r->messages[1].role, "user");
+    assert_string_equal(r->messages[1].content, "Hi");
+    assert_true(r->temperature == 0.0);
+    request_destroy(r);
+}
+
+static void test_request_seed_as_decimal_string_keeps_all_64_bits(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":\"18446744073709551615\"}");
+    assert_true(r->has_seed);
+    assert_true(r->seed == UINT64_MAX);
+    request_destroy(r);
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":\"18446744073709551616\"}", ERR_INVALID_ARG,
+              "seed: must be < 2^64");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":\"12a\"}", ERR_INVALID_ARG, "seed: expected");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":-1}", ERR_INVALID_ARG, "seed: must be >= 0");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":1e300}", ERR_INVALID_ARG, "seed:");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":true}", ERR_INVALID_ARG,
+              "seed: expected a number or a decimal string, got boolean");
+}
+
+static void test_request_not_json_is_rejected(void **state)
+{
+    (void)state;
+    parse_bad("this is not json", ERR_FORMAT, "request is not valid JSON");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\"", ERR_FORMAT, "request is not valid JSON");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\"} trailing", ERR_FORMAT, "request is not valid JSON");
+    parse_bad("", ERR_FORMAT, "request is not valid JSON");
+    parse_bad("[1,2,3]", ERR_FORMAT, "request must be a JSON object, got array");
+}
+
+static void test_request_envelope_is_checked(void **state)
+{
+    (void)state;
+    parse_bad("{\"type\":\"generate\",\"prompt\":\"x\"}", ERR_FORMAT, "v: required");
+    parse_bad("{\"v\":2,\"type\":\"generate\",\"prompt\":\"x\"}", ERR_FORMAT, "v: unsupported protocol version 2");
+    parse_bad("{\"v\":\"1\",\"type\":\"generate\",\"prompt\":\"x\"}", ERR_FORMAT, "v: expected a number, got string");
+    parse_bad("{\"v\":1,\"prompt\":\"x\"}", ERR_FORMAT, "type: required");
+    parse_bad("{\"v\":1,\"type\":\"launch\",\"prompt\":\"x\"}", ERR_FORMAT, "type: unknown message type \"launch\"");
+}
+
+static void test_request_missing_prompt_is_rejected(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"max_tokens\":5}", ERR_INVALID_ARG, "prompt: required");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"\"}", ERR_INVALID_ARG, "prompt: must not be empty");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt_ids\":[]}", ERR_INVALID_ARG, "prompt_ids: must hold at least one");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[]}", ERR_INVALID_ARG, "messages: must hold at least one");
+}
+
+static void test_request_two_prompts_are_rejected(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"prompt_ids\":[1]}", ERR_INVALID_ARG,
+              "exactly one of prompt, messages, prompt_ids");
+}
+
+static void test_request_unknown_field_is_rejected(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temprature\":0.5}", ERR_INVALID_ARG,
+              "temprature: unknown field");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"n\"}]}",
+              ERR_INVALID_ARG, "messages[0].name: unknown field");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":3,\"max_tokens\":4}", ERR_INVALID_ARG,
+              "max_tokens: given more than once");
+}
+
+static void test_request_wrong_types_are_named(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temperature\":\"hot\"}", ERR_INVALID_ARG,
+              "temperature: expected a number, got string");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":5}", ERR_INVALID_ARG, "prompt: expected a string, got number");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":\"10\"}", ERR_INVALID_ARG,
+              "max_tokens: expected a number, got string");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":2.5}", ERR_INVALID_ARG,
+              "max_tokens: expected an integer");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stream\":1}", ERR_INVALID_ARG,
+              "stream: expected a boolean, got number");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":\"END\"}", ERR_INVALID_ARG,
+              "stop: expected an array of strings, got string");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":[3]}", ERR_INVALID_ARG,
+              "stop[0]: expected a string, got number");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt_ids\":[1,\"2\"]}", ERR_INVALID_ARG,
+              "prompt_ids[1]: expected a number, got string");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt_ids\":{\"a\":1}}", ERR_INVALID_ARG,
+              "prompt_ids: expected an array, got object");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[\"hi\"]}", ERR_INVALID_ARG,
+              "messages[0]: expected an object, got string");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":null}]}", ERR_INVALID_ARG,
+              "messages[0].content: expected a string, got null");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"content\":\"x\"}]}", ERR_INVALID_ARG,
+              "messages[0].role: required");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"id\":7}", ERR_INVALID_ARG,
+              "id: expected a string, got number");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_mode\":1}", ERR_INVALID_ARG,
+              "spec_mode: expected a string, got number");
+}
+
+static void test_request_max_tokens_out_of_range_is_rejected(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":0}", ERR_INVALID_ARG,
+              "max_tokens: must be >= 1, got 0");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":-5}", ERR_INVALID_ARG,
+              "max_tokens: must be >= 1, got -5");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":4097}", ERR_INVALID_ARG,
+              "max_tokens: must be <= 4096, got 4097");
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"max_tokens\":4096}");
+    assert_int_equal(r->max_tokens, 4096);
+    request_destroy(r);
+}
+
+static void test_request_bad_sampling_values_are_rejected(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temperature\":-0.1}", ERR_INVALID_ARG,
+              "temperature: must be >= 0, got -0.1");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_k\":-1}", ERR_INVALID_ARG, "top_k: must be >= 0");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_p\":0}", ERR_INVALID_ARG,
+              "top_p: must be in (0, 1], got 0");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_p\":1.5}", ERR_INVALID_ARG,
+              "top_p: must be in (0, 1], got 1.5");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"min_p\":-0.5}", ERR_INVALID_ARG,
+              "min_p: must be in [0, 1]");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"min_p\":2}", ERR_INVALID_ARG, "min_p: must be in [0, 1]");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_k\":17}", ERR_INVALID_ARG,
+              "spec_k: must be <= 16, got 17");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_mode\":\"fast\"}", ERR_INVALID_ARG,
+              "spec_mode: expected \"sampled\" or \"point_mass\"");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt_ids\":[-3]}", ERR_INVALID_ARG, "prompt_ids[0]: must be >= 0");
+}
+
+static void test_request_stop_limits_are_enforced(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":[\"\"]}", ERR_INVALID_ARG,
+              "stop[0]: must not be empty");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]}",
+              ERR_INVALID_ARG, "stop: at most 8 strings, got 9");
+    char json[1024];
+    char big[300];
+    memset(big, 'a', 257);
+    big[257] = '\0';
+    snprintf(json, sizeof(json), "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":[\"ok\",\"%s\"]}", big);
+    parse_bad(json, ERR_INVALID_ARG, "stop[1]: at most 256 bytes, got 257");
+}
+
+static void test_request_stats_envelope_and_peek_id(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX];
+    cJSON *root = NULL;
+    enum request_kind kind = REQUEST_KIND_GENERATE;
+    const char *stats = "{\"v\":1,\"type\":\"stats\",\"id\":\"s\"}";
+    assert_int_equal(request_parse_envelope(stats, strlen(stats), &root, &kind, err), 0);
+    assert_int_equal(kind, REQUEST_KIND_STATS);
+    assert_string_equal(request_peek_id(root), "s");
+    cJSON_Delete(root);
+    /* A failed type check still leaves the tree, so the reply can carry the id. */
+    const char *bad = "{\"v\":1,\"type\":\"nope\",\"id\":\"q7\"}";
+    assert_int_equal(request_parse_envelope(bad, strlen(bad), &root, &kind, err), ERR_FORMAT);
+    assert_non_null(root);
+    assert_string_equal(request_peek_id(root), "q7");
+    cJSON_Delete(root);
+    /* The message need not be NUL-terminated. */
+    const char text[] = "{\"v\":1,\"type\":\"generate\",\"prompt\":\"abc\"}XXXX";
+    struct request *r = NULL;
+    assert_int_equal(request_parse(&r, text, sizeof(text) - 1 - 4, &limits, err), 0);
+    assert_string_equal(r->prompt, "abc");
+    request_destroy(r);
+    request_destroy(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_request_prompt_gets_defaults),
+        cmocka_unit_test(test_request_all_fields_are_read),
+        cmocka_unit_test(test_request_messages_are_read),
+        cmocka_unit_test(test_request_seed_as_decimal_string_keeps_all_64_bits),
+        cmocka_unit_test(test_request_not_json_is_rejected),
+        cmocka_unit_test(test_request_envelope_is_checked),
+        cmocka_unit_test(test_request_missing_prompt_is_rejected),
+        cmocka_unit_test(test_request_two_prompts_are_rejected),
+        cmocka_unit_test(test_request_unknown_field_is_rejected),
+        cmocka_unit_test(test_request_wrong_types_are_named),
+        cmocka_unit_test(test_request_max_tokens_out_of_range_is_rejected),
+        cmocka_unit_test(test_request_bad_sampling_values_are_rejected),
+        cmocka_unit_test(test_request_stop_limits_are_enforced),
+        cmocka_unit_test(test_request_stats_envelope_and_peek_id),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

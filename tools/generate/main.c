@@ -1,0 +1,369 @@
+/* tandem-generate: single-process generation, target-only or speculative.
+ *
+ *   tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)
+ *       [--draft DIR] [--spec-k N] [--spec-mode sampled|point_mass]
+ *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
+ *       [--seed S] [--threads N] [--max-seq-len N] [--json]
+ *
+ * Prints the generated text (or, with --json, one JSON object with ids, text
+ * and figures). Thin: parse, create, run, destroy.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+#include "error.h"
+#include "llama.h"
+#include "specdec.h"
+#include "tokenizer.h"
+
+struct options {
+    const char *model_dir, *draft_dir, *prompt, *chat, *ids;
+    int max_tokens, spec_k, threads, max_seq_len, json;
+    enum speculate_mode mode;
+    struct sampling_params sampling;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
+            "         [--draft DIR] [--spec-k N (0 = adaptive)] [--spec-mode sampled|point_mass]\n"
+            "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
+            "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n");
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "tandem-generate: %s: expected an integer in %ld..%ld, got \"%s\"\n", flag,
+                lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "tandem-generate: %s: expected a number, got \"%s\"\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 128;
+    o->mode = SPECULATE_MODE_SAMPLED;
+    sampling_params_default(&o->sampling);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tandem-generate: %s: missing value (or unknown flag)\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        long n;
+        if (!strcmp(a, "--model")) o->model_dir = v;
+        else if (!strcmp(a, "--draft")) o->draft_dir = v;
+        else if (!strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "--chat")) o->chat = v;
+        else if (!strcmp(a, "--ids")) o->ids = v;
+        else if (!strcmp(a, "--max-tokens")) {
+            if (parse_long(a, v, 1, 1 << 20, &n)) return -1;
+            o->max_tokens = (int)n;
+        } else if (!strcmp(a, "--spec-k")) {
+            if (parse_long(a, v, 0, SPECDEC_K_MAX, &n)) return -1;
+            o->spec_k = (int)n;
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_long(a, v, 0, 1024, &n)) return -1;
+            o->threads = (int)n;
+        } else if (!strcmp(a, "--max-seq-len")) {
+            if (parse_long(a, v, 0, 1 << 24, &n)) return -1;
+            o->max_seq_len = (int)n;
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') {
+                fprintf(stderr, "tandem-generate: --seed: expected an unsigned integer, got \"%s\"\n", v);
+                return -1;
+            }
+            o->sampling.seed = (uint64_t)s;
+        } else if (!strcmp(a, "--temperature")) {
+            if (parse_float(a, v, &o->sampling.temperature)) return -1;
+        } else if (!strcmp(a, "--top-k")) {
+            if (parse_long(a, v, -1000000, 1000000000, &n)) return -1;
+            o->sampling.top_k = (int)n;
+        } else if (!strcmp(a, "--top-p")) {
+            if (parse_float(a, v, &o->sampling.top_p)) return -1;
+        } else if (!strcmp(a, "--min-p")) {
+            if (parse_float(a, v, &o->sampling.min_p)) return -1;
+        } else if (!strcmp(a, "--spec-mode")) {
+            if (!strcmp(v, "sampled")) o->mode = SPECULATE_MODE_SAMPLED;
+            else if (!strcmp(v, "point_mass")) o->mode = SPECULATE_MODE_POINT_MASS;
+            else {
+                fprintf(stderr, "tandem-generate: --spec-mode: expected sampled or point_mass, got \"%s\"\n", v);
+                return -1;
+            }
+        } else {
+            fprintf(stderr, "tandem-generate: unknown flag %s\n", a);
+            return -1;
+        }
+    }
+    if (!o->model_dir) {
+        fprintf(stderr, "tandem-generate: --model: required\n");
+        return -1;
+    }
+    if (!!o->prompt + !!o->chat + !!o->ids != 1) {
+        fprintf(stderr, "tandem-generate: give exactly one of --prompt, --chat, --ids\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_ids(const char *s, int32_t **out, int *n_out, char *err)
+{
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return error_set(err, ERR_NOMEM, "--ids: out of memory");
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return error_set(err, ERR_INVALID_ARG, "--ids: expected comma-separated token ids, got \"%s\"", s);
+        }
+        if (n == cap) {
+            int32_t *grown = realloc(ids, 2 * cap * sizeof *ids);
+            if (!grown) {
+                free(ids);
+                return error_set(err, ERR_NOMEM, "--ids: out of memory");
+            }
+            ids = grown;
+            cap *= 2;
+        }
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        free(ids);
+        return error_set(err, ERR_INVALID_ARG, "--ids: no token ids given");
+    }
+    *out = ids;
+    *n_out = (int)n;
+    return 0;
+}
+
+/* Prompt ids from --ids, --prompt (with BOS) or --chat (one user message). */
+static int build_prompt(const struct options *o, const struct tokenizer *tk, int32_t **ids,
+                        int *n_ids, char *err)
+{
+    if (o->ids)
+        return parse_ids(o->ids, ids, n_ids, err);
+    if (!tk)
+        return error_set(err, ERR_NOT_FOUND, "%s: the model has no tokenizer.json; use --ids",
+                         o->model_dir);
+    size_t n = 0;
+    int rc;
+    if (o->prompt) {
+        rc = tokenizer_encode(tk, o->prompt, strlen(o->prompt), TOKENIZER_ADD_BOS, ids, &n, err);
+    } else {
+        struct chat_message msg = {.role = "user", .content = o->chat, .content_len = strlen(o->chat)};
+        rc = chat_template_encode(tk, &msg, 1, 1, ids, &n, err);
+    }
+    *n_ids = (int)n;
+    return rc;
+}
+
+static void print_json(const struct options *o, const int32_t *ids, int n, const char *text,
+                       const struct specdec_stats *st)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(j, "ids");
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddStringToObject(j, "text", text ? text : "");
+    cJSON_AddNumberToObject(j, "prompt_tokens", st->prompt_tokens);
+    cJSON_AddNumberToObject(j, "generated_tokens", st->generated_tokens);
+    cJSON_AddStringToObject(j, "finish_reason", st->finish_reason ? st->finish_reason : "");
+    cJSON_AddNumberToObject(j, "prefill_ms", st->prefill_ms);
+    cJSON_AddNumberToObject(j, "decode_ms", st->decode_ms);
+    double decode_tokens = st->generated_tokens > 1 ? st->generated_tokens - 1 : 0;
+    cJSON_AddNumberToObject(j, "tokens_per_s",
+                            st->decode_ms > 0 ? decode_tokens * 1000.0 / st->decode_ms : 0.0);
+    if (o->draft_dir) {
+        cJSON_AddNumberToObject(j, "rounds", st->rounds);
+        cJSON_AddNumberToObject(j, "drafted", st->drafted);
+        cJSON_AddNumberToObject(j, "accepted", st->accepted);
+        cJSON_AddNumberToObject(j, "acceptance_rate",
+                                st->drafted ? (double)st->accepted / st->drafted : 0.0);
+        cJSON_AddNumberToObject(j, "mean_accepted_per_round",
+                                st->rounds ? (double)st->accepted / st->rounds : 0.0);
+        cJSON_AddNumberToObject(j, "draft_ms", st->draft_ms);
+        cJSON_AddNumberToObject(j, "verify_ms", st->verify_ms);
+        cJSON_AddNumberToObject(j, "cost_ratio", st->cost_ratio);
+    }
+    char *s = cJSON_PrintUnformatted(j);
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    cJSON_Delete(j);
+}
+
+/* Loads a model and a one-slot context; the caller destroys both. */
+static int load_model(const char *dir, struct kern_backend *be, int max_seq_len,
+                      struct llama_model **model, struct llama_ctx **ctx, char *err)
+{
+    int rc = llama_model_load(model, dir, be, err);
+    if (rc)
+        return rc;
+    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len};
+    return llama_ctx_create(ctx, *model, &p, err);
+}
+
+/* The draft must share the target's vocabulary and EOS ids, or its tokens
+ * mean something else. */
+static int check_pair(const struct model_config *t, const struct model_config *d, char *err)
+{
+    if (t->vocab_size != d->vocab_size)
+        return error_set(err, ERR_MISMATCH, "draft vocab_size %d differs from the target's %d",
+                         d->vocab_size, t->vocab_size);
+    if (t->n_eos_token_ids != d->n_eos_token_ids ||
+        memcmp(t->eos_token_ids, d->eos_token_ids, (size_t)t->n_eos_token_ids * sizeof(int)))
+        return error_set(err, ERR_MISMATCH, "draft eos_token_id differs from the target's");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct options o;
+    if (parse_args(argc, argv, &o)) {
+        usage(stderr);
+        return 2;
+    }
+    char err[ERR_MSG_MAX] = "";
+    struct kern_backend *be = NULL;
+    struct llama_model *target_model = NULL, *draft_model = NULL;
+    struct llama_ctx *target_ctx = NULL, *draft_ctx = NULL;
+    struct specdec_target *target = NULL;
+    struct specdec_draft *draft = NULL;
+    struct tokenizer *tk = NULL;
+    int32_t *prompt = NULL, *out = NULL;
+    char *text = NULL;
+    int n_prompt = 0, n_out = 0, status = 1;
+
+    int rc = sampling_params_validate(&o.sampling, err);
+    if (!rc)
+        rc = kern_cpu_create(&be, o.threads, err);
+    if (!rc)
+        rc = load_model(o.model_dir, be, o.max_seq_len, &target_model, &target_ctx, err);
+    if (!rc && o.draft_dir) {
+        struct model_config draft_cfg;
+        rc = model_config_load(&draft_cfg, o.draft_dir, err);
+        if (!rc)
+            rc = check_pair(llama_model_config(target_model), &draft_cfg, err);
+        if (!rc)
+            rc = load_model(o.draft_dir, be, o.max_seq_len, &draft_model, &draft_ctx, err);
+        if (!rc)
+            rc = specdec_draft_create(&draft, draft_ctx, err);
+    }
+    if (!rc)
+        rc = specdec_target_create(&target, target_ctx, err);
+    if (rc)
+        goto done;
+    /* The tokenizer is optional with --ids: random test models may have none. */
+    char tk_err[ERR_MSG_MAX];
+    if (tokenizer_load(&tk, o.model_dir, tk_err) != 0) {
+        tk = NULL;
+        if (!o.ids) {
+            rc = error_set(err, ERR_NOT_FOUND, "%s", tk_err);
+            goto done;
+        }
+    }
+    if ((rc = build_prompt(&o, tk, &prompt, &n_prompt, err)))
+        goto done;
+    out = malloc((size_t)o.max_tokens * sizeof *out);
+    if (!out) {
+        rc = error_set(err, ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    const struct model_config *cfg = llama_model_config(target_model);
+    struct specdec_request req = {
+        .prompt = prompt,
+        .n_prompt = n_prompt,
+        .max_tokens = o.max_tokens,
+        .sampling = o.sampling,
+        .mode = o.mode,
+        .k_fixed = o.spec_k,
+        .stop_ids = cfg->eos_token_ids,
+        .n_stop_ids = cfg->n_eos_token_ids,
+        .slot = 0,
+    };
+    struct specdec_stats stats;
+    if ((rc = specdec_generate(draft, target, &req, out, &n_out, &stats, NULL, NULL, err)))
+        goto done;
+    size_t text_len = 0;
+    if (tk && (rc = tokenizer_decode(tk, out, (size_t)n_out, 1, &text, &text_len, err)))
+        goto done;
+    if (o.json) {
+        print_json(&o, out, n_out, text, &stats);
+    } else {
+        if (text)
+            fwrite(text, 1, text_len, stdout);
+        else
+            for (int i = 0; i < n_out; i++)
+                printf("%s%d", i ? "," : "", out[i]);
+        printf("\n");
+        double decode_tokens = stats.generated_tokens > 1 ? stats.generated_tokens - 1 : 0;
+        fprintf(stderr, "[%d prompt tokens, %d generated, prefill %.1f ms, %.2f tokens/s",
+                stats.prompt_tokens, stats.generated_tokens, stats.prefill_ms,
+                stats.decode_ms > 0 ? decode_tokens * 1000.0 / stats.decode_ms : 0.0);
+        if (draft)
+            fprintf(stderr, ", acceptance %.3f, %.2f accepted/round",
+                    stats.drafted ? (double)stats.accepted / stats.drafted : 0.0,
+                    stats.rounds ? (double)stats.accepted / stats.rounds : 0.0);
+        fprintf(stderr, "]\n");
+    }
+    status = 0;
+done:
+    if (rc)
+        fprintf(stderr, "tandem-generate: %s\n", err[0] ? err : error_str(rc));
+    free(text);
+    free(out);
+    free(prompt);
+    tokenizer_destroy(tk);
+    specdec_target_destroy(target);
+    specdec_draft_destroy(draft);
+    llama_ctx_destroy(draft_ctx);
+    llama_ctx_destroy(target_ctx);
+    llama_model_destroy(draft_model);
+    llama_model_destroy(target_model);
+    if (be)
+        be->ops->destroy(be);
+    return status;
+}
