@@ -8,6 +8,7 @@
 #include "tandem_client.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,10 +70,10 @@ void tandem_client_destroy(struct tandem_client *client)
 void tandem_client_request_init(struct tandem_client_request *req)
 {
     memset(req, 0, sizeof(*req));
-    req->temperature = -1;
+    req->temperature = NAN;
     req->top_k = -1;
-    req->top_p = -1;
-    req->min_p = -1;
+    req->top_p = NAN;
+    req->min_p = NAN;
     req->spec_k = -1;
 }
 
@@ -115,13 +116,13 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
     }
     if (req->max_tokens > 0)
         ok = ok && cJSON_AddNumberToObject(m, "max_tokens", req->max_tokens) != NULL;
-    if (req->temperature >= 0)
+    if (!isnan(req->temperature))
         ok = ok && cJSON_AddNumberToObject(m, "temperature", req->temperature) != NULL;
     if (req->top_k >= 0)
         ok = ok && cJSON_AddNumberToObject(m, "top_k", req->top_k) != NULL;
-    if (req->top_p >= 0)
+    if (!isnan(req->top_p))
         ok = ok && cJSON_AddNumberToObject(m, "top_p", req->top_p) != NULL;
-    if (req->min_p >= 0)
+    if (!isnan(req->min_p))
         ok = ok && cJSON_AddNumberToObject(m, "min_p", req->min_p) != NULL;
     if (req->has_seed) {
         char seed[24];

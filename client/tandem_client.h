@@ -40,10 +40,10 @@ struct tandem_client_request {
     const int32_t *ids;
     int n_ids;
     int max_tokens;            /* 0: default */
-    double temperature;        /* < 0: default */
+    double temperature;        /* NAN: default (any other value is sent, even a bad one) */
     int top_k;                 /* < 0: default */
-    double top_p;              /* < 0: default */
-    double min_p;              /* < 0: default */
+    double top_p;              /* NAN: default */
+    double min_p;              /* NAN: default */
     bool has_seed;
     uint64_t seed;
     const char *stop[TANDEM_CLIENT_STOP_MAX];

@@ -201,12 +201,15 @@ int chat_template_encode(const struct tokenizer *tk, const struct chat_message *
     }
     for (size_t i = first; i < n; i++) {
         const struct chat_message *m = &msgs[i];
-        int tool = date && (strcmp(m->role, "tool") == 0 || strcmp(m->role, "ipython") == 0);
-        size_t ts = 0, tl = m->content_len;
-        if (!tool)
-            chat_template_trim(m->content, m->content_len, &ts, &tl);
+        if (date && (strcmp(m->role, "tool") == 0 || strcmp(m->role, "ipython") == 0)) {
+            rc = error_set(err, ERR_UNSUPPORTED, "messages[%zu].role: \"%s\" (tool results) is not supported", i,
+                           m->role);
+            goto done;
+        }
+        size_t ts = 0, tl = 0;
+        chat_template_trim(m->content, m->content_len, &ts, &tl);
         snprintf(what, sizeof what, "messages[%zu].role", i);
-        if ((rc = header(&r, tool ? "ipython" : m->role, what, err)))
+        if ((rc = header(&r, m->role, what, err)))
             goto done;
         snprintf(what, sizeof what, "messages[%zu].content", i);
         if ((rc = push_text(&r, "\n\n", 2, tl ? m->content + ts : NULL, tl, what, err)) ||

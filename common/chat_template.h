@@ -9,7 +9,8 @@
  * With date_string set: the Llama 3.1/3.2 system block without tools
  * (docs/chat-template.md): a system turn always comes first and reads
  *   "Cutting Knowledge Date: December 2023\nToday Date: DATE\n\n" + TRIM(system)
- * and messages with role "tool" or "ipython" become an untrimmed "ipython" turn.
+ * (the system message, if first, moves into it); roles "tool" and "ipython"
+ * are refused there (ERR_UNSUPPORTED), since tool turns are not rendered.
  *
  * TRIM is Jinja's trim as HF transformers runs it (Python str.strip(): the
  * str.isspace() characters). Role and content are always plain text: the text
@@ -40,7 +41,7 @@ struct chat_template_options {
 /* Renders msgs[0..n) and encodes them. On success *ids_out is malloc'd (the
  * caller frees it). Returns 0, ERR_INVALID_ARG (a NULL role, invalid UTF-8,
  * named by message index), ERR_UNSUPPORTED (the tokenizer lacks a Llama 3
- * special token) or ERR_NOMEM. opts may be NULL. */
+ * special token, or a tool role with date_string) or ERR_NOMEM. opts may be NULL. */
 int chat_template_encode(const struct tokenizer *tk, const struct chat_message *msgs, size_t n,
                          int add_generation_prompt, const struct chat_template_options *opts, int32_t **ids_out,
                          size_t *n_out, char *err);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "error.h"
@@ -438,4 +439,35 @@ int protocol_check_fields(const cJSON *obj, const char *const *allowed, const ch
         }
     }
     return 0;
+}
+
+int protocol_dealer_connect(void *zctx, const char *endpoint, void **out_socket, char *err)
+{
+    *out_socket = NULL;
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    if (!s)
+        return error_set(err, ERR_SYSTEM, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
+    int linger = 0, immediate = 1, ivl = 100, ivl_max = 1000;
+    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate) != 0 ||
+        zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) != 0 ||
+        zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max) != 0) {
+        int e = zmq_errno();
+        zmq_close(s);
+        return error_set(err, ERR_SYSTEM, "zmq_setsockopt(DEALER): %s", zmq_strerror(e));
+    }
+    if (zmq_connect(s, endpoint) != 0) {
+        int e = zmq_errno();
+        zmq_close(s);
+        return error_set(err, ERR_SYSTEM, "zmq_connect(%s): %s", endpoint, zmq_strerror(e));
+    }
+    *out_socket = s;
+    return 0;
+}
+
+double protocol_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1.0e6;
 }

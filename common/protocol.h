@@ -149,4 +149,12 @@ int protocol_get_int_array(const cJSON *obj, const char *field, int lo, int hi, 
 int protocol_check_fields(const cJSON *obj, const char *const *allowed, const char *prefix,
                           char *err);
 
+/* Opens a DEALER socket in zctx connected to endpoint, set up for a worker
+ * or client: linger 0, ZMQ_IMMEDIATE (no queueing while disconnected),
+ * reconnect every 100 ms backing off to 1 s. ERR_SYSTEM naming the call. */
+int protocol_dealer_connect(void *zctx, const char *endpoint, void **out_socket, char *err);
+
+/* Monotonic clock in milliseconds (for heartbeats and timings). */
+double protocol_now_ms(void);
+
 #endif

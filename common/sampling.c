@@ -2,8 +2,9 @@
  * and exact rules in sampling.h).
  *
  * Cost for a vocab of V: two passes (max, exp) plus one normalisation pass in
- * every mode. top-k adds an O(V) selection (quickselect on (logit, index)
- * pairs) and an O(k log k) sort only when top-p is also on. top-p without
+ * every mode. top-k selects with a bounded heap (k <= 1024; most tokens cost
+ * one comparison) or quickselect, computes exp for the k survivors only, and
+ * sorts them (O(k log k)) only when top-p is also on. top-p without
  * top-k gathers the tokens with e >= t for t = 2^-4, 2^-8, ... until they
  * carry top_p of the mass, and sorts only those: the nucleus is a prefix of
  * the canonical order, so any threshold set that reaches the mass contains
@@ -18,6 +19,9 @@
 
 #include "error.h"
 #include "philox.h"
+
+/* Up to this k, top-k uses a bounded heap instead of quickselect. */
+#define SAMPLING_HEAP_K_MAX 1024
 
 struct sampling_cand {
     float logit;
@@ -159,6 +163,51 @@ static void cand_select_nth(struct sampling_cand *a, int n, int nth)
     cand_insertion_sort(a + lo, hi - lo + 1);
 }
 
+/* Restores the heap property below node i of a heap whose root is the
+ * element that comes LAST in the canonical order. */
+static void cand_sift_down(struct sampling_cand *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, worst = i;
+        if (l < n && cand_before(h[worst], h[l]))
+            worst = l;
+        if (r < n && cand_before(h[worst], h[r]))
+            worst = r;
+        if (worst == i)
+            return;
+        cand_swap(&h[i], &h[worst]);
+        i = worst;
+    }
+}
+
+/* Leaves the first k tokens of the canonical order in c[0..k), unordered. For
+ * small k a bounded heap (one comparison per token for most tokens), else
+ * quickselect over all V. */
+static void select_top_k(struct sampling_cand *c, const float *logits, int vocab, int k)
+{
+    if (k <= SAMPLING_HEAP_K_MAX) {
+        for (int v = 0; v < k; v++) {
+            c[v].logit = logits[v];
+            c[v].index = v;
+        }
+        for (int i = k / 2 - 1; i >= 0; i--)
+            cand_sift_down(c, k, i);
+        for (int v = k; v < vocab; v++) {
+            struct sampling_cand x = {logits[v], v};
+            if (cand_before(x, c[0])) {
+                c[0] = x;
+                cand_sift_down(c, k, 0);
+            }
+        }
+        return;
+    }
+    for (int v = 0; v < vocab; v++) {
+        c[v].logit = logits[v];
+        c[v].index = v;
+    }
+    cand_select_nth(c, vocab, k - 1);
+}
+
 /* Zeroes e[v] for every token that comes after `last` in the canonical order. */
 static void keep_through(float *e, const float *logits, int vocab, struct sampling_cand last)
 {
@@ -261,20 +310,20 @@ int sampling_adjust(struct sampling_workspace *ws, const struct sampling_params 
         return 0;
     }
 
+    /* e[v] = expf((logit[v] - max) / temperature), kept tokens only. */
     float *e = probs_out;
-    for (int v = 0; v < vocab; v++)
-        e[v] = expf((logits[v] - max_logit) / p->temperature);
-
     int top_k_kept = 0;
     if (p->top_k > 0 && p->top_k < vocab) {
-        struct sampling_cand *c = ws->cand;
-        for (int v = 0; v < vocab; v++) {
-            c[v].logit = logits[v];
-            c[v].index = v;
-        }
-        cand_select_nth(c, vocab, p->top_k - 1);
-        keep_through(e, logits, vocab, c[p->top_k - 1]);
+        const struct sampling_cand *c = ws->cand;
+        select_top_k(ws->cand, logits, vocab, p->top_k);
+        for (int v = 0; v < vocab; v++)
+            e[v] = 0.0f;
+        for (int i = 0; i < p->top_k; i++)
+            e[c[i].index] = expf((c[i].logit - max_logit) / p->temperature);
         top_k_kept = p->top_k;
+    } else {
+        for (int v = 0; v < vocab; v++)
+            e[v] = expf((logits[v] - max_logit) / p->temperature);
     }
     if (p->top_p < 1.0f)
         apply_top_p(ws, p->top_p, logits, vocab, e, top_k_kept);

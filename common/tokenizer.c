@@ -738,7 +738,7 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
 
     size_t ko = 0, dko = 0;
     cJSON_ArrayForEach(it, vocab) {
-        int32_t id;
+        int32_t id = 0;
         json_id(it, &id);
         size_t len = strlen(it->string);
         if (tk->key_len[id] >= 0)
@@ -753,6 +753,7 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
         dko += dl;
         vocab_insert(tk, id);
     }
+    int32_t max_added = -1;
     if (cJSON_IsArray(added)) {
         cJSON_ArrayForEach(it, added) {
             struct tok_added *a = &tk->added[tk->n_added];
@@ -762,6 +763,20 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
             a->special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"));
             if (added_index_by_content(tk, content, a->len) >= 0)
                 return error_set(err, ERR_FORMAT, "%s: added_tokens: \"%.64s\" appears twice", p, content);
+            /* The reference ignores an added token's stored id and gives it
+             * its vocab id, or the next id after the vocab and the added
+             * tokens so far; a file that disagrees would tokenize differently
+             * there, so it is refused rather than guessed at. */
+            int32_t expect = vocab_lookup(tk, content, a->len);
+            if (expect < 0)
+                expect = (max_added >= (int32_t)n_vocab_entries) ? max_added + 1 : (int32_t)n_vocab_entries;
+            if (expect != a->id)
+                return error_set(err, ERR_FORMAT,
+                                 "%s: added_tokens[%zu] \"%.64s\": id %d, but the reference assigns %d (added "
+                                 "tokens must follow the vocab's %zu entries without gaps)",
+                                 p, tk->n_added, content, a->id, expect, n_vocab_entries);
+            if (a->id > max_added)
+                max_added = a->id;
             a->content = malloc(a->len + 1);
             if (!a->content)
                 return error_set(err, ERR_NOMEM, "%s: out of memory", p);
@@ -833,7 +848,7 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
             rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: unknown merge form (expected \"a b\" or [\"a\",\"b\"])", p, idx);
             break;
         }
-        int32_t ia, ib, inew;
+        int32_t ia = -1, ib = -1, inew;
         if ((rc = merge_side_id(tk, a, la, idx, err, &ia)) || (rc = merge_side_id(tk, b, lb, idx, err, &ib)))
             break;
         if (la + lb > 2 * 4096) {
@@ -876,7 +891,7 @@ int tokenizer_load(struct tokenizer **out, const char *path, char *err)
     memcpy(tk->path, path, plen + 1);
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         memcpy(tk->path + plen, "/tokenizer.json", sizeof "/tokenizer.json");
-    size_t len;
+    size_t len = 0;
     if ((rc = read_file(tk->path, &buf, &len, err)))
         goto fail;
     const char *end = NULL;
@@ -1033,8 +1048,10 @@ static struct heap_item heap_pop(struct enc_ctx *c)
 
 static void push_pair(struct enc_ctx *c, int32_t pos)
 {
+    if (pos < 0)
+        return;
     int32_t nx = c->next[pos];
-    if (pos < 0 || nx < 0)
+    if (nx < 0)
         return;
     const struct tok_merge_slot *m = merge_lookup(c->tk, c->sym[pos], c->sym[nx]);
     if (m)

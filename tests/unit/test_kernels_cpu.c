@@ -247,7 +247,7 @@ static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **sta
     static const int shapes[][3] = {
         /* n, d_in, d_out */
         {1, 64, 16}, {1, 67, 13}, {2, 67, 9}, {3, 130, 37}, {5, 8, 4},
-        {16, 67, 21}, {4, 1, 5}, {7, 259, 66}, {1, 2048, 20},
+        {16, 67, 21}, {4, 1, 5}, {7, 259, 66}, {1, 2048, 20}, {20, 67, 21}, {35, 300, 10},
     };
     struct kern_backend *be = make_backend(2);
     struct rng r = {42};
@@ -279,12 +279,13 @@ static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **sta
     be->ops->destroy(be);
 }
 
-/* Each row of an n = 16 product equals the same row computed alone (n = 1)
- * and inside n = 3 (another tiling), bit for bit. */
+/* Each row of an n = 40 product (the prefill path) equals the same row
+ * computed alone (n = 1), inside n = 3 and inside n = 16 (the decode and
+ * verification path, other tilings), bit for bit. */
 static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void **state)
 {
     static const int shapes[][2] = {{67, 37}, {2048, 70}, {8, 5}, {1000, 9}};
-    const int n = 16;
+    const int n = 40;
     struct kern_backend *be = make_backend(2);
     struct rng r = {7};
     char err[ERR_MSG_MAX];
@@ -296,30 +297,41 @@ static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void
             void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
             float *in = falloc((size_t)n * d_in), *batch = falloc((size_t)n * d_out);
             float *one = falloc((size_t)n * d_out), *three = falloc((size_t)n * d_out);
+            float *sixteen = falloc((size_t)n * d_out);
             fill(&r, in, (size_t)n * d_in);
             assert_int_equal(be->ops->matmul(be, batch, in, w, dt, n, d_in, d_out, err), 0);
-            for (int i = 0; i < n; i++)
+            for (int i = 0; i < n; i += 1)
                 assert_int_equal(be->ops->matmul(be, one + (size_t)i * d_out,
                                                  in + (size_t)i * d_in, w, dt, 1, d_in, d_out, err),
                                  0);
-            for (int i = 0; i + 3 <= n; i += 3)
+            for (int i = 0; i < n; i += 3) {
+                int rows = n - i < 3 ? n - i : 3;
                 assert_int_equal(be->ops->matmul(be, three + (size_t)i * d_out,
-                                                 in + (size_t)i * d_in, w, dt, 3, d_in, d_out, err),
+                                                 in + (size_t)i * d_in, w, dt, rows, d_in, d_out,
+                                                 err),
                                  0);
-            assert_int_equal(be->ops->matmul(be, three + (size_t)15 * d_out,
-                                             in + (size_t)15 * d_in, w, dt, 1, d_in, d_out, err),
-                             0);
+            }
+            for (int i = 0; i < n; i += 16) {
+                int rows = n - i < 16 ? n - i : 16;
+                assert_int_equal(be->ops->matmul(be, sixteen + (size_t)i * d_out,
+                                                 in + (size_t)i * d_in, w, dt, rows, d_in, d_out,
+                                                 err),
+                                 0);
+            }
             char what[96];
-            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=1 vs n=16", kern_dtype_name(dt), d_in);
+            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=1 vs n=40", kern_dtype_name(dt), d_in);
             assert_int_equal(count_bit_diffs(what, one, batch, (size_t)n * d_out), 0);
-            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=3 vs n=16", kern_dtype_name(dt), d_in);
+            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=3 vs n=40", kern_dtype_name(dt), d_in);
             assert_int_equal(count_bit_diffs(what, three, batch, (size_t)n * d_out), 0);
+            snprintf(what, sizeof(what), "matmul %s d_in=%d: n=16 vs n=40", kern_dtype_name(dt), d_in);
+            assert_int_equal(count_bit_diffs(what, sixteen, batch, (size_t)n * d_out), 0);
             free(w);
             free(wref);
             free(in);
             free(batch);
             free(one);
             free(three);
+            free(sixteen);
         }
     be->ops->destroy(be);
 }
@@ -527,7 +539,7 @@ static void run_all_ops(struct kern_backend *be, float *res[6])
 {
     char err[ERR_MSG_MAX];
     struct rng r = {99};
-    const int n = 9, d_in = 1027, d_out = 515, dim = 9001;
+    const int n = 21, d_in = 1027, d_out = 515, dim = 9001;
     double *wref = dalloc((size_t)d_in * d_out);
     void *w = make_weights(&r, KERN_DTYPE_BF16, (size_t)d_in * d_out, wref);
     float *in = falloc((size_t)n * d_in);
@@ -586,7 +598,7 @@ static void run_all_ops(struct kern_backend *be, float *res[6])
 static void test_kernels_cpu_results_do_not_depend_on_thread_count(void **state)
 {
     static const char *names[6] = {"matmul", "rmsnorm", "rope", "attention", "swiglu", "add"};
-    const size_t counts[6] = {9 * 515, 9 * 9001, 64 * 24 * 128, 64 * 24 * 128, 100003, 100003};
+    const size_t counts[6] = {21 * 515, 21 * 9001, 64 * 24 * 128, 64 * 24 * 128, 100003, 100003};
     float *res[3][6];
     for (int t = 0; t < 3; t++) {
         struct kern_backend *be = make_backend(t + 1);

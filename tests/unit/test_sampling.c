@@ -360,6 +360,7 @@ static void test_sampling_matches_full_sort_reference(void **state)
         params(1.0f, 0, 0.9f, 0.0f),  params(1.3f, 0, 0.5f, 0.0f),  params(1.0f, 50, 0.9f, 0.0f),
         params(0.8f, 0, 1.0f, 0.05f), params(1.0f, 20, 0.95f, 0.1f), params(0.0f, 0, 1.0f, 0.0f),
         params(5.0f, 0, 0.999f, 0.0f), params(1.0f, 999, 0.3f, 0.0f),
+        params(1.0f, 2000, 1.0f, 0.0f), params(0.9f, 3000, 0.8f, 0.02f), /* quickselect */
     };
     const int vocabs[2] = {1000, 4099};
     int vmax = 4099;
@@ -516,6 +517,7 @@ static void test_sampling_adjust_at_llama3_vocab(void **state)
     const struct sampling_params cases[] = {
         params(0.0f, 0, 1.0f, 0.0f), params(1.0f, 0, 1.0f, 0.0f),  params(0.7f, 50, 1.0f, 0.0f),
         params(0.7f, 0, 0.9f, 0.0f), params(0.7f, 50, 0.9f, 0.0f), params(1.0f, 0, 1.0f, 0.05f),
+        params(1.0f, 5000, 0.95f, 0.0f),
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int reps = 20;

@@ -194,7 +194,7 @@ static int build_prompt(const struct options *o, const struct tokenizer *tk, int
         rc = tokenizer_encode(tk, o->prompt, strlen(o->prompt), TOKENIZER_ADD_BOS, ids, &n, err);
     } else {
         struct chat_message msg = {.role = "user", .content = o->chat, .content_len = strlen(o->chat)};
-        rc = chat_template_encode(tk, &msg, 1, 1, ids, &n, err);
+        rc = chat_template_encode(tk, &msg, 1, 1, NULL, ids, &n, err);
     }
     *n_ids = (int)n;
     return rc;

@@ -2,20 +2,25 @@
 #include "stwriter.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "kernels.h"
 
 struct stwriter {
-    FILE *f;
+    int fd;             /* -1 when closed */
     char *path;         /* final path */
     char *partial_path; /* path + ".partial" while writing */
+    uint64_t data_start; /* file offset of the data region: 8 + header length */
     uint64_t data_total_bytes;
-    uint64_t data_written_bytes;
+    uint64_t append_pos; /* next stwriter_append offset */
+    _Atomic uint64_t data_written_bytes;
     int created;  /* the partial file exists and is ours */
     int finished;
 };
@@ -118,6 +123,28 @@ static int build_header(struct stwriter_text *t, const struct safetensors_entry 
     return 0;
 }
 
+/* pwrite all of buf at off, retrying short writes and EINTR. */
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = pwrite(fd, p, n, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (k == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
 int stwriter_create(struct stwriter **out, const char *path,
                     const struct safetensors_entry *tensors, size_t n, char *err)
 {
@@ -127,6 +154,7 @@ int stwriter_create(struct stwriter **out, const char *path,
     *out = NULL;
     if (!w)
         return error_set(err, ERR_NOMEM, "%s: out of memory", path);
+    w->fd = -1;
     size_t plen = strlen(path);
     w->path = malloc(plen + 1);
     w->partial_path = malloc(plen + sizeof ".partial");
@@ -141,8 +169,8 @@ int stwriter_create(struct stwriter **out, const char *path,
     rc = build_header(&hdr, tensors, n, &w->data_total_bytes, err);
     if (rc)
         goto fail;
-    w->f = fopen(w->partial_path, "wb");
-    if (!w->f) {
+    w->fd = open(w->partial_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
         rc = error_set_errno(err, ERR_IO, errno, "%s: cannot create", w->partial_path);
         goto fail;
     }
@@ -151,7 +179,8 @@ int stwriter_create(struct stwriter **out, const char *path,
     uint64_t hlen = hdr.len;
     for (int i = 0; i < 8; i++)
         len_le[i] = (unsigned char)(hlen >> (8 * i));
-    if (fwrite(len_le, 1, 8, w->f) != 8 || fwrite(hdr.buf, 1, hdr.len, w->f) != hdr.len) {
+    w->data_start = 8 + hlen;
+    if (pwrite_all(w->fd, len_le, 8, 0) != 0 || pwrite_all(w->fd, hdr.buf, hdr.len, 8) != 0) {
         rc = error_set_errno(err, ERR_IO, errno, "%s: write failed", w->partial_path);
         goto fail;
     }
@@ -164,26 +193,40 @@ fail:
     return rc;
 }
 
+int stwriter_write_at(struct stwriter *w, uint64_t data_offset, const void *data,
+                      size_t size_bytes, char *err)
+{
+    if (data_offset > w->data_total_bytes || size_bytes > w->data_total_bytes - data_offset)
+        return error_set(err, ERR_INVALID_ARG, "%s: bytes %" PRIu64 "..%" PRIu64
+                         " past the %" PRIu64 " the header announced", w->path, data_offset,
+                         data_offset + size_bytes, w->data_total_bytes);
+    if (w->fd < 0)
+        return error_set(err, ERR_INVALID_ARG, "%s: writer already finished", w->path);
+    if (size_bytes && pwrite_all(w->fd, data, size_bytes, w->data_start + data_offset) != 0)
+        return error_set_errno(err, ERR_IO, errno, "%s: write failed", w->partial_path);
+    atomic_fetch_add(&w->data_written_bytes, (uint64_t)size_bytes);
+    return 0;
+}
+
 int stwriter_append(struct stwriter *w, const void *data, size_t size_bytes, char *err)
 {
-    if (size_bytes > w->data_total_bytes - w->data_written_bytes)
-        return error_set(err, ERR_INVALID_ARG, "%s: %zu bytes past the %" PRIu64
-                         " the header announced", w->path, size_bytes, w->data_total_bytes);
-    if (size_bytes && fwrite(data, 1, size_bytes, w->f) != size_bytes)
-        return error_set_errno(err, ERR_IO, errno, "%s: write failed", w->partial_path);
-    w->data_written_bytes += size_bytes;
-    return 0;
+    int rc = stwriter_write_at(w, w->append_pos, data, size_bytes, err);
+    if (rc == 0)
+        w->append_pos += size_bytes;
+    return rc;
 }
 
 int stwriter_finish(struct stwriter *w, char *err)
 {
-    if (w->data_written_bytes != w->data_total_bytes)
+    uint64_t written = atomic_load(&w->data_written_bytes);
+    if (w->fd < 0)
+        return error_set(err, ERR_INVALID_ARG, "%s: writer already finished", w->path);
+    if (written != w->data_total_bytes)
         return error_set(err, ERR_INVALID_ARG, "%s: %" PRIu64 " of %" PRIu64
-                         " data bytes written", w->path, w->data_written_bytes,
-                         w->data_total_bytes);
-    FILE *f = w->f;
-    w->f = NULL;
-    if (fclose(f) != 0)
+                         " data bytes written", w->path, written, w->data_total_bytes);
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0)
         return error_set_errno(err, ERR_IO, errno, "%s: close failed", w->partial_path);
     if (rename(w->partial_path, w->path) != 0)
         return error_set_errno(err, ERR_IO, errno, "%s: rename to %s failed",
@@ -196,8 +239,8 @@ void stwriter_destroy(struct stwriter *w)
 {
     if (!w)
         return;
-    if (w->f)
-        fclose(w->f);
+    if (w->fd >= 0)
+        close(w->fd);
     if (w->created && !w->finished)
         remove(w->partial_path);
     free(w->path);

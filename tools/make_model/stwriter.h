@@ -30,11 +30,21 @@ struct stwriter;
 int stwriter_create(struct stwriter **out, const char *path,
                     const struct safetensors_entry *tensors, size_t n, char *err);
 
-/* Appends size_bytes of tensor data. ERR_INVALID_ARG if that runs past the
- * total the header announced; ERR_IO on a failed write. */
+/* Appends size_bytes of tensor data after the bytes appended so far.
+ * ERR_INVALID_ARG if that runs past the total the header announced; ERR_IO on
+ * a failed write. Not to be mixed with concurrent stwriter_write_at calls. */
 int stwriter_append(struct stwriter *w, const void *data, size_t size_bytes, char *err);
 
-/* Checks that every announced byte was appended, flushes, closes and renames
+/* Writes size_bytes at data_offset (bytes from the start of the data
+ * region, i.e. a tensor's data_offsets[0] plus an offset inside it).
+ * Thread-safe: several threads may write disjoint ranges at once (pwrite).
+ * Every byte must be written exactly once before stwriter_finish (the writer
+ * counts bytes, it does not track ranges). ERR_INVALID_ARG when the range
+ * leaves the data region, ERR_IO on a failed write. */
+int stwriter_write_at(struct stwriter *w, uint64_t data_offset, const void *data,
+                      size_t size_bytes, char *err);
+
+/* Checks that every announced byte was written, flushes, closes and renames
  * the partial file to its final path. The writer stays owned by the caller
  * (destroy it afterwards). ERR_INVALID_ARG (missing bytes), ERR_IO. */
 int stwriter_finish(struct stwriter *w, char *err);

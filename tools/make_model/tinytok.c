@@ -486,6 +486,10 @@ int tinytok_write(const char *dir, int vocab_size, int model_max_length, char *e
     rc = learn_merges(&st, n_base - 256, err);
     if (rc)
         goto done;
+    if (snprintf(path, sizeof path, "%s/tokenizer_config.json", dir) >= (int)sizeof path) {
+        rc = error_set(err, ERR_INVALID_ARG, "%s: path too long", dir);
+        goto done;
+    }
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     rc = write_tokenizer_json(&st, path, vocab_size, err);
     if (rc)

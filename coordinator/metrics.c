@@ -1,0 +1,246 @@
+/* metrics.c: rendering of the coordinator's counters (metrics.h).
+ *
+ * Invariant: both renderings read the same struct, so the JSON and the
+ * Prometheus text of one stats reply always agree.
+ */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+static const char *const error_names[METRICS_ERR_COUNT] = {
+    "invalid_request", "overloaded", "target_unavailable", "context_full", "internal",
+};
+static const char *const finish_names[METRICS_FINISH_COUNT] = {"stop", "length", "stop_string"};
+
+const char *metrics_error_name(enum metrics_error e)
+{
+    return (unsigned)e < METRICS_ERR_COUNT ? error_names[e] : "internal";
+}
+
+const char *metrics_finish_name(enum metrics_finish f)
+{
+    return (unsigned)f < METRICS_FINISH_COUNT ? finish_names[f] : "stop";
+}
+
+void metrics_init(struct metrics *m)
+{
+    memset(m, 0, sizeof(*m));
+}
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : 0.0;
+}
+
+int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj, char *err)
+{
+    uint64_t finished = 0, failed = 0;
+    for (int i = 0; i < METRICS_FINISH_COUNT; i++)
+        finished += m->requests_finished[i];
+    for (int i = 0; i < METRICS_ERR_COUNT; i++)
+        failed += m->requests_failed[i];
+    cJSON *req = cJSON_AddObjectToObject(obj, "requests");
+    cJSON *tok = cJSON_AddObjectToObject(obj, "tokens");
+    cJSON *spec = cJSON_AddObjectToObject(obj, "spec");
+    cJSON *time = cJSON_AddObjectToObject(obj, "time_ms");
+    cJSON *workers = cJSON_AddObjectToObject(obj, "workers");
+    cJSON *draft = workers ? cJSON_AddObjectToObject(workers, "draft") : NULL;
+    cJSON *target = workers ? cJSON_AddObjectToObject(workers, "target") : NULL;
+    cJSON *errors = req ? cJSON_AddObjectToObject(req, "errors") : NULL;
+    cJSON *fin = req ? cJSON_AddObjectToObject(req, "finished_by") : NULL;
+    cJSON *pos = spec ? cJSON_AddArrayToObject(spec, "accepted_per_pos") : NULL;
+    if (!req || !tok || !spec || !time || !draft || !target || !errors || !fin || !pos)
+        return error_set(err, ERR_NOMEM, "stats: out of memory");
+    int ok = 1;
+#define NUM(o, k, v) ok = ok && cJSON_AddNumberToObject((o), (k), (double)(v)) != NULL
+    NUM(req, "total", m->requests_total);
+    NUM(req, "finished", finished);
+    NUM(req, "failed", failed);
+    NUM(req, "active", g->active);
+    NUM(req, "queued", g->queued);
+    NUM(req, "max_concurrency", g->max_concurrency);
+    NUM(req, "max_queue", g->max_queue);
+    for (int i = 0; i < METRICS_ERR_COUNT; i++)
+        NUM(errors, error_names[i], m->requests_failed[i]);
+    for (int i = 0; i < METRICS_FINISH_COUNT; i++)
+        NUM(fin, finish_names[i], m->requests_finished[i]);
+    NUM(tok, "prompt", m->prompt_tokens_total);
+    NUM(tok, "generated", m->generated_tokens_total);
+    double decode_s = m->decode_ms_total / 1000.0;
+    NUM(tok, "tokens_per_s", ratio((double)m->generated_tokens_total, decode_s + m->prefill_ms_total / 1000.0));
+    NUM(spec, "rounds", m->verify_rounds_total);
+    NUM(spec, "num_drafts", m->num_drafts_total);
+    NUM(spec, "num_draft_tokens", m->num_draft_tokens_total);
+    NUM(spec, "num_accepted_tokens", m->num_accepted_tokens_total);
+    NUM(spec, "acceptance_rate", ratio((double)m->num_accepted_tokens_total, (double)m->num_draft_tokens_total));
+    NUM(spec, "mean_accepted_per_round", ratio((double)m->num_accepted_tokens_total, (double)m->num_drafts_total));
+    NUM(spec, "predraft_offered", m->predraft_offered_total);
+    NUM(spec, "predraft_used", m->predraft_used_total);
+    NUM(spec, "predraft_hit_rate", ratio((double)m->predraft_used_total, (double)m->predraft_offered_total));
+    NUM(spec, "target_only_rounds", m->target_only_rounds_total);
+    for (int i = 0; i < METRICS_POS_MAX && ok; i++) {
+        cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
+        ok = n != NULL && cJSON_AddItemToArray(pos, n);
+    }
+    NUM(time, "queue", m->queue_ms_total);
+    NUM(time, "prefill", m->prefill_ms_total);
+    NUM(time, "decode", m->decode_ms_total);
+    NUM(time, "draft", m->draft_ms_total);
+    NUM(time, "verify", m->verify_ms_total);
+    NUM(time, "target_idle", m->target_idle_ms_total);
+    NUM(time, "target_idle_per_round", ratio(m->target_idle_ms_total, (double)m->target_idle_samples));
+    NUM(time, "target_idle_max", m->target_idle_ms_max);
+    NUM(time, "target_idle_samples", m->target_idle_samples);
+    NUM(time, "target_gap", m->target_gap_ms_total);
+    NUM(time, "target_gap_per_round", ratio(m->target_gap_ms_total, (double)m->target_gap_samples));
+    NUM(time, "target_gap_max", m->target_gap_ms_max);
+    NUM(time, "target_gap_samples", m->target_gap_samples);
+    NUM(obj, "uptime_s", g->uptime_s);
+    ok = ok && cJSON_AddBoolToObject(draft, "up", g->draft_up) != NULL;
+    NUM(draft, "pid", g->draft_pid);
+    ok = ok && cJSON_AddStringToObject(draft, "model", g->draft_model ? g->draft_model : "") != NULL;
+    NUM(draft, "registrations", m->worker_registrations[0]);
+    NUM(draft, "losses", m->worker_losses[0]);
+    NUM(draft, "refusals", m->draft_refusals);
+    ok = ok && cJSON_AddBoolToObject(target, "up", g->target_up) != NULL;
+    NUM(target, "pid", g->target_pid);
+    ok = ok && cJSON_AddStringToObject(target, "model", g->target_model ? g->target_model : "") != NULL;
+    NUM(target, "registrations", m->worker_registrations[1]);
+    NUM(target, "losses", m->worker_losses[1]);
+#undef NUM
+    if (!ok)
+        return error_set(err, ERR_NOMEM, "stats: out of memory");
+    return 0;
+}
+
+struct textbuf {
+    char *s;
+    size_t len, cap;
+    int failed;
+};
+
+static void tb_printf(struct textbuf *tb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void tb_printf(struct textbuf *tb, const char *fmt, ...)
+{
+    if (tb->failed)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(tb->s + tb->len, tb->cap - tb->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            tb->failed = 1;
+            return;
+        }
+        if ((size_t)n < tb->cap - tb->len) {
+            tb->len += (size_t)n;
+            return;
+        }
+        size_t cap = tb->cap * 2 + (size_t)n;
+        char *s = realloc(tb->s, cap);
+        if (s == NULL) {
+            tb->failed = 1;
+            return;
+        }
+        tb->s = s;
+        tb->cap = cap;
+    }
+}
+
+static void counter(struct textbuf *tb, const char *name, const char *help, double v)
+{
+    tb_printf(tb, "# HELP %s %s\n# TYPE %s counter\n%s %.17g\n", name, help, name, name, v);
+}
+
+static void gauge(struct textbuf *tb, const char *name, const char *help, double v)
+{
+    tb_printf(tb, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, char **text_out,
+                       char *err)
+{
+    *text_out = NULL;
+    struct textbuf tb = {.cap = 4096};
+    tb.s = malloc(tb.cap);
+    if (tb.s == NULL)
+        return error_set(err, ERR_NOMEM, "prometheus: out of memory");
+    tb.s[0] = '\0';
+    counter(&tb, "tandem_requests_total", "Generate requests received.", (double)m->requests_total);
+    tb_printf(&tb, "# HELP tandem_requests_finished_total Requests that finished, by reason.\n"
+                   "# TYPE tandem_requests_finished_total counter\n");
+    for (int i = 0; i < METRICS_FINISH_COUNT; i++)
+        tb_printf(&tb, "tandem_requests_finished_total{finish_reason=\"%s\"} %llu\n", finish_names[i],
+                  (unsigned long long)m->requests_finished[i]);
+    tb_printf(&tb, "# HELP tandem_request_errors_total Requests answered with an error, by code.\n"
+                   "# TYPE tandem_request_errors_total counter\n");
+    for (int i = 0; i < METRICS_ERR_COUNT; i++)
+        tb_printf(&tb, "tandem_request_errors_total{code=\"%s\"} %llu\n", error_names[i],
+                  (unsigned long long)m->requests_failed[i]);
+    counter(&tb, "tandem_prompt_tokens_total", "Prompt tokens prefilled.", (double)m->prompt_tokens_total);
+    counter(&tb, "tandem_generated_tokens_total", "Tokens generated.", (double)m->generated_tokens_total);
+    counter(&tb, "tandem_spec_decode_num_drafts_total", "Speculation rounds with at least one drafted token.",
+            (double)m->num_drafts_total);
+    counter(&tb, "tandem_spec_decode_num_draft_tokens_total", "Draft tokens proposed.",
+            (double)m->num_draft_tokens_total);
+    counter(&tb, "tandem_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+            (double)m->num_accepted_tokens_total);
+    tb_printf(&tb, "# HELP tandem_spec_decode_num_accepted_tokens_per_pos Accepted draft tokens by position.\n"
+                   "# TYPE tandem_spec_decode_num_accepted_tokens_per_pos counter\n");
+    for (int i = 0; i < METRICS_POS_MAX; i++)
+        tb_printf(&tb, "tandem_spec_decode_num_accepted_tokens_per_pos{position=\"%d\"} %llu\n", i,
+                  (unsigned long long)m->accepted_per_pos[i]);
+    counter(&tb, "tandem_verify_rounds_total", "Target calls after prefill (plain decoding included).",
+            (double)m->verify_rounds_total);
+    counter(&tb, "tandem_target_only_rounds_total", "Rounds decoded without a draft (no draft worker).",
+            (double)m->target_only_rounds_total);
+    counter(&tb, "tandem_predraft_offered_total", "Pre-drafted rounds offered by the draft worker.",
+            (double)m->predraft_offered_total);
+    counter(&tb, "tandem_predraft_used_total", "Pre-drafted rounds used as they were.",
+            (double)m->predraft_used_total);
+    counter(&tb, "tandem_queue_seconds_total", "Time requests waited for a slot.", m->queue_ms_total / 1000.0);
+    counter(&tb, "tandem_prefill_seconds_total", "Time to first token after admission.",
+            m->prefill_ms_total / 1000.0);
+    counter(&tb, "tandem_decode_seconds_total", "Time from first to last token.", m->decode_ms_total / 1000.0);
+    counter(&tb, "tandem_draft_seconds_total", "Draft worker compute time reported.", m->draft_ms_total / 1000.0);
+    counter(&tb, "tandem_verify_seconds_total", "Target worker verification time reported.",
+            m->verify_ms_total / 1000.0);
+    counter(&tb, "tandem_target_idle_seconds_total",
+            "Target idle time between finishing one verification and starting the next.",
+            m->target_idle_ms_total / 1000.0);
+    counter(&tb, "tandem_target_idle_samples_total", "Verifications that reported their idle gap.",
+            (double)m->target_idle_samples);
+    counter(&tb, "tandem_target_gap_seconds_total",
+            "Coordinator-measured time the target had no verification queued between rounds.",
+            m->target_gap_ms_total / 1000.0);
+    counter(&tb, "tandem_target_gap_samples_total", "Rounds whose gap was measured.", (double)m->target_gap_samples);
+    gauge(&tb, "tandem_requests_active", "Sequences being generated.", g->active);
+    gauge(&tb, "tandem_requests_queued", "Requests waiting for a slot.", g->queued);
+    tb_printf(&tb, "# HELP tandem_worker_up Whether a worker is registered and alive.\n"
+                   "# TYPE tandem_worker_up gauge\n"
+                   "tandem_worker_up{role=\"draft\"} %d\ntandem_worker_up{role=\"target\"} %d\n",
+              g->draft_up ? 1 : 0, g->target_up ? 1 : 0);
+    tb_printf(&tb, "# HELP tandem_worker_registrations_total Worker registrations accepted.\n"
+                   "# TYPE tandem_worker_registrations_total counter\n"
+                   "tandem_worker_registrations_total{role=\"draft\"} %llu\n"
+                   "tandem_worker_registrations_total{role=\"target\"} %llu\n",
+              (unsigned long long)m->worker_registrations[0], (unsigned long long)m->worker_registrations[1]);
+    tb_printf(&tb, "# HELP tandem_worker_losses_total Workers declared dead (no heartbeat).\n"
+                   "# TYPE tandem_worker_losses_total counter\n"
+                   "tandem_worker_losses_total{role=\"draft\"} %llu\n"
+                   "tandem_worker_losses_total{role=\"target\"} %llu\n",
+              (unsigned long long)m->worker_losses[0], (unsigned long long)m->worker_losses[1]);
+    if (tb.failed) {
+        free(tb.s);
+        return error_set(err, ERR_NOMEM, "prometheus: out of memory");
+    }
+    *text_out = tb.s;
+    return 0;
+}

@@ -1,0 +1,262 @@
+"""tandem_e2e.py: helpers shared by the pipeline end-to-end tests.
+
+Each test gets a fresh temporary directory (models, config, ipc:// endpoints,
+logs) and a unique instance name; every process it starts is killed when the
+test ends (normally, on an exception, or on SIGTERM/SIGINT from CTest), and the
+directory is removed. Not a test itself (no test_ prefix).
+
+Needs Debian's python3-zmq (run with /usr/bin/python3). Exit 77 = skipped.
+"""
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import zmq
+except ImportError:  # pragma: no cover
+    print("python3-zmq is not installed: skipped")
+    sys.exit(77)
+
+BUILD = os.environ.get("TANDEM_BUILD_DIR", "")
+BIN = {
+    "coordinator": "coordinator/tandem-coordinator",
+    "draft": "draft_worker/tandem-draft-worker",
+    "target": "target_worker/tandem-target-worker",
+    "client": "client/tandem-client",
+    "generate": "tools/generate/tandem-generate",
+    "make_model": "tools/make_model/tandem-make-model",
+}
+
+
+def binary(name):
+    return os.path.join(BUILD, BIN[name])
+
+
+def require_binaries():
+    missing = [binary(n) for n in BIN if not os.access(binary(n), os.X_OK)]
+    if not BUILD or missing:
+        print("missing binaries (set TANDEM_BUILD_DIR): %s: skipped" % ", ".join(missing))
+        sys.exit(77)
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Fail(what)
+
+
+PIPELINES = []
+
+
+class Pipeline:
+    """Temporary directory, models, config and the three processes."""
+
+    def __init__(self, name, worker_timeout_ms=1500, max_concurrency=4, max_queue=8, extra=None):
+        require_binaries()
+        PIPELINES.append(self)
+        self.dir = tempfile.mkdtemp(prefix="tandem-e2e-")
+        self.instance = "e2e%s%d" % (name, os.getpid())
+        self.procs = {}
+        self.stopped = {}
+        self.logs = {}
+        self.zctx = zmq.Context.instance()
+        self.endpoint = "ipc://%s/client.sock" % self.dir
+        self.config = {
+            "instance": self.instance,
+            "coordinator": {
+                "client_endpoint": self.endpoint,
+                "worker_endpoint": "ipc://%s/workers.sock" % self.dir,
+                "max_concurrency": max_concurrency,
+                "max_queue": max_queue,
+                "heartbeat_ms": 200,
+                "worker_timeout_ms": worker_timeout_ms,
+                "log_level": "info",
+            },
+            "draft_worker": {"model": "", "threads": 1, "max_seq_len": 8192, "heartbeat_ms": 200},
+            "target_worker": {"model": "", "threads": 1, "max_seq_len": 8192, "heartbeat_ms": 200},
+        }
+        if extra:
+            for section, values in extra.items():
+                self.config[section].update(values)
+        atexit.register(self.close)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signo, frame):
+        self.close()
+        sys.exit(1)
+
+    def make_pair(self, draft_preset="tiny-draft", target_preset="tiny", noise="0.05", seed="1"):
+        """Creates a draft and a target derived from it; returns their paths."""
+        draft = os.path.join(self.dir, draft_preset)
+        target = os.path.join(self.dir, target_preset)
+        run([binary("make_model"), "--preset", draft_preset, "--out", draft, "--seed", seed, "--threads", "2"])
+        run([binary("make_model"), "--preset", target_preset, "--out", target, "--derive-from", draft,
+             "--noise", noise, "--seed", seed, "--threads", "2"])
+        self.config["draft_worker"]["model"] = draft
+        self.config["target_worker"]["model"] = target
+        return draft, target
+
+    def write_config(self):
+        path = os.path.join(self.dir, "config.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.config, f)
+        os.replace(path + ".tmp", path)  # atomic: a starting process never reads half a file
+        return path
+
+    def start(self, role):
+        """Starts (or restarts) one process: coordinator, draft or target."""
+        cfg = self.write_config()
+        log = open(os.path.join(self.dir, "%s.log" % role), "a")
+        self.logs[role] = log.name
+        self.procs[role] = subprocess.Popen([binary(role), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self.procs[role]
+
+    def start_all(self):
+        self.start("coordinator")
+        self.start("target")
+        self.start("draft")
+        self.wait_workers(draft=True, target=True)
+
+    def kill(self, role, sig=signal.SIGKILL):
+        """Signals one process, waits for it, and moves it to self.stopped."""
+        p = self.procs.pop(role, None)
+        if p is None:
+            return
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.stopped[role] = p
+
+    def client(self):
+        s = self.zctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.endpoint)
+        return s
+
+    def stats(self, timeout_s=10):
+        s = self.client()
+        try:
+            s.send_json({"v": 1, "type": "stats"})
+            check(s.poll(int(timeout_s * 1000)), "no stats reply")
+            return s.recv_json()
+        finally:
+            s.close()
+
+    def wait_workers(self, draft, target, timeout_s=30):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for role, p in self.procs.items():
+                check(p.poll() is None, "%s exited with %s:\n%s" % (role, p.returncode, self.log_tail(role)))
+            try:
+                w = self.stats(timeout_s=2)["workers"]
+                if w["draft"]["up"] == draft and w["target"]["up"] == target:
+                    return
+            except Fail:
+                pass
+            time.sleep(0.1)
+        raise Fail("workers not registered within %d s (draft %s, target %s)\n%s" %
+                   (timeout_s, draft, target, "".join(self.log_tail(r) for r in self.procs)))
+
+    def log_tail(self, role, n=30):
+        try:
+            with open(self.logs[role]) as f:
+                lines = f.readlines()[-n:]
+            return "---- %s log ----\n%s" % (role, "".join(lines))
+        except (OSError, KeyError):
+            return ""
+
+    def shm_segments(self):
+        return [n for n in os.listdir("/dev/shm") if n.startswith("tandem-%s-" % self.instance)]
+
+    def close(self):
+        for role in ("coordinator", "draft", "target"):
+            p = self.procs.get(role)
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        self.procs = {}
+        for n in self.shm_segments() if os.path.isdir("/dev/shm") else []:
+            try:
+                os.unlink(os.path.join("/dev/shm", n))
+            except OSError:
+                pass
+        if self.dir and os.path.isdir(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+
+def run(cmd, timeout=300):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, text=True)
+    if r.returncode != 0:
+        raise Fail("%s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+    return r.stdout
+
+
+def reference(model, ids, max_tokens, temperature=0.0, extra=()):
+    """tandem-generate target-only output ids."""
+    out = run([binary("generate"), "--model", model, "--ids", ",".join(map(str, ids)), "--max-tokens",
+               str(max_tokens), "--temperature", str(temperature), "--threads", "1", "--json"] + list(extra))
+    return json.loads(out)
+
+
+def generate(sock, req, timeout_s=120):
+    """Sends one generate request on sock and returns (done_or_error, token_events)."""
+    msg = {"v": 1, "type": "generate"}
+    msg.update(req)
+    sock.send_json(msg)
+    return collect(sock, msg.get("id", ""), timeout_s)
+
+
+def next_event(sock, rid, timeout_s=60):
+    """The next reply (token, done or error) for request rid."""
+    deadline = time.time() + timeout_s
+    while True:
+        left = deadline - time.time()
+        check(left > 0 and sock.poll(int(left * 1000)), "no reply for request %r within %d s" % (rid, timeout_s))
+        m = sock.recv_json()
+        if m.get("id") == rid:
+            return m
+
+
+def collect(sock, rid, timeout_s=120):
+    tokens = []
+    deadline = time.time() + timeout_s
+    while True:
+        left = deadline - time.time()
+        check(left > 0 and sock.poll(int(left * 1000)), "no reply for request %r within %d s" % (rid, timeout_s))
+        m = sock.recv_json()
+        if m.get("id") != rid:
+            continue
+        if m["type"] == "token":
+            tokens.append(m)
+            continue
+        return m, tokens
+
+
+def main(test):
+    """Runs test(); prints the failure and exits 1 on Fail."""
+    try:
+        test()
+    except Fail as e:
+        print("FAIL: %s" % e)
+        for p in PIPELINES:
+            if p.dir:
+                for role in p.logs:
+                    print(p.log_tail(role, 40))
+        sys.exit(1)
+    print("PASS")

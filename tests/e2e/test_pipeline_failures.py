@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""Worker failures: killing the draft (SIGKILL) in the middle of a request
+still completes it with the target-only greedy output, new requests are
+served target-only, and a restarted draft is used again; killing the target
+ends its requests with `target_unavailable` within worker_timeout_ms (plus
+slack), new requests get `target_unavailable`, and after the target is
+restarted by hand service resumes. No /dev/shm segment of the instance is left
+behind (the coordinator removes the killed draft's)."""
+import signal
+import time
+
+from tandem_e2e import Pipeline, check, collect, generate, main, next_event, reference
+
+TIMEOUT_MS = 1500
+
+
+def test():
+    p = Pipeline("fail", worker_timeout_ms=TIMEOUT_MS)
+    draft, target = p.make_pair()
+    p.start_all()
+    s = p.client()
+    ids = [11, 22, 33, 44, 55]
+    n = 3000
+    ref = reference(target, ids, n)["ids"]
+
+    # Kill the draft while a long request runs.
+    s.send_json({"v": 1, "type": "generate", "id": "long", "prompt_ids": ids, "max_tokens": n, "temperature": 0,
+                 "stream": True})
+    first = next_event(s, "long")  # the first token event: the request is running
+    check(first["type"] == "token", "long request: %s" % first)
+    p.kill("draft")
+    done, _ = collect(s, "long", 120)
+    check(p.stats()["workers"]["draft"]["losses"] == 1, "the draft's death was not noticed")
+    check(done["type"] == "done", "request after the draft died: %s" % done)
+    check(done["ids"] == ref, "ids after the draft died differ from target-only (first difference at %s)" %
+          next((i for i, (a, b) in enumerate(zip(done["ids"], ref)) if a != b), min(len(done["ids"]), len(ref))))
+    p.wait_workers(draft=False, target=True)
+    check(p.shm_segments() == [], "the killed draft's segment was not removed: %s" % p.shm_segments())
+
+    # Target-only service meanwhile.
+    ref2 = reference(target, [7, 8, 9], 30)["ids"]
+    done, _ = generate(s, {"id": "solo", "prompt_ids": [7, 8, 9], "max_tokens": 30, "temperature": 0})
+    check(done.get("ids") == ref2, "target-only service: %s" % done)
+
+    # The draft comes back: used again (its caches start empty).
+    p.start("draft")
+    p.wait_workers(draft=True, target=True)
+    before = p.stats()["spec"]["num_draft_tokens"]
+    done, _ = generate(s, {"id": "back", "prompt_ids": [7, 8, 9], "max_tokens": 30, "temperature": 0})
+    check(done.get("ids") == ref2, "after the draft returned: %s" % done)
+    check(p.stats()["spec"]["num_draft_tokens"] > before, "the restarted draft was not used")
+
+    # Kill the target while a request runs: target_unavailable, bounded time.
+    s.send_json({"v": 1, "type": "generate", "id": "doomed", "prompt_ids": ids, "max_tokens": n, "temperature": 0,
+                 "stream": True})
+    check(next_event(s, "doomed")["type"] == "token", "doomed request did not start")
+    p.kill("target")
+    t0 = time.time()
+    m, _ = collect(s, "doomed", 60)
+    waited = time.time() - t0
+    # It may have finished just before the kill; otherwise it must fail fast.
+    if m["type"] != "done":
+        check(m["type"] == "error" and m["code"] == "target_unavailable", "request when the target died: %s" % m)
+        check(waited < TIMEOUT_MS / 1000.0 + 5, "target_unavailable took %.1f s" % waited)
+    p.wait_workers(draft=True, target=False)
+    m, _ = generate(s, {"id": "none", "prompt_ids": [1], "max_tokens": 3}, 20)
+    check(m["type"] == "error" and m["code"] == "target_unavailable", "request without a target: %s" % m)
+
+    # Restart the target by hand: service resumes, with the draft.
+    p.start("target")
+    p.wait_workers(draft=True, target=True)
+    done, _ = generate(s, {"id": "resumed", "prompt_ids": ids, "max_tokens": 40, "temperature": 0})
+    check(done.get("ids") == ref[:40], "after the target restarted: %s" % done)
+
+    # Clean stop: nothing left in /dev/shm.
+    s.close()
+    for role in ("draft", "target", "coordinator"):
+        p.kill(role, signal.SIGTERM)
+    check(p.shm_segments() == [], "segments left after stop: %s" % p.shm_segments())
+    p.close()
+
+
+if __name__ == "__main__":
+    main(test)

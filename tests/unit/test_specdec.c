@@ -1,0 +1,484 @@
+/* test_specdec.c: speculative decoding is lossless.
+ *
+ * Greedy: on a tiny well-matched pair and a tiny poorly matched pair, 20
+ * prompts each, the speculative output ids equal target-only output ids for
+ * every K in 1..8 and for adaptive K.
+ * Sampling: on a tiny model with a 16-token vocabulary the distribution of
+ * the 2nd and 3rd emitted tokens under speculative sampling matches the
+ * target's exact distribution (computed by enumerating every prefix with the
+ * target model), by a chi-square goodness-of-fit test.
+ * Plus the bookkeeping: stop ids end a request, max_tokens and the context
+ * are never exceeded, and bad pairs and parameters are refused.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+
+#include "philox.h"
+#include "sampling.h"
+#include "specdec_fixtures.h"
+#include "stats_helpers.h"
+
+/* Significance of each goodness-of-fit test: a correct sampler fails one in
+ * ten thousand runs; the seeds are fixed, so a given build either always
+ * passes or always fails. */
+#define GOF_ALPHA 1e-4
+/* Samples per configuration: enough that a residual that is not normalised
+ * (or a missing bonus token) moves bins by many standard deviations. */
+#define GOF_SAMPLES 20000
+
+struct pair {
+    char root[256];
+    char draft_dir[300], good_dir[300], poor_dir[300];
+    struct kern_backend *be;
+    struct loaded_model draft, good, poor;
+};
+
+static int setup_tiny_pair(void **state)
+{
+    struct pair *p = calloc(1, sizeof *p);
+    fixture_tmpdir(p->root, sizeof p->root);
+    snprintf(p->draft_dir, sizeof p->draft_dir, "%s/draft", p->root);
+    snprintf(p->good_dir, sizeof p->good_dir, "%s/good", p->root);
+    snprintf(p->poor_dir, sizeof p->poor_dir, "%s/poor", p->root);
+    fixture_make(p->draft_dir, "tiny-draft", 1, 0, NULL, 0);
+    fixture_make(p->good_dir, "tiny", 2, 0, p->draft_dir, 0.05);
+    fixture_make(p->poor_dir, "tiny", 3, 0, p->draft_dir, 1.0);
+    char err[ERR_MSG_MAX] = "";
+    fixture_check(kern_cpu_create(&p->be, 2, err), "kern_cpu_create", err);
+    fixture_load(&p->draft, p->draft_dir, p->be, 512);
+    fixture_load(&p->good, p->good_dir, p->be, 512);
+    fixture_load(&p->poor, p->poor_dir, p->be, 512);
+    *state = p;
+    return 0;
+}
+
+static int teardown_pair(void **state)
+{
+    struct pair *p = *state;
+    fixture_unload(&p->draft);
+    fixture_unload(&p->good);
+    fixture_unload(&p->poor);
+    p->be->ops->destroy(p->be);
+    fixture_rmdir(p->root);
+    free(p);
+    return 0;
+}
+
+static void generate(struct specdec_draft *d, struct specdec_target *t, const int32_t *prompt,
+                     int n_prompt, int max_tokens, int k, const struct sampling_params *sp,
+                     enum speculate_mode mode, const int32_t *stop, int n_stop, int32_t *out,
+                     int *n_out, struct specdec_stats *st)
+{
+    struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens,
+                                  .sampling = *sp, .mode = mode, .k_fixed = k, .stop_ids = stop,
+                                  .n_stop_ids = n_stop, .slot = 0};
+    char err[ERR_MSG_MAX] = "";
+    fixture_check(specdec_generate(d, t, &req, out, n_out, st, NULL, NULL, err), "specdec_generate",
+                  err);
+}
+
+/* 20 prompts, target-only vs speculative for K = 1..8 and adaptive (0). */
+static void check_greedy_equality(struct loaded_model *draft_m, struct loaded_model *target_m,
+                                  int n_prompts, int max_tokens, double *acceptance_out)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_draft *d;
+    struct specdec_target *t;
+    fixture_check(specdec_draft_create(&d, draft_m->ctx, err), "specdec_draft_create", err);
+    fixture_check(specdec_target_create(&t, target_m->ctx, err), "specdec_target_create", err);
+    const struct model_config *cfg = llama_model_config(target_m->model);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
+    long drafted = 0, accepted = 0;
+    int32_t *expect = malloc((size_t)max_tokens * sizeof(int32_t));
+    int32_t *got = malloc((size_t)max_tokens * sizeof(int32_t));
+    for (int i = 0; i < n_prompts; i++) {
+        int32_t prompt[32];
+        int n_prompt = 2 + i % 19;
+        fixture_random_ids(prompt, n_prompt, 0, cfg->vocab_size, 100 + (uint64_t)i);
+        int n_expect, n_got;
+        struct specdec_stats st;
+        generate(NULL, t, prompt, n_prompt, max_tokens, 0, &sp, SPECULATE_MODE_SAMPLED,
+                 cfg->eos_token_ids, cfg->n_eos_token_ids, expect, &n_expect, &st);
+        for (int k = 0; k <= 8; k++) {
+            for (int mode = 0; mode < 2; mode++) {
+                generate(d, t, prompt, n_prompt, max_tokens, k, &sp, (enum speculate_mode)mode,
+                         cfg->eos_token_ids, cfg->n_eos_token_ids, got, &n_got, &st);
+                if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
+                    fail_msg("prompt %d, K=%d, mode %d: speculative output differs from "
+                             "target-only (%d vs %d tokens)", i, k, mode, n_got, n_expect);
+                drafted += st.drafted;
+                accepted += st.accepted;
+                assert_true(st.accepted <= st.drafted);
+                assert_true(st.generated_tokens == n_got);
+            }
+        }
+    }
+    *acceptance_out = drafted ? (double)accepted / drafted : 0;
+    free(expect);
+    free(got);
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
+}
+
+static void test_specdec_greedy_equals_target_only_on_matched_tiny_pair(void **state)
+{
+    struct pair *p = *state;
+    double acc;
+    check_greedy_equality(&p->draft, &p->good, 20, 40, &acc);
+    fprintf(stderr, "  matched tiny pair: greedy acceptance %.3f\n", acc);
+    /* a well-matched pair must actually speculate, or the test proves little */
+    assert_true(acc > 0.5);
+}
+
+static void test_specdec_greedy_equals_target_only_on_poor_tiny_pair(void **state)
+{
+    struct pair *p = *state;
+    double acc;
+    check_greedy_equality(&p->draft, &p->poor, 20, 40, &acc);
+    fprintf(stderr, "  poorly matched tiny pair: greedy acceptance %.3f\n", acc);
+    assert_true(acc < 0.9);
+}
+
+/* A stop id ends generation right after it; nothing past max_tokens or the
+ * context is produced, for any K. */
+static void test_specdec_stops_and_limits_apply_to_accepted_tokens(void **state)
+{
+    struct pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_draft *d;
+    struct specdec_target *t;
+    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
+    fixture_check(specdec_target_create(&t, p->good.ctx, err), "target", err);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    int32_t prompt[4] = {10, 20, 30, 40}, full[64], got[64];
+    int n_full, n_got;
+    struct specdec_stats st;
+    generate(NULL, t, prompt, 4, 30, 0, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, full, &n_full, &st);
+    assert_int_equal(n_full, 30);
+    assert_string_equal(st.finish_reason, "length");
+    /* use the 7th generated token as a stop id: output ends at its first occurrence */
+    int32_t stop = full[6];
+    int first = 0;
+    while (full[first] != stop)
+        first++;
+    for (int k = 1; k <= 8; k++) {
+        generate(d, t, prompt, 4, 30, k, &sp, SPECULATE_MODE_SAMPLED, &stop, 1, got, &n_got, &st);
+        assert_int_equal(n_got, first + 1);
+        assert_memory_equal(got, full, (size_t)n_got * sizeof(int32_t));
+        assert_string_equal(st.finish_reason, "stop");
+        generate(d, t, prompt, 4, 5, k, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, got, &n_got, &st);
+        assert_int_equal(n_got, 5);
+        assert_memory_equal(got, full, 5 * sizeof(int32_t));
+    }
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
+}
+
+static void test_specdec_never_overflows_the_context(void **state)
+{
+    struct pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct loaded_model small_d, small_t;
+    fixture_load(&small_d, p->draft_dir, p->be, 24);
+    fixture_load(&small_t, p->good_dir, p->be, 24);
+    struct specdec_draft *d;
+    struct specdec_target *t;
+    fixture_check(specdec_draft_create(&d, small_d.ctx, err), "draft", err);
+    fixture_check(specdec_target_create(&t, small_t.ctx, err), "target", err);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    int32_t prompt[20], out[64], ref[64];
+    fixture_random_ids(prompt, 20, 0, 400, 7);
+    int n, n_ref;
+    struct specdec_stats st;
+    generate(NULL, t, prompt, 20, 64, 0, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, ref, &n_ref, &st);
+    assert_int_equal(n_ref, 4); /* 20 prompt + 4 generated = the context of 24 */
+    for (int k = 0; k <= 8; k++) {
+        generate(d, t, prompt, 20, 64, k, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, out, &n, &st);
+        assert_int_equal(n, n_ref);
+        assert_memory_equal(out, ref, (size_t)n * sizeof(int32_t));
+        assert_string_equal(st.finish_reason, "length");
+    }
+    /* a prompt that fills the context leaves no room: a clear error */
+    int32_t long_prompt[24];
+    fixture_random_ids(long_prompt, 24, 0, 400, 8);
+    struct specdec_request req = {.prompt = long_prompt, .n_prompt = 24, .max_tokens = 4,
+                                  .sampling = sp, .slot = 0};
+    assert_int_equal(specdec_generate(d, t, &req, out, &n, &st, NULL, NULL, err), ERR_CONTEXT_FULL);
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
+    fixture_unload(&small_d);
+    fixture_unload(&small_t);
+}
+
+static void test_specdec_rejects_bad_parameters(void **state)
+{
+    struct pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_target *t;
+    fixture_check(specdec_target_create(&t, p->good.ctx, err), "target", err);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = -1;
+    int32_t prompt[2] = {1, 2}, out[4];
+    int n;
+    struct specdec_stats st;
+    struct specdec_request req = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .sampling = sp};
+    assert_int_equal(specdec_generate(NULL, t, &req, out, &n, &st, NULL, NULL, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "temperature"));
+    req.sampling.temperature = 0;
+    req.max_tokens = 0;
+    assert_int_equal(specdec_generate(NULL, t, &req, out, &n, &st, NULL, NULL, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "max_tokens"));
+    specdec_target_destroy(t);
+}
+
+/* ---- distribution ---- */
+
+struct dist_pair {
+    char root[256], draft_dir[300], target_dir[300];
+    struct kern_backend *be;
+    struct loaded_model draft, target;
+};
+
+enum { DIST_VOCAB = 16 };
+
+static int setup_vocab16_pair(void **state)
+{
+    struct dist_pair *p = calloc(1, sizeof *p);
+    fixture_tmpdir(p->root, sizeof p->root);
+    snprintf(p->draft_dir, sizeof p->draft_dir, "%s/draft", p->root);
+    snprintf(p->target_dir, sizeof p->target_dir, "%s/target", p->root);
+    fixture_make(p->draft_dir, "tiny-draft", 5, DIST_VOCAB, NULL, 0);
+    /* a middling match: drafts are accepted often but rejected often too, so
+     * both the residual and the bonus path carry probability mass */
+    fixture_make(p->target_dir, "tiny", 6, 0, p->draft_dir, 0.1);
+    char err[ERR_MSG_MAX] = "";
+    fixture_check(kern_cpu_create(&p->be, 1, err), "kern_cpu_create", err);
+    fixture_load(&p->draft, p->draft_dir, p->be, 64);
+    fixture_load(&p->target, p->target_dir, p->be, 64);
+    *state = p;
+    return 0;
+}
+
+static int teardown_vocab16_pair(void **state)
+{
+    struct dist_pair *p = *state;
+    fixture_unload(&p->draft);
+    fixture_unload(&p->target);
+    p->be->ops->destroy(p->be);
+    fixture_rmdir(p->root);
+    free(p);
+    return 0;
+}
+
+/* Target's adjusted distribution after `tokens` (a fresh sequence each call). */
+static void target_probs(struct loaded_model *t, const int32_t *tokens, int n,
+                         const struct sampling_params *sp, struct sampling_workspace *ws,
+                         float *probs)
+{
+    char err[ERR_MSG_MAX] = "";
+    float logits[DIST_VOCAB];
+    fixture_check(llama_ctx_truncate(t->ctx, 0, 0, err), "truncate", err);
+    struct llama_seq_batch b = {.slot = 0, .tokens = tokens, .n_tokens = n, .n_logits = 1,
+                                .logits_out = logits};
+    fixture_check(llama_forward(t->ctx, &b, 1, err), "llama_forward", err);
+    fixture_check(sampling_adjust(ws, sp, logits, DIST_VOCAB, probs, err), "sampling_adjust", err);
+}
+
+/* Exact distributions of emitted tokens 2 and 3 by enumeration. */
+static void exact_distributions(struct loaded_model *t, const int32_t *prompt, int n_prompt,
+                                const struct sampling_params *sp, double *second, double *third)
+{
+    struct sampling_workspace *ws;
+    char err[ERR_MSG_MAX] = "";
+    fixture_check(sampling_workspace_create(&ws, DIST_VOCAB, err), "workspace", err);
+    int32_t seq[16];
+    memcpy(seq, prompt, (size_t)n_prompt * sizeof(int32_t));
+    float p1[DIST_VOCAB], p2[DIST_VOCAB], p3[DIST_VOCAB];
+    memset(second, 0, DIST_VOCAB * sizeof(double));
+    memset(third, 0, DIST_VOCAB * sizeof(double));
+    target_probs(t, seq, n_prompt, sp, ws, p1);
+    for (int a = 0; a < DIST_VOCAB; a++) {
+        if (p1[a] <= 0)
+            continue;
+        seq[n_prompt] = a;
+        target_probs(t, seq, n_prompt + 1, sp, ws, p2);
+        for (int b = 0; b < DIST_VOCAB; b++) {
+            second[b] += (double)p1[a] * p2[b];
+            if (p2[b] <= 0)
+                continue;
+            seq[n_prompt + 1] = b;
+            target_probs(t, seq, n_prompt + 2, sp, ws, p3);
+            for (int c = 0; c < DIST_VOCAB; c++)
+                third[c] += (double)p1[a] * p2[b] * p3[c];
+        }
+    }
+    sampling_workspace_destroy(ws);
+}
+
+/* Samples GOF_SAMPLES generations of 3 tokens (seeds 1..N) and tests the 2nd
+ * and 3rd tokens against the exact distribution. draft NULL = target-only
+ * (checks the method itself). */
+static void check_distribution(struct dist_pair *p, int with_draft, int k,
+                               enum speculate_mode mode, const struct sampling_params *base,
+                               const char *label)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_draft *d = NULL;
+    struct specdec_target *t;
+    if (with_draft)
+        fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
+    fixture_check(specdec_target_create(&t, p->target.ctx, err), "target", err);
+    const int32_t prompt[3] = {3, 9, 4};
+    double exact2[DIST_VOCAB], exact3[DIST_VOCAB];
+    exact_distributions(&p->target, prompt, 3, base, exact2, exact3);
+    uint64_t count2[DIST_VOCAB] = {0}, count3[DIST_VOCAB] = {0};
+    long drafted = 0, accepted = 0;
+    for (int s = 1; s <= GOF_SAMPLES; s++) {
+        struct sampling_params sp = *base;
+        sp.seed = (uint64_t)s;
+        int32_t out[3];
+        int n;
+        struct specdec_stats st;
+        generate(d, t, prompt, 3, 3, k, &sp, mode, NULL, 0, out, &n, &st);
+        assert_int_equal(n, 3);
+        count2[out[1]]++;
+        count3[out[2]]++;
+        drafted += st.drafted;
+        accepted += st.accepted;
+    }
+    double e2[DIST_VOCAB], e3[DIST_VOCAB];
+    for (int v = 0; v < DIST_VOCAB; v++) {
+        e2[v] = exact2[v] * GOF_SAMPLES;
+        e3[v] = exact3[v] * GOF_SAMPLES;
+    }
+    int df2, df3;
+    double x2 = chi_square_statistic(count2, e2, DIST_VOCAB, 5.0, &df2);
+    double x3 = chi_square_statistic(count3, e3, DIST_VOCAB, 5.0, &df3);
+    double c2 = chi_square_critical(df2, GOF_ALPHA), c3 = chi_square_critical(df3, GOF_ALPHA);
+    fprintf(stderr,
+            "  %-34s acceptance %.3f | token 2: chi2 %.1f (df %d, critical %.1f) | token 3: "
+            "chi2 %.1f (df %d, critical %.1f)\n",
+            label, drafted ? (double)accepted / drafted : 0.0, x2, df2, c2, x3, df3, c3);
+    assert_true(df2 >= 1 && df3 >= 1);
+    assert_true(x2 < c2);
+    assert_true(x3 < c3);
+    if (with_draft) /* the pair must exercise both acceptance and rejection */
+        assert_true(accepted > 0 && accepted < drafted);
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
+}
+
+static void test_specdec_sampling_matches_target_distribution_temperature_1(void **state)
+{
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 1.0f;
+    check_distribution(*state, 0, 0, SPECULATE_MODE_SAMPLED, &sp, "target-only T=1");
+    check_distribution(*state, 1, 2, SPECULATE_MODE_SAMPLED, &sp, "speculative K=2 T=1");
+    check_distribution(*state, 1, 1, SPECULATE_MODE_POINT_MASS, &sp, "point-mass K=1 T=1");
+}
+
+static void test_specdec_sampling_matches_target_distribution_top_k_top_p(void **state)
+{
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0.8f;
+    sp.top_k = 6;
+    check_distribution(*state, 1, 2, SPECULATE_MODE_SAMPLED, &sp, "speculative K=2 T=0.8 top-k 6");
+    sampling_params_default(&sp);
+    sp.temperature = 1.0f;
+    sp.top_p = 0.7f;
+    check_distribution(*state, 1, 2, SPECULATE_MODE_SAMPLED, &sp, "speculative K=2 top-p 0.7");
+    check_distribution(*state, 1, 2, SPECULATE_MODE_POINT_MASS, &sp, "point-mass K=2 top-p 0.7");
+}
+
+/* Same seed, same tokens: sampling is reproducible. */
+static void test_specdec_seeded_sampling_is_reproducible(void **state)
+{
+    struct dist_pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_draft *d;
+    struct specdec_target *t;
+    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
+    fixture_check(specdec_target_create(&t, p->target.ctx, err), "target", err);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 1.0f;
+    sp.seed = 1234;
+    const int32_t prompt[3] = {3, 9, 4};
+    int32_t a[40], b[40], c[40];
+    int na, nb, nc;
+    struct specdec_stats st;
+    generate(d, t, prompt, 3, 40, 3, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, a, &na, &st);
+    generate(d, t, prompt, 3, 40, 3, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, b, &nb, &st);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof(int32_t));
+    sp.seed = 1235;
+    generate(d, t, prompt, 3, 40, 3, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, c, &nc, &st);
+    assert_true(nc != na || memcmp(a, c, (size_t)na * sizeof(int32_t)) != 0);
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
+}
+
+static void test_specdec_adaptive_k_drops_to_plain_decoding_when_drafts_fail(void **state)
+{
+    (void)state;
+    struct specdec_k_control kc;
+    specdec_k_init(&kc, 0, 8);
+    /* drafts never accepted, draft as costly as a third of the target */
+    for (int r = 0; r < 40; r++) {
+        int k = specdec_k_next(&kc, 1000);
+        specdec_k_update(&kc, k, 0, k * 1.0, 3.0 + 0.1 * k);
+    }
+    int zeros = 0;
+    for (int r = 0; r < 32; r++) {
+        int k = specdec_k_next(&kc, 1000);
+        zeros += k == 0;
+        specdec_k_update(&kc, k, 0, k * 1.0, 3.0 + 0.1 * k);
+    }
+    assert_true(zeros >= 28); /* plain decoding but for the occasional probe */
+    /* drafts that always match push K up */
+    specdec_k_init(&kc, 0, 8);
+    for (int r = 0; r < 40; r++) {
+        int k = specdec_k_next(&kc, 1000);
+        specdec_k_update(&kc, k, k, k * 0.3, 3.0 + 0.1 * k);
+    }
+    assert_true(specdec_k_next(&kc, 1000) >= 6);
+    assert_true(fabs(specdec_k_cost_ratio(&kc) - 0.1) < 0.02);
+    /* never more than the room left */
+    assert_int_equal(specdec_k_next(&kc, 3), 2);
+    assert_int_equal(specdec_k_next(&kc, 1), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tiny[] = {
+        cmocka_unit_test(test_specdec_greedy_equals_target_only_on_matched_tiny_pair),
+        cmocka_unit_test(test_specdec_greedy_equals_target_only_on_poor_tiny_pair),
+        cmocka_unit_test(test_specdec_stops_and_limits_apply_to_accepted_tokens),
+        cmocka_unit_test(test_specdec_never_overflows_the_context),
+        cmocka_unit_test(test_specdec_rejects_bad_parameters),
+        cmocka_unit_test(test_specdec_adaptive_k_drops_to_plain_decoding_when_drafts_fail),
+    };
+    const struct CMUnitTest dist[] = {
+        cmocka_unit_test(test_specdec_sampling_matches_target_distribution_temperature_1),
+        cmocka_unit_test(test_specdec_sampling_matches_target_distribution_top_k_top_p),
+        cmocka_unit_test(test_specdec_seeded_sampling_is_reproducible),
+    };
+    int failed = cmocka_run_group_tests_name("tiny pairs", tiny, setup_tiny_pair, teardown_pair);
+    failed += cmocka_run_group_tests_name("vocab-16 distribution", dist, setup_vocab16_pair,
+                                          teardown_vocab16_pair);
+    return failed;
+}

@@ -1,0 +1,479 @@
+/* test_speculate.c: the accept/reject step emits exactly the target
+ * distribution (chi-square goodness of fit, both modes, K = 1 and 3, rows with
+ * zeros), a deliberately broken variant fails the same test, the decision
+ * rules on hand-made cases, greedy, input errors, and the adaptive-K math. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "philox.h"
+#include "sampling.h"
+#include "speculate.h"
+#include "stats_helpers.h"
+
+enum { V = 12, K_MAX = 3 };
+
+/* Hand-made rows over 12 tokens. p has zeros (tokens the target never
+ * emits); q has zeros where p has mass (reachable only through the residual)
+ * and mass where p has none (always rejected). Row i uses a rotation so the
+ * K rows differ. Each sums to 1. */
+static const float p_base[V] = {0.10f, 0.00f, 0.25f, 0.05f, 0.00f, 0.15f,
+                                0.10f, 0.05f, 0.20f, 0.00f, 0.06f, 0.04f};
+static const float q_base[V] = {0.20f, 0.10f, 0.05f, 0.00f, 0.15f, 0.15f,
+                                0.05f, 0.00f, 0.10f, 0.10f, 0.10f, 0.00f};
+
+static void make_rows(float p_rows[K_MAX + 1][V], float q_rows[K_MAX][V])
+{
+    for (int i = 0; i <= K_MAX; i++)
+        for (int v = 0; v < V; v++) {
+            p_rows[i][v] = p_base[(v + 3 * i) % V];
+            if (i < K_MAX)
+                q_rows[i][v] = q_base[(v + 5 * i) % V];
+        }
+}
+
+/* Significance of every goodness-of-fit test here: a correct implementation
+ * fails with probability 1e-4 per test; the seeds are fixed, so each run
+ * gives the same verdict. Bins expecting fewer than 5 are pooled. */
+#define GOF_ALPHA 1e-4
+#define GOF_MIN_EXPECTED 5.0
+#define GOF_TRIALS 40000
+
+struct gof_result {
+    double stat[K_MAX + 1]; /* per emitted slot j (0 = first emitted token) */
+    double crit[K_MAX + 1];
+    int df[K_MAX + 1];
+    uint64_t n[K_MAX + 1]; /* rounds that emitted a token in slot j */
+};
+
+/* GOF_TRIALS rounds with seed `seed`, round r at position0 = 64 r. The draft
+ * draws t_i from q_i with its own Philox stream (sampled mode) or proposes
+ * argmax q_i (point mass). Slot j's tokens are compared with p_(j+1): given
+ * that slot j is emitted, its token must follow p_(j+1) (the rows here do
+ * not depend on earlier tokens). */
+static void run_gof(int k, enum speculate_mode mode, enum speculate_debug_fault fault,
+                    uint64_t seed, struct gof_result *res)
+{
+    float p_rows[K_MAX + 1][V], q_rows[K_MAX][V], scratch[V];
+    make_rows(p_rows, q_rows);
+    /* Rows 0..k-1 of p and q are the drafted positions, p row k the bonus
+     * row; rows beyond are unused. */
+    uint64_t counts[K_MAX + 1][V];
+    memset(counts, 0, sizeof counts);
+    memset(res, 0, sizeof *res);
+    for (int r = 0; r < GOF_TRIALS; r++) {
+        uint64_t pos0 = 64u * (uint64_t)r;
+        int32_t draft[K_MAX], out[K_MAX + 1];
+        for (int i = 0; i < k; i++) {
+            if (mode == SPECULATE_MODE_SAMPLED)
+                draft[i] = sampling_draw(q_rows[i], V,
+                                         philox_uniform(seed, PHILOX_STREAM_DRAFT_SAMPLE,
+                                                        pos0 + (uint64_t)i, 0));
+            else
+                draft[i] = sampling_argmax(q_rows[i], V);
+            assert_true(draft[i] >= 0);
+        }
+        struct speculate_input in = {
+            .k = k,
+            .vocab = V,
+            .draft_tokens = draft,
+            .q_rows = mode == SPECULATE_MODE_SAMPLED ? &q_rows[0][0] : NULL,
+            .p_rows = &p_rows[0][0],
+            .greedy = 0,
+            .mode = mode,
+            .seed = seed,
+            .position0 = pos0,
+            .debug_fault = fault,
+        };
+        int n_acc = -1;
+        char err[ERR_MSG_MAX] = "";
+        int rc = speculate_verify(&in, scratch, out, &n_acc, err);
+        if (rc)
+            print_error("speculate_verify: %s\n", err);
+        assert_int_equal(rc, 0);
+        assert_true(n_acc >= 0 && n_acc <= k);
+        for (int j = 0; j <= n_acc; j++) {
+            assert_true(out[j] >= 0 && out[j] < V);
+            if (j < n_acc)
+                assert_int_equal(out[j], draft[j]);
+            counts[j][out[j]]++;
+            res->n[j]++;
+        }
+    }
+    for (int j = 0; j <= k; j++) {
+        double expected[V];
+        for (int v = 0; v < V; v++)
+            expected[v] = (double)res->n[j] * p_rows[j][v];
+        res->stat[j] = chi_square_statistic(counts[j], expected, V, GOF_MIN_EXPECTED, &res->df[j]);
+        res->crit[j] = res->df[j] >= 1 ? chi_square_critical(res->df[j], GOF_ALPHA) : 0.0;
+    }
+}
+
+static void print_gof(const char *name, int k, const struct gof_result *res)
+{
+    for (int j = 0; j <= k; j++)
+        printf("%s: slot %d: n %llu, chi-square %.2f, df %d, critical(%g) %.2f\n", name, j,
+               (unsigned long long)res->n[j], res->stat[j], res->df[j], GOF_ALPHA, res->crit[j]);
+}
+
+/* Slots with at least 2000 samples are tested; slots 0 and 1 always qualify
+ * with these rows (checked). */
+static void assert_gof_passes(const char *name, int k, const struct gof_result *res)
+{
+    print_gof(name, k, res);
+    assert_true(res->n[0] == GOF_TRIALS);
+    if (k >= 2)
+        assert_true(res->n[1] >= 2000);
+    for (int j = 0; j <= k; j++) {
+        if (res->n[j] < 2000)
+            continue;
+        assert_true(res->df[j] >= 4);
+        assert_true(res->stat[j] <= res->crit[j]);
+    }
+}
+
+static void test_speculate_sampled_k1_emits_target_distribution(void **state)
+{
+    (void)state;
+    struct gof_result res;
+    run_gof(1, SPECULATE_MODE_SAMPLED, SPECULATE_DEBUG_NONE, 1001, &res);
+    assert_gof_passes("sampled K=1", 1, &res);
+}
+
+static void test_speculate_sampled_k3_first_and_second_tokens_follow_p(void **state)
+{
+    (void)state;
+    struct gof_result res;
+    run_gof(3, SPECULATE_MODE_SAMPLED, SPECULATE_DEBUG_NONE, 1003, &res);
+    assert_gof_passes("sampled K=3", 3, &res);
+}
+
+static void test_speculate_point_mass_k1_emits_target_distribution(void **state)
+{
+    (void)state;
+    struct gof_result res;
+    run_gof(1, SPECULATE_MODE_POINT_MASS, SPECULATE_DEBUG_NONE, 2001, &res);
+    assert_gof_passes("point-mass K=1", 1, &res);
+}
+
+static void test_speculate_point_mass_k3_first_and_second_tokens_follow_p(void **state)
+{
+    (void)state;
+    struct gof_result res;
+    run_gof(3, SPECULATE_MODE_POINT_MASS, SPECULATE_DEBUG_NONE, 2003, &res);
+    assert_gof_passes("point-mass K=3", 3, &res);
+}
+
+/* The same test, same sample size and alpha, on the broken variant (the
+ * correction drawn from p instead of the residual): it must be rejected,
+ * which shows the test has the power to catch a wrong sampler. */
+static void test_speculate_broken_residual_fails_chi_square(void **state)
+{
+    (void)state;
+    const struct {
+        const char *name;
+        int k;
+        enum speculate_mode mode;
+        uint64_t seed;
+    } cases[] = {
+        {"sampled K=1", 1, SPECULATE_MODE_SAMPLED, 1001},
+        {"sampled K=3", 3, SPECULATE_MODE_SAMPLED, 1003},
+        {"point-mass K=1", 1, SPECULATE_MODE_POINT_MASS, 2001},
+        {"point-mass K=3", 3, SPECULATE_MODE_POINT_MASS, 2003},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct gof_result good, broken;
+        run_gof(cases[c].k, cases[c].mode, SPECULATE_DEBUG_NONE, cases[c].seed, &good);
+        run_gof(cases[c].k, cases[c].mode, SPECULATE_DEBUG_RESIDUAL_FROM_P, cases[c].seed,
+                &broken);
+        printf("%s first token: correct chi-square %.2f, broken %.2f (df %d, critical %.2f)\n",
+               cases[c].name, good.stat[0], broken.stat[0], broken.df[0], broken.crit[0]);
+        assert_true(good.stat[0] <= good.crit[0]);
+        assert_true(broken.df[0] >= 1);
+        assert_true(broken.stat[0] > broken.crit[0]);
+    }
+}
+
+/* ---- decision rules on hand-made rows ---- */
+
+static void test_speculate_accepts_iff_u_below_p_over_q(void **state)
+{
+    (void)state;
+    /* p(t) / q(t) = 0.3 / 0.6 = 0.5 at token 1. */
+    const float q[V] = {0.1f, 0.6f, 0.3f};
+    const float p[2][V] = {{0.4f, 0.3f, 0.3f}, {0.0f, 0.0f, 1.0f}};
+    const int32_t draft[1] = {1};
+    float scratch[V];
+    int n_accepted_seen[2] = {0, 0};
+    for (uint64_t pos = 0; pos < 2000; pos++) {
+        struct speculate_input in = {.k = 1, .vocab = V, .draft_tokens = draft, .q_rows = q,
+                                     .p_rows = &p[0][0], .seed = 99, .position0 = pos};
+        int32_t out[2];
+        int n = -1;
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        float u = philox_uniform(99, PHILOX_STREAM_TARGET_ACCEPT, pos, 0);
+        assert_int_equal(n, (double)u < 0.3 / 0.6 ? 1 : 0);
+        n_accepted_seen[n]++;
+        if (n == 1) {
+            assert_int_equal(out[0], 1);
+            assert_int_equal(out[1], 2); /* bonus row is a point mass at 2 */
+        } else {
+            /* Residual max(0, p - q) = {0.3, 0, 0}: only token 0. */
+            assert_int_equal(out[0], 0);
+        }
+    }
+    assert_true(n_accepted_seen[0] > 800 && n_accepted_seen[1] > 800);
+}
+
+static void test_speculate_degenerate_rows(void **state)
+{
+    (void)state;
+    float scratch[V];
+    int32_t out[2];
+    int n;
+    /* p(t) == 0: always rejected, even where u would be tiny. */
+    const float q1[V] = {0.5f, 0.5f};
+    const float p1[2][2] = {{0.0f, 1.0f}, {1.0f, 0.0f}};
+    const int32_t t0[1] = {0};
+    for (uint64_t pos = 0; pos < 200; pos++) {
+        struct speculate_input in = {.k = 1, .vocab = 2, .draft_tokens = t0, .q_rows = q1,
+                                     .p_rows = &p1[0][0], .seed = 5, .position0 = pos};
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        assert_int_equal(n, 0);
+        assert_int_equal(out[0], 1);
+        in.mode = SPECULATE_MODE_POINT_MASS;
+        in.q_rows = NULL;
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        assert_int_equal(n, 0);
+        assert_int_equal(out[0], 1);
+    }
+    /* q(t) == 0 with p(t) > 0: accepted (ratio +inf). */
+    const float q2[V] = {0.0f, 1.0f};
+    const float p2[2][2] = {{0.01f, 0.99f}, {0.0f, 1.0f}};
+    for (uint64_t pos = 0; pos < 200; pos++) {
+        struct speculate_input in = {.k = 1, .vocab = 2, .draft_tokens = t0, .q_rows = q2,
+                                     .p_rows = &p2[0][0], .seed = 6, .position0 = pos};
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        assert_int_equal(n, 1);
+        assert_int_equal(out[0], 0);
+        assert_int_equal(out[1], 1);
+    }
+    /* Residual with no positive entry (q >= p everywhere, as when p and q
+     * agree up to rounding; here p is made short of mass on purpose so the
+     * rejection is certain): the correction comes from p itself. */
+    const float q3[V] = {0.5f, 0.5f, 0.0f};
+    const float p3[2][3] = {{0.0f, 0.5f, 0.0f}, {0.0f, 0.0f, 1.0f}};
+    for (uint64_t pos = 0; pos < 200; pos++) {
+        struct speculate_input in = {.k = 1, .vocab = 3, .draft_tokens = t0, .q_rows = q3,
+                                     .p_rows = &p3[0][0], .seed = 7, .position0 = pos};
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        assert_int_equal(n, 0);
+        assert_int_equal(out[0], 1);
+    }
+    /* Point mass with p(t) == 1 is never rejected. */
+    const float p4[2][3] = {{0.0f, 1.0f, 0.0f}, {0.25f, 0.25f, 0.5f}};
+    const int32_t t1[1] = {1};
+    for (uint64_t pos = 0; pos < 500; pos++) {
+        struct speculate_input in = {.k = 1, .vocab = 3, .draft_tokens = t1,
+                                     .p_rows = &p4[0][0], .mode = SPECULATE_MODE_POINT_MASS,
+                                     .seed = 8, .position0 = pos};
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        assert_int_equal(n, 1);
+        assert_int_equal(out[0], 1);
+    }
+    /* Point mass rejection never re-emits the rejected token. */
+    const float p5[2][3] = {{0.3f, 0.7f, 0.0f}, {1.0f, 0.0f, 0.0f}};
+    for (uint64_t pos = 0; pos < 500; pos++) {
+        struct speculate_input in = {.k = 1, .vocab = 3, .draft_tokens = t1,
+                                     .p_rows = &p5[0][0], .mode = SPECULATE_MODE_POINT_MASS,
+                                     .seed = 9, .position0 = pos};
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        if (n == 0)
+            assert_int_equal(out[0], 0);
+        else
+            assert_int_equal(out[1], 0);
+    }
+}
+
+static void test_speculate_greedy_accepts_while_argmax_matches(void **state)
+{
+    (void)state;
+    /* argmax rows: 2, 0 (tie 0/1 -> 0), 3, 1 */
+    const float p[4][4] = {{0.1f, 0.2f, 0.6f, 0.1f},
+                           {0.4f, 0.4f, 0.1f, 0.1f},
+                           {0.0f, 0.0f, 0.0f, 1.0f},
+                           {0.0f, 1.0f, 0.0f, 0.0f}};
+    int32_t out[4];
+    int n;
+    const int32_t all_match[3] = {2, 0, 3};
+    struct speculate_input in = {.k = 3, .vocab = 4, .draft_tokens = all_match,
+                                 .p_rows = &p[0][0], .greedy = 1, .seed = 1};
+    /* No q rows and no scratch needed. */
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(out[1], 0);
+    assert_int_equal(out[2], 3);
+    assert_int_equal(out[3], 1);
+    const int32_t second_wrong[3] = {2, 1, 3};
+    in.draft_tokens = second_wrong;
+    for (uint64_t pos = 0; pos < 50; pos++) { /* no randomness: every position alike */
+        in.position0 = pos;
+        assert_int_equal(speculate_verify(&in, NULL, out, &n, NULL), 0);
+        assert_int_equal(n, 1);
+        assert_int_equal(out[0], 2);
+        assert_int_equal(out[1], 0);
+    }
+    const int32_t first_wrong[3] = {0, 0, 3};
+    in.draft_tokens = first_wrong;
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(out[0], 2);
+}
+
+static void test_speculate_k0_samples_first_p_row(void **state)
+{
+    (void)state;
+    const float p[V] = {0.0f, 0.25f, 0.75f};
+    float scratch[V];
+    for (uint64_t pos = 0; pos < 100; pos++) {
+        struct speculate_input in = {.k = 0, .vocab = 3, .p_rows = p, .seed = 3, .position0 = pos};
+        int32_t out[1];
+        int n = -1;
+        assert_int_equal(speculate_verify(&in, scratch, out, &n, NULL), 0);
+        assert_int_equal(n, 0);
+        /* Same draw as plain sampling at this position. */
+        float u = philox_uniform(3, PHILOX_STREAM_TARGET_SAMPLE, pos, 0);
+        assert_int_equal(out[0], sampling_draw(p, 3, u));
+    }
+}
+
+static void test_speculate_rejects_invalid_input(void **state)
+{
+    (void)state;
+    const float q[2][V] = {{0.5f, 0.5f}, {0.5f, 0.5f}};
+    const float p[3][V] = {{0.5f, 0.5f}, {0.5f, 0.5f}, {0.5f, 0.5f}};
+    const float zero[2][V] = {{0}, {0}};
+    const int32_t good[2] = {0, 1}, bad[2] = {0, 12};
+    float scratch[V];
+    int32_t out[3];
+    int n;
+    char err[ERR_MSG_MAX];
+    struct speculate_input base = {.k = 2, .vocab = V, .draft_tokens = good,
+                                   .q_rows = &q[0][0], .p_rows = &p[0][0]};
+    struct speculate_input in = base;
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), 0);
+    in.draft_tokens = bad;
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_tokens[1]"));
+    in = base;
+    in.k = -1;
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    in = base;
+    in.q_rows = NULL;
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "q_rows"));
+    in = base;
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, err), ERR_INVALID_ARG);
+    in.mode = (enum speculate_mode)7;
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    in = base;
+    in.vocab = 0;
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    /* A p row with no mass where a token must be drawn: named. */
+    in = base;
+    in.k = 0;
+    in.p_rows = &zero[0][0];
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "p_rows[0]"));
+}
+
+static void test_speculate_same_seed_same_round(void **state)
+{
+    (void)state;
+    float p_rows[K_MAX + 1][V], q_rows[K_MAX][V], scratch[V];
+    make_rows(p_rows, q_rows);
+    int differ = 0;
+    for (uint64_t pos = 0; pos < 300; pos++) {
+        const int32_t draft[3] = {0, 5, 8};
+        struct speculate_input in = {.k = 3, .vocab = V, .draft_tokens = draft,
+                                     .q_rows = &q_rows[0][0], .p_rows = &p_rows[0][0],
+                                     .seed = 4242, .position0 = pos};
+        int32_t a[4], b[4];
+        int na, nb;
+        assert_int_equal(speculate_verify(&in, scratch, a, &na, NULL), 0);
+        assert_int_equal(speculate_verify(&in, scratch, b, &nb, NULL), 0);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, (size_t)(na + 1) * sizeof a[0]);
+        in.seed = 4243;
+        assert_int_equal(speculate_verify(&in, scratch, b, &nb, NULL), 0);
+        differ += na != nb || a[na] != b[nb];
+    }
+    assert_true(differ > 50);
+}
+
+/* ---- adaptive K ---- */
+
+static void test_speculate_expected_tokens_and_best_k(void **state)
+{
+    (void)state;
+    assert_true(fabs(speculate_expected_tokens(0.5, 3) - 1.875) < 1e-12);
+    assert_true(speculate_expected_tokens(1.0, 4) == 5.0);
+    assert_true(speculate_expected_tokens(0.0, 4) == 1.0);
+    assert_true(speculate_expected_tokens(0.7, 0) == 1.0);
+    /* Against the closed form away from a = 1. */
+    for (int k = 1; k <= 8; k++)
+        for (double a = 0.05; a < 0.99; a += 0.1)
+            assert_true(fabs(speculate_expected_tokens(a, k) - (1 - pow(a, k + 1)) / (1 - a)) <
+                        1e-12);
+    /* Continuous at a -> 1. */
+    assert_true(fabs(speculate_expected_tokens(1.0 - 1e-12, 4) - 5.0) < 1e-9);
+    /* Speedup = tokens / (k c + 1). */
+    assert_true(fabs(speculate_expected_speedup(0.8, 3, 0.1) - 2.952 / 1.3) < 1e-12);
+    /* Brute force over the closed form picks the same k. */
+    const double as[] = {0.3, 0.6, 0.8, 0.9, 0.95};
+    const double cs[] = {0.02, 0.05, 0.1, 0.3};
+    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++)
+        for (size_t j = 0; j < sizeof cs / sizeof cs[0]; j++) {
+            int want = 0;
+            double best = 1.0;
+            for (int k = 1; k <= 10; k++) {
+                double s = (1 - pow(as[i], k + 1)) / (1 - as[i]) / (k * cs[j] + 1);
+                if (s > best + 1e-12) {
+                    best = s;
+                    want = k;
+                }
+            }
+            assert_int_equal(speculate_best_k(as[i], cs[j], 10), want);
+        }
+    /* No k helps: low acceptance, expensive draft (k=1: 1.1 / 1.5 < 1). */
+    assert_int_equal(speculate_best_k(0.1, 0.5, 8), 0);
+    assert_int_equal(speculate_best_k(0.9, 0.05, 0), 0);
+    /* Perfect acceptance, free draft: the largest k. */
+    assert_int_equal(speculate_best_k(1.0, 0.0, 6), 6);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_speculate_sampled_k1_emits_target_distribution),
+        cmocka_unit_test(test_speculate_sampled_k3_first_and_second_tokens_follow_p),
+        cmocka_unit_test(test_speculate_point_mass_k1_emits_target_distribution),
+        cmocka_unit_test(test_speculate_point_mass_k3_first_and_second_tokens_follow_p),
+        cmocka_unit_test(test_speculate_broken_residual_fails_chi_square),
+        cmocka_unit_test(test_speculate_accepts_iff_u_below_p_over_q),
+        cmocka_unit_test(test_speculate_degenerate_rows),
+        cmocka_unit_test(test_speculate_greedy_accepts_while_argmax_matches),
+        cmocka_unit_test(test_speculate_k0_samples_first_p_row),
+        cmocka_unit_test(test_speculate_rejects_invalid_input),
+        cmocka_unit_test(test_speculate_same_seed_same_round),
+        cmocka_unit_test(test_speculate_expected_tokens_and_best_k),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
