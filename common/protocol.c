@@ -271,7 +271,7 @@ int protocol_get_int(const cJSON *obj, const char *field, int lo, int hi, int *o
     const cJSON *item = lookup(obj, field);
     if (!item)
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
-    int64_t v;
+    int64_t v = 0;
     int rc = get_integer(item, field, lo, hi, INT_MAX, &v, err);
     if (rc == 0)
         *out = (int)v;
@@ -409,7 +409,7 @@ int protocol_get_int_array(const cJSON *obj, const char *field, int lo, int hi, 
     for (const cJSON *el = item->child; el; el = el->next, i++) {
         char name[160];
         snprintf(name, sizeof name, "%s[%d]", field, i);
-        int64_t v;
+        int64_t v = 0;
         int rc = get_integer(el, name, lo, hi, INT_MAX, &v, err);
         if (rc != 0)
             return rc;

@@ -261,7 +261,7 @@ int shm_buffer_import(struct shm_buffer **out, const cJSON *descriptor, char *er
     if (!ops)
         return error_set(err, ERR_UNSUPPORTED, "shm.transport: \"%.64s\" not built into this binary",
                          tr->valuestring);
-    int n_slots, k_max, vocab, rc;
+    int n_slots = 0, k_max = 0, vocab = 0, rc;
     if ((rc = desc_int(descriptor, "n_slots", &n_slots, err)) != 0 ||
         (rc = desc_int(descriptor, "k_max", &k_max, err)) != 0 ||
         (rc = desc_int(descriptor, "vocab", &vocab, err)) != 0)

@@ -1049,6 +1049,22 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         send_refused(c, msg->identity, msg->identity_size, err);
         return;
     }
+    /* A worker repeats register until it is welcomed (its first one may
+     * leave before the connection is up): a repeat from the same process is
+     * answered again, never taken for a restart. */
+    struct worker *known = &c->worker[role];
+    if ((known->up || known->held) && known->pid == w.pid &&
+        strcmp(known->shm_name, w.shm_name) == 0) {
+        memcpy(known->identity, msg->identity, msg->identity_size);
+        known->identity_size = msg->identity_size;
+        known->last_seen_ms = now_ms();
+        if (known->up) {
+            send_welcome(c, role);
+            if (role == ROLE_DRAFT)
+                send_attach(c);
+        }
+        return;
+    }
     snprintf(w.model, sizeof(w.model), "%s", model);
     snprintf(w.backend, sizeof(w.backend), "%s", backend);
     memcpy(w.identity, msg->identity, msg->identity_size);

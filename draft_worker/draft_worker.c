@@ -413,7 +413,8 @@ int draft_worker_run(struct draft_worker *w, volatile sig_atomic_t *stop, char *
         now = protocol_now_ms();
         if (now - w->last_beat_ms >= heartbeat_ms)
             send_heartbeat(w);
-        if (w->register_pending && now - w->last_register_ms >= REGISTER_RETRY_MS) {
+        if ((w->register_pending && now - w->last_register_ms >= REGISTER_RETRY_MS) ||
+            (!w->welcomed && now - w->last_register_ms >= heartbeat_ms)) {
             send_register(w);
         } else if (now - w->last_heard_ms >= timeout_ms &&
                    now - w->last_register_ms >= timeout_ms) {

@@ -44,6 +44,7 @@ struct target_worker {
     double last_heard_ms;
     double last_beat_ms;
     double last_register_ms;
+    double last_verify_end_ms; /* 0 before the first verify */
     bool welcomed;
     bool register_pending;   /* the last register could not be sent: retry soon */
     bool send_failing;       /* sends fail (coordinator away): log once per streak */
@@ -220,7 +221,8 @@ static void handle_attach(struct target_worker *w, const struct protocol_msg *m,
 }
 
 static void send_verify_done(struct target_worker *w, int64_t req, int slot, int64_t round,
-                             int n_accepted, double ms, int k, const int32_t *tokens)
+                             int n_accepted, double ms, double idle_ms, int k,
+                             const int32_t *tokens)
 {
     cJSON *h = protocol_header_new(PROTOCOL_VERIFY_DONE);
     if (h && (!cJSON_AddNumberToObject(h, "req", (double)req) ||
@@ -228,6 +230,7 @@ static void send_verify_done(struct target_worker *w, int64_t req, int slot, int
               !cJSON_AddNumberToObject(h, "round", (double)round) ||
               !cJSON_AddNumberToObject(h, "n_accepted", n_accepted) ||
               !cJSON_AddNumberToObject(h, "verify_ms", ms) ||
+              (idle_ms >= 0 && !cJSON_AddNumberToObject(h, "idle_ms", idle_ms)) ||
               !cJSON_AddNumberToObject(h, "draft_k", k))) {
         cJSON_Delete(h);
         h = NULL;
@@ -299,7 +302,11 @@ static void handle_verify(struct target_worker *w, const struct protocol_msg *m)
     double t0 = protocol_now_ms();
     rc = specdec_target_verify(w->spec, slot, keep_len, feed, n_feed, drafts, k, q_rows, &sp, mode,
                                out, &n_accepted, err);
-    double ms = protocol_now_ms() - t0;
+    double t1 = protocol_now_ms(), ms = t1 - t0;
+    /* The gap since the previous verification ended: control-plane time and
+     * waiting for drafts, the overhead the pipeline exists to hide. */
+    double idle_ms = w->last_verify_end_ms > 0 ? t0 - w->last_verify_end_ms : -1;
+    w->last_verify_end_ms = t1;
     if (rc) {
         send_error(w, PROTOCOL_VERIFY, req, slot, rc, err);
         return;
@@ -316,7 +323,7 @@ static void handle_verify(struct target_worker *w, const struct protocol_msg *m)
     }
     LOG_DEBUG("verify req %lld slot %d round %lld: k %d, accepted %d, %.1f ms", (long long)req,
               slot, (long long)round, k, n_accepted, ms);
-    send_verify_done(w, req, slot, round, n_accepted, ms, k, out);
+    send_verify_done(w, req, slot, round, n_accepted, ms, idle_ms, k, out);
 }
 
 static void handle_release(struct target_worker *w, const struct protocol_msg *m)
@@ -416,7 +423,8 @@ int target_worker_run(struct target_worker *w, volatile sig_atomic_t *stop, char
         now = protocol_now_ms();
         if (now - w->last_beat_ms >= heartbeat_ms)
             send_heartbeat(w);
-        if (w->register_pending && now - w->last_register_ms >= REGISTER_RETRY_MS) {
+        if ((w->register_pending && now - w->last_register_ms >= REGISTER_RETRY_MS) ||
+            (!w->welcomed && now - w->last_register_ms >= heartbeat_ms)) {
             send_register(w);
         } else if (now - w->last_heard_ms >= timeout_ms &&
                    now - w->last_register_ms >= timeout_ms) {

@@ -12,6 +12,7 @@
 #include "kernels.h"
 #include "llama.h"
 #include "modelgen.h"
+#include "sampling.h"
 #include "specdec.h"
 
 struct loaded_model {
@@ -74,6 +75,66 @@ static inline void fixture_random_ids(int32_t *ids, int n, int vocab_lo, int voc
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = vocab_lo + (int32_t)((x >> 33) % (uint64_t)(vocab_hi - vocab_lo));
     }
+}
+
+static inline void fixture_generate(struct specdec_draft *d, struct specdec_target *t, const int32_t *prompt,
+                     int n_prompt, int max_tokens, int k, const struct sampling_params *sp,
+                     enum speculate_mode mode, const int32_t *stop, int n_stop, int32_t *out,
+                     int *n_out, struct specdec_stats *st)
+{
+    struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens,
+                                  .sampling = *sp, .mode = mode, .k_fixed = k, .stop_ids = stop,
+                                  .n_stop_ids = n_stop, .slot = 0};
+    char err[ERR_MSG_MAX] = "";
+    fixture_check(specdec_generate(d, t, &req, out, n_out, st, NULL, NULL, err), "specdec_generate",
+                  err);
+}
+
+/* n_prompts prompts, target-only vs speculative for K = 1..8 and adaptive
+ * (0), in the sampled draft mode and (n_modes 2) the point-mass mode. */
+static inline void check_greedy_equality(struct loaded_model *draft_m,
+                                         struct loaded_model *target_m, int n_prompts,
+                                         int max_tokens, int n_modes, double *acceptance_out)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_draft *d;
+    struct specdec_target *t;
+    fixture_check(specdec_draft_create(&d, draft_m->ctx, err), "specdec_draft_create", err);
+    fixture_check(specdec_target_create(&t, target_m->ctx, err), "specdec_target_create", err);
+    const struct model_config *cfg = llama_model_config(target_m->model);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
+    long drafted = 0, accepted = 0;
+    int32_t *expect = malloc((size_t)max_tokens * sizeof(int32_t));
+    int32_t *got = malloc((size_t)max_tokens * sizeof(int32_t));
+    for (int i = 0; i < n_prompts; i++) {
+        int32_t prompt[32];
+        int n_prompt = 2 + i % 19;
+        fixture_random_ids(prompt, n_prompt, 0, cfg->vocab_size, 100 + (uint64_t)i);
+        int n_expect, n_got;
+        struct specdec_stats st;
+        fixture_generate(NULL, t, prompt, n_prompt, max_tokens, 0, &sp, SPECULATE_MODE_SAMPLED,
+                 cfg->eos_token_ids, cfg->n_eos_token_ids, expect, &n_expect, &st);
+        for (int k = 0; k <= 8; k++) {
+            for (int mode = 0; mode < n_modes; mode++) {
+                fixture_generate(d, t, prompt, n_prompt, max_tokens, k, &sp, (enum speculate_mode)mode,
+                         cfg->eos_token_ids, cfg->n_eos_token_ids, got, &n_got, &st);
+                if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
+                    fail_msg("prompt %d, K=%d, mode %d: speculative output differs from "
+                             "target-only (%d vs %d tokens)", i, k, mode, n_got, n_expect);
+                drafted += st.drafted;
+                accepted += st.accepted;
+                assert_true(st.accepted <= st.drafted);
+                assert_true(st.generated_tokens == n_got);
+            }
+        }
+    }
+    *acceptance_out = drafted ? (double)accepted / drafted : 0;
+    free(expect);
+    free(got);
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
 }
 
 #endif

@@ -258,6 +258,31 @@ static void test_proc_config_malformed_json_is_a_format_error(void **state)
     assert_int_equal(load(&cfg, "[1,2]", err), ERR_FORMAT);
 }
 
+static void test_proc_config_deploy_examples_are_valid(void **state)
+{
+    (void)state;
+    const char *src = getenv("TANDEM_SOURCE_DIR");
+    if (!src) {
+        skip();
+        return;
+    }
+    const char *files[] = {"config.cpu.json", "config.1gpu.json", "config.2gpu.json"};
+    for (int i = 0; i < 3; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/deploy/%s", src, files[i]);
+        struct proc_config cfg;
+        char err[ERR_MSG_MAX] = "";
+        proc_config_defaults(&cfg);
+        int rc = proc_config_load_file(&cfg, path, err);
+        if (rc == 0)
+            rc = proc_config_finalize(&cfg, PROC_CONFIG_COORDINATOR | PROC_CONFIG_DRAFT |
+                                                PROC_CONFIG_TARGET,
+                                      err);
+        if (rc != 0)
+            fail_msg("%s: %s", path, err);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -271,6 +296,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_set_parses_and_overrides),
         cmocka_unit_test(test_proc_config_parse_args_file_then_flags),
         cmocka_unit_test(test_proc_config_malformed_json_is_a_format_error),
+        cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

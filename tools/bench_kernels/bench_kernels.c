@@ -6,14 +6,19 @@
  *     bytes written) / time, on buffers far larger than the caches;
  *   - read bandwidth with T threads (a vector sum over a large buffer);
  *   - for bf16 weights of shapes 2048->8192, 8192->2048 and 2048->128256 and
- *     n = 1, 2, 4, 8, 16 input rows: time per matmul call, weight bytes read
- *     per second, and that as a percentage of both bandwidth figures.
+ *     n = 1..9, 16, 17 input rows: time per matmul call, weight bytes read
+ *     per second, that as a percentage of both bandwidth figures, and the
+ *     time relative to n = 1 (speculative verification needs n = 2..9 to
+ *     cost about as much as n = 1), also as one "ratio" line per shape.
+ *     Every n is measured in each of R interleaved rounds and the best kept,
+ *     so the ratios compare figures taken side by side on a busy machine.
  * Weights are rotated through enough copies (>= 256 MiB in all) that no call
  * finds its matrix in the last-level cache.
  *
- * Usage: tandem-bench-kernels [--threads N] [--seconds S]
+ * Usage: tandem-bench-kernels [--threads N] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
  *   S: minimum seconds per measurement (default 0.5)
+ *   R: rounds per shape (default 3)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -31,6 +36,8 @@
 #include "kernels.h"
 
 #define BENCH_MIB (1024.0 * 1024.0)
+#define BENCH_NS 11    /* row counts measured per shape */
+#define BENCH_N_MAX 17 /* the largest of them */
 
 static double now_s(void)
 {
@@ -126,15 +133,22 @@ int main(int argc, char **argv)
 {
     int n_threads = 0;
     double min_s = 0.5;
+    int rounds = 3;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             n_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
             min_s = atof(argv[++i]);
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+            rounds = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--seconds S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--seconds S] [--rounds R]\n", argv[0]);
             return 2;
         }
+    }
+    if (rounds < 1 || min_s <= 0) {
+        fprintf(stderr, "tandem-bench-kernels: --rounds must be >= 1 and --seconds > 0\n");
+        return 2;
     }
     char err[ERR_MSG_MAX] = "";
     struct kern_backend *be = NULL;
@@ -166,11 +180,14 @@ int main(int argc, char **argv)
     printf("read bandwidth   (%d threads, 512 MiB):             %.1f GB/s\n", threads, read_gbs);
 
     /* ---- matmul ---- */
+    /* Each n is measured once per round, the rounds interleaved, and the
+     * best round kept: on a shared machine the ratios time(n)/time(1) then
+     * compare figures taken side by side. */
     static const int shapes[3][2] = {{2048, 8192}, {8192, 2048}, {2048, 128256}};
-    static const int ns[5] = {1, 2, 4, 8, 16};
-    printf("\nmatmul bf16 (weight bytes / time per call)\n");
-    printf("%-18s %3s %11s %10s %9s %9s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%memcpy",
-           "%read");
+    static const int ns[BENCH_NS] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17};
+    printf("\nmatmul bf16 (weight bytes / time per call; best of %d rounds)\n", rounds);
+    printf("%-18s %3s %11s %10s %9s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s",
+           "%memcpy", "%read", "t(n)/t1");
     for (int si = 0; si < 3; si++) {
         const int d_in = shapes[si][0], d_out = shapes[si][1];
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
@@ -187,35 +204,52 @@ int main(int argc, char **argv)
                 p[k] = rand_bf16();
         }
         float *in = NULL, *out = NULL;
-        if (be->ops->alloc(be, (size_t)16 * d_in * sizeof(float), (void **)&in, err) != 0 ||
-            be->ops->alloc(be, (size_t)16 * d_out * sizeof(float), (void **)&out, err) != 0) {
+        if (be->ops->alloc(be, (size_t)BENCH_N_MAX * d_in * sizeof(float), (void **)&in, err) !=
+                0 ||
+            be->ops->alloc(be, (size_t)BENCH_N_MAX * d_out * sizeof(float), (void **)&out,
+                           err) != 0) {
             fprintf(stderr, "tandem-bench-kernels: %s\n", err);
             return 1;
         }
-        for (int k = 0; k < 16 * d_in; k++)
+        for (int k = 0; k < BENCH_N_MAX * d_in; k++)
             in[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
-        for (int ni = 0; ni < 5; ni++) {
-            const int n = ns[ni];
-            for (int c = 0; c < copies; c++) /* warm up */
-                if (be->ops->matmul(be, out, in, w[c], KERN_DTYPE_BF16, n, d_in, d_out, err) != 0) {
-                    fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                    return 1;
-                }
-            long calls = 0;
-            double t0 = now_s(), dt;
-            do {
-                be->ops->matmul(be, out, in, w[calls % copies], KERN_DTYPE_BF16, n, d_in, d_out,
-                                err);
-                calls++;
-                dt = now_s() - t0;
-            } while (dt < min_s || calls < copies);
-            double per_call = dt / (double)calls;
-            double gbs = (double)w_bytes / per_call / 1e9;
-            char label[32];
-            snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
-            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.0f%%\n", label, n, per_call * 1e6, gbs,
-                   100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
+        for (int c = 0; c < copies; c++) /* warm up: page in every copy */
+            if (be->ops->matmul(be, out, in, w[c], KERN_DTYPE_BF16, 1, d_in, d_out, err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+        double best[BENCH_NS];
+        for (int ni = 0; ni < BENCH_NS; ni++)
+            best[ni] = 1e30;
+        for (int round = 0; round < rounds; round++)
+            for (int ni = 0; ni < BENCH_NS; ni++) {
+                const int n = ns[ni];
+                long calls = 0;
+                double t0 = now_s(), dt;
+                do {
+                    if (be->ops->matmul(be, out, in, w[calls % copies], KERN_DTYPE_BF16, n, d_in,
+                                        d_out, err) != 0) {
+                        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                        return 1;
+                    }
+                    calls++;
+                    dt = now_s() - t0;
+                } while (dt < min_s || calls < copies);
+                double per_call = dt / (double)calls;
+                best[ni] = per_call < best[ni] ? per_call : best[ni];
+            }
+        char label[32];
+        snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
+        for (int ni = 0; ni < BENCH_NS; ni++) {
+            double gbs = (double)w_bytes / best[ni] / 1e9;
+            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.0f%% %8.2f\n", label, ns[ni],
+                   best[ni] * 1e6, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs,
+                   best[ni] / best[0]);
         }
+        printf("ratio %-12s", label);
+        for (int ni = 0; ni < BENCH_NS; ni++)
+            printf(" n%d:%.2f", ns[ni], best[ni] / best[0]);
+        printf("\n");
         for (int c = 0; c < copies; c++)
             be->ops->free(be, w[c]);
         be->ops->free(be, in);

@@ -1,0 +1,234 @@
+/* cuda_backend.h: the CUDA backend's private state, error macros, staging
+ * and scratch helpers, device-side helpers and op functions (private to
+ * kernels/cuda; included only by its .cu files; the public entry points are
+ * in kernels_cuda.h).
+ *
+ * Each op family lives in its own .cu file in three layers: the kernel(s),
+ * a launcher that sizes the grid, and the public entry (cuda_matmul, ...)
+ * with exactly the signature of its slot in struct kern_ops; cuda_backend.cu
+ * fills the table. Every entry validates its arguments like its CPU twin,
+ * makes the backend's device current, queues its work on the backend's
+ * stream and returns without waiting (only upload, download, free, sync and
+ * the growth of scratch space wait for the stream).
+ *
+ * Exactness: every reduction below is written out in a fixed order with
+ * explicit round-to-nearest intrinsics (__fmaf_rn, __fadd_rn, ...), so
+ * neither the compiler's contraction of a*b+c nor the number of rows in a
+ * call can change a bit. Fixed orders are stated in each file's header.
+ */
+#ifndef TANDEM_KERNELS_CUDA_BACKEND_H
+#define TANDEM_KERNELS_CUDA_BACKEND_H
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "error.h"
+#include "kernels.h"
+#include "logging.h"
+}
+#include "kernels_cuda.h"
+
+/* Pinned host staging slots for small host arrays (ids, positions,
+ * inv_freq), used round robin. A slot is refilled only after the copy
+ * queued from it CUDA_STAGE_SLOTS calls ago has finished (its event), so
+ * the host never overwrites bytes a pending copy still reads. */
+#define CUDA_STAGE_SLOTS 8
+
+/* cuBLAS workspace handed to the handle (cublasSetWorkspace): no hidden
+ * allocations during a GEMM, and the same workspace every call. */
+#define CUDA_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+struct cuda_stage {
+    void *host;         /* pinned, cap_bytes */
+    void *dev;          /* device, cap_bytes */
+    size_t cap_bytes;
+    cudaEvent_t done;   /* recorded after the last copy from host */
+};
+
+struct cuda_backend {
+    struct kern_backend base; /* must stay first */
+    int device;               /* ordinal in this process */
+    char uuid[KERN_CUDA_UUID_MAX];
+    cudaStream_t stream;      /* non-blocking: every op and copy goes here */
+    cublasHandle_t cublas;    /* bound to stream and cublas_ws */
+    void *cublas_ws;
+    struct cuda_stage stage[CUDA_STAGE_SLOTS];
+    int stage_next;           /* next slot to fill */
+    /* Scratch, grown on demand (never shrunk), freed by destroy. */
+    void *mm_act;             /* matmul: [n, d_in] bf16 activations for cuBLAS */
+    size_t mm_act_bytes;
+    void *attn_part;          /* attention: per-split partial results */
+    size_t attn_part_bytes;
+};
+
+static inline struct cuda_backend *cuda_backend_of(struct kern_backend *be)
+{
+    return (struct cuda_backend *)be;
+}
+
+/* Error reporting. Both return their code (ERR_CUDA) after writing
+ * "<func>: <call> failed: <reason> (<name>)" into err. */
+int cuda_backend_fail(char *err, cudaError_t e, const char *func, const char *call);
+int cuda_backend_fail_cublas(char *err, cublasStatus_t s, const char *func, const char *call);
+
+/* The macros return from the enclosing function, which must have a
+ * `char *err` in scope. */
+#define CUDA_CHECK(call)                                                          \
+    do {                                                                          \
+        cudaError_t cuda_check_e_ = (call);                                       \
+        if (cuda_check_e_ != cudaSuccess)                                         \
+            return cuda_backend_fail(err, cuda_check_e_, __func__, #call);        \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                        \
+    do {                                                                          \
+        cublasStatus_t cublas_check_s_ = (call);                                  \
+        if (cublas_check_s_ != CUBLAS_STATUS_SUCCESS)                             \
+            return cuda_backend_fail_cublas(err, cublas_check_s_, __func__, #call); \
+    } while (0)
+
+/* After every <<<>>> launch: reports launch errors (bad configuration,
+ * sticky errors from earlier work) naming the kernel. */
+#define CUDA_CHECK_LAUNCH(kernel_name)                                            \
+    do {                                                                          \
+        cudaError_t cuda_launch_e_ = cudaGetLastError();                          \
+        if (cuda_launch_e_ != cudaSuccess)                                        \
+            return cuda_backend_fail(err, cuda_launch_e_, __func__,               \
+                                     "launch of " kernel_name);                   \
+    } while (0)
+
+/* Makes the backend's device current on the calling thread (the current
+ * device is per thread, and several backends may share a process). */
+int cuda_backend_enter(struct cuda_backend *cb, char *err);
+
+/* Copies size_bytes of host memory to the device through the next pinned
+ * staging slot and returns the device address (*dev_out, valid for kernels
+ * queued on the backend's stream after this call and before
+ * CUDA_STAGE_SLOTS further staging calls). The copy is asynchronous; the
+ * host bytes may be reused as soon as this returns. */
+int cuda_backend_stage(struct cuda_backend *cb, const void *src_host, size_t size_bytes,
+                       const void **dev_out, char *err);
+
+/* Same, for two host arrays packed into one copy: a at offset 0, b at
+ * offset *b_offset_out (a_bytes rounded up to 16). */
+int cuda_backend_stage2(struct cuda_backend *cb, const void *a_host, size_t a_bytes,
+                        const void *b_host, size_t b_bytes, const void **dev_out,
+                        size_t *b_offset_out, char *err);
+
+/* Makes *buf (capacity *cap_bytes) hold at least size_bytes of device
+ * memory. Growing waits for the stream (queued kernels may still use the
+ * old buffer) and does not preserve contents. */
+int cuda_backend_scratch(struct cuda_backend *cb, void **buf, size_t *cap_bytes,
+                         size_t size_bytes, const char *what, char *err);
+
+/* Weight dtype check: 0 or ERR_UNSUPPORTED naming `what`. */
+int cuda_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err);
+
+/* Blocks for a 1-D grid-stride loop over count elements. */
+static inline unsigned int cuda_grid_1d(size_t count, unsigned int threads)
+{
+    size_t blocks = (count + threads - 1) / threads;
+    const size_t max_blocks = (size_t)1 << 16;
+    return (unsigned int)(blocks < 1 ? 1 : blocks > max_blocks ? max_blocks : blocks);
+}
+
+/* ---- device helpers ---------------------------------------------------- */
+
+/* bf16 and f16 to f32 are exact; dtype is uniform across a launch. */
+static __device__ __forceinline__ float cuda_bf16_bits_to_f32(unsigned int bits16)
+{
+    return __uint_as_float(bits16 << 16);
+}
+
+static __device__ __forceinline__ float cuda_f16_bits_to_f32(unsigned int bits16)
+{
+    return __half2float(__ushort_as_half((unsigned short)bits16));
+}
+
+static __device__ __forceinline__ float cuda_load_weight(const void *w, int dtype, size_t idx)
+{
+    if (dtype == KERN_DTYPE_BF16)
+        return cuda_bf16_bits_to_f32(((const uint16_t *)w)[idx]);
+    if (dtype == KERN_DTYPE_F16)
+        return cuda_f16_bits_to_f32(((const uint16_t *)w)[idx]);
+    return ((const float *)w)[idx];
+}
+
+/* Sum over the 32 lanes of a warp by the fixed xor butterfly 16, 8, 4, 2, 1.
+ * Every lane ends with the same bits (a + b == b + a exactly). All 32 lanes
+ * must call it. */
+static __device__ __forceinline__ float cuda_warp_sum(float v)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* Block-wide sum for blocks of THREADS threads (a multiple of 32, at most
+ * 1024): warp butterflies, then thread 0 adds the warp sums in warp order.
+ * The order depends only on THREADS. All threads must call it; every thread
+ * gets the result. Contains __syncthreads (callable repeatedly). */
+template <int THREADS>
+static __device__ __forceinline__ float cuda_block_sum(float v)
+{
+    __shared__ float warp_part[THREADS / 32];
+    __shared__ float total;
+    v = cuda_warp_sum(v);
+    if ((threadIdx.x & 31) == 0)
+        warp_part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = warp_part[0];
+        for (int w = 1; w < THREADS / 32; w++)
+            s = __fadd_rn(s, warp_part[w]);
+        total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* Block-wide maximum (exact in any order; same shape as cuda_block_sum). */
+template <int THREADS>
+static __device__ __forceinline__ float cuda_block_max(float v)
+{
+    __shared__ float warp_part[THREADS / 32];
+    __shared__ float total;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0)
+        warp_part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = warp_part[0];
+        for (int w = 1; w < THREADS / 32; w++)
+            m = fmaxf(m, warp_part[w]);
+        total = m;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* ---- ops (signatures of struct kern_ops) ------------------------------- */
+
+int cuda_embed(struct kern_backend *be, float *out, const void *table, enum kern_dtype dtype,
+               const int32_t *ids, int n, int dim, char *err);
+int cuda_rmsnorm(struct kern_backend *be, float *out, const float *in, const void *weight,
+                 enum kern_dtype dtype, int n, int dim, float eps, char *err);
+int cuda_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
+                enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+int cuda_rope(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
+              int head_dim, const float *inv_freq, char *err);
+int cuda_attention(struct kern_backend *be, float *out, const float *q, const float *k_cache,
+                   const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
+                   int head_dim, float scale, char *err);
+int cuda_swiglu(struct kern_backend *be, float *out, const float *gate, const float *up,
+                size_t count, char *err);
+int cuda_add(struct kern_backend *be, float *x, const float *y, size_t count, char *err);
+
+#endif

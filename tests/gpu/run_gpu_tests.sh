@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# run_gpu_tests.sh: builds Tandem with the CUDA backend on a machine with a GPU,
+# runs the tests labelled `gpu`, and runs compute-sanitizer on the kernel test.
+#
+# Usage: tests/gpu/run_gpu_tests.sh [--asan] [--debs DIR] [BUILD_DIR]
+#   BUILD_DIR  default <source>/build-gpu (the ASan build goes to BUILD_DIR-asan)
+#   --asan     also build with -DTANDEM_SANITIZE=ON and run `ctest -L gpu` there
+#   --debs DIR unpack every DIR/*.deb into /tmp/tandem-debs first and point
+#              pkg-config, the compiler and the loader at it: for a bare GPU
+#              image without the project's libraries. Download them on a
+#              machine with apt: `apt-get download libzmq3-dev libzmq5
+#              libcjson-dev libcjson1 libpcre2-dev libpcre2-8-0 libcmocka-dev
+#              libcmocka0 pkgconf` (plus whatever libzmq5 needs there:
+#              libsodium23 libpgm-5.3-0 libnorm1 ...).
+# Environment: TANDEM_CUDA_ARCHITECTURES (default 90), JOBS (default nproc),
+#   TANDEM_CUDA_DEVICE (device the test uses, default "0"),
+#   OUT (when set, logs are copied there).
+# Exit status: 0 when every step passed or was skipped for want of a tool,
+#   1 when a step failed, 77 when no GPU is visible.
+#
+# What this does NOT cover yet (TODO, in rough order of value):
+#   - the Llama forward pass on the CUDA backend against HF transformers
+#     (bf16 reference logits on the GPU machine's PyTorch) and against the
+#     CPU backend (same tokens under greedy decoding, logits within tolerance);
+#   - greedy exactness end to end: plain decoding vs speculative decoding on
+#     the CUDA backend, identical tokens (verification rows vs decode rows);
+#   - the three-process pipeline on a GPU: CUDA IPC shared buffers, the
+#     interprocess event, peer-access probing, two GPUs named by UUID;
+#   - timings against the two floors of METHOD.md (skinny GEMM bandwidth vs
+#     the weight bytes, attention at long contexts, prefill through cuBLAS);
+#   - compute-sanitizer runs with --report-api-errors no: the test makes
+#     failing calls on purpose (a 1 PiB cudaMalloc); the test checks codes;
+#   - initcheck (cuBLAS internals may report false positives) and
+#     contexts near 131072 positions (attention scratch growth).
+set -u
+
+usage() { sed -n '2,22p' "$0"; exit 2; }
+
+SRC_DIR=$(cd "$(dirname "$0")/../.." && pwd)
+ASAN=0
+DEBS=""
+BUILD_DIR=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --asan) ASAN=1 ;;
+    --debs) [ $# -ge 2 ] || usage; DEBS=$2; shift ;;
+    -h|--help) usage ;;
+    -*) echo "unknown option $1" >&2; usage ;;
+    *) BUILD_DIR=$1 ;;
+    esac
+    shift
+done
+BUILD_DIR=${BUILD_DIR:-$SRC_DIR/build-gpu}
+ARCHS=${TANDEM_CUDA_ARCHITECTURES:-90}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+LOG_DIR=$BUILD_DIR-logs
+mkdir -p "$LOG_DIR" || exit 1
+
+SUMMARY=()
+FAILED=0
+record() { # step status detail
+    SUMMARY+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")")
+    [ "$2" = FAIL ] && FAILED=1
+}
+finish() {
+    echo
+    echo "==== run_gpu_tests summary ($(date -u +%FT%TZ)) ===="
+    printf '%s\n' "${SUMMARY[@]}"
+    echo "logs: $LOG_DIR"
+    if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+        cp "$LOG_DIR"/*.log "$OUT"/ 2>/dev/null
+        printf '%s\n' "${SUMMARY[@]}" >"$OUT/summary.txt"
+    fi
+    exit "$1"
+}
+run_step() { # name log command...
+    local name=$1 log=$LOG_DIR/$2
+    shift 2
+    echo "---- $name: $*"
+    if "$@" >"$log" 2>&1; then
+        record "$name" PASS "$log"
+        return 0
+    fi
+    local rc=$?
+    tail -n 40 "$log"
+    record "$name" FAIL "exit $rc, $log"
+    return 1
+}
+
+# ---- preflight -------------------------------------------------------------
+if [ -n "$DEBS" ]; then
+    PREFIX=/tmp/tandem-debs
+    mkdir -p "$PREFIX"
+    for deb in "$DEBS"/*.deb; do
+        [ -e "$deb" ] || continue
+        dpkg -x "$deb" "$PREFIX" || { echo "cannot unpack $deb" >&2; exit 1; }
+    done
+    MULTI=$PREFIX/usr/lib/x86_64-linux-gnu
+    export PATH=$PREFIX/usr/bin:$PATH
+    export PKG_CONFIG_PATH=$MULTI/pkgconfig:$PREFIX/usr/share/pkgconfig:$PREFIX/usr/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    export PKG_CONFIG_SYSROOT_DIR=$PREFIX
+    export LD_LIBRARY_PATH=$MULTI:$PREFIX/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LIBRARY_PATH=$MULTI${LIBRARY_PATH:+:$LIBRARY_PATH}
+    record "unpack --debs" PASS "$DEBS -> $PREFIX"
+fi
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L | tee "$LOG_DIR/nvidia-smi.log"
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv >>"$LOG_DIR/nvidia-smi.log" 2>&1
+    if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        echo "SKIPPED: nvidia-smi lists no GPU"
+        record "gpu visible" SKIP "nvidia-smi lists no GPU"
+        finish 77
+    fi
+    record "gpu visible" PASS "$(nvidia-smi -L | head -n 1)"
+else
+    echo "SKIPPED: nvidia-smi not found (no NVIDIA driver on this machine)"
+    record "gpu visible" SKIP "no nvidia-smi"
+    finish 77
+fi
+
+missing=""
+for tool in cmake nvcc; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/$tool ] || missing="$missing $tool"
+done
+if command -v pkg-config >/dev/null 2>&1; then
+    for mod in libzmq libcjson libpcre2-8 cmocka; do
+        pkg-config --exists "$mod" || missing="$missing $mod"
+    done
+else
+    missing="$missing pkg-config"
+fi
+if [ -n "$missing" ]; then
+    echo "missing:$missing (see --debs in the header of $0)" >&2
+    record "prerequisites" FAIL "missing:$missing"
+    finish 1
+fi
+record "prerequisites" PASS "cmake, nvcc, libzmq, cJSON, PCRE2, CMocka"
+
+# ---- build and test ----------------------------------------------------------
+# A build for one configuration: configure, build the gpu test targets, ctest -L gpu.
+build_and_test() { # dir label extra-cmake-args...
+    local dir=$1 label=$2
+    shift 2
+    run_step "configure ($label)" "configure-$label.log" \
+        cmake -S "$SRC_DIR" -B "$dir" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DTANDEM_CUDA_ARCHITECTURES="$ARCHS" "$@" || return 1
+    run_step "build test_cuda_kernels ($label)" "build-$label.log" \
+        cmake --build "$dir" --target test_cuda_kernels -j"$JOBS" || return 1
+    # The toolchain probe is a gpu-labelled test too; build it when it exists.
+    if cmake --build "$dir" --target help 2>/dev/null | grep -q 'tandem-cuda-probe'; then
+        run_step "build tandem-cuda-probe ($label)" "build-probe-$label.log" \
+            cmake --build "$dir" --target tandem-cuda-probe -j"$JOBS"
+    fi
+    local log=$LOG_DIR/ctest-$label.log
+    echo "---- ctest -L gpu ($label)"
+    (cd "$dir" && ctest -L gpu --output-on-failure) >"$log" 2>&1
+    local rc=$?
+    cat "$log"
+    if [ $rc -ne 0 ]; then
+        record "ctest -L gpu ($label)" FAIL "exit $rc, $log"
+    elif grep -q 'Skipped' "$log"; then
+        # On a GPU machine a skipped gpu test means the device was not usable.
+        record "ctest -L gpu ($label)" FAIL "a gpu test skipped on a GPU machine, $log"
+    else
+        record "ctest -L gpu ($label)" PASS "$log"
+    fi
+}
+
+build_and_test "$BUILD_DIR" normal
+TEST_BIN=$BUILD_DIR/tests/gpu/test_cuda_kernels
+
+# ---- compute-sanitizer -------------------------------------------------------
+SANITIZER=$(command -v compute-sanitizer 2>/dev/null || true)
+[ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+if [ -z "$SANITIZER" ]; then
+    record "compute-sanitizer" SKIP "not installed"
+elif [ ! -x "$TEST_BIN" ]; then
+    record "compute-sanitizer" SKIP "test_cuda_kernels was not built"
+else
+    run_step "compute-sanitizer memcheck" "sanitizer-memcheck.log" \
+        "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+    run_step "compute-sanitizer racecheck" "sanitizer-racecheck.log" \
+        "$SANITIZER" --tool racecheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+    run_step "compute-sanitizer synccheck" "sanitizer-synccheck.log" \
+        "$SANITIZER" --tool synccheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+fi
+
+# ---- ASan build (optional) -------------------------------------------------
+if [ "$ASAN" = 1 ]; then
+    build_and_test "$BUILD_DIR-asan" asan -DTANDEM_SANITIZE=ON
+fi
+
+finish "$FAILED"

@@ -1,0 +1,772 @@
+/* test_cuda_kernels.c: every op of the CUDA backend against the CPU backend
+ * (kern_cpu_create), plus the CUDA backend's exactness contract and its
+ * device naming and memory ops.
+ *
+ * Accuracy: seeded pseudo-random inputs; element-wise |cuda - cpu| <= atol +
+ * rtol * s, where s is |cpu| or, for matmul, the magnitude sum_k |w*x| of the
+ * element (tolerances stated at each check; the first mismatches are printed).
+ * Every device output is poisoned with NaN before the op, so an element the
+ * kernel never wrote fails. Conversions (embed) and add are compared bit for
+ * bit.
+ * Exactness: a row computed alone (n = 1) must be bit-identical to the same
+ * row inside n = 1..17 (matmul: every n; attention: across a split boundary),
+ * also when the single row's input pointer is not 16-byte aligned.
+ *
+ * Exits 77 ("SKIPPED: no CUDA device") where no device is visible, before
+ * any test runs. TANDEM_CUDA_DEVICE selects the device (default "0").
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "kernels_cuda.h"
+
+/* ---- helpers ---------------------------------------------------------- */
+
+struct fixture {
+    struct kern_backend *cpu;
+    struct kern_backend *gpu;
+    const char *device;
+};
+
+#define OK(call)                                                                 \
+    do {                                                                         \
+        int ok_rc_ = (call);                                                     \
+        if (ok_rc_ != 0)                                                         \
+            fail_msg("%s returned %d: %s", #call, ok_rc_, err);                  \
+    } while (0)
+
+struct rng {
+    uint64_t s;
+};
+
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static float rng_float(struct rng *r)
+{
+    return (float)((double)(rng_next(r) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static void fill(struct rng *r, float *x, size_t count, float amplitude)
+{
+    for (size_t i = 0; i < count; i++)
+        x[i] = amplitude * rng_float(r);
+}
+
+static void *xmalloc(size_t size_bytes)
+{
+    void *p = malloc(size_bytes ? size_bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static float *falloc(size_t count)
+{
+    return xmalloc(count * sizeof(float));
+}
+
+static const enum kern_dtype all_dtypes[3] = {KERN_DTYPE_BF16, KERN_DTYPE_F16, KERN_DTYPE_F32};
+
+/* Host weights of a dtype, plus their f32 values in *values (exact). bf16:
+ * the top half of a random float; f16: built from bits (sign, exponent
+ * 9..14, any mantissa), values in (-1, 1), decoded with ldexp here. */
+static void *make_weights(struct rng *r, enum kern_dtype dt, size_t count, float **values)
+{
+    float *v = falloc(count);
+    void *w = xmalloc(count * kern_dtype_size(dt));
+    for (size_t i = 0; i < count; i++) {
+        if (dt == KERN_DTYPE_F32) {
+            v[i] = rng_float(r);
+            ((float *)w)[i] = v[i];
+        } else if (dt == KERN_DTYPE_BF16) {
+            float f = rng_float(r);
+            uint32_t bits;
+            memcpy(&bits, &f, sizeof(bits));
+            uint16_t h = (uint16_t)(bits >> 16);
+            ((uint16_t *)w)[i] = h;
+            bits = (uint32_t)h << 16;
+            memcpy(&v[i], &bits, sizeof(bits));
+        } else {
+            uint64_t x = rng_next(r);
+            unsigned sign = (unsigned)(x & 1), exp = 9 + (unsigned)((x >> 1) % 6),
+                     mant = (unsigned)((x >> 8) & 0x3ff);
+            ((uint16_t *)w)[i] = (uint16_t)(sign << 15 | exp << 10 | mant);
+            v[i] = (float)ldexp((1.0 + mant / 1024.0) * (sign ? -1.0 : 1.0), (int)exp - 15);
+        }
+    }
+    *values = v;
+    return w;
+}
+
+/* Device buffer holding a copy of host bytes. */
+static void *dev_put(struct kern_backend *be, const void *host, size_t size_bytes)
+{
+    char err[ERR_MSG_MAX] = "";
+    void *d = NULL;
+    OK(be->ops->alloc(be, size_bytes, &d, err));
+    OK(be->ops->upload(be, d, host, size_bytes, err));
+    return d;
+}
+
+static void dev_get(struct kern_backend *be, void *host, const void *dev, size_t size_bytes)
+{
+    char err[ERR_MSG_MAX] = "";
+    OK(be->ops->download(be, host, dev, size_bytes, err));
+}
+
+/* Fills count floats of device memory with NaN. */
+static void poison(struct kern_backend *be, void *dev, size_t count)
+{
+    char err[ERR_MSG_MAX] = "";
+    float *nan_buf = falloc(count);
+    for (size_t i = 0; i < count; i++)
+        nan_buf[i] = NAN;
+    OK(be->ops->upload(be, dev, nan_buf, count * sizeof(float), err));
+    free(nan_buf);
+}
+
+/* Elements outside atol + rtol * s (s = scale[i] when scale, else |ref|);
+ * NaN never passes. Prints the first few. */
+static int count_mismatches(const char *what, const float *got, const float *ref, size_t count,
+                            double atol, double rtol, const double *scale)
+{
+    int bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        double s = scale ? scale[i] : fabs((double)ref[i]);
+        double diff = fabs((double)got[i] - (double)ref[i]);
+        if (!(diff <= atol + rtol * s)) {
+            if (bad < 5)
+                fprintf(stderr, "%s: mismatch at %zu: cuda %.9g cpu %.9g (|diff| %.3g, tol %.3g)\n",
+                        what, i, (double)got[i], (double)ref[i], diff, atol + rtol * s);
+            bad++;
+        }
+    }
+    if (bad)
+        fprintf(stderr, "%s: %d of %zu elements out of tolerance\n", what, bad, count);
+    return bad;
+}
+
+static int count_bit_diffs(const char *what, const float *a, const float *b, size_t count)
+{
+    int bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+            if (bad < 5)
+                fprintf(stderr, "%s: bits differ at %zu: %.9g vs %.9g\n", what, i, (double)a[i],
+                        (double)b[i]);
+            bad++;
+        }
+    }
+    if (bad)
+        fprintf(stderr, "%s: %d of %zu elements differ\n", what, bad, count);
+    return bad;
+}
+
+/* ---- fixture ---------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct fixture *f = calloc(1, sizeof(*f));
+    if (!f)
+        return -1;
+    f->device = getenv("TANDEM_CUDA_DEVICE");
+    if (!f->device || !*f->device)
+        f->device = "0";
+    if (kern_cpu_create(&f->cpu, 2, err) != 0) {
+        fprintf(stderr, "kern_cpu_create: %s\n", err);
+        free(f);
+        return -1;
+    }
+    if (kern_cuda_create(&f->gpu, f->device, err) != 0) {
+        fprintf(stderr, "kern_cuda_create(\"%s\"): %s\n", f->device, err);
+        f->cpu->ops->destroy(f->cpu);
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    if (f) {
+        f->gpu->ops->destroy(f->gpu);
+        f->cpu->ops->destroy(f->cpu);
+        free(f);
+    }
+    return 0;
+}
+
+/* ---- device naming and memory ------------------------------------------ */
+
+static void test_cuda_device_is_named_by_uuid(void **state)
+{
+    struct fixture *f = *state;
+    char err[ERR_MSG_MAX] = "";
+    char uuid[KERN_CUDA_UUID_MAX], uuid2[KERN_CUDA_UUID_MAX];
+    OK(kern_cuda_device_uuid(f->gpu, uuid, err));
+    printf("device %s is %s\n", f->device, uuid);
+    assert_int_equal(strncmp(uuid, "GPU-", 4), 0);
+    assert_int_equal(strlen(uuid), 40);
+
+    /* A second backend, created by UUID, on the same GPU: same UUID, and it
+     * works beside the first one (no globals). */
+    struct kern_backend *b2 = NULL;
+    OK(kern_cuda_create(&b2, uuid, err));
+    OK(kern_cuda_device_uuid(b2, uuid2, err));
+    assert_string_equal(uuid, uuid2);
+    float one[4] = {1, 2, 3, 4}, got[4];
+    float *d = dev_put(b2, one, sizeof(one));
+    OK(b2->ops->add(b2, d, d, 4, err));
+    dev_get(b2, got, d, sizeof(got));
+    assert_true(got[0] == 2.0f && got[3] == 8.0f);
+    b2->ops->free(b2, d);
+    b2->ops->destroy(b2);
+
+    struct kern_backend *none = NULL;
+    assert_int_equal(kern_cuda_create(&none, "GPU-00000000-0000-0000-0000-000000000000", err),
+                     ERR_NOT_FOUND);
+    assert_null(none);
+    assert_int_equal(kern_cuda_create(&none, "999", err), ERR_NOT_FOUND);
+    assert_int_equal(kern_cuda_create(&none, "zero", err), ERR_INVALID_ARG);
+    assert_int_equal(kern_cuda_create(&none, "-1", err), ERR_INVALID_ARG);
+    assert_int_equal(kern_cuda_device_uuid(f->cpu, uuid, err), ERR_INVALID_ARG);
+}
+
+static void test_cuda_memory_ops_roundtrip(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {1};
+    const size_t count = 100003;
+    float *host = falloc(count), *back = falloc(count);
+    fill(&r, host, count, 1.0f);
+
+    float *a = NULL, *b = NULL;
+    OK(g->ops->alloc(g, count * sizeof(float), (void **)&a, err));
+    OK(g->ops->alloc(g, count * sizeof(float), (void **)&b, err));
+    dev_get(g, back, a, count * sizeof(float));
+    for (size_t i = 0; i < count; i++)
+        if (back[i] != 0.0f)
+            fail_msg("alloc: element %zu is %g, not zero", i, (double)back[i]);
+    OK(g->ops->upload(g, a, host, count * sizeof(float), err));
+    OK(g->ops->copy(g, b, a, count * sizeof(float), err));
+    dev_get(g, back, b, count * sizeof(float));
+    assert_int_equal(count_bit_diffs("upload+copy+download", back, host, count), 0);
+
+    const void *w = NULL;
+    OK(g->ops->map_weights(g, host, count * sizeof(float), &w, err));
+    memset(back, 0, count * sizeof(float));
+    dev_get(g, back, w, count * sizeof(float));
+    assert_int_equal(count_bit_diffs("map_weights", back, host, count), 0);
+    g->ops->unmap_weights(g, w);
+
+    void *z = NULL;
+    OK(g->ops->alloc(g, 0, &z, err));
+    assert_non_null(z);
+    g->ops->free(g, z);
+    g->ops->free(g, NULL);
+    OK(g->ops->sync(g, err));
+    g->ops->free(g, a);
+    g->ops->free(g, b);
+    free(host);
+    free(back);
+}
+
+static void test_cuda_map_weights_out_of_memory_names_sizes(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    const size_t huge = (size_t)1 << 50; /* 1 PiB: more than any GPU has */
+    const float dummy = 0.0f;
+    const void *w = NULL;
+    int rc = g->ops->map_weights(g, &dummy, huge, &w, err);
+    printf("expected failure: %s\n", err);
+    /* cudaErrorMemoryAllocation gives ERR_NOMEM; accept ERR_CUDA should a
+     * driver call a request this size invalid instead: the message is what
+     * a person reads. */
+    assert_true(rc == ERR_NOMEM || rc == ERR_CUDA);
+    assert_null(w);
+    assert_non_null(strstr(err, "cudaMalloc of 1125899906842624 bytes"));
+    assert_non_null(strstr(err, "GiB"));
+    /* The failure is not sticky: the backend still works. */
+    float x[3] = {1, 2, 3}, got[3];
+    float *d = dev_put(g, x, sizeof(x));
+    OK(g->ops->add(g, d, d, 3, err));
+    dev_get(g, got, d, sizeof(got));
+    assert_true(got[2] == 6.0f);
+    g->ops->free(g, d);
+}
+
+/* ---- ops against the CPU ------------------------------------------------ */
+
+static void test_cuda_embed_matches_cpu(void **state)
+{
+    struct fixture *f = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {2};
+    const int vocab = 50, dim = 100, n = 7;
+    int32_t ids[7] = {0, 49, 3, 3, 17, 48, 1};
+    for (int t = 0; t < 3; t++) {
+        enum kern_dtype dt = all_dtypes[t];
+        float *values;
+        void *table = make_weights(&r, dt, (size_t)vocab * dim, &values);
+        float *ref = falloc((size_t)n * dim), *got = falloc((size_t)n * dim);
+        OK(f->cpu->ops->embed(f->cpu, ref, table, dt, ids, n, dim, err));
+        void *dtab = dev_put(f->gpu, table, (size_t)vocab * dim * kern_dtype_size(dt));
+        float *dout = NULL;
+        OK(f->gpu->ops->alloc(f->gpu, (size_t)n * dim * sizeof(float), (void **)&dout, err));
+        poison(f->gpu, dout, (size_t)n * dim);
+        OK(f->gpu->ops->embed(f->gpu, dout, dtab, dt, ids, n, dim, err));
+        dev_get(f->gpu, got, dout, (size_t)n * dim * sizeof(float));
+        assert_int_equal(count_bit_diffs(kern_dtype_name(dt), got, ref, (size_t)n * dim), 0);
+        int32_t bad_id = -1;
+        assert_int_equal(f->gpu->ops->embed(f->gpu, dout, dtab, dt, &bad_id, 1, dim, err),
+                         ERR_INVALID_ARG);
+        f->gpu->ops->free(f->gpu, dout);
+        f->gpu->ops->free(f->gpu, dtab);
+        free(ref);
+        free(got);
+        free(table);
+        free(values);
+    }
+}
+
+static void test_cuda_rmsnorm_matches_cpu(void **state)
+{
+    struct fixture *f = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {3};
+    const int dims[3] = {64, 1000, 3072};
+    const int n = 5;
+    const float eps = 1e-5f;
+    for (int di = 0; di < 3; di++)
+        for (int t = 0; t < 3; t++) {
+            const int dim = dims[di];
+            enum kern_dtype dt = all_dtypes[t];
+            const size_t cnt = (size_t)n * dim;
+            float *values;
+            void *w = make_weights(&r, dt, (size_t)dim, &values);
+            float *x = falloc(cnt), *ref = falloc(cnt), *got = falloc(cnt), *got2 = falloc(cnt);
+            fill(&r, x, cnt, 2.0f);
+            OK(f->cpu->ops->rmsnorm(f->cpu, ref, x, w, dt, n, dim, eps, err));
+            void *dw = dev_put(f->gpu, w, (size_t)dim * kern_dtype_size(dt));
+            float *dx = dev_put(f->gpu, x, cnt * sizeof(float));
+            float *dout = NULL;
+            OK(f->gpu->ops->alloc(f->gpu, cnt * sizeof(float), (void **)&dout, err));
+            poison(f->gpu, dout, cnt);
+            OK(f->gpu->ops->rmsnorm(f->gpu, dout, dx, dw, dt, n, dim, eps, err));
+            dev_get(f->gpu, got, dout, cnt * sizeof(float));
+            char what[64];
+            snprintf(what, sizeof(what), "rmsnorm dim %d %s", dim, kern_dtype_name(dt));
+            /* Both sums of squares are within dim * 2^-24 (relative) of the
+             * exact one; the root halves that; a few more roundings follow. */
+            assert_int_equal(count_mismatches(what, got, ref, cnt, 1e-7, (dim + 8) * 0x1.0p-24,
+                                              NULL), 0);
+            /* row 3 alone, from an offset pointer: same bits */
+            poison(f->gpu, dout, (size_t)dim);
+            OK(f->gpu->ops->rmsnorm(f->gpu, dout, dx + 3 * dim, dw, dt, 1, dim, eps, err));
+            dev_get(f->gpu, got2, dout, (size_t)dim * sizeof(float));
+            assert_int_equal(count_bit_diffs(what, got2, got + 3 * dim, (size_t)dim), 0);
+            /* in place (out aliases in): same bits */
+            OK(f->gpu->ops->rmsnorm(f->gpu, dx, dx, dw, dt, n, dim, eps, err));
+            dev_get(f->gpu, got2, dx, cnt * sizeof(float));
+            assert_int_equal(count_bit_diffs(what, got2, got, cnt), 0);
+            f->gpu->ops->free(f->gpu, dout);
+            f->gpu->ops->free(f->gpu, dx);
+            f->gpu->ops->free(f->gpu, dw);
+            free(x);
+            free(ref);
+            free(got);
+            free(got2);
+            free(w);
+            free(values);
+        }
+}
+
+static void test_cuda_rope_matches_cpu(void **state)
+{
+    struct fixture *f = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {4};
+    const int n = 6, n_heads = 4;
+    const int hds[2] = {64, 128};
+    const int32_t pos[6] = {0, 1, 17, 255, 4093, 8000};
+    for (int hi = 0; hi < 2; hi++) {
+        const int hd = hds[hi];
+        const size_t cnt = (size_t)n * n_heads * hd;
+        float *inv = falloc((size_t)hd / 2);
+        for (int j = 0; j < hd / 2; j++)
+            inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+        float *x = falloc(cnt), *ref = falloc(cnt), *got = falloc(cnt);
+        fill(&r, x, cnt, 1.0f);
+        memcpy(ref, x, cnt * sizeof(float));
+        OK(f->cpu->ops->rope(f->cpu, ref, pos, n, n_heads, hd, inv, err));
+        float *dx = dev_put(f->gpu, x, cnt * sizeof(float));
+        OK(f->gpu->ops->rope(f->gpu, dx, pos, n, n_heads, hd, inv, err));
+        dev_get(f->gpu, got, dx, cnt * sizeof(float));
+        /* same f32 angle; CUDA's sincosf and glibc differ by a few ulp */
+        assert_int_equal(count_mismatches("rope", got, ref, cnt, 2e-6, 2e-6, NULL), 0);
+        /* row 4 alone: same bits */
+        float *row = falloc((size_t)n_heads * hd);
+        float *dr = dev_put(f->gpu, x + 4 * n_heads * hd, (size_t)n_heads * hd * sizeof(float));
+        OK(f->gpu->ops->rope(f->gpu, dr, pos + 4, 1, n_heads, hd, inv, err));
+        dev_get(f->gpu, row, dr, (size_t)n_heads * hd * sizeof(float));
+        assert_int_equal(count_bit_diffs("rope row", row, got + 4 * n_heads * hd,
+                                         (size_t)n_heads * hd), 0);
+        f->gpu->ops->free(f->gpu, dr);
+        f->gpu->ops->free(f->gpu, dx);
+        free(row);
+        free(inv);
+        free(x);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_cuda_swiglu_and_add_match_cpu(void **state)
+{
+    struct fixture *f = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {5};
+    const size_t cnt = 100003;
+    float *g = falloc(cnt), *u = falloc(cnt), *ref = falloc(cnt), *got = falloc(cnt);
+    fill(&r, g, cnt, 8.0f);
+    fill(&r, u, cnt, 2.0f);
+    OK(f->cpu->ops->swiglu(f->cpu, ref, g, u, cnt, err));
+    float *dg = dev_put(f->gpu, g, cnt * sizeof(float));
+    float *du = dev_put(f->gpu, u, cnt * sizeof(float));
+    OK(f->gpu->ops->swiglu(f->gpu, dg, dg, du, cnt, err)); /* out aliases gate */
+    dev_get(f->gpu, got, dg, cnt * sizeof(float));
+    /* expf within 2 ulp on both sides, then a division and a product */
+    assert_int_equal(count_mismatches("swiglu", got, ref, cnt, 1e-7, 4e-6, NULL), 0);
+
+    memcpy(ref, g, cnt * sizeof(float));
+    OK(f->cpu->ops->add(f->cpu, ref, u, cnt, err));
+    OK(f->gpu->ops->upload(f->gpu, dg, g, cnt * sizeof(float), err));
+    OK(f->gpu->ops->add(f->gpu, dg, du, cnt, err));
+    dev_get(f->gpu, got, dg, cnt * sizeof(float));
+    assert_int_equal(count_bit_diffs("add", got, ref, cnt), 0);
+    f->gpu->ops->free(f->gpu, dg);
+    f->gpu->ops->free(f->gpu, du);
+    free(g);
+    free(u);
+    free(ref);
+    free(got);
+}
+
+/* scale[i][o] = sum_k |w[o][k] * x[i][k]|, the magnitude matmul errors scale with. */
+static double *matmul_scale(const float *x, const float *w, int n, int d_in, int d_out)
+{
+    double *s = xmalloc((size_t)n * d_out * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < d_out; o++) {
+            double acc = 0;
+            for (int k = 0; k < d_in; k++)
+                acc += fabs((double)x[(size_t)i * d_in + k] * (double)w[(size_t)o * d_in + k]);
+            s[(size_t)i * d_out + o] = acc;
+        }
+    return s;
+}
+
+/* CUDA vs CPU for one shape; rtol applies to sum_k |w*x|. */
+static void matmul_case(struct fixture *f, struct rng *r, enum kern_dtype dt, int n, int d_in,
+                        int d_out, double rtol)
+{
+    char err[ERR_MSG_MAX] = "";
+    float *values;
+    void *w = make_weights(r, dt, (size_t)d_out * d_in, &values);
+    float *x = falloc((size_t)n * d_in), *ref = falloc((size_t)n * d_out),
+          *got = falloc((size_t)n * d_out);
+    fill(r, x, (size_t)n * d_in, 1.0f);
+    OK(f->cpu->ops->matmul(f->cpu, ref, x, w, dt, n, d_in, d_out, err));
+    void *dw = dev_put(f->gpu, w, (size_t)d_out * d_in * kern_dtype_size(dt));
+    float *dx = dev_put(f->gpu, x, (size_t)n * d_in * sizeof(float));
+    float *dout = NULL;
+    OK(f->gpu->ops->alloc(f->gpu, (size_t)n * d_out * sizeof(float), (void **)&dout, err));
+    poison(f->gpu, dout, (size_t)n * d_out);
+    OK(f->gpu->ops->matmul(f->gpu, dout, dx, dw, dt, n, d_in, d_out, err));
+    dev_get(f->gpu, got, dout, (size_t)n * d_out * sizeof(float));
+    double *scale = matmul_scale(x, values, n, d_in, d_out);
+    char what[96];
+    snprintf(what, sizeof(what), "matmul %s n=%d d_in=%d d_out=%d", kern_dtype_name(dt), n, d_in,
+             d_out);
+    assert_int_equal(count_mismatches(what, got, ref, (size_t)n * d_out, 1e-6, rtol, scale), 0);
+    f->gpu->ops->free(f->gpu, dout);
+    f->gpu->ops->free(f->gpu, dx);
+    f->gpu->ops->free(f->gpu, dw);
+    free(scale);
+    free(x);
+    free(ref);
+    free(got);
+    free(w);
+    free(values);
+}
+
+/* Both sides accumulate in f32 in different orders: each is within
+ * d_in * 2^-24 * sum|w*x| of the exact value (the classic bound), so they
+ * are within twice that of each other. */
+static double f32_rtol(int d_in)
+{
+    return 2.0 * (d_in + 2) * 0x1.0p-24;
+}
+
+static void test_cuda_matmul_skinny_matches_cpu(void **state)
+{
+    struct fixture *f = *state;
+    struct rng r = {6};
+    const int ns[3] = {1, 5, 17};
+    for (int t = 0; t < 3; t++)
+        for (int ni = 0; ni < 3; ni++) {
+            matmul_case(f, &r, all_dtypes[t], ns[ni], 100, 37, f32_rtol(100));
+            matmul_case(f, &r, all_dtypes[t], ns[ni], 1024, 260, f32_rtol(1024));
+        }
+}
+
+static void test_cuda_matmul_prefill_matches_cpu(void **state)
+{
+    struct fixture *f = *state;
+    struct rng r = {7};
+    /* bf16 weights, n > 17: cuBLAS on bf16-rounded activations, each term's
+     * relative error <= 2^-9 (plus f32 accumulation). */
+    matmul_case(f, &r, KERN_DTYPE_BF16, 40, 256, 96, 0x1.0p-8 + f32_rtol(256));
+    matmul_case(f, &r, KERN_DTYPE_BF16, 64, 1000, 130, 0x1.0p-8 + f32_rtol(1000));
+    /* f32 weights: cuBLAS f32; f16 weights: skinny kernel in groups of 17. */
+    matmul_case(f, &r, KERN_DTYPE_F32, 40, 256, 96, f32_rtol(256));
+    matmul_case(f, &r, KERN_DTYPE_F16, 40, 256, 96, f32_rtol(256));
+}
+
+static void test_cuda_matmul_is_batch_invariant(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {8};
+    const int d_ins[2] = {1024, 100}; /* vector loads; scalar loads with a tail */
+    const int d_out = 67, n_max = 17;
+    for (int t = 0; t < 3; t++)
+        for (int di = 0; di < 2; di++) {
+            const enum kern_dtype dt = all_dtypes[t];
+            const int d_in = d_ins[di];
+            /* f16 takes the skinny kernel for every n: check n up to 40 */
+            const int n_all = dt == KERN_DTYPE_F16 ? 40 : n_max;
+            float *values;
+            void *w = make_weights(&r, dt, (size_t)d_out * d_in, &values);
+            float *x = falloc((size_t)n_all * d_in);
+            fill(&r, x, (size_t)n_all * d_in, 1.0f);
+            void *dw = dev_put(g, w, (size_t)d_out * d_in * kern_dtype_size(dt));
+            float *dx = dev_put(g, x, (size_t)n_all * d_in * sizeof(float));
+            /* the same rows one float past a 16-byte boundary */
+            float *dxu_base = NULL;
+            OK(g->ops->alloc(g, ((size_t)n_all * d_in + 1) * sizeof(float), (void **)&dxu_base,
+                             err));
+            OK(g->ops->upload(g, dxu_base + 1, x, (size_t)n_all * d_in * sizeof(float), err));
+            float *dout = NULL;
+            OK(g->ops->alloc(g, (size_t)n_all * d_out * sizeof(float), (void **)&dout, err));
+            float *single = falloc((size_t)n_all * d_out), *got = falloc((size_t)n_all * d_out);
+            char what[96];
+            for (int i = 0; i < n_all; i++) {
+                poison(g, dout, (size_t)d_out);
+                OK(g->ops->matmul(g, dout, dx + (size_t)i * d_in, dw, dt, 1, d_in, d_out, err));
+                dev_get(g, single + (size_t)i * d_out, dout, (size_t)d_out * sizeof(float));
+                poison(g, dout, (size_t)d_out);
+                OK(g->ops->matmul(g, dout, dxu_base + 1 + (size_t)i * d_in, dw, dt, 1, d_in, d_out,
+                                  err));
+                dev_get(g, got, dout, (size_t)d_out * sizeof(float));
+                snprintf(what, sizeof(what), "matmul %s d_in=%d row %d unaligned vs aligned",
+                         kern_dtype_name(dt), d_in, i);
+                assert_int_equal(count_bit_diffs(what, got, single + (size_t)i * d_out,
+                                                 (size_t)d_out), 0);
+            }
+            for (int n = 2; n <= n_all; n++) {
+                poison(g, dout, (size_t)n * d_out);
+                OK(g->ops->matmul(g, dout, dx, dw, dt, n, d_in, d_out, err));
+                dev_get(g, got, dout, (size_t)n * d_out * sizeof(float));
+                snprintf(what, sizeof(what), "matmul %s d_in=%d n=%d vs n=1", kern_dtype_name(dt),
+                         d_in, n);
+                assert_int_equal(count_bit_diffs(what, got, single, (size_t)n * d_out), 0);
+            }
+            g->ops->free(g, dout);
+            g->ops->free(g, dxu_base);
+            g->ops->free(g, dx);
+            g->ops->free(g, dw);
+            free(single);
+            free(got);
+            free(x);
+            free(w);
+            free(values);
+        }
+}
+
+struct attn_shape {
+    int n, pos0, n_heads, n_kv, hd;
+    float q_amp; /* larger q: peakier softmax */
+};
+
+/* Uploads q, k, v for a shape; caches sized pos0 + n positions. */
+static void attn_inputs(struct rng *r, const struct attn_shape *s, float **q, float **k, float **v)
+{
+    const size_t qn = (size_t)s->n * s->n_heads * s->hd;
+    const size_t kvn = (size_t)(s->pos0 + s->n) * s->n_kv * s->hd;
+    *q = falloc(qn);
+    *k = falloc(kvn);
+    *v = falloc(kvn);
+    fill(r, *q, qn, s->q_amp);
+    fill(r, *k, kvn, 1.0f);
+    fill(r, *v, kvn, 1.0f);
+}
+
+static void test_cuda_attention_matches_cpu(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {9};
+    const struct attn_shape shapes[] = {
+        {5, 0, 8, 2, 64, 1.0f},     /* prefill from position 0, GQA 4:1 */
+        {17, 300, 8, 8, 128, 1.0f}, /* verification-sized, MHA, 2 splits */
+        {4, 253, 6, 3, 96, 4.0f},   /* rows across the split boundary at 256 */
+        {3, 1000, 4, 1, 64, 2.0f},  /* 4 splits, MQA */
+        {1, 0, 2, 1, 32, 1.0f},     /* a single position */
+    };
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const struct attn_shape *s = &shapes[si];
+        const size_t qn = (size_t)s->n * s->n_heads * s->hd;
+        const size_t kvn = (size_t)(s->pos0 + s->n) * s->n_kv * s->hd;
+        const float scale = 1.0f / sqrtf((float)s->hd);
+        float *q, *k, *v;
+        attn_inputs(&r, s, &q, &k, &v);
+        float *ref = falloc(qn), *got = falloc(qn), *got2 = falloc(qn);
+        OK(f->cpu->ops->attention(f->cpu, ref, q, k, v, s->n, s->pos0, s->n_heads, s->n_kv, s->hd,
+                                  scale, err));
+        float *dq = dev_put(g, q, qn * sizeof(float));
+        float *dk = dev_put(g, k, kvn * sizeof(float));
+        float *dv = dev_put(g, v, kvn * sizeof(float));
+        float *dout = NULL;
+        OK(g->ops->alloc(g, qn * sizeof(float), (void **)&dout, err));
+        poison(g, dout, qn);
+        OK(g->ops->attention(g, dout, dq, dk, dv, s->n, s->pos0, s->n_heads, s->n_kv, s->hd, scale,
+                             err));
+        dev_get(g, got, dout, qn * sizeof(float));
+        char what[96];
+        snprintf(what, sizeof(what), "attention n=%d pos0=%d heads=%d/%d hd=%d", s->n, s->pos0,
+                 s->n_heads, s->n_kv, s->hd);
+        /* outputs are convex combinations of v in [-1, 1]: absolute error */
+        assert_int_equal(count_mismatches(what, got, ref, qn, 5e-6, 1e-5, NULL), 0);
+        /* out aliasing q: same bits */
+        OK(g->ops->attention(g, dq, dq, dk, dv, s->n, s->pos0, s->n_heads, s->n_kv, s->hd, scale,
+                             err));
+        dev_get(g, got2, dq, qn * sizeof(float));
+        assert_int_equal(count_bit_diffs(what, got2, got, qn), 0);
+        g->ops->free(g, dout);
+        g->ops->free(g, dq);
+        g->ops->free(g, dk);
+        g->ops->free(g, dv);
+        free(q);
+        free(k);
+        free(v);
+        free(ref);
+        free(got);
+        free(got2);
+    }
+}
+
+static void test_cuda_attention_is_batch_invariant(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {10};
+    const struct attn_shape shapes[] = {
+        {17, 245, 4, 2, 64, 2.0f}, /* positions 245..261 cross the split at 256 */
+        {17, 0, 8, 2, 128, 1.0f},  /* prefill-like start */
+        {3, 700, 4, 4, 64, 1.0f},  /* three splits */
+    };
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const struct attn_shape *s = &shapes[si];
+        const size_t row = (size_t)s->n_heads * s->hd;
+        const size_t qn = (size_t)s->n * row;
+        const size_t kvn = (size_t)(s->pos0 + s->n) * s->n_kv * s->hd;
+        const float scale = 1.0f / sqrtf((float)s->hd);
+        float *q, *k, *v;
+        attn_inputs(&r, s, &q, &k, &v);
+        float *all = falloc(qn), *one = falloc(row);
+        float *dq = dev_put(g, q, qn * sizeof(float));
+        float *dk = dev_put(g, k, kvn * sizeof(float));
+        float *dv = dev_put(g, v, kvn * sizeof(float));
+        float *dout = NULL;
+        OK(g->ops->alloc(g, qn * sizeof(float), (void **)&dout, err));
+        poison(g, dout, qn);
+        OK(g->ops->attention(g, dout, dq, dk, dv, s->n, s->pos0, s->n_heads, s->n_kv, s->hd, scale,
+                             err));
+        dev_get(g, all, dout, qn * sizeof(float));
+        for (int i = 0; i < s->n; i++) {
+            poison(g, dout, row);
+            OK(g->ops->attention(g, dout, dq + (size_t)i * row, dk, dv, 1, s->pos0 + i,
+                                 s->n_heads, s->n_kv, s->hd, scale, err));
+            dev_get(g, one, dout, row * sizeof(float));
+            char what[96];
+            snprintf(what, sizeof(what), "attention position %d alone vs in n=%d", s->pos0 + i,
+                     s->n);
+            assert_int_equal(count_bit_diffs(what, one, all + (size_t)i * row, row), 0);
+        }
+        g->ops->free(g, dout);
+        g->ops->free(g, dq);
+        g->ops->free(g, dk);
+        g->ops->free(g, dv);
+        free(q);
+        free(k);
+        free(v);
+        free(all);
+        free(one);
+    }
+}
+
+int main(void)
+{
+    char err[ERR_MSG_MAX] = "";
+    int count = 0;
+    if (kern_cuda_device_count(&count, err) != 0) {
+        printf("SKIPPED: no CUDA device (%s)\n", err);
+        return 77;
+    }
+    if (count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_device_is_named_by_uuid),
+        cmocka_unit_test(test_cuda_memory_ops_roundtrip),
+        cmocka_unit_test(test_cuda_map_weights_out_of_memory_names_sizes),
+        cmocka_unit_test(test_cuda_embed_matches_cpu),
+        cmocka_unit_test(test_cuda_rmsnorm_matches_cpu),
+        cmocka_unit_test(test_cuda_rope_matches_cpu),
+        cmocka_unit_test(test_cuda_swiglu_and_add_match_cpu),
+        cmocka_unit_test(test_cuda_matmul_skinny_matches_cpu),
+        cmocka_unit_test(test_cuda_matmul_prefill_matches_cpu),
+        cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
+        cmocka_unit_test(test_cuda_attention_matches_cpu),
+        cmocka_unit_test(test_cuda_attention_is_batch_invariant),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
