@@ -8,31 +8,23 @@
  * buffer), "release", "shutdown". See docs/protocol-notes.md.
  *
  * What it is not: it schedules nothing. Single-threaded: messages are
- * handled in arrival order on the thread that calls target_worker_run.
+ * handled in arrival order on the thread that calls run.
  */
 #ifndef TANDEM_TARGET_WORKER_H
 #define TANDEM_TARGET_WORKER_H
 
-#include <signal.h>
+#include "worker_main.h"
 
-#include "proc_config.h"
-
-/* Exit status for config errors, unloadable models and a refusal. */
-#define TARGET_WORKER_EXIT_CONFIG 78
-
-struct target_worker;
-
-/* Loads the model (cfg->target_worker), creates the context with
- * cfg->coordinator.max_concurrency slots and the socket. cfg is copied.
- * ERR_UNSUPPORTED for backend "cuda" (not built yet). */
-int target_worker_create(struct target_worker **out, const struct proc_config *cfg, char *err);
-
-/* Serves until *stop becomes nonzero, a "shutdown" arrives (returns 0) or
- * the coordinator refuses the worker (ERR_MISMATCH). Per-request failures
- * are reported to the coordinator and do not end it. */
-int target_worker_run(struct target_worker *w, volatile sig_atomic_t *stop, char *err);
-
-/* Closes the socket and the imported buffer, frees the model. NULL-safe. */
-void target_worker_destroy(struct target_worker *w);
+/* The target worker as common/worker_main.h runs it:
+ * - create loads the model (cfg->target_worker), creates the context with
+ *   cfg->coordinator.max_concurrency slots and the coordinator link
+ *   (common/worker_link.h). cfg is copied. ERR_UNSUPPORTED for backend
+ *   "cuda" (not built yet), model errors as llama_model_load reports them.
+ * - run serves until *stop becomes nonzero (signal), a "shutdown" arrives
+ *   (returns 0) or the coordinator refuses the worker (ERR_MISMATCH).
+ *   Per-request failures are reported to the coordinator and do not end it.
+ * - destroy closes the link and the imported buffer, frees the model.
+ *   NULL-safe. */
+extern const struct worker_main_role target_worker_role;
 
 #endif

@@ -1,0 +1,340 @@
+/* worker_link.c: the worker side of the coordinator connection (see
+ * worker_link.h): register until welcomed, heartbeats, the liveness
+ * countdown, the receive loop and the send policy.
+ *
+ * Invariants: last_register_ms/last_beat_ms are stamped before each attempt,
+ * sent or not, so a failing socket is retried at the documented rates and
+ * never in a busy loop; register_pending is true exactly when the last
+ * register failed to send; send_failing starts true so the first send, which
+ * may precede the connection, warns nobody.
+ */
+#include "worker_link.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "error.h"
+#include "logging.h"
+
+struct worker_link {
+    const struct worker_link_role *role;
+    void *user;
+    char *register_note;
+    char endpoint[PROC_CONFIG_PATH_MAX];
+    int heartbeat_ms;
+    int timeout_ms; /* coordinator.worker_timeout_ms */
+    size_t max_message_bytes;
+    void *zctx;
+    void *sock;
+    double last_heard_ms;    /* last message from the coordinator */
+    double last_beat_ms;     /* last heartbeat we sent */
+    double last_register_ms; /* last register we sent */
+    bool welcomed;
+    bool register_pending;   /* the last register could not be sent: retry soon */
+    bool send_failing;       /* sends fail (coordinator away): log once per streak */
+};
+
+int worker_link_send(struct worker_link *link, cJSON *header, const struct protocol_frame *frames,
+                     int n_frames)
+{
+    char err[ERR_MSG_MAX];
+    if (!header) {
+        LOG_ERROR("out of memory building a message");
+        return ERR_NOMEM;
+    }
+    int rc = protocol_send(link->sock, NULL, 0, header, frames, n_frames, PROTOCOL_DONTWAIT, err);
+    if (rc != 0 && !link->send_failing) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(header, "type");
+        LOG_WARN("cannot send %s to the coordinator (not connected?): %s",
+                 cJSON_IsString(t) ? t->valuestring : "?", err);
+    } else if (rc == 0 && link->send_failing) {
+        LOG_INFO("connected to the coordinator");
+    }
+    link->send_failing = rc != 0;
+    cJSON_Delete(header);
+    return rc;
+}
+
+void worker_link_send_error(struct worker_link *link, const char *in_reply_to, int64_t req,
+                            int slot, int code, const char *message)
+{
+    char cname[32];
+    snprintf(cname, sizeof cname, "%s", error_name(code));
+    for (char *p = cname; *p; p++)
+        if (*p >= 'A' && *p <= 'Z')
+            *p = (char)(*p - 'A' + 'a');
+    LOG_WARN("%s req %lld slot %d: %s (%s)", in_reply_to, (long long)req, slot, message, cname);
+    cJSON *h = protocol_header_new(PROTOCOL_ERROR);
+    if (h && (!cJSON_AddNumberToObject(h, "req", (double)req) ||
+              !cJSON_AddNumberToObject(h, "slot", slot) ||
+              !cJSON_AddStringToObject(h, "code", cname) ||
+              !cJSON_AddStringToObject(h, "message", message) ||
+              !cJSON_AddStringToObject(h, "in_reply_to", in_reply_to))) {
+        cJSON_Delete(h);
+        h = NULL;
+    }
+    worker_link_send(link, h, NULL, 0);
+}
+
+cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
+                                const struct model_config *mc, int max_seq_len, int n_slots)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_REGISTER);
+    cJSON *eos = cJSON_CreateArray();
+    bool ok = h && eos;
+    for (int i = 0; ok && i < mc->n_eos_token_ids; i++)
+        ok = cJSON_AddItemToArray(eos, cJSON_CreateNumber(mc->eos_token_ids[i]));
+    if (ok) {
+        ok = cJSON_AddStringToObject(h, "role", role) &&
+             cJSON_AddNumberToObject(h, "pid", (double)getpid()) &&
+             cJSON_AddStringToObject(h, "model", model) &&
+             cJSON_AddStringToObject(h, "backend", backend) &&
+             cJSON_AddNumberToObject(h, "vocab_size", mc->vocab_size) &&
+             cJSON_AddItemToObject(h, "eos_ids", eos);
+        if (ok)
+            eos = NULL; /* owned by h now; a failed add leaves it to us */
+        ok = ok && cJSON_AddNumberToObject(h, "max_seq_len", max_seq_len) &&
+             cJSON_AddNumberToObject(h, "n_slots", n_slots) &&
+             cJSON_AddNumberToObject(h, "bos_id", mc->bos_token_id);
+    }
+    cJSON_Delete(eos);
+    if (!ok) {
+        cJSON_Delete(h);
+        return NULL;
+    }
+    return h;
+}
+
+int worker_link_get_req_slot(const cJSON *header, int n_slots, int64_t *req, int *slot, char *err)
+{
+    int rc = protocol_get_i64(header, "req", 0, WORKER_LINK_JSON_INT_MAX, req, err);
+    if (rc == 0)
+        rc = protocol_get_int(header, "slot", 0, n_slots - 1, slot, err);
+    return rc;
+}
+
+int worker_link_parse_sampling(const cJSON *header, struct sampling_params *sp,
+                               enum speculate_mode *mode, char *err)
+{
+    sampling_params_default(sp);
+    const cJSON *s = NULL;
+    int rc = protocol_get_object_opt(header, "sampling", &s, err);
+    if (rc)
+        return rc;
+    if (s) {
+        double t, p, mp;
+        int64_t seed = 0;
+        if ((rc = protocol_get_double_opt(s, "sampling.temperature", 0.0, 1.0e6, 0.0, &t, err)) ||
+            (rc = protocol_get_int_opt(s, "sampling.top_k", 0, 1 << 30, 0, &sp->top_k, err)) ||
+            (rc = protocol_get_double_opt(s, "sampling.top_p", 0.0, 1.0, 1.0, &p, err)) ||
+            (rc = protocol_get_double_opt(s, "sampling.min_p", 0.0, 1.0, 0.0, &mp, err)))
+            return rc;
+        if (cJSON_GetObjectItemCaseSensitive(s, "seed") &&
+            (rc = protocol_get_i64(s, "sampling.seed", 0, WORKER_LINK_JSON_INT_MAX, &seed, err)))
+            return rc;
+        sp->temperature = (float)t;
+        sp->top_p = (float)p;
+        sp->min_p = (float)mp;
+        sp->seed = (uint64_t)seed;
+        if (sampling_params_validate(sp, err) != 0)
+            return ERR_PROTOCOL;
+    }
+    const char *m = NULL;
+    if ((rc = protocol_get_string_opt(header, "mode", 32, "sampled", &m, err)))
+        return rc;
+    if (strcmp(m, "sampled") == 0)
+        *mode = SPECULATE_MODE_SAMPLED;
+    else if (strcmp(m, "point_mass") == 0)
+        *mode = SPECULATE_MODE_POINT_MASS;
+    else
+        return error_set(err, ERR_PROTOCOL,
+                         "mode: must be \"sampled\" or \"point_mass\", got \"%s\"", m);
+    return 0;
+}
+
+static void send_register(struct worker_link *link)
+{
+    cJSON *h = link->role->build_register(link->user);
+    link->last_register_ms = protocol_now_ms();
+    int rc = worker_link_send(link, h, NULL, 0);
+    link->register_pending = rc != 0;
+    if (rc == 0)
+        LOG_INFO("registered with %s (%s)", link->endpoint, link->register_note);
+}
+
+static void send_heartbeat(struct worker_link *link)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_HEARTBEAT);
+    if (h && !cJSON_AddStringToObject(h, "role", link->role->name)) {
+        cJSON_Delete(h);
+        h = NULL;
+    }
+    link->last_beat_ms = protocol_now_ms();
+    worker_link_send(link, h, NULL, 0);
+}
+
+/* Handles one well-formed message; returns 1 to stop serving (shutdown),
+ * ERR_MISMATCH when refused, 0 otherwise. */
+static int dispatch(struct worker_link *link, const struct protocol_msg *m, char *err)
+{
+    const char *type = m->type;
+    if (strcmp(type, PROTOCOL_WELCOME) == 0) {
+        if (!link->welcomed)
+            LOG_INFO("welcomed by the coordinator");
+        link->welcomed = true;
+        if (link->role->on_welcome)
+            link->role->on_welcome(link->user, m);
+    } else if (strcmp(type, PROTOCOL_HEARTBEAT) == 0) {
+        /* liveness only */
+    } else if (strcmp(type, PROTOCOL_SHUTDOWN) == 0) {
+        LOG_INFO("shutdown requested by the coordinator");
+        return 1;
+    } else if (strcmp(type, PROTOCOL_REFUSED) == 0) {
+        const char *why = "no reason given";
+        char ignore[ERR_MSG_MAX];
+        protocol_get_string(m->header, "message", 400, &why, ignore);
+        return error_set(err, ERR_MISMATCH, "refused by the coordinator: %s", why);
+    } else {
+        for (const struct worker_link_command *c = link->role->commands; c->type; c++)
+            if (strcmp(type, c->type) == 0) {
+                c->handle(link->user, m);
+                return 0;
+            }
+        char msg[160];
+        snprintf(msg, sizeof msg, "type: unknown message type \"%.64s\"", type);
+        worker_link_send_error(link, type, -1, -1, ERR_PROTOCOL, msg);
+    }
+    return 0;
+}
+
+/* Receives and handles what is queued; returns 1 to stop serving, a
+ * negative code to fail, 0 when the socket has nothing more. */
+static int drain(struct worker_link *link, volatile sig_atomic_t *stop, char *err)
+{
+    while (!*stop) {
+        struct protocol_msg m;
+        char merr[ERR_MSG_MAX];
+        int rc = protocol_recv(link->sock, false, link->max_message_bytes, PROTOCOL_DONTWAIT, &m,
+                               merr);
+        if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
+            protocol_msg_free(&m);
+            return 0;
+        }
+        link->last_heard_ms = protocol_now_ms();
+        if (rc == ERR_PROTOCOL) {
+            worker_link_send_error(link, m.type ? m.type : "?", -1, -1, rc, merr);
+        } else if (rc != 0) {
+            protocol_msg_free(&m);
+            return error_set(err, rc, "receiving from the coordinator: %s", merr);
+        } else {
+            int hrc = dispatch(link, &m, err);
+            if (hrc != 0) {
+                protocol_msg_free(&m);
+                return hrc;
+            }
+        }
+        protocol_msg_free(&m);
+    }
+    return 0;
+}
+
+int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char *err)
+{
+    send_register(link);
+    link->last_heard_ms = protocol_now_ms();
+    send_heartbeat(link);
+    while (!*stop) {
+        zmq_pollitem_t item = {.socket = link->sock, .events = ZMQ_POLLIN};
+        double now = protocol_now_ms();
+        long wait_ms = (long)(link->last_beat_ms + link->heartbeat_ms - now);
+        if (link->register_pending && wait_ms > WORKER_LINK_REGISTER_RETRY_MS)
+            wait_ms = WORKER_LINK_REGISTER_RETRY_MS;
+        if (wait_ms < 0)
+            wait_ms = 0;
+        int n = zmq_poll(&item, 1, wait_ms);
+        if (n < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            return error_set(err, ERR_SYSTEM, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+        }
+        if (n > 0) {
+            int rc = drain(link, stop, err);
+            if (rc != 0)
+                return rc > 0 ? 0 : rc;
+        }
+        now = protocol_now_ms();
+        if (now - link->last_beat_ms >= link->heartbeat_ms)
+            send_heartbeat(link);
+        if ((link->register_pending &&
+             now - link->last_register_ms >= WORKER_LINK_REGISTER_RETRY_MS) ||
+            (!link->welcomed && now - link->last_register_ms >= link->heartbeat_ms)) {
+            send_register(link);
+        } else if (now - link->last_heard_ms >= link->timeout_ms &&
+                   now - link->last_register_ms >= link->timeout_ms) {
+            LOG_WARN("no word from the coordinator for %.0f ms; registering again",
+                     now - link->last_heard_ms);
+            link->welcomed = false;
+            send_register(link);
+        }
+    }
+    return 0;
+}
+
+int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
+                       const struct worker_link_role *role, void *user, const char *register_note,
+                       char *err)
+{
+    *out = NULL;
+    const struct worker_config *wc;
+    if (strcmp(role->name, "draft") == 0)
+        wc = &cfg->draft_worker;
+    else if (strcmp(role->name, "target") == 0)
+        wc = &cfg->target_worker;
+    else
+        return error_set(err, ERR_INVALID_ARG, "worker role \"%s\": must be draft or target",
+                         role->name);
+    struct worker_link *link = calloc(1, sizeof *link);
+    if (!link)
+        return error_set(err, ERR_NOMEM, "worker link: out of memory");
+    link->role = role;
+    link->user = user;
+    snprintf(link->endpoint, sizeof link->endpoint, "%s", wc->coordinator_endpoint);
+    link->heartbeat_ms = wc->heartbeat_ms;
+    link->timeout_ms = cfg->coordinator.worker_timeout_ms;
+    link->max_message_bytes = (size_t)cfg->coordinator.max_message_bytes;
+    link->send_failing = true; /* the first send may precede the connection: no warning */
+    int rc;
+    link->register_note = strdup(register_note ? register_note : "");
+    if (!link->register_note) {
+        rc = error_set(err, ERR_NOMEM, "worker link: out of memory");
+        goto fail;
+    }
+    link->zctx = zmq_ctx_new();
+    if (!link->zctx) {
+        rc = error_set(err, ERR_SYSTEM, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if ((rc = protocol_dealer_connect(link->zctx, link->endpoint, &link->sock, err)))
+        goto fail;
+    *out = link;
+    return 0;
+fail:
+    worker_link_destroy(link);
+    return rc;
+}
+
+void worker_link_destroy(struct worker_link *link)
+{
+    if (!link)
+        return;
+    if (link->sock && zmq_close(link->sock) != 0)
+        LOG_WARN("zmq_close: %s", zmq_strerror(zmq_errno()));
+    if (link->zctx && zmq_ctx_term(link->zctx) != 0)
+        LOG_WARN("zmq_ctx_term: %s", zmq_strerror(zmq_errno()));
+    free(link->register_note);
+    free(link);
+}

@@ -1,0 +1,130 @@
+/* worker_link.h: a worker process's connection to the coordinator, shared by
+ * the draft and the target worker.
+ *
+ * It owns the DEALER socket (ZMQ_IMMEDIATE, sends with DONTWAIT: nothing
+ * queues while the coordinator is away) and the worker side of the control
+ * protocol that does not depend on the model (docs/protocol-notes.md):
+ *   - register, built by the role's callback, repeated every heartbeat_ms
+ *     until a "welcome" comes, and every WORKER_LINK_REGISTER_RETRY_MS while
+ *     the last one could not be sent;
+ *   - heartbeat {role} every heartbeat_ms;
+ *   - liveness: any message from the coordinator counts as its heartbeat;
+ *     after coordinator.worker_timeout_ms of silence the worker registers
+ *     again (a restarted coordinator sees a fresh register);
+ *   - the poll/receive loop: malformed envelopes are answered with an
+ *     "error", "welcome"/"heartbeat"/"shutdown"/"refused" are handled here,
+ *     every other message goes to the role's handler for its type in arrival
+ *     order, and a type the role does not serve is answered with an "error";
+ *   - sending, with the "log once per failing streak" policy: the first
+ *     failed send after a success logs a warning, the first success after
+ *     failures logs "connected to the coordinator".
+ *
+ * What it is not: it knows no model and no command but the ones above; the
+ * role (draft_worker/, target_worker/) parses and answers its own commands
+ * with the helpers below. Single-threaded: everything, callbacks included,
+ * runs on the thread that calls worker_link_run.
+ */
+#ifndef TANDEM_WORKER_LINK_H
+#define TANDEM_WORKER_LINK_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "model_config.h"
+#include "proc_config.h"
+#include "protocol.h"
+#include "sampling.h"
+#include "speculate.h"
+
+/* Largest integer a JSON number carries exactly (2^53): the range of "req"
+ * and "seed". */
+#define WORKER_LINK_JSON_INT_MAX 9007199254740992LL
+/* A register that could not be sent (socket not connected yet) is retried this often. */
+#define WORKER_LINK_REGISTER_RETRY_MS 50
+
+/* One command type a role serves and its handler. The handler answers the
+ * coordinator itself (worker_link_send, worker_link_send_error); msg is
+ * valid only during the call. */
+struct worker_link_command {
+    const char *type;
+    void (*handle)(void *user, const struct protocol_msg *msg);
+};
+
+/* What a role plugs into the link. Borrowed: it must outlive the link
+ * (a static const table in the role's source). */
+struct worker_link_role {
+    /* "draft" | "target": the heartbeat's role and the config section
+     * ("<name>_worker") the endpoint and heartbeat_ms come from. */
+    const char *name;
+    /* Returns a complete register header (see worker_link_register_new),
+     * owned by the caller, or NULL when out of memory. Called for every
+     * register sent. */
+    cJSON *(*build_register)(void *user);
+    /* Optional (NULL): called for every "welcome", after the link marked
+     * itself welcomed (the target attaches the buffer it names). */
+    void (*on_welcome)(void *user, const struct protocol_msg *msg);
+    /* The commands the role serves (not welcome, heartbeat, shutdown or
+     * refused), ended by an entry with type NULL. A type not listed is
+     * answered with an "error". */
+    const struct worker_link_command *commands;
+};
+
+struct worker_link;
+
+/* Connects a DEALER socket to cfg's "<role->name>_worker".coordinator_endpoint
+ * (in a ZeroMQ context of its own). Copies what it needs from cfg: the
+ * section's coordinator_endpoint and heartbeat_ms, coordinator.worker_timeout_ms
+ * and coordinator.max_message_bytes. role is borrowed; user is passed to the
+ * callbacks. register_note (copied) is logged after each register sent:
+ * "registered with <endpoint> (<register_note>)". Sends nothing yet.
+ * ERR_INVALID_ARG (role name is neither "draft" nor "target"), ERR_NOMEM,
+ * ERR_SYSTEM naming the zmq call. */
+int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
+                       const struct worker_link_role *role, void *user, const char *register_note,
+                       char *err);
+
+/* Registers, then serves until *stop becomes nonzero (signal; returns 0), a
+ * "shutdown" arrives (returns 0) or the coordinator refuses the worker
+ * (ERR_MISMATCH "refused by the coordinator: <its message>"). Other errors:
+ * ERR_SYSTEM (zmq_poll), or what protocol_recv returned other than a
+ * malformed message (which is answered and survived), in err. */
+int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char *err);
+
+/* Closes the socket and terminates its context. NULL-safe. */
+void worker_link_destroy(struct worker_link *link);
+
+/* Sends header (+ frames, borrowed) to the coordinator without blocking and
+ * deletes header, whatever happens. header NULL stands for a message that
+ * could not be built: logs "out of memory building a message", returns
+ * ERR_NOMEM. Returns 0 or protocol_send's code; failures are logged once per
+ * streak (see the top of this file), never passed to an err buffer. */
+int worker_link_send(struct worker_link *link, cJSON *header, const struct protocol_frame *frames,
+                     int n_frames);
+
+/* Logs a warning and sends error {req, slot, code (the lower-case
+ * error_name of code), message, in_reply_to}. req/slot are -1 when unknown. */
+void worker_link_send_error(struct worker_link *link, const char *in_reply_to, int64_t req,
+                            int slot, int code, const char *message);
+
+/* A register header with the fields both roles send: {v, type:"register",
+ * role, pid (this process), model, backend, vocab_size, eos_ids, max_seq_len,
+ * n_slots, bos_id} (model facts from mc). The caller adds role-specific
+ * fields (the draft's "shm"). NULL when out of memory. */
+cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
+                                const struct model_config *mc, int max_seq_len, int n_slots);
+
+/* Reads a command's "req" (0..2^53) and "slot" (0..n_slots-1), in that
+ * order; on failure the ones not read stay as the caller initialised them
+ * (-1, for the error reply). ERR_PROTOCOL naming the field. */
+int worker_link_get_req_slot(const cJSON *header, int n_slots, int64_t *req, int *slot, char *err);
+
+/* Reads a command's optional "sampling" object {temperature, top_k, top_p,
+ * min_p, seed} over greedy defaults, and its optional "mode" ("sampled",
+ * the default, or "point_mass"). ERR_PROTOCOL naming the field. */
+int worker_link_parse_sampling(const cJSON *header, struct sampling_params *sp,
+                               enum speculate_mode *mode, char *err);
+
+#endif

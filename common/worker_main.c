@@ -1,0 +1,124 @@
+/* worker_main.c: the shared main() of the worker processes and the model
+ * they hold (see worker_main.h).
+ *
+ * The stop flag is the one piece of process-wide state: a signal handler
+ * can reach nothing else. It is only ever set to 1, by SIGTERM/SIGINT.
+ */
+#include "worker_main.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "logging.h"
+
+static volatile sig_atomic_t worker_main_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    worker_main_stop = 1;
+}
+
+static void usage(FILE *out, const char *name, const char *section)
+{
+    fprintf(out, "usage: tandem-%s-worker --config FILE [--key value]...\n"
+                 "Keys of the %s section (other sections: --section.key value):\n",
+            name, section);
+    proc_config_print_usage(out, section);
+}
+
+int worker_main(int argc, char **argv, const struct worker_main_role *role)
+{
+    const bool draft = strcmp(role->name, "draft") == 0;
+    const char *section = draft ? "draft_worker" : "target_worker";
+    logging_set_tag(role->name);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout, role->name, section);
+            return 0;
+        }
+    char err[ERR_MSG_MAX] = "";
+    struct proc_config cfg;
+    if (proc_config_parse_args(&cfg, argc, argv, section,
+                               draft ? PROC_CONFIG_DRAFT : PROC_CONFIG_TARGET, err) != 0) {
+        LOG_ERROR("%s", err);
+        return WORKER_MAIN_EXIT_CONFIG;
+    }
+    const struct worker_config *wc = draft ? &cfg.draft_worker : &cfg.target_worker;
+    logging_set_level((enum logging_level)logging_level_parse(wc->log_level));
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
+        LOG_ERROR("sigaction failed");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    void *w = NULL;
+    int rc = role->create(&w, &cfg, err);
+    if (rc != 0) {
+        LOG_ERROR("%s", err);
+        /* A model that cannot load will not load on a restart either. */
+        return rc == ERR_SYSTEM || rc == ERR_NOMEM ? 1 : WORKER_MAIN_EXIT_CONFIG;
+    }
+    rc = role->run(w, &worker_main_stop, err);
+    role->destroy(w);
+    if (rc != 0) {
+        LOG_ERROR("%s", err);
+        return rc == ERR_MISMATCH ? WORKER_MAIN_EXIT_CONFIG : 1;
+    }
+    LOG_INFO("stopped");
+    return 0;
+}
+
+int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
+                           const struct worker_config *wc, char *err)
+{
+    memset(m, 0, sizeof *m);
+    if (strcmp(wc->backend, "cpu") != 0)
+        return error_set(err, ERR_UNSUPPORTED, "backend %s: not built into this binary",
+                         wc->backend);
+    int rc;
+    if ((rc = kern_cpu_create(&m->be, wc->threads, err)))
+        goto fail;
+    if ((rc = llama_model_load(&m->model, wc->model, m->be, err)))
+        goto fail;
+    struct llama_ctx_params cp = {.n_slots = cfg->coordinator.max_concurrency,
+                                  .max_seq_len = wc->max_seq_len, .max_rows = 0};
+    if ((rc = llama_ctx_create(&m->ctx, m->model, &cp, err)))
+        goto fail;
+    m->vocab = llama_model_config(m->model)->vocab_size;
+    m->n_slots = llama_ctx_n_slots(m->ctx);
+    m->max_seq_len = llama_ctx_max_seq_len(m->ctx);
+    return 0;
+fail:
+    worker_main_model_free(m);
+    return rc;
+}
+
+void worker_main_model_free(struct worker_main_model *m)
+{
+    llama_ctx_destroy(m->ctx);
+    llama_model_destroy(m->model);
+    if (m->be)
+        m->be->ops->destroy(m->be);
+    memset(m, 0, sizeof *m);
+}
+
+void worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
+                               const struct protocol_msg *msg)
+{
+    char err[ERR_MSG_MAX];
+    int64_t req = -1;
+    int slot = -1;
+    int rc = worker_link_get_req_slot(msg->header, m->n_slots, &req, &slot, err);
+    if (rc == 0)
+        rc = llama_ctx_truncate(m->ctx, slot, 0, err);
+    if (rc)
+        worker_link_send_error(link, PROTOCOL_RELEASE, req, slot, rc, err);
+}

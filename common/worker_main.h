@@ -1,0 +1,75 @@
+/* worker_main.h: what both worker processes (tandem-draft-worker,
+ * tandem-target-worker) share besides their link to the coordinator
+ * (worker_link.h): main() itself (--help, the config, signals, create, run,
+ * destroy, the exit status) and the model a worker holds (backend, weights,
+ * one KV cache slot per sequence) with the "release" command on it.
+ *
+ * Exit status: 0 after SIGTERM/SIGINT or a "shutdown" from the coordinator;
+ * WORKER_MAIN_EXIT_CONFIG (78, EX_CONFIG) for config errors, a model that
+ * does not load (any create failure but ERR_SYSTEM and ERR_NOMEM) and a
+ * refusal by the coordinator (run returning ERR_MISMATCH): the supervisor
+ * does not restart those; 1 for other failures.
+ *
+ * What it is not: it knows nothing of models or messages; the role's
+ * functions (draft_worker/, target_worker/) do the work. It installs the
+ * process's SIGTERM/SIGINT handlers (which set a flag the role's run polls)
+ * and ignores SIGPIPE: call it once per process, from main.
+ */
+#ifndef TANDEM_WORKER_MAIN_H
+#define TANDEM_WORKER_MAIN_H
+
+#include <signal.h>
+
+#include "kernels.h"
+#include "llama.h"
+#include "proc_config.h"
+#include "protocol.h"
+#include "worker_link.h"
+
+#define WORKER_MAIN_EXIT_CONFIG 78
+
+/* One worker process. Borrowed by worker_main for the whole run. */
+struct worker_main_role {
+    /* "draft" | "target": the log tag, the program name
+     * "tandem-<name>-worker" and the config section "<name>_worker". */
+    const char *name;
+    /* Creates the worker from the finalized config (copy what you keep).
+     * 0 with *out set, or a code with the reason in err. */
+    int (*create)(void **out, const struct proc_config *cfg, char *err);
+    /* Serves until *stop becomes nonzero or a shutdown (0), or fails
+     * (ERR_MISMATCH: refused by the coordinator). */
+    int (*run)(void *worker, volatile sig_atomic_t *stop, char *err);
+    /* NULL-safe. */
+    void (*destroy)(void *worker);
+};
+
+/* Runs a worker process: returns its exit status (above). Logs every
+ * failure's reason once before returning. */
+int worker_main(int argc, char **argv, const struct worker_main_role *role);
+
+/* A worker's model. Plain struct owned by the worker; zero it before load. */
+struct worker_main_model {
+    struct kern_backend *be;
+    struct llama_model *model;
+    struct llama_ctx *ctx; /* n_slots sequences of max_seq_len positions */
+    int vocab, n_slots, max_seq_len;
+};
+
+/* Loads wc->model on wc->backend with wc->threads, and creates a context of
+ * cfg->coordinator.max_concurrency slots x wc->max_seq_len positions (the
+ * fields vocab, n_slots, max_seq_len hold what was allocated).
+ * ERR_UNSUPPORTED for a backend other than "cpu" (not built into this
+ * binary), else what kern_cpu_create, llama_model_load and llama_ctx_create
+ * report. On failure m is freed and zeroed. */
+int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
+                           const struct worker_config *wc, char *err);
+
+/* Frees what load created and zeroes m; safe on a zeroed struct. */
+void worker_main_model_free(struct worker_main_model *m);
+
+/* Serves "release {req, slot}": truncates the slot to 0. No reply; an
+ * "error" (in_reply_to "release") when a field is bad or truncation fails. */
+void worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
+                               const struct protocol_msg *msg);
+
+#endif
