@@ -4,7 +4,8 @@
  * Accuracy: every op is compared element-wise with |got - ref| <= atol +
  * rtol * |ref| (tolerances stated at each check; the first mismatches are
  * printed). Inputs are seeded pseudo-random values in [-1, 1).
- * Exactness: batch invariance (a row computed alone vs inside n = 16) and
+ * Exactness: batch invariance (a row computed alone vs inside n = 2..17, 31,
+ * 33, 40, 70) and
  * thread-count invariance (1 vs 2 vs 3 threads) are compared bit for bit.
  * Weight dtypes bf16, f16 and f32; odd sizes (d_in = 67, 3 heads, head_dim 16,
  * 64 and 128); attention with pos0 > 0 and n > 1.
@@ -332,6 +333,50 @@ static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void
             free(one);
             free(three);
             free(sixteen);
+        }
+    be->ops->destroy(be);
+}
+
+/* Speculative verification calls matmul with n = K+1 = 2..9 rows and more:
+ * each row of every n (all tile shapes and remainders of the small-n paths,
+ * several input chunks for n > 32) equals the row computed alone, bit for
+ * bit; d_out not a multiple of the blocks, d_in with a tail, shorter than
+ * one SIMD step, and spanning several k-blocks. */
+static void test_kernels_cpu_matmul_verification_row_counts_match_single_rows(void **state)
+{
+    static const int shapes[][2] = {{2051, 38}, {67, 13}, {5, 7}, {1000, 25}, {4099, 14}};
+    static const int ns[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33, 70};
+    const int n_max = 70;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {11};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int di = 0; di < 3; di++) {
+            int d_in = shapes[si][0], d_out = shapes[si][1];
+            enum kern_dtype dt = all_dtypes[di];
+            double *wref = dalloc((size_t)d_in * d_out);
+            void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
+            float *in = falloc((size_t)n_max * d_in), *one = falloc((size_t)n_max * d_out);
+            float *batch = falloc((size_t)n_max * d_out);
+            fill(&r, in, (size_t)n_max * d_in);
+            for (int i = 0; i < n_max; i++)
+                assert_int_equal(be->ops->matmul(be, one + (size_t)i * d_out,
+                                                 in + (size_t)i * d_in, w, dt, 1, d_in, d_out, err),
+                                 0);
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+                const int n = ns[ni];
+                memset(batch, 0xff, (size_t)n * d_out * sizeof(float));
+                assert_int_equal(be->ops->matmul(be, batch, in, w, dt, n, d_in, d_out, err), 0);
+                char what[96];
+                snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d: n=1 vs n=%d",
+                         kern_dtype_name(dt), d_in, d_out, n);
+                assert_int_equal(count_bit_diffs(what, one, batch, (size_t)n * d_out), 0);
+            }
+            free(w);
+            free(wref);
+            free(in);
+            free(one);
+            free(batch);
         }
     be->ops->destroy(be);
 }
@@ -781,6 +826,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_cpu_matmul_matches_reference_for_every_dtype),
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
+        cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),
