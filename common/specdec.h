@@ -80,12 +80,18 @@ struct specdec_k_control {
     int k_fixed;            /* > 0: always this K (still clipped by the context) */
     int k_max;
     int k_current;
-    double accept_rate;     /* running estimate of a, per drafted token */
+    double accepted_sum;    /* decayed count of accepted drafts */
+    double trials_sum;      /* decayed count of acceptance tests (accepted + rejected) */
+    double accept_rate;     /* estimate of a: the sums plus a weak prior */
     double draft_ms_per_token;
     double verify_ms_base;  /* cost of a one-row target call */
     double verify_ms_per_row; /* extra cost of each further row */
+    /* decayed sums of the (k, verify_ms) pairs: the line base + per_row * k
+     * is fitted to them */
+    double fit_w, fit_k, fit_kk, fit_v, fit_kv;
     int rounds_observed;
     int rounds_since_probe;
+    int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */
 };
 
 void specdec_k_init(struct specdec_k_control *kc, int k_fixed, int k_max);
@@ -109,6 +115,10 @@ struct specdec_request {
     const int32_t *stop_ids;     /* EOS ids: generation ends after one of these */
     int n_stop_ids;
     int slot;                    /* slot in both contexts */
+    /* NULL, or the adaptive-K state of this draft/target pair kept by the
+     * caller across requests (specdec_k_init once): the request starts from
+     * it and writes its final state back. */
+    struct specdec_k_control *k_history;
 };
 
 struct specdec_stats {

@@ -142,6 +142,11 @@ struct seq {
 
 struct coordinator {
     struct proc_config cfg;
+    /* adaptive-K state of the current draft/target pair: each sequence
+     * starts from it and hands its final state back (reset when a worker
+     * changes, since costs and acceptance belong to the pair) */
+    struct specdec_k_control k_history;
+    bool k_history_valid;
     void *zctx;
     void *clients;
     void *workers;
@@ -350,6 +355,10 @@ static void seq_fail(struct coordinator *c, struct seq *s, enum metrics_error co
 static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish reason)
 {
     double t = now_ms();
+    if (s->kc.rounds_observed > 0) {
+        c->k_history = s->kc;
+        c->k_history_valid = true;
+    }
     char err[ERR_MSG_MAX];
     bool stopped = false;
     if (output_finish(s->out, &stopped, err) != 0)
@@ -864,6 +873,7 @@ static void on_worker_error(struct coordinator *c, enum worker_role role, const 
 /* The draft is gone (timeout, refusal, re-registration). */
 static void draft_lost(struct coordinator *c, const char *why)
 {
+    c->k_history_valid = false;
     struct worker *d = &c->worker[ROLE_DRAFT];
     if (!d->up && !d->held)
         return;
@@ -898,6 +908,7 @@ static void draft_lost(struct coordinator *c, const char *why)
 
 static void target_lost(struct coordinator *c, const char *why)
 {
+    c->k_history_valid = false;
     struct worker *t = &c->worker[ROLE_TARGET];
     if (!t->up)
         return;
@@ -1414,7 +1425,13 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
     int k_max = c->cfg.coordinator.spec_k_max;
     if (k_fixed > k_max)
         k_max = k_fixed;
-    specdec_k_init(&s->kc, k_fixed, k_max);
+    if (c->k_history_valid) {
+        s->kc = c->k_history;
+        s->kc.k_fixed = k_fixed;
+        s->kc.k_max = k_max < SPECDEC_K_MAX ? k_max : SPECDEC_K_MAX;
+    } else {
+        specdec_k_init(&s->kc, k_fixed, k_max);
+    }
     s->t_arrival_ms = now_ms();
     request_destroy(r);
     s->state = SEQ_QUEUED;

@@ -3,7 +3,8 @@
  *   tandem-bench runtime [--models DIR] [--threads N] [--tokens N] [--presets a,b]
  *       memory bandwidth (large memcpy), then target-only decode tokens/s per
  *       preset and the weight bytes read per second as a share of bandwidth.
- *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c]
+ *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c] [--ks LIST]
+ *       [--modes 0|1]
  *       on the small pair (derived draft at several noise levels): tokens/s
  *       target-only vs speculative for K = 1..8 and adaptive, speedup,
  *       acceptance, measured c and Leviathan's predicted speedup; then the
@@ -32,6 +33,8 @@ struct bench_opts {
     int threads, tokens;
     char presets[256];
     char noise[128];
+    char ks[64]; /* K values to run; 0 = adaptive */
+    int modes;   /* also compare the sampled and point-mass draft modes */
 };
 
 static double now_s(void)
@@ -120,6 +123,10 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     if (!out)
         return die("bench", "out of memory");
     memset(sum, 0, sizeof *sum);
+    /* one history per run: like a server, later requests start from what
+     * earlier ones measured about the pair */
+    struct specdec_k_control history;
+    specdec_k_init(&history, k, 8);
     double decode_ms = 0;
     long decode_tokens = 0;
     for (int i = 0; i < n_prompts; i++) {
@@ -127,7 +134,8 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
         for (int j = 0; j < 16; j++)
             prompt[j] = (int32_t)((1000 + 7919 * (i * 16 + j)) % 120000);
         struct specdec_request req = {.prompt = prompt, .n_prompt = 16, .max_tokens = max_tokens,
-                                      .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0};
+                                      .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0,
+                                      .k_history = &history};
         req.sampling.seed = (uint64_t)(i + 1);
         struct specdec_stats st;
         int n;
@@ -237,8 +245,13 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
                ns, n_prompts, o->tokens, base_tps, target_ms);
         printf("%-9s %10s %8s %11s %8s %8s %10s %12s\n", "K", "tokens/s", "speedup", "acceptance",
                "alpha", "c", "acc/round", "predicted");
-        for (int k = 1; k <= 9; k++) {
-            int kk = k == 9 ? 0 : k;
+        char klist[64];
+        snprintf(klist, sizeof klist, "%s", o->ks);
+        for (char *ksave = NULL, *kstr = strtok_r(klist, ",", &ksave); kstr;
+             kstr = strtok_r(NULL, ",", &ksave)) {
+            int kk = atoi(kstr);
+            if (kk < 0 || kk > SPECDEC_K_MAX)
+                continue;
             struct specdec_stats st;
             double tps;
             if (run_requests(d, t, n_prompts, o->tokens, kk, &greedy, SPECULATE_MODE_SAMPLED, &st,
@@ -256,7 +269,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
                    alpha, c, st.rounds ? (double)st.accepted / st.rounds : 0, predicted);
         }
         /* draft modes: acceptance at T = 0.7 and 1.0 with K = 4 */
-        for (int ti = 0; ti < 2; ti++) {
+        for (int ti = 0; ti < 2 * o->modes; ti++) {
             struct sampling_params sp = greedy;
             sp.temperature = ti ? 1.0f : 0.7f;
             for (int mode = 0; mode < 2; mode++) {
@@ -283,12 +296,15 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec"))) {
         fprintf(stderr, "usage: tandem-bench runtime|spec [--models DIR] [--threads N] [--tokens N]\n"
-                        "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n");
+                        "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
+                        "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n");
         return 2;
     }
     struct bench_opts o = {.models_dir = "bench-models", .threads = 0, .tokens = 64};
     snprintf(o.presets, sizeof o.presets, "small,llama-3.2-1b");
     snprintf(o.noise, sizeof o.noise, "0.02,0.05,0.2");
+    snprintf(o.ks, sizeof o.ks, "1,2,3,4,5,6,7,8,0");
+    o.modes = 1;
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) {
             fprintf(stderr, "tandem-bench: %s: missing value\n", argv[i]);
@@ -300,6 +316,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--tokens")) o.tokens = atoi(v);
         else if (!strcmp(argv[i - 1], "--presets")) snprintf(o.presets, sizeof o.presets, "%s", v);
         else if (!strcmp(argv[i - 1], "--noise")) snprintf(o.noise, sizeof o.noise, "%s", v);
+        else if (!strcmp(argv[i - 1], "--ks")) snprintf(o.ks, sizeof o.ks, "%s", v);
+        else if (!strcmp(argv[i - 1], "--modes")) o.modes = atoi(v) != 0;
         else {
             fprintf(stderr, "tandem-bench: unknown flag %s\n", argv[i - 1]);
             return 2;
