@@ -274,7 +274,8 @@ void specdec_k_update(struct specdec_k_control *kc, int k, int n_accepted, doubl
         kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
         kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
                           (kc->trials_sum + K_PRIOR_WEIGHT);
-        double per_token = draft_ms / k;
+        /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
+        double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
         kc->draft_ms_per_token = kc->draft_ms_per_token > 0
                                      ? kc->draft_ms_per_token +
                                            K_EWMA_ALPHA * (per_token - kc->draft_ms_per_token)
@@ -492,8 +493,13 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         stats->rounds++;
         stats->draft_ms += t1 - t0;
         stats->verify_ms += t2 - t1;
-        if (draft)
-            specdec_k_update(&kc, k, n_acc, t1 - t0, t2 - t1);
+        if (draft) {
+            /* Catching up on tokens skipped at K = 0 is a one-off: the
+             * controller wants the cost of drafting itself. */
+            int n_feed = len - draft_valid;
+            double draft_ms = k > 0 ? (t1 - t0) * k / (double)(k + n_feed - 1) : 0.0;
+            specdec_k_update(&kc, k, n_acc, draft_ms, t2 - t1);
+        }
         if (k > 0) {
             stats->drafted += k;
             stats->accepted += n_acc;

@@ -125,6 +125,8 @@ struct seq {
     int draft_round, draft_k, draft_predraft_k;
     double draft_sent_ms;
     double last_draft_ms;    /* measured for the K controller */
+    double verify_done_ms;   /* when the target last finished a verification of this sequence */
+    int draft_n_feed;        /* tokens the current draft call catches up on */
     bool predraft_expected;  /* a pre-draft will arrive (round > draft_round) */
     bool predraft_have;
     bool wait_predraft;      /* all drafts accepted: decide when it arrives */
@@ -543,6 +545,7 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     s->predraft_expected = predraft_k > 0;
     s->predraft_have = false;
     s->draft_sent_ms = now_ms();
+    s->draft_n_feed = s->n_hist - s->draft_valid;
     s->draft_gen = c->draft_gen;
     worker_send(c, ROLE_DRAFT, h, &s->hist[s->draft_valid], s->n_hist - s->draft_valid);
 }
@@ -646,6 +649,11 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
         int k = s->predraft_k < room - 1 ? s->predraft_k : room - 1;
         s->predraft_used++;
         c->metrics.predraft_used_total++;
+        /* The K controller is charged only the drafting the target waited
+         * for: a pre-draft made during the verification cost it nothing. */
+        s->last_draft_ms = s->verify_done_ms > 0 && now_ms() > s->verify_done_ms
+                               ? now_ms() - s->verify_done_ms
+                               : 0.0;
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
         send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
@@ -682,6 +690,7 @@ static void on_verify_done(struct coordinator *c, const struct protocol_msg *msg
         LOG_DEBUG("target verify_done dropped: %s", err);
         return;
     }
+    s->verify_done_ms = now_ms();
     int round = 0, n_acc = 0, n_tok = 0;
     double verify_ms = 0, idle_ms = -1;
     const int32_t *tokens = NULL;
@@ -821,6 +830,10 @@ static void on_draft_ready(struct coordinator *c, const struct protocol_msg *msg
     }
     s->wait_draft = false;
     s->last_draft_ms = draft_ms >= 0 ? draft_ms : now_ms() - s->draft_sent_ms;
+    /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
+     * is a one-off: the K controller wants the cost of drafting itself. */
+    if (s->draft_n_feed > 1)
+        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - 1);
     s->draft_valid = s->n_hist + k - 1;
     send_verify(c, s, k, half, round, true, k - 1);
 }

@@ -30,15 +30,15 @@ instance="demo$$"
 port="${TANDEM_DEMO_PORT:-5555}"
 endpoint="tcp://127.0.0.1:$port"
 run_dir=$(mktemp -d /tmp/tandem-demo-XXXXXX)
-# One thread per worker: the draft and the target each get a core of this
-# machine, so drafting overlaps verification.
+# Each worker may use every core (2 threads here): drafting and verification
+# mostly alternate, and an idle pool sleeps after a short spin.
 cat > "$run_dir/demo-config.json" <<JSON
 {
   "instance": "$instance",
   "coordinator": {"client_endpoint": "$endpoint", "max_concurrency": 2,
                   "worker_endpoint": "ipc://$run_dir/workers"},
-  "draft_worker": {"model": "$draft", "backend": "cpu", "threads": 1, "max_seq_len": 2048},
-  "target_worker": {"model": "$target", "backend": "cpu", "threads": 1, "max_seq_len": 2048}
+  "draft_worker": {"model": "$draft", "backend": "cpu", "threads": 2, "max_seq_len": 2048},
+  "target_worker": {"model": "$target", "backend": "cpu", "threads": 2, "max_seq_len": 2048}
 }
 JSON
 export TANDEM_BIN_DIR="$bin" TANDEM_RUN_DIR="$run_dir/run"
