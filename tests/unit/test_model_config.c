@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "tmpdir_fixture.h"
 #include "model_config.h"
 #include "safetensors.h"
 
@@ -340,43 +341,8 @@ static void test_model_config_rope_inv_freq_matches_reference(void **state)
 
 /* ---- weights against config, on a tiny model written to a temp dir ---- */
 
-struct fixture {
-    char dir[64];
-};
-
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof(*f));
-    if (!f)
-        return -1;
-    snprintf(f->dir, sizeof(f->dir), "/tmp/test_model_config_XXXXXX");
-    if (!mkdtemp(f->dir)) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    DIR *d = opendir(f->dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char p[512];
-            snprintf(p, sizeof(p), "%s/%s", f->dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(f->dir);
-    free(f);
-    return 0;
-}
+static int setup(void **state) { return tmpdir_fixture_setup(state, "test_model_config"); }
+static int teardown(void **state) { return tmpdir_fixture_teardown(state); }
 
 /* Tiny Llama: vocab 16, hidden 8, ff 12, 2 layers, 4 heads of 4 (q dim 16,
  * deliberately != hidden), 2 kv heads. */
@@ -473,7 +439,7 @@ static int load_and_check(const char *dir, char *err)
 
 static void test_model_config_check_weights_accepts_tied_tiny_model(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char err[ERR_MSG_MAX] = "";
     write_text(f->dir, "config.json", TINY_CONFIG("true"));
     write_tiny_model(f->dir, 0, NULL, NULL);
@@ -493,7 +459,7 @@ static void test_model_config_check_weights_accepts_tied_tiny_model(void **state
 
 static void test_model_config_check_weights_needs_lm_head_when_untied(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char err[ERR_MSG_MAX] = "";
     write_text(f->dir, "config.json", TINY_CONFIG("false"));
     write_tiny_model(f->dir, 0, NULL, NULL);
@@ -505,7 +471,7 @@ static void test_model_config_check_weights_needs_lm_head_when_untied(void **sta
 
 static void test_model_config_check_weights_reports_missing_and_misshapen(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char err[ERR_MSG_MAX] = "";
     write_text(f->dir, "config.json", TINY_CONFIG("true"));
     write_tiny_model(f->dir, 0, "model.layers.1.self_attn.v_proj.weight", NULL);
@@ -528,7 +494,7 @@ static void test_model_config_check_weights_reports_missing_and_misshapen(void *
 
 static void test_model_config_load_missing_file_is_not_found(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     struct model_config c;
     char err[ERR_MSG_MAX] = "";
     assert_int_equal(model_config_load(&c, f->dir, err), ERR_NOT_FOUND);

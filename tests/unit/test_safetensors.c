@@ -19,47 +19,13 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "tmpdir_fixture.h"
 #include "safetensors.h"
 
-struct fixture {
-    char dir[64];
-};
+static int setup(void **state) { return tmpdir_fixture_setup(state, "test_safetensors"); }
+static int teardown(void **state) { return tmpdir_fixture_teardown(state); }
 
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof(*f));
-    if (!f)
-        return -1;
-    snprintf(f->dir, sizeof(f->dir), "/tmp/test_safetensors_XXXXXX");
-    if (!mkdtemp(f->dir)) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    DIR *d = opendir(f->dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char p[512];
-            snprintf(p, sizeof(p), "%s/%s", f->dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(f->dir);
-    free(f);
-    return 0;
-}
-
-static char *path_in(const struct fixture *f, const char *name, char *buf, size_t cap)
+static char *path_in(const struct tmpdir_fixture *f, const char *name, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s/%s", f->dir, name);
     return buf;
@@ -165,7 +131,7 @@ static void write_small(const char *path, float *a, uint16_t *b)
 
 static void test_safetensors_write_then_open_round_trips(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "rt.safetensors", path, sizeof(path));
     float a[6];
@@ -234,7 +200,7 @@ static void test_safetensors_write_then_open_round_trips(void **state)
 
 static void test_safetensors_metadata_and_padding_are_accepted(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "meta.safetensors", path, sizeof(path));
     const char *header = "{\"__metadata__\":{\"format\":\"pt\",\"x\":\"y\"},"
@@ -255,7 +221,7 @@ static void test_safetensors_metadata_and_padding_are_accepted(void **state)
 
 static void test_safetensors_truncated_file_is_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "short.safetensors", path, sizeof(path));
     /* Shorter than the 8-byte length itself. */
@@ -290,7 +256,7 @@ static void test_safetensors_truncated_file_is_rejected(void **state)
 
 static void test_safetensors_oversized_header_length_is_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "big.safetensors", path, sizeof(path));
     const char *header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
@@ -311,7 +277,7 @@ static void test_safetensors_oversized_header_length_is_rejected(void **state)
 
 static void test_safetensors_overlapping_offsets_are_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "overlap.safetensors", path, sizeof(path));
     const char *header = "{\"first\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -346,7 +312,7 @@ static void test_safetensors_overlapping_offsets_are_rejected(void **state)
 
 static void test_safetensors_out_of_range_offsets_are_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "range.safetensors", path, sizeof(path));
     /* End past the data region. */
@@ -378,7 +344,7 @@ static void test_safetensors_out_of_range_offsets_are_rejected(void **state)
 
 static void test_safetensors_unsupported_dtype_is_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "i8.safetensors", path, sizeof(path));
     const char *header = "{\"q\":{\"dtype\":\"I8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
@@ -395,7 +361,7 @@ static void test_safetensors_unsupported_dtype_is_rejected(void **state)
 
 static void test_safetensors_byte_length_mismatch_is_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "len.safetensors", path, sizeof(path));
     /* F32 [2,3] needs 24 bytes, the offsets give 20. */
@@ -422,7 +388,7 @@ static void test_safetensors_byte_length_mismatch_is_rejected(void **state)
 
 static void test_safetensors_malformed_json_header_is_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "json.safetensors", path, sizeof(path));
     const char *bad[] = {
@@ -447,7 +413,7 @@ static void test_safetensors_malformed_json_header_is_rejected(void **state)
 
 static void test_safetensors_misaligned_data_is_rejected(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "align.safetensors", path, sizeof(path));
     /* F32 starting 2 bytes into an 8-aligned data region. */
@@ -462,7 +428,7 @@ static void test_safetensors_misaligned_data_is_rejected(void **state)
 
 static void test_safetensors_missing_tensor_is_reported(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "m.safetensors", path, sizeof(path));
     float a[6];
@@ -485,7 +451,7 @@ static void test_safetensors_missing_tensor_is_reported(void **state)
 
 static void test_safetensors_shape_mismatch_names_file_and_tensor(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256];
     path_in(f, "s.safetensors", path, sizeof(path));
     float a[6];
@@ -521,7 +487,7 @@ static void write_index(const char *path, const char *json)
 
 static void test_safetensors_sharded_directory_round_trips(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char p1[256], p2[256], pi[256], err[ERR_MSG_MAX] = "";
     path_in(f, "model-00001-of-00002.safetensors", p1, sizeof(p1));
     path_in(f, "model-00002-of-00002.safetensors", p2, sizeof(p2));
@@ -599,7 +565,7 @@ static void test_safetensors_sharded_directory_round_trips(void **state)
 
 static void test_safetensors_directory_with_single_file_opens(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char err[ERR_MSG_MAX] = "";
     expect_open_fails(f->dir, ERR_NOT_FOUND, f->dir, "model.safetensors", NULL);
     char path[256];
@@ -619,7 +585,7 @@ static void test_safetensors_directory_with_single_file_opens(void **state)
 
 static void test_safetensors_write_rejects_bad_entries(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char path[256], err[ERR_MSG_MAX] = "";
     path_in(f, "w.safetensors", path, sizeof(path));
     float x[4] = {0};
@@ -665,7 +631,7 @@ static void test_safetensors_write_rejects_bad_entries(void **state)
  * file: never a crash or an out-of-bounds read (checked under ASan). */
 static void test_safetensors_corrupted_bytes_never_crash(void **state)
 {
-    struct fixture *f = *state;
+    struct tmpdir_fixture *f = *state;
     char full[256], path[256];
     path_in(f, "good.safetensors", full, sizeof(full));
     path_in(f, "bad.safetensors", path, sizeof(path));
