@@ -7,6 +7,7 @@
  * set; cross-key checks and derived defaults run in proc_config_finalize.
  */
 #include "proc_config.h"
+#include "json_type.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -248,23 +249,6 @@ static int key_set_int(void *sec_base, const char *sec_name, const struct key_de
                          k->name, k->min, k->max, value);
     *(int *)((char *)sec_base + k->offset) = (int)value;
     return 0;
-}
-
-static const char *json_type_name(const cJSON *item)
-{
-    if (cJSON_IsNull(item))
-        return "null";
-    if (cJSON_IsBool(item))
-        return "boolean";
-    if (cJSON_IsNumber(item))
-        return "number";
-    if (cJSON_IsString(item))
-        return "string";
-    if (cJSON_IsArray(item))
-        return "array";
-    if (cJSON_IsObject(item))
-        return "object";
-    return "invalid";
 }
 
 /* Integral JSON number within long long range; 0 or -1. */

@@ -5,6 +5,7 @@
  * returning, so the socket is always left on a message boundary.
  */
 #include "protocol.h"
+#include "json_type.h"
 
 #include <errno.h>
 #include <float.h>
@@ -218,23 +219,6 @@ int protocol_frame_tokens(const struct protocol_msg *msg, int index, const char 
 
 /* ---- field getters ---- */
 
-static const char *type_name(const cJSON *item)
-{
-    if (cJSON_IsNull(item))
-        return "null";
-    if (cJSON_IsBool(item))
-        return "boolean";
-    if (cJSON_IsNumber(item))
-        return "number";
-    if (cJSON_IsString(item))
-        return "string";
-    if (cJSON_IsArray(item))
-        return "array";
-    if (cJSON_IsObject(item))
-        return "object";
-    return "invalid";
-}
-
 static const cJSON *lookup(const cJSON *obj, const char *field)
 {
     if (!cJSON_IsObject(obj))
@@ -250,7 +234,7 @@ static int get_integer(const cJSON *item, const char *field, int64_t lo, int64_t
 {
     if (!cJSON_IsNumber(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected an integer, got %s", field,
-                         type_name(item));
+                         json_type_name(item));
     double v = item->valuedouble;
     if (!isfinite(v) || v != floor(v) || fabs(v) > JSON_EXACT_INT_MAX)
         return error_set(err, ERR_PROTOCOL, "%s: expected an integer, got %g", field, v);
@@ -305,7 +289,7 @@ int protocol_get_double(const cJSON *obj, const char *field, double lo, double h
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
     if (!cJSON_IsNumber(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected a number, got %s", field,
-                         type_name(item));
+                         json_type_name(item));
     double v = item->valuedouble;
     if (!isfinite(v) || v < lo || v > hi) {
         if (hi >= DBL_MAX)
@@ -333,7 +317,7 @@ int protocol_get_bool(const cJSON *obj, const char *field, bool *out, char *err)
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
     if (!cJSON_IsBool(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected a boolean, got %s", field,
-                         type_name(item));
+                         json_type_name(item));
     *out = cJSON_IsTrue(item);
     return 0;
 }
@@ -355,7 +339,7 @@ int protocol_get_string(const cJSON *obj, const char *field, size_t max_len, con
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
     if (!cJSON_IsString(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected a string, got %s", field,
-                         type_name(item));
+                         json_type_name(item));
     if (strlen(item->valuestring) > max_len)
         return error_set(err, ERR_PROTOCOL, "%s: longer than %zu bytes", field, max_len);
     *out = item->valuestring;
@@ -379,7 +363,7 @@ int protocol_get_object(const cJSON *obj, const char *field, const cJSON **out, 
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
     if (!cJSON_IsObject(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected an object, got %s", field,
-                         type_name(item));
+                         json_type_name(item));
     *out = item;
     return 0;
 }
@@ -401,7 +385,7 @@ int protocol_get_int_array(const cJSON *obj, const char *field, int lo, int hi, 
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
     if (!cJSON_IsArray(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected an array, got %s", field,
-                         type_name(item));
+                         json_type_name(item));
     int n = cJSON_GetArraySize(item);
     if (n > max_count)
         return error_set(err, ERR_PROTOCOL, "%s: more than %d elements", field, max_count);

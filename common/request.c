@@ -7,6 +7,7 @@
  * send ends in 0 or an error naming the field.
  */
 #include "request.h"
+#include "json_type.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -18,23 +19,6 @@
 
 /* Largest integer a double holds exactly: seeds above it must be strings. */
 #define REQUEST_EXACT_INT_MAX 9007199254740992.0
-
-static const char *json_type_name(const cJSON *item)
-{
-    if (cJSON_IsString(item))
-        return "string";
-    if (cJSON_IsNumber(item))
-        return "number";
-    if (cJSON_IsBool(item))
-        return "boolean";
-    if (cJSON_IsNull(item))
-        return "null";
-    if (cJSON_IsArray(item))
-        return "array";
-    if (cJSON_IsObject(item))
-        return "object";
-    return "invalid";
-}
 
 int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
                            enum request_kind *kind_out, char *err)

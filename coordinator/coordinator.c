@@ -851,6 +851,20 @@ static void on_prefill_done(struct coordinator *c, const struct protocol_msg *ms
         LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, ms);
 }
 
+/* Drops everything the sequence expected from the draft (its cache, a
+ * pending draft or pre-draft) and, if it was waiting for one, moves it on. */
+static void seq_forget_draft(struct coordinator *c, struct seq *s)
+{
+    s->draft_valid = 0;
+    s->predraft_expected = false;
+    s->predraft_have = false;
+    if (s->wait_draft || s->wait_predraft) {
+        s->wait_draft = false;
+        s->wait_predraft = false;
+        seq_advance(c, s);
+    }
+}
+
 static void on_worker_error(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
@@ -871,16 +885,9 @@ static void on_worker_error(struct coordinator *c, enum worker_role role, const 
     }
     /* Draft trouble never fails a request: fall back to a full re-feed, and
      * to target-only decoding if it keeps failing. */
-    s->draft_valid = 0;
-    s->predraft_expected = false;
-    s->predraft_have = false;
     if (++s->draft_errors >= COORD_DRAFT_ERRORS_MAX)
         s->spec_off = true;
-    if (s->wait_draft || s->wait_predraft) {
-        s->wait_draft = false;
-        s->wait_predraft = false;
-        seq_advance(c, s);
-    }
+    seq_forget_draft(c, s);
 }
 
 /* The draft is gone (timeout, refusal, re-registration). */
@@ -906,16 +913,8 @@ static void draft_lost(struct coordinator *c, const char *why)
         return;
     for (int i = 0; i < c->n_seqs; i++) {
         struct seq *s = &c->seqs[i];
-        if (s->state != SEQ_ACTIVE)
-            continue;
-        s->draft_valid = 0;
-        s->predraft_expected = false;
-        s->predraft_have = false;
-        if (s->wait_draft || s->wait_predraft) {
-            s->wait_draft = false;
-            s->wait_predraft = false;
-            seq_advance(c, s);
-        }
+        if (s->state == SEQ_ACTIVE)
+            seq_forget_draft(c, s);
     }
 }
 
