@@ -48,7 +48,7 @@
 #include "protocol.h"
 #include "request.h"
 #include "sampling.h"
-#include "specdec.h"
+#include "adaptive_k.h"
 #include "tokenizer.h"
 
 #define COORD_EOS_MAX 8
@@ -102,7 +102,7 @@ struct seq {
     int max_tokens;
     struct sampling_params sp;
     enum speculate_mode mode;
-    struct specdec_k_control kc;
+    struct adaptive_k kc;
     bool spec_off;           /* draft errors: target-only for this sequence */
     int draft_errors;
 
@@ -147,7 +147,7 @@ struct coordinator {
     /* adaptive-K state of the current draft/target pair: each sequence
      * starts from it and hands its final state back (reset when a worker
      * changes, since costs and acceptance belong to the pair) */
-    struct specdec_k_control k_history;
+    struct adaptive_k k_history;
     bool k_history_valid;
     void *zctx;
     void *clients;
@@ -455,7 +455,7 @@ static bool is_eos(const struct coordinator *c, int32_t id)
     return false;
 }
 
-/* Positions the sequence may still grow by (see specdec_k_next). */
+/* Positions the sequence may still grow by (see adaptive_k_next). */
 static int seq_room(const struct coordinator *c, const struct seq *s)
 {
     int by_tokens = s->max_tokens - s->generated;
@@ -564,7 +564,7 @@ static void seq_advance(struct coordinator *c, struct seq *s)
     int k = 0;
     if (draft_usable(c, s)) {
         int draft_room = c->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
-        k = specdec_k_next(&s->kc, room < draft_room ? room : draft_room);
+        k = adaptive_k_next(&s->kc, room < draft_room ? room : draft_room);
     } else {
         c->metrics.target_only_rounds_total++;
     }
@@ -742,7 +742,7 @@ static void on_verify_done(struct coordinator *c, const struct protocol_msg *msg
             mt->num_accepted_tokens_total += (uint64_t)n_acc;
             for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
                 mt->accepted_per_pos[i]++;
-            specdec_k_update(&s->kc, k, n_acc, s->last_draft_ms, verify_ms);
+            adaptive_k_update(&s->kc, k, n_acc, s->last_draft_ms, verify_ms);
         }
     }
     if (k > 0 && s->verify_from_draft && s->draft_gen == c->draft_gen) {
@@ -785,7 +785,7 @@ static void on_draft_ready(struct coordinator *c, const struct protocol_msg *msg
     double draft_ms = -1;
     if (protocol_get_int(msg->header, "round", 0, INT32_MAX, &round, err) != 0 ||
         protocol_get_int(msg->header, "half", 0, 1, &half, err) != 0 ||
-        protocol_get_int(msg->header, "k", 0, SPECDEC_K_MAX + 1, &k, err) != 0 ||
+        protocol_get_int(msg->header, "k", 0, SPECULATE_K_MAX + 1, &k, err) != 0 ||
         protocol_get_int_opt(msg->header, "guess", -1, c->worker[ROLE_TARGET].vocab_size - 1, -1, &guess, err) != 0 ||
         protocol_get_bool_opt(msg->header, "predraft", false, &predraft, err) != 0 ||
         protocol_get_double_opt(msg->header, "draft_ms", -1, 1e12, -1, &draft_ms, err) != 0) {
@@ -1344,9 +1344,9 @@ static int build_prompt(struct coordinator *c, const struct request *r, struct s
         free(ids);
         return ERR_CONTEXT_FULL;
     }
-    int cap = (int)n + r->max_tokens + SPECDEC_K_MAX + 2;
-    if (cap > ctx + SPECDEC_K_MAX + 2)
-        cap = ctx + SPECDEC_K_MAX + 2;
+    int cap = (int)n + r->max_tokens + SPECULATE_K_MAX + 2;
+    if (cap > ctx + SPECULATE_K_MAX + 2)
+        cap = ctx + SPECULATE_K_MAX + 2;
     int32_t *hist = realloc(ids, sizeof(*hist) * (size_t)cap);
     if (hist == NULL) {
         free(ids);
@@ -1440,9 +1440,9 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
     if (c->k_history_valid) {
         s->kc = c->k_history;
         s->kc.k_fixed = k_fixed;
-        s->kc.k_max = k_max < SPECDEC_K_MAX ? k_max : SPECDEC_K_MAX;
+        s->kc.k_max = k_max < SPECULATE_K_MAX ? k_max : SPECULATE_K_MAX;
     } else {
-        specdec_k_init(&s->kc, k_fixed, k_max);
+        adaptive_k_init(&s->kc, k_fixed, k_max);
     }
     s->t_arrival_ms = now_ms();
     request_destroy(r);

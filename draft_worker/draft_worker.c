@@ -109,9 +109,9 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     const int32_t *feed = NULL;
     struct sampling_params sp;
     enum speculate_mode mode = SPECULATE_MODE_SAMPLED;
-    int k_limit = w->k_max < SPECDEC_K_MAX ? w->k_max : SPECDEC_K_MAX;
+    int k_limit = w->k_max < SPECULATE_K_MAX ? w->k_max : SPECULATE_K_MAX;
     /* the pre-draft proposes predraft_k + 1 tokens (guess + drafts) */
-    int predraft_limit = w->k_max < SPECDEC_K_MAX - 1 ? w->k_max : SPECDEC_K_MAX - 1;
+    int predraft_limit = w->k_max < SPECULATE_K_MAX - 1 ? w->k_max : SPECULATE_K_MAX - 1;
     if ((rc = worker_link_get_req_slot(m->header, w->m.n_slots, &req, &slot, err)) ||
         (rc = protocol_get_int(m->header, "half", 0, 1, &half, err)) ||
         (rc = protocol_get_i64(m->header, "round", 0, UINT32_MAX - 1, &round, err)) ||

@@ -111,7 +111,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     if ((rc = worker_link_get_req_slot(m->header, w->m.n_slots, &req, &slot, err)) ||
         (rc = protocol_get_i64(m->header, "round", 0, UINT32_MAX, &round, err)) ||
         (rc = protocol_get_int(m->header, "keep_len", 0, w->m.max_seq_len, &keep_len, err)) ||
-        (rc = protocol_get_int(m->header, "k", 0, SPECDEC_K_MAX, &k, err)) ||
+        (rc = protocol_get_int(m->header, "k", 0, SPECULATE_K_MAX, &k, err)) ||
         (rc = worker_link_parse_sampling(m->header, &sp, &mode, err)) ||
         (rc = protocol_get_object_opt(m->header, "shm", &desc, err)) ||
         (rc = protocol_frame_tokens(m, 0, "feed", 1, w->m.max_seq_len, &feed, &n_feed, err))) {
@@ -156,7 +156,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         drafts = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
         q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
     }
-    int32_t out[SPECDEC_K_MAX + 1];
+    int32_t out[SPECULATE_K_MAX + 1];
     int n_accepted = 0;
     double t0 = protocol_now_ms();
     rc = specdec_target_verify(w->spec, slot, keep_len, feed, n_feed, drafts, k, q_rows, &sp, mode,

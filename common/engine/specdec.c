@@ -27,7 +27,7 @@ struct specdec_draft {
 struct specdec_target {
     struct llama_ctx *ctx;
     int vocab;
-    float *logits;  /* [SPECDEC_K_MAX + 1, vocab]: becomes the p rows in place */
+    float *logits;  /* [SPECULATE_K_MAX + 1, vocab]: becomes the p rows in place */
     float *scratch; /* [vocab] */
     int32_t *seq;   /* [max_seq_len]: feed + drafts of one call */
     struct sampling_workspace *ws;
@@ -105,8 +105,8 @@ int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const
                           enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
                           char *err)
 {
-    if (k < 0 || k > SPECDEC_K_MAX)
-        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECDEC_K_MAX, k);
+    if (k < 0 || k > SPECULATE_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX, k);
     if (n_feed < 1)
         return error_set(err, ERR_INVALID_ARG, "draft: nothing to feed");
     int rc = llama_ctx_truncate(d->ctx, slot, keep_len, err);
@@ -139,7 +139,7 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
         return error_set(err, ERR_NOMEM, "target: out of memory");
     t->ctx = ctx;
     t->vocab = ctx_vocab(ctx);
-    t->logits = malloc((size_t)(SPECDEC_K_MAX + 1) * (size_t)t->vocab * sizeof(float));
+    t->logits = malloc((size_t)(SPECULATE_K_MAX + 1) * (size_t)t->vocab * sizeof(float));
     t->scratch = malloc((size_t)t->vocab * sizeof(float));
     t->seq = malloc((size_t)llama_ctx_max_seq_len(ctx) * sizeof(int32_t));
     int rc = (!t->logits || !t->scratch || !t->seq)
@@ -173,8 +173,8 @@ int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
                           char *err)
 {
     *n_accepted_out = 0;
-    if (k < 0 || k > SPECDEC_K_MAX)
-        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECDEC_K_MAX, k);
+    if (k < 0 || k > SPECULATE_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX, k);
     if (n_feed < 1)
         return error_set(err, ERR_INVALID_ARG, "verify: nothing to feed");
     const int max_seq = llama_ctx_max_seq_len(t->ctx);
@@ -220,142 +220,6 @@ int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
         return rc;
     *n_accepted_out = n_accepted;
     return 0;
-}
-
-/* ---- adaptive K ---- */
-
-/* Decay of the acceptance sums per round: about the last ten rounds count,
- * since acceptance drifts with the content being generated. */
-#define K_DECAY 0.9
-/* The prior on a: worth two acceptance tests at 0.6, so a draft that keeps
- * failing is recognised after one or two rounds, and a good one as fast. */
-#define K_PRIOR_A 0.6
-#define K_PRIOR_WEIGHT 2.0
-/* Decay of the (k, verify_ms) sums: costs belong to the hardware and the
- * model, not to the content, so they are remembered much longer, which also
- * keeps the rounds where k varied (what separates the base cost from the
- * per-row cost) in the fit. */
-#define K_COST_DECAY 0.98
-/* Weight of the newest timing sample. */
-#define K_EWMA_ALPHA 0.2
-/* Until measured, each verification row beyond the first is assumed to cost
- * this share of a one-row call (memory-bound kernels read weights once). */
-#define K_PRIOR_ROW_SHARE 0.15
-/* Rounds at K = 0 before the first probe with K = 1; doubles up to the
- * maximum while probes keep failing, so a hopeless draft costs almost
- * nothing and a draft that starts matching again is found. */
-#define K_PROBE_INTERVAL_MIN 16
-#define K_PROBE_INTERVAL_MAX 256
-
-void specdec_k_init(struct specdec_k_control *kc, int k_fixed, int k_max)
-{
-    memset(kc, 0, sizeof *kc);
-    kc->k_fixed = k_fixed;
-    kc->k_max = k_max < 1 ? 1 : (k_max > SPECDEC_K_MAX ? SPECDEC_K_MAX : k_max);
-    /* one draft first: the cheapest way to learn what a new pair is worth */
-    kc->k_current = k_fixed > 0 ? k_fixed : 1;
-    kc->accept_rate = K_PRIOR_A;
-    kc->probe_interval = K_PROBE_INTERVAL_MIN;
-}
-
-/* Modelled verification cost of k drafted rows. */
-static double k_verify_ms(const struct specdec_k_control *kc, int k)
-{
-    return kc->verify_ms_base + kc->verify_ms_per_row * k;
-}
-
-void specdec_k_update(struct specdec_k_control *kc, int k, int n_accepted, double draft_ms,
-                      double verify_ms)
-{
-    if (k > 0) {
-        /* A round is a truncated geometric observation: n_accepted successes,
-         * then one failure unless every draft was accepted. */
-        kc->accepted_sum = kc->accepted_sum * K_DECAY + n_accepted;
-        kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
-        kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
-                          (kc->trials_sum + K_PRIOR_WEIGHT);
-        /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
-        double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
-        kc->draft_ms_per_token = kc->draft_ms_per_token > 0
-                                     ? kc->draft_ms_per_token +
-                                           K_EWMA_ALPHA * (per_token - kc->draft_ms_per_token)
-                                     : per_token;
-    }
-    if (verify_ms > 0) {
-        kc->fit_w = kc->fit_w * K_COST_DECAY + 1;
-        kc->fit_k = kc->fit_k * K_COST_DECAY + k;
-        kc->fit_kk = kc->fit_kk * K_COST_DECAY + (double)k * k;
-        kc->fit_v = kc->fit_v * K_COST_DECAY + verify_ms;
-        kc->fit_kv = kc->fit_kv * K_COST_DECAY + k * verify_ms;
-        double mk = kc->fit_k / kc->fit_w, mv = kc->fit_v / kc->fit_w;
-        double var = kc->fit_kk / kc->fit_w - mk * mk;
-        double slope = var > 0.25 ? (kc->fit_kv / kc->fit_w - mk * mv) / var : -1;
-        if (slope < 0) {
-            /* k has not varied enough to separate the two costs: assume
-             * the prior share per row around the mean */
-            kc->verify_ms_base = mv / (1.0 + K_PRIOR_ROW_SHARE * mk);
-            kc->verify_ms_per_row = K_PRIOR_ROW_SHARE * kc->verify_ms_base;
-        } else {
-            kc->verify_ms_per_row = slope;
-            kc->verify_ms_base = mv - slope * mk;
-            if (kc->verify_ms_base <= 0) {
-                kc->verify_ms_base = mv / (1.0 + K_PRIOR_ROW_SHARE * mk);
-                kc->verify_ms_per_row = K_PRIOR_ROW_SHARE * kc->verify_ms_base;
-            }
-        }
-    }
-    kc->rounds_observed++;
-}
-
-double specdec_k_cost_ratio(const struct specdec_k_control *kc)
-{
-    if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0)
-        return 0.0;
-    return kc->draft_ms_per_token / kc->verify_ms_base;
-}
-
-int specdec_k_next(struct specdec_k_control *kc, int room)
-{
-    int cap = room - 1;
-    if (cap <= 0)
-        return 0;
-    if (kc->k_fixed > 0)
-        return kc->k_fixed < cap ? kc->k_fixed : cap;
-    int limit = kc->k_max < cap ? kc->k_max : cap;
-    if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0) {
-        /* nothing measured yet: a first round at the initial K */
-        return kc->k_current < limit ? kc->k_current : limit;
-    }
-    /* Throughput of plain decoding against each k: expected tokens per round
-     * over the round's modelled cost (Leviathan et al. 2023, section 3.5,
-     * with the measured costs in place of the ratio c alone). */
-    double best_rate = 1.0 / kc->verify_ms_base;
-    int best_k = 0;
-    for (int k = 1; k <= limit; k++) {
-        double tokens = speculate_expected_tokens(kc->accept_rate, k);
-        double cost = k * kc->draft_ms_per_token + k_verify_ms(kc, k);
-        double rate = tokens / cost;
-        if (rate > best_rate * 1.03) { /* a margin keeps noise from choosing speculation */
-            best_rate = rate;
-            best_k = k;
-        }
-    }
-    if (best_k == 0) {
-        if (kc->k_current != 0)
-            kc->rounds_since_probe = 0;
-        if (++kc->rounds_since_probe >= kc->probe_interval) {
-            kc->rounds_since_probe = 0;
-            kc->probe_interval = kc->probe_interval * 2 > K_PROBE_INTERVAL_MAX
-                                     ? K_PROBE_INTERVAL_MAX
-                                     : kc->probe_interval * 2;
-            kc->k_current = 1;
-            return 1; /* a probe: k_current stays 1 until the next decision */
-        }
-    } else {
-        kc->probe_interval = K_PROBE_INTERVAL_MIN;
-    }
-    kc->k_current = best_k;
-    return best_k;
 }
 
 /* ---- in-process generation ---- */
@@ -427,7 +291,7 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
     const int need_q = draft && req->mode == SPECULATE_MODE_SAMPLED &&
                        !sampling_params_is_greedy(&req->sampling);
     if (need_q)
-        q_rows = malloc((size_t)SPECDEC_K_MAX * (size_t)target->vocab * sizeof(float));
+        q_rows = malloc((size_t)SPECULATE_K_MAX * (size_t)target->vocab * sizeof(float));
     if (!seq || (need_q && !q_rows)) {
         free(seq);
         free(q_rows);
@@ -440,15 +304,15 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
     /* The sequence's controller starts from the pair's history when the
      * caller keeps one (costs and acceptance carry over between requests);
      * only the acceptance adapts within the sequence. */
-    struct specdec_k_control kc;
+    struct adaptive_k kc;
     if (req->k_history) {
         kc = *req->k_history;
         kc.k_fixed = req->k_fixed;
     } else {
-        specdec_k_init(&kc, req->k_fixed, 8);
+        adaptive_k_init(&kc, req->k_fixed, 8);
     }
-    int32_t drafted[SPECDEC_K_MAX];
-    int32_t emitted[SPECDEC_K_MAX + 1];
+    int32_t drafted[SPECULATE_K_MAX];
+    int32_t emitted[SPECULATE_K_MAX + 1];
     int n_acc = 0, finished = 0;
     const double t_start = now_ms();
 
@@ -479,7 +343,7 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
             stats->finish_reason = "length";
             break;
         }
-        int k = draft ? specdec_k_next(&kc, room) : 0;
+        int k = draft ? adaptive_k_next(&kc, room) : 0;
         double t0 = now_ms();
         if (k > 0 && (rc = specdec_draft_propose(draft, req->slot, draft_valid, seq + draft_valid,
                                                  len - draft_valid, k, &req->sampling, req->mode,
@@ -498,7 +362,7 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
              * controller wants the cost of drafting itself. */
             int n_feed = len - draft_valid;
             double draft_ms = k > 0 ? (t1 - t0) * k / (double)(k + n_feed - 1) : 0.0;
-            specdec_k_update(&kc, k, n_acc, draft_ms, t2 - t1);
+            adaptive_k_update(&kc, k, n_acc, draft_ms, t2 - t1);
         }
         if (k > 0) {
             stats->drafted += k;
@@ -518,7 +382,7 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
     stats->decode_ms = now_ms() - t_decode;
 done:
     stats->generated_tokens = *n_out;
-    stats->cost_ratio = specdec_k_cost_ratio(&kc);
+    stats->cost_ratio = adaptive_k_cost_ratio(&kc);
     if (req->k_history && draft)
         *req->k_history = kc;
     free(seq);

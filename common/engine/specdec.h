@@ -24,9 +24,9 @@
 
 #include "llama.h"
 #include "sampling.h"
+#include "adaptive_k.h"
 #include "speculate.h"
 
-#define SPECDEC_K_MAX 16
 
 struct specdec_draft;
 struct specdec_target;
@@ -37,7 +37,7 @@ void specdec_draft_destroy(struct specdec_draft *draft);
 struct llama_ctx *specdec_draft_ctx(struct specdec_draft *draft);
 
 /* Truncates slot to keep_len, feeds feed[0..n_feed-1] (n_feed >= 1) at
- * positions keep_len.., then drafts k tokens (0 <= k <= SPECDEC_K_MAX):
+ * positions keep_len.., then drafts k tokens (0 <= k <= SPECULATE_K_MAX):
  * token i is drawn from q_i, the request's adjusted draft distribution at
  * absolute position keep_len + n_feed + i (argmax in point-mass mode and at
  * temperature 0), and tokens 0..k-2 are fed back; the last drafted token is
@@ -68,43 +68,6 @@ int specdec_target_verify(struct specdec_target *target, int slot, int keep_len,
                           enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
                           char *err);
 
-/* Adaptive K (Leviathan et al. 2023, section 3.5): tokens per round
- * E(a, k) = (1 - a^(k+1)) / (1 - a) against the round's measured cost
- * k * t_draft + t_verify(k), compared with plain decoding's t_verify(0).
- * Acceptance a and the times are running averages measured on this sequence
- * (the draft/target cost ratio c = t_draft / t_verify(0) is measured, not
- * assumed). K = 0 means plain decoding; while at 0 the controller probes
- * K = 1 now and then so a sequence whose drafts start matching again can
- * win speculation back. */
-struct specdec_k_control {
-    int k_fixed;            /* > 0: always this K (still clipped by the context) */
-    int k_max;
-    int k_current;
-    double accepted_sum;    /* decayed count of accepted drafts */
-    double trials_sum;      /* decayed count of acceptance tests (accepted + rejected) */
-    double accept_rate;     /* estimate of a: the sums plus a weak prior */
-    double draft_ms_per_token;
-    double verify_ms_base;  /* cost of a one-row target call */
-    double verify_ms_per_row; /* extra cost of each further row */
-    /* decayed sums of the (k, verify_ms) pairs: the line base + per_row * k
-     * is fitted to them */
-    double fit_w, fit_k, fit_kk, fit_v, fit_kv;
-    int rounds_observed;
-    int rounds_since_probe;
-    int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */
-};
-
-void specdec_k_init(struct specdec_k_control *kc, int k_fixed, int k_max);
-/* K for the next round; never more than room - 1 where room is the number
- * of positions the sequence may still grow by (tokens still wanted, or
- * context left), so a round never overflows max_seq_len. */
-int specdec_k_next(struct specdec_k_control *kc, int room);
-/* Feeds the measurements of a finished round (k drafted, n_accepted). */
-void specdec_k_update(struct specdec_k_control *kc, int k, int n_accepted, double draft_ms,
-                      double verify_ms);
-/* Measured draft/target cost ratio c (0 while unknown). */
-double specdec_k_cost_ratio(const struct specdec_k_control *kc);
-
 struct specdec_request {
     const int32_t *prompt;
     int n_prompt;
@@ -116,9 +79,9 @@ struct specdec_request {
     int n_stop_ids;
     int slot;                    /* slot in both contexts */
     /* NULL, or the adaptive-K state of this draft/target pair kept by the
-     * caller across requests (specdec_k_init once): the request starts from
+     * caller across requests (adaptive_k_init once): the request starts from
      * it and writes its final state back. */
-    struct specdec_k_control *k_history;
+    struct adaptive_k *k_history;
 };
 
 struct specdec_stats {
@@ -132,7 +95,7 @@ struct specdec_stats {
     double draft_ms;
     double verify_ms;
     double cost_ratio;           /* measured c, 0 if never measured */
-    int accepted_at[SPECDEC_K_MAX]; /* rounds whose draft position i was accepted */
+    int accepted_at[SPECULATE_K_MAX]; /* rounds whose draft position i was accepted */
     const char *finish_reason;   /* "stop" or "length" */
 };
 

@@ -58,6 +58,9 @@
 
 #include <stdint.h>
 
+/* Most drafts one round may carry (a verification is at most K + 1 rows). */
+#define SPECULATE_K_MAX 16
+
 enum speculate_mode {
     SPECULATE_MODE_SAMPLED = 0,    /* draft samples t_i ~ q_i, q rows required */
     SPECULATE_MODE_POINT_MASS = 1, /* draft proposes argmax q_i, only ids cross */

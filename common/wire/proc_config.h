@@ -25,10 +25,12 @@
 
 #include <stdio.h>
 
+#include "speculate.h"
+
 #define PROC_CONFIG_PATH_MAX 1024
 #define PROC_CONFIG_NAME_MAX 64
-/* Highest spec_k_max accepted; equals SPECDEC_K_MAX (specdec.h). */
-#define PROC_CONFIG_SPEC_K_LIMIT 16
+/* Highest spec_k_max accepted: the most drafts a round can carry. */
+#define PROC_CONFIG_SPEC_K_LIMIT SPECULATE_K_MAX
 
 struct coordinator_config {
     char client_endpoint[PROC_CONFIG_PATH_MAX];  /* default tcp://127.0.0.1:5555 */

@@ -377,31 +377,31 @@ static void test_specdec_seeded_sampling_is_reproducible(void **state)
 static void test_specdec_adaptive_k_drops_to_plain_decoding_when_drafts_fail(void **state)
 {
     (void)state;
-    struct specdec_k_control kc;
-    specdec_k_init(&kc, 0, 8);
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
     /* drafts never accepted, draft as costly as a third of the target */
     for (int r = 0; r < 40; r++) {
-        int k = specdec_k_next(&kc, 1000);
-        specdec_k_update(&kc, k, 0, k * 1.0, 3.0 + 0.1 * k);
+        int k = adaptive_k_next(&kc, 1000);
+        adaptive_k_update(&kc, k, 0, k * 1.0, 3.0 + 0.1 * k);
     }
     int zeros = 0;
     for (int r = 0; r < 32; r++) {
-        int k = specdec_k_next(&kc, 1000);
+        int k = adaptive_k_next(&kc, 1000);
         zeros += k == 0;
-        specdec_k_update(&kc, k, 0, k * 1.0, 3.0 + 0.1 * k);
+        adaptive_k_update(&kc, k, 0, k * 1.0, 3.0 + 0.1 * k);
     }
     assert_true(zeros >= 28); /* plain decoding but for the occasional probe */
     /* drafts that always match push K up */
-    specdec_k_init(&kc, 0, 8);
+    adaptive_k_init(&kc, 0, 8);
     for (int r = 0; r < 40; r++) {
-        int k = specdec_k_next(&kc, 1000);
-        specdec_k_update(&kc, k, k, k * 0.3, 3.0 + 0.1 * k);
+        int k = adaptive_k_next(&kc, 1000);
+        adaptive_k_update(&kc, k, k, k * 0.3, 3.0 + 0.1 * k);
     }
-    assert_true(specdec_k_next(&kc, 1000) >= 6);
-    assert_true(fabs(specdec_k_cost_ratio(&kc) - 0.1) < 0.02);
+    assert_true(adaptive_k_next(&kc, 1000) >= 6);
+    assert_true(fabs(adaptive_k_cost_ratio(&kc) - 0.1) < 0.02);
     /* never more than the room left */
-    assert_int_equal(specdec_k_next(&kc, 3), 2);
-    assert_int_equal(specdec_k_next(&kc, 1), 0);
+    assert_int_equal(adaptive_k_next(&kc, 3), 2);
+    assert_int_equal(adaptive_k_next(&kc, 1), 0);
 }
 
 int main(void)

@@ -125,8 +125,8 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     memset(sum, 0, sizeof *sum);
     /* one history per run: like a server, later requests start from what
      * earlier ones measured about the pair */
-    struct specdec_k_control history;
-    specdec_k_init(&history, k, 8);
+    struct adaptive_k history;
+    adaptive_k_init(&history, k, 8);
     double decode_ms = 0;
     long decode_tokens = 0;
     for (int i = 0; i < n_prompts; i++) {
@@ -150,7 +150,7 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
         sum->accepted += st.accepted;
         sum->draft_ms += st.draft_ms;
         sum->verify_ms += st.verify_ms;
-        for (int j = 0; j < SPECDEC_K_MAX; j++)
+        for (int j = 0; j < SPECULATE_K_MAX; j++)
             sum->accepted_at[j] += st.accepted_at[j];
     }
     free(out);
@@ -250,7 +250,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         for (char *ksave = NULL, *kstr = strtok_r(klist, ",", &ksave); kstr;
              kstr = strtok_r(NULL, ",", &ksave)) {
             int kk = atoi(kstr);
-            if (kk < 0 || kk > SPECDEC_K_MAX)
+            if (kk < 0 || kk > SPECULATE_K_MAX)
                 continue;
             struct specdec_stats st;
             double tps;

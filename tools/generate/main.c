@@ -94,7 +94,7 @@ static int parse_args(int argc, char **argv, struct options *o)
             if (parse_long(a, v, 1, 1 << 20, &n)) return -1;
             o->max_tokens = (int)n;
         } else if (!strcmp(a, "--spec-k")) {
-            if (parse_long(a, v, 0, SPECDEC_K_MAX, &n)) return -1;
+            if (parse_long(a, v, 0, SPECULATE_K_MAX, &n)) return -1;
             o->spec_k = (int)n;
         } else if (!strcmp(a, "--threads")) {
             if (parse_long(a, v, 0, 1024, &n)) return -1;

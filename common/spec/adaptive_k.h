@@ -1,0 +1,48 @@
+/* adaptive_k.h: how many tokens to draft next round, from measurements.
+ *
+ * What it is not: it runs no model and reads no clock; the caller times each
+ * round and calls adaptive_k_update, then asks adaptive_k_next. The in-process
+ * loop and the coordinator's scheduler both use it, which is why it lives in
+ * spec/ (no model) rather than beside the draft and target halves.
+ */
+#ifndef TANDEM_ADAPTIVE_K_H
+#define TANDEM_ADAPTIVE_K_H
+
+/* Adaptive K (Leviathan et al. 2023, section 3.5): tokens per round
+ * E(a, k) = (1 - a^(k+1)) / (1 - a) against the round's measured cost
+ * k * t_draft + t_verify(k), compared with plain decoding's t_verify(0).
+ * Acceptance a and the times are running averages measured on this sequence
+ * (the draft/target cost ratio c = t_draft / t_verify(0) is measured, not
+ * assumed). K = 0 means plain decoding; while at 0 the controller probes
+ * K = 1 now and then so a sequence whose drafts start matching again can
+ * win speculation back. */
+struct adaptive_k {
+    int k_fixed;            /* > 0: always this K (still clipped by the context) */
+    int k_max;
+    int k_current;
+    double accepted_sum;    /* decayed count of accepted drafts */
+    double trials_sum;      /* decayed count of acceptance tests (accepted + rejected) */
+    double accept_rate;     /* estimate of a: the sums plus a weak prior */
+    double draft_ms_per_token;
+    double verify_ms_base;  /* cost of a one-row target call */
+    double verify_ms_per_row; /* extra cost of each further row */
+    /* decayed sums of the (k, verify_ms) pairs: the line base + per_row * k
+     * is fitted to them */
+    double fit_w, fit_k, fit_kk, fit_v, fit_kv;
+    int rounds_observed;
+    int rounds_since_probe;
+    int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */
+};
+
+void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max);
+/* K for the next round; never more than room - 1 where room is the number
+ * of positions the sequence may still grow by (tokens still wanted, or
+ * context left), so a round never overflows max_seq_len. */
+int adaptive_k_next(struct adaptive_k *kc, int room);
+/* Feeds the measurements of a finished round (k drafted, n_accepted). */
+void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
+                       double verify_ms);
+/* Measured draft/target cost ratio c (0 while unknown). */
+double adaptive_k_cost_ratio(const struct adaptive_k *kc);
+
+#endif
