@@ -1,0 +1,169 @@
+/* coord_state.h: the state every module of the coordinator shares: the
+ * worker records, the sequence records and the coordinator itself.
+ *
+ * Private to coordinator/: no other room includes it. Each module owns a
+ * part of these records (see the opening comment of each .c file):
+ *   intake.c     turns client messages into queued sequences
+ *   registry.c   the two worker records: registration, pairing, liveness
+ *   scheduler.c  the sequences: admission, rounds, accepted tokens, endings
+ *   replies.c    what goes back to clients (token, done and error replies)
+ *   coordinator.c  creation, the poll loop and the timer
+ * Single-threaded: every function runs on the thread of coordinator_run.
+ */
+#ifndef TANDEM_COORD_STATE_H
+#define TANDEM_COORD_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "adaptive_k.h"
+#include "metrics.h"
+#include "output.h"
+#include "proc_config.h"
+#include "protocol.h"
+#include "request.h"
+#include "sampling.h"
+#include "speculate.h"
+#include "tokenizer.h"
+
+#define COORD_EOS_MAX 8
+#define COORD_HALF_FRESH 0
+#define COORD_HALF_PREDRAFT 1
+#define COORD_DRAFT_ERRORS_MAX 3
+/* Hard cap on one client message (ZMQ_MAXMSGSIZE) as a multiple of
+ * max_message_bytes: between the two the client gets an error reply, past
+ * it ZeroMQ drops the connection. */
+#define COORD_HARD_MESSAGE_FACTOR 16
+/* Seeds travel as JSON numbers between processes: exact up to 2^53. */
+#define COORD_SEED_MAX ((1ull << 53) - 1)
+
+enum worker_role { ROLE_DRAFT = 0, ROLE_TARGET = 1 };
+
+struct worker {
+    bool up;                 /* registered and welcomed */
+    bool held;               /* draft registered before the target: waiting */
+    uint8_t identity[PROTOCOL_IDENTITY_MAX];
+    size_t identity_size;
+    int pid;
+    char model[PROC_CONFIG_PATH_MAX];
+    char backend[PROC_CONFIG_NAME_MAX];
+    int vocab_size;
+    int32_t eos_ids[COORD_EOS_MAX];
+    int n_eos;
+    int max_seq_len;
+    int n_slots;
+    int bos_id;
+    cJSON *shm;              /* draft's shared-buffer descriptor (owned) */
+    char shm_name[256];
+    double last_seen_ms;
+    uint64_t gen;            /* bumped at each registration */
+};
+
+enum seq_state {
+    SEQ_FREE = 0,
+    SEQ_QUEUED,
+    SEQ_ACTIVE,
+};
+
+struct seq {
+    enum seq_state state;
+    uint64_t req;            /* coordinator-wide request number */
+    int slot;
+    uint8_t client[PROTOCOL_IDENTITY_MAX];
+    size_t client_size;
+    char id[REQUEST_ID_MAX + 1];
+    bool stream;
+    int max_tokens;
+    struct sampling_params sp;
+    enum speculate_mode mode;
+    struct adaptive_k kc;
+    bool spec_off;           /* draft errors: target-only for this sequence */
+    int draft_errors;
+
+    int32_t *hist;           /* prompt + generated */
+    int n_hist, cap_hist, n_prompt;
+    int generated;
+    int target_len;
+    int draft_valid;
+    uint64_t draft_gen;      /* draft registration the draft_valid refers to */
+    struct output *out;
+    int stream_from;         /* first generated index not yet streamed */
+
+    /* in flight */
+    bool prefilled;          /* the target's prefill answered */
+    bool wait_target;
+    int verify_round, verify_k, verify_L, verify_cached, verify_keep, verify_feed;
+    bool verify_from_draft;
+    double verify_sent_ms;
+    bool wait_draft;
+    int draft_round, draft_k, draft_predraft_k;
+    double draft_sent_ms;
+    double last_draft_ms;    /* measured for the K controller */
+    double verify_done_ms;   /* when the target last finished a verification of this sequence */
+    int draft_n_feed;        /* tokens the current draft call catches up on */
+    bool predraft_expected;  /* a pre-draft will arrive (round > draft_round) */
+    bool predraft_have;
+    bool wait_predraft;      /* all drafts accepted: decide when it arrives */
+    int predraft_round, predraft_k, predraft_half;
+    int32_t predraft_guess;
+    int32_t pending_bonus;   /* bonus token while waiting for the pre-draft */
+    int round_counter;
+
+    /* stats */
+    double t_arrival_ms, t_admit_ms, t_first_ms;
+    int rounds, drafted, accepted, predraft_offered, predraft_used;
+    double draft_ms, verify_ms;
+    struct seq *next_queued; /* FIFO of queued sequences */
+};
+
+struct coordinator {
+    struct proc_config cfg;
+    /* adaptive-K state of the current draft/target pair: each sequence
+     * starts from it and hands its final state back (reset when a worker
+     * changes, since costs and acceptance belong to the pair) */
+    struct adaptive_k k_history;
+    bool k_history_valid;
+    void *zctx;
+    void *clients;
+    void *workers;
+    struct tokenizer *tk;    /* NULL: no tokenizer.json */
+    struct worker worker[2];
+    uint64_t draft_gen;
+    struct seq *seqs;        /* cfg.max_concurrency active + max_queue queued */
+    int n_seqs;
+    int n_active, n_queued;
+    struct seq *queue_head, *queue_tail;
+    uint64_t next_req;
+    enum speculate_mode default_mode;
+    struct metrics metrics;
+    double t_start_ms;
+    double last_heartbeat_ms;
+    uint64_t rng_state;
+    size_t max_message_bytes;
+    int target_outstanding;      /* verifies sent, not yet answered */
+    double target_idle_since_ms; /* < 0: not idle (or unknown) */
+};
+
+static inline double coord_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The target's context length: the longest a sequence may grow. */
+static inline int coord_context_len(const struct coordinator *c)
+{
+    return c->worker[ROLE_TARGET].max_seq_len;
+}
+
+static inline const char *coord_role_name(enum worker_role role)
+{
+    return role == ROLE_DRAFT ? "draft" : "target";
+}
+
+#endif

@@ -1,0 +1,309 @@
+/* intake.c: owns client messages on their way in: reads one ROUTER message
+ * (routing id + one frame, size-capped), parses the envelope, and turns a
+ * generate request into a queued sequence: validation (common/wire
+ * request.c), tokenization or the chat template, sampling parameters and the
+ * starting state of adaptive K (the pair's history). Stats requests are
+ * answered here too. Every rejection is an error reply naming the field.
+ */
+#include "intake.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "chat_template.h"
+#include "error.h"
+#include "logging.h"
+#include "replies.h"
+#include "scheduler.h"
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Tokenizes the request's prompt into s->hist. 0 or an error code with the
+ * reply already sent. */
+static int build_prompt(struct coordinator *c, const struct request *r, struct seq *s, char *msg, size_t msg_size)
+{
+    char err[ERR_MSG_MAX] = "";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = 0;
+    int vocab = c->worker[ROLE_TARGET].vocab_size;
+    if (r->input == REQUEST_INPUT_IDS) {
+        for (int i = 0; i < r->n_prompt_ids; i++) {
+            if (r->prompt_ids[i] >= vocab) {
+                snprintf(msg, msg_size, "prompt_ids[%d]: token id %d is outside the vocabulary (0..%d)", i,
+                         r->prompt_ids[i], vocab - 1);
+                return ERR_INVALID_ARG;
+            }
+        }
+        ids = malloc(sizeof(*ids) * (size_t)r->n_prompt_ids);
+        if (ids == NULL) {
+            snprintf(msg, msg_size, "out of memory");
+            return ERR_NOMEM;
+        }
+        memcpy(ids, r->prompt_ids, sizeof(*ids) * (size_t)r->n_prompt_ids);
+        n = (size_t)r->n_prompt_ids;
+    } else if (c->tk == NULL) {
+        snprintf(msg, msg_size, "%s: this server has no tokenizer (no tokenizer.json in %.200s); send prompt_ids",
+                 r->input == REQUEST_INPUT_PROMPT ? "prompt" : "messages", c->cfg.coordinator.tokenizer);
+        return ERR_INVALID_ARG;
+    } else if (r->input == REQUEST_INPUT_PROMPT) {
+        rc = tokenizer_encode(c->tk, r->prompt, r->prompt_len, TOKENIZER_ADD_BOS, &ids, &n, err);
+        if (rc != 0) {
+            snprintf(msg, msg_size, "prompt: %s", err);
+            return rc;
+        }
+    } else {
+        struct chat_message *m = calloc((size_t)r->n_messages, sizeof(*m));
+        if (m == NULL) {
+            snprintf(msg, msg_size, "out of memory");
+            return ERR_NOMEM;
+        }
+        for (int i = 0; i < r->n_messages; i++) {
+            m[i].role = r->messages[i].role;
+            m[i].content = r->messages[i].content;
+            m[i].content_len = strlen(r->messages[i].content);
+        }
+        rc = chat_template_encode(c->tk, m, (size_t)r->n_messages, 1, NULL, &ids, &n, err);
+        free(m);
+        if (rc != 0) {
+            snprintf(msg, msg_size, "messages: %s", err);
+            return rc;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            snprintf(msg, msg_size, "prompt: the tokenizer produced id %d outside the target's vocabulary of %d",
+                     ids[i], vocab);
+            free(ids);
+            return ERR_MISMATCH;
+        }
+    }
+    if (n == 0) {
+        free(ids);
+        snprintf(msg, msg_size, "prompt: encodes to no tokens");
+        return ERR_INVALID_ARG;
+    }
+    int ctx = coord_context_len(c);
+    if ((long long)n >= ctx) {
+        snprintf(msg, msg_size, "prompt: %zu tokens do not fit the context of %d tokens (at most %d)", n, ctx,
+                 ctx - 1);
+        free(ids);
+        return ERR_CONTEXT_FULL;
+    }
+    int cap = (int)n + r->max_tokens + SPECULATE_K_MAX + 2;
+    if (cap > ctx + SPECULATE_K_MAX + 2)
+        cap = ctx + SPECULATE_K_MAX + 2;
+    int32_t *hist = realloc(ids, sizeof(*hist) * (size_t)cap);
+    if (hist == NULL) {
+        free(ids);
+        snprintf(msg, msg_size, "out of memory");
+        return ERR_NOMEM;
+    }
+    s->hist = hist;
+    s->cap_hist = cap;
+    s->n_hist = (int)n;
+    s->n_prompt = (int)n;
+    return 0;
+}
+
+static void on_generate(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
+{
+    char err[ERR_MSG_MAX] = "";
+    c->metrics.requests_total++;
+    struct request_limits limits = {.max_tokens_max = c->worker[ROLE_TARGET].up ? coord_context_len(c) : 1 << 20};
+    struct request *r = NULL;
+    if (request_from_json(&r, root, &limits, err) != 0) {
+        replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INVALID_REQUEST, err);
+        return;
+    }
+    if (r->has_seed && r->seed > COORD_SEED_MAX) {
+        snprintf(err, sizeof(err), "seed: must be <= %llu, got %llu", (unsigned long long)COORD_SEED_MAX,
+                 (unsigned long long)r->seed);
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_INVALID_REQUEST, err);
+        request_destroy(r);
+        return;
+    }
+    if (!c->worker[ROLE_TARGET].up) {
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_TARGET_UNAVAILABLE,
+                     "no target worker is registered; try again later");
+        request_destroy(r);
+        return;
+    }
+    if (c->n_active >= c->cfg.coordinator.max_concurrency && c->n_queued >= c->cfg.coordinator.max_queue) {
+        char m[160];
+        snprintf(m, sizeof(m), "%d requests active and %d queued (max_concurrency %d, max_queue %d)", c->n_active,
+                 c->n_queued, c->cfg.coordinator.max_concurrency, c->cfg.coordinator.max_queue);
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, m);
+        request_destroy(r);
+        return;
+    }
+    struct seq *s = NULL;
+    for (int i = 0; i < c->n_seqs && s == NULL; i++)
+        if (c->seqs[i].state == SEQ_FREE)
+            s = &c->seqs[i];
+    if (s == NULL) {
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, "no free request record");
+        request_destroy(r);
+        return;
+    }
+    char msg[ERR_MSG_MAX + 64];
+    int rc = build_prompt(c, r, s, msg, sizeof(msg));
+    if (rc != 0) {
+        replies_error(c, identity, identity_size, r->id,
+                     rc == ERR_CONTEXT_FULL ? METRICS_ERR_CONTEXT_FULL
+                     : rc == ERR_NOMEM      ? METRICS_ERR_INTERNAL
+                                            : METRICS_ERR_INVALID_REQUEST,
+                     msg);
+        request_destroy(r);
+        return;
+    }
+    if (output_create(&s->out, c->tk, r->stop, r->n_stop, err) != 0) {
+        free(s->hist);
+        s->hist = NULL;
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, err);
+        request_destroy(r);
+        return;
+    }
+    s->req = ++c->next_req;
+    memcpy(s->client, identity, identity_size);
+    s->client_size = identity_size;
+    snprintf(s->id, sizeof(s->id), "%s", r->id);
+    s->stream = r->stream;
+    s->max_tokens = r->max_tokens;
+    sampling_params_default(&s->sp);
+    s->sp.temperature = (float)r->temperature;
+    s->sp.top_k = r->top_k;
+    s->sp.top_p = (float)r->top_p;
+    s->sp.min_p = (float)r->min_p;
+    s->sp.seed = r->has_seed ? r->seed : splitmix64(&c->rng_state) & COORD_SEED_MAX;
+    s->mode = r->spec_mode == REQUEST_SPEC_MODE_POINT_MASS ? SPECULATE_MODE_POINT_MASS
+              : r->spec_mode == REQUEST_SPEC_MODE_SAMPLED  ? SPECULATE_MODE_SAMPLED
+                                                           : c->default_mode;
+    int k_fixed = r->spec_k > 0 ? r->spec_k : c->cfg.coordinator.spec_k;
+    int k_max = c->cfg.coordinator.spec_k_max;
+    if (k_fixed > k_max)
+        k_max = k_fixed;
+    if (c->k_history_valid) {
+        s->kc = c->k_history;
+        s->kc.k_fixed = k_fixed;
+        s->kc.k_max = k_max < SPECULATE_K_MAX ? k_max : SPECULATE_K_MAX;
+    } else {
+        adaptive_k_init(&s->kc, k_fixed, k_max);
+    }
+    s->t_arrival_ms = coord_now_ms();
+    request_destroy(r);
+    scheduler_enqueue(c, s);
+}
+
+static void on_stats(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
+{
+    char err[ERR_MSG_MAX];
+    struct metrics_gauges g = {
+        .active = c->n_active,
+        .queued = c->n_queued,
+        .max_concurrency = c->cfg.coordinator.max_concurrency,
+        .max_queue = c->cfg.coordinator.max_queue,
+        .draft_up = c->worker[ROLE_DRAFT].up,
+        .target_up = c->worker[ROLE_TARGET].up,
+        .draft_pid = c->worker[ROLE_DRAFT].pid,
+        .target_pid = c->worker[ROLE_TARGET].pid,
+        .draft_model = c->worker[ROLE_DRAFT].model,
+        .target_model = c->worker[ROLE_TARGET].model,
+        .uptime_s = (coord_now_ms() - c->t_start_ms) / 1000.0,
+    };
+    cJSON *m = cJSON_CreateObject();
+    char *prom = NULL;
+    if (m == NULL || cJSON_AddStringToObject(m, "type", "stats") == NULL ||
+        cJSON_AddStringToObject(m, "id", request_peek_id(root)) == NULL || metrics_add_json(&c->metrics, &g, m, err) != 0 ||
+        metrics_prometheus(&c->metrics, &g, &prom, err) != 0 || cJSON_AddStringToObject(m, "prometheus", prom) == NULL) {
+        cJSON_Delete(m);
+        free(prom);
+        replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INTERNAL, "stats: out of memory");
+        return;
+    }
+    free(prom);
+    replies_send(c, identity, identity_size, m);
+    cJSON_Delete(m);
+}
+
+/* Reads one client message (routing id + one frame) and answers it. */
+void intake_on_message(struct coordinator *c)
+{
+    uint8_t identity[PROTOCOL_IDENTITY_MAX];
+    size_t identity_size = 0;
+    zmq_msg_t part;
+    if (zmq_msg_init(&part) != 0)
+        return;
+    int n_parts = 0;
+    size_t payload_bytes = 0;
+    char *payload = NULL;
+    bool oversized = false;
+    int more = 1;
+    while (more) {
+        if (zmq_msg_recv(&part, c->clients, ZMQ_DONTWAIT) < 0) {
+            if (zmq_errno() != EAGAIN)
+                LOG_WARN("client socket: zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        more = zmq_msg_more(&part);
+        size_t size = zmq_msg_size(&part);
+        if (n_parts == 0) {
+            identity_size = size < sizeof(identity) ? size : sizeof(identity);
+            memcpy(identity, zmq_msg_data(&part), identity_size);
+        } else if (size > 0 && payload == NULL && !oversized) {
+            /* The first non-empty frame is the message (an empty REQ-style delimiter is skipped). */
+            if (size > c->max_message_bytes) {
+                oversized = true;
+                payload_bytes = size;
+            } else if ((payload = malloc(size + 1)) != NULL) {
+                memcpy(payload, zmq_msg_data(&part), size);
+                payload[size] = '\0';
+                payload_bytes = size;
+            }
+        } else if (size > 0) {
+            oversized = oversized || payload != NULL; /* more than one frame */
+        }
+        n_parts++;
+    }
+    zmq_msg_close(&part);
+    if (n_parts < 2) {
+        free(payload);
+        return;
+    }
+    char err[ERR_MSG_MAX] = "";
+    if (oversized) {
+        char m[160];
+        snprintf(m, sizeof(m), "message too large or in several frames: %zu bytes, at most %zu in one frame",
+                 payload_bytes, c->max_message_bytes);
+        c->metrics.requests_total++;
+        replies_error(c, identity, identity_size, "", METRICS_ERR_INVALID_REQUEST, m);
+        free(payload);
+        return;
+    }
+    cJSON *root = NULL;
+    enum request_kind kind = REQUEST_KIND_GENERATE;
+    int rc = request_parse_envelope(payload, payload ? payload_bytes : 0, &root, &kind, err);
+    free(payload);
+    if (rc != 0) {
+        c->metrics.requests_total++;
+        replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INVALID_REQUEST, err);
+        cJSON_Delete(root);
+        return;
+    }
+    if (kind == REQUEST_KIND_STATS)
+        on_stats(c, identity, identity_size, root);
+    else
+        on_generate(c, identity, identity_size, root);
+    cJSON_Delete(root);
+}

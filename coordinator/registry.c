@@ -1,0 +1,363 @@
+/* registry.c: owns the two worker records. A worker registers (repeats of
+ * one registration are answered again, a new pid is a restart), a draft is
+ * checked against the target (vocabulary, EOS ids) and held until a target
+ * exists, the target learns where the draft's shared buffer is (attach),
+ * heartbeats go both ways and a worker silent for worker_timeout_ms is
+ * lost: a lost draft leaves its sequences target-only, a lost target fails
+ * them. Messages from registered workers are dispatched to the scheduler.
+ */
+#include "registry.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "error.h"
+#include "logging.h"
+#include "scheduler.h"
+
+int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const int32_t *tokens, int n_tokens)
+{
+    char err[ERR_MSG_MAX];
+    struct worker *w = &c->worker[role];
+    struct protocol_frame frame = {.data = tokens, .size_bytes = (size_t)n_tokens * sizeof(int32_t)};
+    int rc = protocol_send(c->workers, w->identity, w->identity_size, hdr, tokens ? &frame : NULL,
+                           tokens ? 1 : 0, PROTOCOL_DONTWAIT, err);
+    if (rc != 0)
+        LOG_WARN("%s worker: send %s failed: %s", coord_role_name(role),
+                 cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(hdr, "type")), err);
+    cJSON_Delete(hdr);
+    return rc;
+}
+
+/* The draft is gone (timeout, refusal, re-registration). */
+void registry_draft_lost(struct coordinator *c, const char *why)
+{
+    c->k_history_valid = false;
+    struct worker *d = &c->worker[ROLE_DRAFT];
+    if (!d->up && !d->held)
+        return;
+    bool was_up = d->up;
+    LOG_WARN("draft worker pid %d %s; continuing target-only until a draft registers", d->pid, why);
+    if (was_up)
+        c->metrics.worker_losses[ROLE_DRAFT]++;
+    /* A crashed owner cannot unlink its segment: do it for it. */
+    if (d->shm_name[0] != '\0' && d->pid > 0 && kill(d->pid, 0) != 0 && errno == ESRCH) {
+        if (shm_unlink(d->shm_name) == 0)
+            LOG_INFO("removed the dead draft's shared segment %s", d->shm_name);
+    }
+    cJSON_Delete(d->shm);
+    memset(d, 0, sizeof(*d));
+    c->draft_gen++;
+    if (!was_up)
+        return;
+    for (int i = 0; i < c->n_seqs; i++) {
+        struct seq *s = &c->seqs[i];
+        if (s->state == SEQ_ACTIVE)
+            scheduler_forget_draft(c, s);
+    }
+}
+
+void registry_target_lost(struct coordinator *c, const char *why)
+{
+    c->k_history_valid = false;
+    struct worker *t = &c->worker[ROLE_TARGET];
+    if (!t->up)
+        return;
+    LOG_ERROR("target worker pid %d %s; failing its requests with target_unavailable", t->pid, why);
+    c->metrics.worker_losses[ROLE_TARGET]++;
+    memset(t, 0, sizeof(*t));
+    c->target_outstanding = 0;
+    c->target_idle_since_ms = -1;
+    for (int i = 0; i < c->n_seqs; i++) {
+        struct seq *s = &c->seqs[i];
+        if (s->state != SEQ_FREE)
+            scheduler_fail(c, s, METRICS_ERR_TARGET_UNAVAILABLE, "the target worker stopped responding");
+    }
+}
+
+static void send_welcome(struct coordinator *c, enum worker_role role)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_WELCOME);
+    if (h == NULL)
+        return;
+    cJSON_AddStringToObject(h, "role", coord_role_name(role));
+    cJSON_AddNumberToObject(h, "heartbeat_ms", c->cfg.coordinator.heartbeat_ms);
+    const struct worker *d = &c->worker[ROLE_DRAFT];
+    if (role == ROLE_TARGET && d->up && d->shm != NULL)
+        cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(d->shm, 1));
+    registry_send(c, role, h, NULL, 0);
+}
+
+static void send_refused(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *message)
+{
+    char err[ERR_MSG_MAX];
+    cJSON *h = protocol_header_new(PROTOCOL_REFUSED);
+    if (h == NULL)
+        return;
+    cJSON_AddStringToObject(h, "message", message);
+    if (protocol_send(c->workers, identity, identity_size, h, NULL, 0, PROTOCOL_DONTWAIT, err) != 0)
+        LOG_WARN("refusal not sent: %s", err);
+    cJSON_Delete(h);
+}
+
+/* Tells the target where the draft's shared buffer is. */
+static void send_attach(struct coordinator *c)
+{
+    struct worker *d = &c->worker[ROLE_DRAFT];
+    if (!c->worker[ROLE_TARGET].up || !d->up || d->shm == NULL)
+        return;
+    cJSON *h = protocol_header_new(PROTOCOL_ATTACH);
+    cJSON *shm = cJSON_Duplicate(d->shm, 1);
+    if (h == NULL || shm == NULL) {
+        cJSON_Delete(h);
+        cJSON_Delete(shm);
+        return;
+    }
+    cJSON_AddItemToObject(h, "shm", shm);
+    registry_send(c, ROLE_TARGET, h, NULL, 0);
+}
+
+/* 0 when the draft matches the target; else the reason in why. */
+static int check_pair(const struct worker *t, const struct worker *d, char *why, size_t why_size)
+{
+    if (d->vocab_size != t->vocab_size) {
+        snprintf(why, why_size, "draft vocab_size %d differs from the target's %d", d->vocab_size, t->vocab_size);
+        return -1;
+    }
+    bool same = d->n_eos == t->n_eos;
+    for (int i = 0; same && i < d->n_eos; i++)
+        same = d->eos_ids[i] == t->eos_ids[i];
+    if (!same) {
+        char a[128] = "", b[128] = "";
+        size_t la = 0, lb = 0;
+        for (int i = 0; i < d->n_eos && la < sizeof(a) - 16; i++)
+            la += (size_t)snprintf(a + la, sizeof(a) - la, "%s%d", i ? "," : "", d->eos_ids[i]);
+        for (int i = 0; i < t->n_eos && lb < sizeof(b) - 16; i++)
+            lb += (size_t)snprintf(b + lb, sizeof(b) - lb, "%s%d", i ? "," : "", t->eos_ids[i]);
+        snprintf(why, why_size, "draft eos_ids [%s] differ from the target's [%s]", a, b);
+        return -1;
+    }
+    return 0;
+}
+
+static void welcome_draft(struct coordinator *c)
+{
+    struct worker *d = &c->worker[ROLE_DRAFT];
+    struct worker *t = &c->worker[ROLE_TARGET];
+    char why[400];
+    if (check_pair(t, d, why, sizeof(why)) != 0) {
+        LOG_ERROR("refusing draft worker pid %d (%s): %s", d->pid, d->model, why);
+        c->metrics.draft_refusals++;
+        send_refused(c, d->identity, d->identity_size, why);
+        cJSON_Delete(d->shm);
+        memset(d, 0, sizeof(*d));
+        return;
+    }
+    d->held = false;
+    d->up = true;
+    d->last_seen_ms = coord_now_ms();
+    c->draft_gen++;
+    d->gen = c->draft_gen;
+    c->metrics.worker_registrations[ROLE_DRAFT]++;
+    LOG_INFO("draft worker pid %d registered: %s, %s, vocab %d, %d slots, max_seq_len %d", d->pid, d->model,
+             d->backend, d->vocab_size, d->n_slots, d->max_seq_len);
+    send_welcome(c, ROLE_DRAFT);
+    send_attach(c);
+}
+
+static void on_register(struct coordinator *c, const struct protocol_msg *msg)
+{
+    char err[ERR_MSG_MAX] = "";
+    const cJSON *h = msg->header;
+    const char *role_s = NULL, *model = "", *backend = "";
+    struct worker w;
+    memset(&w, 0, sizeof(w));
+    int rc = protocol_get_string(h, "role", 16, &role_s, err);
+    enum worker_role role = ROLE_DRAFT;
+    if (rc == 0) {
+        if (strcmp(role_s, "draft") == 0)
+            role = ROLE_DRAFT;
+        else if (strcmp(role_s, "target") == 0)
+            role = ROLE_TARGET;
+        else
+            rc = error_set(err, ERR_PROTOCOL, "role: expected \"draft\" or \"target\", got \"%.16s\"", role_s);
+    }
+    if (rc == 0)
+        rc = protocol_get_int(h, "pid", 1, INT32_MAX, &w.pid, err);
+    if (rc == 0)
+        rc = protocol_get_string_opt(h, "model", sizeof(w.model) - 1, "", &model, err);
+    if (rc == 0)
+        rc = protocol_get_string_opt(h, "backend", sizeof(w.backend) - 1, "", &backend, err);
+    if (rc == 0)
+        rc = protocol_get_int(h, "vocab_size", 1, INT32_MAX, &w.vocab_size, err);
+    if (rc == 0)
+        rc = protocol_get_int_array(h, "eos_ids", 0, INT32_MAX, w.eos_ids, COORD_EOS_MAX, &w.n_eos, err);
+    if (rc == 0)
+        rc = protocol_get_int(h, "max_seq_len", 2, INT32_MAX, &w.max_seq_len, err);
+    if (rc == 0)
+        rc = protocol_get_int(h, "n_slots", 1, 65536, &w.n_slots, err);
+    if (rc == 0)
+        rc = protocol_get_int_opt(h, "bos_id", -1, INT32_MAX, -1, &w.bos_id, err);
+    const cJSON *shm = NULL;
+    if (rc == 0 && role == ROLE_DRAFT)
+        rc = protocol_get_object(h, "shm", &shm, err);
+    if (rc == 0 && shm != NULL) {
+        const char *name = "";
+        if (protocol_get_string_opt(shm, "shm.name", sizeof(w.shm_name) - 1, "", &name, err) == 0)
+            snprintf(w.shm_name, sizeof(w.shm_name), "%s", name);
+    }
+    if (rc != 0) {
+        LOG_ERROR("refusing a worker registration: %s", err);
+        send_refused(c, msg->identity, msg->identity_size, err);
+        return;
+    }
+    /* A worker repeats register until it is welcomed (its first one may
+     * leave before the connection is up): a repeat from the same process is
+     * answered again, never taken for a restart. */
+    struct worker *known = &c->worker[role];
+    if ((known->up || known->held) && known->pid == w.pid &&
+        strcmp(known->shm_name, w.shm_name) == 0) {
+        memcpy(known->identity, msg->identity, msg->identity_size);
+        known->identity_size = msg->identity_size;
+        known->last_seen_ms = coord_now_ms();
+        if (known->up) {
+            send_welcome(c, role);
+            if (role == ROLE_DRAFT)
+                send_attach(c);
+        }
+        return;
+    }
+    snprintf(w.model, sizeof(w.model), "%s", model);
+    snprintf(w.backend, sizeof(w.backend), "%s", backend);
+    memcpy(w.identity, msg->identity, msg->identity_size);
+    w.identity_size = msg->identity_size;
+    w.last_seen_ms = coord_now_ms();
+    if (shm != NULL && (w.shm = cJSON_Duplicate(shm, 1)) == NULL) {
+        LOG_ERROR("draft registration: out of memory");
+        return;
+    }
+
+    if (role == ROLE_TARGET) {
+        if (c->worker[ROLE_TARGET].up)
+            registry_target_lost(c, "registered again (restarted)");
+        w.up = true;
+        c->worker[ROLE_TARGET] = w;
+        c->metrics.worker_registrations[ROLE_TARGET]++;
+        LOG_INFO("target worker pid %d registered: %s, %s, vocab %d, %d slots, max_seq_len %d", w.pid, w.model,
+                 w.backend, w.vocab_size, w.n_slots, w.max_seq_len);
+        send_welcome(c, ROLE_TARGET);
+        struct worker *d = &c->worker[ROLE_DRAFT];
+        if (d->held) {
+            welcome_draft(c);
+        } else if (d->up) {
+            char why[400];
+            if (check_pair(&c->worker[ROLE_TARGET], d, why, sizeof(why)) != 0) {
+                LOG_ERROR("dropping draft worker pid %d (%s): %s", d->pid, d->model, why);
+                send_refused(c, d->identity, d->identity_size, why);
+                c->metrics.draft_refusals++;
+                registry_draft_lost(c, "does not match the new target");
+            } else {
+                send_attach(c);
+            }
+        }
+        return;
+    }
+    struct worker *d = &c->worker[ROLE_DRAFT];
+    if (d->up || d->held)
+        registry_draft_lost(c, "registered again (restarted)");
+    *d = w;
+    if (!c->worker[ROLE_TARGET].up) {
+        d->held = true;
+        LOG_INFO("draft worker pid %d (%s) registered before the target: held until the target registers", w.pid,
+                 w.model);
+        return;
+    }
+    welcome_draft(c);
+}
+
+void registry_on_message(struct coordinator *c)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct protocol_msg msg;
+    memset(&msg, 0, sizeof(msg));
+    int rc = protocol_recv(c->workers, true, c->max_message_bytes, PROTOCOL_DONTWAIT, &msg, err);
+    if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
+        protocol_msg_free(&msg);
+        return;
+    }
+    if (rc != 0) {
+        LOG_ERROR("bad message from a worker: %s", err);
+        protocol_msg_free(&msg);
+        return;
+    }
+    if (strcmp(msg.type, PROTOCOL_REGISTER) == 0) {
+        on_register(c, &msg);
+        protocol_msg_free(&msg);
+        return;
+    }
+    enum worker_role role = ROLE_DRAFT;
+    bool known = false;
+    for (int r = 0; r < 2; r++) {
+        struct worker *w = &c->worker[r];
+        if ((w->up || w->held) && w->identity_size == msg.identity_size &&
+            memcmp(w->identity, msg.identity, msg.identity_size) == 0) {
+            role = (enum worker_role)r;
+            known = true;
+            w->last_seen_ms = coord_now_ms();
+        }
+    }
+    if (!known) {
+        LOG_DEBUG("message \"%s\" from an unregistered worker dropped", msg.type);
+        protocol_msg_free(&msg);
+        return;
+    }
+    /* Every verify gets one reply (verify_done or error): the target is
+     * idle when none is outstanding. */
+    if (role == ROLE_TARGET && c->target_outstanding > 0 &&
+        (strcmp(msg.type, PROTOCOL_VERIFY_DONE) == 0 || strcmp(msg.type, PROTOCOL_ERROR) == 0) &&
+        --c->target_outstanding == 0)
+        c->target_idle_since_ms = coord_now_ms();
+    if (strcmp(msg.type, PROTOCOL_HEARTBEAT) == 0) {
+        /* liveness already noted */
+    } else if (c->worker[role].held) {
+        LOG_DEBUG("message \"%s\" from the held draft dropped", msg.type);
+    } else if (role == ROLE_TARGET && strcmp(msg.type, PROTOCOL_VERIFY_DONE) == 0) {
+        scheduler_on_verify_done(c, &msg);
+    } else if (role == ROLE_DRAFT && strcmp(msg.type, PROTOCOL_DRAFT_READY) == 0) {
+        scheduler_on_draft_ready(c, &msg);
+    } else if (role == ROLE_DRAFT && strcmp(msg.type, PROTOCOL_PREFILL_DONE) == 0) {
+        scheduler_on_prefill_done(c, &msg);
+    } else if (strcmp(msg.type, PROTOCOL_ERROR) == 0) {
+        scheduler_on_worker_error(c, role, &msg);
+    } else {
+        LOG_WARN("%s worker sent an unexpected \"%.32s\" message", coord_role_name(role), msg.type);
+    }
+    protocol_msg_free(&msg);
+}
+
+void registry_tick(struct coordinator *c)
+{
+    double t = coord_now_ms();
+    const struct coordinator_config *cc = &c->cfg.coordinator;
+    if (t - c->last_heartbeat_ms >= cc->heartbeat_ms) {
+        c->last_heartbeat_ms = t;
+        for (int r = 0; r < 2; r++) {
+            struct worker *w = &c->worker[r];
+            if (!w->up && !w->held)
+                continue;
+            cJSON *h = protocol_header_new(PROTOCOL_HEARTBEAT);
+            if (h != NULL)
+                registry_send(c, (enum worker_role)r, h, NULL, 0);
+        }
+    }
+    struct worker *t_w = &c->worker[ROLE_TARGET];
+    if (t_w->up && t - t_w->last_seen_ms > cc->worker_timeout_ms)
+        registry_target_lost(c, "sent nothing for worker_timeout_ms");
+    struct worker *d_w = &c->worker[ROLE_DRAFT];
+    if ((d_w->up || d_w->held) && t - d_w->last_seen_ms > cc->worker_timeout_ms)
+        registry_draft_lost(c, "sent nothing for worker_timeout_ms");
+}

@@ -1,0 +1,135 @@
+/* replies.c: owns what goes back to clients: token events, the done reply
+ * with usage, timing and speculation figures, error replies (which are also
+ * counted in the metrics). Replies never block: a client that went away
+ * loses its reply, the coordinator carries on.
+ */
+#include "replies.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "logging.h"
+
+void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *msg)
+{
+    char err[ERR_MSG_MAX];
+    if (identity_size == 0)
+        return;
+    if (protocol_send(c->clients, identity, identity_size, msg, NULL, 0, PROTOCOL_DONTWAIT, err) != 0)
+        LOG_WARN("reply to client dropped: %s", err);
+}
+
+void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
+                         enum metrics_error code, const char *message)
+{
+    c->metrics.requests_failed[code]++;
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL)
+        return;
+    cJSON_AddStringToObject(m, "type", "error");
+    cJSON_AddStringToObject(m, "id", id ? id : "");
+    cJSON_AddStringToObject(m, "code", metrics_error_name(code));
+    cJSON_AddStringToObject(m, "message", message);
+    replies_send(c, identity, identity_size, m);
+    cJSON_Delete(m);
+    LOG_INFO("request \"%s\": %s: %s", id ? id : "", metrics_error_name(code), message);
+}
+
+static cJSON *ids_array(const int32_t *ids, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a != NULL && i < n; i++) {
+        cJSON *v = cJSON_CreateNumber(ids[i]);
+        if (v == NULL || !cJSON_AddItemToArray(a, v)) {
+            cJSON_Delete(v);
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+/* Adds a string that may contain NUL bytes (cut there: JSON strings from
+ * cJSON are C strings; detokenized text with NUL is rare and not printable). */
+static void add_text(cJSON *m, const char *key, const char *text, size_t len)
+{
+    char *copy = malloc(len + 1);
+    if (copy == NULL)
+        return;
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    cJSON_AddStringToObject(m, key, copy);
+    free(copy);
+}
+
+void replies_stream(struct coordinator *c, struct seq *s, bool final)
+{
+    if (!s->stream || (!final && s->stream_from >= s->generated))
+        return;
+    size_t n = 0;
+    const char *piece = output_take_stream(s->out, final, &n);
+    if (n == 0 && s->stream_from >= s->generated)
+        return;
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL)
+        return;
+    cJSON_AddStringToObject(m, "type", "token");
+    cJSON_AddStringToObject(m, "id", s->id);
+    add_text(m, "text", piece, n);
+    cJSON *ids = ids_array(s->hist + s->n_prompt + s->stream_from, s->generated - s->stream_from);
+    if (ids != NULL)
+        cJSON_AddItemToObject(m, "ids", ids);
+    replies_send(c, s->client, s->client_size, m);
+    cJSON_Delete(m);
+    s->stream_from = s->generated;
+}
+
+void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reason, double t)
+{
+    replies_stream(c, s, true);
+    size_t text_len = 0;
+    const char *text = output_text(s->out, &text_len);
+    double prefill_ms = s->t_first_ms - s->t_admit_ms;
+    double decode_ms = t - s->t_first_ms;
+    double queue_ms = s->t_admit_ms - s->t_arrival_ms;
+    cJSON *m = cJSON_CreateObject();
+    if (m != NULL) {
+        cJSON_AddStringToObject(m, "type", "done");
+        cJSON_AddStringToObject(m, "id", s->id);
+        add_text(m, "text", text, text_len);
+        cJSON *ids = ids_array(s->hist + s->n_prompt, s->generated);
+        if (ids != NULL)
+            cJSON_AddItemToObject(m, "ids", ids);
+        cJSON_AddStringToObject(m, "finish_reason", metrics_finish_name(reason));
+        cJSON *u = cJSON_AddObjectToObject(m, "usage");
+        if (u != NULL) {
+            cJSON_AddNumberToObject(u, "prompt_tokens", s->n_prompt);
+            cJSON_AddNumberToObject(u, "generated_tokens", s->generated);
+        }
+        cJSON *tm = cJSON_AddObjectToObject(m, "timing");
+        if (tm != NULL) {
+            cJSON_AddNumberToObject(tm, "queue_ms", queue_ms);
+            cJSON_AddNumberToObject(tm, "prefill_ms", prefill_ms);
+            cJSON_AddNumberToObject(tm, "decode_ms", decode_ms);
+            cJSON_AddNumberToObject(tm, "total_ms", t - s->t_arrival_ms);
+            /* as tandem-generate: tokens after the first over the decode time */
+            cJSON_AddNumberToObject(tm, "tokens_per_s",
+                                    decode_ms > 0 && s->generated > 1 ? (s->generated - 1) * 1000.0 / decode_ms : 0.0);
+        }
+        cJSON *sp = cJSON_AddObjectToObject(m, "spec");
+        if (sp != NULL) {
+            cJSON_AddNumberToObject(sp, "rounds", s->rounds);
+            cJSON_AddNumberToObject(sp, "drafted", s->drafted);
+            cJSON_AddNumberToObject(sp, "accepted", s->accepted);
+            cJSON_AddNumberToObject(sp, "acceptance_rate", s->drafted ? (double)s->accepted / s->drafted : 0.0);
+            cJSON_AddNumberToObject(sp, "mean_accepted_per_round", s->rounds ? (double)s->accepted / s->rounds : 0.0);
+            cJSON_AddNumberToObject(sp, "predraft_offered", s->predraft_offered);
+            cJSON_AddNumberToObject(sp, "predraft_used", s->predraft_used);
+            cJSON_AddNumberToObject(sp, "draft_ms", s->draft_ms);
+            cJSON_AddNumberToObject(sp, "verify_ms", s->verify_ms);
+        }
+        replies_send(c, s->client, s->client_size, m);
+        cJSON_Delete(m);
+    }
+}

@@ -1,0 +1,21 @@
+/* replies.h: what the coordinator sends back to clients (docs/protocol.md):
+ * token events while streaming, the done reply, error replies. */
+#ifndef TANDEM_REPLIES_H
+#define TANDEM_REPLIES_H
+
+#include "coord_state.h"
+
+/* Sends msg to the client with this routing id without blocking; a reply
+ * that cannot be delivered is logged and dropped (the client went away). */
+void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *msg);
+/* Sends error {id, code, message}, counts it in the metrics and logs it. */
+void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
+                   enum metrics_error code, const char *message);
+/* Streams the tokens accepted since the last event (streaming requests
+ * only). final: the request ended, flush the detokenizer's held bytes. */
+void replies_stream(struct coordinator *c, struct seq *s, bool final);
+/* The last stream event and the done reply of a finished sequence; t is
+ * the finishing time (coord_now_ms). */
+void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reason, double t);
+
+#endif

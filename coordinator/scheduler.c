@@ -1,0 +1,680 @@
+/* scheduler.c: owns the sequences: queueing, admission into worker slots,
+ * speculation rounds, accepted tokens and stop conditions, and endings
+ * (the replies themselves are built in replies.c).
+ *
+ * Scheduling, per sequence (H = history, n tokens; see coordinator.h for the
+ * cache invariants):
+ *   admit:   prefill {prompt} to the draft and verify {k=0, feed=prompt} to
+ *            the target at the same time.
+ *   round:   K from the sequence's controller (fixed when the request or the
+ *            config sets it). K = 0 or no draft: verify {k=0, feed=[H[n-1]]}.
+ *            Otherwise draft {keep=draft_valid, feed=H[draft_valid..n), k,
+ *            predraft_k} into half 0; on draft_ready, verify {keep=n-1,
+ *            feed=[H[n-1]], k, half 0}. Meanwhile the draft worker pre-drafts
+ *            the next round into half 1, assuming all k accepted, with its
+ *            guess b' of the bonus token. On verify_done with all k accepted
+ *            and bonus == b' the pre-draft is verified at once (from half 1,
+ *            past the guess); otherwise it is dropped and the next
+ *            draft call rolls the draft back through keep_len.
+ * Workers handle their messages in order, so commands may be queued behind
+ * each other: while the target verifies one sequence the draft drafts
+ * another. A reply is used only if it matches what the sequence waits for
+ * (request id, slot, round); anything else is stale and dropped.
+ *
+ * Halves: fresh drafts always go to half 0 and pre-drafts to half 1. A
+ * fresh draft is sent only when no verification of that sequence is in
+ * flight, and a pre-draft is written while the target reads half 0, so the
+ * draft never writes a half the target is reading.
+ */
+#include "scheduler.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "logging.h"
+#include "registry.h"
+#include "replies.h"
+
+static void seq_start(struct coordinator *c, struct seq *s);
+
+static cJSON *sampling_json(const struct seq *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    cJSON_AddNumberToObject(o, "temperature", s->sp.temperature);
+    cJSON_AddNumberToObject(o, "top_k", s->sp.top_k);
+    cJSON_AddNumberToObject(o, "top_p", s->sp.top_p);
+    cJSON_AddNumberToObject(o, "min_p", s->sp.min_p);
+    cJSON_AddNumberToObject(o, "seed", (double)s->sp.seed);  /* <= COORD_SEED_MAX: exact */
+    return o;
+}
+
+static cJSON *seq_header(const struct seq *s, const char *type, bool with_sampling)
+{
+    cJSON *h = protocol_header_new(type);
+    if (h == NULL)
+        return NULL;
+    cJSON_AddNumberToObject(h, "req", (double)s->req);
+    cJSON_AddNumberToObject(h, "slot", s->slot);
+    if (with_sampling) {
+        cJSON *sp = sampling_json(s);
+        if (sp != NULL)
+            cJSON_AddItemToObject(h, "sampling", sp);
+        cJSON_AddStringToObject(h, "mode", s->mode == SPECULATE_MODE_POINT_MASS ? "point_mass" : "sampled");
+    }
+    return h;
+}
+
+static bool draft_usable(const struct coordinator *c, const struct seq *s)
+{
+    const struct worker *d = &c->worker[ROLE_DRAFT];
+    return d->up && !s->spec_off && s->slot < d->n_slots;
+}
+
+void scheduler_seq_reset(struct seq *s)
+{
+    output_destroy(s->out);
+    free(s->hist);
+    int slot = s->slot;
+    memset(s, 0, sizeof(*s));
+    s->slot = slot;
+    s->state = SEQ_FREE;
+}
+
+static void send_release(struct coordinator *c, struct seq *s)
+{
+    for (int r = 0; r < 2; r++) {
+        if (!c->worker[r].up)
+            continue;
+        cJSON *h = seq_header(s, PROTOCOL_RELEASE, false);
+        if (h != NULL)
+            registry_send(c, (enum worker_role)r, h, NULL, 0);
+    }
+}
+
+static void queue_remove(struct coordinator *c, struct seq *s)
+{
+    struct seq **pp = &c->queue_head;
+    struct seq *prev = NULL;
+    while (*pp != NULL && *pp != s) {
+        prev = *pp;
+        pp = &(*pp)->next_queued;
+    }
+    if (*pp == NULL)
+        return;
+    *pp = s->next_queued;
+    if (c->queue_tail == s)
+        c->queue_tail = prev;
+    s->next_queued = NULL;
+    c->n_queued--;
+}
+
+/* Ends a sequence with an error reply (code) and frees its slot. */
+void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error code, const char *message)
+{
+    replies_error(c, s->client, s->client_size, s->id, code, message);
+    if (s->state == SEQ_ACTIVE) {
+        send_release(c, s);
+        c->n_active--;
+    } else if (s->state == SEQ_QUEUED) {
+        queue_remove(c, s);
+    }
+    scheduler_seq_reset(s);
+}
+
+static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish reason)
+{
+    double t = coord_now_ms();
+    if (s->kc.rounds_observed > 0) {
+        c->k_history = s->kc;
+        c->k_history_valid = true;
+    }
+    char err[ERR_MSG_MAX];
+    bool stopped = false;
+    if (output_finish(s->out, &stopped, err) != 0)
+        LOG_WARN("request \"%s\": detokenizer: %s", s->id, err);
+    if (stopped)
+        reason = METRICS_FINISH_STOP_STRING;
+    double prefill_ms = s->t_first_ms - s->t_admit_ms;
+    double decode_ms = t - s->t_first_ms;
+    double queue_ms = s->t_admit_ms - s->t_arrival_ms;
+    replies_done(c, s, reason, t);
+    struct metrics *mt = &c->metrics;
+    mt->requests_finished[reason]++;
+    mt->generated_tokens_total += (uint64_t)s->generated;
+    mt->queue_ms_total += queue_ms;
+    mt->prefill_ms_total += prefill_ms;
+    mt->decode_ms_total += decode_ms;
+    LOG_INFO("request \"%s\" (#%llu): %d prompt + %d generated tokens, %s, %d rounds, acceptance %.3f, "
+             "pre-draft %d/%d, %.1f ms",
+             s->id, (unsigned long long)s->req, s->n_prompt, s->generated, metrics_finish_name(reason), s->rounds,
+             s->drafted ? (double)s->accepted / s->drafted : 0.0, s->predraft_used, s->predraft_offered,
+             t - s->t_arrival_ms);
+    send_release(c, s);
+    c->n_active--;
+    scheduler_seq_reset(s);
+    scheduler_admit(c);
+}
+
+static bool is_eos(const struct coordinator *c, int32_t id)
+{
+    const struct worker *t = &c->worker[ROLE_TARGET];
+    for (int i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+/* Positions the sequence may still grow by (see adaptive_k_next). */
+static int seq_room(const struct coordinator *c, const struct seq *s)
+{
+    int by_tokens = s->max_tokens - s->generated;
+    int by_ctx = coord_context_len(c) - s->n_hist + 1;
+    return by_tokens < by_ctx ? by_tokens : by_ctx;
+}
+
+static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, bool from_draft,
+                        int cached_drafts)
+{
+    cJSON *h = seq_header(s, PROTOCOL_VERIFY, true);
+    if (h == NULL) {
+        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    s->verify_keep = s->n_hist - 1;
+    s->verify_feed = 1;
+    cJSON_AddNumberToObject(h, "round", round);
+    cJSON_AddNumberToObject(h, "keep_len", s->verify_keep);
+    cJSON_AddNumberToObject(h, "k", k);
+    cJSON_AddNumberToObject(h, "half", half);
+    /* The draft's buffer rides along, so a target that missed an attach
+     * (or restarted) can import it. The half's header tells the target where
+     * the drafts start (after the guess in a pre-drafted half). */
+    const cJSON *shm = c->worker[ROLE_DRAFT].shm;
+    if (k > 0 && shm != NULL)
+        cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(shm, 1));
+    s->wait_target = true;
+    s->verify_round = round;
+    s->verify_k = k;
+    s->verify_L = s->n_hist;
+    s->verify_cached = cached_drafts;
+    s->verify_from_draft = from_draft;
+    s->verify_sent_ms = coord_now_ms();
+    if (c->target_outstanding == 0 && c->target_idle_since_ms >= 0) {
+        double gap = s->verify_sent_ms - c->target_idle_since_ms;
+        c->metrics.target_gap_samples++;
+        c->metrics.target_gap_ms_total += gap;
+        if (gap > c->metrics.target_gap_ms_max)
+            c->metrics.target_gap_ms_max = gap;
+    }
+    c->target_idle_since_ms = -1;
+    c->target_outstanding++;
+    registry_send(c, ROLE_TARGET, h, &s->hist[s->n_hist - 1], 1);
+}
+
+/* Sends a fresh draft of k tokens (and asks for a pre-draft when useful). */
+static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
+{
+    if (s->draft_gen != c->draft_gen)
+        s->draft_valid = 0;
+    if (s->draft_valid > s->n_hist - 1)
+        s->draft_valid = s->n_hist - 1;
+    /* Pre-draft the next round when it fits and no other sequence is queued
+     * for the draft (then its time is better spent there). */
+    int predraft_k = 0;
+    int room_after = room - (k + 1);
+    const struct worker *d = &c->worker[ROLE_DRAFT];
+    int draft_room = d->max_seq_len - (s->n_hist + k);
+    if (room_after > 1 && draft_room > 1) {
+        predraft_k = k;
+        if (predraft_k > room_after - 1)
+            predraft_k = room_after - 1;
+        if (predraft_k > draft_room - 1)
+            predraft_k = draft_room - 1;
+        int busy = 0;
+        for (int i = 0; i < c->n_seqs; i++)
+            busy += c->seqs[i].state == SEQ_ACTIVE && c->seqs[i].wait_draft;
+        if (busy > 0)
+            predraft_k = 0;
+    }
+    cJSON *h = seq_header(s, PROTOCOL_DRAFT, true);
+    if (h == NULL) {
+        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    s->round_counter += 2;  /* round r for the draft, r + 1 for its pre-draft */
+    s->draft_round = s->round_counter - 1;
+    s->draft_k = k;
+    s->draft_predraft_k = predraft_k;
+    cJSON_AddNumberToObject(h, "half", COORD_HALF_FRESH);
+    cJSON_AddNumberToObject(h, "round", s->draft_round);
+    cJSON_AddNumberToObject(h, "keep_len", s->draft_valid);
+    cJSON_AddNumberToObject(h, "k", k);
+    cJSON_AddNumberToObject(h, "predraft_k", predraft_k);
+    s->wait_draft = true;
+    s->predraft_expected = predraft_k > 0;
+    s->predraft_have = false;
+    s->draft_sent_ms = coord_now_ms();
+    s->draft_n_feed = s->n_hist - s->draft_valid;
+    s->draft_gen = c->draft_gen;
+    registry_send(c, ROLE_DRAFT, h, &s->hist[s->draft_valid], s->n_hist - s->draft_valid);
+}
+
+/* Decides and sends the next round of an active sequence that waits for
+ * nothing. */
+static void seq_advance(struct coordinator *c, struct seq *s)
+{
+    if (s->state != SEQ_ACTIVE || s->wait_target || s->wait_draft || s->wait_predraft || !s->prefilled)
+        return;
+    int room = seq_room(c, s);
+    if (room <= 0) {
+        seq_finish(c, s, METRICS_FINISH_LENGTH);
+        return;
+    }
+    int k = 0;
+    if (draft_usable(c, s)) {
+        int draft_room = c->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
+        k = adaptive_k_next(&s->kc, room < draft_room ? room : draft_room);
+    } else {
+        c->metrics.target_only_rounds_total++;
+    }
+    if (k <= 0) {
+        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, false, 0);
+        return;
+    }
+    send_draft(c, s, k, room);
+}
+
+/* Appends accepted tokens; returns true when the sequence ended (reason set). */
+static bool seq_accept_tokens(struct coordinator *c, struct seq *s, const int32_t *tokens, int n,
+                              enum metrics_finish *reason)
+{
+    char err[ERR_MSG_MAX];
+    for (int i = 0; i < n; i++) {
+        if (s->n_hist == s->cap_hist) {
+            int cap = s->cap_hist * 2;
+            int32_t *h = realloc(s->hist, sizeof(*h) * (size_t)cap);
+            if (h == NULL) {
+                *reason = METRICS_FINISH_LENGTH;
+                return true;
+            }
+            s->hist = h;
+            s->cap_hist = cap;
+        }
+        s->hist[s->n_hist++] = tokens[i];
+        s->generated++;
+        bool stopped = false;
+        if (output_push(s->out, tokens[i], &stopped, err) != 0)
+            LOG_WARN("request \"%s\": detokenizer: %s", s->id, err);
+        if (stopped) {
+            *reason = METRICS_FINISH_STOP_STRING;
+            return true;
+        }
+        if (is_eos(c, tokens[i])) {
+            *reason = METRICS_FINISH_STOP;
+            return true;
+        }
+        if (s->generated >= s->max_tokens || s->n_hist > coord_context_len(c)) {
+            *reason = METRICS_FINISH_LENGTH;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Uses or drops the pre-draft after a fully accepted round whose bonus is
+ * s->pending_bonus (already in the history). */
+static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
+{
+    s->wait_predraft = false;
+    if (!s->predraft_have || s->draft_gen != c->draft_gen || !draft_usable(c, s)) {
+        seq_advance(c, s);
+        return;
+    }
+    s->predraft_have = false;
+    /* The pre-draft fed t_k: the draft now holds everything but the bonus. */
+    s->draft_valid = s->n_hist - 1;
+    int room = seq_room(c, s);
+    if (s->predraft_guess == s->pending_bonus && room > 1) {
+        int k = s->predraft_k < room - 1 ? s->predraft_k : room - 1;
+        s->predraft_used++;
+        c->metrics.predraft_used_total++;
+        /* The K controller is charged only the drafting the target waited
+         * for: a pre-draft made during the verification cost it nothing. */
+        s->last_draft_ms = s->verify_done_ms > 0 && coord_now_ms() > s->verify_done_ms
+                               ? coord_now_ms() - s->verify_done_ms
+                               : 0.0;
+        /* The draft cached the guess and predraft_k - 1 drafts after it. */
+        send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1);
+        s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
+        return;
+    }
+    seq_advance(c, s);
+}
+
+static struct seq *seq_for(struct coordinator *c, const cJSON *h, enum worker_role role, char *err)
+{
+    int64_t req = 0;
+    int slot = 0;
+    if (protocol_get_i64(h, "req", 0, INT64_MAX, &req, err) != 0 ||
+        protocol_get_int(h, "slot", 0, c->n_seqs > 0 ? c->n_seqs - 1 : 0, &slot, err) != 0)
+        return NULL;
+    for (int i = 0; i < c->n_seqs; i++) {
+        struct seq *s = &c->seqs[i];
+        if (s->state == SEQ_ACTIVE && s->req == (uint64_t)req && s->slot == slot)
+            return s;
+    }
+    snprintf(err, ERR_MSG_MAX, "req %lld slot %d: no such active request (finished or stale)", (long long)req, slot);
+    (void)role;
+    return NULL;
+}
+
+void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct seq *s = seq_for(c, msg->header, ROLE_TARGET, err);
+    if (s == NULL) {
+        LOG_DEBUG("target verify_done dropped: %s", err);
+        return;
+    }
+    s->verify_done_ms = coord_now_ms();
+    int round = 0, n_acc = 0, n_tok = 0;
+    double verify_ms = 0, idle_ms = -1;
+    const int32_t *tokens = NULL;
+    int vocab = c->worker[ROLE_TARGET].vocab_size;
+    if (protocol_get_int(msg->header, "round", 0, INT32_MAX, &round, err) != 0 || !s->wait_target ||
+        round != s->verify_round) {
+        LOG_DEBUG("target verify_done for \"%s\" dropped: %s", s->id, err[0] ? err : "not the awaited round");
+        return;
+    }
+    if (protocol_get_int(msg->header, "n_accepted", 0, s->verify_k, &n_acc, err) != 0 ||
+        protocol_get_double_opt(msg->header, "verify_ms", 0, 1e12, 0, &verify_ms, err) != 0 ||
+        protocol_get_double_opt(msg->header, "idle_ms", -1, 1e12, -1, &idle_ms, err) != 0 ||
+        protocol_frame_tokens(msg, 0, "tokens", n_acc + 1, n_acc + 1, &tokens, &n_tok, err) != 0) {
+        LOG_ERROR("target verify_done for \"%s\" is malformed: %s", s->id, err);
+        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a malformed reply");
+        return;
+    }
+    for (int i = 0; i < n_tok; i++) {
+        if (tokens[i] < 0 || tokens[i] >= vocab) {
+            LOG_ERROR("target verify_done for \"%s\": token %d out of the vocabulary", s->id, tokens[i]);
+            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a token outside the vocabulary");
+            return;
+        }
+    }
+    s->wait_target = false;
+    struct metrics *mt = &c->metrics;
+    if (idle_ms >= 0) {
+        mt->target_idle_samples++;
+        mt->target_idle_ms_total += idle_ms;
+        if (idle_ms > mt->target_idle_ms_max)
+            mt->target_idle_ms_max = idle_ms;
+    }
+    mt->verify_ms_total += verify_ms;
+    s->verify_ms += verify_ms;
+    int k = s->verify_k;
+    if (!s->prefilled) {
+        s->prefilled = true;
+        s->t_first_ms = coord_now_ms();
+        s->target_len = s->n_prompt;
+    } else {
+        s->rounds++;
+        mt->verify_rounds_total++;
+        s->target_len = s->verify_keep + s->verify_feed + n_acc;
+        if (k > 0) {
+            s->drafted += k;
+            s->accepted += n_acc;
+            mt->num_drafts_total++;
+            mt->num_draft_tokens_total += (uint64_t)k;
+            mt->num_accepted_tokens_total += (uint64_t)n_acc;
+            for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
+                mt->accepted_per_pos[i]++;
+            adaptive_k_update(&s->kc, k, n_acc, s->last_draft_ms, verify_ms);
+        }
+    }
+    if (k > 0 && s->verify_from_draft && s->draft_gen == c->draft_gen) {
+        int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
+        s->draft_valid = s->verify_L + cached;
+    }
+    enum metrics_finish reason = METRICS_FINISH_STOP;
+    bool ended = seq_accept_tokens(c, s, tokens, n_tok, &reason);
+    replies_stream(c, s, false);
+    if (ended) {
+        seq_finish(c, s, reason);
+        return;
+    }
+    if (k > 0 && n_acc == k && s->predraft_expected && s->verify_from_draft) {
+        s->pending_bonus = tokens[n_acc];
+        s->predraft_expected = false;
+        if (s->predraft_have) {
+            seq_resolve_predraft(c, s);
+        } else {
+            s->wait_predraft = true;  /* it is on its way: the draft handles messages in order */
+        }
+        return;
+    }
+    s->predraft_have = false;
+    s->predraft_expected = false;
+    s->wait_predraft = false;
+    seq_advance(c, s);
+}
+
+void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *msg)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct seq *s = seq_for(c, msg->header, ROLE_DRAFT, err);
+    if (s == NULL) {
+        LOG_DEBUG("draft draft_ready dropped: %s", err);
+        return;
+    }
+    int round = 0, half = 0, k = 0, guess = -1;
+    bool predraft = false;
+    double draft_ms = -1;
+    if (protocol_get_int(msg->header, "round", 0, INT32_MAX, &round, err) != 0 ||
+        protocol_get_int(msg->header, "half", 0, 1, &half, err) != 0 ||
+        protocol_get_int(msg->header, "k", 0, SPECULATE_K_MAX + 1, &k, err) != 0 ||
+        protocol_get_int_opt(msg->header, "guess", -1, c->worker[ROLE_TARGET].vocab_size - 1, -1, &guess, err) != 0 ||
+        protocol_get_bool_opt(msg->header, "predraft", false, &predraft, err) != 0 ||
+        protocol_get_double_opt(msg->header, "draft_ms", -1, 1e12, -1, &draft_ms, err) != 0) {
+        LOG_ERROR("draft draft_ready for \"%s\" is malformed: %s", s->id, err);
+        return;
+    }
+    if (draft_ms >= 0) {
+        c->metrics.draft_ms_total += draft_ms;
+        s->draft_ms += draft_ms;
+    }
+    if (predraft) {
+        if (round <= s->draft_round || round > s->round_counter || (!s->predraft_expected && !s->wait_predraft)) {
+            LOG_DEBUG("draft pre-draft for \"%s\" round %d dropped (stale)", s->id, round);
+            return;
+        }
+        /* k counts the drafts after the guess; tolerate workers that count the guess too. */
+        int pk = k;
+        if (pk > s->draft_predraft_k)
+            pk = s->draft_predraft_k;
+        s->predraft_offered++;
+        c->metrics.predraft_offered_total++;
+        s->predraft_have = pk > 0 && guess >= 0;
+        s->predraft_round = round;
+        s->predraft_k = pk;
+        s->predraft_half = half;
+        s->predraft_guess = guess;
+        if (s->wait_predraft)
+            seq_resolve_predraft(c, s);
+        return;
+    }
+    if (!s->wait_draft || round != s->draft_round) {
+        LOG_DEBUG("draft draft_ready for \"%s\" round %d dropped (stale)", s->id, round);
+        return;
+    }
+    if (k != s->draft_k) {
+        LOG_ERROR("draft draft_ready for \"%s\": k %d, asked for %d", s->id, k, s->draft_k);
+        s->wait_draft = false;
+        s->draft_valid = 0;
+        s->predraft_expected = false;
+        seq_advance(c, s);
+        return;
+    }
+    s->wait_draft = false;
+    s->last_draft_ms = draft_ms >= 0 ? draft_ms : coord_now_ms() - s->draft_sent_ms;
+    /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
+     * is a one-off: the K controller wants the cost of drafting itself. */
+    if (s->draft_n_feed > 1)
+        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - 1);
+    s->draft_valid = s->n_hist + k - 1;
+    send_verify(c, s, k, half, round, true, k - 1);
+}
+
+void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct seq *s = seq_for(c, msg->header, ROLE_DRAFT, err);
+    if (s == NULL) {
+        LOG_DEBUG("draft prefill_done dropped: %s", err);
+        return;
+    }
+    double ms = 0;
+    if (protocol_get_double_opt(msg->header, "prefill_ms", 0, 1e12, 0, &ms, err) == 0)
+        LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, ms);
+}
+
+/* Drops everything the sequence expected from the draft (its cache, a
+ * pending draft or pre-draft) and, if it was waiting for one, moves it on. */
+void scheduler_forget_draft(struct coordinator *c, struct seq *s)
+{
+    s->draft_valid = 0;
+    s->predraft_expected = false;
+    s->predraft_have = false;
+    if (s->wait_draft || s->wait_predraft) {
+        s->wait_draft = false;
+        s->wait_predraft = false;
+        seq_advance(c, s);
+    }
+}
+
+void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
+{
+    char err[ERR_MSG_MAX] = "";
+    const char *code = "", *message = "";
+    protocol_get_string_opt(msg->header, "code", 64, "", &code, err);
+    protocol_get_string_opt(msg->header, "message", 1024, "", &message, err);
+    struct seq *s = seq_for(c, msg->header, role, err);
+    if (s == NULL) {
+        LOG_WARN("%s worker error (no active request): %s: %s", coord_role_name(role), code, message);
+        return;
+    }
+    LOG_WARN("%s worker error for request \"%s\": %s: %s", coord_role_name(role), s->id, code, message);
+    if (role == ROLE_TARGET) {
+        bool ctx = strcmp(code, "context_full") == 0;
+        scheduler_fail(c, s, ctx ? METRICS_ERR_CONTEXT_FULL : METRICS_ERR_INTERNAL,
+                 ctx ? "the sequence no longer fits the target's context" : "the target worker failed this request");
+        return;
+    }
+    /* Draft trouble never fails a request: fall back to a full re-feed, and
+     * to target-only decoding if it keeps failing. */
+    if (++s->draft_errors >= COORD_DRAFT_ERRORS_MAX)
+        s->spec_off = true;
+    scheduler_forget_draft(c, s);
+}
+
+static void seq_start(struct coordinator *c, struct seq *s)
+{
+    s->state = SEQ_ACTIVE;
+    s->t_admit_ms = coord_now_ms();
+    c->n_active++;
+    c->metrics.prompt_tokens_total += (uint64_t)s->n_prompt;
+    s->target_len = 0;
+    s->draft_valid = 0;
+    s->draft_gen = c->draft_gen;
+    if (draft_usable(c, s) && s->n_prompt < c->worker[ROLE_DRAFT].max_seq_len) {
+        cJSON *h = seq_header(s, PROTOCOL_PREFILL, true);
+        if (h != NULL && registry_send(c, ROLE_DRAFT, h, s->hist, s->n_prompt) == 0)
+            s->draft_valid = s->n_prompt;
+    }
+    /* The target's prefill is a verification with k = 0 and the prompt as feed. */
+    cJSON *h = seq_header(s, PROTOCOL_VERIFY, true);
+    if (h == NULL) {
+        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    s->round_counter = 1;
+    cJSON_AddNumberToObject(h, "round", s->round_counter);
+    cJSON_AddNumberToObject(h, "keep_len", 0);
+    cJSON_AddNumberToObject(h, "k", 0);
+    cJSON_AddNumberToObject(h, "half", COORD_HALF_FRESH);
+    s->wait_target = true;
+    s->verify_round = s->round_counter;
+    s->verify_k = 0;
+    s->verify_keep = 0;
+    s->verify_feed = s->n_prompt;
+    s->verify_from_draft = false;
+    s->verify_sent_ms = coord_now_ms();
+    c->target_idle_since_ms = -1;  /* a prefill is not a round: no gap measured */
+    c->target_outstanding++;
+    registry_send(c, ROLE_TARGET, h, s->hist, s->n_prompt);
+}
+
+void scheduler_admit(struct coordinator *c)
+{
+    while (c->queue_head != NULL && c->n_active < c->cfg.coordinator.max_concurrency &&
+           c->worker[ROLE_TARGET].up) {
+        struct seq *s = c->queue_head;
+        c->queue_head = s->next_queued;
+        if (c->queue_head == NULL)
+            c->queue_tail = NULL;
+        s->next_queued = NULL;
+        c->n_queued--;
+        /* Its slot: the lowest free slot below the workers' slot count. */
+        int n_slots = c->cfg.coordinator.max_concurrency;
+        if (c->worker[ROLE_TARGET].n_slots < n_slots)
+            n_slots = c->worker[ROLE_TARGET].n_slots;
+        int slot = -1;
+        for (int i = 0; i < n_slots && slot < 0; i++) {
+            bool used = false;
+            for (int j = 0; j < c->n_seqs && !used; j++)
+                used = c->seqs[j].state == SEQ_ACTIVE && c->seqs[j].slot == i;
+            if (!used)
+                slot = i;
+        }
+        if (slot < 0) {
+            /* Fewer worker slots than max_concurrency: wait for one. */
+            s->next_queued = c->queue_head;
+            c->queue_head = s;
+            if (c->queue_tail == NULL)
+                c->queue_tail = s;
+            c->n_queued++;
+            return;
+        }
+        s->slot = slot;
+        seq_start(c, s);
+    }
+}
+
+void scheduler_tick(struct coordinator *c)
+{
+    double t = coord_now_ms();
+    for (int i = 0; i < c->n_seqs; i++) {
+        struct seq *s = &c->seqs[i];
+        if (s->state != SEQ_FREE && t - s->t_arrival_ms > c->cfg.coordinator.request_timeout_ms)
+            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "request_timeout_ms exceeded");
+    }
+    scheduler_admit(c);
+}
+
+void scheduler_enqueue(struct coordinator *c, struct seq *s)
+{
+    s->state = SEQ_QUEUED;
+    s->next_queued = NULL;
+    if (c->queue_tail != NULL)
+        c->queue_tail->next_queued = s;
+    else
+        c->queue_head = s;
+    c->queue_tail = s;
+    c->n_queued++;
+    scheduler_admit(c);
+}
