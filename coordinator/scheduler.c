@@ -130,7 +130,9 @@ void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error cod
 static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish reason)
 {
     double t = coord_now_ms();
-    if (s->kc.rounds_observed > 0) {
+    /* The history belongs to the pair: measurements taken with a draft that
+     * has since been lost (or replaced) would mislead the next request. */
+    if (s->kc.rounds_observed > 0 && s->draft_gen == c->draft_gen) {
         c->k_history = s->kc;
         c->k_history_valid = true;
     }
