@@ -29,8 +29,9 @@
 #include "sampling.h"
 #include "speculate.h"
 #include "tokenizer.h"
+#include "worker_msg.h"
 
-#define COORD_EOS_MAX 8
+#define COORD_EOS_MAX WORKER_MSG_EOS_MAX
 #define COORD_HALF_FRESH 0
 #define COORD_HALF_PREDRAFT 1
 #define COORD_DRAFT_ERRORS_MAX 3

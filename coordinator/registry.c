@@ -18,14 +18,14 @@
 #include "error.h"
 #include "logging.h"
 #include "scheduler.h"
+#include "worker_msg.h"
 
-int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const int32_t *tokens, int n_tokens)
+int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame)
 {
     char err[ERR_MSG_MAX];
     struct worker *w = &c->worker[role];
-    struct protocol_frame frame = {.data = tokens, .size_bytes = (size_t)n_tokens * sizeof(int32_t)};
-    int rc = protocol_send(c->workers, w->identity, w->identity_size, hdr, tokens ? &frame : NULL,
-                           tokens ? 1 : 0, PROTOCOL_DONTWAIT, err);
+    int rc = protocol_send(c->workers, w->identity, w->identity_size, hdr, frame, frame ? 1 : 0,
+                           PROTOCOL_DONTWAIT, err);
     if (rc != 0)
         LOG_WARN("%s worker: send %s failed: %s", coord_role_name(role),
                  cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(hdr, "type")), err);
@@ -89,7 +89,7 @@ static void send_welcome(struct coordinator *c, enum worker_role role)
     const struct worker *d = &c->worker[ROLE_DRAFT];
     if (role == ROLE_TARGET && d->up && d->shm != NULL)
         cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(d->shm, 1));
-    registry_send(c, role, h, NULL, 0);
+    registry_send(c, role, h, NULL);
 }
 
 static void send_refused(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *message)
@@ -118,7 +118,7 @@ static void send_attach(struct coordinator *c)
         return;
     }
     cJSON_AddItemToObject(h, "shm", shm);
-    registry_send(c, ROLE_TARGET, h, NULL, 0);
+    registry_send(c, ROLE_TARGET, h, NULL);
 }
 
 /* 0 when the draft matches the target; else the reason in why. */
@@ -172,39 +172,25 @@ static void welcome_draft(struct coordinator *c)
 static void on_register(struct coordinator *c, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    const cJSON *h = msg->header;
-    const char *role_s = NULL, *model = "", *backend = "";
+    struct worker_msg_register r;
     struct worker w;
     memset(&w, 0, sizeof(w));
-    int rc = protocol_get_string(h, "role", 16, &role_s, err);
-    enum worker_role role = ROLE_DRAFT;
-    if (rc == 0) {
-        if (strcmp(role_s, "draft") == 0)
-            role = ROLE_DRAFT;
-        else if (strcmp(role_s, "target") == 0)
-            role = ROLE_TARGET;
-        else
-            rc = error_set(err, ERR_PROTOCOL, "role: expected \"draft\" or \"target\", got \"%.16s\"", role_s);
-    }
-    if (rc == 0)
-        rc = protocol_get_int(h, "pid", 1, INT32_MAX, &w.pid, err);
-    if (rc == 0)
-        rc = protocol_get_string_opt(h, "model", sizeof(w.model) - 1, "", &model, err);
-    if (rc == 0)
-        rc = protocol_get_string_opt(h, "backend", sizeof(w.backend) - 1, "", &backend, err);
-    if (rc == 0)
-        rc = protocol_get_int(h, "vocab_size", 1, INT32_MAX, &w.vocab_size, err);
-    if (rc == 0)
-        rc = protocol_get_int_array(h, "eos_ids", 0, INT32_MAX, w.eos_ids, COORD_EOS_MAX, &w.n_eos, err);
-    if (rc == 0)
-        rc = protocol_get_int(h, "max_seq_len", 2, INT32_MAX, &w.max_seq_len, err);
-    if (rc == 0)
-        rc = protocol_get_int(h, "n_slots", 1, 65536, &w.n_slots, err);
-    if (rc == 0)
-        rc = protocol_get_int_opt(h, "bos_id", -1, INT32_MAX, -1, &w.bos_id, err);
+    int rc = worker_msg_register_decode(msg, &r, err);
+    enum worker_role role = rc == 0 && strcmp(r.role, "target") == 0 ? ROLE_TARGET : ROLE_DRAFT;
+    const char *model = "", *backend = "";
     const cJSON *shm = NULL;
-    if (rc == 0 && role == ROLE_DRAFT)
-        rc = protocol_get_object(h, "shm", &shm, err);
+    if (rc == 0) {
+        w.pid = r.pid;
+        model = r.model;
+        backend = r.backend;
+        w.vocab_size = r.vocab_size;
+        memcpy(w.eos_ids, r.eos_ids, sizeof(w.eos_ids));
+        w.n_eos = r.n_eos;
+        w.max_seq_len = r.max_seq_len;
+        w.n_slots = r.n_slots;
+        w.bos_id = r.bos_id;
+        shm = r.shm;
+    }
     if (rc == 0 && shm != NULL) {
         const char *name = "";
         if (protocol_get_string_opt(shm, "shm.name", sizeof(w.shm_name) - 1, "", &name, err) == 0)
@@ -351,7 +337,7 @@ void registry_tick(struct coordinator *c)
                 continue;
             cJSON *h = protocol_header_new(PROTOCOL_HEARTBEAT);
             if (h != NULL)
-                registry_send(c, (enum worker_role)r, h, NULL, 0);
+                registry_send(c, (enum worker_role)r, h, NULL);
         }
     }
     struct worker *t_w = &c->worker[ROLE_TARGET];

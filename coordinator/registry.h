@@ -6,10 +6,10 @@
 
 #include "coord_state.h"
 
-/* Sends hdr (deleted here, whatever happens) and an optional token frame to
- * the worker of this role without blocking. 0 or protocol_send's code
- * (logged). */
-int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const int32_t *tokens, int n_tokens);
+/* Sends hdr (deleted here, whatever happens) and an optional frame (NULL:
+ * none) to the worker of this role without blocking. 0 or protocol_send's
+ * code (logged). */
+int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame);
 /* Reads one message from the worker socket and handles it. */
 void registry_on_message(struct coordinator *c);
 /* Heartbeats to both workers; declares a silent worker lost. */

@@ -38,36 +38,18 @@
 #include "logging.h"
 #include "registry.h"
 #include "replies.h"
+#include "worker_msg.h"
 
 static void seq_start(struct coordinator *c, struct seq *s);
 
-static cJSON *sampling_json(const struct seq *s)
+static struct worker_msg_seq msg_seq(const struct seq *s)
 {
-    cJSON *o = cJSON_CreateObject();
-    if (o == NULL)
-        return NULL;
-    cJSON_AddNumberToObject(o, "temperature", s->sp.temperature);
-    cJSON_AddNumberToObject(o, "top_k", s->sp.top_k);
-    cJSON_AddNumberToObject(o, "top_p", s->sp.top_p);
-    cJSON_AddNumberToObject(o, "min_p", s->sp.min_p);
-    cJSON_AddNumberToObject(o, "seed", (double)s->sp.seed);  /* <= COORD_SEED_MAX: exact */
-    return o;
+    return (struct worker_msg_seq){.req = (int64_t)s->req, .slot = s->slot};
 }
 
-static cJSON *seq_header(const struct seq *s, const char *type, bool with_sampling)
+static struct worker_msg_sampling msg_sampling(const struct seq *s)
 {
-    cJSON *h = protocol_header_new(type);
-    if (h == NULL)
-        return NULL;
-    cJSON_AddNumberToObject(h, "req", (double)s->req);
-    cJSON_AddNumberToObject(h, "slot", s->slot);
-    if (with_sampling) {
-        cJSON *sp = sampling_json(s);
-        if (sp != NULL)
-            cJSON_AddItemToObject(h, "sampling", sp);
-        cJSON_AddStringToObject(h, "mode", s->mode == SPECULATE_MODE_POINT_MASS ? "point_mass" : "sampled");
-    }
-    return h;
+    return (struct worker_msg_sampling){.sp = s->sp, .mode = s->mode};
 }
 
 static bool draft_usable(const struct coordinator *c, const struct seq *s)
@@ -91,9 +73,10 @@ static void send_release(struct coordinator *c, struct seq *s)
     for (int r = 0; r < 2; r++) {
         if (!c->worker[r].up)
             continue;
-        cJSON *h = seq_header(s, PROTOCOL_RELEASE, false);
+        struct worker_msg_seq m = msg_seq(s);
+        cJSON *h = worker_msg_release_encode(&m);
         if (h != NULL)
-            registry_send(c, (enum worker_role)r, h, NULL, 0);
+            registry_send(c, (enum worker_role)r, h, NULL);
     }
 }
 
@@ -183,23 +166,22 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
 static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, bool from_draft,
                         int cached_drafts)
 {
-    cJSON *h = seq_header(s, PROTOCOL_VERIFY, true);
+    s->verify_keep = s->n_hist - 1;
+    s->verify_feed = 1;
+    /* The draft's buffer rides along, so a target that missed an attach
+     * (or restarted) can import it. The half's header tells the target where
+     * the drafts start (after the guess in a pre-drafted half). */
+    struct worker_msg_verify m = {
+        .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
+        .sampling = msg_sampling(s), .shm = k > 0 ? c->worker[ROLE_DRAFT].shm : NULL,
+        .feed = &s->hist[s->n_hist - 1], .n_feed = 1,
+    };
+    struct protocol_frame frame;
+    cJSON *h = worker_msg_verify_encode(&m, &frame);
     if (h == NULL) {
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->verify_keep = s->n_hist - 1;
-    s->verify_feed = 1;
-    cJSON_AddNumberToObject(h, "round", round);
-    cJSON_AddNumberToObject(h, "keep_len", s->verify_keep);
-    cJSON_AddNumberToObject(h, "k", k);
-    cJSON_AddNumberToObject(h, "half", half);
-    /* The draft's buffer rides along, so a target that missed an attach
-     * (or restarted) can import it. The half's header tells the target where
-     * the drafts start (after the guess in a pre-drafted half). */
-    const cJSON *shm = c->worker[ROLE_DRAFT].shm;
-    if (k > 0 && shm != NULL)
-        cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(shm, 1));
     s->wait_target = true;
     s->verify_round = round;
     s->verify_k = k;
@@ -216,7 +198,7 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     }
     c->target_idle_since_ms = -1;
     c->target_outstanding++;
-    registry_send(c, ROLE_TARGET, h, &s->hist[s->n_hist - 1], 1);
+    registry_send(c, ROLE_TARGET, h, &frame);
 }
 
 /* Sends a fresh draft of k tokens (and asks for a pre-draft when useful). */
@@ -244,7 +226,13 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
         if (busy > 0)
             predraft_k = 0;
     }
-    cJSON *h = seq_header(s, PROTOCOL_DRAFT, true);
+    struct worker_msg_draft m = {
+        .seq = msg_seq(s), .half = COORD_HALF_FRESH, .round = s->round_counter + 1,
+        .keep_len = s->draft_valid, .k = k, .predraft_k = predraft_k, .sampling = msg_sampling(s),
+        .feed = &s->hist[s->draft_valid], .n_feed = s->n_hist - s->draft_valid,
+    };
+    struct protocol_frame frame;
+    cJSON *h = worker_msg_draft_encode(&m, &frame);
     if (h == NULL) {
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
@@ -253,18 +241,13 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     s->draft_round = s->round_counter - 1;
     s->draft_k = k;
     s->draft_predraft_k = predraft_k;
-    cJSON_AddNumberToObject(h, "half", COORD_HALF_FRESH);
-    cJSON_AddNumberToObject(h, "round", s->draft_round);
-    cJSON_AddNumberToObject(h, "keep_len", s->draft_valid);
-    cJSON_AddNumberToObject(h, "k", k);
-    cJSON_AddNumberToObject(h, "predraft_k", predraft_k);
     s->wait_draft = true;
     s->predraft_expected = predraft_k > 0;
     s->predraft_have = false;
     s->draft_sent_ms = coord_now_ms();
     s->draft_n_feed = s->n_hist - s->draft_valid;
     s->draft_gen = c->draft_gen;
-    registry_send(c, ROLE_DRAFT, h, &s->hist[s->draft_valid], s->n_hist - s->draft_valid);
+    registry_send(c, ROLE_DRAFT, h, &frame);
 }
 
 /* Decides and sends the next round of an active sequence that waits for
@@ -359,56 +342,57 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
     seq_advance(c, s);
 }
 
-static struct seq *seq_for(struct coordinator *c, const cJSON *h, enum worker_role role, char *err)
+/* What the coordinator checks worker replies against: its own request
+ * records for slots, the target's vocabulary for token ids. */
+static struct worker_msg_limits reply_limits(const struct coordinator *c)
 {
-    int64_t req = 0;
-    int slot = 0;
-    if (protocol_get_i64(h, "req", 0, INT64_MAX, &req, err) != 0 ||
-        protocol_get_int(h, "slot", 0, c->n_seqs > 0 ? c->n_seqs - 1 : 0, &slot, err) != 0)
-        return NULL;
-    for (int i = 0; i < c->n_seqs; i++) {
+    return (struct worker_msg_limits){
+        .n_slots = c->n_seqs,
+        .max_seq_len = coord_context_len(c),
+        .k_max = SPECULATE_K_MAX,
+        .vocab_size = c->worker[ROLE_TARGET].vocab_size,
+    };
+}
+
+/* The active sequence a reply names, or NULL (finished or stale). */
+static struct seq *seq_for(struct coordinator *c, const struct worker_msg_seq *m)
+{
+    for (int i = 0; m->req >= 0 && i < c->n_seqs; i++) {
         struct seq *s = &c->seqs[i];
-        if (s->state == SEQ_ACTIVE && s->req == (uint64_t)req && s->slot == slot)
+        if (s->state == SEQ_ACTIVE && s->req == (uint64_t)m->req && s->slot == m->slot)
             return s;
     }
-    snprintf(err, ERR_MSG_MAX, "req %lld slot %d: no such active request (finished or stale)", (long long)req, slot);
-    (void)role;
     return NULL;
 }
 
 void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    struct seq *s = seq_for(c, msg->header, ROLE_TARGET, err);
+    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_verify_done m;
+    int rc = worker_msg_verify_done_decode(msg, &lim, &m, err);
+    struct seq *s = seq_for(c, &m.seq);
     if (s == NULL) {
-        LOG_DEBUG("target verify_done dropped: %s", err);
+        LOG_DEBUG("target verify_done dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
     }
-    s->verify_done_ms = coord_now_ms();
-    int round = 0, n_acc = 0, n_tok = 0;
-    double verify_ms = 0, idle_ms = -1;
-    const int32_t *tokens = NULL;
-    int vocab = c->worker[ROLE_TARGET].vocab_size;
-    if (protocol_get_int(msg->header, "round", 0, INT32_MAX, &round, err) != 0 || !s->wait_target ||
-        round != s->verify_round) {
-        LOG_DEBUG("target verify_done for \"%s\" dropped: %s", s->id, err[0] ? err : "not the awaited round");
+    /* Only a reply to the awaited round can fail the request; anything
+     * older is dropped, well formed or not. */
+    if (!s->wait_target || m.round != s->verify_round) {
+        LOG_DEBUG("target verify_done for \"%s\" dropped: not the awaited round", s->id);
         return;
     }
-    if (protocol_get_int(msg->header, "n_accepted", 0, s->verify_k, &n_acc, err) != 0 ||
-        protocol_get_double_opt(msg->header, "verify_ms", 0, 1e12, 0, &verify_ms, err) != 0 ||
-        protocol_get_double_opt(msg->header, "idle_ms", -1, 1e12, -1, &idle_ms, err) != 0 ||
-        protocol_frame_tokens(msg, 0, "tokens", n_acc + 1, n_acc + 1, &tokens, &n_tok, err) != 0) {
+    if (rc == 0 && m.n_accepted > s->verify_k)
+        rc = error_set(err, ERR_PROTOCOL, "n_accepted: must be in 0..%d, got %d", s->verify_k, m.n_accepted);
+    if (rc != 0) {
         LOG_ERROR("target verify_done for \"%s\" is malformed: %s", s->id, err);
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a malformed reply");
         return;
     }
-    for (int i = 0; i < n_tok; i++) {
-        if (tokens[i] < 0 || tokens[i] >= vocab) {
-            LOG_ERROR("target verify_done for \"%s\": token %d out of the vocabulary", s->id, tokens[i]);
-            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a token outside the vocabulary");
-            return;
-        }
-    }
+    s->verify_done_ms = coord_now_ms();
+    int n_acc = m.n_accepted, n_tok = m.n_tokens;
+    double verify_ms = m.verify_ms, idle_ms = m.idle_ms;
+    const int32_t *tokens = m.tokens;
     s->wait_target = false;
     struct metrics *mt = &c->metrics;
     if (idle_ms >= 0) {
@@ -469,23 +453,21 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
 void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    struct seq *s = seq_for(c, msg->header, ROLE_DRAFT, err);
+    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_draft_ready m;
+    int rc = worker_msg_draft_ready_decode(msg, &lim, &m, err);
+    struct seq *s = seq_for(c, &m.seq);
     if (s == NULL) {
-        LOG_DEBUG("draft draft_ready dropped: %s", err);
+        LOG_DEBUG("draft draft_ready dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
     }
-    int round = 0, half = 0, k = 0, guess = -1;
-    bool predraft = false;
-    double draft_ms = -1;
-    if (protocol_get_int(msg->header, "round", 0, INT32_MAX, &round, err) != 0 ||
-        protocol_get_int(msg->header, "half", 0, 1, &half, err) != 0 ||
-        protocol_get_int(msg->header, "k", 0, SPECULATE_K_MAX + 1, &k, err) != 0 ||
-        protocol_get_int_opt(msg->header, "guess", -1, c->worker[ROLE_TARGET].vocab_size - 1, -1, &guess, err) != 0 ||
-        protocol_get_bool_opt(msg->header, "predraft", false, &predraft, err) != 0 ||
-        protocol_get_double_opt(msg->header, "draft_ms", -1, 1e12, -1, &draft_ms, err) != 0) {
+    if (rc != 0) {
         LOG_ERROR("draft draft_ready for \"%s\" is malformed: %s", s->id, err);
         return;
     }
+    int round = (int)m.round, half = m.half, k = m.k, guess = m.guess;
+    bool predraft = m.predraft;
+    double draft_ms = m.draft_ms;
     if (draft_ms >= 0) {
         c->metrics.draft_ms_total += draft_ms;
         s->draft_ms += draft_ms;
@@ -535,14 +517,15 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
 void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    struct seq *s = seq_for(c, msg->header, ROLE_DRAFT, err);
-    if (s == NULL) {
-        LOG_DEBUG("draft prefill_done dropped: %s", err);
+    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_prefill_done m;
+    int rc = worker_msg_prefill_done_decode(msg, &lim, &m, err);
+    struct seq *s = seq_for(c, &m.seq);
+    if (s == NULL || rc != 0) {
+        LOG_DEBUG("draft prefill_done dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
     }
-    double ms = 0;
-    if (protocol_get_double_opt(msg->header, "prefill_ms", 0, 1e12, 0, &ms, err) == 0)
-        LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, ms);
+    LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, m.prefill_ms);
 }
 
 /* Drops everything the sequence expected from the draft (its cache, a
@@ -561,11 +544,11 @@ void scheduler_forget_draft(struct coordinator *c, struct seq *s)
 
 void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
 {
-    char err[ERR_MSG_MAX] = "";
-    const char *code = "", *message = "";
-    protocol_get_string_opt(msg->header, "code", 64, "", &code, err);
-    protocol_get_string_opt(msg->header, "message", 1024, "", &message, err);
-    struct seq *s = seq_for(c, msg->header, role, err);
+    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_error m;
+    worker_msg_error_decode(msg, &lim, &m);
+    const char *code = m.code, *message = m.message;
+    struct seq *s = seq_for(c, &m.seq);
     if (s == NULL) {
         LOG_WARN("%s worker error (no active request): %s: %s", coord_role_name(role), code, message);
         return;
@@ -594,21 +577,26 @@ static void seq_start(struct coordinator *c, struct seq *s)
     s->draft_valid = 0;
     s->draft_gen = c->draft_gen;
     if (draft_usable(c, s) && s->n_prompt < c->worker[ROLE_DRAFT].max_seq_len) {
-        cJSON *h = seq_header(s, PROTOCOL_PREFILL, true);
-        if (h != NULL && registry_send(c, ROLE_DRAFT, h, s->hist, s->n_prompt) == 0)
+        struct worker_msg_prefill pm = {
+            .seq = msg_seq(s), .sampling = msg_sampling(s), .prompt = s->hist, .n_prompt = s->n_prompt,
+        };
+        struct protocol_frame pf;
+        cJSON *h = worker_msg_prefill_encode(&pm, &pf);
+        if (h != NULL && registry_send(c, ROLE_DRAFT, h, &pf) == 0)
             s->draft_valid = s->n_prompt;
     }
     /* The target's prefill is a verification with k = 0 and the prompt as feed. */
-    cJSON *h = seq_header(s, PROTOCOL_VERIFY, true);
+    s->round_counter = 1;
+    struct worker_msg_verify m = {
+        .seq = msg_seq(s), .round = s->round_counter, .keep_len = 0, .k = 0, .half = COORD_HALF_FRESH,
+        .sampling = msg_sampling(s), .feed = s->hist, .n_feed = s->n_prompt,
+    };
+    struct protocol_frame frame;
+    cJSON *h = worker_msg_verify_encode(&m, &frame);
     if (h == NULL) {
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->round_counter = 1;
-    cJSON_AddNumberToObject(h, "round", s->round_counter);
-    cJSON_AddNumberToObject(h, "keep_len", 0);
-    cJSON_AddNumberToObject(h, "k", 0);
-    cJSON_AddNumberToObject(h, "half", COORD_HALF_FRESH);
     s->wait_target = true;
     s->verify_round = s->round_counter;
     s->verify_k = 0;
@@ -618,7 +606,7 @@ static void seq_start(struct coordinator *c, struct seq *s)
     s->verify_sent_ms = coord_now_ms();
     c->target_idle_since_ms = -1;  /* a prefill is not a round: no gap measured */
     c->target_outstanding++;
-    registry_send(c, ROLE_TARGET, h, s->hist, s->n_prompt);
+    registry_send(c, ROLE_TARGET, h, &frame);
 }
 
 void scheduler_admit(struct coordinator *c)

@@ -23,6 +23,7 @@
 #include "shm_buffer.h"
 #include "specdec.h"
 #include "worker_link.h"
+#include "worker_msg.h"
 
 struct draft_worker {
     struct proc_config cfg;
@@ -52,78 +53,56 @@ static void handle_prefill(void *user, const struct protocol_msg *m)
 {
     struct draft_worker *w = user;
     char err[ERR_MSG_MAX];
-    int64_t req = -1;
-    int slot = -1, n_prompt = 0, rc;
-    const int32_t *prompt = NULL;
-    struct sampling_params sp;
-    enum speculate_mode mode = SPECULATE_MODE_SAMPLED;
-    if ((rc = worker_link_get_req_slot(m->header, w->m.n_slots, &req, &slot, err)) ||
-        (rc = worker_link_parse_sampling(m->header, &sp, &mode, err)) ||
-        (rc = protocol_frame_tokens(m, 0, "prompt", 1, w->m.max_seq_len, &prompt, &n_prompt,
-                                    err))) {
-        worker_link_send_error(w->link, PROTOCOL_PREFILL, req, slot, rc, err);
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, w->k_max);
+    struct worker_msg_prefill p;
+    int rc = worker_msg_prefill_decode(m, &lim, &p, err);
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
         return;
     }
     double t0 = protocol_now_ms();
-    rc = specdec_draft_propose(w->spec, slot, 0, prompt, n_prompt, 0, &sp, mode, NULL, NULL, err);
+    rc = specdec_draft_propose(w->spec, p.seq.slot, 0, p.prompt, p.n_prompt, 0, &p.sampling.sp,
+                               p.sampling.mode, NULL, NULL, err);
     double ms = protocol_now_ms() - t0;
     if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_PREFILL, req, slot, rc, err);
+        worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
         return;
     }
-    LOG_DEBUG("prefill req %lld slot %d: %d tokens in %.1f ms", (long long)req, slot, n_prompt, ms);
-    cJSON *h = protocol_header_new(PROTOCOL_PREFILL_DONE);
-    if (h && (!cJSON_AddNumberToObject(h, "req", (double)req) ||
-              !cJSON_AddNumberToObject(h, "slot", slot) ||
-              !cJSON_AddNumberToObject(h, "prefill_ms", ms))) {
-        cJSON_Delete(h);
-        h = NULL;
-    }
-    worker_link_send(w->link, h, NULL, 0);
+    LOG_DEBUG("prefill req %lld slot %d: %d tokens in %.1f ms", (long long)p.seq.req, p.seq.slot,
+              p.n_prompt, ms);
+    struct worker_msg_prefill_done done = {.seq = p.seq, .prefill_ms = ms};
+    worker_link_send(w->link, worker_msg_prefill_done_encode(&done), NULL, 0);
 }
 
-static void send_draft_ready(struct draft_worker *w, int64_t req, int slot, int half,
+static void send_draft_ready(struct draft_worker *w, const struct worker_msg_seq *seq, int half,
                              int64_t round, int k, int guess, bool predraft, double ms)
 {
-    cJSON *h = protocol_header_new(PROTOCOL_DRAFT_READY);
-    if (h && (!cJSON_AddNumberToObject(h, "req", (double)req) ||
-              !cJSON_AddNumberToObject(h, "slot", slot) ||
-              !cJSON_AddNumberToObject(h, "half", half) ||
-              !cJSON_AddNumberToObject(h, "round", (double)round) ||
-              !cJSON_AddNumberToObject(h, "k", k) ||
-              !cJSON_AddNumberToObject(h, "guess", guess) ||
-              !cJSON_AddBoolToObject(h, "predraft", predraft) ||
-              !cJSON_AddNumberToObject(h, "draft_ms", ms))) {
-        cJSON_Delete(h);
-        h = NULL;
-    }
-    worker_link_send(w->link, h, NULL, 0);
+    struct worker_msg_draft_ready r = {
+        .seq = *seq, .half = half, .round = round, .k = k, .guess = guess,
+        .predraft = predraft, .draft_ms = ms,
+    };
+    worker_link_send(w->link, worker_msg_draft_ready_encode(&r), NULL, 0);
 }
 
 static void handle_draft(void *user, const struct protocol_msg *m)
 {
     struct draft_worker *w = user;
     char err[ERR_MSG_MAX];
-    int64_t req = -1, round = 0;
-    int slot = -1, half = 0, keep_len = 0, k = 0, predraft_k = 0, n_feed = 0, rc;
-    const int32_t *feed = NULL;
-    struct sampling_params sp;
-    enum speculate_mode mode = SPECULATE_MODE_SAMPLED;
-    int k_limit = w->k_max < SPECULATE_K_MAX ? w->k_max : SPECULATE_K_MAX;
-    /* the pre-draft proposes predraft_k + 1 tokens (guess + drafts) */
-    int predraft_limit = w->k_max < SPECULATE_K_MAX - 1 ? w->k_max : SPECULATE_K_MAX - 1;
-    if ((rc = worker_link_get_req_slot(m->header, w->m.n_slots, &req, &slot, err)) ||
-        (rc = protocol_get_int(m->header, "half", 0, 1, &half, err)) ||
-        (rc = protocol_get_i64(m->header, "round", 0, UINT32_MAX - 1, &round, err)) ||
-        (rc = protocol_get_int(m->header, "keep_len", 0, w->m.max_seq_len, &keep_len, err)) ||
-        (rc = protocol_get_int(m->header, "k", 0, k_limit, &k, err)) ||
-        (rc = protocol_get_int_opt(m->header, "predraft_k", 0, predraft_limit, 0, &predraft_k,
-                                   err)) ||
-        (rc = worker_link_parse_sampling(m->header, &sp, &mode, err)) ||
-        (rc = protocol_frame_tokens(m, 0, "feed", 1, w->m.max_seq_len, &feed, &n_feed, err))) {
-        worker_link_send_error(w->link, PROTOCOL_DRAFT, req, slot, rc, err);
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, w->k_max);
+    struct worker_msg_draft d;
+    int rc = worker_msg_draft_decode(m, &lim, &d, err);
+    const struct worker_msg_seq *seq = &d.seq;
+    int slot = d.seq.slot, half = d.half, keep_len = d.keep_len, k = d.k;
+    int predraft_k = d.predraft_k, n_feed = d.n_feed;
+    int64_t req = d.seq.req, round = d.round;
+    const int32_t *feed = d.feed;
+    const struct sampling_params *sp = &d.sampling.sp;
+    enum speculate_mode mode = d.sampling.mode;
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, seq, rc, err);
+        /* the coordinator waits for the pre-draft's reply too */
         if (req >= 0 && slot >= 0 && predraft_k > 0)
-            send_draft_ready(w, req, slot, 1 - half, round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, seq, 1 - half, round + 1, 0, -1, true, 0.0);
         return;
     }
     struct shm_half_header *hh = shm_buffer_half_header(w->shm, slot, half);
@@ -132,12 +111,12 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     /* Mark the half as being rewritten before touching it. */
     hh->req = UINT64_MAX;
     double t0 = protocol_now_ms();
-    rc = specdec_draft_propose(w->spec, slot, keep_len, feed, n_feed, k, &sp, mode, tokens, q, err);
+    rc = specdec_draft_propose(w->spec, slot, keep_len, feed, n_feed, k, sp, mode, tokens, q, err);
     double ms = protocol_now_ms() - t0;
     if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_DRAFT, req, slot, rc, err);
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, seq, rc, err);
         if (predraft_k > 0)
-            send_draft_ready(w, req, slot, 1 - half, round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, seq, 1 - half, round + 1, 0, -1, true, 0.0);
         return;
     }
     hh->round = (uint32_t)round;
@@ -146,7 +125,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     hh->guess = 0;
     hh->req = (uint64_t)req;
     shm_buffer_publish(w->shm);
-    send_draft_ready(w, req, slot, half, round, k, -1, false, ms);
+    send_draft_ready(w, seq, half, round, k, -1, false, ms);
     if (predraft_k <= 0)
         return;
 
@@ -158,17 +137,17 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     float *oq = shm_buffer_half_q(w->shm, slot, other);
     oh->req = UINT64_MAX;
     if (k == 0) {
-        send_draft_ready(w, req, slot, other, round + 1, 0, -1, true, 0.0);
+        send_draft_ready(w, seq, other, round + 1, 0, -1, true, 0.0);
         return;
     }
     int32_t last = tokens[k - 1];
     t0 = protocol_now_ms();
     rc = specdec_draft_propose(w->spec, slot, keep_len + n_feed + k - 1, &last, 1, predraft_k + 1,
-                               &sp, mode, otokens, oq, err);
+                               sp, mode, otokens, oq, err);
     ms = protocol_now_ms() - t0;
     if (rc) {
         LOG_DEBUG("pre-draft req %lld slot %d skipped: %s", (long long)req, slot, err);
-        send_draft_ready(w, req, slot, other, round + 1, 0, -1, true, ms);
+        send_draft_ready(w, seq, other, round + 1, 0, -1, true, ms);
         return;
     }
     oh->round = (uint32_t)(round + 1);
@@ -177,7 +156,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     oh->guess = (uint32_t)otokens[0];
     oh->req = (uint64_t)req;
     shm_buffer_publish(w->shm);
-    send_draft_ready(w, req, slot, other, round + 1, predraft_k, otokens[0], true, ms);
+    send_draft_ready(w, seq, other, round + 1, predraft_k, otokens[0], true, ms);
 }
 
 static void handle_release(void *user, const struct protocol_msg *m)

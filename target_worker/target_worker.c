@@ -24,6 +24,7 @@
 #include "shm_buffer.h"
 #include "specdec.h"
 #include "worker_link.h"
+#include "worker_msg.h"
 
 struct target_worker {
     struct proc_config cfg;
@@ -76,59 +77,33 @@ static void handle_attach(struct target_worker *w, const struct protocol_msg *m,
     else if (rc == 0 && strcmp(type, PROTOCOL_ATTACH) == 0)
         rc = error_set(err, ERR_PROTOCOL, "shm: required");
     if (rc)
-        worker_link_send_error(w->link, type, -1, -1, rc, err);
-}
-
-static void send_verify_done(struct target_worker *w, int64_t req, int slot, int64_t round,
-                             int n_accepted, double ms, double idle_ms, int k,
-                             const int32_t *tokens)
-{
-    cJSON *h = protocol_header_new(PROTOCOL_VERIFY_DONE);
-    if (h && (!cJSON_AddNumberToObject(h, "req", (double)req) ||
-              !cJSON_AddNumberToObject(h, "slot", slot) ||
-              !cJSON_AddNumberToObject(h, "round", (double)round) ||
-              !cJSON_AddNumberToObject(h, "n_accepted", n_accepted) ||
-              !cJSON_AddNumberToObject(h, "verify_ms", ms) ||
-              (idle_ms >= 0 && !cJSON_AddNumberToObject(h, "idle_ms", idle_ms)) ||
-              !cJSON_AddNumberToObject(h, "draft_k", k))) {
-        cJSON_Delete(h);
-        h = NULL;
-    }
-    struct protocol_frame fr = {tokens, (size_t)(n_accepted + 1) * sizeof(int32_t)};
-    worker_link_send(w->link, h, &fr, 1);
+        worker_link_send_error(w->link, type, NULL, rc, err);
 }
 
 static void handle_verify(void *user, const struct protocol_msg *m)
 {
     struct target_worker *w = user;
     char err[ERR_MSG_MAX];
-    int64_t req = -1, round = 0;
-    int slot = -1, half = 0, keep_len = 0, k = 0, n_feed = 0, rc;
-    const int32_t *feed = NULL;
-    const cJSON *desc = NULL;
-    struct sampling_params sp;
-    enum speculate_mode mode = SPECULATE_MODE_SAMPLED;
-    if ((rc = worker_link_get_req_slot(m->header, w->m.n_slots, &req, &slot, err)) ||
-        (rc = protocol_get_i64(m->header, "round", 0, UINT32_MAX, &round, err)) ||
-        (rc = protocol_get_int(m->header, "keep_len", 0, w->m.max_seq_len, &keep_len, err)) ||
-        (rc = protocol_get_int(m->header, "k", 0, SPECULATE_K_MAX, &k, err)) ||
-        (rc = worker_link_parse_sampling(m->header, &sp, &mode, err)) ||
-        (rc = protocol_get_object_opt(m->header, "shm", &desc, err)) ||
-        (rc = protocol_frame_tokens(m, 0, "feed", 1, w->m.max_seq_len, &feed, &n_feed, err))) {
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, rc, err);
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, SPECULATE_K_MAX);
+    struct worker_msg_verify v;
+    int rc = worker_msg_verify_decode(m, &lim, &v, err);
+    const struct worker_msg_seq *seq = &v.seq;
+    int64_t req = v.seq.req, round = v.round;
+    int slot = v.seq.slot, half = v.half, k = v.k;
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
     }
     const int32_t *drafts = NULL;
     const float *q_rows = NULL;
     struct shm_half_header *hh = NULL;
     if (k > 0) {
-        if ((rc = protocol_get_int(m->header, "half", 0, 1, &half, err)) ||
-            (desc && (rc = attach(w, desc, err)))) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, rc, err);
+        if (v.shm && (rc = attach(w, v.shm, err))) {
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
             return;
         }
         if (!w->shm) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, ERR_UNAVAILABLE,
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_UNAVAILABLE,
                        "verify: no draft shared buffer attached (k > 0)");
             return;
         }
@@ -136,7 +111,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         if (slot >= lay->n_slots) {
             snprintf(err, sizeof err, "slot: must be < %d (draft buffer slots), got %d",
                      lay->n_slots, slot);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, ERR_PROTOCOL, err);
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
             return;
         }
         shm_buffer_acquire(w->shm);
@@ -150,7 +125,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
                      "%lld round %lld k >= %d",
                      slot, half, h_req == UINT64_MAX ? -1LL : (long long)h_req, h_round, h_k,
                      (long long)req, (long long)round, k);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, ERR_PROTOCOL, err);
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
             return;
         }
         drafts = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
@@ -159,15 +134,15 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     int32_t out[SPECULATE_K_MAX + 1];
     int n_accepted = 0;
     double t0 = protocol_now_ms();
-    rc = specdec_target_verify(w->spec, slot, keep_len, feed, n_feed, drafts, k, q_rows, &sp, mode,
-                               out, &n_accepted, err);
+    rc = specdec_target_verify(w->spec, slot, v.keep_len, v.feed, v.n_feed, drafts, k, q_rows,
+                               &v.sampling.sp, v.sampling.mode, out, &n_accepted, err);
     double t1 = protocol_now_ms(), ms = t1 - t0;
     /* The gap since the previous verification ended: control-plane time and
      * waiting for drafts, the overhead the pipeline exists to hide. */
     double idle_ms = w->last_verify_end_ms > 0 ? t0 - w->last_verify_end_ms : -1;
     w->last_verify_end_ms = t1;
     if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, rc, err);
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
     }
     if (hh) {
@@ -176,13 +151,19 @@ static void handle_verify(void *user, const struct protocol_msg *m)
             snprintf(err, sizeof err,
                      "verify: shm slot %d half %d was rewritten by the draft during the verify",
                      slot, half);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, req, slot, ERR_PROTOCOL, err);
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
             return;
         }
     }
     LOG_DEBUG("verify req %lld slot %d round %lld: k %d, accepted %d, %.1f ms", (long long)req,
               slot, (long long)round, k, n_accepted, ms);
-    send_verify_done(w, req, slot, round, n_accepted, ms, idle_ms, k, out);
+    struct worker_msg_verify_done done = {
+        .seq = *seq, .round = round, .n_accepted = n_accepted, .verify_ms = ms,
+        .idle_ms = idle_ms, .draft_k = k, .tokens = out, .n_tokens = n_accepted + 1,
+    };
+    struct protocol_frame frame;
+    cJSON *h = worker_msg_verify_done_encode(&done, &frame);
+    worker_link_send(w->link, h, &frame, 1);
 }
 
 static void handle_release(void *user, const struct protocol_msg *m)

@@ -59,101 +59,28 @@ int worker_link_send(struct worker_link *link, cJSON *header, const struct proto
     return rc;
 }
 
-void worker_link_send_error(struct worker_link *link, const char *in_reply_to, int64_t req,
-                            int slot, int code, const char *message)
+void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
+                            const struct worker_msg_seq *seq, int code, const char *message)
 {
-    char cname[32];
-    snprintf(cname, sizeof cname, "%s", error_name(code));
-    for (char *p = cname; *p; p++)
-        if (*p >= 'A' && *p <= 'Z')
-            *p = (char)(*p - 'A' + 'a');
-    LOG_WARN("%s req %lld slot %d: %s (%s)", in_reply_to, (long long)req, slot, message, cname);
-    cJSON *h = protocol_header_new(PROTOCOL_ERROR);
-    if (h && (!cJSON_AddNumberToObject(h, "req", (double)req) ||
-              !cJSON_AddNumberToObject(h, "slot", slot) ||
-              !cJSON_AddStringToObject(h, "code", cname) ||
-              !cJSON_AddStringToObject(h, "message", message) ||
-              !cJSON_AddStringToObject(h, "in_reply_to", in_reply_to))) {
-        cJSON_Delete(h);
-        h = NULL;
-    }
-    worker_link_send(link, h, NULL, 0);
+    struct worker_msg_seq unknown = {.req = -1, .slot = -1};
+    if (!seq)
+        seq = &unknown;
+    LOG_WARN("%s req %lld slot %d: %s (%s)", in_reply_to, (long long)seq->req, seq->slot, message,
+             error_name(code));
+    worker_link_send(link, worker_msg_error_encode(seq, code, message, in_reply_to), NULL, 0);
 }
 
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
                                 const struct model_config *mc, int max_seq_len, int n_slots)
 {
-    cJSON *h = protocol_header_new(PROTOCOL_REGISTER);
-    cJSON *eos = cJSON_CreateArray();
-    bool ok = h && eos;
-    for (int i = 0; ok && i < mc->n_eos_token_ids; i++)
-        ok = cJSON_AddItemToArray(eos, cJSON_CreateNumber(mc->eos_token_ids[i]));
-    if (ok) {
-        ok = cJSON_AddStringToObject(h, "role", role) &&
-             cJSON_AddNumberToObject(h, "pid", (double)getpid()) &&
-             cJSON_AddStringToObject(h, "model", model) &&
-             cJSON_AddStringToObject(h, "backend", backend) &&
-             cJSON_AddNumberToObject(h, "vocab_size", mc->vocab_size) &&
-             cJSON_AddItemToObject(h, "eos_ids", eos);
-        if (ok)
-            eos = NULL; /* owned by h now; a failed add leaves it to us */
-        ok = ok && cJSON_AddNumberToObject(h, "max_seq_len", max_seq_len) &&
-             cJSON_AddNumberToObject(h, "n_slots", n_slots) &&
-             cJSON_AddNumberToObject(h, "bos_id", mc->bos_token_id);
-    }
-    cJSON_Delete(eos);
-    if (!ok) {
-        cJSON_Delete(h);
-        return NULL;
-    }
-    return h;
-}
-
-int worker_link_get_req_slot(const cJSON *header, int n_slots, int64_t *req, int *slot, char *err)
-{
-    int rc = protocol_get_i64(header, "req", 0, WORKER_LINK_JSON_INT_MAX, req, err);
-    if (rc == 0)
-        rc = protocol_get_int(header, "slot", 0, n_slots - 1, slot, err);
-    return rc;
-}
-
-int worker_link_parse_sampling(const cJSON *header, struct sampling_params *sp,
-                               enum speculate_mode *mode, char *err)
-{
-    sampling_params_default(sp);
-    const cJSON *s = NULL;
-    int rc = protocol_get_object_opt(header, "sampling", &s, err);
-    if (rc)
-        return rc;
-    if (s) {
-        double t, p, mp;
-        int64_t seed = 0;
-        if ((rc = protocol_get_double_opt(s, "sampling.temperature", 0.0, 1.0e6, 0.0, &t, err)) ||
-            (rc = protocol_get_int_opt(s, "sampling.top_k", 0, 1 << 30, 0, &sp->top_k, err)) ||
-            (rc = protocol_get_double_opt(s, "sampling.top_p", 0.0, 1.0, 1.0, &p, err)) ||
-            (rc = protocol_get_double_opt(s, "sampling.min_p", 0.0, 1.0, 0.0, &mp, err)))
-            return rc;
-        if (cJSON_GetObjectItemCaseSensitive(s, "seed") &&
-            (rc = protocol_get_i64(s, "sampling.seed", 0, WORKER_LINK_JSON_INT_MAX, &seed, err)))
-            return rc;
-        sp->temperature = (float)t;
-        sp->top_p = (float)p;
-        sp->min_p = (float)mp;
-        sp->seed = (uint64_t)seed;
-        if (sampling_params_validate(sp, err) != 0)
-            return ERR_PROTOCOL;
-    }
-    const char *m = NULL;
-    if ((rc = protocol_get_string_opt(header, "mode", 32, "sampled", &m, err)))
-        return rc;
-    if (strcmp(m, "sampled") == 0)
-        *mode = SPECULATE_MODE_SAMPLED;
-    else if (strcmp(m, "point_mass") == 0)
-        *mode = SPECULATE_MODE_POINT_MASS;
-    else
-        return error_set(err, ERR_PROTOCOL,
-                         "mode: must be \"sampled\" or \"point_mass\", got \"%s\"", m);
-    return 0;
+    struct worker_msg_register r = {
+        .role = role, .pid = (int)getpid(), .model = model, .backend = backend,
+        .vocab_size = mc->vocab_size, .max_seq_len = max_seq_len, .n_slots = n_slots,
+        .bos_id = mc->bos_token_id,
+    };
+    for (int i = 0; i < mc->n_eos_token_ids && i < WORKER_MSG_EOS_MAX; i++)
+        r.eos_ids[r.n_eos++] = mc->eos_token_ids[i];
+    return worker_msg_register_encode(&r);
 }
 
 static void send_register(struct worker_link *link)
@@ -206,7 +133,7 @@ static int dispatch(struct worker_link *link, const struct protocol_msg *m, char
             }
         char msg[160];
         snprintf(msg, sizeof msg, "type: unknown message type \"%.64s\"", type);
-        worker_link_send_error(link, type, -1, -1, ERR_PROTOCOL, msg);
+        worker_link_send_error(link, type, NULL, ERR_PROTOCOL, msg);
     }
     return 0;
 }
@@ -226,7 +153,7 @@ static int drain(struct worker_link *link, volatile sig_atomic_t *stop, char *er
         }
         link->last_heard_ms = protocol_now_ms();
         if (rc == ERR_PROTOCOL) {
-            worker_link_send_error(link, m.type ? m.type : "?", -1, -1, rc, merr);
+            worker_link_send_error(link, m.type ? m.type : "?", NULL, rc, merr);
         } else if (rc != 0) {
             protocol_msg_free(&m);
             return error_set(err, rc, "receiving from the coordinator: %s", merr);

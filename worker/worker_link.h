@@ -36,12 +36,8 @@
 #include "model_config.h"
 #include "proc_config.h"
 #include "protocol.h"
-#include "sampling.h"
-#include "speculate.h"
+#include "worker_msg.h"
 
-/* Largest integer a JSON number carries exactly (2^53): the range of "req"
- * and "seed". */
-#define WORKER_LINK_JSON_INT_MAX 9007199254740992LL
 /* A register that could not be sent (socket not connected yet) is retried this often. */
 #define WORKER_LINK_REGISTER_RETRY_MS 50
 
@@ -105,26 +101,15 @@ int worker_link_send(struct worker_link *link, cJSON *header, const struct proto
                      int n_frames);
 
 /* Logs a warning and sends error {req, slot, code (the lower-case
- * error_name of code), message, in_reply_to}. req/slot are -1 when unknown. */
-void worker_link_send_error(struct worker_link *link, const char *in_reply_to, int64_t req,
-                            int slot, int code, const char *message);
+ * error_name of code), message, in_reply_to}. seq NULL: the command was too
+ * malformed to name its request (req and slot go out as -1). */
+void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
+                            const struct worker_msg_seq *seq, int code, const char *message);
 
-/* A register header with the fields both roles send: {v, type:"register",
- * role, pid (this process), model, backend, vocab_size, eos_ids, max_seq_len,
- * n_slots, bos_id} (model facts from mc). The caller adds role-specific
- * fields (the draft's "shm"). NULL when out of memory. */
+/* A register header (worker_msg_register) with this process's pid and the
+ * model facts from mc. The draft adds its "shm" descriptor. NULL when out
+ * of memory. */
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
                                 const struct model_config *mc, int max_seq_len, int n_slots);
-
-/* Reads a command's "req" (0..2^53) and "slot" (0..n_slots-1), in that
- * order; on failure the ones not read stay as the caller initialised them
- * (-1, for the error reply). ERR_PROTOCOL naming the field. */
-int worker_link_get_req_slot(const cJSON *header, int n_slots, int64_t *req, int *slot, char *err);
-
-/* Reads a command's optional "sampling" object {temperature, top_k, top_p,
- * min_p, seed} over greedy defaults, and its optional "mode" ("sampled",
- * the default, or "point_mass"). ERR_PROTOCOL naming the field. */
-int worker_link_parse_sampling(const cJSON *header, struct sampling_params *sp,
-                               enum speculate_mode *mode, char *err);
 
 #endif

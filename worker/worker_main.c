@@ -114,11 +114,21 @@ void worker_main_model_release(struct worker_main_model *m, struct worker_link *
                                const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX];
-    int64_t req = -1;
-    int slot = -1;
-    int rc = worker_link_get_req_slot(msg->header, m->n_slots, &req, &slot, err);
+    struct worker_msg_limits lim = worker_main_model_limits(m, SPECULATE_K_MAX);
+    struct worker_msg_seq seq;
+    int rc = worker_msg_release_decode(msg, &lim, &seq, err);
     if (rc == 0)
-        rc = llama_ctx_truncate(m->ctx, slot, 0, err);
+        rc = llama_ctx_truncate(m->ctx, seq.slot, 0, err);
     if (rc)
-        worker_link_send_error(link, PROTOCOL_RELEASE, req, slot, rc, err);
+        worker_link_send_error(link, PROTOCOL_RELEASE, &seq, rc, err);
+}
+
+struct worker_msg_limits worker_main_model_limits(const struct worker_main_model *m, int k_max)
+{
+    return (struct worker_msg_limits){
+        .n_slots = m->n_slots,
+        .max_seq_len = m->max_seq_len,
+        .k_max = k_max,
+        .vocab_size = m->vocab,
+    };
 }

@@ -25,6 +25,7 @@
 #include "proc_config.h"
 #include "protocol.h"
 #include "worker_link.h"
+#include "worker_msg.h"
 
 #define WORKER_MAIN_EXIT_CONFIG 78
 
@@ -63,6 +64,10 @@ struct worker_main_model {
  * report. On failure m is freed and zeroed. */
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
                            const struct worker_config *wc, char *err);
+
+/* What commands to this worker are checked against: its slots, context
+ * length and vocabulary, and k_max drafts per round. */
+struct worker_msg_limits worker_main_model_limits(const struct worker_main_model *m, int k_max);
 
 /* Frees what load created and zeroes m; safe on a zeroed struct. */
 void worker_main_model_free(struct worker_main_model *m);

@@ -1,0 +1,422 @@
+/* worker_msg.c: encoders and decoders of the coordinator <-> worker messages
+ * (see worker_msg.h). Every decoder goes through the protocol getters, so a
+ * bad field is reported as "field: ..." and nothing here trusts a peer.
+ */
+#include "worker_msg.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+
+/* ---- shared pieces ---- */
+
+static bool add_seq(cJSON *h, const struct worker_msg_seq *s)
+{
+    return cJSON_AddNumberToObject(h, "req", (double)s->req) &&
+           cJSON_AddNumberToObject(h, "slot", s->slot);
+}
+
+static int get_seq(const cJSON *h, const struct worker_msg_limits *lim, struct worker_msg_seq *s,
+                   char *err)
+{
+    s->req = -1;
+    s->slot = -1;
+    int64_t req = 0;
+    int rc = protocol_get_i64(h, "req", 0, WORKER_MSG_JSON_INT_MAX, &req, err);
+    if (rc)
+        return rc;
+    s->req = req;
+    int slot = 0;
+    rc = protocol_get_int(h, "slot", 0, lim->n_slots > 0 ? lim->n_slots - 1 : 0, &slot, err);
+    if (rc)
+        return rc;
+    s->slot = slot;
+    return 0;
+}
+
+/* The seed travels as a decimal string: cJSON prints numbers with 15
+ * significant digits, which would merge seeds that differ past that. */
+static bool add_seed(cJSON *o, uint64_t seed)
+{
+    char text[24];
+    snprintf(text, sizeof text, "%llu", (unsigned long long)seed);
+    return cJSON_AddStringToObject(o, "seed", text) != NULL;
+}
+
+static int get_seed(const cJSON *s, uint64_t *out, char *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(s, "seed");
+    if (!item) {
+        *out = 0;
+        return 0;
+    }
+    if (!cJSON_IsString(item)) {
+        int64_t seed = 0;
+        int rc = protocol_get_i64(s, "sampling.seed", 0, WORKER_MSG_JSON_INT_MAX, &seed, err);
+        *out = (uint64_t)seed;
+        return rc;
+    }
+    const char *p = item->valuestring;
+    uint64_t v = 0;
+    if (*p == '\0')
+        return error_set(err, ERR_PROTOCOL, "sampling.seed: expected a decimal integer, got \"\"");
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+            return error_set(err, ERR_PROTOCOL,
+                             "sampling.seed: expected a decimal integer below 2^64, got \"%.24s\"",
+                             item->valuestring);
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+static bool add_sampling(cJSON *h, const struct worker_msg_sampling *s)
+{
+    cJSON *o = cJSON_AddObjectToObject(h, "sampling");
+    return o && cJSON_AddNumberToObject(o, "temperature", s->sp.temperature) &&
+           cJSON_AddNumberToObject(o, "top_k", s->sp.top_k) &&
+           cJSON_AddNumberToObject(o, "top_p", s->sp.top_p) &&
+           cJSON_AddNumberToObject(o, "min_p", s->sp.min_p) &&
+           add_seed(o, s->sp.seed) &&
+           cJSON_AddStringToObject(h, "mode", s->mode == SPECULATE_MODE_POINT_MASS ? "point_mass"
+                                                                                  : "sampled");
+}
+
+/* The optional "sampling" object over greedy defaults and the optional
+ * "mode" ("sampled" by default). */
+static int get_sampling(const cJSON *h, struct worker_msg_sampling *out, char *err)
+{
+    struct sampling_params *sp = &out->sp;
+    sampling_params_default(sp);
+    out->mode = SPECULATE_MODE_SAMPLED;
+    const cJSON *s = NULL;
+    int rc = protocol_get_object_opt(h, "sampling", &s, err);
+    if (rc)
+        return rc;
+    if (s) {
+        double t, p, mp;
+        if ((rc = protocol_get_double_opt(s, "sampling.temperature", 0.0, 1.0e6, 0.0, &t, err)) ||
+            (rc = protocol_get_int_opt(s, "sampling.top_k", 0, 1 << 30, 0, &sp->top_k, err)) ||
+            (rc = protocol_get_double_opt(s, "sampling.top_p", 0.0, 1.0, 1.0, &p, err)) ||
+            (rc = protocol_get_double_opt(s, "sampling.min_p", 0.0, 1.0, 0.0, &mp, err)) ||
+            (rc = get_seed(s, &sp->seed, err)))
+            return rc;
+        sp->temperature = (float)t;
+        sp->top_p = (float)p;
+        sp->min_p = (float)mp;
+        if (sampling_params_validate(sp, err) != 0)
+            return ERR_PROTOCOL;
+    }
+    const char *m = NULL;
+    if ((rc = protocol_get_string_opt(h, "mode", 32, "sampled", &m, err)))
+        return rc;
+    if (strcmp(m, "sampled") == 0)
+        out->mode = SPECULATE_MODE_SAMPLED;
+    else if (strcmp(m, "point_mass") == 0)
+        out->mode = SPECULATE_MODE_POINT_MASS;
+    else
+        return error_set(err, ERR_PROTOCOL, "mode: must be \"sampled\" or \"point_mass\", got \"%.32s\"",
+                         m);
+    return 0;
+}
+
+static void set_frame(struct protocol_frame *f, const int32_t *tokens, int n)
+{
+    f->data = tokens;
+    f->size_bytes = (size_t)n * sizeof(int32_t);
+}
+
+/* A header whose building failed part-way is deleted: NULL means "out of
+ * memory" to every sender. */
+static cJSON *finish(cJSON *h, bool ok)
+{
+    if (!ok) {
+        cJSON_Delete(h);
+        return NULL;
+    }
+    return h;
+}
+
+static int max_int(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+/* ---- prefill ---- */
+
+cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_PREFILL);
+    set_frame(frame, m->prompt, m->n_prompt);
+    return finish(h, h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling));
+}
+
+int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                              struct worker_msg_prefill *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    int rc;
+    if ((rc = get_seq(msg->header, lim, &m->seq, err)) ||
+        (rc = get_sampling(msg->header, &m->sampling, err)))
+        return rc;
+    return protocol_frame_tokens(msg, 0, "prompt", 1, max_int(lim->max_seq_len, 1), &m->prompt,
+                                 &m->n_prompt, err);
+}
+
+cJSON *worker_msg_prefill_done_encode(const struct worker_msg_prefill_done *m)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_PREFILL_DONE);
+    return finish(h, h && add_seq(h, &m->seq) &&
+                         cJSON_AddNumberToObject(h, "prefill_ms", m->prefill_ms));
+}
+
+int worker_msg_prefill_done_decode(const struct protocol_msg *msg,
+                                   const struct worker_msg_limits *lim,
+                                   struct worker_msg_prefill_done *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    int rc = get_seq(msg->header, lim, &m->seq, err);
+    if (rc)
+        return rc;
+    return protocol_get_double_opt(msg->header, "prefill_ms", 0, 1e12, 0, &m->prefill_ms, err);
+}
+
+/* ---- draft ---- */
+
+cJSON *worker_msg_draft_encode(const struct worker_msg_draft *m, struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_DRAFT);
+    set_frame(frame, m->feed, m->n_feed);
+    return finish(h, h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling) &&
+                         cJSON_AddNumberToObject(h, "half", m->half) &&
+                         cJSON_AddNumberToObject(h, "round", (double)m->round) &&
+                         cJSON_AddNumberToObject(h, "keep_len", m->keep_len) &&
+                         cJSON_AddNumberToObject(h, "k", m->k) &&
+                         cJSON_AddNumberToObject(h, "predraft_k", m->predraft_k));
+}
+
+int worker_msg_draft_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                            struct worker_msg_draft *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    int rc;
+    int k_limit = lim->k_max < SPECULATE_K_MAX ? lim->k_max : SPECULATE_K_MAX;
+    /* the pre-draft proposes predraft_k + 1 tokens (guess + drafts) */
+    int predraft_limit = lim->k_max < SPECULATE_K_MAX - 1 ? lim->k_max : SPECULATE_K_MAX - 1;
+    if ((rc = get_seq(h, lim, &m->seq, err)) ||
+        (rc = protocol_get_int(h, "half", 0, 1, &m->half, err)) ||
+        (rc = protocol_get_i64(h, "round", 0, UINT32_MAX - 1, &m->round, err)) ||
+        (rc = protocol_get_int(h, "keep_len", 0, lim->max_seq_len, &m->keep_len, err)) ||
+        (rc = protocol_get_int(h, "k", 0, k_limit, &m->k, err)) ||
+        (rc = protocol_get_int_opt(h, "predraft_k", 0, predraft_limit, 0, &m->predraft_k, err)) ||
+        (rc = get_sampling(h, &m->sampling, err)))
+        return rc;
+    return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &m->feed,
+                                 &m->n_feed, err);
+}
+
+cJSON *worker_msg_draft_ready_encode(const struct worker_msg_draft_ready *m)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_DRAFT_READY);
+    return finish(h, h && add_seq(h, &m->seq) && cJSON_AddNumberToObject(h, "half", m->half) &&
+                         cJSON_AddNumberToObject(h, "round", (double)m->round) &&
+                         cJSON_AddNumberToObject(h, "k", m->k) &&
+                         cJSON_AddNumberToObject(h, "guess", m->guess) &&
+                         cJSON_AddBoolToObject(h, "predraft", m->predraft) &&
+                         cJSON_AddNumberToObject(h, "draft_ms", m->draft_ms));
+}
+
+int worker_msg_draft_ready_decode(const struct protocol_msg *msg,
+                                  const struct worker_msg_limits *lim,
+                                  struct worker_msg_draft_ready *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    int guess_max = lim->vocab_size > 0 ? lim->vocab_size - 1 : INT32_MAX;
+    int rc;
+    if ((rc = get_seq(h, lim, &m->seq, err)) ||
+        (rc = protocol_get_i64(h, "round", 0, UINT32_MAX, &m->round, err)) ||
+        (rc = protocol_get_int(h, "half", 0, 1, &m->half, err)) ||
+        (rc = protocol_get_int(h, "k", 0, SPECULATE_K_MAX + 1, &m->k, err)) ||
+        (rc = protocol_get_int_opt(h, "guess", -1, guess_max, -1, &m->guess, err)) ||
+        (rc = protocol_get_bool_opt(h, "predraft", false, &m->predraft, err)))
+        return rc;
+    return protocol_get_double_opt(h, "draft_ms", -1, 1e12, -1, &m->draft_ms, err);
+}
+
+/* ---- verify ---- */
+
+cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_VERIFY);
+    set_frame(frame, m->feed, m->n_feed);
+    bool ok = h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling) &&
+              cJSON_AddNumberToObject(h, "round", (double)m->round) &&
+              cJSON_AddNumberToObject(h, "keep_len", m->keep_len) &&
+              cJSON_AddNumberToObject(h, "k", m->k) &&
+              cJSON_AddNumberToObject(h, "half", m->half);
+    if (ok && m->shm) {
+        cJSON *shm = cJSON_Duplicate(m->shm, 1);
+        ok = shm && cJSON_AddItemToObject(h, "shm", shm);
+        if (!ok)
+            cJSON_Delete(shm);
+    }
+    return finish(h, ok);
+}
+
+int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                             struct worker_msg_verify *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    int k_limit = lim->k_max < SPECULATE_K_MAX ? lim->k_max : SPECULATE_K_MAX;
+    int rc;
+    if ((rc = get_seq(h, lim, &m->seq, err)) ||
+        (rc = protocol_get_i64(h, "round", 0, UINT32_MAX, &m->round, err)) ||
+        (rc = protocol_get_int(h, "keep_len", 0, lim->max_seq_len, &m->keep_len, err)) ||
+        (rc = protocol_get_int(h, "k", 0, k_limit, &m->k, err)) ||
+        (m->k > 0 && (rc = protocol_get_int(h, "half", 0, 1, &m->half, err))) ||
+        (rc = get_sampling(h, &m->sampling, err)) ||
+        (rc = protocol_get_object_opt(h, "shm", &m->shm, err)))
+        return rc;
+    return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &m->feed,
+                                 &m->n_feed, err);
+}
+
+cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
+                                     struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_VERIFY_DONE);
+    set_frame(frame, m->tokens, m->n_tokens);
+    return finish(h, h && add_seq(h, &m->seq) &&
+                         cJSON_AddNumberToObject(h, "round", (double)m->round) &&
+                         cJSON_AddNumberToObject(h, "n_accepted", m->n_accepted) &&
+                         cJSON_AddNumberToObject(h, "verify_ms", m->verify_ms) &&
+                         (m->idle_ms < 0 || cJSON_AddNumberToObject(h, "idle_ms", m->idle_ms)) &&
+                         cJSON_AddNumberToObject(h, "draft_k", m->draft_k));
+}
+
+int worker_msg_verify_done_decode(const struct protocol_msg *msg,
+                                  const struct worker_msg_limits *lim,
+                                  struct worker_msg_verify_done *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    int rc;
+    if ((rc = get_seq(h, lim, &m->seq, err)) ||
+        (rc = protocol_get_i64(h, "round", 0, UINT32_MAX, &m->round, err)) ||
+        (rc = protocol_get_int(h, "n_accepted", 0, SPECULATE_K_MAX, &m->n_accepted, err)) ||
+        (rc = protocol_get_double_opt(h, "verify_ms", 0, 1e12, 0, &m->verify_ms, err)) ||
+        (rc = protocol_get_double_opt(h, "idle_ms", -1, 1e12, -1, &m->idle_ms, err)) ||
+        (rc = protocol_get_int_opt(h, "draft_k", 0, SPECULATE_K_MAX, 0, &m->draft_k, err)) ||
+        (rc = protocol_frame_tokens(msg, 0, "tokens", m->n_accepted + 1, m->n_accepted + 1,
+                                    &m->tokens, &m->n_tokens, err)))
+        return rc;
+    for (int i = 0; lim->vocab_size > 0 && i < m->n_tokens; i++)
+        if (m->tokens[i] < 0 || m->tokens[i] >= lim->vocab_size)
+            return error_set(err, ERR_PROTOCOL, "tokens[%d]: %d is outside the vocabulary (0..%d)",
+                             i, m->tokens[i], lim->vocab_size - 1);
+    return 0;
+}
+
+/* ---- release, error ---- */
+
+cJSON *worker_msg_release_encode(const struct worker_msg_seq *m)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_RELEASE);
+    return finish(h, h && add_seq(h, m));
+}
+
+int worker_msg_release_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                              struct worker_msg_seq *m, char *err)
+{
+    return get_seq(msg->header, lim, m, err);
+}
+
+cJSON *worker_msg_error_encode(const struct worker_msg_seq *seq, int code, const char *message,
+                               const char *in_reply_to)
+{
+    char cname[32];
+    snprintf(cname, sizeof cname, "%s", error_name(code));
+    for (char *p = cname; *p; p++)
+        if (*p >= 'A' && *p <= 'Z')
+            *p = (char)(*p - 'A' + 'a');
+    cJSON *h = protocol_header_new(PROTOCOL_ERROR);
+    return finish(h, h && add_seq(h, seq) && cJSON_AddStringToObject(h, "code", cname) &&
+                         cJSON_AddStringToObject(h, "message", message) &&
+                         cJSON_AddStringToObject(h, "in_reply_to", in_reply_to));
+}
+
+void worker_msg_error_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                             struct worker_msg_error *m)
+{
+    char ignored[ERR_MSG_MAX];
+    memset(m, 0, sizeof *m);
+    get_seq(msg->header, lim, &m->seq, ignored);
+    if (protocol_get_string_opt(msg->header, "code", 64, "", &m->code, ignored) != 0)
+        m->code = "";
+    if (protocol_get_string_opt(msg->header, "message", 1024, "", &m->message, ignored) != 0)
+        m->message = "";
+    if (protocol_get_string_opt(msg->header, "in_reply_to", 64, "", &m->in_reply_to, ignored) != 0)
+        m->in_reply_to = "";
+}
+
+/* ---- register ---- */
+
+cJSON *worker_msg_register_encode(const struct worker_msg_register *m)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_REGISTER);
+    bool ok = h && cJSON_AddStringToObject(h, "role", m->role) &&
+              cJSON_AddNumberToObject(h, "pid", m->pid) &&
+              cJSON_AddStringToObject(h, "model", m->model) &&
+              cJSON_AddStringToObject(h, "backend", m->backend) &&
+              cJSON_AddNumberToObject(h, "vocab_size", m->vocab_size);
+    cJSON *eos = ok ? cJSON_AddArrayToObject(h, "eos_ids") : NULL;
+    ok = ok && eos;
+    for (int i = 0; ok && i < m->n_eos; i++) {
+        cJSON *v = cJSON_CreateNumber(m->eos_ids[i]);
+        ok = v && cJSON_AddItemToArray(eos, v);
+        if (!ok)
+            cJSON_Delete(v);
+    }
+    ok = ok && cJSON_AddNumberToObject(h, "max_seq_len", m->max_seq_len) &&
+         cJSON_AddNumberToObject(h, "n_slots", m->n_slots) &&
+         cJSON_AddNumberToObject(h, "bos_id", m->bos_id);
+    if (ok && m->shm) {
+        cJSON *shm = cJSON_Duplicate(m->shm, 1);
+        ok = shm && cJSON_AddItemToObject(h, "shm", shm);
+        if (!ok)
+            cJSON_Delete(shm);
+    }
+    return finish(h, ok);
+}
+
+int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg_register *m,
+                               char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    int rc = protocol_get_string(h, "role", 16, &m->role, err);
+    if (rc)
+        return rc;
+    bool draft = strcmp(m->role, "draft") == 0;
+    if (!draft && strcmp(m->role, "target") != 0)
+        return error_set(err, ERR_PROTOCOL, "role: expected \"draft\" or \"target\", got \"%.16s\"",
+                         m->role);
+    if ((rc = protocol_get_int(h, "pid", 1, INT32_MAX, &m->pid, err)) ||
+        (rc = protocol_get_string_opt(h, "model", WORKER_MSG_NAME_MAX - 1, "", &m->model, err)) ||
+        (rc = protocol_get_string_opt(h, "backend", 63, "", &m->backend, err)) ||
+        (rc = protocol_get_int(h, "vocab_size", 1, INT32_MAX, &m->vocab_size, err)) ||
+        (rc = protocol_get_int_array(h, "eos_ids", 0, INT32_MAX, m->eos_ids, WORKER_MSG_EOS_MAX,
+                                     &m->n_eos, err)) ||
+        (rc = protocol_get_int(h, "max_seq_len", 2, INT32_MAX, &m->max_seq_len, err)) ||
+        (rc = protocol_get_int(h, "n_slots", 1, 65536, &m->n_slots, err)) ||
+        (rc = protocol_get_int_opt(h, "bos_id", -1, INT32_MAX, -1, &m->bos_id, err)))
+        return rc;
+    if (draft)
+        return protocol_get_object(h, "shm", &m->shm, err);
+    return 0;
+}

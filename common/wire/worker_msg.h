@@ -1,0 +1,199 @@
+/* worker_msg.h: the messages between the coordinator and the workers, typed.
+ *
+ * One struct per message type, one encoder and one decoder each, used by both
+ * ends: the coordinator encodes commands and decodes replies, the workers the
+ * other way round, so the two sides cannot drift apart field by field.
+ * docs/protocol-notes.md describes the exchange; this file is its code.
+ *
+ * Encoders return a new header (owned by the caller, who sends it with
+ * protocol_send or worker_link_send, which delete it) or NULL when out of
+ * memory, and fill at most one token frame that borrows the struct's array.
+ * Decoders validate every field (type, range against the limits, frame
+ * sizes) and return 0 or ERR_PROTOCOL with "field: ..." in err. Fields are
+ * read in declaration order; on failure the ones read so far are set and
+ * req/slot keep -1 until read, so the caller can still name the request in
+ * its error reply. Token arrays in decoded structs point into the received
+ * message (valid until protocol_msg_free); a decoded shm descriptor points
+ * into its header.
+ *
+ * What it is not: it decides nothing (which request a reply belongs to,
+ * whether a round is stale); the coordinator's scheduler and the worker
+ * roles do.
+ */
+#ifndef TANDEM_WORKER_MSG_H
+#define TANDEM_WORKER_MSG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "protocol.h"
+#include "sampling.h"
+#include "speculate.h"
+
+/* Largest integer a JSON number carries exactly (2^53): the range of "req"
+ * and "seed". */
+#define WORKER_MSG_JSON_INT_MAX 9007199254740992LL
+/* Most EOS ids a register may list. */
+#define WORKER_MSG_EOS_MAX 8
+#define WORKER_MSG_NAME_MAX 1024
+
+/* What a decoder checks ranges against. */
+struct worker_msg_limits {
+    int n_slots;     /* slot in 0..n_slots-1 */
+    int max_seq_len; /* keep_len and token frames */
+    int k_max;       /* drafts per round (at most SPECULATE_K_MAX) */
+    int vocab_size;  /* token ids in replies; 0: not checked */
+};
+
+/* Request identity every command and reply carries. */
+struct worker_msg_seq {
+    int64_t req; /* 0..2^53; -1 until decoded */
+    int slot;    /* -1 until decoded */
+};
+
+/* sampling {temperature, top_k, top_p, min_p, seed} and mode. */
+struct worker_msg_sampling {
+    struct sampling_params sp;
+    enum speculate_mode mode;
+};
+
+/* prefill (coordinator -> draft) + frame prompt. */
+struct worker_msg_prefill {
+    struct worker_msg_seq seq;
+    struct worker_msg_sampling sampling;
+    const int32_t *prompt;
+    int n_prompt;
+};
+
+/* prefill_done (draft -> coordinator). */
+struct worker_msg_prefill_done {
+    struct worker_msg_seq seq;
+    double prefill_ms;
+};
+
+/* draft (coordinator -> draft) + frame feed. */
+struct worker_msg_draft {
+    struct worker_msg_seq seq;
+    int half;
+    int64_t round;
+    int keep_len;
+    int k;
+    int predraft_k; /* optional: 0 */
+    struct worker_msg_sampling sampling;
+    const int32_t *feed;
+    int n_feed;
+};
+
+/* draft_ready (draft -> coordinator). */
+struct worker_msg_draft_ready {
+    struct worker_msg_seq seq;
+    int half;
+    int64_t round;
+    int k;
+    int guess;       /* the pre-draft's bonus guess, -1 for none */
+    bool predraft;
+    double draft_ms; /* -1: not measured */
+};
+
+/* verify (coordinator -> target) + frame feed. */
+struct worker_msg_verify {
+    struct worker_msg_seq seq;
+    int64_t round;
+    int keep_len;
+    int k;
+    int half;          /* read (and required) only when k > 0 */
+    struct worker_msg_sampling sampling;
+    const cJSON *shm;  /* optional draft buffer descriptor (borrowed) */
+    const int32_t *feed;
+    int n_feed;
+};
+
+/* verify_done (target -> coordinator) + frame tokens (n_accepted + 1). */
+struct worker_msg_verify_done {
+    struct worker_msg_seq seq;
+    int64_t round;
+    int n_accepted;
+    double verify_ms;
+    double idle_ms;    /* -1: unknown (first verification) */
+    int draft_k;
+    const int32_t *tokens;
+    int n_tokens;
+};
+
+/* error (worker -> coordinator). */
+struct worker_msg_error {
+    struct worker_msg_seq seq;  /* -1 when the command was unreadable */
+    const char *code;           /* lower-case error_name */
+    const char *message;
+    const char *in_reply_to;    /* the command type */
+};
+
+/* register (worker -> coordinator). */
+struct worker_msg_register {
+    const char *role;           /* "draft" | "target" */
+    int pid;
+    const char *model;
+    const char *backend;
+    int vocab_size;
+    int32_t eos_ids[WORKER_MSG_EOS_MAX];
+    int n_eos;
+    int max_seq_len;
+    int n_slots;
+    int bos_id;                 /* -1: none */
+    const cJSON *shm;           /* the draft's buffer descriptor (required from a draft) */
+};
+
+cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame);
+int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                              struct worker_msg_prefill *m, char *err);
+
+cJSON *worker_msg_prefill_done_encode(const struct worker_msg_prefill_done *m);
+int worker_msg_prefill_done_decode(const struct protocol_msg *msg,
+                                   const struct worker_msg_limits *lim,
+                                   struct worker_msg_prefill_done *m, char *err);
+
+cJSON *worker_msg_draft_encode(const struct worker_msg_draft *m, struct protocol_frame *frame);
+int worker_msg_draft_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                            struct worker_msg_draft *m, char *err);
+
+cJSON *worker_msg_draft_ready_encode(const struct worker_msg_draft_ready *m);
+/* k may be one more than lim->k_max (a pre-draft holds its guess too). */
+int worker_msg_draft_ready_decode(const struct protocol_msg *msg,
+                                  const struct worker_msg_limits *lim,
+                                  struct worker_msg_draft_ready *m, char *err);
+
+/* shm (borrowed) is duplicated into the header. */
+cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protocol_frame *frame);
+int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                             struct worker_msg_verify *m, char *err);
+
+cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
+                                     struct protocol_frame *frame);
+/* Checks n_accepted in 0..k_max, n_accepted + 1 tokens, each a vocabulary id. */
+int worker_msg_verify_done_decode(const struct protocol_msg *msg,
+                                  const struct worker_msg_limits *lim,
+                                  struct worker_msg_verify_done *m, char *err);
+
+/* release {req, slot}: no frame. */
+cJSON *worker_msg_release_encode(const struct worker_msg_seq *m);
+int worker_msg_release_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                              struct worker_msg_seq *m, char *err);
+
+/* code: an error.h code, sent as its lower-case name. */
+cJSON *worker_msg_error_encode(const struct worker_msg_seq *seq, int code, const char *message,
+                               const char *in_reply_to);
+/* Lenient by design: an error reply is read even when parts of it are
+ * missing (code and message default to ""); only req/slot are checked, and
+ * left at -1 when absent or out of range. */
+void worker_msg_error_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                             struct worker_msg_error *m);
+
+/* shm (borrowed) is duplicated into the header when not NULL. */
+cJSON *worker_msg_register_encode(const struct worker_msg_register *m);
+/* Strings borrow the header. A draft without shm is refused. */
+int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg_register *m,
+                               char *err);
+
+#endif

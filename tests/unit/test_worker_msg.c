@@ -1,0 +1,308 @@
+/* test_worker_msg.c: the typed coordinator <-> worker messages. Each message
+ * is encoded, printed and parsed back as it would cross the wire (header as
+ * JSON text, the token frame copied), then decoded; the decoded struct must
+ * equal the encoded one field by field. Out-of-range fields are refused with
+ * the field named, and req/slot stay readable for the error reply. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "worker_msg.h"
+
+static const struct worker_msg_limits limits = {
+    .n_slots = 4, .max_seq_len = 64, .k_max = 8, .vocab_size = 100,
+};
+
+/* What protocol_recv would hand the receiver for header h (deleted here)
+ * and an optional frame. */
+static struct protocol_msg over_the_wire(cJSON *h, const struct protocol_frame *frame)
+{
+    assert_non_null(h);
+    struct protocol_msg m;
+    memset(&m, 0, sizeof m);
+    char *text = cJSON_PrintUnformatted(h);
+    assert_non_null(text);
+    cJSON_Delete(h);
+    m.header = cJSON_Parse(text);
+    free(text);
+    assert_non_null(m.header);
+    m.type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m.header, "type"));
+    if (frame) {
+        m.frame_data[0] = malloc(frame->size_bytes + 1);
+        assert_non_null(m.frame_data[0]);
+        memcpy(m.frame_data[0], frame->data, frame->size_bytes);
+        m.frame_size_bytes[0] = frame->size_bytes;
+        m.n_frames = 1;
+    }
+    return m;
+}
+
+static struct worker_msg_sampling some_sampling(void)
+{
+    struct worker_msg_sampling s;
+    sampling_params_default(&s.sp);
+    s.sp.temperature = 0.75f;
+    s.sp.top_k = 40;
+    s.sp.top_p = 0.9f;
+    s.sp.min_p = 0.05f;
+    s.sp.seed = 9007199254740991ull; /* 2^53 - 1: still exact in JSON */
+    s.mode = SPECULATE_MODE_POINT_MASS;
+    return s;
+}
+
+static void assert_sampling_equal(const struct worker_msg_sampling *a,
+                                  const struct worker_msg_sampling *b)
+{
+    assert_true(a->sp.temperature == b->sp.temperature);
+    assert_int_equal(a->sp.top_k, b->sp.top_k);
+    assert_true(a->sp.top_p == b->sp.top_p);
+    assert_true(a->sp.min_p == b->sp.min_p);
+    assert_true(a->sp.seed == b->sp.seed);
+    assert_int_equal(a->mode, b->mode);
+}
+
+static void test_worker_msg_draft_round_trips(void **state)
+{
+    (void)state;
+    int32_t feed[3] = {7, 8, 99};
+    struct worker_msg_draft in = {
+        .seq = {.req = 123456789012LL, .slot = 3}, .half = 1, .round = 4000000000LL,
+        .keep_len = 17, .k = 8, .predraft_k = 7, .sampling = some_sampling(), .feed = feed,
+        .n_feed = 3,
+    };
+    struct protocol_frame frame;
+    struct protocol_msg m = over_the_wire(worker_msg_draft_encode(&in, &frame), &frame);
+    assert_string_equal(m.type, PROTOCOL_DRAFT);
+    struct worker_msg_draft out;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(worker_msg_draft_decode(&m, &limits, &out, err), 0);
+    assert_int_equal(out.seq.req, in.seq.req);
+    assert_int_equal(out.seq.slot, in.seq.slot);
+    assert_int_equal(out.half, in.half);
+    assert_int_equal(out.round, in.round);
+    assert_int_equal(out.keep_len, in.keep_len);
+    assert_int_equal(out.k, in.k);
+    assert_int_equal(out.predraft_k, in.predraft_k);
+    assert_sampling_equal(&out.sampling, &in.sampling);
+    assert_int_equal(out.n_feed, 3);
+    assert_memory_equal(out.feed, feed, sizeof feed);
+    protocol_msg_free(&m);
+}
+
+static void test_worker_msg_verify_and_verify_done_round_trip(void **state)
+{
+    (void)state;
+    int32_t feed[1] = {42};
+    cJSON *shm = cJSON_CreateObject();
+    cJSON_AddStringToObject(shm, "name", "/tandem-x-1-draft");
+    struct worker_msg_verify in = {
+        .seq = {.req = 5, .slot = 0}, .round = 9, .keep_len = 30, .k = 4, .half = 1,
+        .sampling = some_sampling(), .shm = shm, .feed = feed, .n_feed = 1,
+    };
+    struct protocol_frame frame;
+    struct protocol_msg m = over_the_wire(worker_msg_verify_encode(&in, &frame), &frame);
+    cJSON_Delete(shm);
+    struct worker_msg_verify out;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &out, err), 0);
+    assert_int_equal(out.seq.req, 5);
+    assert_int_equal(out.round, 9);
+    assert_int_equal(out.keep_len, 30);
+    assert_int_equal(out.k, 4);
+    assert_int_equal(out.half, 1);
+    assert_sampling_equal(&out.sampling, &in.sampling);
+    assert_non_null(out.shm);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(out.shm, "name")),
+                        "/tandem-x-1-draft");
+    assert_int_equal(out.feed[0], 42);
+    protocol_msg_free(&m);
+
+    int32_t tokens[3] = {1, 2, 99};
+    struct worker_msg_verify_done done = {
+        .seq = {.req = 5, .slot = 0}, .round = 9, .n_accepted = 2, .verify_ms = 12.5,
+        .idle_ms = -1, .draft_k = 4, .tokens = tokens, .n_tokens = 3,
+    };
+    m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
+    struct worker_msg_verify_done dout;
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), 0);
+    assert_int_equal(dout.n_accepted, 2);
+    assert_true(dout.verify_ms == 12.5);
+    assert_true(dout.idle_ms == -1); /* absent on the wire means unknown */
+    assert_int_equal(dout.draft_k, 4);
+    assert_int_equal(dout.n_tokens, 3);
+    assert_memory_equal(dout.tokens, tokens, sizeof tokens);
+    protocol_msg_free(&m);
+}
+
+static void test_worker_msg_small_messages_round_trip(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    int32_t prompt[4] = {1, 2, 3, 4};
+    struct worker_msg_prefill p = {
+        .seq = {.req = 1, .slot = 2}, .sampling = some_sampling(), .prompt = prompt, .n_prompt = 4,
+    };
+    struct protocol_frame frame;
+    struct protocol_msg m = over_the_wire(worker_msg_prefill_encode(&p, &frame), &frame);
+    struct worker_msg_prefill pout;
+    assert_int_equal(worker_msg_prefill_decode(&m, &limits, &pout, err), 0);
+    assert_int_equal(pout.seq.slot, 2);
+    assert_int_equal(pout.n_prompt, 4);
+    assert_sampling_equal(&pout.sampling, &p.sampling);
+    protocol_msg_free(&m);
+
+    struct worker_msg_draft_ready r = {
+        .seq = {.req = 1, .slot = 2}, .half = 1, .round = 6, .k = 9, .guess = 77,
+        .predraft = true, .draft_ms = 3.25,
+    };
+    m = over_the_wire(worker_msg_draft_ready_encode(&r), NULL);
+    struct worker_msg_draft_ready rout;
+    assert_int_equal(worker_msg_draft_ready_decode(&m, &limits, &rout, err), 0);
+    assert_int_equal(rout.k, 9); /* k_max + 1: a pre-draft counts its guess */
+    assert_int_equal(rout.guess, 77);
+    assert_true(rout.predraft);
+    assert_true(rout.draft_ms == 3.25);
+    protocol_msg_free(&m);
+
+    struct worker_msg_seq rel = {.req = 8, .slot = 3}, relout;
+    m = over_the_wire(worker_msg_release_encode(&rel), NULL);
+    assert_int_equal(worker_msg_release_decode(&m, &limits, &relout, err), 0);
+    assert_int_equal(relout.req, 8);
+    assert_int_equal(relout.slot, 3);
+    protocol_msg_free(&m);
+
+    m = over_the_wire(worker_msg_error_encode(&rel, ERR_CONTEXT_FULL, "too long", "verify"), NULL);
+    struct worker_msg_error e;
+    worker_msg_error_decode(&m, &limits, &e);
+    assert_int_equal(e.seq.req, 8);
+    assert_string_equal(e.code, "context_full");
+    assert_string_equal(e.message, "too long");
+    assert_string_equal(e.in_reply_to, "verify");
+    protocol_msg_free(&m);
+
+    struct worker_msg_register reg = {
+        .role = "draft", .pid = 4242, .model = "/m/draft", .backend = "cpu", .vocab_size = 100,
+        .eos_ids = {98, 99}, .n_eos = 2, .max_seq_len = 64, .n_slots = 4, .bos_id = 97,
+    };
+    cJSON *shm = cJSON_CreateObject();
+    cJSON_AddStringToObject(shm, "name", "/tandem-x-4242-draft");
+    reg.shm = shm;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    cJSON_Delete(shm);
+    struct worker_msg_register rg;
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_string_equal(rg.role, "draft");
+    assert_int_equal(rg.pid, 4242);
+    assert_string_equal(rg.model, "/m/draft");
+    assert_int_equal(rg.n_eos, 2);
+    assert_int_equal(rg.eos_ids[1], 99);
+    assert_int_equal(rg.bos_id, 97);
+    assert_non_null(rg.shm);
+    protocol_msg_free(&m);
+}
+
+static void test_worker_msg_decoders_refuse_out_of_range_fields(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    int32_t feed[1] = {1};
+    struct protocol_frame frame;
+
+    /* slot past the worker's slots: named, req still known for the reply */
+    struct worker_msg_draft d = {
+        .seq = {.req = 11, .slot = 4}, .k = 2, .sampling = some_sampling(), .feed = feed, .n_feed = 1,
+    };
+    struct protocol_msg m = over_the_wire(worker_msg_draft_encode(&d, &frame), &frame);
+    struct worker_msg_draft dout;
+    assert_int_equal(worker_msg_draft_decode(&m, &limits, &dout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "slot"));
+    assert_int_equal(dout.seq.req, 11);
+    assert_int_equal(dout.seq.slot, -1);
+    protocol_msg_free(&m);
+
+    /* more drafts than the draft's buffer holds */
+    d.seq.slot = 0;
+    d.k = limits.k_max + 1;
+    m = over_the_wire(worker_msg_draft_encode(&d, &frame), &frame);
+    assert_int_equal(worker_msg_draft_decode(&m, &limits, &dout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "k:"));
+    assert_int_equal(dout.seq.slot, 0);
+    protocol_msg_free(&m);
+
+    /* a verify with drafts must say which half holds them */
+    struct worker_msg_verify v = {
+        .seq = {.req = 1, .slot = 0}, .k = 2, .half = 0, .sampling = some_sampling(),
+        .feed = feed, .n_feed = 1,
+    };
+    cJSON *h = worker_msg_verify_encode(&v, &frame);
+    cJSON_DeleteItemFromObject(h, "half");
+    m = over_the_wire(h, &frame);
+    struct worker_msg_verify vout;
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "half"));
+    protocol_msg_free(&m);
+
+    /* an unknown draft mode */
+    v.k = 0;
+    h = worker_msg_verify_encode(&v, &frame);
+    cJSON_ReplaceItemInObject(h, "mode", cJSON_CreateString("lucky"));
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "mode"));
+    protocol_msg_free(&m);
+
+    /* verify_done: a token outside the vocabulary, and a count that does
+     * not match n_accepted + 1 */
+    int32_t tokens[2] = {5, 100};
+    struct worker_msg_verify_done done = {
+        .seq = {.req = 1, .slot = 0}, .round = 2, .n_accepted = 1, .idle_ms = -1,
+        .tokens = tokens, .n_tokens = 2,
+    };
+    m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
+    struct worker_msg_verify_done dd;
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dd, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "tokens[1]"));
+    protocol_msg_free(&m);
+    tokens[1] = 6;
+    done.n_accepted = 2;
+    m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dd, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "tokens"));
+    protocol_msg_free(&m);
+
+    /* a draft that does not say where its buffer is */
+    struct worker_msg_register reg = {
+        .role = "draft", .pid = 1, .model = "", .backend = "cpu", .vocab_size = 10,
+        .max_seq_len = 8, .n_slots = 1, .bos_id = -1,
+    };
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    struct worker_msg_register rg;
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "shm"));
+    protocol_msg_free(&m);
+
+    /* a role nobody plays */
+    reg.role = "referee";
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "role"));
+    protocol_msg_free(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_worker_msg_draft_round_trips),
+        cmocka_unit_test(test_worker_msg_verify_and_verify_done_round_trip),
+        cmocka_unit_test(test_worker_msg_small_messages_round_trip),
+        cmocka_unit_test(test_worker_msg_decoders_refuse_out_of_range_fields),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
