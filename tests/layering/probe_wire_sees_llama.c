@@ -1,0 +1,3 @@
+/* Must not compile: the wire room does not depend on the room of llama.h
+ * (tests/layering/CMakeLists.txt checks the compiler's refusal). */
+#include "llama.h"
