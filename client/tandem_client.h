@@ -8,7 +8,7 @@
  * What it is not: thread-safe (one thread per client, like a ZeroMQ socket)
  * nor a retrying client: a timeout is reported, never hidden.
  *
- * Errors: 0 or a negative code from common/error.h, the reason in err.
+ * Errors: 0 or a negative code from common/base/error.h, the reason in err.
  */
 #ifndef TANDEM_CLIENT_H
 #define TANDEM_CLIENT_H

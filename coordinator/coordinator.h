@@ -2,7 +2,7 @@
  *
  * What it is: one thread around one zmq_poll loop over two ROUTER sockets,
  * clients (docs/protocol.md) and workers (docs/protocol-notes.md and
- * common/protocol.h). It validates and tokenizes client requests, admits
+ * common/wire/protocol.h). It validates and tokenizes client requests, admits
  * them into worker slots (max_concurrency active, max_queue waiting, past
  * that `overloaded`), schedules speculation rounds (draft -> verify, with
  * the draft worker's pre-draft of the next round used when its guess of the

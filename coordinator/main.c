@@ -2,7 +2,7 @@
  *
  *   tandem-coordinator [--config FILE] [--KEY VALUE]...
  *
- * Keys are those of the "coordinator" section (common/proc_config.h), plus
+ * Keys are those of the "coordinator" section (common/wire/proc_config.h), plus
  * "instance" and qualified keys of other sections. Exits non-zero on a
  * config error, before doing any work. SIGTERM/SIGINT stop it cleanly (the
  * supervisor stops the workers; the coordinator does not).

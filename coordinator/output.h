@@ -1,7 +1,7 @@
 /* output.h: the text side of one sequence in the coordinator.
  *
  * What it is: accepted token ids go in one at a time; it detokenizes them
- * incrementally (common/detokenizer.h, so a piece never ends inside a UTF-8
+ * incrementally (common/text/detokenizer.h, so a piece never ends inside a UTF-8
  * sequence), finds the request's stop strings in the text, and says which
  * bytes may be streamed to the client now. While stop strings are set, the
  * last (longest stop string - 1) bytes are held back from the stream, since

@@ -1,7 +1,7 @@
 /* draft_worker.h: the draft worker process's engine (everything but main).
  *
  * It holds the draft model and one KV cache slot per sequence, owns the
- * shared buffer the draft tokens and q rows go into (common/shm_buffer.h),
+ * shared buffer the draft tokens and q rows go into (common/wire/shm_buffer.h),
  * and serves the coordinator over a DEALER socket: register, heartbeats,
  * "prefill", "draft" (with the optimistic pre-draft into the other half),
  * "release", "shutdown". See docs/protocol-notes.md for the exact messages.
@@ -15,11 +15,11 @@
 
 #include "worker_main.h"
 
-/* The draft worker as common/worker_main.h runs it:
+/* The draft worker as worker/worker_main.h runs it:
  * - create loads the model (cfg->draft_worker), creates the context with
  *   cfg->coordinator.max_concurrency slots, removes the instance's stale
  *   shared-memory segments, creates the shared buffer (k_max =
- *   cfg->coordinator.spec_k_max) and the coordinator link (common/worker_link.h).
+ *   cfg->coordinator.spec_k_max) and the coordinator link (worker/worker_link.h).
  *   cfg is copied. ERR_UNSUPPORTED for backend "cuda" (not built yet), model
  *   errors as llama_model_load reports them.
  * - run serves until *stop becomes nonzero (signal), a "shutdown" arrives

@@ -1,4 +1,4 @@
-/* main.c: tandem-draft-worker. The process is common/worker_main.h's (exit
+/* main.c: tandem-draft-worker. The process is worker/worker_main.h's (exit
  * status there) running the draft role of draft_worker.h. */
 #include "draft_worker.h"
 #include "worker_main.h"

@@ -1,6 +1,6 @@
 /* kernels.h: the op table every compute backend implements (cpu/, cuda/).
  *
- * The Llama model code (common/llama.c) is written once against this table.
+ * The Llama model code (common/model/llama.c) is written once against this table.
  * A backend owns its device, threads or streams and its scratch space; the
  * model owns the buffers it asks the backend to allocate.
  *
@@ -23,7 +23,7 @@
  *
  * Calls are ordered: a backend may run them asynchronously (cuda) but each
  * observes the results of the previous ones; sync() waits for all of them.
- * Return: 0 or a negative error code (common/error.h) with the reason in err
+ * Return: 0 or a negative error code (common/base/error.h) with the reason in err
  * (NULL or ERR_MSG_MAX bytes).
  */
 #ifndef TANDEM_KERNELS_H

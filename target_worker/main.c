@@ -1,4 +1,4 @@
-/* main.c: tandem-target-worker. The process is common/worker_main.h's (exit
+/* main.c: tandem-target-worker. The process is worker/worker_main.h's (exit
  * status there) running the target role of target_worker.h. */
 #include "target_worker.h"
 #include "worker_main.h"

@@ -15,10 +15,10 @@
 
 #include "worker_main.h"
 
-/* The target worker as common/worker_main.h runs it:
+/* The target worker as worker/worker_main.h runs it:
  * - create loads the model (cfg->target_worker), creates the context with
  *   cfg->coordinator.max_concurrency slots and the coordinator link
- *   (common/worker_link.h). cfg is copied. ERR_UNSUPPORTED for backend
+ *   (worker/worker_link.h). cfg is copied. ERR_UNSUPPORTED for backend
  *   "cuda" (not built yet), model errors as llama_model_load reports them.
  * - run serves until *stop becomes nonzero (signal), a "shutdown" arrives
  *   (returns 0) or the coordinator refuses the worker (ERR_MISMATCH).

@@ -1,6 +1,6 @@
 /* test_tokenizer.c: tokenizer, detokenizer and chat template on a small
  * tokenizer.json of the Llama 3 shape, generated here (the byte-level table is
- * re-derived independently of common/tokenizer.c). Expected ids are worked
+ * re-derived independently of common/text/tokenizer.c). Expected ids are worked
  * out by hand from the fixture's merges; conformance with HuggingFace on the
  * real Llama 3 file is tests/conformance/test_tokenizer_conformance.py. */
 #include <setjmp.h>

@@ -26,7 +26,7 @@
  *
  * Determinism: the same parameters give byte-identical files, whatever the
  * thread count.
- * Errors: 0 or a negative code from common/error.h, the reason in err (NULL
+ * Errors: 0 or a negative code from common/base/error.h, the reason in err (NULL
  * or ERR_MSG_MAX bytes).
  */
 #ifndef TANDEM_MODELGEN_H

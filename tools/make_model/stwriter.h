@@ -6,7 +6,7 @@
  * never held in memory. The file is written as "<path>.partial" and renamed
  * to <path> by stwriter_finish once every byte has arrived; a writer
  * destroyed before that removes the partial file.
- * What it is not: a reader (common/safetensors.h reads), nor the in-memory
+ * What it is not: a reader (common/model/safetensors.h reads), nor the in-memory
  * writer safetensors_write (same format; this one streams).
  *
  * Format: 8-byte little-endian header length N, then N bytes of JSON
