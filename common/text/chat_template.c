@@ -14,6 +14,7 @@
 
 #include "error.h"
 #include "tokenizer.h"
+#include "utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,9 +164,9 @@ int chat_template_encode(const struct tokenizer *tk, const struct chat_message *
         if (!msgs[i].content && msgs[i].content_len > 0)
             return error_set(err, ERR_INVALID_ARG, "messages[%zu].content: NULL with length %zu", i,
                              msgs[i].content_len);
-        if (!tokenizer_utf8_valid((const uint8_t *)msgs[i].role, strlen(msgs[i].role), &bad))
+        if (!utf8_valid((const uint8_t *)msgs[i].role, strlen(msgs[i].role), &bad))
             return error_set(err, ERR_INVALID_ARG, "messages[%zu].role: invalid UTF-8 at byte offset %zu", i, bad);
-        if (!tokenizer_utf8_valid((const uint8_t *)msgs[i].content, msgs[i].content_len, &bad))
+        if (!utf8_valid((const uint8_t *)msgs[i].content, msgs[i].content_len, &bad))
             return error_set(err, ERR_INVALID_ARG, "messages[%zu].content: invalid UTF-8 at byte offset %zu", i, bad);
     }
     struct render r = {.tk = tk};

@@ -2,7 +2,7 @@
  *
  * Invariant: `held` holds at most 3 bytes, an incomplete but so far valid
  * UTF-8 prefix. Why the concatenation equals the one-shot decode: the
- * repair automaton (tokenizer_utf8_repair) starts a fresh sequence at every
+ * repair automaton (utf8_repair) starts a fresh sequence at every
  * lead byte, so cutting the byte stream just before a held lead byte puts the
  * automaton in its initial state on both sides of the cut.
  */
@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "tokenizer.h"
+#include "utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +66,7 @@ static int emit(struct detokenizer *dt, size_t n, const char **piece_out, size_t
 {
     if (ensure((void **)&dt->out, &dt->cap_out, 3 * n + 1))
         return error_set(err, ERR_NOMEM, "detokenizer: out of memory");
-    size_t len = tokenizer_utf8_repair(dt->raw, n, (uint8_t *)dt->out);
+    size_t len = utf8_repair(dt->raw, n, (uint8_t *)dt->out);
     dt->out[len] = '\0';
     memmove(dt->raw, dt->raw + n, dt->n_raw - n);
     dt->n_raw -= n;
@@ -89,7 +90,7 @@ int detokenizer_push(struct detokenizer *dt, int32_t id, const char **piece_out,
         return error_set(err, ERR_NOMEM, "detokenizer: out of memory");
     memcpy(dt->raw + dt->n_raw, bytes, n);
     dt->n_raw += n;
-    size_t hold = tokenizer_utf8_incomplete_tail(dt->raw, dt->n_raw);
+    size_t hold = utf8_incomplete_tail(dt->raw, dt->n_raw);
     return emit(dt, dt->n_raw - hold, piece_out, len_out, err);
 }
 

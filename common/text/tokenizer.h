@@ -79,17 +79,4 @@ int tokenizer_is_special(const struct tokenizer *tk, int32_t id);
  * when id is out of range or unused. The pointer lives as long as tk. */
 const uint8_t *tokenizer_token_bytes(const struct tokenizer *tk, int32_t id, size_t *len_out);
 
-/* Replaces each maximal invalid UTF-8 subsequence of in[0..n) by U+FFFD (as
- * Rust's String::from_utf8_lossy). `out` must hold 3*n bytes; returns the
- * number of bytes written. Used by decode and the detokenizer. */
-size_t tokenizer_utf8_repair(const uint8_t *in, size_t n, uint8_t *out);
-
-/* 1 if in[0..n) is valid UTF-8; otherwise 0 and *bad_offset (if not NULL)
- * is the offset of the first invalid byte. */
-int tokenizer_utf8_valid(const uint8_t *in, size_t n, size_t *bad_offset);
-
-/* Number of bytes at the end of in[0..n) that form an incomplete but so far
- * valid UTF-8 sequence (0..3): what a streaming decoder must hold back. */
-size_t tokenizer_utf8_incomplete_tail(const uint8_t *in, size_t n);
-
 #endif

@@ -13,6 +13,7 @@
 #include "detokenizer.h"
 #include "error.h"
 #include "tokenizer.h"
+#include "utf8.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
@@ -482,7 +483,7 @@ static void check_stream(const struct tokenizer *tk, const int32_t *ids, size_t 
             assert_int_equal(detokenizer_push(dt, ids[i], &piece, &pl, err), 0);
         else
             assert_int_equal(detokenizer_flush(dt, &piece, &pl, err), 0);
-        assert_true(tokenizer_utf8_valid((const uint8_t *)piece, pl, NULL));
+        assert_true(utf8_valid((const uint8_t *)piece, pl, NULL));
         memcpy(all + len, piece, pl);
         len += pl;
     }
