@@ -1,5 +1,13 @@
-/* kernels.c: dtype helpers shared by every backend. */
+/* kernels.c: what every backend shares: dtype helpers and the choice of a
+ * backend by name. */
 #include "kernels.h"
+
+#include <string.h>
+
+#include "error.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
 
 size_t kern_dtype_size(enum kern_dtype dtype)
 {
@@ -19,4 +27,42 @@ const char *kern_dtype_name(enum kern_dtype dtype)
     case KERN_DTYPE_F32: return "F32";
     }
     return "?";
+}
+
+int kern_backend_create(struct kern_backend **out, const char *name, const char *device,
+                        int n_threads, char *err)
+{
+    *out = NULL;
+    if (name == NULL || strcmp(name, "cpu") == 0)
+        return kern_cpu_create(out, n_threads, err);
+    if (strcmp(name, "cuda") != 0)
+        return error_set(err, ERR_INVALID_ARG, "backend \"%.32s\": must be \"cpu\" or \"cuda\"",
+                         name);
+#ifdef TANDEM_HAVE_CUDA
+    /* Ask for the device count first: its error names a missing driver or
+     * device plainly, where creating a backend would fail deeper down. */
+    char why[ERR_MSG_MAX];
+    int count = 0;
+    if (kern_cuda_device_count(&count, why) != 0)
+        return error_set(err, ERR_UNAVAILABLE, "backend cuda: no usable GPU: %s", why);
+    if (count == 0)
+        return error_set(err, ERR_UNAVAILABLE, "backend cuda: no CUDA device is visible");
+    int rc = kern_cuda_create(out, device, why);
+    if (rc == ERR_NOT_FOUND || rc == ERR_CUDA)
+        return error_set(err, ERR_UNAVAILABLE, "backend cuda: %s", why);
+    if (rc)
+        return error_set(err, rc, "backend cuda: %s", why);
+    return 0;
+#else
+    (void)device;
+    return error_set(err, ERR_UNSUPPORTED,
+                     "backend cuda: this build has no CUDA backend (built without the CUDA "
+                     "toolkit)");
+#endif
+}
+
+void kern_backend_destroy(struct kern_backend *be)
+{
+    if (be)
+        be->ops->destroy(be);
 }

@@ -122,4 +122,16 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err);
 /* Number of threads a CPU backend runs with. */
 int kern_cpu_threads(const struct kern_backend *be);
 
+/* The backend a user named: "cpu" (n_threads as kern_cpu_create; device
+ * ignored) or "cuda" (device as kern_cuda_create: an ordinal or a GPU UUID,
+ * "" = "0"; n_threads ignored). Refuses, with one line naming the reason in
+ * err, a name it does not know (ERR_INVALID_ARG), "cuda" in a build without
+ * the CUDA backend (ERR_UNSUPPORTED), and "cuda" where no usable GPU is
+ * visible (ERR_UNAVAILABLE: no driver, no device, or no such device). */
+int kern_backend_create(struct kern_backend **out, const char *name, const char *device,
+                        int n_threads, char *err);
+
+/* Frees a backend made by any create function; NULL-safe. */
+void kern_backend_destroy(struct kern_backend *be);
+
 #endif

@@ -80,11 +80,8 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
                            const struct worker_config *wc, char *err)
 {
     memset(m, 0, sizeof *m);
-    if (strcmp(wc->backend, "cpu") != 0)
-        return error_set(err, ERR_UNSUPPORTED, "backend %s: not built into this binary",
-                         wc->backend);
     int rc;
-    if ((rc = kern_cpu_create(&m->be, wc->threads, err)))
+    if ((rc = kern_backend_create(&m->be, wc->backend, wc->device, wc->threads, err)))
         goto fail;
     if ((rc = llama_model_load(&m->model, wc->model, m->be, err)))
         goto fail;
@@ -105,8 +102,7 @@ void worker_main_model_free(struct worker_main_model *m)
 {
     llama_ctx_destroy(m->ctx);
     llama_model_destroy(m->model);
-    if (m->be)
-        m->be->ops->destroy(m->be);
+    kern_backend_destroy(m->be);
     memset(m, 0, sizeof *m);
 }
 

@@ -59,9 +59,10 @@ struct worker_main_model {
 /* Loads wc->model on wc->backend with wc->threads, and creates a context of
  * cfg->coordinator.max_concurrency slots x wc->max_seq_len positions (the
  * fields vocab, n_slots, max_seq_len hold what was allocated).
- * ERR_UNSUPPORTED for a backend other than "cpu" (not built into this
- * binary), else what kern_cpu_create, llama_model_load and llama_ctx_create
- * report. On failure m is freed and zeroed. */
+ * The backend is wc->backend on wc->device (kern_backend_create: "cuda"
+ * without a build or a usable GPU is refused there, in one line). Returns
+ * what kern_backend_create, llama_model_load and llama_ctx_create report.
+ * On failure m is freed and zeroed. */
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
                            const struct worker_config *wc, char *err);
 

@@ -4,6 +4,7 @@
  *       [--draft DIR] [--spec-k N] [--spec-mode sampled|point_mass]
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
+ *       [--backend cpu|cuda] [--device D] [--draft-device D]
  *
  * Prints the generated text (or, with --json, one JSON object with ids, text
  * and figures). Thin: parse, create, run, destroy.
@@ -22,6 +23,7 @@
 
 struct options {
     const char *model_dir, *draft_dir, *prompt, *chat, *ids;
+    const char *backend, *device, *draft_device; /* draft_device NULL: the target's backend */
     int max_tokens, spec_k, threads, max_seq_len, json;
     enum speculate_mode mode;
     struct sampling_params sampling;
@@ -33,7 +35,8 @@ static void usage(FILE *f)
             "usage: tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "         [--draft DIR] [--spec-k N (0 = adaptive)] [--spec-mode sampled|point_mass]\n"
             "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
-            "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n");
+            "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
+            "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -90,6 +93,9 @@ static int parse_args(int argc, char **argv, struct options *o)
         else if (!strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--chat")) o->chat = v;
         else if (!strcmp(a, "--ids")) o->ids = v;
+        else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--device")) o->device = v;
+        else if (!strcmp(a, "--draft-device")) o->draft_device = v;
         else if (!strcmp(a, "--max-tokens")) {
             if (parse_long(a, v, 1, 1 << 20, &n)) return -1;
             o->max_tokens = (int)n;
@@ -267,7 +273,7 @@ int main(int argc, char **argv)
         return 2;
     }
     char err[ERR_MSG_MAX] = "";
-    struct kern_backend *be = NULL;
+    struct kern_backend *be = NULL, *draft_be = NULL;
     struct llama_model *target_model = NULL, *draft_model = NULL;
     struct llama_ctx *target_ctx = NULL, *draft_ctx = NULL;
     struct specdec_target *target = NULL;
@@ -279,7 +285,11 @@ int main(int argc, char **argv)
 
     int rc = sampling_params_validate(&o.sampling, err);
     if (!rc)
-        rc = kern_cpu_create(&be, o.threads, err);
+        rc = kern_backend_create(&be, o.backend, o.device ? o.device : "", o.threads, err);
+    /* A draft on another GPU gets a backend of its own; otherwise both
+     * models share one (and its stream). */
+    if (!rc && o.draft_dir && o.draft_device)
+        rc = kern_backend_create(&draft_be, o.backend, o.draft_device, o.threads, err);
     if (!rc)
         rc = load_model(o.model_dir, be, o.max_seq_len, &target_model, &target_ctx, err);
     if (!rc && o.draft_dir) {
@@ -288,7 +298,8 @@ int main(int argc, char **argv)
         if (!rc)
             rc = check_pair(llama_model_config(target_model), &draft_cfg, err);
         if (!rc)
-            rc = load_model(o.draft_dir, be, o.max_seq_len, &draft_model, &draft_ctx, err);
+            rc = load_model(o.draft_dir, draft_be ? draft_be : be, o.max_seq_len, &draft_model,
+                            &draft_ctx, err);
         if (!rc)
             rc = specdec_draft_create(&draft, draft_ctx, err);
     }
@@ -363,7 +374,7 @@ done:
     llama_ctx_destroy(target_ctx);
     llama_model_destroy(draft_model);
     llama_model_destroy(target_model);
-    if (be)
-        be->ops->destroy(be);
+    kern_backend_destroy(draft_be);
+    kern_backend_destroy(be);
     return status;
 }
