@@ -83,13 +83,9 @@ static int draft_pick(struct specdec_draft *d, const struct sampling_params *sp,
     float *row = q_row ? q_row : d->probs;
     if (greedy || mode == SPECULATE_MODE_POINT_MASS) {
         /* The argmax of the adjusted distribution is the argmax of the logits:
-         * temperature, top-k, top-p and min-p all keep the most likely token. */
+         * temperature, top-k, top-p and min-p all keep the most likely token.
+         * No q row: the target never reads one in these modes. */
         *token = sampling_argmax(d->logits, d->vocab);
-        if (q_row) {
-            int rc = sampling_adjust(d->ws, sp, d->logits, d->vocab, q_row, err);
-            if (rc)
-                return rc;
-        }
         return 0;
     }
     int rc = sampling_adjust(d->ws, sp, d->logits, d->vocab, row, err);
@@ -166,6 +162,24 @@ void specdec_target_destroy(struct specdec_target *t)
 
 struct llama_ctx *specdec_target_ctx(struct specdec_target *t) { return t->ctx; }
 
+struct target_rows {
+    struct specdec_target *t;
+    const struct sampling_params *sp;
+};
+
+/* Turns logits row i into the p row in place (speculate_input.prepare_p_row). */
+static int prepare_p_row(void *user, int i, char *err)
+{
+    struct target_rows *r = user;
+    struct specdec_target *t = r->t;
+    float *row = t->logits + (size_t)i * (size_t)t->vocab;
+    int rc = sampling_adjust(t->ws, r->sp, row, t->vocab, t->scratch, err);
+    if (rc)
+        return rc;
+    memcpy(row, t->scratch, (size_t)t->vocab * sizeof(float));
+    return 0;
+}
+
 int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
                           const int32_t *feed, int n_feed, const int32_t *draft, int k,
                           const float *q_rows, const struct sampling_params *sp,
@@ -195,14 +209,12 @@ int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
                                 .n_logits = k + 1, .logits_out = t->logits};
     if ((rc = llama_forward(t->ctx, &b, 1, err)))
         return rc;
-    /* The p rows replace the logits in place: each row is read once. */
-    for (int i = 0; i <= k; i++) {
-        float *row = t->logits + (size_t)i * (size_t)t->vocab;
-        if ((rc = sampling_adjust(t->ws, sp, row, t->vocab, t->scratch, err)))
-            return rc;
-        memcpy(row, t->scratch, (size_t)t->vocab * sizeof(float));
-    }
+    struct target_rows rows = {.t = t, .sp = sp};
     struct speculate_input in = {
+        /* Greedy reads the logits' argmax; otherwise each p row is adjusted
+         * only when the accept/reject step reaches it. */
+        .prepare_p_row = greedy ? NULL : prepare_p_row,
+        .prepare_user = &rows,
         .k = k,
         .vocab = t->vocab,
         .draft_tokens = draft,

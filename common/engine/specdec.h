@@ -43,8 +43,9 @@ struct llama_ctx *specdec_draft_ctx(struct specdec_draft *draft);
  * temperature 0), and tokens 0..k-2 are fed back; the last drafted token is
  * not fed (the next call's feed carries it). k = 0 only prefills.
  * Afterwards the slot holds keep_len + n_feed + max(k - 1, 0) positions.
- * q_rows_out: [k, vocab] f32, may be NULL (not needed in point-mass mode or
- * at temperature 0). */
+ * q_rows_out: [k, vocab] f32, may be NULL; written only in
+ * SPECULATE_MODE_SAMPLED at temperature > 0, the one case the target reads
+ * q (the rows are left untouched otherwise). */
 int specdec_draft_propose(struct specdec_draft *draft, int slot, int keep_len, const int32_t *feed,
                           int n_feed, int k, const struct sampling_params *sp,
                           enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,

@@ -116,6 +116,8 @@ int speculate_verify(const struct speculate_input *in, float *scratch, int32_t *
     for (int i = 0; i < in->k; i++) {
         const int32_t t = in->draft_tokens[i];
         const uint64_t pos = in->position0 + (uint64_t)i;
+        if (in->prepare_p_row && (rc = in->prepare_p_row(in->prepare_user, i, err)))
+            return rc;
         const float pt = row_of(in->p_rows, i, vocab)[t];
         const float u = philox_uniform(in->seed, PHILOX_STREAM_TARGET_ACCEPT, pos, 0);
         int accept;
@@ -135,6 +137,8 @@ int speculate_verify(const struct speculate_input *in, float *scratch, int32_t *
         tokens_out[i] = t;
     }
     *n_accepted_out = in->k;
+    if (in->prepare_p_row && (rc = in->prepare_p_row(in->prepare_user, in->k, err)))
+        return rc;
     return draw_from_p(in, in->k, in->position0 + (uint64_t)in->k, &tokens_out[in->k], err);
 }
 

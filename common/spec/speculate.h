@@ -87,6 +87,16 @@ struct speculate_input {
     enum speculate_mode mode;
     uint64_t seed;               /* the request's seed (Philox key) */
     uint64_t position0;          /* absolute position of t_1 */
+    /* Optional lazy p rows. NULL: every row of p_rows is ready. Otherwise
+     * row i is valid only once prepare_p_row(prepare_user, i, err) returned
+     * 0: speculate_verify asks for each row just before it first reads it,
+     * in increasing order, and never for rows past the first rejection, so a
+     * caller that adjusts logits into p rows does only the rows that are
+     * read. Not called in greedy mode (the argmax rule reads p_rows as they
+     * are: pass the logits, whose argmax is the adjusted rows' argmax). A
+     * nonzero return is passed up. */
+    int (*prepare_p_row)(void *prepare_user, int i, char *err);
+    void *prepare_user;
     enum speculate_debug_fault debug_fault; /* tests only; leave 0 */
 };
 
