@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "curve_keys.h"
 #include "error.h"
 #include "tandem_client.h"
 
@@ -32,6 +33,8 @@ static void usage(FILE *out)
             "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
             "                     [--stream] [--json] [--timeout-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
+            "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
+            "key) [--curve-key FILE (this client's secret key; default: a fresh pair)]\n"
             "default endpoint: %s, default timeout: 600000 ms\n",
             TANDEM_CLIENT_DEFAULT_ENDPOINT);
 }
@@ -232,6 +235,7 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
 int main(int argc, char **argv)
 {
     const char *endpoint = TANDEM_CLIENT_DEFAULT_ENDPOINT;
+    const char *server_key_file = NULL, *client_key_file = NULL;
     struct tandem_client_request req;
     tandem_client_request_init(&req);
     req.id = "cli";
@@ -264,6 +268,10 @@ int main(int argc, char **argv)
             goto done;
         } else if (strcmp(a, "--endpoint") == 0) {
             endpoint = v;
+        } else if (strcmp(a, "--curve-server-key") == 0) {
+            server_key_file = v;
+        } else if (strcmp(a, "--curve-key") == 0) {
+            client_key_file = v;
         } else if (strcmp(a, "--prompt") == 0) {
             req.prompt = v;
         } else if (strcmp(a, "--chat") == 0) {
@@ -339,7 +347,23 @@ int main(int argc, char **argv)
 
     char err[ERR_MSG_MAX];
     struct tandem_client *client = NULL;
-    if (tandem_client_create(&client, endpoint, err) != 0) {
+    int crc = 0;
+    if (server_key_file != NULL) {
+        char server_pub[CURVE_KEY_Z85_SIZE], client_sec[CURVE_KEY_Z85_SIZE], why[ERR_MSG_MAX];
+        if ((crc = curve_key_load(server_key_file, false, server_pub, why)) != 0)
+            snprintf(err, sizeof err, "--curve-server-key: %.480s", why);
+        else if (client_key_file && (crc = curve_key_load(client_key_file, true, client_sec, why)) != 0)
+            snprintf(err, sizeof err, "--curve-key: %.480s", why);
+        else
+            crc = tandem_client_create_curve(&client, endpoint, server_pub,
+                                             client_key_file ? client_sec : NULL, err);
+        memset(client_sec, 0, sizeof client_sec);
+    } else if (client_key_file != NULL) {
+        crc = error_set(err, ERR_INVALID_ARG, "--curve-key: needs --curve-server-key");
+    } else {
+        crc = tandem_client_create(&client, endpoint, err);
+    }
+    if (crc != 0) {
         fprintf(stderr, "tandem-client: %s\n", err);
         goto done;
     }

@@ -21,7 +21,9 @@ struct tandem_client {
     void *sock;
 };
 
-int tandem_client_create(struct tandem_client **out, const char *endpoint, char *err)
+/* server_public NULL: plain TCP/IPC; otherwise CURVE (see the header). */
+static int client_create(struct tandem_client **out, const char *endpoint, const char *server_public,
+                         const char *client_secret, char *err)
 {
     *out = NULL;
     if (endpoint == NULL || endpoint[0] == '\0')
@@ -46,6 +48,28 @@ int tandem_client_create(struct tandem_client **out, const char *endpoint, char 
         tandem_client_destroy(c);
         return rc;
     }
+    if (server_public != NULL) {
+        char pub[41], sec[41];
+        int rc = 0;
+        if (strlen(server_public) != 40)
+            rc = error_set(err, ERR_INVALID_ARG, "server public key: expected 40 Z85 characters");
+        else if (client_secret == NULL && zmq_curve_keypair(pub, sec) != 0)
+            rc = error_set(err, ERR_SYSTEM, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+        else if (client_secret != NULL &&
+                 (strlen(client_secret) != 40 || zmq_curve_public(pub, client_secret) != 0))
+            rc = error_set(err, ERR_INVALID_ARG, "client secret key: expected 40 Z85 characters");
+        if (rc == 0 && client_secret != NULL)
+            memcpy(sec, client_secret, sizeof sec);
+        if (rc == 0 && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, server_public, 40) != 0 ||
+                        zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, pub, 40) != 0 ||
+                        zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, sec, 40) != 0))
+            rc = error_set(err, ERR_SYSTEM, "CURVE options: %s", zmq_strerror(zmq_errno()));
+        memset(sec, 0, sizeof sec);
+        if (rc != 0) {
+            tandem_client_destroy(c);
+            return rc;
+        }
+    }
     if (zmq_connect(c->sock, endpoint) != 0) {
         int rc = error_set(err, ERR_INVALID_ARG, "endpoint %s: zmq_connect: %s", endpoint,
                            zmq_strerror(zmq_errno()));
@@ -54,6 +78,19 @@ int tandem_client_create(struct tandem_client **out, const char *endpoint, char 
     }
     *out = c;
     return 0;
+}
+
+int tandem_client_create(struct tandem_client **out, const char *endpoint, char *err)
+{
+    return client_create(out, endpoint, NULL, NULL, err);
+}
+
+int tandem_client_create_curve(struct tandem_client **out, const char *endpoint,
+                               const char *server_public, const char *client_secret, char *err)
+{
+    if (server_public == NULL)
+        return error_set(err, ERR_INVALID_ARG, "server public key: required for CURVE");
+    return client_create(out, endpoint, server_public, client_secret, err);
 }
 
 void tandem_client_destroy(struct tandem_client *client)

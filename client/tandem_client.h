@@ -27,6 +27,14 @@ struct tandem_client;
  * receive timeout, not here). Returns 0, ERR_INVALID_ARG (bad endpoint),
  * ERR_SYSTEM or ERR_NOMEM. */
 int tandem_client_create(struct tandem_client **out, const char *endpoint, char *err);
+
+/* The same over ZeroMQ CURVE (encrypted, the server authenticated by its
+ * key): server_public is the coordinator's public key, client_secret this
+ * client's secret key (its public key must be admitted when the server lists
+ * client keys), NULL for a fresh key pair of this connection. Keys are Z85
+ * strings (40 characters). ERR_INVALID_ARG for a key that is not one. */
+int tandem_client_create_curve(struct tandem_client **out, const char *endpoint,
+                               const char *server_public, const char *client_secret, char *err);
 /* NULL-safe; drops unsent messages. */
 void tandem_client_destroy(struct tandem_client *client);
 

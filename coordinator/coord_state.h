@@ -121,6 +121,8 @@ struct seq {
     struct seq *next_queued; /* FIFO of queued sequences */
 };
 
+struct exposure;
+
 struct coordinator {
     struct proc_config cfg;
     /* adaptive-K state of the current draft/target pair: each sequence
@@ -132,6 +134,7 @@ struct coordinator {
     void *clients;
     void *workers;
     struct tokenizer *tk;    /* NULL: no tokenizer.json */
+    struct exposure *exposure; /* CURVE and the ZAP handler of the client endpoint */
     struct worker worker[2];
     uint64_t draft_gen;
     struct seq *seqs;        /* cfg.max_concurrency active + max_queue queued */

@@ -17,6 +17,7 @@
 
 #include "coord_state.h"
 #include "error.h"
+#include "exposure.h"
 #include "intake.h"
 #include "logging.h"
 #include "registry.h"
@@ -59,8 +60,10 @@ static void remove_stale_segments(const char *instance)
     closedir(dir);
 }
 
+/* security: NULL, or the client endpoint's exposure (CURVE), applied
+ * before the bind so no connection is ever accepted without it. */
 static int bind_router(struct coordinator *c, void **sock, const char *endpoint, const char *key, int max_msg,
-                       char *err)
+                       struct exposure *security, char *err)
 {
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (*sock == NULL)
@@ -70,6 +73,9 @@ static int bind_router(struct coordinator *c, void **sock, const char *endpoint,
     if (zmq_setsockopt(*sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
         (max_bytes > 0 && zmq_setsockopt(*sock, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes)) != 0))
         return error_set(err, ERR_SYSTEM, "%s: zmq_setsockopt: %s", key, zmq_strerror(zmq_errno()));
+    int rc = security ? exposure_apply(security, *sock, err) : 0;
+    if (rc != 0)
+        return rc;
     if (zmq_bind(*sock, endpoint) != 0)
         return error_set(err, ERR_SYSTEM, "%s: cannot bind %s: %s", key, endpoint, zmq_strerror(zmq_errno()));
     return 0;
@@ -115,9 +121,12 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     int hard_max = cc->max_message_bytes > INT32_MAX / COORD_HARD_MESSAGE_FACTOR
                        ? INT32_MAX
                        : cc->max_message_bytes * COORD_HARD_MESSAGE_FACTOR;
-    if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max, err)) != 0)
+    if ((rc = exposure_create(&c->exposure, c->zctx, cc, err)) != 0)
         goto fail;
-    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, err)) != 0)
+    if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max,
+                          c->exposure, err)) != 0)
+        goto fail;
+    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, NULL, err)) != 0)
         goto fail;
     *out = c;
     return 0;
@@ -139,6 +148,7 @@ void coordinator_destroy(struct coordinator *c)
         zmq_close(c->clients);
     if (c->workers != NULL)
         zmq_close(c->workers);
+    exposure_destroy(c->exposure);
     if (c->zctx != NULL)
         zmq_ctx_term(c->zctx);
     tokenizer_destroy(c->tk);
@@ -154,12 +164,14 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
         tick_ms = 10;
     double next_tick = coord_now_ms();
     while (!*stop) {
-        zmq_pollitem_t items[2] = {
+        void *zap = exposure_zap_socket(c->exposure);
+        zmq_pollitem_t items[3] = {
             {.socket = c->workers, .events = ZMQ_POLLIN},
             {.socket = c->clients, .events = ZMQ_POLLIN},
+            {.socket = zap, .events = ZMQ_POLLIN},
         };
         double wait = next_tick - coord_now_ms();
-        int n = zmq_poll(items, 2, wait > 0 ? (long)wait : 0);
+        int n = zmq_poll(items, zap ? 3 : 2, wait > 0 ? (long)wait : 0);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
@@ -179,6 +191,14 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
             int ev = 0;
             size_t sz = sizeof(ev);
             if (zmq_getsockopt(c->clients, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
+                break;
+        }
+        /* Handshakes wait on these answers: serve them every pass. */
+        for (int i = 0; zap && i < 64 && (items[2].revents & ZMQ_POLLIN); i++) {
+            exposure_on_zap(c->exposure);
+            int ev = 0;
+            size_t sz = sizeof(ev);
+            if (zmq_getsockopt(zap, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
                 break;
         }
         if (coord_now_ms() >= next_tick) {

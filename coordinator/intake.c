@@ -21,6 +21,18 @@
 #include "replies.h"
 #include "scheduler.h"
 
+/* Requests queued or running for one client connection (routing id). */
+static int requests_of_client(const struct coordinator *c, const uint8_t *identity, size_t identity_size)
+{
+    int n = 0;
+    for (int i = 0; i < c->n_seqs; i++) {
+        const struct seq *s = &c->seqs[i];
+        n += s->state != SEQ_FREE && s->client_size == identity_size &&
+             memcmp(s->client, identity, identity_size) == 0;
+    }
+    return n;
+}
+
 static uint64_t splitmix64(uint64_t *state)
 {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -144,6 +156,15 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
         char m[160];
         snprintf(m, sizeof(m), "%d requests active and %d queued (max_concurrency %d, max_queue %d)", c->n_active,
                  c->n_queued, c->cfg.coordinator.max_concurrency, c->cfg.coordinator.max_queue);
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, m);
+        request_destroy(r);
+        return;
+    }
+    int per_client = c->cfg.coordinator.max_requests_per_client;
+    if (per_client > 0 && requests_of_client(c, identity, identity_size) >= per_client) {
+        char m[160];
+        snprintf(m, sizeof(m), "this client has %d requests in flight (coordinator.max_requests_per_client)",
+                 per_client);
         replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, m);
         request_destroy(r);
         return;

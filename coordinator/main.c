@@ -3,8 +3,9 @@
  *   tandem-coordinator [--config FILE] [--KEY VALUE]...
  *
  * Keys are those of the "coordinator" section (common/wire/proc_config.h), plus
- * "instance" and qualified keys of other sections. Exits non-zero on a
- * config error, before doing any work. SIGTERM/SIGINT stop it cleanly (the
+ * "instance" and qualified keys of other sections. Exits 78 (EX_CONFIG) on a
+ * config error or an unusable key or tokenizer file, before doing any work;
+ * 1 when a socket cannot be bound. SIGTERM/SIGINT stop it cleanly (the
  * supervisor stops the workers; the coordinator does not).
  */
 #include <signal.h>
@@ -18,6 +19,10 @@
 
 /* The only process-wide state: set by the signal handler, read by the loop. */
 static volatile sig_atomic_t stop_requested;
+
+/* EX_CONFIG, as the workers: the supervisor does not restart a process that
+ * exits with it. */
+#define COORDINATOR_EXIT_CONFIG 78
 
 static void on_signal(int signo)
 {
@@ -39,7 +44,7 @@ int main(int argc, char **argv)
     struct proc_config cfg;
     if (proc_config_parse_args(&cfg, argc, argv, "coordinator", PROC_CONFIG_COORDINATOR, err) != 0) {
         fprintf(stderr, "tandem-coordinator: %s\n", err);
-        return 2;
+        return COORDINATOR_EXIT_CONFIG;
     }
     int level = logging_level_parse(cfg.coordinator.log_level);
     if (level >= 0)
@@ -56,9 +61,11 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct coordinator *c = NULL;
-    if (coordinator_create(&c, &cfg, err) != 0) {
+    int crc = coordinator_create(&c, &cfg, err);
+    if (crc != 0) {
         fprintf(stderr, "tandem-coordinator: %s\n", err);
-        return 1;
+        /* A bad key file or tokenizer will not get better by restarting. */
+        return crc == ERR_SYSTEM || crc == ERR_NOMEM ? 1 : COORDINATOR_EXIT_CONFIG;
     }
     int rc = coordinator_run(c, &stop_requested, err);
     if (rc != 0)

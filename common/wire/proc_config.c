@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "curve_keys.h"
 #include "error.h"
 #include "logging.h"
 
@@ -130,6 +131,11 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_INT(spec_k_max, 1, PROC_CONFIG_SPEC_K_LIMIT, "adaptive K upper bound [8]"),
     CKEY_STR(spec_mode, check_spec_mode, "\"sampled\" or \"point_mass\" [sampled]"),
     CKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
+    CKEY_STR(curve_secret_key_file, NULL, "CURVE secret key of the client endpoint [none]"),
+    CKEY_STR(curve_client_keys_file, NULL, "public keys of the clients admitted [any]"),
+    CKEY_INT(insecure, 0, 1, "1: non-loopback client endpoint without CURVE [0]"),
+    CKEY_INT(external_workers, 0, 1, "1: worker endpoint may be non-local [0]"),
+    CKEY_INT(max_requests_per_client, 0, 1000000, "requests in flight per client, 0 = no limit [0]"),
 };
 
 static const struct key_desc worker_keys[] = {
@@ -529,6 +535,13 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
     char inner[ERR_MSG_MAX];
     if (proc_config_check_endpoint(c->worker_endpoint, inner) != 0)
         return error_set(err, ERR_INVALID_ARG, "coordinator.worker_endpoint: %s", inner);
+    /* Workers are trusted peers (they name shared memory to map): their
+     * endpoint stays on this machine unless the operator says otherwise. */
+    if (!curve_endpoint_is_local(c->worker_endpoint) && !c->external_workers)
+        return error_set(err, ERR_INVALID_ARG,
+                         "coordinator.worker_endpoint: %s can be reached from other machines: use "
+                         "ipc:// or a loopback address, or set coordinator.external_workers: 1",
+                         c->worker_endpoint);
     if (c->tokenizer[0] == '\0')
         memcpy(c->tokenizer, cfg->target_worker.model, strlen(cfg->target_worker.model) + 1);
 
@@ -542,6 +555,17 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
             return error_set(err, ERR_INVALID_ARG,
                              "coordinator.spec_k: must be <= coordinator.spec_k_max (%d), got %d",
                              c->spec_k_max, c->spec_k);
+        if (!curve_endpoint_is_local(c->client_endpoint) && c->curve_secret_key_file[0] == '\0' &&
+            !c->insecure)
+            return error_set(err, ERR_INVALID_ARG,
+                             "coordinator.client_endpoint: %s can be reached from other machines: "
+                             "set coordinator.curve_secret_key_file (clients then need the server's "
+                             "public key) or coordinator.insecure: 1 to serve it in the clear",
+                             c->client_endpoint);
+        if (c->curve_client_keys_file[0] != '\0' && c->curve_secret_key_file[0] == '\0')
+            return error_set(err, ERR_INVALID_ARG,
+                             "coordinator.curve_client_keys_file: needs "
+                             "coordinator.curve_secret_key_file");
         if (c->worker_timeout_ms <= c->heartbeat_ms)
             return error_set(err, ERR_INVALID_ARG,
                              "coordinator.worker_timeout_ms: must be > coordinator.heartbeat_ms "

@@ -46,6 +46,13 @@ struct coordinator_config {
     int spec_k_max;           /* default 8, at most PROC_CONFIG_SPEC_K_LIMIT */
     char spec_mode[PROC_CONFIG_NAME_MAX];  /* "sampled" (default) or "point_mass" */
     char log_level[PROC_CONFIG_NAME_MAX];  /* "error" | "warn" | "info" (default) | "debug" */
+    /* Exposure (docs/operations.md). A client endpoint reachable from other
+     * machines needs CURVE (the secret key file) or insecure = 1. */
+    char curve_secret_key_file[PROC_CONFIG_PATH_MAX];  /* "" = no CURVE */
+    char curve_client_keys_file[PROC_CONFIG_PATH_MAX]; /* "" = any client with the server key */
+    int insecure;                /* 1: serve a non-loopback client endpoint in the clear */
+    int external_workers;        /* 1: the worker endpoint may be reachable from elsewhere */
+    int max_requests_per_client; /* requests in flight per client connection, 0 = no limit */
 };
 
 struct worker_config {

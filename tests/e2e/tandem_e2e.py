@@ -41,6 +41,7 @@ BIN = {
     "client": "client/tandem-client",
     "generate": "tools/generate/tandem-generate",
     "make_model": "tools/make_model/tandem-make-model",
+    "keygen": "tools/keygen/tandem-keygen",
 }
 
 

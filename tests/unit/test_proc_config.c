@@ -60,7 +60,7 @@ static void test_proc_config_file_values_are_loaded(void **state)
     char err[ERR_MSG_MAX] = "";
     const char *json = "{\"instance\":\"blue\","
                        "\"coordinator\":{\"max_concurrency\":3,\"spec_mode\":\"point_mass\","
-                       "\"client_endpoint\":\"tcp://*:6000\"},"
+                       "\"client_endpoint\":\"tcp://*:6000\",\"insecure\":1},"
                        "\"draft_worker\":{\"model\":\"/d\",\"device\":0,\"threads\":2},"
                        "\"target_worker\":{\"model\":\"/t\",\"backend\":\"cuda\","
                        "\"device\":\"GPU-1234-abcd\"}}";
@@ -258,6 +258,48 @@ static void test_proc_config_malformed_json_is_a_format_error(void **state)
     assert_int_equal(load(&cfg, "[1,2]", err), ERR_FORMAT);
 }
 
+static void test_proc_config_reachable_endpoints_need_an_explicit_choice(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    const unsigned all = PROC_CONFIG_COORDINATOR | PROC_CONFIG_DRAFT | PROC_CONFIG_TARGET;
+    /* a client endpoint other machines can reach, neither CURVE nor insecure */
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"client_endpoint\":\"tcp://0.0.0.0:6000\"},"
+                                "\"draft_worker\":{\"model\":\"/d\"},\"target_worker\":{\"model\":\"/t\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, all, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.client_endpoint"));
+    assert_non_null(strstr(err, "curve_secret_key_file"));
+    /* loopback needs nothing */
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"client_endpoint\":\"tcp://127.0.0.2:6000\"},"
+                                "\"draft_worker\":{\"model\":\"/d\"},\"target_worker\":{\"model\":\"/t\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, all, err), 0);
+    /* CURVE client keys without a server key */
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"curve_client_keys_file\":\"/k\"},"
+                                "\"draft_worker\":{\"model\":\"/d\"},\"target_worker\":{\"model\":\"/t\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, all, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "curve_client_keys_file"));
+    /* a worker endpoint on the network, refused for workers too */
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"worker_endpoint\":\"tcp://*:7000\"},"
+                                "\"draft_worker\":{\"model\":\"/d\"},\"target_worker\":{\"model\":\"/t\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_TARGET, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "external_workers"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"worker_endpoint\":\"tcp://*:7000\","
+                                "\"external_workers\":1},"
+                                "\"draft_worker\":{\"model\":\"/d\"},\"target_worker\":{\"model\":\"/t\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, all, err), 0);
+}
+
 static void test_proc_config_deploy_examples_are_valid(void **state)
 {
     (void)state;
@@ -296,6 +338,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_set_parses_and_overrides),
         cmocka_unit_test(test_proc_config_parse_args_file_then_flags),
         cmocka_unit_test(test_proc_config_malformed_json_is_a_format_error),
+        cmocka_unit_test(test_proc_config_reachable_endpoints_need_an_explicit_choice),
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

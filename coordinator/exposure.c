@@ -1,0 +1,181 @@
+/* exposure.c: CURVE on the client endpoint and the ZAP handler that admits
+ * listed client keys (see exposure.h). ZAP is ZeroMQ's RFC 27: a REP socket
+ * bound at inproc://zeromq.zap.01 in the socket's context receives one
+ * request per handshake and answers 200 (admit) or 400 (refuse).
+ */
+#include "exposure.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "curve_keys.h"
+#include "error.h"
+#include "logging.h"
+
+#define EXPOSURE_CLIENT_KEYS_MAX 1024
+#define EXPOSURE_ZAP_FRAMES_MAX 16
+
+struct exposure {
+    bool curve;
+    char secret[CURVE_KEY_Z85_SIZE];
+    char public_key[CURVE_KEY_Z85_SIZE];
+    uint8_t (*clients)[32]; /* admitted client public keys, raw */
+    int n_clients;
+    void *zap;              /* REP at inproc://zeromq.zap.01, or NULL */
+    unsigned long admitted, refused;
+};
+
+int exposure_create(struct exposure **out, void *zctx, const struct coordinator_config *cc,
+                    char *err)
+{
+    *out = NULL;
+    struct exposure *e = calloc(1, sizeof *e);
+    if (!e)
+        return error_set(err, ERR_NOMEM, "exposure: out of memory");
+    char why[ERR_MSG_MAX];
+    int rc = 0;
+    if (cc->curve_secret_key_file[0] != '\0') {
+        if ((rc = curve_key_load(cc->curve_secret_key_file, true, e->secret, why)) ||
+            (rc = curve_key_public(e->secret, e->public_key, why))) {
+            rc = error_set(err, rc, "coordinator.curve_secret_key_file: %s", why);
+            goto fail;
+        }
+        e->curve = true;
+    }
+    if (cc->curve_client_keys_file[0] != '\0') {
+        char(*z85)[CURVE_KEY_Z85_SIZE] = calloc(EXPOSURE_CLIENT_KEYS_MAX, sizeof *z85);
+        e->clients = calloc(EXPOSURE_CLIENT_KEYS_MAX, sizeof *e->clients);
+        if (!z85 || !e->clients) {
+            free(z85);
+            rc = error_set(err, ERR_NOMEM, "exposure: out of memory");
+            goto fail;
+        }
+        rc = curve_keys_load_list(cc->curve_client_keys_file, z85, EXPOSURE_CLIENT_KEYS_MAX,
+                                  &e->n_clients, why);
+        for (int i = 0; rc == 0 && i < e->n_clients; i++)
+            zmq_z85_decode(e->clients[i], z85[i]); /* validated by the loader */
+        free(z85);
+        if (rc) {
+            rc = error_set(err, rc, "coordinator.curve_client_keys_file: %s", why);
+            goto fail;
+        }
+        e->zap = zmq_socket(zctx, ZMQ_REP);
+        int linger_ms = 0;
+        if (!e->zap || zmq_setsockopt(e->zap, ZMQ_LINGER, &linger_ms, sizeof linger_ms) != 0 ||
+            zmq_bind(e->zap, "inproc://zeromq.zap.01") != 0) {
+            rc = error_set(err, ERR_SYSTEM, "ZAP handler: zmq_socket/zmq_bind: %s",
+                           zmq_strerror(zmq_errno()));
+            goto fail;
+        }
+    }
+    if (e->curve)
+        LOG_INFO("client endpoint %s: CURVE, server public key %s, %s", cc->client_endpoint,
+                 e->public_key,
+                 e->zap ? "only the listed client keys are admitted" : "any client with that key");
+    else if (cc->insecure && !curve_endpoint_is_local(cc->client_endpoint))
+        LOG_WARN("client endpoint %s is reachable from other machines WITHOUT encryption or "
+                 "authentication (coordinator.insecure is set)",
+                 cc->client_endpoint);
+    *out = e;
+    return 0;
+fail:
+    exposure_destroy(e);
+    return rc;
+}
+
+int exposure_apply(struct exposure *e, void *client_socket, char *err)
+{
+    if (!e->curve)
+        return 0;
+    int server = 1;
+    if (zmq_setsockopt(client_socket, ZMQ_CURVE_SERVER, &server, sizeof server) != 0 ||
+        zmq_setsockopt(client_socket, ZMQ_CURVE_SECRETKEY, e->secret, CURVE_KEY_Z85_LEN) != 0)
+        return error_set(err, ERR_SYSTEM, "client endpoint: CURVE options: %s",
+                         zmq_strerror(zmq_errno()));
+    if (e->zap) {
+        /* A domain makes libzmq consult the handler for every handshake. */
+        const char *domain = "tandem";
+        if (zmq_setsockopt(client_socket, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0)
+            return error_set(err, ERR_SYSTEM, "client endpoint: ZMQ_ZAP_DOMAIN: %s",
+                             zmq_strerror(zmq_errno()));
+    }
+    return 0;
+}
+
+void *exposure_zap_socket(const struct exposure *e)
+{
+    return e ? e->zap : NULL;
+}
+
+static bool admitted(const struct exposure *e, const zmq_msg_t *key)
+{
+    if (zmq_msg_size(key) != 32)
+        return false;
+    for (int i = 0; i < e->n_clients; i++)
+        if (memcmp(e->clients[i], zmq_msg_data((zmq_msg_t *)key), 32) == 0)
+            return true;
+    return false;
+}
+
+static int send_frame(void *sock, const void *data, size_t size, bool more)
+{
+    return zmq_send(sock, data, size, more ? ZMQ_SNDMORE : 0) < 0 ? -1 : 0;
+}
+
+void exposure_on_zap(struct exposure *e)
+{
+    zmq_msg_t frames[EXPOSURE_ZAP_FRAMES_MAX];
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, e->zap, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            if (n == 0)
+                return; /* nothing pending */
+            LOG_WARN("ZAP request cut short: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        more = zmq_msg_more(&part);
+        if (n < EXPOSURE_ZAP_FRAMES_MAX)
+            frames[n++] = part;
+        else
+            zmq_msg_close(&part);
+    }
+    /* version, request id, domain, address, identity, mechanism, key */
+    bool ok = n >= 7 && zmq_msg_size(&frames[5]) == 5 &&
+              memcmp(zmq_msg_data(&frames[5]), "CURVE", 5) == 0 && admitted(e, &frames[6]);
+    const char *status = ok ? "200" : "400";
+    const char *text = ok ? "OK" : "client key not admitted";
+    if (ok)
+        e->admitted++;
+    else
+        e->refused++;
+    if (!ok)
+        LOG_WARN("refused a client connection: its CURVE key is not in "
+                 "coordinator.curve_client_keys_file (%lu refused so far)",
+                 e->refused);
+    const void *req_id = n >= 2 ? zmq_msg_data(&frames[1]) : "";
+    size_t req_id_size = n >= 2 ? zmq_msg_size(&frames[1]) : 0;
+    if (send_frame(e->zap, "1.0", 3, true) != 0 || send_frame(e->zap, req_id, req_id_size, true) != 0 ||
+        send_frame(e->zap, status, 3, true) != 0 ||
+        send_frame(e->zap, text, strlen(text), true) != 0 || send_frame(e->zap, "", 0, true) != 0 ||
+        send_frame(e->zap, "", 0, false) != 0)
+        LOG_WARN("ZAP reply not sent: %s", zmq_strerror(zmq_errno()));
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&frames[i]);
+}
+
+void exposure_destroy(struct exposure *e)
+{
+    if (!e)
+        return;
+    if (e->zap && zmq_close(e->zap) != 0)
+        LOG_WARN("zmq_close(ZAP): %s", zmq_strerror(zmq_errno()));
+    free(e->clients);
+    memset(e->secret, 0, sizeof e->secret);
+    free(e);
+}

@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""Secure exposure of the client endpoint.
+
+- A client endpoint other machines can reach is refused at start (exit 78, the key named)
+  unless CURVE is configured or `insecure: 1` is set; `insecure` is warned about in the log.
+- A worker endpoint other machines can reach is refused unless `external_workers: 1`.
+- With CURVE and a list of admitted client keys: an admitted client is served (greedy ids
+  equal target-only output); a client with another key and a client without CURVE get
+  nothing (the handshake is refused, the coordinator logs it), and service goes on.
+- max_requests_per_client: one client cannot take every slot: its request past the limit
+  gets `overloaded` naming the key, while another client is still served.
+"""
+import os
+import socket
+import subprocess
+import time
+
+import zmq
+
+from tandem_e2e import Pipeline, binary, check, collect, main, reference, run
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def keygen(d, name):
+    prefix = os.path.join(d, name)
+    run([binary("keygen"), prefix])
+    return prefix + ".key", prefix + ".pub"
+
+
+def read_key(path):
+    return open(path).read().strip().encode()
+
+
+def start_refused(p, what, needle):
+    c = p.start("coordinator")
+    try:
+        rc = c.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    log = open(p.logs["coordinator"]).read()
+    check(rc == 78, "%s: coordinator exit %s, expected 78; log: %s" % (what, rc, log[-1000:]))
+    check(needle in log, "%s: the log does not name %r: %s" % (what, needle, log[-1000:]))
+    p.procs.pop("coordinator", None)
+
+
+def test():
+    p = Pipeline("expose", max_concurrency=4, max_queue=8)
+    draft, target = p.make_pair()
+    srv_key, srv_pub = keygen(p.dir, "server")
+    cli_key, cli_pub = keygen(p.dir, "client")
+    other_key, _ = keygen(p.dir, "stranger")
+    check(oct(os.stat(srv_key).st_mode & 0o777) == "0o600", "tandem-keygen: the secret key is not 0600")
+    admitted = os.path.join(p.dir, "clients")
+    with open(admitted, "w") as f:
+        f.write("# admitted clients\n%s\n" % open(cli_pub).read().strip())
+
+    co = p.config["coordinator"]
+    co["client_endpoint"] = "tcp://0.0.0.0:%d" % free_port()
+    start_refused(p, "reachable client endpoint without CURVE", "coordinator.client_endpoint")
+    co["client_endpoint"] = "tcp://127.0.0.1:%d" % free_port()
+    co["worker_endpoint"] = "tcp://*:%d" % free_port()
+    start_refused(p, "reachable worker endpoint", "external_workers")
+    del co["worker_endpoint"]
+
+    co["client_endpoint"] = "tcp://0.0.0.0:%d" % free_port()
+    co["insecure"] = 1
+    c = p.start("coordinator")
+    time.sleep(1.0)
+    check(c.poll() is None, "coordinator with insecure: 1 did not start: %s" % open(p.logs["coordinator"]).read())
+    check("WITHOUT encryption" in open(p.logs["coordinator"]).read(), "insecure exposure is not warned about")
+    p.kill("coordinator")
+    del co["insecure"]
+
+    # CURVE with admitted keys.
+    port = free_port()
+    co.update(client_endpoint="tcp://0.0.0.0:%d" % port, curve_secret_key_file=srv_key,
+              curve_client_keys_file=admitted, max_requests_per_client=2)
+    p.endpoint = "tcp://127.0.0.1:%d" % port
+    server_pub = read_key(srv_pub)
+
+    def curve_client(secret_path=cli_key):
+        s = p.zctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        secret = read_key(secret_path)
+        s.curve_secretkey = secret
+        s.curve_publickey = zmq.curve_public(secret)
+        s.curve_serverkey = server_pub
+        s.connect(p.endpoint)
+        return s
+
+    p.client = curve_client
+    p.start_all()
+
+    cli = [binary("client"), "--endpoint", p.endpoint, "--ids", "5,6,7", "--max-tokens", "8",
+           "--temperature", "0", "--json", "--timeout-ms", "3000"]
+    ref = reference(target, [5, 6, 7], 8)["ids"]
+    import json
+    out = run(cli + ["--curve-server-key", srv_pub, "--curve-key", cli_key])
+    check(json.loads(out.strip().splitlines()[-1])["ids"] == ref, "admitted CURVE client: %s" % out)
+    r = subprocess.run(cli + ["--curve-server-key", srv_pub, "--curve-key", other_key],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and '"ids"' not in r.stdout, "a client with a stranger's key was served: %s" % r.stdout)
+    r = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and '"ids"' not in r.stdout, "a client without CURVE was served: %s" % r.stdout)
+    check("refused a client connection" in open(p.logs["coordinator"]).read(), "refusals are not logged")
+
+    # Per-client limit: the third request in flight is refused, another client is served.
+    s = curve_client()
+    for i in range(3):
+        s.send_json({"v": 1, "type": "generate", "id": "pc%d" % i, "prompt_ids": [1, 2, 3],
+                     "max_tokens": 200, "temperature": 0, "stream": True})
+    refused = None
+    deadline = time.time() + 60
+    while refused is None and time.time() < deadline:
+        if s.poll(1000):
+            m = s.recv_json()
+            if m.get("type") == "error":
+                refused = m
+    check(refused is not None and refused.get("id") == "pc2" and refused.get("code") == "overloaded"
+          and "max_requests_per_client" in refused.get("message", ""),
+          "the third request of one client: %s" % refused)
+    other = curve_client()
+    other.send_json({"v": 1, "type": "generate", "id": "o", "prompt_ids": [5, 6, 7], "max_tokens": 8,
+                     "temperature": 0})
+    done, _ = collect(other, "o", 60)
+    check(done.get("ids") == ref, "another client while the first is at its limit: %s" % done)
+
+
+if __name__ == "__main__":
+    main(test)
