@@ -396,9 +396,17 @@ static int check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs, char *err)
 {
     int rc;
-    for (int i = 0; i < n_seqs; i++)
+    for (int i = 0; i < n_seqs; i++) {
         if ((rc = check_seq(ctx, &seqs[i], err)))
             return rc;
+        /* Each entry is checked against its slot's length alone: a slot named
+         * twice would pass both checks and then write past the context. */
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == seqs[i].slot)
+                return error_set(err, ERR_INVALID_ARG,
+                                 "forward: slot %d is named twice (entries %d and %d)", seqs[i].slot,
+                                 j, i);
+    }
     const int vocab = ctx->model->cfg.vocab_size;
     for (int i = 0; i < n_seqs; i++) {
         const struct llama_seq_batch *s = &seqs[i];

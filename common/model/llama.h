@@ -71,7 +71,8 @@ struct llama_seq_batch {
 
 /* Runs the batch. Errors (nothing is changed in the failing slot):
  * ERR_CONTEXT_FULL when a slot would exceed max_seq_len, ERR_RANGE for a
- * token id outside the vocabulary or a bad slot, backend errors. */
+ * token id outside the vocabulary or a bad slot, ERR_INVALID_ARG for a slot
+ * named by two entries, backend errors. */
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs,
                   char *err);
 

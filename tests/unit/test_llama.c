@@ -512,6 +512,13 @@ static void test_llama_context_full_is_an_error_and_changes_nothing(void **state
     c.tokens = t;
     assert_int_equal(llama_forward(L.ctx, &c, 1, err), ERR_RANGE);
     assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 6);
+    /* one slot named twice: each entry fits alone, together they would not */
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    struct llama_seq_batch twice[2] = {{.slot = 0, .tokens = t, .n_tokens = 5},
+                                       {.slot = 0, .tokens = t + 4, .n_tokens = 5}};
+    assert_int_equal(llama_forward(L.ctx, twice, 2, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "slot 0 is named twice"));
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 0);
     unload(&L);
     free_model(&m);
 }
