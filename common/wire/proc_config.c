@@ -143,6 +143,8 @@ static const struct key_desc worker_keys[] = {
     WKEY_STR(coordinator_endpoint, check_endpoint_or_empty,
              "coordinator worker endpoint [coordinator.worker_endpoint]"),
     WKEY_INT(heartbeat_ms, 10, 600000, "heartbeat interval [500]"),
+    WKEY_INT(prefill_chunk, 1, 65536,
+             "tokens per forward call of a long prompt; heartbeats go out between two [32]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -186,6 +188,7 @@ static void worker_defaults(struct worker_config *w)
     w->threads = 0;
     w->max_seq_len = 8192;
     w->heartbeat_ms = 500;
+    w->prefill_chunk = 32;
     snprintf(w->log_level, sizeof w->log_level, "info");
 }
 

@@ -57,6 +57,8 @@ struct worker_config {
     int max_seq_len;                       /* positions per slot, default 8192 (0 = model's limit) */
     char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.worker_endpoint */
     int heartbeat_ms;                      /* default 500 */
+    int prefill_chunk;                     /* tokens per forward call of a long feed, default 32:
+                                              a heartbeat can go out between two */
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 
