@@ -121,7 +121,8 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
 {
     char err[ERR_MSG_MAX] = "";
     c->metrics.requests_total++;
-    struct request_limits limits = {.max_tokens_max = c->worker[ROLE_TARGET].up ? coord_context_len(c) : 1 << 20};
+    struct request_limits limits = {.max_tokens_max = c->worker[ROLE_TARGET].up ? coord_context_len(c) : 1 << 20,
+                                    .spec_k_max = c->cfg.coordinator.spec_k_max};
     struct request *r = NULL;
     if (request_from_json(&r, root, &limits, err) != 0) {
         replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INVALID_REQUEST, err);

@@ -41,7 +41,7 @@ def test():
     expect_error(s, dict(g, prompt_ids=[1], stream="yes"), "invalid_request", "stream: expected a boolean", "e")
     expect_error(s, dict(g, prompt_ids=[1], max_tokens=0), "invalid_request", "max_tokens: must be >= 1, got 0", "e")
     expect_error(s, dict(g, prompt_ids=[1], max_tokens=-3), "invalid_request", "max_tokens: must be >= 1", "e")
-    expect_error(s, dict(g, prompt_ids=[1], temperature=-1), "invalid_request", "temperature: must be >= 0", "e")
+    expect_error(s, dict(g, prompt_ids=[1], temperature=-1), "invalid_request", "temperature: must be in [0, 1e+06]", "e")
     expect_error(s, dict(g, prompt_ids=[1], top_p=0), "invalid_request", "top_p: must be in (0, 1]", "e")
     expect_error(s, dict(g, prompt_ids=[1], top_k=-2), "invalid_request", "top_k: must be >= 0", "e")
     expect_error(s, dict(g, prompt_ids=[1], min_p=3), "invalid_request", "min_p: must be in [0, 1]", "e")
