@@ -131,6 +131,7 @@ struct coordinator {
     void *zctx;
     void *clients;
     void *workers;
+    bool clients_bound, workers_bound; /* ours to unlink (ipc://) on destroy */
     struct tokenizer *tk;    /* NULL: no tokenizer.json */
     struct worker worker[2];
     uint64_t draft_gen;

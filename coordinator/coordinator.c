@@ -59,6 +59,12 @@ static void remove_stale_segments(const char *instance)
     closedir(dir);
 }
 
+static void unlink_ipc(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) == 0 && unlink(endpoint + 6) != 0 && errno != ENOENT)
+        LOG_WARN("cannot remove %s: %s", endpoint + 6, strerror(errno));
+}
+
 static int bind_router(struct coordinator *c, void **sock, const char *endpoint, const char *key, int max_msg,
                        char *err)
 {
@@ -115,10 +121,15 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     int hard_max = cc->max_message_bytes > INT32_MAX / COORD_HARD_MESSAGE_FACTOR
                        ? INT32_MAX
                        : cc->max_message_bytes * COORD_HARD_MESSAGE_FACTOR;
+    /* The default worker socket lives in the instance's private directory. */
+    if ((rc = proc_config_prepare_run_dir(&c->cfg, err)) != 0)
+        goto fail;
     if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max, err)) != 0)
         goto fail;
+    c->clients_bound = true;
     if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, err)) != 0)
         goto fail;
+    c->workers_bound = true;
     *out = c;
     return 0;
 fail:
@@ -139,6 +150,12 @@ void coordinator_destroy(struct coordinator *c)
         zmq_close(c->clients);
     if (c->workers != NULL)
         zmq_close(c->workers);
+    /* ZeroMQ leaves an ipc:// socket file behind; only a socket we bound is
+     * ours to remove (a failed bind may mean another coordinator holds it). */
+    if (c->clients_bound)
+        unlink_ipc(c->cfg.coordinator.client_endpoint);
+    if (c->workers_bound)
+        unlink_ipc(c->cfg.coordinator.worker_endpoint);
     if (c->zctx != NULL)
         zmq_ctx_term(c->zctx);
     tokenizer_destroy(c->tk);

@@ -56,9 +56,12 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct coordinator *c = NULL;
-    if (coordinator_create(&c, &cfg, err) != 0) {
+    int crc = coordinator_create(&c, &cfg, err);
+    if (crc != 0) {
         fprintf(stderr, "tandem-coordinator: %s\n", err);
-        return 1;
+        /* a configuration problem (an unsafe run_dir among them) will not go
+         * away on a restart: 78, which the supervisor does not restart */
+        return crc == ERR_INVALID_ARG ? 78 : 1;
     }
     int rc = coordinator_run(c, &stop_requested, err);
     if (rc != 0)
