@@ -51,7 +51,7 @@ def test():
     expect_error(s, {"v": 2, "type": "generate", "id": "e", "prompt_ids": [1]}, "invalid_request",
                  "unsupported protocol version", "e")
     expect_error(s, {"v": 1, "type": "launch", "id": "e"}, "invalid_request", "unknown message type", "e")
-    big = json.dumps(dict(g, prompt="x" * (2 << 20))).encode()
+    big = json.dumps(dict(g, prompt="x" * (3 << 19))).encode()  # 1.5 MiB: over the limit, under the hard cap
     expect_error(s, big, "invalid_request", "too large")
 
     # Still serving, and correctly.
