@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Liveness does not depend on how long a command takes (issue 15, defect 1).
 
-A prompt whose prefill takes several times worker_timeout_ms (2500 tokens on
-the tiny target: about 2 s on one thread, longer under ASan, against a
-300 ms timeout) completes with the target-only greedy ids: the workers feed
+A prompt whose prefill takes several times worker_timeout_ms (1800 tokens on
+the tiny target: about 0.8 s on one thread, longer under ASan, against a
+200 ms timeout) completes with the target-only greedy ids: the workers feed
 the prompt in chunks of prefill_chunk tokens and send heartbeats between
 them. Control: with prefill_chunk so large that the prompt goes in one
 forward call (the behaviour before the fix), the same request gets
@@ -15,15 +15,15 @@ import time
 
 from tandem_e2e import Pipeline, check, collect, generate, main, reference
 
-TIMEOUT_MS = 300
-N_PROMPT = 2500
+TIMEOUT_MS = 200
+N_PROMPT = 1800
 
 
 def pipeline(name, chunk):
     p = Pipeline(name, worker_timeout_ms=TIMEOUT_MS,
-                 extra={"coordinator": {"heartbeat_ms": 50},
-                        "draft_worker": {"heartbeat_ms": 50, "prefill_chunk": chunk},
-                        "target_worker": {"heartbeat_ms": 50, "prefill_chunk": chunk}})
+                 extra={"coordinator": {"heartbeat_ms": 40},
+                        "draft_worker": {"heartbeat_ms": 40, "prefill_chunk": chunk},
+                        "target_worker": {"heartbeat_ms": 40, "prefill_chunk": chunk}})
     draft, target = p.make_pair()
     p.start_all()
     return p, target
@@ -33,7 +33,7 @@ def test():
     ids = [3 + (i * 7) % 500 for i in range(N_PROMPT)]
 
     # Chunked prefill: the long prompt succeeds, greedy ids unchanged.
-    p, target = pipeline("long", 16)
+    p, target = pipeline("long", 8)
     ref = reference(target, ids, 8)
     s = p.client()
     done, _ = generate(s, {"id": "long", "prompt_ids": ids, "max_tokens": 8, "temperature": 0}, 120)
