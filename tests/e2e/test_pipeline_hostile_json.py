@@ -6,7 +6,7 @@ refused up front with `invalid_request`; cJSON's lenience (keys given twice,
 \\u0000, raw control characters, invalid UTF-8) never reaches a request."""
 import json
 
-from tandem_e2e import Pipeline, check, collect, main
+from tandem_e2e import Fail, Pipeline, check, collect, main
 
 
 def send_raw(sock, raw, timeout_s=20):
@@ -17,7 +17,7 @@ def send_raw(sock, raw, timeout_s=20):
     try:
         text = data.decode("utf-8")  # strict: raises on invalid UTF-8
     except UnicodeDecodeError as e:
-        raise AssertionError("reply to %r is not valid UTF-8 (%s): %r" % (raw[:120], e, data[:300]))
+        raise Fail("reply to %r is not valid UTF-8 (%s): %r" % (raw[:120], e, data[:300]))
     return json.loads(text)
 
 
