@@ -37,8 +37,16 @@
 #define COORD_DRAFT_ERRORS_MAX 3
 /* Hard cap on one client message (ZMQ_MAXMSGSIZE) as a multiple of
  * max_message_bytes: between the two the client gets an error reply, past
- * it ZeroMQ drops the connection. */
-#define COORD_HARD_MESSAGE_FACTOR 16
+ * it ZeroMQ drops the connection before buffering the message. Every message
+ * below the cap is held whole in memory before we see it, so the cap bounds
+ * what a burst of clients can make the coordinator hold: 2 keeps a helpful
+ * "too large" reply for a message somewhat over the limit without letting
+ * 16 clients park 16 x 16 MiB. */
+#define COORD_HARD_MESSAGE_FACTOR 2
+/* After a client message of at least this many bytes is freed, freed heap
+ * memory is handed back to the OS (malloc_trim): glibc would otherwise keep
+ * it resident (the I/O thread's arena, a raised mmap threshold). */
+#define COORD_TRIM_AFTER_BYTES (256u * 1024u)
 /* Seeds travel as JSON numbers between processes: exact up to 2^53. */
 #define COORD_SEED_MAX ((1ull << 53) - 1)
 
@@ -133,6 +141,7 @@ struct coordinator {
     void *zctx;
     void *clients;
     void *workers;
+    bool clients_bound, workers_bound; /* ours to unlink (ipc://) on destroy */
     struct tokenizer *tk;    /* NULL: no tokenizer.json */
     struct exposure *exposure; /* CURVE and the ZAP handler of the client endpoint */
     struct worker worker[2];

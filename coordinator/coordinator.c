@@ -60,6 +60,12 @@ static void remove_stale_segments(const char *instance)
     closedir(dir);
 }
 
+static void unlink_ipc(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) == 0 && unlink(endpoint + 6) != 0 && errno != ENOENT)
+        LOG_WARN("cannot remove %s: %s", endpoint + 6, strerror(errno));
+}
+
 /* security: NULL, or the client endpoint's exposure (CURVE), applied
  * before the bind so no connection is ever accepted without it. */
 static int bind_router(struct coordinator *c, void **sock, const char *endpoint, const char *key, int max_msg,
@@ -121,13 +127,18 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     int hard_max = cc->max_message_bytes > INT32_MAX / COORD_HARD_MESSAGE_FACTOR
                        ? INT32_MAX
                        : cc->max_message_bytes * COORD_HARD_MESSAGE_FACTOR;
+    /* The default worker socket lives in the instance's private directory. */
+    if ((rc = proc_config_prepare_run_dir(&c->cfg, err)) != 0)
+        goto fail;
     if ((rc = exposure_create(&c->exposure, c->zctx, cc, err)) != 0)
         goto fail;
     if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max,
                           c->exposure, err)) != 0)
         goto fail;
+    c->clients_bound = true;
     if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, NULL, err)) != 0)
         goto fail;
+    c->workers_bound = true;
     *out = c;
     return 0;
 fail:
@@ -149,6 +160,12 @@ void coordinator_destroy(struct coordinator *c)
     if (c->workers != NULL)
         zmq_close(c->workers);
     exposure_destroy(c->exposure);
+    /* ZeroMQ leaves an ipc:// socket file behind; only a socket we bound is
+     * ours to remove (a failed bind may mean another coordinator holds it). */
+    if (c->clients_bound)
+        unlink_ipc(c->cfg.coordinator.client_endpoint);
+    if (c->workers_bound)
+        unlink_ipc(c->cfg.coordinator.worker_endpoint);
     if (c->zctx != NULL)
         zmq_ctx_term(c->zctx);
     tokenizer_destroy(c->tk);

@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "chat_template.h"
 #include "error.h"
@@ -133,7 +136,8 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
 {
     char err[ERR_MSG_MAX] = "";
     c->metrics.requests_total++;
-    struct request_limits limits = {.max_tokens_max = c->worker[ROLE_TARGET].up ? coord_context_len(c) : 1 << 20};
+    struct request_limits limits = {.max_tokens_max = c->worker[ROLE_TARGET].up ? coord_context_len(c) : 1 << 20,
+                                    .spec_k_max = c->cfg.coordinator.spec_k_max};
     struct request *r = NULL;
     if (request_from_json(&r, root, &limits, err) != 0) {
         replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INVALID_REQUEST, err);
@@ -258,8 +262,21 @@ static void on_stats(struct coordinator *c, const uint8_t *identity, size_t iden
     cJSON_Delete(m);
 }
 
-/* Reads one client message (routing id + one frame) and answers it. */
+static void handle_message(struct coordinator *c, size_t *received_bytes);
+
+/* Reads one client message (routing id + one frame) and answers it; then,
+ * after a large one, gives the freed memory back to the OS. */
 void intake_on_message(struct coordinator *c)
+{
+    size_t received = 0;
+    handle_message(c, &received);
+#ifdef __GLIBC__
+    if (received >= COORD_TRIM_AFTER_BYTES)
+        malloc_trim(0);
+#endif
+}
+
+static void handle_message(struct coordinator *c, size_t *received_bytes)
 {
     uint8_t identity[PROTOCOL_IDENTITY_MAX];
     size_t identity_size = 0;
@@ -279,6 +296,7 @@ void intake_on_message(struct coordinator *c)
         }
         more = zmq_msg_more(&part);
         size_t size = zmq_msg_size(&part);
+        *received_bytes += size;
         if (n_parts == 0) {
             identity_size = size < sizeof(identity) ? size : sizeof(identity);
             memcpy(identity, zmq_msg_data(&part), identity_size);

@@ -64,7 +64,8 @@ int main(int argc, char **argv)
     int crc = coordinator_create(&c, &cfg, err);
     if (crc != 0) {
         fprintf(stderr, "tandem-coordinator: %s\n", err);
-        /* A bad key file or tokenizer will not get better by restarting. */
+        /* A configuration problem (a bad key file, tokenizer or run_dir) will
+         * not go away on a restart. */
         return crc == ERR_SYSTEM || crc == ERR_NOMEM ? 1 : COORDINATOR_EXIT_CONFIG;
     }
     int rc = coordinator_run(c, &stop_requested, err);

@@ -10,6 +10,22 @@
 
 #include "error.h"
 #include "logging.h"
+#include "utf8.h"
+
+/* Adds a string that came from a client (an id, a message quoting a field)
+ * as valid UTF-8: invalid bytes become U+FFFD, so no reply is ever invalid
+ * JSON text, whatever slipped through upstream. */
+static void add_client_string(cJSON *m, const char *key, const char *s)
+{
+    size_t n = strlen(s);
+    char *fixed = NULL;
+    if (!utf8_valid((const uint8_t *)s, n, NULL) && (fixed = malloc(3 * n + 1)) != NULL) {
+        fixed[utf8_repair((const uint8_t *)s, n, (uint8_t *)fixed)] = '\0';
+        s = fixed;
+    }
+    cJSON_AddStringToObject(m, key, s);
+    free(fixed);
+}
 
 void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *msg)
 {
@@ -28,9 +44,9 @@ void replies_error(struct coordinator *c, const uint8_t *identity, size_t identi
     if (m == NULL)
         return;
     cJSON_AddStringToObject(m, "type", "error");
-    cJSON_AddStringToObject(m, "id", id ? id : "");
+    add_client_string(m, "id", id ? id : "");
     cJSON_AddStringToObject(m, "code", metrics_error_name(code));
-    cJSON_AddStringToObject(m, "message", message);
+    add_client_string(m, "message", message);
     replies_send(c, identity, identity_size, m);
     cJSON_Delete(m);
     LOG_INFO("request \"%s\": %s: %s", id ? id : "", metrics_error_name(code), message);
@@ -75,7 +91,7 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
     if (m == NULL)
         return;
     cJSON_AddStringToObject(m, "type", "token");
-    cJSON_AddStringToObject(m, "id", s->id);
+    add_client_string(m, "id", s->id);
     add_text(m, "text", piece, n);
     cJSON *ids = ids_array(s->hist + s->n_prompt + s->stream_from, s->generated - s->stream_from);
     if (ids != NULL)
@@ -96,7 +112,7 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
     cJSON *m = cJSON_CreateObject();
     if (m != NULL) {
         cJSON_AddStringToObject(m, "type", "done");
-        cJSON_AddStringToObject(m, "id", s->id);
+        add_client_string(m, "id", s->id);
         add_text(m, "text", text, text_len);
         cJSON *ids = ids_array(s->hist + s->n_prompt, s->generated);
         if (ids != NULL)

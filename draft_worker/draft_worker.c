@@ -181,6 +181,15 @@ static const struct worker_link_role draft_link_role = {
 
 static void draft_worker_destroy(void *worker);
 
+/* Between the chunks of a long feed: the coordinator keeps hearing from us. */
+static void on_chunk(void *user, int n_done, int n_total)
+{
+    struct draft_worker *w = user;
+    (void)n_done;
+    (void)n_total;
+    worker_link_keepalive(w->link);
+}
+
 static int draft_worker_create(void **out, const struct proc_config *cfg, char *err)
 {
     *out = NULL;
@@ -210,6 +219,9 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
              w->m.n_slots, shm_buffer_name(w->shm));
     if ((rc = worker_link_create(&w->link, &w->cfg, &draft_link_role, w, note, err)))
         goto fail;
+    struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
+                                        .user = w};
+    specdec_draft_set_progress(w->spec, &progress);
     LOG_INFO("draft model %s: vocab %d, %d slots x %d positions, shm %s (%.1f MiB)", wc->model,
              w->m.vocab, w->m.n_slots, w->m.max_seq_len, shm_buffer_name(w->shm),
              (double)shm_buffer_layout(w->shm)->size_bytes / (1024.0 * 1024.0));

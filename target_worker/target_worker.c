@@ -199,6 +199,15 @@ static const struct worker_link_role target_link_role = {
 
 static void target_worker_destroy(void *worker);
 
+/* Between the chunks of a long feed: the coordinator keeps hearing from us. */
+static void on_chunk(void *user, int n_done, int n_total)
+{
+    struct target_worker *w = user;
+    (void)n_done;
+    (void)n_total;
+    worker_link_keepalive(w->link);
+}
+
 static int target_worker_create(void **out, const struct proc_config *cfg, char *err)
 {
     *out = NULL;
@@ -216,6 +225,9 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
     snprintf(note, sizeof note, "%s, vocab %d, %d slots", wc->model, w->m.vocab, w->m.n_slots);
     if ((rc = worker_link_create(&w->link, &w->cfg, &target_link_role, w, note, err)))
         goto fail;
+    struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
+                                        .user = w};
+    specdec_target_set_progress(w->spec, &progress);
     LOG_INFO("target model %s: vocab %d, %d slots x %d positions", wc->model, w->m.vocab,
              w->m.n_slots, w->m.max_seq_len);
     *out = w;

@@ -104,6 +104,12 @@ static void send_heartbeat(struct worker_link *link)
     worker_link_send(link, h, NULL, 0);
 }
 
+void worker_link_keepalive(struct worker_link *link)
+{
+    if (protocol_now_ms() - link->last_beat_ms >= link->heartbeat_ms)
+        send_heartbeat(link);
+}
+
 /* Handles one well-formed message; returns 1 to stop serving (shutdown),
  * ERR_MISMATCH when refused, 0 otherwise. */
 static int dispatch(struct worker_link *link, const struct protocol_msg *m, char *err)

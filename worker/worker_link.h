@@ -89,6 +89,14 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
  * malformed message (which is answered and survived), in err. */
 int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char *err);
 
+/* Sends a heartbeat if one is due (heartbeat_ms since the last one), and
+ * nothing else: it neither receives nor dispatches. For a role in the middle
+ * of a long command (a prefill fed in chunks, specdec_progress): the
+ * coordinator's liveness of this worker then does not depend on how long a
+ * command takes, while a worker that is truly stuck still goes silent. Same
+ * thread as worker_link_run (it is called from inside a command handler). */
+void worker_link_keepalive(struct worker_link *link);
+
 /* Closes the socket and terminates its context. NULL-safe. */
 void worker_link_destroy(struct worker_link *link);
 

@@ -48,6 +48,12 @@ int worker_main(int argc, char **argv, const struct worker_main_role *role)
     }
     const struct worker_config *wc = draft ? &cfg.draft_worker : &cfg.target_worker;
     logging_set_level((enum logging_level)logging_level_parse(wc->log_level));
+    /* The default worker socket is in the instance's private directory: never
+     * connect through one someone else planted. */
+    if (proc_config_prepare_run_dir(&cfg, err) != 0) {
+        LOG_ERROR("%s", err);
+        return WORKER_MAIN_EXIT_CONFIG;
+    }
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

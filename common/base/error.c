@@ -2,8 +2,21 @@
 #include "error.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "utf8.h"
+
+/* A message cut at ERR_MSG_MAX must not end inside a UTF-8 character: it
+ * may quote client text and end up in a JSON reply. */
+static void trim_cut(char *err, int n)
+{
+    if (n >= ERR_MSG_MAX) {
+        size_t len = strlen(err);
+        err[len - utf8_incomplete_tail((const uint8_t *)err, len)] = '\0';
+    }
+}
 
 const char *error_str(int code)
 {
@@ -32,8 +45,9 @@ int error_set(char *err, int code, const char *fmt, ...)
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, ERR_MSG_MAX, fmt, ap);
+        int n = vsnprintf(err, ERR_MSG_MAX, fmt, ap);
         va_end(ap);
+        trim_cut(err, n);
     }
     return code;
 }
@@ -46,7 +60,8 @@ int error_set_errno(char *err, int code, int errno_value, const char *fmt, ...)
         int n = vsnprintf(err, ERR_MSG_MAX, fmt, ap);
         va_end(ap);
         if (n >= 0 && n < ERR_MSG_MAX)
-            snprintf(err + n, (size_t)(ERR_MSG_MAX - n), ": %s", strerror(errno_value));
+            n += snprintf(err + n, (size_t)(ERR_MSG_MAX - n), ": %s", strerror(errno_value));
+        trim_cut(err, n);
     }
     return code;
 }

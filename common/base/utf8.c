@@ -155,3 +155,17 @@ uint32_t utf8_next_cp(const uint8_t *s, size_t n, size_t *adv)
     return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
            ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
 }
+
+size_t utf8_cut_len(const uint8_t *s, size_t n, size_t max)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t l = utf8_valid_len(s + i, n - i);
+        if (l == 0)
+            l = 1;
+        if (l > max - i)
+            break;
+        i += l;
+    }
+    return i;
+}

@@ -31,4 +31,10 @@ int utf8_valid(const uint8_t *in, size_t n, size_t *bad_offset);
  * valid sequence (0..3): what a streaming decoder must hold back. */
 size_t utf8_incomplete_tail(const uint8_t *in, size_t n);
 
+/* Length of the longest prefix of s[0..n) of at most max bytes that does not
+ * end inside a character: where client text is quoted in a message, cut it
+ * there ("%.*s"). An invalid byte counts as one character of its own (the
+ * text is repaired or rejected elsewhere). */
+size_t utf8_cut_len(const uint8_t *s, size_t n, size_t max);
+
 #endif

@@ -18,6 +18,7 @@
 
 struct specdec_draft {
     struct llama_ctx *ctx;
+    struct specdec_progress progress;
     int vocab;
     float *logits; /* [vocab] */
     float *probs;  /* [vocab] */
@@ -26,6 +27,7 @@ struct specdec_draft {
 
 struct specdec_target {
     struct llama_ctx *ctx;
+    struct specdec_progress progress;
     int vocab;
     float *logits;  /* [SPECULATE_K_MAX + 1, vocab]: becomes the p rows in place */
     float *scratch; /* [vocab] */
@@ -42,6 +44,34 @@ static double now_ms(void)
 
 static int ctx_vocab(struct llama_ctx *ctx);
 
+static void progress_set(struct specdec_progress *dst, const struct specdec_progress *src)
+{
+    *dst = src ? *src : (struct specdec_progress){0};
+    if (dst->chunk_tokens < 1)
+        dst->chunk_tokens = SPECDEC_CHUNK_TOKENS_DEFAULT;
+}
+
+/* Feeds the head of a long feed in chunks without logits, leaving at most
+ * chunk_tokens tokens for the caller's last call (which carries the logits).
+ * Returns how many tokens it fed (0 for a short feed) or a negative code. */
+static int feed_head(struct llama_ctx *ctx, const struct specdec_progress *pg, int slot,
+                     const int32_t *feed, int n_feed, char *err)
+{
+    int done = 0;
+    while (n_feed - done > pg->chunk_tokens) {
+        struct llama_seq_batch b = {.slot = slot, .tokens = feed + done,
+                                    .n_tokens = pg->chunk_tokens, .n_logits = 0,
+                                    .logits_out = NULL};
+        int rc = llama_forward(ctx, &b, 1, err);
+        if (rc)
+            return rc;
+        done += pg->chunk_tokens;
+        if (pg->on_chunk)
+            pg->on_chunk(pg->user, done, n_feed);
+    }
+    return done;
+}
+
 int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char *err)
 {
     *out = NULL;
@@ -49,6 +79,7 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
     if (!d)
         return error_set(err, ERR_NOMEM, "draft: out of memory");
     d->ctx = ctx;
+    progress_set(&d->progress, NULL);
     d->vocab = ctx_vocab(ctx);
     d->logits = malloc((size_t)d->vocab * sizeof(float));
     d->probs = malloc((size_t)d->vocab * sizeof(float));
@@ -73,6 +104,11 @@ void specdec_draft_destroy(struct specdec_draft *d)
 }
 
 struct llama_ctx *specdec_draft_ctx(struct specdec_draft *d) { return d->ctx; }
+
+void specdec_draft_set_progress(struct specdec_draft *d, const struct specdec_progress *p)
+{
+    progress_set(&d->progress, p);
+}
 
 /* Picks draft token i from the draft logits in d->logits. */
 static int draft_pick(struct specdec_draft *d, const struct sampling_params *sp,
@@ -108,11 +144,16 @@ int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const
     int rc = llama_ctx_truncate(d->ctx, slot, keep_len, err);
     if (rc)
         return rc;
+    int head = feed_head(d->ctx, &d->progress, slot, feed, n_feed, err);
+    if (head < 0)
+        return head;
+    feed += head;
+    n_feed -= head;
     struct llama_seq_batch b = {.slot = slot, .tokens = feed, .n_tokens = n_feed,
                                 .n_logits = k > 0 ? 1 : 0, .logits_out = d->logits};
     if ((rc = llama_forward(d->ctx, &b, 1, err)))
         return rc;
-    const uint64_t pos0 = (uint64_t)keep_len + (uint64_t)n_feed;
+    const uint64_t pos0 = (uint64_t)keep_len + (uint64_t)head + (uint64_t)n_feed;
     for (int i = 0; i < k; i++) {
         float *q_row = q_rows_out ? q_rows_out + (size_t)i * (size_t)d->vocab : NULL;
         if ((rc = draft_pick(d, sp, mode, pos0 + (uint64_t)i, q_row, &tokens_out[i], err)))
@@ -134,6 +175,7 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
     if (!t)
         return error_set(err, ERR_NOMEM, "target: out of memory");
     t->ctx = ctx;
+    progress_set(&t->progress, NULL);
     t->vocab = ctx_vocab(ctx);
     t->logits = malloc((size_t)(SPECULATE_K_MAX + 1) * (size_t)t->vocab * sizeof(float));
     t->scratch = malloc((size_t)t->vocab * sizeof(float));
@@ -161,6 +203,11 @@ void specdec_target_destroy(struct specdec_target *t)
 }
 
 struct llama_ctx *specdec_target_ctx(struct specdec_target *t) { return t->ctx; }
+
+void specdec_target_set_progress(struct specdec_target *t, const struct specdec_progress *p)
+{
+    progress_set(&t->progress, p);
+}
 
 struct target_rows {
     struct specdec_target *t;
@@ -202,6 +249,14 @@ int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
     int rc = llama_ctx_truncate(t->ctx, slot, keep_len, err);
     if (rc)
         return rc;
+    /* The head of a long feed goes in chunks; keep_len and n_feed then
+     * describe the last call, whose positions and rows are unchanged. */
+    int head = feed_head(t->ctx, &t->progress, slot, feed, n_feed, err);
+    if (head < 0)
+        return head;
+    keep_len += head;
+    feed += head;
+    n_feed -= head;
     memcpy(t->seq, feed, (size_t)n_feed * sizeof(int32_t));
     if (k > 0)
         memcpy(t->seq + n_feed, draft, (size_t)k * sizeof(int32_t));

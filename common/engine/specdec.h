@@ -31,6 +31,27 @@
 struct specdec_draft;
 struct specdec_target;
 
+/* Long feeds (a prompt) are run in chunks so that a caller can stay alive
+ * between them: a worker sends its heartbeat from on_chunk, on its own thread
+ * and socket, however long the whole feed takes. Every chunk but the last is
+ * a forward call of at most chunk_tokens tokens with no logits; the last one
+ * carries the rest of the feed (and the drafts) with the logits. The CPU
+ * kernels are batch-invariant (tests/unit/test_llama.c), so chunking never
+ * changes a logit or a token. */
+#define SPECDEC_CHUNK_TOKENS_DEFAULT 32
+struct specdec_progress {
+    int chunk_tokens;            /* >= 1; 0 = SPECDEC_CHUNK_TOKENS_DEFAULT */
+    /* Optional (NULL): called after each chunk but the last, with the tokens
+     * fed so far and the feed's length. Must not touch the model. */
+    void (*on_chunk)(void *user, int n_done, int n_total);
+    void *user;
+};
+
+/* Installs how the feeds of later calls are chunked (copied). The default,
+ * before any call, is SPECDEC_CHUNK_TOKENS_DEFAULT with no callback. */
+void specdec_draft_set_progress(struct specdec_draft *draft, const struct specdec_progress *p);
+void specdec_target_set_progress(struct specdec_target *target, const struct specdec_progress *p);
+
 /* Borrows ctx (and its model); allocates logits and sampling scratch. */
 int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char *err);
 void specdec_draft_destroy(struct specdec_draft *draft);

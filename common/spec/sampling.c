@@ -14,6 +14,7 @@
  */
 #include "sampling.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -44,11 +45,12 @@ void sampling_params_default(struct sampling_params *p)
 
 int sampling_params_validate(const struct sampling_params *p, char *err)
 {
-    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
-        return error_set(err, ERR_INVALID_ARG, "temperature: must be >= 0 and finite, got %g",
-                         (double)p->temperature);
-    if (p->top_k < 0)
-        return error_set(err, ERR_INVALID_ARG, "top_k: must be >= 0 (0 = off), got %d", p->top_k);
+    if (!(p->temperature >= 0.0f && p->temperature <= (float)SAMPLING_TEMPERATURE_MAX))
+        return error_set(err, ERR_INVALID_ARG, "temperature: must be in [0, %g], got %g",
+                         SAMPLING_TEMPERATURE_MAX, (double)p->temperature);
+    if (p->top_k < 0 || p->top_k > SAMPLING_TOP_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "top_k: must be in [0, %d] (0 = off), got %d",
+                         SAMPLING_TOP_K_MAX, p->top_k);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
         return error_set(err, ERR_INVALID_ARG, "top_p: must be in (0, 1], got %g",
                          (double)p->top_p);
@@ -56,6 +58,30 @@ int sampling_params_validate(const struct sampling_params *p, char *err)
         return error_set(err, ERR_INVALID_ARG, "min_p: must be in [0, 1], got %g",
                          (double)p->min_p);
     return 0;
+}
+
+int sampling_params_set(struct sampling_params *p, double temperature, double top_k, double top_p,
+                        double min_p, char *err)
+{
+    if (!(temperature >= 0.0 && temperature <= SAMPLING_TEMPERATURE_MAX))
+        return error_set(err, ERR_INVALID_ARG, "temperature: must be in [0, %g], got %g",
+                         SAMPLING_TEMPERATURE_MAX, temperature);
+    if (!(top_k >= 0.0 && top_k <= (double)SAMPLING_TOP_K_MAX) || top_k != floor(top_k))
+        return error_set(err, ERR_INVALID_ARG, "top_k: must be an integer in [0, %d] (0 = off), got %g",
+                         SAMPLING_TOP_K_MAX, top_k);
+    if (!(top_p > 0.0 && top_p <= 1.0))
+        return error_set(err, ERR_INVALID_ARG, "top_p: must be in (0, 1], got %g", top_p);
+    if ((float)top_p == 0.0f)
+        return error_set(err, ERR_INVALID_ARG,
+                         "top_p: %g is 0 as a 32-bit float; must be at least %g", top_p,
+                         (double)FLT_TRUE_MIN);
+    if (!(min_p >= 0.0 && min_p <= 1.0))
+        return error_set(err, ERR_INVALID_ARG, "min_p: must be in [0, 1], got %g", min_p);
+    p->temperature = (float)temperature;
+    p->top_k = (int)top_k;
+    p->top_p = (float)top_p;
+    p->min_p = (float)min_p;
+    return sampling_params_validate(p, err);
 }
 
 int sampling_params_is_greedy(const struct sampling_params *p)

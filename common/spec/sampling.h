@@ -48,13 +48,29 @@ struct sampling_params {
     uint64_t seed;     /* Philox key for every draw of the request */
 };
 
+/* The one definition of what a request may ask for: the coordinator checks
+ * client requests and the workers check commands against these, so a value
+ * the coordinator accepts is never refused by a worker. */
+#define SAMPLING_TEMPERATURE_MAX 1.0e6
+#define SAMPLING_TOP_K_MAX (1 << 30)
+
 /* Greedy defaults: temperature 0, top_k 0, top_p 1, min_p 0, seed 0. */
 void sampling_params_default(struct sampling_params *p);
 
-/* ERR_INVALID_ARG naming the field ("temperature: must be >= 0, got -1") for a
- * negative or non-finite temperature, top_k < 0, top_p outside (0, 1], min_p
- * outside [0, 1] (NaN is outside every range). 0 when valid. */
+/* ERR_INVALID_ARG naming the field ("temperature: must be in [0, 1e+06], got
+ * -1") for a temperature outside [0, SAMPLING_TEMPERATURE_MAX], top_k outside
+ * [0, SAMPLING_TOP_K_MAX], top_p outside (0, 1], min_p outside [0, 1] (NaN is
+ * outside every range). 0 when valid. */
 int sampling_params_validate(const struct sampling_params *p, char *err);
+
+/* Sets p's temperature, top_k, top_p and min_p from the values a message
+ * carries (JSON numbers: doubles), rounded to the floats the sampler uses,
+ * and validates the result as sampling_params_validate does, naming the
+ * value as given: a top_p that rounds to 0 as a float (1e-50) is refused
+ * here rather than by a worker. A temperature that rounds to 0 is greedy.
+ * p->seed is left alone. 0 or ERR_INVALID_ARG. */
+int sampling_params_set(struct sampling_params *p, double temperature, double top_k, double top_p,
+                        double min_p, char *err);
 
 /* 1 when p selects greedy decoding (temperature == 0). */
 int sampling_params_is_greedy(const struct sampling_params *p);

@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "curve_keys.h"
 #include "error.h"
@@ -119,7 +121,7 @@ static int check_device(const char *value, char *msg, size_t msg_size)
 static const struct key_desc coordinator_keys[] = {
     CKEY_STR(client_endpoint, check_endpoint, "client ROUTER endpoint [tcp://127.0.0.1:5555]"),
     CKEY_STR(worker_endpoint, check_endpoint_or_empty,
-             "worker ROUTER endpoint [ipc:///tmp/tandem-<instance>-workers]"),
+             "worker ROUTER endpoint [ipc://<run_dir>/workers.sock]"),
     CKEY_STR(tokenizer, NULL, "model dir holding tokenizer.json [target_worker.model]"),
     CKEY_INT(max_concurrency, 1, 4096, "sequences in flight [8]"),
     CKEY_INT(max_queue, 0, 1000000, "queued requests beyond max_concurrency [64]"),
@@ -149,6 +151,8 @@ static const struct key_desc worker_keys[] = {
     WKEY_STR(coordinator_endpoint, check_endpoint_or_empty,
              "coordinator worker endpoint [coordinator.worker_endpoint]"),
     WKEY_INT(heartbeat_ms, 10, 600000, "heartbeat interval [500]"),
+    WKEY_INT(prefill_chunk, 1, 65536,
+             "tokens per forward call of a long prompt; heartbeats go out between two [32]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -192,6 +196,7 @@ static void worker_defaults(struct worker_config *w)
     w->threads = 0;
     w->max_seq_len = 8192;
     w->heartbeat_ms = 500;
+    w->prefill_chunk = 32;
     snprintf(w->log_level, sizeof w->log_level, "info");
 }
 
@@ -339,6 +344,18 @@ int proc_config_load_json(struct proc_config *cfg, const char *json_text, const 
             rc = error_set(err, ERR_INVALID_ARG, "%s: %s: duplicate key", source, name);
             goto done;
         }
+        if (strcmp(name, "run_dir") == 0) {
+            if (!cJSON_IsString(item)) {
+                rc = error_set(err, ERR_INVALID_ARG, "%s: run_dir: expected a string, got %s",
+                               source, json_type_name(item));
+                goto done;
+            }
+            if ((rc = proc_config_set(cfg, "run_dir", item->valuestring, inner)) != 0) {
+                error_set(err, rc, "%s: %s", source, inner);
+                goto done;
+            }
+            continue;
+        }
         if (strcmp(name, "instance") == 0) {
             if (!cJSON_IsString(item)) {
                 rc = error_set(err, ERR_INVALID_ARG, "%s: instance: expected a string, got %s",
@@ -429,6 +446,15 @@ int proc_config_set(struct proc_config *cfg, const char *key, const char *value,
         name[i] = key[i] == '-' ? '_' : key[i];
     name[i] = '\0';
 
+    if (strcmp(name, "run_dir") == 0) {
+        /* the socket path inside must stay under ipc's 107 bytes */
+        if (value[0] != '/' || strlen(value) > 80)
+            return error_set(err, ERR_INVALID_ARG,
+                             "run_dir: must be an absolute path of at most 80 bytes, got \"%.100s\"",
+                             value);
+        snprintf(cfg->run_dir, sizeof cfg->run_dir, "%s", value);
+        return 0;
+    }
     if (strcmp(name, "instance") == 0) {
         int rc = check_instance(value, err);
         if (rc != 0)
@@ -526,9 +552,11 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
     if (rc != 0)
         return rc;
     struct coordinator_config *c = &cfg->coordinator;
+    if (cfg->run_dir[0] == '\0')
+        snprintf(cfg->run_dir, sizeof cfg->run_dir, "/tmp/tandem-%s", cfg->instance);
     if (c->worker_endpoint[0] == '\0') {
-        int n = snprintf(c->worker_endpoint, sizeof c->worker_endpoint,
-                         "ipc:///tmp/tandem-%s-workers", cfg->instance);
+        int n = snprintf(c->worker_endpoint, sizeof c->worker_endpoint, "ipc://%s/workers.sock",
+                         cfg->run_dir);
         if (n < 0 || (size_t)n >= sizeof c->worker_endpoint)
             return error_set(err, ERR_INTERNAL, "coordinator.worker_endpoint: too long");
     }
@@ -630,7 +658,8 @@ int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const
         for (char *p = bare; *p; p++)
             if (*p == '-')
                 *p = '_';
-        if (strchr(bare, '.') || strcmp(bare, "instance") == 0 || !section || !section[0])
+        if (strchr(bare, '.') || strcmp(bare, "instance") == 0 || strcmp(bare, "run_dir") == 0 ||
+            !section || !section[0])
             snprintf(key, sizeof key, "%s", bare);
         else
             snprintf(key, sizeof key, "%s.%s", section, bare);
@@ -645,6 +674,8 @@ void proc_config_print_usage(FILE *out, const char *section)
     fprintf(out, "  --config FILE              JSON config (sections coordinator, draft_worker, "
                  "target_worker)\n");
     fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
+    fprintf(out, "  --run-dir DIR              the instance's private directory, mode 0700 "
+                 "[/tmp/tandem-<instance>]\n");
     for (size_t s = 0; s < N_KEYS(sections_table); s++) {
         const struct section_desc *sec = &sections_table[s];
         if (section && section[0] && strcmp(section, sec->name) != 0)
@@ -658,4 +689,36 @@ void proc_config_print_usage(FILE *out, const char *section)
             fprintf(out, "  %-26s %s\n", flag, sec->keys[i].help);
         }
     }
+}
+
+int proc_config_prepare_run_dir(const struct proc_config *cfg, char *err)
+{
+    const char *ep = cfg->coordinator.worker_endpoint;
+    size_t dlen = strlen(cfg->run_dir);
+    if (strncmp(ep, "ipc://", 6) != 0 || strncmp(ep + 6, cfg->run_dir, dlen) != 0 ||
+        ep[6 + dlen] != '/' || dlen == 0)
+        return 0;
+    const char *dir = cfg->run_dir;
+    if (mkdir(dir, 0700) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return error_set_errno(err, ERR_SYSTEM, errno, "run_dir %s: mkdir", dir);
+    struct stat st;
+    if (lstat(dir, &st) != 0)
+        return error_set_errno(err, ERR_SYSTEM, errno, "run_dir %s: lstat", dir);
+    if (S_ISLNK(st.st_mode))
+        return error_set(err, ERR_INVALID_ARG,
+                         "run_dir %s: is a symbolic link, not a directory of ours; refusing to use "
+                         "it (remove it, or set run_dir)", dir);
+    if (!S_ISDIR(st.st_mode))
+        return error_set(err, ERR_INVALID_ARG, "run_dir %s: exists and is not a directory; refusing "
+                         "to use it", dir);
+    if (st.st_uid != geteuid())
+        return error_set(err, ERR_INVALID_ARG, "run_dir %s: owned by uid %u, not by us (uid %u); "
+                         "refusing to use it", dir, (unsigned)st.st_uid, (unsigned)geteuid());
+    if ((st.st_mode & 07777) != 0700)
+        return error_set(err, ERR_INVALID_ARG, "run_dir %s: mode %04o, must be 0700 (others could "
+                         "reach the worker socket); refusing to use it", dir,
+                         (unsigned)(st.st_mode & 07777));
+    return 0;
 }

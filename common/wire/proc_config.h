@@ -34,7 +34,7 @@
 
 struct coordinator_config {
     char client_endpoint[PROC_CONFIG_PATH_MAX];  /* default tcp://127.0.0.1:5555 */
-    char worker_endpoint[PROC_CONFIG_PATH_MAX];  /* default ipc:///tmp/tandem-<instance>-workers */
+    char worker_endpoint[PROC_CONFIG_PATH_MAX];  /* default ipc://<run_dir>/workers.sock */
     char tokenizer[PROC_CONFIG_PATH_MAX];        /* model dir with tokenizer.json; default target_worker.model */
     int max_concurrency;      /* sequences in flight (= worker slots), default 8 */
     int max_queue;            /* requests waiting beyond max_concurrency, default 64 */
@@ -64,11 +64,16 @@ struct worker_config {
     int max_seq_len;                       /* positions per slot, default 8192 (0 = model's limit) */
     char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.worker_endpoint */
     int heartbeat_ms;                      /* default 500 */
+    int prefill_chunk;                     /* tokens per forward call of a long feed, default 32:
+                                              a heartbeat can go out between two */
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 
 struct proc_config {
     char instance[PROC_CONFIG_NAME_MAX];   /* default "tandem"; [A-Za-z0-9_.-], 1..40 chars */
+    char run_dir[PROC_CONFIG_PATH_MAX];    /* the instance's private directory (worker socket;
+                                              the supervisor's pid files and logs); default
+                                              /tmp/tandem-<instance>, absolute */
     struct coordinator_config coordinator;
     struct worker_config draft_worker, target_worker;
 };
@@ -106,6 +111,17 @@ int proc_config_set(struct proc_config *cfg, const char *key, const char *value,
  * syntax (tcp://host:port, ipc://path, inproc://name), ranges and enums.
  * ERR_INVALID_ARG with the key named ("draft_worker.model: required"). */
 int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err);
+
+/* Makes sure cfg->run_dir is the instance's private directory before a
+ * socket is bound or connected in it: creates it with mode 0700 (parents
+ * must exist), or, when it exists, accepts it only if it is a real
+ * directory (not a symbolic link), owned by this user, of mode 0700 -- a
+ * name under /tmp is predictable and someone else may have planted it.
+ * Only when coordinator.worker_endpoint is an ipc:// path inside run_dir
+ * (the default); an endpoint placed elsewhere is the operator's choice.
+ * ERR_INVALID_ARG naming the directory and what is wrong with it, ERR_SYSTEM
+ * for a failing mkdir/lstat. */
+int proc_config_prepare_run_dir(const struct proc_config *cfg, char *err);
 
 /* Checks a ZeroMQ endpoint: tcp://host:port (port 1..65535 or "*"),
  * ipc://path (path at most 107 bytes), inproc://name. ERR_INVALID_ARG with

@@ -7,6 +7,7 @@
  * send ends in 0 or an error naming the field.
  */
 #include "request.h"
+#include "json_check.h"
 #include "json_type.h"
 
 #include <errno.h>
@@ -16,6 +17,18 @@
 #include <string.h>
 
 #include "error.h"
+#include "sampling.h"
+#include "utf8.h"
+
+/* Bytes of client text (a field name, a value) quoted in an error message. */
+#define REQUEST_QUOTE_MAX 64
+
+/* How many bytes of s to quote with "%.*s": at most REQUEST_QUOTE_MAX, never
+ * ending inside a character. */
+static int quote_len(const char *s)
+{
+    return (int)utf8_cut_len((const uint8_t *)s, strlen(s), REQUEST_QUOTE_MAX);
+}
 
 /* Largest integer a double holds exactly: seeds above it must be strings. */
 #define REQUEST_EXACT_INT_MAX 9007199254740992.0
@@ -26,19 +39,21 @@ int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
     *root_out = NULL;
     if (data == NULL || len == 0)
         return error_set(err, ERR_FORMAT, "request is not valid JSON (empty message)");
+    /* cJSON takes raw control characters and invalid UTF-8, cuts strings at
+     * \u0000 and keeps the first of two equal keys: the strict pass first. */
+    char why[ERR_MSG_MAX];
+    int rc = json_check(data, len, why);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
-    if (root == NULL)
-        return error_set(err, ERR_FORMAT, "request is not valid JSON");
-    /* Only whitespace (or a trailing NUL some clients send) may follow. */
-    for (const char *p = end; p != NULL && p < data + len; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != '\0') {
-            cJSON_Delete(root);
-            return error_set(err, ERR_FORMAT, "request is not valid JSON (trailing bytes at offset %zu)",
-                             (size_t)(p - data));
-        }
-    }
+    /* Even a refused text may name its id (request_peek_id checks it). */
     *root_out = root;
+    if (rc == ERR_INVALID_ARG)
+        return error_set(err, ERR_INVALID_ARG, "%s", why);
+    if (rc != 0)
+        return error_set(err, rc == ERR_NOMEM ? ERR_NOMEM : ERR_FORMAT, "request is not valid JSON: %s",
+                         why);
+    if (root == NULL) /* cannot happen after json_check; never trust it blindly */
+        return error_set(err, ERR_FORMAT, "request is not valid JSON");
     if (!cJSON_IsObject(root))
         return error_set(err, ERR_FORMAT, "request must be a JSON object, got %s", json_type_name(root));
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "v");
@@ -59,15 +74,17 @@ int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
     else if (strcmp(type->valuestring, "stats") == 0)
         *kind_out = REQUEST_KIND_STATS;
     else
-        return error_set(err, ERR_FORMAT, "type: unknown message type \"%.64s\" (expected \"generate\" or \"stats\")",
-                         type->valuestring);
+        return error_set(err, ERR_FORMAT, "type: unknown message type \"%.*s\" (expected \"generate\" or \"stats\")",
+                         quote_len(type->valuestring), type->valuestring);
     return 0;
 }
 
 const char *request_peek_id(const cJSON *root)
 {
     const cJSON *id = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "id") : NULL;
-    if (cJSON_IsString(id) && strlen(id->valuestring) <= REQUEST_ID_MAX)
+    /* Echoed in every reply: only an id that is valid UTF-8. */
+    if (cJSON_IsString(id) && strlen(id->valuestring) <= REQUEST_ID_MAX &&
+        utf8_valid((const uint8_t *)id->valuestring, strlen(id->valuestring), NULL))
         return id->valuestring;
     return "";
 }
@@ -135,11 +152,12 @@ static int parse_seed(const cJSON *item, uint64_t *out, char *err)
         const char *s = item->valuestring;
         size_t n = strlen(s);
         if (n == 0 || n > 20)
-            return error_set(err, ERR_INVALID_ARG, "seed: expected a decimal integer string, got \"%.32s\"", s);
+            return error_set(err, ERR_INVALID_ARG, "seed: expected a decimal integer string, got \"%.*s\"",
+                             quote_len(s), s);
         for (size_t i = 0; i < n; i++)
             if (s[i] < '0' || s[i] > '9')
-                return error_set(err, ERR_INVALID_ARG, "seed: expected a decimal integer string, got \"%.32s\"",
-                                 s);
+                return error_set(err, ERR_INVALID_ARG, "seed: expected a decimal integer string, got \"%.*s\"",
+                                 quote_len(s), s);
         errno = 0;
         unsigned long long v = strtoull(s, NULL, 10);
         if (errno == ERANGE)
@@ -170,8 +188,8 @@ static int parse_messages(struct request *r, const cJSON *item, char *err)
         const cJSON *f = NULL;
         cJSON_ArrayForEach(f, m) {
             if (f->string == NULL || (strcmp(f->string, "role") != 0 && strcmp(f->string, "content") != 0))
-                return error_set(err, ERR_INVALID_ARG, "messages[%d].%.64s: unknown field", i,
-                                 f->string ? f->string : "?");
+                return error_set(err, ERR_INVALID_ARG, "messages[%d].%.*s: unknown field", i,
+                                 f->string ? quote_len(f->string) : 1, f->string ? f->string : "?");
         }
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
@@ -274,10 +292,12 @@ static int check_fields(const cJSON *root, char *err)
         while (k < n_known && strcmp(f->string, request_fields[k]) != 0)
             k++;
         if (k == n_known)
-            return error_set(err, ERR_INVALID_ARG, "%.64s: unknown field", f->string);
+            return error_set(err, ERR_INVALID_ARG, "%.*s: unknown field", quote_len(f->string),
+                             f->string);
         for (const cJSON *g = f->next; g != NULL; g = g->next)
             if (g->string != NULL && strcmp(g->string, f->string) == 0)
-                return error_set(err, ERR_INVALID_ARG, "%s: given more than once", f->string);
+                return error_set(err, ERR_INVALID_ARG, "%.*s: given more than once",
+                                 quote_len(f->string), f->string);
     }
     return 0;
 }
@@ -336,29 +356,28 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "temperature")) != NULL) {
         if ((rc = expect_number(item, "temperature", &d, err)) != 0)
             return rc;
-        if (d < 0)
-            return error_set(err, ERR_INVALID_ARG, "temperature: must be >= 0, got %g", d);
         r->temperature = d;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "top_k")) != NULL) {
-        if ((rc = expect_int(item, "top_k", 0, INT32_MAX, &v, err)) != 0)
+        if ((rc = expect_int(item, "top_k", 0, SAMPLING_TOP_K_MAX, &v, err)) != 0)
             return rc;
         r->top_k = (int)v;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "top_p")) != NULL) {
         if ((rc = expect_number(item, "top_p", &d, err)) != 0)
             return rc;
-        if (!(d > 0 && d <= 1))
-            return error_set(err, ERR_INVALID_ARG, "top_p: must be in (0, 1], got %g", d);
         r->top_p = d;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "min_p")) != NULL) {
         if ((rc = expect_number(item, "min_p", &d, err)) != 0)
             return rc;
-        if (!(d >= 0 && d <= 1))
-            return error_set(err, ERR_INVALID_ARG, "min_p: must be in [0, 1], got %g", d);
         r->min_p = d;
     }
+    /* Exactly what the workers will accept (one definition: sampling.h). */
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    if ((rc = sampling_params_set(&sp, r->temperature, r->top_k, r->top_p, r->min_p, err)) != 0)
+        return rc;
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "seed")) != NULL) {
         if ((rc = parse_seed(item, &r->seed, err)) != 0)
             return rc;
@@ -374,8 +393,14 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
         r->stream = cJSON_IsTrue(item);
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_k")) != NULL) {
+        int k_max = limits->spec_k_max > 0 ? limits->spec_k_max : REQUEST_SPEC_K_MAX;
         if ((rc = expect_int(item, "spec_k", 0, REQUEST_SPEC_K_MAX, &v, err)) != 0)
             return rc;
+        if (v > k_max)
+            return error_set(err, ERR_INVALID_ARG,
+                             "spec_k: must be <= %d (this server drafts at most coordinator.spec_k_max = "
+                             "%d tokens per round), got %lld",
+                             k_max, k_max, v);
         r->spec_k = (int)v;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_mode")) != NULL) {
@@ -387,7 +412,8 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
             r->spec_mode = REQUEST_SPEC_MODE_POINT_MASS;
         else
             return error_set(err, ERR_INVALID_ARG,
-                             "spec_mode: expected \"sampled\" or \"point_mass\", got \"%.32s\"", item->valuestring);
+                             "spec_mode: expected \"sampled\" or \"point_mass\", got \"%.*s\"",
+                             quote_len(item->valuestring), item->valuestring);
     }
     return 0;
 }

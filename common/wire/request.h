@@ -50,6 +50,8 @@ struct request_message {
 /* Limits that come from the coordinator's configuration. */
 struct request_limits {
     int max_tokens_max;   /* largest accepted max_tokens (>= 1) */
+    int spec_k_max;       /* largest accepted spec_k (the draft's buffer holds that many
+                             drafts per round); 0 = REQUEST_SPEC_K_MAX */
 };
 
 struct request {
@@ -62,8 +64,10 @@ struct request {
     int32_t *prompt_ids;           /* REQUEST_INPUT_IDS: each >= 0 */
     int n_prompt_ids;              /* >= 1 */
     int max_tokens;                /* 1 .. limits.max_tokens_max, default 128 */
-    double temperature;            /* >= 0, default 1.0; 0 = greedy */
-    int top_k;                     /* >= 0, default 0 (off) */
+    /* Sampling: exactly what sampling_params_set accepts, i.e. what the
+     * workers run (a top_p that is 0 as a float is refused). */
+    double temperature;            /* [0, SAMPLING_TEMPERATURE_MAX], default 1.0; 0 = greedy */
+    int top_k;                     /* [0, SAMPLING_TOP_K_MAX], default 0 (off) */
     double top_p;                  /* (0, 1], default 1 */
     double min_p;                  /* [0, 1], default 0 */
     uint64_t seed;                 /* meaningful when has_seed */
@@ -71,7 +75,7 @@ struct request {
     char **stop;                   /* n_stop non-empty strings */
     int n_stop;                    /* 0 .. REQUEST_STOP_MAX */
     bool stream;                   /* default false */
-    int spec_k;                    /* -1 = not given, else 0 .. REQUEST_SPEC_K_MAX (0 = adaptive) */
+    int spec_k;                    /* -1 = not given, else 0 .. limits.spec_k_max (0 = adaptive) */
     enum request_spec_mode spec_mode;
 };
 
@@ -85,13 +89,17 @@ enum request_kind {
  * tree, checks "v" and "type", and reports the kind. *root_out owns the tree
  * (cJSON_Delete) and is set even on a failed "v"/"type" check, so the caller
  * can still read the client's "id" for the error reply (request_peek_id);
- * it is NULL when the text is not JSON. Returns 0 or ERR_FORMAT ("request is
- * not valid JSON", "request must be a JSON object", "v: ...", "type: ..."). */
+ * it is NULL when cJSON cannot parse the text. The text goes through
+ * json_check first (valid UTF-8, no raw control character or \u0000 in a
+ * string, no key twice), so cJSON's lenience never reaches a request.
+ * Returns 0, ERR_FORMAT ("request is not valid JSON: <why>", "request must
+ * be a JSON object", "v: ...", "type: ..."), ERR_INVALID_ARG ("<path>: given
+ * more than once (duplicate key)"; the tree holds the first) or ERR_NOMEM. */
 int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
                            enum request_kind *kind_out, char *err);
 
 /* The client's "id" when root is an object with a string "id" of at most
- * REQUEST_ID_MAX bytes, else "". Never NULL; borrows root. */
+ * REQUEST_ID_MAX bytes that is valid UTF-8, else "". Never NULL; borrows root. */
 const char *request_peek_id(const cJSON *root);
 
 /* Validates a "generate" object (as returned by request_parse_envelope) and

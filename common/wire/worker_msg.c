@@ -97,17 +97,18 @@ static int get_sampling(const cJSON *h, struct worker_msg_sampling *out, char *e
         return rc;
     if (s) {
         double t, p, mp;
-        if ((rc = protocol_get_double_opt(s, "sampling.temperature", 0.0, 1.0e6, 0.0, &t, err)) ||
-            (rc = protocol_get_int_opt(s, "sampling.top_k", 0, 1 << 30, 0, &sp->top_k, err)) ||
+        int top_k;
+        char inner[ERR_MSG_MAX];
+        if ((rc = protocol_get_double_opt(s, "sampling.temperature", 0.0, SAMPLING_TEMPERATURE_MAX,
+                                          0.0, &t, err)) ||
+            (rc = protocol_get_int_opt(s, "sampling.top_k", 0, SAMPLING_TOP_K_MAX, 0, &top_k, err)) ||
             (rc = protocol_get_double_opt(s, "sampling.top_p", 0.0, 1.0, 1.0, &p, err)) ||
             (rc = protocol_get_double_opt(s, "sampling.min_p", 0.0, 1.0, 0.0, &mp, err)) ||
             (rc = get_seed(s, &sp->seed, err)))
             return rc;
-        sp->temperature = (float)t;
-        sp->top_p = (float)p;
-        sp->min_p = (float)mp;
-        if (sampling_params_validate(sp, err) != 0)
-            return ERR_PROTOCOL;
+        /* the same check as the coordinator's on client requests (request.c) */
+        if (sampling_params_set(sp, t, top_k, p, mp, inner) != 0)
+            return error_set(err, ERR_PROTOCOL, "sampling.%s", inner);
     }
     const char *m = NULL;
     if ((rc = protocol_get_string_opt(h, "mode", 32, "sampled", &m, err)))

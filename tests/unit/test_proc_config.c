@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -33,7 +34,7 @@ static void test_proc_config_defaults_match_the_brief(void **state)
                      0);
     assert_string_equal(cfg.instance, "tandem");
     assert_string_equal(cfg.coordinator.client_endpoint, "tcp://127.0.0.1:5555");
-    assert_string_equal(cfg.coordinator.worker_endpoint, "ipc:///tmp/tandem-tandem-workers");
+    assert_string_equal(cfg.coordinator.worker_endpoint, "ipc:///tmp/tandem-tandem/workers.sock");
     assert_string_equal(cfg.coordinator.tokenizer, "/m/target");
     assert_int_equal(cfg.coordinator.max_concurrency, 8);
     assert_int_equal(cfg.coordinator.max_queue, 64);
@@ -48,9 +49,9 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_string_equal(cfg.draft_worker.backend, "cpu");
     assert_int_equal(cfg.draft_worker.max_seq_len, 8192);
     assert_int_equal(cfg.draft_worker.heartbeat_ms, 500);
-    assert_string_equal(cfg.draft_worker.coordinator_endpoint, "ipc:///tmp/tandem-tandem-workers");
+    assert_string_equal(cfg.draft_worker.coordinator_endpoint, "ipc:///tmp/tandem-tandem/workers.sock");
     assert_string_equal(cfg.target_worker.coordinator_endpoint,
-                        "ipc:///tmp/tandem-tandem-workers");
+                        "ipc:///tmp/tandem-tandem/workers.sock");
 }
 
 static void test_proc_config_file_values_are_loaded(void **state)
@@ -70,7 +71,7 @@ static void test_proc_config_file_values_are_loaded(void **state)
                                           err),
                      0);
     assert_string_equal(cfg.instance, "blue");
-    assert_string_equal(cfg.coordinator.worker_endpoint, "ipc:///tmp/tandem-blue-workers");
+    assert_string_equal(cfg.coordinator.worker_endpoint, "ipc:///tmp/tandem-blue/workers.sock");
     assert_int_equal(cfg.coordinator.max_concurrency, 3);
     assert_string_equal(cfg.coordinator.spec_mode, "point_mass");
     assert_string_equal(cfg.coordinator.client_endpoint, "tcp://*:6000");
@@ -224,7 +225,7 @@ static void test_proc_config_parse_args_file_then_flags(void **state)
     assert_string_equal(cfg.draft_worker.model, "/cli/draft");
     assert_int_equal(cfg.draft_worker.threads, 3);
     assert_int_equal(cfg.coordinator.max_concurrency, 5);
-    assert_string_equal(cfg.draft_worker.coordinator_endpoint, "ipc:///tmp/tandem-x1-workers");
+    assert_string_equal(cfg.draft_worker.coordinator_endpoint, "ipc:///tmp/tandem-x1/workers.sock");
 
     char *argv2[] = {"prog", "--config", path, "--threads", "many", NULL};
     assert_int_equal(proc_config_parse_args(&cfg, 5, argv2, "draft_worker", PROC_CONFIG_DRAFT, err),
@@ -325,6 +326,64 @@ static void test_proc_config_deploy_examples_are_valid(void **state)
     }
 }
 
+/* run_dir: the default worker socket lives in it; it is used only when it is
+ * a real directory of ours with mode 0700. */
+static void test_proc_config_run_dir_is_private(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    char base[] = "/tmp/tandem-test-rundir-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    char dir[128], target[160];
+    snprintf(dir, sizeof dir, "%s/run", base);
+    snprintf(target, sizeof target, "%s/elsewhere", base);
+    struct proc_config cfg;
+    proc_config_defaults(&cfg);
+    assert_int_equal(proc_config_set(&cfg, "run_dir", dir, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "draft_worker.model", "/d", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_DRAFT, err), 0);
+    char expect[200];
+    snprintf(expect, sizeof expect, "ipc://%s/workers.sock", dir);
+    assert_string_equal(cfg.coordinator.worker_endpoint, expect);
+    assert_string_equal(cfg.draft_worker.coordinator_endpoint, expect);
+    /* created 0700 */
+    assert_int_equal(proc_config_prepare_run_dir(&cfg, err), 0);
+    struct stat st;
+    assert_int_equal(lstat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0700);
+    assert_int_equal(proc_config_prepare_run_dir(&cfg, err), 0); /* ours: accepted again */
+    /* wrong mode */
+    assert_int_equal(chmod(dir, 0755), 0);
+    assert_int_equal(proc_config_prepare_run_dir(&cfg, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "mode 0755, must be 0700"));
+    assert_int_equal(rmdir(dir), 0);
+    /* a planted symlink */
+    assert_int_equal(mkdir(target, 0700), 0);
+    assert_int_equal(symlink(target, dir), 0);
+    assert_int_equal(proc_config_prepare_run_dir(&cfg, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "is a symbolic link"));
+    assert_int_equal(unlink(dir), 0);
+    /* a foreign owner (only root can plant one here) */
+    if (geteuid() == 0) {
+        assert_int_equal(mkdir(dir, 0700), 0);
+        assert_int_equal(chown(dir, 65534, 65534), 0);
+        assert_int_equal(proc_config_prepare_run_dir(&cfg, err), ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "owned by uid 65534"));
+        assert_int_equal(rmdir(dir), 0);
+    }
+    /* an endpoint placed elsewhere is the operator's choice: not checked */
+    assert_int_equal(symlink(target, dir), 0);
+    snprintf(cfg.coordinator.worker_endpoint, sizeof cfg.coordinator.worker_endpoint,
+             "ipc://%s/w.sock", base);
+    assert_int_equal(proc_config_prepare_run_dir(&cfg, err), 0);
+    assert_int_equal(unlink(dir), 0);
+    assert_int_equal(rmdir(target), 0);
+    assert_int_equal(rmdir(base), 0);
+    /* run_dir must be absolute and short enough for an ipc path */
+    assert_int_equal(proc_config_set(&cfg, "run_dir", "relative/dir", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "run_dir: must be an absolute path"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -340,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_malformed_json_is_a_format_error),
         cmocka_unit_test(test_proc_config_reachable_endpoints_need_an_explicit_choice),
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
+        cmocka_unit_test(test_proc_config_run_dir_is_private),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

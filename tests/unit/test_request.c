@@ -13,6 +13,8 @@
 
 #include "error.h"
 #include "request.h"
+#include "sampling.h"
+#include "utf8.h"
 
 static const struct request_limits limits = {.max_tokens_max = 4096};
 
@@ -217,7 +219,7 @@ static void test_request_bad_sampling_values_are_rejected(void **state)
 {
     (void)state;
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temperature\":-0.1}", ERR_INVALID_ARG,
-              "temperature: must be >= 0, got -0.1");
+              "temperature: must be in [0, 1e+06], got -0.1");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_k\":-1}", ERR_INVALID_ARG, "top_k: must be >= 0");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_p\":0}", ERR_INVALID_ARG,
               "top_p: must be in (0, 1], got 0");
@@ -274,6 +276,99 @@ static void test_request_stats_envelope_and_peek_id(void **state)
     request_destroy(NULL);
 }
 
+/* Issue 15: cJSON's lenience does not reach a request (json_check first). */
+static void test_request_strict_json_is_enforced(void **state)
+{
+    (void)state;
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"ab\\u0000cd\"}", ERR_FORMAT,
+              "\\u0000 in a string: NUL characters are not accepted");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"a\tb\"}", ERR_FORMAT,
+              "raw control character 0x09");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"\xff\"}", ERR_FORMAT, "invalid UTF-8");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"x\","
+              "\"content\":\"y\"}]}", ERR_INVALID_ARG, "messages[0].content: given more than once");
+    parse_bad("{\"v\":1,\"v\":1,\"type\":\"generate\",\"prompt\":\"x\"}", ERR_INVALID_ARG,
+              "v: given more than once");
+    /* a raw NUL inside a string: the length is explicit */
+    const char nul[] = "{\"v\":1,\"type\":\"generate\",\"prompt\":\"a\0b\"}";
+    char err[ERR_MSG_MAX] = "";
+    struct request *r = NULL;
+    assert_int_equal(request_parse(&r, nul, sizeof nul - 1, &limits, err), ERR_FORMAT);
+    assert_non_null(strstr(err, "raw control character 0x00"));
+}
+
+/* Every message that quotes client text is valid UTF-8, and an id that is
+ * not valid UTF-8 is never echoed. */
+static void test_request_errors_quote_client_text_as_valid_utf8(void **state)
+{
+    (void)state;
+    char json[1024], err[ERR_MSG_MAX];
+    char name[400] = "";
+    for (int i = 0; i < 100; i++)
+        strcat(name, "\xc3\xa9"); /* é: 2 bytes; cuts at 32 or 64 bytes fall inside one if odd */
+    strcat(name, "x");
+    const char *fmts[] = {
+        "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"a%s\":1}",
+        "{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"u\",\"content\":\"x\",\"a%s\":1}]}",
+        "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_mode\":\"a%s\"}",
+        "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"seed\":\"a%s\"}",
+        "{\"v\":1,\"type\":\"a%s\"}",
+        "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"a%s\":1,\"a%s\":2}",
+    };
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        snprintf(json, sizeof json, fmts[i], name, name);
+        struct request *r = NULL;
+        int rc = request_parse(&r, json, strlen(json), &limits, err);
+        assert_int_not_equal(rc, 0);
+        if (!utf8_valid((const uint8_t *)err, strlen(err), NULL))
+            fail_msg("case %zu: message is not valid UTF-8: %s", i, err);
+    }
+    /* an id that is not valid UTF-8 is not peeked */
+    const char *bad_id = "{\"v\":1,\"type\":\"stats\",\"id\":\"\xc3\"}";
+    cJSON *root = NULL;
+    enum request_kind kind;
+    assert_int_equal(request_parse_envelope(bad_id, strlen(bad_id), &root, &kind, err), ERR_FORMAT);
+    assert_string_equal(request_peek_id(root), "");
+    cJSON_Delete(root);
+    /* a refused message still names a valid id for the reply */
+    const char *dup = "{\"v\":1,\"type\":\"generate\",\"id\":\"r1\",\"top_k\":1,\"top_k\":2}";
+    assert_int_equal(request_parse_envelope(dup, strlen(dup), &root, &kind, err), ERR_INVALID_ARG);
+    assert_string_equal(request_peek_id(root), "r1");
+    cJSON_Delete(root);
+}
+
+/* What the coordinator accepts is exactly what the workers run: the limits
+ * of sampling.h, floats as the sampler sees them, spec_k up to what the
+ * draft drafts. */
+static void test_request_sampling_limits_match_the_workers(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temperature\":1e6,"
+                                 "\"top_k\":1073741824,\"top_p\":1e-40,\"min_p\":1e-50}");
+    struct sampling_params sp;
+    char err[ERR_MSG_MAX];
+    assert_int_equal(sampling_params_set(&sp, r->temperature, r->top_k, r->top_p, r->min_p, err), 0);
+    assert_int_equal(sampling_params_validate(&sp, err), 0);
+    request_destroy(r);
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temperature\":1000001}", ERR_INVALID_ARG,
+              "temperature: must be in [0, 1e+06], got 1e+06");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"temperature\":1e300}", ERR_INVALID_ARG,
+              "temperature: must be in [0, 1e+06]");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_k\":1073741825}", ERR_INVALID_ARG,
+              "top_k: must be <= 1073741824");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"top_p\":1e-50}", ERR_INVALID_ARG,
+              "top_p: 1e-50 is 0 as a 32-bit float");
+    /* spec_k: at most what the server drafts per round */
+    const struct request_limits k8 = {.max_tokens_max = 100, .spec_k_max = 8};
+    const char *k9 = "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_k\":9}";
+    assert_int_equal(request_parse(&r, k9, strlen(k9), &k8, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "spec_k: must be <= 8 (this server drafts at most coordinator.spec_k_max"));
+    const char *ok8 = "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_k\":8}";
+    assert_int_equal(request_parse(&r, ok8, strlen(ok8), &k8, err), 0);
+    assert_int_equal(r->spec_k, 8);
+    request_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +386,9 @@ int main(void)
         cmocka_unit_test(test_request_bad_sampling_values_are_rejected),
         cmocka_unit_test(test_request_stop_limits_are_enforced),
         cmocka_unit_test(test_request_stats_envelope_and_peek_id),
+        cmocka_unit_test(test_request_strict_json_is_enforced),
+        cmocka_unit_test(test_request_errors_quote_client_text_as_valid_utf8),
+        cmocka_unit_test(test_request_sampling_limits_match_the_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,6 +88,70 @@ static void test_specdec_greedy_equals_target_only_on_poor_tiny_pair(void **stat
     assert_true(acc < 0.9);
 }
 
+struct chunk_count {
+    int calls, last_done, total;
+};
+
+static void count_chunk(void *user, int n_done, int n_total)
+{
+    struct chunk_count *c = user;
+    assert_true(n_done >= 1 && n_done < n_total);
+    if (n_total != c->total || n_done <= c->last_done) /* a new feed: (chunk 1) catch-ups */
+        c->last_done = 0;
+    c->last_done = n_done;
+    c->total = n_total;
+    c->calls += n_total == 301;
+}
+
+/* A long prompt fed in chunks (prefill in the target and the draft, with a
+ * progress call between chunks) gives the same greedy ids, speculative and
+ * target-only, as one forward call: the CPU kernels are batch-invariant. */
+static void test_specdec_chunked_prefill_keeps_greedy_ids(void **state)
+{
+    struct pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_draft *d;
+    struct specdec_target *t;
+    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "specdec_draft_create", err);
+    fixture_check(specdec_target_create(&t, p->good.ctx, err), "specdec_target_create", err);
+    const struct model_config *cfg = llama_model_config(p->good.model);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    enum { N_PROMPT = 301, N_GEN = 40 };
+    int32_t prompt[N_PROMPT], expect[N_GEN], got[N_GEN];
+    fixture_random_ids(prompt, N_PROMPT, 0, cfg->vocab_size, 77);
+    int n_expect, n_got;
+    struct specdec_stats st;
+    struct specdec_progress whole = {.chunk_tokens = 1 << 20};
+    specdec_target_set_progress(t, &whole);
+    specdec_draft_set_progress(d, &whole);
+    fixture_generate(NULL, t, prompt, N_PROMPT, N_GEN, 0, &sp, SPECULATE_MODE_SAMPLED, NULL, 0,
+                     expect, &n_expect, &st);
+    const int chunks[] = {1, 7, 32, 300, 301};
+    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+        for (int with_draft = 0; with_draft < 2; with_draft++) {
+            struct chunk_count tc = {0}, dc = {0};
+            struct specdec_progress tp = {.chunk_tokens = chunks[i], .on_chunk = count_chunk,
+                                          .user = &tc};
+            struct specdec_progress dp = {.chunk_tokens = chunks[i], .on_chunk = count_chunk,
+                                          .user = &dc};
+            specdec_target_set_progress(t, &tp);
+            specdec_draft_set_progress(d, &dp);
+            fixture_generate(with_draft ? d : NULL, t, prompt, N_PROMPT, N_GEN, with_draft ? 4 : 0,
+                             &sp, SPECULATE_MODE_SAMPLED, NULL, 0, got, &n_got, &st);
+            if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
+                fail_msg("chunk %d, draft %d: ids differ from the unchunked prefill", chunks[i],
+                         with_draft);
+            /* ceil(301 / chunk) - 1 chunks before the last call of the prefill */
+            assert_int_equal(tc.calls, (N_PROMPT + chunks[i] - 1) / chunks[i] - 1);
+            if (with_draft)
+                assert_int_equal(dc.calls, (N_PROMPT + chunks[i] - 1) / chunks[i] - 1);
+        }
+    }
+    specdec_target_destroy(t);
+    specdec_draft_destroy(d);
+}
+
 /* A stop id ends generation right after it; nothing past max_tokens or the
  * context is produced, for any K. */
 static void test_specdec_stops_and_limits_apply_to_accepted_tokens(void **state)
@@ -409,6 +473,7 @@ int main(void)
     const struct CMUnitTest tiny[] = {
         cmocka_unit_test(test_specdec_greedy_equals_target_only_on_matched_tiny_pair),
         cmocka_unit_test(test_specdec_greedy_equals_target_only_on_poor_tiny_pair),
+        cmocka_unit_test(test_specdec_chunked_prefill_keeps_greedy_ids),
         cmocka_unit_test(test_specdec_stops_and_limits_apply_to_accepted_tokens),
         cmocka_unit_test(test_specdec_never_overflows_the_context),
         cmocka_unit_test(test_specdec_rejects_bad_parameters),

@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""Liveness does not depend on how long a command takes (issue 15, defect 1).
+
+A prompt whose prefill takes several times worker_timeout_ms (1800 tokens on
+the tiny target: about 0.8 s on one thread, longer under ASan, against a
+200 ms timeout) completes with the target-only greedy ids: the workers feed
+the prompt in chunks of prefill_chunk tokens and send heartbeats between
+them. Control: with prefill_chunk so large that the prompt goes in one
+forward call (the behaviour before the fix), the same request gets
+target_unavailable. A target that is truly hung (SIGSTOP in the middle of
+the prefill) is still declared lost: the request gets target_unavailable
+within worker_timeout_ms plus slack."""
+import signal
+import time
+
+from tandem_e2e import Pipeline, check, collect, generate, main, reference
+
+TIMEOUT_MS = 200
+N_PROMPT = 1800
+
+
+def pipeline(name, chunk):
+    p = Pipeline(name, worker_timeout_ms=TIMEOUT_MS,
+                 extra={"coordinator": {"heartbeat_ms": 40},
+                        "draft_worker": {"heartbeat_ms": 40, "prefill_chunk": chunk},
+                        "target_worker": {"heartbeat_ms": 40, "prefill_chunk": chunk}})
+    draft, target = p.make_pair()
+    p.start_all()
+    return p, target
+
+
+def test():
+    ids = [3 + (i * 7) % 500 for i in range(N_PROMPT)]
+
+    # Chunked prefill: the long prompt succeeds, greedy ids unchanged.
+    p, target = pipeline("long", 8)
+    ref = reference(target, ids, 8)
+    s = p.client()
+    done, _ = generate(s, {"id": "long", "prompt_ids": ids, "max_tokens": 8, "temperature": 0}, 120)
+    check(done["type"] == "done", "long prompt with chunked prefill: %s" % done)
+    check(done["ids"] == ref["ids"], "ids %s differ from target-only %s" % (done["ids"], ref["ids"]))
+    prefill_ms = done["timing"]["prefill_ms"]
+    print("prefill of %d tokens: %.0f ms (worker_timeout_ms %d)" % (N_PROMPT, prefill_ms, TIMEOUT_MS))
+    check(prefill_ms > 3 * TIMEOUT_MS, "prefill took %.0f ms: too fast to prove anything" % prefill_ms)
+    st = p.stats()["workers"]
+    check(st["target"]["losses"] == 0 and st["draft"]["losses"] == 0, "a worker was declared lost: %s" % st)
+
+    # A truly hung target: SIGSTOP during the prefill, lost within the bound.
+    s.send_json({"v": 1, "type": "generate", "id": "hung", "prompt_ids": ids, "max_tokens": 8,
+                 "temperature": 0})
+    time.sleep(0.2)
+    p.procs["target"].send_signal(signal.SIGSTOP)
+    t0 = time.time()
+    m, _ = collect(s, "hung", 30)
+    waited = time.time() - t0
+    p.procs["target"].send_signal(signal.SIGCONT)
+    check(m["type"] == "error" and m["code"] == "target_unavailable", "request to a hung target: %s" % m)
+    check(waited < TIMEOUT_MS / 1000.0 + 2, "target_unavailable took %.1f s" % waited)
+    print("hung target reported after %.2f s" % waited)
+    s.close()
+    p.close()
+
+    # Control: one forward call for the whole prompt (no heartbeat can go out).
+    p, _ = pipeline("whole", 65536)
+    s = p.client()
+    m, _ = generate(s, {"id": "whole", "prompt_ids": ids, "max_tokens": 8, "temperature": 0}, 120)
+    check(m["type"] == "error" and m["code"] == "target_unavailable",
+          "control: an unchunked prefill of %d tokens should outlast worker_timeout_ms: %s" % (N_PROMPT, m))
+    s.close()
+    p.close()
+
+
+if __name__ == "__main__":
+    main(test)
