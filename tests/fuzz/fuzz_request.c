@@ -3,13 +3,52 @@
  * parsed, then request_from_json for a "generate" (prompt, chat messages,
  * prompt_ids, sampling fields, seeds as numbers or strings, stop strings,
  * spec_k / spec_mode). A request that parses is checked against the
- * invariants request.h promises, reading every string it owns. */
+ * invariants request.h promises, reading every string it owns, and is then
+ * tokenized as coordinator/intake.c does it (the prompt with BOS, chat
+ * messages through the chat template, with and without the 3.1 date block)
+ * with the small generated tokenizer: client text reaches the tokenizer and
+ * the template only through here. */
 #include "fuzz_common.h"
+#include "fuzz_tiny_tokenizer.h"
 
-#include <math.h>
-
+#include "chat_template.h"
 #include "error.h"
 #include "request.h"
+
+/* What intake does with a parsed request's text. */
+static void tokenize_request(const struct request *r)
+{
+    const struct tokenizer *tk = fuzz_tiny_tokenizer();
+    char err[ERR_MSG_MAX];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (r->input == REQUEST_INPUT_PROMPT) {
+        if (tokenizer_encode(tk, r->prompt, r->prompt_len, TOKENIZER_ADD_BOS, &ids, &n, err) == 0)
+            free(ids);
+        return;
+    }
+    if (r->input != REQUEST_INPUT_MESSAGES)
+        return;
+    struct chat_message *m = calloc((size_t)r->n_messages, sizeof *m);
+    if (!m)
+        return;
+    for (int i = 0; i < r->n_messages; i++) {
+        m[i].role = r->messages[i].role;
+        m[i].content = r->messages[i].content;
+        m[i].content_len = strlen(r->messages[i].content);
+    }
+    const struct chat_template_options dated = {.date_string = "26 Jul 2024"};
+    const struct chat_template_options *opts[] = {NULL, &dated};
+    for (size_t k = 0; k < 2; k++) {
+        if (chat_template_encode(tk, m, (size_t)r->n_messages, 1, opts[k], &ids, &n, err) == 0) {
+            for (size_t i = 0; i < n; i++)
+                if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(tk))
+                    abort();
+            free(ids);
+        }
+    }
+    free(m);
+}
 
 static void check_request(const struct request *r, const struct request_limits *lim)
 {
@@ -65,6 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct request *r = NULL;
         if (request_from_json(&r, root, &limits, err) == 0) {
             check_request(r, &limits);
+            tokenize_request(r);
             request_destroy(r);
         }
     }

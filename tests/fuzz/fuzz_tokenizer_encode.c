@@ -10,36 +10,14 @@
  * they were parsed and no BOS added) gives back exactly the text: byte-level
  * BPE loses nothing. */
 #include "fuzz_common.h"
+#include "fuzz_tiny_tokenizer.h"
 
-#include "error.h"
-#include "tokenizer.h"
 #include "utf8.h"
-
-#ifndef FUZZ_TINY_TOKENIZER
-#error "FUZZ_TINY_TOKENIZER (path of tests/fuzz/data/tiny_tokenizer.json) must be defined"
-#endif
-
-static struct tokenizer *tiny;
-
-static void tiny_free(void)
-{
-    tokenizer_destroy(tiny);
-    tiny = NULL;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[ERR_MSG_MAX];
-    if (!tiny) {
-        const char *path = getenv("FUZZ_TINY_TOKENIZER");
-        if (!path || !path[0])
-            path = FUZZ_TINY_TOKENIZER;
-        if (tokenizer_load(&tiny, path, err) != 0) {
-            fprintf(stderr, "fuzz_tokenizer_encode: %s\n", err);
-            abort();
-        }
-        atexit(tiny_free);
-    }
+    const struct tokenizer *tiny = fuzz_tiny_tokenizer();
     if (size < 1)
         return 0;
     unsigned flags = data[0] & 3u;
