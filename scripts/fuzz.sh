@@ -39,10 +39,10 @@ done
 command -v clang >/dev/null || { echo "fuzz: clang not found (scripts/install-deps.sh installs it)" >&2; exit 2; }
 
 build="$root/build-fuzz"
-if [[ ! -f $build/CMakeCache.txt ]]; then
-  CC=clang cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_FUZZ=ON \
-        -DTANDEM_CUDA=OFF -DTANDEM_NATIVE=OFF >/dev/null || exit 2
-fi
+# CC applies only to a new build directory; an existing one configured with
+# another compiler is refused by CMakeLists.txt (TANDEM_FUZZ needs clang).
+CC=clang cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_FUZZ=ON \
+      -DTANDEM_CUDA=OFF -DTANDEM_NATIVE=OFF >/dev/null || exit 2
 cmake --build "$build" -j"$(nproc)" --target fuzz_targets >/dev/null || exit 2
 
 fuzz_dir="$root/tests/fuzz"
