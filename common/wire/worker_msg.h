@@ -159,7 +159,8 @@ int worker_msg_draft_decode(const struct protocol_msg *msg, const struct worker_
                             struct worker_msg_draft *m, char *err);
 
 cJSON *worker_msg_draft_ready_encode(const struct worker_msg_draft_ready *m);
-/* k may be one more than lim->k_max (a pre-draft holds its guess too). */
+/* k in 0..SPECULATE_K_MAX + 1 (a pre-draft holds its guess too); the
+ * scheduler checks it against what it asked for. */
 int worker_msg_draft_ready_decode(const struct protocol_msg *msg,
                                   const struct worker_msg_limits *lim,
                                   struct worker_msg_draft_ready *m, char *err);
@@ -171,7 +172,9 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
 
 cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
                                      struct protocol_frame *frame);
-/* Checks n_accepted in 0..k_max, n_accepted + 1 tokens, each a vocabulary id. */
+/* Checks n_accepted in 0..SPECULATE_K_MAX (the scheduler then checks it
+ * against the round's k), n_accepted + 1 tokens, each a vocabulary id
+ * (when lim->vocab_size > 0). */
 int worker_msg_verify_done_decode(const struct protocol_msg *msg,
                                   const struct worker_msg_limits *lim,
                                   struct worker_msg_verify_done *m, char *err);
