@@ -33,7 +33,7 @@ static inline void fuzz_dir_remove(void)
 {
     char path[512];
     for (int i = 0; i < fuzz_n_file_names; i++) {
-        snprintf(path, sizeof path, "%s/%s", fuzz_dir_path, fuzz_file_names[i]);
+        snprintf(path, sizeof path, "%.255s/%.63s", fuzz_dir_path, fuzz_file_names[i]);
         unlink(path);
     }
     rmdir(fuzz_dir_path);
