@@ -21,7 +21,6 @@
  *
  * Not here: the ops themselves (one file each), the thread pool (cpu_pool.c).
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
