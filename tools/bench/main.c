@@ -324,7 +324,8 @@ static void prof_report(const struct prof_backend *p, double wall_s, long tokens
     double total = 0;
     for (int i = 0; i < PROF_N; i++)
         total += p->op_s[i];
-    printf("  profile over %ld tokens (%.1f ms/token wall, %.1f ms/token in ops):\n", tokens,
+    printf("  profile over %ld generated tokens, prefill included (%.1f ms/token wall, "
+           "%.1f ms/token in ops):\n", tokens,
            1e3 * wall_s / (double)tokens, 1e3 * total / (double)tokens);
     for (int i = 0; i < PROF_N; i++)
         if (p->op_calls[i])
