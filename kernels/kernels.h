@@ -59,7 +59,8 @@ struct kern_ops {
     /* Copy within backend memory; regions must not overlap. */
     int (*copy)(struct kern_backend *be, void *dst, const void *src, size_t size_bytes, char *err);
     /* Makes host weight bytes (e.g. an mmapped safetensors region) usable by
-     * the ops. cpu returns host_ptr itself (no copy); cuda copies to device.
+     * the ops. cpu returns host_ptr itself for small tensors and copies large
+     * ones into huge-page host memory (see cpu_backend.c); cuda copies to device.
      * unmap_weights releases what map_weights made (no-op on cpu). */
     int (*map_weights)(struct kern_backend *be, const void *host_ptr, size_t size_bytes,
                        const void **out, char *err);

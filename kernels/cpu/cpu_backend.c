@@ -3,21 +3,43 @@
  * Memory is plain host memory. alloc() returns 64-byte aligned, zero-filled
  * buffers from calloc (large ones come from fresh anonymous mappings and stay
  * uncommitted until touched); the pointer calloc gave is kept in the 8 bytes
- * just before the aligned block so free() can find it. map_weights() hands
- * back the host pointer itself: weights are read straight from the caller's
- * (usually mmapped) bytes. upload/download/copy are memcpy; sync is a no-op
- * because every op finishes before it returns.
+ * just before the aligned block so free() can find it. upload/download/copy
+ * are memcpy; sync is a no-op because every op finishes before it returns.
+ *
+ * map_weights(): a weight tensor of at least CPU_WEIGHT_COPY_MIN bytes is
+ * copied into anonymous memory, 2 MiB aligned and advised for transparent
+ * huge pages; smaller ones (norms) are used in place. Why: a decode step
+ * streams every weight once, and the caller's bytes are usually an mmapped
+ * file, i.e. 4 KiB pages. Over a 2.5 GB model that is a TLB miss (and, in a
+ * VM, a two-level page walk) every 4 KiB, and the hardware prefetchers stop at
+ * every 4 KiB boundary: measured on the 2-core Zen 5 VM, the bf16 matvec read
+ * the mmapped 1B model at 18-25 GB/s and the same bytes in huge pages at
+ * 30-35 GB/s. The cost is one copy at load (about a second for 2.5 GB) and
+ * the copy's memory; the file's page cache is left to the kernel to reclaim.
+ * Where the kernel has no transparent huge pages (or they are off) nothing
+ * is copied. The copy changes no value, so no result.
  *
  * Not here: the ops themselves (one file each), the thread pool (cpu_pool.c).
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cpu_backend.h"
 #include "error.h"
 
 #define CPU_ALIGN 64
+#define CPU_HUGE_PAGE ((size_t)2 << 20)
+#define CPU_WEIGHT_COPY_MIN CPU_HUGE_PAGE
+
+/* One weight tensor copied into huge-page memory: the mapping [base, base + len). */
+struct cpu_weight_copy {
+    void *base;
+    size_t len;
+};
 
 int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
 {
@@ -78,6 +100,9 @@ static void cpu_destroy(struct kern_backend *be)
         return;
     struct cpu_backend *cb = cpu_backend_of(be);
     cpu_pool_destroy(cb->pool);
+    for (int i = 0; i < cb->n_copies; i++)
+        munmap(cb->copies[i].base, cb->copies[i].len);
+    free(cb->copies);
     if (cb->scratch) {
         for (int t = 0; t < cb->n_threads; t++)
             cpu_aligned_free(cb->scratch[t]);
@@ -129,19 +154,90 @@ static int cpu_copy(struct kern_backend *be, void *dst, const void *src, size_t 
     return cpu_memcpy_op("copy", dst, src, size_bytes, err);
 }
 
+/* Whether this kernel gives anonymous memory transparent huge pages when
+ * asked (madvise): the setting is "always" or "madvise", not "never". */
+static int cpu_thp_available(void)
+{
+#ifdef MADV_HUGEPAGE
+    char line[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return 0;
+    const int ok = fgets(line, sizeof line, f) != NULL && strstr(line, "[never]") == NULL;
+    fclose(f);
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+/* Copies size_bytes from host_ptr into a fresh 2 MiB-aligned anonymous
+ * mapping advised for huge pages, made read-only after the copy, and records
+ * it for unmap_weights. *out = the copy. Returns 0, ERR_NOMEM or ERR_SYSTEM. */
+static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, size_t size_bytes,
+                                const void **out, char *err)
+{
+    if (cb->n_copies == cb->cap_copies) {
+        int cap = cb->cap_copies ? 2 * cb->cap_copies : 64;
+        struct cpu_weight_copy *grown = realloc(cb->copies, (size_t)cap * sizeof(*grown));
+        if (!grown)
+            return error_set(err, ERR_NOMEM, "cpu map_weights: out of memory");
+        cb->copies = grown;
+        cb->cap_copies = cap;
+    }
+    if (size_bytes > SIZE_MAX - 2 * CPU_HUGE_PAGE)
+        return error_set(err, ERR_NOMEM, "cpu map_weights: %zu bytes is too large", size_bytes);
+    const size_t len = (size_bytes + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
+    /* Over-map by one huge page, then trim to a 2 MiB-aligned start. */
+    char *raw = mmap(NULL, len + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return error_set_errno(err, ERR_NOMEM, errno, "cpu map_weights: mmap(%zu bytes)",
+                               len + CPU_HUGE_PAGE);
+    char *base = (char *)(((uintptr_t)raw + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1));
+    const size_t head = (size_t)(base - raw), tail = CPU_HUGE_PAGE - head;
+    if ((head && munmap(raw, head) != 0) || (tail && munmap(base + len, tail) != 0)) {
+        int e = errno;
+        munmap(raw, len + CPU_HUGE_PAGE); /* whatever is left of it */
+        return error_set_errno(err, ERR_SYSTEM, e, "cpu map_weights: munmap (trimming)");
+    }
+    /* Advice only: without huge pages the copy is merely no faster. */
+    (void)madvise(base, len, MADV_HUGEPAGE);
+    memcpy(base, host_ptr, size_bytes);
+    if (mprotect(base, len, PROT_READ) != 0) {
+        int e = errno;
+        munmap(base, len);
+        return error_set_errno(err, ERR_SYSTEM, e, "cpu map_weights: mprotect(PROT_READ)");
+    }
+    cb->copies[cb->n_copies++] = (struct cpu_weight_copy){.base = base, .len = len};
+    *out = base;
+    return 0;
+}
+
 static int cpu_map_weights(struct kern_backend *be, const void *host_ptr, size_t size_bytes,
                            const void **out, char *err)
 {
+    struct cpu_backend *cb = cpu_backend_of(be);
     *out = NULL;
     if (!host_ptr && size_bytes > 0)
         return error_set(err, ERR_INVALID_ARG, "cpu map_weights: NULL pointer for %zu bytes",
                          size_bytes);
+    if (cb->weight_copy && size_bytes >= CPU_WEIGHT_COPY_MIN)
+        return cpu_weight_copy_make(cb, host_ptr, size_bytes, out, err);
     *out = host_ptr;
     return 0;
 }
 
+/* Releases a copy made by map_weights; a pointer used in place is not ours. */
 static void cpu_unmap_weights(struct kern_backend *be, const void *ptr)
 {
+    struct cpu_backend *cb = cpu_backend_of(be);
+    for (int i = 0; i < cb->n_copies; i++)
+        if (cb->copies[i].base == ptr) {
+            munmap(cb->copies[i].base, cb->copies[i].len);
+            cb->copies[i] = cb->copies[--cb->n_copies];
+            return;
+        }
 }
 
 static int cpu_sync(struct kern_backend *be, char *err)
@@ -184,6 +280,7 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     cb->base.ops = &cpu_ops;
     cb->base.name = "cpu";
     cb->n_threads = n_threads;
+    cb->weight_copy = cpu_thp_available();
     cb->scratch = calloc((size_t)n_threads, sizeof(*cb->scratch));
     if (!cb->scratch) {
         free(cb);

@@ -22,6 +22,11 @@ struct cpu_backend {
     /* Per-thread scratch: scratch[t] holds scratch_bytes bytes (64-aligned). */
     float **scratch;
     size_t scratch_bytes;
+    /* Weights copied into huge-page memory by map_weights (see
+     * cpu_backend.c); unmap_weights and destroy release them. */
+    int weight_copy;                 /* copy at all: transparent huge pages exist */
+    struct cpu_weight_copy *copies;  /* [n_copies], capacity cap_copies */
+    int n_copies, cap_copies;
 };
 
 static inline struct cpu_backend *cpu_backend_of(struct kern_backend *be)

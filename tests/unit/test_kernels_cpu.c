@@ -791,6 +791,41 @@ static void test_kernels_cpu_memory_ops_are_zeroed_aligned_and_copy(void **state
     assert_int_equal(kern_cpu_threads(be), 0);
 }
 
+/* Large weight tensors are copied by map_weights (into huge-page memory): the
+ * copy holds the same bytes, a matmul on it gives the same bits as on the
+ * caller's bytes, and unmap_weights (or destroy, for a copy never unmapped)
+ * releases it. Small tensors are used in place. */
+static void test_kernels_cpu_map_weights_copies_large_tensors_exactly(void **state)
+{
+    const int d_in = 2048, d_out = 1100, n = 3; /* 4.3 MiB of bf16 */
+    const size_t count = (size_t)d_in * d_out;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {23};
+    char err[ERR_MSG_MAX];
+    double *wref = dalloc(count);
+    void *w = make_weights(&r, KERN_DTYPE_BF16, count, wref);
+    float *in = falloc((size_t)n * d_in), *a = falloc((size_t)n * d_out);
+    float *b = falloc((size_t)n * d_out);
+    fill(&r, in, (size_t)n * d_in);
+    const void *mapped = NULL, *again = NULL;
+    assert_int_equal(be->ops->map_weights(be, w, count * 2, &mapped, err), 0);
+    assert_non_null(mapped);
+    assert_memory_equal(mapped, w, count * 2);
+    assert_int_equal(be->ops->matmul(be, a, in, w, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
+    assert_int_equal(be->ops->matmul(be, b, in, mapped, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
+    assert_int_equal(count_bit_diffs("matmul on mapped weights", a, b, (size_t)n * d_out), 0);
+    be->ops->unmap_weights(be, mapped);
+    /* a second copy left mapped: destroy releases it */
+    assert_int_equal(be->ops->map_weights(be, w, count * 2, &again, err), 0);
+    assert_memory_equal(again, w, count * 2);
+    be->ops->destroy(be);
+    free(w);
+    free(wref);
+    free(in);
+    free(a);
+    free(b);
+}
+
 static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
 {
     struct kern_backend *be = make_backend(2);
@@ -838,6 +873,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_swiglu_and_add_match_reference),
         cmocka_unit_test(test_kernels_cpu_memory_ops_are_zeroed_aligned_and_copy),
         cmocka_unit_test(test_kernels_cpu_bad_arguments_are_rejected),
+        cmocka_unit_test(test_kernels_cpu_map_weights_copies_large_tensors_exactly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,13 @@
 /* tandem-bench: figures for the runtime and for speculative decoding.
  *
  *   tandem-bench runtime [--models DIR] [--threads N] [--tokens N] [--presets a,b]
- *       memory bandwidth (large memcpy), then target-only decode tokens/s per
- *       preset and the weight bytes read per second as a share of bandwidth.
+ *       [--profile 0|1]
+ *       this machine's read bandwidth (read_bw.h; a memcpy figure beside it,
+ *       labelled, for reference), then target-only decode tokens/s per preset
+ *       and the weight bytes read per second as a share of read bandwidth: a
+ *       decode step reads its weights and writes almost nothing, so the read
+ *       figure is its ceiling. --profile 1 adds a second, profiled run per
+ *       preset: time per op kind and per matmul shape, per token.
  *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c] [--ks LIST]
  *       [--modes 0|1]
  *       on the small pair (derived draft at several noise levels): tokens/s
@@ -26,6 +31,7 @@
 #include "error.h"
 #include "llama.h"
 #include "modelgen.h"
+#include "read_bw.h"
 #include "specdec.h"
 
 struct bench_opts {
@@ -35,6 +41,7 @@ struct bench_opts {
     char noise[128];
     char ks[64]; /* K values to run; 0 = adaptive */
     int modes;   /* also compare the sampled and point-mass draft modes */
+    int profile; /* runtime: also print where a decode token's time goes, per op */
 };
 
 static double now_s(void)
@@ -48,31 +55,6 @@ static int die(const char *what, const char *err)
 {
     fprintf(stderr, "tandem-bench: %s: %s\n", what, err);
     return 1;
-}
-
-/* Large-copy bandwidth, best of several runs: bytes read + bytes written. */
-static double memcpy_gbps(void)
-{
-    const size_t size = (size_t)1 << 30;
-    char *a = malloc(size), *b = malloc(size);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return 0;
-    }
-    memset(a, 1, size);
-    memset(b, 2, size);
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
-        memcpy(b, a, size);
-        double t = now_s() - t0;
-        best = t < best ? t : best;
-        a[r] = b[size - 1 - r]; /* keep the copy observable */
-    }
-    free(a);
-    free(b);
-    return 2.0 * (double)size / best / 1e9;
 }
 
 static int ensure_model(const char *dir, const char *preset, uint64_t seed, const char *from_dir,
@@ -158,12 +140,215 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     return 0;
 }
 
+/* ---- op profile ----
+ * A kern_backend that forwards every op to the real one and adds up the time
+ * each op kind takes (matmul by shape). The CPU backend finishes every op
+ * before it returns, so wall time per call is the op's cost, dispatch
+ * included. Used by `runtime --profile 1` to show where a decode step goes. */
+#define PROF_SHAPES 16
+enum prof_op { PROF_EMBED, PROF_RMSNORM, PROF_MATMUL, PROF_ROPE, PROF_ATTENTION, PROF_SWIGLU,
+               PROF_ADD, PROF_COPY, PROF_OTHER, PROF_N };
+static const char *const prof_names[PROF_N] = {"embed", "rmsnorm", "matmul", "rope", "attention",
+                                               "swiglu", "add", "copy", "other"};
+struct prof_backend {
+    struct kern_backend base; /* first: the ops receive &base */
+    struct kern_backend *inner;
+    double op_s[PROF_N];
+    long op_calls[PROF_N];
+    struct { int n, d_in, d_out; long calls; double s; } mm[PROF_SHAPES];
+    int n_mm;
+};
+
+static struct prof_backend *prof_of(struct kern_backend *be)
+{
+    return (struct prof_backend *)(void *)be;
+}
+
+static void prof_add(struct kern_backend *be, enum prof_op op, double t0)
+{
+    struct prof_backend *p = prof_of(be);
+    p->op_s[op] += now_s() - t0;
+    p->op_calls[op]++;
+}
+
+static void prof_destroy(struct kern_backend *be)
+{
+    (void)be; /* the inner backend belongs to main */
+}
+static int prof_alloc(struct kern_backend *be, size_t size_bytes, void **out, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    return in->ops->alloc(in, size_bytes, out, err);
+}
+static void prof_free(struct kern_backend *be, void *ptr)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    in->ops->free(in, ptr);
+}
+static int prof_upload(struct kern_backend *be, void *dst, const void *src, size_t size, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->upload(in, dst, src, size, err);
+    prof_add(be, PROF_OTHER, t0);
+    return rc;
+}
+static int prof_download(struct kern_backend *be, void *dst, const void *src, size_t size, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->download(in, dst, src, size, err);
+    prof_add(be, PROF_OTHER, t0);
+    return rc;
+}
+static int prof_copy(struct kern_backend *be, void *dst, const void *src, size_t size, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->copy(in, dst, src, size, err);
+    prof_add(be, PROF_COPY, t0);
+    return rc;
+}
+static int prof_map_weights(struct kern_backend *be, const void *host, size_t size, const void **out,
+                            char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    return in->ops->map_weights(in, host, size, out, err);
+}
+static void prof_unmap_weights(struct kern_backend *be, const void *ptr)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    in->ops->unmap_weights(in, ptr);
+}
+static int prof_sync(struct kern_backend *be, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    return in->ops->sync(in, err);
+}
+static int prof_embed(struct kern_backend *be, float *out, const void *table, enum kern_dtype dt,
+                      const int32_t *ids, int n, int dim, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->embed(in, out, table, dt, ids, n, dim, err);
+    prof_add(be, PROF_EMBED, t0);
+    return rc;
+}
+static int prof_rmsnorm(struct kern_backend *be, float *out, const float *x, const void *w,
+                        enum kern_dtype dt, int n, int dim, float eps, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->rmsnorm(in, out, x, w, dt, n, dim, eps, err);
+    prof_add(be, PROF_RMSNORM, t0);
+    return rc;
+}
+static int prof_matmul(struct kern_backend *be, float *out, const float *x, const void *w,
+                       enum kern_dtype dt, int n, int d_in, int d_out, char *err)
+{
+    struct prof_backend *p = prof_of(be);
+    double t0 = now_s();
+    int rc = p->inner->ops->matmul(p->inner, out, x, w, dt, n, d_in, d_out, err);
+    double dt_s = now_s() - t0;
+    p->op_s[PROF_MATMUL] += dt_s;
+    p->op_calls[PROF_MATMUL]++;
+    int i = 0;
+    while (i < p->n_mm && (p->mm[i].n != n || p->mm[i].d_in != d_in || p->mm[i].d_out != d_out))
+        i++;
+    if (i == p->n_mm && p->n_mm < PROF_SHAPES) {
+        p->mm[i].n = n, p->mm[i].d_in = d_in, p->mm[i].d_out = d_out;
+        p->n_mm++;
+    }
+    if (i < p->n_mm) {
+        p->mm[i].calls++;
+        p->mm[i].s += dt_s;
+    }
+    return rc;
+}
+static int prof_rope(struct kern_backend *be, float *x, const int32_t *pos, int n, int n_heads,
+                     int head_dim, const float *inv_freq, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->rope(in, x, pos, n, n_heads, head_dim, inv_freq, err);
+    prof_add(be, PROF_ROPE, t0);
+    return rc;
+}
+static int prof_attention(struct kern_backend *be, float *out, const float *q, const float *kc,
+                          const float *vc, int n, int pos0, int n_heads, int n_kv, int head_dim,
+                          float scale, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->attention(in, out, q, kc, vc, n, pos0, n_heads, n_kv, head_dim, scale, err);
+    prof_add(be, PROF_ATTENTION, t0);
+    return rc;
+}
+static int prof_swiglu(struct kern_backend *be, float *out, const float *g, const float *u,
+                       size_t count, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->swiglu(in, out, g, u, count, err);
+    prof_add(be, PROF_SWIGLU, t0);
+    return rc;
+}
+static int prof_addop(struct kern_backend *be, float *x, const float *y, size_t count, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->add(in, x, y, count, err);
+    prof_add(be, PROF_ADD, t0);
+    return rc;
+}
+
+static const struct kern_ops prof_ops = {
+    .destroy = prof_destroy, .alloc = prof_alloc, .free = prof_free, .upload = prof_upload,
+    .download = prof_download, .copy = prof_copy, .map_weights = prof_map_weights,
+    .unmap_weights = prof_unmap_weights, .sync = prof_sync, .embed = prof_embed,
+    .rmsnorm = prof_rmsnorm, .matmul = prof_matmul, .rope = prof_rope,
+    .attention = prof_attention, .swiglu = prof_swiglu, .add = prof_addop,
+};
+
+static void prof_init(struct prof_backend *p, struct kern_backend *inner)
+{
+    memset(p, 0, sizeof *p);
+    p->base.ops = &prof_ops;
+    p->base.name = inner->name;
+    p->inner = inner;
+}
+
+/* Prints the time per op kind and per matmul shape, per decoded token. */
+static void prof_report(const struct prof_backend *p, double wall_s, long tokens)
+{
+    double total = 0;
+    for (int i = 0; i < PROF_N; i++)
+        total += p->op_s[i];
+    printf("  profile over %ld generated tokens, prefill included (%.1f ms/token wall, "
+           "%.1f ms/token in ops):\n", tokens,
+           1e3 * wall_s / (double)tokens, 1e3 * total / (double)tokens);
+    for (int i = 0; i < PROF_N; i++)
+        if (p->op_calls[i])
+            printf("    %-10s %8ld calls %9.3f ms/token %6.1f%%  %8.2f us/call\n", prof_names[i],
+                   p->op_calls[i], 1e3 * p->op_s[i] / (double)tokens, 100.0 * p->op_s[i] / wall_s,
+                   1e6 * p->op_s[i] / (double)p->op_calls[i]);
+    for (int i = 0; i < p->n_mm; i++)
+        printf("    matmul n=%-3d %6d -> %-7d %8ld calls %9.3f ms/token %8.2f us/call\n", p->mm[i].n,
+               p->mm[i].d_in, p->mm[i].d_out, p->mm[i].calls, 1e3 * p->mm[i].s / (double)tokens,
+               1e6 * p->mm[i].s / (double)p->mm[i].calls);
+}
+
 static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
 {
-    double bw = memcpy_gbps();
-    printf("memory bandwidth (1 GiB memcpy, read+write): %.2f GB/s\n", bw);
+    char err[ERR_MSG_MAX] = "";
+    struct read_bw_result bw;
+    if (read_bw_measure(&bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
+        return die("read bandwidth", err);
+    printf("read bandwidth (%d threads, %zu MiB, best pass): %.2f GB/s\n", bw.n_threads,
+           bw.size_bytes >> 20, bw.read_gbs);
+    printf("memcpy (read+write counted, for reference only): %.2f GB/s\n", bw.memcpy_gbs);
     printf("%-14s %12s %12s %10s %12s %10s\n", "preset", "weights MB", "tokens/s", "ms/token",
-           "weight GB/s", "% of bw");
+           "weight GB/s", "% of read");
     char list[256];
     snprintf(list, sizeof list, "%s", o->presets);
     for (char *save = NULL, *preset = strtok_r(list, ",", &save); preset;
@@ -172,11 +357,13 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         snprintf(dir, sizeof dir, "%s/%s", o->models_dir, preset);
         if (ensure_model(dir, preset, 1, NULL, 0))
             return 1;
+        struct prof_backend prof;
+        prof_init(&prof, be);
+        struct kern_backend *mbe = o->profile ? &prof.base : be;
         struct bench_model m;
-        if (load(&m, dir, be))
+        if (load(&m, dir, mbe))
             return 1;
         struct specdec_target *t;
-        char err[ERR_MSG_MAX] = "";
         if (specdec_target_create(&t, m.ctx, err))
             return die("target", err);
         struct sampling_params sp;
@@ -188,7 +375,15 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         double bytes = (double)llama_model_weight_bytes_per_token(m.model);
         double gbps = bytes * tps / 1e9;
         printf("%-14s %12.1f %12.2f %10.2f %12.2f %9.1f%%\n", preset, bytes / 1e6, tps,
-               1000.0 / tps, gbps, 100.0 * gbps / bw);
+               1000.0 / tps, gbps, 100.0 * gbps / bw.read_gbs);
+        if (o->profile) {
+            /* a second run, now profiled from its start (the first warmed up) */
+            prof_init(&prof, be);
+            double t0 = now_s();
+            if (run_requests(NULL, t, 2, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
+                return 1;
+            prof_report(&prof, now_s() - t0, 2L * o->tokens);
+        }
         specdec_target_destroy(t);
         unload(&m);
     }
@@ -297,7 +492,8 @@ int main(int argc, char **argv)
     if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec"))) {
         fprintf(stderr, "usage: tandem-bench runtime|spec [--models DIR] [--threads N] [--tokens N]\n"
                         "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
-                        "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n");
+                        "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
+                        "                    [--profile 0|1 (runtime: time per op)]\n");
         return 2;
     }
     struct bench_opts o = {.models_dir = "bench-models", .threads = 0, .tokens = 64};
@@ -318,6 +514,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--noise")) snprintf(o.noise, sizeof o.noise, "%s", v);
         else if (!strcmp(argv[i - 1], "--ks")) snprintf(o.ks, sizeof o.ks, "%s", v);
         else if (!strcmp(argv[i - 1], "--modes")) o.modes = atoi(v) != 0;
+        else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
         else {
             fprintf(stderr, "tandem-bench: unknown flag %s\n", argv[i - 1]);
             return 2;

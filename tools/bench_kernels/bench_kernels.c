@@ -2,14 +2,17 @@
  * machine's memory bandwidth.
  *
  * Prints:
- *   - memcpy bandwidth with T threads, STREAM "copy" convention: (bytes read +
- *     bytes written) / time, on buffers far larger than the caches;
- *   - read bandwidth with T threads (a vector sum over a large buffer);
- *   - for bf16 weights of shapes 2048->8192, 8192->2048 and 2048->128256 and
- *     n = 1..9, 16, 17 input rows: time per matmul call, weight bytes read
- *     per second, that as a percentage of both bandwidth figures, and the
- *     time relative to n = 1 (speculative verification needs n = 2..9 to
- *     cost about as much as n = 1), also as one "ratio" line per shape.
+ *   - read bandwidth with T threads (tools/bench/read_bw.h: the best of
+ *     several read-only loops over 1 GiB), the ceiling of a decode step, and
+ *     beside it memcpy ((bytes read + bytes written) / time), labelled, for
+ *     reference only;
+ *   - for bf16 weights of the Llama-3.2-1B shapes 2048->2048 (q, o),
+ *     2048->512 (k, v), 2048->8192 (gate, up), 8192->2048 (down) and
+ *     2048->128256 (LM head) and n = 1..17 input rows: time per matmul call,
+ *     weight bytes read per second, that as a percentage of read bandwidth,
+ *     and the time relative to n = 1 (speculative verification needs
+ *     n = 2..17 to cost about as much as n = 1), also as one "ratio" line per
+ *     shape.
  *     Every n is measured in each of R interleaved rounds and the best kept,
  *     so the ratios compare figures taken side by side on a busy machine.
  * Weights are rotated through enough copies (>= 256 MiB in all) that no call
@@ -34,87 +37,17 @@
 
 #include "error.h"
 #include "kernels.h"
+#include "read_bw.h"
 
 #define BENCH_MIB (1024.0 * 1024.0)
-#define BENCH_NS 11    /* row counts measured per shape */
-#define BENCH_N_MAX 17 /* the largest of them */
+#define BENCH_N_MAX 17 /* row counts 1..BENCH_N_MAX are measured per shape */
+#define BENCH_N_SHAPES 5
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-struct bw_part {
-    char *dst;
-    const char *src;
-    size_t size;
-    int reps;
-    double sink;
-};
-
-static void *bw_copy_main(void *arg)
-{
-    struct bw_part *p = arg;
-    for (int r = 0; r < p->reps; r++)
-        memcpy(p->dst, p->src, p->size);
-    return NULL;
-}
-
-static void *bw_read_main(void *arg)
-{
-    struct bw_part *p = arg;
-    double total = 0;
-    for (int r = 0; r < p->reps; r++) {
-        const float *f = (const float *)(const void *)p->src;
-        size_t count = p->size / sizeof(float), i = 0;
-#ifdef __AVX2__
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (; i + 32 <= count; i += 32) {
-            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(f + i));
-            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(f + i + 8));
-            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(f + i + 16));
-            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(f + i + 24));
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (int j = 0; j < 8; j++)
-            total += lanes[j];
-#endif
-        for (; i < count; i++)
-            total += f[i];
-    }
-    p->sink = total;
-    return NULL;
-}
-
-/* Runs fn on n_threads threads, each over its share of size bytes, reps
- * times; returns the best seconds per rep over `trials` trials. */
-static double bw_run(void *(*fn)(void *), char *dst, const char *src, size_t size, int n_threads,
-                     int reps, int trials)
-{
-    struct bw_part parts[64];
-    pthread_t th[64];
-    size_t share = (size / (size_t)n_threads) & ~(size_t)63;
-    double best = 1e30;
-    for (int tr = 0; tr < trials; tr++) {
-        double t0 = now_s();
-        for (int t = 0; t < n_threads; t++) {
-            parts[t] = (struct bw_part){ .dst = dst ? dst + (size_t)t * share : NULL,
-                                         .src = src + (size_t)t * share, .size = share,
-                                         .reps = reps };
-            if (pthread_create(&th[t], NULL, fn, &parts[t]) != 0) {
-                fprintf(stderr, "pthread_create failed\n");
-                exit(1);
-            }
-        }
-        for (int t = 0; t < n_threads; t++)
-            pthread_join(th[t], NULL);
-        double dt = (now_s() - t0) / reps;
-        best = dt < best ? dt : best;
-    }
-    return best;
 }
 
 static uint64_t rng_state = 0x1234567;
@@ -161,39 +94,32 @@ int main(int argc, char **argv)
         threads = 64;
 
     /* ---- bandwidth ---- */
-    const size_t bw_size = (size_t)512 << 20;
-    char *a = malloc(bw_size), *b = malloc(bw_size);
-    if (!a || !b) {
-        fprintf(stderr, "tandem-bench-kernels: out of memory\n");
+    struct read_bw_result bw;
+    if (read_bw_measure(&bw, threads, 0, 5, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
         return 1;
     }
-    memset(a, 1, bw_size);
-    memset(b, 2, bw_size);
-    double t_copy = bw_run(bw_copy_main, b, a, bw_size, threads, 2, 3);
-    double t_read = bw_run(bw_read_main, NULL, a, bw_size, threads, 2, 3);
-    double copy_gbs = 2.0 * (double)bw_size / t_copy / 1e9;
-    double read_gbs = (double)bw_size / t_read / 1e9;
-    free(a);
-    free(b);
+    const double read_gbs = bw.read_gbs;
     printf("threads: %d\n", threads);
-    printf("memcpy bandwidth (read+write, %d threads, 512 MiB): %.1f GB/s\n", threads, copy_gbs);
-    printf("read bandwidth   (%d threads, 512 MiB):             %.1f GB/s\n", threads, read_gbs);
+    printf("read bandwidth (%d threads, %zu MiB, best pass):  %.1f GB/s\n", threads,
+           bw.size_bytes >> 20, read_gbs);
+    printf("memcpy (read+write counted, reference only):      %.1f GB/s\n", bw.memcpy_gbs);
 
     /* ---- matmul ---- */
     /* Each n is measured once per round, the rounds interleaved, and the
      * best round kept: on a shared machine the ratios time(n)/time(1) then
      * compare figures taken side by side. */
-    static const int shapes[3][2] = {{2048, 8192}, {8192, 2048}, {2048, 128256}};
-    static const int ns[BENCH_NS] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17};
+    static const int shapes[BENCH_N_SHAPES][2] = {
+        {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
     printf("\nmatmul bf16 (weight bytes / time per call; best of %d rounds)\n", rounds);
-    printf("%-18s %3s %11s %10s %9s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s",
-           "%memcpy", "%read", "t(n)/t1");
-    for (int si = 0; si < 3; si++) {
+    printf("%-18s %3s %11s %10s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%read",
+           "t(n)/t1");
+    for (int si = 0; si < BENCH_N_SHAPES; si++) {
         const int d_in = shapes[si][0], d_out = shapes[si][1];
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
         int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
         copies = copies < 1 ? 1 : copies;
-        void *w[16];
+        void *w[160];
         for (int c = 0; c < copies; c++) {
             if (be->ops->alloc(be, w_bytes, &w[c], err) != 0) {
                 fprintf(stderr, "tandem-bench-kernels: %s\n", err);
@@ -218,12 +144,12 @@ int main(int argc, char **argv)
                 fprintf(stderr, "tandem-bench-kernels: %s\n", err);
                 return 1;
             }
-        double best[BENCH_NS];
-        for (int ni = 0; ni < BENCH_NS; ni++)
+        double best[BENCH_N_MAX];
+        for (int ni = 0; ni < BENCH_N_MAX; ni++)
             best[ni] = 1e30;
         for (int round = 0; round < rounds; round++)
-            for (int ni = 0; ni < BENCH_NS; ni++) {
-                const int n = ns[ni];
+            for (int ni = 0; ni < BENCH_N_MAX; ni++) {
+                const int n = ni + 1;
                 long calls = 0;
                 double t0 = now_s(), dt;
                 do {
@@ -240,15 +166,14 @@ int main(int argc, char **argv)
             }
         char label[32];
         snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
-        for (int ni = 0; ni < BENCH_NS; ni++) {
+        for (int ni = 0; ni < BENCH_N_MAX; ni++) {
             double gbs = (double)w_bytes / best[ni] / 1e9;
-            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.0f%% %8.2f\n", label, ns[ni],
-                   best[ni] * 1e6, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs,
-                   best[ni] / best[0]);
+            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f\n", label, ni + 1, best[ni] * 1e6, gbs,
+                   100.0 * gbs / read_gbs, best[ni] / best[0]);
         }
         printf("ratio %-12s", label);
-        for (int ni = 0; ni < BENCH_NS; ni++)
-            printf(" n%d:%.2f", ns[ni], best[ni] / best[0]);
+        for (int ni = 0; ni < BENCH_N_MAX; ni++)
+            printf(" n%d:%.2f", ni + 1, best[ni] / best[0]);
         printf("\n");
         for (int c = 0; c < copies; c++)
             be->ops->free(be, w[c]);

@@ -1,0 +1,32 @@
+/* read_bw.h: this machine's memory READ bandwidth, the ceiling for a decode
+ * step (a decode step reads the weights and writes almost nothing).
+ *
+ * Not memcpy: a copy also writes (and on most x86 reads the destination
+ * before writing it), so "bytes copied / time" is neither the read nor the
+ * write ceiling. read_bw_measure() runs a vectorised read-only loop (AVX2
+ * loads summed into independent accumulators, several loop shapes with and
+ * without software prefetch) on n_threads threads, each over its own share of
+ * a buffer far larger than the caches, and keeps the best pass of each shape
+ * and the best shape: the figure is what this machine can read, not what one
+ * particular loop reaches.
+ */
+#ifndef TANDEM_TOOLS_READ_BW_H
+#define TANDEM_TOOLS_READ_BW_H
+
+#include <stddef.h>
+
+struct read_bw_result {
+    double read_gbs;    /* best read-only bandwidth, GB/s (1e9 bytes) */
+    double memcpy_gbs;  /* best memcpy, (bytes read + bytes written) / time, for reference */
+    int n_threads;
+    size_t size_bytes;  /* buffer size */
+    unsigned long long checksum; /* of what was read: keeps the loops observable */
+};
+
+/* Measures with n_threads threads (>= 1) over size_bytes (0: 1 GiB), passes
+ * passes per loop shape (0: 5). Returns 0, or -1 with the reason in err
+ * (err_size bytes) when memory or threads cannot be had. */
+int read_bw_measure(struct read_bw_result *out, int n_threads, size_t size_bytes, int passes,
+                    char *err, size_t err_size);
+
+#endif
