@@ -858,6 +858,14 @@ static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
 
 int main(void)
 {
+#ifdef TANDEM_TEST_REQUIRE_AVX512F
+    /* The AVX-512F build of this test (tests/CMakeLists.txt): nothing to
+     * check on a CPU that cannot run it. */
+    if (!__builtin_cpu_supports("avx512f")) {
+        printf("SKIPPED: this CPU has no AVX-512F\n");
+        return 77;
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_cpu_matmul_matches_reference_for_every_dtype),
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
