@@ -76,11 +76,14 @@ d = sys.argv[1]
 p = json.load(open(d + "/pipeline.json"))
 t = json.load(open(d + "/target-only.json"))
 s = json.load(open(d + "/in-process.json"))
-print("== figures (same request, greedy) ==")
-print(f"pipeline (3 processes):   {p['tokens_per_s']:8.2f} tokens/s  acceptance {p['acceptance_rate']:.3f}  "
+print("== figures (same request, greedy; this machine's cores are shared by whatever runs) ==")
+print(f"pipeline (3 processes, draft and target 2 threads each, on the same cores):")
+print(f"                          {p['tokens_per_s']:8.2f} tokens/s  acceptance {p['acceptance_rate']:.3f}  "
       f"{p['mean_accepted_per_round']:.2f} accepted/round  pre-drafts used {p.get('predraft_used', 0)}/{p.get('predraft_offered', 0)}")
-print(f"speculative, in-process:  {s['tokens_per_s']:8.2f} tokens/s  acceptance {s['acceptance_rate']:.3f}")
-print(f"target-only:              {t['tokens_per_s']:8.2f} tokens/s")
+print(f"speculative, in-process (1 process, 2 threads):")
+print(f"                          {s['tokens_per_s']:8.2f} tokens/s  acceptance {s['acceptance_rate']:.3f}")
+print(f"target-only (1 process, 2 threads):")
+print(f"                          {t['tokens_per_s']:8.2f} tokens/s")
 same = "identical" if p["ids"] == t["ids"] else "DIFFERENT"
 print(f"pipeline output vs target-only output: {same} ({len(p['ids'])} tokens)")
 print(f"speedup vs target-only: pipeline {p['tokens_per_s'] / t['tokens_per_s']:.2f}x, "
