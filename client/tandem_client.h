@@ -68,6 +68,11 @@ int tandem_client_send_raw(struct tandem_client *client, const void *data, size_
 int tandem_client_generate(struct tandem_client *client, const struct tandem_client_request *req,
                            char *err);
 
+/* Sends {"v":1,"type":"cancel","id":id}: the coordinator stops that request
+ * of this client at once, frees its slot and answers with an error reply of
+ * code "cancelled" (nothing when no such request is running any more). */
+int tandem_client_cancel(struct tandem_client *client, const char *id, char *err);
+
 enum tandem_client_event_type {
     TANDEM_CLIENT_EVENT_TOKEN = 0,
     TANDEM_CLIENT_EVENT_DONE = 1,

@@ -117,6 +117,14 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
                        : cc->max_message_bytes * COORD_HARD_MESSAGE_FACTOR;
     if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max, err)) != 0)
         goto fail;
+    /* Replies to a vanished client fail (EHOSTUNREACH) instead of vanishing:
+     * its requests are then cancelled (replies.c, scheduler_cancel_gone). */
+    int mandatory = 1;
+    if (zmq_setsockopt(c->clients, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory)) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "coordinator.client_endpoint: zmq_setsockopt(ZMQ_ROUTER_MANDATORY): %s",
+                       zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, err)) != 0)
         goto fail;
     *out = c;
@@ -181,6 +189,8 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
             if (zmq_getsockopt(c->clients, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
                 break;
         }
+        if (c->n_gone > 0)
+            scheduler_cancel_gone(c);
         if (coord_now_ms() >= next_tick) {
             on_tick(c);
             next_tick = coord_now_ms() + tick_ms;
