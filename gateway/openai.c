@@ -27,7 +27,7 @@ int openai_error_set(struct openai_error *e, int status, const char *type, const
 {
     e->status = status;
     e->type = type;
-    e->code = code;
+    snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
     snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
@@ -476,7 +476,7 @@ cJSON *openai_error_json(const struct openai_error *e)
         cJSON_AddStringToObject(o, "param", e->param);
     else
         cJSON_AddNullToObject(o, "param");
-    if (e->code)
+    if (e->code[0])
         cJSON_AddStringToObject(o, "code", e->code);
     else
         cJSON_AddNullToObject(o, "code");

@@ -32,7 +32,7 @@ enum openai_kind {
 struct openai_error {
     int status;
     const char *type;        /* "invalid_request_error", "authentication_error", ... */
-    const char *code;        /* NULL: JSON null */
+    char code[48];           /* "": JSON null (copied: replies are freed before errors are sent) */
     char param[OPENAI_PARAM_MAX];  /* "": JSON null */
     char message[OPENAI_MESSAGE_MAX];
 };
