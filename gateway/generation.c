@@ -50,7 +50,7 @@ static double timing_ms(const cJSON *done, const char *key)
 }
 
 /* Waits for the call's next reply: 0 with *reply, 1 when the client hung
- * up, 2 after request_timeout_ms of silence. */
+ * up or the gateway is stopping, 2 after request_timeout_ms of silence. */
 static int wait_reply(struct MHD_Connection *conn, const struct server_params *p, struct bridge_call *call,
                       cJSON **reply)
 {
@@ -59,7 +59,7 @@ static int wait_reply(struct MHD_Connection *conn, const struct server_params *p
     for (;;) {
         if (bridge_call_next(call, GENERATION_SLICE_MS, reply, err) == 0)
             return 0;
-        if (conn != NULL && http_reply_client_gone(conn))
+        if ((conn != NULL && http_reply_client_gone(conn)) || *p->stop)
             return 1;
         if (now_s() > deadline)
             return 2;

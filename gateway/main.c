@@ -84,6 +84,7 @@ int main(int argc, char **argv)
         .bridge = bridge,
         .metrics = metrics,
         .started_s = (long)time(NULL),
+        .stop = &stop_requested,
     };
     if (server_start(&server, &p, err) != 0)
         goto done;

@@ -8,6 +8,8 @@
 #ifndef TANDEM_GATEWAY_SERVER_H
 #define TANDEM_GATEWAY_SERVER_H
 
+#include <signal.h>
+
 #include "bridge.h"
 #include "http_metrics.h"
 #include "proc_config.h"
@@ -19,6 +21,7 @@ struct server_params {
     struct bridge *bridge;
     struct http_metrics *metrics;
     long started_s;               /* Unix time the gateway started (/v1/models "created") */
+    volatile sig_atomic_t *stop;  /* set when the gateway stops: waits end, requests are cancelled */
 };
 
 struct server;
