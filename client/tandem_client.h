@@ -1,7 +1,7 @@
 /* tandem_client.h: a small C client for the Tandem coordinator.
  *
  * What it is: a ZeroMQ DEALER socket connected to the coordinator's client
- * endpoint, plus helpers that build the "generate" and "stats" messages of
+ * endpoint, plus helpers that build the "generate", "cancel" and "stats" messages of
  * docs/protocol.md and receive the replies (token / done / error / stats) as
  * parsed JSON. One client may have several requests in flight; replies carry
  * the request's "id" so the caller can tell them apart.
