@@ -38,7 +38,7 @@ def expect(p, method, path, body, status, param=None, needle=None, headers=AUTH,
 
 def test():
     require_gateway()
-    p = Pipeline("gwerrors", max_concurrency=1, max_queue=0,
+    p = Pipeline("gwerrors", max_concurrency=1, max_queue=0, worker_timeout_ms=5000,
                  extra={"target_worker": {"max_seq_len": 64}, "draft_worker": {"max_seq_len": 64}})
     draft, target = p.make_pair()
     p.enable_gateway(api_key=KEY, max_body_bytes=4096)

@@ -83,7 +83,7 @@ def wait_health(p, status, within_s):
 
 def test():
     require_gateway()
-    p = Pipeline("gwmetrics", worker_timeout_ms=1000)
+    p = Pipeline("gwmetrics", worker_timeout_ms=2000)
     draft, target = p.make_pair()
     p.enable_gateway()
     p.start_all()
@@ -120,7 +120,7 @@ def test():
 
     # The target dies: /health and requests say 503; back after the restart.
     p.kill("target")
-    wait_health(p, 503, 5)
+    wait_health(p, 503, 10)
     st, _, raw = http("POST", p.base_url + "/v1/completions", comp)
     check(st == 503 and json.loads(raw)["error"]["code"] == "target_unavailable", "without a target: %d %s" %
           (st, raw[:200]))
