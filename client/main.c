@@ -4,7 +4,7 @@
  *                 [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
  *                 [--spec-mode sampled|point_mass] [--stream] [--json]
- *                 [--timeout-ms N]
+ *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
  *
  * Exit status: 0 success, 1 the coordinator answered with an error (code
@@ -13,8 +13,12 @@
  * (ids, text, prompt_tokens, generated_tokens, prefill_ms, decode_ms,
  * tokens_per_s, acceptance_rate, rounds, mean_accepted_per_round, draft_ms,
  * verify_ms) plus the coordinator's timing and speculation counters.
+ * Cancellation: --cancel-after-ms N sends a "cancel" N ms after the request,
+ * and SIGINT / SIGTERM send one too; the request then ends with the
+ * coordinator's "cancelled" error (exit status 1).
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +28,16 @@
 #include "tandem_client.h"
 
 #define CLIENT_IDS_MAX 1000000
+/* How often the receive loop looks at the cancel triggers. */
+#define CLIENT_POLL_SLICE_MS 50
+
+static volatile sig_atomic_t g_interrupted;
+
+static void on_signal(int signo)
+{
+    (void)signo;
+    g_interrupted = 1;
+}
 
 static void usage(FILE *out)
 {
@@ -31,7 +45,7 @@ static void usage(FILE *out)
             "usage: tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
-            "                     [--stream] [--json] [--timeout-ms N]\n"
+            "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
             "key) [--curve-key FILE (this client's secret key; default: a fresh pair)]\n"
@@ -175,7 +189,7 @@ static int run_stats(struct tandem_client *client, int timeout_ms, int prometheu
 }
 
 static int run_generate(struct tandem_client *client, const struct tandem_client_request *req, int timeout_ms,
-                        int json)
+                        int json, long cancel_after_ms)
 {
     char err[ERR_MSG_MAX];
     int rc = tandem_client_generate(client, req, err);
@@ -183,9 +197,26 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
         fprintf(stderr, "tandem-client: %s\n", err);
         return 3;
     }
+    long waited_ms = 0, since_event_ms = 0;
+    bool cancel_sent = false;
     for (;;) {
+        if (!cancel_sent && (g_interrupted || (cancel_after_ms >= 0 && waited_ms >= cancel_after_ms))) {
+            if (tandem_client_cancel(client, req->id, err) != 0) {
+                fprintf(stderr, "tandem-client: %s\n", err);
+                return 3;
+            }
+            cancel_sent = true;
+        }
         struct tandem_client_event ev;
-        rc = tandem_client_recv(client, timeout_ms, &ev, err);
+        rc = tandem_client_recv(client, CLIENT_POLL_SLICE_MS, &ev, err);
+        if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
+            waited_ms += CLIENT_POLL_SLICE_MS;
+            since_event_ms += CLIENT_POLL_SLICE_MS;
+            if (since_event_ms < timeout_ms)
+                continue;
+            snprintf(err, sizeof(err), "no reply from the coordinator within %d ms", timeout_ms);
+        }
+        since_event_ms = 0;
         if (rc != 0) {
             fprintf(stderr, "tandem-client: %s\n", err);
             return 3;
@@ -242,6 +273,7 @@ int main(int argc, char **argv)
     int32_t *ids = NULL;
     int stats = 0, prometheus = 0, json = 0;
     long timeout_ms = 600000;
+    long cancel_after_ms = -1;
     int status = 2;
 
     for (int i = 1; i < argc; i++) {
@@ -328,6 +360,10 @@ int main(int argc, char **argv)
             if (parse_long(a, v, 1, INT32_MAX, &l) != 0)
                 goto done;
             timeout_ms = l;
+        } else if (strcmp(a, "--cancel-after-ms") == 0) {
+            if (parse_long(a, v, 0, INT32_MAX, &l) != 0)
+                goto done;
+            cancel_after_ms = l;
         } else if (strcmp(a, "--id") == 0) {
             req.id = v;
         } else {
@@ -369,8 +405,13 @@ int main(int argc, char **argv)
     }
     if (stats)
         status = run_stats(client, (int)timeout_ms, prometheus);
-    else
-        status = run_generate(client, &req, (int)timeout_ms, json);
+    else {
+        struct sigaction sa = {.sa_handler = on_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        status = run_generate(client, &req, (int)timeout_ms, json, cancel_after_ms);
+    }
     tandem_client_destroy(client);
 done:
     free(ids);

@@ -220,6 +220,19 @@ int tandem_client_generate(struct tandem_client *client, const struct tandem_cli
     return rc;
 }
 
+int tandem_client_cancel(struct tandem_client *client, const char *id, char *err)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL || cJSON_AddNumberToObject(m, "v", 1) == NULL || cJSON_AddStringToObject(m, "type", "cancel") == NULL ||
+        cJSON_AddStringToObject(m, "id", id != NULL ? id : "") == NULL) {
+        cJSON_Delete(m);
+        return error_set(err, ERR_NOMEM, "cancel: out of memory");
+    }
+    int rc = tandem_client_send_json(client, m, err);
+    cJSON_Delete(m);
+    return rc;
+}
+
 static const char *string_field(const cJSON *obj, const char *name)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, name);

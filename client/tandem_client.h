@@ -1,7 +1,7 @@
 /* tandem_client.h: a small C client for the Tandem coordinator.
  *
  * What it is: a ZeroMQ DEALER socket connected to the coordinator's client
- * endpoint, plus helpers that build the "generate" and "stats" messages of
+ * endpoint, plus helpers that build the "generate", "cancel" and "stats" messages of
  * docs/protocol.md and receive the replies (token / done / error / stats) as
  * parsed JSON. One client may have several requests in flight; replies carry
  * the request's "id" so the caller can tell them apart.
@@ -75,6 +75,11 @@ int tandem_client_send_raw(struct tandem_client *client, const void *data, size_
 /* Sends a generate request. */
 int tandem_client_generate(struct tandem_client *client, const struct tandem_client_request *req,
                            char *err);
+
+/* Sends {"v":1,"type":"cancel","id":id}: the coordinator stops that request
+ * of this client at once, frees its slot and answers with an error reply of
+ * code "cancelled" (nothing when no such request is running any more). */
+int tandem_client_cancel(struct tandem_client *client, const char *id, char *err);
 
 enum tandem_client_event_type {
     TANDEM_CLIENT_EVENT_TOKEN = 0,

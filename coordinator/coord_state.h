@@ -47,6 +47,10 @@
  * memory is handed back to the OS (malloc_trim): glibc would otherwise keep
  * it resident (the I/O thread's arena, a raised mmap threshold). */
 #define COORD_TRIM_AFTER_BYTES (256u * 1024u)
+/* Clients whose replies failed with EHOSTUNREACH, remembered until the poll
+ * loop cancels their requests; more in one pass are caught at their next
+ * failed reply. */
+#define COORD_GONE_MAX 16
 /* Seeds travel as JSON numbers between processes: exact up to 2^53. */
 #define COORD_SEED_MAX ((1ull << 53) - 1)
 
@@ -159,6 +163,11 @@ struct coordinator {
     size_t max_message_bytes;
     int target_outstanding;      /* verifies sent, not yet answered */
     double target_idle_since_ms; /* < 0: not idle (or unknown) */
+    /* clients that vanished (replies.c notes them, scheduler_cancel_gone
+     * cancels their requests outside of any scheduler call) */
+    uint8_t gone[COORD_GONE_MAX][PROTOCOL_IDENTITY_MAX];
+    size_t gone_size[COORD_GONE_MAX];
+    int n_gone;
 };
 
 static inline double coord_now_ms(void)

@@ -136,6 +136,14 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
                           c->exposure, err)) != 0)
         goto fail;
     c->clients_bound = true;
+    /* Replies to a vanished client fail (EHOSTUNREACH) instead of vanishing:
+     * its requests are then cancelled (replies.c, scheduler_cancel_gone). */
+    int mandatory = 1;
+    if (zmq_setsockopt(c->clients, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory)) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "coordinator.client_endpoint: zmq_setsockopt(ZMQ_ROUTER_MANDATORY): %s",
+                       zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, NULL, err)) != 0)
         goto fail;
     c->workers_bound = true;
@@ -218,6 +226,8 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
             if (zmq_getsockopt(zap, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
                 break;
         }
+        if (c->n_gone > 0)
+            scheduler_cancel_gone(c);
         if (coord_now_ms() >= next_tick) {
             on_tick(c);
             next_tick = coord_now_ms() + tick_ms;

@@ -262,6 +262,36 @@ static void on_stats(struct coordinator *c, const uint8_t *identity, size_t iden
     cJSON_Delete(m);
 }
 
+/* A cancel stops the sender's queued or running requests with that id (ids
+ * are per client: another client's request of the same id is untouched).
+ * Each ends with an error reply of code "cancelled"; an id with nothing
+ * running is not an error (the request may have just finished). */
+static void on_cancel(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
+{
+    char err[ERR_MSG_MAX] = "";
+    char id[REQUEST_ID_MAX + 1];
+    if (request_cancel_from_json(root, id, err) != 0) {
+        c->metrics.requests_total++;
+        replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INVALID_REQUEST, err);
+        return;
+    }
+    for (int i = 0; i < c->n_seqs; i++) {
+        struct seq *s = &c->seqs[i];
+        if (s->state == SEQ_FREE || s->client_size != identity_size ||
+            memcmp(s->client, identity, identity_size) != 0 || strcmp(s->id, id) != 0)
+            continue;
+        cJSON *m = cJSON_CreateObject();
+        if (m != NULL && cJSON_AddStringToObject(m, "type", "error") != NULL &&
+            cJSON_AddStringToObject(m, "id", id) != NULL &&
+            cJSON_AddStringToObject(m, "code", metrics_error_name(METRICS_ERR_CANCELLED)) != NULL &&
+            cJSON_AddStringToObject(m, "message", "cancelled by the client") != NULL)
+            replies_send(c, identity, identity_size, m);
+        cJSON_Delete(m);
+        scheduler_cancel(c, s);
+    }
+}
+
+
 static void handle_message(struct coordinator *c, size_t *received_bytes);
 
 /* Reads one client message (routing id + one frame) and answers it; then,
@@ -342,6 +372,8 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
     }
     if (kind == REQUEST_KIND_STATS)
         on_stats(c, identity, identity_size, root);
+    else if (kind == REQUEST_KIND_CANCEL)
+        on_cancel(c, identity, identity_size, root);
     else
         on_generate(c, identity, identity_size, root);
     cJSON_Delete(root);

@@ -13,7 +13,7 @@
 #include "error.h"
 
 static const char *const error_names[METRICS_ERR_COUNT] = {
-    "invalid_request", "overloaded", "target_unavailable", "context_full", "internal",
+    "invalid_request", "overloaded", "target_unavailable", "context_full", "internal", "cancelled",
 };
 static const char *const finish_names[METRICS_FINISH_COUNT] = {"stop", "length", "stop_string"};
 

@@ -23,6 +23,7 @@ enum metrics_error {
     METRICS_ERR_TARGET_UNAVAILABLE,
     METRICS_ERR_CONTEXT_FULL,
     METRICS_ERR_INTERNAL,
+    METRICS_ERR_CANCELLED,    /* the client cancelled it, or its replies could not be delivered */
     METRICS_ERR_COUNT,
 };
 

@@ -5,8 +5,10 @@
  */
 #include "replies.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "error.h"
 #include "logging.h"
@@ -32,8 +34,24 @@ void replies_send(struct coordinator *c, const uint8_t *identity, size_t identit
     char err[ERR_MSG_MAX];
     if (identity_size == 0)
         return;
-    if (protocol_send(c->clients, identity, identity_size, msg, NULL, 0, PROTOCOL_DONTWAIT, err) != 0)
-        LOG_WARN("reply to client dropped: %s", err);
+    if (protocol_send(c->clients, identity, identity_size, msg, NULL, 0, PROTOCOL_DONTWAIT, err) == 0)
+        return;
+    /* The client socket is ZMQ_ROUTER_MANDATORY: EHOSTUNREACH means the peer
+     * is gone (zmq_errno is still the failed send's: nothing after it in
+     * protocol_send sets errno). Its requests are cancelled by the poll loop,
+     * not here: the caller may be in the middle of a sequence. */
+    if (zmq_errno() == EHOSTUNREACH) {
+        bool known = false;
+        for (int g = 0; g < c->n_gone && !known; g++)
+            known = c->gone_size[g] == identity_size && memcmp(c->gone[g], identity, identity_size) == 0;
+        if (!known && c->n_gone < COORD_GONE_MAX) {
+            memcpy(c->gone[c->n_gone], identity, identity_size);
+            c->gone_size[c->n_gone++] = identity_size;
+            LOG_INFO("client gone (its reply is undeliverable): cancelling its requests");
+        }
+        return;
+    }
+    LOG_WARN("reply to client dropped: %s", err);
 }
 
 void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,

@@ -110,6 +110,34 @@ void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error cod
     scheduler_seq_reset(s);
 }
 
+void scheduler_cancel(struct coordinator *c, struct seq *s)
+{
+    LOG_INFO("request \"%s\" (#%llu): cancelled after %d generated tokens", s->id, (unsigned long long)s->req,
+             s->generated);
+    c->metrics.requests_failed[METRICS_ERR_CANCELLED]++;
+    if (s->state == SEQ_ACTIVE) {
+        send_release(c, s);
+        c->n_active--;
+    } else if (s->state == SEQ_QUEUED) {
+        queue_remove(c, s);
+    }
+    scheduler_seq_reset(s);
+    scheduler_admit(c);
+}
+
+void scheduler_cancel_gone(struct coordinator *c)
+{
+    for (int g = 0; g < c->n_gone; g++) {
+        for (int i = 0; i < c->n_seqs; i++) {
+            struct seq *s = &c->seqs[i];
+            if (s->state != SEQ_FREE && s->client_size == c->gone_size[g] &&
+                memcmp(s->client, c->gone[g], s->client_size) == 0)
+                scheduler_cancel(c, s);
+        }
+    }
+    c->n_gone = 0;
+}
+
 static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish reason)
 {
     double t = coord_now_ms();

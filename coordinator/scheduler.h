@@ -16,6 +16,15 @@ void scheduler_admit(struct coordinator *c);
 void scheduler_tick(struct coordinator *c);
 /* Ends a sequence with an error reply (code) and frees its slot. */
 void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error code, const char *message);
+/* Ends a queued or active sequence without a reply: releases its slot on
+ * both workers (as a finished sequence does), counts it as cancelled and
+ * admits what waits. Replies the workers still send for it are dropped as
+ * stale. */
+void scheduler_cancel(struct coordinator *c, struct seq *s);
+/* Cancels every request of the clients noted in c->gone (their replies
+ * cannot be delivered) and empties the list. Called from the poll loop,
+ * never from inside a reply. */
+void scheduler_cancel_gone(struct coordinator *c);
 /* Frees what the record owns and marks it free (keeps its slot number). */
 void scheduler_seq_reset(struct seq *s);
 /* Drops everything the sequence expected from the draft and moves it on. */

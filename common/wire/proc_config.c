@@ -107,6 +107,29 @@ static int check_device(const char *value, char *msg, size_t msg_size)
     return 0;
 }
 
+static int check_listen(const char *value, char *msg, size_t msg_size)
+{
+    char err[ERR_MSG_MAX];
+    if (proc_config_check_listen(value, err) != 0) {
+        snprintf(msg, msg_size, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_env_name(const char *value, char *msg, size_t msg_size)
+{
+    for (const char *p = value; *p; p++) {
+        if (!((*p >= '0' && *p <= '9' && p != value) || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+              *p == '_')) {
+            snprintf(msg, msg_size, "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*), got \"%s\"",
+                     value);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 #define CKEY_STR(field, chk, h) \
     {#field, KEY_STRING, offsetof(struct coordinator_config, field), \
      sizeof(((struct coordinator_config *)0)->field), 0, 0, chk, h}
@@ -117,6 +140,24 @@ static int check_device(const char *value, char *msg, size_t msg_size)
      sizeof(((struct worker_config *)0)->field), 0, 0, chk, h}
 #define WKEY_INT(field, lo, hi, h) \
     {#field, KEY_INT, offsetof(struct worker_config, field), 0, lo, hi, NULL, h}
+
+#define GKEY_STR(field, chk, h) \
+    {#field, KEY_STRING, offsetof(struct gateway_config, field), \
+     sizeof(((struct gateway_config *)0)->field), 0, 0, chk, h}
+#define GKEY_INT(field, lo, hi, h) \
+    {#field, KEY_INT, offsetof(struct gateway_config, field), 0, lo, hi, NULL, h}
+
+static const struct key_desc gateway_keys[] = {
+    GKEY_STR(listen, check_listen, "HTTP listen address host:port [127.0.0.1:8000]"),
+    GKEY_STR(coordinator_endpoint, check_endpoint_or_empty, "coordinator client endpoint [coordinator.client_endpoint]"),
+    GKEY_STR(served_model_name, NULL, "model name clients must send [basename of target_worker.model]"),
+    GKEY_STR(api_key, NULL, "required Bearer key, \"\" = none [\"\"]"),
+    GKEY_STR(api_key_env, check_env_name, "environment variable holding the key [\"\"]"),
+    GKEY_INT(max_body_bytes, 1024, 1 << 30, "largest request body [1048576]"),
+    GKEY_INT(max_connections, 1, 65536, "concurrent HTTP connections [256]"),
+    GKEY_INT(request_timeout_ms, 1, INT_MAX, "coordinator silence before a 504 [600000]"),
+    GKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
+};
 
 static const struct key_desc coordinator_keys[] = {
     CKEY_STR(client_endpoint, check_endpoint, "client ROUTER endpoint [tcp://127.0.0.1:5555]"),
@@ -171,6 +212,7 @@ static const struct section_desc sections_table[] = {
     {"draft_worker", offsetof(struct proc_config, draft_worker), worker_keys, N_KEYS(worker_keys)},
     {"target_worker", offsetof(struct proc_config, target_worker), worker_keys,
      N_KEYS(worker_keys)},
+    {"gateway", offsetof(struct proc_config, gateway), gateway_keys, N_KEYS(gateway_keys)},
 };
 
 static const struct section_desc *section_find(const char *name, size_t len)
@@ -218,6 +260,12 @@ void proc_config_defaults(struct proc_config *cfg)
     snprintf(c->log_level, sizeof c->log_level, "info");
     worker_defaults(&cfg->draft_worker);
     worker_defaults(&cfg->target_worker);
+    struct gateway_config *g = &cfg->gateway;
+    snprintf(g->listen, sizeof g->listen, "127.0.0.1:8000");
+    g->max_body_bytes = 1048576;
+    g->max_connections = 256;
+    g->request_timeout_ms = 600000;
+    snprintf(g->log_level, sizeof g->log_level, "info");
 }
 
 static int check_instance(const char *value, char *err)
@@ -529,6 +577,56 @@ int proc_config_check_endpoint(const char *endpoint, char *err)
                      endpoint);
 }
 
+int proc_config_check_listen(const char *listen, char *err)
+{
+    const char *colon = listen ? strrchr(listen, ':') : NULL;
+    if (colon == NULL || colon == listen)
+        return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": expected host:port", listen ? listen : "");
+    char *end = NULL;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || errno != 0 || port < 1 || port > 65535)
+        return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": port must be 1..65535", listen);
+    for (const char *h = listen; h < colon; h++)
+        if (!((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || *h == '.' ||
+              *h == '-' || *h == '*'))
+            return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": bad host", listen);
+    return 0;
+}
+
+/* Derived gateway keys: the coordinator endpoint (a wildcard bind address
+ * is not something to connect to: it becomes loopback) and the served name. */
+static int finalize_gateway(struct proc_config *cfg, char *err)
+{
+    struct gateway_config *g = &cfg->gateway;
+    if (g->coordinator_endpoint[0] == '\0') {
+        const char *ep = cfg->coordinator.client_endpoint;
+        if (strncmp(ep, "tcp://*:", 8) == 0)
+            snprintf(g->coordinator_endpoint, sizeof g->coordinator_endpoint, "tcp://127.0.0.1:%s", ep + 8);
+        else if (strncmp(ep, "tcp://0.0.0.0:", 14) == 0)
+            snprintf(g->coordinator_endpoint, sizeof g->coordinator_endpoint, "tcp://127.0.0.1:%s", ep + 14);
+        else
+            snprintf(g->coordinator_endpoint, sizeof g->coordinator_endpoint, "%s", ep);
+    }
+    char inner[ERR_MSG_MAX];
+    if (proc_config_check_endpoint(g->coordinator_endpoint, inner) != 0)
+        return error_set(err, ERR_INVALID_ARG, "gateway.coordinator_endpoint: %s", inner);
+    if (g->served_model_name[0] == '\0') {
+        const char *model = cfg->target_worker.model;
+        size_t n = strlen(model);
+        while (n > 1 && model[n - 1] == '/')
+            n--;
+        size_t start = n;
+        while (start > 0 && model[start - 1] != '/')
+            start--;
+        if (n == 0 || n == start)
+            snprintf(g->served_model_name, sizeof g->served_model_name, "tandem");
+        else
+            snprintf(g->served_model_name, sizeof g->served_model_name, "%.*s", (int)(n - start), model + start);
+    }
+    return 0;
+}
+
 static int finalize_worker(struct proc_config *cfg, struct worker_config *w, const char *sec,
                            char *err)
 {
@@ -606,6 +704,8 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
     if ((sections & PROC_CONFIG_TARGET) &&
         (rc = finalize_worker(cfg, &cfg->target_worker, "target_worker", err)) != 0)
         return rc;
+    if ((sections & PROC_CONFIG_GATEWAY) && (rc = finalize_gateway(cfg, err)) != 0)
+        return rc;
     return 0;
 }
 
@@ -672,7 +772,7 @@ int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const
 void proc_config_print_usage(FILE *out, const char *section)
 {
     fprintf(out, "  --config FILE              JSON config (sections coordinator, draft_worker, "
-                 "target_worker)\n");
+                 "target_worker, gateway)\n");
     fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
     fprintf(out, "  --run-dir DIR              the instance's private directory, mode 0700 "
                  "[/tmp/tandem-<instance>]\n");

@@ -4,7 +4,8 @@
  *   { "instance": "tandem",
  *     "coordinator":   { ... },
  *     "draft_worker":  { ... },
- *     "target_worker": { ... } }
+ *     "target_worker": { ... },
+ *     "gateway":       { ... } }      (optional: the HTTP gateway, gateway/)
  * Every section and key is optional except the workers' "model" (required
  * only for the sections a process needs). Unknown keys and wrong types are
  * errors naming the key ("coordinator.foo: unknown key",
@@ -69,6 +70,21 @@ struct worker_config {
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 
+#define PROC_CONFIG_KEY_MAX 256
+
+struct gateway_config {
+    char listen[PROC_CONFIG_NAME_MAX];     /* HTTP host:port, default 127.0.0.1:8000 */
+    char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.client_endpoint
+                                              (a wildcard host becomes 127.0.0.1) */
+    char served_model_name[PROC_CONFIG_PATH_MAX]; /* default basename of target_worker.model */
+    char api_key[PROC_CONFIG_KEY_MAX];     /* "" = no key (unless api_key_env names one) */
+    char api_key_env[PROC_CONFIG_NAME_MAX];/* environment variable holding the key */
+    int max_body_bytes;                    /* largest request body, default 1048576 */
+    int max_connections;                   /* concurrent HTTP connections, default 256 */
+    int request_timeout_ms;                /* silence from the coordinator before a 504, default 600000 */
+    char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
+};
+
 struct proc_config {
     char instance[PROC_CONFIG_NAME_MAX];   /* default "tandem"; [A-Za-z0-9_.-], 1..40 chars */
     char run_dir[PROC_CONFIG_PATH_MAX];    /* the instance's private directory (worker socket;
@@ -76,6 +92,7 @@ struct proc_config {
                                               /tmp/tandem-<instance>, absolute */
     struct coordinator_config coordinator;
     struct worker_config draft_worker, target_worker;
+    struct gateway_config gateway;
 };
 
 /* Sections a process needs validated (bit mask for proc_config_finalize). */
@@ -83,6 +100,7 @@ enum proc_config_section {
     PROC_CONFIG_COORDINATOR = 1u << 0,
     PROC_CONFIG_DRAFT = 1u << 1,
     PROC_CONFIG_TARGET = 1u << 2,
+    PROC_CONFIG_GATEWAY = 1u << 3,
 };
 
 /* Fills every key with its default; derived keys are left "" until finalize. */
@@ -122,6 +140,9 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err);
  * ERR_INVALID_ARG naming the directory and what is wrong with it, ERR_SYSTEM
  * for a failing mkdir/lstat. */
 int proc_config_prepare_run_dir(const struct proc_config *cfg, char *err);
+/* Checks an HTTP listen address "host:port" (port 1..65535; host an IPv4
+ * address, "localhost" or "*"/"0.0.0.0" for every interface). */
+int proc_config_check_listen(const char *listen, char *err);
 
 /* Checks a ZeroMQ endpoint: tcp://host:port (port 1..65535 or "*"),
  * ipc://path (path at most 107 bytes), inproc://name. ERR_INVALID_ARG with

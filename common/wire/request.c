@@ -66,15 +66,18 @@ int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
                          v->valuedouble, REQUEST_PROTOCOL_VERSION);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "type");
     if (type == NULL)
-        return error_set(err, ERR_FORMAT, "type: required (\"generate\" or \"stats\")");
+        return error_set(err, ERR_FORMAT, "type: required (\"generate\", \"stats\" or \"cancel\")");
     if (!cJSON_IsString(type))
         return error_set(err, ERR_FORMAT, "type: expected a string, got %s", json_type_name(type));
     if (strcmp(type->valuestring, "generate") == 0)
         *kind_out = REQUEST_KIND_GENERATE;
     else if (strcmp(type->valuestring, "stats") == 0)
         *kind_out = REQUEST_KIND_STATS;
+    else if (strcmp(type->valuestring, "cancel") == 0)
+        *kind_out = REQUEST_KIND_CANCEL;
     else
-        return error_set(err, ERR_FORMAT, "type: unknown message type \"%.*s\" (expected \"generate\" or \"stats\")",
+        return error_set(err, ERR_FORMAT,
+                         "type: unknown message type \"%.*s\" (expected \"generate\", \"stats\" or \"cancel\")",
                          quote_len(type->valuestring), type->valuestring);
     return 0;
 }
@@ -299,6 +302,29 @@ static int check_fields(const cJSON *root, char *err)
                 return error_set(err, ERR_INVALID_ARG, "%.*s: given more than once",
                                  quote_len(f->string), f->string);
     }
+    return 0;
+}
+
+int request_cancel_from_json(const cJSON *root, char *id_out, char *err)
+{
+    id_out[0] = '\0';
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, root) {
+        if (f->string == NULL || (strcmp(f->string, "v") != 0 && strcmp(f->string, "type") != 0 &&
+                                  strcmp(f->string, "id") != 0))
+            return error_set(err, ERR_INVALID_ARG, "%.*s: unknown field (a cancel carries only v, type and id)",
+                             f->string ? quote_len(f->string) : 0, f->string ? f->string : "");
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
+    if (id == NULL)
+        return error_set(err, ERR_INVALID_ARG, "id: required (the id of the request to cancel)");
+    int rc = expect_string(id, "id", err);
+    if (rc != 0)
+        return rc;
+    size_t n = strlen(id->valuestring);
+    if (n > REQUEST_ID_MAX)
+        return error_set(err, ERR_INVALID_ARG, "id: at most %d bytes, got %zu", REQUEST_ID_MAX, n);
+    memcpy(id_out, id->valuestring, n + 1);
     return 0;
 }
 

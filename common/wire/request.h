@@ -83,6 +83,7 @@ struct request {
 enum request_kind {
     REQUEST_KIND_GENERATE = 0,
     REQUEST_KIND_STATS = 1,
+    REQUEST_KIND_CANCEL = 2,  /* {"v":1,"type":"cancel","id":...}: stop that request */
 };
 
 /* Parses len bytes of JSON (not necessarily NUL-terminated) into a cJSON
@@ -108,6 +109,12 @@ const char *request_peek_id(const cJSON *root);
  * out of range; err names it) or ERR_NOMEM. */
 int request_from_json(struct request **out, const cJSON *root, const struct request_limits *limits,
                       char *err);
+
+/* Validates a "cancel" object (as returned by request_parse_envelope): only
+ * "v", "type" and a string "id" of at most REQUEST_ID_MAX bytes (required:
+ * a cancel names the request it stops). Copies the id into id_out (at least
+ * REQUEST_ID_MAX + 1 bytes). Returns 0 or ERR_INVALID_ARG naming the field. */
+int request_cancel_from_json(const cJSON *root, char *id_out, char *err);
 
 /* Envelope + generate in one call; ERR_FORMAT also when the type is not
  * "generate". */

@@ -42,6 +42,7 @@ BIN = {
     "generate": "tools/generate/tandem-generate",
     "make_model": "tools/make_model/tandem-make-model",
     "keygen": "tools/keygen/tandem-keygen",
+    "gateway": "gateway/tandem-gateway",
 }
 
 
@@ -50,7 +51,7 @@ def binary(name):
 
 
 def require_binaries():
-    missing = [binary(n) for n in BIN if not os.access(binary(n), os.X_OK)]
+    missing = [binary(n) for n in BIN if n != "gateway" and not os.access(binary(n), os.X_OK)]
     if not BUILD or missing:
         skip("missing binaries (set TANDEM_BUILD_DIR): %s" % ", ".join(missing))
 
@@ -104,6 +105,34 @@ class Pipeline:
     def _on_signal(self, signo, frame):
         self.close()
         sys.exit(1)
+
+    def enable_gateway(self, **values):
+        """Adds a gateway section listening on a free loopback port; returns
+        the base URL. The gateway is started with start("gateway")."""
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.config["gateway"] = dict({"listen": "127.0.0.1:%d" % port, "log_level": "info"}, **values)
+        self.base_url = "http://127.0.0.1:%d" % port
+        return self.base_url
+
+    def wait_http(self, path="/v1/models", timeout_s=20, headers=None):
+        """Waits until the gateway answers path (any status)."""
+        import urllib.error
+        import urllib.request
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            p = self.procs.get("gateway")
+            check(p is not None and p.poll() is None, "gateway exited:\n%s" % self.log_tail("gateway"))
+            try:
+                urllib.request.urlopen(urllib.request.Request(self.base_url + path, headers=headers or {}), timeout=2)
+                return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise Fail("gateway not answering within %d s\n%s" % (timeout_s, self.log_tail("gateway")))
 
     def make_pair(self, draft_preset="tiny-draft", target_preset="tiny", noise="0.05", seed="1"):
         """Creates a draft and a target derived from it; returns their paths."""
@@ -194,7 +223,7 @@ class Pipeline:
         return [n for n in os.listdir("/dev/shm") if n.startswith("tandem-%s-" % self.instance)]
 
     def close(self):
-        for role in ("coordinator", "draft", "target"):
+        for role in ("gateway", "coordinator", "draft", "target"):
             p = self.procs.get(role)
             if p is not None and p.poll() is None:
                 p.kill()
@@ -256,6 +285,39 @@ def collect(sock, rid, timeout_s=120):
             tokens.append(m)
             continue
         return m, tokens
+
+
+def require_gateway():
+    """The gateway tests need tandem-gateway (built where libmicrohttpd is)
+    and curl."""
+    require_binaries()
+    if not os.access(binary("gateway"), os.X_OK):
+        skip("missing %s (libmicrohttpd-dev not installed when it was configured?)" % binary("gateway"))
+    if shutil.which("curl") is None:
+        skip("curl is not installed")
+
+
+def http(method, url, body=None, headers=None, timeout_s=120):
+    """One HTTP request; returns (status, headers dict lower-cased, body bytes)."""
+    import http.client
+    import urllib.parse
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+    try:
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        h = {"Content-Type": "application/json"} if data is not None else {}
+        h.update(headers or {})
+        conn.request(method, u.path, body=data, headers=h)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def sse_events(body):
+    """The data: payloads of a Server-Sent Events body, in order."""
+    text = body.decode() if isinstance(body, bytes) else body
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
 
 
 def main(test):

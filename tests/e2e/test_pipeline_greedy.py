@@ -116,7 +116,9 @@ def test():
     p.close()
 
     # The small pair (Llama 3 tokenizer): text prompt and chat, two prompts.
-    p = Pipeline("small", max_concurrency=2, max_queue=2)
+    # Under ASan on a busy machine one forward pass of the small target can outlast
+    # the default 1.5 s liveness timeout (the worker does not heartbeat mid-pass).
+    p = Pipeline("small", max_concurrency=2, max_queue=2, worker_timeout_ms=10000)
     draft, target = p.make_pair("small-draft", "small", noise="0.02")
     p.start_all()
     s = p.client()

@@ -15,26 +15,35 @@ import time
 
 from tandem_e2e import Pipeline, check, collect, generate, main, reference
 
-TIMEOUT_MS = 200
 N_PROMPT = 1800
 
 
-def pipeline(name, chunk):
-    p = Pipeline(name, worker_timeout_ms=TIMEOUT_MS,
-                 extra={"coordinator": {"heartbeat_ms": 40},
-                        "draft_worker": {"heartbeat_ms": 40, "prefill_chunk": chunk},
-                        "target_worker": {"heartbeat_ms": 40, "prefill_chunk": chunk}})
-    draft, target = p.make_pair()
+def pipeline(name, chunk, timeout_ms, models=None):
+    heartbeat_ms = max(10, timeout_ms // 5)
+    p = Pipeline(name, worker_timeout_ms=timeout_ms,
+                 extra={"coordinator": {"heartbeat_ms": heartbeat_ms},
+                        "draft_worker": {"heartbeat_ms": heartbeat_ms, "prefill_chunk": chunk},
+                        "target_worker": {"heartbeat_ms": heartbeat_ms, "prefill_chunk": chunk}})
+    if models:
+        p.config["draft_worker"]["model"], p.config["target_worker"]["model"] = models
+    else:
+        models = p.make_pair()
     p.start_all()
-    return p, target
+    return p, models
 
 
 def test():
     ids = [3 + (i * 7) % 500 for i in range(N_PROMPT)]
 
-    # Chunked prefill: the long prompt succeeds, greedy ids unchanged.
-    p, target = pipeline("long", 8)
+    # The timeout is set from this build's measured prefill time, so that the
+    # prefill takes several timeouts whether the build is fast or slow. The
+    # models live in a pipeline of their own, which is never started.
+    holder = Pipeline("models")
+    models = holder.make_pair()
+    target = models[1]
     ref = reference(target, ids, 8)
+    TIMEOUT_MS = int(min(200, max(40, ref["prefill_ms"] / 5)))
+    p, _ = pipeline("long", 8, TIMEOUT_MS, models)
     s = p.client()
     done, _ = generate(s, {"id": "long", "prompt_ids": ids, "max_tokens": 8, "temperature": 0}, 120)
     check(done["type"] == "done", "long prompt with chunked prefill: %s" % done)
@@ -61,7 +70,7 @@ def test():
     p.close()
 
     # Control: one forward call for the whole prompt (no heartbeat can go out).
-    p, _ = pipeline("whole", 65536)
+    p, _ = pipeline("whole", 65536, TIMEOUT_MS, models)
     s = p.client()
     m, _ = generate(s, {"id": "whole", "prompt_ids": ids, "max_tokens": 8, "temperature": 0}, 120)
     check(m["type"] == "error" and m["code"] == "target_unavailable",

@@ -10,7 +10,8 @@
 #              image without the project's libraries. Download them on a
 #              machine with apt: `apt-get download libzmq3-dev libzmq5
 #              libcjson-dev libcjson1 libpcre2-dev libpcre2-8-0 libcmocka-dev
-#              libcmocka0 pkgconf` (plus whatever libzmq5 needs there:
+#              libcmocka0 libmicrohttpd-dev libmicrohttpd12 pkgconf` (plus whatever
+#              libzmq5 and libmicrohttpd12 need there: libgnutls30 ...,
 #              libsodium23 libpgm-5.3-0 libnorm1 ...).
 # Environment: TANDEM_CUDA_ARCHITECTURES (default 90), JOBS (default nproc),
 #   TANDEM_CUDA_DEVICE (device the test uses, default "0"),

@@ -384,6 +384,31 @@ static void test_proc_config_run_dir_is_private(void **state)
     assert_non_null(strstr(err, "run_dir: must be an absolute path"));
 }
 
+static void test_proc_config_gateway_section_defaults_and_derived_keys(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg,
+                          "{\"coordinator\":{\"client_endpoint\":\"tcp://*:6000\"},"
+                          "\"target_worker\":{\"model\":\"/m/llama-3b/\"},\"gateway\":{\"api_key_env\":\"GW_KEY\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    assert_string_equal(cfg.gateway.listen, "127.0.0.1:8000");
+    assert_string_equal(cfg.gateway.coordinator_endpoint, "tcp://127.0.0.1:6000");
+    assert_string_equal(cfg.gateway.served_model_name, "llama-3b");
+    assert_string_equal(cfg.gateway.api_key_env, "GW_KEY");
+    assert_int_equal(cfg.gateway.max_body_bytes, 1048576);
+
+    assert_int_not_equal(load(&cfg, "{\"gateway\":{\"listen\":\"127.0.0.1:0\"}}", err), 0);
+    assert_non_null(strstr(err, "gateway.listen"));
+    assert_int_not_equal(load(&cfg, "{\"gateway\":{\"api_key_env\":\"1X\"}}", err), 0);
+    assert_non_null(strstr(err, "gateway.api_key_env"));
+    assert_int_not_equal(load(&cfg, "{\"gateway\":{\"colour\":1}}", err), 0);
+    assert_non_null(strstr(err, "gateway.colour: unknown key"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -400,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_reachable_endpoints_need_an_explicit_choice),
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
         cmocka_unit_test(test_proc_config_run_dir_is_private),
+        cmocka_unit_test(test_proc_config_gateway_section_defaults_and_derived_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -165,6 +165,8 @@ def run(args):
     pending.reverse()
     results = {"done": 0, "mismatch": [], "hang": [], "unexpected": {}, "expected_errors": {}, "codes": {},
                "tokens": 0, "ttft": [], "tpot": [], "cancelled": 0}
+    # A marker for drivers that inject faults under load (tests/e2e/test_loadgen.py).
+    print("tandem-loadgen: load started", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     for c in clients:
         if pending:

@@ -1,0 +1,400 @@
+/* bridge.c: the DEALER socket thread and the table of open calls (see
+ * bridge.h).
+ *
+ * Invariants: only the bridge thread touches the ZeroMQ socket. Outgoing
+ * messages go through a mutex-guarded FIFO and an eventfd the thread polls
+ * beside the socket; incoming replies are parsed on the bridge thread and
+ * appended to their call's FIFO under the same mutex, which each call's
+ * condition variable waits on. A reply for an id no call holds is dropped
+ * (its call was closed: the HTTP client went away or timed out).
+ */
+#include "bridge.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "error.h"
+#include "logging.h"
+
+#define BRIDGE_ID_MAX 64
+
+struct reply_node {
+    cJSON *msg;
+    struct reply_node *next;
+};
+
+struct out_node {
+    char *text;                  /* serialized message */
+    char id[BRIDGE_ID_MAX];      /* call to tell when the send fails */
+    struct out_node *next;
+};
+
+struct bridge_call {
+    struct bridge *b;
+    char id[BRIDGE_ID_MAX];
+    pthread_cond_t cond;
+    struct reply_node *head, *tail;  /* guarded by b->mu */
+    struct bridge_call *next;        /* in b->calls */
+};
+
+struct bridge {
+    void *zctx;
+    void *sock;
+    int wake_fd;                 /* eventfd: outgoing messages or stop */
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    struct bridge_call *calls;   /* open calls */
+    struct out_node *out_head, *out_tail;
+    bool stop;
+    uint64_t next_id;
+};
+
+static void wake(struct bridge *b)
+{
+    uint64_t one = 1;
+    ssize_t n = write(b->wake_fd, &one, sizeof(one));
+    (void)n; /* a full counter already wakes the thread */
+}
+
+/* Under b->mu. */
+static struct bridge_call *call_find(struct bridge *b, const char *id)
+{
+    for (struct bridge_call *c = b->calls; c != NULL; c = c->next)
+        if (strcmp(c->id, id) == 0)
+            return c;
+    return NULL;
+}
+
+/* Takes ownership of msg; under b->mu. */
+static void call_push(struct bridge_call *call, cJSON *msg)
+{
+    struct reply_node *n = malloc(sizeof(*n));
+    if (n == NULL) {
+        cJSON_Delete(msg);
+        return;
+    }
+    n->msg = msg;
+    n->next = NULL;
+    if (call->tail != NULL)
+        call->tail->next = n;
+    else
+        call->head = n;
+    call->tail = n;
+    pthread_cond_signal(&call->cond);
+}
+
+static void deliver(struct bridge *b, const char *id, cJSON *msg)
+{
+    pthread_mutex_lock(&b->mu);
+    struct bridge_call *call = call_find(b, id);
+    if (call != NULL)
+        call_push(call, msg);
+    else
+        cJSON_Delete(msg);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void deliver_unavailable(struct bridge *b, const char *id, const char *why)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL || cJSON_AddStringToObject(m, "type", "error") == NULL || cJSON_AddStringToObject(m, "id", id) == NULL ||
+        cJSON_AddStringToObject(m, "code", BRIDGE_UNAVAILABLE_CODE) == NULL ||
+        cJSON_AddStringToObject(m, "message", why) == NULL) {
+        cJSON_Delete(m);
+        return;
+    }
+    deliver(b, id, m);
+}
+
+static void flush_out(struct bridge *b)
+{
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        struct out_node *n = b->out_head;
+        if (n != NULL) {
+            b->out_head = n->next;
+            if (b->out_head == NULL)
+                b->out_tail = NULL;
+        }
+        pthread_mutex_unlock(&b->mu);
+        if (n == NULL)
+            return;
+        if (zmq_send(b->sock, n->text, strlen(n->text), ZMQ_DONTWAIT) < 0) {
+            int e = zmq_errno();
+            char why[160];
+            snprintf(why, sizeof(why), "the coordinator is not reachable (zmq_send: %s)", zmq_strerror(e));
+            LOG_WARN("to the coordinator: %s", why);
+            deliver_unavailable(b, n->id, why);
+        }
+        free(n->text);
+        free(n);
+    }
+}
+
+static void read_replies(struct bridge *b)
+{
+    for (;;) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, b->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            return;
+        }
+        /* One JSON frame per reply; anything else is logged and dropped. */
+        cJSON *root = NULL;
+        if (zmq_msg_size(&part) > 0)
+            root = cJSON_ParseWithLength(zmq_msg_data(&part), zmq_msg_size(&part));
+        while (zmq_msg_more(&part)) {
+            if (zmq_msg_recv(&part, b->sock, 0) < 0)
+                break;
+        }
+        zmq_msg_close(&part);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
+        if (!cJSON_IsObject(root) || !cJSON_IsString(id)) {
+            LOG_WARN("from the coordinator: a reply that is not a JSON object with a string id; dropped");
+            cJSON_Delete(root);
+            continue;
+        }
+        char key[BRIDGE_ID_MAX];
+        snprintf(key, sizeof(key), "%s", id->valuestring);
+        deliver(b, key, root);
+    }
+}
+
+static void *bridge_main(void *arg)
+{
+    struct bridge *b = arg;
+    for (;;) {
+        zmq_pollitem_t items[2] = {
+            {.socket = b->sock, .events = ZMQ_POLLIN},
+            {.fd = b->wake_fd, .events = ZMQ_POLLIN},
+        };
+        if (zmq_poll(items, 2, -1) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            LOG_ERROR("bridge: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            return NULL;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            ssize_t n = read(b->wake_fd, &v, sizeof(v));
+            (void)n;
+        }
+        pthread_mutex_lock(&b->mu);
+        bool stop = b->stop;
+        pthread_mutex_unlock(&b->mu);
+        if (stop)
+            return NULL;
+        flush_out(b);
+        if (items[0].revents & ZMQ_POLLIN)
+            read_replies(b);
+    }
+}
+
+int bridge_create(struct bridge **out, const char *endpoint, char *err)
+{
+    *out = NULL;
+    struct bridge *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return error_set(err, ERR_NOMEM, "bridge: out of memory");
+    b->wake_fd = -1;
+    int rc = 0;
+    if (pthread_mutex_init(&b->mu, NULL) != 0) {
+        free(b);
+        return error_set(err, ERR_SYSTEM, "bridge: pthread_mutex_init failed");
+    }
+    b->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (b->wake_fd < 0) {
+        rc = error_set_errno(err, ERR_SYSTEM, errno, "bridge: eventfd");
+        goto fail;
+    }
+    if ((b->zctx = zmq_ctx_new()) == NULL) {
+        rc = error_set(err, ERR_SYSTEM, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if ((b->sock = zmq_socket(b->zctx, ZMQ_DEALER)) == NULL) {
+        rc = error_set(err, ERR_SYSTEM, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    /* IMMEDIATE: no queueing for a coordinator that is not there, so a
+     * request fails at once with 503 instead of waiting for a timeout. */
+    int linger_ms = 0, immediate = 1;
+    if (zmq_setsockopt(b->sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
+        zmq_setsockopt(b->sock, ZMQ_IMMEDIATE, &immediate, sizeof(immediate)) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if (zmq_connect(b->sock, endpoint) != 0) {
+        rc = error_set(err, ERR_INVALID_ARG, "coordinator endpoint %s: zmq_connect: %s", endpoint,
+                       zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if (pthread_create(&b->thread, NULL, bridge_main, b) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "bridge: pthread_create failed");
+        goto fail;
+    }
+    b->thread_started = true;
+    *out = b;
+    return 0;
+fail:
+    bridge_destroy(b);
+    return rc;
+}
+
+void bridge_destroy(struct bridge *b)
+{
+    if (b == NULL)
+        return;
+    if (b->thread_started) {
+        pthread_mutex_lock(&b->mu);
+        b->stop = true;
+        pthread_mutex_unlock(&b->mu);
+        wake(b);
+        pthread_join(b->thread, NULL);
+    }
+    while (b->out_head != NULL) {
+        struct out_node *n = b->out_head;
+        b->out_head = n->next;
+        free(n->text);
+        free(n);
+    }
+    if (b->sock != NULL)
+        zmq_close(b->sock);
+    if (b->zctx != NULL)
+        zmq_ctx_term(b->zctx);
+    if (b->wake_fd >= 0)
+        close(b->wake_fd);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+int bridge_call_open(struct bridge *b, const char *prefix, struct bridge_call **out, char *err)
+{
+    *out = NULL;
+    struct bridge_call *call = calloc(1, sizeof(*call));
+    if (call == NULL)
+        return error_set(err, ERR_NOMEM, "bridge: out of memory");
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&call->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    if (rc != 0) {
+        free(call);
+        return error_set(err, ERR_SYSTEM, "bridge: pthread_cond_init failed");
+    }
+    call->b = b;
+    pthread_mutex_lock(&b->mu);
+    snprintf(call->id, sizeof(call->id), "%.16s-%" PRIu64, prefix, ++b->next_id);
+    call->next = b->calls;
+    b->calls = call;
+    pthread_mutex_unlock(&b->mu);
+    *out = call;
+    return 0;
+}
+
+void bridge_call_close(struct bridge_call *call)
+{
+    if (call == NULL)
+        return;
+    struct bridge *b = call->b;
+    pthread_mutex_lock(&b->mu);
+    for (struct bridge_call **pp = &b->calls; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == call) {
+            *pp = call->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    while (call->head != NULL) {
+        struct reply_node *n = call->head;
+        call->head = n->next;
+        cJSON_Delete(n->msg);
+        free(n);
+    }
+    pthread_cond_destroy(&call->cond);
+    free(call);
+}
+
+const char *bridge_call_id(const struct bridge_call *call)
+{
+    return call->id;
+}
+
+int bridge_call_send(struct bridge_call *call, cJSON *msg, char *err)
+{
+    struct bridge *b = call->b;
+    cJSON_DeleteItemFromObjectCaseSensitive(msg, "id");
+    if (cJSON_AddStringToObject(msg, "id", call->id) == NULL)
+        return error_set(err, ERR_NOMEM, "bridge: out of memory");
+    struct out_node *n = calloc(1, sizeof(*n));
+    char *text = cJSON_PrintUnformatted(msg);
+    if (n == NULL || text == NULL) {
+        free(n);
+        cJSON_free(text);
+        return error_set(err, ERR_NOMEM, "bridge: out of memory");
+    }
+    n->text = text;
+    snprintf(n->id, sizeof(n->id), "%s", call->id);
+    pthread_mutex_lock(&b->mu);
+    if (b->out_tail != NULL)
+        b->out_tail->next = n;
+    else
+        b->out_head = n;
+    b->out_tail = n;
+    pthread_mutex_unlock(&b->mu);
+    wake(b);
+    return 0;
+}
+
+int bridge_call_cancel(struct bridge_call *call, char *err)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL || cJSON_AddNumberToObject(m, "v", 1) == NULL || cJSON_AddStringToObject(m, "type", "cancel") == NULL) {
+        cJSON_Delete(m);
+        return error_set(err, ERR_NOMEM, "bridge: out of memory");
+    }
+    int rc = bridge_call_send(call, m, err);
+    cJSON_Delete(m);
+    return rc;
+}
+
+int bridge_call_next(struct bridge_call *call, int timeout_ms, cJSON **reply, char *err)
+{
+    *reply = NULL;
+    struct bridge *b = call->b;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&b->mu);
+    while (call->head == NULL) {
+        if (pthread_cond_timedwait(&call->cond, &b->mu, &deadline) == ETIMEDOUT && call->head == NULL) {
+            pthread_mutex_unlock(&b->mu);
+            return error_set(err, ERR_TIMEOUT, "no reply from the coordinator within %d ms", timeout_ms);
+        }
+    }
+    struct reply_node *n = call->head;
+    call->head = n->next;
+    if (call->head == NULL)
+        call->tail = NULL;
+    pthread_mutex_unlock(&b->mu);
+    *reply = n->msg;
+    free(n);
+    return 0;
+}

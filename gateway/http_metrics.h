@@ -1,0 +1,44 @@
+/* http_metrics.h: the gateway's own Prometheus figures.
+ *
+ * What it is: request counters by endpoint and HTTP status, histograms of
+ * time to first token, time per output token and request latency, and the
+ * gauges of requests in flight and requests waiting for their first token
+ * (the gateway's queue). Rendered in the Prometheus text format after the
+ * coordinator's own text on GET /metrics.
+ * Threads: every function takes the object's mutex; any thread may call.
+ */
+#ifndef TANDEM_GATEWAY_HTTP_METRICS_H
+#define TANDEM_GATEWAY_HTTP_METRICS_H
+
+#include <stddef.h>
+
+enum http_metrics_endpoint {
+    HTTP_METRICS_CHAT = 0,
+    HTTP_METRICS_COMPLETIONS,
+    HTTP_METRICS_MODELS,
+    HTTP_METRICS_HEALTH,
+    HTTP_METRICS_METRICS,
+    HTTP_METRICS_OTHER,
+    HTTP_METRICS_ENDPOINT_COUNT,
+};
+
+struct http_metrics;
+
+int http_metrics_create(struct http_metrics **out, char *err);
+void http_metrics_destroy(struct http_metrics *m);   /* NULL-safe */
+
+/* One finished HTTP request (any endpoint, any status). */
+void http_metrics_request_done(struct http_metrics *m, enum http_metrics_endpoint ep, int status);
+/* A generation starts (in flight and waiting) / got its first token (no
+ * longer waiting; ttft_s observed) / ended (tokens after the first over
+ * decode_s give the per-output-token time; e2e_s observed). */
+void http_metrics_generation_start(struct http_metrics *m);
+void http_metrics_generation_first(struct http_metrics *m, double ttft_s);
+void http_metrics_generation_end(struct http_metrics *m, int got_first, int n_tokens, double decode_s,
+                                 double e2e_s);
+
+/* Appends the Prometheus text to *buf (malloc'd, grown as needed; *len its
+ * length). 0 or ERR_NOMEM. */
+int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *err);
+
+#endif

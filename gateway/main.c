@@ -1,0 +1,104 @@
+/* main.c: tandem-gateway, the OpenAI-compatible HTTP front of a Tandem
+ * instance. Thin: parse the config, connect to the coordinator, serve HTTP
+ * until SIGTERM/SIGINT, stop.
+ *
+ *   tandem-gateway [--config FILE] [--KEY VALUE]...
+ *
+ * Keys are those of the "gateway" section (common/wire/proc_config.h), plus
+ * "instance" and qualified keys of other sections. Exit status 78 on a
+ * configuration error (the supervisor does not restart it), 1 on another
+ * failure to start.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bridge.h"
+#include "error.h"
+#include "http_metrics.h"
+#include "logging.h"
+#include "proc_config.h"
+#include "server.h"
+
+#define GATEWAY_EXIT_CONFIG 78
+
+/* The only process-wide state: set by the signal handler, read by main. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int signo)
+{
+    (void)signo;
+    stop_requested = 1;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: tandem-gateway [--config FILE] [--KEY VALUE]...\n");
+            proc_config_print_usage(stdout, "gateway");
+            return 0;
+        }
+    }
+    logging_set_tag("gateway");
+    char err[ERR_MSG_MAX] = "";
+    struct proc_config cfg;
+    if (proc_config_parse_args(&cfg, argc, argv, "gateway", PROC_CONFIG_GATEWAY, err) != 0) {
+        fprintf(stderr, "tandem-gateway: %s\n", err);
+        return GATEWAY_EXIT_CONFIG;
+    }
+    int level = logging_level_parse(cfg.gateway.log_level);
+    if (level >= 0)
+        logging_set_level((enum logging_level)level);
+    const char *api_key = cfg.gateway.api_key;
+    if (api_key[0] == '\0' && cfg.gateway.api_key_env[0] != '\0') {
+        api_key = getenv(cfg.gateway.api_key_env);
+        if (api_key == NULL || api_key[0] == '\0') {
+            fprintf(stderr, "tandem-gateway: gateway.api_key_env: %s is not set or empty\n", cfg.gateway.api_key_env);
+            return GATEWAY_EXIT_CONFIG;
+        }
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
+        perror("tandem-gateway: sigaction");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    int status = 1;
+    struct bridge *bridge = NULL;
+    struct http_metrics *metrics = NULL;
+    struct server *server = NULL;
+    if (bridge_create(&bridge, cfg.gateway.coordinator_endpoint, err) != 0 || http_metrics_create(&metrics, err) != 0)
+        goto done;
+    struct server_params p = {
+        .cfg = &cfg.gateway,
+        .api_key = api_key,
+        .bridge = bridge,
+        .metrics = metrics,
+        .started_s = (long)time(NULL),
+        .stop = &stop_requested,
+    };
+    if (server_start(&server, &p, err) != 0)
+        goto done;
+    LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s", cfg.gateway.listen, cfg.gateway.served_model_name,
+             cfg.gateway.coordinator_endpoint, api_key[0] ? ", API key required" : "");
+    while (!stop_requested)
+        pause();
+    LOG_INFO("gateway stopping");
+    status = 0;
+done:
+    if (status != 0)
+        fprintf(stderr, "tandem-gateway: %s\n", err);
+    server_stop(server);
+    http_metrics_destroy(metrics);
+    bridge_destroy(bridge);
+    return status;
+}

@@ -1,0 +1,642 @@
+/* openai.c: OpenAI request validation and response shapes (see openai.h).
+ *
+ * Field policy, per endpoint: a table of known fields says what each one
+ * becomes. Fields Tandem implements are translated (max_completion_tokens
+ * and max_tokens -> max_tokens, stop as a string -> a list); fields that
+ * change nothing at their neutral value (n = 1, logprobs = false,
+ * presence_penalty = 0, echo = false, ...) are accepted only at that value;
+ * fields Tandem cannot honour (tools, response_format, ...) and unknown
+ * fields are a 400 naming them. JSON null means "not given", as in
+ * OpenAI's API.
+ */
+#include "openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_type.h"
+
+#define E400 400
+#define INVALID "invalid_request_error"
+
+int openai_error_set(struct openai_error *e, int status, const char *type, const char *code, const char *param,
+                     const char *fmt, ...)
+{
+    e->status = status;
+    e->type = type;
+    snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+enum field_rule {
+    F_MODEL,
+    F_MESSAGES,
+    F_PROMPT,
+    F_MAX_TOKENS,
+    F_NUMBER,         /* passed through under the same name */
+    F_INTEGER,        /* passed through under the same name */
+    F_SEED,
+    F_STOP,
+    F_STREAM,
+    F_STREAM_OPTIONS,
+    F_ONE,            /* n, best_of: 1 only */
+    F_FALSE,          /* logprobs (chat), echo: false only */
+    F_ZERO,           /* penalties: 0 only */
+    F_EMPTY,          /* logit_bias: {} only */
+    F_IGNORED,        /* user: metadata with no effect on generation */
+    F_UNSUPPORTED,    /* any non-null value is a 400 */
+};
+
+struct field {
+    const char *name;
+    enum field_rule rule;
+    unsigned kinds;   /* bit 1 << OPENAI_CHAT, 1 << OPENAI_COMPLETION */
+};
+
+#define CHAT (1u << OPENAI_CHAT)
+#define COMP (1u << OPENAI_COMPLETION)
+
+static const struct field fields[] = {
+    {"model", F_MODEL, CHAT | COMP},
+    {"messages", F_MESSAGES, CHAT},
+    {"prompt", F_PROMPT, COMP},
+    {"max_tokens", F_MAX_TOKENS, CHAT | COMP},
+    {"max_completion_tokens", F_MAX_TOKENS, CHAT},
+    {"temperature", F_NUMBER, CHAT | COMP},
+    {"top_p", F_NUMBER, CHAT | COMP},
+    {"min_p", F_NUMBER, CHAT | COMP},
+    {"top_k", F_INTEGER, CHAT | COMP},
+    {"spec_k", F_INTEGER, CHAT | COMP},
+    {"seed", F_SEED, CHAT | COMP},
+    {"stop", F_STOP, CHAT | COMP},
+    {"stream", F_STREAM, CHAT | COMP},
+    {"stream_options", F_STREAM_OPTIONS, CHAT | COMP},
+    {"n", F_ONE, CHAT | COMP},
+    {"best_of", F_ONE, COMP},
+    {"logprobs", F_FALSE, CHAT},
+    {"logprobs", F_UNSUPPORTED, COMP},
+    {"top_logprobs", F_UNSUPPORTED, CHAT},
+    {"echo", F_FALSE, COMP},
+    {"suffix", F_UNSUPPORTED, COMP},
+    {"presence_penalty", F_ZERO, CHAT | COMP},
+    {"frequency_penalty", F_ZERO, CHAT | COMP},
+    {"logit_bias", F_EMPTY, CHAT | COMP},
+    {"user", F_IGNORED, CHAT | COMP},
+    {"tools", F_UNSUPPORTED, CHAT},
+    {"tool_choice", F_UNSUPPORTED, CHAT},
+    {"parallel_tool_calls", F_UNSUPPORTED, CHAT},
+    {"functions", F_UNSUPPORTED, CHAT},
+    {"function_call", F_UNSUPPORTED, CHAT},
+    {"response_format", F_UNSUPPORTED, CHAT},
+    {"modalities", F_UNSUPPORTED, CHAT},
+    {"audio", F_UNSUPPORTED, CHAT},
+    {"prediction", F_UNSUPPORTED, CHAT},
+    {"reasoning_effort", F_UNSUPPORTED, CHAT},
+    {"web_search_options", F_UNSUPPORTED, CHAT},
+    {"store", F_UNSUPPORTED, CHAT},
+    {"metadata", F_UNSUPPORTED, CHAT},
+    {"service_tier", F_UNSUPPORTED, CHAT | COMP},
+};
+
+static int bad(struct openai_error *e, const char *param, const char *fmt, const char *a, const char *b)
+{
+    openai_error_set(e, E400, INVALID, NULL, param, fmt, a, b);
+    return -1;
+}
+
+static int expect_integer(const cJSON *v, const char *name, struct openai_error *e)
+{
+    if (!cJSON_IsNumber(v))
+        return bad(e, name, "%s: expected an integer, got %s", name, json_type_name(v));
+    if (!isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9.0e15)
+        return bad(e, name, "%s: expected an integer%s", name, "");
+    return 0;
+}
+
+/* The text of one chat message's content: a string, null, or an array of
+ * {"type":"text","text":...} parts (joined). Returns a malloc'd string. */
+static char *message_content(const cJSON *content, int index, struct openai_error *e)
+{
+    char param[OPENAI_PARAM_MAX];
+    snprintf(param, sizeof(param), "messages[%d].content", index);
+    if (content == NULL || cJSON_IsNull(content))
+        return strdup("");
+    if (cJSON_IsString(content))
+        return strdup(content->valuestring);
+    if (!cJSON_IsArray(content)) {
+        bad(e, param, "%s: expected a string or an array of text parts, got %s", param, json_type_name(content));
+        return NULL;
+    }
+    size_t total = 1;
+    const cJSON *part = NULL;
+    int i = 0;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+            !cJSON_IsString(text)) {
+            char p[OPENAI_PARAM_MAX + 16];
+            snprintf(p, sizeof(p), "%s[%d]", param, i);
+            bad(e, p, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported%s", p, "");
+            return NULL;
+        }
+        total += strlen(text->valuestring);
+        i++;
+    }
+    char *out = malloc(total);
+    if (out == NULL) {
+        openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    out[0] = '\0';
+    cJSON_ArrayForEach(part, content) strcat(out, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
+    return out;
+}
+
+static int translate_messages(const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (!cJSON_IsArray(v))
+        return bad(e, "messages", "messages: expected an array, got %s%s", json_type_name(v), "");
+    if (cJSON_GetArraySize(v) == 0)
+        return bad(e, "messages", "messages: must not be empty%s%s", "", "");
+    cJSON *out = cJSON_AddArrayToObject(gen, "messages");
+    if (out == NULL)
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    const cJSON *m = NULL;
+    int i = 0;
+    cJSON_ArrayForEach(m, v) {
+        char param[OPENAI_PARAM_MAX];
+        snprintf(param, sizeof(param), "messages[%d]", i);
+        if (!cJSON_IsObject(m))
+            return bad(e, param, "%s: expected an object, got %s", param, json_type_name(m));
+        const cJSON *f = NULL;
+        cJSON_ArrayForEach(f, m) {
+            if (strcmp(f->string, "role") != 0 && strcmp(f->string, "content") != 0) {
+                char p[OPENAI_PARAM_MAX + 64];
+                snprintf(p, sizeof(p), "%s.%.48s", param, f->string);
+                return bad(e, p, "%s: not supported (messages carry only role and content)%s", p, "");
+            }
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        char rparam[OPENAI_PARAM_MAX + 8];
+        snprintf(rparam, sizeof(rparam), "%s.role", param);
+        if (!cJSON_IsString(role))
+            return bad(e, rparam, "%s: expected a string, got %s", rparam, json_type_name(role));
+        const char *r = role->valuestring;
+        if (strcmp(r, "developer") == 0)
+            r = "system"; /* OpenAI's newer name for the system role */
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0)
+            return bad(e, rparam, "%s: must be system, developer, user or assistant, got \"%.32s\"", rparam,
+                       role->valuestring);
+        char *content = message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i, e);
+        if (content == NULL)
+            return -1;
+        cJSON *o = cJSON_CreateObject();
+        if (o == NULL || cJSON_AddStringToObject(o, "role", r) == NULL ||
+            cJSON_AddStringToObject(o, "content", content) == NULL || !cJSON_AddItemToArray(out, o)) {
+            cJSON_Delete(o);
+            free(content);
+            return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+        }
+        free(content);
+        i++;
+    }
+    return 0;
+}
+
+/* prompt: a string, a list of one string, a list of token ids, or a list
+ * of one list of token ids. */
+static int translate_prompt(const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
+        (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
+        v = v->child;
+    else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 1 && !cJSON_IsNumber(v->child))
+        return bad(e, "prompt", "prompt: only one prompt per request is supported (got %s)%s",
+                   cJSON_GetArraySize(v) == 2 ? "2" : "several", "");
+    if (cJSON_IsString(v)) {
+        if (v->valuestring[0] == '\0')
+            return bad(e, "prompt", "prompt: must not be empty%s%s", "", "");
+        return cJSON_AddStringToObject(gen, "prompt", v->valuestring) ? 0
+               : (openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1);
+    }
+    if (cJSON_IsArray(v)) {
+        if (cJSON_GetArraySize(v) == 0)
+            return bad(e, "prompt", "prompt: must not be empty%s%s", "", "");
+        const cJSON *id = NULL;
+        cJSON_ArrayForEach(id, v) {
+            if (!cJSON_IsNumber(id) || id->valuedouble != floor(id->valuedouble) || id->valuedouble < 0 ||
+                id->valuedouble > 2147483647.0)
+                return bad(e, "prompt", "prompt: a token-id list must hold non-negative integers%s%s", "", "");
+        }
+        cJSON *ids = cJSON_Duplicate(v, 1);
+        if (ids == NULL || !cJSON_AddItemToObject(gen, "prompt_ids", ids)) {
+            cJSON_Delete(ids);
+            return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+        }
+        return 0;
+    }
+    return bad(e, "prompt", "prompt: expected a string or a list of token ids, got %s%s", json_type_name(v), "");
+}
+
+static int translate_stop(const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    cJSON *list = NULL;
+    if (cJSON_IsString(v)) {
+        list = cJSON_CreateArray();
+        if (list != NULL)
+            cJSON_AddItemToArray(list, cJSON_CreateString(v->valuestring));
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *s = NULL;
+        cJSON_ArrayForEach(s, v) {
+            if (!cJSON_IsString(s))
+                return bad(e, "stop", "stop: expected strings, got %s%s", json_type_name(s), "");
+        }
+        list = cJSON_Duplicate(v, 1);
+    } else {
+        return bad(e, "stop", "stop: expected a string or a list of strings, got %s%s", json_type_name(v), "");
+    }
+    if (list == NULL || !cJSON_AddItemToObject(gen, "stop", list)) {
+        cJSON_Delete(list);
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    }
+    return 0;
+}
+
+static const struct field *field_find(enum openai_kind kind, const char *name)
+{
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        if ((fields[i].kinds & (1u << kind)) && strcmp(fields[i].name, name) == 0)
+            return &fields[i];
+    return NULL;
+}
+
+static int apply_field(enum openai_kind kind, const struct field *f, const cJSON *v, const char *served_model,
+                       cJSON *gen, struct openai_request *out, struct openai_error *e)
+{
+    const char *name = f->name;
+    switch (f->rule) {
+    case F_MODEL:
+        if (!cJSON_IsString(v))
+            return bad(e, name, "model: expected a string, got %s%s", json_type_name(v), "");
+        if (strcmp(v->valuestring, served_model) != 0) {
+            openai_error_set(e, 404, INVALID, "model_not_found", "model",
+                             "model: \"%.200s\" does not exist; this server serves \"%.200s\"", v->valuestring,
+                             served_model);
+            return -1;
+        }
+        return 0;
+    case F_MESSAGES:
+        return translate_messages(v, gen, e);
+    case F_PROMPT:
+        return translate_prompt(v, gen, e);
+    case F_MAX_TOKENS:
+        if (expect_integer(v, name, e) != 0)
+            return -1;
+        /* max_completion_tokens wins over the deprecated max_tokens. */
+        if (strcmp(name, "max_tokens") == 0 && cJSON_GetObjectItemCaseSensitive(gen, "max_tokens") != NULL)
+            return 0;
+        cJSON_DeleteItemFromObjectCaseSensitive(gen, "max_tokens");
+        return cJSON_AddNumberToObject(gen, "max_tokens", v->valuedouble) ? 0 : -1;
+    case F_NUMBER:
+        if (!cJSON_IsNumber(v))
+            return bad(e, name, "%s: expected a number, got %s", name, json_type_name(v));
+        return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+    case F_INTEGER:
+        if (expect_integer(v, name, e) != 0)
+            return -1;
+        return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+    case F_SEED:
+        if (expect_integer(v, name, e) != 0)
+            return -1;
+        if (v->valuedouble < 0)
+            return bad(e, name, "seed: must be >= 0%s%s", "", "");
+        return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+    case F_STOP:
+        return translate_stop(v, gen, e);
+    case F_STREAM:
+        if (!cJSON_IsBool(v))
+            return bad(e, name, "stream: expected a boolean, got %s%s", json_type_name(v), "");
+        out->stream = cJSON_IsTrue(v);
+        return 0;
+    case F_STREAM_OPTIONS: {
+        if (!cJSON_IsObject(v))
+            return bad(e, name, "stream_options: expected an object, got %s%s", json_type_name(v), "");
+        const cJSON *o = NULL;
+        cJSON_ArrayForEach(o, v) {
+            if (strcmp(o->string, "include_usage") != 0)
+                return bad(e, "stream_options", "stream_options.%.48s: not supported%s", o->string, "");
+            if (!cJSON_IsBool(o))
+                return bad(e, "stream_options", "stream_options.include_usage: expected a boolean, got %s%s",
+                           json_type_name(o), "");
+            out->include_usage = cJSON_IsTrue(o);
+        }
+        return 0;
+    }
+    case F_ONE:
+        if (expect_integer(v, name, e) != 0)
+            return -1;
+        if (v->valuedouble != 1)
+            return bad(e, name, "%s: only 1 is supported, got %s", name, v->valuedouble < 1 ? "less" : "more");
+        return 0;
+    case F_FALSE:
+        if (!cJSON_IsBool(v))
+            return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
+        if (cJSON_IsTrue(v))
+            return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
+        return 0;
+    case F_ZERO:
+        if (!cJSON_IsNumber(v))
+            return bad(e, name, "%s: expected a number, got %s", name, json_type_name(v));
+        if (v->valuedouble != 0)
+            return bad(e, name, "%s: not supported by this server (only 0)%s", name, "");
+        return 0;
+    case F_EMPTY:
+        if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) != 0)
+            return bad(e, name, "%s: not supported by this server (only {})%s", name, "");
+        return 0;
+    case F_IGNORED:
+        return 0;
+    case F_UNSUPPORTED:
+        return bad(e, name, "%s: not supported by this server%s", name, "");
+    }
+    (void)kind;
+    return bad(e, name, "%s: unexpected field%s", name, "");
+}
+
+int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const char *served_model,
+                         struct openai_request *out, struct openai_error *e)
+{
+    memset(out, 0, sizeof(*out));
+    out->kind = kind;
+    if (body == NULL || len == 0)
+        return bad(e, "", "request body is empty: expected a JSON object%s%s", "", "");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (root == NULL)
+        return bad(e, "", "request body is not valid JSON%s%s", "", "");
+    for (const char *p = end; p != NULL && p < body + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            cJSON_Delete(root);
+            return bad(e, "", "request body is not valid JSON (trailing bytes)%s%s", "", "");
+        }
+    }
+    int rc = -1;
+    if (!cJSON_IsObject(root)) {
+        bad(e, "", "request body must be a JSON object, got %s%s", json_type_name(root), "");
+        goto done;
+    }
+    cJSON *gen = cJSON_CreateObject();
+    if (gen == NULL || cJSON_AddNumberToObject(gen, "v", 1) == NULL ||
+        cJSON_AddStringToObject(gen, "type", "generate") == NULL) {
+        cJSON_Delete(gen);
+        openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    out->generate = gen;
+    const char *required = kind == OPENAI_CHAT ? "messages" : "prompt";
+    if (cJSON_GetObjectItemCaseSensitive(root, "model") == NULL) {
+        bad(e, "model", "model: required%s%s", "", "");
+        goto done;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(root, required) == NULL) {
+        bad(e, required, "%s: required%s", required, "");
+        goto done;
+    }
+    /* max_completion_tokens first, so it wins over max_tokens whatever the order. */
+    const cJSON *mct = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens");
+    if (kind == OPENAI_CHAT && mct != NULL && !cJSON_IsNull(mct) &&
+        apply_field(kind, field_find(kind, "max_completion_tokens"), mct, served_model, gen, out, e) != 0)
+        goto done;
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, root) {
+        for (const cJSON *g = f->next; g != NULL; g = g->next) {
+            if (strcmp(g->string, f->string) == 0) {
+                bad(e, f->string, "%.64s: given more than once%s", f->string, "");
+                goto done;
+            }
+        }
+        const struct field *fd = field_find(kind, f->string);
+        if (fd == NULL) {
+            bad(e, f->string, "%.64s: unknown field%s", f->string, "");
+            goto done;
+        }
+        if (cJSON_IsNull(f) && fd->rule != F_MODEL && fd->rule != F_MESSAGES && fd->rule != F_PROMPT)
+            continue;
+        if (fd->rule == F_MAX_TOKENS && strcmp(fd->name, "max_completion_tokens") == 0)
+            continue;
+        if (apply_field(kind, fd, f, served_model, gen, out, e) != 0)
+            goto done;
+    }
+    if (out->include_usage && !out->stream) {
+        bad(e, "stream_options", "stream_options: only allowed when stream is true%s%s", "", "");
+        goto done;
+    }
+    if (cJSON_AddBoolToObject(gen, "stream", out->stream) == NULL) {
+        openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (rc != 0) {
+        cJSON_Delete(out->generate);
+        out->generate = NULL;
+    }
+    return rc;
+}
+
+void openai_request_free(struct openai_request *r)
+{
+    if (r == NULL)
+        return;
+    cJSON_Delete(r->generate);
+    r->generate = NULL;
+}
+
+cJSON *openai_error_json(const struct openai_error *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    if (o == NULL) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type ? e->type : "server_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(o, "param", e->param);
+    else
+        cJSON_AddNullToObject(o, "param");
+    if (e->code[0])
+        cJSON_AddStringToObject(o, "code", e->code);
+    else
+        cJSON_AddNullToObject(o, "code");
+    return root;
+}
+
+static const char *string_of(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+void openai_error_from_reply(const cJSON *reply, struct openai_error *e)
+{
+    const char *code = string_of(reply, "code");
+    const char *message = string_of(reply, "message");
+    /* The coordinator names the field first: "max_tokens: must be >= 1". */
+    char param[OPENAI_PARAM_MAX] = "";
+    size_t n = strcspn(message, ": ");
+    if (message[n] == ':' && n > 0 && n < sizeof(param)) {
+        memcpy(param, message, n);
+        param[n] = '\0';
+    }
+    if (strcmp(code, "invalid_request") == 0)
+        openai_error_set(e, 400, INVALID, NULL, param, "%s", message);
+    else if (strcmp(code, "context_full") == 0)
+        openai_error_set(e, 400, INVALID, "context_length_exceeded", param, "%s", message);
+    else if (strcmp(code, "overloaded") == 0)
+        openai_error_set(e, 429, "rate_limit_error", "overloaded", NULL, "%s", message);
+    else if (strcmp(code, "target_unavailable") == 0 || strcmp(code, "coordinator_unavailable") == 0)
+        openai_error_set(e, 503, "server_error", code, NULL, "%s", message);
+    else
+        openai_error_set(e, 500, "server_error", code[0] ? code : "internal", NULL, "%s", message);
+}
+
+const char *openai_finish_reason(const char *coordinator_reason)
+{
+    return strcmp(coordinator_reason, "length") == 0 ? "length" : "stop";
+}
+
+static cJSON *usage_json(const cJSON *done)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(done, "usage");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(u, "generated_tokens");
+    double pt = cJSON_IsNumber(p) ? p->valuedouble : 0, gt = cJSON_IsNumber(g) ? g->valuedouble : 0;
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    cJSON_AddNumberToObject(o, "prompt_tokens", pt);
+    cJSON_AddNumberToObject(o, "completion_tokens", gt);
+    cJSON_AddNumberToObject(o, "total_tokens", pt + gt);
+    return o;
+}
+
+/* Tandem's own figures: ids always, the speculation and timing blocks of a
+ * done reply when there is one. */
+static cJSON *tandem_json(const cJSON *ids_from, const cJSON *done)
+{
+    cJSON *t = cJSON_CreateObject();
+    if (t == NULL)
+        return NULL;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(ids_from, "ids");
+    cJSON_AddItemToObject(t, "ids", ids ? cJSON_Duplicate(ids, 1) : cJSON_CreateArray());
+    if (done != NULL) {
+        const cJSON *spec = cJSON_GetObjectItemCaseSensitive(done, "spec");
+        const cJSON *timing = cJSON_GetObjectItemCaseSensitive(done, "timing");
+        if (spec)
+            cJSON_AddItemToObject(t, "spec", cJSON_Duplicate(spec, 1));
+        if (timing)
+            cJSON_AddItemToObject(t, "timing", cJSON_Duplicate(timing, 1));
+    }
+    return t;
+}
+
+static cJSON *envelope(enum openai_kind kind, const char *id, long created, const char *model, bool chunk)
+{
+    cJSON *r = cJSON_CreateObject();
+    if (r == NULL)
+        return NULL;
+    cJSON_AddStringToObject(r, "id", id);
+    cJSON_AddStringToObject(r, "object",
+                            kind == OPENAI_COMPLETION ? "text_completion"
+                            : chunk                   ? "chat.completion.chunk"
+                                                      : "chat.completion");
+    cJSON_AddNumberToObject(r, "created", (double)created);
+    cJSON_AddStringToObject(r, "model", model);
+    return r;
+}
+
+cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                            const cJSON *done)
+{
+    cJSON *r = envelope(kind, response_id, created, model, false);
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    cJSON *c = cJSON_CreateObject();
+    if (choices == NULL || c == NULL) {
+        cJSON_Delete(c);
+        cJSON_Delete(r);
+        return NULL;
+    }
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    const char *text = string_of(done, "text");
+    if (kind == OPENAI_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", openai_finish_reason(string_of(done, "finish_reason")));
+    cJSON_AddItemToObject(r, "usage", usage_json(done));
+    cJSON_AddItemToObject(r, "tandem", tandem_json(done, done));
+    return r;
+}
+
+cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                         const cJSON *token, bool role_first, const cJSON *done, bool with_usage_null)
+{
+    cJSON *r = envelope(kind, response_id, created, model, true);
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    cJSON *c = cJSON_CreateObject();
+    if (choices == NULL || c == NULL) {
+        cJSON_Delete(c);
+        cJSON_Delete(r);
+        return NULL;
+    }
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    const char *text = token ? string_of(token, "text") : "";
+    if (kind == OPENAI_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role_first)
+            cJSON_AddStringToObject(d, "role", "assistant");
+        if (role_first || token != NULL)
+            cJSON_AddStringToObject(d, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (done != NULL)
+        cJSON_AddStringToObject(c, "finish_reason", openai_finish_reason(string_of(done, "finish_reason")));
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    if (with_usage_null)
+        cJSON_AddNullToObject(r, "usage");
+    if (token != NULL || done != NULL)
+        cJSON_AddItemToObject(r, "tandem", tandem_json(token, done));
+    return r;
+}
+
+cJSON *openai_usage_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                               const cJSON *done)
+{
+    cJSON *r = envelope(kind, response_id, created, model, true);
+    if (r == NULL)
+        return NULL;
+    cJSON_AddArrayToObject(r, "choices");
+    cJSON_AddItemToObject(r, "usage", usage_json(done));
+    return r;
+}

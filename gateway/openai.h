@@ -1,0 +1,86 @@
+/* openai.h: OpenAI's HTTP API shapes, translated to and from the
+ * coordinator's client protocol.
+ *
+ * What it is: pure functions, no I/O. openai_parse_request validates a
+ * /v1/chat/completions or /v1/completions body and builds the coordinator's
+ * "generate" message; the openai_*_json functions build responses, stream
+ * chunks and error objects from the coordinator's replies. A field this
+ * server cannot honour (n > 1, logprobs, tools, response_format, ...) is a
+ * 400 naming it, never silently ignored; range checks of the sampling fields
+ * are left to the coordinator, whose message names the field too.
+ * What it is not: an HTTP server (server.c) or a client of the coordinator
+ * (generation.c).
+ */
+#ifndef TANDEM_GATEWAY_OPENAI_H
+#define TANDEM_GATEWAY_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#define OPENAI_MESSAGE_MAX 512
+#define OPENAI_PARAM_MAX 96
+
+enum openai_kind {
+    OPENAI_CHAT = 0,         /* /v1/chat/completions */
+    OPENAI_COMPLETION = 1,   /* /v1/completions */
+};
+
+/* An error as OpenAI reports it: {"error":{"message","type","param","code"}}
+ * with its HTTP status. */
+struct openai_error {
+    int status;
+    const char *type;        /* "invalid_request_error", "authentication_error", ... */
+    char code[48];           /* "": JSON null (copied: replies are freed before errors are sent) */
+    char param[OPENAI_PARAM_MAX];  /* "": JSON null */
+    char message[OPENAI_MESSAGE_MAX];
+};
+
+/* A validated request. generate is the coordinator's message without "id"
+ * (owned: openai_request_free). */
+struct openai_request {
+    enum openai_kind kind;
+    bool stream;
+    bool include_usage;      /* stream_options.include_usage */
+    cJSON *generate;
+};
+
+/* Fills e (status, type, code, param, printf-style message); returns e->status. */
+int openai_error_set(struct openai_error *e, int status, const char *type, const char *code, const char *param,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Parses len bytes of body for kind; model must equal served_model. 0, or
+ * -1 with e filled (400 for every malformed or unsupported request). */
+int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const char *served_model,
+                         struct openai_request *out, struct openai_error *e);
+void openai_request_free(struct openai_request *r);
+
+/* The error object of e (caller cJSON_Deletes; NULL when out of memory). */
+cJSON *openai_error_json(const struct openai_error *e);
+
+/* Fills e from a coordinator error reply {"code","message"}: the status a
+ * client should see (invalid_request / context_full 400, overloaded 429,
+ * target_unavailable and coordinator_unavailable 503, anything else 500)
+ * and the param the message names ("max_tokens: must be ..."). */
+void openai_error_from_reply(const cJSON *reply, struct openai_error *e);
+
+/* "stop" or "length" for the coordinator's finish_reason. */
+const char *openai_finish_reason(const char *coordinator_reason);
+
+/* The whole non-streamed response for a coordinator "done" reply. */
+cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                            const cJSON *done);
+
+/* One stream chunk. token: a coordinator "token" reply (its text and ids),
+ * or NULL. role_first: the chat chunk that opens the stream (delta.role).
+ * done: the final chunk (finish_reason, the tandem statistics), else NULL.
+ * with_usage_null: "usage": null on the chunk (stream_options.include_usage). */
+cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                         const cJSON *token, bool role_first, const cJSON *done, bool with_usage_null);
+
+/* The usage-only chunk of stream_options.include_usage (choices empty). */
+cJSON *openai_usage_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                               const cJSON *done);
+
+#endif

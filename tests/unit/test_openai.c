@@ -1,0 +1,159 @@
+/* test_openai.c: the gateway's OpenAI request validation and response shapes
+ * (gateway/openai.c), without any process. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "openai.h"
+
+static int parse(enum openai_kind kind, const char *body, struct openai_request *r, struct openai_error *e)
+{
+    return openai_parse_request(kind, body, strlen(body), "tiny", r, e);
+}
+
+static void test_openai_chat_translates_to_a_generate_message(void **state)
+{
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_CHAT,
+                           "{\"model\":\"tiny\",\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+                           "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+                           "\"text\":\"b\"}]}],\"max_completion_tokens\":7,\"max_tokens\":3,\"stop\":\"x\",\"n\":1,"
+                           "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                           "\"user\":\"u\",\"logprobs\":false,\"top_k\":5,\"spec_k\":2,\"seed\":null}",
+                           &r, &e),
+                     0);
+    assert_true(r.stream);
+    assert_true(r.include_usage);
+    const cJSON *g = r.generate;
+    assert_string_equal(cJSON_GetObjectItem(g, "type")->valuestring, "generate");
+    assert_int_equal(cJSON_GetObjectItem(g, "max_tokens")->valueint, 7);
+    assert_int_equal(cJSON_GetObjectItem(g, "top_k")->valueint, 5);
+    assert_null(cJSON_GetObjectItem(g, "seed"));
+    const cJSON *stop = cJSON_GetObjectItem(g, "stop");
+    assert_true(cJSON_IsArray(stop));
+    assert_string_equal(cJSON_GetArrayItem(stop, 0)->valuestring, "x");
+    const cJSON *m = cJSON_GetObjectItem(g, "messages");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 0), "role")->valuestring, "system");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "content")->valuestring, "ab");
+    openai_request_free(&r);
+}
+
+static void test_openai_completion_prompt_forms(void **state)
+{
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":[[1,2,3]]}", &r, &e), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.generate, "prompt_ids")), 3);
+    openai_request_free(&r);
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":[\"hi\"]}", &r, &e), 0);
+    assert_string_equal(cJSON_GetObjectItem(r.generate, "prompt")->valuestring, "hi");
+    openai_request_free(&r);
+    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":[\"a\",\"b\"]}", &r, &e), 0);
+    assert_string_equal(e.param, "prompt");
+}
+
+static void test_openai_refusals_name_the_field(void **state)
+{
+    (void)state;
+    static const struct {
+        enum openai_kind kind;
+        const char *body;
+        int status;
+        const char *param;
+    } cases[] = {
+        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
+        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400,
+         "tools"},
+        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"zz\":1}", 400, "zz"},
+        {OPENAI_CHAT, "{\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "model"},
+        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"name\":\"x\"}]}", 400,
+         "messages[0].name"},
+        {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}", 400, "echo"},
+        {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":\"3\"}", 400, "max_tokens"},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\"}", 400, "model"},
+        {OPENAI_COMPLETION, "[]", 400, ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct openai_request r;
+        struct openai_error e;
+        assert_int_not_equal(parse(cases[i].kind, cases[i].body, &r, &e), 0);
+        assert_null(r.generate);
+        assert_int_equal(e.status, cases[i].status);
+        assert_string_equal(e.param, cases[i].param);
+    }
+}
+
+static void test_openai_coordinator_errors_map_to_statuses(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *reply;
+        int status;
+        const char *param;
+    } cases[] = {
+        {"{\"code\":\"invalid_request\",\"message\":\"max_tokens: must be >= 1, got 0\"}", 400, "max_tokens"},
+        {"{\"code\":\"context_full\",\"message\":\"prompt: 99 tokens do not fit\"}", 400, "prompt"},
+        {"{\"code\":\"overloaded\",\"message\":\"1 requests active\"}", 429, ""},
+        {"{\"code\":\"target_unavailable\",\"message\":\"no target\"}", 503, ""},
+        {"{\"code\":\"coordinator_unavailable\",\"message\":\"down\"}", 503, ""},
+        {"{\"code\":\"internal\",\"message\":\"worker failed\"}", 500, ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cJSON *reply = cJSON_Parse(cases[i].reply);
+        struct openai_error e;
+        openai_error_from_reply(reply, &e);
+        cJSON_Delete(reply); /* e must not borrow from it */
+        assert_int_equal(e.status, cases[i].status);
+        assert_string_equal(e.param, cases[i].param);
+        cJSON *j = openai_error_json(&e);
+        const cJSON *o = cJSON_GetObjectItem(j, "error");
+        assert_non_null(cJSON_GetObjectItem(o, "message"));
+        assert_non_null(cJSON_GetObjectItem(o, "type"));
+        assert_non_null(cJSON_GetObjectItem(o, "param"));
+        assert_non_null(cJSON_GetObjectItem(o, "code"));
+        cJSON_Delete(j);
+    }
+}
+
+static void test_openai_response_and_chunks_have_openai_shapes(void **state)
+{
+    (void)state;
+    cJSON *done = cJSON_Parse("{\"type\":\"done\",\"text\":\"hey\",\"ids\":[1,2],\"finish_reason\":\"stop_string\","
+                              "\"usage\":{\"prompt_tokens\":4,\"generated_tokens\":2},\"spec\":{\"rounds\":1}}");
+    cJSON *r = openai_response_json(OPENAI_CHAT, "chatcmpl-1", 5, "tiny", done);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content")->valuestring, "hey");
+    assert_string_equal(cJSON_GetObjectItem(c, "finish_reason")->valuestring, "stop");
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "usage"), "total_tokens")->valueint, 6);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "tandem"), "ids")), 2);
+    cJSON_Delete(r);
+    cJSON *u = openai_usage_chunk_json(OPENAI_COMPLETION, "cmpl-1", 5, "tiny", done);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(u, "choices")), 0);
+    assert_string_equal(cJSON_GetObjectItem(u, "object")->valuestring, "text_completion");
+    cJSON_Delete(u);
+    cJSON *first = openai_chunk_json(OPENAI_CHAT, "chatcmpl-1", 5, "tiny", NULL, true, NULL, true);
+    const cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(first, "choices"), 0), "delta");
+    assert_string_equal(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(first, "usage")));
+    cJSON_Delete(first);
+    cJSON_Delete(done);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_openai_chat_translates_to_a_generate_message),
+        cmocka_unit_test(test_openai_completion_prompt_forms),
+        cmocka_unit_test(test_openai_refusals_name_the_field),
+        cmocka_unit_test(test_openai_coordinator_errors_map_to_statuses),
+        cmocka_unit_test(test_openai_response_and_chunks_have_openai_shapes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
