@@ -238,17 +238,21 @@ static void path_put(char *buf, size_t *used, const char *s, size_t n)
     const size_t full = JSON_CHECK_PATH_MAX - 1;
     if (*used >= full)
         return;
-    size_t room = full - 3 - *used; /* room for "..." after a cut */
-    size_t take = n <= full - *used ? n : utf8_cut_len((const uint8_t *)s, n, room);
-    memcpy(buf + *used, s, take);
-    *used += take;
-    if (take < n) {
-        memcpy(buf + *used, "...", 3);
-        buf[*used + 3] = '\0';
-        *used = full;
+    if (n <= full - *used) {
+        memcpy(buf + *used, s, n);
+        *used += n;
+        buf[*used] = '\0';
         return;
     }
-    buf[*used] = '\0';
+    /* A cut: keep room for "..." (less of it when even that does not fit). */
+    size_t left = full - *used;
+    size_t take = utf8_cut_len((const uint8_t *)s, n, left > 3 ? left - 3 : 0);
+    memcpy(buf + *used, s, take);
+    *used += take;
+    size_t dots = full - *used < 3 ? full - *used : 3;
+    memcpy(buf + *used, "...", dots);
+    buf[*used + dots] = '\0';
+    *used = full;
 }
 
 /* Remembers the first duplicate: the path of the open containers, then key. */
