@@ -97,10 +97,10 @@ static void queue_remove(struct coordinator *c, struct seq *s)
     c->n_queued--;
 }
 
-/* Ends a sequence with an error reply (code) and frees its slot. */
-void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error code, const char *message)
+/* Takes an unfinished sequence out of the queue or its slot (the workers
+ * release the slot) and frees the record. */
+static void seq_drop(struct coordinator *c, struct seq *s)
 {
-    replies_error(c, s->client, s->client_size, s->id, code, message);
     if (s->state == SEQ_ACTIVE) {
         send_release(c, s);
         c->n_active--;
@@ -110,18 +110,19 @@ void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error cod
     scheduler_seq_reset(s);
 }
 
+/* Ends a sequence with an error reply (code) and frees its slot. */
+void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error code, const char *message)
+{
+    replies_error(c, s->client, s->client_size, s->id, code, message);
+    seq_drop(c, s);
+}
+
 void scheduler_cancel(struct coordinator *c, struct seq *s)
 {
     LOG_INFO("request \"%s\" (#%llu): cancelled after %d generated tokens", s->id, (unsigned long long)s->req,
              s->generated);
     c->metrics.requests_failed[METRICS_ERR_CANCELLED]++;
-    if (s->state == SEQ_ACTIVE) {
-        send_release(c, s);
-        c->n_active--;
-    } else if (s->state == SEQ_QUEUED) {
-        queue_remove(c, s);
-    }
-    scheduler_seq_reset(s);
+    seq_drop(c, s);
     scheduler_admit(c);
 }
 

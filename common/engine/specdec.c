@@ -1,4 +1,4 @@
-/* specdec.c: the draft half, the target half, adaptive K and the in-process
+/* specdec.c: the draft half, the target half and the in-process
  * speculative generation loop (see specdec.h for the contracts).
  *
  * Invariant kept by specdec_generate: the target's cache holds every accepted
