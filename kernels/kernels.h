@@ -44,6 +44,28 @@ const char *kern_dtype_name(enum kern_dtype dtype);
 
 struct kern_backend;
 
+/* Where the cached keys and values of a call's sequences live (paged
+ * attention): a pool of n_blocks blocks of block_size positions. Position t
+ * of sequence s is pool row
+ *   tables[s * table_stride + t / block_size] * block_size + t % block_size.
+ * Row i of the call belongs to sequence rows[2i] and sits at position
+ * rows[2i + 1]. All arrays are host memory; the backend copies what it needs.
+ * A contiguous cache is the special case block_size >= n_ctx, tables = {0}. */
+struct kern_kv_layout {
+    int block_size;        /* >= 1 */
+    int n_blocks;          /* blocks in the pool: every table entry used is < n_blocks */
+    int n_seqs;            /* sequences named by the call */
+    int table_stride;      /* table entries per sequence */
+    const int32_t *tables; /* host [n_seqs][table_stride] */
+    const int32_t *rows;   /* host [n][2]: (sequence, position) of each row */
+};
+
+/* Checks that every row of kv names a sequence of the layout, a position
+ * covered by its table, and blocks inside the pool, up to and including the
+ * row's own position. 0 or ERR_INVALID_ARG / ERR_RANGE naming the row.
+ * Shared by the backends so that both refuse exactly the same calls. */
+int kern_kv_layout_check(const struct kern_kv_layout *kv, int n, const char *op, char *err);
+
 struct kern_ops {
     /* Frees the backend and everything it allocated internally (not the
      * buffers handed out by alloc: the caller frees those first). */
@@ -91,16 +113,29 @@ struct kern_ops {
     int (*rope)(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
                 int head_dim, const float *inv_freq, char *err);
 
-    /* Causal grouped-query attention of n query rows at positions
-     * pos0 .. pos0+n-1 over a cache that already holds keys/values for
-     * positions 0 .. pos0+n-1. Row i attends to cache positions 0..pos0+i.
-     * Query head h reads kv head h / (n_heads / n_kv_heads).
-     * out: [n, n_heads, head_dim] f32; q: [n, n_heads, head_dim] f32;
-     * k_cache, v_cache: [n_ctx, n_kv_heads, head_dim] f32 (n_ctx >= pos0+n);
+    /* Writes the keys and values of n rows into the paged cache: row i goes
+     * to its sequence's position kv->rows[i] (see struct kern_kv_layout),
+     * in every one of the kv_dim columns.
+     * k_pool, v_pool: [n_blocks * block_size, kv_dim] f32 (one layer's pool);
+     * k, v: [n, kv_dim] f32. */
+    int (*kv_store)(struct kern_backend *be, float *k_pool, float *v_pool, const float *k,
+                    const float *v, int n, const struct kern_kv_layout *kv, int kv_dim,
+                    char *err);
+
+    /* Causal grouped-query attention of n query rows over a paged cache
+     * that already holds keys/values for every position each row attends
+     * to: row i, of sequence s = kv->rows[2i] at position p = kv->rows[2i+1],
+     * attends positions 0..p of s. Query head h reads kv head
+     * h / (n_heads / n_kv_heads). Positions are visited in increasing order
+     * whatever blocks hold them, so a row's output depends on its position,
+     * its q and its sequence's cached values only: not on n, the other rows,
+     * or which blocks were allocated.
+     * out: [n, n_heads, head_dim] f32 (may alias q); q: [n, n_heads, head_dim];
+     * k_pool, v_pool: [n_blocks * block_size, n_kv_heads, head_dim] f32;
      * scale: usually 1/sqrt(head_dim). */
-    int (*attention)(struct kern_backend *be, float *out, const float *q, const float *k_cache,
-                     const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
-                     int head_dim, float scale, char *err);
+    int (*attention)(struct kern_backend *be, float *out, const float *q, const float *k_pool,
+                     const float *v_pool, int n, const struct kern_kv_layout *kv, int n_heads,
+                     int n_kv_heads, int head_dim, float scale, char *err);
 
     /* out = silu(gate) * up, elementwise over count values (may alias gate). */
     int (*swiglu)(struct kern_backend *be, float *out, const float *gate, const float *up,

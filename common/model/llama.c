@@ -6,11 +6,24 @@
  * the final norm and the (tied or untied) LM head for the rows asked for.
  * What it is not: a sampler or a scheduler; it returns logits.
  *
- * Invariants: a slot's cache holds positions 0 .. len-1 of one sequence;
- * positions >= len are garbage and never read. A call either appends all of
- * its tokens to a slot or (on a validation error) none. Rows are processed in
- * chunks of max_rows; since every kernel computes a row independently of the
- * others, chunking never changes results.
+ * The KV cache is paged: one pool of blocks of block_size positions (every
+ * layer's keys and values for those positions) shared by all slots; each
+ * slot has a block table. A slot takes blocks as it grows and gives them back
+ * when truncated, so memory in use follows the tokens cached, not slots x
+ * context length.
+ *
+ * A call packs the rows of all its sequences into one activation matrix,
+ * each row with its own slot and position: the weights are read once for
+ * every sequence of the call. Rows are processed in chunks of max_rows that
+ * may span sequences; a row's keys and values are stored before any row of
+ * the chunk attends, and every kernel computes a row independently of the
+ * others, so neither packing nor chunking changes a result.
+ *
+ * Invariants: a slot's cache holds positions 0 .. len-1 of one sequence in
+ * blocks table[0 .. ceil(len / block_size) - 1]; positions >= len are
+ * garbage and never read. A block is in exactly one table or the free list.
+ * A call either appends all of its tokens to every slot it names or (on a
+ * validation error, including a pool too small for it) changes nothing.
  */
 #include "llama.h"
 
@@ -61,13 +74,22 @@ struct llama_ctx {
     struct llama_model *model;
     struct kern_backend *be;
     int n_slots, max_seq_len, max_rows;
-    int *slot_len;     /* host [n_slots] */
-    float **kv;        /* per slot: [n_layers][2][max_seq_len][kv_dim] f32 */
-    size_t kv_layer_stride; /* floats per (layer, k|v) plane */
+    int *slot_len;          /* host [n_slots] */
+    /* paged KV cache */
+    int block_size, n_blocks, table_stride; /* table_stride = blocks of a full slot */
+    float *kv_pool;         /* backend [n_layers][2][n_blocks * block_size][kv_dim] f32 */
+    size_t kv_plane;        /* floats per (layer, k|v) plane */
+    int32_t *tables;        /* host [n_slots][table_stride]; -1 = no block */
+    int *slot_blocks;       /* host [n_slots]: blocks held */
+    int32_t *free_list;     /* host [n_blocks]: a stack of free block ids */
+    int n_free;
     /* activations, backend memory, [max_rows, ...] */
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
-    float *logits;     /* [LOGIT_ROWS, vocab] */
-    int32_t *positions; /* host [max_rows] */
+    float *logits;          /* [LOGIT_ROWS, vocab] */
+    /* one chunk's rows, host [max_rows]: tokens, positions, (seq, position) */
+    int32_t *tokens, *positions, *rows;
+    int32_t *chunk_tables;  /* host [max_rows][table_stride]: tables of a chunk's slots */
+    int32_t *chunk_seq_of;  /* host [n_slots]: a slot's sequence index in the chunk, or -1 */
 };
 
 static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64_t d0, int64_t d1,
@@ -209,6 +231,17 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
     int max_rows = params->max_rows ? params->max_rows : 256;
     if (max_rows < 1 || max_rows > 65536)
         return error_set(err, ERR_INVALID_ARG, "max_rows: must be in 1..65536, got %d", max_rows);
+    int block_size = params->kv_block_size ? params->kv_block_size : LLAMA_DEFAULT_KV_BLOCK_SIZE;
+    if (block_size < 1 || block_size > 4096)
+        return error_set(err, ERR_INVALID_ARG, "kv_block_size: must be in 1..4096, got %d",
+                         block_size);
+    const int table_stride = (max_seq + block_size - 1) / block_size;
+    const long full_blocks = (long)params->n_slots * table_stride;
+    long n_blocks = params->kv_blocks ? params->kv_blocks : full_blocks;
+    if (n_blocks < 1 || n_blocks > full_blocks || n_blocks > INT32_MAX / block_size)
+        return error_set(err, ERR_INVALID_ARG,
+                         "kv_blocks: must be in 1..%ld (every slot at its full context), got %ld",
+                         full_blocks, n_blocks);
 
     struct llama_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
@@ -218,21 +251,38 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
     ctx->n_slots = params->n_slots;
     ctx->max_seq_len = max_seq;
     ctx->max_rows = max_rows;
+    ctx->block_size = block_size;
+    ctx->n_blocks = (int)n_blocks;
+    ctx->table_stride = table_stride;
     int rc = ERR_NOMEM;
     ctx->slot_len = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_len);
-    ctx->kv = calloc((size_t)ctx->n_slots, sizeof *ctx->kv);
+    ctx->slot_blocks = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_blocks);
+    ctx->tables = malloc((size_t)ctx->n_slots * (size_t)table_stride * sizeof *ctx->tables);
+    ctx->free_list = malloc((size_t)n_blocks * sizeof *ctx->free_list);
+    ctx->tokens = calloc((size_t)max_rows, sizeof *ctx->tokens);
     ctx->positions = calloc((size_t)max_rows, sizeof *ctx->positions);
-    if (!ctx->slot_len || !ctx->kv || !ctx->positions) {
+    ctx->rows = calloc((size_t)max_rows * 2, sizeof *ctx->rows);
+    ctx->chunk_tables = malloc((size_t)max_rows * (size_t)table_stride * sizeof *ctx->chunk_tables);
+    ctx->chunk_seq_of = malloc((size_t)ctx->n_slots * sizeof *ctx->chunk_seq_of);
+    if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->free_list || !ctx->tokens ||
+        !ctx->positions || !ctx->rows || !ctx->chunk_tables || !ctx->chunk_seq_of) {
         error_set(err, rc, "llama context: out of memory");
         goto fail;
     }
+    for (size_t i = 0; i < (size_t)ctx->n_slots * (size_t)table_stride; i++)
+        ctx->tables[i] = -1;
+    for (int s = 0; s < ctx->n_slots; s++)
+        ctx->chunk_seq_of[s] = -1;
+    /* Lowest ids on top: a fresh pool hands out blocks in order, and freed
+     * blocks (already touched, so committed) are reused first. */
+    ctx->n_free = ctx->n_blocks;
+    for (int b = 0; b < ctx->n_blocks; b++)
+        ctx->free_list[b] = ctx->n_blocks - 1 - b;
     const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    ctx->kv_layer_stride = (size_t)max_seq * kv_dim;
-    for (int s = 0; s < ctx->n_slots; s++) {
-        size_t count = ctx->kv_layer_stride * 2 * (size_t)c->num_hidden_layers;
-        if ((rc = ctx_alloc(ctx, count, &ctx->kv[s], err)))
-            goto fail;
-    }
+    ctx->kv_plane = (size_t)n_blocks * (size_t)block_size * kv_dim;
+    if ((rc = ctx_alloc(ctx, ctx->kv_plane * 2 * (size_t)c->num_hidden_layers, &ctx->kv_pool,
+                        err)))
+        goto fail;
     const size_t R = (size_t)max_rows, dim = (size_t)c->hidden_size,
                  q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim,
                  ff = (size_t)c->intermediate_size;
@@ -259,16 +309,19 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
     if (!ctx)
         return;
     const struct kern_ops *ops = ctx->be->ops;
-    if (ctx->kv)
-        for (int s = 0; s < ctx->n_slots; s++)
-            ops->free(ctx->be, ctx->kv[s]);
-    float *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->k, ctx->v, ctx->att, ctx->proj,
+    float *bufs[] = {ctx->kv_pool, ctx->x, ctx->xn, ctx->q, ctx->k, ctx->v, ctx->att, ctx->proj,
                      ctx->gate, ctx->up, ctx->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ops->free(ctx->be, bufs[i]);
-    free(ctx->kv);
     free(ctx->slot_len);
+    free(ctx->slot_blocks);
+    free(ctx->tables);
+    free(ctx->free_list);
+    free(ctx->tokens);
     free(ctx->positions);
+    free(ctx->rows);
+    free(ctx->chunk_tables);
+    free(ctx->chunk_seq_of);
     free(ctx);
 }
 
@@ -281,6 +334,47 @@ int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot)
     return (slot >= 0 && slot < ctx->n_slots) ? ctx->slot_len[slot] : -1;
 }
 
+void llama_ctx_kv_stats(const struct llama_ctx *ctx, struct llama_kv_stats *out)
+{
+    out->block_size = ctx->block_size;
+    out->n_blocks = ctx->n_blocks;
+    out->free_blocks = ctx->n_free;
+}
+
+static int blocks_for_len(const struct llama_ctx *ctx, int len)
+{
+    return (len + ctx->block_size - 1) / ctx->block_size;
+}
+
+int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len)
+{
+    if (slot < 0 || slot >= ctx->n_slots || new_len < 0)
+        return 0;
+    int more = blocks_for_len(ctx, new_len) - ctx->slot_blocks[slot];
+    return more > 0 ? more : 0;
+}
+
+/* Gives back every block of slot past the first `keep` blocks. */
+static void release_blocks(struct llama_ctx *ctx, int slot, int keep)
+{
+    int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    while (ctx->slot_blocks[slot] > keep) {
+        int b = --ctx->slot_blocks[slot];
+        ctx->free_list[ctx->n_free++] = table[b];
+        table[b] = -1;
+    }
+}
+
+/* Gives slot enough blocks to hold new_len positions; the caller checked
+ * that the pool has them. */
+static void take_blocks(struct llama_ctx *ctx, int slot, int new_len)
+{
+    int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    const int want = blocks_for_len(ctx, new_len);
+    while (ctx->slot_blocks[slot] < want)
+        table[ctx->slot_blocks[slot]++] = ctx->free_list[--ctx->n_free];
+}
+
 int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
 {
     if (slot < 0 || slot >= ctx->n_slots)
@@ -289,13 +383,13 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
         return error_set(err, ERR_RANGE, "truncate slot %d: new length %d outside 0..%d", slot,
                          new_len, ctx->slot_len[slot]);
     ctx->slot_len[slot] = new_len;
+    release_blocks(ctx, slot, blocks_for_len(ctx, new_len));
     return 0;
 }
 
-/* Runs rows [0, n) of one chunk whose first position is pos0, leaving the
- * final hidden states in ctx->x. */
-static int forward_chunk(struct llama_ctx *ctx, int slot, const int32_t *tokens, int n, int pos0,
-                         char *err)
+/* Runs the n rows of one chunk (ctx->tokens, ctx->positions, kv: their
+ * slots and positions), leaving the final hidden states in ctx->x. */
+static int forward_chunk(struct llama_ctx *ctx, int n, const struct kern_kv_layout *kv, char *err)
 {
     const struct llama_model *m = ctx->model;
     const struct model_config *c = &m->cfg;
@@ -308,27 +402,21 @@ static int forward_chunk(struct llama_ctx *ctx, int slot, const int32_t *tokens,
     const float scale = 1.0f / sqrtf((float)hd);
     int rc;
 
-    for (int i = 0; i < n; i++)
-        ctx->positions[i] = pos0 + i;
-    if ((rc = ops->embed(be, ctx->x, m->embed.ptr, m->embed.dtype, tokens, n, dim, err)))
+    if ((rc = ops->embed(be, ctx->x, m->embed.ptr, m->embed.dtype, ctx->tokens, n, dim, err)))
         return rc;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const struct llama_layer *L = &m->layers[l];
-        float *k_cache = ctx->kv[slot] + (size_t)l * 2 * ctx->kv_layer_stride;
-        float *v_cache = k_cache + ctx->kv_layer_stride;
+        float *k_pool = ctx->kv_pool + (size_t)l * 2 * ctx->kv_plane;
+        float *v_pool = k_pool + ctx->kv_plane;
         if ((rc = ops->rmsnorm(be, ctx->xn, ctx->x, L->attn_norm.ptr, L->attn_norm.dtype, n, dim,
                                eps, err)) ||
             (rc = ops->matmul(be, ctx->q, ctx->xn, L->wq.ptr, L->wq.dtype, n, dim, q_dim, err)) ||
             (rc = ops->matmul(be, ctx->k, ctx->xn, L->wk.ptr, L->wk.dtype, n, dim, kv_dim, err)) ||
             (rc = ops->matmul(be, ctx->v, ctx->xn, L->wv.ptr, L->wv.dtype, n, dim, kv_dim, err)) ||
             (rc = ops->rope(be, ctx->q, ctx->positions, n, n_heads, hd, m->inv_freq, err)) ||
-            (rc = ops->rope(be, ctx->k, ctx->positions, n, n_kv, hd, m->inv_freq, err)))
-            return rc;
-        const size_t cache_off = (size_t)pos0 * (size_t)kv_dim;
-        const size_t rows_bytes = (size_t)n * (size_t)kv_dim * sizeof(float);
-        if ((rc = ops->copy(be, k_cache + cache_off, ctx->k, rows_bytes, err)) ||
-            (rc = ops->copy(be, v_cache + cache_off, ctx->v, rows_bytes, err)) ||
-            (rc = ops->attention(be, ctx->att, ctx->q, k_cache, v_cache, n, pos0, n_heads, n_kv, hd,
+            (rc = ops->rope(be, ctx->k, ctx->positions, n, n_kv, hd, m->inv_freq, err)) ||
+            (rc = ops->kv_store(be, k_pool, v_pool, ctx->k, ctx->v, n, kv, kv_dim, err)) ||
+            (rc = ops->attention(be, ctx->att, ctx->q, k_pool, v_pool, n, kv, n_heads, n_kv, hd,
                                  scale, err)) ||
             (rc = ops->matmul(be, ctx->proj, ctx->att, L->wo.ptr, L->wo.dtype, n, q_dim, dim, err)) ||
             (rc = ops->add(be, ctx->x, ctx->proj, (size_t)n * (size_t)dim, err)) ||
@@ -393,9 +481,78 @@ static int check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *
     return 0;
 }
 
+/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
+ * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
+struct chunk_part {
+    int seq, tok0, n, chunk_row;
+};
+
+/* Fills the chunk's host arrays and layout from its parts: each slot becomes
+ * one sequence of the layout, with a copy of the blocks its rows reach. */
+static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
+                         const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv)
+{
+    int n_seqs = 0, stride = 1;
+    for (int p = 0; p < n_parts; p++) {
+        const struct llama_seq_batch *s = &seqs[parts[p].seq];
+        const int pos_end = ctx->slot_len[s->slot] + parts[p].tok0 + parts[p].n;
+        const int blocks = blocks_for_len(ctx, pos_end);
+        stride = blocks > stride ? blocks : stride;
+    }
+    for (int p = 0; p < n_parts; p++) {
+        const struct chunk_part *cp = &parts[p];
+        const struct llama_seq_batch *s = &seqs[cp->seq];
+        int idx = ctx->chunk_seq_of[s->slot];
+        if (idx < 0) {
+            idx = ctx->chunk_seq_of[s->slot] = n_seqs++;
+            memcpy(ctx->chunk_tables + (size_t)idx * (size_t)stride,
+                   ctx->tables + (size_t)s->slot * (size_t)ctx->table_stride,
+                   (size_t)stride * sizeof(int32_t));
+        }
+        const int pos0 = ctx->slot_len[s->slot] + cp->tok0;
+        for (int i = 0; i < cp->n; i++) {
+            const int r = cp->chunk_row + i;
+            ctx->tokens[r] = s->tokens[cp->tok0 + i];
+            ctx->positions[r] = pos0 + i;
+            ctx->rows[2 * r] = idx;
+            ctx->rows[2 * r + 1] = pos0 + i;
+        }
+    }
+    for (int p = 0; p < n_parts; p++)
+        ctx->chunk_seq_of[seqs[parts[p].seq].slot] = -1;
+    *kv = (struct kern_kv_layout){.block_size = ctx->block_size, .n_blocks = ctx->n_blocks,
+                                  .n_seqs = n_seqs, .table_stride = stride,
+                                  .tables = ctx->chunk_tables, .rows = ctx->rows};
+}
+
+/* Logits of the chunk's rows that asked for them, into each sequence's
+ * logits_out. */
+static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
+                        const struct chunk_part *parts, int n_parts, char *err)
+{
+    const int vocab = ctx->model->cfg.vocab_size;
+    for (int p = 0; p < n_parts; p++) {
+        const struct chunk_part *cp = &parts[p];
+        const struct llama_seq_batch *s = &seqs[cp->seq];
+        const int first_logit = s->n_tokens - s->n_logits;
+        const int lo = first_logit > cp->tok0 ? first_logit : cp->tok0;
+        const int hi = cp->tok0 + cp->n;
+        if (lo >= hi)
+            continue;
+        int rc = logits_rows(ctx, cp->chunk_row + (lo - cp->tok0), hi - lo,
+                             s->logits_out + (size_t)(lo - first_logit) * (size_t)vocab, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs, char *err)
 {
     int rc;
+    if (n_seqs < 0 || (n_seqs > 0 && !seqs))
+        return error_set(err, ERR_INVALID_ARG, "forward: %d sequences", n_seqs);
+    int need = 0;
     for (int i = 0; i < n_seqs; i++) {
         if ((rc = check_seq(ctx, &seqs[i], err)))
             return rc;
@@ -406,24 +563,60 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
                 return error_set(err, ERR_INVALID_ARG,
                                  "forward: slot %d is named twice (entries %d and %d)", seqs[i].slot,
                                  j, i);
+        need += llama_ctx_blocks_needed(ctx, seqs[i].slot,
+                                        ctx->slot_len[seqs[i].slot] + seqs[i].n_tokens);
     }
-    const int vocab = ctx->model->cfg.vocab_size;
-    for (int i = 0; i < n_seqs; i++) {
-        const struct llama_seq_batch *s = &seqs[i];
-        const int pos_start = ctx->slot_len[s->slot];
-        const int first_logit_row = s->n_tokens - s->n_logits;
-        for (int off = 0; off < s->n_tokens; off += ctx->max_rows) {
-            int n = s->n_tokens - off < ctx->max_rows ? s->n_tokens - off : ctx->max_rows;
-            if ((rc = forward_chunk(ctx, s->slot, s->tokens + off, n, pos_start + off, err)))
-                return rc;
-            int lo = first_logit_row > off ? first_logit_row : off;
-            if (lo < off + n &&
-                (rc = logits_rows(ctx, lo - off, off + n - lo,
-                                  s->logits_out + (size_t)(lo - first_logit_row) * (size_t)vocab,
-                                  err)))
-                return rc;
+    if (need > ctx->n_free)
+        return error_set(err, ERR_OVERLOADED,
+                         "kv cache: the call needs %d more blocks of %d positions, %d of %d are "
+                         "free", need, ctx->block_size, ctx->n_free, ctx->n_blocks);
+    for (int i = 0; i < n_seqs; i++)
+        take_blocks(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot] + seqs[i].n_tokens);
+
+    /* Walk the packed rows (sequence by sequence) in chunks of max_rows. */
+    struct chunk_part parts_stack[64];
+    struct chunk_part *parts = parts_stack;
+    if (n_seqs > (int)(sizeof parts_stack / sizeof parts_stack[0])) {
+        parts = malloc((size_t)n_seqs * sizeof *parts);
+        if (!parts) {
+            rc = error_set(err, ERR_NOMEM, "forward: out of memory");
+            goto fail;
         }
-        ctx->slot_len[s->slot] = pos_start + s->n_tokens;
     }
+    rc = 0;
+    int seq = 0, tok = 0;
+    while (seq < n_seqs) {
+        int n_parts = 0, rows = 0;
+        while (seq < n_seqs && rows < ctx->max_rows) {
+            int take = seqs[seq].n_tokens - tok;
+            if (take > ctx->max_rows - rows)
+                take = ctx->max_rows - rows;
+            parts[n_parts++] = (struct chunk_part){.seq = seq, .tok0 = tok, .n = take,
+                                                   .chunk_row = rows};
+            rows += take;
+            tok += take;
+            if (tok == seqs[seq].n_tokens) {
+                seq++;
+                tok = 0;
+            }
+        }
+        struct kern_kv_layout kv;
+        chunk_layout(ctx, seqs, parts, n_parts, &kv);
+        if ((rc = forward_chunk(ctx, rows, &kv, err)) ||
+            (rc = chunk_logits(ctx, seqs, parts, n_parts, err)))
+            break;
+    }
+    if (parts != parts_stack)
+        free(parts);
+    if (rc)
+        goto fail;
+    for (int i = 0; i < n_seqs; i++)
+        ctx->slot_len[seqs[i].slot] += seqs[i].n_tokens;
     return 0;
+fail:
+    /* A backend failure half-way: the slots keep their old lengths, and the
+     * blocks taken for the call go back. */
+    for (int i = 0; i < n_seqs; i++)
+        release_blocks(ctx, seqs[i].slot, blocks_for_len(ctx, ctx->slot_len[seqs[i].slot]));
+    return rc;
 }

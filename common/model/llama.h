@@ -24,6 +24,7 @@
 #include "model_config.h"
 
 #define LLAMA_DEFAULT_MAX_SEQ_LEN 8192
+#define LLAMA_DEFAULT_KV_BLOCK_SIZE 16
 
 struct llama_model;
 struct llama_ctx;
@@ -39,13 +40,16 @@ const struct model_config *llama_model_config(const struct llama_model *model);
 size_t llama_model_weight_bytes_per_token(const struct llama_model *model);
 
 struct llama_ctx_params {
-    int n_slots;      /* sequence slots, each with its own KV cache; >= 1 */
+    int n_slots;      /* sequence slots, each with its own block table; >= 1 */
     int max_seq_len;  /* positions per slot; 0 = min(8192, max_position_embeddings) */
-    int max_rows;     /* rows per internal forward chunk; 0 = 256. Longer inputs are chunked. */
+    int max_rows;     /* rows per internal forward chunk; 0 = 256. Longer calls are chunked. */
+    int kv_block_size; /* positions per KV block; 0 = LLAMA_DEFAULT_KV_BLOCK_SIZE */
+    int kv_blocks;    /* blocks in the pool; 0 = enough for every slot at max_seq_len */
 };
 
-/* Borrows model. KV memory: n_slots * max_seq_len * layers * 2 * kv_heads *
- * head_dim * 4 bytes, committed lazily by the OS as positions are used. */
+/* Borrows model. KV memory: kv_blocks * kv_block_size * layers * 2 *
+ * kv_heads * head_dim * 4 bytes, reserved at creation (on the CPU the OS
+ * commits it as blocks are first used; freed blocks are reused first). */
 int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
                      const struct llama_ctx_params *params, char *err);
 void llama_ctx_destroy(struct llama_ctx *ctx);
@@ -55,8 +59,19 @@ int llama_ctx_n_slots(const struct llama_ctx *ctx);
 /* Number of positions currently cached in slot. */
 int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot);
 /* Drops cached positions >= new_len (speculation rolls back rejected
- * tokens). ERR_RANGE if new_len is negative or beyond the slot's length. */
+ * tokens) and gives back the blocks no longer needed. ERR_RANGE if new_len
+ * is negative or beyond the slot's length. */
 int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err);
+
+struct llama_kv_stats {
+    int block_size;   /* positions per block */
+    int n_blocks;     /* blocks in the pool */
+    int free_blocks;  /* blocks in no slot's table */
+};
+void llama_ctx_kv_stats(const struct llama_ctx *ctx, struct llama_kv_stats *out);
+/* Blocks slot must take from the pool to hold new_len positions (0 when it
+ * holds them already, or for a bad slot). */
+int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len);
 
 /* One sequence's part of a forward call: tokens are appended at positions
  * slot_len .. slot_len + n_tokens - 1; logits of the last n_logits of those
@@ -69,10 +84,12 @@ struct llama_seq_batch {
     float *logits_out;
 };
 
-/* Runs the batch. Errors (nothing is changed in the failing slot):
- * ERR_CONTEXT_FULL when a slot would exceed max_seq_len, ERR_RANGE for a
- * token id outside the vocabulary or a bad slot, ERR_INVALID_ARG for a slot
- * named by two entries, backend errors. */
+/* Runs the batch: the rows of all sequences go through the layers together,
+ * so a call of n sequences reads the weights once, not n times. Errors
+ * (nothing is changed in any slot): ERR_CONTEXT_FULL when a slot would
+ * exceed max_seq_len, ERR_RANGE for a token id outside the vocabulary or a
+ * bad slot, ERR_INVALID_ARG for a slot named by two entries, ERR_OVERLOADED
+ * when the KV pool lacks the blocks the call needs, backend errors. */
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs,
                   char *err);
 

@@ -1,15 +1,16 @@
-/* attention.c: cpu_attention, causal grouped-query attention over a KV cache.
+/* attention.c: cpu_kv_store and cpu_attention, causal grouped-query
+ * attention over a paged KV cache (struct kern_kv_layout).
  *
- * Query row i (position p = pos0 + i), head h, kv head g = h / (n_heads /
- * n_kv_heads), over cache positions t = 0..p:
+ * Query row i (sequence s, position p), head h, kv head g = h / (n_heads /
+ * n_kv_heads), over the positions t = 0..p of s, wherever their blocks sit:
  *   s[t]   = dot(q[i][h], k[t][g]) * scale   (fixed-order dot, cpu_simd.h)
  *   m      = max_t s[t]
  *   e[t]   = expf(s[t] - m);  sum = e[0] + e[1] + ... in increasing t
  *   out[d] = sum over t in increasing order of (e[t] / sum) * v[t][g][d],
  *            one FMA per t for each d (vectorised across d, never across t).
- * Every step depends only on the row's position, its q and the cache, so a
- * row's output is the same whether it is computed alone or beside others, by
- * any thread. Tasks are (row, head) pairs; scores and the output accumulator
+ * Every step depends only on the row's position, its q and its sequence's
+ * cached values, so a row's output is the same whether it is computed alone
+ * or beside others, by any thread, from any blocks. Tasks are (row, head) pairs; scores and the output accumulator
  * live in per-thread scratch (grown once to the longest context seen). out
  * may alias q: a task reads its q before it writes its out slice.
  */
@@ -23,12 +24,20 @@
 struct attn_job {
     float *out;
     const float *q;
-    const float *k_cache;
-    const float *v_cache;
-    int pos0, n_heads, n_kv_heads, head_dim, group;
+    const float *k_pool;
+    const float *v_pool;
+    const struct kern_kv_layout *kv;
+    int n_heads, n_kv_heads, head_dim, group;
     float scale;
-    float **scratch; /* per thread: [head_dim] accumulator, then [pos0 + n] scores */
+    float **scratch; /* per thread: [head_dim] accumulator, then [max position + 1] scores */
 };
+
+/* Pool row of position t of the sequence whose table is given. */
+static inline size_t pool_row(const struct kern_kv_layout *kv, const int32_t *table, int t)
+{
+    return (size_t)table[t / kv->block_size] * (size_t)kv->block_size +
+           (size_t)(t % kv->block_size);
+}
 
 static void attn_task(void *ctx, long begin, long end, int thread_idx)
 {
@@ -41,15 +50,18 @@ static void attn_task(void *ctx, long begin, long end, int thread_idx)
         const long i = task / job->n_heads;
         const int h = (int)(task % job->n_heads);
         const int g = h / job->group;
-        const int n_pos = job->pos0 + (int)i + 1;
+        const struct kern_kv_layout *kv = job->kv;
+        const int32_t *table = kv->tables + (size_t)kv->rows[2 * i] * (size_t)kv->table_stride;
+        const int n_pos = kv->rows[2 * i + 1] + 1;
         const size_t qoff = ((size_t)i * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
         const float *q = job->q + qoff;
-        const float *kb = job->k_cache + (size_t)g * (size_t)hd;
-        const float *vb = job->v_cache + (size_t)g * (size_t)hd;
+        const float *kb = job->k_pool + (size_t)g * (size_t)hd;
+        const float *vb = job->v_pool + (size_t)g * (size_t)hd;
 
         float m = -INFINITY;
         for (int t = 0; t < n_pos; t++) {
-            float s = cpu_simd_dot_f32(q, kb + (size_t)t * kv_stride, hd) * job->scale;
+            float s = cpu_simd_dot_f32(q, kb + pool_row(kv, table, t) * kv_stride, hd) *
+                      job->scale;
             scores[t] = s;
             m = s > m ? s : m;
         }
@@ -62,7 +74,7 @@ static void attn_task(void *ctx, long begin, long end, int thread_idx)
         memset(acc, 0, (size_t)hd * sizeof(float));
         for (int t = 0; t < n_pos; t++) {
             const float p = scores[t] / sum;
-            const float *v = vb + (size_t)t * kv_stride;
+            const float *v = vb + pool_row(kv, table, t) * kv_stride;
             int d = 0;
 #ifdef __AVX2__
             const __m256 pv = _mm256_set1_ps(p);
@@ -77,37 +89,68 @@ static void attn_task(void *ctx, long begin, long end, int thread_idx)
     }
 }
 
-int cpu_attention(struct kern_backend *be, float *out, const float *q, const float *k_cache,
-                  const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
-                  int head_dim, float scale, char *err)
+int cpu_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const float *k,
+                 const float *v, int n, const struct kern_kv_layout *kv, int kv_dim, char *err)
+{
+    (void)be;
+    if (n < 0 || kv_dim <= 0)
+        return error_set(err, ERR_INVALID_ARG, "cpu kv_store: bad shape n=%d kv_dim=%d", n, kv_dim);
+    if (n == 0)
+        return 0;
+    if (!k_pool || !v_pool || !k || !v)
+        return error_set(err, ERR_INVALID_ARG, "cpu kv_store: NULL tensor");
+    int rc = kern_kv_layout_check(kv, n, "cpu kv_store", err);
+    if (rc)
+        return rc;
+    const size_t row_bytes = (size_t)kv_dim * sizeof(float);
+    for (int i = 0; i < n; i++) {
+        const int32_t *table = kv->tables + (size_t)kv->rows[2 * i] * (size_t)kv->table_stride;
+        const size_t dst = pool_row(kv, table, kv->rows[2 * i + 1]) * (size_t)kv_dim;
+        memcpy(k_pool + dst, k + (size_t)i * (size_t)kv_dim, row_bytes);
+        memcpy(v_pool + dst, v + (size_t)i * (size_t)kv_dim, row_bytes);
+    }
+    return 0;
+}
+
+int cpu_attention(struct kern_backend *be, float *out, const float *q, const float *k_pool,
+                  const float *v_pool, int n, const struct kern_kv_layout *kv, int n_heads,
+                  int n_kv_heads, int head_dim, float scale, char *err)
 {
     struct cpu_backend *cb = cpu_backend_of(be);
-    if (n < 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+    if (n < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
         return error_set(err, ERR_INVALID_ARG,
-                         "cpu attention: bad shape n=%d pos0=%d n_heads=%d n_kv_heads=%d head_dim=%d",
-                         n, pos0, n_heads, n_kv_heads, head_dim);
+                         "cpu attention: bad shape n=%d n_heads=%d n_kv_heads=%d head_dim=%d", n,
+                         n_heads, n_kv_heads, head_dim);
     if (n_heads % n_kv_heads != 0)
         return error_set(err, ERR_INVALID_ARG,
                          "cpu attention: n_heads=%d is not a multiple of n_kv_heads=%d", n_heads,
                          n_kv_heads);
     if (n == 0)
         return 0;
-    if (pos0 > INT32_MAX - n)
-        return error_set(err, ERR_RANGE, "cpu attention: pos0=%d + n=%d overflows", pos0, n);
-    if (!out || !q || !k_cache || !v_cache)
+    if (!out || !q || !k_pool || !v_pool)
         return error_set(err, ERR_INVALID_ARG, "cpu attention: NULL tensor");
-    size_t floats = (size_t)((head_dim + 15) & ~15) + (size_t)pos0 + (size_t)n;
-    int rc = cpu_backend_scratch_reserve(cb, floats * sizeof(float), err);
+    int rc = kern_kv_layout_check(kv, n, "cpu attention", err);
+    if (rc)
+        return rc;
+    int max_pos = 0;
+    long work_positions = 0;
+    for (int i = 0; i < n; i++) {
+        const int pos = kv->rows[2 * i + 1];
+        max_pos = pos > max_pos ? pos : max_pos;
+        work_positions += pos + 1;
+    }
+    size_t floats = (size_t)((head_dim + 15) & ~15) + (size_t)max_pos + 1;
+    rc = cpu_backend_scratch_reserve(cb, floats * sizeof(float), err);
     if (rc < 0)
         return rc;
     struct attn_job job = {
-        .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache,
-        .pos0 = pos0, .n_heads = n_heads, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
+        .out = out, .q = q, .k_pool = k_pool, .v_pool = v_pool, .kv = kv,
+        .n_heads = n_heads, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
         .group = n_heads / n_kv_heads, .scale = scale, .scratch = cb->scratch,
     };
     long n_tasks = (long)n * n_heads;
     /* Work per task grows with the context; tiny problems stay on the caller. */
-    long work = n_tasks * (long)(pos0 + n) * head_dim;
+    long work = work_positions * n_heads * (long)head_dim;
     long chunk = work < 65536 ? n_tasks : 1;
     cpu_pool_run(cb->pool, n_tasks, chunk, attn_task, &job);
     return 0;

@@ -259,6 +259,7 @@ static const struct kern_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
     .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .add = cpu_add,

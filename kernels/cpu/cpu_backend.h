@@ -50,9 +50,11 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
                enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cpu_rope(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
              int head_dim, const float *inv_freq, char *err);
-int cpu_attention(struct kern_backend *be, float *out, const float *q, const float *k_cache,
-                  const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
-                  int head_dim, float scale, char *err);
+int cpu_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const float *k,
+                 const float *v, int n, const struct kern_kv_layout *kv, int kv_dim, char *err);
+int cpu_attention(struct kern_backend *be, float *out, const float *q, const float *k_pool,
+                  const float *v_pool, int n, const struct kern_kv_layout *kv, int n_heads,
+                  int n_kv_heads, int head_dim, float scale, char *err);
 int cpu_swiglu(struct kern_backend *be, float *out, const float *gate, const float *up,
                size_t count, char *err);
 int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, char *err);

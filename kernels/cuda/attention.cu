@@ -1,8 +1,11 @@
-/* attention.cu: cuda_attention, causal grouped-query attention over the KV
- * cache, the twin of kernels/cpu/attention.c.
+/* attention.cu: cuda_kv_store and cuda_attention, causal grouped-query
+ * attention over a paged KV cache (struct kern_kv_layout), the twins of
+ * kernels/cpu/attention.c.
  *
- * Query row i sits at position p = pos0 + i and attends to cache positions
- * t = 0..p; query head h reads kv head g = h / (n_heads / n_kv_heads).
+ * Query row i (sequence s, position p) attends to the positions t = 0..p of
+ * s; position t is read from pool row table_s[t / block_size] * block_size +
+ * t % block_size, so which blocks hold a sequence never changes a value.
+ * Query head h reads kv head g = h / (n_heads / n_kv_heads).
  * Decode (n = 1), verification (n = K+1) and prefill rows all take the same
  * path, in two kernels:
  *
@@ -23,13 +26,15 @@
  *    L = sum_s f_s * l_s, out[d] = (sum_s f_s * a_s[d]) / L (FMA chains).
  *    With one split this is a[d] / l exactly (f_0 = 1).
  * Every step is a fixed sequence of rounded operations that depends only on
- * the row's position, its q and the cache, so a row's output is bit-identical
+ * the row's position, its q and its sequence's cached values, so a row's output is bit-identical
  * whether it is computed alone or among n rows. The CPU twin normalises
  * before accumulating (p = e / sum), so CUDA and CPU agree within rounding.
  *
  * Partial results live in backend scratch: rows are processed in groups so
  * that the scratch stays under ATT_SCRATCH_BUDGET bytes for long contexts;
- * the grouping changes no value. out may alias q: a group's partial kernel
+ * the grouping changes no value. The layout's tables and (sequence,
+ * position) pairs travel to the device in one staged copy per call. out may
+ * alias q: a group's partial kernel
  * reads its rows of q before its combine kernel writes the same rows of out.
  * head_dim is at most ATT_HD_MAX.
  */
@@ -45,21 +50,30 @@
 
 struct attn_dims {
     int row0;        /* first row of this group within the call */
-    int pos0;        /* position of row 0 of the call */
+    const int32_t *rows;   /* device [n][2]: (sequence, position) */
+    const int32_t *tables; /* device [n_seqs][table_stride] */
+    int block_size, table_stride;
     int n_heads, n_kv_heads, head_dim;
     int max_splits;  /* split stride of the scratch layout (a bound, not a value input) */
     float scale;
 };
 
+/* Pool row of position t through a sequence's block table. */
+static __device__ __forceinline__ size_t attn_pool_row(const int32_t *table, int block_size, int t)
+{
+    return (size_t)table[t / block_size] * (size_t)block_size + (size_t)(t % block_size);
+}
+
 /* part_acc: [group_rows][n_heads][max_splits][head_dim];
  * part_ml:  [group_rows][n_heads][max_splits][2] (m, l). */
 __global__ void __launch_bounds__(ATT_THREADS)
-    attn_partial_kernel(float *part_acc, float *part_ml, const float *q, const float *k_cache,
-                        const float *v_cache, struct attn_dims dm)
+    attn_partial_kernel(float *part_acc, float *part_ml, const float *q, const float *k_pool,
+                        const float *v_pool, struct attn_dims dm)
 {
     const int s = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int i = dm.row0 + r;
-    const int n_pos = dm.pos0 + i + 1;
+    const int32_t *table = dm.tables + (size_t)dm.rows[2 * i] * (size_t)dm.table_stride;
+    const int n_pos = dm.rows[2 * i + 1] + 1;
     const int t0 = s * ATT_SPLIT;
     if (t0 >= n_pos)
         return; /* past the causal limit: uniform over the block */
@@ -76,9 +90,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
         qs[d] = qrow[d];
     __syncthreads();
 
-    const float *kb = k_cache + (size_t)t0 * kv_stride + (size_t)g * (size_t)hd;
+    const float *kb = k_pool + (size_t)g * (size_t)hd;
     for (int t = warp; t < len; t += ATT_WARPS) {
-        const float *kr = kb + (size_t)t * kv_stride;
+        const float *kr = kb + attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
         float a = 0.0f;
         for (int d = lane; d < hd; d += 32)
             a = __fmaf_rn(qs[d], kr[d], a);
@@ -103,11 +117,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
     const size_t part = ((size_t)r * (size_t)dm.n_heads + (size_t)h) * (size_t)dm.max_splits +
                         (size_t)s;
-    const float *vb = v_cache + (size_t)t0 * kv_stride + (size_t)g * (size_t)hd;
+    const float *vb = v_pool + (size_t)g * (size_t)hd;
     for (int d = tid; d < hd; d += ATT_THREADS) {
         float acc = 0.0f;
         for (int t = 0; t < len; t++)
-            acc = __fmaf_rn(sc[t], vb[(size_t)t * kv_stride + (size_t)d], acc);
+            acc = __fmaf_rn(sc[t],
+                            vb[attn_pool_row(table, dm.block_size, t0 + t) * kv_stride +
+                               (size_t)d],
+                            acc);
         part_acc[part * (size_t)hd + (size_t)d] = acc;
     }
     if (tid == 0) {
@@ -122,7 +139,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 {
     const int h = blockIdx.x, r = blockIdx.y;
     const int i = dm.row0 + r;
-    const int n_split = (dm.pos0 + i + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+    const int n_split = (dm.rows[2 * i + 1] + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
     const int hd = dm.head_dim;
     const size_t part0 = ((size_t)r * (size_t)dm.n_heads + (size_t)h) * (size_t)dm.max_splits;
     const float *ml = part_ml + part0 * 2;
@@ -145,7 +162,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 }
 
 static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q,
-                             const float *k_cache, const float *v_cache, int rows,
+                             const float *k_pool, const float *v_pool, int rows,
                              const struct attn_dims *dm, char *err)
 {
     const size_t acc_floats =
@@ -154,8 +171,8 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
     float *part_ml = part_acc + acc_floats;
     const dim3 grid_p((unsigned int)dm->max_splits, (unsigned int)dm->n_heads,
                       (unsigned int)rows);
-    attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_cache,
-                                                                v_cache, *dm);
+    attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_pool,
+                                                                v_pool, *dm);
     CUDA_CHECK_LAUNCH("attn_partial_kernel");
     const dim3 grid_c((unsigned int)dm->n_heads, (unsigned int)rows);
     attn_combine_kernel<<<grid_c, ATT_THREADS, 0, cb->stream>>>(out, part_acc, part_ml, *dm);
@@ -163,15 +180,73 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
     return 0;
 }
 
-int cuda_attention(struct kern_backend *be, float *out, const float *q, const float *k_cache,
-                   const float *v_cache, int n, int pos0, int n_heads, int n_kv_heads,
-                   int head_dim, float scale, char *err)
+/* Stages the layout's tables and rows; *dev_rows and *dev_tables are valid
+ * for the kernels queued next (see cuda_backend_stage2). */
+static int attn_stage_layout(struct cuda_backend *cb, const struct kern_kv_layout *kv, int n,
+                             const int32_t **dev_rows, const int32_t **dev_tables, char *err)
+{
+    const void *dev = NULL;
+    size_t tables_off = 0;
+    int rc = cuda_backend_stage2(cb, kv->rows, (size_t)n * 2 * sizeof(int32_t), kv->tables,
+                                 (size_t)kv->n_seqs * (size_t)kv->table_stride * sizeof(int32_t),
+                                 &dev, &tables_off, err);
+    if (rc < 0)
+        return rc;
+    *dev_rows = (const int32_t *)dev;
+    *dev_tables = (const int32_t *)((const char *)dev + tables_off);
+    return 0;
+}
+
+/* One block per row: the row's kv_dim keys and values to their pool row. */
+__global__ void __launch_bounds__(ATT_THREADS)
+    kv_store_kernel(float *k_pool, float *v_pool, const float *k, const float *v,
+                    const int32_t *rows, const int32_t *tables, int block_size, int table_stride,
+                    int kv_dim)
+{
+    const int i = blockIdx.x;
+    const int32_t *table = tables + (size_t)rows[2 * i] * (size_t)table_stride;
+    const size_t dst = attn_pool_row(table, block_size, rows[2 * i + 1]) * (size_t)kv_dim;
+    const size_t src = (size_t)i * (size_t)kv_dim;
+    for (int d = threadIdx.x; d < kv_dim; d += ATT_THREADS) {
+        k_pool[dst + (size_t)d] = k[src + (size_t)d];
+        v_pool[dst + (size_t)d] = v[src + (size_t)d];
+    }
+}
+
+int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const float *k,
+                  const float *v, int n, const struct kern_kv_layout *kv, int kv_dim, char *err)
 {
     struct cuda_backend *cb = cuda_backend_of(be);
-    if (n < 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+    if (n < 0 || kv_dim <= 0)
+        return error_set(err, ERR_INVALID_ARG, "cuda kv_store: bad shape n=%d kv_dim=%d", n,
+                         kv_dim);
+    if (n == 0)
+        return 0;
+    if (!k_pool || !v_pool || !k || !v)
+        return error_set(err, ERR_INVALID_ARG, "cuda kv_store: NULL tensor");
+    int rc = kern_kv_layout_check(kv, n, "cuda kv_store", err);
+    if (rc)
+        return rc;
+    if ((rc = cuda_backend_enter(cb, err)) < 0)
+        return rc;
+    const int32_t *rows = NULL, *tables = NULL;
+    if ((rc = attn_stage_layout(cb, kv, n, &rows, &tables, err)) < 0)
+        return rc;
+    kv_store_kernel<<<(unsigned int)n, ATT_THREADS, 0, cb->stream>>>(
+        k_pool, v_pool, k, v, rows, tables, kv->block_size, kv->table_stride, kv_dim);
+    CUDA_CHECK_LAUNCH("kv_store_kernel");
+    return 0;
+}
+
+int cuda_attention(struct kern_backend *be, float *out, const float *q, const float *k_pool,
+                   const float *v_pool, int n, const struct kern_kv_layout *kv, int n_heads,
+                   int n_kv_heads, int head_dim, float scale, char *err)
+{
+    struct cuda_backend *cb = cuda_backend_of(be);
+    if (n < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
         return error_set(err, ERR_INVALID_ARG,
-                         "cuda attention: bad shape n=%d pos0=%d n_heads=%d n_kv_heads=%d "
-                         "head_dim=%d", n, pos0, n_heads, n_kv_heads, head_dim);
+                         "cuda attention: bad shape n=%d n_heads=%d n_kv_heads=%d head_dim=%d", n,
+                         n_heads, n_kv_heads, head_dim);
     if (n_heads % n_kv_heads != 0)
         return error_set(err, ERR_INVALID_ARG,
                          "cuda attention: n_heads=%d is not a multiple of n_kv_heads=%d", n_heads,
@@ -182,21 +257,27 @@ int cuda_attention(struct kern_backend *be, float *out, const float *q, const fl
                          "n_heads <= 65535)", head_dim, n_heads, ATT_HD_MAX);
     if (n == 0)
         return 0;
-    if (pos0 > INT32_MAX - n)
-        return error_set(err, ERR_RANGE, "cuda attention: pos0=%d + n=%d overflows", pos0, n);
-    if (!out || !q || !k_cache || !v_cache)
+    if (!out || !q || !k_pool || !v_pool)
         return error_set(err, ERR_INVALID_ARG, "cuda attention: NULL tensor");
-    int rc = cuda_backend_enter(cb, err);
-    if (rc < 0)
+    int rc = kern_kv_layout_check(kv, n, "cuda attention", err);
+    if (rc)
         return rc;
+    if ((rc = cuda_backend_enter(cb, err)) < 0)
+        return rc;
+    int max_pos = 0;
+    for (int i = 0; i < n; i++)
+        max_pos = kv->rows[2 * i + 1] > max_pos ? kv->rows[2 * i + 1] : max_pos;
 
     struct attn_dims dm;
     dm.row0 = 0;
-    dm.pos0 = pos0;
+    if ((rc = attn_stage_layout(cb, kv, n, &dm.rows, &dm.tables, err)) < 0)
+        return rc;
+    dm.block_size = kv->block_size;
+    dm.table_stride = kv->table_stride;
     dm.n_heads = n_heads;
     dm.n_kv_heads = n_kv_heads;
     dm.head_dim = head_dim;
-    dm.max_splits = (int)(((long)pos0 + n + ATT_SPLIT - 1) / ATT_SPLIT);
+    dm.max_splits = (int)(((long)max_pos + 1 + ATT_SPLIT - 1) / ATT_SPLIT);
     dm.scale = scale;
     const size_t row_bytes = (size_t)n_heads * (size_t)dm.max_splits *
                              ((size_t)head_dim + 2) * sizeof(float);
@@ -211,7 +292,7 @@ int cuda_attention(struct kern_backend *be, float *out, const float *q, const fl
     for (int r0 = 0; r0 < n; r0 += (int)group) {
         const int rows = n - r0 < (int)group ? n - r0 : (int)group;
         dm.row0 = r0;
-        if ((rc = attn_launch_group(cb, out, q, k_cache, v_cache, rows, &dm, err)) < 0)
+        if ((rc = attn_launch_group(cb, out, q, k_pool, v_pool, rows, &dm, err)) < 0)
             return rc;
     }
     return 0;

@@ -397,6 +397,7 @@ static const struct kern_ops cuda_ops = {
     /* .rmsnorm = */ cuda_rmsnorm,
     /* .matmul = */ cuda_matmul,
     /* .rope = */ cuda_rope,
+    /* .kv_store = */ cuda_kv_store,
     /* .attention = */ cuda_attention,
     /* .swiglu = */ cuda_swiglu,
     /* .add = */ cuda_add,

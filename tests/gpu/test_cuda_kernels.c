@@ -624,6 +624,24 @@ struct attn_shape {
 };
 
 /* Uploads q, k, v for a shape; caches sized pos0 + n positions. */
+/* A contiguous cache of n_ctx positions as a paged layout (one sequence,
+ * one block), its n rows at positions pos0 .. pos0 + n - 1. Static arrays:
+ * one layout in use at a time. */
+static int32_t contig_rows[2 * 1024];
+static const int32_t contig_table[1] = {0};
+static const struct kern_kv_layout *contig_kv(struct kern_kv_layout *kv, int n, int pos0,
+                                              int n_ctx)
+{
+    assert_true(n <= 1024);
+    for (int i = 0; i < n; i++) {
+        contig_rows[2 * i] = 0;
+        contig_rows[2 * i + 1] = pos0 + i;
+    }
+    *kv = (struct kern_kv_layout){.block_size = n_ctx, .n_blocks = 1, .n_seqs = 1,
+                                  .table_stride = 1, .tables = contig_table, .rows = contig_rows};
+    return kv;
+}
+
 static void attn_inputs(struct rng *r, const struct attn_shape *s, float **q, float **k, float **v)
 {
     const size_t qn = (size_t)s->n * s->n_heads * s->hd;
@@ -657,15 +675,17 @@ static void test_cuda_attention_matches_cpu(void **state)
         float *q, *k, *v;
         attn_inputs(&r, s, &q, &k, &v);
         float *ref = falloc(qn), *got = falloc(qn), *got2 = falloc(qn);
-        OK(f->cpu->ops->attention(f->cpu, ref, q, k, v, s->n, s->pos0, s->n_heads, s->n_kv, s->hd,
-                                  scale, err));
+        const int n_ctx = s->pos0 + s->n;
+        struct kern_kv_layout kv;
+        OK(f->cpu->ops->attention(f->cpu, ref, q, k, v, s->n, contig_kv(&kv, s->n, s->pos0, n_ctx),
+                                  s->n_heads, s->n_kv, s->hd, scale, err));
         float *dq = dev_put(g, q, qn * sizeof(float));
         float *dk = dev_put(g, k, kvn * sizeof(float));
         float *dv = dev_put(g, v, kvn * sizeof(float));
         float *dout = NULL;
         OK(g->ops->alloc(g, qn * sizeof(float), (void **)&dout, err));
         poison(g, dout, qn);
-        OK(g->ops->attention(g, dout, dq, dk, dv, s->n, s->pos0, s->n_heads, s->n_kv, s->hd, scale,
+        OK(g->ops->attention(g, dout, dq, dk, dv, s->n, &kv, s->n_heads, s->n_kv, s->hd, scale,
                              err));
         dev_get(g, got, dout, qn * sizeof(float));
         char what[96];
@@ -674,7 +694,7 @@ static void test_cuda_attention_matches_cpu(void **state)
         /* outputs are convex combinations of v in [-1, 1]: absolute error */
         assert_int_equal(count_mismatches(what, got, ref, qn, 5e-6, 1e-5, NULL), 0);
         /* out aliasing q: same bits */
-        OK(g->ops->attention(g, dq, dq, dk, dv, s->n, s->pos0, s->n_heads, s->n_kv, s->hd, scale,
+        OK(g->ops->attention(g, dq, dq, dk, dv, s->n, &kv, s->n_heads, s->n_kv, s->hd, scale,
                              err));
         dev_get(g, got2, dq, qn * sizeof(float));
         assert_int_equal(count_bit_diffs(what, got2, got, qn), 0);
@@ -717,13 +737,16 @@ static void test_cuda_attention_is_batch_invariant(void **state)
         float *dout = NULL;
         OK(g->ops->alloc(g, qn * sizeof(float), (void **)&dout, err));
         poison(g, dout, qn);
-        OK(g->ops->attention(g, dout, dq, dk, dv, s->n, s->pos0, s->n_heads, s->n_kv, s->hd, scale,
-                             err));
+        const int n_ctx = s->pos0 + s->n;
+        struct kern_kv_layout kv;
+        OK(g->ops->attention(g, dout, dq, dk, dv, s->n, contig_kv(&kv, s->n, s->pos0, n_ctx),
+                             s->n_heads, s->n_kv, s->hd, scale, err));
         dev_get(g, all, dout, qn * sizeof(float));
         for (int i = 0; i < s->n; i++) {
             poison(g, dout, row);
-            OK(g->ops->attention(g, dout, dq + (size_t)i * row, dk, dv, 1, s->pos0 + i,
-                                 s->n_heads, s->n_kv, s->hd, scale, err));
+            OK(g->ops->attention(g, dout, dq + (size_t)i * row, dk, dv, 1,
+                                 contig_kv(&kv, 1, s->pos0 + i, n_ctx), s->n_heads, s->n_kv,
+                                 s->hd, scale, err));
             dev_get(g, one, dout, row * sizeof(float));
             char what[96];
             snprintf(what, sizeof(what), "attention position %d alone vs in n=%d", s->pos0 + i,
@@ -740,6 +763,105 @@ static void test_cuda_attention_is_batch_invariant(void **state)
         free(all);
         free(one);
     }
+}
+
+/* Sequences in scattered blocks of a pool that crosses the 256-position
+ * split: kv_store on the GPU writes the same bits as on the CPU, and every
+ * paged row is bit-identical to the same row over a contiguous copy of its
+ * sequence, alone, and agrees with the CPU's paged attention. */
+static void test_cuda_paged_attention_equals_contiguous(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {11};
+    enum { N_SEQ = 3, BS = 16, N_BLOCKS = 48, HEADS = 8, N_KV = 2, HD = 64, STRIDE = 20 };
+    static const int len[N_SEQ] = {300, 7, 40};
+    int32_t tables[N_SEQ][STRIDE];
+    /* blocks dealt out backwards and interleaved between the sequences */
+    int next = N_BLOCKS - 1;
+    for (int b = 0; b < STRIDE; b++)
+        for (int s = 0; s < N_SEQ; s++)
+            tables[s][b] = b * BS < len[s] ? next-- : -1;
+    const int kv_dim = N_KV * HD, row = HEADS * HD;
+    int total = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        total += len[s];
+    int32_t *rows = (int32_t *)malloc((size_t)total * 2 * sizeof(int32_t));
+    assert_non_null(rows);
+    int i = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        for (int t = 0; t < len[s]; t++, i++) {
+            rows[2 * i] = s;
+            rows[2 * i + 1] = t;
+        }
+    const struct kern_kv_layout kv = {.block_size = BS, .n_blocks = N_BLOCKS, .n_seqs = N_SEQ,
+                                      .table_stride = STRIDE, .tables = &tables[0][0],
+                                      .rows = rows};
+    const size_t pool_n = (size_t)N_BLOCKS * BS * kv_dim, kvn = (size_t)total * kv_dim,
+                 qn = (size_t)total * row;
+    float *k = falloc(kvn), *v = falloc(kvn), *q = falloc(qn);
+    fill(&r, k, kvn, 1.0f);
+    fill(&r, v, kvn, 1.0f);
+    fill(&r, q, qn, 2.0f);
+    float *cpu_k = falloc(pool_n), *cpu_v = falloc(pool_n), *got_k = falloc(pool_n);
+    OK(f->cpu->ops->kv_store(f->cpu, cpu_k, cpu_v, k, v, total, &kv, kv_dim, err));
+    float *dk = dev_put(g, k, kvn * sizeof(float)), *dv = dev_put(g, v, kvn * sizeof(float));
+    float *dkp = dev_put(g, cpu_k, pool_n * sizeof(float)); /* zeros where nothing is stored */
+    float *dvp = dev_put(g, cpu_v, pool_n * sizeof(float));
+    poison(g, dkp, pool_n);
+    poison(g, dvp, pool_n);
+    OK(g->ops->kv_store(g, dkp, dvp, dk, dv, total, &kv, kv_dim, err));
+    dev_get(g, got_k, dkp, pool_n * sizeof(float));
+    /* only the stored rows are compared: the rest is poison on the GPU */
+    for (int j = 0; j < total; j++) {
+        const int32_t *tab = tables[rows[2 * j]];
+        const int t = rows[2 * j + 1];
+        const size_t off = ((size_t)tab[t / BS] * BS + (size_t)(t % BS)) * kv_dim;
+        assert_int_equal(count_bit_diffs("kv_store row", got_k + off, cpu_k + off, kv_dim), 0);
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    float *ref = falloc(qn), *got = falloc(qn), *one = falloc(row);
+    OK(f->cpu->ops->attention(f->cpu, ref, q, cpu_k, cpu_v, total, &kv, HEADS, N_KV, HD, scale,
+                              err));
+    float *dq = dev_put(g, q, qn * sizeof(float)), *dout = NULL;
+    OK(g->ops->alloc(g, qn * sizeof(float), (void **)&dout, err));
+    poison(g, dout, qn);
+    OK(g->ops->attention(g, dout, dq, dkp, dvp, total, &kv, HEADS, N_KV, HD, scale, err));
+    dev_get(g, got, dout, qn * sizeof(float));
+    assert_int_equal(count_mismatches("paged attention vs cpu", got, ref, qn, 5e-6, 1e-5, NULL), 0);
+    i = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        const size_t first = (size_t)(i)*kv_dim;
+        for (int t = 0; t < len[s]; t++, i++) {
+            if (t % 37 != 0 && t != len[s] - 1)
+                continue; /* a spread of positions, both sides of the split */
+            struct kern_kv_layout ckv;
+            poison(g, dout, row);
+            OK(g->ops->attention(g, dout, dq + (size_t)i * row, dk + first, dv + first, 1,
+                                 contig_kv(&ckv, 1, t, len[s]), HEADS, N_KV, HD, scale, err));
+            dev_get(g, one, dout, row * sizeof(float));
+            char what[96];
+            snprintf(what, sizeof what, "paged vs contiguous seq %d position %d", s, t);
+            assert_int_equal(count_bit_diffs(what, one, got + (size_t)i * row, row), 0);
+        }
+    }
+    g->ops->free(g, dout);
+    g->ops->free(g, dq);
+    g->ops->free(g, dk);
+    g->ops->free(g, dv);
+    g->ops->free(g, dkp);
+    g->ops->free(g, dvp);
+    free(rows);
+    free(k);
+    free(v);
+    free(q);
+    free(cpu_k);
+    free(cpu_v);
+    free(got_k);
+    free(ref);
+    free(got);
+    free(one);
 }
 
 int main(void)
@@ -767,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
         cmocka_unit_test(test_cuda_attention_matches_cpu),
         cmocka_unit_test(test_cuda_attention_is_batch_invariant),
+        cmocka_unit_test(test_cuda_paged_attention_equals_contiguous),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

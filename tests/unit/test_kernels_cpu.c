@@ -491,6 +491,24 @@ static void test_kernels_cpu_rope_matches_reference_and_is_batch_invariant(void 
 
 /* ---- attention ---------------------------------------------------------- */
 
+/* A contiguous cache of n_ctx positions as a paged layout (one sequence,
+ * one block), its n rows at positions pos0 .. pos0 + n - 1. The arrays are
+ * static: one layout in use at a time. */
+static int32_t contig_rows[2 * 1024];
+static const int32_t contig_table[1] = {0};
+static const struct kern_kv_layout *contig_kv(struct kern_kv_layout *kv, int n, int pos0,
+                                              int n_ctx)
+{
+    assert_true(n <= 1024);
+    for (int i = 0; i < n; i++) {
+        contig_rows[2 * i] = 0;
+        contig_rows[2 * i + 1] = pos0 + i;
+    }
+    *kv = (struct kern_kv_layout){.block_size = n_ctx, .n_blocks = 1, .n_seqs = 1,
+                                  .table_stride = 1, .tables = contig_table, .rows = contig_rows};
+    return kv;
+}
+
 struct attn_case {
     int n, pos0, n_heads, n_kv, hd;
 };
@@ -519,8 +537,10 @@ static void test_kernels_cpu_attention_matches_reference(void **state)
         for (size_t i = 0; i < qn; i++)
             q[i] *= 3.0f; /* sharper softmax */
         float scale = 1.0f / sqrtf((float)c->hd);
-        assert_int_equal(be->ops->attention(be, out, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv,
-                                            c->hd, scale, err),
+        struct kern_kv_layout kv;
+        assert_int_equal(be->ops->attention(be, out, q, kc, vc, c->n,
+                                            contig_kv(&kv, c->n, c->pos0, n_ctx), c->n_heads,
+                                            c->n_kv, c->hd, scale, err),
                          0);
         ref_attention(ref, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv, c->hd, scale);
         char what[96];
@@ -528,8 +548,9 @@ static void test_kernels_cpu_attention_matches_reference(void **state)
                  c->n_heads, c->n_kv, c->hd);
         assert_int_equal(count_mismatches(what, out, ref, qn, 1e-5, 1e-4), 0);
         /* out aliasing q gives the same bits */
-        assert_int_equal(be->ops->attention(be, q, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv,
-                                            c->hd, scale, err),
+        assert_int_equal(be->ops->attention(be, q, q, kc, vc, c->n,
+                                            contig_kv(&kv, c->n, c->pos0, n_ctx), c->n_heads,
+                                            c->n_kv, c->hd, scale, err),
                          0);
         assert_int_equal(count_bit_diffs("attention in place", q, out, qn), 0);
         free(q);
@@ -558,12 +579,14 @@ static void test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch(v
         fill(&r, kc, kn);
         fill(&r, vc, kn);
         float scale = 1.0f / sqrtf((float)hd);
-        assert_int_equal(be->ops->attention(be, batch, q, kc, vc, n, pos0, n_heads, n_kv, hd, scale,
-                                            err),
+        struct kern_kv_layout kv;
+        assert_int_equal(be->ops->attention(be, batch, q, kc, vc, n, contig_kv(&kv, n, pos0, n_ctx),
+                                            n_heads, n_kv, hd, scale, err),
                          0);
         for (int i = 0; i < n; i++)
-            assert_int_equal(be->ops->attention(be, one + i * row, q + i * row, kc, vc, 1, pos0 + i,
-                                                n_heads, n_kv, hd, scale, err),
+            assert_int_equal(be->ops->attention(be, one + i * row, q + i * row, kc, vc, 1,
+                                                contig_kv(&kv, 1, pos0 + i, n_ctx), n_heads, n_kv,
+                                                hd, scale, err),
                              0);
         char what[64];
         snprintf(what, sizeof(what), "attention hd=%d n=1 vs n=16", hd);
@@ -574,6 +597,79 @@ static void test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch(v
         free(batch);
         free(one);
     }
+    be->ops->destroy(be);
+}
+
+/* Three sequences in scattered blocks of a shared pool, stored by kv_store
+ * and attended in one call: every row is bit-identical to the same row over
+ * a contiguous cache holding the same values, alone. */
+static void test_kernels_cpu_paged_attention_equals_contiguous(void **state)
+{
+    (void)state;
+    enum { N_SEQ = 3, BS = 4, N_BLOCKS = 16, HEADS = 6, N_KV = 2, HD = 64, MAX_LEN = 14 };
+    static const int len[N_SEQ] = {14, 5, 9};
+    /* blocks handed out out of order and interleaved between sequences */
+    static const int32_t tables[N_SEQ][4] = {{9, 2, 14, 0}, {5, 11, -1, -1}, {1, 15, 7, -1}};
+    const int kv_dim = N_KV * HD, row = HEADS * HD;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {16};
+    char err[ERR_MSG_MAX];
+    size_t pool_n = (size_t)N_BLOCKS * BS * kv_dim;
+    float *k_pool = falloc(pool_n), *v_pool = falloc(pool_n);
+    int total = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        total += len[s];
+    float *k = falloc((size_t)total * kv_dim), *v = falloc((size_t)total * kv_dim);
+    float *q = falloc((size_t)total * row), *out = falloc((size_t)total * row);
+    float *one = falloc(row);
+    fill(&r, k, (size_t)total * kv_dim);
+    fill(&r, v, (size_t)total * kv_dim);
+    fill(&r, q, (size_t)total * row);
+    int32_t rows[2 * 28];
+    int i = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        for (int t = 0; t < len[s]; t++, i++) {
+            rows[2 * i] = s;
+            rows[2 * i + 1] = t;
+        }
+    struct kern_kv_layout kv = {.block_size = BS, .n_blocks = N_BLOCKS, .n_seqs = N_SEQ,
+                                .table_stride = 4, .tables = &tables[0][0], .rows = rows};
+    assert_int_equal(be->ops->kv_store(be, k_pool, v_pool, k, v, total, &kv, kv_dim, err), 0);
+    /* the stored rows sit where the tables say */
+    assert_memory_equal(k_pool + ((size_t)tables[0][3] * BS + 1) * kv_dim, k + (size_t)13 * kv_dim,
+                        (size_t)kv_dim * sizeof(float));
+    assert_memory_equal(v_pool + ((size_t)tables[2][1] * BS + 2) * kv_dim,
+                        v + (size_t)(14 + 5 + 6) * kv_dim, (size_t)kv_dim * sizeof(float));
+    float scale = 1.0f / sqrtf((float)HD);
+    assert_int_equal(be->ops->attention(be, out, q, k_pool, v_pool, total, &kv, HEADS, N_KV, HD,
+                                        scale, err),
+                     0);
+    /* the reference: each sequence's own keys and values, contiguous */
+    i = 0;
+    int first = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        const float *kc = k + (size_t)first * kv_dim, *vc = v + (size_t)first * kv_dim;
+        for (int t = 0; t < len[s]; t++, i++) {
+            struct kern_kv_layout ckv;
+            assert_int_equal(be->ops->attention(be, one, q + (size_t)i * row, kc, vc, 1,
+                                                contig_kv(&ckv, 1, t, MAX_LEN), HEADS, N_KV, HD,
+                                                scale, err),
+                             0);
+            char what[64];
+            snprintf(what, sizeof what, "paged attention seq %d pos %d", s, t);
+            assert_int_equal(count_bit_diffs(what, one, out + (size_t)i * row, (size_t)row), 0);
+        }
+        first += len[s];
+    }
+    /* the check can fail: a row of another sequence differs */
+    assert_true(memcmp(one, out, (size_t)row * sizeof(float)) != 0);
+    free(k_pool);
+    free(v_pool);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(one);
     be->ops->destroy(be);
 }
 
@@ -615,7 +711,9 @@ static void run_all_ops(struct kern_backend *be, float *res[6])
     fill(&r, kc, kn);
     fill(&r, vc, kn);
     res[3] = falloc(qn);
-    assert_int_equal(be->ops->attention(be, res[3], res[2], kc, vc, rn, pos0, heads, n_kv, hd,
+    struct kern_kv_layout kv;
+    assert_int_equal(be->ops->attention(be, res[3], res[2], kc, vc, rn,
+                                        contig_kv(&kv, rn, pos0, pos0 + rn), heads, n_kv, hd,
                                         0.0883883f, err),
                      0);
 
@@ -842,9 +940,24 @@ static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
                      ERR_INVALID_ARG);
     assert_int_equal(be->ops->rope(be, buf, pos, 2, 1, 7, inv_freq, err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "head_dim"));
-    assert_int_equal(be->ops->attention(be, buf, buf, buf, buf, 1, 0, 4, 3, 8, 1.0f, err),
+    struct kern_kv_layout kv;
+    assert_int_equal(be->ops->attention(be, buf, buf, buf, buf, 1, contig_kv(&kv, 1, 0, 4), 4, 3,
+                                        8, 1.0f, err),
                      ERR_INVALID_ARG);
     assert_non_null(strstr(err, "n_kv_heads"));
+    /* a row past what its table covers, and a table naming a block outside
+     * the pool, are refused by both ops */
+    assert_int_equal(be->ops->attention(be, buf, buf, buf, buf, 1, contig_kv(&kv, 1, 4, 4), 1, 1,
+                                        8, 1.0f, err),
+                     ERR_RANGE);
+    assert_non_null(strstr(err, "position 4"));
+    assert_int_equal(be->ops->kv_store(be, buf, buf, buf, buf, 1, contig_kv(&kv, 1, 4, 4), 8, err),
+                     ERR_RANGE);
+    const int32_t far_table[1] = {1};
+    contig_kv(&kv, 1, 0, 4);
+    kv.tables = far_table;
+    assert_int_equal(be->ops->kv_store(be, buf, buf, buf, buf, 1, &kv, 8, err), ERR_RANGE);
+    assert_non_null(strstr(err, "pool block 1 of 1"));
     int32_t bad_id = -1;
     assert_int_equal(be->ops->embed(be, buf, buf, KERN_DTYPE_F32, &bad_id, 1, 4, err),
                      ERR_INVALID_ARG);
@@ -875,6 +988,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),
         cmocka_unit_test(test_kernels_cpu_attention_matches_reference),
         cmocka_unit_test(test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch),
+        cmocka_unit_test(test_kernels_cpu_paged_attention_equals_contiguous),
         cmocka_unit_test(test_kernels_cpu_results_do_not_depend_on_thread_count),
         cmocka_unit_test(test_kernels_cpu_embed_widens_rows_exactly),
         cmocka_unit_test(test_kernels_cpu_bf16_converts_by_shifting_the_bits),

@@ -315,7 +315,8 @@ struct loaded {
     struct llama_ctx *ctx;
 };
 
-static void load(struct loaded *L, const char *dir, int threads, int max_seq, int max_rows)
+static void load_params(struct loaded *L, const char *dir, int threads,
+                        const struct llama_ctx_params *p)
 {
     char err[ERR_MSG_MAX] = "";
     int rc = kern_cpu_create(&L->be, threads, err);
@@ -324,11 +325,16 @@ static void load(struct loaded *L, const char *dir, int threads, int max_seq, in
     if (rc)
         fprintf(stderr, "llama_model_load: %s\n", err);
     assert_int_equal(rc, 0);
-    struct llama_ctx_params p = {.n_slots = 2, .max_seq_len = max_seq, .max_rows = max_rows};
-    rc = llama_ctx_create(&L->ctx, L->model, &p, err);
+    rc = llama_ctx_create(&L->ctx, L->model, p, err);
     if (rc)
         fprintf(stderr, "llama_ctx_create: %s\n", err);
     assert_int_equal(rc, 0);
+}
+
+static void load(struct loaded *L, const char *dir, int threads, int max_seq, int max_rows)
+{
+    struct llama_ctx_params p = {.n_slots = 2, .max_seq_len = max_seq, .max_rows = max_rows};
+    load_params(L, dir, threads, &p);
 }
 
 static void unload(struct loaded *L)
@@ -523,6 +529,157 @@ static void test_llama_context_full_is_an_error_and_changes_nothing(void **state
     free_model(&m);
 }
 
+/* Batches of several sequences, 1..256 rows in all, some sequences already
+ * holding a prefix: every row's logits are bit-identical to the same
+ * sequence computed alone in its own call. Run with chunks of 256 rows (one
+ * chunk spans sequences) and of 7 rows (sequences split across chunks). */
+static void test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 61);
+    const int V = SHAPE_GQA_BF16.vocab;
+    enum { SLOTS = 24, MAX_SEQ = 320, PREFIX_MAX = 30 };
+    static const int totals[] = {1, 2, 3, 5, 9, 16, 17, 18, 33, 64, 100, 128, 129, 200, 255, 256};
+    static const int chunkings[] = {256, 7};
+    char err[ERR_MSG_MAX] = "";
+    struct loaded alone;
+    struct llama_ctx_params pa = {.n_slots = 1, .max_seq_len = MAX_SEQ};
+    load_params(&alone, m.dir, 2, &pa);
+    for (size_t ci = 0; ci < sizeof chunkings / sizeof chunkings[0]; ci++) {
+        struct loaded batch;
+        struct llama_ctx_params pb = {.n_slots = SLOTS, .max_seq_len = MAX_SEQ,
+                                      .max_rows = chunkings[ci], .kv_block_size = 4};
+        load_params(&batch, m.dir, 1, &pb);
+        uint64_t seed = 1000 * (ci + 1);
+        for (size_t ti = 0; ti < sizeof totals / sizeof totals[0]; ti++) {
+            const int total = totals[ti];
+            /* split total rows over up to SLOTS sequences of random sizes */
+            struct llama_seq_batch seqs[SLOTS];
+            int32_t *prefix[SLOTS], n_prefix[SLOTS];
+            float *expect[SLOTS];
+            int n_seqs = 0, left = total;
+            while (left > 0) {
+                seed++;
+                int n = n_seqs == SLOTS - 1 ? left : 1 + (int)(seed * 7919 % 23);
+                if (n > left)
+                    n = left;
+                const int slot = n_seqs;
+                n_prefix[slot] = (int)(seed * 104729 % PREFIX_MAX); /* 0: a fresh sequence */
+                int32_t *toks = malloc((size_t)(n_prefix[slot] + n) * sizeof(int32_t));
+                random_tokens(toks, n_prefix[slot] + n, V, seed);
+                prefix[slot] = toks;
+                /* alone: prefix then the rows, in a call of their own */
+                assert_int_equal(llama_ctx_truncate(alone.ctx, 0, 0, err), 0);
+                if (n_prefix[slot] > 0)
+                    free(forward_all(&alone, 0, toks, n_prefix[slot]));
+                expect[slot] = forward_all(&alone, 0, toks + n_prefix[slot], n);
+                /* batched: the prefix alone first, then the rows with the others */
+                assert_int_equal(llama_ctx_truncate(batch.ctx, slot, 0, err), 0);
+                if (n_prefix[slot] > 0)
+                    free(forward_all(&batch, slot, toks, n_prefix[slot]));
+                seqs[n_seqs] = (struct llama_seq_batch){
+                    .slot = slot, .tokens = toks + n_prefix[slot], .n_tokens = n, .n_logits = n,
+                    .logits_out = malloc((size_t)n * V * sizeof(float))};
+                n_seqs++;
+                left -= n;
+            }
+            /* sequences in an order unlike their slots */
+            for (int i = 0; i + 1 < n_seqs; i += 2) {
+                struct llama_seq_batch t = seqs[i];
+                seqs[i] = seqs[i + 1];
+                seqs[i + 1] = t;
+            }
+            int rc = llama_forward(batch.ctx, seqs, n_seqs, err);
+            if (rc)
+                fail_msg("batch of %d rows: %s", total, err);
+            for (int i = 0; i < n_seqs; i++) {
+                const int slot = seqs[i].slot;
+                if (memcmp(seqs[i].logits_out, expect[slot],
+                           (size_t)seqs[i].n_tokens * V * sizeof(float)) != 0)
+                    fail_msg("%d rows in %d sequences, chunks of %d: slot %d (prefix %d, %d rows) "
+                             "differs from its call alone", total, n_seqs, chunkings[ci], slot,
+                             n_prefix[slot], seqs[i].n_tokens);
+                assert_int_equal(llama_ctx_slot_len(batch.ctx, slot),
+                                 n_prefix[slot] + seqs[i].n_tokens);
+            }
+            /* the comparison can fail: two different sequences differ */
+            if (n_seqs > 1)
+                assert_true(memcmp(seqs[0].logits_out, seqs[1].logits_out, V * sizeof(float)) != 0);
+            for (int i = 0; i < n_seqs; i++) {
+                free((void *)seqs[i].logits_out);
+                free(prefix[seqs[i].slot]);
+                free(expect[seqs[i].slot]);
+            }
+        }
+        unload(&batch);
+    }
+    unload(&alone);
+    free_model(&m);
+}
+
+/* The pool hands out blocks as sequences grow and takes them back on
+ * truncation: 64 sequential requests leave it where it started; a call the
+ * pool cannot hold is refused whole with ERR_OVERLOADED and changes nothing. */
+static void test_llama_kv_blocks_follow_the_tokens_in_use(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_TIED_F32, 71);
+    const int V = SHAPE_TIED_F32.vocab;
+    struct loaded L;
+    struct llama_ctx_params p = {.n_slots = 4, .max_seq_len = 64, .kv_block_size = 8,
+                                 .kv_blocks = 10};
+    load_params(&L, m.dir, 1, &p);
+    char err[ERR_MSG_MAX] = "";
+    struct llama_kv_stats st;
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.block_size, 8);
+    assert_int_equal(st.n_blocks, 10);
+    assert_int_equal(st.free_blocks, 10);
+    int32_t t[64];
+    for (int r = 0; r < 64; r++) {
+        const int slot = r % 4, n = 1 + r % 40;
+        random_tokens(t, n, V, (uint64_t)r);
+        free(forward_all(&L, slot, t, n));
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.free_blocks, 10 - (n + 7) / 8);
+        /* speculation's rollback gives back what it no longer needs */
+        assert_int_equal(llama_ctx_truncate(L.ctx, slot, n / 2, err), 0);
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.free_blocks, 10 - (n / 2 + 7) / 8);
+        assert_int_equal(llama_ctx_truncate(L.ctx, slot, 0, err), 0);
+    }
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.free_blocks, 10);
+
+    /* 3 sequences of 24 tokens need 9 blocks; a 4th of 16 would need 2 more */
+    random_tokens(t, 24, V, 5);
+    struct llama_seq_batch b[4];
+    for (int s = 0; s < 4; s++)
+        b[s] = (struct llama_seq_batch){.slot = s, .tokens = t, .n_tokens = s < 3 ? 24 : 16};
+    assert_int_equal(llama_forward(L.ctx, b, 4, err), ERR_OVERLOADED);
+    assert_non_null(strstr(err, "needs 11 more blocks"));
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.free_blocks, 10);
+    for (int s = 0; s < 4; s++)
+        assert_int_equal(llama_ctx_slot_len(L.ctx, s), 0);
+    assert_int_equal(llama_forward(L.ctx, b, 3, err), 0);
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.free_blocks, 1);
+    assert_int_equal(llama_ctx_blocks_needed(L.ctx, 3, 16), 2);
+    assert_int_equal(llama_ctx_blocks_needed(L.ctx, 0, 24), 0);
+    assert_int_equal(llama_ctx_blocks_needed(L.ctx, 0, 25), 1);
+    /* a pool larger than every slot at full length is refused */
+    struct llama_ctx *big = NULL;
+    struct llama_ctx_params pbig = {.n_slots = 1, .max_seq_len = 64, .kv_block_size = 8,
+                                    .kv_blocks = 9};
+    assert_int_equal(llama_ctx_create(&big, L.model, &pbig, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "kv_blocks"));
+    unload(&L);
+    free_model(&m);
+}
+
 static void test_llama_missing_tensor_is_named(void **state)
 {
     (void)state;
@@ -566,6 +723,8 @@ int main(void)
         cmocka_unit_test(test_llama_logits_are_batch_invariant),
         cmocka_unit_test(test_llama_truncate_keeps_prefix),
         cmocka_unit_test(test_llama_context_full_is_an_error_and_changes_nothing),
+        cmocka_unit_test(test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256),
+        cmocka_unit_test(test_llama_kv_blocks_follow_the_tokens_in_use),
         cmocka_unit_test(test_llama_missing_tensor_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -274,13 +274,23 @@ static int prof_rope(struct kern_backend *be, float *x, const int32_t *pos, int 
     prof_add(be, PROF_ROPE, t0);
     return rc;
 }
-static int prof_attention(struct kern_backend *be, float *out, const float *q, const float *kc,
-                          const float *vc, int n, int pos0, int n_heads, int n_kv, int head_dim,
-                          float scale, char *err)
+static int prof_kv_store(struct kern_backend *be, float *kp, float *vp, const float *k,
+                         const float *v, int n, const struct kern_kv_layout *kv, int kv_dim,
+                         char *err)
 {
     struct kern_backend *in = prof_of(be)->inner;
     double t0 = now_s();
-    int rc = in->ops->attention(in, out, q, kc, vc, n, pos0, n_heads, n_kv, head_dim, scale, err);
+    int rc = in->ops->kv_store(in, kp, vp, k, v, n, kv, kv_dim, err);
+    prof_add(be, PROF_COPY, t0);
+    return rc;
+}
+static int prof_attention(struct kern_backend *be, float *out, const float *q, const float *kp,
+                          const float *vp, int n, const struct kern_kv_layout *kv, int n_heads,
+                          int n_kv, int head_dim, float scale, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = in->ops->attention(in, out, q, kp, vp, n, kv, n_heads, n_kv, head_dim, scale, err);
     prof_add(be, PROF_ATTENTION, t0);
     return rc;
 }
@@ -307,7 +317,7 @@ static const struct kern_ops prof_ops = {
     .download = prof_download, .copy = prof_copy, .map_weights = prof_map_weights,
     .unmap_weights = prof_unmap_weights, .sync = prof_sync, .embed = prof_embed,
     .rmsnorm = prof_rmsnorm, .matmul = prof_matmul, .rope = prof_rope,
-    .attention = prof_attention, .swiglu = prof_swiglu, .add = prof_addop,
+    .kv_store = prof_kv_store, .attention = prof_attention, .swiglu = prof_swiglu, .add = prof_addop,
 };
 
 static void prof_init(struct prof_backend *p, struct kern_backend *inner)

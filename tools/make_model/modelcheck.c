@@ -33,7 +33,7 @@ struct mc_model {
 static int mc_open(struct mc_model *m, const char *dir, struct kern_backend *be, int max_len,
                    char *err)
 {
-    struct llama_ctx_params cp = {1, max_len, 0};
+    struct llama_ctx_params cp = {.n_slots = 1, .max_seq_len = max_len};
     int rc = llama_model_load(&m->model, dir, be, err);
     if (rc)
         return rc;
