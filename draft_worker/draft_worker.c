@@ -1,6 +1,11 @@
 /* draft_worker.c: the draft worker: model, KV slots, shared buffer, and the
  * message loop with the coordinator.
  *
+ * Continuous batching, as in the target worker: prefills, rounds and
+ * pre-drafts are queued as they arrive, and each step runs one forward call
+ * for all of them (every sequence's next drafting step together); a round's
+ * pre-draft takes the round's place in the queue when the round is done.
+ *
  * Invariants: the shared buffer is created before the first register and
  * lives until destroy (its name goes into every register); a half is fully
  * written and fenced (shm_buffer_publish) before the draft_ready naming it is
@@ -25,6 +30,20 @@
 #include "worker_link.h"
 #include "worker_msg.h"
 
+/* What a queued job is, for its reply. */
+enum draft_kind { QD_PREFILL, QD_DRAFT, QD_PREDRAFT };
+
+struct queued_draft {
+    struct specdec_draft_job job;
+    enum draft_kind kind;
+    struct worker_msg_seq seq;
+    int half;                   /* the half it writes (QD_DRAFT, QD_PREDRAFT) */
+    int64_t round;
+    int predraft_k;
+    int32_t *feed;              /* owned copy: the message is gone */
+    double compute_ms;          /* forward calls it took part in */
+};
+
 struct draft_worker {
     struct proc_config cfg;
     struct worker_main_model m; /* backend, weights, KV slots */
@@ -32,6 +51,9 @@ struct draft_worker {
     struct shm_buffer *shm;
     struct worker_link *link;
     int k_max;
+    struct queued_draft **queue; /* arrival order; one slot's jobs stay in order */
+    struct specdec_draft_job **jobs; /* scratch: the queue's jobs for a step */
+    int n_queued, queue_cap;
 };
 
 static cJSON *build_register(void *user)
@@ -49,6 +71,70 @@ static cJSON *build_register(void *user)
     return h;
 }
 
+static void send_draft_ready(struct draft_worker *w, const struct worker_msg_seq *seq, int half,
+                             int64_t round, int k, int guess, bool predraft, double ms)
+{
+    struct worker_msg_draft_ready r = {
+        .seq = *seq, .half = half, .round = round, .k = k, .guess = guess,
+        .predraft = predraft, .draft_ms = ms,
+    };
+    worker_link_send(w->link, worker_msg_draft_ready_encode(&r), NULL, 0);
+}
+
+static int queue_grow(struct draft_worker *w)
+{
+    int cap = w->queue_cap ? 2 * w->queue_cap : 16;
+    struct queued_draft **q = realloc(w->queue, (size_t)cap * sizeof *q);
+    if (!q)
+        return ERR_NOMEM;
+    w->queue = q;
+    struct specdec_draft_job **j = realloc(w->jobs, (size_t)cap * sizeof *j);
+    if (!j)
+        return ERR_NOMEM;
+    w->jobs = j;
+    w->queue_cap = cap;
+    return 0;
+}
+
+static void queued_free(struct queued_draft *qd)
+{
+    if (!qd)
+        return;
+    free(qd->feed);
+    free(qd);
+}
+
+static void queue_remove(struct draft_worker *w, int i)
+{
+    queued_free(w->queue[i]);
+    memmove(w->queue + i, w->queue + i + 1, (size_t)(w->n_queued - i - 1) * sizeof *w->queue);
+    w->n_queued--;
+}
+
+/* A new queued job with an owned copy of feed; NULL when out of memory. */
+static struct queued_draft *queued_new(struct draft_worker *w, enum draft_kind kind,
+                                       const struct worker_msg_seq *seq, const int32_t *feed,
+                                       int n_feed)
+{
+    if (w->n_queued == w->queue_cap && queue_grow(w) != 0)
+        return NULL;
+    struct queued_draft *qd = calloc(1, sizeof *qd);
+    int32_t *copy = malloc((size_t)(n_feed > 0 ? n_feed : 1) * sizeof(int32_t));
+    if (!qd || !copy) {
+        free(qd);
+        free(copy);
+        return NULL;
+    }
+    memcpy(copy, feed, (size_t)n_feed * sizeof(int32_t));
+    qd->kind = kind;
+    qd->seq = *seq;
+    qd->feed = copy;
+    qd->job.feed = copy;
+    qd->job.n_feed = n_feed;
+    qd->job.slot = seq->slot;
+    return qd;
+}
+
 static void handle_prefill(void *user, const struct protocol_msg *m)
 {
     struct draft_worker *w = user;
@@ -60,28 +146,18 @@ static void handle_prefill(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
         return;
     }
-    double t0 = protocol_now_ms();
-    rc = specdec_draft_propose(w->spec, p.seq.slot, 0, p.prompt, p.n_prompt, 0, &p.sampling.sp,
-                               p.sampling.mode, NULL, NULL, err);
-    double ms = protocol_now_ms() - t0;
-    if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
+    struct queued_draft *qd = queued_new(w, QD_PREFILL, &p.seq, p.prompt, p.n_prompt);
+    if (!qd) {
+        worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, ERR_NOMEM,
+                               "prefill: out of memory queueing the prompt");
         return;
     }
-    LOG_DEBUG("prefill req %lld slot %d: %d tokens in %.1f ms", (long long)p.seq.req, p.seq.slot,
-              p.n_prompt, ms);
-    struct worker_msg_prefill_done done = {.seq = p.seq, .prefill_ms = ms};
-    worker_link_send(w->link, worker_msg_prefill_done_encode(&done), NULL, 0);
-}
-
-static void send_draft_ready(struct draft_worker *w, const struct worker_msg_seq *seq, int half,
-                             int64_t round, int k, int guess, bool predraft, double ms)
-{
-    struct worker_msg_draft_ready r = {
-        .seq = *seq, .half = half, .round = round, .k = k, .guess = guess,
-        .predraft = predraft, .draft_ms = ms,
-    };
-    worker_link_send(w->link, worker_msg_draft_ready_encode(&r), NULL, 0);
+    qd->job.keep_len = 0;
+    qd->job.k = 0;
+    qd->job.sp = p.sampling.sp;
+    qd->job.mode = p.sampling.mode;
+    specdec_draft_job_init(&qd->job);
+    w->queue[w->n_queued++] = qd;
 }
 
 static void handle_draft(void *user, const struct protocol_msg *m)
@@ -91,78 +167,175 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     struct worker_msg_limits lim = worker_main_model_limits(&w->m, w->k_max);
     struct worker_msg_draft d;
     int rc = worker_msg_draft_decode(m, &lim, &d, err);
-    const struct worker_msg_seq *seq = &d.seq;
-    int slot = d.seq.slot, half = d.half, keep_len = d.keep_len, k = d.k;
-    int predraft_k = d.predraft_k, n_feed = d.n_feed;
-    int64_t req = d.seq.req, round = d.round;
-    const int32_t *feed = d.feed;
-    const struct sampling_params *sp = &d.sampling.sp;
-    enum speculate_mode mode = d.sampling.mode;
     if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_DRAFT, seq, rc, err);
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, rc, err);
         /* the coordinator waits for the pre-draft's reply too */
-        if (req >= 0 && slot >= 0 && predraft_k > 0)
-            send_draft_ready(w, seq, 1 - half, round + 1, 0, -1, true, 0.0);
+        if (d.seq.req >= 0 && d.seq.slot >= 0 && d.predraft_k > 0)
+            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0);
         return;
     }
-    struct shm_half_header *hh = shm_buffer_half_header(w->shm, slot, half);
-    int32_t *tokens = shm_buffer_half_tokens(w->shm, slot, half);
-    float *q = shm_buffer_half_q(w->shm, slot, half);
-    /* Mark the half as being rewritten before touching it. */
-    hh->req = UINT64_MAX;
-    double t0 = protocol_now_ms();
-    rc = specdec_draft_propose(w->spec, slot, keep_len, feed, n_feed, k, sp, mode, tokens, q, err);
-    double ms = protocol_now_ms() - t0;
-    if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_DRAFT, seq, rc, err);
-        if (predraft_k > 0)
-            send_draft_ready(w, seq, 1 - half, round + 1, 0, -1, true, 0.0);
+    struct queued_draft *qd = queued_new(w, QD_DRAFT, &d.seq, d.feed, d.n_feed);
+    if (!qd) {
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, ERR_NOMEM,
+                               "draft: out of memory queueing the round");
+        if (d.predraft_k > 0)
+            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0);
         return;
     }
-    hh->round = (uint32_t)round;
+    qd->half = d.half;
+    qd->round = d.round;
+    qd->predraft_k = d.predraft_k;
+    /* Mark the half as being rewritten before anything touches it. */
+    shm_buffer_half_header(w->shm, d.seq.slot, d.half)->req = UINT64_MAX;
+    qd->job.keep_len = d.keep_len;
+    qd->job.k = d.k;
+    qd->job.sp = d.sampling.sp;
+    qd->job.mode = d.sampling.mode;
+    qd->job.tokens_out = shm_buffer_half_tokens(w->shm, d.seq.slot, d.half);
+    qd->job.q_rows_out = shm_buffer_half_q(w->shm, d.seq.slot, d.half);
+    specdec_draft_job_init(&qd->job);
+    w->queue[w->n_queued++] = qd;
+}
+
+/* A finished round: publish its half and answer; then (optimistic
+ * pre-draft) assume all k accepted, feed t_k, draw a guess of the bonus token
+ * and predraft_k drafts after it into the other half. Returns the pre-draft
+ * job that takes the round's place in the queue, or NULL. */
+static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_draft *qd)
+{
+    const struct specdec_draft_job *j = &qd->job;
+    const int slot = qd->seq.slot, other = 1 - qd->half, k = j->k;
+    if (j->rc) {
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, j->rc, j->err);
+        if (qd->predraft_k > 0)
+            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        return NULL;
+    }
+    struct shm_half_header *hh = shm_buffer_half_header(w->shm, slot, qd->half);
+    hh->round = (uint32_t)qd->round;
     hh->k = (uint32_t)k;
     hh->first = 0;
     hh->guess = 0;
-    hh->req = (uint64_t)req;
+    hh->req = (uint64_t)qd->seq.req;
     shm_buffer_publish(w->shm);
-    send_draft_ready(w, seq, half, round, k, -1, false, ms);
-    if (predraft_k <= 0)
-        return;
-
-    /* Optimistic pre-draft: assume all k accepted, feed t_k, draw a guess of
-     * the bonus token and predraft_k drafts after it into the other half. */
-    int other = 1 - half;
-    struct shm_half_header *oh = shm_buffer_half_header(w->shm, slot, other);
-    int32_t *otokens = shm_buffer_half_tokens(w->shm, slot, other);
-    float *oq = shm_buffer_half_q(w->shm, slot, other);
-    oh->req = UINT64_MAX;
+    send_draft_ready(w, &qd->seq, qd->half, qd->round, k, -1, false, qd->compute_ms);
+    if (qd->predraft_k <= 0)
+        return NULL;
+    shm_buffer_half_header(w->shm, slot, other)->req = UINT64_MAX;
     if (k == 0) {
-        send_draft_ready(w, seq, other, round + 1, 0, -1, true, 0.0);
+        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        return NULL;
+    }
+    const int32_t last = j->tokens_out[k - 1];
+    struct queued_draft *pre = calloc(1, sizeof *pre);
+    int32_t *feed = malloc(sizeof *feed);
+    if (!pre || !feed) {
+        free(pre);
+        free(feed);
+        LOG_DEBUG("pre-draft req %lld slot %d skipped: out of memory", (long long)qd->seq.req,
+                  slot);
+        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        return NULL;
+    }
+    feed[0] = last;
+    *pre = (struct queued_draft){.kind = QD_PREDRAFT, .seq = qd->seq, .half = other,
+                                 .round = qd->round + 1, .predraft_k = qd->predraft_k,
+                                 .feed = feed};
+    pre->job = (struct specdec_draft_job){
+        .slot = slot, .keep_len = j->keep_len + j->n_feed + k - 1, .feed = feed, .n_feed = 1,
+        .k = qd->predraft_k + 1, .sp = j->sp, .mode = j->mode,
+        .tokens_out = shm_buffer_half_tokens(w->shm, slot, other),
+        .q_rows_out = shm_buffer_half_q(w->shm, slot, other)};
+    specdec_draft_job_init(&pre->job);
+    return pre;
+}
+
+static void finish_predraft(struct draft_worker *w, struct queued_draft *qd)
+{
+    const struct specdec_draft_job *j = &qd->job;
+    const int slot = qd->seq.slot;
+    if (j->rc) {
+        LOG_DEBUG("pre-draft req %lld slot %d skipped: %s", (long long)qd->seq.req, slot, j->err);
+        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms);
         return;
     }
-    int32_t last = tokens[k - 1];
-    t0 = protocol_now_ms();
-    rc = specdec_draft_propose(w->spec, slot, keep_len + n_feed + k - 1, &last, 1, predraft_k + 1,
-                               sp, mode, otokens, oq, err);
-    ms = protocol_now_ms() - t0;
-    if (rc) {
-        LOG_DEBUG("pre-draft req %lld slot %d skipped: %s", (long long)req, slot, err);
-        send_draft_ready(w, seq, other, round + 1, 0, -1, true, ms);
-        return;
-    }
-    oh->round = (uint32_t)(round + 1);
-    oh->k = (uint32_t)predraft_k;
+    struct shm_half_header *oh = shm_buffer_half_header(w->shm, slot, qd->half);
+    oh->round = (uint32_t)qd->round;
+    oh->k = (uint32_t)qd->predraft_k;
     oh->first = 1;
-    oh->guess = (uint32_t)otokens[0];
-    oh->req = (uint64_t)req;
+    oh->guess = (uint32_t)j->tokens_out[0];
+    oh->req = (uint64_t)qd->seq.req;
     shm_buffer_publish(w->shm);
-    send_draft_ready(w, seq, other, round + 1, predraft_k, otokens[0], true, ms);
+    send_draft_ready(w, &qd->seq, qd->half, qd->round, qd->predraft_k, j->tokens_out[0], true,
+                     qd->compute_ms);
+}
+
+/* worker_link_role.run_queued: one forward call for every queued prefill,
+ * round and pre-draft that can take part (each drafting step of every
+ * sequence together), then the replies of those finished. */
+static bool run_queued(void *user)
+{
+    struct draft_worker *w = user;
+    if (w->n_queued == 0)
+        return false;
+    for (int i = 0; i < w->n_queued; i++)
+        w->jobs[i] = &w->queue[i]->job;
+    struct specdec_step_info info;
+    char err[ERR_MSG_MAX];
+    int rc = specdec_draft_step(w->spec, w->jobs, w->n_queued, &info, err);
+    if (rc) {
+        /* nothing could run (out of memory): every queued job fails */
+        for (int i = 0; i < w->n_queued; i++) {
+            w->queue[i]->job.rc = rc;
+            snprintf(w->queue[i]->job.err, sizeof w->queue[i]->job.err, "%s", err);
+            w->queue[i]->job.done = true;
+        }
+    }
+    for (int i = 0; i < w->n_queued; i++)
+        if (w->queue[i]->job.in_step)
+            w->queue[i]->compute_ms += info.ms;
+    for (int i = 0; i < w->n_queued;) {
+        struct queued_draft *qd = w->queue[i];
+        if (!qd->job.done) {
+            i++;
+            continue;
+        }
+        struct queued_draft *next = NULL;
+        if (qd->kind == QD_PREFILL) {
+            if (qd->job.rc) {
+                worker_link_send_error(w->link, PROTOCOL_PREFILL, &qd->seq, qd->job.rc,
+                                       qd->job.err);
+            } else {
+                LOG_DEBUG("prefill req %lld slot %d: %d tokens in %.1f ms", (long long)qd->seq.req,
+                          qd->seq.slot, qd->job.n_feed, qd->compute_ms);
+                struct worker_msg_prefill_done done = {.seq = qd->seq,
+                                                       .prefill_ms = qd->compute_ms};
+                worker_link_send(w->link, worker_msg_prefill_done_encode(&done), NULL, 0);
+            }
+        } else if (qd->kind == QD_DRAFT) {
+            next = finish_draft(w, qd);
+        } else {
+            finish_predraft(w, qd);
+        }
+        if (next) {
+            /* the pre-draft takes the round's place: the slot's order holds */
+            queued_free(qd);
+            w->queue[i++] = next;
+        } else {
+            queue_remove(w, i);
+        }
+    }
+    return w->n_queued > 0;
 }
 
 static void handle_release(void *user, const struct protocol_msg *m)
 {
     struct draft_worker *w = user;
-    worker_main_model_release(&w->m, w->link, m);
+    struct worker_msg_seq seq;
+    if (worker_main_model_release(&w->m, w->link, m, &seq) == 0)
+        for (int i = w->n_queued - 1; i >= 0; i--)
+            if (w->queue[i]->seq.slot == seq.slot)
+                queue_remove(w, i); /* its request is over: no reply wanted */
 }
 
 static const struct worker_link_command draft_commands[] = {
@@ -177,6 +350,7 @@ static const struct worker_link_role draft_link_role = {
     .build_register = build_register,
     .on_welcome = NULL,
     .commands = draft_commands,
+    .run_queued = run_queued,
 };
 
 static void draft_worker_destroy(void *worker);
@@ -244,6 +418,10 @@ static void draft_worker_destroy(void *worker)
     if (!w)
         return;
     worker_link_destroy(w->link);
+    for (int i = 0; i < w->n_queued; i++)
+        queued_free(w->queue[i]);
+    free(w->queue);
+    free(w->jobs);
     shm_buffer_close(w->shm);
     specdec_draft_destroy(w->spec);
     worker_main_model_free(&w->m);

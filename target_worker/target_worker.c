@@ -1,12 +1,20 @@
 /* target_worker.c: the target worker: model, KV slots, the imported draft
  * buffer, and the message loop with the coordinator.
  *
+ * Continuous batching: a verify is checked and queued when it arrives; the
+ * link then runs one step of all queued verifications at a time
+ * (specdec_target_step: one forward call for every sequence, a long prompt
+ * a chunk per step beside them), and answers each verification as it
+ * finishes. Commands arriving meanwhile join the next step.
+ *
  * Invariants: every verify gets exactly one reply (verify_done or error);
  * drafts and q rows are read in place from the draft's buffer only after
  * the half's header matched the verify's req and round, and the header is
  * re-checked afterwards so a half the draft rewrote meanwhile is reported,
  * never silently used. The imported buffer is replaced, never patched, when
- * the coordinator names a different one (a restarted draft).
+ * the coordinator names a different one (a restarted draft): queued
+ * verifications that read the old one are failed first. A release drops the
+ * queued verifications of its slot.
  */
 #include "target_worker.h"
 
@@ -26,13 +34,29 @@
 #include "worker_link.h"
 #include "worker_msg.h"
 
+/* A verification waiting or in progress, with what its reply needs. */
+struct queued_verify {
+    struct specdec_verify_job job;
+    struct worker_msg_seq seq;
+    int64_t round;
+    int half;
+    struct shm_half_header *hh; /* the half it reads, NULL when k = 0 */
+    int32_t *feed;              /* owned copy: the message is gone */
+    double queued_ms;
+    double compute_ms;          /* forward calls it took part in */
+};
+
 struct target_worker {
     struct proc_config cfg;
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_target *spec;
     struct shm_buffer *shm; /* the draft's buffer, imported read-only; NULL until attached */
     struct worker_link *link;
-    double last_verify_end_ms; /* 0 before the first verify */
+    double last_step_end_ms; /* 0 before the first step */
+    struct queued_verify **queue; /* arrival order */
+    struct specdec_verify_job **jobs; /* scratch: the queue's jobs for a step */
+    int n_queued, queue_cap;
+    int64_t steps;            /* forward calls run so far */
 };
 
 static cJSON *build_register(void *user)
@@ -41,6 +65,48 @@ static cJSON *build_register(void *user)
     return worker_link_register_new("target", w->cfg.target_worker.model,
                                     w->cfg.target_worker.backend, llama_model_config(w->m.model),
                                     w->m.max_seq_len, w->m.n_slots);
+}
+
+static void queued_free(struct queued_verify *qv)
+{
+    if (!qv)
+        return;
+    free(qv->feed);
+    free(qv);
+}
+
+static void queue_remove(struct target_worker *w, int i)
+{
+    queued_free(w->queue[i]);
+    memmove(w->queue + i, w->queue + i + 1, (size_t)(w->n_queued - i - 1) * sizeof *w->queue);
+    w->n_queued--;
+}
+
+static int queue_grow(struct target_worker *w)
+{
+    int cap = w->queue_cap ? 2 * w->queue_cap : 16;
+    struct queued_verify **q = realloc(w->queue, (size_t)cap * sizeof *q);
+    if (!q)
+        return ERR_NOMEM;
+    w->queue = q;
+    struct specdec_verify_job **j = realloc(w->jobs, (size_t)cap * sizeof *j);
+    if (!j)
+        return ERR_NOMEM;
+    w->jobs = j;
+    w->queue_cap = cap;
+    return 0;
+}
+
+/* Queued verifications that read drafts from the current buffer get an
+ * error and leave the queue (their pointers would outlive the mapping). */
+static void fail_queued_readers(struct target_worker *w, const char *why)
+{
+    for (int i = w->n_queued - 1; i >= 0; i--) {
+        if (!w->queue[i]->hh)
+            continue;
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, &w->queue[i]->seq, ERR_UNAVAILABLE, why);
+        queue_remove(w, i);
+    }
 }
 
 /* Imports the buffer a descriptor names unless it is the one held already. */
@@ -62,6 +128,7 @@ static int attach(struct target_worker *w, const cJSON *desc, char *err)
     }
     LOG_INFO("attached the draft buffer %s (%d slots, k_max %d)", shm_buffer_name(buf),
              lay->n_slots, lay->k_max);
+    fail_queued_readers(w, "verify: the draft's buffer was replaced (draft restarted)");
     shm_buffer_close(w->shm);
     w->shm = buf;
     return 0;
@@ -131,45 +198,109 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         drafts = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
         q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
     }
-    int32_t out[SPECULATE_K_MAX + 1];
-    int n_accepted = 0;
-    double t0 = protocol_now_ms();
-    rc = specdec_target_verify(w->spec, slot, v.keep_len, v.feed, v.n_feed, drafts, k, q_rows,
-                               &v.sampling.sp, v.sampling.mode, out, &n_accepted, err);
-    double t1 = protocol_now_ms(), ms = t1 - t0;
-    /* The gap since the previous verification ended: control-plane time and
-     * waiting for drafts, the overhead the pipeline exists to hide. */
-    double idle_ms = w->last_verify_end_ms > 0 ? t0 - w->last_verify_end_ms : -1;
-    w->last_verify_end_ms = t1;
-    if (rc) {
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+    struct queued_verify *qv = calloc(1, sizeof *qv);
+    int32_t *feed = malloc((size_t)v.n_feed * sizeof(int32_t));
+    if (!qv || !feed || (w->n_queued == w->queue_cap && queue_grow(w) != 0)) {
+        free(qv);
+        free(feed);
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_NOMEM,
+                               "verify: out of memory queueing the verification");
         return;
     }
-    if (hh) {
+    memcpy(feed, v.feed, (size_t)v.n_feed * sizeof(int32_t));
+    *qv = (struct queued_verify){.seq = *seq, .round = round, .half = half, .hh = hh,
+                                 .feed = feed, .queued_ms = protocol_now_ms()};
+    qv->job = (struct specdec_verify_job){
+        .slot = slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .draft = drafts,
+        .k = k, .q_rows = q_rows, .sp = v.sampling.sp, .mode = v.sampling.mode};
+    specdec_verify_job_init(&qv->job);
+    w->queue[w->n_queued++] = qv;
+}
+
+/* The reply of a finished verification. */
+static void reply_verify(struct target_worker *w, struct queued_verify *qv,
+                         const struct specdec_step_info *info, double idle_ms)
+{
+    char err[ERR_MSG_MAX];
+    struct specdec_verify_job *j = &qv->job;
+    if (j->rc) {
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, j->rc, j->err);
+        return;
+    }
+    if (qv->hh) {
         shm_buffer_acquire(w->shm);
-        if (hh->req != (uint64_t)req || hh->round != (uint32_t)round) {
+        if (qv->hh->req != (uint64_t)qv->seq.req || qv->hh->round != (uint32_t)qv->round) {
             snprintf(err, sizeof err,
                      "verify: shm slot %d half %d was rewritten by the draft during the verify",
-                     slot, half);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
+                     qv->seq.slot, qv->half);
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, ERR_PROTOCOL, err);
             return;
         }
     }
-    LOG_DEBUG("verify req %lld slot %d round %lld: k %d, accepted %d, %.1f ms", (long long)req,
-              slot, (long long)round, k, n_accepted, ms);
+    LOG_DEBUG("verify req %lld slot %d round %lld: k %d, accepted %d, %.1f ms in a call of %d "
+              "sequences", (long long)qv->seq.req, qv->seq.slot, (long long)qv->round, j->k,
+              j->n_accepted, qv->compute_ms, info->seqs);
     struct worker_msg_verify_done done = {
-        .seq = *seq, .round = round, .n_accepted = n_accepted, .verify_ms = ms,
-        .idle_ms = idle_ms, .draft_k = k, .tokens = out, .n_tokens = n_accepted + 1,
+        .seq = qv->seq, .round = qv->round, .n_accepted = j->n_accepted,
+        .verify_ms = qv->compute_ms, .idle_ms = idle_ms, .draft_k = j->k,
+        .tokens = j->tokens_out, .n_tokens = j->n_accepted + 1, .call = w->steps,
+        .call_seqs = info->seqs, .call_rows = info->rows,
     };
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_done_encode(&done, &frame);
     worker_link_send(w->link, h, &frame, 1);
 }
 
+/* worker_link_role.run_queued: one forward call for every queued
+ * verification that can take part, then the replies of those finished. */
+static bool run_queued(void *user)
+{
+    struct target_worker *w = user;
+    if (w->n_queued == 0)
+        return false;
+    for (int i = 0; i < w->n_queued; i++)
+        w->jobs[i] = &w->queue[i]->job;
+    struct specdec_step_info info;
+    char err[ERR_MSG_MAX];
+    const double t0 = protocol_now_ms();
+    /* The gap since the previous call ended: control-plane time and
+     * waiting for drafts, the overhead the pipeline exists to hide. */
+    const double idle_ms = w->last_step_end_ms > 0 ? t0 - w->last_step_end_ms : -1;
+    int rc = specdec_target_step(w->spec, w->jobs, w->n_queued, &info, err);
+    w->last_step_end_ms = protocol_now_ms();
+    if (rc) {
+        /* nothing could run (out of memory): every queued verification fails */
+        for (int i = w->n_queued - 1; i >= 0; i--) {
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, &w->queue[i]->seq, rc, err);
+            queue_remove(w, i);
+        }
+        return false;
+    }
+    if (info.seqs > 0)
+        w->steps++;
+    for (int i = 0; i < w->n_queued; i++)
+        if (w->queue[i]->job.in_step)
+            w->queue[i]->compute_ms += info.ms;
+    for (int i = 0; i < w->n_queued;) {
+        struct queued_verify *qv = w->queue[i];
+        if (!qv->job.done) {
+            i++;
+            continue;
+        }
+        reply_verify(w, qv, &info, idle_ms);
+        queue_remove(w, i);
+    }
+    return w->n_queued > 0;
+}
+
 static void handle_release(void *user, const struct protocol_msg *m)
 {
     struct target_worker *w = user;
-    worker_main_model_release(&w->m, w->link, m);
+    struct worker_msg_seq seq;
+    if (worker_main_model_release(&w->m, w->link, m, &seq) == 0)
+        for (int i = w->n_queued - 1; i >= 0; i--)
+            if (w->queue[i]->seq.slot == seq.slot)
+                queue_remove(w, i); /* its request is over: no reply wanted */
 }
 
 /* A welcome may name the draft's buffer (worker_link_role.on_welcome). */
@@ -195,6 +326,7 @@ static const struct worker_link_role target_link_role = {
     .build_register = build_register,
     .on_welcome = on_welcome,
     .commands = target_commands,
+    .run_queued = run_queued,
 };
 
 static void target_worker_destroy(void *worker);
@@ -249,6 +381,10 @@ static void target_worker_destroy(void *worker)
     if (!w)
         return;
     worker_link_destroy(w->link);
+    for (int i = 0; i < w->n_queued; i++)
+        queued_free(w->queue[i]);
+    free(w->queue);
+    free(w->jobs);
     shm_buffer_close(w->shm);
     specdec_target_destroy(w->spec);
     worker_main_model_free(&w->m);

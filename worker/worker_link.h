@@ -15,6 +15,9 @@
  *     "error", "welcome"/"heartbeat"/"shutdown"/"refused" are handled here,
  *     every other message goes to the role's handler for its type in arrival
  *     order, and a type the role does not serve is answered with an "error";
+ *     between drains it runs one step of the role's queued work
+ *     (run_queued), heartbeats included, so a worker busy with a batch
+ *     stays heard;
  *   - sending, with the "log once per failing streak" policy: the first
  *     failed send after a success logs a warning, the first success after
  *     failures logs "connected to the coordinator".
@@ -66,6 +69,13 @@ struct worker_link_role {
      * refused), ended by an entry with type NULL. A type not listed is
      * answered with an "error". */
     const struct worker_link_command *commands;
+    /* Optional (NULL: handlers answer at once). Continuous batching: the
+     * handlers only queue their commands, and the link calls this after
+     * every drain of the socket to run one step of the queued work (one
+     * forward call for all queued sequences), so new commands join between
+     * steps. Returns true while work remains queued: the link then polls
+     * without waiting and calls it again. */
+    bool (*run_queued)(void *user);
 };
 
 struct worker_link;

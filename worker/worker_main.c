@@ -112,17 +112,17 @@ void worker_main_model_free(struct worker_main_model *m)
     memset(m, 0, sizeof *m);
 }
 
-void worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
-                               const struct protocol_msg *msg)
+int worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
+                              const struct protocol_msg *msg, struct worker_msg_seq *seq_out)
 {
     char err[ERR_MSG_MAX];
     struct worker_msg_limits lim = worker_main_model_limits(m, SPECULATE_K_MAX);
-    struct worker_msg_seq seq;
-    int rc = worker_msg_release_decode(msg, &lim, &seq, err);
+    int rc = worker_msg_release_decode(msg, &lim, seq_out, err);
     if (rc == 0)
-        rc = llama_ctx_truncate(m->ctx, seq.slot, 0, err);
+        rc = llama_ctx_truncate(m->ctx, seq_out->slot, 0, err);
     if (rc)
-        worker_link_send_error(link, PROTOCOL_RELEASE, &seq, rc, err);
+        worker_link_send_error(link, PROTOCOL_RELEASE, seq_out, rc, err);
+    return rc;
 }
 
 struct worker_msg_limits worker_main_model_limits(const struct worker_main_model *m, int k_max)

@@ -73,9 +73,11 @@ struct worker_msg_limits worker_main_model_limits(const struct worker_main_model
 /* Frees what load created and zeroes m; safe on a zeroed struct. */
 void worker_main_model_free(struct worker_main_model *m);
 
-/* Serves "release {req, slot}": truncates the slot to 0. No reply; an
- * "error" (in_reply_to "release") when a field is bad or truncation fails. */
-void worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
-                               const struct protocol_msg *msg);
+/* Serves "release {req, slot}": truncates the slot to 0 (its KV blocks go
+ * back to the pool). No reply; an "error" (in_reply_to "release") when a
+ * field is bad or truncation fails. Returns 0 with the released sequence in
+ * *seq_out (the role drops what it queued for the slot), or the error. */
+int worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
+                              const struct protocol_msg *msg, struct worker_msg_seq *seq_out);
 
 #endif

@@ -9,6 +9,8 @@
 #include "specdec.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,8 +22,13 @@ struct specdec_draft {
     struct llama_ctx *ctx;
     struct specdec_progress progress;
     int vocab;
-    float *logits; /* [vocab] */
-    float *probs;  /* [vocab] */
+    float *logits;      /* [logits_cap, vocab]: one row per job of a step */
+    int logits_cap;
+    float *probs;       /* [vocab] */
+    struct llama_seq_batch *entries; /* [entries_cap] */
+    struct specdec_draft_job **in_call; /* [entries_cap] */
+    int entries_cap;
+    bool *slot_busy;    /* [n_slots]: slot already in this step */
     struct sampling_workspace *ws;
 };
 
@@ -29,9 +36,15 @@ struct specdec_target {
     struct llama_ctx *ctx;
     struct specdec_progress progress;
     int vocab;
-    float *logits;  /* [SPECULATE_K_MAX + 1, vocab]: becomes the p rows in place */
-    float *scratch; /* [vocab] */
-    int32_t *seq;   /* [max_seq_len]: feed + drafts of one call */
+    float *logits;      /* [logits_cap, vocab]: the k + 1 rows of each finishing job */
+    int logits_cap;
+    float *scratch;     /* [vocab] */
+    int32_t *tokens;    /* [tokens_cap]: feed tail + drafts of each finishing job */
+    int tokens_cap;
+    struct llama_seq_batch *entries;
+    struct specdec_verify_job **in_call;
+    int entries_cap;
+    bool *slot_busy;
     struct sampling_workspace *ws;
 };
 
@@ -51,26 +64,66 @@ static void progress_set(struct specdec_progress *dst, const struct specdec_prog
         dst->chunk_tokens = SPECDEC_CHUNK_TOKENS_DEFAULT;
 }
 
-/* Feeds the head of a long feed in chunks without logits, leaving at most
- * chunk_tokens tokens for the caller's last call (which carries the logits).
- * Returns how many tokens it fed (0 for a short feed) or a negative code. */
-static int feed_head(struct llama_ctx *ctx, const struct specdec_progress *pg, int slot,
-                     const int32_t *feed, int n_feed, char *err)
+/* Grows *buf (capacity *cap elements of elem bytes) to hold want. */
+static int grow(void **buf, int *cap, int want, size_t elem, char *err)
 {
-    int done = 0;
-    while (n_feed - done > pg->chunk_tokens) {
-        struct llama_seq_batch b = {.slot = slot, .tokens = feed + done,
-                                    .n_tokens = pg->chunk_tokens, .n_logits = 0,
-                                    .logits_out = NULL};
-        int rc = llama_forward(ctx, &b, 1, err);
-        if (rc)
-            return rc;
-        done += pg->chunk_tokens;
-        if (pg->on_chunk)
-            pg->on_chunk(pg->user, done, n_feed);
-    }
-    return done;
+    if (want <= *cap)
+        return 0;
+    int n = *cap > 0 ? *cap : 4;
+    while (n < want)
+        n *= 2;
+    void *p = realloc(*buf, (size_t)n * elem);
+    if (!p)
+        return error_set(err, ERR_NOMEM, "speculation step: out of memory");
+    *buf = p;
+    *cap = n;
+    return 0;
 }
+
+static void job_fail(int *rc_out, char *err_out, bool *done, int rc, const char *err)
+{
+    *rc_out = rc;
+    snprintf(err_out, ERR_MSG_MAX, "%s", err && err[0] ? err : error_name(rc));
+    *done = true;
+}
+
+/* Whether the pool can take entry e now. A call that could never fit, even
+ * alone in an empty step, fails (ERR_OVERLOADED); otherwise it waits for a
+ * later step. *free_left counts down the blocks promised in this step. */
+static int entry_fits(struct llama_ctx *ctx, const struct llama_seq_batch *e, int n_taken,
+                      int *free_left, char *err)
+{
+    const int need = llama_ctx_blocks_needed(ctx, e->slot, llama_ctx_slot_len(ctx, e->slot) +
+                                                               e->n_tokens);
+    if (need <= *free_left) {
+        *free_left -= need;
+        return 1;
+    }
+    if (n_taken == 0)
+        return error_set(err, ERR_OVERLOADED,
+                         "kv cache: slot %d needs %d more blocks, %d are free", e->slot, need,
+                         *free_left);
+    return 0;
+}
+
+static int step_capacity(void **entries, void **in_call, int *cap, bool **slot_busy, int n_slots,
+                         int want, size_t entry_size, char *err)
+{
+    int cap_entries = *cap;
+    if (!*slot_busy && !(*slot_busy = calloc((size_t)n_slots, sizeof **slot_busy)))
+        return error_set(err, ERR_NOMEM, "speculation step: out of memory");
+    int rc = grow(entries, &cap_entries, want, entry_size, err);
+    if (rc)
+        return rc;
+    int cap_calls = *cap;
+    rc = grow(in_call, &cap_calls, want, sizeof(void *), err);
+    if (rc)
+        return rc;
+    *cap = cap_entries < cap_calls ? cap_entries : cap_calls;
+    return 0;
+}
+
+/* ---- the draft half ---- */
 
 int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char *err)
 {
@@ -81,10 +134,9 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
     d->ctx = ctx;
     progress_set(&d->progress, NULL);
     d->vocab = ctx_vocab(ctx);
-    d->logits = malloc((size_t)d->vocab * sizeof(float));
     d->probs = malloc((size_t)d->vocab * sizeof(float));
-    int rc = (!d->logits || !d->probs) ? error_set(err, ERR_NOMEM, "draft: out of memory")
-                                        : sampling_workspace_create(&d->ws, d->vocab, err);
+    int rc = !d->probs ? error_set(err, ERR_NOMEM, "draft: out of memory")
+                       : sampling_workspace_create(&d->ws, d->vocab, err);
     if (rc) {
         specdec_draft_destroy(d);
         return rc;
@@ -100,6 +152,9 @@ void specdec_draft_destroy(struct specdec_draft *d)
     sampling_workspace_destroy(d->ws);
     free(d->logits);
     free(d->probs);
+    free(d->entries);
+    free(d->in_call);
+    free(d->slot_busy);
     free(d);
 }
 
@@ -110,25 +165,172 @@ void specdec_draft_set_progress(struct specdec_draft *d, const struct specdec_pr
     progress_set(&d->progress, p);
 }
 
-/* Picks draft token i from the draft logits in d->logits. */
-static int draft_pick(struct specdec_draft *d, const struct sampling_params *sp,
-                      enum speculate_mode mode, uint64_t position, float *q_row, int32_t *token,
-                      char *err)
+void specdec_draft_job_init(struct specdec_draft_job *j)
 {
-    int greedy = sampling_params_is_greedy(sp);
-    float *row = q_row ? q_row : d->probs;
-    if (greedy || mode == SPECULATE_MODE_POINT_MASS) {
+    j->fed = 0;
+    j->drafted = 0;
+    j->started = false;
+    j->done = false;
+    j->rc = 0;
+    j->err[0] = '\0';
+    j->step_tokens = 0;
+    j->in_step = false;
+}
+
+/* Picks draft token i of job j from logits. */
+static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, const float *logits,
+                      int i, char *err)
+{
+    const struct sampling_params *sp = &j->sp;
+    const uint64_t position = (uint64_t)j->keep_len + (uint64_t)j->n_feed + (uint64_t)i;
+    if (sampling_params_is_greedy(sp) || j->mode == SPECULATE_MODE_POINT_MASS) {
         /* The argmax of the adjusted distribution is the argmax of the logits:
          * temperature, top-k, top-p and min-p all keep the most likely token.
          * No q row: the target never reads one in these modes. */
-        *token = sampling_argmax(d->logits, d->vocab);
+        j->tokens_out[i] = sampling_argmax(logits, d->vocab);
         return 0;
     }
-    int rc = sampling_adjust(d->ws, sp, d->logits, d->vocab, row, err);
+    float *row = j->q_rows_out ? j->q_rows_out + (size_t)i * (size_t)d->vocab : d->probs;
+    int rc = sampling_adjust(d->ws, sp, logits, d->vocab, row, err);
     if (rc)
         return rc;
     float u = philox_uniform(sp->seed, PHILOX_STREAM_DRAFT_SAMPLE, position, 0);
-    *token = sampling_draw(row, d->vocab, u);
+    j->tokens_out[i] = sampling_draw(row, d->vocab, u);
+    return 0;
+}
+
+/* The forward entry job j needs next, or 0 rows when it has finished (an
+ * error is recorded in the job). */
+static void draft_next_entry(struct specdec_draft *d, struct specdec_draft_job *j,
+                             struct llama_seq_batch *e, float *logits)
+{
+    char err[ERR_MSG_MAX];
+    *e = (struct llama_seq_batch){.slot = j->slot, .logits_out = logits};
+    if (!j->started) {
+        int rc = 0;
+        if (j->k < 0 || j->k > SPECULATE_K_MAX)
+            rc = error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX,
+                           j->k);
+        else if (j->n_feed < 1 || !j->feed)
+            rc = error_set(err, ERR_INVALID_ARG, "draft: nothing to feed");
+        else if (j->k > 0 && !j->tokens_out)
+            rc = error_set(err, ERR_INVALID_ARG, "draft: no room for the drafted tokens");
+        else
+            rc = llama_ctx_truncate(d->ctx, j->slot, j->keep_len, err);
+        if (rc) {
+            job_fail(&j->rc, j->err, &j->done, rc, err);
+            return;
+        }
+        j->started = true;
+    }
+    const int rest = j->n_feed - j->fed;
+    if (rest > d->progress.chunk_tokens) {
+        e->tokens = j->feed + j->fed;
+        e->n_tokens = d->progress.chunk_tokens;
+    } else if (rest > 0) {
+        e->tokens = j->feed + j->fed;
+        e->n_tokens = rest;
+        e->n_logits = j->k > 0 ? 1 : 0;
+    } else {
+        /* drafting: feed the token drawn last, read the next distribution */
+        e->tokens = j->tokens_out + j->drafted - 1;
+        e->n_tokens = 1;
+        e->n_logits = 1;
+    }
+    j->step_tokens = e->n_tokens;
+}
+
+/* Advances job j past the entry it just ran (logits: its row, if any). */
+static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job *j,
+                              const float *logits)
+{
+    char err[ERR_MSG_MAX];
+    if (j->fed < j->n_feed) {
+        j->fed += j->step_tokens;
+        if (j->fed < j->n_feed)
+            return;
+        if (j->k == 0) {
+            j->done = true;
+            return;
+        }
+    }
+    int rc = draft_pick(d, j, logits, j->drafted, err);
+    if (rc) {
+        job_fail(&j->rc, j->err, &j->done, rc, err);
+        return;
+    }
+    if (++j->drafted == j->k)
+        j->done = true;
+}
+
+int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const *jobs, int n_jobs,
+                       struct specdec_step_info *info, char *err)
+{
+    struct specdec_step_info local = {0};
+    if (!info)
+        info = &local;
+    *info = (struct specdec_step_info){0};
+    const int n_slots = llama_ctx_n_slots(d->ctx);
+    int rc = step_capacity((void **)&d->entries, (void **)&d->in_call, &d->entries_cap,
+                           &d->slot_busy, n_slots, n_jobs, sizeof *d->entries, err);
+    if (!rc)
+        rc = grow((void **)&d->logits, &d->logits_cap, n_jobs,
+                  (size_t)d->vocab * sizeof(float), err);
+    if (rc)
+        return rc;
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(d->ctx, &kv);
+    int free_left = kv.free_blocks, n = 0;
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i]->in_step = false;
+    for (int i = 0; i < n_jobs; i++) {
+        struct specdec_draft_job *j = jobs[i];
+        if (j->done || j->slot < 0 || j->slot >= n_slots || d->slot_busy[j->slot]) {
+            if (!j->done && (j->slot < 0 || j->slot >= n_slots)) {
+                char e[ERR_MSG_MAX];
+                error_set(e, ERR_RANGE, "slot: must be in 0..%d, got %d", n_slots - 1, j->slot);
+                job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e);
+            }
+            continue; /* a slot's later job waits for its earlier one */
+        }
+        struct llama_seq_batch *e = &d->entries[n];
+        draft_next_entry(d, j, e, d->logits + (size_t)n * (size_t)d->vocab);
+        if (j->done)
+            continue;
+        char e_err[ERR_MSG_MAX];
+        int fits = 0;
+        if ((rc = llama_check_seq(d->ctx, e, e_err)) ||
+            (fits = entry_fits(d->ctx, e, n, &free_left, e_err)) < 0) {
+            job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
+            continue;
+        }
+        if (!fits)
+            continue;
+        d->slot_busy[j->slot] = true;
+        j->in_step = true;
+        d->in_call[n++] = j;
+        info->rows += e->n_tokens;
+    }
+    for (int i = 0; i < n; i++)
+        d->slot_busy[d->in_call[i]->slot] = false;
+    info->seqs = n;
+    if (n == 0)
+        return 0;
+    char f_err[ERR_MSG_MAX];
+    const double t0 = now_ms();
+    rc = llama_forward(d->ctx, d->entries, n, f_err);
+    info->ms = now_ms() - t0;
+    for (int i = 0; i < n; i++) {
+        struct specdec_draft_job *j = d->in_call[i];
+        if (rc) {
+            job_fail(&j->rc, j->err, &j->done, rc, f_err);
+            continue;
+        }
+        const bool head = j->fed + j->step_tokens < j->n_feed;
+        draft_after_entry(d, j, d->logits + (size_t)i * (size_t)d->vocab);
+        if (head && d->progress.on_chunk)
+            d->progress.on_chunk(d->progress.user, j->fed, j->n_feed);
+    }
     return 0;
 }
 
@@ -137,36 +339,22 @@ int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const
                           enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
                           char *err)
 {
-    if (k < 0 || k > SPECULATE_K_MAX)
-        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX, k);
-    if (n_feed < 1)
-        return error_set(err, ERR_INVALID_ARG, "draft: nothing to feed");
-    int rc = llama_ctx_truncate(d->ctx, slot, keep_len, err);
-    if (rc)
-        return rc;
-    int head = feed_head(d->ctx, &d->progress, slot, feed, n_feed, err);
-    if (head < 0)
-        return head;
-    feed += head;
-    n_feed -= head;
-    struct llama_seq_batch b = {.slot = slot, .tokens = feed, .n_tokens = n_feed,
-                                .n_logits = k > 0 ? 1 : 0, .logits_out = d->logits};
-    if ((rc = llama_forward(d->ctx, &b, 1, err)))
-        return rc;
-    const uint64_t pos0 = (uint64_t)keep_len + (uint64_t)head + (uint64_t)n_feed;
-    for (int i = 0; i < k; i++) {
-        float *q_row = q_rows_out ? q_rows_out + (size_t)i * (size_t)d->vocab : NULL;
-        if ((rc = draft_pick(d, sp, mode, pos0 + (uint64_t)i, q_row, &tokens_out[i], err)))
+    struct specdec_draft_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
+                                  .n_feed = n_feed, .k = k, .sp = *sp, .mode = mode,
+                                  .tokens_out = tokens_out, .q_rows_out = q_rows_out};
+    specdec_draft_job_init(&j);
+    struct specdec_draft_job *const jobs[1] = {&j};
+    while (!j.done) {
+        int rc = specdec_draft_step(d, jobs, 1, NULL, err);
+        if (rc)
             return rc;
-        if (i + 1 < k) {
-            struct llama_seq_batch next = {.slot = slot, .tokens = &tokens_out[i], .n_tokens = 1,
-                                           .n_logits = 1, .logits_out = d->logits};
-            if ((rc = llama_forward(d->ctx, &next, 1, err)))
-                return rc;
-        }
     }
+    if (j.rc)
+        return error_set(err, j.rc, "%s", j.err);
     return 0;
 }
+
+/* ---- the target half ---- */
 
 int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err)
 {
@@ -177,12 +365,9 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
     t->ctx = ctx;
     progress_set(&t->progress, NULL);
     t->vocab = ctx_vocab(ctx);
-    t->logits = malloc((size_t)(SPECULATE_K_MAX + 1) * (size_t)t->vocab * sizeof(float));
     t->scratch = malloc((size_t)t->vocab * sizeof(float));
-    t->seq = malloc((size_t)llama_ctx_max_seq_len(ctx) * sizeof(int32_t));
-    int rc = (!t->logits || !t->scratch || !t->seq)
-                 ? error_set(err, ERR_NOMEM, "target: out of memory")
-                 : sampling_workspace_create(&t->ws, t->vocab, err);
+    int rc = !t->scratch ? error_set(err, ERR_NOMEM, "target: out of memory")
+                         : sampling_workspace_create(&t->ws, t->vocab, err);
     if (rc) {
         specdec_target_destroy(t);
         return rc;
@@ -198,7 +383,10 @@ void specdec_target_destroy(struct specdec_target *t)
     sampling_workspace_destroy(t->ws);
     free(t->logits);
     free(t->scratch);
-    free(t->seq);
+    free(t->tokens);
+    free(t->entries);
+    free(t->in_call);
+    free(t->slot_busy);
     free(t);
 }
 
@@ -209,9 +397,23 @@ void specdec_target_set_progress(struct specdec_target *t, const struct specdec_
     progress_set(&t->progress, p);
 }
 
+void specdec_verify_job_init(struct specdec_verify_job *j)
+{
+    j->fed = 0;
+    j->n_accepted = 0;
+    j->started = false;
+    j->done = false;
+    j->rc = 0;
+    j->err[0] = '\0';
+    j->step_tokens = 0;
+    j->step_final = false;
+    j->in_step = false;
+}
+
 struct target_rows {
     struct specdec_target *t;
     const struct sampling_params *sp;
+    float *p_rows;
 };
 
 /* Turns logits row i into the p row in place (speculate_input.prepare_p_row). */
@@ -219,11 +421,174 @@ static int prepare_p_row(void *user, int i, char *err)
 {
     struct target_rows *r = user;
     struct specdec_target *t = r->t;
-    float *row = t->logits + (size_t)i * (size_t)t->vocab;
+    float *row = r->p_rows + (size_t)i * (size_t)t->vocab;
     int rc = sampling_adjust(t->ws, r->sp, row, t->vocab, t->scratch, err);
     if (rc)
         return rc;
     memcpy(row, t->scratch, (size_t)t->vocab * sizeof(float));
+    return 0;
+}
+
+/* Checks job j once, before its first step; 0 or the error it fails with. */
+static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, char *err)
+{
+    if (j->k < 0 || j->k > SPECULATE_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX,
+                         j->k);
+    if (j->n_feed < 1 || !j->feed)
+        return error_set(err, ERR_INVALID_ARG, "verify: nothing to feed");
+    if (j->k > 0 && !j->draft)
+        return error_set(err, ERR_INVALID_ARG, "verify: k = %d drafts but none given", j->k);
+    const int max_seq = llama_ctx_max_seq_len(t->ctx);
+    if (j->keep_len < 0 || j->n_feed + j->k > max_seq - j->keep_len)
+        return error_set(err, ERR_CONTEXT_FULL,
+                         "verify would reach %d positions, the context length is %d",
+                         j->keep_len + j->n_feed + j->k, max_seq);
+    if (j->k > 0 && !sampling_params_is_greedy(&j->sp) && j->mode == SPECULATE_MODE_SAMPLED &&
+        !j->q_rows)
+        return error_set(err, ERR_INVALID_ARG,
+                         "verify: q rows are required to verify sampled drafts");
+    return llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
+}
+
+/* Accept/reject for a job whose final entry ran: p_rows holds its k + 1
+ * logits rows. */
+static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows)
+{
+    char err[ERR_MSG_MAX];
+    const int greedy = sampling_params_is_greedy(&j->sp);
+    struct target_rows rows = {.t = t, .sp = &j->sp, .p_rows = p_rows};
+    struct speculate_input in = {
+        /* Greedy reads the logits' argmax; otherwise each p row is adjusted
+         * only when the accept/reject step reaches it. */
+        .prepare_p_row = greedy ? NULL : prepare_p_row,
+        .prepare_user = &rows,
+        .k = j->k,
+        .vocab = t->vocab,
+        .draft_tokens = j->draft,
+        .q_rows = j->q_rows,
+        .p_rows = p_rows,
+        .greedy = greedy,
+        .mode = j->mode,
+        .seed = j->sp.seed,
+        .position0 = (uint64_t)j->keep_len + (uint64_t)j->n_feed,
+    };
+    int n_accepted = 0;
+    int rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
+    if (!rc)
+        rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len + j->n_feed + n_accepted, err);
+    if (rc) {
+        job_fail(&j->rc, j->err, &j->done, rc, err);
+        return;
+    }
+    j->n_accepted = n_accepted;
+    j->done = true;
+}
+
+int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *const *jobs,
+                        int n_jobs, struct specdec_step_info *info, char *err)
+{
+    struct specdec_step_info local = {0};
+    if (!info)
+        info = &local;
+    *info = (struct specdec_step_info){0};
+    const int n_slots = llama_ctx_n_slots(t->ctx);
+    int rc = step_capacity((void **)&t->entries, (void **)&t->in_call, &t->entries_cap,
+                           &t->slot_busy, n_slots, n_jobs, sizeof *t->entries, err);
+    if (rc)
+        return rc;
+    /* Room for every job's final entry: at most chunk_tokens of feed plus
+     * the drafts, and k + 1 logits rows. */
+    int want_tokens = 0, want_rows = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        want_tokens += t->progress.chunk_tokens + SPECULATE_K_MAX;
+        want_rows += SPECULATE_K_MAX + 1;
+    }
+    if ((rc = grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
+        (rc = grow((void **)&t->logits, &t->logits_cap, want_rows,
+                   (size_t)t->vocab * sizeof(float), err)))
+        return rc;
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(t->ctx, &kv);
+    int free_left = kv.free_blocks, n = 0, used_tokens = 0, used_rows = 0;
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i]->in_step = false;
+    for (int i = 0; i < n_jobs; i++) {
+        struct specdec_verify_job *j = jobs[i];
+        char e_err[ERR_MSG_MAX];
+        if (j->done)
+            continue;
+        if (j->slot < 0 || j->slot >= n_slots) {
+            error_set(e_err, ERR_RANGE, "slot: must be in 0..%d, got %d", n_slots - 1, j->slot);
+            job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e_err);
+            continue;
+        }
+        if (t->slot_busy[j->slot])
+            continue; /* a slot's later job waits for its earlier one */
+        if (!j->started) {
+            if ((rc = verify_start(t, j, e_err))) {
+                job_fail(&j->rc, j->err, &j->done, rc, e_err);
+                continue;
+            }
+            j->started = true;
+        }
+        struct llama_seq_batch *e = &t->entries[n];
+        const int rest = j->n_feed - j->fed;
+        if (rest > t->progress.chunk_tokens) {
+            /* the head of a long feed: a chunk without logits */
+            *e = (struct llama_seq_batch){.slot = j->slot, .tokens = j->feed + j->fed,
+                                          .n_tokens = t->progress.chunk_tokens};
+            j->step_final = false;
+        } else {
+            int32_t *seq = t->tokens + used_tokens;
+            memcpy(seq, j->feed + j->fed, (size_t)rest * sizeof(int32_t));
+            if (j->k > 0)
+                memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
+            *e = (struct llama_seq_batch){
+                .slot = j->slot, .tokens = seq, .n_tokens = rest + j->k, .n_logits = j->k + 1,
+                .logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab};
+            j->step_final = true;
+        }
+        j->step_tokens = e->n_tokens;
+        int fits = 0;
+        if ((rc = llama_check_seq(t->ctx, e, e_err)) ||
+            (fits = entry_fits(t->ctx, e, n, &free_left, e_err)) < 0) {
+            job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
+            continue;
+        }
+        if (!fits)
+            continue;
+        if (j->step_final) {
+            used_tokens += e->n_tokens;
+            used_rows += e->n_logits;
+        }
+        t->slot_busy[j->slot] = true;
+        j->in_step = true;
+        t->in_call[n++] = j;
+        info->rows += e->n_tokens;
+    }
+    for (int i = 0; i < n; i++)
+        t->slot_busy[t->in_call[i]->slot] = false;
+    info->seqs = n;
+    if (n == 0)
+        return 0;
+    char f_err[ERR_MSG_MAX];
+    const double t0 = now_ms();
+    rc = llama_forward(t->ctx, t->entries, n, f_err);
+    info->ms = now_ms() - t0;
+    for (int i = 0; i < n; i++) {
+        struct specdec_verify_job *j = t->in_call[i];
+        if (rc) {
+            job_fail(&j->rc, j->err, &j->done, rc, f_err);
+        } else if (!j->step_final) {
+            j->fed += j->step_tokens;
+            if (t->progress.on_chunk)
+                t->progress.on_chunk(t->progress.user, j->fed, j->n_feed);
+        } else {
+            j->fed = j->n_feed;
+            verify_finish(t, j, t->entries[i].logits_out);
+        }
+    }
     return 0;
 }
 
@@ -234,58 +599,20 @@ int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
                           char *err)
 {
     *n_accepted_out = 0;
-    if (k < 0 || k > SPECULATE_K_MAX)
-        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX, k);
-    if (n_feed < 1)
-        return error_set(err, ERR_INVALID_ARG, "verify: nothing to feed");
-    const int max_seq = llama_ctx_max_seq_len(t->ctx);
-    if (keep_len < 0 || n_feed + k > max_seq - keep_len)
-        return error_set(err, ERR_CONTEXT_FULL,
-                         "verify would reach %d positions, the context length is %d",
-                         keep_len + n_feed + k, max_seq);
-    const int greedy = sampling_params_is_greedy(sp);
-    if (k > 0 && !greedy && mode == SPECULATE_MODE_SAMPLED && !q_rows)
-        return error_set(err, ERR_INVALID_ARG, "verify: q rows are required to verify sampled drafts");
-    int rc = llama_ctx_truncate(t->ctx, slot, keep_len, err);
-    if (rc)
-        return rc;
-    /* The head of a long feed goes in chunks; keep_len and n_feed then
-     * describe the last call, whose positions and rows are unchanged. */
-    int head = feed_head(t->ctx, &t->progress, slot, feed, n_feed, err);
-    if (head < 0)
-        return head;
-    keep_len += head;
-    feed += head;
-    n_feed -= head;
-    memcpy(t->seq, feed, (size_t)n_feed * sizeof(int32_t));
-    if (k > 0)
-        memcpy(t->seq + n_feed, draft, (size_t)k * sizeof(int32_t));
-    struct llama_seq_batch b = {.slot = slot, .tokens = t->seq, .n_tokens = n_feed + k,
-                                .n_logits = k + 1, .logits_out = t->logits};
-    if ((rc = llama_forward(t->ctx, &b, 1, err)))
-        return rc;
-    struct target_rows rows = {.t = t, .sp = sp};
-    struct speculate_input in = {
-        /* Greedy reads the logits' argmax; otherwise each p row is adjusted
-         * only when the accept/reject step reaches it. */
-        .prepare_p_row = greedy ? NULL : prepare_p_row,
-        .prepare_user = &rows,
-        .k = k,
-        .vocab = t->vocab,
-        .draft_tokens = draft,
-        .q_rows = q_rows,
-        .p_rows = t->logits,
-        .greedy = greedy,
-        .mode = mode,
-        .seed = sp->seed,
-        .position0 = (uint64_t)keep_len + (uint64_t)n_feed,
-    };
-    int n_accepted = 0;
-    if ((rc = speculate_verify(&in, t->scratch, tokens_out, &n_accepted, err)))
-        return rc;
-    if ((rc = llama_ctx_truncate(t->ctx, slot, keep_len + n_feed + n_accepted, err)))
-        return rc;
-    *n_accepted_out = n_accepted;
+    struct specdec_verify_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
+                                   .n_feed = n_feed, .draft = draft, .k = k, .q_rows = q_rows,
+                                   .sp = *sp, .mode = mode};
+    specdec_verify_job_init(&j);
+    struct specdec_verify_job *const jobs[1] = {&j};
+    while (!j.done) {
+        int rc = specdec_target_step(t, jobs, 1, NULL, err);
+        if (rc)
+            return rc;
+    }
+    if (j.rc)
+        return error_set(err, j.rc, "%s", j.err);
+    memcpy(tokens_out, j.tokens_out, (size_t)(j.n_accepted + 1) * sizeof(int32_t));
+    *n_accepted_out = j.n_accepted;
     return 0;
 }
 

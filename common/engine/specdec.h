@@ -20,8 +20,10 @@
 #ifndef TANDEM_SPECDEC_H
 #define TANDEM_SPECDEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "llama.h"
 #include "sampling.h"
 #include "adaptive_k.h"
@@ -71,6 +73,82 @@ int specdec_draft_propose(struct specdec_draft *draft, int slot, int keep_len, c
                           int n_feed, int k, const struct sampling_params *sp,
                           enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
                           char *err);
+
+/* ---- batching: several sequences per forward call ----
+ *
+ * A job is one half-round of one sequence (what specdec_draft_propose or
+ * specdec_target_verify does), run as a series of steps. Each step runs one
+ * forward call holding the next piece of every job given: a chunk of a long
+ * feed (chunk_tokens rows, no logits), the last part of the feed (with the
+ * drafts, for the target), or one drafted token (the draft). So the weights
+ * are read once per step for all sequences, and a long prompt moves forward
+ * a chunk per step beside the others instead of stalling them. Rows are
+ * bit-identical to the same job run alone (llama_forward's contract), so
+ * batching never changes a token.
+ *
+ * A step takes at most one job per slot (a slot's later jobs wait), skips a
+ * job whose blocks the KV pool cannot give yet, and fails a job alone when
+ * its own input is wrong (context full, bad token, a pool too small even
+ * for it alone: ERR_OVERLOADED): job->rc and job->err, job->done. It
+ * returns nonzero only when it cannot run at all (out of memory); a failed
+ * forward call fails every job in it. */
+struct specdec_step_info {
+    int seqs;   /* jobs in the forward call */
+    int rows;   /* rows in the forward call */
+    double ms;  /* time of the forward call */
+};
+
+struct specdec_draft_job {
+    /* set by the caller, as the arguments of specdec_draft_propose */
+    int slot, keep_len;
+    const int32_t *feed;
+    int n_feed;
+    int k;
+    struct sampling_params sp;
+    enum speculate_mode mode;
+    int32_t *tokens_out;  /* [k] */
+    float *q_rows_out;    /* [k, vocab] or NULL */
+    /* progress and result (specdec_draft_job_init) */
+    int fed, drafted;
+    bool started, done;
+    int rc;               /* 0 or the error the job ended with, err names it */
+    char err[ERR_MSG_MAX];
+    bool in_step;         /* whether the job was in the last step's forward call */
+    int step_tokens;      /* private: rows of the job in the current step */
+};
+
+/* Resets the progress and result fields of a job whose inputs are set. */
+void specdec_draft_job_init(struct specdec_draft_job *job);
+/* One step of jobs[0..n_jobs-1] (done jobs are skipped). info may be NULL. */
+int specdec_draft_step(struct specdec_draft *draft, struct specdec_draft_job *const *jobs,
+                       int n_jobs, struct specdec_step_info *info, char *err);
+
+struct specdec_verify_job {
+    /* set by the caller, as the arguments of specdec_target_verify */
+    int slot, keep_len;
+    const int32_t *feed;
+    int n_feed;
+    const int32_t *draft; /* [k] */
+    int k;
+    const float *q_rows;  /* [k, vocab]; sampled mode at temperature > 0 only */
+    struct sampling_params sp;
+    enum speculate_mode mode;
+    /* result: the accepted drafts, then the correction or bonus token */
+    int32_t tokens_out[SPECULATE_K_MAX + 1];
+    int n_accepted;
+    /* progress (specdec_verify_job_init) */
+    int fed;
+    bool started, done;
+    int rc;
+    char err[ERR_MSG_MAX];
+    bool in_step;         /* whether the job was in the last step's forward call */
+    int step_tokens;      /* private */
+    bool step_final;      /* private */
+};
+
+void specdec_verify_job_init(struct specdec_verify_job *job);
+int specdec_target_step(struct specdec_target *target, struct specdec_verify_job *const *jobs,
+                        int n_jobs, struct specdec_step_info *info, char *err);
 
 int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err);
 void specdec_target_destroy(struct specdec_target *target);

@@ -457,7 +457,7 @@ static int logits_rows(struct llama_ctx *ctx, int first, int n, float *logits_ou
     return 0;
 }
 
-static int check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)
+int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)
 {
     const int vocab = ctx->model->cfg.vocab_size;
     if (s->slot < 0 || s->slot >= ctx->n_slots)
@@ -554,7 +554,7 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
         return error_set(err, ERR_INVALID_ARG, "forward: %d sequences", n_seqs);
     int need = 0;
     for (int i = 0; i < n_seqs; i++) {
-        if ((rc = check_seq(ctx, &seqs[i], err)))
+        if ((rc = llama_check_seq(ctx, &seqs[i], err)))
             return rc;
         /* Each entry is checked against its slot's length alone: a slot named
          * twice would pass both checks and then write past the context. */

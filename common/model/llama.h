@@ -93,4 +93,10 @@ struct llama_seq_batch {
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs,
                   char *err);
 
+/* The checks llama_forward makes of one entry on its own (slot, sizes,
+ * context length, token ids; not the pool, not duplicates): a caller that
+ * batches independent requests uses it to fail one request alone rather
+ * than the whole call. */
+int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err);
+
 #endif

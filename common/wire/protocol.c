@@ -281,6 +281,16 @@ int protocol_get_i64(const cJSON *obj, const char *field, int64_t lo, int64_t hi
     return get_integer(item, field, lo, hi, (int64_t)JSON_EXACT_INT_MAX, out, err);
 }
 
+int protocol_get_i64_opt(const cJSON *obj, const char *field, int64_t lo, int64_t hi,
+                         int64_t dflt, int64_t *out, char *err)
+{
+    if (!lookup(obj, field)) {
+        *out = dflt;
+        return 0;
+    }
+    return protocol_get_i64(obj, field, lo, hi, out, err);
+}
+
 int protocol_get_double(const cJSON *obj, const char *field, double lo, double hi, double *out,
                         char *err)
 {

@@ -125,6 +125,8 @@ int protocol_get_int_opt(const cJSON *obj, const char *field, int lo, int hi, in
                          char *err);
 int protocol_get_i64(const cJSON *obj, const char *field, int64_t lo, int64_t hi, int64_t *out,
                      char *err);
+int protocol_get_i64_opt(const cJSON *obj, const char *field, int64_t lo, int64_t hi,
+                         int64_t dflt, int64_t *out, char *err);
 int protocol_get_double(const cJSON *obj, const char *field, double lo, double hi, double *out,
                         char *err);
 int protocol_get_double_opt(const cJSON *obj, const char *field, double lo, double hi,

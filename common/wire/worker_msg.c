@@ -297,7 +297,11 @@ cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
                          cJSON_AddNumberToObject(h, "n_accepted", m->n_accepted) &&
                          cJSON_AddNumberToObject(h, "verify_ms", m->verify_ms) &&
                          (m->idle_ms < 0 || cJSON_AddNumberToObject(h, "idle_ms", m->idle_ms)) &&
-                         cJSON_AddNumberToObject(h, "draft_k", m->draft_k));
+                         cJSON_AddNumberToObject(h, "draft_k", m->draft_k) &&
+                         (m->call <= 0 ||
+                          (cJSON_AddNumberToObject(h, "call", (double)m->call) &&
+                           cJSON_AddNumberToObject(h, "call_seqs", m->call_seqs) &&
+                           cJSON_AddNumberToObject(h, "call_rows", m->call_rows))));
 }
 
 int worker_msg_verify_done_decode(const struct protocol_msg *msg,
@@ -313,6 +317,9 @@ int worker_msg_verify_done_decode(const struct protocol_msg *msg,
         (rc = protocol_get_double_opt(h, "verify_ms", 0, 1e12, 0, &m->verify_ms, err)) ||
         (rc = protocol_get_double_opt(h, "idle_ms", -1, 1e12, -1, &m->idle_ms, err)) ||
         (rc = protocol_get_int_opt(h, "draft_k", 0, SPECULATE_K_MAX, 0, &m->draft_k, err)) ||
+        (rc = protocol_get_i64_opt(h, "call", 0, (int64_t)1 << 52, 0, &m->call, err)) ||
+        (rc = protocol_get_int_opt(h, "call_seqs", 0, 1 << 20, 0, &m->call_seqs, err)) ||
+        (rc = protocol_get_int_opt(h, "call_rows", 0, 1 << 24, 0, &m->call_rows, err)) ||
         (rc = protocol_frame_tokens(msg, 0, "tokens", m->n_accepted + 1, m->n_accepted + 1,
                                     &m->tokens, &m->n_tokens, err)))
         return rc;

@@ -120,6 +120,11 @@ struct worker_msg_verify_done {
     int draft_k;
     const int32_t *tokens;
     int n_tokens;
+    /* The target's forward call that finished this verification (batching):
+     * its number (counting from 1; 0: not reported), how many sequences and
+     * rows it held. One call can finish several verifications. */
+    int64_t call;
+    int call_seqs, call_rows;
 };
 
 /* error (worker -> coordinator). */
