@@ -70,6 +70,7 @@ struct worker {
     int max_seq_len;
     int n_slots;
     int bos_id;
+    int kv_blocks, kv_block_size; /* paged KV pool; kv_blocks 0: not reported */
     cJSON *shm;              /* draft's shared-buffer descriptor (owned) */
     char shm_name[256];
     double last_seen_ms;
@@ -128,6 +129,8 @@ struct seq {
 
     /* stats */
     double t_arrival_ms, t_admit_ms, t_first_ms;
+    int kv_reserved[2];      /* KV blocks held for it in each worker's pool ([role]) */
+    bool kv_waited;          /* its admission waited for KV blocks (counted once) */
     int rounds, drafted, accepted, predraft_offered, predraft_used;
     double draft_ms, verify_ms;
     struct seq *next_queued; /* FIFO of queued sequences */
@@ -162,6 +165,16 @@ struct coordinator {
     uint64_t rng_state;
     size_t max_message_bytes;
     int target_outstanding;      /* verifies sent, not yet answered */
+    /* Continuous batching. KV admission: blocks reserved in each worker's
+     * pool for the active sequences (their worst case, so a worker never
+     * runs out mid-request). The target's forward-call cost, fitted over its
+     * calls as base + per_row * rows (decayed sums), for adaptive K under
+     * load; the last call counted, since one call answers several rounds. */
+    int kv_reserved[2];
+    int64_t last_target_call;
+    double call_fit_w, call_fit_x, call_fit_xx, call_fit_y, call_fit_xy;
+    double call_ms_base, call_ms_per_row;
+    double busy_since_ms;        /* < 0: no active sequence */
     double target_idle_since_ms; /* < 0: not idle (or unknown) */
     /* clients that vanished (replies.c notes them, scheduler_cancel_gone
      * cancels their requests outside of any scheduler call) */

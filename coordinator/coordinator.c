@@ -101,6 +101,7 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     c->rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(c->t_start_ms * 1000.0);
     metrics_init(&c->metrics);
     c->target_idle_since_ms = -1;
+    c->busy_since_ms = -1;
     int rc = 0;
     c->n_seqs = cc->max_concurrency + cc->max_queue;
     c->seqs = calloc((size_t)c->n_seqs, sizeof(*c->seqs));

@@ -246,6 +246,10 @@ static void on_stats(struct coordinator *c, const uint8_t *identity, size_t iden
         .draft_model = c->worker[ROLE_DRAFT].model,
         .target_model = c->worker[ROLE_TARGET].model,
         .uptime_s = (coord_now_ms() - c->t_start_ms) / 1000.0,
+        .busy_ms = c->metrics.busy_ms_total +
+                   (c->busy_since_ms >= 0 ? coord_now_ms() - c->busy_since_ms : 0.0),
+        .kv_blocks = {c->worker[ROLE_DRAFT].kv_blocks, c->worker[ROLE_TARGET].kv_blocks},
+        .kv_reserved = {c->kv_reserved[ROLE_DRAFT], c->kv_reserved[ROLE_TARGET]},
     };
     cJSON *m = cJSON_CreateObject();
     char *prom = NULL;

@@ -37,6 +37,21 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : 0.0;
 }
 
+static const char *const batch_le[METRICS_BATCH_BUCKETS] = {"1", "2", "4", "8", "16", "32", "64",
+                                                            "128", "+Inf"};
+
+void metrics_note_target_call(struct metrics *m, int seqs, int rows, double ms)
+{
+    m->target_calls_total++;
+    m->target_call_seqs_total += (uint64_t)(seqs > 0 ? seqs : 0);
+    m->target_call_rows_total += (uint64_t)(rows > 0 ? rows : 0);
+    m->target_call_ms_total += ms;
+    int b = 0;
+    while (b < METRICS_BATCH_BUCKETS - 1 && seqs > (1 << b))
+        b++;
+    m->target_call_batch[b]++;
+}
+
 int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj, char *err)
 {
     uint64_t finished = 0, failed = 0;
@@ -54,7 +69,11 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     cJSON *errors = req ? cJSON_AddObjectToObject(req, "errors") : NULL;
     cJSON *fin = req ? cJSON_AddObjectToObject(req, "finished_by") : NULL;
     cJSON *pos = spec ? cJSON_AddArrayToObject(spec, "accepted_per_pos") : NULL;
-    if (!req || !tok || !spec || !time || !draft || !target || !errors || !fin || !pos)
+    cJSON *batch = cJSON_AddObjectToObject(obj, "batch");
+    cJSON *hist = batch ? cJSON_AddObjectToObject(batch, "seqs_per_call") : NULL;
+    cJSON *kv = cJSON_AddObjectToObject(obj, "kv_blocks");
+    if (!req || !tok || !spec || !time || !draft || !target || !errors || !fin || !pos || !batch ||
+        !hist || !kv)
         return error_set(err, ERR_NOMEM, "stats: out of memory");
     int ok = 1;
 #define NUM(o, k, v) ok = ok && cJSON_AddNumberToObject((o), (k), (double)(v)) != NULL
@@ -73,6 +92,21 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(tok, "generated", m->generated_tokens_total);
     double decode_s = m->decode_ms_total / 1000.0;
     NUM(tok, "tokens_per_s", ratio((double)m->generated_tokens_total, decode_s + m->prefill_ms_total / 1000.0));
+    /* the server's throughput: tokens over the time anything was active */
+    NUM(tok, "aggregate_tokens_per_s", ratio((double)m->generated_tokens_total, g->busy_ms / 1000.0));
+    NUM(tok, "per_request_tokens_per_s",
+        ratio(m->request_tokens_per_s_sum, (double)m->request_rate_samples));
+    NUM(batch, "target_calls", m->target_calls_total);
+    NUM(batch, "mean_seqs_per_call", ratio((double)m->target_call_seqs_total, (double)m->target_calls_total));
+    NUM(batch, "mean_rows_per_call", ratio((double)m->target_call_rows_total, (double)m->target_calls_total));
+    NUM(batch, "mean_call_ms", ratio(m->target_call_ms_total, (double)m->target_calls_total));
+    for (int i = 0; i < METRICS_BATCH_BUCKETS; i++)
+        NUM(hist, batch_le[i], m->target_call_batch[i]);
+    NUM(kv, "draft_total", g->kv_blocks[0]);
+    NUM(kv, "draft_reserved", g->kv_reserved[0]);
+    NUM(kv, "target_total", g->kv_blocks[1]);
+    NUM(kv, "target_reserved", g->kv_reserved[1]);
+    NUM(kv, "admissions_waited", m->kv_waits_total);
     NUM(spec, "rounds", m->verify_rounds_total);
     NUM(spec, "num_drafts", m->num_drafts_total);
     NUM(spec, "num_draft_tokens", m->num_draft_tokens_total);
@@ -88,6 +122,8 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
         ok = n != NULL && cJSON_AddItemToArray(pos, n);
     }
     NUM(time, "queue", m->queue_ms_total);
+    NUM(time, "queue_per_request", ratio(m->queue_ms_total, (double)(finished + failed)));
+    NUM(time, "busy", g->busy_ms);
     NUM(time, "prefill", m->prefill_ms_total);
     NUM(time, "decode", m->decode_ms_total);
     NUM(time, "draft", m->draft_ms_total);
@@ -221,6 +257,23 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
             "Coordinator-measured time the target had no verification queued between rounds.",
             m->target_gap_ms_total / 1000.0);
     counter(&tb, "tandem_target_gap_samples_total", "Rounds whose gap was measured.", (double)m->target_gap_samples);
+    tb_printf(&tb, "# HELP tandem_target_batch_size Sequences per target forward call.\n"
+                   "# TYPE tandem_target_batch_size histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < METRICS_BATCH_BUCKETS; i++) {
+        cum += m->target_call_batch[i];
+        tb_printf(&tb, "tandem_target_batch_size_bucket{le=\"%s\"} %llu\n", batch_le[i],
+                  (unsigned long long)cum);
+    }
+    tb_printf(&tb, "tandem_target_batch_size_sum %llu\ntandem_target_batch_size_count %llu\n",
+              (unsigned long long)m->target_call_seqs_total, (unsigned long long)m->target_calls_total);
+    counter(&tb, "tandem_target_call_rows_total", "Rows in target forward calls.",
+            (double)m->target_call_rows_total);
+    counter(&tb, "tandem_busy_seconds_total", "Wall time with at least one active sequence.",
+            g->busy_ms / 1000.0);
+    gauge(&tb, "tandem_kv_blocks_reserved_target", "KV blocks reserved in the target's pool.",
+          g->kv_reserved[1]);
+    gauge(&tb, "tandem_kv_blocks_total_target", "KV blocks in the target's pool.", g->kv_blocks[1]);
     gauge(&tb, "tandem_requests_active", "Sequences being generated.", g->active);
     gauge(&tb, "tandem_requests_queued", "Requests waiting for a slot.", g->queued);
     tb_printf(&tb, "# HELP tandem_worker_up Whether a worker is registered and alive.\n"

@@ -16,6 +16,8 @@
 #include <cjson/cJSON.h>
 
 #define METRICS_POS_MAX 16
+/* Target calls by the number of sequences in them: <= 1, 2, 4, ..., 128, more. */
+#define METRICS_BATCH_BUCKETS 9
 
 enum metrics_error {
     METRICS_ERR_INVALID_REQUEST = 0,
@@ -56,6 +58,16 @@ struct metrics {
      * with nothing to do until the next round's verify was sent. */
     uint64_t target_gap_samples;
     double target_gap_ms_total, target_gap_ms_max;
+    /* continuous batching: the target's forward calls (counted once each,
+     * from the verify_done messages that name them) */
+    uint64_t target_calls_total;
+    uint64_t target_call_seqs_total, target_call_rows_total;
+    double target_call_ms_total;
+    uint64_t target_call_batch[METRICS_BATCH_BUCKETS];
+    double busy_ms_total;             /* wall time with at least one active sequence */
+    double request_tokens_per_s_sum;  /* per finished request: generated / decode time */
+    uint64_t request_rate_samples;
+    uint64_t kv_waits_total;          /* admissions that waited for KV blocks */
     uint64_t worker_registrations[2]; /* [0] draft, [1] target */
     uint64_t worker_losses[2];
     uint64_t draft_refusals;
@@ -71,7 +83,12 @@ struct metrics_gauges {
     int draft_pid, target_pid;
     const char *draft_model, *target_model;
     double uptime_s;
+    double busy_ms;                   /* busy_ms_total plus the current busy period */
+    int kv_blocks[2], kv_reserved[2]; /* [0] draft, [1] target; kv_blocks 0: not reported */
 };
+
+/* Counts one target forward call of seqs sequences and rows rows. */
+void metrics_note_target_call(struct metrics *m, int seqs, int rows, double ms);
 
 void metrics_init(struct metrics *m);
 

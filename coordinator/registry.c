@@ -189,6 +189,8 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         w.max_seq_len = r.max_seq_len;
         w.n_slots = r.n_slots;
         w.bos_id = r.bos_id;
+        w.kv_blocks = r.kv_blocks;
+        w.kv_block_size = r.kv_block_size;
         shm = r.shm;
     }
     if (rc == 0 && shm != NULL) {

@@ -97,13 +97,54 @@ static void queue_remove(struct coordinator *c, struct seq *s)
     c->n_queued--;
 }
 
+/* Blocks a sequence may come to hold in a worker's pool: its prompt and
+ * every token it may generate, plus the rows a round adds beyond the
+ * accepted ones (k + 1 for the target's verification; the draft's round and
+ * its pre-draft, 2k + 2). Reserved at admission, so a worker never runs out
+ * in the middle of a request. 0 when the worker reported no pool. */
+static int kv_blocks_for(const struct coordinator *c, enum worker_role r, const struct seq *s)
+{
+    const struct worker *w = &c->worker[r];
+    if (w->kv_blocks <= 0 || w->kv_block_size <= 0)
+        return 0;
+    const long k = c->cfg.coordinator.spec_k_max;
+    long positions = (long)s->n_prompt + s->max_tokens + (r == ROLE_DRAFT ? 2 * k + 2 : k + 1);
+    if (positions > w->max_seq_len)
+        positions = w->max_seq_len;
+    return (int)((positions + w->kv_block_size - 1) / w->kv_block_size);
+}
+
+/* The slot is taken: blocks reserved, one more active sequence. */
+static void seq_take_slot(struct coordinator *c, struct seq *s)
+{
+    for (int r = 0; r < 2; r++) {
+        s->kv_reserved[r] = r == ROLE_DRAFT && s->spec_off ? 0 : kv_blocks_for(c, (enum worker_role)r, s);
+        c->kv_reserved[r] += s->kv_reserved[r];
+    }
+    if (c->n_active++ == 0)
+        c->busy_since_ms = coord_now_ms();
+}
+
+/* The slot is given back: the workers release it, the blocks return. */
+static void seq_leave_slot(struct coordinator *c, struct seq *s)
+{
+    send_release(c, s);
+    for (int r = 0; r < 2; r++) {
+        c->kv_reserved[r] -= s->kv_reserved[r];
+        s->kv_reserved[r] = 0;
+    }
+    if (--c->n_active == 0 && c->busy_since_ms >= 0) {
+        c->metrics.busy_ms_total += coord_now_ms() - c->busy_since_ms;
+        c->busy_since_ms = -1;
+    }
+}
+
 /* Takes an unfinished sequence out of the queue or its slot (the workers
  * release the slot) and frees the record. */
 static void seq_drop(struct coordinator *c, struct seq *s)
 {
     if (s->state == SEQ_ACTIVE) {
-        send_release(c, s);
-        c->n_active--;
+        seq_leave_slot(c, s);
     } else if (s->state == SEQ_QUEUED) {
         queue_remove(c, s);
     }
@@ -164,13 +205,17 @@ static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish
     mt->queue_ms_total += queue_ms;
     mt->prefill_ms_total += prefill_ms;
     mt->decode_ms_total += decode_ms;
+    if (s->generated > 1 && decode_ms > 0) {
+        /* the first token is the prefill's: the decode rate counts the rest */
+        mt->request_tokens_per_s_sum += (s->generated - 1) / (decode_ms / 1000.0);
+        mt->request_rate_samples++;
+    }
     LOG_INFO("request \"%s\" (#%llu): %d prompt + %d generated tokens, %s, %d rounds, acceptance %.3f, "
              "pre-draft %d/%d, %.1f ms",
              s->id, (unsigned long long)s->req, s->n_prompt, s->generated, metrics_finish_name(reason), s->rounds,
              s->drafted ? (double)s->accepted / s->drafted : 0.0, s->predraft_used, s->predraft_offered,
              t - s->t_arrival_ms);
-    send_release(c, s);
-    c->n_active--;
+    seq_leave_slot(c, s);
     scheduler_seq_reset(s);
     scheduler_admit(c);
 }
@@ -293,7 +338,10 @@ static void seq_advance(struct coordinator *c, struct seq *s)
     int k = 0;
     if (draft_usable(c, s)) {
         int draft_room = c->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
-        k = adaptive_k_next(&s->kc, room < draft_room ? room : draft_room);
+        /* every active sequence shares the target's forward calls */
+        struct adaptive_k_load load = {.batch = c->n_active, .call_ms_base = c->call_ms_base,
+                                       .call_ms_per_row = c->call_ms_per_row};
+        k = adaptive_k_next_under_load(&s->kc, room < draft_room ? room : draft_room, &load);
     } else {
         c->metrics.target_only_rounds_total++;
     }
@@ -394,6 +442,37 @@ static struct seq *seq_for(struct coordinator *c, const struct worker_msg_seq *m
     return NULL;
 }
 
+/* Decay of the call-cost sums: costs belong to the hardware and the models,
+ * so they are remembered long (as adaptive_k's own cost fit). */
+#define CALL_FIT_DECAY 0.99
+
+/* A target call seen for the first time: counted, and its cost fitted as
+ * base + per_row * rows over the calls so far (least squares on decayed
+ * sums; until the row counts have varied, every row is assumed to cost as
+ * much as the call's base spread over its rows). */
+static void note_target_call(struct coordinator *c, const struct worker_msg_verify_done *m)
+{
+    metrics_note_target_call(&c->metrics, m->call_seqs, m->call_rows, m->call_ms);
+    if (m->call_ms <= 0 || m->call_rows < 1)
+        return;
+    const double x = m->call_rows, y = m->call_ms;
+    c->call_fit_w = c->call_fit_w * CALL_FIT_DECAY + 1;
+    c->call_fit_x = c->call_fit_x * CALL_FIT_DECAY + x;
+    c->call_fit_xx = c->call_fit_xx * CALL_FIT_DECAY + x * x;
+    c->call_fit_y = c->call_fit_y * CALL_FIT_DECAY + y;
+    c->call_fit_xy = c->call_fit_xy * CALL_FIT_DECAY + x * y;
+    const double mx = c->call_fit_x / c->call_fit_w, my = c->call_fit_y / c->call_fit_w;
+    const double var = c->call_fit_xx / c->call_fit_w - mx * mx;
+    const double slope = var > 0.25 ? (c->call_fit_xy / c->call_fit_w - mx * my) / var : -1;
+    if (slope >= 0 && my - slope * mx > 0) {
+        c->call_ms_per_row = slope;
+        c->call_ms_base = my - slope * mx;
+    } else {
+        c->call_ms_per_row = 0;
+        c->call_ms_base = 0; /* not measured: adaptive K ignores the load */
+    }
+}
+
 void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
@@ -419,6 +498,10 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         return;
     }
     s->verify_done_ms = coord_now_ms();
+    if (m.call > c->last_target_call) {
+        c->last_target_call = m.call;
+        note_target_call(c, &m);
+    }
     int n_acc = m.n_accepted, n_tok = m.n_tokens;
     double verify_ms = m.verify_ms, idle_ms = m.idle_ms;
     const int32_t *tokens = m.tokens;
@@ -600,7 +683,7 @@ static void seq_start(struct coordinator *c, struct seq *s)
 {
     s->state = SEQ_ACTIVE;
     s->t_admit_ms = coord_now_ms();
-    c->n_active++;
+    seq_take_slot(c, s);
     c->metrics.prompt_tokens_total += (uint64_t)s->n_prompt;
     s->target_len = 0;
     s->draft_valid = 0;
@@ -638,11 +721,51 @@ static void seq_start(struct coordinator *c, struct seq *s)
     registry_send(c, ROLE_TARGET, h, &frame);
 }
 
+/* Whether the pools can hold s now (1), later (0), or never (-1: the
+ * target's pool is too small for it). A sequence the draft's pool could
+ * never hold runs without speculation rather than failing. */
+static int kv_admits(const struct coordinator *c, struct seq *s, int *need_out)
+{
+    const struct worker *t = &c->worker[ROLE_TARGET], *d = &c->worker[ROLE_DRAFT];
+    const int need_t = kv_blocks_for(c, ROLE_TARGET, s);
+    *need_out = need_t;
+    if (need_t > t->kv_blocks && t->kv_blocks > 0)
+        return -1;
+    if (d->up && d->kv_blocks > 0 && kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
+        s->spec_off = true;
+    if (t->kv_blocks > 0 && c->kv_reserved[ROLE_TARGET] + need_t > t->kv_blocks)
+        return 0;
+    if (d->up && d->kv_blocks > 0 && !s->spec_off &&
+        c->kv_reserved[ROLE_DRAFT] + kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
+        return 0;
+    return 1;
+}
+
 void scheduler_admit(struct coordinator *c)
 {
     while (c->queue_head != NULL && c->n_active < c->cfg.coordinator.max_concurrency &&
            c->worker[ROLE_TARGET].up) {
         struct seq *s = c->queue_head;
+        int need = 0;
+        const int fit = kv_admits(c, s, &need);
+        if (fit < 0) {
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "the request may need %d KV blocks of %d positions, the target worker's "
+                     "pool holds %d (kv_tokens)", need, c->worker[ROLE_TARGET].kv_block_size,
+                     c->worker[ROLE_TARGET].kv_blocks);
+            scheduler_fail(c, s, METRICS_ERR_OVERLOADED, msg);
+            continue;
+        }
+        if (fit == 0) {
+            /* First come, first served: the head waits for blocks to return
+             * (the queue bounds how many wait; past it, overloaded). */
+            if (!s->kv_waited) {
+                s->kv_waited = true;
+                c->metrics.kv_waits_total++;
+            }
+            return;
+        }
         c->queue_head = s->next_queued;
         if (c->queue_head == NULL)
             c->queue_tail = NULL;

@@ -64,7 +64,8 @@ static cJSON *build_register(void *user)
     struct target_worker *w = user;
     return worker_link_register_new("target", w->cfg.target_worker.model,
                                     w->cfg.target_worker.backend, llama_model_config(w->m.model),
-                                    w->m.max_seq_len, w->m.n_slots);
+                                    w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
+                                    w->m.kv_block_size);
 }
 
 static void queued_free(struct queued_verify *qv)
@@ -244,7 +245,7 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
         .seq = qv->seq, .round = qv->round, .n_accepted = j->n_accepted,
         .verify_ms = qv->compute_ms, .idle_ms = idle_ms, .draft_k = j->k,
         .tokens = j->tokens_out, .n_tokens = j->n_accepted + 1, .call = w->steps,
-        .call_seqs = info->seqs, .call_rows = info->rows,
+        .call_seqs = info->seqs, .call_rows = info->rows, .call_ms = info->ms,
     };
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_done_encode(&done, &frame);

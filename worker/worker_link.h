@@ -128,6 +128,7 @@ void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
  * model facts from mc. The draft adds its "shm" descriptor. NULL when out
  * of memory. */
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
-                                const struct model_config *mc, int max_seq_len, int n_slots);
+                                const struct model_config *mc, int max_seq_len, int n_slots,
+                                int kv_blocks, int kv_block_size);
 
 #endif

@@ -92,11 +92,29 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
     if ((rc = llama_model_load(&m->model, wc->model, m->be, err)))
         goto fail;
     struct llama_ctx_params cp = {.n_slots = cfg->coordinator.max_concurrency,
-                                  .max_seq_len = wc->max_seq_len, .max_rows = 0};
+                                  .max_seq_len = wc->max_seq_len, .max_rows = 0,
+                                  .kv_block_size = LLAMA_DEFAULT_KV_BLOCK_SIZE};
+    if (wc->kv_tokens > 0) {
+        /* at least one full sequence, at most every slot full */
+        long blocks = ((long)wc->kv_tokens + cp.kv_block_size - 1) / cp.kv_block_size;
+        int max_seq = wc->max_seq_len > 0 ? wc->max_seq_len : LLAMA_DEFAULT_MAX_SEQ_LEN;
+        long per_slot = ((long)max_seq + cp.kv_block_size - 1) / cp.kv_block_size;
+        if (blocks < per_slot) {
+            rc = error_set(err, ERR_INVALID_ARG,
+                           "kv_tokens: %d cannot hold one sequence of max_seq_len %d", wc->kv_tokens,
+                           max_seq);
+            goto fail;
+        }
+        cp.kv_blocks = blocks < per_slot * cp.n_slots ? (int)blocks : 0;
+    }
     if ((rc = llama_ctx_create(&m->ctx, m->model, &cp, err)))
         goto fail;
     m->vocab = llama_model_config(m->model)->vocab_size;
     m->n_slots = llama_ctx_n_slots(m->ctx);
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(m->ctx, &kv);
+    m->kv_blocks = kv.n_blocks;
+    m->kv_block_size = kv.block_size;
     m->max_seq_len = llama_ctx_max_seq_len(m->ctx);
     return 0;
 fail:

@@ -54,6 +54,7 @@ struct worker_main_model {
     struct llama_model *model;
     struct llama_ctx *ctx; /* n_slots sequences of max_seq_len positions */
     int vocab, n_slots, max_seq_len;
+    int kv_blocks, kv_block_size; /* the paged KV pool all slots share */
 };
 
 /* Loads wc->model on wc->backend with wc->threads, and creates a context of

@@ -6,6 +6,7 @@
  */
 #include "adaptive_k.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "speculate.h"
@@ -102,6 +103,11 @@ double adaptive_k_cost_ratio(const struct adaptive_k *kc)
 
 int adaptive_k_next(struct adaptive_k *kc, int room)
 {
+    return adaptive_k_next_under_load(kc, room, NULL);
+}
+
+int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load)
+{
     int cap = room - 1;
     if (cap <= 0)
         return 0;
@@ -114,12 +120,20 @@ int adaptive_k_next(struct adaptive_k *kc, int room)
     }
     /* Throughput of plain decoding against each k: expected tokens per round
      * over the round's modelled cost (Leviathan et al. 2023, section 3.5,
-     * with the measured costs in place of the ratio c alone). */
-    double best_rate = 1.0 / kc->verify_ms_base;
+     * with the measured costs in place of the ratio c alone). Under load the
+     * verification cost is the shared call's, every sequence adding its rows. */
+    const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 &&
+                        load->call_ms_per_row >= 0;
+    const double plain_ms = loaded ? load->call_ms_base + load->call_ms_per_row * load->batch
+                                   : kc->verify_ms_base;
+    double best_rate = 1.0 / plain_ms;
     int best_k = 0;
     for (int k = 1; k <= limit; k++) {
         double tokens = speculate_expected_tokens(kc->accept_rate, k);
-        double cost = k * kc->draft_ms_per_token + k_verify_ms(kc, k);
+        double verify_ms = loaded ? load->call_ms_base +
+                                        load->call_ms_per_row * load->batch * (double)(k + 1)
+                                  : k_verify_ms(kc, k);
+        double cost = k * kc->draft_ms_per_token + verify_ms;
         double rate = tokens / cost;
         if (rate > best_rate * 1.03) { /* a margin keeps noise from choosing speculation */
             best_rate = rate;

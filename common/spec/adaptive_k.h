@@ -39,6 +39,24 @@ void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max);
  * of positions the sequence may still grow by (tokens still wanted, or
  * context left), so a round never overflows max_seq_len. */
 int adaptive_k_next(struct adaptive_k *kc, int room);
+/* The load a sequence shares the target with (continuous batching): batch
+ * sequences each verify k + 1 rows in the same forward call, whose cost is
+ * modelled as call_ms_base + call_ms_per_row * rows (measured over the
+ * target's calls by the caller). Speculation then pays less as the batch
+ * grows: plain decoding costs base + per_row * batch per token, k drafts
+ * cost base + per_row * batch * (k + 1) per round; past some batch size
+ * K = 0 wins, as vLLM's rule of turning speculation off above a batch size
+ * says, but from measured costs rather than a fixed threshold. */
+struct adaptive_k_load {
+    int batch;              /* sequences sharing the target's calls, >= 1 */
+    double call_ms_base;    /* <= 0: not measured yet (the load is then ignored) */
+    double call_ms_per_row;
+};
+
+/* adaptive_k_next with the load taken into account; load NULL or batch <= 1
+ * or unmeasured is adaptive_k_next. */
+int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load);
+
 /* Feeds the measurements of a finished round (k drafted, n_accepted). */
 void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                        double verify_ms);

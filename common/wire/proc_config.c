@@ -194,6 +194,8 @@ static const struct key_desc worker_keys[] = {
     WKEY_INT(heartbeat_ms, 10, 600000, "heartbeat interval [500]"),
     WKEY_INT(prefill_chunk, 1, 65536,
              "tokens per forward call of a long prompt; heartbeats go out between two [32]"),
+    WKEY_INT(kv_tokens, 0, 1 << 30,
+             "KV cache positions shared by all slots, 0 = every slot at max_seq_len [0]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 

@@ -67,6 +67,8 @@ struct worker_config {
     int heartbeat_ms;                      /* default 500 */
     int prefill_chunk;                     /* tokens per forward call of a long feed, default 32:
                                               a heartbeat can go out between two */
+    int kv_tokens;                         /* KV cache positions shared by all slots (paged);
+                                              0 = every slot at max_seq_len */
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 

@@ -301,7 +301,8 @@ cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
                          (m->call <= 0 ||
                           (cJSON_AddNumberToObject(h, "call", (double)m->call) &&
                            cJSON_AddNumberToObject(h, "call_seqs", m->call_seqs) &&
-                           cJSON_AddNumberToObject(h, "call_rows", m->call_rows))));
+                           cJSON_AddNumberToObject(h, "call_rows", m->call_rows) &&
+                           cJSON_AddNumberToObject(h, "call_ms", m->call_ms))));
 }
 
 int worker_msg_verify_done_decode(const struct protocol_msg *msg,
@@ -320,6 +321,7 @@ int worker_msg_verify_done_decode(const struct protocol_msg *msg,
         (rc = protocol_get_i64_opt(h, "call", 0, (int64_t)1 << 52, 0, &m->call, err)) ||
         (rc = protocol_get_int_opt(h, "call_seqs", 0, 1 << 20, 0, &m->call_seqs, err)) ||
         (rc = protocol_get_int_opt(h, "call_rows", 0, 1 << 24, 0, &m->call_rows, err)) ||
+        (rc = protocol_get_double_opt(h, "call_ms", 0, 1e12, 0, &m->call_ms, err)) ||
         (rc = protocol_frame_tokens(msg, 0, "tokens", m->n_accepted + 1, m->n_accepted + 1,
                                     &m->tokens, &m->n_tokens, err)))
         return rc;
@@ -392,7 +394,9 @@ cJSON *worker_msg_register_encode(const struct worker_msg_register *m)
     }
     ok = ok && cJSON_AddNumberToObject(h, "max_seq_len", m->max_seq_len) &&
          cJSON_AddNumberToObject(h, "n_slots", m->n_slots) &&
-         cJSON_AddNumberToObject(h, "bos_id", m->bos_id);
+         cJSON_AddNumberToObject(h, "bos_id", m->bos_id) &&
+         (m->kv_blocks <= 0 || (cJSON_AddNumberToObject(h, "kv_blocks", m->kv_blocks) &&
+                                cJSON_AddNumberToObject(h, "kv_block_size", m->kv_block_size)));
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -422,8 +426,13 @@ int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg
                                      &m->n_eos, err)) ||
         (rc = protocol_get_int(h, "max_seq_len", 2, INT32_MAX, &m->max_seq_len, err)) ||
         (rc = protocol_get_int(h, "n_slots", 1, 65536, &m->n_slots, err)) ||
-        (rc = protocol_get_int_opt(h, "bos_id", -1, INT32_MAX, -1, &m->bos_id, err)))
+        (rc = protocol_get_int_opt(h, "bos_id", -1, INT32_MAX, -1, &m->bos_id, err)) ||
+        (rc = protocol_get_int_opt(h, "kv_blocks", 0, INT32_MAX, 0, &m->kv_blocks, err)) ||
+        (rc = protocol_get_int_opt(h, "kv_block_size", m->kv_blocks > 0 ? 1 : 0, 1 << 20, 0,
+                                   &m->kv_block_size, err)))
         return rc;
+    if (m->kv_blocks > 0 && m->kv_block_size < 1)
+        return error_set(err, ERR_PROTOCOL, "kv_block_size: required with kv_blocks");
     if (draft)
         return protocol_get_object(h, "shm", &m->shm, err);
     return 0;

@@ -125,6 +125,7 @@ struct worker_msg_verify_done {
      * rows it held. One call can finish several verifications. */
     int64_t call;
     int call_seqs, call_rows;
+    double call_ms;
 };
 
 /* error (worker -> coordinator). */
@@ -147,6 +148,9 @@ struct worker_msg_register {
     int max_seq_len;
     int n_slots;
     int bos_id;                 /* -1: none */
+    int kv_blocks;              /* the paged KV pool: blocks shared by all slots */
+    int kv_block_size;          /* positions per block (0 with kv_blocks 0: not reported,
+                                   every slot can reach max_seq_len) */
     const cJSON *shm;           /* the draft's buffer descriptor (required from a draft) */
 };
 

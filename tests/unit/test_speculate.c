@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "error.h"
+#include "adaptive_k.h"
 #include "philox.h"
 #include "sampling.h"
 #include "speculate.h"
@@ -459,6 +460,47 @@ static void test_speculate_expected_tokens_and_best_k(void **state)
     assert_int_equal(speculate_best_k(1.0, 0.0, 6), 6);
 }
 
+/* A well-matched pair on hardware where extra verification rows are cheap
+ * (each 6% of a call, as the CPU's multi-row matmul): alone the controller
+ * speculates; as more sequences share the target's calls it drafts fewer
+ * tokens, and with 64 the same measurements make K = 0 the better choice
+ * (k = 1 would verify 128 rows for 1.8 tokens per sequence where plain
+ * decoding verifies 64 for 1). The choice never grows with the batch. */
+static void test_adaptive_k_speculates_less_as_the_batch_grows(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    /* acceptance 0.8, a draft token at 0.2 of a one-row call (10 ms) */
+    for (int r = 0; r < 60; r++) {
+        int k = 1 + r % 4;
+        int acc = (r % 5 == 4) ? k - 1 : k;
+        adaptive_k_update(&kc, k, acc < 0 ? 0 : acc, 2.0 * k, 10.0 + 0.6 * k);
+    }
+    const int alone = adaptive_k_next(&kc, 1000);
+    assert_true(alone >= 2);
+    int prev = alone;
+    static const int batches[] = {1, 2, 4, 8, 16, 32, 64, 128};
+    for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++) {
+        struct adaptive_k copy = kc;
+        struct adaptive_k_load load = {.batch = batches[i], .call_ms_base = 10.0,
+                                       .call_ms_per_row = 0.6};
+        int k = adaptive_k_next_under_load(&copy, 1000, &load);
+        assert_true(k <= prev);
+        prev = k;
+        if (batches[i] == 1)
+            assert_int_equal(k, alone); /* a batch of one is the unloaded rule */
+        if (batches[i] == 8)
+            assert_true(k < alone);
+        if (batches[i] >= 64)
+            assert_int_equal(k, 0);
+    }
+    /* an unmeasured load changes nothing */
+    struct adaptive_k copy = kc;
+    struct adaptive_k_load unmeasured = {.batch = 16};
+    assert_int_equal(adaptive_k_next_under_load(&copy, 1000, &unmeasured), alone);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -474,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_speculate_rejects_invalid_input),
         cmocka_unit_test(test_speculate_same_seed_same_round),
         cmocka_unit_test(test_speculate_expected_tokens_and_best_k),
+        cmocka_unit_test(test_adaptive_k_speculates_less_as_the_batch_grows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
