@@ -9,7 +9,11 @@
   bit-identical to decode rows on the device);
 - --draft-device naming the same GPU by UUID (the two-GPU code path on one device);
 - the three-process pipeline with both workers on the GPU: greedy requests through the
-  coordinator equal target-only output on cuda, streamed and not.
+  coordinator equal target-only output on cuda, streamed and not;
+- continuous batching on the GPU: 16 concurrent greedy requests of different prompt
+  lengths (one long enough to be prefilled in chunks beside the others) and max_tokens
+  each equal their own target-only output run alone on cuda, while the target ran
+  several sequences per forward call (the stats' batch figures).
 """
 import json
 import os
@@ -87,7 +91,8 @@ def pipeline_check(d, draft, target, procs):
     cfg = {
         "instance": "gpu%d" % os.getpid(),
         "coordinator": {"client_endpoint": endpoint, "worker_endpoint": "ipc://%s/workers.sock" % d,
-                        "max_concurrency": 2, "heartbeat_ms": 200, "worker_timeout_ms": 5000},
+                        "max_concurrency": 16, "max_queue": 16, "heartbeat_ms": 200,
+                        "worker_timeout_ms": 5000},
         "draft_worker": {"model": draft, "backend": BACKEND, "device": DEVICE, "max_seq_len": 4096},
         "target_worker": {"model": target, "backend": BACKEND, "device": DEVICE, "max_seq_len": 4096},
     }
@@ -115,6 +120,35 @@ def pipeline_check(d, draft, target, procs):
             done = json.loads(out.strip().splitlines()[-1])
             check(done.get("ids") == ref, "pipeline on cuda %s %s: first difference at %d"
                   % (stream, ids, first_difference(done.get("ids", []), ref)))
+    batching_check(client, target)
+
+
+def batching_check(client, target):
+    """16 requests at once: each equals its target-only run alone; the target batched."""
+    reqs = []
+    for i in range(16):
+        n_prompt = [1, 3, 200, 20, 64, 7, 120, 33][i % 8] + i
+        ids = [(i * 131 + j * 17) % 500 + 1 for j in range(n_prompt)]
+        reqs.append((ids, 8 + (i * 7) % 41))
+    refs = [gen(target, ids, n, BACKEND)["ids"] for ids, n in reqs]
+    before = json.loads(run(client + ["--stats"]))["batch"]
+    procs = [subprocess.Popen(client + ["--ids", ",".join(map(str, ids)), "--max-tokens", str(n),
+                                        "--temperature", "0", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for ids, n in reqs]
+    for i, p in enumerate(procs):
+        out, errs = p.communicate(timeout=300)
+        check(p.returncode == 0, "batched request %d failed: %s" % (i, errs[-500:]))
+        got = json.loads(out.strip().splitlines()[-1]).get("ids", [])
+        check(got == refs[i], "batched request %d (prompt %d, max_tokens %d) on cuda: first difference "
+              "at %d" % (i, len(reqs[i][0]), reqs[i][1], first_difference(got, refs[i])))
+    after = json.loads(run(client + ["--stats"]))["batch"]
+    calls = after["target_calls"] - before["target_calls"]
+    seqs = (after["mean_seqs_per_call"] * after["target_calls"]
+            - before["mean_seqs_per_call"] * before["target_calls"])
+    check(calls > 0 and seqs / calls > 1.5, "the target did not batch on the GPU: %s" % after)
+    print("batching on %s: 16 concurrent requests equal their target-only runs; %.2f sequences per "
+          "target call" % (BACKEND, seqs / calls))
 
 
 def test(d, procs):
@@ -155,7 +189,8 @@ def test(d, procs):
 
     pipeline_check(d, draft, target, procs)
     print("PASS: cuda == cpu on 2 presets; speculative == target-only on cuda (K 1..8, adaptive, both "
-          "modes); --draft-device by UUID; pipeline with both workers on the GPU == target-only")
+          "modes); --draft-device by UUID; pipeline with both workers on the GPU == target-only; "
+          "16 concurrent batched requests == their target-only runs")
 
 
 def main():
