@@ -534,18 +534,21 @@ static long mm_cfg_blocks(enum mm_cfg cfg, int n, int d_out)
 }
 
 /* Block shape for a call (speed only: every shape gives the same bits).
- * The largest tile that still gives every SM two blocks: 32 x 32 reads the
- * fewest bytes from L2 per FMA, the 16-row tiles waste less on n <= 16 and
- * spread small calls over more SMs. MM_CFG_COUNT when none fits the
- * device's shared memory. */
+ * The widest tile that still fills the GPU: bytes read from L2 per FMA
+ * fall with the tile (the f32 input rows are re-read once per column
+ * block, the weights once per row block), but a 32 x 32 block takes a whole
+ * SM's registers (254 per thread), a 16 x 32 block half, a 16 x 16 block a
+ * quarter. 16-row tiles also waste less on n <= 16. MM_CFG_COUNT when none
+ * fits the device's shared memory. A guess made without a GPU: the
+ * benchmark times every shape. */
 static enum mm_cfg mm_pick_cfg(const struct cuda_backend *cb, enum kern_dtype dtype, int n,
                                int d_out)
 {
-    const long want = 2L * (cb->sm_count > 0 ? cb->sm_count : 1);
+    const long sms = cb->sm_count > 0 ? cb->sm_count : 1;
     if (n > 16 && mm_cfg_fits(cb, MM_CFG_32X32, dtype) &&
-        mm_cfg_blocks(MM_CFG_32X32, n, d_out) >= want)
+        mm_cfg_blocks(MM_CFG_32X32, n, d_out) >= 2 * sms)
         return MM_CFG_32X32;
-    if (mm_cfg_fits(cb, MM_CFG_16X32, dtype) && mm_cfg_blocks(MM_CFG_16X32, n, d_out) >= want)
+    if (mm_cfg_fits(cb, MM_CFG_16X32, dtype) && mm_cfg_blocks(MM_CFG_16X32, n, d_out) >= sms)
         return MM_CFG_16X32;
     if (mm_cfg_fits(cb, MM_CFG_16X16, dtype))
         return MM_CFG_16X16;
