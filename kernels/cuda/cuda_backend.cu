@@ -5,8 +5,9 @@
  * create), one non-blocking stream, one cuBLAS handle bound to that stream
  * with its own workspace (no op of the table uses it: only the benchmark
  * path of kern_cuda_matmul_path, see matmul.cu), pinned staging slots for
- * host index arrays, and scratch buffers. No globals: two backends (also on two GPUs) may live in
- * one process; every entry point makes its device current first.
+ * host index arrays, and scratch buffers. No globals: two backends (also
+ * on two GPUs) may live in one process; every entry point makes its device
+ * current first.
  *
  * Memory ops: alloc is cudaMalloc plus a cudaMemsetAsync on the stream (so
  * the zeros are ordered before any later op); upload, download and
