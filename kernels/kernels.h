@@ -16,10 +16,11 @@
  * (d_in, dim, the row's position), never on `n` (how many rows are in the
  * call) nor on the number of threads. So the logits of a position are
  * bit-identical whether it is computed alone or as one of many rows, and
- * across processes configured with different thread counts. The CUDA
- * backend keeps this for matmul up to 17 rows (a verification of K <= 16
- * drafts plus one); longer prefill calls go through cuBLAS, whose rows are
- * not compared with decode rows bit for bit.
+ * across processes configured with different thread counts. Both backends
+ * keep it for every n, matmul included: on CUDA a prefill row is
+ * bit-identical to the same row decoded alone, so the KV cache a prompt
+ * writes is the one decoding would have written (kernels/cuda/matmul.cu
+ * states the order; no op uses cuBLAS).
  *
  * Calls are ordered: a backend may run them asynchronously (cuda) but each
  * observes the results of the previous ones; sync() waits for all of them.

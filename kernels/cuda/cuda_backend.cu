@@ -3,9 +3,11 @@
  *
  * One backend = one device ordinal (resolved from an ordinal or a UUID at
  * create), one non-blocking stream, one cuBLAS handle bound to that stream
- * with its own workspace, pinned staging slots for host index arrays, and
- * scratch buffers. No globals: two backends (also on two GPUs) may live in
- * one process; every entry point makes its device current first.
+ * with its own workspace (no op of the table uses it: only the benchmark
+ * path of kern_cuda_matmul_path, see matmul.cu), pinned staging slots for
+ * host index arrays, and scratch buffers. No globals: two backends (also
+ * on two GPUs) may live in one process; every entry point makes its device
+ * current first.
  *
  * Memory ops: alloc is cudaMalloc plus a cudaMemsetAsync on the stream (so
  * the zeros are ordered before any later op); upload, download and
@@ -265,7 +267,7 @@ static int cuda_init(struct cuda_backend *cb, const char *device, char *err)
     CUBLAS_CHECK(cublasSetWorkspace(cb->cublas, cb->cublas_ws, CUDA_CUBLAS_WORKSPACE_BYTES));
     /* No TF32 for f32 GEMMs: CUBLAS_COMPUTE_32F with the default math mode. */
     CUBLAS_CHECK(cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH));
-    return 0;
+    return cuda_matmul_prepare(cb, err);
 }
 
 /* ---- memory ops -------------------------------------------------------- */

@@ -58,8 +58,12 @@ struct cuda_backend {
     void *cublas_ws;
     struct cuda_stage stage[CUDA_STAGE_SLOTS];
     int stage_next;           /* next slot to fill */
+    /* Device limits read at create (matmul.cu picks its tiles by them). */
+    int sm_count;             /* multiprocessors */
+    size_t smem_optin_bytes;  /* dynamic shared memory a block may opt in to */
     /* Scratch, grown on demand (never shrunk), freed by destroy. */
-    void *mm_act;             /* matmul: [n, d_in] bf16 activations for cuBLAS */
+    void *mm_act;             /* matmul: [n, d_in] bf16 activations for the cuBLAS
+                                 path (benchmarks only, see matmul.cu) */
     size_t mm_act_bytes;
     void *attn_part;          /* attention: per-split partial results */
     size_t attn_part_bytes;
@@ -213,6 +217,11 @@ static __device__ __forceinline__ float cuda_block_max(float v)
     __syncthreads();
     return total;
 }
+
+/* Called once by create, device current: reads the device limits above and
+ * lets the tiled matmul kernels use more than 48 KiB of shared memory
+ * (cudaFuncSetAttribute), so that no launch makes host calls of its own. */
+int cuda_matmul_prepare(struct cuda_backend *cb, char *err);
 
 /* ---- ops (signatures of struct kern_ops) ------------------------------- */
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run_gpu_tests.sh: builds Tandem with the CUDA backend on a machine with a GPU,
-# runs the tests labelled `gpu`, and runs compute-sanitizer on the kernel test.
+# runs the tests labelled `gpu`, runs compute-sanitizer on the kernel test, and
+# times the batch-invariant GEMM against cuBLAS (tandem-bench-kernels).
 #
 # Usage: tests/gpu/run_gpu_tests.sh [--asan] [--debs DIR] [BUILD_DIR]
 #   BUILD_DIR  default <source>/build-gpu (the ASan build goes to BUILD_DIR-asan)
@@ -20,8 +21,15 @@
 #   1 when a step failed, 77 when no GPU is visible.
 #
 # What the gpu-labelled tests cover:
-#   - test_cuda_kernels: every op against the CPU backend, batch invariance
-#     (matmul 1 vs 2..17 rows, attention) bit for bit;
+#   - test_cuda_kernels: every op against the CPU backend; batch invariance
+#     bit for bit: matmul row i alone (n = 1) vs inside calls of every
+#     n = 1..256 and 257, 383, 511, 512 rows, through the op table and every
+#     kernel and tile shape (skinny, tiled 32x32 / 16x32 / 16x16), bf16, f16
+#     and f32 weights, d_in odd, % 8 == 4 and < 256, d_out off the tiles,
+#     unaligned and row-offset inputs, plus a 3072-wide bf16 shape; the rows
+#     within f32 accumulation error of the CPU; a self-check that the
+#     comparison catches one ulp; the cuBLAS benchmark path against the CPU;
+#     attention across a split boundary;
 #   - test_cuda_runtime: tandem-generate --backend cuda == the CPU backend's
 #     greedy ids (tiny, small); in-process speculative == target-only on cuda
 #     for K 1..8 and adaptive, both draft modes; --draft-device by UUID; the
@@ -35,14 +43,17 @@
 #   - the three-process pipeline on a GPU: CUDA IPC shared buffers, the
 #     interprocess event, peer-access probing, two GPUs named by UUID;
 #   - timings against the two floors of METHOD.md (skinny GEMM bandwidth vs
-#     the weight bytes, attention at long contexts, prefill through cuBLAS);
+#     the weight bytes, attention at long contexts); the batch-invariant GEMM
+#     against cuBLAS is timed by `tandem-bench-kernels --backend cuda`, run
+#     at the end of this script (its table is in bench-kernels-cuda.log; it
+#     reports, it does not pass or fail on speed);
 #   - compute-sanitizer runs with --report-api-errors no: the test makes
 #     failing calls on purpose (a 1 PiB cudaMalloc); the test checks codes;
 #   - initcheck (cuBLAS internals may report false positives) and
 #     contexts near 131072 positions (attention scratch growth).
 set -u
 
-usage() { sed -n '2,22p' "$0"; exit 2; }
+usage() { sed -n '2,23p' "$0"; exit 2; }
 
 SRC_DIR=$(cd "$(dirname "$0")/../.." && pwd)
 ASAN=0
@@ -181,12 +192,28 @@ if [ -z "$SANITIZER" ]; then
 elif [ ! -x "$TEST_BIN" ]; then
     record "compute-sanitizer" SKIP "test_cuda_kernels was not built"
 else
+    # TANDEM_GPU_TEST_SHORT: the matmul invariance tests check 15 row counts
+    # (every shape, path and tile edge kind) instead of 260 under the slow
+    # sanitizers; the normal ctest run above checks them all.
     run_step "compute-sanitizer memcheck" "sanitizer-memcheck.log" \
+        env TANDEM_GPU_TEST_SHORT=1 \
         "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 "$TEST_BIN"
     run_step "compute-sanitizer racecheck" "sanitizer-racecheck.log" \
+        env TANDEM_GPU_TEST_SHORT=1 \
         "$SANITIZER" --tool racecheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
     run_step "compute-sanitizer synccheck" "sanitizer-synccheck.log" \
+        env TANDEM_GPU_TEST_SHORT=1 \
         "$SANITIZER" --tool synccheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+fi
+
+# ---- the batch-invariant GEMM against cuBLAS (figures, not a gate) ----------
+BENCH_BIN=$BUILD_DIR/tools/bench_kernels/tandem-bench-kernels
+if [ -x "$BENCH_BIN" ]; then
+    run_step "bench-kernels --backend cuda" "bench-kernels-cuda.log" \
+        "$BENCH_BIN" --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" &&
+        sed -n '/batch-invariant GEMM (auto) vs cuBLAS/,/aim: >= 90%/p' "$LOG_DIR/bench-kernels-cuda.log"
+else
+    record "bench-kernels --backend cuda" SKIP "tandem-bench-kernels was not built"
 fi
 
 # ---- ASan build (optional) -------------------------------------------------

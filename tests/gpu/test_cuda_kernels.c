@@ -9,8 +9,11 @@
  * kernel never wrote fails. Conversions (embed) and add are compared bit for
  * bit.
  * Exactness: a row computed alone (n = 1) must be bit-identical to the same
- * row inside n = 1..17 (matmul: every n; attention: across a split boundary),
- * also when the single row's input pointer is not 16-byte aligned.
+ * row inside a call of n rows: matmul for every n in 1..256 and 257, 383,
+ * 511, 512 (TANDEM_GPU_TEST_SHORT=1: 15 of them, for the sanitizers), through
+ * every kernel and tile shape (kern_cuda_matmul_path), from aligned,
+ * unaligned and row-offset inputs, bf16/f16/f32 weights, odd d_in;
+ * attention across a split boundary.
  *
  * Exits 77 ("SKIPPED: no CUDA device") where no device is visible, before
  * any test runs. TANDEM_CUDA_DEVICE selects the device (default "0").
@@ -531,7 +534,7 @@ static double f32_rtol(int d_in)
     return 2.0 * (d_in + 2) * 0x1.0p-24;
 }
 
-static void test_cuda_matmul_skinny_matches_cpu(void **state)
+static void test_cuda_matmul_small_matches_cpu(void **state)
 {
     struct fixture *f = *state;
     struct rng r = {6};
@@ -543,68 +546,168 @@ static void test_cuda_matmul_skinny_matches_cpu(void **state)
         }
 }
 
+/* Prefill-sized calls take the tiled kernel: the same f32 order as decode,
+ * so the f32 tolerance of the small calls holds for every dtype (it was
+ * 2^-8 for bf16 when these rows went through cuBLAS on bf16 activations). */
 static void test_cuda_matmul_prefill_matches_cpu(void **state)
 {
     struct fixture *f = *state;
     struct rng r = {7};
-    /* bf16 weights, n > 17: cuBLAS on bf16-rounded activations, each term's
-     * relative error <= 2^-9 (plus f32 accumulation). */
-    matmul_case(f, &r, KERN_DTYPE_BF16, 40, 256, 96, 0x1.0p-8 + f32_rtol(256));
-    matmul_case(f, &r, KERN_DTYPE_BF16, 64, 1000, 130, 0x1.0p-8 + f32_rtol(1000));
-    /* f32 weights: cuBLAS f32; f16 weights: skinny kernel in groups of 17. */
-    matmul_case(f, &r, KERN_DTYPE_F32, 40, 256, 96, f32_rtol(256));
-    matmul_case(f, &r, KERN_DTYPE_F16, 40, 256, 96, f32_rtol(256));
+    for (int t = 0; t < 3; t++) {
+        matmul_case(f, &r, all_dtypes[t], 40, 256, 96, f32_rtol(256));
+        matmul_case(f, &r, all_dtypes[t], 64, 1000, 130, f32_rtol(1000));
+        matmul_case(f, &r, all_dtypes[t], 300, 517, 75, f32_rtol(517));
+    }
+    matmul_case(f, &r, KERN_DTYPE_BF16, 128, 3072, 200, f32_rtol(3072));
 }
 
+/* The paths of kern_cuda_matmul_path that must all give the bits of n = 1. */
+static const enum kern_cuda_mm_path exact_paths[] = {
+    KERN_CUDA_MM_AUTO,        KERN_CUDA_MM_SKINNY,      KERN_CUDA_MM_TILED,
+    KERN_CUDA_MM_TILED_32X32, KERN_CUDA_MM_TILED_16X32, KERN_CUDA_MM_TILED_16X16,
+};
+static const char *const exact_path_names[] = {"auto",        "skinny",      "tiled",
+                                               "tiled 32x32", "tiled 16x32", "tiled 16x16"};
+#define N_EXACT_PATHS (sizeof(exact_paths) / sizeof(exact_paths[0]))
+
+/* TANDEM_GPU_TEST_SHORT=1 (run_gpu_tests.sh sets it for the
+ * compute-sanitizer runs, which are slow, racecheck above all): fewer row
+ * counts, still every shape, path and tile edge kind. */
+static int short_mode(void)
+{
+    const char *s = getenv("TANDEM_GPU_TEST_SHORT");
+    return s && *s && strcmp(s, "0") != 0;
+}
+
+#define INV_N_MAX 512
+
+/* Row counts for the invariance test: every n in 1..256, then 257, 383,
+ * 511, 512 (short mode: 15 of them, across the skinny/tiled switch and the
+ * 16- and 32-row tile edges). */
+static int invariance_row_counts(int *ns)
+{
+    int k = 0;
+    if (short_mode()) {
+        const int quick[15] = {1, 2, 9, 15, 16, 17, 31, 32, 33, 40, 64, 65, 129, 257, INV_N_MAX};
+        for (int i = 0; i < 15; i++)
+            ns[k++] = quick[i];
+        return k;
+    }
+    for (int n = 1; n <= 256; n++)
+        ns[k++] = n;
+    const int more[4] = {257, 383, 511, INV_N_MAX};
+    for (int i = 0; i < 4; i++)
+        ns[k++] = more[i];
+    return k;
+}
+
+/* out (device, n rows) through a path, downloaded into got; the device
+ * rows are poisoned first so an element no kernel wrote fails. */
+static void run_path(struct kern_backend *g, enum kern_cuda_mm_path path, float *dout,
+                     const float *din, const void *dw, enum kern_dtype dt, int n, int d_in,
+                     int d_out, float *got)
+{
+    char err[ERR_MSG_MAX] = "";
+    poison(g, dout, (size_t)n * d_out);
+    OK(kern_cuda_matmul_path(g, path, dout, din, dw, dt, n, d_in, d_out, err));
+    dev_get(g, got, dout, (size_t)n * d_out * sizeof(float));
+}
+
+/* The exactness contract for matmul: row i computed alone (n = 1) has the
+ * same bits as row i of any call of n = 1..512 rows, through every kernel
+ * and tile shape, from aligned, unaligned (one float past 16 bytes) and
+ * row-offset input pointers; and the n = 1 rows agree with the CPU. Shapes:
+ * d_in % 8 == 0 over 4 tiles of 256; odd d_in with a 5-element tail (scalar
+ * loads everywhere); d_in % 8 == 4 (the tiled kernel's 16-byte copies end
+ * in half a chunk); d_in < 256 (a single, partial tile). No d_out is a
+ * multiple of 8. The comparison itself is checked to catch one ulp. */
 static void test_cuda_matmul_is_batch_invariant(void **state)
 {
     struct fixture *f = *state;
     struct kern_backend *g = f->gpu;
     char err[ERR_MSG_MAX] = "";
     struct rng r = {8};
-    const int d_ins[2] = {1024, 100}; /* vector loads; scalar loads with a tail */
-    const int d_out = 67, n_max = 17;
+    const int shapes[4][2] = {{1024, 67}, {517, 100}, {300, 33}, {100, 45}};
+    int ns[300];
+    const int n_ns = invariance_row_counts(ns);
     for (int t = 0; t < 3; t++)
-        for (int di = 0; di < 2; di++) {
+        for (int si = 0; si < 4; si++) {
             const enum kern_dtype dt = all_dtypes[t];
-            const int d_in = d_ins[di];
-            /* f16 takes the skinny kernel for every n: check n up to 40 */
-            const int n_all = dt == KERN_DTYPE_F16 ? 40 : n_max;
+            const int d_in = shapes[si][0], d_out = shapes[si][1];
+            const size_t x_count = (size_t)INV_N_MAX * d_in, o_count = (size_t)INV_N_MAX * d_out;
             float *values;
             void *w = make_weights(&r, dt, (size_t)d_out * d_in, &values);
-            float *x = falloc((size_t)n_all * d_in);
-            fill(&r, x, (size_t)n_all * d_in, 1.0f);
+            float *x = falloc(x_count);
+            fill(&r, x, x_count, 1.0f);
             void *dw = dev_put(g, w, (size_t)d_out * d_in * kern_dtype_size(dt));
-            float *dx = dev_put(g, x, (size_t)n_all * d_in * sizeof(float));
+            /* one spare row: row offsets up to INV_N_MAX rows stay inside */
+            float *dx = NULL;
+            OK(g->ops->alloc(g, (x_count + (size_t)d_in) * sizeof(float), (void **)&dx, err));
+            OK(g->ops->upload(g, dx, x, x_count * sizeof(float), err));
             /* the same rows one float past a 16-byte boundary */
             float *dxu_base = NULL;
-            OK(g->ops->alloc(g, ((size_t)n_all * d_in + 1) * sizeof(float), (void **)&dxu_base,
-                             err));
-            OK(g->ops->upload(g, dxu_base + 1, x, (size_t)n_all * d_in * sizeof(float), err));
+            OK(g->ops->alloc(g, (x_count + 1) * sizeof(float), (void **)&dxu_base, err));
+            OK(g->ops->upload(g, dxu_base + 1, x, x_count * sizeof(float), err));
             float *dout = NULL;
-            OK(g->ops->alloc(g, (size_t)n_all * d_out * sizeof(float), (void **)&dout, err));
-            float *single = falloc((size_t)n_all * d_out), *got = falloc((size_t)n_all * d_out);
-            char what[96];
-            for (int i = 0; i < n_all; i++) {
-                poison(g, dout, (size_t)d_out);
-                OK(g->ops->matmul(g, dout, dx + (size_t)i * d_in, dw, dt, 1, d_in, d_out, err));
-                dev_get(g, single + (size_t)i * d_out, dout, (size_t)d_out * sizeof(float));
-                poison(g, dout, (size_t)d_out);
-                OK(g->ops->matmul(g, dout, dxu_base + 1 + (size_t)i * d_in, dw, dt, 1, d_in, d_out,
-                                  err));
-                dev_get(g, got, dout, (size_t)d_out * sizeof(float));
-                snprintf(what, sizeof(what), "matmul %s d_in=%d row %d unaligned vs aligned",
-                         kern_dtype_name(dt), d_in, i);
-                assert_int_equal(count_bit_diffs(what, got, single + (size_t)i * d_out,
-                                                 (size_t)d_out), 0);
-            }
-            for (int n = 2; n <= n_all; n++) {
-                poison(g, dout, (size_t)n * d_out);
-                OK(g->ops->matmul(g, dout, dx, dw, dt, n, d_in, d_out, err));
-                dev_get(g, got, dout, (size_t)n * d_out * sizeof(float));
-                snprintf(what, sizeof(what), "matmul %s d_in=%d n=%d vs n=1", kern_dtype_name(dt),
-                         d_in, n);
+            OK(g->ops->alloc(g, o_count * sizeof(float), (void **)&dout, err));
+            float *single = falloc(o_count), *got = falloc(o_count);
+            char what[128];
+
+            /* every row alone, through the op table */
+            poison(g, dout, o_count);
+            for (int i = 0; i < INV_N_MAX; i++)
+                OK(g->ops->matmul(g, dout + (size_t)i * d_out, dx + (size_t)i * d_in, dw, dt, 1,
+                                  d_in, d_out, err));
+            dev_get(g, single, dout, o_count * sizeof(float));
+
+            /* the rows alone agree with the CPU */
+            float *ref = falloc(o_count);
+            OK(f->cpu->ops->matmul(f->cpu, ref, x, w, dt, INV_N_MAX, d_in, d_out, err));
+            double *scale = matmul_scale(x, values, INV_N_MAX, d_in, d_out);
+            snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d rows alone vs cpu",
+                     kern_dtype_name(dt), d_in, d_out);
+            assert_int_equal(count_mismatches(what, single, ref, o_count, 1e-6, f32_rtol(d_in),
+                                              scale), 0);
+            free(scale);
+            free(ref);
+
+            /* the comparison catches one ulp, and a neighbouring row */
+            memcpy(got, single, o_count * sizeof(float));
+            got[(size_t)7 * d_out + 3] = nextafterf(got[(size_t)7 * d_out + 3], INFINITY);
+            assert_int_equal(count_bit_diffs("self-check (one element off by one ulp, expected)",
+                                             got, single, o_count), 1);
+            assert_true(count_bit_diffs("self-check (row i vs row i+1, expected)", single,
+                                        single + d_out, (size_t)d_out) > 0);
+
+            for (int ni = 0; ni < n_ns; ni++) {
+                const int n = ns[ni];
+                for (size_t p = 0; p < N_EXACT_PATHS; p++) {
+                    run_path(g, exact_paths[p], dout, dx, dw, dt, n, d_in, d_out, got);
+                    snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d %s n=%d vs n=1",
+                             kern_dtype_name(dt), d_in, d_out, exact_path_names[p], n);
+                    assert_int_equal(count_bit_diffs(what, got, single, (size_t)n * d_out), 0);
+                }
+                /* unaligned input: the op table, and the tiled kernel's
+                 * element-by-element copies */
+                run_path(g, KERN_CUDA_MM_AUTO, dout, dxu_base + 1, dw, dt, n, d_in, d_out, got);
+                snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d unaligned n=%d vs n=1",
+                         kern_dtype_name(dt), d_in, d_out, n);
                 assert_int_equal(count_bit_diffs(what, got, single, (size_t)n * d_out), 0);
+                run_path(g, KERN_CUDA_MM_TILED_16X16, dout, dxu_base + 1, dw, dt, n, d_in, d_out,
+                         got);
+                snprintf(what, sizeof(what),
+                         "matmul %s d_in=%d d_out=%d tiled 16x16 unaligned n=%d vs n=1",
+                         kern_dtype_name(dt), d_in, d_out, n);
+                assert_int_equal(count_bit_diffs(what, got, single, (size_t)n * d_out), 0);
+                /* input offset by a row: rows 1..n */
+                if (n < INV_N_MAX) {
+                    run_path(g, KERN_CUDA_MM_AUTO, dout, dx + d_in, dw, dt, n, d_in, d_out, got);
+                    snprintf(what, sizeof(what),
+                             "matmul %s d_in=%d d_out=%d rows 1..%d vs alone",
+                             kern_dtype_name(dt), d_in, d_out, n);
+                    assert_int_equal(count_bit_diffs(what, got, single + d_out,
+                                                     (size_t)n * d_out), 0);
+                }
             }
             g->ops->free(g, dout);
             g->ops->free(g, dxu_base);
@@ -616,6 +719,99 @@ static void test_cuda_matmul_is_batch_invariant(void **state)
             free(w);
             free(values);
         }
+}
+
+/* A Llama-sized row (d_in 3072, 12 tiles) alone and in calls that take
+ * each tiled block shape: same bits. */
+static void test_cuda_matmul_llama_rows_are_invariant(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {11};
+    const enum kern_dtype dt = KERN_DTYPE_BF16;
+    const int d_in = 3072, d_out = 1000, n_max = 300;
+    const int ns[6] = {9, 16, 17, 64, 129, 300};
+    const int n_ns = short_mode() ? 2 : 6; /* sanitizers: 9 and 16 rows */
+    float *values;
+    void *w = make_weights(&r, dt, (size_t)d_out * d_in, &values);
+    float *x = falloc((size_t)n_max * d_in);
+    fill(&r, x, (size_t)n_max * d_in, 1.0f);
+    void *dw = dev_put(g, w, (size_t)d_out * d_in * kern_dtype_size(dt));
+    float *dx = dev_put(g, x, (size_t)n_max * d_in * sizeof(float));
+    float *dout = NULL;
+    OK(g->ops->alloc(g, (size_t)n_max * d_out * sizeof(float), (void **)&dout, err));
+    float *single = falloc((size_t)n_max * d_out), *got = falloc((size_t)n_max * d_out);
+    for (int i = 0; i < n_max; i++)
+        OK(g->ops->matmul(g, dout + (size_t)i * d_out, dx + (size_t)i * d_in, dw, dt, 1, d_in,
+                          d_out, err));
+    dev_get(g, single, dout, (size_t)n_max * d_out * sizeof(float));
+    for (int ni = 0; ni < n_ns; ni++)
+        for (size_t p = 0; p < N_EXACT_PATHS; p++) {
+            if (exact_paths[p] == KERN_CUDA_MM_SKINNY && ns[ni] > 17)
+                continue; /* the small-shape test covers the skinny groups */
+            run_path(g, exact_paths[p], dout, dx, dw, dt, ns[ni], d_in, d_out, got);
+            char what[96];
+            snprintf(what, sizeof(what), "matmul bf16 3072->1000 %s n=%d vs n=1",
+                     exact_path_names[p], ns[ni]);
+            assert_int_equal(count_bit_diffs(what, got, single, (size_t)ns[ni] * d_out), 0);
+        }
+    g->ops->free(g, dout);
+    g->ops->free(g, dx);
+    g->ops->free(g, dw);
+    free(single);
+    free(got);
+    free(x);
+    free(w);
+    free(values);
+}
+
+/* The cuBLAS path (benchmark reference) computes the same product within
+ * bf16 activation rounding; it refuses f16 weights and CPU backends. */
+static void test_cuda_matmul_cublas_reference(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {12};
+    const int n = 64, d_in = 1000, d_out = 130;
+    for (int t = 0; t < 3; t++) {
+        const enum kern_dtype dt = all_dtypes[t];
+        float *values;
+        void *w = make_weights(&r, dt, (size_t)d_out * d_in, &values);
+        float *x = falloc((size_t)n * d_in), *ref = falloc((size_t)n * d_out),
+              *got = falloc((size_t)n * d_out);
+        fill(&r, x, (size_t)n * d_in, 1.0f);
+        OK(f->cpu->ops->matmul(f->cpu, ref, x, w, dt, n, d_in, d_out, err));
+        void *dw = dev_put(g, w, (size_t)d_out * d_in * kern_dtype_size(dt));
+        float *dx = dev_put(g, x, (size_t)n * d_in * sizeof(float));
+        float *dout = NULL;
+        OK(g->ops->alloc(g, (size_t)n * d_out * sizeof(float), (void **)&dout, err));
+        if (dt == KERN_DTYPE_F16) {
+            assert_int_equal(kern_cuda_matmul_path(g, KERN_CUDA_MM_CUBLAS, dout, dx, dw, dt, n,
+                                                   d_in, d_out, err),
+                             ERR_UNSUPPORTED);
+        } else {
+            run_path(g, KERN_CUDA_MM_CUBLAS, dout, dx, dw, dt, n, d_in, d_out, got);
+            double *scale = matmul_scale(x, values, n, d_in, d_out);
+            /* bf16: each activation rounded to bf16 (2^-9 relative per term) */
+            const double rtol = (dt == KERN_DTYPE_BF16 ? 0x1.0p-8 : 0.0) + f32_rtol(d_in);
+            assert_int_equal(count_mismatches("matmul cublas path", got, ref, (size_t)n * d_out,
+                                              1e-6, rtol, scale), 0);
+            free(scale);
+        }
+        assert_int_equal(kern_cuda_matmul_path(f->cpu, KERN_CUDA_MM_AUTO, dout, dx, dw, dt, n,
+                                               d_in, d_out, err),
+                         ERR_INVALID_ARG);
+        g->ops->free(g, dout);
+        g->ops->free(g, dx);
+        g->ops->free(g, dw);
+        free(x);
+        free(ref);
+        free(got);
+        free(w);
+        free(values);
+    }
 }
 
 struct attn_shape {
@@ -884,9 +1080,11 @@ int main(void)
         cmocka_unit_test(test_cuda_rmsnorm_matches_cpu),
         cmocka_unit_test(test_cuda_rope_matches_cpu),
         cmocka_unit_test(test_cuda_swiglu_and_add_match_cpu),
-        cmocka_unit_test(test_cuda_matmul_skinny_matches_cpu),
+        cmocka_unit_test(test_cuda_matmul_small_matches_cpu),
         cmocka_unit_test(test_cuda_matmul_prefill_matches_cpu),
         cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
+        cmocka_unit_test(test_cuda_matmul_llama_rows_are_invariant),
+        cmocka_unit_test(test_cuda_matmul_cublas_reference),
         cmocka_unit_test(test_cuda_attention_matches_cpu),
         cmocka_unit_test(test_cuda_attention_is_batch_invariant),
         cmocka_unit_test(test_cuda_paged_attention_equals_contiguous),

@@ -1,7 +1,8 @@
-/* bench_kernels.c: tandem-bench-kernels, the CPU backend's matmul against the
- * machine's memory bandwidth.
+/* bench_kernels.c: tandem-bench-kernels, the matmul kernels against their
+ * ceilings: the CPU backend against the machine's memory bandwidth, or
+ * (--backend cuda) the CUDA backend's batch-invariant GEMM against cuBLAS.
  *
- * Prints:
+ * CPU (the default) prints:
  *   - read bandwidth with T threads (tools/bench/read_bw.h: the best of
  *     several read-only loops over 1 GiB), the ceiling of a decode step, and
  *     beside it memcpy ((bytes read + bytes written) / time), labelled, for
@@ -18,10 +19,30 @@
  * Weights are rotated through enough copies (>= 256 MiB in all) that no call
  * finds its matrix in the last-level cache.
  *
+ * CUDA (--backend cuda [--device D]) prints, for bf16 weights of the
+ * Llama-3.2-3B shapes 3072->3072 (q, o), 3072->1024 (k, v), 3072->8192
+ * (gate, up), 8192->3072 (down) and 3072->128256 (LM head):
+ *   - at n = 16, 64, 256, 512 rows: the batch-invariant GEMM (the op
+ *     table's matmul) and cuBLAS (cublasGemmEx on bf16-rounded activations,
+ *     f32 accumulation: the path prefill took before), ms per call, the
+ *     invariant GEMM's speed as a percentage of cuBLAS's (aim: >= 90%),
+ *     weight GB/s and TFLOP/s (2 n d_in d_out per call) of both;
+ *   - per shape, microseconds per call of every path of
+ *     kern_cuda_matmul_path (auto, skinny, the tiled kernel in each block
+ *     shape, cuBLAS) at n = 1, 2, 4, 8, 9, 12, 16, 17, 32, 64, 128, 256, 512
+ *     (skinny only up to 64): where the kernels cross over, for
+ *     MM_TILED_MIN_ROWS and mm_pick_cfg in kernels/cuda/matmul.cu.
+ *   Times are CUDA events around back-to-back calls on the backend's stream
+ *   (R rounds, the best kept), weights rotated through >= 256 MiB of copies
+ *   (H100: 50 MB of L2). Without a usable GPU, or in a build without the
+ *   CUDA backend, it prints "no GPU" with the reason and exits 77.
+ *
  * Usage: tandem-bench-kernels [--threads N] [--seconds S] [--rounds R]
+ *        tandem-bench-kernels --backend cuda [--device D] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
- *   S: minimum seconds per measurement (default 0.5)
+ *   S: minimum seconds per measurement (default 0.5; cuda: 0.05)
  *   R: rounds per shape (default 3)
+ *   D: CUDA device, an ordinal or a GPU UUID (default "0")
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -37,6 +58,9 @@
 
 #include "error.h"
 #include "kernels.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
 #include "read_bw.h"
 
 #define BENCH_MIB (1024.0 * 1024.0)
@@ -62,11 +86,191 @@ static uint16_t rand_bf16(void)
                       ((rng_state >> 40) & 0x7f));
 }
 
+/* ---- CUDA: the batch-invariant GEMM against cuBLAS ---------------------- */
+
+#define CB_N_SHAPES 5
+#define CB_PATHS 6
+
+#ifdef TANDEM_HAVE_CUDA
+static const struct {
+    const char *name;
+    int d_in, d_out;
+} cb_shapes[CB_N_SHAPES] = {
+    {"q/o", 3072, 3072}, {"k/v", 3072, 1024}, {"gate/up", 3072, 8192},
+    {"down", 8192, 3072}, {"lm_head", 3072, 128256},
+};
+
+static const enum kern_cuda_mm_path cb_paths[CB_PATHS] = {
+    KERN_CUDA_MM_AUTO,        KERN_CUDA_MM_SKINNY,      KERN_CUDA_MM_TILED_32X32,
+    KERN_CUDA_MM_TILED_16X32, KERN_CUDA_MM_TILED_16X16, KERN_CUDA_MM_CUBLAS,
+};
+static const char *const cb_path_names[CB_PATHS] = {"auto",   "skinny", "t32x32",
+                                                    "t16x32", "t16x16", "cublas"};
+
+/* Best ms per call of one path over `rounds` rounds of at least min_s. */
+static int cb_time(struct kern_backend *be, enum kern_cuda_mm_path path, float *out,
+                   const float *in, const void *const *w, int n_w, int n, int d_in, int d_out,
+                   int rounds, double min_s, double *best_ms, char *err)
+{
+    double ms = 0;
+    /* warm up (and size the call count from one call) */
+    int rc = kern_cuda_matmul_time(be, path, out, in, w, n_w, KERN_DTYPE_BF16, n, d_in, d_out, 1,
+                                   &ms, err);
+    if (rc < 0)
+        return rc;
+    long calls = ms > 0 ? (long)(min_s * 1e3 / ms) + 1 : 1000;
+    if (calls < n_w)
+        calls = n_w;
+    if (calls > 100000)
+        calls = 100000;
+    *best_ms = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        rc = kern_cuda_matmul_time(be, path, out, in, w, n_w, KERN_DTYPE_BF16, n, d_in, d_out,
+                                   (int)calls, &ms, err);
+        if (rc < 0)
+            return rc;
+        if (ms < *best_ms)
+            *best_ms = ms;
+    }
+    return 0;
+}
+#endif
+
+static int bench_cuda(const char *device, double min_s, int rounds)
+{
+#ifndef TANDEM_HAVE_CUDA
+    (void)device, (void)min_s, (void)rounds;
+    printf("tandem-bench-kernels: no GPU: this build has no CUDA backend (configure with "
+           "-DTANDEM_CUDA=ON)\n");
+    return 77;
+#else
+    char err[ERR_MSG_MAX] = "";
+    int count = 0;
+    if (kern_cuda_device_count(&count, err) != 0) {
+        printf("tandem-bench-kernels: no GPU: %s\n", err);
+        return 77;
+    }
+    if (count == 0) {
+        printf("tandem-bench-kernels: no GPU: no CUDA device is visible\n");
+        return 77;
+    }
+    struct kern_backend *be = NULL;
+    if (kern_cuda_create(&be, device, err) != 0) {
+        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+        return 1;
+    }
+    char uuid[KERN_CUDA_UUID_MAX] = "";
+    if (kern_cuda_device_uuid(be, uuid, err) != 0)
+        snprintf(uuid, sizeof(uuid), "?");
+    printf("device %s (%s)\n", device, uuid);
+    printf("bf16 weights, Llama-3.2-3B shapes; CUDA events, best of %d rounds of >= %.2f s\n",
+           rounds, min_s);
+
+    static const int ns[] = {1, 2, 4, 8, 9, 12, 16, 17, 32, 64, 128, 256, 512};
+    const int n_ns = (int)(sizeof(ns) / sizeof(ns[0]));
+    const int n_max = 512;
+    /* [shape][n index][path] ms; < 0: not measured */
+    static double ms_tab[CB_N_SHAPES][13][CB_PATHS]; /* 13: ns */
+    int rc = 0;
+    for (int si = 0; si < CB_N_SHAPES && rc == 0; si++) {
+        const int d_in = cb_shapes[si].d_in, d_out = cb_shapes[si].d_out;
+        const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
+        int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
+        copies = copies < 1 ? 1 : copies > 64 ? 64 : copies;
+        void *w[64] = {0};
+        float *in = NULL, *out = NULL;
+        uint16_t *host_w = malloc(w_bytes);
+        float *host_x = malloc((size_t)n_max * d_in * sizeof(float));
+        if (!host_w || !host_x) {
+            fprintf(stderr, "tandem-bench-kernels: out of host memory\n");
+            rc = 1;
+        }
+        for (size_t k = 0; rc == 0 && k < w_bytes / 2; k++)
+            host_w[k] = rand_bf16();
+        for (int k = 0; rc == 0 && k < n_max * d_in; k++)
+            host_x[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
+        for (int c = 0; rc == 0 && c < copies; c++)
+            if (be->ops->alloc(be, w_bytes, &w[c], err) != 0 ||
+                be->ops->upload(be, w[c], host_w, w_bytes, err) != 0)
+                rc = 1;
+        if (rc == 0 &&
+            (be->ops->alloc(be, (size_t)n_max * d_in * sizeof(float), (void **)&in, err) != 0 ||
+             be->ops->upload(be, in, host_x, (size_t)n_max * d_in * sizeof(float), err) != 0 ||
+             be->ops->alloc(be, (size_t)n_max * d_out * sizeof(float), (void **)&out, err) != 0))
+            rc = 1;
+        for (int ni = 0; rc == 0 && ni < n_ns; ni++)
+            for (int p = 0; rc == 0 && p < CB_PATHS; p++) {
+                ms_tab[si][ni][p] = -1;
+                if (cb_paths[p] == KERN_CUDA_MM_SKINNY && ns[ni] > 64)
+                    continue; /* groups of 17 rows: minutes, and beside the point */
+                if (cb_time(be, cb_paths[p], out, in, (const void *const *)w, copies, ns[ni],
+                            d_in, d_out, rounds, min_s, &ms_tab[si][ni][p], err) != 0)
+                    rc = 1;
+            }
+        if (rc != 0)
+            fprintf(stderr, "tandem-bench-kernels: %s %d -> %d: %s\n", cb_shapes[si].name, d_in,
+                    d_out, err);
+        for (int c = 0; c < copies; c++)
+            be->ops->free(be, w[c]);
+        be->ops->free(be, in);
+        be->ops->free(be, out);
+        free(host_w);
+        free(host_x);
+    }
+    if (rc != 0) {
+        be->ops->destroy(be);
+        return rc;
+    }
+
+    printf("\nbatch-invariant GEMM (auto) vs cuBLAS (cublasGemmEx, bf16 activations)\n");
+    printf("%-8s %-15s %4s %9s %9s %8s %9s %9s %8s %8s\n", "shape", "d_in -> d_out", "n",
+           "inv ms", "cuBLAS ms", "% cuBLAS", "inv GB/s", "cub GB/s", "inv TF/s", "cub TF/s");
+    static const int table_ns[4] = {16, 64, 256, 512};
+    for (int si = 0; si < CB_N_SHAPES; si++)
+        for (int ti = 0; ti < 4; ti++) {
+            int ni = 0;
+            while (ns[ni] != table_ns[ti])
+                ni++;
+            const int n = ns[ni], d_in = cb_shapes[si].d_in, d_out = cb_shapes[si].d_out;
+            const double inv = ms_tab[si][ni][0], cub = ms_tab[si][ni][5];
+            const double wb = (double)d_in * d_out * 2, flop = 2.0 * n * d_in * d_out;
+            char label[32];
+            snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
+            printf("%-8s %-15s %4d %9.4f %9.4f %7.0f%% %9.0f %9.0f %8.1f %8.1f\n",
+                   cb_shapes[si].name, label, n, inv, cub, 100.0 * cub / inv, wb / inv / 1e6,
+                   wb / cub / 1e6, flop / inv / 1e9, flop / cub / 1e9);
+        }
+    printf("%% cuBLAS = cuBLAS time / invariant time (aim: >= 90%%)\n");
+
+    printf("\nus per call by path (auto = the op table's choice)\n");
+    for (int si = 0; si < CB_N_SHAPES; si++) {
+        printf("%s %d -> %d\n%5s", cb_shapes[si].name, cb_shapes[si].d_in, cb_shapes[si].d_out,
+               "n");
+        for (int p = 0; p < CB_PATHS; p++)
+            printf(" %9s", cb_path_names[p]);
+        printf("\n");
+        for (int ni = 0; ni < n_ns; ni++) {
+            printf("%5d", ns[ni]);
+            for (int p = 0; p < CB_PATHS; p++) {
+                if (ms_tab[si][ni][p] < 0)
+                    printf(" %9s", "-");
+                else
+                    printf(" %9.1f", ms_tab[si][ni][p] * 1e3);
+            }
+            printf("\n");
+        }
+    }
+    be->ops->destroy(be);
+    return 0;
+#endif
+}
+
 int main(int argc, char **argv)
 {
     int n_threads = 0;
-    double min_s = 0.5;
+    double min_s = -1;
     int rounds = 3;
+    const char *backend = "cpu", *device = "0";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             n_threads = atoi(argv[++i]);
@@ -74,15 +278,32 @@ int main(int argc, char **argv)
             min_s = atof(argv[++i]);
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend = argv[++i];
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--seconds S] [--rounds R]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--seconds S] [--rounds R]\n"
+                    "       %s --backend cuda [--device D] [--seconds S] [--rounds R]\n",
+                    argv[0], argv[0]);
             return 2;
         }
     }
+    const int cuda = strcmp(backend, "cuda") == 0;
+    if (!cuda && strcmp(backend, "cpu") != 0) {
+        fprintf(stderr, "tandem-bench-kernels: --backend must be cpu or cuda, got \"%s\"\n",
+                backend);
+        return 2;
+    }
+    if (min_s < 0)
+        min_s = cuda ? 0.05 : 0.5;
     if (rounds < 1 || min_s <= 0) {
         fprintf(stderr, "tandem-bench-kernels: --rounds must be >= 1 and --seconds > 0\n");
         return 2;
     }
+    if (cuda)
+        return bench_cuda(device, min_s, rounds);
     char err[ERR_MSG_MAX] = "";
     struct kern_backend *be = NULL;
     if (kern_cpu_create(&be, n_threads, err) != 0) {
