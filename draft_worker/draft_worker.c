@@ -274,11 +274,11 @@ static void finish_predraft(struct draft_worker *w, struct queued_draft *qd)
 /* worker_link_role.run_queued: one forward call for every queued prefill,
  * round and pre-draft that can take part (each drafting step of every
  * sequence together), then the replies of those finished. */
-static bool run_queued(void *user)
+static long run_queued(void *user)
 {
     struct draft_worker *w = user;
     if (w->n_queued == 0)
-        return false;
+        return -1;
     for (int i = 0; i < w->n_queued; i++)
         w->jobs[i] = &w->queue[i]->job;
     struct specdec_step_info info;
@@ -326,7 +326,7 @@ static bool run_queued(void *user)
             queue_remove(w, i);
         }
     }
-    return w->n_queued > 0;
+    return w->n_queued > 0 ? 0 : -1;
 }
 
 static void handle_release(void *user, const struct protocol_msg *m)

@@ -53,6 +53,14 @@ struct target_worker {
     struct shm_buffer *shm; /* the draft's buffer, imported read-only; NULL until attached */
     struct worker_link *link;
     double last_step_end_ms; /* 0 before the first step */
+    /* Gathering: slots answered by the last step whose next verification
+     * (sent by the coordinator as soon as it reads the answer) has not
+     * arrived yet; the next step waits a little for them, so sequences that
+     * decode in lockstep stay in one forward call instead of splitting into
+     * alternating halves. */
+    bool *awaiting;           /* [n_slots] */
+    int n_awaiting;
+    double last_step_ms;
     struct queued_verify **queue; /* arrival order */
     struct specdec_verify_job **jobs; /* scratch: the queue's jobs for a step */
     int n_queued, queue_cap;
@@ -74,6 +82,20 @@ static void queued_free(struct queued_verify *qv)
         return;
     free(qv->feed);
     free(qv);
+}
+
+/* The longest a step waits for the next verifications of the sequences the
+ * previous step answered: a small share of a step, so that waiting never
+ * costs much more than it saves, and a few milliseconds at most. */
+#define GATHER_MAX_MS 3.0
+#define GATHER_STEP_SHARE 0.25
+
+static void awaiting_clear(struct target_worker *w, int slot)
+{
+    if (slot >= 0 && slot < w->m.n_slots && w->awaiting[slot]) {
+        w->awaiting[slot] = false;
+        w->n_awaiting--;
+    }
 }
 
 static void queue_remove(struct target_worker *w, int i)
@@ -216,6 +238,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         .k = k, .q_rows = q_rows, .sp = v.sampling.sp, .mode = v.sampling.mode};
     specdec_verify_job_init(&qv->job);
     w->queue[w->n_queued++] = qv;
+    awaiting_clear(w, slot);
 }
 
 /* The reply of a finished verification. */
@@ -254,11 +277,22 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
 
 /* worker_link_role.run_queued: one forward call for every queued
  * verification that can take part, then the replies of those finished. */
-static bool run_queued(void *user)
+static long run_queued(void *user)
 {
     struct target_worker *w = user;
     if (w->n_queued == 0)
-        return false;
+        return -1;
+    if (w->n_awaiting > 0 && w->last_step_end_ms > 0) {
+        double window = w->last_step_ms * GATHER_STEP_SHARE;
+        if (window > GATHER_MAX_MS)
+            window = GATHER_MAX_MS;
+        const double left = w->last_step_end_ms + window - protocol_now_ms();
+        if (left >= 0.5)
+            return (long)(left + 0.5);
+    }
+    for (int s = 0; s < w->m.n_slots; s++)
+        w->awaiting[s] = false;
+    w->n_awaiting = 0;
     for (int i = 0; i < w->n_queued; i++)
         w->jobs[i] = &w->queue[i]->job;
     struct specdec_step_info info;
@@ -269,13 +303,14 @@ static bool run_queued(void *user)
     const double idle_ms = w->last_step_end_ms > 0 ? t0 - w->last_step_end_ms : -1;
     int rc = specdec_target_step(w->spec, w->jobs, w->n_queued, &info, err);
     w->last_step_end_ms = protocol_now_ms();
+    w->last_step_ms = w->last_step_end_ms - t0;
     if (rc) {
         /* nothing could run (out of memory): every queued verification fails */
         for (int i = w->n_queued - 1; i >= 0; i--) {
             worker_link_send_error(w->link, PROTOCOL_VERIFY, &w->queue[i]->seq, rc, err);
             queue_remove(w, i);
         }
-        return false;
+        return -1;
     }
     if (info.seqs > 0)
         w->steps++;
@@ -289,19 +324,25 @@ static bool run_queued(void *user)
             continue;
         }
         reply_verify(w, qv, &info, idle_ms);
+        if (!qv->job.rc && !w->awaiting[qv->seq.slot]) {
+            w->awaiting[qv->seq.slot] = true;
+            w->n_awaiting++;
+        }
         queue_remove(w, i);
     }
-    return w->n_queued > 0;
+    return w->n_queued > 0 ? 0 : -1;
 }
 
 static void handle_release(void *user, const struct protocol_msg *m)
 {
     struct target_worker *w = user;
     struct worker_msg_seq seq;
-    if (worker_main_model_release(&w->m, w->link, m, &seq) == 0)
+    if (worker_main_model_release(&w->m, w->link, m, &seq) == 0) {
+        awaiting_clear(w, seq.slot);
         for (int i = w->n_queued - 1; i >= 0; i--)
             if (w->queue[i]->seq.slot == seq.slot)
                 queue_remove(w, i); /* its request is over: no reply wanted */
+    }
 }
 
 /* A welcome may name the draft's buffer (worker_link_role.on_welcome). */
@@ -354,6 +395,11 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
         goto fail;
     if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)))
         goto fail;
+    w->awaiting = calloc((size_t)w->m.n_slots, sizeof *w->awaiting);
+    if (!w->awaiting) {
+        rc = error_set(err, ERR_NOMEM, "target worker: out of memory");
+        goto fail;
+    }
     char note[PROC_CONFIG_PATH_MAX + 64];
     snprintf(note, sizeof note, "%s, vocab %d, %d slots", wc->model, w->m.vocab, w->m.n_slots);
     if ((rc = worker_link_create(&w->link, &w->cfg, &target_link_role, w, note, err)))
@@ -386,6 +432,7 @@ static void target_worker_destroy(void *worker)
         queued_free(w->queue[i]);
     free(w->queue);
     free(w->jobs);
+    free(w->awaiting);
     shm_buffer_close(w->shm);
     specdec_target_destroy(w->spec);
     worker_main_model_free(&w->m);

@@ -181,14 +181,16 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
     send_register(link);
     link->last_heard_ms = protocol_now_ms();
     send_heartbeat(link);
-    bool queued = false;
+    long queued_wait_ms = -1;
     while (!*stop) {
         zmq_pollitem_t item = {.socket = link->sock, .events = ZMQ_POLLIN};
         double now = protocol_now_ms();
         long wait_ms = (long)(link->last_beat_ms + link->heartbeat_ms - now);
         if (link->register_pending && wait_ms > WORKER_LINK_REGISTER_RETRY_MS)
             wait_ms = WORKER_LINK_REGISTER_RETRY_MS;
-        if (wait_ms < 0 || queued)
+        if (queued_wait_ms >= 0 && wait_ms > queued_wait_ms)
+            wait_ms = queued_wait_ms;
+        if (wait_ms < 0)
             wait_ms = 0;
         int n = zmq_poll(&item, 1, wait_ms);
         if (n < 0) {
@@ -202,7 +204,7 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
                 return rc > 0 ? 0 : rc;
         }
         if (link->role->run_queued)
-            queued = link->role->run_queued(link->user);
+            queued_wait_ms = link->role->run_queued(link->user);
         now = protocol_now_ms();
         if (now - link->last_beat_ms >= link->heartbeat_ms)
             send_heartbeat(link);

@@ -73,9 +73,11 @@ struct worker_link_role {
      * handlers only queue their commands, and the link calls this after
      * every drain of the socket to run one step of the queued work (one
      * forward call for all queued sequences), so new commands join between
-     * steps. Returns true while work remains queued: the link then polls
-     * without waiting and calls it again. */
-    bool (*run_queued)(void *user);
+     * steps. Returns < 0 when nothing is queued, 0 when work remains (the
+     * link polls without waiting and calls it again), or a number of
+     * milliseconds the role wants to wait for more commands before its next
+     * step (the link polls up to that long, then calls it again). */
+    long (*run_queued)(void *user);
 };
 
 struct worker_link;

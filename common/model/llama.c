@@ -434,27 +434,75 @@ static int forward_chunk(struct llama_ctx *ctx, int n, const struct kern_kv_layo
     return 0;
 }
 
-/* Final norm + LM head for rows [first, first + n) of the chunk in ctx->x,
- * written to host logits_out in groups of LOGIT_ROWS. */
-static int logits_rows(struct llama_ctx *ctx, int first, int n, float *logits_out, char *err)
+/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
+ * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
+struct chunk_part {
+    int seq, tok0, n, chunk_row;
+};
+
+/* Final norm + LM head of up to LOGIT_ROWS rows gathered from the chunk
+ * (any sequences): the LM head's weights, the biggest matrix of a small
+ * model, are read once per group, not once per sequence. */
+struct logit_group {
+    int n;
+    float *dst[LOGIT_ROWS]; /* host destination of each gathered row */
+};
+
+static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char *err)
 {
     const struct llama_model *m = ctx->model;
     const int dim = m->cfg.hidden_size, vocab = m->cfg.vocab_size;
     struct kern_backend *be = ctx->be;
     int rc;
-    const int group = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
-    for (int done = 0; done < n; done += group) {
-        int rows = n - done < group ? n - done : group;
-        const float *h = ctx->x + (size_t)(first + done) * (size_t)dim;
-        if ((rc = be->ops->rmsnorm(be, ctx->xn, h, m->norm.ptr, m->norm.dtype, rows, dim,
-                                   (float)m->cfg.rms_norm_eps, err)) ||
-            (rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, rows,
-                                  dim, vocab, err)) ||
-            (rc = be->ops->download(be, logits_out + (size_t)done * (size_t)vocab, ctx->logits,
-                                    (size_t)rows * (size_t)vocab * sizeof(float), err)))
+    if (g->n == 0)
+        return 0;
+    if ((rc = be->ops->rmsnorm(be, ctx->xn, ctx->xn, m->norm.ptr, m->norm.dtype, g->n, dim,
+                               (float)m->cfg.rms_norm_eps, err)) ||
+        (rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
+                              dim, vocab, err)))
+        return rc;
+    /* one download per run of rows that are consecutive in both places */
+    for (int i = 0; i < g->n;) {
+        int run = 1;
+        while (i + run < g->n && g->dst[i + run] == g->dst[i] + (size_t)run * (size_t)vocab)
+            run++;
+        if ((rc = be->ops->download(be, g->dst[i], ctx->logits + (size_t)i * (size_t)vocab,
+                                    (size_t)run * (size_t)vocab * sizeof(float), err)))
             return rc;
+        i += run;
     }
+    g->n = 0;
     return 0;
+}
+
+/* Logits of the chunk's rows that asked for them, into each sequence's
+ * logits_out: the hidden states are gathered into ctx->xn (free once the
+ * chunk's layers ran) in groups of LOGIT_ROWS across sequences. */
+static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
+                        const struct chunk_part *parts, int n_parts, char *err)
+{
+    const int dim = ctx->model->cfg.hidden_size, vocab = ctx->model->cfg.vocab_size;
+    const int group = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
+    struct kern_backend *be = ctx->be;
+    struct logit_group g = {.n = 0};
+    int rc;
+    for (int p = 0; p < n_parts; p++) {
+        const struct chunk_part *cp = &parts[p];
+        const struct llama_seq_batch *s = &seqs[cp->seq];
+        const int first_logit = s->n_tokens - s->n_logits;
+        const int lo = first_logit > cp->tok0 ? first_logit : cp->tok0;
+        for (int t = lo; t < cp->tok0 + cp->n; t++) {
+            const int row = cp->chunk_row + (t - cp->tok0);
+            if ((rc = be->ops->copy(be, ctx->xn + (size_t)g.n * (size_t)dim,
+                                    ctx->x + (size_t)row * (size_t)dim,
+                                    (size_t)dim * sizeof(float), err)))
+                return rc;
+            g.dst[g.n++] = s->logits_out + (size_t)(t - first_logit) * (size_t)vocab;
+            if (g.n == group && (rc = logit_group_flush(ctx, &g, err)))
+                return rc;
+        }
+    }
+    return logit_group_flush(ctx, &g, err);
 }
 
 int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)
@@ -480,12 +528,6 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
                              s->tokens[i], i, vocab - 1);
     return 0;
 }
-
-/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
- * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
-struct chunk_part {
-    int seq, tok0, n, chunk_row;
-};
 
 /* Fills the chunk's host arrays and layout from its parts: each slot becomes
  * one sequence of the layout, with a copy of the blocks its rows reach. */
@@ -523,28 +565,6 @@ static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *se
     *kv = (struct kern_kv_layout){.block_size = ctx->block_size, .n_blocks = ctx->n_blocks,
                                   .n_seqs = n_seqs, .table_stride = stride,
                                   .tables = ctx->chunk_tables, .rows = ctx->rows};
-}
-
-/* Logits of the chunk's rows that asked for them, into each sequence's
- * logits_out. */
-static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                        const struct chunk_part *parts, int n_parts, char *err)
-{
-    const int vocab = ctx->model->cfg.vocab_size;
-    for (int p = 0; p < n_parts; p++) {
-        const struct chunk_part *cp = &parts[p];
-        const struct llama_seq_batch *s = &seqs[cp->seq];
-        const int first_logit = s->n_tokens - s->n_logits;
-        const int lo = first_logit > cp->tok0 ? first_logit : cp->tok0;
-        const int hi = cp->tok0 + cp->n;
-        if (lo >= hi)
-            continue;
-        int rc = logits_rows(ctx, cp->chunk_row + (lo - cp->tok0), hi - lo,
-                             s->logits_out + (size_t)(lo - first_logit) * (size_t)vocab, err);
-        if (rc)
-            return rc;
-    }
-    return 0;
 }
 
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs, char *err)

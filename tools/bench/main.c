@@ -400,6 +400,75 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
     return 0;
 }
 
+/* Continuous batching's cost curve: one decode row for each of B sequences
+ * (each already holding a 64-token prefix) in one llama_forward call, for
+ * B = 1, 2, 4, 8, 16: ms per call, against B = 1, and the aggregate tokens/s
+ * the target could reach if every call were full. */
+static int bench_batch(const struct bench_opts *o, struct kern_backend *be)
+{
+    enum { B_MAX = 16, PREFIX = 64 };
+    static const int batches[] = {1, 2, 4, 8, 16};
+    char err[ERR_MSG_MAX] = "";
+    char list[256];
+    snprintf(list, sizeof list, "%s", o->presets);
+    for (char *save = NULL, *preset = strtok_r(list, ",", &save); preset;
+         preset = strtok_r(NULL, ",", &save)) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", o->models_dir, preset);
+        if (ensure_model(dir, preset, 1, NULL, 0))
+            return 1;
+        struct prof_backend prof;
+        prof_init(&prof, be);
+        struct kern_backend *mbe = o->profile ? &prof.base : be;
+        struct llama_model *model = NULL;
+        struct llama_ctx *ctx = NULL;
+        struct llama_ctx_params p = {.n_slots = B_MAX, .max_seq_len = PREFIX + o->tokens + 8};
+        if (llama_model_load(&model, dir, mbe, err) || llama_ctx_create(&ctx, model, &p, err))
+            return die(dir, err);
+        const int vocab = llama_model_config(model)->vocab_size;
+        float *logits = malloc((size_t)B_MAX * (size_t)vocab * sizeof(float));
+        int32_t prompt[PREFIX], next[B_MAX];
+        if (!logits)
+            return die("batch", "out of memory");
+        printf("%s: %d sequences x 1 row per call, %d-token prefixes, %d calls per size\n", preset,
+               B_MAX, PREFIX, o->tokens);
+        printf("  %4s %12s %10s %16s\n", "B", "ms/call", "vs B=1", "tokens/s (all B)");
+        double one = 0;
+        for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+            const int B = batches[bi];
+            struct llama_seq_batch seqs[B_MAX];
+            for (int s = 0; s < B; s++) {
+                for (int j = 0; j < PREFIX; j++)
+                    prompt[j] = (int32_t)((1000 + 7919 * (s * PREFIX + j)) % vocab);
+                if (llama_ctx_truncate(ctx, s, 0, err))
+                    return die("truncate", err);
+                struct llama_seq_batch b = {.slot = s, .tokens = prompt, .n_tokens = PREFIX};
+                if (llama_forward(ctx, &b, 1, err))
+                    return die("prefill", err);
+                next[s] = prompt[PREFIX - 1];
+                seqs[s] = (struct llama_seq_batch){.slot = s, .tokens = &next[s], .n_tokens = 1,
+                                                   .n_logits = 1,
+                                                   .logits_out = logits + (size_t)s * (size_t)vocab};
+            }
+            prof_init(&prof, be);
+            double t0 = now_s();
+            for (int it = 0; it < o->tokens; it++)
+                if (llama_forward(ctx, seqs, B, err))
+                    return die("forward", err);
+            double ms = (now_s() - t0) * 1e3 / o->tokens;
+            if (B == 1)
+                one = ms;
+            printf("  %4d %12.2f %9.2fx %16.1f\n", B, ms, ms / one, 1000.0 * B / ms);
+            if (o->profile)
+                prof_report(&prof, ms * o->tokens / 1e3, (long)o->tokens);
+        }
+        free(logits);
+        llama_ctx_destroy(ctx);
+        llama_model_destroy(model);
+    }
+    return 0;
+}
+
 /* Leviathan's per-token acceptance a from fixed-K rounds: accepted tokens
  * over accepted tokens plus rejections (rounds that stopped before K). */
 static double alpha_of(const struct specdec_stats *s, int k)
@@ -499,8 +568,9 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec"))) {
-        fprintf(stderr, "usage: tandem-bench runtime|spec [--models DIR] [--threads N] [--tokens N]\n"
+    if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec") &&
+                     strcmp(argv[1], "batch"))) {
+        fprintf(stderr, "usage: tandem-bench runtime|spec|batch [--models DIR] [--threads N] [--tokens N]\n"
                         "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
                         "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
                         "                    [--profile 0|1 (runtime: time per op)]\n");
@@ -543,7 +613,9 @@ int main(int argc, char **argv)
     if (kern_cpu_create(&be, o.threads, err))
         return die("cpu backend", err);
     printf("cpu backend: %d threads\n", kern_cpu_threads(be));
-    int rc = !strcmp(argv[1], "runtime") ? bench_runtime(&o, be) : bench_spec(&o, be);
+    int rc = !strcmp(argv[1], "runtime") ? bench_runtime(&o, be)
+             : !strcmp(argv[1], "batch") ? bench_batch(&o, be)
+                                         : bench_spec(&o, be);
     be->ops->destroy(be);
     return rc;
 }

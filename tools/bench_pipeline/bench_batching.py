@@ -88,7 +88,8 @@ def main():
                 p.start("draft")
             p.wait_workers(draft=mode == "speculative", target=True)
             for c in levels:
-                before = p.stats()["batch"]
+                before_all = p.stats()
+                before = before_all["batch"]
                 reqs = [{"id": "r%d_%d" % (c, i), "prompt_ids": prompts[i], "max_tokens": args.max_tokens,
                          "temperature": 0} for i in range(c)]
                 got, wall = burst(e2e, p, reqs, 3600)
@@ -107,8 +108,12 @@ def main():
                 b = after["batch"]
                 calls = b["target_calls"] - before["target_calls"]
                 seqs = b["mean_seqs_per_call"] * b["target_calls"] - before["mean_seqs_per_call"] * before["target_calls"]
+                drafted = after["spec"]["num_draft_tokens"] - before_all["spec"]["num_draft_tokens"]
+                accepted = (after["spec"]["num_accepted_tokens"]
+                            - before_all["spec"]["num_accepted_tokens"])
+                rounds = after["spec"]["rounds"] - before_all["spec"]["rounds"]
                 figures[(mode, c)] = (tokens / wall, seqs / calls if calls else 0.0,
-                                      after["spec"]["acceptance_rate"])
+                                      (drafted, accepted, rounds))
         except e2e.Fail as ex:
             print("bench_batching: %s" % ex, file=sys.stderr)
             for role in p.logs:
@@ -121,15 +126,17 @@ def main():
     print("Tandem batching benchmark: %s pair, greedy, %d tokens per request, %d thread(s) per worker, "
           "K %s; every speculative reply equal to its target-only reply" %
           (args.pair, args.max_tokens, args.threads, args.spec_k or "adaptive"))
-    print("  %5s  %22s  %22s  %10s" % ("C", "target-only tokens/s", "speculative tokens/s", "spec/plain"))
+    print("  %5s  %28s  %28s  %10s  %s" % ("C", "target-only tokens/s", "speculative tokens/s", "spec/plain",
+                                         "drafted/accepted/rounds"))
     base = {m: figures[(m, levels[0])][0] for m in ("target-only", "speculative")}
     for c in levels:
         t, ts, _ = figures[("target-only", c)]
-        s, ss, acc = figures[("speculative", c)]
-        print("  %5d  %9.1f (%5.2fx, %4.1f/call)  %9.1f (%5.2fx, %4.1f/call)  %9.2fx" %
-              (c, t, t / base["target-only"], ts, s, s / base["speculative"], ss, s / t if t else 0))
+        s, ss, (dr, ac, rd) = figures[("speculative", c)]
+        print("  %5d  %9.1f (%5.2fx, %4.1f/call)  %9.1f (%5.2fx, %4.1f/call)  %9.2fx  %d/%d/%d" %
+              (c, t, t / base["target-only"], ts, s, s / base["speculative"], ss, s / t if t else 0,
+               dr, ac, rd))
     print("  (Nx: aggregate throughput against C = %d of the same configuration; /call: mean sequences per "
-          "target forward call; acceptance %.3f)" % (levels[0], figures[("speculative", levels[-1])][2]))
+          "target forward call; drafted/accepted draft tokens and rounds of the speculative run)" % levels[0])
     return 0
 
 
