@@ -337,7 +337,8 @@ static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void
     be->ops->destroy(be);
 }
 
-/* Speculative verification calls matmul with n = K+1 = 2..9 rows and more:
+/* Speculative verification calls matmul with n = K+1 = 2..9 rows, and a
+ * batched call with the rows of many sequences, up to 256 rows:
  * each row of every n (all tile shapes and remainders of the small-n paths,
  * several input chunks for n > 32) equals the row computed alone, bit for
  * bit; d_out not a multiple of the blocks, d_in with a tail, shorter than
@@ -345,8 +346,9 @@ static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void
 static void test_kernels_cpu_matmul_verification_row_counts_match_single_rows(void **state)
 {
     static const int shapes[][2] = {{2051, 38}, {67, 13}, {5, 7}, {1000, 25}, {4099, 14}};
-    static const int ns[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33, 70};
-    const int n_max = 70;
+    static const int ns[] = {2,  3,  4,  5,  6,  7,  8,   9,   10,  11,  12,  13, 14,
+                             15, 16, 17, 31, 33, 64, 70, 100, 128, 129, 200, 255, 256};
+    const int n_max = 256; /* batches of many sequences' rows (continuous batching) */
     struct kern_backend *be = make_backend(2);
     struct rng r = {11};
     char err[ERR_MSG_MAX];
