@@ -858,6 +858,31 @@ static void test_modelgen_tiny_distributions_are_neither_uniform_nor_one_hot(voi
     be->ops->destroy(be);
 }
 
+/* Every documented pair can be derived (the 3B-shaped pair included, which
+ * is too large to write here), its draft is about a third of the target's
+ * bytes or less, and a pair of mismatched shapes is refused by name. */
+static void test_modelgen_documented_pairs_are_derivable(void **state)
+{
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"tiny-draft", "tiny"}, {"small-draft", "small"}, {"llama-3.2-3b-draft", "llama-3.2-3b"}};
+    char err[ERR_MSG_MAX] = "";
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        int rc = modelgen_presets_derivable(pairs[i][0], pairs[i][1], err);
+        if (rc)
+            fail_msg("%s -> %s: %s", pairs[i][0], pairs[i][1], err);
+        struct modelgen_shape d, t;
+        assert_int_equal(modelgen_preset_shape(pairs[i][0], &d, err), 0);
+        assert_int_equal(modelgen_preset_shape(pairs[i][1], &t, err), 0);
+        double share = (double)modelgen_weight_bytes(&d) / (double)modelgen_weight_bytes(&t);
+        if (share > 0.36)
+            fail_msg("%s is %.2f of %s's bytes", pairs[i][0], share, pairs[i][1]);
+    }
+    assert_int_equal(modelgen_presets_derivable("llama-3.2-1b", "llama-3.2-3b", err), ERR_MISMATCH);
+    assert_non_null(strstr(err, "head_dim"));
+    assert_int_equal(modelgen_presets_derivable("nope", "llama-3.2-3b", err), ERR_NOT_FOUND);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -891,6 +916,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_modelgen_tiny_distributions_are_neither_uniform_nor_one_hot, setup_tmp,
             teardown_tmp),
+        cmocka_unit_test(test_modelgen_documented_pairs_are_derivable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

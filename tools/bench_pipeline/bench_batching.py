@@ -2,8 +2,12 @@
 """bench_batching.py: aggregate throughput of the three-process pipeline under
 concurrent load, with and without speculation, in one run.
 
-    bench_batching.py [--build DIR] [--pair tiny|small] [--concurrency 1,4,16]
+    bench_batching.py [--build DIR] [--pair tiny|small|3b] [--target DIR --draft DIR]
+                      [--backend cpu|cuda] [--device D] [--concurrency 1,4,16]
                       [--max-tokens N] [--threads N] [--noise S] [--spec-k K]
+
+--pair 3b makes the 3B-shaped pair (llama-3.2-3b derived from llama-3.2-3b-draft,
+8 GB on disk): for the GPU, with --backend cuda.
 
 For each concurrency C, C clients send one greedy request each at the same
 moment (distinct prompts of 8..40 tokens); the aggregate throughput is the
@@ -56,7 +60,11 @@ def burst(e2e, p, reqs, timeout_s):
 def main():
     ap = argparse.ArgumentParser(description="Tandem batching benchmark")
     ap.add_argument("--build", default=os.environ.get("TANDEM_BUILD_DIR", os.path.join(SRC, "build")))
-    ap.add_argument("--pair", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--pair", default="tiny", choices=["tiny", "small", "3b"])
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="0")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="threads per worker")
@@ -70,9 +78,22 @@ def main():
     top = max(levels)
     rng = random.Random(3)
     prompts = [[rng.randrange(1, 500) for _ in range(rng.randrange(8, 41))] for _ in range(top)]
+    worker = {"threads": args.threads, "backend": args.backend}
+    if args.backend == "cuda":
+        worker["device"] = args.device
+        worker["max_seq_len"] = 2048  # the pool of top x 2048 positions must fit beside the weights
     extra = {"coordinator": {"spec_k": args.spec_k},
-             "draft_worker": {"threads": args.threads},
-             "target_worker": {"threads": args.threads}}
+             "draft_worker": dict(worker), "target_worker": dict(worker)}
+    # The pair is made once, in a pipeline of its own that is never started,
+    # and both configurations load it (the 3B pair is 8 GB).
+    holder = None
+    if args.target and args.draft:
+        models = (args.draft, args.target)
+    else:
+        holder = e2e.Pipeline("bbmodels")
+        names = {"tiny": ("tiny-draft", "tiny"), "small": ("small-draft", "small"),
+                 "3b": ("llama-3.2-3b-draft", "llama-3.2-3b")}[args.pair]
+        models = holder.make_pair(names[0], names[1], noise=args.noise)
     figures = {}
     replies = {}
     status = 0
@@ -80,8 +101,7 @@ def main():
         p = e2e.Pipeline("bbatch", max_concurrency=top, max_queue=top, worker_timeout_ms=30000,
                          extra=extra)
         try:
-            names = ("tiny-draft", "tiny") if args.pair == "tiny" else ("small-draft", "small")
-            p.make_pair(names[0], names[1], noise=args.noise)
+            p.config["draft_worker"]["model"], p.config["target_worker"]["model"] = models
             p.start("coordinator")
             p.start("target")
             if mode == "speculative":
@@ -122,10 +142,15 @@ def main():
         finally:
             p.close()
         if status:
+            if holder:
+                holder.close()
             return status
+    if holder:
+        holder.close()
     print("Tandem batching benchmark: %s pair, greedy, %d tokens per request, %d thread(s) per worker, "
-          "K %s; every speculative reply equal to its target-only reply" %
-          (args.pair, args.max_tokens, args.threads, args.spec_k or "adaptive"))
+          "K %s, backend %s; every speculative reply equal to its target-only reply" %
+          (args.pair if not args.target else "given", args.max_tokens, args.threads,
+           args.spec_k or "adaptive", args.backend))
     print("  %5s  %28s  %28s  %10s  %s" % ("C", "target-only tokens/s", "speculative tokens/s", "spec/plain",
                                          "drafted/accepted/rounds"))
     base = {m: figures[(m, levels[0])][0] for m in ("target-only", "speculative")}

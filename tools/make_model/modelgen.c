@@ -85,6 +85,11 @@ static const struct mg_preset mg_presets[] = {
      MG_TOK_LLAMA3},
     {"llama-3.2-3b", "shapes of Llama-3.2-3B (6.4 GB)", {128256, 3072, 8192, 28, 24, 8, 128},
      MG_TOK_LLAMA3},
+    /* The 3B target's head_dim (128) and at most its query heads per kv head,
+     * so that llama-3.2-3b can be derived from it: speculation measured at
+     * the real target shape, with a draft of about a third of its bytes. */
+    {"llama-3.2-3b-draft", "draft of llama-3.2-3b (derive the target from it), a third of its "
+     "bytes (~1.9 GB)", {128256, 2048, 6144, 14, 16, 8, 128}, MG_TOK_LLAMA3},
 };
 #define MG_N_PRESETS ((int)(sizeof mg_presets / sizeof mg_presets[0]))
 
@@ -110,7 +115,7 @@ static const struct mg_preset *find_preset(const char *name, char *err)
             return &mg_presets[i];
     error_set(err, ERR_NOT_FOUND,
               "preset: unknown preset '%s' (known: tiny, tiny-draft, small, small-draft, "
-              "llama-3.2-1b, llama-3.2-3b)", name ? name : "(null)");
+              "llama-3.2-1b, llama-3.2-3b, llama-3.2-3b-draft)", name ? name : "(null)");
     return NULL;
 }
 
@@ -942,6 +947,14 @@ static int check_derivable(const struct modelgen_shape *d, const struct modelgen
             d->num_attention_heads / d->num_key_value_heads);
 #undef MG_NEED
     return 0;
+}
+
+int modelgen_presets_derivable(const char *draft_preset, const char *target_preset, char *err)
+{
+    const struct mg_preset *d = find_preset(draft_preset, err), *t;
+    if (!d || !(t = find_preset(target_preset, err)))
+        return ERR_NOT_FOUND;
+    return check_derivable(&d->shape, &t->shape, draft_preset, target_preset, err);
 }
 
 int modelgen_derive(const char *out_dir, const char *from_dir,

@@ -94,4 +94,9 @@ int modelgen_write(const char *out_dir, const struct modelgen_params *p, char *e
 int modelgen_derive(const char *out_dir, const char *from_dir,
                     const struct modelgen_params *target, double noise, char *err);
 
+/* Whether the target_preset can be derived from a model of draft_preset's
+ * shape (the shape requirements of modelgen_derive), without writing
+ * anything: 0, ERR_NOT_FOUND (unknown preset) or ERR_MISMATCH (named). */
+int modelgen_presets_derivable(const char *draft_preset, const char *target_preset, char *err);
+
 #endif
