@@ -33,6 +33,9 @@
  * nothing and a draft that starts matching again is found. */
 #define K_PROBE_INTERVAL_MIN 16
 #define K_PROBE_INTERVAL_MAX 256
+/* Rounds at K > 0 between two plain rounds that measure plain decoding:
+ * one round in 32 without drafts costs a few percent of the gain. */
+#define K_PLAIN_PROBE_INTERVAL 32
 
 void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
 {
@@ -67,6 +70,14 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
                                      ? kc->draft_ms_per_token +
                                            K_EWMA_ALPHA * (per_token - kc->draft_ms_per_token)
                                      : per_token;
+    }
+    if (k == 0) {
+        kc->rounds_since_plain = 0;
+        if (verify_ms > 0)
+            kc->plain_ms = kc->plain_ms > 0 ? kc->plain_ms + K_EWMA_ALPHA * (verify_ms - kc->plain_ms)
+                                            : verify_ms;
+    } else {
+        kc->rounds_since_plain++;
     }
     if (verify_ms > 0) {
         kc->fit_w = kc->fit_w * K_COST_DECAY + 1;
@@ -124,8 +135,11 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
      * verification cost is the shared call's, every sequence adding its rows. */
     const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 &&
                         load->call_ms_per_row >= 0;
-    const double plain_ms = loaded ? load->call_ms_base + load->call_ms_per_row * load->batch
-                                   : kc->verify_ms_base;
+    /* plain decoding as measured in plain rounds when there were any: the
+     * fit's base is taken while drafts run, which may slow the target */
+    const double plain_ms = loaded             ? load->call_ms_base + load->call_ms_per_row * load->batch
+                            : kc->plain_ms > 0 ? kc->plain_ms
+                                               : kc->verify_ms_base;
     double best_rate = 1.0 / plain_ms;
     int best_k = 0;
     for (int k = 1; k <= limit; k++) {
@@ -153,6 +167,10 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         }
     } else {
         kc->probe_interval = K_PROBE_INTERVAL_MIN;
+        if (kc->rounds_since_plain >= K_PLAIN_PROBE_INTERVAL) {
+            kc->k_current = best_k;
+            return 0; /* a plain round: measures what speculation is compared with */
+        }
     }
     kc->k_current = best_k;
     return best_k;

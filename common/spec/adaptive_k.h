@@ -15,7 +15,11 @@
  * (the draft/target cost ratio c = t_draft / t_verify(0) is measured, not
  * assumed). K = 0 means plain decoding; while at 0 the controller probes
  * K = 1 now and then so a sequence whose drafts start matching again can
- * win speculation back. */
+ * win speculation back; while at K > 0 it runs a plain round (K = 0) now
+ * and then, so the cost it compares with is plain decoding as it is now
+ * (in the three-process pipeline on shared cores, a verification runs
+ * slower while the draft works beside it, and only a plain round shows what
+ * the target costs alone). */
 struct adaptive_k {
     int k_fixed;            /* > 0: always this K (still clipped by the context) */
     int k_max;
@@ -29,6 +33,8 @@ struct adaptive_k {
     /* decayed sums of the (k, verify_ms) pairs: the line base + per_row * k
      * is fitted to them */
     double fit_w, fit_k, fit_kk, fit_v, fit_kv;
+    double plain_ms;        /* running average of plain rounds' verify_ms (0: none yet) */
+    int rounds_since_plain; /* rounds since the last plain one */
     int rounds_observed;
     int rounds_since_probe;
     int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */

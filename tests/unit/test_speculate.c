@@ -463,9 +463,9 @@ static void test_speculate_expected_tokens_and_best_k(void **state)
 /* A well-matched pair on hardware where extra verification rows are cheap
  * (each 6% of a call, as the CPU's multi-row matmul): alone the controller
  * speculates; as more sequences share the target's calls it drafts fewer
- * tokens, and with 64 the same measurements make K = 0 the better choice
- * (k = 1 would verify 128 rows for 1.8 tokens per sequence where plain
- * decoding verifies 64 for 1). The choice never grows with the batch. */
+ * tokens, and with 128 the same measurements make K = 0 the better choice
+ * (k = 1 would verify 256 rows for 1.9 tokens per sequence where plain
+ * decoding verifies 128 for 1). The choice never grows with the batch. */
 static void test_adaptive_k_speculates_less_as_the_batch_grows(void **state)
 {
     (void)state;
@@ -473,10 +473,11 @@ static void test_adaptive_k_speculates_less_as_the_batch_grows(void **state)
     adaptive_k_init(&kc, 0, 8);
     /* acceptance 0.8, a draft token at 0.2 of a one-row call (10 ms) */
     for (int r = 0; r < 60; r++) {
-        int k = 1 + r % 4;
+        int k = r % 20 == 19 ? 0 : 1 + r % 4; /* with the controller's plain rounds */
         int acc = (r % 5 == 4) ? k - 1 : k;
         adaptive_k_update(&kc, k, acc < 0 ? 0 : acc, 2.0 * k, 10.0 + 0.6 * k);
     }
+    kc.rounds_since_plain = 0; /* no plain round due: the tests below see decisions */
     const int alone = adaptive_k_next(&kc, 1000);
     assert_true(alone >= 2);
     int prev = alone;
@@ -492,13 +493,49 @@ static void test_adaptive_k_speculates_less_as_the_batch_grows(void **state)
             assert_int_equal(k, alone); /* a batch of one is the unloaded rule */
         if (batches[i] == 8)
             assert_true(k < alone);
-        if (batches[i] >= 64)
+        if (batches[i] >= 128)
             assert_int_equal(k, 0);
     }
     /* an unmeasured load changes nothing */
     struct adaptive_k copy = kc;
     struct adaptive_k_load unmeasured = {.batch = 16};
     assert_int_equal(adaptive_k_next_under_load(&copy, 1000, &unmeasured), alone);
+}
+
+/* In the pipeline on shared cores a verification runs slower while the
+ * draft works beside it. The controller's plain rounds measure the target
+ * alone: when plain decoding turns out faster than the fit of the drafting
+ * rounds suggested, it stops speculating. */
+static void test_adaptive_k_plain_rounds_correct_a_biased_cost(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    /* drafting rounds: acceptance 0.6, verification inflated to 30 ms by
+     * the draft running beside it; plain rounds: the target alone, 8 ms */
+    int plain_rounds = 0, drafting = 0;
+    for (int r = 0; r < 200; r++) {
+        int k = adaptive_k_next(&kc, 1000);
+        if (k == 0) {
+            plain_rounds++;
+            adaptive_k_update(&kc, 0, 0, 0.0, 8.0);
+        } else {
+            drafting++;
+            int acc = r % 5 < 3 ? k : 0;
+            adaptive_k_update(&kc, k, acc, 1.0 * k, 30.0 + 0.5 * k);
+        }
+    }
+    assert_true(drafting > 0);    /* it tried speculation */
+    assert_true(plain_rounds > 0); /* and measured plain decoding */
+    struct adaptive_k copy = kc;
+    copy.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 0);
+    /* without the plain measurement the biased base keeps it drafting */
+    copy = kc;
+    copy.plain_ms = 0;
+    copy.rounds_since_plain = 0;
+    copy.rounds_since_probe = 0;
+    assert_true(adaptive_k_next(&copy, 1000) > 0);
 }
 
 int main(void)
@@ -517,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_speculate_same_seed_same_round),
         cmocka_unit_test(test_speculate_expected_tokens_and_best_k),
         cmocka_unit_test(test_adaptive_k_speculates_less_as_the_batch_grows),
+        cmocka_unit_test(test_adaptive_k_plain_rounds_correct_a_biased_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
