@@ -21,6 +21,11 @@ Checks, not just timings:
     error coded `cancelled`, within the timeout;
   - anything else that is not a `done` is an unexpected error, unless
     --expect-faults lets `target_unavailable` through (fault-injection runs);
+  - a client whose connection drops while its request runs (the coordinator
+    was killed or restarted: its requests are gone with it) ends that request
+    at once as `coordinator_lost`, an error of this tool's own, expected only
+    with --expect-faults; the socket reconnects by itself and its next request
+    waits for the coordinator to be back;
   - a request with no reply within --timeout-s is a hang.
 Prints throughput (requests/s, generated tokens/s), time to first token and
 per-output-token latency percentiles (p50, p99; measured on streamed requests), errors by code, and the resident
@@ -36,6 +41,7 @@ import sys
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 PROMPT_LENGTHS = {"short": (2, 6), "medium": (16, 40), "long": (80, 160)}
 
@@ -123,8 +129,23 @@ class Client:
     def __init__(self, ctx, endpoint):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # A drop of the connection is the only sign that the coordinator
+        # died with our request: its replies will never come.
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.connect(endpoint)
         self.busy = None  # (kind, prompt, req, t_sent, t_first, n_events, last_event_t, cancel_sent)
+
+    def dropped(self):
+        """True when the monitor reports a dropped connection (reads all its events)."""
+        drop = False
+        while self.monitor.poll(0):
+            drop = drop or recv_monitor_message(self.monitor)["event"] == zmq.EVENT_DISCONNECTED
+        return drop
+
+    def close(self):
+        self.sock.disable_monitor()
+        self.monitor.close()
+        self.sock.close()
 
     def send(self, item):
         kind, prompt, req = item
@@ -160,7 +181,7 @@ def run(args):
     poller = zmq.Poller()
     for c in clients:
         poller.register(c.sock, zmq.POLLIN)
-    by_sock = {c.sock: c for c in clients}
+        poller.register(c.monitor, zmq.POLLIN)
     pending = list(plan.requests)
     pending.reverse()
     results = {"done": 0, "mismatch": [], "hang": [], "unexpected": {}, "expected_errors": {}, "codes": {},
@@ -195,14 +216,24 @@ def run(args):
                 c.busy = None
                 if pending:
                     c.send(pending.pop())
+            elif c.monitor in events and c.dropped():
+                # Replies that came before the drop were read above (the
+                # socket goes first); what is still missing will not come.
+                lost = {"type": "error", "code": "coordinator_lost", "id": b["req"]["id"],
+                        "message": "the connection dropped while the request ran"}
+                finish(args, c, b, lost, now, expected, results)
+                c.busy = None
+                if pending:
+                    c.send(pending.pop())
             elif now - b["t_sent"] > args.timeout_s:
                 results["hang"].append(b["req"]["id"])
                 # A fresh socket: a late reply must not be taken for the next request's.
                 poller.unregister(c.sock)
-                c.sock.close()
+                poller.unregister(c.monitor)
+                c.close()
                 c.__init__(ctx, args.endpoint)
                 poller.register(c.sock, zmq.POLLIN)
-                by_sock[c.sock] = c
+                poller.register(c.monitor, zmq.POLLIN)
                 if pending:
                     c.send(pending.pop())
     wall = time.monotonic() - t0
@@ -218,7 +249,7 @@ def finish(args, c, b, m, now, expected, results):
     code = m.get("code", "") if typ == "error" else "done"
     results["codes"][code] = results["codes"].get(code, 0) + 1
     if kind == "malformed":
-        if code == "invalid_request":
+        if code == "invalid_request" or (args.expect_faults and code == "coordinator_lost"):
             results["expected_errors"][code] = results["expected_errors"].get(code, 0) + 1
         else:
             results["unexpected"].setdefault("malformed got " + code, []).append(req["id"])
@@ -227,7 +258,7 @@ def finish(args, c, b, m, now, expected, results):
         if kind == "cancel" and code == "cancelled":
             results["cancelled"] += 1
             return
-        if args.expect_faults and code in ("target_unavailable",):
+        if args.expect_faults and code in ("target_unavailable", "coordinator_lost"):
             results["expected_errors"][code] = results["expected_errors"].get(code, 0) + 1
             return
         results["unexpected"].setdefault(code, []).append("%s: %s" % (req["id"], m.get("message", "")))
@@ -304,7 +335,7 @@ def main():
     ap.add_argument("--generate", help="tandem-generate, to compute expected greedy ids")
     ap.add_argument("--target", help="the target model directory (for --generate)")
     ap.add_argument("--expect-faults", action="store_true",
-                    help="target_unavailable is an expected outcome (fault-injection runs)")
+                    help="target_unavailable and coordinator_lost are expected outcomes (fault-injection runs)")
     ap.add_argument("--pids", help="name=pid,... processes whose RSS is reported")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="a request with no reply after this is a hang")
     ap.add_argument("--json", action="store_true")
