@@ -11,8 +11,11 @@
  * ZeroMQ reconnects silently; a socket monitor (stable API, an inproc PAIR
  * socket of this client's context) tells us about the drop, and ZMTP
  * heartbeats turn a coordinator that froze or a network path that went dead
- * (no FIN, no RST) into a drop too. A drop after a send is reported once by
- * tandem_client_recv as ERR_UNAVAILABLE.
+ * (no FIN, no RST) into a drop too. A drop while requests are pending (sent,
+ * their final reply - done, error or stats - not read yet) is reported once
+ * by tandem_client_recv as ERR_UNAVAILABLE; a drop while idle is not (a
+ * request sent after it is served once ZeroMQ has reconnected). A cancel
+ * does not count as a request: it gets no final reply of its own.
  */
 #include "tandem_client.h"
 
@@ -38,8 +41,8 @@ struct tandem_client {
     void *zctx;
     void *sock;
     void *monitor;       /* PAIR receiving the DEALER's DISCONNECTED events */
-    bool sent;           /* a message was sent since the last drop was seen */
-    bool lost;           /* a drop after a send, not reported yet */
+    int pending;         /* requests sent whose final reply was not read */
+    bool lost;           /* a drop while requests were pending, not reported yet */
 };
 
 /* server_public NULL: plain TCP/IPC; otherwise CURVE (see the header). */
@@ -226,9 +229,10 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
     return 0;
 }
 
-/* Reads the monitor's queued events: a drop after a send marks the client
- * lost. An event is two frames (event number and value, then the endpoint).
- * ERR_SYSTEM when the monitor cannot be read. */
+/* Reads the monitor's queued events: a drop while requests are pending marks
+ * the client lost (and those requests gone). An event is two frames (event
+ * number and value, then the endpoint). ERR_SYSTEM when the monitor cannot
+ * be read. */
 static int read_monitor(struct tandem_client *client, char *err)
 {
     for (;;) {
@@ -250,14 +254,15 @@ static int read_monitor(struct tandem_client *client, char *err)
         while (more && zmq_msg_recv(&frame, client->monitor, 0) >= 0)
             more = zmq_msg_more(&frame);
         zmq_msg_close(&frame);
-        if (event == ZMQ_EVENT_DISCONNECTED && client->sent) {
+        if (event == ZMQ_EVENT_DISCONNECTED && client->pending > 0) {
             client->lost = true;
-            client->sent = false;
+            client->pending = 0;
         }
     }
 }
 
-int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err)
+/* is_request: the message will get a final reply (everything but a cancel). */
+static int client_send(struct tandem_client *client, const void *data, size_t len, bool is_request, char *err)
 {
     /* A drop seen now concerns the messages sent before this one only. */
     int rc = read_monitor(client, err);
@@ -265,8 +270,13 @@ int tandem_client_send_raw(struct tandem_client *client, const void *data, size_
         return rc;
     if (zmq_send(client->sock, data, len, 0) < 0)
         return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
-    client->sent = true;
+    client->pending += is_request;
     return 0;
+}
+
+int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err)
+{
+    return client_send(client, data, len, true, err);
 }
 
 int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err)
@@ -299,8 +309,12 @@ int tandem_client_cancel(struct tandem_client *client, const char *id, char *err
         cJSON_Delete(m);
         return error_set(err, ERR_NOMEM, "cancel: out of memory");
     }
-    int rc = tandem_client_send_json(client, m, err);
+    char *text = cJSON_PrintUnformatted(m);
     cJSON_Delete(m);
+    if (text == NULL)
+        return error_set(err, ERR_NOMEM, "cancel: out of memory");
+    int rc = client_send(client, text, strlen(text), false, err);
+    cJSON_free(text);
     return rc;
 }
 
@@ -385,6 +399,8 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
         ev->type = TANDEM_CLIENT_EVENT_STATS;
     else
         ev->type = TANDEM_CLIENT_EVENT_OTHER;
+    if (ev->type != TANDEM_CLIENT_EVENT_TOKEN && ev->type != TANDEM_CLIENT_EVENT_OTHER && client->pending > 0)
+        client->pending--;
     ev->id = string_field(root, "id");
     ev->text = string_field(root, "text");
     ev->code = string_field(root, "code");

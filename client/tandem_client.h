@@ -106,13 +106,14 @@ struct tandem_client_event {
  * "type"), ERR_UNAVAILABLE or ERR_SYSTEM. On 0 the caller frees the event
  * with tandem_client_event_free.
  * ERR_UNAVAILABLE, once per drop: the connection to the coordinator dropped
- * after a message was sent (the coordinator was killed or restarted: at once;
- * it froze or the network went dead: within 5 s, by ZMTP heartbeats). The
- * requests sent before it lost their replies (replies that had arrived are
- * returned first); the client reconnects by itself and new requests are
- * served once the coordinator is back. A coordinator that stays connected but
- * stops answering is caught only by timeout_ms: callers pass a per-reply
- * (idle) timeout, never "forever", when a hang matters. */
+ * while requests were pending (sent, their done / error / stats reply not
+ * read yet; a cancel is not a request). Seen at once when the coordinator
+ * was killed or restarted, within 5 s (ZMTP heartbeats) when it froze or the
+ * network went dead. The pending requests lost their replies (replies that
+ * had arrived are returned first); the client reconnects by itself and new
+ * requests are served once the coordinator is back. A coordinator that stays
+ * connected but stops answering is caught only by timeout_ms: callers pass a
+ * per-reply (idle) timeout, never "forever", when a hang matters. */
 int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tandem_client_event *ev,
                        char *err);
 void tandem_client_event_free(struct tandem_client_event *ev);
