@@ -4,6 +4,18 @@
  * message is a single frame of JSON text (docs/protocol.md). Replies are
  * validated to the extent the caller relies on them (a JSON object with a
  * string "type"); anything else is ERR_PROTOCOL, never a crash.
+ *
+ * Losing the coordinator: its requests live only in its memory, so when the
+ * connection drops (the coordinator died or restarted) the replies of every
+ * request sent before will never come, and waiting for them is a hang.
+ * ZeroMQ reconnects silently; a socket monitor (stable API, an inproc PAIR
+ * socket of this client's context) tells us about the drop, and ZMTP
+ * heartbeats turn a coordinator that froze or a network path that went dead
+ * (no FIN, no RST) into a drop too. A drop while requests are pending (sent,
+ * their final reply - done, error or stats - not read yet) is reported once
+ * by tandem_client_recv as ERR_UNAVAILABLE; a drop while idle is not (a
+ * request sent after it is served once ZeroMQ has reconnected). A cancel
+ * does not count as a request: it gets no final reply of its own.
  */
 #include "tandem_client.h"
 
@@ -12,13 +24,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "error.h"
 
+/* ZMTP heartbeats: a PING every interval; no traffic for the timeout drops
+ * the connection. The coordinator's I/O thread answers PINGs whatever its
+ * main loop is doing, so a busy coordinator is never taken for a dead one;
+ * 5 s keeps a loaded 2-core machine well clear of false drops. */
+#define CLIENT_HEARTBEAT_IVL_MS 1000
+#define CLIENT_HEARTBEAT_TIMEOUT_MS 5000
+#define CLIENT_MONITOR_ENDPOINT "inproc://tandem-client-monitor"
+
 struct tandem_client {
     void *zctx;
     void *sock;
+    void *monitor;       /* PAIR receiving the DEALER's DISCONNECTED events */
+    int pending;         /* requests sent whose final reply was not read */
+    bool lost;           /* a drop while requests were pending, not reported yet */
 };
 
 /* server_public NULL: plain TCP/IPC; otherwise CURVE (see the header). */
@@ -42,9 +66,21 @@ static int client_create(struct tandem_client **out, const char *endpoint, const
         tandem_client_destroy(c);
         return rc;
     }
-    int linger_ms = 0;
-    if (zmq_setsockopt(c->sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0) {
-        int rc = error_set(err, ERR_SYSTEM, "zmq_setsockopt(ZMQ_LINGER): %s", zmq_strerror(zmq_errno()));
+    int linger_ms = 0, ivl_ms = CLIENT_HEARTBEAT_IVL_MS, hb_timeout_ms = CLIENT_HEARTBEAT_TIMEOUT_MS;
+    if (zmq_setsockopt(c->sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &ivl_ms, sizeof(ivl_ms)) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout_ms, sizeof(hb_timeout_ms)) != 0) {
+        int rc = error_set(err, ERR_SYSTEM, "zmq_setsockopt(LINGER, HEARTBEAT): %s", zmq_strerror(zmq_errno()));
+        tandem_client_destroy(c);
+        return rc;
+    }
+    /* One context per client: the fixed inproc name cannot clash. */
+    if (zmq_socket_monitor(c->sock, CLIENT_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED) != 0 ||
+        (c->monitor = zmq_socket(c->zctx, ZMQ_PAIR)) == NULL ||
+        zmq_setsockopt(c->monitor, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
+        zmq_connect(c->monitor, CLIENT_MONITOR_ENDPOINT) != 0) {
+        int rc = error_set(err, ERR_SYSTEM, "connection monitor (zmq_socket_monitor): %s",
+                           zmq_strerror(zmq_errno()));
         tandem_client_destroy(c);
         return rc;
     }
@@ -97,6 +133,8 @@ void tandem_client_destroy(struct tandem_client *client)
 {
     if (client == NULL)
         return;
+    if (client->monitor != NULL)
+        zmq_close(client->monitor);
     if (client->sock != NULL)
         zmq_close(client->sock);
     if (client->zctx != NULL)
@@ -191,11 +229,54 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
     return 0;
 }
 
-int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err)
+/* Reads the monitor's queued events: a drop while requests are pending marks
+ * the client lost (and those requests gone). An event is two frames (event
+ * number and value, then the endpoint). ERR_SYSTEM when the monitor cannot
+ * be read. */
+static int read_monitor(struct tandem_client *client, char *err)
 {
+    for (;;) {
+        zmq_msg_t frame;
+        if (zmq_msg_init(&frame) != 0)
+            return error_set(err, ERR_SYSTEM, "zmq_msg_init: %s", zmq_strerror(zmq_errno()));
+        if (zmq_msg_recv(&frame, client->monitor, ZMQ_DONTWAIT) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(&frame);
+            if (e == EAGAIN)
+                return 0;
+            return error_set(err, ERR_SYSTEM, "connection monitor: zmq_msg_recv: %s", zmq_strerror(e));
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&frame) >= sizeof(event))
+            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
+        int more = zmq_msg_more(&frame);
+        /* The second frame follows at once (ZeroMQ delivers a message whole). */
+        while (more && zmq_msg_recv(&frame, client->monitor, 0) >= 0)
+            more = zmq_msg_more(&frame);
+        zmq_msg_close(&frame);
+        if (event == ZMQ_EVENT_DISCONNECTED && client->pending > 0) {
+            client->lost = true;
+            client->pending = 0;
+        }
+    }
+}
+
+/* is_request: the message will get a final reply (everything but a cancel). */
+static int client_send(struct tandem_client *client, const void *data, size_t len, bool is_request, char *err)
+{
+    /* A drop seen now concerns the messages sent before this one only. */
+    int rc = read_monitor(client, err);
+    if (rc != 0)
+        return rc;
     if (zmq_send(client->sock, data, len, 0) < 0)
         return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
+    client->pending += is_request;
     return 0;
+}
+
+int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err)
+{
+    return client_send(client, data, len, true, err);
 }
 
 int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err)
@@ -228,9 +309,20 @@ int tandem_client_cancel(struct tandem_client *client, const char *id, char *err
         cJSON_Delete(m);
         return error_set(err, ERR_NOMEM, "cancel: out of memory");
     }
-    int rc = tandem_client_send_json(client, m, err);
+    char *text = cJSON_PrintUnformatted(m);
     cJSON_Delete(m);
+    if (text == NULL)
+        return error_set(err, ERR_NOMEM, "cancel: out of memory");
+    int rc = client_send(client, text, strlen(text), false, err);
+    cJSON_free(text);
     return rc;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
 static const char *string_field(const cJSON *obj, const char *name)
@@ -243,13 +335,37 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
                        char *err)
 {
     memset(ev, 0, sizeof(*ev));
-    zmq_pollitem_t item = {.socket = client->sock, .events = ZMQ_POLLIN};
-    int n = zmq_poll(&item, 1, timeout_ms < 0 ? -1 : timeout_ms);
-    if (n < 0)
-        return error_set(err, errno == EINTR ? ERR_CANCELLED : ERR_SYSTEM, "zmq_poll: %s",
-                         zmq_strerror(zmq_errno()));
-    if (n == 0)
+    zmq_pollitem_t items[2] = {
+        {.socket = client->sock, .events = ZMQ_POLLIN},
+        {.socket = client->monitor, .events = ZMQ_POLLIN},
+    };
+    /* Replies that arrived before a drop are still good: they go first. */
+    double deadline_ms = now_ms() + timeout_ms;
+    for (;;) {
+        long wait_ms = timeout_ms < 0 ? -1 : (long)(deadline_ms - now_ms());
+        if ((timeout_ms >= 0 && wait_ms < 0) || client->lost)
+            wait_ms = 0;
+        int n = zmq_poll(items, 2, wait_ms);
+        if (n < 0)
+            return error_set(err, errno == EINTR ? ERR_CANCELLED : ERR_SYSTEM, "zmq_poll: %s",
+                             zmq_strerror(zmq_errno()));
+        if (items[0].revents & ZMQ_POLLIN)
+            break;
+        if (items[1].revents & ZMQ_POLLIN) {
+            int rc = read_monitor(client, err);
+            if (rc != 0)
+                return rc;
+            if (!client->lost)
+                continue; /* a drop with nothing in flight: keep waiting */
+        }
+        if (client->lost) {
+            client->lost = false;
+            return error_set(err, ERR_UNAVAILABLE,
+                             "lost the connection to the coordinator (it stopped or restarted): requests "
+                             "sent before get no reply; the client reconnects by itself, send them again");
+        }
         return error_set(err, ERR_TIMEOUT, "no reply from the coordinator within %d ms", timeout_ms);
+    }
     zmq_msg_t msg;
     if (zmq_msg_init(&msg) != 0)
         return error_set(err, ERR_SYSTEM, "zmq_msg_init: %s", zmq_strerror(zmq_errno()));
@@ -283,6 +399,8 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
         ev->type = TANDEM_CLIENT_EVENT_STATS;
     else
         ev->type = TANDEM_CLIENT_EVENT_OTHER;
+    if (ev->type != TANDEM_CLIENT_EVENT_TOKEN && ev->type != TANDEM_CLIENT_EVENT_OTHER && client->pending > 0)
+        client->pending--;
     ev->id = string_field(root, "id");
     ev->text = string_field(root, "text");
     ev->code = string_field(root, "code");

@@ -6,7 +6,8 @@
  * parsed JSON. One client may have several requests in flight; replies carry
  * the request's "id" so the caller can tell them apart.
  * What it is not: thread-safe (one thread per client, like a ZeroMQ socket)
- * nor a retrying client: a timeout is reported, never hidden.
+ * nor a retrying client: a timeout or a lost connection is reported, never
+ * hidden (see tandem_client_recv).
  *
  * Errors: 0 or a negative code from common/base/error.h, the reason in err.
  */
@@ -102,8 +103,17 @@ struct tandem_client_event {
 
 /* Waits up to timeout_ms (< 0: forever) for the next reply. Returns 0,
  * ERR_TIMEOUT, ERR_PROTOCOL (a reply that is not a JSON object with a string
- * "type") or ERR_SYSTEM. On 0 the caller frees the event with
- * tandem_client_event_free. */
+ * "type"), ERR_UNAVAILABLE or ERR_SYSTEM. On 0 the caller frees the event
+ * with tandem_client_event_free.
+ * ERR_UNAVAILABLE, once per drop: the connection to the coordinator dropped
+ * while requests were pending (sent, their done / error / stats reply not
+ * read yet; a cancel is not a request). Seen at once when the coordinator
+ * was killed or restarted, within 5 s (ZMTP heartbeats) when it froze or the
+ * network went dead. The pending requests lost their replies (replies that
+ * had arrived are returned first); the client reconnects by itself and new
+ * requests are served once the coordinator is back. A coordinator that stays
+ * connected but stops answering is caught only by timeout_ms: callers pass a
+ * per-reply (idle) timeout, never "forever", when a hang matters. */
 int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tandem_client_event *ev,
                        char *err);
 void tandem_client_event_free(struct tandem_client_event *ev);

@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "adaptive_k.h"
+#include "connections.h"
 #include "metrics.h"
 #include "output.h"
 #include "proc_config.h"
@@ -89,6 +90,7 @@ struct seq {
     int slot;
     uint8_t client[PROTOCOL_IDENTITY_MAX];
     size_t client_size;
+    struct conn_ref conn;    /* the connection the request came on: replies go to it only */
     char id[REQUEST_ID_MAX + 1];
     bool stream;
     int max_tokens;
@@ -151,6 +153,8 @@ struct coordinator {
     bool clients_bound, workers_bound; /* ours to unlink (ipc://) on destroy */
     struct tokenizer *tk;    /* NULL: no tokenizer.json */
     struct exposure *exposure; /* CURVE and the ZAP handler of the client endpoint */
+    struct connections *conns; /* the client socket's connections (monitor) */
+    int n_conn_drops;        /* drops seen, not yet swept (intake_watch_connections) */
     struct worker worker[2];
     uint64_t draft_gen;
     struct seq *seqs;        /* cfg.max_concurrency active + max_queue queued */

@@ -67,9 +67,11 @@ static void unlink_ipc(const char *endpoint)
 }
 
 /* security: NULL, or the client endpoint's exposure (CURVE), applied
- * before the bind so no connection is ever accepted without it. */
+ * before the bind so no connection is ever accepted without it. conns: NULL,
+ * or where to start the connection monitor, also before the bind so that
+ * every connection is seen. */
 static int bind_router(struct coordinator *c, void **sock, const char *endpoint, const char *key, int max_msg,
-                       struct exposure *security, char *err)
+                       struct exposure *security, struct connections **conns, char *err)
 {
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (*sock == NULL)
@@ -80,6 +82,8 @@ static int bind_router(struct coordinator *c, void **sock, const char *endpoint,
         (max_bytes > 0 && zmq_setsockopt(*sock, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes)) != 0))
         return error_set(err, ERR_SYSTEM, "%s: zmq_setsockopt: %s", key, zmq_strerror(zmq_errno()));
     int rc = security ? exposure_apply(security, *sock, err) : 0;
+    if (rc == 0 && conns != NULL)
+        rc = connections_create(conns, c->zctx, *sock, err);
     if (rc != 0)
         return rc;
     if (zmq_bind(*sock, endpoint) != 0)
@@ -134,7 +138,7 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     if ((rc = exposure_create(&c->exposure, c->zctx, cc, err)) != 0)
         goto fail;
     if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max,
-                          c->exposure, err)) != 0)
+                          c->exposure, &c->conns, err)) != 0)
         goto fail;
     c->clients_bound = true;
     /* Replies to a vanished client fail (EHOSTUNREACH) instead of vanishing:
@@ -145,7 +149,8 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
                        zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, NULL, err)) != 0)
+    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, NULL, NULL, err)) !=
+        0)
         goto fail;
     c->workers_bound = true;
     *out = c;
@@ -164,6 +169,7 @@ void coordinator_destroy(struct coordinator *c)
     free(c->seqs);
     for (int r = 0; r < 2; r++)
         cJSON_Delete(c->worker[r].shm);
+    connections_destroy(c->conns);
     if (c->clients != NULL)
         zmq_close(c->clients);
     if (c->workers != NULL)
@@ -227,6 +233,7 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
             if (zmq_getsockopt(zap, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
                 break;
         }
+        intake_watch_connections(c);
         if (c->n_gone > 0)
             scheduler_cancel_gone(c);
         if (coord_now_ms() >= next_tick) {

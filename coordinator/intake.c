@@ -132,7 +132,8 @@ static int build_prompt(struct coordinator *c, const struct request *r, struct s
     return 0;
 }
 
-static void on_generate(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
+static void on_generate(struct coordinator *c, const uint8_t *identity, size_t identity_size, struct conn_ref conn,
+                        const cJSON *root)
 {
     char err[ERR_MSG_MAX] = "";
     c->metrics.requests_total++;
@@ -203,6 +204,7 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
     s->req = ++c->next_req;
     memcpy(s->client, identity, identity_size);
     s->client_size = identity_size;
+    s->conn = conn;
     snprintf(s->id, sizeof(s->id), "%s", r->id);
     s->stream = r->stream;
     s->max_tokens = r->max_tokens;
@@ -298,6 +300,21 @@ static void on_cancel(struct coordinator *c, const uint8_t *identity, size_t ide
 
 static void handle_message(struct coordinator *c, size_t *received_bytes);
 
+void intake_watch_connections(struct coordinator *c)
+{
+    c->n_conn_drops += connections_update(c->conns);
+    if (c->n_conn_drops == 0)
+        return;
+    c->n_conn_drops = 0;
+    for (int i = 0; i < c->n_seqs; i++) {
+        struct seq *s = &c->seqs[i];
+        if (s->state != SEQ_FREE && !connections_open(c->conns, s->conn)) {
+            LOG_INFO("request \"%s\" (#%llu): its client's connection dropped", s->id, (unsigned long long)s->req);
+            scheduler_cancel(c, s);
+        }
+    }
+}
+
 /* Reads one client message (routing id + one frame) and answers it; then,
  * after a large one, gives the freed memory back to the OS. */
 void intake_on_message(struct coordinator *c)
@@ -314,6 +331,10 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
 {
     uint8_t identity[PROTOCOL_IDENTITY_MAX];
     size_t identity_size = 0;
+    int fd = -1;
+    /* A connection that dropped loses its requests before a message of a
+     * newcomer (perhaps under the same routing id) is read. */
+    intake_watch_connections(c);
     zmq_msg_t part;
     if (zmq_msg_init(&part) != 0)
         return;
@@ -331,6 +352,10 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
         more = zmq_msg_more(&part);
         size_t size = zmq_msg_size(&part);
         *received_bytes += size;
+        /* The ROUTER makes the routing-id frame itself: the source
+         * descriptor is on the frames that came from the peer. */
+        if (n_parts == 1)
+            fd = zmq_msg_get(&part, ZMQ_SRCFD);
         if (n_parts == 0) {
             identity_size = size < sizeof(identity) ? size : sizeof(identity);
             memcpy(identity, zmq_msg_data(&part), identity_size);
@@ -355,6 +380,18 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
         return;
     }
     char err[ERR_MSG_MAX] = "";
+    /* A connection accepted or dropped on this descriptor number since the
+     * events were last read: the message may be the old connection's or the
+     * new one's, so it is bound to neither. The sender (if alive) is told. */
+    c->n_conn_drops += connections_update(c->conns);
+    if (connections_changed(c->conns, fd)) {
+        c->metrics.requests_total++;
+        replies_error(c, identity, identity_size, "", METRICS_ERR_INTERNAL,
+                      "the connection changed while this message was read; send it again");
+        free(payload);
+        return;
+    }
+    struct conn_ref conn = connections_ref(c->conns, fd);
     if (oversized) {
         char m[160];
         snprintf(m, sizeof(m), "message too large or in several frames: %zu bytes, at most %zu in one frame",
@@ -379,6 +416,6 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
     else if (kind == REQUEST_KIND_CANCEL)
         on_cancel(c, identity, identity_size, root);
     else
-        on_generate(c, identity, identity_size, root);
+        on_generate(c, identity, identity_size, conn, root);
     cJSON_Delete(root);
 }

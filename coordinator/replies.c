@@ -29,11 +29,30 @@ static void add_client_string(cJSON *m, const char *key, const char *s)
     free(fixed);
 }
 
+/* False when the routing id's requests came on a connection that dropped:
+ * the id may by now lead to another client. The events are read first: a
+ * drop is reported before libzmq frees the id for a newcomer. All requests
+ * of one id share one connection (intake cancels a dropped connection's
+ * requests before it reads a message of the next). */
+static bool connection_still_there(struct coordinator *c, const uint8_t *identity, size_t identity_size)
+{
+    c->n_conn_drops += connections_update(c->conns);
+    for (int i = 0; i < c->n_seqs; i++) {
+        const struct seq *s = &c->seqs[i];
+        if (s->state != SEQ_FREE && s->client_size == identity_size &&
+            memcmp(s->client, identity, identity_size) == 0 && !connections_open(c->conns, s->conn))
+            return false;
+    }
+    return true;
+}
+
 void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *msg)
 {
     char err[ERR_MSG_MAX];
     if (identity_size == 0)
         return;
+    if (!connection_still_there(c, identity, identity_size))
+        return; /* intake_watch_connections cancels its requests */
     if (protocol_send(c->clients, identity, identity_size, msg, NULL, 0, PROTOCOL_DONTWAIT, err) == 0)
         return;
     /* The client socket is ZMQ_ROUTER_MANDATORY: EHOSTUNREACH means the peer

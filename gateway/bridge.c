@@ -7,6 +7,12 @@
  * appended to their call's FIFO under the same mutex, which each call's
  * condition variable waits on. A reply for an id no call holds is dropped
  * (its call was closed: the HTTP client went away or timed out).
+ *
+ * Losing the coordinator: its requests die with it, so the calls that sent
+ * something before the connection dropped would wait for replies that never
+ * come (until request_timeout_ms, minutes). A socket monitor reports the
+ * drop (ZMTP heartbeats turn a frozen coordinator or a dead path into one)
+ * and each such call gets a "coordinator_unavailable" error reply at once.
  */
 #include "bridge.h"
 
@@ -27,6 +33,11 @@
 #include "logging.h"
 
 #define BRIDGE_ID_MAX 64
+/* ZMTP heartbeats: the coordinator's I/O thread answers whatever its main
+ * loop does, so only a frozen process or a dead path misses 5 s of them. */
+#define BRIDGE_HEARTBEAT_IVL_MS 1000
+#define BRIDGE_HEARTBEAT_TIMEOUT_MS 5000
+#define BRIDGE_MONITOR_ENDPOINT "inproc://tandem-bridge-monitor"
 
 struct reply_node {
     cJSON *msg;
@@ -44,12 +55,14 @@ struct bridge_call {
     char id[BRIDGE_ID_MAX];
     pthread_cond_t cond;
     struct reply_node *head, *tail;  /* guarded by b->mu */
+    bool sent;                       /* a message went out since the last drop; b->mu */
     struct bridge_call *next;        /* in b->calls */
 };
 
 struct bridge {
     void *zctx;
     void *sock;
+    void *monitor;               /* PAIR receiving sock's DISCONNECTED events */
     int wake_fd;                 /* eventfd: outgoing messages or stop */
     pthread_t thread;
     bool thread_started;
@@ -136,6 +149,12 @@ static void flush_out(struct bridge *b)
             snprintf(why, sizeof(why), "the coordinator is not reachable (zmq_send: %s)", zmq_strerror(e));
             LOG_WARN("to the coordinator: %s", why);
             deliver_unavailable(b, n->id, why);
+        } else {
+            pthread_mutex_lock(&b->mu);
+            struct bridge_call *call = call_find(b, n->id);
+            if (call != NULL)
+                call->sent = true;
+            pthread_mutex_unlock(&b->mu);
         }
         free(n->text);
         free(n);
@@ -172,15 +191,66 @@ static void read_replies(struct bridge *b)
     }
 }
 
+/* Reads the monitor's events; on a dropped connection, every call that sent
+ * something before gets a coordinator_unavailable error reply. */
+static void read_monitor(struct bridge *b)
+{
+    bool dropped = false;
+    for (;;) {
+        zmq_msg_t frame;
+        zmq_msg_init(&frame);
+        if (zmq_msg_recv(&frame, b->monitor, ZMQ_DONTWAIT) < 0) {
+            if (zmq_errno() != EAGAIN)
+                LOG_WARN("bridge: connection monitor: zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
+            zmq_msg_close(&frame);
+            break;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&frame) >= sizeof(event))
+            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
+        /* An event is two frames; the second (the endpoint) follows at once. */
+        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, b->monitor, 0) >= 0) {
+        }
+        zmq_msg_close(&frame);
+        dropped = dropped || event == ZMQ_EVENT_DISCONNECTED;
+    }
+    if (!dropped)
+        return;
+    /* Replies that came before the drop were read first (bridge_main). */
+    int n = 0;
+    pthread_mutex_lock(&b->mu);
+    for (struct bridge_call *c = b->calls; c != NULL; c = c->next) {
+        if (!c->sent)
+            continue;
+        c->sent = false;
+        cJSON *m = cJSON_CreateObject();
+        if (m == NULL || cJSON_AddStringToObject(m, "type", "error") == NULL ||
+            cJSON_AddStringToObject(m, "id", c->id) == NULL ||
+            cJSON_AddStringToObject(m, "code", BRIDGE_UNAVAILABLE_CODE) == NULL ||
+            cJSON_AddStringToObject(m, "message",
+                                    "lost the connection to the coordinator (it stopped or restarted); "
+                                    "the request is lost, send it again") == NULL) {
+            cJSON_Delete(m);
+            continue;
+        }
+        call_push(c, m);
+        n++;
+    }
+    pthread_mutex_unlock(&b->mu);
+    LOG_WARN("lost the connection to the coordinator: %d request(s) in flight failed with %s", n,
+             BRIDGE_UNAVAILABLE_CODE);
+}
+
 static void *bridge_main(void *arg)
 {
     struct bridge *b = arg;
     for (;;) {
-        zmq_pollitem_t items[2] = {
+        zmq_pollitem_t items[3] = {
             {.socket = b->sock, .events = ZMQ_POLLIN},
             {.fd = b->wake_fd, .events = ZMQ_POLLIN},
+            {.socket = b->monitor, .events = ZMQ_POLLIN},
         };
-        if (zmq_poll(items, 2, -1) < 0) {
+        if (zmq_poll(items, 3, -1) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             LOG_ERROR("bridge: zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -199,6 +269,8 @@ static void *bridge_main(void *arg)
         flush_out(b);
         if (items[0].revents & ZMQ_POLLIN)
             read_replies(b);
+        if (items[2].revents & ZMQ_POLLIN)
+            read_monitor(b);
     }
 }
 
@@ -229,10 +301,21 @@ int bridge_create(struct bridge **out, const char *endpoint, char *err)
     }
     /* IMMEDIATE: no queueing for a coordinator that is not there, so a
      * request fails at once with 503 instead of waiting for a timeout. */
-    int linger_ms = 0, immediate = 1;
+    int linger_ms = 0, immediate = 1, ivl_ms = BRIDGE_HEARTBEAT_IVL_MS, hb_ms = BRIDGE_HEARTBEAT_TIMEOUT_MS;
     if (zmq_setsockopt(b->sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
-        zmq_setsockopt(b->sock, ZMQ_IMMEDIATE, &immediate, sizeof(immediate)) != 0) {
+        zmq_setsockopt(b->sock, ZMQ_IMMEDIATE, &immediate, sizeof(immediate)) != 0 ||
+        zmq_setsockopt(b->sock, ZMQ_HEARTBEAT_IVL, &ivl_ms, sizeof(ivl_ms)) != 0 ||
+        zmq_setsockopt(b->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_ms, sizeof(hb_ms)) != 0) {
         rc = error_set(err, ERR_SYSTEM, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    /* One context per bridge: the fixed inproc name cannot clash. */
+    if (zmq_socket_monitor(b->sock, BRIDGE_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED) != 0 ||
+        (b->monitor = zmq_socket(b->zctx, ZMQ_PAIR)) == NULL ||
+        zmq_setsockopt(b->monitor, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
+        zmq_connect(b->monitor, BRIDGE_MONITOR_ENDPOINT) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "bridge: connection monitor (zmq_socket_monitor): %s",
+                       zmq_strerror(zmq_errno()));
         goto fail;
     }
     if (zmq_connect(b->sock, endpoint) != 0) {
@@ -269,6 +352,8 @@ void bridge_destroy(struct bridge *b)
         free(n->text);
         free(n);
     }
+    if (b->monitor != NULL)
+        zmq_close(b->monitor);
     if (b->sock != NULL)
         zmq_close(b->sock);
     if (b->zctx != NULL)

@@ -8,8 +8,10 @@
  * its engine core: HTTP threads never touch the socket.
  * What it is not: a retrying client. When the coordinator is not connected
  * a send fails at once (ZMQ_IMMEDIATE) and the call receives a synthetic
- * error reply of code "coordinator_unavailable"; when it restarts, calls in
- * flight get nothing more and their owners time out.
+ * error reply of code "coordinator_unavailable"; when the connection drops
+ * (the coordinator died or restarted: at once; it froze: within 5 s of
+ * missed ZMTP heartbeats), every call that had sent something gets that same
+ * reply: its request died with the coordinator.
  *
  * Threads: every function may be called from any thread; one call is used
  * by one thread at a time. Errors: 0 or a negative code from error.h, the

@@ -6,13 +6,15 @@
 Sends one streamed "generate" request to the coordinator, prints the text as
 it arrives, then the finish reason, acceptance rate and tokens/s. With --ids
 the prompt is token ids (for models without a tokenizer). See docs/protocol.md.
-Exit status: 0 done, 1 error reply, 3 timeout.
+Exit status: 0 done, 1 error reply, 3 timeout or lost connection (the
+coordinator died or restarted: the request died with it, send it again).
 """
 import argparse
 import json
 import sys
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 
 def main():
@@ -27,7 +29,14 @@ def main():
 
     sock = zmq.Context.instance().socket(zmq.DEALER)  # one frame per message, no delimiter
     sock.setsockopt(zmq.LINGER, 0)
+    # The coordinator keeps requests in memory only: if the connection drops
+    # while ours runs, its replies will never come. ZeroMQ reconnects
+    # silently; the monitor is how we hear of the drop.
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(args.endpoint)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
 
     request = {"v": 1, "type": "generate", "id": "example-1", "max_tokens": args.max_tokens,
                "temperature": args.temperature, "stream": True}
@@ -38,9 +47,15 @@ def main():
     sock.send_string(json.dumps(request))
 
     while True:
-        if not sock.poll(args.timeout_ms):
+        ready = dict(poller.poll(args.timeout_ms))
+        if not ready:
             print("no reply within %d ms" % args.timeout_ms, file=sys.stderr)
             return 3
+        if sock not in ready:  # replies that came before a drop are read first
+            if recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                print("lost the connection to the coordinator; send the request again", file=sys.stderr)
+                return 3
+            continue
         reply = json.loads(sock.recv())
         if reply.get("id") != request["id"]:
             continue

@@ -4,7 +4,7 @@
     tandem-loadgen.py --endpoint E [--requests N] [--concurrency C] [--seed S]
         [--max-tokens N] [--mix greedy=4,sampled=2,stream=3,cancel=1,malformed=1]
         [--generate PATH/tandem-generate --target DIR] [--expect-faults]
-        [--pids coordinator=PID,draft=PID,target=PID] [--json] [--timeout-s T]
+        [--pids coordinator=PID,draft=PID,target=PID] [--rss-every N] [--json] [--timeout-s T]
 
 Each of C client sockets (DEALER, one connection each, as separate clients would
 be) keeps one request in flight until N have been sent. Requests are drawn from a
@@ -21,10 +21,23 @@ Checks, not just timings:
     error coded `cancelled`, within the timeout;
   - anything else that is not a `done` is an unexpected error, unless
     --expect-faults lets `target_unavailable` through (fault-injection runs);
+  - a client whose connection drops while its request runs (the coordinator
+    was killed or restarted: its requests are gone with it) ends that request
+    at once as `coordinator_lost`, an error of this tool's own, expected only
+    with --expect-faults; the socket reconnects by itself and its next request
+    waits for the coordinator to be back;
   - a request with no reply within --timeout-s is a hang.
 Prints throughput (requests/s, generated tokens/s), time to first token and
 per-output-token latency percentiles (p50, p99; measured on streamed requests), errors by code, and the resident
-memory (VmRSS) of each process given with --pids at start and end. Exit status 0
+memory (VmRSS) of each process given with --pids at start and end; with
+--rss-every N also after every N finished requests, the growth from the first
+of those samples to the end, and the growth over the second half of the run
+(from the sample at N/2 requests to the end). The second is the leak figure: a
+leak grows both halves alike, while the coordinator's warm-up does not repeat:
+each client connection's ZeroMQ pipes keep a second 16 KB chunk per direction
+once 256 messages went through them (about 33 KB per connection, reached after
+some thousands of requests at 16 connections; docs/operations.md).
+Exit status 0
 when there was no mismatch, no hang, no unexpected error; 1 otherwise.
 Needs python3-zmq (Debian).
 """
@@ -36,6 +49,7 @@ import sys
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 PROMPT_LENGTHS = {"short": (2, 6), "medium": (16, 40), "long": (80, 160)}
 
@@ -123,8 +137,23 @@ class Client:
     def __init__(self, ctx, endpoint):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # A drop of the connection is the only sign that the coordinator
+        # died with our request: its replies will never come.
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.connect(endpoint)
         self.busy = None  # (kind, prompt, req, t_sent, t_first, n_events, last_event_t, cancel_sent)
+
+    def dropped(self):
+        """True when the monitor reports a dropped connection (reads all its events)."""
+        drop = False
+        while self.monitor.poll(0):
+            drop = drop or recv_monitor_message(self.monitor)["event"] == zmq.EVENT_DISCONNECTED
+        return drop
+
+    def close(self):
+        self.sock.disable_monitor()
+        self.monitor.close()
+        self.sock.close()
 
     def send(self, item):
         kind, prompt, req = item
@@ -160,18 +189,25 @@ def run(args):
     poller = zmq.Poller()
     for c in clients:
         poller.register(c.sock, zmq.POLLIN)
-    by_sock = {c.sock: c for c in clients}
+        poller.register(c.monitor, zmq.POLLIN)
     pending = list(plan.requests)
     pending.reverse()
     results = {"done": 0, "mismatch": [], "hang": [], "unexpected": {}, "expected_errors": {}, "codes": {},
                "tokens": 0, "ttft": [], "tpot": [], "cancelled": 0}
     # A marker for drivers that inject faults under load (tests/e2e/test_loadgen.py).
     print("tandem-loadgen: load started", file=sys.stderr, flush=True)
+    rss_samples = {n: [] for n in pids}
+    next_sample = args.rss_every if args.rss_every > 0 else None
     t0 = time.monotonic()
     for c in clients:
         if pending:
             c.send(pending.pop())
     while any(c.busy for c in clients):
+        finished = args.requests - len(pending) - sum(1 for c in clients if c.busy)
+        if next_sample is not None and finished >= next_sample:
+            for n, p in pids.items():
+                rss_samples[n].append(rss_kb(p))
+            next_sample += args.rss_every
         events = dict(poller.poll(100))
         now = time.monotonic()
         for c in clients:
@@ -195,19 +231,29 @@ def run(args):
                 c.busy = None
                 if pending:
                     c.send(pending.pop())
+            elif c.monitor in events and c.dropped():
+                # Replies that came before the drop were read above (the
+                # socket goes first); what is still missing will not come.
+                lost = {"type": "error", "code": "coordinator_lost", "id": b["req"]["id"],
+                        "message": "the connection dropped while the request ran"}
+                finish(args, c, b, lost, now, expected, results)
+                c.busy = None
+                if pending:
+                    c.send(pending.pop())
             elif now - b["t_sent"] > args.timeout_s:
                 results["hang"].append(b["req"]["id"])
                 # A fresh socket: a late reply must not be taken for the next request's.
                 poller.unregister(c.sock)
-                c.sock.close()
+                poller.unregister(c.monitor)
+                c.close()
                 c.__init__(ctx, args.endpoint)
                 poller.register(c.sock, zmq.POLLIN)
-                by_sock[c.sock] = c
+                poller.register(c.monitor, zmq.POLLIN)
                 if pending:
                     c.send(pending.pop())
     wall = time.monotonic() - t0
     rss_end = {n: rss_kb(p) for n, p in pids.items()}
-    report(args, results, wall, rss_start, rss_end, stats)
+    report(args, results, wall, rss_start, rss_end, stats, rss_samples)
     ok = not results["mismatch"] and not results["hang"] and not results["unexpected"]
     return 0 if ok else 1
 
@@ -218,7 +264,7 @@ def finish(args, c, b, m, now, expected, results):
     code = m.get("code", "") if typ == "error" else "done"
     results["codes"][code] = results["codes"].get(code, 0) + 1
     if kind == "malformed":
-        if code == "invalid_request":
+        if code == "invalid_request" or (args.expect_faults and code == "coordinator_lost"):
             results["expected_errors"][code] = results["expected_errors"].get(code, 0) + 1
         else:
             results["unexpected"].setdefault("malformed got " + code, []).append(req["id"])
@@ -227,7 +273,7 @@ def finish(args, c, b, m, now, expected, results):
         if kind == "cancel" and code == "cancelled":
             results["cancelled"] += 1
             return
-        if args.expect_faults and code in ("target_unavailable",):
+        if args.expect_faults and code in ("target_unavailable", "coordinator_lost"):
             results["expected_errors"][code] = results["expected_errors"].get(code, 0) + 1
             return
         results["unexpected"].setdefault(code, []).append("%s: %s" % (req["id"], m.get("message", "")))
@@ -260,7 +306,7 @@ def finish(args, c, b, m, now, expected, results):
                                           min(len(ids), len(want)))))
 
 
-def report(args, r, wall, rss_start, rss_end, stats):
+def report(args, r, wall, rss_start, rss_end, stats, rss_samples):
     out = {
         "requests": args.requests, "concurrency": args.concurrency, "wall_s": round(wall, 3),
         "requests_per_s": round(args.requests / wall, 2) if wall > 0 else 0,
@@ -273,6 +319,16 @@ def report(args, r, wall, rss_start, rss_end, stats):
         "mismatches": len(r["mismatch"]), "hangs": len(r["hang"]),
         "rss_kb": {n: {"start": rss_start.get(n), "end": rss_end.get(n)} for n in rss_start},
     }
+    if args.rss_every > 0:
+        out["rss_samples_kb"] = rss_samples
+        out["rss_growth_pct"] = {}
+        out["rss_growth_second_half_pct"] = {}
+        for n, v in rss_samples.items():
+            if v and v[0] and rss_end.get(n):
+                out["rss_growth_pct"][n] = round((rss_end[n] - v[0]) * 100.0 / v[0], 2)
+            half = args.requests // 2 // args.rss_every - 1  # the sample taken at N/2
+            if 0 <= half < len(v) and v[half] and rss_end.get(n):
+                out["rss_growth_second_half_pct"][n] = round((rss_end[n] - v[half]) * 100.0 / v[half], 2)
     if args.json:
         print(json.dumps(out))
     else:
@@ -284,6 +340,10 @@ def report(args, r, wall, rss_start, rss_end, stats):
         print("  cancelled: %d; expected errors: %s" % (r["cancelled"], json.dumps(r["expected_errors"])))
         for n in rss_start:
             print("  RSS %-11s start %s kB, end %s kB" % (n, rss_start[n], rss_end[n]))
+        for n, v in out.get("rss_samples_kb", {}).items():
+            print("  RSS %-11s every %d requests: %s kB; growth after the first sample: %s%%, "
+                  "over the second half: %s%%" % (n, args.rss_every, v, out["rss_growth_pct"].get(n),
+                                                  out["rss_growth_second_half_pct"].get(n)))
     for k, v in r["unexpected"].items():
         print("UNEXPECTED %s (%d): %s" % (k, len(v), "; ".join(v[:5])), file=sys.stderr)
     for m in r["mismatch"][:10]:
@@ -304,9 +364,11 @@ def main():
     ap.add_argument("--generate", help="tandem-generate, to compute expected greedy ids")
     ap.add_argument("--target", help="the target model directory (for --generate)")
     ap.add_argument("--expect-faults", action="store_true",
-                    help="target_unavailable is an expected outcome (fault-injection runs)")
+                    help="target_unavailable and coordinator_lost are expected outcomes (fault-injection runs)")
     ap.add_argument("--pids", help="name=pid,... processes whose RSS is reported")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="a request with no reply after this is a hang")
+    ap.add_argument("--rss-every", type=int, default=0,
+                    help="also sample RSS after every N finished requests (soak runs)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.requests < 1 or args.concurrency < 1:

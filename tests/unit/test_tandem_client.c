@@ -1,0 +1,227 @@
+/* test_tandem_client.c: the C client library against a stand-in coordinator
+ * (a ROUTER on an ipc:// endpoint in a temporary directory) that dies: a
+ * request in flight is reported lost at once (ERR_UNAVAILABLE, after the
+ * replies that came before), a drop with nothing in flight is not reported,
+ * and the client is served again by a coordinator that comes back. A cancel
+ * is not a request: it leaves nothing pending. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <zmq.h>
+
+#include "error.h"
+#include "tandem_client.h"
+#include "tmpdir_fixture.h"
+
+/* The client must hear of a drop in well under this (a killed process's
+ * sockets are closed by the kernel at once). */
+#define LOST_WITHIN_MS 2000
+
+struct fake {
+    struct tmpdir_fixture *tmp;
+    char endpoint[128];
+    void *zctx;
+    void *router;
+};
+
+static int setup(void **state)
+{
+    void *tmp = NULL;
+    if (tmpdir_fixture_setup(&tmp, "tandem_client") != 0)
+        return -1;
+    struct fake *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return -1;
+    f->tmp = tmp;
+    snprintf(f->endpoint, sizeof(f->endpoint), "ipc://%s/c.sock", f->tmp->dir);
+    f->zctx = zmq_ctx_new();
+    *state = f;
+    return f->zctx != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    struct fake *f = *state;
+    if (f->router != NULL)
+        zmq_close(f->router);
+    zmq_ctx_term(f->zctx);
+    void *tmp = f->tmp;
+    free(f);
+    return tmpdir_fixture_teardown(&tmp);
+}
+
+static void router_start(struct fake *f)
+{
+    f->router = zmq_socket(f->zctx, ZMQ_ROUTER);
+    assert_non_null(f->router);
+    int linger = 0, timeout_ms = 5000;
+    assert_int_equal(zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof(linger)), 0);
+    assert_int_equal(zmq_setsockopt(f->router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)), 0);
+    assert_int_equal(zmq_bind(f->router, f->endpoint), 0);
+}
+
+/* The coordinator dies: its socket closes, the peer sees the drop. */
+static void router_kill(struct fake *f)
+{
+    assert_int_equal(zmq_close(f->router), 0);
+    f->router = NULL;
+}
+
+/* Receives one client message; returns its routing id's length (id copied). */
+static size_t router_recv(struct fake *f, uint8_t *id, size_t id_max)
+{
+    int n = zmq_recv(f->router, id, id_max, 0);
+    assert_true(n > 0);
+    int more = 0;
+    size_t sz = sizeof(more);
+    assert_int_equal(zmq_getsockopt(f->router, ZMQ_RCVMORE, &more, &sz), 0);
+    assert_true(more);
+    char body[512];
+    assert_true(zmq_recv(f->router, body, sizeof(body), 0) > 0);
+    return (size_t)n;
+}
+
+static void router_reply(struct fake *f, const uint8_t *id, size_t id_size, const char *json)
+{
+    assert_int_equal(zmq_send(f->router, id, id_size, ZMQ_SNDMORE), (int)id_size);
+    assert_int_equal(zmq_send(f->router, json, strlen(json), 0), (int)strlen(json));
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+static const char request[] = "{\"v\":1,\"type\":\"generate\",\"id\":\"r\",\"prompt_ids\":[1,2]}";
+
+static void test_tandem_client_reports_lost_request_after_earlier_replies(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    router_start(f);
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create(&c, f->endpoint, err), 0);
+    assert_int_equal(tandem_client_send_raw(c, request, strlen(request), err), 0);
+    uint8_t id[256];
+    size_t id_size = router_recv(f, id, sizeof(id));
+    router_reply(f, id, id_size, "{\"type\":\"token\",\"id\":\"r\",\"text\":\"a\",\"ids\":[7]}");
+    /* The token is surely on the client's side before the death: it was read. */
+    struct tandem_client_event ev;
+    assert_int_equal(tandem_client_recv(c, 5000, &ev, err), 0);
+    assert_int_equal(ev.type, TANDEM_CLIENT_EVENT_TOKEN);
+    tandem_client_event_free(&ev);
+    router_reply(f, id, id_size, "{\"type\":\"token\",\"id\":\"r\",\"text\":\"b\",\"ids\":[8]}");
+    router_kill(f);
+    double t0 = now_ms();
+    /* The reply sent before the death comes first, then the loss. */
+    assert_int_equal(tandem_client_recv(c, 10000, &ev, err), 0);
+    assert_string_equal(ev.text, "b");
+    tandem_client_event_free(&ev);
+    int rc = tandem_client_recv(c, 10000, &ev, err);
+    double waited = now_ms() - t0;
+    assert_int_equal(rc, ERR_UNAVAILABLE);
+    assert_non_null(strstr(err, "lost the connection to the coordinator"));
+    assert_true(waited < LOST_WITHIN_MS);
+    /* Reported once: afterwards, silence is a timeout again. */
+    assert_int_equal(tandem_client_recv(c, 100, &ev, err), ERR_TIMEOUT);
+    tandem_client_destroy(c);
+}
+
+static void test_tandem_client_drop_with_nothing_sent_is_not_reported(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    router_start(f);
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create(&c, f->endpoint, err), 0);
+    /* A stats round trip: the connection is up, and nothing is in flight after it. */
+    const char stats[] = "{\"v\":1,\"type\":\"stats\"}";
+    assert_int_equal(tandem_client_send_raw(c, stats, strlen(stats), err), 0);
+    uint8_t id[256];
+    size_t id_size = router_recv(f, id, sizeof(id));
+    router_reply(f, id, id_size, "{\"type\":\"stats\",\"id\":\"\"}");
+    struct tandem_client_event ev;
+    assert_int_equal(tandem_client_recv(c, 5000, &ev, err), 0);
+    assert_int_equal(ev.type, TANDEM_CLIENT_EVENT_STATS);
+    tandem_client_event_free(&ev);
+    /* The client read its reply: nothing is pending, a drop loses nothing
+     * and is not an error; a request sent after it is served. */
+    router_kill(f);
+    assert_int_equal(tandem_client_recv(c, 500, &ev, err), ERR_TIMEOUT);
+    router_start(f);
+    assert_int_equal(tandem_client_send_raw(c, stats, strlen(stats), err), 0);
+    id_size = router_recv(f, id, sizeof(id));
+    router_reply(f, id, id_size, "{\"type\":\"stats\",\"id\":\"\"}");
+    assert_int_equal(tandem_client_recv(c, 5000, &ev, err), 0);
+    assert_int_equal(ev.type, TANDEM_CLIENT_EVENT_STATS);
+    tandem_client_event_free(&ev);
+    tandem_client_destroy(c);
+}
+
+static void test_tandem_client_cancel_leaves_nothing_pending(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    router_start(f);
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create(&c, f->endpoint, err), 0);
+    assert_int_equal(tandem_client_send_raw(c, request, strlen(request), err), 0);
+    uint8_t id[256];
+    size_t id_size = router_recv(f, id, sizeof(id));
+    router_reply(f, id, id_size, "{\"type\":\"done\",\"id\":\"r\",\"text\":\"\",\"ids\":[]}");
+    struct tandem_client_event ev;
+    assert_int_equal(tandem_client_recv(c, 5000, &ev, err), 0);
+    assert_int_equal(ev.type, TANDEM_CLIENT_EVENT_DONE);
+    tandem_client_event_free(&ev);
+    /* A cancel of a request that already ended gets no reply at all. */
+    assert_int_equal(tandem_client_cancel(c, "r", err), 0);
+    router_recv(f, id, sizeof(id));
+    router_kill(f);
+    assert_int_equal(tandem_client_recv(c, 500, &ev, err), ERR_TIMEOUT);
+    tandem_client_destroy(c);
+}
+
+static void test_tandem_client_is_served_by_a_restarted_coordinator(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    router_start(f);
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create(&c, f->endpoint, err), 0);
+    assert_int_equal(tandem_client_send_raw(c, request, strlen(request), err), 0);
+    uint8_t id[256];
+    router_recv(f, id, sizeof(id));
+    router_kill(f);
+    struct tandem_client_event ev;
+    assert_int_equal(tandem_client_recv(c, 10000, &ev, err), ERR_UNAVAILABLE);
+    /* The coordinator is back at the same endpoint: ZeroMQ reconnects, a
+     * request sent now is answered, and the old drop is not reported again. */
+    router_start(f);
+    assert_int_equal(tandem_client_send_raw(c, request, strlen(request), err), 0);
+    size_t id_size = router_recv(f, id, sizeof(id));
+    router_reply(f, id, id_size, "{\"type\":\"done\",\"id\":\"r\",\"text\":\"\",\"ids\":[]}");
+    assert_int_equal(tandem_client_recv(c, 10000, &ev, err), 0);
+    assert_int_equal(ev.type, TANDEM_CLIENT_EVENT_DONE);
+    tandem_client_event_free(&ev);
+    tandem_client_destroy(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tandem_client_reports_lost_request_after_earlier_replies, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_tandem_client_drop_with_nothing_sent_is_not_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tandem_client_cancel_leaves_nothing_pending, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tandem_client_is_served_by_a_restarted_coordinator, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
