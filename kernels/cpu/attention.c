@@ -58,12 +58,18 @@ static void attn_task(void *ctx, long begin, long end, int thread_idx)
         const float *kb = job->k_pool + (size_t)g * (size_t)hd;
         const float *vb = job->v_pool + (size_t)g * (size_t)hd;
 
+        /* Positions are walked block by block (one table lookup per block,
+         * not a division per position), still in increasing t. */
+        const int bs = kv->block_size;
         float m = -INFINITY;
-        for (int t = 0; t < n_pos; t++) {
-            float s = cpu_simd_dot_f32(q, kb + pool_row(kv, table, t) * kv_stride, hd) *
-                      job->scale;
-            scores[t] = s;
-            m = s > m ? s : m;
+        for (int t0 = 0, b = 0; t0 < n_pos; t0 += bs, b++) {
+            const float *kr = kb + (size_t)table[b] * (size_t)bs * kv_stride;
+            const int tn = n_pos - t0 < bs ? n_pos - t0 : bs;
+            for (int j = 0; j < tn; j++, kr += kv_stride) {
+                float s = cpu_simd_dot_f32(q, kr, hd) * job->scale;
+                scores[t0 + j] = s;
+                m = s > m ? s : m;
+            }
         }
         float sum = 0.0f;
         for (int t = 0; t < n_pos; t++) {
@@ -72,18 +78,21 @@ static void attn_task(void *ctx, long begin, long end, int thread_idx)
             sum += e;
         }
         memset(acc, 0, (size_t)hd * sizeof(float));
-        for (int t = 0; t < n_pos; t++) {
-            const float p = scores[t] / sum;
-            const float *v = vb + pool_row(kv, table, t) * kv_stride;
-            int d = 0;
+        for (int t0 = 0, b = 0; t0 < n_pos; t0 += bs, b++) {
+            const float *v = vb + (size_t)table[b] * (size_t)bs * kv_stride;
+            const int t_end = n_pos - t0 < bs ? n_pos : t0 + bs;
+            for (int t = t0; t < t_end; t++, v += kv_stride) {
+                const float p = scores[t] / sum;
+                int d = 0;
 #ifdef __AVX2__
-            const __m256 pv = _mm256_set1_ps(p);
-            for (; d + 8 <= hd; d += 8)
-                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d),
-                                                          _mm256_loadu_ps(acc + d)));
+                const __m256 pv = _mm256_set1_ps(p);
+                for (; d + 8 <= hd; d += 8)
+                    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d),
+                                                              _mm256_loadu_ps(acc + d)));
 #endif
-            for (; d < hd; d++)
-                acc[d] = fmaf(p, v[d], acc[d]);
+                for (; d < hd; d++)
+                    acc[d] = fmaf(p, v[d], acc[d]);
+            }
         }
         memcpy(job->out + qoff, acc, (size_t)hd * sizeof(float));
     }
