@@ -146,6 +146,7 @@ static struct queued_draft *queued_new(struct draft_worker *w, enum draft_kind k
     return qd;
 }
 
+#ifdef TANDEM_HAVE_CUDA
 /* A CUDA failure leaves the context unusable (errors are sticky): the
  * worker reports it and exits, and the supervisor restarts it. */
 static void draft_fatal(struct draft_worker *w, int rc, const char *err)
@@ -158,6 +159,7 @@ static void draft_fatal(struct draft_worker *w, int rc, const char *err)
     if (w->stop)
         *w->stop = 1;
 }
+#endif
 
 /* Before host code rewrites slot/half: the copy the last publish queued
  * from it must be done (cuda_ipc), then the half is marked as rewritten. */

@@ -144,6 +144,7 @@ static void fail_queued_readers(struct target_worker *w, const char *why)
     }
 }
 
+#ifdef TANDEM_HAVE_CUDA
 static void target_fatal(struct target_worker *w, int rc, const char *err)
 {
     if (w->fatal_rc == 0) {
@@ -154,6 +155,7 @@ static void target_fatal(struct target_worker *w, int rc, const char *err)
     if (w->stop)
         *w->stop = 1;
 }
+#endif
 
 /* Closes the device side and the mapping of the draft's buffer: the
  * driver frees a dead draft's slab only once every mapping of it is
