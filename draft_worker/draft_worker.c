@@ -7,9 +7,10 @@
  * pre-draft takes the round's place in the queue when the round is done.
  *
  * Invariants: the shared buffer is created before the first register and
- * lives until destroy (its name goes into every register); a half is fully
- * written and fenced (shm_buffer_publish) before the draft_ready naming it is
- * sent; every command gets exactly one reply (draft: two when predraft_k > 0)
+ * lives until destroy (its name goes into every register); a half is marked
+ * as being rewritten (shm_buffer_half_begin_write) before anything writes
+ * its tokens or q rows, and published (shm_buffer_half_publish) before the
+ * draft_ready naming it is sent; every command gets exactly one reply (draft: two when predraft_k > 0)
  * except release, heartbeat, welcome and shutdown.
  */
 #include "draft_worker.h"
@@ -29,6 +30,9 @@
 #include "specdec.h"
 #include "worker_link.h"
 #include "worker_msg.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
 
 /* What a queued job is, for its reply. */
 enum draft_kind { QD_PREFILL, QD_DRAFT, QD_PREDRAFT };
@@ -49,7 +53,13 @@ struct draft_worker {
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_draft *spec;
     struct shm_buffer *shm;
+#ifdef TANDEM_HAVE_CUDA
+    struct kern_cuda_ipc *ipc; /* transport cuda_ipc: the slab and events; else NULL */
+#endif
     struct worker_link *link;
+    volatile sig_atomic_t *stop; /* run's flag: set on a CUDA failure, which is sticky */
+    int fatal_rc;                /* 0, or why the worker stopped (fatal_err) */
+    char fatal_err[ERR_MSG_MAX];
     int k_max;
     struct queued_draft **queue; /* arrival order; one slot's jobs stay in order */
     struct specdec_draft_job **jobs; /* scratch: the queue's jobs for a step */
@@ -136,6 +146,72 @@ static struct queued_draft *queued_new(struct draft_worker *w, enum draft_kind k
     return qd;
 }
 
+#ifdef TANDEM_HAVE_CUDA
+/* A CUDA failure leaves the context unusable (errors are sticky): the
+ * worker reports it and exits, and the supervisor restarts it. */
+static void draft_fatal(struct draft_worker *w, int rc, const char *err)
+{
+    if (w->fatal_rc == 0) {
+        w->fatal_rc = rc;
+        snprintf(w->fatal_err, sizeof w->fatal_err, "%s", err);
+        LOG_ERROR("%s; stopping", err);
+    }
+    if (w->stop)
+        *w->stop = 1;
+}
+#endif
+
+/* Before host code rewrites slot/half: the copy the last publish queued
+ * from it must be done (cuda_ipc), then the half is marked as rewritten. */
+static int half_begin_write(struct draft_worker *w, int slot, int half, char *err)
+{
+#ifdef TANDEM_HAVE_CUDA
+    if (w->ipc) {
+        int rc = kern_cuda_ipc_begin_write(w->ipc, slot * 2 + half, err);
+        if (rc) {
+            draft_fatal(w, rc, err);
+            return rc;
+        }
+    }
+#else
+    (void)err;
+#endif
+    shm_buffer_half_begin_write(w->shm, slot, half);
+    return 0;
+}
+
+/* Publishes slot/half: with cuda_ipc, first its copy into the slab and its
+ * event (queued, not waited for), so the event is recorded before the
+ * message that names the half leaves. with_q: the job wrote q rows (sampled
+ * mode at temperature > 0); otherwise only the header and tokens move. */
+static int half_publish(struct draft_worker *w, int slot, int half,
+                        const struct shm_half_info *info, int rows, bool with_q)
+{
+#ifdef TANDEM_HAVE_CUDA
+    if (w->ipc) {
+        const struct shm_layout *lay = shm_buffer_layout(w->shm);
+        const size_t bytes =
+            lay->q_offset + (with_q ? (size_t)rows * (size_t)lay->vocab * sizeof(float) : 0);
+        char err[ERR_MSG_MAX];
+        int rc = kern_cuda_ipc_publish(w->ipc, slot * 2 + half, bytes, err);
+        if (rc) {
+            draft_fatal(w, rc, err);
+            return rc;
+        }
+    }
+#else
+    (void)rows;
+    (void)with_q;
+#endif
+    shm_buffer_half_publish(w->shm, slot, half, info);
+    return 0;
+}
+
+static bool job_writes_q(const struct specdec_draft_job *j)
+{
+    return j->mode == SPECULATE_MODE_SAMPLED && !sampling_params_is_greedy(&j->sp);
+}
+
 static void handle_prefill(void *user, const struct protocol_msg *m)
 {
     struct draft_worker *w = user;
@@ -186,8 +262,13 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     qd->half = d.half;
     qd->round = d.round;
     qd->predraft_k = d.predraft_k;
-    /* Mark the half as being rewritten before anything touches it. */
-    shm_buffer_half_header(w->shm, d.seq.slot, d.half)->req = UINT64_MAX;
+    if ((rc = half_begin_write(w, d.seq.slot, d.half, err))) {
+        queued_free(qd);
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, rc, err);
+        if (d.predraft_k > 0)
+            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0);
+        return;
+    }
     qd->job.keep_len = d.keep_len;
     qd->job.k = d.k;
     qd->job.sp = d.sampling.sp;
@@ -212,17 +293,22 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
             send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
         return NULL;
     }
-    struct shm_half_header *hh = shm_buffer_half_header(w->shm, slot, qd->half);
-    hh->round = (uint32_t)qd->round;
-    hh->k = (uint32_t)k;
-    hh->first = 0;
-    hh->guess = 0;
-    hh->req = (uint64_t)qd->seq.req;
-    shm_buffer_publish(w->shm);
+    const struct shm_half_info info = {.req = (uint64_t)qd->seq.req, .round = (uint32_t)qd->round,
+                                       .k = (uint32_t)k, .first = 0, .guess = 0};
+    char err[ERR_MSG_MAX];
+    if (half_publish(w, slot, qd->half, &info, k, job_writes_q(j))) {
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, w->fatal_rc, w->fatal_err);
+        if (qd->predraft_k > 0)
+            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        return NULL;
+    }
     send_draft_ready(w, &qd->seq, qd->half, qd->round, k, -1, false, qd->compute_ms);
     if (qd->predraft_k <= 0)
         return NULL;
-    shm_buffer_half_header(w->shm, slot, other)->req = UINT64_MAX;
+    if (half_begin_write(w, slot, other, err)) {
+        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        return NULL;
+    }
     if (k == 0) {
         send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
         return NULL;
@@ -260,13 +346,13 @@ static void finish_predraft(struct draft_worker *w, struct queued_draft *qd)
         send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms);
         return;
     }
-    struct shm_half_header *oh = shm_buffer_half_header(w->shm, slot, qd->half);
-    oh->round = (uint32_t)qd->round;
-    oh->k = (uint32_t)qd->predraft_k;
-    oh->first = 1;
-    oh->guess = (uint32_t)j->tokens_out[0];
-    oh->req = (uint64_t)qd->seq.req;
-    shm_buffer_publish(w->shm);
+    const struct shm_half_info info = {.req = (uint64_t)qd->seq.req, .round = (uint32_t)qd->round,
+                                       .k = (uint32_t)qd->predraft_k, .first = 1,
+                                       .guess = (uint32_t)j->tokens_out[0]};
+    if (half_publish(w, slot, qd->half, &info, j->k, job_writes_q(j))) {
+        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms);
+        return;
+    }
     send_draft_ready(w, &qd->seq, qd->half, qd->round, qd->predraft_k, j->tokens_out[0], true,
                      qd->compute_ms);
 }
@@ -365,6 +451,51 @@ static void on_chunk(void *user, int n_done, int n_total)
     worker_link_keepalive(w->link);
 }
 
+/* The shared buffer of the transport the config names (shm_transport,
+ * shm_staging) and, for cuda_ipc, its device side on the model's GPU. */
+static int draft_shm_create(struct draft_worker *w, const struct worker_config *wc, char *err)
+{
+    const bool cuda = strcmp(wc->backend, "cuda") == 0;
+    const char *transport = wc->shm_transport;
+    if (strcmp(transport, "auto") == 0)
+        transport = cuda ? "cuda_ipc" : "posix";
+    const bool ipc = strcmp(transport, "cuda_ipc") == 0;
+    if (ipc && !cuda)
+        return error_set(err, ERR_INVALID_ARG,
+                         "draft_worker.shm_transport: \"cuda_ipc\" needs backend \"cuda\"");
+    int rc = shm_buffer_create(&w->shm, transport, w->cfg.instance, "draft", w->m.n_slots, w->k_max,
+                               w->m.vocab, err);
+    if (rc || !ipc)
+        return rc;
+#ifdef TANDEM_HAVE_CUDA
+    const struct shm_layout *lay = shm_buffer_layout(w->shm);
+    const struct kern_cuda_ipc_shape shape = {
+        .host_base = shm_buffer_half_header(w->shm, 0, 0), .half_bytes = lay->half_bytes,
+        .n_halves = lay->n_slots * 2, .host_read_only = 0};
+    const struct kern_cuda_ipc_handles *h = NULL;
+    if ((rc = kern_cuda_ipc_export(&w->ipc, w->m.be, &shape, wc->shm_staging, &h, err)))
+        return rc;
+    struct shm_buffer_cuda_desc cd = {
+        .staging = h->staging != 0, .slab_bytes = h->slab_bytes, .probe_offset = h->probe_offset,
+        .n_events = h->n_events, .event_handles = (unsigned char *)h->events};
+    _Static_assert(sizeof cd.mem_handle == KERN_CUDA_IPC_HANDLE_BYTES &&
+                       SHM_BUFFER_IPC_HANDLE_BYTES == KERN_CUDA_IPC_HANDLE_BYTES &&
+                       SHM_BUFFER_UUID_MAX >= KERN_CUDA_UUID_MAX,
+                   "the descriptor carries the CUDA handles as they are");
+    snprintf(cd.device_uuid, sizeof cd.device_uuid, "%s", h->device_uuid);
+    memcpy(cd.mem_handle, h->mem, sizeof cd.mem_handle);
+    memcpy(cd.probe, h->probe, sizeof cd.probe);
+    if ((rc = shm_buffer_set_cuda(w->shm, &cd, err)))
+        return rc;
+    LOG_INFO("draft buffer over CUDA IPC on %s: %s", h->device_uuid,
+             h->staging ? "pinned host staging (shm_staging)" : "device slab + events");
+    return 0;
+#else
+    return error_set(err, ERR_UNSUPPORTED,
+                     "draft_worker.shm_transport: cuda_ipc: this binary was built without CUDA");
+#endif
+}
+
 static int draft_worker_create(void **out, const struct proc_config *cfg, char *err)
 {
     *out = NULL;
@@ -386,8 +517,7 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
     else if (removed > 0)
         LOG_INFO("removed %d stale shared-memory segment(s) of instance %s", removed,
                  cfg->instance);
-    if ((rc = shm_buffer_create(&w->shm, "posix", cfg->instance, "draft", w->m.n_slots, w->k_max,
-                                w->m.vocab, err)))
+    if ((rc = draft_shm_create(w, wc, err)))
         goto fail;
     char note[PROC_CONFIG_PATH_MAX + 160];
     snprintf(note, sizeof note, "%s, vocab %d, %d slots, shm %s", wc->model, w->m.vocab,
@@ -410,7 +540,11 @@ fail:
 static int draft_worker_run(void *worker, volatile sig_atomic_t *stop, char *err)
 {
     struct draft_worker *w = worker;
-    return worker_link_run(w->link, stop, err);
+    w->stop = stop;
+    int rc = worker_link_run(w->link, stop, err);
+    if (rc == 0 && w->fatal_rc)
+        return error_set(err, w->fatal_rc, "%s", w->fatal_err);
+    return rc;
 }
 
 static void draft_worker_destroy(void *worker)
@@ -423,6 +557,10 @@ static void draft_worker_destroy(void *worker)
         queued_free(w->queue[i]);
     free(w->queue);
     free(w->jobs);
+#ifdef TANDEM_HAVE_CUDA
+    /* unregisters the host face, so it goes before the segment's unmap */
+    kern_cuda_ipc_close(w->ipc);
+#endif
     shm_buffer_close(w->shm);
     specdec_draft_destroy(w->spec);
     worker_main_model_free(&w->m);

@@ -19,9 +19,14 @@
  * - create loads the model (cfg->draft_worker), creates the context with
  *   cfg->coordinator.max_concurrency slots, removes the instance's stale
  *   shared-memory segments, creates the shared buffer (k_max =
- *   cfg->coordinator.spec_k_max) and the coordinator link (worker/worker_link.h).
- *   cfg is copied. ERR_UNSUPPORTED for backend "cuda" (not built yet), model
- *   errors as llama_model_load reports them.
+ *   cfg->coordinator.spec_k_max; transport shm_transport: cuda_ipc with
+ *   backend cuda, with its slab and events on the model's GPU) and the
+ *   coordinator link (worker/worker_link.h). cfg is copied. Model and CUDA
+ *   errors as kern_backend_create, llama_model_load and
+ *   kern_cuda_ipc_export report them; ERR_INVALID_ARG for cuda_ipc on the CPU
+ *   backend.
+ * - a CUDA failure while serving is sticky: run reports it and returns it
+ *   (the process exits, the supervisor restarts it).
  * - run serves until *stop becomes nonzero (signal), a "shutdown" arrives
  *   (returns 0) or the coordinator refuses the worker (ERR_MISMATCH, message
  *   in err). Per-request failures are reported to the coordinator and do not

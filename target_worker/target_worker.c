@@ -9,9 +9,10 @@
  *
  * Invariants: every verify gets exactly one reply (verify_done or error);
  * drafts and q rows are read in place from the draft's buffer only after
- * the half's header matched the verify's req and round, and the header is
- * re-checked afterwards so a half the draft rewrote meanwhile is reported,
- * never silently used. The imported buffer is replaced, never patched, when
+ * the half's published header (shm_buffer_half_read, acquire) matched the
+ * verify's req and round, and the half's seq is re-checked after the step
+ * (shm_buffer_half_unchanged) so a half the draft rewrote meanwhile is
+ * reported, never silently used. The imported buffer is replaced, never patched, when
  * the coordinator names a different one (a restarted draft): queued
  * verifications that read the old one are failed first. A release drops the
  * queued verifications of its slot.
@@ -33,6 +34,9 @@
 #include "specdec.h"
 #include "worker_link.h"
 #include "worker_msg.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
 
 /* A verification waiting or in progress, with what its reply needs. */
 struct queued_verify {
@@ -40,7 +44,9 @@ struct queued_verify {
     struct worker_msg_seq seq;
     int64_t round;
     int half;
-    struct shm_half_header *hh; /* the half it reads, NULL when k = 0 */
+    bool reads_shm;             /* k > 0: it reads the half (slot, half) in place */
+    uint64_t shm_seq;           /* the half's publication it read (shm_buffer_half_read) */
+    bool staging_pending;       /* cuda_ipc: its q rows are being copied (kern_cuda_ipc_stage) */
     int32_t *feed;              /* owned copy: the message is gone */
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
@@ -51,7 +57,13 @@ struct target_worker {
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_target *spec;
     struct shm_buffer *shm; /* the draft's buffer, imported read-only; NULL until attached */
+#ifdef TANDEM_HAVE_CUDA
+    struct kern_cuda_ipc *ipc; /* shm's device side (transport cuda_ipc on a cuda backend) */
+#endif
     struct worker_link *link;
+    volatile sig_atomic_t *stop; /* run's flag: set on a CUDA failure, which is sticky */
+    int fatal_rc;
+    char fatal_err[ERR_MSG_MAX];
     double last_step_end_ms; /* 0 before the first step */
     /* Gathering: slots answered by the last step whose next verification
      * (sent by the coordinator as soon as it reads the answer) has not
@@ -125,12 +137,67 @@ static int queue_grow(struct target_worker *w)
 static void fail_queued_readers(struct target_worker *w, const char *why)
 {
     for (int i = w->n_queued - 1; i >= 0; i--) {
-        if (!w->queue[i]->hh)
+        if (!w->queue[i]->reads_shm)
             continue;
         worker_link_send_error(w->link, PROTOCOL_VERIFY, &w->queue[i]->seq, ERR_UNAVAILABLE, why);
         queue_remove(w, i);
     }
 }
+
+#ifdef TANDEM_HAVE_CUDA
+static void target_fatal(struct target_worker *w, int rc, const char *err)
+{
+    if (w->fatal_rc == 0) {
+        w->fatal_rc = rc;
+        snprintf(w->fatal_err, sizeof w->fatal_err, "%s", err);
+        LOG_ERROR("%s; stopping", err);
+    }
+    if (w->stop)
+        *w->stop = 1;
+}
+#endif
+
+/* Closes the device side and the mapping of the draft's buffer: the
+ * driver frees a dead draft's slab only once every mapping of it is
+ * closed, so this runs as soon as the coordinator names another buffer. */
+static void detach(struct target_worker *w)
+{
+#ifdef TANDEM_HAVE_CUDA
+    kern_cuda_ipc_close(w->ipc);
+    w->ipc = NULL;
+#endif
+    shm_buffer_close(w->shm);
+    w->shm = NULL;
+}
+
+#ifdef TANDEM_HAVE_CUDA
+/* The device side of a cuda_ipc buffer, on this worker's GPU. A target on
+ * the CPU backend reads the host face, which holds everything today. */
+static int attach_cuda(struct target_worker *w, struct shm_buffer *buf,
+                       struct kern_cuda_ipc **out, char *err)
+{
+    *out = NULL;
+    const struct shm_buffer_cuda_desc *cd = shm_buffer_cuda(buf);
+    if (!cd)
+        return 0;
+    if (strcmp(w->cfg.target_worker.backend, "cuda") != 0) {
+        LOG_INFO("draft buffer %s is cuda_ipc; this target runs on the CPU and reads its host "
+                 "face", shm_buffer_name(buf));
+        return 0;
+    }
+    const struct shm_layout *lay = shm_buffer_layout(buf);
+    const struct kern_cuda_ipc_shape shape = {
+        .host_base = shm_buffer_half_header(buf, 0, 0), .half_bytes = lay->half_bytes,
+        .n_halves = lay->n_slots * 2, .host_read_only = 1};
+    struct kern_cuda_ipc_handles h = {
+        .staging = cd->staging, .slab_bytes = cd->slab_bytes, .probe_offset = cd->probe_offset,
+        .n_events = cd->n_events, .events = cd->event_handles};
+    snprintf(h.device_uuid, sizeof h.device_uuid, "%s", cd->device_uuid);
+    memcpy(h.mem, cd->mem_handle, sizeof h.mem);
+    memcpy(h.probe, cd->probe, sizeof h.probe);
+    return kern_cuda_ipc_import(out, w->m.be, &shape, &h, w->cfg.target_worker.shm_staging, err);
+}
+#endif
 
 /* Imports the buffer a descriptor names unless it is the one held already. */
 static int attach(struct target_worker *w, const cJSON *desc, char *err)
@@ -149,10 +216,21 @@ static int attach(struct target_worker *w, const cJSON *desc, char *err)
         shm_buffer_close(buf);
         return rc;
     }
-    LOG_INFO("attached the draft buffer %s (%d slots, k_max %d)", shm_buffer_name(buf),
-             lay->n_slots, lay->k_max);
+    /* The old buffer goes first, its readers failed: a restarted draft's
+     * predecessor is dead, and its slab stays allocated on the GPU for as
+     * long as this process maps it. */
     fail_queued_readers(w, "verify: the draft's buffer was replaced (draft restarted)");
-    shm_buffer_close(w->shm);
+    detach(w);
+#ifdef TANDEM_HAVE_CUDA
+    struct kern_cuda_ipc *ipc = NULL;
+    if ((rc = attach_cuda(w, buf, &ipc, err))) {
+        shm_buffer_close(buf);
+        return rc;
+    }
+    w->ipc = ipc;
+#endif
+    LOG_INFO("attached the draft buffer %s (%s, %d slots, k_max %d)", shm_buffer_name(buf),
+             shm_buffer_transport(buf), lay->n_slots, lay->k_max);
     w->shm = buf;
     return 0;
 }
@@ -186,7 +264,8 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     }
     const int32_t *drafts = NULL;
     const float *q_rows = NULL;
-    struct shm_half_header *hh = NULL;
+    uint64_t shm_seq = 0;
+    bool staging = false;
     if (k > 0) {
         if (v.shm && (rc = attach(w, v.shm, err))) {
             worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
@@ -204,22 +283,47 @@ static void handle_verify(void *user, const struct protocol_msg *m)
             worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
             return;
         }
-        shm_buffer_acquire(w->shm);
-        hh = shm_buffer_half_header(w->shm, slot, half);
-        uint64_t h_req = hh->req;
-        uint32_t h_round = hh->round, h_k = hh->k, h_first = hh->first;
-        if (h_req != (uint64_t)req || h_round != (uint32_t)round || (uint32_t)k > h_k ||
-            h_first > 1 || h_first + (uint32_t)k > (uint32_t)lay->k_max + 1) {
-            snprintf(err, sizeof err,
-                     "verify: shm slot %d half %d holds req %lld round %u k %u, expected req "
-                     "%lld round %lld k >= %d",
-                     slot, half, h_req == UINT64_MAX ? -1LL : (long long)h_req, h_round, h_k,
-                     (long long)req, (long long)round, k);
+        struct shm_half_info hi = {0};
+        int hr = shm_buffer_half_read(w->shm, slot, half, &hi, &shm_seq);
+        if (hr != 0 || hi.req != (uint64_t)req || hi.round != (uint32_t)round ||
+            (uint32_t)k > hi.k || hi.first > 1 ||
+            hi.first + (uint32_t)k > (uint32_t)lay->k_max + 1) {
+            if (hr != 0)
+                snprintf(err, sizeof err,
+                         "verify: shm slot %d half %d is being rewritten by the draft, expected "
+                         "req %lld round %lld", slot, half, (long long)req, (long long)round);
+            else
+                snprintf(err, sizeof err,
+                         "verify: shm slot %d half %d holds req %llu round %u k %u, expected req "
+                         "%lld round %lld k >= %d",
+                         slot, half, (unsigned long long)hi.req, hi.round, hi.k, (long long)req,
+                         (long long)round, k);
             worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
             return;
         }
+        const uint32_t h_first = hi.first;
         drafts = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
         q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
+#ifdef TANDEM_HAVE_CUDA
+        /* q crosses through the slab: the stream waits for the half's event
+         * on the GPU, then (accept/reject runs on the host until the device
+         * one exists) the rows are copied into pinned host memory, waited
+         * for just before the step (run_queued). */
+        if (w->ipc && v.sampling.mode == SPECULATE_MODE_SAMPLED &&
+            !sampling_params_is_greedy(&v.sampling.sp)) {
+            const void *staged = NULL;
+            rc = kern_cuda_ipc_stage(w->ipc, slot * 2 + half,
+                                     lay->q_offset + (size_t)h_first * (size_t)lay->vocab * sizeof(float),
+                                     (size_t)k * (size_t)lay->vocab * sizeof(float), &staged, err);
+            if (rc) {
+                worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+                target_fatal(w, rc, err);
+                return;
+            }
+            q_rows = staged;
+            staging = true;
+        }
+#endif
     }
     struct queued_verify *qv = calloc(1, sizeof *qv);
     int32_t *feed = malloc((size_t)v.n_feed * sizeof(int32_t));
@@ -231,8 +335,9 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         return;
     }
     memcpy(feed, v.feed, (size_t)v.n_feed * sizeof(int32_t));
-    *qv = (struct queued_verify){.seq = *seq, .round = round, .half = half, .hh = hh,
-                                 .feed = feed, .queued_ms = protocol_now_ms()};
+    *qv = (struct queued_verify){.seq = *seq, .round = round, .half = half, .reads_shm = k > 0,
+                                 .shm_seq = shm_seq, .staging_pending = staging, .feed = feed,
+                                 .queued_ms = protocol_now_ms()};
     qv->job = (struct specdec_verify_job){
         .slot = slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .draft = drafts,
         .k = k, .q_rows = q_rows, .sp = v.sampling.sp, .mode = v.sampling.mode};
@@ -251,9 +356,8 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
         worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, j->rc, j->err);
         return;
     }
-    if (qv->hh) {
-        shm_buffer_acquire(w->shm);
-        if (qv->hh->req != (uint64_t)qv->seq.req || qv->hh->round != (uint32_t)qv->round) {
+    if (qv->reads_shm) {
+        if (!shm_buffer_half_unchanged(w->shm, qv->seq.slot, qv->half, qv->shm_seq)) {
             snprintf(err, sizeof err,
                      "verify: shm slot %d half %d was rewritten by the draft during the verify",
                      qv->seq.slot, qv->half);
@@ -293,6 +397,21 @@ static long run_queued(void *user)
     for (int s = 0; s < w->m.n_slots; s++)
         w->awaiting[s] = false;
     w->n_awaiting = 0;
+#ifdef TANDEM_HAVE_CUDA
+    /* the host reads q rows in this step: their copies must have landed */
+    for (int i = 0; i < w->n_queued; i++) {
+        struct queued_verify *qv = w->queue[i];
+        if (!qv->staging_pending)
+            continue;
+        char serr[ERR_MSG_MAX];
+        int src = kern_cuda_ipc_staged(w->ipc, qv->seq.slot * 2 + qv->half, serr);
+        if (src) {
+            target_fatal(w, src, serr);
+            return -1;
+        }
+        qv->staging_pending = false;
+    }
+#endif
     for (int i = 0; i < w->n_queued; i++)
         w->jobs[i] = &w->queue[i]->job;
     struct specdec_step_info info;
@@ -419,7 +538,11 @@ fail:
 static int target_worker_run(void *worker, volatile sig_atomic_t *stop, char *err)
 {
     struct target_worker *w = worker;
-    return worker_link_run(w->link, stop, err);
+    w->stop = stop;
+    int rc = worker_link_run(w->link, stop, err);
+    if (rc == 0 && w->fatal_rc)
+        return error_set(err, w->fatal_rc, "%s", w->fatal_err);
+    return rc;
 }
 
 static void target_worker_destroy(void *worker)
@@ -433,7 +556,7 @@ static void target_worker_destroy(void *worker)
     free(w->queue);
     free(w->jobs);
     free(w->awaiting);
-    shm_buffer_close(w->shm);
+    detach(w);
     specdec_target_destroy(w->spec);
     worker_main_model_free(&w->m);
     free(w);

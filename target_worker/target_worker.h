@@ -18,8 +18,12 @@
 /* The target worker as worker/worker_main.h runs it:
  * - create loads the model (cfg->target_worker), creates the context with
  *   cfg->coordinator.max_concurrency slots and the coordinator link
- *   (worker/worker_link.h). cfg is copied. ERR_UNSUPPORTED for backend
- *   "cuda" (not built yet), model errors as llama_model_load reports them.
+ *   (worker/worker_link.h). cfg is copied. Model errors as
+ *   kern_backend_create and llama_model_load report them.
+ * - a cuda_ipc draft buffer is mapped on the target's GPU (slab, events;
+ *   staging through pinned host memory where that cannot work or
+ *   shm_staging is set) and closed as soon as the coordinator names another
+ *   buffer; a CUDA failure while serving is sticky: run returns it.
  * - run serves until *stop becomes nonzero (signal), a "shutdown" arrives
  *   (returns 0) or the coordinator refuses the worker (ERR_MISMATCH).
  *   Per-request failures are reported to the coordinator and do not end it.

@@ -69,6 +69,15 @@ static int check_backend(const char *value, char *msg, size_t msg_size)
     return -1;
 }
 
+static int check_shm_transport(const char *value, char *msg, size_t msg_size)
+{
+    if (strcmp(value, "auto") == 0 || strcmp(value, "posix") == 0 ||
+        strcmp(value, "cuda_ipc") == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"auto\", \"posix\" or \"cuda_ipc\", got \"%s\"", value);
+    return -1;
+}
+
 static int check_spec_mode(const char *value, char *msg, size_t msg_size)
 {
     if (strcmp(value, "sampled") == 0 || strcmp(value, "point_mass") == 0)
@@ -196,7 +205,18 @@ static const struct key_desc worker_keys[] = {
              "tokens per forward call of a long prompt; heartbeats go out between two [32]"),
     WKEY_INT(kv_tokens, 0, 1 << 30,
              "KV cache positions shared by all slots, 0 = every slot at max_seq_len [0]"),
+    WKEY_STR(shm_transport, check_shm_transport,
+             "draft's shared buffer: auto (cuda_ipc with backend cuda, else posix), posix, "
+             "cuda_ipc [auto]"),
+    WKEY_INT(shm_staging, 0, 1,
+             "1: cuda_ipc through pinned host memory instead of device memory (the path "
+             "without peer access) [0]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
+};
+
+static const struct key_desc supervisor_keys[] = {
+    {"mps", KEY_INT, offsetof(struct supervisor_config, mps), 0, 0, 1, NULL,
+     "1: tandem-supervisor runs an MPS control daemon for the instance [0]"},
 };
 
 #define N_KEYS(a) (sizeof(a) / sizeof((a)[0]))
@@ -215,6 +235,8 @@ static const struct section_desc sections_table[] = {
     {"target_worker", offsetof(struct proc_config, target_worker), worker_keys,
      N_KEYS(worker_keys)},
     {"gateway", offsetof(struct proc_config, gateway), gateway_keys, N_KEYS(gateway_keys)},
+    {"supervisor", offsetof(struct proc_config, supervisor), supervisor_keys,
+     N_KEYS(supervisor_keys)},
 };
 
 static const struct section_desc *section_find(const char *name, size_t len)
@@ -241,6 +263,7 @@ static void worker_defaults(struct worker_config *w)
     w->max_seq_len = 8192;
     w->heartbeat_ms = 500;
     w->prefill_chunk = 32;
+    snprintf(w->shm_transport, sizeof w->shm_transport, "auto");
     snprintf(w->log_level, sizeof w->log_level, "info");
 }
 
@@ -774,7 +797,7 @@ int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const
 void proc_config_print_usage(FILE *out, const char *section)
 {
     fprintf(out, "  --config FILE              JSON config (sections coordinator, draft_worker, "
-                 "target_worker, gateway)\n");
+                 "target_worker, gateway, supervisor)\n");
     fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
     fprintf(out, "  --run-dir DIR              the instance's private directory, mode 0700 "
                  "[/tmp/tandem-<instance>]\n");

@@ -69,6 +69,13 @@ struct worker_config {
                                               a heartbeat can go out between two */
     int kv_tokens;                         /* KV cache positions shared by all slots (paged);
                                               0 = every slot at max_seq_len */
+    /* The draft's shared buffer (common/wire/shm_buffer.h). shm_transport
+     * (read by the draft): "auto" = "cuda_ipc" with backend cuda, else
+     * "posix". shm_staging = 1 (on either worker) makes cuda_ipc go through
+     * pinned host memory, the path two GPUs without peer access take, so
+     * that one GPU can test it. */
+    char shm_transport[PROC_CONFIG_NAME_MAX];
+    int shm_staging;
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 
@@ -87,6 +94,12 @@ struct gateway_config {
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 
+/* Keys only deploy/tandem-supervisor acts on; the processes accept and
+ * ignore them, so that one config file serves all. */
+struct supervisor_config {
+    int mps;   /* 1: run an MPS control daemon for the instance (one GPU, both workers) */
+};
+
 struct proc_config {
     char instance[PROC_CONFIG_NAME_MAX];   /* default "tandem"; [A-Za-z0-9_.-], 1..40 chars */
     char run_dir[PROC_CONFIG_PATH_MAX];    /* the instance's private directory (worker socket;
@@ -95,6 +108,7 @@ struct proc_config {
     struct coordinator_config coordinator;
     struct worker_config draft_worker, target_worker;
     struct gateway_config gateway;
+    struct supervisor_config supervisor;
 };
 
 /* Sections a process needs validated (bit mask for proc_config_finalize). */

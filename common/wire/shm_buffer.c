@@ -4,10 +4,15 @@
  * A transport fills base/size of struct shm_buffer on create and import,
  * adds its fields to the descriptor on export, and undoes everything on
  * close. The layout arithmetic and the slot/half accessors are common to all
- * transports. A CUDA IPC transport will be a second entry of the table.
+ * transports. "cuda_ipc" is the POSIX transport plus the "cuda" object of the
+ * descriptor (its device side), which this file encodes and checks but never
+ * acts on: no CUDA header is seen here (tests/layering), and the coordinator,
+ * which links this library, only forwards descriptors.
  *
  * Invariants: base != NULL and size_bytes == layout.size_bytes for every
- * buffer handed out; an importer's mapping is PROT_READ.
+ * buffer handed out; an importer's mapping is PROT_READ. The header atomics
+ * are lock-free (checked below): a lock-based atomic would put its lock in
+ * the process, not in the shared segment.
  */
 #include "shm_buffer.h"
 
@@ -16,6 +21,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +32,9 @@
 #include "error.h"
 
 #define SHM_DEV_DIR "/dev/shm"
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_LONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
+               "the shared half header needs lock-free 32- and 64-bit atomics");
 
 struct shm_buffer;
 
@@ -44,6 +53,8 @@ struct shm_buffer {
     void *base;
     size_t size_bytes;
     char name[SHM_BUFFER_NAME_MAX]; /* POSIX: "/tandem-..." */
+    bool has_cuda;                  /* cuda_ipc: device side set (owner) or read (importer) */
+    struct shm_buffer_cuda_desc cuda; /* its event_handles are owned here */
 };
 
 static size_t align_up(size_t n) { return (n + SHM_BUFFER_ALIGN - 1) / SHM_BUFFER_ALIGN * SHM_BUFFER_ALIGN; }
@@ -185,7 +196,220 @@ static const struct shm_buffer_ops posix_ops = {
     .close = posix_close,
 };
 
-static const struct shm_buffer_ops *const transports[] = {&posix_ops};
+/* ---- cuda_ipc: POSIX host face + the "cuda" object ---- */
+
+static int hex_encode(const unsigned char *b, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+    return 0;
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* 0, or -1 unless s is exactly 2n hex digits. */
+static int hex_decode(const char *s, unsigned char *out, size_t n)
+{
+    if (strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_value(s[2 * i]), lo = hex_value(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+/* "GPU-" then 8-4-4-4-12 hex digits, as nvidia-smi and kern_cuda_device_uuid write it. */
+static bool uuid_ok(const char *u)
+{
+    if (strncmp(u, "GPU-", 4) != 0 || strlen(u) != 40)
+        return false;
+    for (int i = 4; i < 40; i++) {
+        bool dash = i == 12 || i == 17 || i == 22 || i == 27;
+        if (dash ? u[i] != '-' : hex_value(u[i]) < 0)
+            return false;
+    }
+    return true;
+}
+
+static int cuda_export_fields(const struct shm_buffer *buf, cJSON *desc)
+{
+    if (!buf->has_cuda || posix_export_fields(buf, desc) != 0)
+        return ERR_NOMEM;
+    const struct shm_buffer_cuda_desc *c = &buf->cuda;
+    const struct shm_layout *lay = &buf->layout;
+    char hex[2 * SHM_BUFFER_IPC_HANDLE_BYTES + 1];
+    cJSON *o = cJSON_AddObjectToObject(desc, "cuda");
+    cJSON *ev = o ? cJSON_AddArrayToObject(o, "events") : NULL;
+    cJSON *probe = o ? cJSON_AddArrayToObject(o, "probe") : NULL;
+    if (!ev || !probe || !cJSON_AddStringToObject(o, "device_uuid", c->device_uuid) ||
+        !cJSON_AddStringToObject(o, "mode", c->staging ? "staging" : "device") ||
+        !cJSON_AddNumberToObject(o, "slab_bytes", (double)c->slab_bytes) ||
+        !cJSON_AddNumberToObject(o, "half_bytes", (double)lay->half_bytes) ||
+        !cJSON_AddNumberToObject(o, "tokens_offset", (double)lay->tokens_offset) ||
+        !cJSON_AddNumberToObject(o, "q_offset", (double)lay->q_offset) ||
+        !cJSON_AddNumberToObject(o, "probe_offset", (double)c->probe_offset))
+        return ERR_NOMEM;
+    if (!c->staging) {
+        hex_encode(c->mem_handle, SHM_BUFFER_IPC_HANDLE_BYTES, hex);
+        if (!cJSON_AddStringToObject(o, "mem_handle", hex))
+            return ERR_NOMEM;
+    }
+    for (int i = 0; i < 4; i++) {
+        cJSON *n = cJSON_CreateNumber((double)c->probe[i]);
+        if (!n || !cJSON_AddItemToArray(probe, n)) {
+            cJSON_Delete(n);
+            return ERR_NOMEM;
+        }
+    }
+    for (int i = 0; i < c->n_events; i++) {
+        hex_encode(c->event_handles + (size_t)i * SHM_BUFFER_IPC_HANDLE_BYTES,
+                   SHM_BUFFER_IPC_HANDLE_BYTES, hex);
+        cJSON *str = cJSON_CreateString(hex);
+        if (!str || !cJSON_AddItemToArray(ev, str)) {
+            cJSON_Delete(str);
+            return ERR_NOMEM;
+        }
+    }
+    return 0;
+}
+
+/* A non-negative integral number of o[key] that fits in a uint64_t below 2^53. */
+static int cuda_u64(const cJSON *o, const char *key, uint64_t *out, char *err)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < 0 ||
+        it->valuedouble != floor(it->valuedouble) || it->valuedouble > 9007199254740992.0)
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.%s: expected a non-negative integer", key);
+    *out = (uint64_t)it->valuedouble;
+    return 0;
+}
+
+static int cuda_parse(struct shm_buffer *buf, const cJSON *desc, char *err)
+{
+    const struct shm_layout *lay = &buf->layout;
+    struct shm_buffer_cuda_desc *c = &buf->cuda;
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(desc, "cuda");
+    if (!cJSON_IsObject(o))
+        return error_set(err, ERR_PROTOCOL, "shm.cuda: expected an object (transport cuda_ipc)");
+    const cJSON *uuid = cJSON_GetObjectItemCaseSensitive(o, "device_uuid");
+    if (!cJSON_IsString(uuid) || !uuid_ok(uuid->valuestring))
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.device_uuid: expected \"GPU-\" and a UUID");
+    snprintf(c->device_uuid, sizeof c->device_uuid, "%s", uuid->valuestring);
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
+    if (!cJSON_IsString(mode) ||
+        (strcmp(mode->valuestring, "device") != 0 && strcmp(mode->valuestring, "staging") != 0))
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.mode: expected \"device\" or \"staging\"");
+    c->staging = strcmp(mode->valuestring, "staging") == 0;
+    /* The slab is laid out like the segment: the offsets must be the ones
+     * this side computes, or the two processes disagree about the bytes. */
+    uint64_t half = 0, tok = 0, qo = 0;
+    int rc;
+    if ((rc = cuda_u64(o, "slab_bytes", &c->slab_bytes, err)) ||
+        (rc = cuda_u64(o, "probe_offset", &c->probe_offset, err)) ||
+        (rc = cuda_u64(o, "half_bytes", &half, err)) ||
+        (rc = cuda_u64(o, "tokens_offset", &tok, err)) || (rc = cuda_u64(o, "q_offset", &qo, err)))
+        return rc;
+    if (half != lay->half_bytes || tok != lay->tokens_offset || qo != lay->q_offset)
+        return error_set(err, ERR_PROTOCOL,
+                         "shm.cuda: offsets (half %llu, tokens %llu, q %llu) differ from the "
+                         "layout's (%zu, %zu, %zu)", (unsigned long long)half,
+                         (unsigned long long)tok, (unsigned long long)qo, lay->half_bytes,
+                         lay->tokens_offset, lay->q_offset);
+    if (!c->staging) {
+        if (c->probe_offset < lay->size_bytes || c->probe_offset % SHM_BUFFER_ALIGN != 0 ||
+            c->slab_bytes < c->probe_offset + SHM_BUFFER_ALIGN)
+            return error_set(err, ERR_PROTOCOL,
+                             "shm.cuda: slab_bytes %llu / probe_offset %llu do not hold the "
+                             "%zu-byte layout and the probe", (unsigned long long)c->slab_bytes,
+                             (unsigned long long)c->probe_offset, lay->size_bytes);
+        const cJSON *mh = cJSON_GetObjectItemCaseSensitive(o, "mem_handle");
+        if (!cJSON_IsString(mh) ||
+            hex_decode(mh->valuestring, c->mem_handle, SHM_BUFFER_IPC_HANDLE_BYTES) != 0)
+            return error_set(err, ERR_PROTOCOL, "shm.cuda.mem_handle: expected %d hex digits",
+                             2 * SHM_BUFFER_IPC_HANDLE_BYTES);
+    }
+    const cJSON *probe = cJSON_GetObjectItemCaseSensitive(o, "probe");
+    if (!cJSON_IsArray(probe) || cJSON_GetArraySize(probe) != 4)
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.probe: expected 4 integers");
+    for (int i = 0; i < 4; i++) {
+        const cJSON *p = cJSON_GetArrayItem(probe, i);
+        if (!cJSON_IsNumber(p) || p->valuedouble < 0 || p->valuedouble > 4294967295.0 ||
+            p->valuedouble != floor(p->valuedouble))
+            return error_set(err, ERR_PROTOCOL, "shm.cuda.probe: expected 4 integers");
+        c->probe[i] = (uint32_t)p->valuedouble;
+    }
+    const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "events");
+    const int want = lay->n_slots * 2;
+    if (!cJSON_IsArray(ev) || cJSON_GetArraySize(ev) != want)
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.events: expected %d event handles (2 per "
+                         "slot)", want);
+    c->event_handles = malloc((size_t)want * SHM_BUFFER_IPC_HANDLE_BYTES);
+    if (!c->event_handles)
+        return error_set(err, ERR_NOMEM, "shm: out of memory");
+    c->n_events = want;
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ev)
+    {
+        if (!cJSON_IsString(e) ||
+            hex_decode(e->valuestring, c->event_handles + (size_t)i * SHM_BUFFER_IPC_HANDLE_BYTES,
+                       SHM_BUFFER_IPC_HANDLE_BYTES) != 0)
+            return error_set(err, ERR_PROTOCOL, "shm.cuda.events[%d]: expected %d hex digits", i,
+                             2 * SHM_BUFFER_IPC_HANDLE_BYTES);
+        i++;
+    }
+    buf->has_cuda = true;
+    return 0;
+}
+
+static void cuda_desc_free(struct shm_buffer *buf)
+{
+    free(buf->cuda.event_handles);
+    buf->cuda.event_handles = NULL;
+    buf->has_cuda = false;
+}
+
+static int cuda_import(struct shm_buffer *buf, const cJSON *desc, char *err)
+{
+    int rc = cuda_parse(buf, desc, err);
+    if (rc == 0)
+        rc = posix_import(buf, desc, err);
+    if (rc)
+        cuda_desc_free(buf);
+    return rc;
+}
+
+static void cuda_close(struct shm_buffer *buf)
+{
+    posix_close(buf);
+    cuda_desc_free(buf);
+}
+
+static const struct shm_buffer_ops cuda_ipc_ops = {
+    .transport = "cuda_ipc",
+    .create = posix_create,
+    .export_fields = cuda_export_fields,
+    .import = cuda_import,
+    .close = cuda_close,
+};
+
+static const struct shm_buffer_ops *const transports[] = {&posix_ops, &cuda_ipc_ops};
 
 static const struct shm_buffer_ops *transport_find(const char *name)
 {
@@ -297,6 +521,36 @@ void shm_buffer_close(struct shm_buffer *buf)
     free(buf);
 }
 
+int shm_buffer_set_cuda(struct shm_buffer *buf, const struct shm_buffer_cuda_desc *desc,
+                        char *err)
+{
+    if (buf->ops != &cuda_ipc_ops || !buf->owner)
+        return error_set(err, ERR_INVALID_ARG, "shm %s: not a cuda_ipc buffer of ours", buf->name);
+    if (desc->n_events != buf->layout.n_slots * 2 || !desc->event_handles)
+        return error_set(err, ERR_INVALID_ARG, "shm %s: %d event handles for %d halves", buf->name,
+                         desc->n_events, buf->layout.n_slots * 2);
+    if (!uuid_ok(desc->device_uuid))
+        return error_set(err, ERR_INVALID_ARG, "shm %s: bad device UUID \"%.64s\"", buf->name,
+                         desc->device_uuid);
+    const size_t bytes = (size_t)desc->n_events * SHM_BUFFER_IPC_HANDLE_BYTES;
+    unsigned char *ev = malloc(bytes);
+    if (!ev)
+        return error_set(err, ERR_NOMEM, "shm: out of memory");
+    memcpy(ev, desc->event_handles, bytes);
+    cuda_desc_free(buf);
+    buf->cuda = *desc;
+    buf->cuda.event_handles = ev;
+    buf->has_cuda = true;
+    return 0;
+}
+
+const struct shm_buffer_cuda_desc *shm_buffer_cuda(const struct shm_buffer *buf)
+{
+    return buf && buf->has_cuda ? &buf->cuda : NULL;
+}
+
+const char *shm_buffer_transport(const struct shm_buffer *buf) { return buf->ops->transport; }
+
 const struct shm_layout *shm_buffer_layout(const struct shm_buffer *buf) { return &buf->layout; }
 const char *shm_buffer_name(const struct shm_buffer *buf) { return buf->name; }
 bool shm_buffer_is_owner(const struct shm_buffer *buf) { return buf->owner; }
@@ -325,16 +579,68 @@ float *shm_buffer_half_q(struct shm_buffer *buf, int slot, int half)
     return p ? (float *)(p + buf->layout.q_offset) : NULL;
 }
 
-void shm_buffer_publish(struct shm_buffer *buf)
+/* The seqlock of the header comment in shm_buffer.h. The fields are
+ * relaxed atomics: the ordering comes from seq's release/acquire and the two
+ * fences, as in Boehm's "Can seqlocks get along with programming language
+ * memory models?" (2012). */
+
+void shm_buffer_half_begin_write(struct shm_buffer *buf, int slot, int half)
 {
-    (void)buf;
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    struct shm_half_header *h = shm_buffer_half_header(buf, slot, half);
+    if (!h)
+        return;
+    const uint64_t s = atomic_load_explicit(&h->seq, memory_order_relaxed);
+    /* odd from here on; already odd (a rewrite that never published): a new
+     * odd value, so a reader holding any earlier value sees a change */
+    atomic_store_explicit(&h->seq, s + ((s & 1) ? 2 : 1), memory_order_relaxed);
+    /* the odd seq is ordered before every data write that follows */
+    atomic_thread_fence(memory_order_release);
 }
 
-void shm_buffer_acquire(struct shm_buffer *buf)
+void shm_buffer_half_publish(struct shm_buffer *buf, int slot, int half,
+                             const struct shm_half_info *info)
 {
-    (void)buf;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    struct shm_half_header *h = shm_buffer_half_header(buf, slot, half);
+    if (!h)
+        return;
+    const uint64_t s = atomic_load_explicit(&h->seq, memory_order_relaxed);
+    atomic_store_explicit(&h->req, info->req, memory_order_relaxed);
+    atomic_store_explicit(&h->round, info->round, memory_order_relaxed);
+    atomic_store_explicit(&h->k, info->k, memory_order_relaxed);
+    atomic_store_explicit(&h->first, info->first, memory_order_relaxed);
+    atomic_store_explicit(&h->guess, info->guess, memory_order_relaxed);
+    /* even: every write above and since begin_write happens before it */
+    atomic_store_explicit(&h->seq, (s | 1) + 1, memory_order_release);
+}
+
+int shm_buffer_half_read(struct shm_buffer *buf, int slot, int half, struct shm_half_info *info,
+                         uint64_t *seq_out)
+{
+    struct shm_half_header *h = shm_buffer_half_header(buf, slot, half);
+    if (!h)
+        return ERR_RANGE;
+    const uint64_t s0 = atomic_load_explicit(&h->seq, memory_order_acquire);
+    if (s0 & 1)
+        return ERR_UNAVAILABLE;
+    info->req = atomic_load_explicit(&h->req, memory_order_relaxed);
+    info->round = atomic_load_explicit(&h->round, memory_order_relaxed);
+    info->k = atomic_load_explicit(&h->k, memory_order_relaxed);
+    info->first = atomic_load_explicit(&h->first, memory_order_relaxed);
+    info->guess = atomic_load_explicit(&h->guess, memory_order_relaxed);
+    if (!shm_buffer_half_unchanged(buf, slot, half, s0))
+        return ERR_UNAVAILABLE;
+    *seq_out = s0;
+    return 0;
+}
+
+bool shm_buffer_half_unchanged(struct shm_buffer *buf, int slot, int half, uint64_t seq)
+{
+    struct shm_half_header *h = shm_buffer_half_header(buf, slot, half);
+    if (!h)
+        return false;
+    /* the reads of the half before this point cannot move after the load */
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(&h->seq, memory_order_relaxed) == seq;
 }
 
 /* "tandem-<instance>-<digits>-<tag>": returns the pid, or -1 when the name

@@ -33,15 +33,25 @@
 #   - test_cuda_runtime: tandem-generate --backend cuda == the CPU backend's
 #     greedy ids (tiny, small); in-process speculative == target-only on cuda
 #     for K 1..8 and adaptive, both draft modes; --draft-device by UUID; the
-#     three-process pipeline with both workers on the GPU (host-staged q rows,
-#     POSIX shared memory) == target-only, streamed and not.
+#     three-process pipeline with both workers on the GPU == target-only, streamed
+#     and not; under deploy/tandem-supervisor, once per variant (POSIX shared
+#     memory, cuda_ipc with the device slab and interprocess events, cuda_ipc
+#     forced through pinned host staging, cuda_ipc under the instance's MPS
+#     daemon): greedy == target-only streamed and not, seeded sampling with fixed
+#     K reproducible and equal to the POSIX variant's token for token; kill -9 of
+#     the draft mid-request (target-only ids, GPU memory back to its level after
+#     the restart) and of the target (target_unavailable within the worker
+#     timeout, recovery); compute-sanitizer memcheck on each worker for a short
+#     cuda_ipc run (the runtime test starts those itself).
 # What this does NOT cover yet (TODO, in rough order of value):
 #   - the Llama forward pass on the CUDA backend against HF transformers
 #     (bf16 reference logits on the GPU machine's PyTorch);
 #   - logits and sampling kept on the device, CUDA graphs, the skinny GEMM
 #     at the bandwidth floor (the GPU runtime issue);
-#   - the three-process pipeline on a GPU: CUDA IPC shared buffers, the
-#     interprocess event, peer-access probing, two GPUs named by UUID;
+#   - two GPUs: peer access between devices and the UUID lookup of another
+#     GPU (the staging variant runs the fallback path on one GPU; the lent
+#     machines have one GPU);
+#   - the pipeline benchmark with and without MPS (issue 11's figures);
 #   - timings against the two floors of METHOD.md (skinny GEMM bandwidth vs
 #     the weight bytes, attention at long contexts); the batch-invariant GEMM
 #     against cuBLAS is timed by `tandem-bench-kernels --backend cuda`, run

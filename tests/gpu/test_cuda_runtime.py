@@ -13,7 +13,26 @@
 - continuous batching on the GPU: 16 concurrent greedy requests of different prompt
   lengths (one long enough to be prefilled in chunks beside the others) and max_tokens
   each equal their own target-only output run alone on cuda, while the target ran
-  several sequences per forward call (the stats' batch figures).
+  several sequences per forward call (the stats' batch figures);
+- the supervised pipeline (deploy/tandem-supervisor, backend cuda, both workers on
+  GPU 0), once per variant: the draft's buffer over POSIX shared memory (the
+  reference), over cuda_ipc (device slab + interprocess events; the target's log must
+  say it mapped and probed the slab), over cuda_ipc forced through pinned host staging
+  (shm_staging: the two-GPU fallback path), and over cuda_ipc under an MPS daemon of
+  the instance (supervisor.mps). In each: greedy requests, streamed and not, equal
+  target-only; seeded sampled requests with fixed K are reproducible and equal, token
+  for token, to the POSIX variant's (the q rows crossed intact);
+- failures over cuda_ipc: kill -9 of the draft mid-request: the request completes
+  with the target-only ids, and once the restarted draft is attached the GPU's used
+  memory (nvidia-smi) is back at its level before the kill (the target closed its
+  mapping of the dead draft's slab); kill -9 of the target: the request ends with
+  target_unavailable within the worker timeout, and after the restart requests equal
+  target-only again;
+- compute-sanitizer (memcheck) on the draft worker and on the target worker for a
+  short cuda_ipc run: no errors reported.
+
+TANDEM_GPU_TEST_BACKEND=cpu runs the same on the CPU backend over POSIX shared memory
+(no cuda_ipc, MPS, memory or sanitizer checks): a dry run of the script's plumbing.
 """
 import json
 import os
@@ -151,6 +170,270 @@ def batching_check(client, target):
           "target call" % (BACKEND, seqs / calls))
 
 
+SUPERVISOR = os.path.join(os.environ.get("TANDEM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                          "deploy", "tandem-supervisor")
+SAMPLED_PROMPTS = PROMPTS[:2]
+WORKER_TIMEOUT_MS = 3000
+
+
+def variants():
+    """(name, draft_worker keys, target_worker keys, supervisor keys) to run the pipeline with."""
+    if BACKEND != "cuda":
+        return [("posix", {"shm_transport": "posix"}, {}, {})]
+    return [("posix", {"shm_transport": "posix"}, {}, {}),
+            ("cuda_ipc", {"shm_transport": "cuda_ipc"}, {}, {}),
+            ("cuda_ipc+staging", {"shm_transport": "cuda_ipc", "shm_staging": 1}, {}, {}),
+            ("cuda_ipc+mps", {"shm_transport": "cuda_ipc"}, {}, {"mps": 1})]
+
+
+class Supervised:
+    """One instance under deploy/tandem-supervisor, its run dir private to the test."""
+
+    def __init__(self, d, name, draft, target, dkeys, tkeys, skeys):
+        self.name = name
+        self.run_dir = tempfile.mkdtemp(prefix="tandem-gpu-run-")  # mode 0700
+        self.instance = "gpu%s%d" % ("".join(c for c in name if c.isalnum()), os.getpid())
+        self.endpoint = "ipc://%s/client-%s.sock" % (d, self.instance)
+        cfg = {
+            "instance": self.instance,
+            "coordinator": {"client_endpoint": self.endpoint, "max_concurrency": 4, "max_queue": 8,
+                            "heartbeat_ms": 200, "worker_timeout_ms": WORKER_TIMEOUT_MS, "spec_k": 3},
+            "draft_worker": dict({"model": draft, "backend": BACKEND, "device": DEVICE, "max_seq_len": 2048},
+                                 **dkeys),
+            "target_worker": dict({"model": target, "backend": BACKEND, "device": DEVICE, "max_seq_len": 2048},
+                                  **tkeys),
+        }
+        if skeys:
+            cfg["supervisor"] = skeys
+        self.config = os.path.join(d, "config-%s.json" % self.instance)
+        with open(self.config, "w") as f:
+            json.dump(cfg, f)
+        self.client = [binary("client"), "--endpoint", self.endpoint, "--timeout-ms", "120000"]
+
+    def supervisor(self, *args):
+        env = dict(os.environ, TANDEM_BIN_DIR=BUILD, TANDEM_RUN_DIR=self.run_dir)
+        return subprocess.run([SUPERVISOR] + list(args) + ["--config", self.config, "--instance", self.instance],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    def start(self):
+        r = self.supervisor("start")
+        check(r.returncode == 0, "%s: supervisor start failed: %s%s" % (self.name, r.stdout, r.stderr[-2000:]))
+        self.wait_up()
+
+    def wait_up(self, timeout_s=120):
+        deadline = time.time() + timeout_s
+        while True:
+            r = subprocess.run(self.client + ["--stats"], capture_output=True, text=True)
+            if r.returncode == 0:
+                w = json.loads(r.stdout).get("workers", {})
+                if w.get("draft", {}).get("up") and w.get("target", {}).get("up"):
+                    return
+            check(time.time() < deadline, "%s: workers did not come up: %s" % (self.name, self.log_tails()))
+            time.sleep(0.5)
+
+    def pid(self, role):
+        with open(os.path.join(self.run_dir, role + ".pid")) as f:
+            return int(f.read())
+
+    def log(self, role):
+        p = os.path.join(self.run_dir, role + ".log")
+        return open(p).read() if os.path.exists(p) else ""
+
+    def log_tails(self):
+        return "".join("\n---- %s %s.log ----\n%s" % (self.name, r, self.log(r)[-2500:])
+                       for r in ("supervisor", "coordinator", "draft", "target"))
+
+    def request(self, ids, n, extra=(), stream=False):
+        out = run(self.client + ["--ids", ",".join(map(str, ids)), "--max-tokens", str(n), "--json"]
+                  + list(extra) + (["--stream"] if stream else []))
+        return json.loads(out.strip().splitlines()[-1]).get("ids", [])
+
+    def stop(self):
+        r = self.supervisor("stop")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return r
+
+
+def gpu_memory_used_mib():
+    if BACKEND != "cuda" or not shutil.which("nvidia-smi"):
+        return None
+    r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", DEVICE],
+                       capture_output=True, text=True)
+    return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
+
+
+def check_transport_logs(sv):
+    if BACKEND != "cuda":
+        return
+    draft_log, target_log = sv.log("draft"), sv.log("target")
+    if sv.name == "posix":
+        check("CUDA IPC" not in draft_log, "posix variant: the draft used CUDA IPC")
+        return
+    check("draft buffer over CUDA IPC" in draft_log, "%s: the draft did not export over CUDA IPC" % sv.name)
+    want = "staging through pinned host memory" if "staging" in sv.name else "mapped and probed"
+    check(want in target_log, "%s: the target log does not say %r:%s" % (sv.name, want, sv.log_tails()))
+    if "mps" in sv.name:
+        check(os.path.exists(os.path.join(sv.run_dir, "mps-pipe", "control")), "mps: no control pipe")
+
+
+def kill_draft_check(sv, target):
+    """kill -9 of the draft mid-request: target-only ids, and the GPU memory comes back."""
+    ids = PROMPTS[1]
+    ref = gen(target, ids, 200, BACKEND)["ids"]
+    sv.request(ids, 8, ["--temperature", "0"])
+    before = gpu_memory_used_mib()
+    old = sv.pid("draft")
+    p = subprocess.Popen(sv.client + ["--ids", ",".join(map(str, ids)), "--max-tokens", "200", "--temperature", "0",
+                                      "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    os.kill(old, signal.SIGKILL)
+    out, errs = p.communicate(timeout=120)
+    check(p.returncode == 0, "request across the draft's kill -9 failed: %s" % errs[-500:])
+    got = json.loads(out.strip().splitlines()[-1]).get("ids", [])
+    check(got == ref, "request across the draft's kill -9: first difference at %d" % first_difference(got, ref))
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if sv.pid("draft") != old:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    sv.wait_up()
+    # a speculative request makes the coordinator name the new buffer to the
+    # target, which closes its mapping of the dead draft's slab first
+    check(sv.request(ids, 40, ["--temperature", "0"]) == ref[:40], "after the draft's restart: ids differ")
+    if before is None:
+        return
+    after = None
+    for _ in range(20):
+        after = gpu_memory_used_mib()
+        if after is not None and after <= before + 64:
+            break
+        time.sleep(0.5)
+    check(after is not None and after <= before + 64,
+          "GPU memory used %s MiB after the draft's kill -9 and restart, %d MiB before: the dead draft's slab "
+          "(or context) was not freed" % (after, before))
+    print("%s: draft kill -9: request equal to target-only; GPU memory %d MiB before, %d MiB after"
+          % (sv.name, before, after))
+
+
+def kill_target_check(sv, target):
+    """kill -9 of the target: target_unavailable within the worker timeout, then recovery."""
+    ids = PROMPTS[0]
+    old = sv.pid("target")
+    p = subprocess.Popen(sv.client + ["--ids", ",".join(map(str, ids)), "--max-tokens", "1000", "--temperature",
+                                      "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    t0 = time.time()
+    os.kill(old, signal.SIGKILL)
+    out, errs = p.communicate(timeout=60)
+    waited = time.time() - t0
+    check(p.returncode != 0 and "target_unavailable" in out + errs,
+          "request when the target died: rc %d, %s %s" % (p.returncode, out[-300:], errs[-300:]))
+    check(waited < WORKER_TIMEOUT_MS / 1000.0 + 5, "target_unavailable took %.1f s" % waited)
+    sv.wait_up()
+    ref = gen(target, ids, 40, BACKEND)["ids"]
+    check(sv.request(ids, 40, ["--temperature", "0"]) == ref, "after the target's restart: ids differ")
+    print("%s: target kill -9: target_unavailable in %.1f s, then recovery" % (sv.name, waited))
+
+
+def supervised_checks(d, draft, target):
+    if BACKEND == "cuda" and not shutil.which("nvidia-cuda-mps-control"):
+        raise Fail("nvidia-cuda-mps-control is not installed: the MPS variant cannot be checked")
+    refs = {tuple(ids): gen(target, ids, 40, BACKEND)["ids"] for ids in PROMPTS}
+    sampled_ref = None
+    for name, dkeys, tkeys, skeys in variants():
+        sv = Supervised(d, name, draft, target, dkeys, tkeys, skeys)
+        try:
+            sv.start()
+            check_transport_logs(sv)
+            for ids in PROMPTS:
+                for stream in (False, True):
+                    got = sv.request(ids, 40, ["--temperature", "0"], stream)
+                    check(got == refs[tuple(ids)], "%s greedy %s stream=%s: first difference at %d"
+                          % (name, ids, stream, first_difference(got, refs[tuple(ids)])))
+            sampled = []
+            for ids in SAMPLED_PROMPTS:
+                args = ["--temperature", "0.9", "--top-p", "0.95", "--seed", "1234", "--spec-k", "3"]
+                a, b = sv.request(ids, 48, args), sv.request(ids, 48, args, stream=True)
+                check(a == b and len(a) == 48, "%s: seeded sampling not reproducible: %s vs %s" % (name, a, b))
+                sampled.append(a)
+            if sampled_ref is None:
+                sampled_ref = sampled
+            check(sampled == sampled_ref, "%s: seeded sampled output differs from the POSIX variant's (the q rows "
+                  "did not cross intact?): %s vs %s" % (name, sampled, sampled_ref))
+            if name in ("cuda_ipc", "posix") and (BACKEND != "cuda" or name == "cuda_ipc"):
+                kill_draft_check(sv, target)
+                kill_target_check(sv, target)
+            check_transport_logs(sv)
+            print("supervised %s: greedy == target-only (streamed and not), seeded sampling reproducible and "
+                  "equal to posix's" % name)
+        except Fail as e:
+            raise Fail("%s%s" % (e, sv.log_tails()))
+        finally:
+            r = sv.stop()
+            if r.returncode != 0:
+                print("%s: supervisor stop: %s%s" % (name, r.stdout, r.stderr))
+
+
+def sanitizer_checks(d, draft, target, procs):
+    """compute-sanitizer memcheck on each worker in turn, a short cuda_ipc run."""
+    if BACKEND != "cuda":
+        return
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(tool):
+        raise Fail("compute-sanitizer not found")
+    for role in ("draft", "target"):
+        sub = tempfile.mkdtemp(prefix="tandem-san-", dir=d)
+        endpoint = "ipc://%s/client.sock" % sub
+        cfg = {"instance": "san%s%d" % (role, os.getpid()),
+               "coordinator": {"client_endpoint": endpoint, "worker_endpoint": "ipc://%s/workers.sock" % sub,
+                               "max_concurrency": 2, "heartbeat_ms": 500, "worker_timeout_ms": 60000, "spec_k": 3},
+               "draft_worker": {"model": draft, "backend": "cuda", "device": DEVICE, "max_seq_len": 1024,
+                                "shm_transport": "cuda_ipc"},
+               "target_worker": {"model": target, "backend": "cuda", "device": DEVICE, "max_seq_len": 1024}}
+        path = os.path.join(sub, "config.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        mine = []
+        san_log = os.path.join(sub, "sanitizer.log")
+        for r in ("coordinator", "target", "draft"):
+            cmd = [binary(r), "--config", path]
+            if r == role:
+                cmd = [tool, "--tool", "memcheck", "--error-exitcode", "99", "--log-file", san_log] + cmd
+            log = open(os.path.join(sub, r + ".log"), "w")
+            mine.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        procs.extend(mine)
+        client = [binary("client"), "--endpoint", endpoint, "--timeout-ms", "600000"]
+        deadline = time.time() + 600
+        while True:
+            r = subprocess.run(client + ["--stats"], capture_output=True, text=True)
+            if r.returncode == 0:
+                w = json.loads(r.stdout).get("workers", {})
+                if w.get("draft", {}).get("up") and w.get("target", {}).get("up"):
+                    break
+            check(time.time() < deadline, "sanitized %s: workers did not register" % role)
+            time.sleep(1)
+        for args in (["--temperature", "0"], ["--temperature", "0.9", "--seed", "5"]):
+            out = run(client + ["--ids", "1,2,3", "--max-tokens", "12", "--json"] + args, timeout=600)
+            check(len(json.loads(out.strip().splitlines()[-1]).get("ids", [])) == 12, "sanitized run: short reply")
+        # the sanitized worker itself (compute-sanitizer's child) stops on SIGTERM
+        san = mine[["coordinator", "target", "draft"].index(role)]
+        kids = subprocess.run(["pgrep", "-P", str(san.pid)], capture_output=True, text=True).stdout.split()
+        for k in kids:
+            os.kill(int(k), signal.SIGTERM)
+        rc = san.wait(timeout=300)
+        for p in mine:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+        text = open(san_log).read() if os.path.exists(san_log) else ""
+        check(rc == 0 and "ERROR SUMMARY: 0 errors" in text,
+              "compute-sanitizer on the %s worker: exit %d\n%s" % (role, rc, text[-3000:]))
+        print("compute-sanitizer memcheck on the %s worker (cuda_ipc): 0 errors" % role)
+
+
 def test(d, procs):
     draft, target = make_pair(d, "tiny-draft", "tiny", "1")
     ok, why = gpu_usable(target)
@@ -188,9 +471,14 @@ def test(d, procs):
         check(got == gen(target, PROMPTS[0], 48, BACKEND)["ids"], "--draft-device %s changed the ids" % uuid)
 
     pipeline_check(d, draft, target, procs)
+    supervised_checks(d, draft, target)
+    sanitizer_checks(d, draft, target, procs)
     print("PASS: cuda == cpu on 2 presets; speculative == target-only on cuda (K 1..8, adaptive, both "
           "modes); --draft-device by UUID; pipeline with both workers on the GPU == target-only; "
-          "16 concurrent batched requests == their target-only runs")
+          "16 concurrent batched requests == their target-only runs; supervised pipeline over %s; "
+          "draft and target kill -9 recovery%s"
+          % (", ".join(v[0] for v in variants()),
+             "; compute-sanitizer on both workers" if BACKEND == "cuda" else " (dry run: no sanitizer)"))
 
 
 def main():

@@ -46,6 +46,9 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_int_equal(cfg.coordinator.spec_k_max, 8);
     assert_string_equal(cfg.coordinator.spec_mode, "sampled");
     assert_string_equal(cfg.coordinator.log_level, "info");
+    assert_string_equal(cfg.draft_worker.shm_transport, "auto");
+    assert_int_equal(cfg.draft_worker.shm_staging, 0);
+    assert_int_equal(cfg.supervisor.mps, 0);
     assert_string_equal(cfg.draft_worker.backend, "cpu");
     assert_int_equal(cfg.draft_worker.max_seq_len, 8192);
     assert_int_equal(cfg.draft_worker.heartbeat_ms, 500);
@@ -144,6 +147,11 @@ static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"log_level\":\"loud\"}}", err),
                      ERR_INVALID_ARG);
     assert_non_null(strstr(err, "coordinator.log_level"));
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"shm_transport\":\"nccl\"}}", err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker.shm_transport: must be"));
+    assert_int_equal(load(&cfg, "{\"supervisor\":{\"mps\":2}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "supervisor.mps"));
     assert_int_equal(load(&cfg, "{\"instance\":\"a/b\"}", err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "instance: must be"));
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"spec_k\":9,\"spec_k_max\":4}}", err), 0);

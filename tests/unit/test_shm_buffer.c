@@ -1,5 +1,8 @@
 /* test_shm_buffer.c: the POSIX shared tensor buffer: create, export, import
- * (second mapping and forked child), layout, cleanup, bad descriptors. */
+ * (second mapping and forked child), layout, cleanup, bad descriptors, and
+ * the publication protocol of a half (the seqlock of shm_buffer.h): step by
+ * step, and with a writer thread rewriting a half while a reader thread
+ * reads it through a second, read-only mapping. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +13,9 @@
 
 #include <cmocka.h>
 #include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -65,30 +71,29 @@ static void test_shm_layout_is_aligned_and_sized(void **state)
 
 static void fill_half(struct shm_buffer *b, int slot, int half, uint64_t req)
 {
-    struct shm_half_header *h = shm_buffer_half_header(b, slot, half);
     int32_t *t = shm_buffer_half_tokens(b, slot, half);
     float *q = shm_buffer_half_q(b, slot, half);
     const struct shm_layout *lay = shm_buffer_layout(b);
-    h->req = req;
-    h->round = (uint32_t)(slot * 10 + half);
-    h->k = 3;
-    h->first = 0;
+    shm_buffer_half_begin_write(b, slot, half);
     for (int i = 0; i <= lay->k_max; i++)
         t[i] = (int32_t)(1000 * slot + 100 * half + i);
     for (int r = 0; r <= lay->k_max; r++)
         for (int v = 0; v < lay->vocab; v++)
             q[(size_t)r * lay->vocab + v] = (float)(slot + half * 0.5 + r * 0.01 + v);
-    shm_buffer_publish(b);
+    const struct shm_half_info info = {.req = req, .round = (uint32_t)(slot * 10 + half), .k = 3};
+    shm_buffer_half_publish(b, slot, half, &info);
 }
 
 static int check_half(struct shm_buffer *b, int slot, int half, uint64_t req)
 {
-    shm_buffer_acquire(b);
-    struct shm_half_header *h = shm_buffer_half_header(b, slot, half);
+    struct shm_half_info h;
+    uint64_t seq = 0;
+    if (shm_buffer_half_read(b, slot, half, &h, &seq) != 0)
+        return 0;
     int32_t *t = shm_buffer_half_tokens(b, slot, half);
     float *q = shm_buffer_half_q(b, slot, half);
     const struct shm_layout *lay = shm_buffer_layout(b);
-    if (h->req != req || h->round != (uint32_t)(slot * 10 + half) || h->k != 3)
+    if (h.req != req || h.round != (uint32_t)(slot * 10 + half) || h.k != 3)
         return 0;
     for (int i = 0; i <= lay->k_max; i++)
         if (t[i] != (int32_t)(1000 * slot + 100 * half + i))
@@ -97,7 +102,7 @@ static int check_half(struct shm_buffer *b, int slot, int half, uint64_t req)
         for (int v = 0; v < lay->vocab; v++)
             if (q[(size_t)r * lay->vocab + v] != (float)(slot + half * 0.5 + r * 0.01 + v))
                 return 0;
-    return 1;
+    return shm_buffer_half_unchanged(b, slot, half, seq);
 }
 
 static void test_shm_buffer_second_mapping_sees_writes(void **state)
@@ -232,6 +237,252 @@ static void test_shm_buffer_bad_descriptors_are_rejected(void **state)
     assert_int_equal(count_instance_segments(), 0);
 }
 
+/* Every step of the protocol, in one thread: what a reader is told while a
+ * half is being rewritten, after it is published, and after it was
+ * rewritten under a reader that had read it. */
+static void test_shm_half_protocol_refuses_rewritten_halves(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct shm_buffer *owner = NULL, *peer = NULL;
+    assert_int_equal(shm_buffer_create(&owner, "posix", instance, "steps", 2, 4, 50, err), 0);
+    cJSON *desc = shm_buffer_export(owner);
+    assert_int_equal(shm_buffer_import(&peer, desc, err), 0);
+    struct shm_half_info info;
+    uint64_t seq = 0, seq2 = 0;
+
+    /* a zero-filled half reads as published (seq 0) and empty */
+    assert_int_equal(shm_buffer_half_read(peer, 1, 0, &info, &seq), 0);
+    assert_true(info.req == 0 && info.k == 0);
+
+    shm_buffer_half_begin_write(owner, 1, 0);
+    assert_int_equal(shm_buffer_half_read(peer, 1, 0, &info, &seq2), ERR_UNAVAILABLE);
+    assert_false(shm_buffer_half_unchanged(peer, 1, 0, seq)); /* a reader of seq 0 is told */
+    const struct shm_half_info pub = {.req = 9, .round = 4, .k = 2, .first = 1, .guess = 77};
+    shm_buffer_half_publish(owner, 1, 0, &pub);
+    assert_int_equal(shm_buffer_half_read(peer, 1, 0, &info, &seq), 0);
+    assert_true(info.req == 9 && info.round == 4 && info.k == 2 && info.first == 1 &&
+                info.guess == 77);
+    assert_true(shm_buffer_half_unchanged(peer, 1, 0, seq));
+    /* the other halves did not move */
+    assert_int_equal(shm_buffer_half_read(peer, 1, 1, &info, &seq2), 0);
+    assert_int_equal(shm_buffer_half_read(peer, 0, 0, &info, &seq2), 0);
+
+    /* a rewrite that fails before publishing, then a second one: the half
+     * stays unreadable, and a reader of the last publication is told */
+    shm_buffer_half_begin_write(owner, 1, 0);
+    shm_buffer_half_begin_write(owner, 1, 0);
+    assert_int_equal(shm_buffer_half_read(peer, 1, 0, &info, &seq2), ERR_UNAVAILABLE);
+    assert_false(shm_buffer_half_unchanged(peer, 1, 0, seq));
+    /* published again with the very same fields: still a different publication */
+    shm_buffer_half_publish(owner, 1, 0, &pub);
+    assert_false(shm_buffer_half_unchanged(peer, 1, 0, seq));
+    assert_int_equal(shm_buffer_half_read(peer, 1, 0, &info, &seq2), 0);
+    assert_true(seq2 != seq && seq2 % 2 == 0);
+
+    assert_int_equal(shm_buffer_half_read(peer, 2, 0, &info, &seq2), ERR_RANGE);
+    assert_int_equal(shm_buffer_half_read(peer, 0, 2, &info, &seq2), ERR_RANGE);
+    assert_false(shm_buffer_half_unchanged(peer, -1, 0, 0));
+    cJSON_Delete(desc);
+    shm_buffer_close(peer);
+    shm_buffer_close(owner);
+}
+
+/* The two threads of the stress test: the writer rewrites one half over
+ * and over (every token and q value derived from the publication number n,
+ * which goes into req); the reader, through its own read-only mapping,
+ * copies the half out and accepts the copy only when the protocol says it
+ * is one publication. An accepted copy that mixes two publications is a
+ * torn read: the protocol failed. */
+struct tear_test {
+    struct shm_buffer *owner, *peer;
+    atomic_bool stop;
+    long accepted, refused, torn_accepted, torn_seen;
+};
+
+static float tear_value(uint64_t n, size_t i) { return (float)((n * 7919u + i) % 1000003u); }
+
+static void *tear_writer(void *arg)
+{
+    struct tear_test *t = arg;
+    const struct shm_layout *lay = shm_buffer_layout(t->owner);
+    const size_t n_q = (size_t)(lay->k_max + 1) * (size_t)lay->vocab;
+    for (uint64_t n = 1; !atomic_load(&t->stop); n++) {
+        shm_buffer_half_begin_write(t->owner, 0, 1);
+        int32_t *tok = shm_buffer_half_tokens(t->owner, 0, 1);
+        float *q = shm_buffer_half_q(t->owner, 0, 1);
+        for (int i = 0; i <= lay->k_max; i++)
+            tok[i] = (int32_t)(n + (uint64_t)i);
+        for (size_t i = 0; i < n_q; i++)
+            q[i] = tear_value(n, i);
+        const struct shm_half_info info = {.req = n, .round = (uint32_t)n, .k = (uint32_t)lay->k_max};
+        shm_buffer_half_publish(t->owner, 0, 1, &info);
+        /* a pause as between two rounds, so the reader also gets whole
+         * publications (a seqlock starves readers of a writer that never
+         * pauses) */
+        struct timespec pause = {0, 20000};
+        nanosleep(&pause, NULL);
+    }
+    return NULL;
+}
+
+static void *tear_reader(void *arg)
+{
+    struct tear_test *t = arg;
+    const struct shm_layout *lay = shm_buffer_layout(t->peer);
+    const size_t n_q = (size_t)(lay->k_max + 1) * (size_t)lay->vocab;
+    float *q_copy = malloc(n_q * sizeof *q_copy);
+    int32_t tok_copy[SHM_BUFFER_MAX_K + 1];
+    assert_non_null(q_copy);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double ms = (double)(now.tv_sec - t0.tv_sec) * 1e3 + (double)(now.tv_nsec - t0.tv_nsec) / 1e6;
+        /* enough of both outcomes, or 3 s at most on a loaded machine */
+        if ((t->accepted >= 1000 && t->torn_seen >= 20) || ms > 3000)
+            break;
+        struct shm_half_info info;
+        uint64_t seq;
+        if (shm_buffer_half_read(t->peer, 0, 1, &info, &seq) != 0) {
+            t->refused++;
+            continue;
+        }
+        memcpy(tok_copy, shm_buffer_half_tokens(t->peer, 0, 1),
+               (size_t)(lay->k_max + 1) * sizeof(int32_t));
+        memcpy(q_copy, shm_buffer_half_q(t->peer, 0, 1), n_q * sizeof *q_copy);
+        const bool ok = shm_buffer_half_unchanged(t->peer, 0, 1, seq);
+        bool torn = false;
+        if (info.req > 0) { /* 0: the zero-filled half before the first publication */
+            for (int i = 0; i <= lay->k_max && !torn; i++)
+                torn = tok_copy[i] != (int32_t)(info.req + (uint64_t)i);
+            for (size_t i = 0; i < n_q && !torn; i++)
+                torn = q_copy[i] != tear_value(info.req, i);
+        }
+        t->torn_seen += torn;
+        if (ok) {
+            t->accepted++;
+            t->torn_accepted += torn;
+        } else {
+            t->refused++;
+        }
+    }
+    atomic_store(&t->stop, true);
+    free(q_copy);
+    return NULL;
+}
+
+static void test_shm_half_reader_never_accepts_a_torn_half(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct tear_test t = {0};
+    atomic_init(&t.stop, false);
+    /* 9 rows x 4096 floats: long enough to copy that the writer overtakes
+     * the reader often */
+    assert_int_equal(shm_buffer_create(&t.owner, "posix", instance, "tear", 1, 8, 4096, err), 0);
+    cJSON *desc = shm_buffer_export(t.owner);
+    assert_int_equal(shm_buffer_import(&t.peer, desc, err), 0);
+    pthread_t wr, rd;
+    assert_int_equal(pthread_create(&wr, NULL, tear_writer, &t), 0);
+    assert_int_equal(pthread_create(&rd, NULL, tear_reader, &t), 0);
+    assert_int_equal(pthread_join(rd, NULL), 0);
+    assert_int_equal(pthread_join(wr, NULL), 0);
+    print_message("seqlock: %ld copies accepted, %ld refused (%ld of those torn)\n", t.accepted,
+                  t.refused, t.torn_seen);
+    assert_int_equal(t.torn_accepted, 0);
+    assert_true(t.accepted > 0);
+    cJSON_Delete(desc);
+    shm_buffer_close(t.peer);
+    shm_buffer_close(t.owner);
+}
+
+/* cuda_ipc: the POSIX host face plus the device side in the descriptor,
+ * carried and checked without any CUDA (the handles are opaque bytes). */
+static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct shm_buffer *owner = NULL, *peer = NULL;
+    assert_int_equal(shm_buffer_create(&owner, "cuda_ipc", instance, "cuda", 2, 4, 50, err), 0);
+    assert_string_equal(shm_buffer_transport(owner), "cuda_ipc");
+    assert_null(shm_buffer_export(owner)); /* no device side yet */
+    const struct shm_layout *lay = shm_buffer_layout(owner);
+    unsigned char events[4 * SHM_BUFFER_IPC_HANDLE_BYTES];
+    for (size_t i = 0; i < sizeof events; i++)
+        events[i] = (unsigned char)(i * 37 + 5);
+    struct shm_buffer_cuda_desc cd = {
+        .device_uuid = "GPU-0123abcd-4567-89ab-cdef-0123456789AB", .staging = false,
+        .slab_bytes = lay->size_bytes + 64, .probe_offset = lay->size_bytes,
+        .probe = {1, 2, 3, 4000000000u}, .n_events = 3, .event_handles = events};
+    for (int i = 0; i < SHM_BUFFER_IPC_HANDLE_BYTES; i++)
+        cd.mem_handle[i] = (unsigned char)(255 - i);
+    assert_int_equal(shm_buffer_set_cuda(owner, &cd, err), ERR_INVALID_ARG); /* 3 != 4 halves */
+    cd.n_events = 4;
+    assert_int_equal(shm_buffer_set_cuda(owner, &cd, err), 0);
+    cJSON *desc = shm_buffer_export(owner);
+    assert_non_null(desc);
+    assert_int_equal(shm_buffer_import(&peer, desc, err), 0);
+    const struct shm_buffer_cuda_desc *got = shm_buffer_cuda(peer);
+    assert_non_null(got);
+    assert_string_equal(got->device_uuid, cd.device_uuid);
+    assert_false(got->staging);
+    assert_memory_equal(got->mem_handle, cd.mem_handle, SHM_BUFFER_IPC_HANDLE_BYTES);
+    assert_memory_equal(got->event_handles, events, sizeof events);
+    assert_int_equal(got->n_events, 4);
+    assert_true(got->slab_bytes == cd.slab_bytes && got->probe_offset == cd.probe_offset);
+    assert_memory_equal(got->probe, cd.probe, sizeof cd.probe);
+    fill_half(owner, 1, 1, 42); /* the host face is the POSIX segment */
+    assert_true(check_half(peer, 1, 1, 42));
+    shm_buffer_close(peer);
+    peer = NULL;
+    assert_non_null(shm_buffer_cuda(owner));
+
+    /* what an importer refuses, naming the field */
+    struct { const char *key, *sub; cJSON *value; const char *needle; } bad[] = {
+        {"cuda", "events", cJSON_CreateArray(), "shm.cuda.events"},
+        {"cuda", "mem_handle", cJSON_CreateString("abc"), "shm.cuda.mem_handle"},
+        {"cuda", "device_uuid", cJSON_CreateString("0"), "shm.cuda.device_uuid"},
+        {"cuda", "q_offset", cJSON_CreateNumber(8), "offsets"},
+        {"cuda", "mode", cJSON_CreateString("peer"), "shm.cuda.mode"},
+        {"cuda", "probe_offset", cJSON_CreateNumber(64), "probe"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *d = cJSON_Duplicate(desc, 1);
+        cJSON_ReplaceItemInObject(cJSON_GetObjectItem(d, bad[i].key), bad[i].sub, bad[i].value);
+        err[0] = '\0';
+        assert_int_equal(shm_buffer_import(&peer, d, err), ERR_PROTOCOL);
+        assert_null(peer);
+        if (!strstr(err, bad[i].needle))
+            fail_msg("%s: error \"%s\" does not name %s", bad[i].sub, err, bad[i].needle);
+        cJSON_Delete(d);
+    }
+    cJSON *d = cJSON_Duplicate(desc, 1);
+    cJSON_DeleteItemFromObject(d, "cuda");
+    assert_int_equal(shm_buffer_import(&peer, d, err), ERR_PROTOCOL);
+    cJSON_Delete(d);
+
+    /* staging: no slab, no handle needed */
+    cd.staging = true;
+    cd.slab_bytes = 0;
+    assert_int_equal(shm_buffer_set_cuda(owner, &cd, err), 0);
+    cJSON_Delete(desc);
+    desc = shm_buffer_export(owner);
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(desc, "cuda"), "mem_handle"));
+    assert_int_equal(shm_buffer_import(&peer, desc, err), 0);
+    assert_true(shm_buffer_cuda(peer)->staging);
+    shm_buffer_close(peer);
+    /* a posix buffer has no device side */
+    struct shm_buffer *plain = NULL;
+    assert_int_equal(shm_buffer_create(&plain, "posix", instance, "other", 1, 1, 1, err), 0);
+    assert_int_equal(shm_buffer_set_cuda(plain, &cd, err), ERR_INVALID_ARG);
+    assert_null(shm_buffer_cuda(plain));
+    shm_buffer_close(plain);
+    cJSON_Delete(desc);
+    shm_buffer_close(owner);
+    assert_int_equal(count_instance_segments(), 0);
+}
+
 static void test_shm_buffer_cleanup_removes_only_dead_owners(void **state)
 {
     (void)state;
@@ -268,6 +519,9 @@ int main(void)
         cmocka_unit_test(test_shm_buffer_second_mapping_sees_writes),
         cmocka_unit_test(test_shm_buffer_forked_child_reads_and_cannot_write),
         cmocka_unit_test(test_shm_buffer_bad_descriptors_are_rejected),
+        cmocka_unit_test(test_shm_half_protocol_refuses_rewritten_halves),
+        cmocka_unit_test(test_shm_half_reader_never_accepts_a_torn_half),
+        cmocka_unit_test(test_shm_buffer_cuda_ipc_descriptor_round_trips),
         cmocka_unit_test(test_shm_buffer_cleanup_removes_only_dead_owners),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
