@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "curve_keys.h"
 #include "error.h"
@@ -30,6 +31,13 @@
 #define CLIENT_IDS_MAX 1000000
 /* How often the receive loop looks at the cancel triggers. */
 #define CLIENT_POLL_SLICE_MS 50
+
+static double monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 static volatile sig_atomic_t g_interrupted;
 
@@ -197,10 +205,15 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
         fprintf(stderr, "tandem-client: %s\n", err);
         return 3;
     }
-    long waited_ms = 0, since_event_ms = 0;
+    /* The cancel is timed on the clock: a stream whose tokens keep coming
+     * never lets a receive time out, so counting timed-out slices would
+     * never reach it. */
+    const double t_sent = monotonic_ms();
+    long since_event_ms = 0;
     bool cancel_sent = false;
     for (;;) {
-        if (!cancel_sent && (g_interrupted || (cancel_after_ms >= 0 && waited_ms >= cancel_after_ms))) {
+        if (!cancel_sent &&
+            (g_interrupted || (cancel_after_ms >= 0 && monotonic_ms() - t_sent >= (double)cancel_after_ms))) {
             if (tandem_client_cancel(client, req->id, err) != 0) {
                 fprintf(stderr, "tandem-client: %s\n", err);
                 return 3;
@@ -210,7 +223,6 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
         struct tandem_client_event ev;
         rc = tandem_client_recv(client, CLIENT_POLL_SLICE_MS, &ev, err);
         if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
-            waited_ms += CLIENT_POLL_SLICE_MS;
             since_event_ms += CLIENT_POLL_SLICE_MS;
             if (since_event_ms < timeout_ms)
                 continue;
