@@ -188,6 +188,185 @@ int kern_cuda_ipc_staged(struct kern_cuda_ipc *ipc, int half, char *err);
  * failures. NULL-safe. */
 void kern_cuda_ipc_close(struct kern_cuda_ipc *ipc);
 
+/* ---- sampling and speculative accept/reject on the device ----------------
+ * kernels/cuda/sampling.cu: the device twins of common/spec/sampling.c
+ * (sampling_adjust, sampling_argmax, sampling_draw, sampling_sample) and
+ * common/spec/speculate.c (speculate_verify), with the rules stated in
+ * sampling.h and speculate.h, so that per token only ids and a few scalars
+ * cross between host and device: logits and probability rows stay in device
+ * memory, the host downloads token ids, counts and status words.
+ *
+ * Calls queue work on the backend's stream and return without waiting (like
+ * the ops). Host arrays (parameters, positions, sequence descriptors) are
+ * copied to the device before return through the backend's staging slots;
+ * everything named *_dev (or documented "device") lives in device memory.
+ * Errors that only the data can reveal (a NaN logit, a draft id outside the
+ * vocabulary, a row with no mass) are reported per row or per sequence in a
+ * device status word (enum kern_cuda_sample_status) that the caller
+ * downloads with the tokens; the call itself returns 0, ERR_INVALID_ARG for
+ * bad host-side arguments (named), or ERR_CUDA.
+ *
+ * Exactness: every result is a function of its own row only (never of how
+ * many rows or sequences share a launch) and is the same bits on every run.
+ * argmax, the Philox uniforms and the accept test equal the CPU's bit for
+ * bit. Adjusted rows agree with sampling_adjust within a stated tolerance
+ * (sampling.cu's header: expf differs by up to 2 ulp between CUDA and glibc,
+ * sums are exact integers here and double sums there), so a top-p, min-p or
+ * draw boundary can differ only where the CPU's own value lies within that
+ * rounding of its threshold.
+ *
+ * Restated constants (kernels may not include the spec room's headers):
+ * the values below equal their common/spec twins; tests/gpu/
+ * test_cuda_sampling.c checks each against the spec header at compile time,
+ * and the Philox round constants (sampling.cu) against philox4x32_10 on the
+ * host before it looks for a device. */
+
+/* = SPECULATE_K_MAX: most drafts in one sequence's round. */
+#define KERN_CUDA_SPEC_K_MAX 16
+
+/* = enum philox_stream (philox.h). */
+enum kern_cuda_philox_stream {
+    KERN_CUDA_PHILOX_STREAM_TARGET_SAMPLE = 1,
+    KERN_CUDA_PHILOX_STREAM_TARGET_ACCEPT = 2,
+    KERN_CUDA_PHILOX_STREAM_DRAFT_SAMPLE = 3,
+};
+
+/* = enum speculate_mode and enum speculate_debug_fault (speculate.h). */
+enum kern_cuda_spec_mode {
+    KERN_CUDA_SPEC_MODE_SAMPLED = 0,
+    KERN_CUDA_SPEC_MODE_POINT_MASS = 1,
+};
+enum kern_cuda_spec_debug_fault {
+    KERN_CUDA_SPEC_DEBUG_NONE = 0,
+    KERN_CUDA_SPEC_DEBUG_RESIDUAL_FROM_P = 1, /* tests only: correction drawn from p */
+};
+
+/* Per-row and per-sequence outcome, written by the device. */
+enum kern_cuda_sample_status {
+    KERN_CUDA_SAMPLE_OK = 0,
+    KERN_CUDA_SAMPLE_BAD_LOGIT = 1,   /* a logit is NaN or +inf */
+    KERN_CUDA_SAMPLE_ALL_MASKED = 2,  /* every logit is -inf */
+    KERN_CUDA_SAMPLE_NO_MASS = 3,     /* a row to draw from (or take the argmax of) has
+                                         no positive (no non-NaN) entry */
+    KERN_CUDA_SAMPLE_BAD_DRAFT = 4,   /* a draft id outside 0..vocab-1 */
+};
+
+/* One row's sampling parameters: the fields and meaning of struct
+ * sampling_params (sampling.h). Host memory. */
+struct kern_cuda_sample_params {
+    float temperature; /* finite, >= 0; 0 = greedy */
+    int32_t top_k;     /* >= 0; 0 or >= vocab = off */
+    float top_p;       /* (0, 1]; 1 = off */
+    float min_p;       /* [0, 1]; 0 = off */
+    uint64_t seed;     /* Philox key (kern_cuda_sample only) */
+};
+
+/* One sequence's verification round: the fields of struct speculate_input
+ * (speculate.h) that are not arrays, plus where its rows and drafts sit in
+ * the call's device arrays. Host memory. */
+struct kern_cuda_spec_seq {
+    int32_t k;           /* drafts, 0..KERN_CUDA_SPEC_K_MAX */
+    int32_t greedy;      /* nonzero: the argmax rule, no randomness, q not read */
+    int32_t mode;        /* enum kern_cuda_spec_mode */
+    int32_t debug_fault; /* enum kern_cuda_spec_debug_fault; tests only, leave 0 */
+    uint64_t seed;       /* the request's Philox key */
+    uint64_t position0;  /* absolute position of t_1 */
+    int32_t p_row0;      /* rows p_row0 .. p_row0 + k of p_rows: p_1 .. p_(k+1) */
+    int32_t q_row0;      /* rows q_row0 .. q_row0 + k - 1 of q_rows (sampled mode) */
+    int32_t draft0;      /* ids draft0 .. draft0 + k - 1 of draft_tokens: t_1 .. t_k */
+    int32_t reserved;    /* 0 */
+};
+
+/* One sequence's outcome, written by the device (the caller downloads
+ * n_seqs of them: the only per-round traffic). On KERN_CUDA_SAMPLE_OK,
+ * tokens[0 .. n_accepted] hold t_1..t_n and the correction or bonus token,
+ * as speculate_verify's tokens_out; later entries are unspecified. */
+struct kern_cuda_spec_result {
+    int32_t n_accepted; /* 0..k */
+    int32_t status;     /* enum kern_cuda_sample_status */
+    int32_t tokens[KERN_CUDA_SPEC_K_MAX + 1];
+};
+
+/* Short text of a status value ("a logit is NaN or +inf"); never NULL. */
+const char *kern_cuda_sample_status_str(int32_t status);
+
+/* 0 when every status[0..n) is KERN_CUDA_SAMPLE_OK, else ERR_INVALID_ARG
+ * naming the first bad row: "<what>[3]: every logit is -inf". Host memory. */
+int kern_cuda_sample_status_check(const int32_t *status, int n, const char *what, char *err);
+
+/* out_dev[r] = sampling_argmax of row r of x_dev [n_rows, n] (the lowest
+ * index among equal maxima, NaN never chosen, -1 for a row of NaN). */
+int kern_cuda_argmax(struct kern_backend *be, int32_t *out_dev, const float *x_dev, int n_rows,
+                     int n, char *err);
+
+/* probs_dev [n_rows, vocab] = sampling_adjust of each row of logits_dev
+ * [n_rows, vocab] with params[r] (host, n_rows entries); status_dev [n_rows]
+ * (may be NULL) receives each row's status (BAD_LOGIT, ALL_MASKED: the row
+ * is then all zeros). probs_dev must not alias logits_dev. ERR_INVALID_ARG
+ * names a parameter outside its range (params[r].top_p ...). */
+int kern_cuda_sampling_adjust(struct kern_backend *be, float *probs_dev, int32_t *status_dev,
+                              const float *logits_dev, int n_rows, int vocab,
+                              const struct kern_cuda_sample_params *params, char *err);
+
+/* sampling_sample per row: kern_cuda_sampling_adjust into probs_dev, then
+ * tokens_dev[r] = the argmax (temperature 0) or the inverse-CDF draw of
+ * kern_cuda_draw with u = philox_uniform(params[r].seed, stream,
+ * positions[r], 0). positions: host, n_rows entries. A row with a bad
+ * status gets token -1. */
+int kern_cuda_sample(struct kern_backend *be, int32_t *tokens_dev, int32_t *status_dev,
+                     float *probs_dev, const float *logits_dev, int n_rows, int vocab,
+                     const struct kern_cuda_sample_params *params, const uint64_t *positions,
+                     uint32_t stream, char *err);
+
+/* tokens_dev[r] = sampling_draw(row r of probs_dev [n_rows, vocab],
+ * philox_uniform(seeds[r], stream, positions[r], 0)): entries <= 0 or NaN
+ * count as 0, rows need not be normalised, -1 for a row with no positive
+ * entry. seeds, positions: host, n_rows entries. */
+int kern_cuda_draw(struct kern_backend *be, int32_t *tokens_dev, const float *probs_dev,
+                   int n_rows, int vocab, const uint64_t *seeds, const uint64_t *positions,
+                   uint32_t stream, char *err);
+
+/* speculate_verify for n_seqs sequences in one launch. seqs: host, n_seqs
+ * descriptors. p_rows_dev, q_rows_dev: device [rows, vocab] adjusted
+ * distributions (sampling_adjust's rules; for a greedy sequence its p rows
+ * may be logits or one-hot rows: only their argmax is read); q_rows_dev may
+ * be NULL when no sequence is sampled-mode with k > 0. draft_tokens_dev:
+ * device ids (may be NULL when every k is 0). results_dev: device, n_seqs
+ * entries. Rows are addressed by the offsets in seqs; the caller guarantees
+ * they lie inside the arrays. Randomness: the Philox streams and positions
+ * of speculate.h. ERR_INVALID_ARG names a bad descriptor (seqs[2].k ...). */
+int kern_cuda_speculate_verify(struct kern_backend *be, struct kern_cuda_spec_result *results_dev,
+                               const struct kern_cuda_spec_seq *seqs, int n_seqs,
+                               const float *p_rows_dev, const float *q_rows_dev,
+                               const int32_t *draft_tokens_dev, int vocab, char *err);
+
+/* ---- Philox on the device (tests) ---------------------------------------
+ * One input of kern_cuda_philox_uniforms: philox_uniform(seed, stream,
+ * position, index) in device code. */
+struct kern_cuda_philox_arg {
+    uint64_t seed;
+    uint64_t position;
+    uint32_t stream;
+    uint32_t index;
+};
+
+/* out_dev[i] = the device's philox_uniform of in_dev[i] (both device, n). */
+int kern_cuda_philox_uniforms(struct kern_backend *be, float *out_dev,
+                              const struct kern_cuda_philox_arg *in_dev, int n, char *err);
+
+/* out_dev[4i..4i+3] = philox4x32_10(counter = in_dev[6i..6i+3], key =
+ * in_dev[6i+4..6i+5]) on the device (both device, n blocks). */
+int kern_cuda_philox_blocks(struct kern_backend *be, uint32_t *out_dev, const uint32_t *in_dev,
+                            int n, char *err);
+
+/* The same Philox code the kernels run, compiled for the host (no device
+ * needed): lets a build without a GPU check sampling.cu's restated round
+ * constants against common/spec/philox.c. */
+void kern_cuda_philox4x32_10_host(const uint32_t counter[4], const uint32_t key[2],
+                                  uint32_t out[4]);
+float kern_cuda_philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t position,
+                                    uint32_t index);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_gpu_tests.sh: builds Tandem with the CUDA backend on a machine with a GPU,
-# runs the tests labelled `gpu`, runs compute-sanitizer on the kernel test, and
-# times the batch-invariant GEMM against cuBLAS (tandem-bench-kernels).
+# runs the tests labelled `gpu`, runs compute-sanitizer on the kernel and
+# sampling tests, and times the batch-invariant GEMM against cuBLAS
+# (tandem-bench-kernels).
 #
 # Usage: tests/gpu/run_gpu_tests.sh [--asan] [--debs DIR] [BUILD_DIR]
 #   BUILD_DIR  default <source>/build-gpu (the ASan build goes to BUILD_DIR-asan)
@@ -30,6 +31,17 @@
 #     within f32 accumulation error of the CPU; a self-check that the
 #     comparison catches one ulp; the cuBLAS benchmark path against the CPU;
 #     attention across a split boundary;
+#   - test_cuda_sampling: sampling and speculative accept/reject on the device
+#     (kernels/cuda/sampling.cu) against common/spec: Philox uniforms bit for
+#     bit (also checked on the host without a GPU); argmax equal; adjusted
+#     rows (temperature, top-k, top-p, min-p; 29 parameter sets x 9 logit
+#     patterns, vocab 1..128256) within 1e-6 relative with the same kept set;
+#     draws equal on equal rows; the chi-square tests of test_speculate.c
+#     (alpha 1e-4, 40,000 rounds, sampled and point mass, K = 1 and 3) on the
+#     device's output, the broken variant (correction from p) rejected, each
+#     round equal to speculate_verify; greedy and sampled rounds on random
+#     rows equal to speculate_verify; time of sampling 1 and 17 rows of vocab
+#     128256 on the device vs the CPU (printed below the summary's ctest line);
 #   - test_cuda_runtime: tandem-generate --backend cuda == the CPU backend's
 #     greedy ids (tiny, small); in-process speculative == target-only on cuda
 #     for K 1..8 and adaptive, both draft modes; --draft-device by UUID; the
@@ -46,8 +58,9 @@
 # What this does NOT cover yet (TODO, in rough order of value):
 #   - the Llama forward pass on the CUDA backend against HF transformers
 #     (bf16 reference logits on the GPU machine's PyTorch);
-#   - logits and sampling kept on the device, CUDA graphs, the skinny GEMM
-#     at the bandwidth floor (the GPU runtime issue);
+#   - the engine keeping logits on the device and calling the device
+#     sampling above (kernels exist and are tested, not wired yet), CUDA
+#     graphs, the skinny GEMM at the bandwidth floor (the GPU runtime issue);
 #   - two GPUs: peer access between devices and the UUID lookup of another
 #     GPU (the staging variant runs the fallback path on one GPU; the lent
 #     machines have one GPU);
@@ -189,32 +202,56 @@ build_and_test() { # dir label extra-cmake-args...
     else
         record "ctest -L gpu ($label)" PASS "$log"
     fi
+    # One row per gpu test ("Test #39: test_cuda_sampling ....   Passed   41.20 sec").
+    local line name verdict
+    while IFS= read -r line; do
+        name=$(sed -E 's/.*Test +#[0-9]+: ([^ ]+) .*/\1/' <<<"$line")
+        verdict=$(sed -E 's/.*\.+ *(\*+)?([A-Za-z][A-Za-z ]*[a-z]).*/\2/' <<<"$line")
+        case "$verdict" in
+        Passed) record "  $name ($label)" PASS "$(grep -oE '[0-9.]+ sec' <<<"$line")" ;;
+        *Skipped*) record "  $name ($label)" SKIP "$verdict" ;;
+        *) record "  $name ($label)" FAIL "$verdict" ;;
+        esac
+    done < <(grep -E 'Test +#[0-9]+: ' "$log")
+    # CTest keeps every test's output: the device sampling's figures.
+    local full=$dir/Testing/Temporary/LastTest.log
+    if [ -f "$full" ]; then
+        cp "$full" "$LOG_DIR/ctest-$label-full.log"
+        grep -E '^(device (sampled|point-mass)|sampling time at vocab|  T=|sample: |adjust(: | at vocab))' \
+            "$full" >"$LOG_DIR/sampling-figures-$label.log" || true
+        cat "$LOG_DIR/sampling-figures-$label.log"
+    fi
 }
 
 build_and_test "$BUILD_DIR" normal
-TEST_BIN=$BUILD_DIR/tests/gpu/test_cuda_kernels
 
 # ---- compute-sanitizer -------------------------------------------------------
 SANITIZER=$(command -v compute-sanitizer 2>/dev/null || true)
 [ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && SANITIZER=/usr/local/cuda/bin/compute-sanitizer
-if [ -z "$SANITIZER" ]; then
-    record "compute-sanitizer" SKIP "not installed"
-elif [ ! -x "$TEST_BIN" ]; then
-    record "compute-sanitizer" SKIP "test_cuda_kernels was not built"
-else
-    # TANDEM_GPU_TEST_SHORT: the matmul invariance tests check 15 row counts
-    # (every shape, path and tile edge kind) instead of 260 under the slow
-    # sanitizers; the normal ctest run above checks them all.
-    run_step "compute-sanitizer memcheck" "sanitizer-memcheck.log" \
-        env TANDEM_GPU_TEST_SHORT=1 \
-        "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 "$TEST_BIN"
-    run_step "compute-sanitizer racecheck" "sanitizer-racecheck.log" \
-        env TANDEM_GPU_TEST_SHORT=1 \
-        "$SANITIZER" --tool racecheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
-    run_step "compute-sanitizer synccheck" "sanitizer-synccheck.log" \
-        env TANDEM_GPU_TEST_SHORT=1 \
-        "$SANITIZER" --tool synccheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
-fi
+# TANDEM_GPU_TEST_SHORT under the slow sanitizers: test_cuda_kernels checks 15
+# matmul row counts (every shape, path and tile edge kind) instead of 260;
+# test_cuda_sampling skips the 128256-wide rows and runs 500 rounds per
+# goodness-of-fit test (each still equal to the CPU's). The normal ctest run
+# above checks everything.
+for test_name in test_cuda_kernels test_cuda_sampling; do
+    TEST_BIN=$BUILD_DIR/tests/gpu/$test_name
+    short=${test_name#test_cuda_}
+    if [ -z "$SANITIZER" ]; then
+        record "compute-sanitizer ($short)" SKIP "not installed"
+    elif [ ! -x "$TEST_BIN" ]; then
+        record "compute-sanitizer ($short)" SKIP "$test_name was not built"
+    else
+        run_step "compute-sanitizer memcheck ($short)" "sanitizer-memcheck-$short.log" \
+            env TANDEM_GPU_TEST_SHORT=1 \
+            "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+        run_step "compute-sanitizer racecheck ($short)" "sanitizer-racecheck-$short.log" \
+            env TANDEM_GPU_TEST_SHORT=1 \
+            "$SANITIZER" --tool racecheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+        run_step "compute-sanitizer synccheck ($short)" "sanitizer-synccheck-$short.log" \
+            env TANDEM_GPU_TEST_SHORT=1 \
+            "$SANITIZER" --tool synccheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
+    fi
+done
 
 # ---- the batch-invariant GEMM against cuBLAS (figures, not a gate) ----------
 BENCH_BIN=$BUILD_DIR/tools/bench_kernels/tandem-bench-kernels
