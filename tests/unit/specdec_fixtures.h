@@ -92,9 +92,12 @@ static inline void fixture_generate(struct specdec_draft *d, struct specdec_targ
 
 /* n_prompts prompts, target-only vs speculative for K = 1..8 and adaptive
  * (0), in the sampled draft mode and (n_modes 2) the point-mass mode. */
-static inline void check_greedy_equality(struct loaded_model *draft_m,
-                                         struct loaded_model *target_m, int n_prompts,
-                                         int max_tokens, int n_modes, double *acceptance_out)
+/* Prompts first_prompt .. first_prompt + n_prompts - 1 (a test may split
+ * them across processes). */
+static inline void check_greedy_equality_range(struct loaded_model *draft_m,
+                                               struct loaded_model *target_m, int first_prompt,
+                                               int n_prompts, int max_tokens, int n_modes,
+                                               double *acceptance_out)
 {
     char err[ERR_MSG_MAX] = "";
     struct specdec_draft *d;
@@ -108,7 +111,7 @@ static inline void check_greedy_equality(struct loaded_model *draft_m,
     long drafted = 0, accepted = 0;
     int32_t *expect = malloc((size_t)max_tokens * sizeof(int32_t));
     int32_t *got = malloc((size_t)max_tokens * sizeof(int32_t));
-    for (int i = 0; i < n_prompts; i++) {
+    for (int i = first_prompt; i < first_prompt + n_prompts; i++) {
         int32_t prompt[32];
         int n_prompt = 2 + i % 19;
         fixture_random_ids(prompt, n_prompt, 0, cfg->vocab_size, 100 + (uint64_t)i);
@@ -135,6 +138,14 @@ static inline void check_greedy_equality(struct loaded_model *draft_m,
     free(got);
     specdec_draft_destroy(d);
     specdec_target_destroy(t);
+}
+
+static inline void check_greedy_equality(struct loaded_model *draft_m,
+                                         struct loaded_model *target_m, int n_prompts,
+                                         int max_tokens, int n_modes, double *acceptance_out)
+{
+    check_greedy_equality_range(draft_m, target_m, 0, n_prompts, max_tokens, n_modes,
+                                acceptance_out);
 }
 
 #endif
