@@ -57,9 +57,7 @@ struct draft_worker {
     struct kern_cuda_ipc *ipc; /* transport cuda_ipc: the slab and events; else NULL */
 #endif
     struct worker_link *link;
-    volatile sig_atomic_t *stop; /* run's flag: set on a CUDA failure, which is sticky */
-    int fatal_rc;                /* 0, or why the worker stopped (fatal_err) */
-    char fatal_err[ERR_MSG_MAX];
+    struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
     int k_max;
     struct queued_draft **queue; /* arrival order; one slot's jobs stay in order */
     struct specdec_draft_job **jobs; /* scratch: the queue's jobs for a step */
@@ -146,21 +144,6 @@ static struct queued_draft *queued_new(struct draft_worker *w, enum draft_kind k
     return qd;
 }
 
-#ifdef TANDEM_HAVE_CUDA
-/* A CUDA failure leaves the context unusable (errors are sticky): the
- * worker reports it and exits, and the supervisor restarts it. */
-static void draft_fatal(struct draft_worker *w, int rc, const char *err)
-{
-    if (w->fatal_rc == 0) {
-        w->fatal_rc = rc;
-        snprintf(w->fatal_err, sizeof w->fatal_err, "%s", err);
-        LOG_ERROR("%s; stopping", err);
-    }
-    if (w->stop)
-        *w->stop = 1;
-}
-#endif
-
 /* Before host code rewrites slot/half: the copy the last publish queued
  * from it must be done (cuda_ipc), then the half is marked as rewritten. */
 static int half_begin_write(struct draft_worker *w, int slot, int half, char *err)
@@ -169,7 +152,7 @@ static int half_begin_write(struct draft_worker *w, int slot, int half, char *er
     if (w->ipc) {
         int rc = kern_cuda_ipc_begin_write(w->ipc, slot * 2 + half, err);
         if (rc) {
-            draft_fatal(w, rc, err);
+            worker_fatal_set(&w->fatal, rc, err);
             return rc;
         }
     }
@@ -195,7 +178,7 @@ static int half_publish(struct draft_worker *w, int slot, int half,
         char err[ERR_MSG_MAX];
         int rc = kern_cuda_ipc_publish(w->ipc, slot * 2 + half, bytes, err);
         if (rc) {
-            draft_fatal(w, rc, err);
+            worker_fatal_set(&w->fatal, rc, err);
             return rc;
         }
     }
@@ -297,7 +280,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
                                        .k = (uint32_t)k, .first = 0, .guess = 0};
     char err[ERR_MSG_MAX];
     if (half_publish(w, slot, qd->half, &info, k, job_writes_q(j))) {
-        worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, w->fatal_rc, w->fatal_err);
+        worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, w->fatal.rc, w->fatal.err);
         if (qd->predraft_k > 0)
             send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
         return NULL;
@@ -540,11 +523,8 @@ fail:
 static int draft_worker_run(void *worker, volatile sig_atomic_t *stop, char *err)
 {
     struct draft_worker *w = worker;
-    w->stop = stop;
-    int rc = worker_link_run(w->link, stop, err);
-    if (rc == 0 && w->fatal_rc)
-        return error_set(err, w->fatal_rc, "%s", w->fatal_err);
-    return rc;
+    w->fatal.stop = stop;
+    return worker_fatal_result(&w->fatal, worker_link_run(w->link, stop, err), err);
 }
 
 static void draft_worker_destroy(void *worker)

@@ -61,9 +61,7 @@ struct target_worker {
     struct kern_cuda_ipc *ipc; /* shm's device side (transport cuda_ipc on a cuda backend) */
 #endif
     struct worker_link *link;
-    volatile sig_atomic_t *stop; /* run's flag: set on a CUDA failure, which is sticky */
-    int fatal_rc;
-    char fatal_err[ERR_MSG_MAX];
+    struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
     double last_step_end_ms; /* 0 before the first step */
     /* Gathering: slots answered by the last step whose next verification
      * (sent by the coordinator as soon as it reads the answer) has not
@@ -143,19 +141,6 @@ static void fail_queued_readers(struct target_worker *w, const char *why)
         queue_remove(w, i);
     }
 }
-
-#ifdef TANDEM_HAVE_CUDA
-static void target_fatal(struct target_worker *w, int rc, const char *err)
-{
-    if (w->fatal_rc == 0) {
-        w->fatal_rc = rc;
-        snprintf(w->fatal_err, sizeof w->fatal_err, "%s", err);
-        LOG_ERROR("%s; stopping", err);
-    }
-    if (w->stop)
-        *w->stop = 1;
-}
-#endif
 
 /* Closes the device side and the mapping of the draft's buffer: the
  * driver frees a dead draft's slab only once every mapping of it is
@@ -317,7 +302,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
                                      (size_t)k * (size_t)lay->vocab * sizeof(float), &staged, err);
             if (rc) {
                 worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-                target_fatal(w, rc, err);
+                worker_fatal_set(&w->fatal, rc, err);
                 return;
             }
             q_rows = staged;
@@ -406,7 +391,7 @@ static long run_queued(void *user)
         char serr[ERR_MSG_MAX];
         int src = kern_cuda_ipc_staged(w->ipc, qv->seq.slot * 2 + qv->half, serr);
         if (src) {
-            target_fatal(w, src, serr);
+            worker_fatal_set(&w->fatal, src, serr);
             return -1;
         }
         qv->staging_pending = false;
@@ -538,11 +523,8 @@ fail:
 static int target_worker_run(void *worker, volatile sig_atomic_t *stop, char *err)
 {
     struct target_worker *w = worker;
-    w->stop = stop;
-    int rc = worker_link_run(w->link, stop, err);
-    if (rc == 0 && w->fatal_rc)
-        return error_set(err, w->fatal_rc, "%s", w->fatal_err);
-    return rc;
+    w->fatal.stop = stop;
+    return worker_fatal_result(&w->fatal, worker_link_run(w->link, stop, err), err);
 }
 
 static void target_worker_destroy(void *worker)

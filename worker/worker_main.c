@@ -130,6 +130,24 @@ void worker_main_model_free(struct worker_main_model *m)
     memset(m, 0, sizeof *m);
 }
 
+void worker_fatal_set(struct worker_fatal *f, int rc, const char *err)
+{
+    if (f->rc == 0) {
+        f->rc = rc;
+        snprintf(f->err, sizeof f->err, "%s", err);
+        LOG_ERROR("%s; stopping", err);
+    }
+    if (f->stop)
+        *f->stop = 1;
+}
+
+int worker_fatal_result(const struct worker_fatal *f, int link_rc, char *err)
+{
+    if (link_rc == 0 && f->rc)
+        return error_set(err, f->rc, "%s", f->err);
+    return link_rc;
+}
+
 int worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
                               const struct protocol_msg *msg, struct worker_msg_seq *seq_out)
 {

@@ -20,6 +20,7 @@
 
 #include <signal.h>
 
+#include "error.h"
 #include "kernels.h"
 #include "llama.h"
 #include "proc_config.h"
@@ -73,6 +74,19 @@ struct worker_msg_limits worker_main_model_limits(const struct worker_main_model
 
 /* Frees what load created and zeroes m; safe on a zeroed struct. */
 void worker_main_model_free(struct worker_main_model *m);
+
+/* A failure that leaves the worker unusable (a CUDA error is sticky): the
+ * first one is kept, the run loop is told to stop, and the role's run
+ * returns it, so the process exits and the supervisor restarts it. */
+struct worker_fatal {
+    volatile sig_atomic_t *stop; /* run's flag, set by the role's run */
+    int rc;                      /* 0, or the first failure */
+    char err[ERR_MSG_MAX];
+};
+void worker_fatal_set(struct worker_fatal *f, int rc, const char *err);
+/* What the role's run returns: link_rc, or the kept failure when the link
+ * stopped cleanly because of it. */
+int worker_fatal_result(const struct worker_fatal *f, int link_rc, char *err);
 
 /* Serves "release {req, slot}": truncates the slot to 0 (its KV blocks go
  * back to the pool). No reply; an "error" (in_reply_to "release") when a

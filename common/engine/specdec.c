@@ -498,11 +498,15 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
     if (rc)
         return rc;
     /* Room for every job's final entry: at most chunk_tokens of feed plus
-     * the drafts, and k + 1 logits rows. */
+     * its drafts, and k + 1 logits rows (a k out of range fails the job
+     * before it uses any). Sized by each job's own k: 16 jobs at the
+     * largest K would otherwise mean 272 vocabulary-wide rows. */
     int want_tokens = 0, want_rows = 0;
     for (int i = 0; i < n_jobs; i++) {
-        want_tokens += t->progress.chunk_tokens + SPECULATE_K_MAX;
-        want_rows += SPECULATE_K_MAX + 1;
+        const int k = jobs[i]->done || jobs[i]->k < 0 || jobs[i]->k > SPECULATE_K_MAX ? 0
+                                                                                      : jobs[i]->k;
+        want_tokens += t->progress.chunk_tokens + k;
+        want_rows += k + 1;
     }
     if ((rc = grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
         (rc = grow((void **)&t->logits, &t->logits_cap, want_rows,
