@@ -76,6 +76,7 @@ struct worker {
     char shm_name[256];
     double last_seen_ms;
     uint64_t gen;            /* bumped at each registration */
+    int drops;               /* the register's "drops": a repeat of one registration has the same */
 };
 
 enum seq_state {

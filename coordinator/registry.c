@@ -191,6 +191,7 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         w.bos_id = r.bos_id;
         w.kv_blocks = r.kv_blocks;
         w.kv_block_size = r.kv_block_size;
+        w.drops = r.drops;
         shm = r.shm;
     }
     if (rc == 0 && shm != NULL) {
@@ -205,10 +206,13 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
     }
     /* A worker repeats register until it is welcomed (its first one may
      * leave before the connection is up): a repeat from the same process is
-     * answered again, never taken for a restart. */
+     * answered again, never taken for a restart. One that lost its
+     * connection meanwhile (more drops) emptied its slots: for the requests
+     * it served that is a restart. */
     struct worker *known = &c->worker[role];
-    if ((known->up || known->held) && known->pid == w.pid &&
-        strcmp(known->shm_name, w.shm_name) == 0) {
+    bool same_process = (known->up || known->held) && known->pid == w.pid &&
+                        strcmp(known->shm_name, w.shm_name) == 0;
+    if (same_process && known->drops == w.drops) {
         memcpy(known->identity, msg->identity, msg->identity_size);
         known->identity_size = msg->identity_size;
         known->last_seen_ms = coord_now_ms();
@@ -231,7 +235,8 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
 
     if (role == ROLE_TARGET) {
         if (c->worker[ROLE_TARGET].up)
-            registry_target_lost(c, "registered again (restarted)");
+            registry_target_lost(c, same_process ? "registered again after a connection drop (its sequences are gone)"
+                                                 : "registered again (restarted)");
         w.up = true;
         c->worker[ROLE_TARGET] = w;
         c->metrics.worker_registrations[ROLE_TARGET]++;
@@ -256,7 +261,8 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
     }
     struct worker *d = &c->worker[ROLE_DRAFT];
     if (d->up || d->held)
-        registry_draft_lost(c, "registered again (restarted)");
+        registry_draft_lost(c, same_process ? "registered again after a connection drop (its sequences are gone)"
+                                            : "registered again (restarted)");
     *d = w;
     if (!c->worker[ROLE_TARGET].up) {
         d->held = true;

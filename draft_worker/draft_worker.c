@@ -408,6 +408,20 @@ static void handle_release(void *user, const struct protocol_msg *m)
                 queue_remove(w, i); /* its request is over: no reply wanted */
 }
 
+/* worker_link_role.on_coordinator_lost: its rounds and prefills go, no
+ * reply; the buffer's halves stay as they are (a verify names the request
+ * and round it expects, and a new coordinator's first round for a slot
+ * follows a draft that rewrites the half). */
+static void on_coordinator_lost(void *user)
+{
+    struct draft_worker *w = user;
+    int n = w->n_queued;
+    while (w->n_queued > 0)
+        queue_remove(w, w->n_queued - 1);
+    worker_main_model_release_all(&w->m);
+    LOG_INFO("dropped %d queued jobs and emptied every slot", n);
+}
+
 static const struct worker_link_command draft_commands[] = {
     {PROTOCOL_DRAFT, handle_draft},
     {PROTOCOL_PREFILL, handle_prefill},
@@ -421,6 +435,7 @@ static const struct worker_link_role draft_link_role = {
     .on_welcome = NULL,
     .commands = draft_commands,
     .run_queued = run_queued,
+    .on_coordinator_lost = on_coordinator_lost,
 };
 
 static void draft_worker_destroy(void *worker);

@@ -460,6 +460,21 @@ static void handle_attach_cmd(void *user, const struct protocol_msg *m)
     handle_attach(user, m, PROTOCOL_ATTACH);
 }
 
+/* worker_link_role.on_coordinator_lost: its verifications go, no reply.
+ * The draft's buffer stays attached: the draft outlives the coordinator,
+ * and the next welcome names the buffer again (attach keeps the same one). */
+static void on_coordinator_lost(void *user)
+{
+    struct target_worker *w = user;
+    int n = w->n_queued;
+    while (w->n_queued > 0)
+        queue_remove(w, w->n_queued - 1);
+    for (int s = 0; s < w->m.n_slots; s++)
+        awaiting_clear(w, s);
+    worker_main_model_release_all(&w->m);
+    LOG_INFO("dropped %d queued verifications and emptied every slot", n);
+}
+
 static const struct worker_link_command target_commands[] = {
     {PROTOCOL_VERIFY, handle_verify},
     {PROTOCOL_ATTACH, handle_attach_cmd},
@@ -473,6 +488,7 @@ static const struct worker_link_role target_link_role = {
     .on_welcome = on_welcome,
     .commands = target_commands,
     .run_queued = run_queued,
+    .on_coordinator_lost = on_coordinator_lost,
 };
 
 static void target_worker_destroy(void *worker);

@@ -6,7 +6,11 @@
  * sent or not, so a failing socket is retried at the documented rates and
  * never in a busy loop; register_pending is true exactly when the last
  * register failed to send; send_failing starts true so the first send, which
- * may precede the connection, warns nobody.
+ * may precede the connection, warns nobody. After a drop nothing about the
+ * old coordinator's work is sent: the role drops it before the next
+ * register, and ZMQ_IMMEDIATE discards what was queued for the dead
+ * connection, so a new coordinator never reads a reply to a command it did
+ * not send (its request numbers start again at 1 and could match).
  */
 #include "worker_link.h"
 
@@ -20,6 +24,8 @@
 #include "error.h"
 #include "logging.h"
 
+#define WORKER_LINK_MONITOR_ENDPOINT "inproc://tandem-worker-link-monitor"
+
 struct worker_link {
     const struct worker_link_role *role;
     void *user;
@@ -30,6 +36,8 @@ struct worker_link {
     size_t max_message_bytes;
     void *zctx;
     void *sock;
+    void *monitor;           /* PAIR: the socket's connection drops */
+    int n_drops;             /* connection drops so far: "drops" in register */
     double last_heard_ms;    /* last message from the coordinator */
     double last_beat_ms;     /* last heartbeat we sent */
     double last_register_ms; /* last register we sent */
@@ -87,6 +95,10 @@ cJSON *worker_link_register_new(const char *role, const char *model, const char 
 static void send_register(struct worker_link *link)
 {
     cJSON *h = link->role->build_register(link->user);
+    if (h && !cJSON_AddNumberToObject(h, "drops", link->n_drops)) {
+        cJSON_Delete(h);
+        h = NULL;
+    }
     link->last_register_ms = protocol_now_ms();
     int rc = worker_link_send(link, h, NULL, 0);
     link->register_pending = rc != 0;
@@ -109,6 +121,41 @@ void worker_link_keepalive(struct worker_link *link)
 {
     if (protocol_now_ms() - link->last_beat_ms >= link->heartbeat_ms)
         send_heartbeat(link);
+}
+
+/* Reads the monitor's events; on a drop, forgets the coordinator's work
+ * and registers again (see the top of worker_link.h). */
+static void watch_connection(struct worker_link *link)
+{
+    bool dropped = false;
+    for (;;) {
+        zmq_msg_t frame;
+        if (zmq_msg_init(&frame) != 0)
+            break;
+        if (zmq_msg_recv(&frame, link->monitor, ZMQ_DONTWAIT) < 0) {
+            if (zmq_errno() != EAGAIN)
+                LOG_WARN("coordinator socket monitor: zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
+            zmq_msg_close(&frame);
+            break;
+        }
+        /* Frame 1: event (16 bits) and value (32 bits); frame 2: the endpoint. */
+        uint16_t event = 0;
+        if (zmq_msg_size(&frame) >= sizeof(event) + sizeof(uint32_t))
+            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
+        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, link->monitor, 0) >= 0)
+            continue;
+        zmq_msg_close(&frame);
+        dropped = dropped || event == ZMQ_EVENT_DISCONNECTED;
+    }
+    if (!dropped)
+        return;
+    link->n_drops++;
+    LOG_WARN("lost the connection to the coordinator: dropping its work; registering again as soon as "
+             "it is back");
+    if (link->role->on_coordinator_lost)
+        link->role->on_coordinator_lost(link->user);
+    link->welcomed = false;
+    send_register(link);
 }
 
 /* Handles one well-formed message; returns 1 to stop serving (shutdown),
@@ -183,7 +230,10 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
     send_heartbeat(link);
     long queued_wait_ms = -1;
     while (!*stop) {
-        zmq_pollitem_t item = {.socket = link->sock, .events = ZMQ_POLLIN};
+        zmq_pollitem_t items[2] = {
+            {.socket = link->sock, .events = ZMQ_POLLIN},
+            {.socket = link->monitor, .events = ZMQ_POLLIN},
+        };
         double now = protocol_now_ms();
         long wait_ms = (long)(link->last_beat_ms + link->heartbeat_ms - now);
         if (link->register_pending && wait_ms > WORKER_LINK_REGISTER_RETRY_MS)
@@ -192,17 +242,24 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
             wait_ms = queued_wait_ms;
         if (wait_ms < 0)
             wait_ms = 0;
-        int n = zmq_poll(&item, 1, wait_ms);
+        int n = zmq_poll(items, 2, wait_ms);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             return error_set(err, ERR_SYSTEM, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         }
-        if (n > 0) {
+        /* The socket before the drop: what it holds came from the old
+         * coordinator (ZeroMQ delivers what arrived before a drop). Replies
+         * to it either fail (no connection) or reach a new coordinator
+         * before this worker's register, and it drops messages of a worker
+         * it does not know. Then the drop empties the role and registers. */
+        if (items[0].revents & ZMQ_POLLIN) {
             int rc = drain(link, stop, err);
             if (rc != 0)
                 return rc > 0 ? 0 : rc;
         }
+        if (items[1].revents & ZMQ_POLLIN)
+            watch_connection(link);
         if (link->role->run_queued)
             queued_wait_ms = link->role->run_queued(link->user);
         now = protocol_now_ms();
@@ -259,6 +316,19 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
     }
     if ((rc = protocol_dealer_connect(link->zctx, link->endpoint, &link->sock, err)))
         goto fail;
+    /* Started after the connect: a drop before the first connection is up
+     * cannot happen, and the monitor only needs drops. Its pipe has no
+     * high-water mark: a lost event would be a drop never noticed. */
+    int unlimited = 0;
+    if (zmq_socket_monitor(link->sock, WORKER_LINK_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED) != 0 ||
+        (link->monitor = zmq_socket(link->zctx, ZMQ_PAIR)) == NULL ||
+        zmq_setsockopt(link->monitor, ZMQ_LINGER, &(int){0}, sizeof(int)) != 0 ||
+        zmq_setsockopt(link->monitor, ZMQ_RCVHWM, &unlimited, sizeof unlimited) != 0 ||
+        zmq_connect(link->monitor, WORKER_LINK_MONITOR_ENDPOINT) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "coordinator socket monitor (zmq_socket_monitor): %s",
+                       zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     *out = link;
     return 0;
 fail:
@@ -270,6 +340,10 @@ void worker_link_destroy(struct worker_link *link)
 {
     if (!link)
         return;
+    if (link->sock && zmq_socket_monitor(link->sock, NULL, 0) != 0)
+        LOG_WARN("zmq_socket_monitor (stop): %s", zmq_strerror(zmq_errno()));
+    if (link->monitor && zmq_close(link->monitor) != 0)
+        LOG_WARN("zmq_close (monitor): %s", zmq_strerror(zmq_errno()));
     if (link->sock && zmq_close(link->sock) != 0)
         LOG_WARN("zmq_close: %s", zmq_strerror(zmq_errno()));
     if (link->zctx && zmq_ctx_term(link->zctx) != 0)

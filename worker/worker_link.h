@@ -8,9 +8,18 @@
  *     until a "welcome" comes, and every WORKER_LINK_REGISTER_RETRY_MS while
  *     the last one could not be sent;
  *   - heartbeat {role} every heartbeat_ms;
+ *   - the connection: a monitor of the socket reports its drops. A drop
+ *     means the coordinator is gone (killed, restarted; on one host nothing
+ *     else closes the connection): the role drops what it held for it
+ *     (on_coordinator_lost), and the link registers again at once, retried
+ *     every WORKER_LINK_REGISTER_RETRY_MS until the connection is back, so
+ *     a restarted coordinator has its workers within a reconnect interval
+ *     of its start. Every register carries "drops", the number of drops so
+ *     far: a coordinator that outlived the drop learns from it that the
+ *     worker's sequences are gone;
  *   - liveness: any message from the coordinator counts as its heartbeat;
  *     after coordinator.worker_timeout_ms of silence the worker registers
- *     again (a restarted coordinator sees a fresh register);
+ *     again (a coordinator that froze, or a drop the monitor missed);
  *   - the poll/receive loop: malformed envelopes are answered with an
  *     "error", "welcome"/"heartbeat"/"shutdown"/"refused" are handled here,
  *     every other message goes to the role's handler for its type in arrival
@@ -78,6 +87,13 @@ struct worker_link_role {
      * milliseconds the role wants to wait for more commands before its next
      * step (the link polls up to that long, then calls it again). */
     long (*run_queued)(void *user);
+    /* Optional (NULL: nothing held). Called when the connection to the
+     * coordinator drops: the coordinator that sent the commands held so far
+     * is gone with its requests, and the one the link registers with next
+     * knows none of them (a restarted coordinator starts with every slot
+     * free). The role drops its queued work and empties every slot, and
+     * sends nothing more about them. */
+    void (*on_coordinator_lost)(void *user);
 };
 
 struct worker_link;

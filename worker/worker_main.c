@@ -161,6 +161,21 @@ int worker_main_model_release(struct worker_main_model *m, struct worker_link *l
     return rc;
 }
 
+int worker_main_model_release_all(struct worker_main_model *m)
+{
+    int first = 0;
+    for (int slot = 0; slot < m->n_slots; slot++) {
+        char err[ERR_MSG_MAX];
+        int rc = llama_ctx_truncate(m->ctx, slot, 0, err);
+        if (rc) {
+            LOG_ERROR("emptying slot %d: %s", slot, err);
+            if (!first)
+                first = rc;
+        }
+    }
+    return first;
+}
+
 struct worker_msg_limits worker_main_model_limits(const struct worker_main_model *m, int k_max)
 {
     return (struct worker_msg_limits){

@@ -95,4 +95,10 @@ int worker_fatal_result(const struct worker_fatal *f, int link_rc, char *err);
 int worker_main_model_release(struct worker_main_model *m, struct worker_link *link,
                               const struct protocol_msg *msg, struct worker_msg_seq *seq_out);
 
+/* Empties every slot (the coordinator that filled them is gone:
+ * worker_link_role.on_coordinator_lost), so the paged pool is whole again
+ * for the next one. A slot that cannot be truncated is logged; 0 or the
+ * first failure's code. */
+int worker_main_model_release_all(struct worker_main_model *m);
+
 #endif

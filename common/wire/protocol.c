@@ -441,7 +441,7 @@ int protocol_dealer_connect(void *zctx, const char *endpoint, void **out_socket,
     void *s = zmq_socket(zctx, ZMQ_DEALER);
     if (!s)
         return error_set(err, ERR_SYSTEM, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
-    int linger = 0, immediate = 1, ivl = 100, ivl_max = 1000;
+    int linger = 0, immediate = 1, ivl = 100, ivl_max = 250;
     if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
         zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate) != 0 ||
         zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) != 0 ||

@@ -396,7 +396,8 @@ cJSON *worker_msg_register_encode(const struct worker_msg_register *m)
          cJSON_AddNumberToObject(h, "n_slots", m->n_slots) &&
          cJSON_AddNumberToObject(h, "bos_id", m->bos_id) &&
          (m->kv_blocks <= 0 || (cJSON_AddNumberToObject(h, "kv_blocks", m->kv_blocks) &&
-                                cJSON_AddNumberToObject(h, "kv_block_size", m->kv_block_size)));
+                                cJSON_AddNumberToObject(h, "kv_block_size", m->kv_block_size))) &&
+         (m->drops <= 0 || cJSON_AddNumberToObject(h, "drops", m->drops));
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -429,7 +430,8 @@ int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg
         (rc = protocol_get_int_opt(h, "bos_id", -1, INT32_MAX, -1, &m->bos_id, err)) ||
         (rc = protocol_get_int_opt(h, "kv_blocks", 0, INT32_MAX, 0, &m->kv_blocks, err)) ||
         (rc = protocol_get_int_opt(h, "kv_block_size", m->kv_blocks > 0 ? 1 : 0, 1 << 20, 0,
-                                   &m->kv_block_size, err)))
+                                   &m->kv_block_size, err)) ||
+        (rc = protocol_get_int_opt(h, "drops", 0, INT32_MAX, 0, &m->drops, err)))
         return rc;
     if (m->kv_blocks > 0 && m->kv_block_size < 1)
         return error_set(err, ERR_PROTOCOL, "kv_block_size: required with kv_blocks");

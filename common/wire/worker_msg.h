@@ -152,6 +152,9 @@ struct worker_msg_register {
     int kv_block_size;          /* positions per block (0 with kv_blocks 0: not reported,
                                    every slot can reach max_seq_len) */
     const cJSON *shm;           /* the draft's buffer descriptor (required from a draft) */
+    int drops;                  /* connection drops the worker has seen (0 when absent); each
+                                   emptied its slots (worker_link.h), so a registration
+                                   differing only in drops holds none of the old sequences */
 };
 
 cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame);

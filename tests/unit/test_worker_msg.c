@@ -205,6 +205,20 @@ static void test_worker_msg_small_messages_round_trip(void **state)
     assert_int_equal(rg.eos_ids[1], 99);
     assert_int_equal(rg.bos_id, 97);
     assert_non_null(rg.shm);
+    assert_int_equal(rg.drops, 0); /* absent: a worker that never lost its connection */
+    protocol_msg_free(&m);
+
+    /* drops tells a repeat from a worker that emptied its slots meanwhile */
+    reg.drops = 3;
+    shm = cJSON_CreateObject();
+    cJSON_AddStringToObject(shm, "name", "/tandem-x-4242-draft");
+    reg.shm = shm;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    cJSON_Delete(shm);
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_int_equal(rg.drops, 3);
+    cJSON_ReplaceItemInObject(m.header, "drops", cJSON_CreateNumber(-1));
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
     protocol_msg_free(&m);
 }
 

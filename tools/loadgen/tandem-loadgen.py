@@ -24,8 +24,12 @@ Checks, not just timings:
   - a client whose connection drops while its request runs (the coordinator
     was killed or restarted: its requests are gone with it) ends that request
     at once as `coordinator_lost`, an error of this tool's own, expected only
-    with --expect-faults; the socket reconnects by itself and its next request
-    waits for the coordinator to be back;
+    with --expect-faults; that client then takes a fresh socket (a request
+    it sent as the coordinator died may still be queued in the old one, be
+    served by the restarted coordinator and answered after it was counted),
+    and its next request waits for the coordinator to be back;
+  - a reply naming another request than the one in flight is not taken for
+    it (counted as late_replies, shown in the report);
   - a request with no reply within --timeout-s is a hang.
 Prints throughput (requests/s, generated tokens/s), time to first token and
 per-output-token latency percentiles (p50, p99; measured on streamed requests), errors by code, and the resident
@@ -165,6 +169,16 @@ class Client:
                      "token_times": [], "cancel_sent": False}
 
 
+def renew(c, ctx, endpoint, poller):
+    """Replaces c's socket (and its monitor) with a fresh connection."""
+    poller.unregister(c.sock)
+    poller.unregister(c.monitor)
+    c.close()
+    c.__init__(ctx, endpoint)
+    poller.register(c.sock, zmq.POLLIN)
+    poller.register(c.monitor, zmq.POLLIN)
+
+
 def run(args):
     ctx = zmq.Context.instance()
     probe = ctx.socket(zmq.DEALER)
@@ -193,7 +207,7 @@ def run(args):
     pending = list(plan.requests)
     pending.reverse()
     results = {"done": 0, "mismatch": [], "hang": [], "unexpected": {}, "expected_errors": {}, "codes": {},
-               "tokens": 0, "ttft": [], "tpot": [], "cancelled": 0}
+               "tokens": 0, "ttft": [], "tpot": [], "cancelled": 0, "late": []}
     # A marker for drivers that inject faults under load (tests/e2e/test_loadgen.py).
     print("tandem-loadgen: load started", file=sys.stderr, flush=True)
     rss_samples = {n: [] for n in pids}
@@ -216,8 +230,10 @@ def run(args):
                 continue
             if c.sock in events:
                 m = json.loads(c.sock.recv())
-                if m.get("id") not in (b["req"]["id"], "") and m.get("type") != "error":
-                    continue  # a late reply to an earlier request of this socket
+                if m.get("id", "") not in (b["req"]["id"], ""):
+                    results["late"].append("%s for %s (now %s)" % (m.get("code", m.get("type")), m.get("id"),
+                                                                   b["req"]["id"]))
+                    continue  # a late reply to an earlier request of this socket (a cancelled one's)
                 typ = m.get("type")
                 if typ == "token":
                     if b["t_first"] is None:
@@ -233,22 +249,25 @@ def run(args):
                     c.send(pending.pop())
             elif c.monitor in events and c.dropped():
                 # Replies that came before the drop were read above (the
-                # socket goes first); what is still missing will not come.
+                # socket goes first); what is still missing will not come
+                # from the coordinator that died.
                 lost = {"type": "error", "code": "coordinator_lost", "id": b["req"]["id"],
                         "message": "the connection dropped while the request ran"}
                 finish(args, c, b, lost, now, expected, results)
                 c.busy = None
+                # A fresh socket: a request sent in the moment between the
+                # death and our reading of the drop sits in this socket's
+                # queue, goes to the restarted coordinator when the socket
+                # reconnects, and is answered there, after we counted it
+                # lost. A malformed one's error has no id to tell it from
+                # the next request's.
+                renew(c, ctx, args.endpoint, poller)
                 if pending:
                     c.send(pending.pop())
             elif now - b["t_sent"] > args.timeout_s:
                 results["hang"].append(b["req"]["id"])
                 # A fresh socket: a late reply must not be taken for the next request's.
-                poller.unregister(c.sock)
-                poller.unregister(c.monitor)
-                c.close()
-                c.__init__(ctx, args.endpoint)
-                poller.register(c.sock, zmq.POLLIN)
-                poller.register(c.monitor, zmq.POLLIN)
+                renew(c, ctx, args.endpoint, poller)
                 if pending:
                     c.send(pending.pop())
     wall = time.monotonic() - t0
@@ -316,7 +335,7 @@ def report(args, r, wall, rss_start, rss_end, stats, rss_samples):
         "tpot_ms": {"p50": round(percentile(r["tpot"], 50), 2), "p99": round(percentile(r["tpot"], 99), 2)},
         "replies_by_code": r["codes"], "expected_errors": r["expected_errors"],
         "unexpected_errors": {k: len(v) for k, v in r["unexpected"].items()},
-        "mismatches": len(r["mismatch"]), "hangs": len(r["hang"]),
+        "mismatches": len(r["mismatch"]), "hangs": len(r["hang"]), "late_replies": r["late"][:20],
         "rss_kb": {n: {"start": rss_start.get(n), "end": rss_end.get(n)} for n in rss_start},
     }
     if args.rss_every > 0:
