@@ -420,6 +420,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
  * The CUDA backend queues its work and returns: every timing below ends
  * with the backend's sync (or with the download of a token, which waits). */
 
+#ifdef TANDEM_HAVE_CUDA
 /* ms per llama_forward of `rows` tokens of one sequence after a prefix of
  * `prefix` tokens, every row's logits left on the device (verification's
  * shape: K + 1 rows, K + 1 logits rows), `calls` calls after one warm-up. */
@@ -452,7 +453,6 @@ static int time_rows(struct bench_model *m, float *logits_dev, int prefix, int r
 
 static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
 {
-#ifdef TANDEM_HAVE_CUDA
     enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512 };
     char err[ERR_MSG_MAX] = "", uuid[KERN_CUDA_UUID_MAX] = "";
     if (kern_cuda_device_uuid(be, uuid, err))
@@ -558,12 +558,16 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
         unload(&m);
     }
     return 0;
+}
 #else
+/* Unreachable: without the CUDA backend no "cuda" backend can be made. */
+static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
+{
     (void)o;
     (void)be;
     return die("runtime", "this build has no CUDA backend");
-#endif
 }
+#endif
 
 /* Continuous batching's cost curve: one decode row for each of B sequences
  * (each already holding a 64-token prefix) in one llama_forward call, for
