@@ -280,9 +280,18 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
         ctx->free_list[b] = ctx->n_blocks - 1 - b;
     const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     ctx->kv_plane = (size_t)n_blocks * (size_t)block_size * kv_dim;
-    if ((rc = ctx_alloc(ctx, ctx->kv_plane * 2 * (size_t)c->num_hidden_layers, &ctx->kv_pool,
-                        err)))
+    const size_t kv_bytes = ctx->kv_plane * 2 * (size_t)c->num_hidden_layers * sizeof(float);
+    char why[ERR_MSG_MAX] = "";
+    if ((rc = ctx_alloc(ctx, kv_bytes / sizeof(float), &ctx->kv_pool, why))) {
+        /* Say what the bytes are for and which settings size them: on a GPU
+         * the backend's reason carries the device's free and total memory. */
+        error_set(err, rc,
+                  "kv cache: %d blocks of %d positions (%d slots x max_seq_len %d) need %zu "
+                  "bytes on the %s backend: %s; lower max_seq_len, n_slots or kv_blocks",
+                  ctx->n_blocks, block_size, ctx->n_slots, ctx->max_seq_len, kv_bytes,
+                  ctx->be->name, why);
         goto fail;
+    }
     const size_t R = (size_t)max_rows, dim = (size_t)c->hidden_size,
                  q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim,
                  ff = (size_t)c->intermediate_size;
