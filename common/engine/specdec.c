@@ -213,6 +213,9 @@ static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, cons
         if (dev_pick[1] != 0)
             return error_set(err, ERR_INVALID_ARG, "draft token %d: %s", i,
                              specdec_dev_status_str(dev_pick[1]));
+        if (dev_pick[0] < 0 || dev_pick[0] >= d->vocab)
+            return error_set(err, ERR_INVALID_ARG, "draft token %d: the device picked id %d",
+                             i, (int)dev_pick[0]);
         j->tokens_out[i] = dev_pick[0];
         return 0;
     }
@@ -303,8 +306,7 @@ static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job 
 }
 
 /* Device path: room for n_jobs logits rows (backend memory) and picks. */
-static int draft_dev_reserve(struct specdec_draft *d, int n_jobs, float **logits_dev,
-                                     char *err)
+static int draft_dev_reserve(struct specdec_draft *d, int n_jobs, float **logits_dev, char *err)
 {
     int rc = specdec_dev_logits(d->dev, n_jobs, logits_dev, err);
     if (rc || n_jobs <= d->picks_cap)
@@ -337,7 +339,8 @@ static int draft_dev_picks(struct specdec_draft *d, int n, char *err)
         if (d->entries[i].n_logits == 0)
             continue;
         const int at = j->drafted;
-        const int argmax = sampling_params_is_greedy(&j->sp) || j->mode == SPECULATE_MODE_POINT_MASS;
+        const int argmax =
+            sampling_params_is_greedy(&j->sp) || j->mode == SPECULATE_MODE_POINT_MASS;
         const size_t off = (size_t)at * (size_t)d->vocab;
         d->picks[n_picks++] = (struct specdec_dev_pick){
             .row = i, .argmax = argmax, .sp = j->sp,
@@ -654,6 +657,12 @@ static int verify_finish_dev(struct specdec_target *t, int n, char *err)
             continue;
         const struct specdec_dev_outcome *o = &t->outcomes[r++];
         char j_err[ERR_MSG_MAX];
+        if (o->status == 0 && (o->n_accepted < 0 || o->n_accepted > j->k)) {
+            error_set(j_err, ERR_INVALID_ARG, "verify: the device accepted %d of %d drafts",
+                      o->n_accepted, j->k);
+            job_fail(&j->rc, j->err, &j->done, ERR_INVALID_ARG, j_err);
+            continue;
+        }
         if (o->status != 0) {
             if (o->bad_row >= 0)
                 error_set(j_err, ERR_INVALID_ARG, "verify: p row %d: %s", o->bad_row,
