@@ -52,7 +52,9 @@
 #     second backend (q rows through host memory); agreement of sampled ids
 #     with the host sampler printed, not gated (the kernels' contract allows a
 #     draw boundary to differ by rounding);
-#   - test_cuda_runtime: tandem-generate --backend cuda == the CPU backend's
+#   - test_cuda_runtime (tandem-generate on cuda now samples on the device
+#     by default, so its in-process checks run the device path; the workers
+#     still sample on the host): tandem-generate --backend cuda == the CPU backend's
 #     greedy ids (tiny, small); in-process speculative == target-only on cuda
 #     for K 1..8 and adaptive, both draft modes; --draft-device by UUID; the
 #     three-process pipeline with both workers on the GPU == target-only, streamed
@@ -264,6 +266,35 @@ for test_name in test_cuda_kernels test_cuda_sampling; do
             "$SANITIZER" --tool synccheck --report-api-errors no --error-exitcode 99 "$TEST_BIN"
     fi
 done
+
+# The engine's device path (logits in device memory, drafting, sampling and
+# accept/reject in the kernels, q rows on the device) under memcheck: one
+# sampled speculative run (K = 3: drafts, q rows, residual or bonus) and one
+# greedy target-only run of tandem-generate on the tiny pair.
+GEN_BIN=$BUILD_DIR/tools/generate/tandem-generate
+MK_BIN=$BUILD_DIR/tools/make_model/tandem-make-model
+if [ -z "$SANITIZER" ]; then
+    record "compute-sanitizer (device sampling)" SKIP "not installed"
+elif [ ! -x "$GEN_BIN" ] || [ ! -x "$MK_BIN" ]; then
+    record "compute-sanitizer (device sampling)" SKIP "tandem-generate or tandem-make-model was not built"
+else
+    SAN_MODELS=$LOG_DIR/sanitizer-models
+    if "$MK_BIN" --preset tiny-draft --out "$SAN_MODELS/draft" --seed 1 >/dev/null 2>&1 &&
+        "$MK_BIN" --preset tiny --out "$SAN_MODELS/target" --derive-from "$SAN_MODELS/draft" \
+            --noise 0.02 --seed 1 >/dev/null 2>&1; then
+        run_step "compute-sanitizer memcheck (device sampling)" "sanitizer-memcheck-devsample.log" \
+            "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 \
+            "$GEN_BIN" --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" --model "$SAN_MODELS/target" \
+            --draft "$SAN_MODELS/draft" --spec-k 3 --temperature 0.9 --top-p 0.95 --seed 5 \
+            --ids 1,2,3 --max-tokens 24 --json
+        run_step "compute-sanitizer memcheck (device greedy)" "sanitizer-memcheck-devgreedy.log" \
+            "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 \
+            "$GEN_BIN" --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" --model "$SAN_MODELS/target" \
+            --temperature 0 --ids 1,2,3 --max-tokens 24 --json
+    else
+        record "compute-sanitizer (device sampling)" FAIL "tandem-make-model could not write the tiny pair"
+    fi
+fi
 
 # ---- the batch-invariant GEMM against cuBLAS (figures, not a gate) ----------
 BENCH_BIN=$BUILD_DIR/tools/bench_kernels/tandem-bench-kernels
