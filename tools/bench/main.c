@@ -123,10 +123,14 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     adaptive_k_init(&history, k, 8);
     double decode_ms = 0;
     long decode_tokens = 0;
+    /* ids below 120000 fit every Llama 3 vocabulary; a test preset's smaller
+     * vocabulary (tiny: 512) bounds them instead */
+    const int vocab = llama_model_config(llama_ctx_model(specdec_target_ctx(t)))->vocab_size;
+    const int id_mod = vocab < 120000 ? vocab : 120000;
     for (int i = 0; i < n_prompts; i++) {
         int32_t prompt[16];
         for (int j = 0; j < 16; j++)
-            prompt[j] = (int32_t)((1000 + 7919 * (i * 16 + j)) % 120000);
+            prompt[j] = (int32_t)((1000 + 7919 * (i * 16 + j)) % id_mod);
         struct specdec_request req = {.prompt = prompt, .n_prompt = 16, .max_tokens = max_tokens,
                                       .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0,
                                       .k_history = &history};
