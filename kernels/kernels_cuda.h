@@ -86,6 +86,26 @@ int kern_cuda_matmul_time(struct kern_backend *be, enum kern_cuda_mm_path path, 
                           const float *in, const void *const *w, int n_w, enum kern_dtype dtype,
                           int n, int d_in, int d_out, int calls, double *ms_per_call, char *err);
 
+/* ---- memory read bandwidth (benchmarks) ----------------------------------
+ * The floor of a decode step: it reads every weight once and writes almost
+ * nothing, so its time is held against bytes / read bandwidth. */
+struct kern_cuda_read_bw {
+    size_t size_bytes;   /* buffer read per pass */
+    int passes;          /* timed passes (one more warms up) */
+    double best_ms;      /* fastest pass */
+    double read_gbs;     /* size_bytes / best pass, in 1e9 bytes per second */
+    size_t free_bytes, total_bytes; /* device memory before the buffer was made */
+};
+
+/* Reads a buffer of min(size_bytes, half the free device memory) bytes,
+ * passes + 1 times with one kernel per pass on the backend's stream (16-byte
+ * loads, nothing written), times each pass with CUDA events and keeps the
+ * fastest. Waits; frees the buffer. ERR_INVALID_ARG when be is not a CUDA
+ * backend or passes is outside 1..1000, ERR_NOMEM when the device has less
+ * than 128 MiB free, ERR_CUDA naming a failed call. */
+int kern_cuda_read_bandwidth(struct kern_backend *be, size_t size_bytes, int passes,
+                             struct kern_cuda_read_bw *out, char *err);
+
 /* ---- shared half buffers between processes (CUDA IPC) -------------------
  * The device side of the draft's shared buffer (common/wire/shm_buffer.h,
  * transport "cuda_ipc"). The host side is the POSIX segment that module

@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "philox.h"
+#include "specdec_device.h"
 
 struct specdec_draft {
     struct llama_ctx *ctx;
@@ -30,6 +31,12 @@ struct specdec_draft {
     int entries_cap;
     bool *slot_busy;    /* [n_slots]: slot already in this step */
     struct sampling_workspace *ws;
+    /* device sampling (specdec_draft_use_device); NULL: the host path */
+    struct specdec_dev *dev;
+    struct specdec_dev_pick *picks; /* [entries_cap] */
+    int32_t *pick_tokens;           /* [4 * picks_cap]: the picks' tokens, their
+                                       statuses, then (token, status) per entry */
+    int picks_cap;
 };
 
 struct specdec_target {
@@ -46,6 +53,11 @@ struct specdec_target {
     int entries_cap;
     bool *slot_busy;
     struct sampling_workspace *ws;
+    /* device sampling (specdec_target_use_device); NULL: the host path */
+    struct specdec_dev *dev;
+    struct specdec_dev_round *rounds;     /* [rounds_cap] */
+    struct specdec_dev_outcome *outcomes; /* [rounds_cap] */
+    int rounds_cap;
 };
 
 static double now_ms(void)
@@ -150,6 +162,9 @@ void specdec_draft_destroy(struct specdec_draft *d)
     if (!d)
         return;
     sampling_workspace_destroy(d->ws);
+    specdec_dev_destroy(d->dev);
+    free(d->picks);
+    free(d->pick_tokens);
     free(d->logits);
     free(d->probs);
     free(d->entries);
@@ -159,6 +174,18 @@ void specdec_draft_destroy(struct specdec_draft *d)
 }
 
 struct llama_ctx *specdec_draft_ctx(struct specdec_draft *d) { return d->ctx; }
+
+int specdec_draft_use_device(struct specdec_draft *d, bool on, char *err)
+{
+    if (!on) {
+        specdec_dev_destroy(d->dev);
+        d->dev = NULL;
+        return 0;
+    }
+    return d->dev ? 0 : specdec_dev_create(&d->dev, d->ctx, err);
+}
+
+bool specdec_draft_on_device(const struct specdec_draft *d) { return d->dev != NULL; }
 
 void specdec_draft_set_progress(struct specdec_draft *d, const struct specdec_progress *p)
 {
@@ -177,10 +204,21 @@ void specdec_draft_job_init(struct specdec_draft_job *j)
     j->in_step = false;
 }
 
-/* Picks draft token i of job j from logits. */
+/* Picks draft token i of job j from logits, or, on the device path, takes
+ * the pick the device made (dev_pick: token, status). */
 static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, const float *logits,
-                      int i, char *err)
+                      int i, const int32_t *dev_pick, char *err)
 {
+    if (dev_pick) {
+        if (dev_pick[1] != 0)
+            return error_set(err, ERR_INVALID_ARG, "draft token %d: %s", i,
+                             specdec_dev_status_str(dev_pick[1]));
+        if (dev_pick[0] < 0 || dev_pick[0] >= d->vocab)
+            return error_set(err, ERR_INVALID_ARG, "draft token %d: the device picked id %d",
+                             i, (int)dev_pick[0]);
+        j->tokens_out[i] = dev_pick[0];
+        return 0;
+    }
     const struct sampling_params *sp = &j->sp;
     const uint64_t position = (uint64_t)j->keep_len + (uint64_t)j->n_feed + (uint64_t)i;
     if (sampling_params_is_greedy(sp) || j->mode == SPECULATE_MODE_POINT_MASS) {
@@ -215,6 +253,9 @@ static void draft_next_entry(struct specdec_draft *d, struct specdec_draft_job *
             rc = error_set(err, ERR_INVALID_ARG, "draft: nothing to feed");
         else if (j->k > 0 && !j->tokens_out)
             rc = error_set(err, ERR_INVALID_ARG, "draft: no room for the drafted tokens");
+        else if (j->q_rows_dev && !d->dev)
+            rc = error_set(err, ERR_INVALID_ARG,
+                           "draft: q rows in device memory need device sampling");
         else
             rc = llama_ctx_truncate(d->ctx, j->slot, j->keep_len, err);
         if (rc) {
@@ -240,9 +281,10 @@ static void draft_next_entry(struct specdec_draft *d, struct specdec_draft_job *
     j->step_tokens = e->n_tokens;
 }
 
-/* Advances job j past the entry it just ran (logits: its row, if any). */
+/* Advances job j past the entry it just ran (logits: its row, if any;
+ * dev_pick: the device's pick for it, on the device path). */
 static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job *j,
-                              const float *logits)
+                              const float *logits, const int32_t *dev_pick)
 {
     char err[ERR_MSG_MAX];
     if (j->fed < j->n_feed) {
@@ -254,13 +296,69 @@ static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job 
             return;
         }
     }
-    int rc = draft_pick(d, j, logits, j->drafted, err);
+    int rc = draft_pick(d, j, logits, j->drafted, dev_pick, err);
     if (rc) {
         job_fail(&j->rc, j->err, &j->done, rc, err);
         return;
     }
     if (++j->drafted == j->k)
         j->done = true;
+}
+
+/* Device path: room for n_jobs logits rows (backend memory) and picks. */
+static int draft_dev_reserve(struct specdec_draft *d, int n_jobs, float **logits_dev, char *err)
+{
+    int rc = specdec_dev_logits(d->dev, n_jobs, logits_dev, err);
+    if (rc || n_jobs <= d->picks_cap)
+        return rc;
+    struct specdec_dev_pick *p = realloc(d->picks, (size_t)n_jobs * sizeof *p);
+    if (p)
+        d->picks = p;
+    int32_t *t = p ? realloc(d->pick_tokens, 4 * (size_t)n_jobs * sizeof *t) : NULL;
+    if (!t)
+        return error_set(err, ERR_NOMEM, "speculation step: out of memory");
+    d->pick_tokens = t;
+    d->picks_cap = n_jobs;
+    return 0;
+}
+
+/* Device path, after the forward: the picks of every entry that asked for
+ * logits (a job about to draft), made on the device in one batch; entry i's
+ * (token, status) lands in draft_dev_pair(d, i). */
+static int32_t *draft_dev_pair(struct specdec_draft *d, int i)
+{
+    return d->pick_tokens + 2 * (size_t)d->picks_cap + 2 * (size_t)i;
+}
+
+static int draft_dev_picks(struct specdec_draft *d, int n, char *err)
+{
+    int n_picks = 0;
+    int32_t *tok = d->pick_tokens, *st = d->pick_tokens + d->picks_cap;
+    for (int i = 0; i < n; i++) {
+        const struct specdec_draft_job *j = d->in_call[i];
+        if (d->entries[i].n_logits == 0)
+            continue;
+        const int at = j->drafted;
+        const int argmax =
+            sampling_params_is_greedy(&j->sp) || j->mode == SPECULATE_MODE_POINT_MASS;
+        const size_t off = (size_t)at * (size_t)d->vocab;
+        d->picks[n_picks++] = (struct specdec_dev_pick){
+            .row = i, .argmax = argmax, .sp = j->sp,
+            .position = (uint64_t)j->keep_len + (uint64_t)j->n_feed + (uint64_t)at,
+            .q_dev = !argmax && j->q_rows_dev ? j->q_rows_dev + off : NULL,
+            .q_host = !argmax && j->q_rows_out ? j->q_rows_out + off : NULL};
+    }
+    int rc = specdec_dev_draft_picks(d->dev, d->picks, n_picks, tok, st, err);
+    if (rc)
+        return rc;
+    for (int i = 0, p = 0; i < n; i++) {
+        int32_t *pair = draft_dev_pair(d, i);
+        const int picked = d->entries[i].n_logits > 0;
+        pair[0] = picked ? tok[p] : -1;
+        pair[1] = picked ? st[p] : 0;
+        p += picked;
+    }
+    return 0;
 }
 
 int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const *jobs, int n_jobs,
@@ -273,7 +371,10 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
     const int n_slots = llama_ctx_n_slots(d->ctx);
     int rc = step_capacity((void **)&d->entries, (void **)&d->in_call, &d->entries_cap,
                            &d->slot_busy, n_slots, n_jobs, sizeof *d->entries, err);
-    if (!rc)
+    float *dev_logits = NULL;
+    if (!rc && d->dev)
+        rc = draft_dev_reserve(d, n_jobs, &dev_logits, err);
+    else if (!rc)
         rc = grow((void **)&d->logits, &d->logits_cap, n_jobs,
                   (size_t)d->vocab * sizeof(float), err);
     if (rc)
@@ -294,9 +395,11 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
             continue; /* a slot's later job waits for its earlier one */
         }
         struct llama_seq_batch *e = &d->entries[n];
-        draft_next_entry(d, j, e, d->logits + (size_t)n * (size_t)d->vocab);
+        draft_next_entry(d, j, e, dev_logits ? NULL : d->logits + (size_t)n * (size_t)d->vocab);
         if (j->done)
             continue;
+        if (dev_logits)
+            e->logits_dev = dev_logits + (size_t)n * (size_t)d->vocab;
         char e_err[ERR_MSG_MAX];
         int fits = 0;
         if ((rc = llama_check_seq(d->ctx, e, e_err)) ||
@@ -319,6 +422,8 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
     char f_err[ERR_MSG_MAX];
     const double t0 = now_ms();
     rc = llama_forward(d->ctx, d->entries, n, f_err);
+    if (!rc && d->dev)
+        rc = draft_dev_picks(d, n, f_err);
     info->ms = now_ms() - t0;
     for (int i = 0; i < n; i++) {
         struct specdec_draft_job *j = d->in_call[i];
@@ -327,21 +432,24 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
             continue;
         }
         const bool head = j->fed + j->step_tokens < j->n_feed;
-        draft_after_entry(d, j, d->logits + (size_t)i * (size_t)d->vocab);
+        draft_after_entry(d, j, d->dev ? NULL : d->logits + (size_t)i * (size_t)d->vocab,
+                          d->dev ? draft_dev_pair(d, i) : NULL);
         if (head && d->progress.on_chunk)
             d->progress.on_chunk(d->progress.user, j->fed, j->n_feed);
     }
     return 0;
 }
 
-int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const int32_t *feed,
-                          int n_feed, int k, const struct sampling_params *sp,
-                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
-                          char *err)
+/* specdec_draft_propose, q rows to host (q_rows_out) or device (q_rows_dev) memory. */
+static int draft_propose(struct specdec_draft *d, int slot, int keep_len, const int32_t *feed,
+                         int n_feed, int k, const struct sampling_params *sp,
+                         enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
+                         float *q_rows_dev, char *err)
 {
     struct specdec_draft_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
                                   .n_feed = n_feed, .k = k, .sp = *sp, .mode = mode,
-                                  .tokens_out = tokens_out, .q_rows_out = q_rows_out};
+                                  .tokens_out = tokens_out, .q_rows_out = q_rows_out,
+                                  .q_rows_dev = q_rows_dev};
     specdec_draft_job_init(&j);
     struct specdec_draft_job *const jobs[1] = {&j};
     while (!j.done) {
@@ -352,6 +460,15 @@ int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const
     if (j.rc)
         return error_set(err, j.rc, "%s", j.err);
     return 0;
+}
+
+int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const int32_t *feed,
+                          int n_feed, int k, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
+                          char *err)
+{
+    return draft_propose(d, slot, keep_len, feed, n_feed, k, sp, mode, tokens_out, q_rows_out,
+                         NULL, err);
 }
 
 /* ---- the target half ---- */
@@ -381,6 +498,9 @@ void specdec_target_destroy(struct specdec_target *t)
     if (!t)
         return;
     sampling_workspace_destroy(t->ws);
+    specdec_dev_destroy(t->dev);
+    free(t->rounds);
+    free(t->outcomes);
     free(t->logits);
     free(t->scratch);
     free(t->tokens);
@@ -391,6 +511,18 @@ void specdec_target_destroy(struct specdec_target *t)
 }
 
 struct llama_ctx *specdec_target_ctx(struct specdec_target *t) { return t->ctx; }
+
+int specdec_target_use_device(struct specdec_target *t, bool on, char *err)
+{
+    if (!on) {
+        specdec_dev_destroy(t->dev);
+        t->dev = NULL;
+        return 0;
+    }
+    return t->dev ? 0 : specdec_dev_create(&t->dev, t->ctx, err);
+}
+
+bool specdec_target_on_device(const struct specdec_target *t) { return t->dev != NULL; }
 
 void specdec_target_set_progress(struct specdec_target *t, const struct specdec_progress *p)
 {
@@ -445,9 +577,12 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
                          "verify would reach %d positions, the context length is %d",
                          j->keep_len + j->n_feed + j->k, max_seq);
     if (j->k > 0 && !sampling_params_is_greedy(&j->sp) && j->mode == SPECULATE_MODE_SAMPLED &&
-        !j->q_rows)
+        !j->q_rows && !j->q_rows_dev)
         return error_set(err, ERR_INVALID_ARG,
                          "verify: q rows are required to verify sampled drafts");
+    if (j->q_rows_dev && !t->dev)
+        return error_set(err, ERR_INVALID_ARG,
+                         "verify: q rows in device memory need device sampling");
     return llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
 }
 
@@ -485,6 +620,70 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
     j->done = true;
 }
 
+/* Device path: accept/reject for every job of the step whose final entry
+ * ran (rows 0 .. n_rows - 1 of the device logits), in one batch. */
+static int verify_finish_dev(struct specdec_target *t, int n, char *err)
+{
+    int n_rounds = 0;
+    if (n > t->rounds_cap) {
+        struct specdec_dev_round *r = realloc(t->rounds, (size_t)n * sizeof *r);
+        if (r)
+            t->rounds = r;
+        struct specdec_dev_outcome *o = r ? realloc(t->outcomes, (size_t)n * sizeof *o) : NULL;
+        if (!o)
+            return error_set(err, ERR_NOMEM, "speculation step: out of memory");
+        t->outcomes = o;
+        t->rounds_cap = n;
+    }
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        const struct specdec_verify_job *j = t->in_call[i];
+        if (!j->step_final)
+            continue;
+        t->rounds[n_rounds++] = (struct specdec_dev_round){
+            .k = j->k, .p_row0 = row, .sp = j->sp, .mode = j->mode,
+            .position0 = (uint64_t)j->keep_len + (uint64_t)j->n_feed, .draft = j->draft,
+            .q_dev = j->q_rows_dev, .q_host = j->q_rows};
+        row += j->k + 1;
+    }
+    if (n_rounds == 0)
+        return 0;
+    int rc = specdec_dev_verify(t->dev, t->rounds, n_rounds, row, t->outcomes, err);
+    if (rc)
+        return rc;
+    for (int i = 0, r = 0; i < n; i++) {
+        struct specdec_verify_job *j = t->in_call[i];
+        if (!j->step_final)
+            continue;
+        const struct specdec_dev_outcome *o = &t->outcomes[r++];
+        char j_err[ERR_MSG_MAX];
+        if (o->status == 0 && (o->n_accepted < 0 || o->n_accepted > j->k)) {
+            error_set(j_err, ERR_INVALID_ARG, "verify: the device accepted %d of %d drafts",
+                      o->n_accepted, j->k);
+            job_fail(&j->rc, j->err, &j->done, ERR_INVALID_ARG, j_err);
+            continue;
+        }
+        if (o->status != 0) {
+            if (o->bad_row >= 0)
+                error_set(j_err, ERR_INVALID_ARG, "verify: p row %d: %s", o->bad_row,
+                          specdec_dev_status_str(o->status));
+            else
+                error_set(j_err, ERR_INVALID_ARG, "verify: %s", specdec_dev_status_str(o->status));
+            job_fail(&j->rc, j->err, &j->done, ERR_INVALID_ARG, j_err);
+            continue;
+        }
+        if ((rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len + j->n_feed + o->n_accepted,
+                                     j_err))) {
+            job_fail(&j->rc, j->err, &j->done, rc, j_err);
+            continue;
+        }
+        memcpy(j->tokens_out, o->tokens, (size_t)(o->n_accepted + 1) * sizeof(int32_t));
+        j->n_accepted = o->n_accepted;
+        j->done = true;
+    }
+    return 0;
+}
+
 int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *const *jobs,
                         int n_jobs, struct specdec_step_info *info, char *err)
 {
@@ -508,9 +707,11 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
         want_tokens += t->progress.chunk_tokens + k;
         want_rows += k + 1;
     }
+    float *dev_logits = NULL;
     if ((rc = grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
-        (rc = grow((void **)&t->logits, &t->logits_cap, want_rows,
-                   (size_t)t->vocab * sizeof(float), err)))
+        (t->dev ? (rc = specdec_dev_logits(t->dev, want_rows, &dev_logits, err))
+                : (rc = grow((void **)&t->logits, &t->logits_cap, want_rows,
+                             (size_t)t->vocab * sizeof(float), err))))
         return rc;
     struct llama_kv_stats kv;
     llama_ctx_kv_stats(t->ctx, &kv);
@@ -548,9 +749,12 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
             memcpy(seq, j->feed + j->fed, (size_t)rest * sizeof(int32_t));
             if (j->k > 0)
                 memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
-            *e = (struct llama_seq_batch){
-                .slot = j->slot, .tokens = seq, .n_tokens = rest + j->k, .n_logits = j->k + 1,
-                .logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab};
+            *e = (struct llama_seq_batch){.slot = j->slot, .tokens = seq,
+                                          .n_tokens = rest + j->k, .n_logits = j->k + 1};
+            if (dev_logits)
+                e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
+            else
+                e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
             j->step_final = true;
         }
         j->step_tokens = e->n_tokens;
@@ -579,6 +783,10 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
     char f_err[ERR_MSG_MAX];
     const double t0 = now_ms();
     rc = llama_forward(t->ctx, t->entries, n, f_err);
+    /* the device path accepts/rejects every finishing job at once; the
+     * loop below then only advances the others */
+    if (!rc && t->dev)
+        rc = verify_finish_dev(t, n, f_err);
     info->ms = now_ms() - t0;
     for (int i = 0; i < n; i++) {
         struct specdec_verify_job *j = t->in_call[i];
@@ -590,22 +798,24 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                 t->progress.on_chunk(t->progress.user, j->fed, j->n_feed);
         } else {
             j->fed = j->n_feed;
-            verify_finish(t, j, t->entries[i].logits_out);
+            if (!t->dev)
+                verify_finish(t, j, t->entries[i].logits_out);
         }
     }
     return 0;
 }
 
-int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
-                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
-                          const float *q_rows, const struct sampling_params *sp,
-                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
-                          char *err)
+/* specdec_target_verify, q rows from host (q_rows) or device (q_rows_dev) memory. */
+static int target_verify(struct specdec_target *t, int slot, int keep_len, const int32_t *feed,
+                         int n_feed, const int32_t *draft, int k, const float *q_rows,
+                         const float *q_rows_dev, const struct sampling_params *sp,
+                         enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
+                         char *err)
 {
     *n_accepted_out = 0;
     struct specdec_verify_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
                                    .n_feed = n_feed, .draft = draft, .k = k, .q_rows = q_rows,
-                                   .sp = *sp, .mode = mode};
+                                   .q_rows_dev = q_rows_dev, .sp = *sp, .mode = mode};
     specdec_verify_job_init(&j);
     struct specdec_verify_job *const jobs[1] = {&j};
     while (!j.done) {
@@ -618,6 +828,16 @@ int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
     memcpy(tokens_out, j.tokens_out, (size_t)(j.n_accepted + 1) * sizeof(int32_t));
     *n_accepted_out = j.n_accepted;
     return 0;
+}
+
+int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
+                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                          const float *q_rows, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
+                          char *err)
+{
+    return target_verify(t, slot, keep_len, feed, n_feed, draft, k, q_rows, NULL, sp, mode,
+                         tokens_out, n_accepted_out, err);
 }
 
 /* ---- in-process generation ---- */
@@ -685,15 +905,25 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         return rc;
 
     int32_t *seq = malloc((size_t)max_seq * sizeof(int32_t));
-    float *q_rows = NULL;
+    float *q_rows = NULL, *q_dev = NULL;
     const int need_q = draft && req->mode == SPECULATE_MODE_SAMPLED &&
                        !sampling_params_is_greedy(&req->sampling);
-    if (need_q)
-        q_rows = malloc((size_t)SPECULATE_K_MAX * (size_t)target->vocab * sizeof(float));
-    if (!seq || (need_q && !q_rows)) {
+    /* Both halves sampling on one device: the q rows never leave it. On
+     * two devices (or the host path) they cross through host memory. */
+    struct kern_backend *q_be = llama_ctx_backend(target->ctx);
+    const int q_on_device = need_q && draft->dev && target->dev &&
+                            llama_ctx_backend(draft->ctx) == q_be;
+    const size_t q_bytes = (size_t)SPECULATE_K_MAX * (size_t)target->vocab * sizeof(float);
+    if (need_q && !q_on_device)
+        q_rows = malloc(q_bytes);
+    if (!seq || (need_q && !q_on_device && !q_rows)) {
         free(seq);
         free(q_rows);
         return error_set(err, ERR_NOMEM, "generate: out of memory");
+    }
+    if (q_on_device && (rc = q_be->ops->alloc(q_be, q_bytes, (void **)&q_dev, err))) {
+        free(seq);
+        return rc;
     }
     memcpy(seq, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
     stats->prompt_tokens = req->n_prompt;
@@ -743,13 +973,13 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         }
         int k = draft ? adaptive_k_next(&kc, room) : 0;
         double t0 = now_ms();
-        if (k > 0 && (rc = specdec_draft_propose(draft, req->slot, draft_valid, seq + draft_valid,
-                                                 len - draft_valid, k, &req->sampling, req->mode,
-                                                 drafted, q_rows, err)))
+        if (k > 0 && (rc = draft_propose(draft, req->slot, draft_valid, seq + draft_valid,
+                                         len - draft_valid, k, &req->sampling, req->mode, drafted,
+                                         q_rows, q_dev, err)))
             break;
         double t1 = now_ms();
-        if ((rc = specdec_target_verify(target, req->slot, len - 1, seq + len - 1, 1, drafted, k,
-                                        q_rows, &req->sampling, req->mode, emitted, &n_acc, err)))
+        if ((rc = target_verify(target, req->slot, len - 1, seq + len - 1, 1, drafted, k, q_rows,
+                                q_dev, &req->sampling, req->mode, emitted, &n_acc, err)))
             break;
         double t2 = now_ms();
         stats->rounds++;
@@ -785,5 +1015,7 @@ done:
         *req->k_history = kc;
     free(seq);
     free(q_rows);
+    if (q_dev)
+        q_be->ops->free(q_be, q_dev);
     return rc;
 }

@@ -59,6 +59,20 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
 void specdec_draft_destroy(struct specdec_draft *draft);
 struct llama_ctx *specdec_draft_ctx(struct specdec_draft *draft);
 
+/* ---- device sampling (the CUDA backend) ----
+ * on: the half keeps its logits in device memory (llama_seq_batch.
+ * logits_dev) and samples, drafts and accepts/rejects there with the
+ * kern_cuda_* kernels (kernels_cuda.h): per token only ids and status words
+ * are downloaded. The rules, Philox keys, streams and positions are the host
+ * path's; greedy tokens are equal to the host path's bit for bit, sampled
+ * ones up to the rounding the kernels' contract states. off (the default):
+ * the host path, logits downloaded. ERR_UNSUPPORTED (named) when the
+ * context's backend is not cuda or the build lacks it. Call between jobs. */
+int specdec_draft_use_device(struct specdec_draft *draft, bool on, char *err);
+int specdec_target_use_device(struct specdec_target *target, bool on, char *err);
+bool specdec_draft_on_device(const struct specdec_draft *draft);
+bool specdec_target_on_device(const struct specdec_target *target);
+
 /* Truncates slot to keep_len, feeds feed[0..n_feed-1] (n_feed >= 1) at
  * positions keep_len.., then drafts k tokens (0 <= k <= SPECULATE_K_MAX):
  * token i is drawn from q_i, the request's adjusted draft distribution at
@@ -108,6 +122,8 @@ struct specdec_draft_job {
     enum speculate_mode mode;
     int32_t *tokens_out;  /* [k] */
     float *q_rows_out;    /* [k, vocab] or NULL */
+    float *q_rows_dev;    /* [k, vocab] in the draft's backend memory, or NULL:
+                             device sampling only; written like q_rows_out */
     /* progress and result (specdec_draft_job_init) */
     int fed, drafted;
     bool started, done;
@@ -131,6 +147,8 @@ struct specdec_verify_job {
     const int32_t *draft; /* [k] */
     int k;
     const float *q_rows;  /* [k, vocab]; sampled mode at temperature > 0 only */
+    const float *q_rows_dev; /* the same rows in the target's backend memory
+                                (device sampling only); used instead of q_rows */
     struct sampling_params sp;
     enum speculate_mode mode;
     /* result: the accepted drafts, then the correction or bonus token */

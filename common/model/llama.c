@@ -280,9 +280,18 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
         ctx->free_list[b] = ctx->n_blocks - 1 - b;
     const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     ctx->kv_plane = (size_t)n_blocks * (size_t)block_size * kv_dim;
-    if ((rc = ctx_alloc(ctx, ctx->kv_plane * 2 * (size_t)c->num_hidden_layers, &ctx->kv_pool,
-                        err)))
+    const size_t kv_bytes = ctx->kv_plane * 2 * (size_t)c->num_hidden_layers * sizeof(float);
+    char why[ERR_MSG_MAX] = "";
+    if ((rc = ctx_alloc(ctx, kv_bytes / sizeof(float), &ctx->kv_pool, why))) {
+        /* Say what the bytes are for and which settings size them: on a GPU
+         * the backend's reason carries the device's free and total memory. */
+        error_set(err, rc,
+                  "kv cache: %d blocks of %d positions (%d slots x max_seq_len %d) need %zu "
+                  "bytes on the %s backend: %s; lower max_seq_len, n_slots or kv_blocks",
+                  ctx->n_blocks, block_size, ctx->n_slots, ctx->max_seq_len, kv_bytes,
+                  ctx->be->name, why);
         goto fail;
+    }
     const size_t R = (size_t)max_rows, dim = (size_t)c->hidden_size,
                  q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim,
                  ff = (size_t)c->intermediate_size;
@@ -326,6 +335,7 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
 }
 
 struct llama_model *llama_ctx_model(const struct llama_ctx *ctx) { return ctx->model; }
+struct kern_backend *llama_ctx_backend(const struct llama_ctx *ctx) { return ctx->be; }
 int llama_ctx_max_seq_len(const struct llama_ctx *ctx) { return ctx->max_seq_len; }
 int llama_ctx_n_slots(const struct llama_ctx *ctx) { return ctx->n_slots; }
 
@@ -445,7 +455,8 @@ struct chunk_part {
  * model, are read once per group, not once per sequence. */
 struct logit_group {
     int n;
-    float *dst[LOGIT_ROWS]; /* host destination of each gathered row */
+    float *dst[LOGIT_ROWS]; /* destination of each gathered row */
+    int on_device[LOGIT_ROWS]; /* dst is backend memory (logits_dev): copy, not download */
 };
 
 static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char *err)
@@ -461,13 +472,16 @@ static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char 
         (rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
                               dim, vocab, err)))
         return rc;
-    /* one download per run of rows that are consecutive in both places */
+    /* one transfer per run of rows that are consecutive in both places */
     for (int i = 0; i < g->n;) {
         int run = 1;
-        while (i + run < g->n && g->dst[i + run] == g->dst[i] + (size_t)run * (size_t)vocab)
+        while (i + run < g->n && g->on_device[i + run] == g->on_device[i] &&
+               g->dst[i + run] == g->dst[i] + (size_t)run * (size_t)vocab)
             run++;
-        if ((rc = be->ops->download(be, g->dst[i], ctx->logits + (size_t)i * (size_t)vocab,
-                                    (size_t)run * (size_t)vocab * sizeof(float), err)))
+        const float *src = ctx->logits + (size_t)i * (size_t)vocab;
+        const size_t bytes = (size_t)run * (size_t)vocab * sizeof(float);
+        if ((rc = g->on_device[i] ? be->ops->copy(be, g->dst[i], src, bytes, err)
+                                  : be->ops->download(be, g->dst[i], src, bytes, err)))
             return rc;
         i += run;
     }
@@ -497,7 +511,9 @@ static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seq
                                     ctx->x + (size_t)row * (size_t)dim,
                                     (size_t)dim * sizeof(float), err)))
                 return rc;
-            g.dst[g.n++] = s->logits_out + (size_t)(t - first_logit) * (size_t)vocab;
+            float *base = s->logits_dev ? s->logits_dev : s->logits_out;
+            g.on_device[g.n] = s->logits_dev != NULL;
+            g.dst[g.n++] = base + (size_t)(t - first_logit) * (size_t)vocab;
             if (g.n == group && (rc = logit_group_flush(ctx, &g, err)))
                 return rc;
         }
@@ -514,9 +530,13 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
     if (s->n_tokens < 1 || !s->tokens)
         return error_set(err, ERR_INVALID_ARG, "forward: n_tokens must be >= 1, got %d",
                          s->n_tokens);
-    if (s->n_logits < 0 || s->n_logits > s->n_tokens || (s->n_logits > 0 && !s->logits_out))
+    if (s->n_logits < 0 || s->n_logits > s->n_tokens)
         return error_set(err, ERR_INVALID_ARG, "forward: n_logits must be in 0..%d, got %d",
                          s->n_tokens, s->n_logits);
+    if (s->n_logits > 0 && !s->logits_out == !s->logits_dev)
+        return error_set(err, ERR_INVALID_ARG,
+                         "forward: %d logits rows need exactly one of logits_out (host) and "
+                         "logits_dev (backend memory)", s->n_logits);
     const int len = ctx->slot_len[s->slot];
     if (s->n_tokens > ctx->max_seq_len - len)
         return error_set(err, ERR_CONTEXT_FULL,

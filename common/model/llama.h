@@ -54,6 +54,9 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
                      const struct llama_ctx_params *params, char *err);
 void llama_ctx_destroy(struct llama_ctx *ctx);
 struct llama_model *llama_ctx_model(const struct llama_ctx *ctx);
+/* The backend the context's buffers (KV cache, activations) live in: the
+ * one logits_dev buffers must come from. */
+struct kern_backend *llama_ctx_backend(const struct llama_ctx *ctx);
 int llama_ctx_max_seq_len(const struct llama_ctx *ctx);
 int llama_ctx_n_slots(const struct llama_ctx *ctx);
 /* Number of positions currently cached in slot. */
@@ -75,13 +78,18 @@ int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len);
 
 /* One sequence's part of a forward call: tokens are appended at positions
  * slot_len .. slot_len + n_tokens - 1; logits of the last n_logits of those
- * rows are written to logits_out (host memory, [n_logits, vocab] f32). */
+ * rows are written to logits_out (host memory, [n_logits, vocab] f32), or,
+ * when logits_dev is set, to logits_dev instead: backend memory (from the
+ * context's backend's alloc), filled by a copy queued on the backend, never
+ * downloaded, so a caller that samples on the device moves no logits
+ * across the bus. Set one of the two when n_logits > 0, not both. */
 struct llama_seq_batch {
     int slot;
     const int32_t *tokens;
     int n_tokens;   /* >= 1 */
     int n_logits;   /* 0 .. n_tokens */
     float *logits_out;
+    float *logits_dev;
 };
 
 /* Runs the batch: the rows of all sequences go through the layers together,

@@ -2,7 +2,7 @@
 # run_gpu_tests.sh: builds Tandem with the CUDA backend on a machine with a GPU,
 # runs the tests labelled `gpu`, runs compute-sanitizer on the kernel and
 # sampling tests, and times the batch-invariant GEMM against cuBLAS
-# (tandem-bench-kernels).
+# (tandem-bench-kernels) and runs tandem-bench runtime/spec --backend cuda.
 #
 # Usage: tests/gpu/run_gpu_tests.sh [--asan] [--debs DIR] [BUILD_DIR]
 #   BUILD_DIR  default <source>/build-gpu (the ASan build goes to BUILD_DIR-asan)
@@ -42,7 +42,19 @@
 #     round equal to speculate_verify; greedy and sampled rounds on random
 #     rows equal to speculate_verify; time of sampling 1 and 17 rows of vocab
 #     128256 on the device vs the CPU (printed below the summary's ctest line);
-#   - test_cuda_runtime: tandem-generate --backend cuda == the CPU backend's
+#   - test_cuda_devsample: the engine's device sampling (logits left on the
+#     device, kern_cuda_* drafting, sampling and accept/reject, only ids
+#     downloaded: tandem-generate's default on cuda) on the tiny and small
+#     presets: greedy ids == the host sampler's == the CPU backend's over 64
+#     tokens; speculative greedy == target-only for K 1..8 and adaptive, both
+#     draft modes; seeded sampling (T, top-k, top-p, min-p) reproducible run
+#     to run, target-only and with K = 1, 3, and unchanged with the draft on a
+#     second backend (q rows through host memory); agreement of sampled ids
+#     with the host sampler printed, not gated (the kernels' contract allows a
+#     draw boundary to differ by rounding);
+#   - test_cuda_runtime (tandem-generate on cuda now samples on the device
+#     by default, so its in-process checks run the device path; the workers
+#     still sample on the host): tandem-generate --backend cuda == the CPU backend's
 #     greedy ids (tiny, small); in-process speculative == target-only on cuda
 #     for K 1..8 and adaptive, both draft modes; --draft-device by UUID; the
 #     three-process pipeline with both workers on the GPU == target-only, streamed
@@ -58,9 +70,11 @@
 # What this does NOT cover yet (TODO, in rough order of value):
 #   - the Llama forward pass on the CUDA backend against HF transformers
 #     (bf16 reference logits on the GPU machine's PyTorch);
-#   - the engine keeping logits on the device and calling the device
-#     sampling above (kernels exist and are tested, not wired yet), CUDA
-#     graphs, the skinny GEMM at the bandwidth floor (the GPU runtime issue);
+#   - the workers (three-process pipeline) still sample on the host: device
+#     sampling is wired into the engine (specdec_*_use_device) and used by
+#     tandem-generate and tandem-bench, not yet switched on by the workers;
+#     CUDA graphs; the skinny GEMM at the bandwidth floor (the GPU runtime
+#     issue; `tandem-bench runtime --backend cuda` below measures how far);
 #   - two GPUs: peer access between devices and the UUID lookup of another
 #     GPU (the staging variant runs the fallback path on one GPU; the lent
 #     machines have one GPU);
@@ -217,7 +231,7 @@ build_and_test() { # dir label extra-cmake-args...
     local full=$dir/Testing/Temporary/LastTest.log
     if [ -f "$full" ]; then
         cp "$full" "$LOG_DIR/ctest-$label-full.log"
-        grep -E '^(device (sampled|point-mass)|sampling time at vocab|  T=|sample: |adjust(: | at vocab))' \
+        grep -E '^(device (sampled|point-mass)|sampling time at vocab|  T=|sample: |adjust(: | at vocab)|(tiny|small) .*agrees with the host path)' \
             "$full" >"$LOG_DIR/sampling-figures-$label.log" || true
         cat "$LOG_DIR/sampling-figures-$label.log"
     fi
@@ -253,6 +267,35 @@ for test_name in test_cuda_kernels test_cuda_sampling; do
     fi
 done
 
+# The engine's device path (logits in device memory, drafting, sampling and
+# accept/reject in the kernels, q rows on the device) under memcheck: one
+# sampled speculative run (K = 3: drafts, q rows, residual or bonus) and one
+# greedy target-only run of tandem-generate on the tiny pair.
+GEN_BIN=$BUILD_DIR/tools/generate/tandem-generate
+MK_BIN=$BUILD_DIR/tools/make_model/tandem-make-model
+if [ -z "$SANITIZER" ]; then
+    record "compute-sanitizer (device sampling)" SKIP "not installed"
+elif [ ! -x "$GEN_BIN" ] || [ ! -x "$MK_BIN" ]; then
+    record "compute-sanitizer (device sampling)" SKIP "tandem-generate or tandem-make-model was not built"
+else
+    SAN_MODELS=$LOG_DIR/sanitizer-models
+    if "$MK_BIN" --preset tiny-draft --out "$SAN_MODELS/draft" --seed 1 >/dev/null 2>&1 &&
+        "$MK_BIN" --preset tiny --out "$SAN_MODELS/target" --derive-from "$SAN_MODELS/draft" \
+            --noise 0.02 --seed 1 >/dev/null 2>&1; then
+        run_step "compute-sanitizer memcheck (device sampling)" "sanitizer-memcheck-devsample.log" \
+            "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 \
+            "$GEN_BIN" --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" --model "$SAN_MODELS/target" \
+            --draft "$SAN_MODELS/draft" --spec-k 3 --temperature 0.9 --top-p 0.95 --seed 5 \
+            --ids 1,2,3 --max-tokens 24 --json
+        run_step "compute-sanitizer memcheck (device greedy)" "sanitizer-memcheck-devgreedy.log" \
+            "$SANITIZER" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 \
+            "$GEN_BIN" --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" --model "$SAN_MODELS/target" \
+            --temperature 0 --ids 1,2,3 --max-tokens 24 --json
+    else
+        record "compute-sanitizer (device sampling)" FAIL "tandem-make-model could not write the tiny pair"
+    fi
+fi
+
 # ---- the batch-invariant GEMM against cuBLAS (figures, not a gate) ----------
 BENCH_BIN=$BUILD_DIR/tools/bench_kernels/tandem-bench-kernels
 if [ -x "$BENCH_BIN" ]; then
@@ -261,6 +304,29 @@ if [ -x "$BENCH_BIN" ]; then
         sed -n '/batch-invariant GEMM (auto) vs cuBLAS/,/aim: >= 90%/p' "$LOG_DIR/bench-kernels-cuda.log"
 else
     record "bench-kernels --backend cuda" SKIP "tandem-bench-kernels was not built"
+fi
+
+# ---- the runtime on the GPU (figures; the rows check that it runs) ----------
+# A small preset, so the rows are quick. The issue's full runtime benchmark
+# (generates 2.5 + 6.4 GB of weights into bench-models on its first run):
+#   $BUILD_DIR/tools/bench/tandem-bench runtime --backend cuda --device 0 \
+#       --presets llama-3.2-1b,llama-3.2-3b --tokens 128 --models bench-models
+# and speculative decoding with device sampling in both halves:
+#   $BUILD_DIR/tools/bench/tandem-bench spec --backend cuda --device 0
+# Exit 77 here would mean the benchmark found no GPU on a machine that has
+# one: a failure.
+RT_BENCH_BIN=$BUILD_DIR/tools/bench/tandem-bench
+if [ -x "$RT_BENCH_BIN" ]; then
+    run_step "bench runtime --backend cuda" "bench-runtime-cuda.log" \
+        "$RT_BENCH_BIN" runtime --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" \
+        --presets small --tokens 32 --models "$BUILD_DIR/bench-models" &&
+        grep -vE '^tandem-bench: generating' "$LOG_DIR/bench-runtime-cuda.log"
+    run_step "bench spec --backend cuda" "bench-spec-cuda.log" \
+        "$RT_BENCH_BIN" spec --backend cuda --device "${TANDEM_CUDA_DEVICE:-0}" \
+        --noise 0.05 --ks 1,4,0 --modes 1 --tokens 32 --models "$BUILD_DIR/bench-models" &&
+        grep -vE '^tandem-bench: generating' "$LOG_DIR/bench-spec-cuda.log"
+else
+    record "bench runtime --backend cuda" SKIP "tandem-bench was not built"
 fi
 
 # ---- ASan build (optional) -------------------------------------------------

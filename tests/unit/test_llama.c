@@ -465,6 +465,59 @@ static void test_llama_logits_are_batch_invariant(void **state)
     free_model(&m);
 }
 
+/* logits_dev: the rows land in a buffer of the backend, mixed in one call
+ * with a sequence that asks for host logits, bit-identical to logits_out; a
+ * batch entry naming both destinations, or none, is refused and changes
+ * nothing. (On the CPU backend, backend memory is host memory; the CUDA
+ * twin is tests/gpu/test_cuda_devsample.py.) */
+static void test_llama_logits_dev_equal_logits_out(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 23);
+    const int V = SHAPE_GQA_BF16.vocab;
+    enum { T = 21, N_LOGITS = 19 }; /* more rows than one LM-head group (17) */
+    int32_t tokens[T];
+    random_tokens(tokens, T, V, 23);
+    struct loaded L;
+    load(&L, m.dir, 2, 64, 0);
+    float *ref = forward_all(&L, 0, tokens, T);
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    struct kern_backend *be = llama_ctx_backend(L.ctx);
+    assert_ptr_equal(be, L.be);
+    float *dev = NULL, *host = malloc((size_t)N_LOGITS * V * sizeof(float));
+    assert_non_null(host);
+    assert_int_equal(be->ops->alloc(be, (size_t)N_LOGITS * V * sizeof(float), (void **)&dev, err), 0);
+
+    struct llama_seq_batch bad = {.slot = 0, .tokens = tokens, .n_tokens = T, .n_logits = 1,
+                                  .logits_out = host, .logits_dev = dev};
+    assert_int_equal(llama_forward(L.ctx, &bad, 1, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "logits_dev"));
+    bad.logits_out = bad.logits_dev = NULL;
+    assert_int_equal(llama_forward(L.ctx, &bad, 1, err), ERR_INVALID_ARG);
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 0);
+
+    struct llama_seq_batch seqs[2] = {
+        {.slot = 0, .tokens = tokens, .n_tokens = T, .n_logits = N_LOGITS, .logits_dev = dev},
+        {.slot = 1, .tokens = tokens, .n_tokens = T, .n_logits = N_LOGITS, .logits_out = host}};
+    if (llama_forward(L.ctx, seqs, 2, err))
+        fail_msg("llama_forward: %s", err);
+    assert_int_equal(be->ops->sync(be, err), 0);
+    float *got = malloc((size_t)N_LOGITS * V * sizeof(float));
+    assert_non_null(got);
+    assert_int_equal(be->ops->download(be, got, dev, (size_t)N_LOGITS * V * sizeof(float), err), 0);
+    const float *expect = ref + (size_t)(T - N_LOGITS) * V;
+    assert_memory_equal(got, expect, (size_t)N_LOGITS * V * sizeof(float));
+    assert_memory_equal(host, expect, (size_t)N_LOGITS * V * sizeof(float));
+    be->ops->free(be, dev);
+    free(got);
+    free(host);
+    free(ref);
+    unload(&L);
+    free_model(&m);
+}
+
 /* Rolling back and feeding different tokens gives exactly what a fresh
  * sequence with those tokens gives. */
 static void test_llama_truncate_keeps_prefix(void **state)
@@ -721,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_llama_matches_float64_reference_tied_f32),
         cmocka_unit_test(test_llama_matches_float64_reference_mqa_f16),
         cmocka_unit_test(test_llama_logits_are_batch_invariant),
+        cmocka_unit_test(test_llama_logits_dev_equal_logits_out),
         cmocka_unit_test(test_llama_truncate_keeps_prefix),
         cmocka_unit_test(test_llama_context_full_is_an_error_and_changes_nothing),
         cmocka_unit_test(test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256),

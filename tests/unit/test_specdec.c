@@ -249,6 +249,51 @@ static void test_specdec_rejects_bad_parameters(void **state)
     specdec_target_destroy(t);
 }
 
+/* Device sampling is the CUDA backend's: on the CPU backend both halves
+ * refuse it by name and stay on the host path, and jobs that hand q rows in
+ * device memory to a host-path half fail alone, named, before any forward. */
+static void test_specdec_device_sampling_is_refused_off_cuda(void **state)
+{
+    struct pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_target *t;
+    struct specdec_draft *d;
+    fixture_check(specdec_target_create(&t, p->good.ctx, err), "target", err);
+    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
+    assert_int_equal(specdec_target_use_device(t, true, err), ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "cuda"));
+    assert_int_equal(specdec_draft_use_device(d, true, err), ERR_UNSUPPORTED);
+    assert_false(specdec_target_on_device(t));
+    assert_false(specdec_draft_on_device(d));
+    assert_int_equal(specdec_target_use_device(t, false, err), 0);
+
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 1.0f;
+    int32_t feed[2] = {1, 2}, drafts[2] = {3, 4};
+    float fake_dev_q[2]; /* never read: the job must fail first */
+    struct specdec_verify_job vj = {.slot = 0, .keep_len = 0, .feed = feed, .n_feed = 2,
+                                    .draft = drafts, .k = 2, .q_rows_dev = fake_dev_q, .sp = sp};
+    specdec_verify_job_init(&vj);
+    struct specdec_verify_job *const vjobs[1] = {&vj};
+    assert_int_equal(specdec_target_step(t, vjobs, 1, NULL, err), 0);
+    assert_true(vj.done);
+    assert_int_equal(vj.rc, ERR_INVALID_ARG);
+    assert_non_null(strstr(vj.err, "device"));
+
+    int32_t out[2];
+    struct specdec_draft_job dj = {.slot = 0, .keep_len = 0, .feed = feed, .n_feed = 2, .k = 2,
+                                   .sp = sp, .tokens_out = out, .q_rows_dev = fake_dev_q};
+    specdec_draft_job_init(&dj);
+    struct specdec_draft_job *const djobs[1] = {&dj};
+    assert_int_equal(specdec_draft_step(d, djobs, 1, NULL, err), 0);
+    assert_true(dj.done);
+    assert_int_equal(dj.rc, ERR_INVALID_ARG);
+    assert_non_null(strstr(dj.err, "device"));
+    specdec_draft_destroy(d);
+    specdec_target_destroy(t);
+}
+
 /* ---- distribution ---- */
 
 struct dist_pair {
@@ -477,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_specdec_stops_and_limits_apply_to_accepted_tokens),
         cmocka_unit_test(test_specdec_never_overflows_the_context),
         cmocka_unit_test(test_specdec_rejects_bad_parameters),
+        cmocka_unit_test(test_specdec_device_sampling_is_refused_off_cuda),
         cmocka_unit_test(test_specdec_adaptive_k_drops_to_plain_decoding_when_drafts_fail),
     };
     const struct CMUnitTest dist[] = {

@@ -1,13 +1,21 @@
 /* tandem-bench: figures for the runtime and for speculative decoding.
  *
  *   tandem-bench runtime [--models DIR] [--threads N] [--tokens N] [--presets a,b]
- *       [--profile 0|1]
+ *       [--profile 0|1] [--backend cpu|cuda] [--device D]
  *       this machine's read bandwidth (read_bw.h; a memcpy figure beside it,
  *       labelled, for reference), then target-only decode tokens/s per preset
  *       and the weight bytes read per second as a share of read bandwidth: a
  *       decode step reads its weights and writes almost nothing, so the read
  *       figure is its ceiling. --profile 1 adds a second, profiled run per
  *       preset: time per op kind and per matmul shape, per token.
+ *       --backend cuda: the GPU's read bandwidth (kern_cuda_read_bandwidth:
+ *       a kernel reading a buffer of several GB), then per preset decode
+ *       ms/token with device sampling and with host sampling, each against
+ *       the floor (weight bytes / read bandwidth); the cost of verifying
+ *       rows = 2..17 in one forward call relative to one row; prefill
+ *       tokens/s of a 512-token prompt. Where no GPU can be used it prints
+ *       one line, "no GPU: <reason>", and exits 77 (the skip code of the
+ *       test suite).
  *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c] [--ks LIST]
  *       [--modes 0|1]
  *       on the small pair (derived draft at several noise levels): tokens/s
@@ -30,6 +38,9 @@
 
 #include "error.h"
 #include "llama.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
 #include "modelgen.h"
 #include "read_bw.h"
 #include "specdec.h"
@@ -42,6 +53,7 @@ struct bench_opts {
     char ks[64]; /* K values to run; 0 = adaptive */
     int modes;   /* also compare the sampled and point-mass draft modes */
     int profile; /* runtime: also print where a decode token's time goes, per op */
+    const char *backend, *device; /* "cpu" (default) or "cuda"; device: ordinal or UUID */
 };
 
 static double now_s(void)
@@ -111,10 +123,14 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     adaptive_k_init(&history, k, 8);
     double decode_ms = 0;
     long decode_tokens = 0;
+    /* ids below 120000 fit every Llama 3 vocabulary; a test preset's smaller
+     * vocabulary (tiny: 512) bounds them instead */
+    const int vocab = llama_model_config(llama_ctx_model(specdec_target_ctx(t)))->vocab_size;
+    const int id_mod = vocab < 120000 ? vocab : 120000;
     for (int i = 0; i < n_prompts; i++) {
         int32_t prompt[16];
         for (int j = 0; j < 16; j++)
-            prompt[j] = (int32_t)((1000 + 7919 * (i * 16 + j)) % 120000);
+            prompt[j] = (int32_t)((1000 + 7919 * (i * 16 + j)) % id_mod);
         struct specdec_request req = {.prompt = prompt, .n_prompt = 16, .max_tokens = max_tokens,
                                       .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0,
                                       .k_history = &history};
@@ -348,8 +364,12 @@ static void prof_report(const struct prof_backend *p, double wall_s, long tokens
                1e6 * p->mm[i].s / (double)p->mm[i].calls);
 }
 
+static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be);
+
 static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
 {
+    if (!strcmp(be->name, "cuda"))
+        return bench_runtime_cuda(o, be);
     char err[ERR_MSG_MAX] = "";
     struct read_bw_result bw;
     if (read_bw_measure(&bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
@@ -399,6 +419,159 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
     }
     return 0;
 }
+
+/* ---- runtime on the GPU ----
+ * The CUDA backend queues its work and returns: every timing below ends
+ * with the backend's sync (or with the download of a token, which waits). */
+
+#ifdef TANDEM_HAVE_CUDA
+/* ms per llama_forward of `rows` tokens of one sequence after a prefix of
+ * `prefix` tokens, every row's logits left on the device (verification's
+ * shape: K + 1 rows, K + 1 logits rows), `calls` calls after one warm-up. */
+static int time_rows(struct bench_model *m, float *logits_dev, int prefix, int rows, int calls,
+                     double *ms_out)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct kern_backend *be = llama_ctx_backend(m->ctx);
+    const int vocab = llama_model_config(m->model)->vocab_size;
+    int32_t tokens[32];
+    for (int i = 0; i < rows; i++)
+        tokens[i] = (int32_t)((4099 + 7919 * i) % vocab);
+    struct llama_seq_batch b = {.slot = 0, .tokens = tokens, .n_tokens = rows, .n_logits = rows,
+                                .logits_dev = logits_dev};
+    double t0 = 0;
+    for (int c = 0; c <= calls; c++) {
+        if (c == 1) {
+            if (be->ops->sync(be, err))
+                return die("sync", err);
+            t0 = now_s();
+        }
+        if (llama_forward(m->ctx, &b, 1, err) || llama_ctx_truncate(m->ctx, 0, prefix, err))
+            return die("verification rows", err);
+    }
+    if (be->ops->sync(be, err))
+        return die("sync", err);
+    *ms_out = (now_s() - t0) * 1e3 / calls;
+    return 0;
+}
+
+static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
+{
+    enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512 };
+    char err[ERR_MSG_MAX] = "", uuid[KERN_CUDA_UUID_MAX] = "";
+    if (kern_cuda_device_uuid(be, uuid, err))
+        return die("cuda device", err);
+    struct kern_cuda_read_bw bw;
+    if (kern_cuda_read_bandwidth(be, (size_t)4 << 30, 5, &bw, err))
+        return die("read bandwidth", err);
+    printf("cuda backend: device %s (%s), %.1f of %.1f GiB free\n", o->device, uuid,
+           (double)bw.free_bytes / (1u << 30), (double)bw.total_bytes / (1u << 30));
+    printf("read bandwidth (one kernel reading %zu MiB, best of %d passes): %.1f GB/s\n",
+           bw.size_bytes >> 20, bw.passes, bw.read_gbs);
+    char list[256];
+    snprintf(list, sizeof list, "%s", o->presets);
+    for (char *save = NULL, *preset = strtok_r(list, ",", &save); preset;
+         preset = strtok_r(NULL, ",", &save)) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", o->models_dir, preset);
+        if (ensure_model(dir, preset, 1, NULL, 0))
+            return 1;
+        struct bench_model m;
+        if (load(&m, dir, be))
+            return 1;
+        const double bytes = (double)llama_model_weight_bytes_per_token(m.model);
+        const double floor_ms = bytes / (bw.read_gbs * 1e6);
+        printf("\n%s: %.1f MB of weights per token, floor %.3f ms/token at %.1f GB/s\n", preset,
+               bytes / 1e6, floor_ms, bw.read_gbs);
+        printf("  %-24s %10s %10s %12s\n", "decode (target only)", "tokens/s", "ms/token",
+               "% of floor");
+        struct specdec_target *t;
+        if (specdec_target_create(&t, m.ctx, err))
+            return die("target", err);
+        struct sampling_params greedy, sampled;
+        sampling_params_default(&greedy);
+        sampled = greedy;
+        sampled.temperature = 0.8f;
+        sampled.top_p = 0.95f;
+        static const char *const names[4] = {"device sampler, greedy", "device sampler, T=0.8",
+                                             "host sampler, greedy", "host sampler, T=0.8"};
+        for (int v = 0; v < 4; v++) {
+            if (specdec_target_use_device(t, v < 2, err))
+                return die("device sampling", err);
+            struct specdec_stats st;
+            double tps;
+            if (run_requests(NULL, t, 2, o->tokens, 0, v % 2 ? &sampled : &greedy,
+                             SPECULATE_MODE_SAMPLED, &st, &tps))
+                return 1;
+            printf("  %-24s %10.1f %10.3f %11.1f%%\n", names[v], tps, 1000.0 / tps,
+                   100.0 * floor_ms * tps / 1000.0);
+        }
+        specdec_target_destroy(t);
+
+        /* verification: K + 1 rows in one call against one row */
+        const int vocab = llama_model_config(m.model)->vocab_size;
+        float *logits_dev = NULL;
+        if (be->ops->alloc(be, (size_t)ROWS_MAX * (size_t)vocab * sizeof(float),
+                           (void **)&logits_dev, err))
+            return die("logits buffer", err);
+        int32_t prefix[PREFIX];
+        for (int i = 0; i < PREFIX; i++)
+            prefix[i] = (int32_t)((1000 + 7919 * i) % vocab);
+        struct llama_seq_batch pb = {.slot = 0, .tokens = prefix, .n_tokens = PREFIX};
+        if (llama_ctx_truncate(m.ctx, 0, 0, err) || llama_forward(m.ctx, &pb, 1, err))
+            return die("prefix", err);
+        const int calls = o->tokens < 20 ? o->tokens : 20;
+        double one = 0;
+        printf("  verification rows (one sequence, %d-token prefix, every row's logits kept on "
+               "the device, %d calls each):\n    rows  ms/call  vs 1 row\n", PREFIX, calls);
+        for (int rows = 1; rows <= ROWS_MAX; rows++) {
+            double ms;
+            if (time_rows(&m, logits_dev, PREFIX, rows, calls, &ms))
+                return 1;
+            if (rows == 1)
+                one = ms;
+            printf("    %4d %8.3f %8.2fx\n", rows, ms, ms / one);
+        }
+
+        /* prefill: a 512-token prompt, the last row's logits */
+        int32_t *prompt = malloc(PREFILL * sizeof *prompt);
+        if (!prompt)
+            return die("prefill", "out of memory");
+        for (int i = 0; i < PREFILL; i++)
+            prompt[i] = (int32_t)((1000 + 7919 * i) % vocab);
+        struct llama_seq_batch fb = {.slot = 0, .tokens = prompt, .n_tokens = PREFILL,
+                                     .n_logits = 1, .logits_dev = logits_dev};
+        const int reps = 5;
+        double t0 = 0;
+        for (int r = 0; r <= reps; r++) {
+            if (r == 1) {
+                if (be->ops->sync(be, err))
+                    return die("sync", err);
+                t0 = now_s();
+            }
+            if (llama_ctx_truncate(m.ctx, 0, 0, err) || llama_forward(m.ctx, &fb, 1, err))
+                return die("prefill", err);
+        }
+        if (be->ops->sync(be, err))
+            return die("sync", err);
+        const double prefill_ms = (now_s() - t0) * 1e3 / reps;
+        printf("  prefill %d tokens: %.2f ms, %.0f tokens/s (%d runs)\n", PREFILL, prefill_ms,
+               PREFILL * 1000.0 / prefill_ms, reps);
+        free(prompt);
+        be->ops->free(be, logits_dev);
+        unload(&m);
+    }
+    return 0;
+}
+#else
+/* Unreachable: without the CUDA backend no "cuda" backend can be made. */
+static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
+{
+    (void)o;
+    (void)be;
+    return die("runtime", "this build has no CUDA backend");
+}
+#endif
 
 /* Continuous batching's cost curve: one decode row for each of B sequences
  * (each already holding a 64-token prefix) in one llama_forward call, for
@@ -491,6 +664,10 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
     struct specdec_draft *d;
     if (specdec_draft_create(&d, dm.ctx, err))
         return die("draft", err);
+    /* on the GPU both halves sample there (ids cross, logits stay) */
+    const bool on_device = !strcmp(be->name, "cuda");
+    if (on_device && specdec_draft_use_device(d, true, err))
+        return die("draft device sampling", err);
     struct sampling_params greedy;
     sampling_params_default(&greedy);
     const int n_prompts = 3;
@@ -508,6 +685,8 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         struct specdec_target *t;
         if (specdec_target_create(&t, tm.ctx, err))
             return die("target", err);
+        if (on_device && specdec_target_use_device(t, true, err))
+            return die("target device sampling", err);
         struct specdec_stats base_st;
         double base_tps;
         if (run_requests(NULL, t, n_prompts, o->tokens, 0, &greedy, SPECULATE_MODE_SAMPLED,
@@ -573,7 +752,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: tandem-bench runtime|spec|batch [--models DIR] [--threads N] [--tokens N]\n"
                         "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
                         "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
-                        "                    [--profile 0|1 (runtime: time per op)]\n");
+                        "                    [--profile 0|1 (runtime: time per op)]\n"
+                        "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n");
         return 2;
     }
     struct bench_opts o = {.models_dir = "bench-models", .threads = 0, .tokens = 64};
@@ -581,6 +761,8 @@ int main(int argc, char **argv)
     snprintf(o.noise, sizeof o.noise, "0.02,0.05,0.2");
     snprintf(o.ks, sizeof o.ks, "1,2,3,4,5,6,7,8,0");
     o.modes = 1;
+    o.backend = "cpu";
+    o.device = "0";
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) {
             fprintf(stderr, "tandem-bench: %s: missing value\n", argv[i]);
@@ -595,6 +777,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--ks")) snprintf(o.ks, sizeof o.ks, "%s", v);
         else if (!strcmp(argv[i - 1], "--modes")) o.modes = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
+        else if (!strcmp(argv[i - 1], "--backend")) o.backend = v;
+        else if (!strcmp(argv[i - 1], "--device")) o.device = v;
         else {
             fprintf(stderr, "tandem-bench: unknown flag %s\n", argv[i - 1]);
             return 2;
@@ -604,15 +788,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "tandem-bench: --tokens: must be >= 2\n");
         return 2;
     }
-    if (mkdir(o.models_dir, 0755) && errno != EEXIST) {
-        fprintf(stderr, "tandem-bench: %s: %s\n", o.models_dir, strerror(errno));
-        return 1;
+    if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
+        fprintf(stderr, "tandem-bench: --backend: expected cpu or cuda, got \"%s\"\n", o.backend);
+        return 2;
     }
+    if (!strcmp(o.backend, "cuda") && o.profile) {
+        fprintf(stderr, "tandem-bench: --profile times ops on the host; it measures only the "
+                        "cpu backend\n");
+        return 2;
+    }
+    /* The backend before anything else: without a GPU the run says so in
+     * one line, with the skip code, and leaves nothing behind. */
     char err[ERR_MSG_MAX] = "";
     struct kern_backend *be;
-    if (kern_cpu_create(&be, o.threads, err))
-        return die("cpu backend", err);
-    printf("cpu backend: %d threads\n", kern_cpu_threads(be));
+    int brc = kern_backend_create(&be, o.backend, o.device, o.threads, err);
+    if (brc == ERR_UNAVAILABLE || brc == ERR_UNSUPPORTED) {
+        fprintf(stderr, "no GPU: %s\n", err);
+        return 77;
+    }
+    if (brc)
+        return die("backend", err);
+    if (mkdir(o.models_dir, 0755) && errno != EEXIST) {
+        fprintf(stderr, "tandem-bench: %s: %s\n", o.models_dir, strerror(errno));
+        be->ops->destroy(be);
+        return 1;
+    }
+    if (!strcmp(be->name, "cpu"))
+        printf("cpu backend: %d threads\n", kern_cpu_threads(be));
     int rc = !strcmp(argv[1], "runtime") ? bench_runtime(&o, be)
              : !strcmp(argv[1], "batch") ? bench_batch(&o, be)
                                          : bench_spec(&o, be);

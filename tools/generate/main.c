@@ -4,7 +4,7 @@
  *       [--draft DIR] [--spec-k N] [--spec-mode sampled|point_mass]
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
- *       [--backend cpu|cuda] [--device D] [--draft-device D]
+ *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
  *
  * Prints the generated text (or, with --json, one JSON object with ids, text
  * and figures). Thin: parse, create, run, destroy.
@@ -24,6 +24,7 @@
 struct options {
     const char *model_dir, *draft_dir, *prompt, *chat, *ids;
     const char *backend, *device, *draft_device; /* draft_device NULL: the target's backend */
+    const char *sampler; /* "host", "device" or NULL: device on cuda, host on cpu */
     int max_tokens, spec_k, threads, max_seq_len, json;
     enum speculate_mode mode;
     struct sampling_params sampling;
@@ -36,7 +37,8 @@ static void usage(FILE *f)
             "         [--draft DIR] [--spec-k N (0 = adaptive)] [--spec-mode sampled|point_mass]\n"
             "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
-            "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n");
+            "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n"
+            "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -96,6 +98,13 @@ static int parse_args(int argc, char **argv, struct options *o)
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--draft-device")) o->draft_device = v;
+        else if (!strcmp(a, "--sampler")) {
+            if (strcmp(v, "host") && strcmp(v, "device")) {
+                fprintf(stderr, "tandem-generate: --sampler: expected host or device, got \"%s\"\n", v);
+                return -1;
+            }
+            o->sampler = v;
+        }
         else if (!strcmp(a, "--max-tokens")) {
             if (parse_long(a, v, 1, 1 << 20, &n)) return -1;
             o->max_tokens = (int)n;
@@ -207,7 +216,7 @@ static int build_prompt(const struct options *o, const struct tokenizer *tk, int
 }
 
 static void print_json(const struct options *o, const int32_t *ids, int n, const char *text,
-                       const struct specdec_stats *st)
+                       const struct specdec_stats *st, const char *sampler)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(j, "ids");
@@ -222,6 +231,7 @@ static void print_json(const struct options *o, const int32_t *ids, int n, const
     double decode_tokens = st->generated_tokens > 1 ? st->generated_tokens - 1 : 0;
     cJSON_AddNumberToObject(j, "tokens_per_s",
                             st->decode_ms > 0 ? decode_tokens * 1000.0 / st->decode_ms : 0.0);
+    cJSON_AddStringToObject(j, "sampler", sampler);
     if (o->draft_dir) {
         cJSON_AddNumberToObject(j, "rounds", st->rounds);
         cJSON_AddNumberToObject(j, "drafted", st->drafted);
@@ -305,6 +315,14 @@ int main(int argc, char **argv)
     }
     if (!rc)
         rc = specdec_target_create(&target, target_ctx, err);
+    /* Sampling on the device: per token only ids cross the bus. "host"
+     * keeps the reference path (logits downloaded), for comparison. */
+    const int on_device = o.sampler ? !strcmp(o.sampler, "device")
+                                    : !strcmp(be ? be->name : "cpu", "cuda");
+    if (!rc && on_device)
+        rc = specdec_target_use_device(target, true, err);
+    if (!rc && on_device && draft)
+        rc = specdec_draft_use_device(draft, true, err);
     if (rc)
         goto done;
     /* The tokenizer is optional with --ids: random test models may have none. */
@@ -342,7 +360,7 @@ int main(int argc, char **argv)
     if (tk && (rc = tokenizer_decode(tk, out, (size_t)n_out, 1, &text, &text_len, err)))
         goto done;
     if (o.json) {
-        print_json(&o, out, n_out, text, &stats);
+        print_json(&o, out, n_out, text, &stats, on_device ? "device" : "host");
     } else {
         if (text)
             fwrite(text, 1, text_len, stdout);

@@ -53,7 +53,7 @@ static int mc_run(struct mc_model *m, const int32_t *toks, int n, float *logits,
     int rc = llama_ctx_truncate(m->ctx, 0, 0, err);
     if (rc)
         return rc;
-    struct llama_seq_batch b = {0, toks, n, n, logits};
+    struct llama_seq_batch b = {.slot = 0, .tokens = toks, .n_tokens = n, .n_logits = n, .logits_out = logits};
     return llama_forward(m->ctx, &b, 1, err);
 }
 
