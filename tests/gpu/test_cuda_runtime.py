@@ -38,7 +38,9 @@
   target_unavailable within the worker timeout, and after the restart requests equal
   target-only again;
 - compute-sanitizer (memcheck) on the draft worker and on the target worker for a
-  short cuda_ipc run: no errors reported.
+  short cuda_ipc run (device sampling, the default: q rows written into the slab by
+  the draft's kernels and copied out of the mapping by the target): no errors
+  reported.
 
 TANDEM_GPU_TEST_BACKEND=cpu runs the same on the CPU backend over POSIX shared memory
 (no cuda_ipc, MPS, memory or sanitizer checks): a dry run of the script's plumbing.
