@@ -12,6 +12,15 @@
  * its tokens or q rows, and published (shm_buffer_half_publish) before the
  * draft_ready naming it is sent; every command gets exactly one reply (draft: two when predraft_k > 0)
  * except release, heartbeat, welcome and shutdown.
+ *
+ * Device sampling (draft_worker.sampler "device", the default on cuda): the
+ * drafting picks run on the GPU and only token ids come back. With the
+ * cuda_ipc transport in device mode and a target that reads the slab on its
+ * GPU, the sampling kernels write the q rows straight into the slab half
+ * (q_slab): begin_write, the kernels, then the publish records the half's
+ * event after them and before draft_ready leaves; q never touches host
+ * memory. Otherwise (posix, staging, a CPU target) q rows land in the host
+ * face as with the host sampler.
  */
 #include "draft_worker.h"
 
@@ -56,6 +65,9 @@ struct draft_worker {
 #ifdef TANDEM_HAVE_CUDA
     struct kern_cuda_ipc *ipc; /* transport cuda_ipc: the slab and events; else NULL */
 #endif
+    char *q_slab;              /* the slab's base in this GPU's memory when q rows are
+                                  written there by the sampling kernels (descriptor
+                                  q_rows "slab"); NULL: q rows go to the host face */
     struct worker_link *link;
     struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
     int k_max;
@@ -166,15 +178,18 @@ static int half_begin_write(struct draft_worker *w, int slot, int half, char *er
 /* Publishes slot/half: with cuda_ipc, first its copy into the slab and its
  * event (queued, not waited for), so the event is recorded before the
  * message that names the half leaves. with_q: the job wrote q rows (sampled
- * mode at temperature > 0); otherwise only the header and tokens move. */
+ * mode at temperature > 0) into the host face; otherwise, or when the
+ * kernels wrote them into the slab (q_slab), only the header and tokens
+ * move, and the event, recorded after those kernels, covers the rows. */
 static int half_publish(struct draft_worker *w, int slot, int half,
                         const struct shm_half_info *info, int rows, bool with_q)
 {
 #ifdef TANDEM_HAVE_CUDA
     if (w->ipc) {
         const struct shm_layout *lay = shm_buffer_layout(w->shm);
+        const bool q_moves = with_q && !w->q_slab;
         const size_t bytes =
-            lay->q_offset + (with_q ? (size_t)rows * (size_t)lay->vocab * sizeof(float) : 0);
+            lay->q_offset + (q_moves ? (size_t)rows * (size_t)lay->vocab * sizeof(float) : 0);
         char err[ERR_MSG_MAX];
         int rc = kern_cuda_ipc_publish(w->ipc, slot * 2 + half, bytes, err);
         if (rc) {
@@ -193,6 +208,22 @@ static int half_publish(struct draft_worker *w, int slot, int half,
 static bool job_writes_q(const struct specdec_draft_job *j)
 {
     return j->mode == SPECULATE_MODE_SAMPLED && !sampling_params_is_greedy(&j->sp);
+}
+
+/* Where job j, drafting into slot/half, writes its q rows: into the slab
+ * half on this GPU when the kernels write them there (q_slab), else into
+ * the host face. Row i sits at the same offset in both. */
+static void job_q_dest(struct draft_worker *w, struct specdec_draft_job *j, int slot, int half)
+{
+    const struct shm_layout *lay = shm_buffer_layout(w->shm);
+    if (w->q_slab) {
+        j->q_rows_out = NULL;
+        j->q_rows_dev = (float *)(w->q_slab + (size_t)(slot * 2 + half) * lay->half_bytes +
+                                  lay->q_offset);
+    } else {
+        j->q_rows_out = shm_buffer_half_q(w->shm, slot, half);
+        j->q_rows_dev = NULL;
+    }
 }
 
 static void handle_prefill(void *user, const struct protocol_msg *m)
@@ -257,7 +288,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     qd->job.sp = d.sampling.sp;
     qd->job.mode = d.sampling.mode;
     qd->job.tokens_out = shm_buffer_half_tokens(w->shm, d.seq.slot, d.half);
-    qd->job.q_rows_out = shm_buffer_half_q(w->shm, d.seq.slot, d.half);
+    job_q_dest(w, &qd->job, d.seq.slot, d.half);
     specdec_draft_job_init(&qd->job);
     w->queue[w->n_queued++] = qd;
 }
@@ -316,6 +347,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
         .k = qd->predraft_k + 1, .sp = j->sp, .mode = j->mode,
         .tokens_out = shm_buffer_half_tokens(w->shm, slot, other),
         .q_rows_out = shm_buffer_half_q(w->shm, slot, other)};
+    job_q_dest(w, &pre->job, slot, other);
     specdec_draft_job_init(&pre->job);
     return pre;
 }
@@ -483,10 +515,26 @@ static int draft_shm_create(struct draft_worker *w, const struct worker_config *
     snprintf(cd.device_uuid, sizeof cd.device_uuid, "%s", h->device_uuid);
     memcpy(cd.mem_handle, h->mem, sizeof cd.mem_handle);
     memcpy(cd.probe, h->probe, sizeof cd.probe);
+    /* q rows straight into the slab when the target takes them from there
+     * on its GPU; a target that stages (its shm_staging) or runs on the CPU
+     * reads the host face, so they go there. A target that falls back to
+     * staging by itself (no peer access) learns from q_rows "slab" that it
+     * cannot verify sampled drafts, and says so. */
+    cd.q_in_slab = !h->staging && specdec_draft_on_device(w->spec) &&
+                   strcmp(w->cfg.target_worker.backend, "cuda") == 0 &&
+                   !w->cfg.target_worker.shm_staging;
+    if (cd.q_in_slab) {
+        void *base = NULL;
+        if ((rc = kern_cuda_ipc_slab_half(w->ipc, 0, 0, lay->half_bytes, &base, err)))
+            return rc;
+        w->q_slab = base;
+    }
     if ((rc = shm_buffer_set_cuda(w->shm, &cd, err)))
         return rc;
-    LOG_INFO("draft buffer over CUDA IPC on %s: %s", h->device_uuid,
-             h->staging ? "pinned host staging (shm_staging)" : "device slab + events");
+    LOG_INFO("draft buffer over CUDA IPC on %s: %s; q rows %s", h->device_uuid,
+             h->staging ? "pinned host staging (shm_staging)" : "device slab + events",
+             cd.q_in_slab ? "written by the sampling kernels into the slab (no host copy)"
+                          : "written to the host face");
     return 0;
 #else
     return error_set(err, ERR_UNSUPPORTED,
@@ -507,6 +555,11 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
         goto fail;
     if ((rc = specdec_draft_create(&w->spec, w->m.ctx, err)))
         goto fail;
+    /* before the buffer: where q rows go depends on it */
+    if (strcmp(wc->sampler, "device") == 0 &&
+        (rc = specdec_draft_use_device(w->spec, true, err)))
+        goto fail;
+    LOG_INFO("draft sampler: %s", specdec_draft_on_device(w->spec) ? "device" : "host");
     w->k_max = cfg->coordinator.spec_k_max;
     char cleanup_err[ERR_MSG_MAX];
     int removed = 0;

@@ -128,10 +128,18 @@ int kern_cuda_read_bandwidth(struct kern_backend *be, size_t size_bytes, int pas
  *            owner's GPU work before the importer's. Chosen by the owner
  *            (config) or by the importer when the device mode cannot work
  *            (GPU not visible, no peer access, a failed probe).
- * While the accept/reject runs on the host (device accept/reject is the GPU
- * runtime issue's), the importer copies the q rows it needs from the slab
- * into pinned host memory after the event wait (kern_cuda_ipc_stage), and
- * the host waits for that copy (kern_cuda_ipc_staged) before reading it.
+ * Where q is written and read on the device (the workers' device sampling),
+ * the owner's sampling kernels write the q rows straight into its slab half
+ * (kern_cuda_ipc_slab_half) between begin_write and publish, which then
+ * copies only what host code wrote (header, tokens) and records the event
+ * after those kernels; the importer makes its stream wait for the event and
+ * hands the half's address in its mapping to the accept/reject kernels
+ * (kern_cuda_ipc_read_device): no host copy of q, no host wait between the
+ * owner's write and the importer's read. Where the accept/reject runs on
+ * the host (the host sampler), the importer copies the q rows it needs from
+ * the slab into pinned host memory after the event wait
+ * (kern_cuda_ipc_stage), and the host waits for that copy
+ * (kern_cuda_ipc_staged) before reading it.
  *
  * Calls are made by the thread that drives the backend; every CUDA return
  * code is checked (ERR_CUDA naming the call). The importer closes its
@@ -175,8 +183,19 @@ int kern_cuda_ipc_begin_write(struct kern_cuda_ipc *ipc, int half, char *err);
 
 /* Owner, after writing the first `bytes` of half i of the host face: device
  * mode queues their copy into the slab; both modes then record the half's
- * event on the backend's stream. Returns without waiting. */
+ * event on the backend's stream (after every kernel queued before it, so
+ * q rows a kernel wrote into the slab are covered). Returns without
+ * waiting. Bytes of the slab past `bytes` are left as the kernels wrote
+ * them. */
 int kern_cuda_ipc_publish(struct kern_cuda_ipc *ipc, int half, size_t bytes, char *err);
+
+/* Owner, device mode: *dev_out = the slab's address of bytes [offset,
+ * offset + bytes) of half i, in the owner's device memory, for kernels on
+ * the backend's stream to write in place between kern_cuda_ipc_begin_write
+ * and kern_cuda_ipc_publish. ERR_UNSUPPORTED when the owner stages (no
+ * slab), ERR_RANGE outside the half. Queues nothing. */
+int kern_cuda_ipc_slab_half(struct kern_cuda_ipc *ipc, int half, size_t offset, size_t bytes,
+                            void **dev_out, char *err);
 
 /* Importer: opens the events and, unless staging is forced or the owner
  * exported no slab, the slab (by the owner's UUID, with a real peer probe
@@ -198,6 +217,15 @@ int kern_cuda_ipc_is_staging(const struct kern_cuda_ipc *ipc);
  * host must call kern_cuda_ipc_staged before reading *host_out. */
 int kern_cuda_ipc_stage(struct kern_cuda_ipc *ipc, int half, size_t offset, size_t bytes,
                         const void **host_out, char *err);
+
+/* Importer, device mode: makes the backend's stream wait for half i's event
+ * (on the GPU; the host does not wait) and sets *dev_out to bytes [offset,
+ * offset + bytes) of the half in this process's mapping of the slab, for
+ * kernels queued after this call on the backend's stream to read in place
+ * (across GPUs through the probed peer mapping). ERR_UNSUPPORTED when the
+ * importer stages, ERR_RANGE outside the half. */
+int kern_cuda_ipc_read_device(struct kern_cuda_ipc *ipc, int half, size_t offset, size_t bytes,
+                              const void **dev_out, char *err);
 
 /* Importer: waits on the host until what the last kern_cuda_ipc_stage of
  * half i queued is done. */

@@ -16,6 +16,21 @@
  * the coordinator names a different one (a restarted draft): queued
  * verifications that read the old one are failed first. A release drops the
  * queued verifications of its slot.
+ *
+ * Device sampling (target_worker.sampler "device", the default on cuda):
+ * logits stay on the GPU and accept/reject runs there. Where q rows come
+ * from, for a sampled verification:
+ *   cuda_ipc, slab mapped: the stream waits for the half's event on the GPU
+ *     and the accept/reject reads the rows in the mapping (no host copy, no
+ *     host wait between the draft's write and this read);
+ *   cuda_ipc staging (shm_staging, or no peer access): the rows are read in
+ *     the pinned host face after the event wait and uploaded by the engine
+ *     with the drafts (one copy of k rows): the same kernels decide, so a
+ *     seeded request gives the same tokens as over the slab;
+ *   posix, or a CPU target: the host face as always.
+ * A draft that writes q rows only into its slab (descriptor q_rows "slab")
+ * to a target that cannot map it gets an error for sampled verifications
+ * naming the settings that fix it; greedy and point-mass ones need no q.
  */
 #include "target_worker.h"
 
@@ -184,6 +199,28 @@ static int attach_cuda(struct target_worker *w, struct shm_buffer *buf,
 }
 #endif
 
+/* How sampled verifications will read q rows from the attached buffer (the
+ * cases of q_rows_source), for the log: tests and operators look for it. */
+static const char *q_path_text(const struct target_worker *w)
+{
+    const struct shm_buffer_cuda_desc *cd = shm_buffer_cuda(w->shm);
+    const bool in_slab = cd && cd->q_in_slab;
+#ifdef TANDEM_HAVE_CUDA
+    if (w->ipc && !kern_cuda_ipc_is_staging(w->ipc))
+        return specdec_target_on_device(w->spec)
+                   ? "in place from the draft's slab on the GPU (device accept/reject, no host copy)"
+                   : "from the draft's slab through pinned host memory (host accept/reject)";
+    if (w->ipc && !in_slab)
+        return specdec_target_on_device(w->spec)
+                   ? "from the pinned host face, uploaded for the device accept/reject (staging)"
+                   : "from the pinned host face (staging, host accept/reject)";
+#endif
+    if (in_slab)
+        return "nowhere: the draft writes them only into a slab this target cannot read "
+               "(sampled verifications will fail; see the config's shm_staging)";
+    return "from the host face";
+}
+
 /* Imports the buffer a descriptor names unless it is the one held already. */
 static int attach(struct target_worker *w, const cJSON *desc, char *err)
 {
@@ -217,6 +254,7 @@ static int attach(struct target_worker *w, const cJSON *desc, char *err)
     LOG_INFO("attached the draft buffer %s (%s, %d slots, k_max %d)", shm_buffer_name(buf),
              shm_buffer_transport(buf), lay->n_slots, lay->k_max);
     w->shm = buf;
+    LOG_INFO("sampled verifications take q rows %s", q_path_text(w));
     return 0;
 }
 
@@ -231,6 +269,62 @@ static void handle_attach(struct target_worker *w, const struct protocol_msg *m,
         rc = error_set(err, ERR_PROTOCOL, "shm: required");
     if (rc)
         worker_link_send_error(w->link, type, NULL, rc, err);
+}
+
+/* Where a sampled verification of slot/half (its k drafts from row first)
+ * reads its q rows (the cases in the file's header): *q_dev in this GPU's
+ * view of the draft's slab, queued behind the half's event; or *q_host,
+ * with *staged when a copy into pinned memory was queued (run_queued waits
+ * for it). *q_host comes in pointing into the host face. Errors: a draft
+ * whose rows are only in a slab this target cannot read (ERR_UNAVAILABLE,
+ * naming the settings), a failed CUDA call (also fatal for the worker). */
+static int q_rows_source(struct target_worker *w, int slot, int half, uint32_t first, int k,
+                         const float **q_host, const float **q_dev, bool *staged, char *err)
+{
+    const struct shm_buffer_cuda_desc *cd = shm_buffer_cuda(w->shm);
+    const bool in_slab = cd && cd->q_in_slab;
+    const char *why = "it does not map the slab";
+#ifdef TANDEM_HAVE_CUDA
+    if (w->ipc) {
+        why = "it stages through host memory";
+        const struct shm_layout *lay = shm_buffer_layout(w->shm);
+        const size_t row_bytes = (size_t)lay->vocab * sizeof(float);
+        const size_t off = lay->q_offset + (size_t)first * row_bytes;
+        const size_t bytes = (size_t)k * row_bytes;
+        const bool mapped = !kern_cuda_ipc_is_staging(w->ipc);
+        int rc = 0;
+        if (mapped && specdec_target_on_device(w->spec)) {
+            const void *dev = NULL;
+            if (!(rc = kern_cuda_ipc_read_device(w->ipc, slot * 2 + half, off, bytes, &dev, err))) {
+                *q_dev = dev;
+                *q_host = NULL;
+                return 0;
+            }
+        } else if (mapped || !in_slab) {
+            /* the host sampler reads q on the host; staging reads it in
+             * the host face, which the engine uploads on the device path */
+            const void *host = NULL;
+            if (!(rc = kern_cuda_ipc_stage(w->ipc, slot * 2 + half, off, bytes, &host, err))) {
+                *q_host = host;
+                *staged = true;
+                return 0;
+            }
+        }
+        if (rc) {
+            worker_fatal_set(&w->fatal, rc, err);
+            return rc;
+        }
+    }
+#else
+    (void)slot, (void)half, (void)first, (void)k, (void)q_host, (void)q_dev, (void)staged;
+#endif
+    if (in_slab)
+        return error_set(err, ERR_UNAVAILABLE,
+                         "verify: the draft writes its q rows only into its GPU slab, which this "
+                         "target cannot read (%s): set target_worker.shm_staging or "
+                         "draft_worker.shm_staging to 1 in the config both workers read (or "
+                         "draft_worker.sampler \"host\")", why);
+    return 0; /* *q_host: the host face, as it came in */
 }
 
 static void handle_verify(void *user, const struct protocol_msg *m)
@@ -248,7 +342,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         return;
     }
     const int32_t *drafts = NULL;
-    const float *q_rows = NULL;
+    const float *q_rows = NULL, *q_rows_dev = NULL;
     uint64_t shm_seq = 0;
     bool staging = false;
     if (k > 0) {
@@ -289,26 +383,13 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         const uint32_t h_first = hi.first;
         drafts = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
         q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
-#ifdef TANDEM_HAVE_CUDA
-        /* q crosses through the slab: the stream waits for the half's event
-         * on the GPU, then (accept/reject runs on the host until the device
-         * one exists) the rows are copied into pinned host memory, waited
-         * for just before the step (run_queued). */
-        if (w->ipc && v.sampling.mode == SPECULATE_MODE_SAMPLED &&
-            !sampling_params_is_greedy(&v.sampling.sp)) {
-            const void *staged = NULL;
-            rc = kern_cuda_ipc_stage(w->ipc, slot * 2 + half,
-                                     lay->q_offset + (size_t)h_first * (size_t)lay->vocab * sizeof(float),
-                                     (size_t)k * (size_t)lay->vocab * sizeof(float), &staged, err);
-            if (rc) {
-                worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-                worker_fatal_set(&w->fatal, rc, err);
-                return;
-            }
-            q_rows = staged;
-            staging = true;
+        const bool wants_q = v.sampling.mode == SPECULATE_MODE_SAMPLED &&
+                             !sampling_params_is_greedy(&v.sampling.sp);
+        if (wants_q &&
+            (rc = q_rows_source(w, slot, half, h_first, k, &q_rows, &q_rows_dev, &staging, err))) {
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+            return;
         }
-#endif
     }
     struct queued_verify *qv = calloc(1, sizeof *qv);
     int32_t *feed = malloc((size_t)v.n_feed * sizeof(int32_t));
@@ -325,7 +406,8 @@ static void handle_verify(void *user, const struct protocol_msg *m)
                                  .queued_ms = protocol_now_ms()};
     qv->job = (struct specdec_verify_job){
         .slot = slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .draft = drafts,
-        .k = k, .q_rows = q_rows, .sp = v.sampling.sp, .mode = v.sampling.mode};
+        .k = k, .q_rows = q_rows, .q_rows_dev = q_rows_dev, .sp = v.sampling.sp,
+        .mode = v.sampling.mode};
     specdec_verify_job_init(&qv->job);
     w->queue[w->n_queued++] = qv;
     awaiting_clear(w, slot);
@@ -515,6 +597,10 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
         goto fail;
     if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)))
         goto fail;
+    if (strcmp(wc->sampler, "device") == 0 &&
+        (rc = specdec_target_use_device(w->spec, true, err)))
+        goto fail;
+    LOG_INFO("target sampler: %s", specdec_target_on_device(w->spec) ? "device" : "host");
     w->awaiting = calloc((size_t)w->m.n_slots, sizeof *w->awaiting);
     if (!w->awaiting) {
         rc = error_set(err, ERR_NOMEM, "target worker: out of memory");

@@ -147,8 +147,11 @@ struct specdec_verify_job {
     const int32_t *draft; /* [k] */
     int k;
     const float *q_rows;  /* [k, vocab]; sampled mode at temperature > 0 only */
-    const float *q_rows_dev; /* the same rows in the target's backend memory
-                                (device sampling only); used instead of q_rows */
+    const float *q_rows_dev; /* the same rows in memory the target's backend
+                                reads on its stream: its own, or the draft's
+                                slab mapped over CUDA IPC once the stream waits
+                                for the half's event (device sampling only);
+                                used instead of q_rows */
     struct sampling_params sp;
     enum speculate_mode mode;
     /* result: the accepted drafts, then the correction or bonus token */

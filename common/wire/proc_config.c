@@ -78,6 +78,15 @@ static int check_shm_transport(const char *value, char *msg, size_t msg_size)
     return -1;
 }
 
+static int check_sampler(const char *value, char *msg, size_t msg_size)
+{
+    if (strcmp(value, "auto") == 0 || strcmp(value, "device") == 0 ||
+        strcmp(value, "host") == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"auto\", \"device\" or \"host\", got \"%s\"", value);
+    return -1;
+}
+
 static int check_spec_mode(const char *value, char *msg, size_t msg_size)
 {
     if (strcmp(value, "sampled") == 0 || strcmp(value, "point_mass") == 0)
@@ -211,6 +220,9 @@ static const struct key_desc worker_keys[] = {
     WKEY_INT(shm_staging, 0, 1,
              "1: cuda_ipc through pinned host memory instead of device memory (the path "
              "without peer access) [0]"),
+    WKEY_STR(sampler, check_sampler,
+             "sampling and accept/reject: device (logits and q rows stay on the GPU), host, "
+             "or auto (device with backend cuda, host with cpu) [auto]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -264,6 +276,7 @@ static void worker_defaults(struct worker_config *w)
     w->heartbeat_ms = 500;
     w->prefill_chunk = 32;
     snprintf(w->shm_transport, sizeof w->shm_transport, "auto");
+    snprintf(w->sampler, sizeof w->sampler, "auto");
     snprintf(w->log_level, sizeof w->log_level, "info");
 }
 
@@ -666,6 +679,13 @@ static int finalize_worker(struct proc_config *cfg, struct worker_config *w, con
     char inner[ERR_MSG_MAX];
     if (proc_config_check_endpoint(w->coordinator_endpoint, inner) != 0)
         return error_set(err, ERR_INVALID_ARG, "%s.coordinator_endpoint: %s", sec, inner);
+    const int cuda = strcmp(w->backend, "cuda") == 0;
+    if (strcmp(w->sampler, "device") == 0 && !cuda)
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s.sampler: \"device\" needs backend \"cuda\", the backend is \"%s\" "
+                         "(use \"host\" or \"auto\")", sec, w->backend);
+    if (strcmp(w->sampler, "auto") == 0)
+        snprintf(w->sampler, sizeof w->sampler, "%s", cuda ? "device" : "host");
     return 0;
 }
 

@@ -76,6 +76,13 @@ struct worker_config {
      * that one GPU can test it. */
     char shm_transport[PROC_CONFIG_NAME_MAX];
     int shm_staging;
+    /* Where the worker samples and accepts/rejects: "device" keeps logits,
+     * q rows and accept/reject on the GPU (only ids cross; the draft's q
+     * rows go straight into the cuda_ipc slab and the target reads them
+     * there), "host" downloads logits and samples on the CPU (the reference
+     * path). "auto" (default) becomes "device" with backend cuda and "host"
+     * with cpu in proc_config_finalize; "device" on cpu is an error. */
+    char sampler[PROC_CONFIG_NAME_MAX];
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 

@@ -263,7 +263,8 @@ static int cuda_export_fields(const struct shm_buffer *buf, cJSON *desc)
         !cJSON_AddNumberToObject(o, "half_bytes", (double)lay->half_bytes) ||
         !cJSON_AddNumberToObject(o, "tokens_offset", (double)lay->tokens_offset) ||
         !cJSON_AddNumberToObject(o, "q_offset", (double)lay->q_offset) ||
-        !cJSON_AddNumberToObject(o, "probe_offset", (double)c->probe_offset))
+        !cJSON_AddNumberToObject(o, "probe_offset", (double)c->probe_offset) ||
+        !cJSON_AddStringToObject(o, "q_rows", c->q_in_slab ? "slab" : "host_face"))
         return ERR_NOMEM;
     if (!c->staging) {
         hex_encode(c->mem_handle, SHM_BUFFER_IPC_HANDLE_BYTES, hex);
@@ -344,6 +345,15 @@ static int cuda_parse(struct shm_buffer *buf, const cJSON *desc, char *err)
             return error_set(err, ERR_PROTOCOL, "shm.cuda.mem_handle: expected %d hex digits",
                              2 * SHM_BUFFER_IPC_HANDLE_BYTES);
     }
+    /* Absent: a draft from before device sampling, whose q rows are always
+     * in the host face. */
+    const cJSON *qr = cJSON_GetObjectItemCaseSensitive(o, "q_rows");
+    if (qr && (!cJSON_IsString(qr) || (strcmp(qr->valuestring, "slab") != 0 &&
+                                       strcmp(qr->valuestring, "host_face") != 0)))
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.q_rows: expected \"slab\" or \"host_face\"");
+    c->q_in_slab = qr && strcmp(qr->valuestring, "slab") == 0;
+    if (c->q_in_slab && c->staging)
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.q_rows: \"slab\" with mode \"staging\" (no slab)");
     const cJSON *probe = cJSON_GetObjectItemCaseSensitive(o, "probe");
     if (!cJSON_IsArray(probe) || cJSON_GetArraySize(probe) != 4)
         return error_set(err, ERR_PROTOCOL, "shm.cuda.probe: expected 4 integers");
@@ -532,6 +542,9 @@ int shm_buffer_set_cuda(struct shm_buffer *buf, const struct shm_buffer_cuda_des
     if (!uuid_ok(desc->device_uuid))
         return error_set(err, ERR_INVALID_ARG, "shm %s: bad device UUID \"%.64s\"", buf->name,
                          desc->device_uuid);
+    if (desc->q_in_slab && desc->staging)
+        return error_set(err, ERR_INVALID_ARG, "shm %s: q rows in a slab that staging lacks",
+                         buf->name);
     const size_t bytes = (size_t)desc->n_events * SHM_BUFFER_IPC_HANDLE_BYTES;
     unsigned char *ev = malloc(bytes);
     if (!ev)

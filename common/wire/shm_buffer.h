@@ -110,7 +110,8 @@ int shm_buffer_create(struct shm_buffer **out, const char *transport, const char
 /* New descriptor object {transport, name, size_bytes, n_slots, k_max, vocab}
  * plus, for cuda_ipc, "cuda": {device_uuid, mode: "device"|"staging",
  * mem_handle (hex), slab_bytes, half_bytes, tokens_offset, q_offset,
- * probe_offset, probe [4], events [hex per half]}; the caller owns it
+ * probe_offset, probe [4], events [hex per half], q_rows: "host_face"|
+ * "slab"} (docs/protocol-notes.md says what each is for); the caller owns it
  * (cJSON_Delete). NULL on out of memory, or a cuda_ipc buffer whose device
  * side was never set. */
 cJSON *shm_buffer_export(const struct shm_buffer *buf);
@@ -136,6 +137,12 @@ struct shm_buffer_cuda_desc {
     uint32_t probe[4];
     int n_events;                /* n_slots * 2: half h of slot s is event 2s + h */
     unsigned char *event_handles; /* [n_events][SHM_BUFFER_IPC_HANDLE_BYTES] */
+    /* Where the q rows of a half are: false ("q_rows": "host_face", also
+     * when absent) in the host face (and, in device mode, copied into the
+     * slab by the publish); true ("slab") only in the slab, written there
+     * by the draft's sampling kernels: a reader that cannot map the slab
+     * (staging, a CPU target) has no q rows to read. Only with mode device. */
+    bool q_in_slab;
 };
 
 /* Owner of a "cuda_ipc" buffer: attaches the device side (copied) so that

@@ -1,7 +1,8 @@
 /* ipc.cu: the device side of the draft's shared buffer between two processes
  * (kernels_cuda.h, kern_cuda_ipc_*): a cudaMalloc slab exported by the base
- * handle, one interprocess event per half, the importer's peer probe, and
- * the pinned staging used while the accept/reject runs on the host.
+ * handle, one interprocess event per half, the importer's peer probe, the
+ * in-place device addresses the workers' sampling kernels write and read q
+ * through, and the pinned staging the host sampler reads q from.
  *
  * What it is not: it knows nothing of the half header or the seqlock
  * (common/wire/shm_buffer.c publishes the host face); it moves bytes and
@@ -240,13 +241,44 @@ extern "C" int kern_cuda_ipc_publish(struct kern_cuda_ipc *ipc, int hi, size_t b
     if (rc < 0)
         return rc;
     const size_t off = (size_t)hi * ipc->shape.half_bytes;
-    /* Today host code wrote the half (the draft samples on the host), so
-     * device mode copies it up; once q is written by a kernel into the slab
-     * this copy goes and the event alone remains. */
+    /* What host code wrote goes up; q rows the sampling kernels wrote into
+     * the slab lie past `bytes` and are ordered by the stream alone. */
     if (!ipc->staging && bytes > 0)
         CUDA_CHECK(cudaMemcpyAsync(ipc->slab + off, (const char *)ipc->shape.host_base + off,
                                    bytes, cudaMemcpyHostToDevice, ipc->cb->stream));
     CUDA_CHECK(cudaEventRecord(ipc->events[hi], ipc->cb->stream));
+    return 0;
+}
+
+/* Bytes [offset, offset + bytes) of half hi in the slab, checked. */
+static int ipc_slab_range(const struct kern_cuda_ipc *ipc, int hi, size_t offset, size_t bytes,
+                          const char *who, char **out, char *err)
+{
+    *out = NULL;
+    int rc = ipc_check_half(ipc, hi, who, err);
+    if (rc < 0)
+        return rc;
+    if (ipc->staging || !ipc->slab)
+        return error_set(err, ERR_UNSUPPORTED, "%s: no slab (the buffer stages through host "
+                         "memory)", who);
+    if (offset > ipc->shape.half_bytes || bytes > ipc->shape.half_bytes - offset)
+        return error_set(err, ERR_RANGE, "%s: bytes %zu..%zu of a %zu-byte half", who, offset,
+                         offset + bytes, ipc->shape.half_bytes);
+    *out = ipc->slab + (size_t)hi * ipc->shape.half_bytes + offset;
+    return 0;
+}
+
+extern "C" int kern_cuda_ipc_slab_half(struct kern_cuda_ipc *ipc, int hi, size_t offset,
+                                       size_t bytes, void **dev_out, char *err)
+{
+    char *p = NULL;
+    *dev_out = NULL;
+    if (!ipc->owner)
+        return error_set(err, ERR_INVALID_ARG, "cuda ipc slab_half: only the owner writes");
+    int rc = ipc_slab_range(ipc, hi, offset, bytes, "cuda ipc slab_half", &p, err);
+    if (rc < 0)
+        return rc;
+    *dev_out = p;
     return 0;
 }
 
@@ -450,6 +482,26 @@ extern "C" int kern_cuda_ipc_stage(struct kern_cuda_ipc *ipc, int hi, size_t off
     /* staging: the host face holds the data and the wait only orders the
      * draft's GPU work (none today) before ours */
     *host_out = ipc->staging ? (const char *)ipc->shape.host_base + off : ipc->mirror + off;
+    return 0;
+}
+
+extern "C" int kern_cuda_ipc_read_device(struct kern_cuda_ipc *ipc, int hi, size_t offset,
+                                         size_t bytes, const void **dev_out, char *err)
+{
+    char *p = NULL;
+    *dev_out = NULL;
+    if (ipc->owner)
+        return error_set(err, ERR_INVALID_ARG, "cuda ipc read_device: the owner reads its slab "
+                         "directly");
+    int rc = ipc_slab_range(ipc, hi, offset, bytes, "cuda ipc read_device", &p, err);
+    if (rc == 0)
+        rc = cuda_backend_enter(ipc->cb, err);
+    if (rc < 0)
+        return rc;
+    /* on the GPU: the kernels queued after this read the half only once the
+     * owner's kernels and copy for it, recorded before its message, are done */
+    CUDA_CHECK(cudaStreamWaitEvent(ipc->cb->stream, ipc->events[hi], 0));
+    *dev_out = p;
     return 0;
 }
 

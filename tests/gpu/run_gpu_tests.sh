@@ -52,17 +52,22 @@
 #     second backend (q rows through host memory); agreement of sampled ids
 #     with the host sampler printed, not gated (the kernels' contract allows a
 #     draw boundary to differ by rounding);
-#   - test_cuda_runtime (tandem-generate on cuda now samples on the device
-#     by default, so its in-process checks run the device path; the workers
-#     still sample on the host): tandem-generate --backend cuda == the CPU backend's
+#   - test_cuda_runtime (tandem-generate and the workers sample on the device
+#     by default on cuda, so its checks run the device path): tandem-generate --backend cuda == the CPU backend's
 #     greedy ids (tiny, small); in-process speculative == target-only on cuda
 #     for K 1..8 and adaptive, both draft modes; --draft-device by UUID; the
 #     three-process pipeline with both workers on the GPU == target-only, streamed
 #     and not; under deploy/tandem-supervisor, once per variant (POSIX shared
-#     memory, cuda_ipc with the device slab and interprocess events, cuda_ipc
-#     forced through pinned host staging, cuda_ipc under the instance's MPS
-#     daemon): greedy == target-only streamed and not, seeded sampling with fixed
-#     K reproducible and equal to the POSIX variant's token for token; kill -9 of
+#     memory, cuda_ipc with the device slab and interprocess events (the
+#     draft's sampling kernels write q into the slab, the target's accept/reject
+#     reads it there after the event wait: no host copy; both logs checked),
+#     cuda_ipc forced through pinned host staging by the draft and by the
+#     target (q through the host face, uploaded for the device accept/reject),
+#     cuda_ipc under the instance's MPS daemon, all with sampler "device"; and
+#     cuda_ipc with sampler "host" in both workers): greedy == target-only
+#     streamed and not, seeded sampling with fixed K = 3 reproducible and (device
+#     sampler) equal to the POSIX variant's token for token, the host sampler's
+#     agreement printed; one summary row per variant ("pipeline ..."); kill -9 of
 #     the draft mid-request (target-only ids, GPU memory back to its level after
 #     the restart) and of the target (target_unavailable within the worker
 #     timeout, recovery); compute-sanitizer memcheck on each worker for a short
@@ -70,14 +75,13 @@
 # What this does NOT cover yet (TODO, in rough order of value):
 #   - the Llama forward pass on the CUDA backend against HF transformers
 #     (bf16 reference logits on the GPU machine's PyTorch);
-#   - the workers (three-process pipeline) still sample on the host: device
-#     sampling is wired into the engine (specdec_*_use_device) and used by
-#     tandem-generate and tandem-bench, not yet switched on by the workers;
-#     CUDA graphs; the skinny GEMM at the bandwidth floor (the GPU runtime
+#   - CUDA graphs; the skinny GEMM at the bandwidth floor (the GPU runtime
 #     issue; `tandem-bench runtime --backend cuda` below measures how far);
 #   - two GPUs: peer access between devices and the UUID lookup of another
-#     GPU (the staging variant runs the fallback path on one GPU; the lent
-#     machines have one GPU);
+#     GPU (the staging variants run the fallback path on one GPU; the lent
+#     machines have one GPU), including a target that falls back to staging
+#     by itself while the draft writes q only into its slab (sampled
+#     verifications must fail with the error naming shm_staging);
 #   - the pipeline benchmark with and without MPS (issue 11's figures);
 #   - timings against the two floors of METHOD.md (skinny GEMM bandwidth vs
 #     the weight bytes, attention at long contexts); the batch-invariant GEMM
@@ -227,10 +231,16 @@ build_and_test() { # dir label extra-cmake-args...
         *) record "  $name ($label)" FAIL "$verdict" ;;
         esac
     done < <(grep -E 'Test +#[0-9]+: ' "$log")
-    # CTest keeps every test's output: the device sampling's figures.
+    # CTest keeps every test's output: the device sampling's figures, and
+    # one row per pipeline variant of test_cuda_runtime ("pipeline-row: NAME
+    # PASS|FAIL detail"; a variant never reached has no row).
     local full=$dir/Testing/Temporary/LastTest.log
     if [ -f "$full" ]; then
         cp "$full" "$LOG_DIR/ctest-$label-full.log"
+        local vname vverdict vdetail
+        while read -r _ vname vverdict vdetail; do
+            record "    pipeline $vname ($label)" "$vverdict" "$vdetail"
+        done < <(grep -E '^pipeline-row: [^ ]+ (PASS|FAIL)' "$full")
         grep -E '^(device (sampled|point-mass)|sampling time at vocab|  T=|sample: |adjust(: | at vocab)|(tiny|small) .*agrees with the host path)' \
             "$full" >"$LOG_DIR/sampling-figures-$label.log" || true
         cat "$LOG_DIR/sampling-figures-$label.log"

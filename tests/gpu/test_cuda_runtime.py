@@ -15,13 +15,22 @@
   each equal their own target-only output run alone on cuda, while the target ran
   several sequences per forward call (the stats' batch figures);
 - the supervised pipeline (deploy/tandem-supervisor, backend cuda, both workers on
-  GPU 0), once per variant: the draft's buffer over POSIX shared memory (the
-  reference), over cuda_ipc (device slab + interprocess events; the target's log must
-  say it mapped and probed the slab), over cuda_ipc forced through pinned host staging
-  (shm_staging: the two-GPU fallback path), and over cuda_ipc under an MPS daemon of
-  the instance (supervisor.mps). In each: greedy requests, streamed and not, equal
-  target-only; seeded sampled requests with fixed K are reproducible and equal, token
-  for token, to the POSIX variant's (the q rows crossed intact);
+  GPU 0, both sampling on the device: sampler "device", the default on cuda), once per
+  variant: the draft's buffer over POSIX shared memory (the reference), over cuda_ipc
+  (device slab + interprocess events; the draft's sampling kernels write the q rows
+  into the slab and the target's accept/reject reads them there after the event wait:
+  both logs must say so), over cuda_ipc forced through pinned host staging by the
+  draft (shm_staging: no slab) and by the target (its shm_staging: the two-GPU
+  fallback path; the draft then writes q into the host face and the target uploads
+  it), and over cuda_ipc under an MPS daemon of the instance (supervisor.mps). In
+  each: greedy requests, streamed and not, equal target-only; seeded sampled requests
+  with fixed K are reproducible and equal, token for token, to the POSIX variant's
+  (the same kernels draw and decide on every path, and the q rows crossed intact).
+  One more variant runs both workers with sampler "host" over cuda_ipc: greedy equal
+  target-only and seeded sampling reproducible, its agreement with the device
+  sampler's tokens printed, not gated (the kernels' contract lets a draw that lies
+  within rounding of a boundary differ). Each variant prints a "pipeline-row:" line
+  that run_gpu_tests.sh turns into a row of its summary;
 - failures over cuda_ipc: kill -9 of the draft mid-request: the request completes
   with the target-only ids, and once the restarted draft is attached the GPU's used
   memory (nvidia-smi) is back at its level before the kill (the target closed its
@@ -29,7 +38,9 @@
   target_unavailable within the worker timeout, and after the restart requests equal
   target-only again;
 - compute-sanitizer (memcheck) on the draft worker and on the target worker for a
-  short cuda_ipc run: no errors reported.
+  short cuda_ipc run (device sampling, the default: q rows written into the slab by
+  the draft's kernels and copied out of the mapping by the target): no errors
+  reported.
 
 TANDEM_GPU_TEST_BACKEND=cpu runs the same on the CPU backend over POSIX shared memory
 (no cuda_ipc, MPS, memory or sanitizer checks): a dry run of the script's plumbing.
@@ -177,13 +188,23 @@ WORKER_TIMEOUT_MS = 3000
 
 
 def variants():
-    """(name, draft_worker keys, target_worker keys, supervisor keys) to run the pipeline with."""
+    """(name, draft_worker keys, target_worker keys, supervisor keys) to run the pipeline with.
+
+    On cuda every variant but the last samples on the device in both workers (named, not
+    left to the default); the last is the host sampler's reference run."""
     if BACKEND != "cuda":
         return [("posix", {"shm_transport": "posix"}, {}, {})]
-    return [("posix", {"shm_transport": "posix"}, {}, {}),
-            ("cuda_ipc", {"shm_transport": "cuda_ipc"}, {}, {}),
-            ("cuda_ipc+staging", {"shm_transport": "cuda_ipc", "shm_staging": 1}, {}, {}),
-            ("cuda_ipc+mps", {"shm_transport": "cuda_ipc"}, {}, {"mps": 1})]
+    dev = {"sampler": "device"}
+    return [("posix", dict(dev, shm_transport="posix"), dev, {}),
+            ("cuda_ipc", dict(dev, shm_transport="cuda_ipc"), dev, {}),
+            ("cuda_ipc+staging", dict(dev, shm_transport="cuda_ipc", shm_staging=1), dev, {}),
+            ("cuda_ipc+target-staging", dict(dev, shm_transport="cuda_ipc"), dict(dev, shm_staging=1), {}),
+            ("cuda_ipc+mps", dict(dev, shm_transport="cuda_ipc"), dev, {"mps": 1}),
+            ("cuda_ipc+host-sampler", {"shm_transport": "cuda_ipc", "sampler": "host"}, {"sampler": "host"}, {})]
+
+
+def host_sampler(name):
+    return name.endswith("host-sampler")
 
 
 class Supervised:
@@ -262,10 +283,43 @@ def gpu_memory_used_mib():
     return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
 
 
-def check_transport_logs(sv):
+# What the workers log about the path q rows take (draft_worker.c, target_worker.c).
+DRAFT_Q_SLAB = "q rows written by the sampling kernels into the slab (no host copy)"
+DRAFT_Q_HOST = "q rows written to the host face"
+TARGET_Q = {
+    "slab": "q rows in place from the draft's slab on the GPU (device accept/reject, no host copy)",
+    "staging": "q rows from the pinned host face, uploaded for the device accept/reject (staging)",
+    "host-sampler": "q rows from the draft's slab through pinned host memory (host accept/reject)",
+    "posix": "q rows from the host face",
+}
+
+
+def q_path(name):
+    """(draft log line, target log line) the variant's q rows must take."""
+    if name == "posix":
+        return None, TARGET_Q["posix"]
+    if host_sampler(name):
+        return DRAFT_Q_HOST, TARGET_Q["host-sampler"]
+    if "staging" in name:
+        return DRAFT_Q_HOST, TARGET_Q["staging"]
+    return DRAFT_Q_SLAB, TARGET_Q["slab"]
+
+
+def check_transport_logs(sv, after_requests=False):
     if BACKEND != "cuda":
         return
     draft_log, target_log = sv.log("draft"), sv.log("target")
+    sampler = "host" if host_sampler(sv.name) else "device"
+    for role, text in (("draft", draft_log), ("target", target_log)):
+        check("%s sampler: %s" % (role, sampler) in text,
+              "%s: the %s log does not say it samples on the %s:%s" % (sv.name, role, sampler, sv.log_tails()))
+    if after_requests:
+        # the target logs its q path when it attaches the draft's buffer
+        want_draft, want_target = q_path(sv.name)
+        if want_draft:
+            check(want_draft in draft_log, "%s: the draft log does not say %r" % (sv.name, want_draft))
+        check(want_target in target_log, "%s: the target log does not say %r:%s"
+              % (sv.name, want_target, sv.log_tails()))
     if sv.name == "posix":
         check("CUDA IPC" not in draft_log, "posix variant: the draft used CUDA IPC")
         return
@@ -345,6 +399,7 @@ def supervised_checks(d, draft, target):
     sampled_ref = None
     for name, dkeys, tkeys, skeys in variants():
         sv = Supervised(d, name, draft, target, dkeys, tkeys, skeys)
+        agreement = ""
         try:
             sv.start()
             check_transport_logs(sv)
@@ -361,15 +416,24 @@ def supervised_checks(d, draft, target):
                 sampled.append(a)
             if sampled_ref is None:
                 sampled_ref = sampled
-            check(sampled == sampled_ref, "%s: seeded sampled output differs from the POSIX variant's (the q rows "
-                  "did not cross intact?): %s vs %s" % (name, sampled, sampled_ref))
+            if host_sampler(name):
+                # not gated: a draw within rounding of a boundary may differ between host and device
+                same = sum(x == y for a, b in zip(sampled, sampled_ref) for x, y in zip(a, b))
+                total = sum(len(a) for a in sampled_ref)
+                agreement = "; host sampler agrees with the device sampler on %d/%d sampled ids" % (same, total)
+            else:
+                check(sampled == sampled_ref, "%s: seeded sampled output differs from the POSIX variant's (the q "
+                      "rows did not cross intact?): %s vs %s" % (name, sampled, sampled_ref))
             if name in ("cuda_ipc", "posix") and (BACKEND != "cuda" or name == "cuda_ipc"):
                 kill_draft_check(sv, target)
                 kill_target_check(sv, target)
-            check_transport_logs(sv)
-            print("supervised %s: greedy == target-only (streamed and not), seeded sampling reproducible and "
-                  "equal to posix's" % name)
+            check_transport_logs(sv, after_requests=True)
+            print("supervised %s: greedy == target-only (streamed and not), seeded sampling reproducible%s%s"
+                  % (name, "" if host_sampler(name) else " and equal to posix's", agreement))
+            print("pipeline-row: %s PASS greedy == target-only; K=3 seeded sampling reproducible%s%s"
+                  % (name, "" if host_sampler(name) else ", == posix", agreement))
         except Fail as e:
+            print("pipeline-row: %s FAIL %s" % (name, (str(e).splitlines() or [""])[0][:200]))
             raise Fail("%s%s" % (e, sv.log_tails()))
         finally:
             r = sv.stop()

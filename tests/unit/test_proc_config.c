@@ -48,6 +48,7 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_string_equal(cfg.coordinator.log_level, "info");
     assert_string_equal(cfg.draft_worker.shm_transport, "auto");
     assert_int_equal(cfg.draft_worker.shm_staging, 0);
+    assert_string_equal(cfg.draft_worker.sampler, "host"); /* auto on the cpu backend */
     assert_int_equal(cfg.supervisor.mps, 0);
     assert_string_equal(cfg.draft_worker.backend, "cpu");
     assert_int_equal(cfg.draft_worker.max_seq_len, 8192);
@@ -83,6 +84,41 @@ static void test_proc_config_file_values_are_loaded(void **state)
     assert_string_equal(cfg.target_worker.backend, "cuda");
     assert_string_equal(cfg.target_worker.device, "GPU-1234-abcd");
     assert_string_equal(cfg.coordinator.tokenizer, "/t");
+    assert_string_equal(cfg.target_worker.sampler, "device"); /* auto on the cuda backend */
+}
+
+static void test_proc_config_sampler_follows_the_backend(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    /* device sampling needs the GPU: named, with the way out */
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"model\":\"/d\",\"sampler\":\"device\"}}",
+                          err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_DRAFT, err), ERR_INVALID_ARG);
+    assert_string_equal(err, "draft_worker.sampler: \"device\" needs backend \"cuda\", the backend "
+                             "is \"cpu\" (use \"host\" or \"auto\")");
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"model\":\"/t\",\"backend\":\"cpu\","
+                                "\"sampler\":\"device\"}}", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_TARGET, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "target_worker.sampler: \"device\" needs backend \"cuda\""));
+    /* explicit choices on cuda stay as given; host on cpu is fine */
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"model\":\"/d\",\"backend\":\"cuda\","
+                                "\"sampler\":\"host\"},\"target_worker\":{\"model\":\"/t\","
+                                "\"backend\":\"cuda\",\"sampler\":\"device\"}}", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_DRAFT | PROC_CONFIG_TARGET, err), 0);
+    assert_string_equal(cfg.draft_worker.sampler, "host");
+    assert_string_equal(cfg.target_worker.sampler, "device");
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"model\":\"/d\",\"sampler\":\"host\"}}",
+                          err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_DRAFT, err), 0);
+    /* unknown values and the command line */
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"sampler\":\"gpu\"}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker.sampler: must be \"auto\", \"device\" or \"host\""));
+    proc_config_defaults(&cfg);
+    assert_int_equal(proc_config_set(&cfg, "target_worker.sampler", "host", err), 0);
+    assert_string_equal(cfg.target_worker.sampler, "host");
+    assert_int_equal(proc_config_set(&cfg, "target_worker.sampler", "cuda", err), ERR_INVALID_ARG);
 }
 
 static void test_proc_config_missing_model_names_the_key(void **state)
@@ -434,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
         cmocka_unit_test(test_proc_config_run_dir_is_private),
         cmocka_unit_test(test_proc_config_gateway_section_defaults_and_derived_keys),
+        cmocka_unit_test(test_proc_config_sampler_follows_the_backend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -432,6 +432,7 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
     assert_int_equal(got->n_events, 4);
     assert_true(got->slab_bytes == cd.slab_bytes && got->probe_offset == cd.probe_offset);
     assert_memory_equal(got->probe, cd.probe, sizeof cd.probe);
+    assert_false(got->q_in_slab);
     fill_half(owner, 1, 1, 42); /* the host face is the POSIX segment */
     assert_true(check_half(peer, 1, 1, 42));
     shm_buffer_close(peer);
@@ -446,6 +447,7 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
         {"cuda", "q_offset", cJSON_CreateNumber(8), "offsets"},
         {"cuda", "mode", cJSON_CreateString("peer"), "shm.cuda.mode"},
         {"cuda", "probe_offset", cJSON_CreateNumber(64), "probe"},
+        {"cuda", "q_rows", cJSON_CreateString("device"), "shm.cuda.q_rows"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cJSON *d = cJSON_Duplicate(desc, 1);
@@ -461,6 +463,35 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
     cJSON_DeleteItemFromObject(d, "cuda");
     assert_int_equal(shm_buffer_import(&peer, d, err), ERR_PROTOCOL);
     cJSON_Delete(d);
+    /* a draft from before q_rows existed wrote q into the host face */
+    d = cJSON_Duplicate(desc, 1);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(d, "cuda"), "q_rows");
+    assert_int_equal(shm_buffer_import(&peer, d, err), 0);
+    assert_false(shm_buffer_cuda(peer)->q_in_slab);
+    shm_buffer_close(peer);
+    peer = NULL;
+    cJSON_Delete(d);
+
+    /* q rows written by the draft's kernels into the slab only */
+    cd.q_in_slab = true;
+    assert_int_equal(shm_buffer_set_cuda(owner, &cd, err), 0);
+    cJSON_Delete(desc);
+    desc = shm_buffer_export(owner);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(desc, "cuda"), "q_rows")->valuestring,
+                        "slab");
+    assert_int_equal(shm_buffer_import(&peer, desc, err), 0);
+    assert_true(shm_buffer_cuda(peer)->q_in_slab);
+    shm_buffer_close(peer);
+    peer = NULL;
+    /* a staging buffer has no slab to hold them, on either side */
+    d = cJSON_Duplicate(desc, 1);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(d, "cuda"), "mode", cJSON_CreateString("staging"));
+    assert_int_equal(shm_buffer_import(&peer, d, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "shm.cuda.q_rows"));
+    cJSON_Delete(d);
+    cd.staging = true;
+    assert_int_equal(shm_buffer_set_cuda(owner, &cd, err), ERR_INVALID_ARG);
+    cd.q_in_slab = false;
 
     /* staging: no slab, no handle needed */
     cd.staging = true;
