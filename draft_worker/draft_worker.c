@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "error.h"
 #include "llama.h"
@@ -481,6 +482,21 @@ static void on_chunk(void *user, int n_done, int n_total)
     worker_link_keepalive(w->link);
 }
 
+#ifdef TANDEM_HAVE_CUDA
+/* True when the target's device setting surely names the GPU the draft runs
+ * on (the same ordinal, default included, or this GPU's UUID). Only then may
+ * q rows live in the slab alone: a target on another GPU may lack peer access
+ * and fall back to staging, which reads the host face, so there the rows go
+ * to the host face too, and sampled requests keep working on any pair. */
+static bool names_this_gpu(const char *target_device, const char *draft_device,
+                           const char *draft_uuid)
+{
+    const char *t = target_device[0] ? target_device : "0";
+    const char *d = draft_device[0] ? draft_device : "0";
+    return strcasecmp(t, d) == 0 || strcasecmp(t, draft_uuid) == 0;
+}
+#endif
+
 /* The shared buffer of the transport the config names (shm_transport,
  * shm_staging) and, for cuda_ipc, its device side on the model's GPU. */
 static int draft_shm_create(struct draft_worker *w, const struct worker_config *wc, char *err)
@@ -517,12 +533,13 @@ static int draft_shm_create(struct draft_worker *w, const struct worker_config *
     memcpy(cd.probe, h->probe, sizeof cd.probe);
     /* q rows straight into the slab when the target takes them from there
      * on its GPU; a target that stages (its shm_staging) or runs on the CPU
-     * reads the host face, so they go there. A target that falls back to
-     * staging by itself (no peer access) learns from q_rows "slab" that it
-     * cannot verify sampled drafts, and says so. */
+     * reads the host face, so they go there, and so they do for a target on
+     * another GPU (names_this_gpu). */
     cd.q_in_slab = !h->staging && specdec_draft_on_device(w->spec) &&
                    strcmp(w->cfg.target_worker.backend, "cuda") == 0 &&
-                   !w->cfg.target_worker.shm_staging;
+                   !w->cfg.target_worker.shm_staging &&
+                   names_this_gpu(w->cfg.target_worker.device, w->cfg.draft_worker.device,
+                                  h->device_uuid);
     if (cd.q_in_slab) {
         void *base = NULL;
         if ((rc = kern_cuda_ipc_slab_half(w->ipc, 0, 0, lay->half_bytes, &base, err)))
