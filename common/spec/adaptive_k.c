@@ -36,6 +36,13 @@
 /* Rounds at K > 0 between two plain rounds that measure plain decoding:
  * one round in 32 without drafts costs a few percent of the gain. */
 #define K_PLAIN_PROBE_INTERVAL 32
+/* The pre-draft choice: each way is measured over this many drafting
+ * rounds before the two are compared, and the one not chosen is tried
+ * again for as many rounds after K_PREDRAFT_RETRY drafting rounds. Its sums
+ * decay per round of their own kind, so about the last ten rounds count. */
+#define K_PREDRAFT_TRIAL 8
+#define K_PREDRAFT_RETRY 64
+#define K_PREDRAFT_DECAY 0.9
 
 void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
 {
@@ -46,6 +53,7 @@ void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
     kc->k_current = k_fixed > 0 ? k_fixed : 1;
     kc->accept_rate = K_PRIOR_A;
     kc->probe_interval = K_PROBE_INTERVAL_MIN;
+    kc->predraft_on = true;
 }
 
 /* Modelled verification cost of k drafted rows. */
@@ -105,6 +113,71 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
     kc->rounds_observed++;
 }
 
+void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
+                            double verify_ms, double wall_ms)
+{
+    adaptive_k_update(kc, k, n_accepted, draft_ms, verify_ms);
+    if (wall_ms <= 0)
+        return;
+    if (k == 0) {
+        kc->wall_plain_ms = kc->wall_plain_ms > 0
+                                ? kc->wall_plain_ms + K_EWMA_ALPHA * (wall_ms - kc->wall_plain_ms)
+                                : wall_ms;
+        return;
+    }
+    /* What the round took beyond the compute the model prices per k: the
+     * hops and waits, and a verification slowed by a draft beside it where
+     * verify_ms does not show it. Never negative: the compute is inside the
+     * wall time, a smaller figure is a clock's rounding. */
+    double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - (verify_ms > 0 ? verify_ms : 0);
+    if (extra < 0)
+        extra = 0;
+    kc->wall_extra_ms = kc->wall_spec_rounds > 0
+                            ? kc->wall_extra_ms + K_EWMA_ALPHA * (extra - kc->wall_extra_ms)
+                            : extra;
+    kc->wall_spec_rounds++;
+}
+
+/* Tokens per ms of drafting rounds made that way (0 while unmeasured). */
+static double predraft_rate(const struct adaptive_k *kc, int with)
+{
+    return kc->predraft_ms[with] > 0 ? kc->predraft_tokens[with] / kc->predraft_ms[with] : 0.0;
+}
+
+bool adaptive_k_predraft(struct adaptive_k *kc)
+{
+    /* with pre-drafts first (the choice that pays on hardware of their own),
+     * then without */
+    if (kc->predraft_rounds[1] < K_PREDRAFT_TRIAL)
+        return true;
+    if (kc->predraft_rounds[0] < K_PREDRAFT_TRIAL)
+        return false;
+    if (kc->predraft_trial_left > 0) {
+        kc->predraft_trial_left--;
+        return !kc->predraft_on;
+    }
+    /* the other way must win by a margin, so noise does not flip the choice */
+    const double on = predraft_rate(kc, 1), off = predraft_rate(kc, 0);
+    if (kc->predraft_on ? off > on * 1.03 : on > off * 1.03)
+        kc->predraft_on = !kc->predraft_on;
+    if (++kc->predraft_since_trial >= K_PREDRAFT_RETRY) {
+        kc->predraft_since_trial = 0;
+        kc->predraft_trial_left = K_PREDRAFT_TRIAL - 1;
+        return !kc->predraft_on;
+    }
+    return kc->predraft_on;
+}
+
+void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_tokens, double wall_ms)
+{
+    if (wall_ms <= 0 || n_tokens < 1)
+        return;
+    const int w = predrafted ? 1 : 0;
+    kc->predraft_ms[w] = kc->predraft_ms[w] * K_PREDRAFT_DECAY + wall_ms;
+    kc->predraft_tokens[w] = kc->predraft_tokens[w] * K_PREDRAFT_DECAY + n_tokens;
+    kc->predraft_rounds[w]++;
+}
+
 double adaptive_k_cost_ratio(const struct adaptive_k *kc)
 {
     if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0)
@@ -136,10 +209,21 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
     const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 &&
                         load->call_ms_per_row >= 0;
     /* plain decoding as measured in plain rounds when there were any: the
-     * fit's base is taken while drafts run, which may slow the target */
+     * fit's base is taken while drafts run, which may slow the target. In
+     * wall time where plain rounds were timed so (the pipeline): then a
+     * drafting round is charged its own measured excess over its compute,
+     * or until one is measured, the excess a plain round has over its
+     * compute (the hop through the coordinator a drafting round makes too). */
+    const bool wall = !loaded && kc->wall_plain_ms > 0;
     const double plain_ms = loaded             ? load->call_ms_base + load->call_ms_per_row * load->batch
+                            : wall             ? kc->wall_plain_ms
                             : kc->plain_ms > 0 ? kc->plain_ms
                                                : kc->verify_ms_base;
+    double extra_ms = 0;
+    if (wall && kc->wall_spec_rounds > 0)
+        extra_ms = kc->wall_extra_ms;
+    else if (wall && kc->plain_ms > 0 && kc->wall_plain_ms > kc->plain_ms)
+        extra_ms = kc->wall_plain_ms - kc->plain_ms;
     double best_rate = 1.0 / plain_ms;
     int best_k = 0;
     for (int k = 1; k <= limit; k++) {
@@ -147,7 +231,7 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         double verify_ms = loaded ? load->call_ms_base +
                                         load->call_ms_per_row * load->batch * (double)(k + 1)
                                   : k_verify_ms(kc, k);
-        double cost = k * kc->draft_ms_per_token + verify_ms;
+        double cost = k * kc->draft_ms_per_token + verify_ms + extra_ms;
         double rate = tokens / cost;
         if (rate > best_rate * 1.03) { /* a margin keeps noise from choosing speculation */
             best_rate = rate;
