@@ -130,6 +130,8 @@ struct seq {
     bool predraft_running;   /* an unused pre-draft is still being made (its reply not back) */
     bool verify_plain_alone; /* the verification in flight ran with no pre-draft beside it */
     bool round_predrafted;   /* the round's draft asked for a pre-draft (or is one) */
+    bool draft_prefilling;   /* the draft's prefill of the prompt is not done yet */
+    bool round_with_prefill; /* the round's draft was queued while the draft prefilled */
     int draft_n_feed;        /* tokens the current draft call catches up on */
     bool predraft_expected;  /* a pre-draft will arrive (round > draft_round) */
     bool predraft_have;

@@ -326,6 +326,7 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     s->draft_k = k;
     s->draft_predraft_k = predraft_k;
     s->round_predrafted = predraft_k > 0;
+    s->round_with_prefill = s->draft_prefilling;
     s->wait_draft = true;
     s->predraft_expected = predraft_k > 0;
     s->predraft_have = false;
@@ -424,6 +425,7 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
                                : 0.0;
         s->last_draft_raw_ms = s->last_draft_ms;
         s->draft_ready_ms = -1.0;
+        s->round_with_prefill = false;
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
         send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
@@ -561,14 +563,23 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
             wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
         if (k == 0 && !s->verify_plain_alone)
             wall_ms = -1.0;
-        adaptive_k_update_wall(&s->kc, k, n_acc, k > 0 ? s->last_draft_ms : 0.0, verify_ms, wall_ms);
+        /* a draft that shared its forward calls with the prompt's prefill
+         * (the first round, admitted while the draft still prefills) says
+         * nothing of drafting's cost */
+        double draft_ms = k == 0 ? 0.0 : s->round_with_prefill ? -1.0 : s->last_draft_ms;
+        if (k > 0 && s->round_with_prefill)
+            wall_ms = -1.0;
+        adaptive_k_update_wall(&s->kc, k, n_acc, draft_ms, verify_ms, wall_ms);
         if (k > 0)
             adaptive_k_note_predraft(&s->kc, s->round_predrafted, n_tok, wall_ms);
         LOG_DEBUG("round \"%s\" #%d: k %d accepted %d %s; wall %.2f ms: draft wait %.2f (draft compute %.2f), "
-                  "verify sent->done %.2f (target compute %.2f, idle %.2f)",
+                  "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
+                  "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
                   s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->draft_ready_ms < 0 ? "pre-draft" : "fresh",
                   round_wall_ms, k > 0 ? s->verify_sent_ms - (now - round_wall_ms) : 0.0,
-                  k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, verify_ms, idle_ms);
+                  k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, verify_ms, idle_ms,
+                  s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
+                  s->kc.wall_plain_ms, s->kc.wall_extra_ms, s->kc.predraft_on ? "on" : "off");
     }
     if (k > 0 && s->verify_from_draft && s->draft_gen == c->draft_gen) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
@@ -681,6 +692,7 @@ void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg 
         LOG_DEBUG("draft prefill_done dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
     }
+    s->draft_prefilling = false;
     LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, m.prefill_ms);
 }
 
@@ -690,6 +702,7 @@ void scheduler_forget_draft(struct coordinator *c, struct seq *s)
 {
     s->draft_valid = 0;
     s->predraft_running = false;
+    s->draft_prefilling = false;
     s->predraft_expected = false;
     s->predraft_have = false;
     if (s->wait_draft || s->wait_predraft) {
@@ -739,8 +752,10 @@ static void seq_start(struct coordinator *c, struct seq *s)
         };
         struct protocol_frame pf;
         cJSON *h = worker_msg_prefill_encode(&pm, &pf);
-        if (h != NULL && registry_send(c, ROLE_DRAFT, h, &pf) == 0)
+        if (h != NULL && registry_send(c, ROLE_DRAFT, h, &pf) == 0) {
             s->draft_valid = s->n_prompt;
+            s->draft_prefilling = true;
+        }
     }
     /* The target's prefill is a verification with k = 0 and the prompt as feed. */
     s->round_counter = 1;

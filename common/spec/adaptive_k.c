@@ -25,6 +25,10 @@
 #define K_COST_DECAY 0.98
 /* Weight of the newest timing sample. */
 #define K_EWMA_ALPHA 0.2
+/* Weight of a probe's timing: at K = 0 probes are the only drafting rounds,
+ * rare (16 to 256 rounds apart) while the machine's load moves the costs,
+ * so each replaces half of what the last drafting rounds measured. */
+#define K_PROBE_ALPHA 0.5
 /* Until measured, each verification row beyond the first is assumed to cost
  * this share of a one-row call (memory-bound kernels read weights once). */
 #define K_PRIOR_ROW_SHARE 0.15
@@ -62,8 +66,18 @@ static double k_verify_ms(const struct adaptive_k *kc, int k)
     return kc->verify_ms_base + kc->verify_ms_per_row * k;
 }
 
+static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms);
+
 void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                        double verify_ms)
+{
+    k_update(kc, k, n_accepted, draft_ms, verify_ms);
+    kc->probing = false;
+}
+
+/* adaptive_k_update but for the probe flag, which the caller clears once
+ * the round is fully fed. */
+static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms)
 {
     if (k > 0) {
         /* A round is a truncated geometric observation: n_accepted successes,
@@ -72,12 +86,14 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
         kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
         kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
                           (kc->trials_sum + K_PRIOR_WEIGHT);
-        /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
-        double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
-        kc->draft_ms_per_token = kc->draft_ms_per_token > 0
-                                     ? kc->draft_ms_per_token +
-                                           K_EWMA_ALPHA * (per_token - kc->draft_ms_per_token)
-                                     : per_token;
+        if (draft_ms >= 0) {
+            /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
+            double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
+            const double alpha = kc->probing ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+            kc->draft_ms_per_token = kc->draft_ms_per_token > 0
+                                         ? kc->draft_ms_per_token + alpha * (per_token - kc->draft_ms_per_token)
+                                         : per_token;
+        }
     }
     if (k == 0) {
         kc->rounds_since_plain = 0;
@@ -116,8 +132,10 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
 void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                             double verify_ms, double wall_ms)
 {
-    adaptive_k_update(kc, k, n_accepted, draft_ms, verify_ms);
-    if (wall_ms <= 0)
+    k_update(kc, k, n_accepted, draft_ms, verify_ms);
+    const bool probe = kc->probing;
+    kc->probing = false;
+    if (wall_ms <= 0 || draft_ms < 0)
         return;
     if (k == 0) {
         kc->wall_plain_ms = kc->wall_plain_ms > 0
@@ -132,9 +150,9 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
     double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - (verify_ms > 0 ? verify_ms : 0);
     if (extra < 0)
         extra = 0;
-    kc->wall_extra_ms = kc->wall_spec_rounds > 0
-                            ? kc->wall_extra_ms + K_EWMA_ALPHA * (extra - kc->wall_extra_ms)
-                            : extra;
+    const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+    kc->wall_extra_ms = kc->wall_spec_rounds > 0 ? kc->wall_extra_ms + alpha * (extra - kc->wall_extra_ms)
+                                                 : extra;
     kc->wall_spec_rounds++;
 }
 
@@ -247,6 +265,7 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
                                      ? K_PROBE_INTERVAL_MAX
                                      : kc->probe_interval * 2;
             kc->k_current = 1;
+            kc->probing = true;
             return 1; /* a probe: k_current stays 1 until the next decision */
         }
     } else {

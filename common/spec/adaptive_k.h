@@ -40,6 +40,7 @@ struct adaptive_k {
     int rounds_observed;
     int rounds_since_probe;
     int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */
+    bool probing;           /* the last K handed out was a probe from K = 0 */
     /* The round as the request experiences it (adaptive_k_update_wall), where
      * that is more than the draft's and the target's compute: in the
      * three-process pipeline each round crosses the coordinator, a fresh
@@ -82,7 +83,10 @@ struct adaptive_k_load {
  * or unmeasured is adaptive_k_next. */
 int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load);
 
-/* Feeds the measurements of a finished round (k drafted, n_accepted). */
+/* Feeds the measurements of a finished round (k drafted, n_accepted).
+ * draft_ms < 0: the round's drafting cost is not representative (it shared
+ * the draft's forward calls with a prompt's prefill): acceptance and the
+ * verification are learnt, the draft's cost is not. */
 void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                        double verify_ms);
 /* adaptive_k_update plus the round's wall time as the request experienced it

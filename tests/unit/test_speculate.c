@@ -717,6 +717,23 @@ static void test_adaptive_k_predraft_only_where_it_pays(void **state)
     }
 }
 
+/* A round whose draft shared its forward calls with a prompt's prefill
+ * teaches acceptance, not drafting's cost (nor, in wall time, anything). */
+static void test_adaptive_k_unrepresentative_draft_cost_is_not_learnt(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update_wall(&kc, 1, 1, 4.0, 12.0, 18.0);
+    const double draft = kc.draft_ms_per_token, extra = kc.wall_extra_ms, a = kc.accept_rate;
+    assert_true(draft == 4.0);
+    adaptive_k_update_wall(&kc, 1, 1, -1.0, 12.0, 130.0);
+    assert_true(kc.draft_ms_per_token == draft);
+    assert_true(kc.wall_extra_ms == extra);
+    assert_int_equal(kc.wall_spec_rounds, 1);
+    assert_true(kc.accept_rate > a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -738,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
+        cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
