@@ -25,6 +25,12 @@
 #define K_COST_DECAY 0.98
 /* Weight of the newest timing sample. */
 #define K_EWMA_ALPHA 0.2
+/* Decay of the sums of drafting rounds' wall time and tokens per drafting
+ * round: about the last ten rounds count, as for acceptance. */
+#define K_WALL_DECAY 0.9
+/* Drafting rounds timed before their measured cost per token can overrule
+ * the model. */
+#define K_WALL_MIN_ROUNDS 4
 /* Weight of a probe's timing: at K = 0 probes are the only drafting rounds,
  * rare (16 to 256 rounds apart) while the machine's load moves the costs,
  * so each replaces half of what the last drafting rounds measured. */
@@ -143,17 +149,23 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
                                 : wall_ms;
         return;
     }
-    /* What the round took beyond the compute the model prices per k: the
-     * hops and waits, and a verification slowed by a draft beside it where
-     * verify_ms does not show it. Never negative: the compute is inside the
-     * wall time, a smaller figure is a clock's rounding. */
-    double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - (verify_ms > 0 ? verify_ms : 0);
+    /* What the round took beyond the compute the model prices for it
+     * (k_verify_ms, not this round's verify_ms): the hops and waits, a
+     * verification slowed by a draft beside it, and where the cost line
+     * misfits (a one-row call may run another kernel than a multi-row one,
+     * as the CPU's single-row matrix product does, so the first drafted row
+     * costs more than the line through plain and drafting rounds says), that
+     * too. At the K being run the model then prices a round at what it took. */
+    double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - k_verify_ms(kc, k);
     if (extra < 0)
         extra = 0;
     const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
     kc->wall_extra_ms = kc->wall_spec_rounds > 0 ? kc->wall_extra_ms + alpha * (extra - kc->wall_extra_ms)
                                                  : extra;
     kc->wall_spec_rounds++;
+    const double decay = probe ? K_PROBE_ALPHA : K_WALL_DECAY;
+    kc->wall_spec_ms_sum = kc->wall_spec_ms_sum * decay + wall_ms;
+    kc->wall_spec_tokens_sum = kc->wall_spec_tokens_sum * decay + n_accepted + 1;
 }
 
 /* Tokens per ms of drafting rounds made that way (0 while unmeasured). */
@@ -256,6 +268,13 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
             best_k = k;
         }
     }
+    /* What drafting rounds actually cost per token overrules the model: when
+     * they were slower than plain rounds the model's prices are off (the
+     * acceptance is not the independent draws E(a, k) assumes, costs moved)
+     * and plain decoding is the safe choice; probes measure again. */
+    if (best_k > 0 && wall && kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS && kc->wall_spec_tokens_sum > 0 &&
+        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > plain_ms)
+        best_k = 0;
     if (best_k == 0) {
         if (kc->k_current != 0)
             kc->rounds_since_probe = 0;

@@ -50,6 +50,8 @@ struct adaptive_k {
     double wall_extra_ms;   /* running average of a drafting round's wall time beyond
                              * its draft_ms + verify_ms */
     int wall_spec_rounds;   /* drafting rounds whose wall time was measured */
+    double wall_spec_ms_sum, wall_spec_tokens_sum; /* decayed sums over those rounds: their
+                                                    * measured wall time per token */
     /* Pre-drafting (adaptive_k_predraft): decayed sums of drafting rounds'
      * wall time and tokens, [0] rounds drafted without a pre-draft, [1] with
      * one (a fresh round that asked for it and a round that used it). */
@@ -96,7 +98,10 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
  * costs its modelled compute (k * draft + verify(k)) plus what drafting
  * rounds took beyond their compute. Plain and drafting rounds are then
  * weighed as the request sees them, so speculation is chosen only where it
- * is faster in wall time. */
+ * is faster in wall time; and where the last drafting rounds' measured wall
+ * time per token was above a plain round's, K is 0 whatever the model says
+ * (probes measure again). draft_ms < 0 (see adaptive_k_update): the round's
+ * wall time is not used either. */
 void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                             double verify_ms, double wall_ms);
 /* Whether the next drafting round should ask the draft to pre-draft the

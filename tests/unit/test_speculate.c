@@ -734,6 +734,40 @@ static void test_adaptive_k_unrepresentative_draft_cost_is_not_learnt(void **sta
     assert_true(kc.accept_rate > a);
 }
 
+/* Greedy acceptance is not independent draws: a round is often accepted
+ * whole or not at all. Rounds of 4 drafts alternately all accepted and all
+ * rejected give 3 tokens a round, where E(a, 4) at the estimated a (0.8)
+ * says 3.36. At 64 ms a round against 20 ms a plain token the model still
+ * prices drafting as faster; the drafting rounds' measured cost (20.6 ms a
+ * token, the last rounds weighing most) says otherwise, and that decides:
+ * K = 0. */
+static void test_adaptive_k_measured_drafting_cost_overrules_the_model(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    for (int i = 0; i < 10; i++)
+        adaptive_k_update_wall(&kc, 0, 0, 0.0, 18.0, 20.0);
+    for (int i = 0; i < 12; i++)
+        adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 64.0);
+    assert_true(kc.wall_spec_ms_sum / kc.wall_spec_tokens_sum > 20.0);
+    struct adaptive_k copy = kc;
+    copy.rounds_since_plain = 0;
+    copy.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 0);
+    /* the model alone would draft */
+    copy = kc;
+    copy.rounds_since_plain = 0;
+    copy.wall_spec_tokens_sum = 0;
+    assert_true(adaptive_k_next(&copy, 1000) > 0);
+    /* drafting rounds measured faster than plain ones let it draft */
+    for (int i = 0; i < 12; i++)
+        adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 50.0);
+    copy = kc;
+    copy.rounds_since_plain = 0;
+    assert_true(adaptive_k_next(&copy, 1000) > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -756,6 +790,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
+        cmocka_unit_test(test_adaptive_k_measured_drafting_cost_overrules_the_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
