@@ -46,6 +46,13 @@
 /* Rounds at K > 0 between two plain rounds that measure plain decoding:
  * one round in 32 without drafts costs a few percent of the gain. */
 #define K_PLAIN_PROBE_INTERVAL 32
+/* The same in wall time (the pipeline), where plain rounds' wall time is
+ * what drafting rounds are weighed against and moves with whatever else
+ * the machine runs: a plain round in 8 keeps it current (seen on a shared
+ * machine: a plain figure taken in a burst of load, 52 ms against 30 a few
+ * rounds later, kept a losing speculation going for 32 rounds). It costs a
+ * few percent where speculation pays. */
+#define K_PLAIN_PROBE_INTERVAL_WALL 8
 /* The pre-draft choice: each way is measured over this many drafting
  * rounds before the two are compared, and the one not chosen is tried
  * again for as many rounds after K_PREDRAFT_RETRY drafting rounds. Its sums
@@ -144,9 +151,10 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
     if (wall_ms <= 0 || draft_ms < 0)
         return;
     if (k == 0) {
-        kc->wall_plain_ms = kc->wall_plain_ms > 0
-                                ? kc->wall_plain_ms + K_EWMA_ALPHA * (wall_ms - kc->wall_plain_ms)
-                                : wall_ms;
+        /* a plain round run to measure, among drafting rounds, weighs as a probe */
+        const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+        kc->wall_plain_ms = kc->wall_plain_ms > 0 ? kc->wall_plain_ms + alpha * (wall_ms - kc->wall_plain_ms)
+                                                  : wall_ms;
         return;
     }
     /* What the round took beyond the compute the model prices for it
@@ -289,8 +297,9 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         }
     } else {
         kc->probe_interval = K_PROBE_INTERVAL_MIN;
-        if (kc->rounds_since_plain >= K_PLAIN_PROBE_INTERVAL) {
+        if (kc->rounds_since_plain >= (wall ? K_PLAIN_PROBE_INTERVAL_WALL : K_PLAIN_PROBE_INTERVAL)) {
             kc->k_current = best_k;
+            kc->probing = true;
             return 0; /* a plain round: measures what speculation is compared with */
         }
     }

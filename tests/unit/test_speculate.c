@@ -632,7 +632,7 @@ static void test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay
     const double rate = pipe_sim_run(&kc, &p, 400, true, &drafting);
     print_message("wall time: %.4f tokens/ms (plain %.4f), %d of 200 rounds drafting\n", rate, plain_rate,
                   drafting);
-    assert_true(drafting >= 190);
+    assert_true(drafting >= 200 - 200 / 8); /* a plain round in 8 (K_PLAIN_PROBE_INTERVAL_WALL) */
     assert_true(rate >= 1.5 * plain_rate);
 }
 
