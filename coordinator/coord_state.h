@@ -121,6 +121,18 @@ struct seq {
     double draft_sent_ms;
     double last_draft_ms;    /* measured for the K controller */
     double verify_done_ms;   /* when the target last finished a verification of this sequence */
+    /* The round as the request experiences it: it starts when the previous
+     * verification's reply arrives (or the prefill's) and ends with this
+     * one's; the target waits for the draft from the start until the
+     * verification is sent. */
+    double round_start_ms;
+    double draft_ready_ms;   /* when the fresh draft of the round arrived (< 0: none) */
+    double last_draft_raw_ms; /* the draft's compute for the round, catch-up included */
+    bool predraft_running;   /* an unused pre-draft is still being made (its reply not back) */
+    bool verify_plain_alone; /* the verification in flight ran with no pre-draft beside it */
+    bool round_predrafted;   /* the round's draft asked for a pre-draft (or is one) */
+    bool draft_prefilling;   /* the draft's prefill of the prompt is not done yet */
+    bool round_with_prefill; /* the round's draft was queued while the draft prefilled */
     int draft_n_feed;        /* tokens the current draft call catches up on */
     bool predraft_expected;  /* a pre-draft will arrive (round > draft_round) */
     bool predraft_have;

@@ -136,6 +136,10 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(time, "target_gap_per_round", ratio(m->target_gap_ms_total, (double)m->target_gap_samples));
     NUM(time, "target_gap_max", m->target_gap_ms_max);
     NUM(time, "target_gap_samples", m->target_gap_samples);
+    NUM(time, "draft_wait", m->draft_wait_ms_total);
+    NUM(time, "draft_wait_per_round", ratio(m->draft_wait_ms_total, (double)m->draft_wait_rounds));
+    NUM(time, "draft_wait_max", m->draft_wait_ms_max);
+    NUM(time, "draft_wait_rounds", m->draft_wait_rounds);
     NUM(obj, "uptime_s", g->uptime_s);
     ok = ok && cJSON_AddBoolToObject(draft, "up", g->draft_up) != NULL;
     NUM(draft, "pid", g->draft_pid);
@@ -257,6 +261,11 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
             "Coordinator-measured time the target had no verification queued between rounds.",
             m->target_gap_ms_total / 1000.0);
     counter(&tb, "tandem_target_gap_samples_total", "Rounds whose gap was measured.", (double)m->target_gap_samples);
+    counter(&tb, "tandem_draft_wait_seconds_total",
+            "Time rounds with drafts waited for the draft before their verification was sent.",
+            m->draft_wait_ms_total / 1000.0);
+    counter(&tb, "tandem_draft_wait_rounds_total", "Rounds with drafts whose wait for the draft was measured.",
+            (double)m->draft_wait_rounds);
     tb_printf(&tb, "# HELP tandem_target_batch_size Sequences per target forward call.\n"
                    "# TYPE tandem_target_batch_size histogram\n");
     uint64_t cum = 0;

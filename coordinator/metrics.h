@@ -58,6 +58,12 @@ struct metrics {
      * with nothing to do until the next round's verify was sent. */
     uint64_t target_gap_samples;
     double target_gap_ms_total, target_gap_ms_max;
+    /* Rounds with drafts: from the start of the round (the previous
+     * verification's reply) until its verification was sent, the time the
+     * request and the target waited for the draft (its compute and both
+     * hops through the coordinator; 0 for a pre-draft that was there). */
+    uint64_t draft_wait_rounds;
+    double draft_wait_ms_total, draft_wait_ms_max;
     /* continuous batching: the target's forward calls (counted once each,
      * from the verify_done messages that name them) */
     uint64_t target_calls_total;

@@ -262,7 +262,15 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     s->verify_L = s->n_hist;
     s->verify_cached = cached_drafts;
     s->verify_from_draft = from_draft;
+    s->verify_plain_alone = !s->predraft_running;
     s->verify_sent_ms = coord_now_ms();
+    if (k > 0 && s->round_start_ms > 0) {
+        const double wait = s->verify_sent_ms - s->round_start_ms;
+        c->metrics.draft_wait_rounds++;
+        c->metrics.draft_wait_ms_total += wait;
+        if (wait > c->metrics.draft_wait_ms_max)
+            c->metrics.draft_wait_ms_max = wait;
+    }
     if (c->target_outstanding == 0 && c->target_idle_since_ms >= 0) {
         double gap = s->verify_sent_ms - c->target_idle_since_ms;
         c->metrics.target_gap_samples++;
@@ -297,7 +305,9 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
         int busy = 0;
         for (int i = 0; i < c->n_seqs; i++)
             busy += c->seqs[i].state == SEQ_ACTIVE && c->seqs[i].wait_draft;
-        if (busy > 0)
+        /* alone, whether a pre-draft pays is the controller's to measure
+         * (it does not on cores the draft shares with the target) */
+        if (busy > 0 || !adaptive_k_predraft(&s->kc))
             predraft_k = 0;
     }
     struct worker_msg_draft m = {
@@ -315,6 +325,8 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     s->draft_round = s->round_counter - 1;
     s->draft_k = k;
     s->draft_predraft_k = predraft_k;
+    s->round_predrafted = predraft_k > 0;
+    s->round_with_prefill = s->draft_prefilling;
     s->wait_draft = true;
     s->predraft_expected = predraft_k > 0;
     s->predraft_have = false;
@@ -411,6 +423,9 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
         s->last_draft_ms = s->verify_done_ms > 0 && coord_now_ms() > s->verify_done_ms
                                ? coord_now_ms() - s->verify_done_ms
                                : 0.0;
+        s->last_draft_raw_ms = s->last_draft_ms;
+        s->draft_ready_ms = -1.0;
+        s->round_with_prefill = false;
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
         send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
@@ -497,7 +512,12 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a malformed reply");
         return;
     }
-    s->verify_done_ms = coord_now_ms();
+    const double now = coord_now_ms();
+    /* the round as the request experienced it, from the previous reply to
+     * this one (the prefill's reply starts the first round) */
+    const double round_wall_ms = s->prefilled && s->round_start_ms > 0 ? now - s->round_start_ms : -1.0;
+    s->verify_done_ms = now;
+    s->round_start_ms = now;
     if (m.call > c->last_target_call) {
         c->last_target_call = m.call;
         note_target_call(c, &m);
@@ -532,8 +552,34 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
             mt->num_accepted_tokens_total += (uint64_t)n_acc;
             for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
                 mt->accepted_per_pos[i]++;
-            adaptive_k_update(&s->kc, k, n_acc, s->last_draft_ms, verify_ms);
         }
+        /* Every round teaches the controller, plain ones included (they are
+         * what speculation is compared with). Its wall time counts only where
+         * it is the request's own: alone on the workers, catching-up on
+         * skipped tokens left out (a one-off, as in last_draft_ms), and for a
+         * plain round, no unused pre-draft still running beside it. */
+        double wall_ms = c->n_active == 1 ? round_wall_ms : -1.0;
+        if (k > 0 && s->last_draft_raw_ms > s->last_draft_ms)
+            wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
+        if (k == 0 && !s->verify_plain_alone)
+            wall_ms = -1.0;
+        /* a draft that shared its forward calls with the prompt's prefill
+         * (the first round, admitted while the draft still prefills) says
+         * nothing of drafting's cost */
+        double draft_ms = k == 0 ? 0.0 : s->round_with_prefill ? -1.0 : s->last_draft_ms;
+        if (k > 0 && s->round_with_prefill)
+            wall_ms = -1.0;
+        adaptive_k_update_wall(&s->kc, k, n_acc, draft_ms, verify_ms, wall_ms);
+        if (k > 0)
+            adaptive_k_note_predraft(&s->kc, s->round_predrafted, n_tok, wall_ms);
+        LOG_DEBUG("round \"%s\" #%d: k %d accepted %d %s; wall %.2f ms: draft wait %.2f (draft compute %.2f), "
+                  "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
+                  "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
+                  s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->draft_ready_ms < 0 ? "pre-draft" : "fresh",
+                  round_wall_ms, k > 0 ? s->verify_sent_ms - (now - round_wall_ms) : 0.0,
+                  k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, verify_ms, idle_ms,
+                  s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
+                  s->kc.wall_plain_ms, s->kc.wall_extra_ms, s->kc.predraft_on ? "on" : "off");
     }
     if (k > 0 && s->verify_from_draft && s->draft_gen == c->draft_gen) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
@@ -556,6 +602,10 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         }
         return;
     }
+    /* a pre-draft not back yet is still being made: the draft works beside
+     * whatever the target does next */
+    if (s->predraft_expected && !s->predraft_have)
+        s->predraft_running = true;
     s->predraft_have = false;
     s->predraft_expected = false;
     s->wait_predraft = false;
@@ -584,6 +634,9 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
         c->metrics.draft_ms_total += draft_ms;
         s->draft_ms += draft_ms;
     }
+    /* the draft answers a slot's commands in order: any reply comes after
+     * the pre-draft it made before */
+    s->predraft_running = false;
     if (predraft) {
         if (round <= s->draft_round || round > s->round_counter || (!s->predraft_expected && !s->wait_predraft)) {
             LOG_DEBUG("draft pre-draft for \"%s\" round %d dropped (stale)", s->id, round);
@@ -617,7 +670,9 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
         return;
     }
     s->wait_draft = false;
-    s->last_draft_ms = draft_ms >= 0 ? draft_ms : coord_now_ms() - s->draft_sent_ms;
+    s->draft_ready_ms = coord_now_ms();
+    s->last_draft_ms = draft_ms >= 0 ? draft_ms : s->draft_ready_ms - s->draft_sent_ms;
+    s->last_draft_raw_ms = s->last_draft_ms;
     /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
      * is a one-off: the K controller wants the cost of drafting itself. */
     if (s->draft_n_feed > 1)
@@ -637,6 +692,7 @@ void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg 
         LOG_DEBUG("draft prefill_done dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
     }
+    s->draft_prefilling = false;
     LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, m.prefill_ms);
 }
 
@@ -645,6 +701,8 @@ void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg 
 void scheduler_forget_draft(struct coordinator *c, struct seq *s)
 {
     s->draft_valid = 0;
+    s->predraft_running = false;
+    s->draft_prefilling = false;
     s->predraft_expected = false;
     s->predraft_have = false;
     if (s->wait_draft || s->wait_predraft) {
@@ -694,8 +752,10 @@ static void seq_start(struct coordinator *c, struct seq *s)
         };
         struct protocol_frame pf;
         cJSON *h = worker_msg_prefill_encode(&pm, &pf);
-        if (h != NULL && registry_send(c, ROLE_DRAFT, h, &pf) == 0)
+        if (h != NULL && registry_send(c, ROLE_DRAFT, h, &pf) == 0) {
             s->draft_valid = s->n_prompt;
+            s->draft_prefilling = true;
+        }
     }
     /* The target's prefill is a verification with k = 0 and the prompt as feed. */
     s->round_counter = 1;

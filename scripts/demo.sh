@@ -66,6 +66,7 @@ echo -n "assistant: "
 "$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 --stream
 echo
 "$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 --json > "$run_dir/pipeline.json"
+"$client" --endpoint "$endpoint" --stats > "$run_dir/stats.json"
 "$bin/tools/generate/tandem-generate" --model "$target" --chat "$question" --max-tokens "$max_tokens" \
   --threads 2 --temperature 0 --json > "$run_dir/target-only.json"
 "$bin/tools/generate/tandem-generate" --model "$target" --draft "$draft" --chat "$question" \
@@ -76,10 +77,14 @@ d = sys.argv[1]
 p = json.load(open(d + "/pipeline.json"))
 t = json.load(open(d + "/target-only.json"))
 s = json.load(open(d + "/in-process.json"))
+st = json.load(open(d + "/stats.json"))
 print("== figures (same request, greedy; this machine's cores are shared by whatever runs) ==")
 print(f"pipeline (3 processes, draft and target 2 threads each, on the same cores):")
 print(f"                          {p['tokens_per_s']:8.2f} tokens/s  acceptance {p['acceptance_rate']:.3f}  "
       f"{p['mean_accepted_per_round']:.2f} accepted/round  pre-drafts used {p.get('predraft_used', 0)}/{p.get('predraft_offered', 0)}")
+tm, sp = st["time_ms"], st["spec"]
+print(f"                          {sp['num_drafts']} of {sp['rounds']} rounds drafted (both requests); "
+      f"the target waited {tm['draft_wait_per_round']:.1f} ms for the draft per round with drafts")
 print(f"speculative, in-process (1 process, 2 threads):")
 print(f"                          {s['tokens_per_s']:8.2f} tokens/s  acceptance {s['acceptance_rate']:.3f}")
 print(f"target-only (1 process, 2 threads):")

@@ -25,6 +25,16 @@
 #define K_COST_DECAY 0.98
 /* Weight of the newest timing sample. */
 #define K_EWMA_ALPHA 0.2
+/* Decay of the sums of drafting rounds' wall time and tokens per drafting
+ * round: about the last ten rounds count, as for acceptance. */
+#define K_WALL_DECAY 0.9
+/* Drafting rounds timed before their measured cost per token can overrule
+ * the model. */
+#define K_WALL_MIN_ROUNDS 4
+/* Weight of a probe's timing: at K = 0 probes are the only drafting rounds,
+ * rare (16 to 256 rounds apart) while the machine's load moves the costs,
+ * so each replaces half of what the last drafting rounds measured. */
+#define K_PROBE_ALPHA 0.5
 /* Until measured, each verification row beyond the first is assumed to cost
  * this share of a one-row call (memory-bound kernels read weights once). */
 #define K_PRIOR_ROW_SHARE 0.15
@@ -36,6 +46,20 @@
 /* Rounds at K > 0 between two plain rounds that measure plain decoding:
  * one round in 32 without drafts costs a few percent of the gain. */
 #define K_PLAIN_PROBE_INTERVAL 32
+/* The same in wall time (the pipeline), where plain rounds' wall time is
+ * what drafting rounds are weighed against and moves with whatever else
+ * the machine runs: a plain round in 8 keeps it current (seen on a shared
+ * machine: a plain figure taken in a burst of load, 52 ms against 30 a few
+ * rounds later, kept a losing speculation going for 32 rounds). It costs a
+ * few percent where speculation pays. */
+#define K_PLAIN_PROBE_INTERVAL_WALL 8
+/* The pre-draft choice: each way is measured over this many drafting
+ * rounds before the two are compared, and the one not chosen is tried
+ * again for as many rounds after K_PREDRAFT_RETRY drafting rounds. Its sums
+ * decay per round of their own kind, so about the last ten rounds count. */
+#define K_PREDRAFT_TRIAL 8
+#define K_PREDRAFT_RETRY 64
+#define K_PREDRAFT_DECAY 0.9
 
 void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
 {
@@ -46,6 +70,7 @@ void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
     kc->k_current = k_fixed > 0 ? k_fixed : 1;
     kc->accept_rate = K_PRIOR_A;
     kc->probe_interval = K_PROBE_INTERVAL_MIN;
+    kc->predraft_on = true;
 }
 
 /* Modelled verification cost of k drafted rows. */
@@ -54,8 +79,18 @@ static double k_verify_ms(const struct adaptive_k *kc, int k)
     return kc->verify_ms_base + kc->verify_ms_per_row * k;
 }
 
+static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms);
+
 void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                        double verify_ms)
+{
+    k_update(kc, k, n_accepted, draft_ms, verify_ms);
+    kc->probing = false;
+}
+
+/* adaptive_k_update but for the probe flag, which the caller clears once
+ * the round is fully fed. */
+static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms)
 {
     if (k > 0) {
         /* A round is a truncated geometric observation: n_accepted successes,
@@ -64,12 +99,14 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
         kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
         kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
                           (kc->trials_sum + K_PRIOR_WEIGHT);
-        /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
-        double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
-        kc->draft_ms_per_token = kc->draft_ms_per_token > 0
-                                     ? kc->draft_ms_per_token +
-                                           K_EWMA_ALPHA * (per_token - kc->draft_ms_per_token)
-                                     : per_token;
+        if (draft_ms >= 0) {
+            /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
+            double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
+            const double alpha = kc->probing ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+            kc->draft_ms_per_token = kc->draft_ms_per_token > 0
+                                         ? kc->draft_ms_per_token + alpha * (per_token - kc->draft_ms_per_token)
+                                         : per_token;
+        }
     }
     if (k == 0) {
         kc->rounds_since_plain = 0;
@@ -105,6 +142,80 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
     kc->rounds_observed++;
 }
 
+void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
+                            double verify_ms, double wall_ms)
+{
+    k_update(kc, k, n_accepted, draft_ms, verify_ms);
+    const bool probe = kc->probing;
+    kc->probing = false;
+    if (wall_ms <= 0 || draft_ms < 0)
+        return;
+    if (k == 0) {
+        /* a plain round run to measure, among drafting rounds, weighs as a probe */
+        const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+        kc->wall_plain_ms = kc->wall_plain_ms > 0 ? kc->wall_plain_ms + alpha * (wall_ms - kc->wall_plain_ms)
+                                                  : wall_ms;
+        return;
+    }
+    /* What the round took beyond the compute the model prices for it
+     * (k_verify_ms, not this round's verify_ms): the hops and waits, a
+     * verification slowed by a draft beside it, and where the cost line
+     * misfits (a one-row call may run another kernel than a multi-row one,
+     * as the CPU's single-row matrix product does, so the first drafted row
+     * costs more than the line through plain and drafting rounds says), that
+     * too. At the K being run the model then prices a round at what it took. */
+    double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - k_verify_ms(kc, k);
+    if (extra < 0)
+        extra = 0;
+    const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+    kc->wall_extra_ms = kc->wall_spec_rounds > 0 ? kc->wall_extra_ms + alpha * (extra - kc->wall_extra_ms)
+                                                 : extra;
+    kc->wall_spec_rounds++;
+    const double decay = probe ? K_PROBE_ALPHA : K_WALL_DECAY;
+    kc->wall_spec_ms_sum = kc->wall_spec_ms_sum * decay + wall_ms;
+    kc->wall_spec_tokens_sum = kc->wall_spec_tokens_sum * decay + n_accepted + 1;
+}
+
+/* Tokens per ms of drafting rounds made that way (0 while unmeasured). */
+static double predraft_rate(const struct adaptive_k *kc, int with)
+{
+    return kc->predraft_ms[with] > 0 ? kc->predraft_tokens[with] / kc->predraft_ms[with] : 0.0;
+}
+
+bool adaptive_k_predraft(struct adaptive_k *kc)
+{
+    /* with pre-drafts first (the choice that pays on hardware of their own),
+     * then without */
+    if (kc->predraft_rounds[1] < K_PREDRAFT_TRIAL)
+        return true;
+    if (kc->predraft_rounds[0] < K_PREDRAFT_TRIAL)
+        return false;
+    if (kc->predraft_trial_left > 0) {
+        kc->predraft_trial_left--;
+        return !kc->predraft_on;
+    }
+    /* the other way must win by a margin, so noise does not flip the choice */
+    const double on = predraft_rate(kc, 1), off = predraft_rate(kc, 0);
+    if (kc->predraft_on ? off > on * 1.03 : on > off * 1.03)
+        kc->predraft_on = !kc->predraft_on;
+    if (++kc->predraft_since_trial >= K_PREDRAFT_RETRY) {
+        kc->predraft_since_trial = 0;
+        kc->predraft_trial_left = K_PREDRAFT_TRIAL - 1;
+        return !kc->predraft_on;
+    }
+    return kc->predraft_on;
+}
+
+void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_tokens, double wall_ms)
+{
+    if (wall_ms <= 0 || n_tokens < 1)
+        return;
+    const int w = predrafted ? 1 : 0;
+    kc->predraft_ms[w] = kc->predraft_ms[w] * K_PREDRAFT_DECAY + wall_ms;
+    kc->predraft_tokens[w] = kc->predraft_tokens[w] * K_PREDRAFT_DECAY + n_tokens;
+    kc->predraft_rounds[w]++;
+}
+
 double adaptive_k_cost_ratio(const struct adaptive_k *kc)
 {
     if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0)
@@ -136,10 +247,21 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
     const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 &&
                         load->call_ms_per_row >= 0;
     /* plain decoding as measured in plain rounds when there were any: the
-     * fit's base is taken while drafts run, which may slow the target */
+     * fit's base is taken while drafts run, which may slow the target. In
+     * wall time where plain rounds were timed so (the pipeline): then a
+     * drafting round is charged its own measured excess over its compute,
+     * or until one is measured, the excess a plain round has over its
+     * compute (the hop through the coordinator a drafting round makes too). */
+    const bool wall = !loaded && kc->wall_plain_ms > 0;
     const double plain_ms = loaded             ? load->call_ms_base + load->call_ms_per_row * load->batch
+                            : wall             ? kc->wall_plain_ms
                             : kc->plain_ms > 0 ? kc->plain_ms
                                                : kc->verify_ms_base;
+    double extra_ms = 0;
+    if (wall && kc->wall_spec_rounds > 0)
+        extra_ms = kc->wall_extra_ms;
+    else if (wall && kc->plain_ms > 0 && kc->wall_plain_ms > kc->plain_ms)
+        extra_ms = kc->wall_plain_ms - kc->plain_ms;
     double best_rate = 1.0 / plain_ms;
     int best_k = 0;
     for (int k = 1; k <= limit; k++) {
@@ -147,13 +269,20 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         double verify_ms = loaded ? load->call_ms_base +
                                         load->call_ms_per_row * load->batch * (double)(k + 1)
                                   : k_verify_ms(kc, k);
-        double cost = k * kc->draft_ms_per_token + verify_ms;
+        double cost = k * kc->draft_ms_per_token + verify_ms + extra_ms;
         double rate = tokens / cost;
         if (rate > best_rate * 1.03) { /* a margin keeps noise from choosing speculation */
             best_rate = rate;
             best_k = k;
         }
     }
+    /* What drafting rounds actually cost per token overrules the model: when
+     * they were slower than plain rounds the model's prices are off (the
+     * acceptance is not the independent draws E(a, k) assumes, costs moved)
+     * and plain decoding is the safe choice; probes measure again. */
+    if (best_k > 0 && wall && kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS && kc->wall_spec_tokens_sum > 0 &&
+        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > plain_ms)
+        best_k = 0;
     if (best_k == 0) {
         if (kc->k_current != 0)
             kc->rounds_since_probe = 0;
@@ -163,12 +292,14 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
                                      ? K_PROBE_INTERVAL_MAX
                                      : kc->probe_interval * 2;
             kc->k_current = 1;
+            kc->probing = true;
             return 1; /* a probe: k_current stays 1 until the next decision */
         }
     } else {
         kc->probe_interval = K_PROBE_INTERVAL_MIN;
-        if (kc->rounds_since_plain >= K_PLAIN_PROBE_INTERVAL) {
+        if (kc->rounds_since_plain >= (wall ? K_PLAIN_PROBE_INTERVAL_WALL : K_PLAIN_PROBE_INTERVAL)) {
             kc->k_current = best_k;
+            kc->probing = true;
             return 0; /* a plain round: measures what speculation is compared with */
         }
     }

@@ -8,6 +8,8 @@
 #ifndef TANDEM_ADAPTIVE_K_H
 #define TANDEM_ADAPTIVE_K_H
 
+#include <stdbool.h>
+
 /* Adaptive K (Leviathan et al. 2023, section 3.5): tokens per round
  * E(a, k) = (1 - a^(k+1)) / (1 - a) against the round's measured cost
  * k * t_draft + t_verify(k), compared with plain decoding's t_verify(0).
@@ -38,6 +40,26 @@ struct adaptive_k {
     int rounds_observed;
     int rounds_since_probe;
     int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */
+    bool probing;           /* the last K handed out was a probe from K = 0 */
+    /* The round as the request experiences it (adaptive_k_update_wall), where
+     * that is more than the draft's and the target's compute: in the
+     * three-process pipeline each round crosses the coordinator, a fresh
+     * draft adds two more hops, and on shared cores whatever the draft does
+     * beside a verification slows it. */
+    double wall_plain_ms;   /* running average of plain rounds' wall time (0: none yet) */
+    double wall_extra_ms;   /* running average of a drafting round's wall time beyond
+                             * its draft_ms + verify_ms */
+    int wall_spec_rounds;   /* drafting rounds whose wall time was measured */
+    double wall_spec_ms_sum, wall_spec_tokens_sum; /* decayed sums over those rounds: their
+                                                    * measured wall time per token */
+    /* Pre-drafting (adaptive_k_predraft): decayed sums of drafting rounds'
+     * wall time and tokens, [0] rounds drafted without a pre-draft, [1] with
+     * one (a fresh round that asked for it and a round that used it). */
+    double predraft_ms[2], predraft_tokens[2];
+    int predraft_rounds[2];
+    bool predraft_on;       /* the choice, once both are measured */
+    int predraft_trial_left; /* drafting rounds left trying the other choice */
+    int predraft_since_trial;
 };
 
 void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max);
@@ -63,9 +85,42 @@ struct adaptive_k_load {
  * or unmeasured is adaptive_k_next. */
 int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load);
 
-/* Feeds the measurements of a finished round (k drafted, n_accepted). */
+/* Feeds the measurements of a finished round (k drafted, n_accepted).
+ * draft_ms < 0: the round's drafting cost is not representative (it shared
+ * the draft's forward calls with a prompt's prefill): acceptance and the
+ * verification are learnt, the draft's cost is not. */
 void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                        double verify_ms);
+/* adaptive_k_update plus the round's wall time as the request experienced it
+ * (from the previous round's result to this one's; wall_ms <= 0: not
+ * measured). Once plain rounds' wall time is known, adaptive_k_next compares
+ * wall times: plain decoding costs what its rounds took, a round of k drafts
+ * costs its modelled compute (k * draft + verify(k)) plus what drafting
+ * rounds took beyond their compute. Plain and drafting rounds are then
+ * weighed as the request sees them, so speculation is chosen only where it
+ * is faster in wall time; and where the last drafting rounds' measured wall
+ * time per token was above a plain round's, K is 0 whatever the model says
+ * (probes measure again). draft_ms < 0 (see adaptive_k_update): the round's
+ * wall time is not used either. */
+void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
+                            double verify_ms, double wall_ms);
+/* Whether the next drafting round should ask the draft to pre-draft the
+ * round after it (the three-process pipeline). A pre-draft is made while the
+ * target verifies, and saves the next round's drafting when every draft is
+ * accepted and the bonus token was guessed. That pays where draft and target
+ * have hardware of their own; where they share the same cores the pre-draft
+ * slows the verification beside it by about what it may save, and is lost
+ * whenever the round is not accepted whole. So it is measured, not assumed:
+ * drafting rounds with pre-drafts, then without, each for a few rounds;
+ * then the one with the lower wall time per token, trying the other again
+ * now and then (costs drift with what else the machine runs). Counts the
+ * call as one drafting round. */
+bool adaptive_k_predraft(struct adaptive_k *kc);
+/* Feeds a finished drafting round to the pre-draft choice: whether it was
+ * drafted with a pre-draft (it asked for one, or it used one), the tokens it
+ * emitted and its wall time (<= 0: not measured, ignored). */
+void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_tokens, double wall_ms);
+
 /* Measured draft/target cost ratio c (0 while unknown). */
 double adaptive_k_cost_ratio(const struct adaptive_k *kc);
 

@@ -100,8 +100,18 @@ def test():
     prom = st["prometheus"]
     for name in ("tandem_requests_total", "tandem_generated_tokens_total", "tandem_spec_decode_num_drafts_total",
                  "tandem_spec_decode_num_draft_tokens_total", "tandem_spec_decode_num_accepted_tokens_total",
-                 'tandem_spec_decode_num_accepted_tokens_per_pos{position="0"}', "tandem_predraft_used_total"):
+                 'tandem_spec_decode_num_accepted_tokens_per_pos{position="0"}', "tandem_predraft_used_total",
+                 "tandem_draft_wait_seconds_total", "tandem_draft_wait_rounds_total"):
         check(name in prom, "prometheus text lacks %s" % name)
+    # Every round with drafts waited for its draft (or found its pre-draft
+    # ready): a wait per such round sent (rounds a request abandoned are sent
+    # but not counted as drafts), none longer than the whole decode.
+    tm = st["time_ms"]
+    check(0 < st["spec"]["num_drafts"] <= tm["draft_wait_rounds"],
+          "stats: %s draft waits for %s rounds with drafts" % (tm["draft_wait_rounds"], st["spec"]["num_drafts"]))
+    check(0 <= tm["draft_wait_per_round"] <= tm["draft_wait_max"] <= tm["decode"],
+          "stats: draft wait per round %s, max %s, decode %s" % (tm["draft_wait_per_round"], tm["draft_wait_max"],
+                                                               tm["decode"]))
     print("pre-draft used %d of %d offered; acceptance %.3f" %
           (st["spec"]["predraft_used"], st["spec"]["predraft_offered"], st["spec"]["acceptance_rate"]))
     s.close()

@@ -4,6 +4,7 @@
  * rules on hand-made cases, greedy, input errors, and the adaptive-K math. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,9 @@
 #include "sampling.h"
 #include "speculate.h"
 #include "stats_helpers.h"
+
+/* adaptive_k.c's K_PREDRAFT_TRIAL: rounds each pre-draft choice is tried for */
+#define K_TEST_PREDRAFT_TRIAL 8
 
 enum { V = 12, K_MAX = 3 };
 
@@ -538,6 +542,232 @@ static void test_adaptive_k_plain_rounds_correct_a_biased_cost(void **state)
     assert_true(adaptive_k_next(&copy, 1000) > 0);
 }
 
+/* The three-process pipeline, simulated round by round: each draft is
+ * accepted with probability a (a seeded generator), the draft costs
+ * draft_ms a token and the target verify_base_ms + verify_row_ms * k, and a
+ * round takes longer than its compute: a plain round by the hop through the
+ * coordinator (plain_extra_ms), a drafting round by its own hops and waits
+ * and by the verification it slows on shared cores (spec_extra_ms). */
+struct pipe_sim {
+    double a, draft_ms, verify_base_ms, verify_row_ms, plain_extra_ms, spec_extra_ms;
+};
+
+/* Runs rounds rounds; over the second half returns the tokens per ms the
+ * request saw and counts the drafting rounds. wall: the controller is told
+ * each round's wall time (as the coordinator does), else only the compute. */
+static double pipe_sim_run(struct adaptive_k *kc, const struct pipe_sim *p, int rounds, bool wall,
+                           int *drafting_out)
+{
+    uint64_t rng = 12345;
+    double tokens = 0, ms = 0;
+    int drafting = 0;
+    for (int r = 0; r < rounds; r++) {
+        const int k = adaptive_k_next(kc, 1000);
+        int n_acc = 0;
+        while (n_acc < k) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            if ((double)(rng >> 11) / 9007199254740992.0 >= p->a)
+                break;
+            n_acc++;
+        }
+        const double draft = k * p->draft_ms, verify = p->verify_base_ms + p->verify_row_ms * k;
+        const double round_ms = draft + verify + (k > 0 ? p->spec_extra_ms : p->plain_extra_ms);
+        if (wall)
+            adaptive_k_update_wall(kc, k, n_acc, draft, verify, round_ms);
+        else
+            adaptive_k_update(kc, k, n_acc, draft, verify);
+        if (r >= rounds / 2) {
+            tokens += n_acc + 1;
+            ms += round_ms;
+            drafting += k > 0;
+        }
+    }
+    *drafting_out = drafting;
+    return tokens / ms;
+}
+
+/* Drafting is cheap next to the target's compute (acceptance 0.7, a draft
+ * token at 0.2 of a verification), but in the pipeline a drafting round
+ * takes 12 ms more than its compute (hops through the coordinator, the
+ * draft's wait, a verification slowed beside the draft) where a plain
+ * round takes 0.5 ms more. Priced on compute alone speculation wins and
+ * the request runs slower than plain decoding; priced in wall time the
+ * controller decodes plainly (probing now and then) and the request runs
+ * at plain decoding's speed. */
+static void test_adaptive_k_wall_time_falls_back_when_pipeline_rounds_do_not_pay(void **state)
+{
+    (void)state;
+    const struct pipe_sim p = {.a = 0.7, .draft_ms = 2.0, .verify_base_ms = 10.0, .verify_row_ms = 0.6,
+                               .plain_extra_ms = 0.5, .spec_extra_ms = 12.0};
+    const double plain_rate = 1.0 / (p.verify_base_ms + p.plain_extra_ms);
+    struct adaptive_k kc;
+    int drafting = 0;
+    adaptive_k_init(&kc, 0, 8);
+    const double rate = pipe_sim_run(&kc, &p, 400, true, &drafting);
+    print_message("wall time: %.4f tokens/ms (plain %.4f), %d of 200 rounds drafting\n", rate, plain_rate,
+                  drafting);
+    assert_true(drafting <= 200 / 16);   /* probes only */
+    assert_true(rate >= 0.98 * plain_rate);
+    /* the same pipeline priced on compute alone keeps drafting, and loses */
+    adaptive_k_init(&kc, 0, 8);
+    const double compute_rate = pipe_sim_run(&kc, &p, 400, false, &drafting);
+    print_message("compute only: %.4f tokens/ms, %d of 200 rounds drafting\n", compute_rate, drafting);
+    assert_true(drafting > 150);
+    assert_true(compute_rate < 0.95 * plain_rate);
+}
+
+/* A well-matched pair whose drafting rounds cost little beyond their
+ * compute (acceptance 0.8, a draft token at 0.1 of a verification, 1.5 ms
+ * of hops): in wall time speculation still wins and the controller keeps
+ * drafting, plain rounds only as its periodic measurement. */
+static void test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay(void **state)
+{
+    (void)state;
+    const struct pipe_sim p = {.a = 0.8, .draft_ms = 1.0, .verify_base_ms = 10.0, .verify_row_ms = 0.6,
+                               .plain_extra_ms = 0.5, .spec_extra_ms = 1.5};
+    const double plain_rate = 1.0 / (p.verify_base_ms + p.plain_extra_ms);
+    struct adaptive_k kc;
+    int drafting = 0;
+    adaptive_k_init(&kc, 0, 8);
+    const double rate = pipe_sim_run(&kc, &p, 400, true, &drafting);
+    print_message("wall time: %.4f tokens/ms (plain %.4f), %d of 200 rounds drafting\n", rate, plain_rate,
+                  drafting);
+    assert_true(drafting >= 200 - 200 / 8); /* a plain round in 8 (K_PLAIN_PROBE_INTERVAL_WALL) */
+    assert_true(rate >= 1.5 * plain_rate);
+}
+
+/* Before any drafting round's wall time is known, a drafting round is
+ * charged the hop a plain round shows over its compute: a round must not
+ * look cheaper than a plain one merely because only the plain one was timed
+ * in wall time. Once a drafting round is timed, its own excess counts. */
+static void test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    /* acceptance about 0.64 from compute-only rounds, an expensive draft
+     * token (12 ms), verification 10 + 0.6 k ms: on compute, no k pays */
+    adaptive_k_update(&kc, 1, 1, 12.0, 10.6);
+    adaptive_k_update(&kc, 1, 0, 12.0, 10.6);
+    adaptive_k_update(&kc, 1, 1, 12.0, 10.6);
+    adaptive_k_update(&kc, 0, 0, 0.0, 10.0);
+    struct adaptive_k copy = kc;
+    copy.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 0);
+    /* plain rounds take 16 ms of wall time for 10 of compute. Against 16 ms
+     * a drafting round priced on compute alone (22.6 ms for 1.64 tokens)
+     * would win; charged the same 6 ms of hop it does not. */
+    for (int i = 0; i < 20; i++)
+        adaptive_k_update_wall(&kc, 0, 0, 0.0, 10.0, 16.0);
+    assert_int_equal(kc.wall_spec_rounds, 0);
+    copy = kc;
+    copy.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 0);
+    /* a drafting round measured at 0.5 ms beyond its compute: now it pays */
+    adaptive_k_update_wall(&kc, 1, 1, 12.0, 10.6, 23.1);
+    assert_int_equal(kc.wall_spec_rounds, 1);
+    copy = kc;
+    copy.rounds_since_plain = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 1);
+}
+
+/* Drafting rounds of 2 tokens whose wall time depends on whether they
+ * pre-draft: runs rounds of them through the pre-draft choice and counts,
+ * over the last half, the rounds that pre-drafted. */
+static int predraft_sim_run(struct adaptive_k *kc, double with_ms, double without_ms, int rounds)
+{
+    int with_late = 0;
+    for (int r = 0; r < rounds; r++) {
+        const bool with = adaptive_k_predraft(kc);
+        adaptive_k_note_predraft(kc, with, 2, with ? with_ms : without_ms);
+        if (r >= rounds / 2)
+            with_late += with;
+    }
+    return with_late;
+}
+
+/* On cores the draft shares with the target a pre-draft slows the
+ * verification beside it and is lost when the round is not accepted whole:
+ * rounds with pre-drafts take 12 ms a token, without 10. The controller
+ * tries both, then drafts without, trying pre-drafts again for 8 rounds in
+ * 64; where pre-drafts pay (8 ms against 10) it keeps them. */
+static void test_adaptive_k_predraft_only_where_it_pays(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    int with = predraft_sim_run(&kc, 24.0, 20.0, 256);
+    print_message("shared cores: %d of 128 rounds pre-drafted\n", with);
+    assert_false(kc.predraft_on);
+    assert_true(with > 0);          /* it tries again now and then */
+    assert_true(with <= 2 * K_TEST_PREDRAFT_TRIAL);
+    adaptive_k_init(&kc, 0, 8);
+    with = predraft_sim_run(&kc, 16.0, 20.0, 256);
+    print_message("hardware of its own: %d of 128 rounds pre-drafted\n", with);
+    assert_true(kc.predraft_on);
+    assert_true(with >= 128 - 2 * K_TEST_PREDRAFT_TRIAL);
+    /* costs drift: pre-drafts that stop paying are given up */
+    with = predraft_sim_run(&kc, 24.0, 20.0, 256);
+    assert_false(kc.predraft_on);
+    /* unmeasured rounds (never timed alone) leave the default: pre-drafts */
+    adaptive_k_init(&kc, 0, 8);
+    for (int r = 0; r < 100; r++) {
+        assert_true(adaptive_k_predraft(&kc));
+        adaptive_k_note_predraft(&kc, true, 2, -1.0);
+    }
+}
+
+/* A round whose draft shared its forward calls with a prompt's prefill
+ * teaches acceptance, not drafting's cost (nor, in wall time, anything). */
+static void test_adaptive_k_unrepresentative_draft_cost_is_not_learnt(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update_wall(&kc, 1, 1, 4.0, 12.0, 18.0);
+    const double draft = kc.draft_ms_per_token, extra = kc.wall_extra_ms, a = kc.accept_rate;
+    assert_true(draft == 4.0);
+    adaptive_k_update_wall(&kc, 1, 1, -1.0, 12.0, 130.0);
+    assert_true(kc.draft_ms_per_token == draft);
+    assert_true(kc.wall_extra_ms == extra);
+    assert_int_equal(kc.wall_spec_rounds, 1);
+    assert_true(kc.accept_rate > a);
+}
+
+/* Greedy acceptance is not independent draws: a round is often accepted
+ * whole or not at all. Rounds of 4 drafts alternately all accepted and all
+ * rejected give 3 tokens a round, where E(a, 4) at the estimated a (0.8)
+ * says 3.36. At 64 ms a round against 20 ms a plain token the model still
+ * prices drafting as faster; the drafting rounds' measured cost (20.6 ms a
+ * token, the last rounds weighing most) says otherwise, and that decides:
+ * K = 0. */
+static void test_adaptive_k_measured_drafting_cost_overrules_the_model(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    for (int i = 0; i < 10; i++)
+        adaptive_k_update_wall(&kc, 0, 0, 0.0, 18.0, 20.0);
+    for (int i = 0; i < 12; i++)
+        adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 64.0);
+    assert_true(kc.wall_spec_ms_sum / kc.wall_spec_tokens_sum > 20.0);
+    struct adaptive_k copy = kc;
+    copy.rounds_since_plain = 0;
+    copy.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 0);
+    /* the model alone would draft */
+    copy = kc;
+    copy.rounds_since_plain = 0;
+    copy.wall_spec_tokens_sum = 0;
+    assert_true(adaptive_k_next(&copy, 1000) > 0);
+    /* drafting rounds measured faster than plain ones let it draft */
+    for (int i = 0; i < 12; i++)
+        adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 50.0);
+    copy = kc;
+    copy.rounds_since_plain = 0;
+    assert_true(adaptive_k_next(&copy, 1000) > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -555,6 +785,12 @@ int main(void)
         cmocka_unit_test(test_speculate_expected_tokens_and_best_k),
         cmocka_unit_test(test_adaptive_k_speculates_less_as_the_batch_grows),
         cmocka_unit_test(test_adaptive_k_plain_rounds_correct_a_biased_cost),
+        cmocka_unit_test(test_adaptive_k_wall_time_falls_back_when_pipeline_rounds_do_not_pay),
+        cmocka_unit_test(test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay),
+        cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
+        cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
+        cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
+        cmocka_unit_test(test_adaptive_k_measured_drafting_cost_overrules_the_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
