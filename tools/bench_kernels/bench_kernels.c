@@ -38,12 +38,16 @@
  *   CUDA backend, it prints "no GPU" with the reason and exits 77.
  *
  * Usage: tandem-bench-kernels [--threads N] [--seconds S] [--rounds R]
- *                             [--shapes DINxDOUT,...] [--rows N,...]
+ *                             [--shapes DINxDOUT,...] [--rows N,...] [--cpu-time] [--hot]
  *        tandem-bench-kernels --backend cuda [--device D] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
  *   S: minimum seconds per measurement (default 0.5; cuda: 0.05)
  *   R: rounds per shape (default 3)
  *   D: CUDA device, an ordinal or a GPU UUID (default "0")
+ *   --cpu-time (CPU): time the matmuls in process CPU time (see bench_clock)
+ *   --hot (CPU): one copy of the weights, not rotated: with a shape that fits
+ *   in L2 (e.g. 2048x128, 512 KiB) this times the kernel's arithmetic
+ *   without the memory bus, the ceiling it sets on n rows per weight
  *   --shapes, --rows (CPU): only these shapes and row counts (n = 1, the
  *   base of the ratios, is always measured), e.g. --shapes
  *   2048x8192,8192x2048,2048x128256 --rows 2,3,5,9,17: a minute's run
@@ -73,10 +77,16 @@
 #define BENCH_N_SHAPES 5
 #define BENCH_SHAPES_MAX 16 /* --shapes */
 
+/* --cpu-time: the CPU matmul figures in process CPU time instead of wall
+ * time. With --threads 1 on a machine shared with other jobs, CPU time does
+ * not count the slices the scheduler gives to others (the memory bus is still
+ * shared); with more threads it also counts the pool's spinning. */
+static clockid_t bench_clock = CLOCK_MONOTONIC;
+
 static double now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(bench_clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -336,7 +346,7 @@ int main(int argc, char **argv)
     int shapes[BENCH_SHAPES_MAX][2] = {
         {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
     int n_shapes = BENCH_N_SHAPES;
-    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX;
+    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0;
     for (int ni = 0; ni < BENCH_N_MAX; ni++)
         ns[ni] = ni + 1;
     for (int i = 1; i < argc; i++) {
@@ -356,10 +366,14 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
             if (parse_rows(argv[++i], ns, &n_ns) != 0)
                 return 2;
+        } else if (strcmp(argv[i], "--hot") == 0) {
+            hot = 1;
+        } else if (strcmp(argv[i], "--cpu-time") == 0) {
+            bench_clock = CLOCK_PROCESS_CPUTIME_ID;
         } else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--seconds S] [--rounds R] [--shapes DINxDOUT,...] "
-                    "[--rows N,...]\n"
+                    "[--rows N,...] [--cpu-time] [--hot]\n"
                     "       %s --backend cuda [--device D] [--seconds S] [--rounds R]\n",
                     argv[0], argv[0]);
             return 2;
@@ -405,14 +419,16 @@ int main(int argc, char **argv)
     /* Each n is measured once per round, the rounds interleaved, and the
      * best round kept: on a shared machine the ratios time(n)/time(1) then
      * compare figures taken side by side. */
-    printf("\nmatmul bf16 (weight bytes / time per call; best of %d rounds)\n", rounds);
+    printf("\nmatmul bf16 (weight bytes / %s time per call; best of %d rounds%s)\n",
+           bench_clock == CLOCK_MONOTONIC ? "wall" : "process CPU", rounds,
+           hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
     printf("%-18s %3s %11s %10s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%read",
            "t(n)/t1");
     for (int si = 0; si < n_shapes; si++) {
         const int d_in = shapes[si][0], d_out = shapes[si][1];
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
         int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
-        copies = copies < 1 ? 1 : copies > 160 ? 160 : copies; /* 160: w[] (small --shapes) */
+        copies = copies < 1 || hot ? 1 : copies > 160 ? 160 : copies; /* 160: w[] */
         void *w[160];
         for (int c = 0; c < copies; c++) {
             if (be->ops->alloc(be, w_bytes, &w[c], err) != 0) {
