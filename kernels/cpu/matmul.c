@@ -301,17 +301,27 @@ CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *co
         mm_oblock(dt, np, ri, wr, x, ldx, k, 4, acc);
     if (len8 > len32)
         mm_oblock(dt, np, ri, wr, x, ldx, len32, (int)(len8 - len32) / 8, acc);
-    for (int a = 0; a < rows; a++)
-        for (int b = 0; b < ri; b++) {
-            const __m512 v = acc[a / 2][b];
-            const __m256 half = a % 2 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(
-                                            _mm512_castps_pd(v), 1))
-                                      : _mm512_castps512_ps256(v);
-            float sum = cpu_simd_hsum8(half);
-            for (int k = (int)len8; k < d_in; k++)
-                sum = fmaf(mm_load1(dt, wr[a], (size_t)k), x[(size_t)b * ldx + (size_t)k], sum);
-            out[(size_t)b * ldo + (size_t)a] = sum;
-        }
+    /* Constant indices only (unrolled loops; rows is checked, not looped
+     * over): an accumulator indexed at run time would keep acc[] in memory,
+     * and GCC then stores every accumulator on each trip of the loops above. */
+#pragma GCC unroll 2
+    for (int p = 0; p < np; p++)
+#pragma GCC unroll 9
+        for (int b = 0; b < ri; b++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int a = 2 * p + h;
+                if (a >= rows)
+                    break;
+                const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                            _mm512_castps_pd(acc[p][b]), 1))
+                                      : _mm512_castps512_ps256(acc[p][b]);
+                float sum = cpu_simd_hsum8(half);
+                for (int k = (int)len8; k < d_in; k++)
+                    sum = fmaf(mm_load1(dt, wr[a], (size_t)k), x[(size_t)b * ldx + (size_t)k],
+                               sum);
+                out[(size_t)b * ldo + (size_t)a] = sum;
+            }
 }
 
 typedef void (*mm_otile_fn)(const void *const *wr, int rows, const float *x, size_t ldx,
