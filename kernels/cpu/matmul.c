@@ -9,13 +9,17 @@
  * results depend on shapes. Cutting it into k-blocks with the accumulators
  * parked in memory in between is fine: that changes no bit.
  *
- * Three paths, chosen by mm_use_panel() from (n, d_in) only, all exact:
- *   - output pairs (AVX-512F+BW, n = 1..17: decode and speculative
- *     verification): tasks are blocks of MM_RO output rows; two weight rows
- *     share each 512-bit accumulator (one 8-lane half each, so every output
- *     keeps its 8-lane order) and the block's 4 weight rows are applied to
- *     up to 9 input rows per read: every weight is streamed from memory once
- *     per call for n <= 9, once more from L1/L2 above.
+ * Four paths, chosen from (n, d_in) only (mm_use_panel, MM_IPAIRS_*), all
+ * exact:
+ *   - output pairs (AVX-512F+BW; n = 1..4, and 5 where d_in > 4096: decode
+ *     and short speculative verifications): tasks are blocks of MM_RO
+ *     output rows; two weight rows share each 512-bit accumulator (one
+ *     8-lane half each, so every output keeps its 8-lane order) and the
+ *     block's 4 weight rows are applied to all input rows per read.
+ *   - input pairs (AVX-512F+BW; n = 5 or 6 up to 17: longer verifications,
+ *     batches of decode rows): the same tasks, two input rows per 512-bit
+ *     accumulator instead, the block's 4 weight rows applied to up to 12
+ *     input rows per read.
  *   - direct (AVX2 or scalar; n = 1 decode, and small n with long rows): the
  *     same tasks; the bf16/f16/f32 weights are read directly in
  *     MM_RO x {3,2,1} tiles over the whole row, later tiles finding the block
@@ -51,6 +55,7 @@ struct mm_job {
     int n, d_in, d_out;
     float **scratch;  /* per thread (panel path): see mm_panel_private_bytes */
     const float *xp;  /* panel path: the packed inputs (mm_pack_inputs) */
+    const float *xq;  /* input-pair path: the inputs packed in pairs (mm_pack_pairs) */
     int opairs;       /* the output-pair path (mm_block_opairs) */
     int pkb;          /* panel path: k-block length */
 };
@@ -175,39 +180,227 @@ static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-/* The output-pair path (AVX-512F+BW; every n up to MM_PAIRED_MAX: decode
- * and speculative verification). One 512-bit accumulator holds two outputs
- * of the same input row: lanes 0-7 the eight lane accumulators of (weight row
- * a, input row b), lanes 8-15 those of (weight row a+1, input row b). Each
- * half sees exactly the FMAs, in the same order, as the 256-bit accumulator
- * of mm_tile would (FMA is lane by lane), is folded with cpu_simd_hsum8 and
- * finished with the scalar tail: the bits are the fixed order's, only half
- * as many FMAs issue and no lane is idle, whatever n.
- * Why output pairs and not input pairs (the layout this replaced: two input
- * rows per register, each weight chunk widened and duplicated into both
- * halves): the widening then costs one uop per 16 weights instead of two
- * (vpmovzxwd + vpslld) per 8. bf16 rows are read 64 bytes (32 weights) at a
+/* The input-pair path (AVX-512F+BW; n = 5 or 6 (MM_IPAIRS_MIN*) up to
+ * MM_PAIRED_MAX, the output-pair path below taking the smaller n). A 512-bit FMA does the work of two 256-bit ones in the
+ * same issue slot (at full width on Zen 5 and on Intel server cores), so two
+ * input rows share one zmm: lanes 0-7 hold the eight lane accumulators of
+ * (weight row a, input row 2p) and lanes 8-15 those of (a, 2p+1). Each half
+ * sees exactly the FMAs, in the same order, as the 256-bit accumulator of
+ * the same output would (FMA is lane by lane), and is folded with
+ * cpu_simd_hsum8 and finished with the scalar tail as before: the bits do
+ * not change, only half as many FMAs are issued. The weight vector is
+ * widened once into both halves (a broadcast load and one widening), and the
+ * inputs are packed once per call so that the two rows of a pair are one
+ * aligned 64-byte load per k-step (mm_pack_pairs).
+ * Which of the two pair paths: measured (one thread, bf16, weights cold,
+ * Llama-1B shapes, tools/bench_kernels --cpu-time, both with the prefetch),
+ * the output pairs are 10-30% faster at n = 1..4; from n = 5 (d_in = 2048)
+ * or 6 (d_in = 8192) the input pairs are 3-20% faster. Not established why;
+ * probably the reads of the inputs, which no longer fit in L1 there: the
+ * input pairs load a packed 64-byte pair per 4 FMAs, the output pairs a
+ * 32-byte broadcast per 2.
+ * The prefetch is the output pairs' (MM_PF, once per 64-byte line of each
+ * weight row): measured 8-21% faster at n = 6..17. */
+#define MM_PF 512 /* weights: 1 KiB of bf16/f16 ahead (256..1024 measured alike) */
+#define MM_IPAIRS_MIN 5      /* input pairs from this n where d_in <= MM_IPAIRS_DIN, */
+#define MM_IPAIRS_MIN_LONG 6 /* and from this n where it is longer */
+#define MM_IPAIRS_DIN 4096
+#define MM_PAIRS4 6 /* most input-row pairs with 4 weight rows (24 + 4 + 1 zmm) */
+#define MM_PAIRS 9  /* most pairs with 1 weight row (tail rows of d_out) */
+
+/* Weights idx .. idx+7 widened to f32, in lanes 0-7 and again in 8-15. */
+CPU_SIMD_INLINE __m512 mm_load8x2(enum kern_dtype dt, const void *w, size_t idx)
+{
+    switch (dt) {
+    case KERN_DTYPE_BF16: {
+        __m256i h = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)w + idx)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case KERN_DTYPE_F16: {
+        __m256i h = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)w + idx)));
+        return _mm512_cvtph_ps(h);
+    }
+    case KERN_DTYPE_F32: break;
+    }
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(
+        _mm256_castps_pd(_mm256_loadu_ps((const float *)w + idx))));
+}
+
+/* One paired tile: out[b*ldo + a] = dot(w row a, x row b) for a < ro and the
+ * rows b < n_valid of np pairs (n_valid is 2*np, or 2*np - 1 when the last
+ * pair holds one real row). xq: the pairs packed by mm_pack_pairs, pstride
+ * floats apart; x: the same rows unpacked (for the scalar tail). */
+CPU_SIMD_INLINE void mm_qtile(enum kern_dtype dt, int ro, int np, const void *w, size_t ldw,
+                              const float *xq, size_t pstride, const float *x, size_t ldx,
+                              int d_in, int n_valid, float *out, size_t ldo)
+{
+    const int len8 = d_in & ~7;
+    __m512 acc[MM_RO][MM_PAIRS];
+#pragma GCC unroll 4
+    for (int a = 0; a < ro; a++)
+#pragma GCC unroll 9
+        for (int p = 0; p < np; p++)
+            acc[a][p] = _mm512_setzero_ps();
+    const size_t esize = kern_dtype_size(dt);
+    for (int k = 0; k < len8; k += 8) {
+        __m512 wv[MM_RO];
+        if ((k & 31) == 0)
+#pragma GCC unroll 4
+            for (int a = 0; a < ro; a++)
+                _mm_prefetch((const char *)((uintptr_t)w +
+                                            esize * ((size_t)a * ldw + (size_t)k + MM_PF)),
+                             _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int a = 0; a < ro; a++)
+            wv[a] = mm_load8x2(dt, w, (size_t)a * ldw + (size_t)k);
+#pragma GCC unroll 9
+        for (int p = 0; p < np; p++) {
+            __m512 xv = _mm512_load_ps(xq + (size_t)p * pstride + 2 * (size_t)k);
+            __asm__("" : "+v"(xv)); /* one load, ro uses (see mm_tile) */
+#pragma GCC unroll 4
+            for (int a = 0; a < ro; a++)
+                acc[a][p] = _mm512_fmadd_ps(wv[a], xv, acc[a][p]);
+        }
+    }
+    for (int a = 0; a < ro; a++)
+        for (int p = 0; p < np; p++)
+            for (int h = 0; h < 2; h++) {
+                const int b = 2 * p + h;
+                if (b >= n_valid)
+                    break;
+                const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                            _mm512_castps_pd(acc[a][p]), 1))
+                                      : _mm512_castps512_ps256(acc[a][p]);
+                float sum = cpu_simd_hsum8(half);
+                for (int k = len8; k < d_in; k++)
+                    sum = fmaf(mm_load1(dt, w, (size_t)a * ldw + (size_t)k),
+                               x[(size_t)b * ldx + (size_t)k], sum);
+                out[(size_t)b * ldo + (size_t)a] = sum;
+            }
+}
+
+typedef void (*mm_qtile_fn)(const void *w, size_t ldw, const float *xq, size_t pstride,
+                            const float *x, size_t ldx, int d_in, int n_valid, float *out,
+                            size_t ldo);
+
+#define MM_DEFINE_QTILE(dtname, dt, ro, np)                                                  \
+    static void mm_qtile_##dtname##_##ro##x##np(const void *w, size_t ldw, const float *xq,  \
+                                                size_t pstride, const float *x, size_t ldx, \
+                                                int d_in, int n_valid, float *out, size_t ldo) \
+    {                                                                                        \
+        mm_qtile(dt, ro, np, w, ldw, xq, pstride, x, ldx, d_in, n_valid, out, ldo);          \
+    }
+#define MM_DEFINE_QTILES_RO(dtname, dt, ro)                                                  \
+    MM_DEFINE_QTILE(dtname, dt, ro, 1) MM_DEFINE_QTILE(dtname, dt, ro, 2)                    \
+    MM_DEFINE_QTILE(dtname, dt, ro, 3) MM_DEFINE_QTILE(dtname, dt, ro, 4)                    \
+    MM_DEFINE_QTILE(dtname, dt, ro, 5) MM_DEFINE_QTILE(dtname, dt, ro, 6)                    \
+    MM_DEFINE_QTILE(dtname, dt, ro, 7) MM_DEFINE_QTILE(dtname, dt, ro, 8)                    \
+    MM_DEFINE_QTILE(dtname, dt, ro, 9)
+#define MM_DEFINE_QTILES(dtname, dt)                                                         \
+    MM_DEFINE_QTILES_RO(dtname, dt, 4) MM_DEFINE_QTILES_RO(dtname, dt, 1)
+MM_DEFINE_QTILES(bf16, KERN_DTYPE_BF16)
+MM_DEFINE_QTILES(f16, KERN_DTYPE_F16)
+MM_DEFINE_QTILES(f32, KERN_DTYPE_F32)
+
+/* mm_qtiles[dtype][ro == 4][np - 1]; 4 x np is used for np <= MM_PAIRS4 only
+ * (the larger ones exist to keep the table uniform). */
+#define MM_QTILE_RO(dtname, ro)                                                              \
+    {mm_qtile_##dtname##_##ro##x1, mm_qtile_##dtname##_##ro##x2,                             \
+     mm_qtile_##dtname##_##ro##x3, mm_qtile_##dtname##_##ro##x4,                             \
+     mm_qtile_##dtname##_##ro##x5, mm_qtile_##dtname##_##ro##x6,                             \
+     mm_qtile_##dtname##_##ro##x7, mm_qtile_##dtname##_##ro##x8,                             \
+     mm_qtile_##dtname##_##ro##x9}
+#define MM_QTILE_ROW(dtname) {MM_QTILE_RO(dtname, 1), MM_QTILE_RO(dtname, 4)}
+static const mm_qtile_fn mm_qtiles[3][2][MM_PAIRS] = {
+    [KERN_DTYPE_BF16] = MM_QTILE_ROW(bf16),
+    [KERN_DTYPE_F16] = MM_QTILE_ROW(f16),
+    [KERN_DTYPE_F32] = MM_QTILE_ROW(f32),
+};
+
+/* Floats of packed pairs for n rows of length d_in (see mm_pack_pairs). */
+static size_t mm_pairs_floats(int n, int d_in)
+{
+    return (size_t)((n + 1) / 2) * 2 * (size_t)(d_in & ~7);
+}
+
+/* Packs the first len8 columns of n input rows in pairs: pair p is
+ * xq[p * 2 * len8 ...], k-step by k-step 16 floats, row 2p's eight then row
+ * 2p+1's eight (row 2p's again when n is odd and 2p+1 == n). */
+static void mm_pack_pairs(const float *in, int n, int d_in, float *xq)
+{
+    const size_t len8 = (size_t)(d_in & ~7);
+    for (int p = 0; p < (n + 1) / 2; p++) {
+        const float *r0 = in + (size_t)(2 * p) * (size_t)d_in;
+        const float *r1 = 2 * p + 1 < n ? r0 + d_in : r0;
+        float *q = xq + (size_t)p * 2 * len8;
+        for (size_t k = 0; k < len8; k += 8) {
+            memcpy(q + 2 * k, r0 + k, 8 * sizeof(float));
+            memcpy(q + 2 * k + 8, r1 + k, 8 * sizeof(float));
+        }
+    }
+}
+
+/* mm_block for n >= 2 with packed pairs: `ro` (MM_RO or 1) weight rows
+ * applied to the pairs in as few groups as fit in registers (sizes as even
+ * as can be): up to 2 * MM_PAIRS4 input rows, each weight row is read from
+ * memory once and applied to all of them while in registers; more rows find
+ * the block in L1/L2 on the later groups. (Splitting the 4 weight rows into
+ * two 2-row passes instead, to keep more pairs per tile, measured slower:
+ * every input vector is then loaded twice as often.) */
+static void mm_block_pairs(const struct mm_job *job, enum kern_dtype dt, const void *w, int ro,
+                           int o0)
+{
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const size_t pstride = 2 * (d_in & ~(size_t)7);
+    const int n = job->n, np_all = (n + 1) / 2;
+    const int max_pairs = ro == MM_RO ? MM_PAIRS4 : MM_PAIRS;
+    const int n_groups = (np_all + max_pairs - 1) / max_pairs;
+    for (int g = 0, p0 = 0; g < n_groups; g++) {
+        const int np = np_all / n_groups + (g < np_all % n_groups);
+        const int b0 = 2 * p0, n_valid = n - b0 < 2 * np ? n - b0 : 2 * np;
+        mm_qtiles[dt][ro == MM_RO][np - 1](w, d_in, job->xq + (size_t)p0 * pstride, pstride,
+                                            job->in + (size_t)b0 * d_in, d_in, job->d_in,
+                                            n_valid, job->out + (size_t)b0 * d_out + (size_t)o0,
+                                            d_out);
+        p0 += np;
+    }
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The output-pair path (AVX-512F+BW; n below the input pairs' MM_IPAIRS_MIN*:
+ * decode and short speculative verifications). One 512-bit
+ * accumulator holds two outputs of the same input row: lanes 0-7 the eight
+ * lane accumulators of (weight row a, input row b), lanes 8-15 those of
+ * (weight row a+1, input row b). Each half sees exactly the FMAs, in the
+ * same order, as the 256-bit accumulator of mm_tile would (FMA is lane by
+ * lane), is folded with cpu_simd_hsum8 and finished with the scalar tail:
+ * the bits are the fixed order's, only half as many FMAs issue and no lane
+ * is idle, whatever n.
+ * Against the input pairs (each weight chunk widened and duplicated into
+ * both halves), the widening costs one uop per 16 weights instead of two
+ * (vpmovzxwd + vpslld) per 8: bf16 rows are read 64 bytes (32 weights) at a
  * time, and one zero-masked vpermi2w per chunk moves eight weights of row a
  * and eight of row a+1 into the high halves of the sixteen dwords (bf16 ->
- * f32 is that shift, exact); the input chunk reaches both halves through the
+ * f32 is that shift, exact). The input chunk reaches both halves through the
  * load itself (vbroadcastf32x8), so the inputs need no packing and an odd n
  * fills every register. Per 16 weights and input row that is one FMA and one
  * load; the FMAs bound the path from about 5 rows up (tools/bench_kernels
  * --hot), the memory stream below.
- * A tile is the MM_RO = 4 weight rows of a task block (2 pairs) against up
- * to MM_OI input rows: 2 x 9 accumulators, 4 raw weight vectors, the
- * widened pair and an input vector stay in the 32 zmm registers (at 12
- * input rows, 24 accumulators, GCC spills in the loop: n = 12 measured
- * 1.25-1.7x slower in one tile than in two of 6). The first group of input rows streams the
- * block from memory, the others find it in L1/L2.
+ * A tile is the MM_RO = 4 weight rows of a task block (2 pairs) against all
+ * the input rows (at most MM_OI = 5: 10 accumulators, 4 raw weight vectors,
+ * the widened pair and an input vector in registers; with 12 input rows, 24
+ * accumulators, GCC spilled in the loop), so every weight is streamed from
+ * memory once.
  * The software prefetch MM_PF weights ahead of each row's stream measured
  * 3-15% faster at n = 1 and 15-30% at n = 2..5 (one thread, the Llama-1B
  * shapes) than the hardware prefetchers alone: a block's four rows are four
  * streams only one page (d_in = 2048) or four long, which the prefetchers
  * pick up late, page after page. Beyond a row's end it touches the next
  * row, or past the matrix (a prefetch never faults). */
-#define MM_OI 9
-#define MM_PF 512 /* weights: 1 KiB of bf16/f16 ahead (256..1024 measured alike) */
+#define MM_OI (MM_IPAIRS_MIN_LONG - 1)
 
 /* vpermi2w word indices, [dtype is f16][chunk c]: bf16: word 2i+1 of the
  * result (the high half of dword i) takes word 8c+i of row a (table a, words
@@ -273,7 +466,7 @@ CPU_SIMD_INLINE void mm_oblock(enum kern_dtype dt, int np, int ri, const void *c
             else
                 wv[p] = mm_owiden(dt, raw[p][0], raw[p][1], c);
         }
-#pragma GCC unroll 9
+#pragma GCC unroll 5
         for (int b = 0; b < ri; b++) {
             __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)b * ldx + k + 8 * c));
 #pragma GCC unroll 2
@@ -294,7 +487,7 @@ CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *co
     __m512 acc[2][MM_OI];
 #pragma GCC unroll 2
     for (int p = 0; p < np; p++)
-#pragma GCC unroll 9
+#pragma GCC unroll 5
         for (int b = 0; b < ri; b++)
             acc[p][b] = _mm512_setzero_ps();
     for (size_t k = 0; k < len32; k += 32)
@@ -306,7 +499,7 @@ CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *co
      * and GCC then stores every accumulator on each trip of the loops above. */
 #pragma GCC unroll 2
     for (int p = 0; p < np; p++)
-#pragma GCC unroll 9
+#pragma GCC unroll 5
         for (int b = 0; b < ri; b++)
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
@@ -337,9 +530,7 @@ typedef void (*mm_otile_fn)(const void *const *wr, int rows, const float *x, siz
 #define MM_DEFINE_OTILES_NP(dtname, dt, np)                                                  \
     MM_DEFINE_OTILE(dtname, dt, np, 1) MM_DEFINE_OTILE(dtname, dt, np, 2)                    \
     MM_DEFINE_OTILE(dtname, dt, np, 3) MM_DEFINE_OTILE(dtname, dt, np, 4)                    \
-    MM_DEFINE_OTILE(dtname, dt, np, 5) MM_DEFINE_OTILE(dtname, dt, np, 6)                    \
-    MM_DEFINE_OTILE(dtname, dt, np, 7) MM_DEFINE_OTILE(dtname, dt, np, 8)                    \
-    MM_DEFINE_OTILE(dtname, dt, np, 9)
+    MM_DEFINE_OTILE(dtname, dt, np, 5)
 #define MM_DEFINE_OTILES(dtname, dt)                                                         \
     MM_DEFINE_OTILES_NP(dtname, dt, 1) MM_DEFINE_OTILES_NP(dtname, dt, 2)
 MM_DEFINE_OTILES(bf16, KERN_DTYPE_BF16)
@@ -350,9 +541,7 @@ MM_DEFINE_OTILES(f32, KERN_DTYPE_F32)
 #define MM_OTILE_NP(dtname, np)                                                              \
     {mm_otile_##dtname##_##np##x1,  mm_otile_##dtname##_##np##x2,                            \
      mm_otile_##dtname##_##np##x3,  mm_otile_##dtname##_##np##x4,                            \
-     mm_otile_##dtname##_##np##x5,  mm_otile_##dtname##_##np##x6,                            \
-     mm_otile_##dtname##_##np##x7,  mm_otile_##dtname##_##np##x8,                            \
-     mm_otile_##dtname##_##np##x9}
+     mm_otile_##dtname##_##np##x5}
 #define MM_OTILE_ROW(dtname) {MM_OTILE_NP(dtname, 1), MM_OTILE_NP(dtname, 2)}
 static const mm_otile_fn mm_otiles[3][2][MM_OI] = {
     [KERN_DTYPE_BF16] = MM_OTILE_ROW(bf16),
@@ -562,12 +751,12 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
 
 /* Which path computes n rows of length d_in: all give the same bits, so
  * this is only a speed choice.
- * With AVX-512F+BW (the output-pair path up to MM_PAIRED_MAX rows): the
- * input-pair path it replaced was measured faster than the panel at every
- * n = 2..17 and Llama-1B shape (2-core Zen 5 VM, 2 threads), up to 1.5-2x at
- * n >= 9, because every weight is read once for up to 12 rows and applied
- * with half the FMAs; the output pairs issue no more FMAs than it did and
- * fewer other uops. The panel keeps prefill (n > 17), where converting each
+ * With AVX-512F+BW (the output and input pairs up to MM_PAIRED_MAX rows,
+ * split at MM_IPAIRS_MIN*): the input pairs were measured faster than the
+ * panel at every n = 2..17 and Llama-1B shape (2-core Zen 5 VM, 2 threads),
+ * up to 1.5-2x at n >= 9, because every weight is read once for up to 12
+ * rows and applied with half the FMAs; the output pairs beat the input pairs
+ * below 9 rows. The panel keeps prefill (n > 17), where converting each
  * weight once and k-blocking the inputs in L1 pay off.
  * AVX2 only: measured on a 2-core Zen 3 (AVX2). For d_in = 2048 the panel
  * path wins at n = 4 (one 3 x 4 tile per triple), n >= 7, and by 1.5-2x for
@@ -601,6 +790,16 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
 #if defined(__AVX512F__) && defined(__AVX512BW__)
         if (job->opairs) {
             mm_block_opairs(job, w, rows, o0);
+            continue;
+        }
+        if (job->xq) {
+            if (rows == MM_RO) {
+                mm_block_pairs(job, job->dtype, w, MM_RO, o0);
+                continue;
+            }
+            for (int r = 0; r < rows; r++)
+                mm_block_pairs(job, job->dtype, w + (size_t)r * (size_t)job->d_in * esize, 1,
+                               o0 + r);
             continue;
         }
 #endif
@@ -685,7 +884,15 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
     }
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    job.opairs = 1;
+    if (d_in >= 8 && n >= (d_in <= MM_IPAIRS_DIN ? MM_IPAIRS_MIN : MM_IPAIRS_MIN_LONG)) {
+        rc = cpu_backend_scratch_reserve(cb, mm_pairs_floats(n, d_in) * sizeof(float), err);
+        if (rc < 0)
+            return rc;
+        mm_pack_pairs(in, n, d_in, cb->scratch[0]);
+        job.xq = cb->scratch[0];
+    } else {
+        job.opairs = 1;
+    }
 #endif
     mm_run(cb, &job, MM_RO, mm_task_direct);
     return 0;

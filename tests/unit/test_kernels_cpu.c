@@ -360,11 +360,12 @@ static float fixed_order_dot(const float *w, const float *x, int len)
  * CUDA kernels and the other backends' references rely on the order itself,
  * not only on the CPU agreeing with itself across n. d_in covers no full
  * 8-step, one, a tail after full 32-column blocks, and 1, 2 or 3 8-steps
- * after them (the SIMD paths read 32 weights per row at a time); d_out
- * leaves 1, 2 or 3 rows after the 4-row blocks. */
+ * after them (the SIMD paths read 32 weights per row at a time), on both
+ * sides of 4096 (where the paths for n = 6..17 change); d_out leaves 1, 2 or
+ * 3 rows after the 4-row blocks. */
 static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **state)
 {
-    static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051};
+    static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051, 4105};
     static const int d_outs[] = {13, 6, 7};
     const int n_max = 40; /* 18..40: the panel path */
     struct kern_backend *be = make_backend(2);
