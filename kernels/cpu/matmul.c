@@ -181,10 +181,11 @@ static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 /* The input-pair path (AVX-512F+BW; n = 5 or 6 (MM_IPAIRS_MIN*) up to
- * MM_PAIRED_MAX, the output-pair path below taking the smaller n). A 512-bit FMA does the work of two 256-bit ones in the
- * same issue slot (at full width on Zen 5 and on Intel server cores), so two
- * input rows share one zmm: lanes 0-7 hold the eight lane accumulators of
- * (weight row a, input row 2p) and lanes 8-15 those of (a, 2p+1). Each half
+ * MM_PAIRED_MAX, the output-pair path below taking the smaller n). A 512-bit
+ * FMA does the work of two 256-bit ones in the same issue slot (at full
+ * width on Zen 5 and on Intel server cores), so two input rows share one
+ * zmm: lanes 0-7 hold the eight lane accumulators of (weight row a, input
+ * row 2p) and lanes 8-15 those of (a, 2p+1). Each half
  * sees exactly the FMAs, in the same order, as the 256-bit accumulator of
  * the same output would (FMA is lane by lane), and is folded with
  * cpu_simd_hsum8 and finished with the scalar tail as before: the bits do
