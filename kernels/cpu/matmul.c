@@ -9,16 +9,21 @@
  * results depend on shapes. Cutting it into k-blocks with the accumulators
  * parked in memory in between is fine: that changes no bit.
  *
- * Three paths, chosen by mm_use_panel() from (n, d_in) only, all exact:
- *   - direct (n = 1 decode, and small n with long rows): tasks are blocks of
- *     MM_RO output rows; the bf16/f16/f32 weights are read directly in
+ * Four paths, chosen from (n, d_in) only (mm_use_panel, MM_IPAIRS_*), all
+ * exact:
+ *   - output pairs (AVX-512F+BW; n = 1..4, and 5 where d_in > 4096: decode
+ *     and short speculative verifications): tasks are blocks of MM_RO
+ *     output rows; two weight rows share each 512-bit accumulator (one
+ *     8-lane half each, so every output keeps its 8-lane order) and the
+ *     block's 4 weight rows are applied to all input rows per read.
+ *   - input pairs (AVX-512F+BW; n = 5 or 6 up to 17: longer verifications,
+ *     batches of decode rows): the same tasks, two input rows per 512-bit
+ *     accumulator instead, the block's 4 weight rows applied to up to 12
+ *     input rows per read.
+ *   - direct (AVX2 or scalar; n = 1 decode, and small n with long rows): the
+ *     same tasks; the bf16/f16/f32 weights are read directly in
  *     MM_RO x {3,2,1} tiles over the whole row, later tiles finding the block
  *     in L1/L2. Bound by weight bandwidth at n = 1.
- *   - paired direct (AVX-512F, n = 2..17, speculative verification): the
- *     same tasks, but two input rows share each 512-bit accumulator (one
- *     8-lane half each, so every output keeps its 8-lane order) and a block's
- *     4 weight rows are applied to up to 12 input rows per read: every weight
- *     is streamed from memory once per call for n <= 12, twice above.
  *   - panel (AVX2; speculative verification, prefill): tasks are panels of
  *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
  *     all input rows stays in L1; each weight is widened to f32 once per call
@@ -50,7 +55,8 @@ struct mm_job {
     int n, d_in, d_out;
     float **scratch;  /* per thread (panel path): see mm_panel_private_bytes */
     const float *xp;  /* panel path: the packed inputs (mm_pack_inputs) */
-    const float *xq;  /* paired direct path: the inputs packed in pairs (mm_pack_pairs) */
+    const float *xq;  /* input-pair path: the inputs packed in pairs (mm_pack_pairs) */
+    int opairs;       /* the output-pair path (mm_block_opairs) */
     int pkb;          /* panel path: k-block length */
 };
 
@@ -173,18 +179,33 @@ static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w
     }
 }
 
-#ifdef __AVX512F__
-/* The paired direct path (AVX-512F, n >= 2). A 512-bit FMA does the work of
- * two 256-bit ones in the same issue slot (at full width on Zen 5 and on
- * Intel server cores), so two input rows share one zmm: lanes 0-7 hold the
- * eight lane accumulators of (weight row a, input row 2p) and lanes 8-15
- * those of (a, 2p+1). Each half sees exactly the FMAs, in the same order, as
- * the 256-bit accumulator of the same output would (FMA is lane by lane), and
- * is folded with cpu_simd_hsum8 and finished with the scalar tail as before:
- * the bits do not change, only half as many FMAs are issued. The weight
- * vector is widened once into both halves (a broadcast load and one
- * widening), and the inputs are packed once per call so that the two rows of
- * a pair are one aligned 64-byte load per k-step (mm_pack_pairs). */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The input-pair path (AVX-512F+BW; n = 5 or 6 (MM_IPAIRS_MIN*) up to
+ * MM_PAIRED_MAX, the output-pair path below taking the smaller n). A 512-bit
+ * FMA does the work of two 256-bit ones in the same issue slot (at full
+ * width on Zen 5 and on Intel server cores), so two input rows share one
+ * zmm: lanes 0-7 hold the eight lane accumulators of (weight row a, input
+ * row 2p) and lanes 8-15 those of (a, 2p+1). Each half
+ * sees exactly the FMAs, in the same order, as the 256-bit accumulator of
+ * the same output would (FMA is lane by lane), and is folded with
+ * cpu_simd_hsum8 and finished with the scalar tail as before: the bits do
+ * not change, only half as many FMAs are issued. The weight vector is
+ * widened once into both halves (a broadcast load and one widening), and the
+ * inputs are packed once per call so that the two rows of a pair are one
+ * aligned 64-byte load per k-step (mm_pack_pairs).
+ * Which of the two pair paths: measured (one thread, bf16, weights cold,
+ * Llama-1B shapes, tools/bench_kernels --cpu-time, both with the prefetch),
+ * the output pairs are 10-30% faster at n = 1..4; from n = 5 (d_in = 2048)
+ * or 6 (d_in = 8192) the input pairs are 3-20% faster. Not established why;
+ * probably the reads of the inputs, which no longer fit in L1 there: the
+ * input pairs load a packed 64-byte pair per 4 FMAs, the output pairs a
+ * 32-byte broadcast per 2.
+ * The prefetch is the output pairs' (MM_PF, once per 64-byte line of each
+ * weight row): measured 8-21% faster at n = 6..17. */
+#define MM_PF 512 /* weights: 1 KiB of bf16/f16 ahead (256..1024 measured alike) */
+#define MM_IPAIRS_MIN 5      /* input pairs from this n where d_in <= MM_IPAIRS_DIN, */
+#define MM_IPAIRS_MIN_LONG 6 /* and from this n where it is longer */
+#define MM_IPAIRS_DIN 4096
 #define MM_PAIRS4 6 /* most input-row pairs with 4 weight rows (24 + 4 + 1 zmm) */
 #define MM_PAIRS 9  /* most pairs with 1 weight row (tail rows of d_out) */
 
@@ -223,8 +244,15 @@ CPU_SIMD_INLINE void mm_qtile(enum kern_dtype dt, int ro, int np, const void *w,
 #pragma GCC unroll 9
         for (int p = 0; p < np; p++)
             acc[a][p] = _mm512_setzero_ps();
+    const size_t esize = kern_dtype_size(dt);
     for (int k = 0; k < len8; k += 8) {
         __m512 wv[MM_RO];
+        if ((k & 31) == 0)
+#pragma GCC unroll 4
+            for (int a = 0; a < ro; a++)
+                _mm_prefetch((const char *)((uintptr_t)w +
+                                            esize * ((size_t)a * ldw + (size_t)k + MM_PF)),
+                             _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int a = 0; a < ro; a++)
             wv[a] = mm_load8x2(dt, w, (size_t)a * ldw + (size_t)k);
@@ -338,6 +366,208 @@ static void mm_block_pairs(const struct mm_job *job, enum kern_dtype dt, const v
                                             n_valid, job->out + (size_t)b0 * d_out + (size_t)o0,
                                             d_out);
         p0 += np;
+    }
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The output-pair path (AVX-512F+BW; n below the input pairs' MM_IPAIRS_MIN*:
+ * decode and short speculative verifications). One 512-bit
+ * accumulator holds two outputs of the same input row: lanes 0-7 the eight
+ * lane accumulators of (weight row a, input row b), lanes 8-15 those of
+ * (weight row a+1, input row b). Each half sees exactly the FMAs, in the
+ * same order, as the 256-bit accumulator of mm_tile would (FMA is lane by
+ * lane), is folded with cpu_simd_hsum8 and finished with the scalar tail:
+ * the bits are the fixed order's, only half as many FMAs issue and no lane
+ * is idle, whatever n.
+ * Against the input pairs (each weight chunk widened and duplicated into
+ * both halves), the widening costs one uop per 16 weights instead of two
+ * (vpmovzxwd + vpslld) per 8: bf16 rows are read 64 bytes (32 weights) at a
+ * time, and one zero-masked vpermi2w per chunk moves eight weights of row a
+ * and eight of row a+1 into the high halves of the sixteen dwords (bf16 ->
+ * f32 is that shift, exact). The input chunk reaches both halves through the
+ * load itself (vbroadcastf32x8), so the inputs need no packing and an odd n
+ * fills every register. Per 16 weights and input row that is one FMA and one
+ * load; the FMAs bound the path from about 5 rows up (tools/bench_kernels
+ * --hot), the memory stream below.
+ * A tile is the MM_RO = 4 weight rows of a task block (2 pairs) against all
+ * the input rows (at most MM_OI = 5: 10 accumulators, 4 raw weight vectors,
+ * the widened pair and an input vector in registers; with 12 input rows, 24
+ * accumulators, GCC spilled in the loop), so every weight is streamed from
+ * memory once.
+ * The software prefetch MM_PF weights ahead of each row's stream measured
+ * 3-15% faster at n = 1 and 15-30% at n = 2..5 (one thread, the Llama-1B
+ * shapes) than the hardware prefetchers alone: a block's four rows are four
+ * streams only one page (d_in = 2048) or four long, which the prefetchers
+ * pick up late, page after page. Beyond a row's end it touches the next
+ * row, or past the matrix (a prefetch never faults). */
+#define MM_OI (MM_IPAIRS_MIN_LONG - 1)
+
+/* vpermi2w word indices, [dtype is f16][chunk c]: bf16: word 2i+1 of the
+ * result (the high half of dword i) takes word 8c+i of row a (table a, words
+ * 0..31) for i < 8 and word 8c+i-8 of row a+1 (table b, words 32..63) for
+ * i >= 8; the even words are zeroed by the mask. f16: words 0-15 of the
+ * result take the same words, packed, for vcvtph2ps. */
+#define MM_OX(c, i) ((i) < 8 ? 8 * (c) + (i) : 32 + 8 * (c) + (i) - 8)
+#define MM_OX_BF16(c)                                                                        \
+    {0, MM_OX(c, 0),  0, MM_OX(c, 1),  0, MM_OX(c, 2),  0, MM_OX(c, 3),                      \
+     0, MM_OX(c, 4),  0, MM_OX(c, 5),  0, MM_OX(c, 6),  0, MM_OX(c, 7),                      \
+     0, MM_OX(c, 8),  0, MM_OX(c, 9),  0, MM_OX(c, 10), 0, MM_OX(c, 11),                     \
+     0, MM_OX(c, 12), 0, MM_OX(c, 13), 0, MM_OX(c, 14), 0, MM_OX(c, 15)}
+#define MM_OX_F16(c)                                                                         \
+    {MM_OX(c, 0),  MM_OX(c, 1),  MM_OX(c, 2),  MM_OX(c, 3),  MM_OX(c, 4),  MM_OX(c, 5),      \
+     MM_OX(c, 6),  MM_OX(c, 7),  MM_OX(c, 8),  MM_OX(c, 9),  MM_OX(c, 10), MM_OX(c, 11),     \
+     MM_OX(c, 12), MM_OX(c, 13), MM_OX(c, 14), MM_OX(c, 15)}
+static const uint16_t mm_ox_idx[2][4][32] __attribute__((aligned(64))) = {
+    {MM_OX_BF16(0), MM_OX_BF16(1), MM_OX_BF16(2), MM_OX_BF16(3)},
+    {MM_OX_F16(0), MM_OX_F16(1), MM_OX_F16(2), MM_OX_F16(3)},
+};
+
+/* Chunk c (0..3) of the 32-column block whose raw 16-bit weights of rows a
+ * and a+1 are in ra and rb, widened: row a's eight in lanes 0-7, row a+1's
+ * in lanes 8-15. */
+CPU_SIMD_INLINE __m512 mm_owiden(enum kern_dtype dt, __m512i ra, __m512i rb, int c)
+{
+    const __m512i idx = _mm512_load_si512((const void *)mm_ox_idx[dt == KERN_DTYPE_F16][c]);
+    if (dt == KERN_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(0xAAAAAAAAu, ra, idx, rb));
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(ra, idx, rb)));
+}
+
+/* One column block of up to 32 columns from k (nc chunks of 8, nc <= 4; a
+ * compile-time 4 in the main loop): acc[p][b] += pair p of w x input row b. */
+CPU_SIMD_INLINE void mm_oblock(enum kern_dtype dt, int np, int ri, const void *const *wr,
+                               const float *x, size_t ldx, size_t k, int nc,
+                               __m512 acc[2][MM_OI])
+{
+    __m512i raw[2][2];
+    if (dt != KERN_DTYPE_F32) {
+        const __mmask32 m = nc == 4 ? 0xFFFFFFFFu : (1u << (8 * nc)) - 1;
+#pragma GCC unroll 2
+        for (int p = 0; p < np; p++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                raw[p][h] = _mm512_maskz_loadu_epi16(m, (const uint16_t *)wr[2 * p + h] + k);
+                /* an address, not a pointer: it may lie past the matrix */
+                _mm_prefetch((const char *)((uintptr_t)wr[2 * p + h] + 2 * (k + MM_PF)),
+                             _MM_HINT_T0);
+            }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        if (c >= nc)
+            break;
+        __m512 wv[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < np; p++) {
+            if (dt == KERN_DTYPE_F32)
+                wv[p] = _mm512_insertf32x8(
+                    _mm512_castps256_ps512(_mm256_loadu_ps((const float *)wr[2 * p] + k + 8 * c)),
+                    _mm256_loadu_ps((const float *)wr[2 * p + 1] + k + 8 * c), 1);
+            else
+                wv[p] = mm_owiden(dt, raw[p][0], raw[p][1], c);
+        }
+#pragma GCC unroll 5
+        for (int b = 0; b < ri; b++) {
+            __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)b * ldx + k + 8 * c));
+#pragma GCC unroll 2
+            for (int p = 0; p < np; p++)
+                acc[p][b] = _mm512_fmadd_ps(wv[p], xv, acc[p][b]);
+        }
+    }
+}
+
+/* One tile: out[b*ldo + a] = dot(weight row wr[a], x row b) for a < rows and
+ * b < ri; np = (rows + 1) / 2 pairs, wr[] holding 2 * np rows (a row repeated
+ * where rows is odd; its duplicate half is computed and dropped). */
+CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *const *wr,
+                              int rows, const float *x, size_t ldx, int d_in, float *out,
+                              size_t ldo)
+{
+    const size_t len8 = (size_t)(d_in & ~7), len32 = (size_t)(d_in & ~31);
+    __m512 acc[2][MM_OI];
+#pragma GCC unroll 2
+    for (int p = 0; p < np; p++)
+#pragma GCC unroll 5
+        for (int b = 0; b < ri; b++)
+            acc[p][b] = _mm512_setzero_ps();
+    for (size_t k = 0; k < len32; k += 32)
+        mm_oblock(dt, np, ri, wr, x, ldx, k, 4, acc);
+    if (len8 > len32)
+        mm_oblock(dt, np, ri, wr, x, ldx, len32, (int)(len8 - len32) / 8, acc);
+    /* Constant indices only (unrolled loops; rows is checked, not looped
+     * over): an accumulator indexed at run time would keep acc[] in memory,
+     * and GCC then stores every accumulator on each trip of the loops above. */
+#pragma GCC unroll 2
+    for (int p = 0; p < np; p++)
+#pragma GCC unroll 5
+        for (int b = 0; b < ri; b++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int a = 2 * p + h;
+                if (a >= rows)
+                    break;
+                const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                            _mm512_castps_pd(acc[p][b]), 1))
+                                      : _mm512_castps512_ps256(acc[p][b]);
+                float sum = cpu_simd_hsum8(half);
+                for (int k = (int)len8; k < d_in; k++)
+                    sum = fmaf(mm_load1(dt, wr[a], (size_t)k), x[(size_t)b * ldx + (size_t)k],
+                               sum);
+                out[(size_t)b * ldo + (size_t)a] = sum;
+            }
+}
+
+typedef void (*mm_otile_fn)(const void *const *wr, int rows, const float *x, size_t ldx,
+                            int d_in, float *out, size_t ldo);
+
+#define MM_DEFINE_OTILE(dtname, dt, np, ri)                                                  \
+    static void mm_otile_##dtname##_##np##x##ri(const void *const *wr, int rows,             \
+                                                const float *x, size_t ldx, int d_in,        \
+                                                float *out, size_t ldo)                      \
+    {                                                                                        \
+        mm_otile(dt, np, ri, wr, rows, x, ldx, d_in, out, ldo);                              \
+    }
+#define MM_DEFINE_OTILES_NP(dtname, dt, np)                                                  \
+    MM_DEFINE_OTILE(dtname, dt, np, 1) MM_DEFINE_OTILE(dtname, dt, np, 2)                    \
+    MM_DEFINE_OTILE(dtname, dt, np, 3) MM_DEFINE_OTILE(dtname, dt, np, 4)                    \
+    MM_DEFINE_OTILE(dtname, dt, np, 5)
+#define MM_DEFINE_OTILES(dtname, dt)                                                         \
+    MM_DEFINE_OTILES_NP(dtname, dt, 1) MM_DEFINE_OTILES_NP(dtname, dt, 2)
+MM_DEFINE_OTILES(bf16, KERN_DTYPE_BF16)
+MM_DEFINE_OTILES(f16, KERN_DTYPE_F16)
+MM_DEFINE_OTILES(f32, KERN_DTYPE_F32)
+
+/* mm_otiles[dtype][np - 1][ri - 1] */
+#define MM_OTILE_NP(dtname, np)                                                              \
+    {mm_otile_##dtname##_##np##x1,  mm_otile_##dtname##_##np##x2,                            \
+     mm_otile_##dtname##_##np##x3,  mm_otile_##dtname##_##np##x4,                            \
+     mm_otile_##dtname##_##np##x5}
+#define MM_OTILE_ROW(dtname) {MM_OTILE_NP(dtname, 1), MM_OTILE_NP(dtname, 2)}
+static const mm_otile_fn mm_otiles[3][2][MM_OI] = {
+    [KERN_DTYPE_BF16] = MM_OTILE_ROW(bf16),
+    [KERN_DTYPE_F16] = MM_OTILE_ROW(f16),
+    [KERN_DTYPE_F32] = MM_OTILE_ROW(f32),
+};
+
+/* Weight rows o0 .. o0+rows-1 (rows <= MM_RO; w at row o0) against all
+ * input rows, in as few groups of input rows as fit in registers (sizes as
+ * even as can be): the first group streams the block from memory, the
+ * others find it in L1/L2. */
+static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, int o0)
+{
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const size_t row_bytes = d_in * kern_dtype_size(job->dtype);
+    const void *wr[4];
+    for (int a = 0; a < 4; a++) /* odd rows: the last one fills the spare half */
+        wr[a] = (const char *)w + (size_t)(a < rows ? a : rows - 1) * row_bytes;
+    const mm_otile_fn *fns = mm_otiles[job->dtype][(rows + 1) / 2 - 1];
+    const int n = job->n, n_groups = (n + MM_OI - 1) / MM_OI;
+    for (int g = 0, i = 0; g < n_groups; g++) {
+        const int ri = n / n_groups + (g < n % n_groups);
+        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in,
+                    job->out + (size_t)i * d_out + (size_t)o0, d_out);
+        i += ri;
     }
 }
 #endif
@@ -522,13 +752,13 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
 
 /* Which path computes n rows of length d_in: all give the same bits, so
  * this is only a speed choice.
- * With AVX-512F (the paired direct path for n >= 2): measured on a 2-core
- * Zen 5 VM with 2 threads (tools/bench_kernels and side-by-side runs), the
- * paired path is faster than the panel at every n = 2..17 and every Llama-1B
- * shape (d_in 2048 and 8192), up to 1.5-2x at n >= 9, because every weight
- * is read once for up to 12 rows and applied with half the FMAs; the panel
- * keeps prefill (n > 17), where converting each weight once and k-blocking
- * the inputs in L1 pay off.
+ * With AVX-512F+BW (the output and input pairs up to MM_PAIRED_MAX rows,
+ * split at MM_IPAIRS_MIN*): the input pairs were measured faster than the
+ * panel at every n = 2..17 and Llama-1B shape (2-core Zen 5 VM, 2 threads),
+ * up to 1.5-2x at n >= 9, because every weight is read once for up to 12
+ * rows and applied with half the FMAs; the output pairs beat the input pairs
+ * below 9 rows. The panel keeps prefill (n > 17), where converting each
+ * weight once and k-blocking the inputs in L1 pay off.
  * AVX2 only: measured on a 2-core Zen 3 (AVX2). For d_in = 2048 the panel
  * path wins at n = 4 (one 3 x 4 tile per triple), n >= 7, and by 1.5-2x for
  * n >= 16 and prefill; at n = 5, 6 (input row groups 3+2, 3+3) the direct
@@ -539,9 +769,8 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
 #define MM_PAIRED_MAX 17 /* the largest verification: K = 16 drafts + 1 */
 static int mm_use_panel(int n, int d_in)
 {
-#ifdef __AVX512F__
-    if (d_in >= 8)
-        return n > MM_PAIRED_MAX;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    return n > MM_PAIRED_MAX;
 #endif
     if (d_in > MM_PANEL_LONG_DIN)
         return n >= MM_PANEL_LONG_MIN;
@@ -559,7 +788,11 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
         const int o0 = (int)(blk * MM_RO);
         const int rows = job->d_out - o0 < MM_RO ? job->d_out - o0 : MM_RO;
         const char *w = (const char *)job->w + (size_t)o0 * (size_t)job->d_in * esize;
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        if (job->opairs) {
+            mm_block_opairs(job, w, rows, o0);
+            continue;
+        }
         if (job->xq) {
             if (rows == MM_RO) {
                 mm_block_pairs(job, job->dtype, w, MM_RO, o0);
@@ -651,13 +884,15 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         return 0;
     }
 #endif
-#ifdef __AVX512F__
-    if (n >= 2 && d_in >= 8) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (d_in >= 8 && n >= (d_in <= MM_IPAIRS_DIN ? MM_IPAIRS_MIN : MM_IPAIRS_MIN_LONG)) {
         rc = cpu_backend_scratch_reserve(cb, mm_pairs_floats(n, d_in) * sizeof(float), err);
         if (rc < 0)
             return rc;
         mm_pack_pairs(in, n, d_in, cb->scratch[0]);
         job.xq = cb->scratch[0];
+    } else {
+        job.opairs = 1;
     }
 #endif
     mm_run(cb, &job, MM_RO, mm_task_direct);

@@ -337,6 +337,73 @@ static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void
     be->ops->destroy(be);
 }
 
+/* The fixed order of kernels/cpu/cpu_simd.h, in scalar code: lane j takes
+ * the terms k = j, j+8, ... below len & ~7 by fmaf, the lanes are folded
+ * (l0+l4, l1+l5, l2+l6, l3+l7), (a0+a2, a1+a3), b0+b1, and the tail is added
+ * term by term by fmaf. */
+static float fixed_order_dot(const float *w, const float *x, int len)
+{
+    const int len8 = len & ~7;
+    float l[8] = {0};
+    for (int k = 0; k < len8; k += 8)
+        for (int j = 0; j < 8; j++)
+            l[j] = fmaf(w[k + j], x[k + j], l[j]);
+    float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
+    float s = (a0 + a2) + (a1 + a3);
+    for (int k = len8; k < len; k++)
+        s = fmaf(w[k], x[k], s);
+    return s;
+}
+
+/* Every path (every n of decode, verification and prefill, every tile and
+ * remainder) computes each output in exactly that order, bit for bit: the
+ * CUDA kernels and the other backends' references rely on the order itself,
+ * not only on the CPU agreeing with itself across n. d_in covers no full
+ * 8-step, one, a tail after full 32-column blocks, and 1, 2 or 3 8-steps
+ * after them (the SIMD paths read 32 weights per row at a time), on both
+ * sides of 4096 (where the paths for n = 6..17 change); d_out leaves 1, 2 or
+ * 3 rows after the 4-row blocks. */
+static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **state)
+{
+    static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051, 4105};
+    static const int d_outs[] = {13, 6, 7};
+    const int n_max = 40; /* 18..40: the panel path */
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {23};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(d_ins) / sizeof(d_ins[0]); si++)
+        for (int di = 0; di < 3; di++) {
+            const int d_in = d_ins[si], d_out = d_outs[si % 3];
+            enum kern_dtype dt = all_dtypes[di];
+            double *wref = dalloc((size_t)d_in * d_out);
+            void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
+            float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
+            float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+            for (size_t i = 0; i < (size_t)d_in * d_out; i++)
+                wf[i] = (float)wref[i]; /* exact: the weights are bf16/f16/f32 values */
+            fill(&r, in, (size_t)n_max * d_in);
+            for (int i = 0; i < n_max; i++)
+                for (int o = 0; o < d_out; o++)
+                    ref[(size_t)i * d_out + o] = fixed_order_dot(
+                        wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
+            for (int n = 1; n <= n_max; n += n < 18 ? 1 : 11) {
+                memset(out, 0xff, (size_t)n * d_out * sizeof(float));
+                assert_int_equal(be->ops->matmul(be, out, in, w, dt, n, d_in, d_out, err), 0);
+                char what[96];
+                snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d n=%d vs fixed order",
+                         kern_dtype_name(dt), d_in, d_out, n);
+                assert_int_equal(count_bit_diffs(what, ref, out, (size_t)n * d_out), 0);
+            }
+            free(w);
+            free(wref);
+            free(wf);
+            free(in);
+            free(ref);
+            free(out);
+        }
+    be->ops->destroy(be);
+}
+
 /* Speculative verification calls matmul with n = K+1 = 2..9 rows, and a
  * batched call with the rows of many sequences, up to 256 rows:
  * each row of every n (all tile shapes and remainders of the small-n paths,
@@ -345,7 +412,8 @@ static void test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch(void
  * one SIMD step, and spanning several k-blocks. */
 static void test_kernels_cpu_matmul_verification_row_counts_match_single_rows(void **state)
 {
-    static const int shapes[][2] = {{2051, 38}, {67, 13}, {5, 7}, {1000, 25}, {4099, 14}};
+    static const int shapes[][2] = {{2051, 38}, {67, 13}, {5, 7},   {1000, 25},
+                                    {4099, 14}, {83, 6},  {123, 9}};
     static const int ns[] = {2,  3,  4,  5,  6,  7,  8,   9,   10,  11,  12,  13, 14,
                              15, 16, 17, 31, 33, 64, 70, 100, 128, 129, 200, 255, 256};
     const int n_max = 256; /* batches of many sequences' rows (continuous batching) */
@@ -985,6 +1053,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_matmul_matches_reference_for_every_dtype),
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
+        cmocka_unit_test(test_kernels_cpu_matmul_every_path_follows_the_fixed_order),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),

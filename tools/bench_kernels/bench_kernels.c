@@ -38,11 +38,20 @@
  *   CUDA backend, it prints "no GPU" with the reason and exits 77.
  *
  * Usage: tandem-bench-kernels [--threads N] [--seconds S] [--rounds R]
+ *                             [--shapes DINxDOUT,...] [--rows N,...] [--cpu-time] [--hot]
  *        tandem-bench-kernels --backend cuda [--device D] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
  *   S: minimum seconds per measurement (default 0.5; cuda: 0.05)
  *   R: rounds per shape (default 3)
  *   D: CUDA device, an ordinal or a GPU UUID (default "0")
+ *   --cpu-time (CPU): time the matmuls in process CPU time (see bench_clock)
+ *   --hot (CPU): one copy of the weights, not rotated: with a shape that fits
+ *   in L2 (e.g. 2048x128, 512 KiB) this times the kernel's arithmetic
+ *   without the memory bus, the ceiling it sets on n rows per weight
+ *   --shapes, --rows (CPU): only these shapes and row counts (n = 1, the
+ *   base of the ratios, is always measured), e.g. --shapes
+ *   2048x8192,8192x2048,2048x128256 --rows 2,3,5,9,17: a minute's run
+ *   instead of several when comparing two builds of a kernel.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -66,11 +75,18 @@
 #define BENCH_MIB (1024.0 * 1024.0)
 #define BENCH_N_MAX 17 /* row counts 1..BENCH_N_MAX are measured per shape */
 #define BENCH_N_SHAPES 5
+#define BENCH_SHAPES_MAX 16 /* --shapes */
+
+/* --cpu-time: the CPU matmul figures in process CPU time instead of wall
+ * time. With --threads 1 on a machine shared with other jobs, CPU time does
+ * not count the slices the scheduler gives to others (the memory bus is still
+ * shared); with more threads it also counts the pool's spinning. */
+static clockid_t bench_clock = CLOCK_MONOTONIC;
 
 static double now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(bench_clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -265,12 +281,74 @@ static int bench_cuda(const char *device, double min_s, int rounds)
 #endif
 }
 
+/* "2048x8192,8192x2048" -> shapes; prints the reason and returns -1 when bad. */
+static int parse_shapes(const char *arg, int shapes[][2], int *n_shapes)
+{
+    int n = 0;
+    for (const char *p = arg; *p;) {
+        char *end;
+        long d_in = strtol(p, &end, 10), d_out = 0;
+        if (end != p && *end == 'x')
+            d_out = strtol(p = end + 1, &end, 10);
+        if (end == p || d_in < 1 || d_out < 1 || d_in > 65536 || d_out > 1 << 20 ||
+            (*end != ',' && *end != '\0') || n == BENCH_SHAPES_MAX) {
+            fprintf(stderr,
+                    "tandem-bench-kernels: --shapes: expected up to %d DINxDOUT (d_in 1..65536, "
+                    "d_out 1..1048576) separated by commas, got \"%s\"\n",
+                    BENCH_SHAPES_MAX, arg);
+            return -1;
+        }
+        shapes[n][0] = (int)d_in;
+        shapes[n][1] = (int)d_out;
+        n++;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "tandem-bench-kernels: --shapes: empty\n");
+        return -1;
+    }
+    *n_shapes = n;
+    return 0;
+}
+
+/* "2,5,17" -> 1,2,5,17 (n = 1 first: the ratios' base), each 1..BENCH_N_MAX
+ * once, ascending; prints the reason and returns -1 when bad. */
+static int parse_rows(const char *arg, int *ns, int *n_ns)
+{
+    int want[BENCH_N_MAX + 1] = {0};
+    want[1] = 1;
+    for (const char *p = arg; *p;) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 1 || n > BENCH_N_MAX || (*end != ',' && *end != '\0')) {
+            fprintf(stderr,
+                    "tandem-bench-kernels: --rows: expected row counts 1..%d separated by "
+                    "commas, got \"%s\"\n",
+                    BENCH_N_MAX, arg);
+            return -1;
+        }
+        want[n] = 1;
+        p = *end ? end + 1 : end;
+    }
+    *n_ns = 0;
+    for (int n = 1; n <= BENCH_N_MAX; n++)
+        if (want[n])
+            ns[(*n_ns)++] = n;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int n_threads = 0;
     double min_s = -1;
     int rounds = 3;
     const char *backend = "cpu", *device = "0";
+    int shapes[BENCH_SHAPES_MAX][2] = {
+        {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
+    int n_shapes = BENCH_N_SHAPES;
+    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0;
+    for (int ni = 0; ni < BENCH_N_MAX; ni++)
+        ns[ni] = ni + 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             n_threads = atoi(argv[++i]);
@@ -282,9 +360,20 @@ int main(int argc, char **argv)
             backend = argv[++i];
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
-        else {
+        else if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+            if (parse_shapes(argv[++i], shapes, &n_shapes) != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+            if (parse_rows(argv[++i], ns, &n_ns) != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--hot") == 0) {
+            hot = 1;
+        } else if (strcmp(argv[i], "--cpu-time") == 0) {
+            bench_clock = CLOCK_PROCESS_CPUTIME_ID;
+        } else {
             fprintf(stderr,
-                    "usage: %s [--threads N] [--seconds S] [--rounds R]\n"
+                    "usage: %s [--threads N] [--seconds S] [--rounds R] [--shapes DINxDOUT,...] "
+                    "[--rows N,...] [--cpu-time] [--hot]\n"
                     "       %s --backend cuda [--device D] [--seconds S] [--rounds R]\n",
                     argv[0], argv[0]);
             return 2;
@@ -330,16 +419,16 @@ int main(int argc, char **argv)
     /* Each n is measured once per round, the rounds interleaved, and the
      * best round kept: on a shared machine the ratios time(n)/time(1) then
      * compare figures taken side by side. */
-    static const int shapes[BENCH_N_SHAPES][2] = {
-        {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
-    printf("\nmatmul bf16 (weight bytes / time per call; best of %d rounds)\n", rounds);
+    printf("\nmatmul bf16 (weight bytes / %s time per call; best of %d rounds%s)\n",
+           bench_clock == CLOCK_MONOTONIC ? "wall" : "process CPU", rounds,
+           hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
     printf("%-18s %3s %11s %10s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%read",
            "t(n)/t1");
-    for (int si = 0; si < BENCH_N_SHAPES; si++) {
+    for (int si = 0; si < n_shapes; si++) {
         const int d_in = shapes[si][0], d_out = shapes[si][1];
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
         int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
-        copies = copies < 1 ? 1 : copies;
+        copies = copies < 1 || hot ? 1 : copies > 160 ? 160 : copies; /* 160: w[] */
         void *w[160];
         for (int c = 0; c < copies; c++) {
             if (be->ops->alloc(be, w_bytes, &w[c], err) != 0) {
@@ -366,11 +455,11 @@ int main(int argc, char **argv)
                 return 1;
             }
         double best[BENCH_N_MAX];
-        for (int ni = 0; ni < BENCH_N_MAX; ni++)
+        for (int ni = 0; ni < n_ns; ni++)
             best[ni] = 1e30;
         for (int round = 0; round < rounds; round++)
-            for (int ni = 0; ni < BENCH_N_MAX; ni++) {
-                const int n = ni + 1;
+            for (int ni = 0; ni < n_ns; ni++) {
+                const int n = ns[ni];
                 long calls = 0;
                 double t0 = now_s(), dt;
                 do {
@@ -387,14 +476,14 @@ int main(int argc, char **argv)
             }
         char label[32];
         snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
-        for (int ni = 0; ni < BENCH_N_MAX; ni++) {
+        for (int ni = 0; ni < n_ns; ni++) {
             double gbs = (double)w_bytes / best[ni] / 1e9;
-            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f\n", label, ni + 1, best[ni] * 1e6, gbs,
+            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f\n", label, ns[ni], best[ni] * 1e6, gbs,
                    100.0 * gbs / read_gbs, best[ni] / best[0]);
         }
         printf("ratio %-12s", label);
-        for (int ni = 0; ni < BENCH_N_MAX; ni++)
-            printf(" n%d:%.2f", ni + 1, best[ni] / best[0]);
+        for (int ni = 0; ni < n_ns; ni++)
+            printf(" n%d:%.2f", ns[ni], best[ni] / best[0]);
         printf("\n");
         for (int c = 0; c < copies; c++)
             be->ops->free(be, w[c]);
