@@ -2,8 +2,9 @@
 # The main job: builds Tandem, generates the `small` model pair (a derived
 # draft a third of the target's size, real Llama 3 tokenizer), starts the
 # three processes under the supervisor, sends one streamed chat request,
-# prints the text, the acceptance rate and tokens/s next to a target-only
-# run of the same request, and stops everything.
+# prints the text, then compares the same request through the pipeline,
+# in-process speculative and target-only (interleaved runs, medians), and
+# stops everything.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
