@@ -28,6 +28,7 @@
 #include <zmq.h>
 
 #include "error.h"
+#include "socket_monitor.h"
 
 /* ZMTP heartbeats: a PING every interval; no traffic for the timeout drops
  * the connection. The coordinator's I/O thread answers PINGs whatever its
@@ -40,7 +41,7 @@
 struct tandem_client {
     void *zctx;
     void *sock;
-    void *monitor;       /* PAIR receiving the DEALER's DISCONNECTED events */
+    struct socket_monitor *monitor; /* the DEALER's drops */
     int pending;         /* requests sent whose final reply was not read */
     bool lost;           /* a drop while requests were pending, not reported yet */
 };
@@ -75,14 +76,10 @@ static int client_create(struct tandem_client **out, const char *endpoint, const
         return rc;
     }
     /* One context per client: the fixed inproc name cannot clash. */
-    if (zmq_socket_monitor(c->sock, CLIENT_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED) != 0 ||
-        (c->monitor = zmq_socket(c->zctx, ZMQ_PAIR)) == NULL ||
-        zmq_setsockopt(c->monitor, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
-        zmq_connect(c->monitor, CLIENT_MONITOR_ENDPOINT) != 0) {
-        int rc = error_set(err, ERR_SYSTEM, "connection monitor (zmq_socket_monitor): %s",
-                           zmq_strerror(zmq_errno()));
+    int mrc = socket_monitor_open(&c->monitor, c->zctx, c->sock, CLIENT_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED, err);
+    if (mrc != 0) {
         tandem_client_destroy(c);
-        return rc;
+        return mrc;
     }
     if (server_public != NULL) {
         char pub[41], sec[41];
@@ -133,8 +130,7 @@ void tandem_client_destroy(struct tandem_client *client)
 {
     if (client == NULL)
         return;
-    if (client->monitor != NULL)
-        zmq_close(client->monitor);
+    socket_monitor_close(client->monitor);
     if (client->sock != NULL)
         zmq_close(client->sock);
     if (client->zctx != NULL)
@@ -236,24 +232,11 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
 static int read_monitor(struct tandem_client *client, char *err)
 {
     for (;;) {
-        zmq_msg_t frame;
-        if (zmq_msg_init(&frame) != 0)
-            return error_set(err, ERR_SYSTEM, "zmq_msg_init: %s", zmq_strerror(zmq_errno()));
-        if (zmq_msg_recv(&frame, client->monitor, ZMQ_DONTWAIT) < 0) {
-            int e = zmq_errno();
-            zmq_msg_close(&frame);
-            if (e == EAGAIN)
-                return 0;
-            return error_set(err, ERR_SYSTEM, "connection monitor: zmq_msg_recv: %s", zmq_strerror(e));
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&frame) >= sizeof(event))
-            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-        int more = zmq_msg_more(&frame);
-        /* The second frame follows at once (ZeroMQ delivers a message whole). */
-        while (more && zmq_msg_recv(&frame, client->monitor, 0) >= 0)
-            more = zmq_msg_more(&frame);
-        zmq_msg_close(&frame);
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(client->monitor, &event, &value, err);
+        if (got <= 0)
+            return got;
         if (event == ZMQ_EVENT_DISCONNECTED && client->pending > 0) {
             client->lost = true;
             client->pending = 0;
@@ -337,7 +320,7 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
     memset(ev, 0, sizeof(*ev));
     zmq_pollitem_t items[2] = {
         {.socket = client->sock, .events = ZMQ_POLLIN},
-        {.socket = client->monitor, .events = ZMQ_POLLIN},
+        {.socket = socket_monitor_pollable(client->monitor), .events = ZMQ_POLLIN},
     };
     /* Replies that arrived before a drop are still good: they go first. */
     double deadline_ms = now_ms() + timeout_ms;

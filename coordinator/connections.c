@@ -4,19 +4,17 @@
  * Invariants: slot[fd].gen counts the connections accepted on descriptor fd
  * (a closed descriptor number is reused by the kernel for the next one);
  * slot[fd].open is false from the drop of the connection until the next is
- * accepted. The monitor's pipe has no high-water mark (RCVHWM 0 on our end):
- * a lost event would be a drop never noticed. It is drained on every pass
- * of the poll loop and before every reply, so it stays short.
+ * accepted. The monitor is drained on every pass of the poll loop and before
+ * every reply, so it stays short.
  */
 #include "connections.h"
 
-#include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 #include <zmq.h>
 
 #include "error.h"
 #include "logging.h"
+#include "socket_monitor.h"
 
 /* Descriptor numbers past this are not tracked (they count as open): the
  * table grows to the highest descriptor seen, and a process has far fewer. */
@@ -30,8 +28,7 @@ struct conn_slot {
 };
 
 struct connections {
-    void *router;            /* the monitored client socket (not owned); NULL until monitoring works */
-    void *monitor;           /* PAIR: the ROUTER's events */
+    struct socket_monitor *monitor; /* the ROUTER's accepts and drops */
     struct conn_slot *slot;  /* (n_slots), indexed by descriptor */
     int n_slots;
     uint64_t updates;
@@ -43,70 +40,21 @@ int connections_create(struct connections **out, void *zctx, void *router, char 
     struct connections *cs = calloc(1, sizeof(*cs));
     if (cs == NULL)
         return error_set(err, ERR_NOMEM, "connections: out of memory");
-    int linger_ms = 0, unlimited = 0;
-    int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_MONITOR_STOPPED;
-    if (zmq_socket_monitor(router, CONNECTIONS_MONITOR_ENDPOINT, events) != 0 ||
-        (cs->monitor = zmq_socket(zctx, ZMQ_PAIR)) == NULL ||
-        zmq_setsockopt(cs->monitor, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
-        zmq_setsockopt(cs->monitor, ZMQ_RCVHWM, &unlimited, sizeof(unlimited)) != 0 ||
-        zmq_connect(cs->monitor, CONNECTIONS_MONITOR_ENDPOINT) != 0) {
-        int rc = error_set(err, ERR_SYSTEM, "client socket monitor (zmq_socket_monitor): %s",
-                           zmq_strerror(zmq_errno()));
-        connections_destroy(cs);
+    int rc = socket_monitor_open(&cs->monitor, zctx, router, CONNECTIONS_MONITOR_ENDPOINT,
+                                 ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED, err);
+    if (rc != 0) {
+        free(cs);
         return rc;
     }
-    cs->router = router;
     *out = cs;
     return 0;
-}
-
-/* Stops the ROUTER's monitor and reads our end until the monitor's last
- * event. Closing our end while the ROUTER's I/O thread can still send to it
- * (a disconnect reported late) leaks that event's endpoint frame in libzmq
- * 4.3 (seen under load in test_connections); once MONITOR_STOPPED has
- * arrived nothing more is sent. The wait is bounded: a stop that never
- * arrives costs at most that long, never a hang at shutdown. */
-static void monitor_stop_and_drain(struct connections *cs)
-{
-    if (cs->router == NULL)
-        return;
-    if (zmq_socket_monitor(cs->router, NULL, 0) != 0) {
-        LOG_WARN("client socket monitor: stopping it: %s", zmq_strerror(zmq_errno()));
-        return;
-    }
-    int wait_ms = 1000;
-    if (zmq_setsockopt(cs->monitor, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms)) != 0) {
-        LOG_WARN("client socket monitor: ZMQ_RCVTIMEO: %s", zmq_strerror(zmq_errno()));
-        return;
-    }
-    for (;;) {
-        zmq_msg_t frame;
-        if (zmq_msg_init(&frame) != 0)
-            return;
-        if (zmq_msg_recv(&frame, cs->monitor, 0) < 0) {
-            LOG_WARN("client socket monitor: no stop event at shutdown: %s", zmq_strerror(zmq_errno()));
-            zmq_msg_close(&frame);
-            return;
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&frame) >= sizeof(event))
-            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, cs->monitor, 0) >= 0)
-            continue;
-        zmq_msg_close(&frame);
-        if (event == ZMQ_EVENT_MONITOR_STOPPED)
-            return;
-    }
 }
 
 void connections_destroy(struct connections *cs)
 {
     if (cs == NULL)
         return;
-    if (cs->monitor != NULL) {
-        monitor_stop_and_drain(cs);
-        zmq_close(cs->monitor);
-    }
+    socket_monitor_close(cs->monitor);
     free(cs->slot);
     free(cs);
 }
@@ -139,27 +87,15 @@ int connections_update(struct connections *cs)
 {
     cs->updates++;
     int dropped = 0;
+    char err[ERR_MSG_MAX];
     for (;;) {
-        zmq_msg_t frame;
-        if (zmq_msg_init(&frame) != 0)
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(cs->monitor, &event, &value, err);
+        if (got < 0)
+            LOG_WARN("client socket monitor: %s", err);
+        if (got <= 0)
             return dropped;
-        if (zmq_msg_recv(&frame, cs->monitor, ZMQ_DONTWAIT) < 0) {
-            if (zmq_errno() != EAGAIN)
-                LOG_WARN("client socket monitor: zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
-            zmq_msg_close(&frame);
-            return dropped;
-        }
-        /* Frame 1: event (16 bits) and value (32 bits: the descriptor for
-         * these two events); frame 2, at once: the endpoint. */
-        uint16_t event = 0;
-        uint32_t value = 0;
-        if (zmq_msg_size(&frame) >= sizeof(event) + sizeof(value)) {
-            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-            memcpy(&value, (const char *)zmq_msg_data(&frame) + sizeof(event), sizeof(value));
-        }
-        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, cs->monitor, 0) >= 0)
-            continue;
-        zmq_msg_close(&frame);
         struct conn_slot *s = slot_of(cs, (int)value);
         if (s == NULL)
             continue;

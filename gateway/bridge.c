@@ -31,6 +31,7 @@
 
 #include "error.h"
 #include "logging.h"
+#include "socket_monitor.h"
 
 #define BRIDGE_ID_MAX 64
 /* ZMTP heartbeats: the coordinator's I/O thread answers whatever its main
@@ -62,7 +63,7 @@ struct bridge_call {
 struct bridge {
     void *zctx;
     void *sock;
-    void *monitor;               /* PAIR receiving sock's DISCONNECTED events */
+    struct socket_monitor *monitor; /* sock's drops */
     int wake_fd;                 /* eventfd: outgoing messages or stop */
     pthread_t thread;
     bool thread_started;
@@ -196,22 +197,15 @@ static void read_replies(struct bridge *b)
 static void read_monitor(struct bridge *b)
 {
     bool dropped = false;
+    char err[ERR_MSG_MAX];
     for (;;) {
-        zmq_msg_t frame;
-        zmq_msg_init(&frame);
-        if (zmq_msg_recv(&frame, b->monitor, ZMQ_DONTWAIT) < 0) {
-            if (zmq_errno() != EAGAIN)
-                LOG_WARN("bridge: connection monitor: zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
-            zmq_msg_close(&frame);
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(b->monitor, &event, &value, err);
+        if (got < 0)
+            LOG_WARN("bridge: connection monitor: %s", err);
+        if (got <= 0)
             break;
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&frame) >= sizeof(event))
-            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-        /* An event is two frames; the second (the endpoint) follows at once. */
-        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, b->monitor, 0) >= 0) {
-        }
-        zmq_msg_close(&frame);
         dropped = dropped || event == ZMQ_EVENT_DISCONNECTED;
     }
     if (!dropped)
@@ -248,7 +242,7 @@ static void *bridge_main(void *arg)
         zmq_pollitem_t items[3] = {
             {.socket = b->sock, .events = ZMQ_POLLIN},
             {.fd = b->wake_fd, .events = ZMQ_POLLIN},
-            {.socket = b->monitor, .events = ZMQ_POLLIN},
+            {.socket = socket_monitor_pollable(b->monitor), .events = ZMQ_POLLIN},
         };
         if (zmq_poll(items, 3, -1) < 0) {
             if (zmq_errno() == EINTR)
@@ -310,14 +304,9 @@ int bridge_create(struct bridge **out, const char *endpoint, char *err)
         goto fail;
     }
     /* One context per bridge: the fixed inproc name cannot clash. */
-    if (zmq_socket_monitor(b->sock, BRIDGE_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED) != 0 ||
-        (b->monitor = zmq_socket(b->zctx, ZMQ_PAIR)) == NULL ||
-        zmq_setsockopt(b->monitor, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
-        zmq_connect(b->monitor, BRIDGE_MONITOR_ENDPOINT) != 0) {
-        rc = error_set(err, ERR_SYSTEM, "bridge: connection monitor (zmq_socket_monitor): %s",
-                       zmq_strerror(zmq_errno()));
+    if ((rc = socket_monitor_open(&b->monitor, b->zctx, b->sock, BRIDGE_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED,
+                                  err)))
         goto fail;
-    }
     if (zmq_connect(b->sock, endpoint) != 0) {
         rc = error_set(err, ERR_INVALID_ARG, "coordinator endpoint %s: zmq_connect: %s", endpoint,
                        zmq_strerror(zmq_errno()));
@@ -352,8 +341,7 @@ void bridge_destroy(struct bridge *b)
         free(n->text);
         free(n);
     }
-    if (b->monitor != NULL)
-        zmq_close(b->monitor);
+    socket_monitor_close(b->monitor);
     if (b->sock != NULL)
         zmq_close(b->sock);
     if (b->zctx != NULL)

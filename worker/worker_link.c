@@ -23,6 +23,7 @@
 
 #include "error.h"
 #include "logging.h"
+#include "socket_monitor.h"
 
 #define WORKER_LINK_MONITOR_ENDPOINT "inproc://tandem-worker-link-monitor"
 
@@ -36,7 +37,7 @@ struct worker_link {
     size_t max_message_bytes;
     void *zctx;
     void *sock;
-    void *monitor;           /* PAIR: the socket's connection drops */
+    struct socket_monitor *monitor; /* the socket's connection drops */
     int n_drops;             /* connection drops so far: "drops" in register */
     double last_heard_ms;    /* last message from the coordinator */
     double last_beat_ms;     /* last heartbeat we sent */
@@ -128,23 +129,15 @@ void worker_link_keepalive(struct worker_link *link)
 static void watch_connection(struct worker_link *link)
 {
     bool dropped = false;
+    char err[ERR_MSG_MAX];
     for (;;) {
-        zmq_msg_t frame;
-        if (zmq_msg_init(&frame) != 0)
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(link->monitor, &event, &value, err);
+        if (got < 0)
+            LOG_WARN("coordinator socket monitor: %s", err);
+        if (got <= 0)
             break;
-        if (zmq_msg_recv(&frame, link->monitor, ZMQ_DONTWAIT) < 0) {
-            if (zmq_errno() != EAGAIN)
-                LOG_WARN("coordinator socket monitor: zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
-            zmq_msg_close(&frame);
-            break;
-        }
-        /* Frame 1: event (16 bits) and value (32 bits); frame 2: the endpoint. */
-        uint16_t event = 0;
-        if (zmq_msg_size(&frame) >= sizeof(event) + sizeof(uint32_t))
-            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, link->monitor, 0) >= 0)
-            continue;
-        zmq_msg_close(&frame);
         dropped = dropped || event == ZMQ_EVENT_DISCONNECTED;
     }
     if (!dropped)
@@ -232,7 +225,7 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
     while (!*stop) {
         zmq_pollitem_t items[2] = {
             {.socket = link->sock, .events = ZMQ_POLLIN},
-            {.socket = link->monitor, .events = ZMQ_POLLIN},
+            {.socket = socket_monitor_pollable(link->monitor), .events = ZMQ_POLLIN},
         };
         double now = protocol_now_ms();
         long wait_ms = (long)(link->last_beat_ms + link->heartbeat_ms - now);
@@ -317,18 +310,10 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
     if ((rc = protocol_dealer_connect(link->zctx, link->endpoint, &link->sock, err)))
         goto fail;
     /* Started after the connect: a drop before the first connection is up
-     * cannot happen, and the monitor only needs drops. Its pipe has no
-     * high-water mark: a lost event would be a drop never noticed. */
-    int unlimited = 0;
-    if (zmq_socket_monitor(link->sock, WORKER_LINK_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED) != 0 ||
-        (link->monitor = zmq_socket(link->zctx, ZMQ_PAIR)) == NULL ||
-        zmq_setsockopt(link->monitor, ZMQ_LINGER, &(int){0}, sizeof(int)) != 0 ||
-        zmq_setsockopt(link->monitor, ZMQ_RCVHWM, &unlimited, sizeof unlimited) != 0 ||
-        zmq_connect(link->monitor, WORKER_LINK_MONITOR_ENDPOINT) != 0) {
-        rc = error_set(err, ERR_SYSTEM, "coordinator socket monitor (zmq_socket_monitor): %s",
-                       zmq_strerror(zmq_errno()));
+     * cannot happen, and the monitor only needs drops. */
+    if ((rc = socket_monitor_open(&link->monitor, link->zctx, link->sock, WORKER_LINK_MONITOR_ENDPOINT,
+                                  ZMQ_EVENT_DISCONNECTED, err)))
         goto fail;
-    }
     *out = link;
     return 0;
 fail:
@@ -340,10 +325,7 @@ void worker_link_destroy(struct worker_link *link)
 {
     if (!link)
         return;
-    if (link->sock && zmq_socket_monitor(link->sock, NULL, 0) != 0)
-        LOG_WARN("zmq_socket_monitor (stop): %s", zmq_strerror(zmq_errno()));
-    if (link->monitor && zmq_close(link->monitor) != 0)
-        LOG_WARN("zmq_close (monitor): %s", zmq_strerror(zmq_errno()));
+    socket_monitor_close(link->monitor);
     if (link->sock && zmq_close(link->sock) != 0)
         LOG_WARN("zmq_close: %s", zmq_strerror(zmq_errno()));
     if (link->zctx && zmq_ctx_term(link->zctx) != 0)
