@@ -168,6 +168,15 @@ struct coordinator {
     struct exposure *exposure; /* CURVE and the ZAP handler of the client endpoint */
     struct connections *conns; /* the client socket's connections (monitor) */
     int n_conn_drops;        /* drops seen, not yet swept (intake_watch_connections) */
+    /* The client message being answered (intake), while it is: a reply to
+     * its routing id goes out only while its connection is open, so an id
+     * reused by a newcomer in between never gets the old client's answer. */
+    struct {
+        bool active;
+        const uint8_t *identity;
+        size_t identity_size;
+        struct conn_ref conn;
+    } answering;
     struct worker worker[2];
     uint64_t draft_gen;
     struct seq *seqs;        /* cfg.max_concurrency active + max_queue queued */

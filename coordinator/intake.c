@@ -321,6 +321,7 @@ void intake_on_message(struct coordinator *c)
 {
     size_t received = 0;
     handle_message(c, &received);
+    c->answering.active = false;
 #ifdef __GLIBC__
     if (received >= COORD_TRIM_AFTER_BYTES)
         malloc_trim(0);
@@ -392,6 +393,10 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
         return;
     }
     struct conn_ref conn = connections_ref(c->conns, fd);
+    c->answering.active = true;
+    c->answering.identity = identity;
+    c->answering.identity_size = identity_size;
+    c->answering.conn = conn;
     if (oversized) {
         char m[160];
         snprintf(m, sizeof(m), "message too large or in several frames: %zu bytes, at most %zu in one frame",

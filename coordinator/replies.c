@@ -37,6 +37,11 @@ static void add_client_string(cJSON *m, const char *key, const char *s)
 static bool connection_still_there(struct coordinator *c, const uint8_t *identity, size_t identity_size)
 {
     c->n_conn_drops += connections_update(c->conns);
+    /* A reply to the message being read (an error, stats, a cancel's
+     * answer) has no request record to go by: its own connection is. */
+    if (c->answering.active && c->answering.identity_size == identity_size &&
+        memcmp(c->answering.identity, identity, identity_size) == 0 && !connections_open(c->conns, c->answering.conn))
+        return false;
     for (int i = 0; i < c->n_seqs; i++) {
         const struct seq *s = &c->seqs[i];
         if (s->state != SEQ_FREE && s->client_size == identity_size &&
