@@ -13,14 +13,36 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "error.h"
+#include "json_check.h"
 #include "json_type.h"
+#include "utf8.h"
 
 #define E400 400
 #define INVALID "invalid_request_error"
+
+/* Makes buf (a C string in size bytes) valid UTF-8: invalid bytes become
+ * U+FFFD and the result is cut at a character boundary to fit. Error texts
+ * quote client bytes (a field name, a role) and are cut to fixed buffers;
+ * what goes back must be UTF-8 JSON whatever the client sent. */
+static void utf8_fix(char *buf, size_t size)
+{
+    size_t n = strlen(buf);
+    if (utf8_valid((const uint8_t *)buf, n, NULL))
+        return;
+    uint8_t fixed[3 * OPENAI_MESSAGE_MAX];
+    if (n > OPENAI_MESSAGE_MAX)
+        n = OPENAI_MESSAGE_MAX;
+    size_t m = utf8_repair((const uint8_t *)buf, n, fixed);
+    m = utf8_cut_len(fixed, m, size - 1);
+    memcpy(buf, fixed, m);
+    buf[m] = '\0';
+}
 
 int openai_error_set(struct openai_error *e, int status, const char *type, const char *code, const char *param,
                      const char *fmt, ...)
@@ -33,6 +55,9 @@ int openai_error_set(struct openai_error *e, int status, const char *type, const
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
+    utf8_fix(e->code, sizeof(e->code));
+    utf8_fix(e->param, sizeof(e->param));
+    utf8_fix(e->message, sizeof(e->message));
     return status;
 }
 
@@ -379,6 +404,23 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
     out->kind = kind;
     if (body == NULL || len == 0)
         return bad(e, "", "request body is empty: expected a JSON object%s%s", "", "");
+    /* The coordinator's strict pass, here first: cJSON alone takes invalid
+     * UTF-8, raw control characters and repeated keys (the first wins),
+     * which the coordinator would refuse only after a round trip, or which
+     * would reach it silently changed. */
+    char why[ERR_MSG_MAX];
+    int jrc = json_check(body, len, why);
+    if (jrc == ERR_NOMEM)
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    if (jrc == ERR_INVALID_ARG) { /* well-formed, a key repeated: why names its path */
+        const char *cut = strstr(why, ": given more than once");
+        char param[OPENAI_PARAM_MAX] = "";
+        if (cut != NULL)
+            snprintf(param, sizeof(param), "%.*s", (int)(cut - why), why);
+        return bad(e, param, "%s%s", why, "");
+    }
+    if (jrc != 0)
+        return bad(e, "", "request body is not valid JSON: %s%s", why, "");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (root == NULL)
@@ -418,12 +460,6 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
         goto done;
     const cJSON *f = NULL;
     cJSON_ArrayForEach(f, root) {
-        for (const cJSON *g = f->next; g != NULL; g = g->next) {
-            if (strcmp(g->string, f->string) == 0) {
-                bad(e, f->string, "%.64s: given more than once%s", f->string, "");
-                goto done;
-            }
-        }
         const struct field *fd = field_find(kind, f->string);
         if (fd == NULL) {
             bad(e, f->string, "%.64s: unknown field%s", f->string, "");

@@ -90,6 +90,15 @@ def test():
     expect(p, "POST", "/v1/chat/completions", dict(chat, colour="red"), 400, param="colour", needle="unknown field")
     expect(p, "POST", "/v1/chat/completions", b'{"model":"tiny","model":"tiny","messages":[]}', 400, param="model",
            needle="more than once")
+    # Nested repeats too, and bytes that are not UTF-8 (json.loads of the
+    # reply fails unless the error body is UTF-8 JSON).
+    expect(p, "POST", "/v1/chat/completions",
+           b'{"model":"tiny","messages":[{"role":"user","content":"a","content":"b"}]}', 400,
+           param="messages[0].content", needle="more than once")
+    expect(p, "POST", "/v1/chat/completions",
+           b'{"model":"tiny","messages":[{"role":"user","content":"a\xfe"}]}', 400, needle="UTF-8")
+    expect(p, "POST", "/v1/chat/completions", b'{"model":"tiny","messages":[],"col\xefour":1}', 400,
+           needle="UTF-8")
     expect(p, "POST", "/v1/completions", dict(comp, echo=True), 400, param="echo")
     expect(p, "POST", "/v1/completions", dict(comp, suffix="x"), 400, param="suffix")
     expect(p, "POST", "/v1/completions", dict(comp, logprobs=1), 400, param="logprobs")

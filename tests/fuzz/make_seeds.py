@@ -156,3 +156,26 @@ put("proc_config", "bad_endpoint", json.dumps({"coordinator": {"client_endpoint"
                                                "draft_worker": {"model": "/d"},
                                                "target_worker": {"model": "/t"}}))
 put("proc_config", "long_instance", json.dumps({"instance": "x" * 70}))
+
+# ---- HTTP request bodies (gateway/openai.c): both endpoints' shapes
+M = "tandem-fuzz"
+CHAT = {"model": M, "messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Hello there"}]}
+put("openai", "chat_min", json.dumps({"model": M, "messages": [{"role": "user", "content": "hi"}]}))
+put("openai", "chat_all", json.dumps({**CHAT, "max_completion_tokens": 8, "max_tokens": 4, "temperature": 0.7,
+                                      "top_p": 0.9, "seed": 7, "stop": ["\n", "end"], "stream": True,
+                                      "stream_options": {"include_usage": True}, "n": 1, "logprobs": False,
+                                      "user": "u", "frequency_penalty": 0, "presence_penalty": 0}))
+put("openai", "chat_parts", json.dumps({"model": M, "messages": [
+    {"role": "user", "content": [{"type": "text", "text": "caf\u00e9 "}, {"type": "text", "text": "\U0001F600"}]}]},
+    ensure_ascii=False))
+put("openai", "chat_tools", json.dumps({**CHAT, "tools": [{"type": "function"}]}))
+put("openai", "chat_bad_role", json.dumps({"model": M, "messages": [{"role": "wizard", "content": "x"}]}))
+put("openai", "stream_options_unknown", json.dumps({**CHAT, "stream": True, "stream_options": {"\u00e9" * 40: 1}},
+                                                   ensure_ascii=False))
+put("openai", "completion", json.dumps({"model": M, "prompt": "Once upon a time", "max_tokens": 5,
+                                        "stop": "\n", "echo": False, "temperature": 0}))
+put("openai", "completion_ids", json.dumps({"model": M, "prompt": [1, 2, 3]}))
+put("openai", "wrong_model", json.dumps({"model": "gpt-4", "prompt": "x"}))
+put("openai", "not_json", '{"model": "tandem-fuzz", "messages": [')
+put("openai", "duplicate_key", '{"model":"tandem-fuzz","prompt":"a","prompt":"b"}')
