@@ -365,7 +365,7 @@ static float fixed_order_dot(const float *w, const float *x, int len)
  * 3 rows after the 4-row blocks. */
 static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **state)
 {
-    static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051, 4105};
+    static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051, 4105, 8195};
     static const int d_outs[] = {13, 6, 7};
     const int n_max = 40; /* 18..40: the panel path */
     struct kern_backend *be = make_backend(2);
