@@ -9,16 +9,16 @@
  * results depend on shapes. Cutting it into k-blocks with the accumulators
  * parked in memory in between is fine: that changes no bit.
  *
- * Four paths, chosen from (n, d_in) only (mm_use_panel, MM_IPAIRS_*), all
+ * Four paths, chosen from (n, d_in) only (mm_use_panel, MM_IPAIRS_MIN), all
  * exact:
- *   - output pairs (AVX-512F+BW; n = 1..4, and 5 where d_in > 4096: decode
+ *   - output pairs (AVX-512F+BW; n = 1..5: decode
  *     and short speculative verifications): tasks are blocks of MM_RO
  *     output rows; two weight rows share each 512-bit accumulator (one
  *     8-lane half each, so every output keeps its 8-lane order) and the
  *     block's 4 weight rows are applied to all input rows per read; rows
  *     longer than MM_OKB go in k-blocks over 16 blocks at a time
  *     (mm_blocks_opairs_kb).
- *   - input pairs (AVX-512F+BW; n = 5 or 6 up to 17: longer verifications,
+ *   - input pairs (AVX-512F+BW; n = 6 up to 17: longer verifications,
  *     batches of decode rows): the same tasks, two input rows per 512-bit
  *     accumulator instead, the block's 4 weight rows applied to up to 12
  *     input rows per read.
@@ -183,7 +183,7 @@ static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-/* The input-pair path (AVX-512F+BW; n = 5 or 6 (MM_IPAIRS_MIN*) up to
+/* The input-pair path (AVX-512F+BW; n = MM_IPAIRS_MIN up to
  * MM_PAIRED_MAX, the output-pair path below taking the smaller n). A 512-bit
  * FMA does the work of two 256-bit ones in the same issue slot (at full
  * width on Zen 5 and on Intel server cores), so two input rows share one
@@ -198,17 +198,16 @@ static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w
  * aligned 64-byte load per k-step (mm_pack_pairs).
  * Which of the two pair paths: measured (one thread, bf16, weights cold,
  * Llama-1B shapes, tools/bench_kernels --cpu-time, both with the prefetch),
- * the output pairs are 10-30% faster at n = 1..4; from n = 5 (d_in = 2048)
- * or 6 (d_in = 8192) the input pairs are 3-20% faster. Not established why;
- * probably the reads of the inputs, which no longer fit in L1 there: the
- * input pairs load a packed 64-byte pair per 4 FMAs, the output pairs a
- * 32-byte broadcast per 2.
+ * the output pairs were 10-30% faster at n = 1..4; from n = 5 (d_in = 2048)
+ * or 6 (d_in = 8192) the input pairs were 3-20% faster, the output pairs
+ * then reading inputs that no longer fit in L1. Since the output pairs go
+ * in k-blocks (mm_blocks_opairs_kb), they keep n = 5 too: 2 threads, same
+ * session, 5 rows of 2048 -> 8192 took 14% less time and of the 2048 x
+ * 128256 head 5% less.
  * The prefetch is the output pairs' (MM_PF, once per 64-byte line of each
  * weight row): measured 8-21% faster at n = 6..17. */
 #define MM_PF 512 /* weights: 1 KiB of bf16/f16 ahead (256..1024 measured alike) */
-#define MM_IPAIRS_MIN 5      /* input pairs from this n where d_in <= MM_IPAIRS_DIN, */
-#define MM_IPAIRS_MIN_LONG 6 /* and from this n where it is longer */
-#define MM_IPAIRS_DIN 4096
+#define MM_IPAIRS_MIN 6 /* input pairs from this n */
 #define MM_PAIRS4 6 /* most input-row pairs with 4 weight rows (24 + 4 + 1 zmm) */
 #define MM_PAIRS 9  /* most pairs with 1 weight row (tail rows of d_out) */
 
@@ -374,7 +373,7 @@ static void mm_block_pairs(const struct mm_job *job, enum kern_dtype dt, const v
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-/* The output-pair path (AVX-512F+BW; n below the input pairs' MM_IPAIRS_MIN*:
+/* The output-pair path (AVX-512F+BW; n below the input pairs' MM_IPAIRS_MIN:
  * decode and short speculative verifications). One 512-bit
  * accumulator holds two outputs of the same input row: lanes 0-7 the eight
  * lane accumulators of (weight row a, input row b), lanes 8-15 those of
@@ -404,7 +403,7 @@ static void mm_block_pairs(const struct mm_job *job, enum kern_dtype dt, const v
  * streams only one page (d_in = 2048) or four long, which the prefetchers
  * pick up late, page after page. Beyond a row's end it touches the next
  * row, or past the matrix (a prefetch never faults). */
-#define MM_OI (MM_IPAIRS_MIN_LONG - 1)
+#define MM_OI (MM_IPAIRS_MIN - 1)
 /* The output pairs' k-blocks (mm_blocks_opairs_kb): 512 columns (5 input
  * rows of it are 10 KiB) measured best against 256, 1024 and 2048 at
  * d_in = 8192, 1 to 5 rows. */
@@ -815,7 +814,7 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
 /* Which path computes n rows of length d_in: all give the same bits, so
  * this is only a speed choice.
  * With AVX-512F+BW (the output and input pairs up to MM_PAIRED_MAX rows,
- * split at MM_IPAIRS_MIN*): the input pairs were measured faster than the
+ * split at MM_IPAIRS_MIN): the input pairs were measured faster than the
  * panel at every n = 2..17 and Llama-1B shape (2-core Zen 5 VM, 2 threads),
  * up to 1.5-2x at n >= 9, because every weight is read once for up to 12
  * rows and applied with half the FMAs; the output pairs beat the input pairs
@@ -951,7 +950,7 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
     }
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (d_in >= 8 && n >= (d_in <= MM_IPAIRS_DIN ? MM_IPAIRS_MIN : MM_IPAIRS_MIN_LONG)) {
+    if (d_in >= 8 && n >= MM_IPAIRS_MIN) {
         rc = cpu_backend_scratch_reserve(cb, mm_pairs_floats(n, d_in) * sizeof(float), err);
         if (rc < 0)
             return rc;
