@@ -16,7 +16,7 @@
  *     output rows; two weight rows share each 512-bit accumulator (one
  *     8-lane half each, so every output keeps its 8-lane order) and the
  *     block's 4 weight rows are applied to all input rows per read; rows
- *     longer than MM_OKB go in k-blocks over 16 blocks at a time
+ *     longer than MM_OKB go in k-blocks over 16 blocks at a time from 2 rows
  *     (mm_blocks_opairs_kb).
  *   - input pairs (AVX-512F+BW; n = 6 up to 17: longer verifications,
  *     batches of decode rows): the same tasks, two input rows per 512-bit
@@ -594,7 +594,8 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
     }
 }
 
-/* The output pairs in k-blocks (job->okb columns, rows longer than one):
+/* The output pairs in k-blocks (job->okb columns; 2 to 5 input rows longer
+ * than one k-block):
  * up to MM_OKB_BLOCKS weight row blocks (64 rows) take one k-block after
  * the other, their accumulators parked in between. The input rows' k-block
  * is then read from L1 by all those blocks, where whole-row tiles read rows
@@ -603,8 +604,10 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
  * each) at once instead of 4 long ones. Measured against whole-row tiles in
  * the same session (tools/bench_kernels, 2 threads, best of 5, the Llama-1B
  * shapes 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256 head): 2 to 4
- * rows 7-22% less time, 5 rows of 8192 14% less, 5 rows of 2048 and one
- * row alike (within the session's noise, about 5%).
+ * rows 7-22% less time, 5 rows of 8192 14% less. One row stays on whole
+ * rows: alike in that benchmark, but decoding the whole 1B-shaped model
+ * (tools/bench runtime) was 12% slower with k-blocks, 17.7-18.3 against
+ * 20.2-20.7 tokens/s, alternating runs.
  * Each weight is still read once, and each accumulator sees the same FMAs
  * in the same order as with whole rows. */
 static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
@@ -958,7 +961,7 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         job.xq = cb->scratch[0];
     } else {
         job.opairs = 1;
-        if (n <= MM_OI && d_in > MM_OKB)
+        if (n >= 2 && n <= MM_OI && d_in > MM_OKB)
             job.okb = MM_OKB;
     }
 #endif
