@@ -62,10 +62,10 @@ run_one() {
            -print_final_stats=1 -artifact_prefix="$crashes/" "$work" "${seeds[@]}" >"$log" 2>&1 || rc=$?
   after=$(find "$crashes" -type f | wc -l)
   local stats
-  stats=$(grep -E '^#[0-9]+.*(DONE|cov:)' "$log" | tail -1 || true)
+  stats=$(grep -aE '^#[0-9]+.*(DONE|cov:)' "$log" | tail -1 || true)
   if ((rc != 0 || after > before)); then
     echo "fuzz: $t: FOUND SOMETHING (exit $rc); log $log, inputs in $crashes" >&2
-    grep -m1 -E 'ERROR: |runtime error|SUMMARY' "$log" >&2 || true
+    grep -a -m1 -E 'ERROR: |runtime error|SUMMARY' "$log" >&2 || true
     return 1
   fi
   echo "fuzz: $t: clean after ${time_s}s: ${stats#*\#}"
