@@ -231,17 +231,13 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
  * be read. */
 static int read_monitor(struct tandem_client *client, char *err)
 {
-    for (;;) {
-        uint16_t event;
-        uint32_t value;
-        int got = socket_monitor_next(client->monitor, &event, &value, err);
-        if (got <= 0)
-            return got;
-        if (event == ZMQ_EVENT_DISCONNECTED && client->pending > 0) {
-            client->lost = true;
-            client->pending = 0;
-        }
+    bool dropped = false;
+    int rc = socket_monitor_drain(client->monitor, &dropped, err);
+    if (dropped && client->pending > 0) {
+        client->lost = true;
+        client->pending = 0;
     }
+    return rc;
 }
 
 /* is_request: the message will get a final reply (everything but a cancel). */

@@ -198,16 +198,8 @@ static void read_monitor(struct bridge *b)
 {
     bool dropped = false;
     char err[ERR_MSG_MAX];
-    for (;;) {
-        uint16_t event;
-        uint32_t value;
-        int got = socket_monitor_next(b->monitor, &event, &value, err);
-        if (got < 0)
-            LOG_WARN("bridge: connection monitor: %s", err);
-        if (got <= 0)
-            break;
-        dropped = dropped || event == ZMQ_EVENT_DISCONNECTED;
-    }
+    if (socket_monitor_drain(b->monitor, &dropped, err) != 0)
+        LOG_WARN("bridge: connection monitor: %s", err);
     if (!dropped)
         return;
     /* Replies that came before the drop were read first (bridge_main). */

@@ -130,16 +130,8 @@ static void watch_connection(struct worker_link *link)
 {
     bool dropped = false;
     char err[ERR_MSG_MAX];
-    for (;;) {
-        uint16_t event;
-        uint32_t value;
-        int got = socket_monitor_next(link->monitor, &event, &value, err);
-        if (got < 0)
-            LOG_WARN("coordinator socket monitor: %s", err);
-        if (got <= 0)
-            break;
-        dropped = dropped || event == ZMQ_EVENT_DISCONNECTED;
-    }
+    if (socket_monitor_drain(link->monitor, &dropped, err) != 0)
+        LOG_WARN("coordinator socket monitor: %s", err);
     if (!dropped)
         return;
     link->n_drops++;

@@ -84,6 +84,19 @@ int socket_monitor_next(struct socket_monitor *m, uint16_t *event, uint32_t *val
     return error_set(err, ERR_SYSTEM, "socket monitor: zmq_msg_recv: %s", zmq_strerror(errno));
 }
 
+int socket_monitor_drain(struct socket_monitor *m, bool *dropped, char *err)
+{
+    *dropped = false;
+    for (;;) {
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(m, &event, &value, err);
+        if (got <= 0)
+            return got;
+        *dropped = *dropped || event == ZMQ_EVENT_DISCONNECTED;
+    }
+}
+
 void *socket_monitor_pollable(const struct socket_monitor *m)
 {
     return m->pair;

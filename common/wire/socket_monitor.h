@@ -13,6 +13,7 @@
 #ifndef TANDEM_SOCKET_MONITOR_H
 #define TANDEM_SOCKET_MONITOR_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct socket_monitor;
@@ -27,6 +28,10 @@ int socket_monitor_open(struct socket_monitor **out, void *zctx, void *sock, con
  * descriptor, for accepted and disconnected) set; 0 when none is queued;
  * ERR_SYSTEM (negative) when the monitor cannot be read, err set. */
 int socket_monitor_next(struct socket_monitor *m, uint16_t *event, uint32_t *value, char *err);
+
+/* Reads every queued event; *dropped tells whether one was a disconnect.
+ * 0, or ERR_SYSTEM with err set (the events read until then still count). */
+int socket_monitor_drain(struct socket_monitor *m, bool *dropped, char *err);
 
 /* For zmq_poll: readable when an event is queued. */
 void *socket_monitor_pollable(const struct socket_monitor *m);
