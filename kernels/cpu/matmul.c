@@ -401,14 +401,19 @@ static void mm_block_pairs(const struct mm_job *job, enum kern_dtype dt, const v
  * 3-15% faster at n = 1 and 15-30% at n = 2..5 (one thread, the Llama-1B
  * shapes) than the hardware prefetchers alone: a block's four rows are four
  * streams only one page (d_in = 2048) or four long, which the prefetchers
- * pick up late, page after page. Beyond a row's end it touches the next
- * row, or past the matrix (a prefetch never faults). */
+ * pick up late, page after page. Near a row's end it runs on into the same
+ * row of the next block (mm_otile's pf_next), and in k-blocks it fetches
+ * the next tile's columns: against prefetching each row's own next KiB
+ * (which at a row's end touched the next row, fetched anyway), the Llama-1B
+ * shapes at one row took 5-25% less time, the 2048 x 128256 head at 2 and 5
+ * rows 10-15% less (2 threads, tools/bench_kernels, alternating binaries).
+ * Past the matrix a prefetch never faults. */
 #define MM_OI (MM_IPAIRS_MIN - 1)
 /* The output pairs' k-blocks (mm_blocks_opairs_kb): 512 columns (5 input
  * rows of it are 10 KiB) measured best against 256, 1024 and 2048 at
  * d_in = 8192, 1 to 5 rows. */
 #define MM_OKB 512
-#define MM_OKB_BLOCKS 16 /* weight row blocks per k-block sweep (a pool claim is at most 16) */
+#define MM_OKB_BLOCKS 16 /* weight row blocks per k-block sweep */
 
 /* vpermi2w word indices, [dtype is f16][chunk c]: bf16: word 2i+1 of the
  * result (the high half of dword i) takes word 8c+i of row a (table a, words
@@ -444,8 +449,8 @@ CPU_SIMD_INLINE __m512 mm_owiden(enum kern_dtype dt, __m512i ra, __m512i rb, int
 /* One column block of up to 32 columns from k (nc chunks of 8, nc <= 4; a
  * compile-time 4 in the main loop): acc[p][b] += pair p of w x input row b. */
 CPU_SIMD_INLINE void mm_oblock(enum kern_dtype dt, int np, int ri, const void *const *wr,
-                               const float *x, size_t ldx, size_t k, int nc,
-                               __m512 acc[2][MM_OI])
+                               ptrdiff_t pf_lead, const float *x, size_t ldx, size_t k,
+                               int nc, __m512 acc[2][MM_OI])
 {
     __m512i raw[2][2];
     if (dt != KERN_DTYPE_F32) {
@@ -456,8 +461,9 @@ CPU_SIMD_INLINE void mm_oblock(enum kern_dtype dt, int np, int ri, const void *c
             for (int h = 0; h < 2; h++) {
                 raw[p][h] = _mm512_maskz_loadu_epi16(m, (const uint16_t *)wr[2 * p + h] + k);
                 /* an address, not a pointer: it may lie past the matrix */
-                _mm_prefetch((const char *)((uintptr_t)wr[2 * p + h] + 2 * (k + MM_PF)),
-                             _MM_HINT_T0);
+                _mm_prefetch(
+                    (const char *)((uintptr_t)wr[2 * p + h] + (uintptr_t)pf_lead + 2 * k),
+                    _MM_HINT_T0);
             }
     }
 #pragma GCC unroll 4
@@ -491,11 +497,19 @@ CPU_SIMD_INLINE void mm_oblock(enum kern_dtype dt, int np, int ri, const void *c
  * into k-blocks parks its accumulators in park (np * MM_OI vectors) between
  * them and writes out only at the last (k1 == d_in). With park NULL the
  * range is the whole row. Each accumulator sees the same FMAs in the same
- * order either way. */
+ * order either way.
+ * Each weight row's prefetch runs pf_lead bytes ahead of its reads (whole
+ * rows: MM_PF weights). Within MM_PF of a row's end, a whole row's prefetch
+ * would land in the next row, which that row's own stream fetches anyway;
+ * pf_next bytes further on it lands in the same row of the block read next
+ * instead (0: no such block). */
 CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *const *wr,
                               int rows, const float *x, size_t ldx, int d_in, size_t k0,
-                              size_t k1, __m512 *park, float *out, size_t ldo)
+                              size_t k1, ptrdiff_t pf_lead, size_t pf_next, __m512 *park,
+                              float *out, size_t ldo)
 {
+    const size_t k_wrap = (size_t)d_in > MM_PF ? ((size_t)d_in - MM_PF + 31) & ~(size_t)31 : 0;
+    const size_t k_shift = k_wrap > k0 ? k_wrap : k0;
     const size_t len8 = (size_t)(d_in & ~7), len32 = (size_t)(d_in & ~31);
     const size_t end32 = k1 < len32 ? k1 : len32;
     __m512 acc[2][MM_OI];
@@ -504,8 +518,11 @@ CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *co
 #pragma GCC unroll 5
         for (int b = 0; b < ri; b++)
             acc[p][b] = park != NULL && k0 > 0 ? park[p * MM_OI + b] : _mm512_setzero_ps();
-    for (size_t k = k0; k < end32; k += 32)
-        mm_oblock(dt, np, ri, wr, x, ldx, k, 4, acc);
+    for (size_t k = k0; k < end32; k += 32) {
+        if (k == k_shift)
+            pf_lead += (ptrdiff_t)pf_next;
+        mm_oblock(dt, np, ri, wr, pf_lead, x, ldx, k, 4, acc);
+    }
     if (k1 < (size_t)d_in) {
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++)
@@ -515,7 +532,7 @@ CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *co
         return;
     }
     if (len8 > len32)
-        mm_oblock(dt, np, ri, wr, x, ldx, len32, (int)(len8 - len32) / 8, acc);
+        mm_oblock(dt, np, ri, wr, pf_lead, x, ldx, len32, (int)(len8 - len32) / 8, acc);
     /* Constant indices only (unrolled loops; rows is checked, not looped
      * over): an accumulator indexed at run time would keep acc[] in memory,
      * and GCC then stores every accumulator on each trip of the loops above. */
@@ -540,16 +557,18 @@ CPU_SIMD_INLINE void mm_otile(enum kern_dtype dt, int np, int ri, const void *co
 }
 
 typedef void (*mm_otile_fn)(const void *const *wr, int rows, const float *x, size_t ldx,
-                            int d_in, size_t k0, size_t k1, __m512 *park, float *out,
-                            size_t ldo);
+                            int d_in, size_t k0, size_t k1, ptrdiff_t pf_lead, size_t pf_next,
+                            __m512 *park, float *out, size_t ldo);
 
 #define MM_DEFINE_OTILE(dtname, dt, np, ri)                                                  \
     static void mm_otile_##dtname##_##np##x##ri(const void *const *wr, int rows,             \
                                                 const float *x, size_t ldx, int d_in,        \
-                                                size_t k0, size_t k1, __m512 *park,          \
-                                                float *out, size_t ldo)                      \
+                                                size_t k0, size_t k1, ptrdiff_t pf_lead,     \
+                                                size_t pf_next, __m512 *park, float *out,    \
+                                                size_t ldo)                                  \
     {                                                                                        \
-        mm_otile(dt, np, ri, wr, rows, x, ldx, d_in, k0, k1, park, out, ldo);                \
+        mm_otile(dt, np, ri, wr, rows, x, ldx, d_in, k0, k1, pf_lead, pf_next, park, out,   \
+                 ldo);                                                                       \
     }
 #define MM_DEFINE_OTILES_NP(dtname, dt, np)                                                  \
     MM_DEFINE_OTILE(dtname, dt, np, 1) MM_DEFINE_OTILE(dtname, dt, np, 2)                    \
@@ -588,7 +607,8 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
     const int n = job->n, n_groups = (n + MM_OI - 1) / MM_OI;
     for (int g = 0, i = 0; g < n_groups; g++) {
         const int ri = n / n_groups + (g < n % n_groups);
-        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in, 0, d_in, NULL,
+        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in, 0, d_in, 2 * MM_PF,
+                    (MM_RO - 1) * row_bytes, NULL,
                     job->out + (size_t)i * d_out + (size_t)o0, d_out);
         i += ri;
     }
@@ -615,6 +635,7 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
     const size_t row_bytes = d_in * kern_dtype_size(job->dtype);
     const size_t kb = (size_t)job->okb;
+    const ptrdiff_t block_bytes = (ptrdiff_t)(MM_RO * row_bytes);
     __m512 park[MM_OKB_BLOCKS][2 * MM_OI];
     for (long b0 = begin; b0 < end; b0 += MM_OKB_BLOCKS) {
         const long b1 = end - b0 < MM_OKB_BLOCKS ? end : b0 + MM_OKB_BLOCKS;
@@ -627,9 +648,19 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
                 const void *wr[4];
                 for (int a = 0; a < 4; a++)
                     wr[a] = w + (size_t)(a < rows ? a : rows - 1) * row_bytes;
+                /* Prefetch what the next tile reads: the same columns of the
+                 * next block, after the sweep's last block the next k-block
+                 * of its first, after the last k-block the next sweep. */
+                ptrdiff_t lead;
+                if (blk + 1 < b1)
+                    lead = block_bytes;
+                else if (k1 < d_in)
+                    lead = 2 * (ptrdiff_t)kb - (ptrdiff_t)(blk - b0) * block_bytes;
+                else
+                    lead = block_bytes - 2 * (ptrdiff_t)k0;
                 mm_otiles[job->dtype][(rows + 1) / 2 - 1][job->n - 1](
-                    wr, rows, job->in, d_in, job->d_in, k0, k1, park[blk - b0], job->out + (size_t)o0,
-                    d_out);
+                    wr, rows, job->in, d_in, job->d_in, k0, k1, lead, 0, park[blk - b0],
+                    job->out + (size_t)o0, d_out);
             }
         }
     }
@@ -900,9 +931,12 @@ static void mm_task_panel(void *ctx, long begin, long end, int thread_idx)
 static void mm_run(struct cpu_backend *cb, struct mm_job *job, int rows_per_task, cpu_pool_fn fn)
 {
     const long n_blocks = (job->d_out + rows_per_task - 1) / rows_per_task;
-    /* Claims of up to 16 blocks, at least ~16 claims per thread to balance. */
+    /* Claims of up to 16 blocks, at least ~16 claims per thread to balance;
+     * output pairs up to 64: a claim is one weight stream, and its first
+     * block starts without prefetch. */
+    const long cap = job->opairs ? 64 : 16;
     long chunk = n_blocks / ((long)cb->n_threads * 16);
-    chunk = chunk < 1 ? 1 : chunk > 16 ? 16 : chunk;
+    chunk = chunk < 1 ? 1 : chunk > cap ? cap : chunk;
     /* Tiny products are not worth waking the workers. */
     if ((long)job->n * job->d_in * job->d_out < 32768)
         chunk = n_blocks;
