@@ -7,9 +7,9 @@
  *       and the weight bytes read per second as a share of read bandwidth: a
  *       decode step reads its weights and writes almost nothing, so the read
  *       figure is its ceiling (measured again after each preset; the higher
- *       of the figures around a decode is its reference). --profile 1 adds a
- *       second, profiled run per
- *       preset: time per op kind and per matmul shape, per token.
+ *       of the figures around a decode is its reference). --profile 1 adds
+ *       a second, profiled run per preset: time per op kind and per matmul
+ *       shape, per token.
  *       --backend cuda: the GPU's read bandwidth (kern_cuda_read_bandwidth:
  *       a kernel reading a buffer of several GB), then per preset decode
  *       ms/token with device sampling and with host sampling, each against
