@@ -16,7 +16,7 @@
  *     output rows; two weight rows share each 512-bit accumulator (one
  *     8-lane half each, so every output keeps its 8-lane order) and the
  *     block's 4 weight rows are applied to all input rows per read; rows
- *     longer than MM_OKB go in k-blocks over 16 blocks at a time from 2 rows
+ *     longer than MM_OKB_MIN_DIN go in k-blocks over 16 blocks at a time from 2 rows
  *     (mm_blocks_opairs_kb).
  *   - input pairs (AVX-512F+BW; n = 6 up to 17: longer verifications,
  *     batches of decode rows): the same tasks, two input rows per 512-bit
@@ -414,6 +414,15 @@ static void mm_block_pairs(const struct mm_job *job, enum kern_dtype dt, const v
  * d_in = 8192, 1 to 5 rows. */
 #define MM_OKB 512
 #define MM_OKB_BLOCKS 16 /* weight row blocks per k-block sweep */
+/* Rows up to this long stay whole at 2 to 5 input rows. Since the whole-row
+ * prefetch runs into the next block (d5f3cf8), whole rows took 5-18% less
+ * time than k-blocks at d_in = 768 and 2048, 2 to 5 rows (768 x 128256,
+ * 768 -> 2048, 2048 -> 768, 2048 -> 8192, 2048 x 128256; 2 threads,
+ * tools/bench_kernels, 3 alternating runs, best of each), which puts 2 rows
+ * at 1.02-1.10x one row and 5 rows at 1.14-1.21x; at d_in = 3072 and 4096
+ * they were 0-7% slower, at 8192 5-8% slower (5 input rows of 8192 no
+ * longer fit in L1). */
+#define MM_OKB_MIN_DIN 2048
 
 /* vpermi2w word indices, [dtype is f16][chunk c]: bf16: word 2i+1 of the
  * result (the high half of dword i) takes word 8c+i of row a (table a, words
@@ -616,7 +625,7 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
 }
 
 /* The output pairs in k-blocks (job->okb columns; 2 to 5 input rows longer
- * than one k-block):
+ * than MM_OKB_MIN_DIN):
  * up to MM_OKB_BLOCKS weight row blocks (64 rows) take one k-block after
  * the other, their accumulators parked in between. The input rows' k-block
  * is then read from L1 by all those blocks, where whole-row tiles read rows
@@ -628,7 +637,9 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
  * rows 7-22% less time, 5 rows of 8192 14% less. One row stays on whole
  * rows: alike in that benchmark, but decoding the whole 1B-shaped model
  * (tools/bench runtime) was 12% slower with k-blocks, 17.7-18.3 against
- * 20.2-20.7 tokens/s, alternating runs.
+ * 20.2-20.7 tokens/s, alternating runs. (Those figures predate the
+ * whole-row prefetch into the next block; with it, rows up to
+ * MM_OKB_MIN_DIN are faster whole.)
  * Each weight is still read once, and each accumulator sees the same FMAs
  * in the same order as with whole rows. */
 static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
@@ -997,7 +1008,7 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         job.xq = cb->scratch[0];
     } else {
         job.opairs = 1;
-        if (n >= 2 && n <= MM_OI && d_in > MM_OKB)
+        if (n >= 2 && n <= MM_OI && d_in > MM_OKB_MIN_DIN)
             job.okb = MM_OKB;
     }
 #endif
