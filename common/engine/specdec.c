@@ -92,6 +92,19 @@ static int grow(void **buf, int *cap, int want, size_t elem, char *err)
     return 0;
 }
 
+/* grow, then writes the whole buffer once: a buffer of vocabulary-wide rows
+ * sized at creation is committed there, not page by page in the first
+ * calls that reach its rows (see ctx_touch_logits in llama.c: on the 2-core
+ * VM the draft's first decode call took 17-20 ms against 2.2 ms later, and
+ * the adaptive-K controller priced drafting at that). */
+static int grow_touched(void **buf, int *cap, int want, size_t elem, char *err)
+{
+    int rc = grow(buf, cap, want, elem, err);
+    if (!rc)
+        memset(*buf, 0, (size_t)*cap * elem);
+    return rc;
+}
+
 static void job_fail(int *rc_out, char *err_out, bool *done, int rc, const char *err)
 {
     *rc_out = rc;
@@ -149,6 +162,11 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
     d->probs = malloc((size_t)d->vocab * sizeof(float));
     int rc = !d->probs ? error_set(err, ERR_NOMEM, "draft: out of memory")
                        : sampling_workspace_create(&d->ws, d->vocab, err);
+    if (!rc) {
+        memset(d->probs, 0, (size_t)d->vocab * sizeof(float)); /* committed now (grow_touched) */
+        rc = grow_touched((void **)&d->logits, &d->logits_cap, 1, (size_t)d->vocab * sizeof(float),
+                          err);
+    }
     if (rc) {
         specdec_draft_destroy(d);
         return rc;
@@ -485,6 +503,12 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
     t->scratch = malloc((size_t)t->vocab * sizeof(float));
     int rc = !t->scratch ? error_set(err, ERR_NOMEM, "target: out of memory")
                          : sampling_workspace_create(&t->ws, t->vocab, err);
+    /* a whole verification's rows: the largest K's */
+    if (!rc) {
+        memset(t->scratch, 0, (size_t)t->vocab * sizeof(float));
+        rc = grow_touched((void **)&t->logits, &t->logits_cap, SPECULATE_K_MAX + 1,
+                          (size_t)t->vocab * sizeof(float), err);
+    }
     if (rc) {
         specdec_target_destroy(t);
         return rc;
@@ -519,7 +543,15 @@ int specdec_target_use_device(struct specdec_target *t, bool on, char *err)
         t->dev = NULL;
         return 0;
     }
-    return t->dev ? 0 : specdec_dev_create(&t->dev, t->ctx, err);
+    if (t->dev)
+        return 0;
+    int rc = specdec_dev_create(&t->dev, t->ctx, err);
+    if (!rc) { /* the rows live on the device now; grow() finds room again if it is turned off */
+        free(t->logits);
+        t->logits = NULL;
+        t->logits_cap = 0;
+    }
+    return rc;
 }
 
 bool specdec_target_on_device(const struct specdec_target *t) { return t->dev != NULL; }
@@ -914,8 +946,8 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
     const int q_on_device = need_q && draft->dev && target->dev &&
                             llama_ctx_backend(draft->ctx) == q_be;
     const size_t q_bytes = (size_t)SPECULATE_K_MAX * (size_t)target->vocab * sizeof(float);
-    if (need_q && !q_on_device)
-        q_rows = malloc(q_bytes);
+    if (need_q && !q_on_device && (q_rows = malloc(q_bytes)) != NULL)
+        memset(q_rows, 0, q_bytes); /* committed before the rounds time the draft (grow_touched) */
     if (!seq || (need_q && !q_on_device && !q_rows)) {
         free(seq);
         free(q_rows);

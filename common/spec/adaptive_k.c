@@ -99,7 +99,16 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
         kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
         kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
                           (kc->trials_sum + K_PRIOR_WEIGHT);
-        if (draft_ms >= 0) {
+        if (draft_ms >= 0 && !kc->draft_warm) {
+            /* The first drafting round of a fresh controller is not learnt
+             * from: it is the draft's first decode call, which touches what
+             * its prefill did not (the LM head's product among it) and took
+             * 5-20 ms against 2.2 ms later (small pair, 2 threads). Priced
+             * at that, K = 0 won and the draft was not tried again for 16
+             * rounds, then, still averaged with it, for 32 more: most of a
+             * first request decoded without speculation. */
+            kc->draft_warm = true;
+        } else if (draft_ms >= 0) {
             /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
             double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
             const double alpha = kc->probing ? K_PROBE_ALPHA : K_EWMA_ALPHA;
@@ -145,10 +154,13 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
 void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                             double verify_ms, double wall_ms)
 {
+    /* the draft's first call (see k_update) would price drafting rounds'
+     * wall time as wrongly as their compute */
+    const bool first_draft = k > 0 && draft_ms >= 0 && !kc->draft_warm;
     k_update(kc, k, n_accepted, draft_ms, verify_ms);
     const bool probe = kc->probing;
     kc->probing = false;
-    if (wall_ms <= 0 || draft_ms < 0)
+    if (wall_ms <= 0 || draft_ms < 0 || first_draft)
         return;
     if (k == 0) {
         /* a plain round run to measure, among drafting rounds, weighs as a probe */

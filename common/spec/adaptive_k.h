@@ -30,6 +30,7 @@ struct adaptive_k {
     double trials_sum;      /* decayed count of acceptance tests (accepted + rejected) */
     double accept_rate;     /* estimate of a: the sums plus a weak prior */
     double draft_ms_per_token;
+    bool draft_warm;        /* a drafting round's cost was seen (and dropped: see k_update) */
     double verify_ms_base;  /* cost of a one-row target call */
     double verify_ms_per_row; /* extra cost of each further row */
     /* decayed sums of the (k, verify_ms) pairs: the line base + per_row * k

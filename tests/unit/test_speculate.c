@@ -724,6 +724,7 @@ static void test_adaptive_k_unrepresentative_draft_cost_is_not_learnt(void **sta
     (void)state;
     struct adaptive_k kc;
     adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update_wall(&kc, 1, 1, 40.0, 12.0, 54.0); /* the draft's first call */
     adaptive_k_update_wall(&kc, 1, 1, 4.0, 12.0, 18.0);
     const double draft = kc.draft_ms_per_token, extra = kc.wall_extra_ms, a = kc.accept_rate;
     assert_true(draft == 4.0);
@@ -732,6 +733,27 @@ static void test_adaptive_k_unrepresentative_draft_cost_is_not_learnt(void **sta
     assert_true(kc.wall_extra_ms == extra);
     assert_int_equal(kc.wall_spec_rounds, 1);
     assert_true(kc.accept_rate > a);
+}
+
+/* The draft's first decode call is slow (it touches what its prefill did
+ * not): priced at that, a good draft lost to plain decoding and was not
+ * drafted with again for 16 rounds. The first drafting round's cost is
+ * dropped; the next one sets it. */
+static void test_adaptive_k_first_draft_call_is_not_its_cost(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    assert_int_equal(adaptive_k_next(&kc, 100), 1);
+    adaptive_k_update(&kc, 1, 1, 20.0, 10.0);
+    assert_true(kc.draft_ms_per_token == 0.0);
+    assert_int_equal(adaptive_k_next(&kc, 100), 1); /* measures again, not K = 0 */
+    adaptive_k_update(&kc, 1, 1, 2.0, 10.6);
+    assert_true(kc.draft_ms_per_token == 2.0);
+    assert_true(adaptive_k_next(&kc, 100) > 0);
+    /* the cost later rounds measure is learnt as before */
+    adaptive_k_update(&kc, 1, 1, 20.0, 10.6);
+    assert_true(kc.draft_ms_per_token > 2.0);
 }
 
 /* Greedy acceptance is not independent draws: a round is often accepted
@@ -748,6 +770,7 @@ static void test_adaptive_k_measured_drafting_cost_overrules_the_model(void **st
     adaptive_k_init(&kc, 0, 8);
     for (int i = 0; i < 10; i++)
         adaptive_k_update_wall(&kc, 0, 0, 0.0, 18.0, 20.0);
+    adaptive_k_update_wall(&kc, 4, 0, 8.0, 20.0, 64.0); /* the draft's first call: dropped */
     for (int i = 0; i < 12; i++)
         adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 64.0);
     assert_true(kc.wall_spec_ms_sum / kc.wall_spec_tokens_sum > 20.0);
@@ -790,6 +813,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
+        cmocka_unit_test(test_adaptive_k_first_draft_call_is_not_its_cost),
         cmocka_unit_test(test_adaptive_k_measured_drafting_cost_overrules_the_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
