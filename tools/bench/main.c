@@ -9,7 +9,9 @@
  *       figure is its ceiling (measured again after each preset; the higher
  *       of the figures around a decode is its reference). --profile 1 adds
  *       a second, profiled run per preset: time per op kind and per matmul
- *       shape, per token.
+ *       shape, per token. Then the cost of verifying rows = 2, 3, 5, 9, 17
+ *       in one forward call relative to one row, each measured beside a
+ *       one-row call.
  *       --backend cuda: the GPU's read bandwidth (kern_cuda_read_bandwidth:
  *       a kernel reading a buffer of several GB), then per preset decode
  *       ms/token with device sampling and with host sampling, each against
@@ -368,6 +370,81 @@ static void prof_report(const struct prof_backend *p, double wall_s, long tokens
 
 static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be);
 
+/* ms per llama_forward of `rows` tokens of one sequence after a prefix of
+ * `prefix` tokens, every row's logits kept (verification's shape: K + 1
+ * rows, K + 1 logits rows): in logits_host, or with logits_host NULL left
+ * on the device in logits_dev; `calls` calls after one warm-up. */
+static int time_rows(struct bench_model *m, float *logits_host, float *logits_dev, int prefix,
+                     int rows, int calls, double *ms_out)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct kern_backend *be = llama_ctx_backend(m->ctx);
+    const int vocab = llama_model_config(m->model)->vocab_size;
+    int32_t tokens[32];
+    for (int i = 0; i < rows; i++)
+        tokens[i] = (int32_t)((4099 + 7919 * i) % vocab);
+    struct llama_seq_batch b = {.slot = 0, .tokens = tokens, .n_tokens = rows, .n_logits = rows,
+                                .logits_out = logits_host,
+                                .logits_dev = logits_host ? NULL : logits_dev};
+    double t0 = 0;
+    for (int c = 0; c <= calls; c++) {
+        if (c == 1) {
+            if (be->ops->sync(be, err))
+                return die("sync", err);
+            t0 = now_s();
+        }
+        if (llama_forward(m->ctx, &b, 1, err) || llama_ctx_truncate(m->ctx, 0, prefix, err))
+            return die("verification rows", err);
+    }
+    if (be->ops->sync(be, err))
+        return die("sync", err);
+    *ms_out = (now_s() - t0) * 1e3 / calls;
+    return 0;
+}
+
+/* The CPU's verification table: a forward call of K + 1 rows against one
+ * of a single row, the two measured one right after the other and the pair
+ * repeated, best of each (on this noisy machine only side-by-side figures
+ * compare). The logits go to host memory, as the target worker's do. */
+static int cpu_verify_rows(struct bench_model *m, int calls)
+{
+    enum { PREFIX = 64, ROWS_MAX = 17, REPEATS = 3 };
+    static const int row_counts[] = {2, 3, 5, 9, 17};
+    char err[ERR_MSG_MAX] = "";
+    const int vocab = llama_model_config(m->model)->vocab_size;
+    float *logits = malloc((size_t)ROWS_MAX * (size_t)vocab * sizeof(float));
+    if (!logits)
+        return die("verification rows", "out of memory");
+    int32_t prefix[PREFIX];
+    for (int i = 0; i < PREFIX; i++)
+        prefix[i] = (int32_t)((1000 + 7919 * i) % vocab);
+    struct llama_seq_batch pb = {.slot = 0, .tokens = prefix, .n_tokens = PREFIX};
+    if (llama_ctx_truncate(m->ctx, 0, 0, err) || llama_forward(m->ctx, &pb, 1, err)) {
+        free(logits);
+        return die("prefix", err);
+    }
+    printf("  verification rows (one sequence, %d-token prefix, logits to host memory; "
+           "best of %d alternating runs of %d calls):\n    rows  ms/call  1 row ms  vs 1 row\n",
+           PREFIX, REPEATS, calls);
+    for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
+        double best_one = 0, best_rows = 0;
+        for (int r = 0; r < REPEATS; r++) {
+            double one, ms;
+            if (time_rows(m, logits, NULL, PREFIX, 1, calls, &one) ||
+                time_rows(m, logits, NULL, PREFIX, row_counts[i], calls, &ms)) {
+                free(logits);
+                return 1;
+            }
+            best_one = r == 0 || one < best_one ? one : best_one;
+            best_rows = r == 0 || ms < best_rows ? ms : best_rows;
+        }
+        printf("    %4d %8.3f %9.3f %8.2fx\n", row_counts[i], best_rows, best_one,
+               best_rows / best_one);
+    }
+    free(logits);
+    return 0;
+}
+
 static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
 {
     if (!strcmp(be->name, "cuda"))
@@ -423,6 +500,8 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
                 return 1;
             prof_report(&prof, now_s() - t0, 2L * o->tokens);
         }
+        if (cpu_verify_rows(&m, o->tokens < 10 ? o->tokens : 10))
+            return 1;
         specdec_target_destroy(t);
         unload(&m);
     }
@@ -434,36 +513,6 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
  * with the backend's sync (or with the download of a token, which waits). */
 
 #ifdef TANDEM_HAVE_CUDA
-/* ms per llama_forward of `rows` tokens of one sequence after a prefix of
- * `prefix` tokens, every row's logits left on the device (verification's
- * shape: K + 1 rows, K + 1 logits rows), `calls` calls after one warm-up. */
-static int time_rows(struct bench_model *m, float *logits_dev, int prefix, int rows, int calls,
-                     double *ms_out)
-{
-    char err[ERR_MSG_MAX] = "";
-    struct kern_backend *be = llama_ctx_backend(m->ctx);
-    const int vocab = llama_model_config(m->model)->vocab_size;
-    int32_t tokens[32];
-    for (int i = 0; i < rows; i++)
-        tokens[i] = (int32_t)((4099 + 7919 * i) % vocab);
-    struct llama_seq_batch b = {.slot = 0, .tokens = tokens, .n_tokens = rows, .n_logits = rows,
-                                .logits_dev = logits_dev};
-    double t0 = 0;
-    for (int c = 0; c <= calls; c++) {
-        if (c == 1) {
-            if (be->ops->sync(be, err))
-                return die("sync", err);
-            t0 = now_s();
-        }
-        if (llama_forward(m->ctx, &b, 1, err) || llama_ctx_truncate(m->ctx, 0, prefix, err))
-            return die("verification rows", err);
-    }
-    if (be->ops->sync(be, err))
-        return die("sync", err);
-    *ms_out = (now_s() - t0) * 1e3 / calls;
-    return 0;
-}
-
 static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
 {
     enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512 };
@@ -535,7 +584,7 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
                "the device, %d calls each):\n    rows  ms/call  vs 1 row\n", PREFIX, calls);
         for (int rows = 1; rows <= ROWS_MAX; rows++) {
             double ms;
-            if (time_rows(&m, logits_dev, PREFIX, rows, calls, &ms))
+            if (time_rows(&m, NULL, logits_dev, PREFIX, rows, calls, &ms))
                 return 1;
             if (rows == 1)
                 one = ms;
