@@ -94,9 +94,8 @@ static int grow(void **buf, int *cap, int want, size_t elem, char *err)
 
 /* grow, then writes the whole buffer once: a buffer of vocabulary-wide rows
  * sized at creation is committed there, not page by page in the first
- * calls that reach its rows (see ctx_touch_logits in llama.c: on the 2-core
- * VM the draft's first decode call took 17-20 ms against 2.2 ms later, and
- * the adaptive-K controller priced drafting at that). */
+ * calls that reach its rows (see ctx_touch_logits in llama.c), where the
+ * faults were timed as the cost of drafting or of a longer verification. */
 static int grow_touched(void **buf, int *cap, int want, size_t elem, char *err)
 {
     int rc = grow(buf, cap, want, elem, err);
@@ -946,8 +945,8 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
     const int q_on_device = need_q && draft->dev && target->dev &&
                             llama_ctx_backend(draft->ctx) == q_be;
     const size_t q_bytes = (size_t)SPECULATE_K_MAX * (size_t)target->vocab * sizeof(float);
-    if (need_q && !q_on_device && (q_rows = malloc(q_bytes)) != NULL)
-        memset(q_rows, 0, q_bytes); /* committed before the rounds time the draft (grow_touched) */
+    if (need_q && !q_on_device)
+        q_rows = malloc(q_bytes);
     if (!seq || (need_q && !q_on_device && !q_rows)) {
         free(seq);
         free(q_rows);
