@@ -16,6 +16,14 @@
  * by tandem_client_recv as ERR_UNAVAILABLE; a drop while idle is not (a
  * request sent after it is served once ZeroMQ has reconnected). A cancel
  * does not count as a request: it gets no final reply of its own.
+ *
+ * Being refused: a handshake that fails (a CURVE key the coordinator does not
+ * admit, CURVE on one end only, the wrong server key) ends libzmq's session
+ * for good: no reconnect, and no pipe left, so a DEALER's send would block
+ * forever; where libzmq does retry, each retry is refused again. The monitor
+ * reports the failure; the client keeps its reason and gives it at once,
+ * instead of blocking or queueing (a send) or waiting (requests pending),
+ * until a later handshake (ZeroMQ keeps retrying) succeeds.
  */
 #include "tandem_client.h"
 
@@ -37,6 +45,12 @@
 #define CLIENT_HEARTBEAT_IVL_MS 1000
 #define CLIENT_HEARTBEAT_TIMEOUT_MS 5000
 #define CLIENT_MONITOR_ENDPOINT "inproc://tandem-client-monitor"
+/* A send waits at most this for room in ZeroMQ's queue (1,000 messages while
+ * the coordinator is away): beyond it, the coordinator is not taking them. */
+#define CLIENT_SEND_WAIT_MS 10000
+#define CLIENT_HANDSHAKE_EVENTS                                                                          \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |                        \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
 
 struct tandem_client {
     void *zctx;
@@ -44,6 +58,8 @@ struct tandem_client {
     struct socket_monitor *monitor; /* the DEALER's drops */
     int pending;         /* requests sent whose final reply was not read */
     bool lost;           /* a drop while requests were pending, not reported yet */
+    uint16_t refusal;    /* the last failed handshake's ZMQ_EVENT_HANDSHAKE_FAILED_*, 0 when none */
+    uint32_t refusal_value;
 };
 
 /* server_public NULL: plain TCP/IPC; otherwise CURVE (see the header). */
@@ -76,7 +92,8 @@ static int client_create(struct tandem_client **out, const char *endpoint, const
         return rc;
     }
     /* One context per client: the fixed inproc name cannot clash. */
-    int mrc = socket_monitor_open(&c->monitor, c->zctx, c->sock, CLIENT_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED, err);
+    int mrc = socket_monitor_open(&c->monitor, c->zctx, c->sock, CLIENT_MONITOR_ENDPOINT,
+                                  ZMQ_EVENT_DISCONNECTED | CLIENT_HANDSHAKE_EVENTS, err);
     if (mrc != 0) {
         tandem_client_destroy(c);
         return mrc;
@@ -225,30 +242,107 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
     return 0;
 }
 
-/* Reads the monitor's queued events: a drop while requests are pending marks
- * the client lost (and those requests gone). An event is two frames (event
- * number and value, then the endpoint). ERR_SYSTEM when the monitor cannot
- * be read. */
-static int read_monitor(struct tandem_client *client, char *err)
+static double now_ms(void)
 {
-    bool dropped = false;
-    int rc = socket_monitor_drain(client->monitor, &dropped, err);
-    if (dropped && client->pending > 0) {
-        client->lost = true;
-        client->pending = 0;
-    }
-    return rc;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-/* is_request: the message will get a final reply (everything but a cancel). */
+/* Why the coordinator refused this client, from the failed handshake's
+ * event: what a user can act on, then libzmq's detail. */
+static void refusal_reason(const struct tandem_client *client, char *buf, size_t size)
+{
+    uint32_t v = client->refusal_value;
+    if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && v == 400)
+        snprintf(buf, size, "the coordinator refused the connection: it does not admit this client's CURVE "
+                            "key (ZAP status 400; the coordinator lists the admitted public keys)");
+    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        snprintf(buf, size, "the coordinator refused the connection: CURVE authentication failed (ZAP status %u)",
+                 (unsigned)v);
+    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(buf, size, "the coordinator refused the connection: one end uses CURVE and the other does not "
+                            "(a coordinator with a CURVE key needs the client to have its public key)");
+    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+        snprintf(buf, size, "the coordinator refused the connection: the CURVE handshake failed to decrypt (is "
+                            "the coordinator's public key the right one?)");
+    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        snprintf(buf, size, "the coordinator refused the connection: the handshake broke ZeroMQ's protocol "
+                            "(error 0x%08x)", (unsigned)v);
+    else
+        snprintf(buf, size, "the coordinator refused the connection: it closed it during the handshake (the "
+                            "security of the two ends does not match: CURVE on one end only, or not the "
+                            "coordinator's public key)");
+}
+
+/* Reads the monitor's queued events: a drop or a failed handshake while
+ * requests are pending marks the client lost (and those requests gone); a
+ * failed handshake is kept as the refusal until one succeeds. ERR_SYSTEM
+ * when the monitor cannot be read. */
+static int read_monitor(struct tandem_client *client, char *err)
+{
+    for (;;) {
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(client->monitor, &event, &value, err);
+        if (got <= 0)
+            return got;
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            client->refusal = 0;
+            continue;
+        }
+        if (event != ZMQ_EVENT_DISCONNECTED) {
+            client->refusal = event;
+            client->refusal_value = value;
+        }
+        if (client->pending > 0) {
+            client->lost = true;
+            client->pending = 0;
+        }
+    }
+}
+
+static int refused(const struct tandem_client *client, char *err)
+{
+    char why[ERR_MSG_MAX];
+    refusal_reason(client, why, sizeof why);
+    return error_set(err, ERR_UNAVAILABLE, "%s", why);
+}
+
+/* is_request: the message will get a final reply (everything but a cancel).
+ * Never a blocking zmq_send: after a refused handshake there may be no pipe,
+ * and a DEALER without one blocks until a peer appears, which never happens.
+ * So wait for room and for the monitor together. */
 static int client_send(struct tandem_client *client, const void *data, size_t len, bool is_request, char *err)
 {
     /* A drop seen now concerns the messages sent before this one only. */
     int rc = read_monitor(client, err);
     if (rc != 0)
         return rc;
-    if (zmq_send(client->sock, data, len, 0) < 0)
-        return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
+    double deadline_ms = now_ms() + CLIENT_SEND_WAIT_MS;
+    for (;;) {
+        /* Queued while refused, it would wait for a handshake that fails again. */
+        if (client->refusal)
+            return refused(client, err);
+        if (zmq_send(client->sock, data, len, ZMQ_DONTWAIT) >= 0)
+            break;
+        if (zmq_errno() != EAGAIN)
+            return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
+        long wait_ms = (long)(deadline_ms - now_ms());
+        if (wait_ms <= 0)
+            return error_set(err, ERR_UNAVAILABLE,
+                             "the coordinator took no message within %d ms (not connected, or ZeroMQ's queue "
+                             "for it is full)", CLIENT_SEND_WAIT_MS);
+        zmq_pollitem_t items[2] = {
+            {.socket = client->sock, .events = ZMQ_POLLOUT},
+            {.socket = socket_monitor_pollable(client->monitor), .events = ZMQ_POLLIN},
+        };
+        if (zmq_poll(items, 2, wait_ms) < 0)
+            return error_set(err, errno == EINTR ? ERR_CANCELLED : ERR_SYSTEM, "zmq_poll: %s",
+                             zmq_strerror(zmq_errno()));
+        if ((items[1].revents & ZMQ_POLLIN) && (rc = read_monitor(client, err)) != 0)
+            return rc;
+    }
     client->pending += is_request;
     return 0;
 }
@@ -297,13 +391,6 @@ int tandem_client_cancel(struct tandem_client *client, const char *id, char *err
     return rc;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
-}
-
 static const char *string_field(const cJSON *obj, const char *name)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, name);
@@ -336,6 +423,10 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
                 return rc;
             if (!client->lost)
                 continue; /* a drop with nothing in flight: keep waiting */
+        }
+        if (client->lost && client->refusal) {
+            client->lost = false;
+            return refused(client, err);
         }
         if (client->lost) {
             client->lost = false;

@@ -69,7 +69,11 @@ void tandem_client_request_init(struct tandem_client_request *req);
 int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON **out, char *err);
 
 /* Sends one message (any JSON; used for raw and malformed test messages
- * too): send_json serializes msg, send_raw sends len bytes as they are. */
+ * too): send_json serializes msg, send_raw sends len bytes as they are.
+ * Never blocks for long: ERR_UNAVAILABLE at once while the coordinator
+ * refuses this client's handshake (the reason in err, as for
+ * tandem_client_recv), and after 10 s when ZeroMQ's queue for an absent
+ * coordinator stays full. */
 int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err);
 int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err);
 
@@ -113,7 +117,10 @@ struct tandem_client_event {
  * had arrived are returned first); the client reconnects by itself and new
  * requests are served once the coordinator is back. A coordinator that stays
  * connected but stops answering is caught only by timeout_ms: callers pass a
- * per-reply (idle) timeout, never "forever", when a hang matters. */
+ * per-reply (idle) timeout, never "forever", when a hang matters.
+ * ERR_UNAVAILABLE, "the coordinator refused the connection: <why>", when the
+ * handshake failed with requests pending (a CURVE key it does not admit,
+ * CURVE on one end only, the wrong server key). */
 int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tandem_client_event *ev,
                        char *err);
 void tandem_client_event_free(struct tandem_client_event *ev);

@@ -107,8 +107,11 @@ def test():
     r = subprocess.run(cli + ["--curve-server-key", srv_pub, "--curve-key", other_key],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and '"ids"' not in r.stdout, "a client with a stranger's key was served: %s" % r.stdout)
+    check("does not admit this client's CURVE key" in r.stderr, "a refused key is not named: %s" % r.stderr)
     r = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and '"ids"' not in r.stdout, "a client without CURVE was served: %s" % r.stdout)
+    check("refused the connection" in r.stderr and "CURVE" in r.stderr,
+          "a client without CURVE is not told why: %s" % r.stderr)
     check("refused a client connection" in open(p.logs["coordinator"]).read(), "refusals are not logged")
 
     # Per-client limit: the third request in flight is refused, another client is served.

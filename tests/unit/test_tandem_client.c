@@ -28,6 +28,7 @@ struct fake {
     char endpoint[128];
     void *zctx;
     void *router;
+    void *zap;    /* the CURVE tests' ZAP handler */
 };
 
 static int setup(void **state)
@@ -50,6 +51,8 @@ static int teardown(void **state)
     struct fake *f = *state;
     if (f->router != NULL)
         zmq_close(f->router);
+    if (f->zap != NULL)
+        zmq_close(f->zap);
     zmq_ctx_term(f->zctx);
     void *tmp = f->tmp;
     free(f);
@@ -100,7 +103,89 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
+/* A CURVE coordinator that admits no client: its ZAP handler (RFC 27, a REP
+ * at inproc://zeromq.zap.01 in the router's context) answers every
+ * handshake with status 400. */
+static void *curve_router_start(struct fake *f, char server_public[41])
+{
+    char secret[41];
+    assert_int_equal(zmq_curve_keypair(server_public, secret), 0);
+    void *zap = zmq_socket(f->zctx, ZMQ_REP);
+    assert_non_null(zap);
+    int linger = 0, on = 1;
+    assert_int_equal(zmq_setsockopt(zap, ZMQ_LINGER, &linger, sizeof(linger)), 0);
+    assert_int_equal(zmq_bind(zap, "inproc://zeromq.zap.01"), 0);
+    f->router = zmq_socket(f->zctx, ZMQ_ROUTER);
+    assert_non_null(f->router);
+    assert_int_equal(zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof(linger)), 0);
+    assert_int_equal(zmq_setsockopt(f->router, ZMQ_CURVE_SERVER, &on, sizeof(on)), 0);
+    assert_int_equal(zmq_setsockopt(f->router, ZMQ_CURVE_SECRETKEY, secret, 40), 0);
+    assert_int_equal(zmq_bind(f->router, f->endpoint), 0);
+    return zap;
+}
+
+/* Refuses the handshakes that arrive within ms. Returns how many. */
+static int zap_refuse_for(void *zap, int ms)
+{
+    int refused = 0;
+    double end = now_ms() + ms;
+    for (double left = ms; left > 0; left = end - now_ms()) {
+        zmq_pollitem_t item = {.socket = zap, .events = ZMQ_POLLIN};
+        int n = zmq_poll(&item, 1, (long)left);
+        assert_true(n >= 0);
+        if (n == 0)
+            continue;
+        char req_id[256];
+        int more = 1, part = 0;
+        size_t sz = sizeof(more);
+        int id_size = 0;
+        while (more) {
+            char buf[512];
+            int got = zmq_recv(zap, buf, sizeof(buf), 0);
+            assert_true(got >= 0);
+            if (part == 1) {
+                id_size = got < (int)sizeof(req_id) ? got : (int)sizeof(req_id);
+                memcpy(req_id, buf, (size_t)id_size);
+            }
+            part++;
+            assert_int_equal(zmq_getsockopt(zap, ZMQ_RCVMORE, &more, &sz), 0);
+        }
+        assert_int_equal(zmq_send(zap, "1.0", 3, ZMQ_SNDMORE), 3);
+        assert_int_equal(zmq_send(zap, req_id, (size_t)id_size, ZMQ_SNDMORE), id_size);
+        assert_int_equal(zmq_send(zap, "400", 3, ZMQ_SNDMORE), 3);
+        assert_int_equal(zmq_send(zap, "not admitted", 12, ZMQ_SNDMORE), 12);
+        assert_int_equal(zmq_send(zap, "", 0, ZMQ_SNDMORE), 0);
+        assert_int_equal(zmq_send(zap, "", 0, 0), 0);
+        refused++;
+    }
+    return refused;
+}
+
 static const char request[] = "{\"v\":1,\"type\":\"generate\",\"id\":\"r\",\"prompt_ids\":[1,2]}";
+
+/* A request from a refused client fails with ERR_UNAVAILABLE naming why, in
+ * well under LOST_WITHIN_MS: at once when the client has seen its refusal,
+ * else at the next handshake (ZeroMQ retries; refused again while the ZAP
+ * handler is served between short receives). */
+static void expect_refused(struct tandem_client *c, void *zap, const char *why)
+{
+    char err[ERR_MSG_MAX] = "";
+    double t0 = now_ms();
+    int rc = tandem_client_send_raw(c, request, strlen(request), err);
+    while (rc == 0 && now_ms() - t0 < LOST_WITHIN_MS) {
+        struct tandem_client_event ev;
+        zap_refuse_for(zap, 50);
+        rc = tandem_client_recv(c, 50, &ev, err);
+        if (rc == 0)
+            tandem_client_event_free(&ev);
+        if (rc == ERR_TIMEOUT)
+            rc = 0;
+    }
+    assert_int_equal(rc, ERR_UNAVAILABLE);
+    assert_non_null(strstr(err, "refused the connection"));
+    assert_non_null(strstr(err, why));
+    assert_true(now_ms() - t0 < LOST_WITHIN_MS);
+}
 
 static void test_tandem_client_reports_lost_request_after_earlier_replies(void **state)
 {
@@ -214,6 +299,41 @@ static void test_tandem_client_is_served_by_a_restarted_coordinator(void **state
     tandem_client_destroy(c);
 }
 
+/* A refused handshake ends ZeroMQ's connection for good (no reconnect, no
+ * pipe left to queue into): a request sent after it must fail at once with
+ * the reason, not block in zmq_send (a DEALER with no pipe blocks). */
+static void test_tandem_client_refused_key_is_an_error_not_a_hang(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    char server_public[41], stranger_public[41], stranger_secret[41];
+    void *zap = curve_router_start(f, server_public);
+    f->zap = zap;
+    assert_int_equal(zmq_curve_keypair(stranger_public, stranger_secret), 0);
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create_curve(&c, f->endpoint, server_public, stranger_secret, err), 0);
+    /* The refusal lands before the client sends anything. */
+    assert_true(zap_refuse_for(zap, 500) >= 1);
+    expect_refused(c, zap, "does not admit this client's CURVE key");
+    tandem_client_destroy(c);
+}
+
+/* The same for a client without CURVE at a CURVE coordinator: the two ends
+ * disagree on the security mechanism, and the client says so. */
+static void test_tandem_client_plain_client_at_curve_server_is_told_why(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    char server_public[41];
+    void *zap = curve_router_start(f, server_public);
+    f->zap = zap;
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create(&c, f->endpoint, err), 0);
+    zap_refuse_for(zap, 500);
+    expect_refused(c, zap, "CURVE");
+    tandem_client_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +342,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tandem_client_drop_with_nothing_sent_is_not_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tandem_client_cancel_leaves_nothing_pending, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tandem_client_is_served_by_a_restarted_coordinator, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tandem_client_refused_key_is_an_error_not_a_hang, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tandem_client_plain_client_at_curve_server_is_told_why, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
