@@ -70,10 +70,11 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
 
 /* Sends one message (any JSON; used for raw and malformed test messages
  * too): send_json serializes msg, send_raw sends len bytes as they are.
- * Never blocks for long: ERR_UNAVAILABLE at once while the coordinator
- * refuses this client's handshake (the reason in err, as for
- * tandem_client_recv), and after 10 s when ZeroMQ's queue for an absent
- * coordinator stays full. */
+ * Never blocks for long: ERR_UNAVAILABLE at once after the coordinator
+ * refused this client's handshake (the reason in err, as for
+ * tandem_client_recv; until a handshake succeeds, which ZeroMQ retries by
+ * itself), and after 10 s when ZeroMQ's queue for an absent coordinator
+ * stays full. */
 int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err);
 int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err);
 
