@@ -334,6 +334,23 @@ static void test_tandem_client_plain_client_at_curve_server_is_told_why(void **s
     tandem_client_destroy(c);
 }
 
+/* A CURVE client holding another server's public key: the coordinator cannot
+ * read its hello and closes the connection; the client's request is queued
+ * for ZeroMQ's retry and fails when that is refused too, naming the key. */
+static void test_tandem_client_wrong_server_key_is_told_why(void **state)
+{
+    struct fake *f = *state;
+    char err[ERR_MSG_MAX];
+    char server_public[41], other_public[41], other_secret[41];
+    f->zap = curve_router_start(f, server_public);
+    assert_int_equal(zmq_curve_keypair(other_public, other_secret), 0);
+    struct tandem_client *c = NULL;
+    assert_int_equal(tandem_client_create_curve(&c, f->endpoint, other_public, NULL, err), 0);
+    zap_refuse_for(f->zap, 300);
+    expect_refused(c, f->zap, "public key");
+    tandem_client_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -345,6 +362,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tandem_client_refused_key_is_an_error_not_a_hang, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tandem_client_plain_client_at_curve_server_is_told_why, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_tandem_client_wrong_server_key_is_told_why, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
