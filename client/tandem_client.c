@@ -39,6 +39,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "curve_keys.h"
 #include "error.h"
 #include "socket_monitor.h"
 
@@ -52,9 +53,6 @@
 /* A send waits at most this for room in ZeroMQ's queue (1,000 messages while
  * the coordinator is away): beyond it, the coordinator is not taking them. */
 #define CLIENT_SEND_WAIT_MS 10000
-#define CLIENT_HANDSHAKE_EVENTS                                                                          \
-    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |                        \
-     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
 
 struct tandem_client {
     void *zctx;
@@ -97,32 +95,14 @@ static int client_create(struct tandem_client **out, const char *endpoint, const
     }
     /* One context per client: the fixed inproc name cannot clash. */
     int mrc = socket_monitor_open(&c->monitor, c->zctx, c->sock, CLIENT_MONITOR_ENDPOINT,
-                                  ZMQ_EVENT_DISCONNECTED | CLIENT_HANDSHAKE_EVENTS, err);
+                                  ZMQ_EVENT_DISCONNECTED | SOCKET_MONITOR_HANDSHAKE_EVENTS, err);
     if (mrc != 0) {
         tandem_client_destroy(c);
         return mrc;
     }
-    if (server_public != NULL) {
-        char pub[41], sec[41];
-        int rc = 0;
-        if (strlen(server_public) != 40)
-            rc = error_set(err, ERR_INVALID_ARG, "server public key: expected 40 Z85 characters");
-        else if (client_secret == NULL && zmq_curve_keypair(pub, sec) != 0)
-            rc = error_set(err, ERR_SYSTEM, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
-        else if (client_secret != NULL &&
-                 (strlen(client_secret) != 40 || zmq_curve_public(pub, client_secret) != 0))
-            rc = error_set(err, ERR_INVALID_ARG, "client secret key: expected 40 Z85 characters");
-        if (rc == 0 && client_secret != NULL)
-            memcpy(sec, client_secret, sizeof sec);
-        if (rc == 0 && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, server_public, 40) != 0 ||
-                        zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, pub, 40) != 0 ||
-                        zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, sec, 40) != 0))
-            rc = error_set(err, ERR_SYSTEM, "CURVE options: %s", zmq_strerror(zmq_errno()));
-        memset(sec, 0, sizeof sec);
-        if (rc != 0) {
-            tandem_client_destroy(c);
-            return rc;
-        }
+    if (server_public != NULL && (mrc = curve_client_setup(c->sock, server_public, client_secret, err)) != 0) {
+        tandem_client_destroy(c);
+        return mrc;
     }
     if (zmq_connect(c->sock, endpoint) != 0) {
         int rc = error_set(err, ERR_INVALID_ARG, "endpoint %s: zmq_connect: %s", endpoint,
@@ -253,32 +233,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Why the coordinator refused this client, from the failed handshake's
- * event: what a user can act on, then libzmq's detail. */
-static void refusal_reason(const struct tandem_client *client, char *buf, size_t size)
-{
-    uint32_t v = client->refusal_value;
-    if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && v == 400)
-        snprintf(buf, size, "the coordinator refused the connection: it does not admit this client's CURVE "
-                            "key (ZAP status 400; the coordinator lists the admitted public keys)");
-    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-        snprintf(buf, size, "the coordinator refused the connection: CURVE authentication failed (ZAP status %u)",
-                 (unsigned)v);
-    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-        snprintf(buf, size, "the coordinator refused the connection: one end uses CURVE and the other does not "
-                            "(a coordinator with a CURVE key needs the client to have its public key)");
-    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
-        snprintf(buf, size, "the coordinator refused the connection: the CURVE handshake failed to decrypt (is "
-                            "the coordinator's public key the right one?)");
-    else if (client->refusal == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        snprintf(buf, size, "the coordinator refused the connection: the handshake broke ZeroMQ's protocol "
-                            "(error 0x%08x)", (unsigned)v);
-    else
-        snprintf(buf, size, "the coordinator refused the connection: it closed it during the handshake (the "
-                            "security of the two ends does not match: CURVE on one end only, or not the "
-                            "coordinator's public key)");
-}
-
 /* Reads the monitor's queued events: a drop or a failed handshake while
  * requests are pending marks the client lost (and those requests gone); a
  * failed handshake is kept as the refusal until one succeeds. ERR_SYSTEM
@@ -295,7 +249,7 @@ static int read_monitor(struct tandem_client *client, char *err)
             client->refusal = 0;
             continue;
         }
-        if (event != ZMQ_EVENT_DISCONNECTED) {
+        if (socket_monitor_is_refusal(event)) {
             client->refusal = event;
             client->refusal_value = value;
         }
@@ -309,7 +263,7 @@ static int read_monitor(struct tandem_client *client, char *err)
 static int refused(const struct tandem_client *client, char *err)
 {
     char why[ERR_MSG_MAX];
-    refusal_reason(client, why, sizeof why);
+    socket_monitor_refusal_text(client->refusal, client->refusal_value, "the coordinator", why, sizeof why);
     return error_set(err, ERR_UNAVAILABLE, "%s", why);
 }
 

@@ -29,6 +29,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "curve_keys.h"
 #include "error.h"
 #include "logging.h"
 #include "socket_monitor.h"
@@ -72,6 +73,7 @@ struct bridge {
     struct out_node *out_head, *out_tail;
     bool stop;
     uint64_t next_id;
+    char refusal[ERR_MSG_MAX];   /* why the last handshake was refused, "" when none (bridge thread only) */
 };
 
 static void wake(struct bridge *b)
@@ -146,8 +148,11 @@ static void flush_out(struct bridge *b)
             return;
         if (zmq_send(b->sock, n->text, strlen(n->text), ZMQ_DONTWAIT) < 0) {
             int e = zmq_errno();
-            char why[160];
-            snprintf(why, sizeof(why), "the coordinator is not reachable (zmq_send: %s)", zmq_strerror(e));
+            char why[ERR_MSG_MAX];
+            if (e == EAGAIN && b->refusal[0] != '\0')
+                snprintf(why, sizeof(why), "%s", b->refusal);
+            else
+                snprintf(why, sizeof(why), "the coordinator is not reachable (zmq_send: %s)", zmq_strerror(e));
             LOG_WARN("to the coordinator: %s", why);
             deliver_unavailable(b, n->id, why);
         } else {
@@ -192,14 +197,37 @@ static void read_replies(struct bridge *b)
     }
 }
 
-/* Reads the monitor's events; on a dropped connection, every call that sent
- * something before gets a coordinator_unavailable error reply. */
+/* Reads the monitor's events: a refused handshake is kept (and logged when
+ * its reason changes) until one succeeds; on a dropped connection, every
+ * call that sent something before gets a coordinator_unavailable error
+ * reply. */
 static void read_monitor(struct bridge *b)
 {
     bool dropped = false;
     char err[ERR_MSG_MAX];
-    if (socket_monitor_drain(b->monitor, &dropped, err) != 0)
-        LOG_WARN("bridge: connection monitor: %s", err);
+    for (;;) {
+        uint16_t event;
+        uint32_t value;
+        int got = socket_monitor_next(b->monitor, &event, &value, err);
+        if (got < 0)
+            LOG_WARN("bridge: connection monitor: %s", err);
+        if (got <= 0)
+            break;
+        if (event == ZMQ_EVENT_DISCONNECTED) {
+            dropped = true;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            if (b->refusal[0] != '\0')
+                LOG_INFO("the coordinator accepted the connection");
+            b->refusal[0] = '\0';
+        } else if (socket_monitor_is_refusal(event)) {
+            char why[ERR_MSG_MAX];
+            socket_monitor_refusal_text(event, value, "the coordinator", why, sizeof why);
+            /* ZeroMQ retries every 100 ms: one line per reason, not per try */
+            if (strcmp(why, b->refusal) != 0)
+                LOG_ERROR("%s", why);
+            snprintf(b->refusal, sizeof b->refusal, "%s", why);
+        }
+    }
     if (!dropped)
         return;
     /* Replies that came before the drop were read first (bridge_main). */
@@ -223,8 +251,9 @@ static void read_monitor(struct bridge *b)
         n++;
     }
     pthread_mutex_unlock(&b->mu);
-    LOG_WARN("lost the connection to the coordinator: %d request(s) in flight failed with %s", n,
-             BRIDGE_UNAVAILABLE_CODE);
+    if (n > 0 || b->refusal[0] == '\0') /* a refused try carried no request */
+        LOG_WARN("lost the connection to the coordinator: %d request(s) in flight failed with %s", n,
+                 BRIDGE_UNAVAILABLE_CODE);
 }
 
 static void *bridge_main(void *arg)
@@ -260,7 +289,8 @@ static void *bridge_main(void *arg)
     }
 }
 
-int bridge_create(struct bridge **out, const char *endpoint, char *err)
+int bridge_create(struct bridge **out, const char *endpoint, const char *server_public, const char *client_secret,
+                  char *err)
 {
     *out = NULL;
     struct bridge *b = calloc(1, sizeof(*b));
@@ -296,8 +326,10 @@ int bridge_create(struct bridge **out, const char *endpoint, char *err)
         goto fail;
     }
     /* One context per bridge: the fixed inproc name cannot clash. */
-    if ((rc = socket_monitor_open(&b->monitor, b->zctx, b->sock, BRIDGE_MONITOR_ENDPOINT, ZMQ_EVENT_DISCONNECTED,
-                                  err)))
+    if ((rc = socket_monitor_open(&b->monitor, b->zctx, b->sock, BRIDGE_MONITOR_ENDPOINT,
+                                  ZMQ_EVENT_DISCONNECTED | SOCKET_MONITOR_HANDSHAKE_EVENTS, err)))
+        goto fail;
+    if (server_public != NULL && (rc = curve_client_setup(b->sock, server_public, client_secret, err)))
         goto fail;
     if (zmq_connect(b->sock, endpoint) != 0) {
         rc = error_set(err, ERR_INVALID_ARG, "coordinator endpoint %s: zmq_connect: %s", endpoint,

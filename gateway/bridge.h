@@ -28,9 +28,13 @@
 struct bridge;
 struct bridge_call;
 
-/* Connects to endpoint and starts the bridge thread. ERR_SYSTEM, ERR_NOMEM,
- * ERR_INVALID_ARG (bad endpoint). */
-int bridge_create(struct bridge **out, const char *endpoint, char *err);
+/* Connects to endpoint and starts the bridge thread. server_public: the
+ * coordinator's CURVE public key (Z85), NULL for plain ZeroMQ; client_secret:
+ * the gateway's CURVE secret key, NULL for a fresh pair. ERR_SYSTEM,
+ * ERR_NOMEM, ERR_INVALID_ARG (bad endpoint or key). While the coordinator
+ * refuses the handshake, the error replies say why (and the log, once). */
+int bridge_create(struct bridge **out, const char *endpoint, const char *server_public, const char *client_secret,
+                  char *err);
 /* Stops the thread and closes the socket; calls must be closed first. NULL-safe. */
 void bridge_destroy(struct bridge *b);
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "bridge.h"
+#include "curve_keys.h"
 #include "error.h"
 #include "http_metrics.h"
 #include "logging.h"
@@ -76,7 +77,25 @@ int main(int argc, char **argv)
     struct bridge *bridge = NULL;
     struct http_metrics *metrics = NULL;
     struct server *server = NULL;
-    if (bridge_create(&bridge, cfg.gateway.coordinator_endpoint, err) != 0 || http_metrics_create(&metrics, err) != 0)
+    char server_public[CURVE_KEY_Z85_SIZE], gateway_secret[CURVE_KEY_Z85_SIZE], why[ERR_MSG_MAX];
+    const char *server_key = NULL, *gateway_key = NULL;
+    if (cfg.gateway.coordinator_curve_public_key_file[0] != '\0') {
+        if (curve_key_load(cfg.gateway.coordinator_curve_public_key_file, false, server_public, why) != 0) {
+            fprintf(stderr, "tandem-gateway: gateway.coordinator_curve_public_key_file: %s\n", why);
+            return GATEWAY_EXIT_CONFIG;
+        }
+        server_key = server_public;
+    }
+    if (cfg.gateway.curve_secret_key_file[0] != '\0') {
+        if (curve_key_load(cfg.gateway.curve_secret_key_file, true, gateway_secret, why) != 0) {
+            fprintf(stderr, "tandem-gateway: gateway.curve_secret_key_file: %s\n", why);
+            return GATEWAY_EXIT_CONFIG;
+        }
+        gateway_key = gateway_secret;
+    }
+    int brc = bridge_create(&bridge, cfg.gateway.coordinator_endpoint, server_key, gateway_key, err);
+    memset(gateway_secret, 0, sizeof gateway_secret);
+    if (brc != 0 || http_metrics_create(&metrics, err) != 0)
         goto done;
     struct server_params p = {
         .cfg = &cfg.gateway,
@@ -88,8 +107,9 @@ int main(int argc, char **argv)
     };
     if (server_start(&server, &p, err) != 0)
         goto done;
-    LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s", cfg.gateway.listen, cfg.gateway.served_model_name,
-             cfg.gateway.coordinator_endpoint, api_key[0] ? ", API key required" : "");
+    LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s%s", cfg.gateway.listen,
+             cfg.gateway.served_model_name, cfg.gateway.coordinator_endpoint, server_key ? " (CURVE)" : "",
+             api_key[0] ? ", API key required" : "");
     while (!stop_requested)
         pause();
     LOG_INFO("gateway stopping");

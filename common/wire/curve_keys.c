@@ -106,6 +106,27 @@ int curve_key_public(const char *secret_z85, char out[CURVE_KEY_Z85_SIZE], char 
     return 0;
 }
 
+int curve_client_setup(void *sock, const char *server_public, const char *client_secret, char *err)
+{
+    char pub[CURVE_KEY_Z85_SIZE], sec[CURVE_KEY_Z85_SIZE];
+    int rc = 0;
+    if (server_public == NULL || strlen(server_public) != CURVE_KEY_Z85_LEN)
+        rc = error_set(err, ERR_INVALID_ARG, "server public key: expected 40 Z85 characters");
+    else if (client_secret == NULL && zmq_curve_keypair(pub, sec) != 0)
+        rc = error_set(err, ERR_SYSTEM, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+    else if (client_secret != NULL &&
+             (strlen(client_secret) != CURVE_KEY_Z85_LEN || zmq_curve_public(pub, client_secret) != 0))
+        rc = error_set(err, ERR_INVALID_ARG, "client secret key: expected 40 Z85 characters");
+    if (rc == 0 && client_secret != NULL)
+        memcpy(sec, client_secret, sizeof sec);
+    if (rc == 0 && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server_public, CURVE_KEY_Z85_LEN) != 0 ||
+                    zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, CURVE_KEY_Z85_LEN) != 0 ||
+                    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, CURVE_KEY_Z85_LEN) != 0))
+        rc = error_set(err, ERR_SYSTEM, "CURVE options: %s", zmq_strerror(zmq_errno()));
+    memset(sec, 0, sizeof sec);
+    return rc;
+}
+
 bool curve_endpoint_is_local(const char *endpoint)
 {
     if (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0)

@@ -5,8 +5,9 @@
  * surrounding whitespace; a keys file holds one key per line ('#' at the
  * start of a line or after whitespace starts a comment: '#' is also a Z85
  * character). Secret key files must not be readable by group or others:
- * the loader refuses them, as ssh does. What it is not: key generation (the
- * tandem-keygen tool) or the ZAP handler (the coordinator's exposure.c).
+ * the loader refuses them, as ssh does. The client side's socket options are
+ * here too. What it is not: key generation (the tandem-keygen tool) or the
+ * ZAP handler (the coordinator's exposure.c).
  */
 #ifndef TANDEM_CURVE_KEYS_H
 #define TANDEM_CURVE_KEYS_H
@@ -31,6 +32,12 @@ int curve_keys_load_list(const char *path, char (*keys)[CURVE_KEY_Z85_SIZE], int
 
 /* The public key of a Z85 secret key. ERR_FORMAT when secret is not one. */
 int curve_key_public(const char *secret_z85, char out[CURVE_KEY_Z85_SIZE], char *err);
+
+/* Makes sock (not connected yet) a CURVE client of the server whose public
+ * key is server_public, with the key pair of client_secret, or a fresh pair
+ * when it is NULL. Keys are Z85 strings. ERR_INVALID_ARG naming the key that
+ * is not one, ERR_SYSTEM. */
+int curve_client_setup(void *sock, const char *server_public, const char *client_secret, char *err);
 
 /* true when a ZeroMQ endpoint can be reached only from this machine: ipc://,
  * inproc://, and tcp:// bound to a loopback address (127.0.0.0/8, ::1,

@@ -171,6 +171,10 @@ static const struct key_desc gateway_keys[] = {
     GKEY_STR(served_model_name, NULL, "model name clients must send [basename of target_worker.model]"),
     GKEY_STR(api_key, NULL, "required Bearer key, \"\" = none [\"\"]"),
     GKEY_STR(api_key_env, check_env_name, "environment variable holding the key [\"\"]"),
+    GKEY_STR(coordinator_curve_public_key_file, NULL,
+             "the coordinator's CURVE public key, when its client endpoint uses CURVE [none]"),
+    GKEY_STR(curve_secret_key_file, NULL,
+             "the gateway's CURVE secret key, for a coordinator that lists client keys [a fresh pair]"),
     GKEY_INT(max_body_bytes, 1024, 1 << 30, "largest request body [1048576]"),
     GKEY_INT(max_connections, 1, 65536, "concurrent HTTP connections [256]"),
     GKEY_INT(request_timeout_ms, 1, INT_MAX, "coordinator silence before a 504 [600000]"),
@@ -637,8 +641,25 @@ int proc_config_check_listen(const char *listen, char *err)
 static int finalize_gateway(struct proc_config *cfg, char *err)
 {
     struct gateway_config *g = &cfg->gateway;
-    if (g->coordinator_endpoint[0] == '\0') {
-        const char *ep = cfg->coordinator.client_endpoint;
+    const struct coordinator_config *c = &cfg->coordinator;
+    const bool own_coordinator = g->coordinator_endpoint[0] == '\0';
+    if (g->curve_secret_key_file[0] != '\0' && g->coordinator_curve_public_key_file[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.curve_secret_key_file: needs gateway.coordinator_curve_public_key_file");
+    /* The coordinator of this same config: a mismatch is known now, not at
+     * the first request (which the coordinator would refuse). */
+    if (own_coordinator && c->curve_secret_key_file[0] != '\0' && g->coordinator_curve_public_key_file[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.coordinator_curve_public_key_file: required: the coordinator's client "
+                         "endpoint uses CURVE (coordinator.curve_secret_key_file); give the public key file "
+                         "that tandem-keygen wrote beside that secret key");
+    if (own_coordinator && c->curve_client_keys_file[0] != '\0' && g->curve_secret_key_file[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.curve_secret_key_file: required: the coordinator admits only the keys of "
+                         "coordinator.curve_client_keys_file; make the gateway a key pair (tandem-keygen) and "
+                         "list its public key there");
+    if (own_coordinator) {
+        const char *ep = c->client_endpoint;
         if (strncmp(ep, "tcp://*:", 8) == 0)
             snprintf(g->coordinator_endpoint, sizeof g->coordinator_endpoint, "tcp://127.0.0.1:%s", ep + 8);
         else if (strncmp(ep, "tcp://0.0.0.0:", 14) == 0)

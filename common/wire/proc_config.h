@@ -95,6 +95,8 @@ struct gateway_config {
     char served_model_name[PROC_CONFIG_PATH_MAX]; /* default basename of target_worker.model */
     char api_key[PROC_CONFIG_KEY_MAX];     /* "" = no key (unless api_key_env names one) */
     char api_key_env[PROC_CONFIG_NAME_MAX];/* environment variable holding the key */
+    char coordinator_curve_public_key_file[PROC_CONFIG_PATH_MAX]; /* "" = plain ZeroMQ to the coordinator */
+    char curve_secret_key_file[PROC_CONFIG_PATH_MAX]; /* the gateway's own; "" = a fresh pair per start */
     int max_body_bytes;                    /* largest request body, default 1048576 */
     int max_connections;                   /* concurrent HTTP connections, default 256 */
     int request_timeout_ms;                /* silence from the coordinator before a 504, default 600000 */

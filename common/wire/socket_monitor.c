@@ -2,6 +2,7 @@
 #include "socket_monitor.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -95,6 +96,34 @@ int socket_monitor_drain(struct socket_monitor *m, bool *dropped, char *err)
             return got;
         *dropped = *dropped || event == ZMQ_EVENT_DISCONNECTED;
     }
+}
+
+bool socket_monitor_is_refusal(uint16_t event)
+{
+    return event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+           event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+}
+
+void socket_monitor_refusal_text(uint16_t event, uint32_t value, const char *peer, char *buf, size_t size)
+{
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 400)
+        snprintf(buf, size, "%s refused the connection: it does not admit this side's CURVE key (ZAP status "
+                            "400; it admits only the public keys it lists)", peer);
+    else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        snprintf(buf, size, "%s refused the connection: CURVE authentication failed (ZAP status %u)", peer,
+                 (unsigned)value);
+    else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(buf, size, "%s refused the connection: one end uses CURVE and the other does not (with CURVE, "
+                            "the connecting side needs the server's public key)", peer);
+    else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+        snprintf(buf, size, "%s refused the connection: the CURVE handshake failed to decrypt (is its public "
+                            "key the right one?)", peer);
+    else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        snprintf(buf, size, "%s refused the connection: the handshake broke ZeroMQ's protocol (error 0x%08x)",
+                 peer, (unsigned)value);
+    else
+        snprintf(buf, size, "%s refused the connection: it closed it during the handshake (the security of the "
+                            "two ends does not match: CURVE on one end only, or not its public key)", peer);
 }
 
 void *socket_monitor_pollable(const struct socket_monitor *m)

@@ -14,7 +14,10 @@
 #define TANDEM_SOCKET_MONITOR_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include <zmq.h>
 
 struct socket_monitor;
 
@@ -32,6 +35,22 @@ int socket_monitor_next(struct socket_monitor *m, uint16_t *event, uint32_t *val
 /* Reads every queued event; *dropped tells whether one was a disconnect.
  * 0, or ERR_SYSTEM with err set (the events read until then still count). */
 int socket_monitor_drain(struct socket_monitor *m, bool *dropped, char *err);
+
+/* The events of a connecting side's handshakes: failed (the peer refused
+ * this side: a CURVE key it does not admit, CURVE on one end only, a wrong
+ * server key) and succeeded (any refusal is over). */
+#define SOCKET_MONITOR_HANDSHAKE_EVENTS                                                            \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |                  \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+
+/* true for the ZMQ_EVENT_HANDSHAKE_FAILED_* events. */
+bool socket_monitor_is_refusal(uint16_t event);
+
+/* What a user can act on, for a connecting side's failed handshake (event,
+ * value): "<peer> refused the connection: <why>". A refusal other than
+ * ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL is definite (ZAP said no, or the
+ * protocol broke): retrying the same way fails again. */
+void socket_monitor_refusal_text(uint16_t event, uint32_t value, const char *peer, char *buf, size_t size);
 
 /* For zmq_poll: readable when an event is queued. */
 void *socket_monitor_pollable(const struct socket_monitor *m);

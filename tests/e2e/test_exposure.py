@@ -9,7 +9,11 @@
   nothing (the handshake is refused, the coordinator logs it), and service goes on.
 - max_requests_per_client: one client cannot take every slot: its request past the limit
   gets `overloaded` naming the key, while another client is still served.
+- The gateway in front of it: refused at start without the coordinator's public key; with a
+  key the coordinator does not admit, 503 naming the refusal (and a log line); admitted,
+  served (greedy ids equal target-only output).
 """
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +21,7 @@ import time
 
 import zmq
 
-from tandem_e2e import Pipeline, binary, check, collect, main, reference, run
+from tandem_e2e import Pipeline, binary, check, collect, http, main, reference, run
 
 
 def free_port():
@@ -58,8 +62,9 @@ def test():
     other_key, _ = keygen(p.dir, "stranger")
     check(oct(os.stat(srv_key).st_mode & 0o777) == "0o600", "tandem-keygen: the secret key is not 0600")
     admitted = os.path.join(p.dir, "clients")
+    gw_key, gw_pub = keygen(p.dir, "gateway")
     with open(admitted, "w") as f:
-        f.write("# admitted clients\n%s\n" % open(cli_pub).read().strip())
+        f.write("# admitted clients\n%s\n%s\n" % (open(cli_pub).read().strip(), open(gw_pub).read().strip()))
 
     co = p.config["coordinator"]
     co["client_endpoint"] = "tcp://0.0.0.0:%d" % free_port()
@@ -101,13 +106,12 @@ def test():
     cli = [binary("client"), "--endpoint", p.endpoint, "--ids", "5,6,7", "--max-tokens", "8",
            "--temperature", "0", "--json", "--timeout-ms", "3000"]
     ref = reference(target, [5, 6, 7], 8)["ids"]
-    import json
     out = run(cli + ["--curve-server-key", srv_pub, "--curve-key", cli_key])
     check(json.loads(out.strip().splitlines()[-1])["ids"] == ref, "admitted CURVE client: %s" % out)
     r = subprocess.run(cli + ["--curve-server-key", srv_pub, "--curve-key", other_key],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and '"ids"' not in r.stdout, "a client with a stranger's key was served: %s" % r.stdout)
-    check("does not admit this client's CURVE key" in r.stderr, "a refused key is not named: %s" % r.stderr)
+    check("does not admit this side's CURVE key" in r.stderr, "a refused key is not named: %s" % r.stderr)
     r = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and '"ids"' not in r.stdout, "a client without CURVE was served: %s" % r.stdout)
     check("refused the connection" in r.stderr and "CURVE" in r.stderr,
@@ -134,6 +138,46 @@ def test():
                      "temperature": 0})
     done, _ = collect(other, "o", 60)
     check(done.get("ids") == ref, "another client while the first is at its limit: %s" % done)
+    for sock in (s, other):
+        sock.close()
+    gateway_to_curve(p, srv_pub, gw_key, other_key, ref)
+
+
+def gateway_to_curve(p, srv_pub, gw_key, other_key, ref):
+    """The gateway in front of the CURVE coordinator: refused at start without
+    the coordinator's public key; with a key the coordinator does not admit,
+    its requests fail with 503 naming the refusal; with an admitted key they
+    are served."""
+    if not os.access(binary("gateway"), os.X_OK):
+        print("gateway part skipped: %s is not built" % binary("gateway"))
+        return
+    url = p.enable_gateway()
+    g = p.start("gateway")
+    try:
+        rc = g.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    log = open(p.logs["gateway"]).read()
+    check(rc == 78 and "gateway.coordinator_curve_public_key_file" in log,
+          "gateway without the coordinator's key: exit %s, log: %s" % (rc, log[-1000:]))
+    p.procs.pop("gateway", None)
+
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
+    p.config["gateway"].update(coordinator_curve_public_key_file=srv_pub, curve_secret_key_file=other_key)
+    p.start("gateway")
+    p.wait_http()
+    status, _, out = http("POST", url + "/v1/completions", body)
+    check(status == 503 and b"does not admit this side's CURVE key" in out,
+          "gateway with a key not admitted: %s %s" % (status, out[:500]))
+    check("refused the connection" in open(p.logs["gateway"]).read(), "the gateway does not log the refusal")
+    p.kill("gateway")
+
+    p.config["gateway"]["curve_secret_key_file"] = gw_key
+    p.start("gateway")
+    p.wait_http()
+    status, _, out = http("POST", url + "/v1/completions", body)
+    check(status == 200 and json.loads(out)["tandem"]["ids"] == ref,
+          "gateway with an admitted key: %s %s" % (status, out[:500]))
 
 
 if __name__ == "__main__":

@@ -453,6 +453,46 @@ static void test_proc_config_gateway_section_defaults_and_derived_keys(void **st
     assert_non_null(strstr(err, "gateway.colour: unknown key"));
 }
 
+/* A gateway in front of a CURVE coordinator of the same config needs its
+ * public key, and its own key pair where the coordinator lists clients:
+ * told at start, not by a refused first request. */
+static void test_proc_config_gateway_to_a_curve_coordinator_needs_its_keys(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    const char *curve = "{\"coordinator\":{\"curve_secret_key_file\":\"/k/server.key\"},"
+                        "\"target_worker\":{\"model\":\"/m/t\"},\"gateway\":{}}";
+    assert_int_equal(load(&cfg, curve, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.coordinator_curve_public_key_file: required"));
+    assert_int_equal(load(&cfg, curve, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.coordinator_curve_public_key_file", "/k/server.pub", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    /* the coordinator's own checks are not the gateway's concern */
+    assert_int_equal(load(&cfg, curve, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_TARGET, err), 0);
+
+    const char *listed = "{\"coordinator\":{\"curve_secret_key_file\":\"/k/server.key\","
+                         "\"curve_client_keys_file\":\"/k/clients\"},\"target_worker\":{\"model\":\"/m/t\"},"
+                         "\"gateway\":{\"coordinator_curve_public_key_file\":\"/k/server.pub\"}}";
+    assert_int_equal(load(&cfg, listed, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.curve_secret_key_file: required"));
+    assert_int_equal(load(&cfg, listed, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.curve_secret_key_file", "/k/gw.key", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+
+    /* a secret key without the server's key is a mistake wherever the coordinator is */
+    assert_int_equal(load(&cfg,
+                          "{\"target_worker\":{\"model\":\"/m/t\"},\"gateway\":{\"coordinator_endpoint\":"
+                          "\"tcp://10.0.0.2:5555\",\"curve_secret_key_file\":\"/k/gw.key\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "needs gateway.coordinator_curve_public_key_file"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -470,6 +510,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
         cmocka_unit_test(test_proc_config_run_dir_is_private),
         cmocka_unit_test(test_proc_config_gateway_section_defaults_and_derived_keys),
+        cmocka_unit_test(test_proc_config_gateway_to_a_curve_coordinator_needs_its_keys),
         cmocka_unit_test(test_proc_config_sampler_follows_the_backend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

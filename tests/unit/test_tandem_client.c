@@ -314,7 +314,7 @@ static void test_tandem_client_refused_key_is_an_error_not_a_hang(void **state)
     assert_int_equal(tandem_client_create_curve(&c, f->endpoint, server_public, stranger_secret, err), 0);
     /* The refusal lands before the client sends anything. */
     assert_true(zap_refuse_for(zap, 500) >= 1);
-    expect_refused(c, zap, "does not admit this client's CURVE key");
+    expect_refused(c, zap, "does not admit this side's CURVE key");
     tandem_client_destroy(c);
 }
 
