@@ -42,16 +42,16 @@ def read_key(path):
     return open(path).read().strip().encode()
 
 
-def start_refused(p, what, needle):
-    c = p.start("coordinator")
+def start_refused(p, what, needle, role="coordinator"):
+    c = p.start(role)
     try:
         rc = c.wait(timeout=30)
     except subprocess.TimeoutExpired:
         rc = None
-    log = open(p.logs["coordinator"]).read()
-    check(rc == 78, "%s: coordinator exit %s, expected 78; log: %s" % (what, rc, log[-1000:]))
+    log = open(p.logs[role]).read()
+    check(rc == 78, "%s: %s exit %s, expected 78; log: %s" % (what, role, rc, log[-1000:]))
     check(needle in log, "%s: the log does not name %r: %s" % (what, needle, log[-1000:]))
-    p.procs.pop("coordinator", None)
+    p.procs.pop(role, None)
 
 
 def test():
@@ -152,15 +152,8 @@ def gateway_to_curve(p, srv_pub, gw_key, other_key, ref):
         print("gateway part skipped: %s is not built" % binary("gateway"))
         return
     url = p.enable_gateway()
-    g = p.start("gateway")
-    try:
-        rc = g.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        rc = None
-    log = open(p.logs["gateway"]).read()
-    check(rc == 78 and "gateway.coordinator_curve_public_key_file" in log,
-          "gateway without the coordinator's key: exit %s, log: %s" % (rc, log[-1000:]))
-    p.procs.pop("gateway", None)
+    start_refused(p, "gateway without the coordinator's key", "gateway.coordinator_curve_public_key_file",
+                  role="gateway")
 
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
     p.config["gateway"].update(coordinator_curve_public_key_file=srv_pub, curve_secret_key_file=other_key)
