@@ -19,15 +19,17 @@
  *
  * Being refused: a handshake that fails (a CURVE key the coordinator does not
  * admit, CURVE on one end only, the wrong server key) is retried by libzmq
- * and fails again, or, after a protocol error such as a mechanism mismatch,
- * can end libzmq's session for good: no reconnect and no pipe, so a DEALER's
- * blocking send would wait forever (6 of 40 plain DEALERs connecting to a
- * CURVE ROUTER had no pipe 0.3 s later). The monitor reports each failure;
+ * when the server just closed the connection, but not after a ZAP refusal
+ * or a protocol error such as a mechanism mismatch: those can end libzmq's
+ * session for good, no reconnect and no pipe, so a DEALER's blocking send
+ * would wait forever (6 of 40 plain DEALERs connecting to a CURVE ROUTER
+ * had no pipe 0.3 s later). The monitor reports each failure;
  * the client keeps its reason until a handshake succeeds and gives it:
  * requests pending fail with it; a new one fails at once after a definite
- * refusal (ZAP or protocol), and otherwise is queued for the retry, which
- * reports it when refused again. Sends never block: they poll for room
- * together with the monitor.
+ * refusal (ZAP or protocol), which libzmq does not retry (so the client
+ * connects again, see reconnect), and otherwise is queued for libzmq's
+ * retry, which reports it when refused again. Sends never block: they poll
+ * for room together with the monitor.
  */
 #include "tandem_client.h"
 
@@ -53,6 +55,8 @@
 /* A send waits at most this for room in ZeroMQ's queue (1,000 messages while
  * the coordinator is away): beyond it, the coordinator is not taking them. */
 #define CLIENT_SEND_WAIT_MS 10000
+/* A refused client connects again at most this often (see reconnect). */
+#define CLIENT_RECONNECT_MS 200
 
 struct tandem_client {
     void *zctx;
@@ -62,6 +66,8 @@ struct tandem_client {
     bool lost;           /* a drop while requests were pending, not reported yet */
     uint16_t refusal;    /* the last failed handshake's ZMQ_EVENT_HANDSHAKE_FAILED_*, 0 when none */
     uint32_t refusal_value;
+    char *endpoint;      /* to connect again after a refusal */
+    double reconnect_ms; /* when the last one was asked for */
 };
 
 /* server_public NULL: plain TCP/IPC; otherwise CURVE (see the header). */
@@ -104,6 +110,10 @@ static int client_create(struct tandem_client **out, const char *endpoint, const
         tandem_client_destroy(c);
         return mrc;
     }
+    if ((c->endpoint = strdup(endpoint)) == NULL) {
+        tandem_client_destroy(c);
+        return error_set(err, ERR_NOMEM, "client: out of memory");
+    }
     if (zmq_connect(c->sock, endpoint) != 0) {
         int rc = error_set(err, ERR_INVALID_ARG, "endpoint %s: zmq_connect: %s", endpoint,
                            zmq_strerror(zmq_errno()));
@@ -136,6 +146,7 @@ void tandem_client_destroy(struct tandem_client *client)
         zmq_close(client->sock);
     if (client->zctx != NULL)
         zmq_ctx_term(client->zctx);
+    free(client->endpoint);
     free(client);
 }
 
@@ -267,6 +278,22 @@ static int refused(const struct tandem_client *client, char *err)
     return error_set(err, ERR_UNAVAILABLE, "%s", why);
 }
 
+/* After a definite refusal libzmq does not try again (no handshake came in
+ * the 3 s after a ZAP refusal), so a coordinator that admits the key later
+ * would never hear from this client: a refused send asks for a new
+ * connection, whose handshake the next send finds succeeded or refused. */
+static void reconnect(struct tandem_client *client)
+{
+    double now = now_ms();
+    if (now - client->reconnect_ms < CLIENT_RECONNECT_MS)
+        return;
+    client->reconnect_ms = now;
+    /* ENOENT: libzmq already dropped the endpoint with its session */
+    if (zmq_disconnect(client->sock, client->endpoint) != 0 && zmq_errno() != ENOENT)
+        return;
+    (void)zmq_connect(client->sock, client->endpoint); /* it connected before: the endpoint is valid */
+}
+
 /* is_request: the message will get a final reply (everything but a cancel). */
 static int client_send(struct tandem_client *client, const void *data, size_t len, bool is_request, char *err)
 {
@@ -278,14 +305,18 @@ static int client_send(struct tandem_client *client, const void *data, size_t le
     for (;;) {
         /* A definite refusal stands until a handshake succeeds; a connection
          * closed mid-handshake may have been a coordinator going down. */
-        if (client->refusal && client->refusal != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        if (client->refusal && client->refusal != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+            reconnect(client);
             return refused(client, err);
+        }
         if (zmq_send(client->sock, data, len, ZMQ_DONTWAIT) >= 0)
             break;
         if (zmq_errno() != EAGAIN)
             return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
-        if (client->refusal) /* no room while refused: no pipe, or none that drains */
+        if (client->refusal) { /* no room while refused: no pipe, or none that drains */
+            reconnect(client);
             return refused(client, err);
+        }
         long wait_ms = (long)(deadline_ms - now_ms());
         if (wait_ms <= 0)
             return error_set(err, ERR_UNAVAILABLE,

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "curve_keys.h"
@@ -17,6 +18,10 @@
 
 #define EXPOSURE_CLIENT_KEYS_MAX 1024
 #define EXPOSURE_ZAP_FRAMES_MAX 16
+/* A refused client's ZeroMQ retries every 100 ms: the log names a refusal
+ * at once and then at most this often, with the count, not ten lines a
+ * second for as long as it keeps trying. */
+#define EXPOSURE_REFUSAL_LOG_EVERY_S 10.0
 
 struct exposure {
     bool curve;
@@ -26,7 +31,16 @@ struct exposure {
     int n_clients;
     void *zap;              /* REP at inproc://zeromq.zap.01, or NULL */
     unsigned long admitted, refused;
+    unsigned long refused_logged; /* refusals counted by the last log line */
+    double refusal_logged_s;      /* monotonic time of that line */
 };
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 int exposure_create(struct exposure **out, void *zctx, const struct coordinator_config *cc,
                     char *err)
@@ -154,10 +168,18 @@ void exposure_on_zap(struct exposure *e)
         e->admitted++;
     else
         e->refused++;
-    if (!ok)
-        LOG_WARN("refused a client connection: its CURVE key is not in "
-                 "coordinator.curve_client_keys_file (%lu refused so far)",
-                 e->refused);
+    const double now_s = monotonic_s();
+    if (!ok && (e->refused_logged == 0 || now_s - e->refusal_logged_s >= EXPOSURE_REFUSAL_LOG_EVERY_S)) {
+        /* the key, so that an operator can admit it: Z85 of its 32 bytes */
+        char key[CURVE_KEY_Z85_SIZE] = "(none: not a CURVE handshake)";
+        if (n >= 7 && zmq_msg_size(&frames[6]) == 32 && zmq_z85_encode(key, zmq_msg_data(&frames[6]), 32) == NULL)
+            snprintf(key, sizeof key, "(not encodable)");
+        LOG_WARN("refused a client connection: its CURVE key %s is not in coordinator.curve_client_keys_file "
+                 "(%lu refused so far, %lu since the last such line)",
+                 key, e->refused, e->refused - e->refused_logged);
+        e->refused_logged = e->refused;
+        e->refusal_logged_s = now_s;
+    }
     const void *req_id = n >= 2 ? zmq_msg_data(&frames[1]) : "";
     size_t req_id_size = n >= 2 ? zmq_msg_size(&frames[1]) : 0;
     if (send_frame(e->zap, "1.0", 3, true) != 0 || send_frame(e->zap, req_id, req_id_size, true) != 0 ||

@@ -40,6 +40,8 @@
 #define BRIDGE_HEARTBEAT_IVL_MS 1000
 #define BRIDGE_HEARTBEAT_TIMEOUT_MS 5000
 #define BRIDGE_MONITOR_ENDPOINT "inproc://tandem-bridge-monitor"
+/* A refused gateway connects again at most this often (see reconnect). */
+#define BRIDGE_RECONNECT_MS 1000
 
 struct reply_node {
     cJSON *msg;
@@ -74,6 +76,8 @@ struct bridge {
     bool stop;
     uint64_t next_id;
     char refusal[ERR_MSG_MAX];   /* why the last handshake was refused, "" when none (bridge thread only) */
+    char *endpoint;              /* to connect again after a refusal */
+    struct timespec reconnected; /* when the last one was asked for (bridge thread only) */
 };
 
 static void wake(struct bridge *b)
@@ -133,6 +137,25 @@ static void deliver_unavailable(struct bridge *b, const char *id, const char *wh
     deliver(b, id, m);
 }
 
+/* After a ZAP refusal or a protocol error libzmq does not try again, so a
+ * coordinator that admits the gateway later would never hear from it: a
+ * request refused asks for a new connection, at most every
+ * BRIDGE_RECONNECT_MS; a later request finds its handshake's outcome. */
+static void reconnect(struct bridge *b)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double since_ms = (double)(now.tv_sec - b->reconnected.tv_sec) * 1e3 +
+                      (double)(now.tv_nsec - b->reconnected.tv_nsec) / 1e6;
+    if (b->reconnected.tv_sec != 0 && since_ms < BRIDGE_RECONNECT_MS)
+        return;
+    b->reconnected = now;
+    /* ENOENT: libzmq already dropped the endpoint with its session */
+    if ((zmq_disconnect(b->sock, b->endpoint) != 0 && zmq_errno() != ENOENT) ||
+        zmq_connect(b->sock, b->endpoint) != 0)
+        LOG_WARN("bridge: connecting again to %s: %s", b->endpoint, zmq_strerror(zmq_errno()));
+}
+
 static void flush_out(struct bridge *b)
 {
     for (;;) {
@@ -149,9 +172,10 @@ static void flush_out(struct bridge *b)
         if (zmq_send(b->sock, n->text, strlen(n->text), ZMQ_DONTWAIT) < 0) {
             int e = zmq_errno();
             char why[ERR_MSG_MAX];
-            if (e == EAGAIN && b->refusal[0] != '\0')
+            if (e == EAGAIN && b->refusal[0] != '\0') {
                 snprintf(why, sizeof(why), "%s", b->refusal);
-            else
+                reconnect(b);
+            } else
                 snprintf(why, sizeof(why), "the coordinator is not reachable (zmq_send: %s)", zmq_strerror(e));
             LOG_WARN("to the coordinator: %s", why);
             deliver_unavailable(b, n->id, why);
@@ -331,6 +355,10 @@ int bridge_create(struct bridge **out, const char *endpoint, const char *server_
         goto fail;
     if (server_public != NULL && (rc = curve_client_setup(b->sock, server_public, client_secret, err)))
         goto fail;
+    if ((b->endpoint = strdup(endpoint)) == NULL) {
+        rc = error_set(err, ERR_NOMEM, "bridge: out of memory");
+        goto fail;
+    }
     if (zmq_connect(b->sock, endpoint) != 0) {
         rc = error_set(err, ERR_INVALID_ARG, "coordinator endpoint %s: zmq_connect: %s", endpoint,
                        zmq_strerror(zmq_errno()));
@@ -373,6 +401,7 @@ void bridge_destroy(struct bridge *b)
     if (b->wake_fd >= 0)
         close(b->wake_fd);
     pthread_mutex_destroy(&b->mu);
+    free(b->endpoint);
     free(b);
 }
 

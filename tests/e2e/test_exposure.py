@@ -9,9 +9,11 @@
   nothing (the handshake is refused, the coordinator logs it), and service goes on.
 - max_requests_per_client: one client cannot take every slot: its request past the limit
   gets `overloaded` naming the key, while another client is still served.
+- Refusals of one key are logged with the key, one line per 10 s.
 - The gateway in front of it: refused at start without the coordinator's public key; with a
-  key the coordinator does not admit, 503 naming the refusal (and a log line); admitted,
-  served (greedy ids equal target-only output).
+  key the coordinator does not admit, 503 naming the refusal (and one log line); once the
+  key is admitted (the coordinator restarted), the same gateway is served (greedy ids equal
+  target-only output): it connected again by itself.
 """
 import json
 import os
@@ -59,12 +61,12 @@ def test():
     draft, target = p.make_pair()
     srv_key, srv_pub = keygen(p.dir, "server")
     cli_key, cli_pub = keygen(p.dir, "client")
-    other_key, _ = keygen(p.dir, "stranger")
+    other_key, other_pub = keygen(p.dir, "stranger")
     check(oct(os.stat(srv_key).st_mode & 0o777) == "0o600", "tandem-keygen: the secret key is not 0600")
     admitted = os.path.join(p.dir, "clients")
     gw_key, gw_pub = keygen(p.dir, "gateway")
     with open(admitted, "w") as f:
-        f.write("# admitted clients\n%s\n%s\n" % (open(cli_pub).read().strip(), open(gw_pub).read().strip()))
+        f.write("# admitted clients\n%s\n" % open(cli_pub).read().strip())
 
     co = p.config["coordinator"]
     co["client_endpoint"] = "tcp://0.0.0.0:%d" % free_port()
@@ -112,6 +114,13 @@ def test():
                        capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and '"ids"' not in r.stdout, "a client with a stranger's key was served: %s" % r.stdout)
     check("does not admit this side's CURVE key" in r.stderr, "a refused key is not named: %s" % r.stderr)
+    # Refusals of one key come as fast as clients retry: the log names the key, a line per 10 s.
+    for _ in range(2):
+        subprocess.run(cli + ["--curve-server-key", srv_pub, "--curve-key", other_key], capture_output=True,
+                       timeout=60)
+    lines = [l for l in open(p.logs["coordinator"]) if "refused a client connection" in l]
+    check(len(lines) == 1 and read_key(other_pub).decode() in lines[0],
+          "3 refusals of one key: %d log lines: %s" % (len(lines), lines[-3:]))
     r = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and '"ids"' not in r.stdout, "a client without CURVE was served: %s" % r.stdout)
     check("refused the connection" in r.stderr and "CURVE" in r.stderr,
@@ -140,14 +149,15 @@ def test():
     check(done.get("ids") == ref, "another client while the first is at its limit: %s" % done)
     for sock in (s, other):
         sock.close()
-    gateway_to_curve(p, srv_pub, gw_key, other_key, ref)
+    gateway_to_curve(p, srv_pub, gw_key, gw_pub, admitted, ref)
 
 
-def gateway_to_curve(p, srv_pub, gw_key, other_key, ref):
+def gateway_to_curve(p, srv_pub, gw_key, gw_pub, admitted, ref):
     """The gateway in front of the CURVE coordinator: refused at start without
-    the coordinator's public key; with a key the coordinator does not admit,
-    its requests fail with 503 naming the refusal; with an admitted key they
-    are served."""
+    the coordinator's public key; while the coordinator does not admit its
+    key, its requests fail with 503 naming the refusal (logged once); once
+    the coordinator admits it (restarted with the key listed), the same
+    gateway process is served: it connects again by itself."""
     if not os.access(binary("gateway"), os.X_OK):
         print("gateway part skipped: %s is not built" % binary("gateway"))
         return
@@ -156,22 +166,29 @@ def gateway_to_curve(p, srv_pub, gw_key, other_key, ref):
                   role="gateway")
 
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
-    p.config["gateway"].update(coordinator_curve_public_key_file=srv_pub, curve_secret_key_file=other_key)
+    p.config["gateway"].update(coordinator_curve_public_key_file=srv_pub, curve_secret_key_file=gw_key)
     p.start("gateway")
     p.wait_http()
-    status, _, out = http("POST", url + "/v1/completions", body)
-    check(status == 503 and b"does not admit this side's CURVE key" in out,
-          "gateway with a key not admitted: %s %s" % (status, out[:500]))
-    check("refused the connection" in open(p.logs["gateway"]).read(), "the gateway does not log the refusal")
-    p.kill("gateway")
+    for _ in range(3):
+        status, _, out = http("POST", url + "/v1/completions", body)
+        check(status == 503 and b"does not admit this side's CURVE key" in out,
+              "gateway with a key not admitted: %s %s" % (status, out[:500]))
+    check(open(p.logs["gateway"]).read().count("ERROR: the coordinator refused the connection") == 1,
+          "the gateway does not log the refusal once: %s" % p.log_tail("gateway"))
 
-    p.config["gateway"]["curve_secret_key_file"] = gw_key
-    p.start("gateway")
-    p.wait_http()
-    status, _, out = http("POST", url + "/v1/completions", body)
+    with open(admitted, "a") as f:
+        f.write("%s\n" % open(gw_pub).read().strip())
+    p.kill("coordinator")
+    p.start("coordinator")
+    p.wait_workers(draft=True, target=True)
+    deadline = time.time() + 30
+    while True:
+        status, _, out = http("POST", url + "/v1/completions", body)
+        if status == 200 or time.time() > deadline:
+            break
+        time.sleep(0.5)
     check(status == 200 and json.loads(out)["tandem"]["ids"] == ref,
-          "gateway with an admitted key: %s %s" % (status, out[:500]))
-
+          "gateway once its key is admitted: %s %s" % (status, out[:500]))
 
 if __name__ == "__main__":
     main(test)
