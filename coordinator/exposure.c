@@ -18,9 +18,10 @@
 
 #define EXPOSURE_CLIENT_KEYS_MAX 1024
 #define EXPOSURE_ZAP_FRAMES_MAX 16
-/* A refused client's ZeroMQ retries every 100 ms: the log names a refusal
- * at once and then at most this often, with the count, not ten lines a
- * second for as long as it keeps trying. */
+/* A refused client may try again as fast as it likes (the C client and the
+ * gateway connect again at each refused request, a script may loop): the
+ * log names a refusal at once and then at most this often, with the count,
+ * not a line per try for as long as it keeps trying. */
 #define EXPOSURE_REFUSAL_LOG_EVERY_S 10.0
 
 struct exposure {

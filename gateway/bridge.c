@@ -246,7 +246,7 @@ static void read_monitor(struct bridge *b)
         } else if (socket_monitor_is_refusal(event)) {
             char why[ERR_MSG_MAX];
             socket_monitor_refusal_text(event, value, "the coordinator", why, sizeof why);
-            /* ZeroMQ retries every 100 ms: one line per reason, not per try */
+            /* tried again at each refused request (reconnect): one line per reason, not per try */
             if (strcmp(why, b->refusal) != 0)
                 LOG_ERROR("%s", why);
             snprintf(b->refusal, sizeof b->refusal, "%s", why);
