@@ -282,16 +282,27 @@ static int refused(const struct tandem_client *client, char *err)
  * the 3 s after a ZAP refusal), so a coordinator that admits the key later
  * would never hear from this client: a refused send asks for a new
  * connection, whose handshake the next send finds succeeded or refused. */
-static void reconnect(struct tandem_client *client)
+static int reconnect(struct tandem_client *client, char *err)
 {
     double now = now_ms();
     if (now - client->reconnect_ms < CLIENT_RECONNECT_MS)
-        return;
+        return 0;
     client->reconnect_ms = now;
     /* ENOENT: libzmq already dropped the endpoint with its session */
-    if (zmq_disconnect(client->sock, client->endpoint) != 0 && zmq_errno() != ENOENT)
-        return;
-    (void)zmq_connect(client->sock, client->endpoint); /* it connected before: the endpoint is valid */
+    if ((zmq_disconnect(client->sock, client->endpoint) != 0 && zmq_errno() != ENOENT) ||
+        zmq_connect(client->sock, client->endpoint) != 0)
+        return error_set(err, ERR_SYSTEM, "connecting again to %s: %s", client->endpoint,
+                         zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+/* The refusal, and a reconnect for the next send (see reconnect). */
+static int refused_send(struct tandem_client *client, char *err)
+{
+    char why[ERR_MSG_MAX];
+    if (reconnect(client, why) != 0)
+        return error_set(err, ERR_SYSTEM, "%s", why);
+    return refused(client, err);
 }
 
 /* is_request: the message will get a final reply (everything but a cancel). */
@@ -305,18 +316,14 @@ static int client_send(struct tandem_client *client, const void *data, size_t le
     for (;;) {
         /* A definite refusal stands until a handshake succeeds; a connection
          * closed mid-handshake may have been a coordinator going down. */
-        if (client->refusal && client->refusal != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-            reconnect(client);
-            return refused(client, err);
-        }
+        if (client->refusal && client->refusal != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            return refused_send(client, err);
         if (zmq_send(client->sock, data, len, ZMQ_DONTWAIT) >= 0)
             break;
         if (zmq_errno() != EAGAIN)
             return error_set(err, ERR_SYSTEM, "zmq_send: %s", zmq_strerror(zmq_errno()));
-        if (client->refusal) { /* no room while refused: no pipe, or none that drains */
-            reconnect(client);
-            return refused(client, err);
-        }
+        if (client->refusal) /* no room while refused: no pipe, or none that drains */
+            return refused_send(client, err);
         long wait_ms = (long)(deadline_ms - now_ms());
         if (wait_ms <= 0)
             return error_set(err, ERR_UNAVAILABLE,
