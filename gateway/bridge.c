@@ -77,6 +77,10 @@ struct bridge {
     uint64_t next_id;
     char refusal[ERR_MSG_MAX];   /* why the last handshake was refused, "" when none (bridge thread only) */
     char *endpoint;              /* to connect again after a refusal */
+    pthread_cond_t link_cv;      /* under mu: connected or refused changed */
+    bool cv_ready;
+    bool connected;              /* under mu: a handshake succeeded and no drop since */
+    bool refused;                /* under mu: the last handshake was refused */
     struct timespec reconnected; /* when the last one was asked for (bridge thread only) */
 };
 
@@ -237,6 +241,12 @@ static void read_monitor(struct bridge *b)
             LOG_WARN("bridge: connection monitor: %s", err);
         if (got <= 0)
             break;
+        pthread_mutex_lock(&b->mu);
+        if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            b->connected = event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+        b->refused = socket_monitor_is_refusal(event);
+        pthread_cond_broadcast(&b->link_cv);
+        pthread_mutex_unlock(&b->mu);
         if (event == ZMQ_EVENT_DISCONNECTED) {
             dropped = true;
         } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
@@ -326,6 +336,11 @@ int bridge_create(struct bridge **out, const char *endpoint, const char *server_
         free(b);
         return error_set(err, ERR_SYSTEM, "bridge: pthread_mutex_init failed");
     }
+    if (pthread_cond_init(&b->link_cv, NULL) != 0) {
+        rc = error_set(err, ERR_SYSTEM, "bridge: pthread_cond_init failed");
+        goto fail;
+    }
+    b->cv_ready = true;
     b->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (b->wake_fd < 0) {
         rc = error_set_errno(err, ERR_SYSTEM, errno, "bridge: eventfd");
@@ -400,9 +415,30 @@ void bridge_destroy(struct bridge *b)
         zmq_ctx_term(b->zctx);
     if (b->wake_fd >= 0)
         close(b->wake_fd);
+    if (b->cv_ready)
+        pthread_cond_destroy(&b->link_cv);
     pthread_mutex_destroy(&b->mu);
     free(b->endpoint);
     free(b);
+}
+
+bool bridge_wait_connected(struct bridge *b, int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&b->mu);
+    while (!b->connected && !b->refused)
+        if (pthread_cond_timedwait(&b->link_cv, &b->mu, &until) != 0)
+            break; /* ETIMEDOUT */
+    bool connected = b->connected;
+    pthread_mutex_unlock(&b->mu);
+    return connected;
 }
 
 int bridge_call_open(struct bridge *b, const char *prefix, struct bridge_call **out, char *err)

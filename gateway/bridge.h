@@ -20,6 +20,8 @@
 #ifndef TANDEM_GATEWAY_BRIDGE_H
 #define TANDEM_GATEWAY_BRIDGE_H
 
+#include <stdbool.h>
+
 #include <cjson/cJSON.h>
 
 /* Code of the synthetic error reply a call gets when a send fails. */
@@ -35,6 +37,10 @@ struct bridge_call;
  * refuses the handshake, the error replies say why (and the log, once). */
 int bridge_create(struct bridge **out, const char *endpoint, const char *server_public, const char *client_secret,
                   char *err);
+/* Waits up to timeout_ms for the first handshake with the coordinator:
+ * true once connected; false when it was refused or the time ran out. A
+ * gateway that opened HTTP before would answer its first requests 503. */
+bool bridge_wait_connected(struct bridge *b, int timeout_ms);
 /* Stops the thread and closes the socket; calls must be closed first. NULL-safe. */
 void bridge_destroy(struct bridge *b);
 

@@ -25,6 +25,10 @@
 #include "server.h"
 
 #define GATEWAY_EXIT_CONFIG 78
+/* HTTP opens once the coordinator's handshake is done, or after this: a
+ * request in between would be answered 503 (started beside the coordinator,
+ * or restarted, the gateway is usually connected within milliseconds). */
+#define GATEWAY_CONNECT_WAIT_MS 5000
 
 /* The only process-wide state: set by the signal handler, read by main. */
 static volatile sig_atomic_t stop_requested;
@@ -97,6 +101,10 @@ int main(int argc, char **argv)
     memset(gateway_secret, 0, sizeof gateway_secret);
     if (brc != 0 || http_metrics_create(&metrics, err) != 0)
         goto done;
+    if (!bridge_wait_connected(bridge, GATEWAY_CONNECT_WAIT_MS))
+        LOG_WARN("no connection to the coordinator at %s within %d ms: serving HTTP anyway, requests get 503 "
+                 "coordinator_unavailable until it answers", cfg.gateway.coordinator_endpoint,
+                 GATEWAY_CONNECT_WAIT_MS);
     struct server_params p = {
         .cfg = &cfg.gateway,
         .api_key = api_key,
