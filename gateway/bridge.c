@@ -84,6 +84,33 @@ struct bridge {
     struct timespec reconnected; /* when the last one was asked for (bridge thread only) */
 };
 
+/* Condition variables here wait on the monotonic clock: a wall-clock step
+ * must not cut a wait short or stretch it. */
+static int monotonic_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return -1;
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc;
+}
+
+static struct timespec monotonic_deadline(int timeout_ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += timeout_ms / 1000;
+    t.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
 static void wake(struct bridge *b)
 {
     uint64_t one = 1;
@@ -336,7 +363,7 @@ int bridge_create(struct bridge **out, const char *endpoint, const char *server_
         free(b);
         return error_set(err, ERR_SYSTEM, "bridge: pthread_mutex_init failed");
     }
-    if (pthread_cond_init(&b->link_cv, NULL) != 0) {
+    if (monotonic_cond_init(&b->link_cv) != 0) {
         rc = error_set(err, ERR_SYSTEM, "bridge: pthread_cond_init failed");
         goto fail;
     }
@@ -424,14 +451,7 @@ void bridge_destroy(struct bridge *b)
 
 bool bridge_wait_connected(struct bridge *b, int timeout_ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    const struct timespec until = monotonic_deadline(timeout_ms);
     pthread_mutex_lock(&b->mu);
     while (!b->connected && !b->refused)
         if (pthread_cond_timedwait(&b->link_cv, &b->mu, &until) != 0)
@@ -447,11 +467,7 @@ int bridge_call_open(struct bridge *b, const char *prefix, struct bridge_call **
     struct bridge_call *call = calloc(1, sizeof(*call));
     if (call == NULL)
         return error_set(err, ERR_NOMEM, "bridge: out of memory");
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&call->cond, &attr);
-    pthread_condattr_destroy(&attr);
+    int rc = monotonic_cond_init(&call->cond);
     if (rc != 0) {
         free(call);
         return error_set(err, ERR_SYSTEM, "bridge: pthread_cond_init failed");
@@ -536,14 +552,7 @@ int bridge_call_next(struct bridge_call *call, int timeout_ms, cJSON **reply, ch
 {
     *reply = NULL;
     struct bridge *b = call->b;
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    const struct timespec deadline = monotonic_deadline(timeout_ms);
     pthread_mutex_lock(&b->mu);
     while (call->head == NULL) {
         if (pthread_cond_timedwait(&call->cond, &b->mu, &deadline) == ETIMEDOUT && call->head == NULL) {
