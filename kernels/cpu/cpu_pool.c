@@ -87,6 +87,7 @@ struct cpu_pool {
     void *ctx;
     long n_tasks;
     _Atomic long chunk; /* read before claiming: atomic, may be stale */
+    atomic_int guided;  /* claims of max(chunk, remaining / (2 * n_threads)) */
 };
 
 static long pool_now_ns(void)
@@ -106,6 +107,10 @@ static void pool_serve(struct cpu_pool *pool, uint32_t gen, int thread_idx)
             return;
         uint32_t rem = POOL_REMAINING(word);
         long chunk = atomic_load_explicit(&pool->chunk, memory_order_relaxed);
+        if (atomic_load_explicit(&pool->guided, memory_order_relaxed)) {
+            const long share = (long)(rem / (2u * (uint32_t)pool->n_threads));
+            chunk = share > chunk ? share : chunk;
+        }
         uint32_t c = chunk < 1 ? 1 : (uint64_t)chunk < rem ? (uint32_t)chunk : rem;
         if (!atomic_compare_exchange_weak(&pool->claim, &word, POOL_WORD(gen, rem - c)))
             continue; /* word reloaded */
@@ -174,6 +179,7 @@ int cpu_pool_create(struct cpu_pool **out, int n_threads, char *err)
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->caller_sleeping, 0);
     atomic_init(&pool->chunk, 1);
+    atomic_init(&pool->guided, 0);
 
     int rc = pthread_mutex_init(&pool->mutex, NULL);
     if (rc != 0) {
@@ -243,7 +249,8 @@ int cpu_pool_threads(const struct cpu_pool *pool)
     return pool->n_threads;
 }
 
-void cpu_pool_run(struct cpu_pool *pool, long n_tasks, long chunk, cpu_pool_fn fn, void *ctx)
+static void pool_run(struct cpu_pool *pool, long n_tasks, long chunk, int guided, cpu_pool_fn fn,
+                     void *ctx)
 {
     if (n_tasks <= 0)
         return;
@@ -261,6 +268,7 @@ void cpu_pool_run(struct cpu_pool *pool, long n_tasks, long chunk, cpu_pool_fn f
     pool->ctx = ctx;
     pool->n_tasks = n_tasks;
     atomic_store_explicit(&pool->chunk, chunk, memory_order_relaxed);
+    atomic_store_explicit(&pool->guided, guided, memory_order_relaxed);
     atomic_store(&pool->n_done, 0);
     uint32_t gen = POOL_GEN(atomic_load(&pool->claim)) + 1;
     atomic_store(&pool->claim, POOL_WORD(gen, (uint32_t)n_tasks));
@@ -286,4 +294,15 @@ void cpu_pool_run(struct cpu_pool *pool, long n_tasks, long chunk, cpu_pool_fn f
         POOL_CHECK(pthread_cond_wait(&pool->done_cv, &pool->mutex));
     atomic_store(&pool->caller_sleeping, 0);
     POOL_CHECK(pthread_mutex_unlock(&pool->mutex));
+}
+
+void cpu_pool_run(struct cpu_pool *pool, long n_tasks, long chunk, cpu_pool_fn fn, void *ctx)
+{
+    pool_run(pool, n_tasks, chunk, 0, fn, ctx);
+}
+
+void cpu_pool_run_guided(struct cpu_pool *pool, long n_tasks, long min_chunk, cpu_pool_fn fn,
+                         void *ctx)
+{
+    pool_run(pool, n_tasks, min_chunk, 1, fn, ctx);
 }

@@ -37,4 +37,12 @@ int cpu_pool_threads(const struct cpu_pool *pool);
  * alone, with no dispatch. */
 void cpu_pool_run(struct cpu_pool *pool, long n_tasks, long chunk, cpu_pool_fn fn, void *ctx);
 
+/* cpu_pool_run with claims that shrink as the job goes: each claim takes
+ * max(min_chunk, remaining / (2 * n_threads)) tasks, so a job is a few long
+ * runs of consecutive tasks per thread and still ends balanced (the last
+ * claims are min_chunk). For tasks that stream memory in task order, where
+ * each claim's start costs a cold stream. */
+void cpu_pool_run_guided(struct cpu_pool *pool, long n_tasks, long min_chunk, cpu_pool_fn fn,
+                         void *ctx);
+
 #endif

@@ -207,6 +207,14 @@ static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w
  * The prefetch is the output pairs' (MM_PF, once per 64-byte line of each
  * weight row): measured 8-21% faster at n = 6..17. */
 #define MM_PF 512 /* weights: 1 KiB of bf16/f16 ahead (256..1024 measured alike) */
+/* Blocks shorter than this (d_in < 768 in bf16) prefetch whole blocks
+ * ahead, at least this many bytes: the in-row lead above, carried into the
+ * next block, is only about one block (3.3 KiB at d_in = 384) there. The
+ * 384 x 128256 head at one row, 2 threads, a stand-alone copy of the tile
+ * timed in one process alternating the leads: 6 KiB ahead 15-20% faster than
+ * 3 KiB, 9 KiB 5-7% slower than 6; at d_in = 768 the existing lead is
+ * already about 6 KiB. */
+#define MM_PF_SHORT_AHEAD 6144
 #define MM_IPAIRS_MIN 6 /* input pairs from this n */
 #define MM_PAIRS4 6 /* most input-row pairs with 4 weight rows (24 + 4 + 1 zmm) */
 #define MM_PAIRS 9  /* most pairs with 1 weight row (tail rows of d_out) */
@@ -614,12 +622,18 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
     for (int a = 0; a < 4; a++) /* odd rows: the last one fills the spare half */
         wr[a] = (const char *)w + (size_t)(a < rows ? a : rows - 1) * row_bytes;
     const mm_otile_fn *fns = mm_otiles[job->dtype][(rows + 1) / 2 - 1];
+    const size_t block_bytes = MM_RO * row_bytes;
+    ptrdiff_t pf_lead = 2 * MM_PF;
+    size_t pf_next = (MM_RO - 1) * row_bytes;
+    if (block_bytes < MM_PF_SHORT_AHEAD) {
+        pf_lead = (ptrdiff_t)(block_bytes * ((MM_PF_SHORT_AHEAD + block_bytes - 1) / block_bytes));
+        pf_next = 0;
+    }
     const int n = job->n, n_groups = (n + MM_OI - 1) / MM_OI;
     for (int g = 0, i = 0; g < n_groups; g++) {
         const int ri = n / n_groups + (g < n % n_groups);
-        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in, 0, d_in, 2 * MM_PF,
-                    (MM_RO - 1) * row_bytes, NULL,
-                    job->out + (size_t)i * d_out + (size_t)o0, d_out);
+        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in, 0, d_in, pf_lead,
+                    pf_next, NULL, job->out + (size_t)i * d_out + (size_t)o0, d_out);
         i += ri;
     }
 }
@@ -943,17 +957,23 @@ static void mm_task_panel(void *ctx, long begin, long end, int thread_idx)
 static void mm_run(struct cpu_backend *cb, struct mm_job *job, int rows_per_task, cpu_pool_fn fn)
 {
     const long n_blocks = (job->d_out + rows_per_task - 1) / rows_per_task;
-    /* Claims of up to 16 blocks, at least ~16 claims per thread to balance;
-     * output pairs up to 64: a claim is one weight stream, and its first
-     * block starts without prefetch (one row of 2048 -> 8192 took about 4%
-     * less time than with 16). */
-    const long cap = job->opairs ? 64 : 16;
+    /* Claims of up to 16 blocks, at least ~16 claims per thread to balance.
+     * Output pairs claim guided instead (a quarter of what is left with 2
+     * threads, down to those 16): a claim is one weight stream, and its first
+     * blocks start cold, before the prefetch is ahead. Fixed claims of 64
+     * blocks (before) made the 384 x 128256 head at one row 20-25% slower
+     * than one run per thread, 2 threads, in a stand-alone copy of the tile
+     * timed in one process alternating the two; guided claims were as fast as
+     * one run per thread. */
     long chunk = n_blocks / ((long)cb->n_threads * 16);
-    chunk = chunk < 1 ? 1 : chunk > cap ? cap : chunk;
+    chunk = chunk < 1 ? 1 : chunk > 16 ? 16 : chunk;
     /* Tiny products are not worth waking the workers. */
     if ((long)job->n * job->d_in * job->d_out < 32768)
         chunk = n_blocks;
-    cpu_pool_run(cb->pool, n_blocks, chunk, fn, job);
+    if (job->opairs)
+        cpu_pool_run_guided(cb->pool, n_blocks, chunk, fn, job);
+    else
+        cpu_pool_run(cb->pool, n_blocks, chunk, fn, job);
 }
 
 int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void *w,

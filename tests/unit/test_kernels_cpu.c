@@ -280,6 +280,59 @@ static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **sta
     be->ops->destroy(be);
 }
 
+/* Decode and short verification products (n = 1..5) large enough that the
+ * pool hands them out in many claims of shrinking size (guided claims),
+ * with short rows (the whole-block prefetch) and long ones (k-blocks at
+ * 2..5 rows): every output matches the reference, and 2 and 3 threads give
+ * the 1-thread bits, whoever claimed which rows. */
+static void test_kernels_cpu_matmul_decode_over_many_claims_matches_one_thread(void **state)
+{
+    static const int shapes[][3] = {
+        /* n, d_in, d_out */
+        {1, 389, 4099}, {2, 389, 4099}, {5, 200, 3001}, {1, 2085, 1031}, {3, 2085, 1031},
+    };
+    struct kern_backend *be[3];
+    for (int t = 0; t < 3; t++)
+        be[t] = make_backend(t + 1);
+    struct rng r = {1234};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int di = 0; di < 3; di++) {
+            const int n = shapes[si][0], d_in = shapes[si][1], d_out = shapes[si][2];
+            const enum kern_dtype dt = all_dtypes[di];
+            const size_t count = (size_t)n * d_out;
+            double *wref = dalloc((size_t)d_in * d_out);
+            void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
+            float *in = falloc((size_t)n * d_in);
+            fill(&r, in, (size_t)n * d_in);
+            float *out[3];
+            for (int t = 0; t < 3; t++) {
+                out[t] = falloc(count);
+                assert_int_equal(be[t]->ops->matmul(be[t], out[t], in, w, dt, n, d_in, d_out, err),
+                                 0);
+            }
+            double *ref = dalloc(count);
+            ref_matmul(ref, in, wref, n, d_in, d_out);
+            char what[96];
+            snprintf(what, sizeof(what), "matmul %s n=%d d_in=%d d_out=%d", kern_dtype_name(dt), n,
+                     d_in, d_out);
+            assert_int_equal(count_mismatches(what, out[0], ref, count, 1e-5 * sqrt(d_in), 1e-5), 0);
+            for (int t = 1; t < 3; t++) {
+                snprintf(what, sizeof(what), "matmul %s n=%d d_in=%d d_out=%d: 1 vs %d threads",
+                         kern_dtype_name(dt), n, d_in, d_out, t + 1);
+                assert_int_equal(count_bit_diffs(what, out[0], out[t], count), 0);
+            }
+            for (int t = 0; t < 3; t++)
+                free(out[t]);
+            free(ref);
+            free(w);
+            free(wref);
+            free(in);
+        }
+    for (int t = 0; t < 3; t++)
+        be[t]->ops->destroy(be[t]);
+}
+
 /* Each row of an n = 40 product (the prefill path) equals the same row
  * computed alone (n = 1), inside n = 3 and inside n = 16 (the decode and
  * verification path, other tilings), bit for bit. */
@@ -1041,16 +1094,18 @@ static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
 
 int main(void)
 {
-#ifdef TANDEM_TEST_REQUIRE_AVX512F
-    /* The AVX-512F build of this test (tests/CMakeLists.txt): nothing to
+#ifdef TANDEM_TEST_REQUIRE_AVX512
+    /* The AVX-512 build of this test (tests/CMakeLists.txt): nothing to
      * check on a CPU that cannot run it. */
-    if (!__builtin_cpu_supports("avx512f")) {
-        printf("SKIPPED: this CPU has no AVX-512F\n");
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512dq")) {
+        printf("SKIPPED: this CPU lacks AVX-512 F, BW or DQ\n");
         return 77;
     }
 #endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_cpu_matmul_matches_reference_for_every_dtype),
+        cmocka_unit_test(test_kernels_cpu_matmul_decode_over_many_claims_matches_one_thread),
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
         cmocka_unit_test(test_kernels_cpu_matmul_every_path_follows_the_fixed_order),
