@@ -958,19 +958,22 @@ static void mm_run(struct cpu_backend *cb, struct mm_job *job, int rows_per_task
 {
     const long n_blocks = (job->d_out + rows_per_task - 1) / rows_per_task;
     /* Claims of up to 16 blocks, at least ~16 claims per thread to balance.
-     * Output pairs claim guided instead (a quarter of what is left with 2
+     * The pair paths claim guided instead (a quarter of what is left with 2
      * threads, down to those 16): a claim is one weight stream, and its first
      * blocks start cold, before the prefetch is ahead. Fixed claims of 64
      * blocks (before) made the 384 x 128256 head at one row 20-25% slower
      * than one run per thread, 2 threads, in a stand-alone copy of the tile
      * timed in one process alternating the two; guided claims were as fast as
-     * one run per thread. */
+     * one run per thread. The input pairs' fixed claims of 16 against guided
+     * ones (tools/bench_kernels, 3 alternating runs): the 768 x 128256 head
+     * at 9 and 17 rows 2-12% slower, 768 -> 2048, 2048 -> 8192 and
+     * 8192 -> 2048 alike within noise. */
     long chunk = n_blocks / ((long)cb->n_threads * 16);
     chunk = chunk < 1 ? 1 : chunk > 16 ? 16 : chunk;
     /* Tiny products are not worth waking the workers. */
     if ((long)job->n * job->d_in * job->d_out < 32768)
         chunk = n_blocks;
-    if (job->opairs)
+    if (job->opairs || job->xq)
         cpu_pool_run_guided(cb->pool, n_blocks, chunk, fn, job);
     else
         cpu_pool_run(cb->pool, n_blocks, chunk, fn, job);

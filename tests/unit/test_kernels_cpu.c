@@ -280,16 +280,18 @@ static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **sta
     be->ops->destroy(be);
 }
 
-/* Decode and short verification products (n = 1..5) large enough that the
- * pool hands them out in many claims of shrinking size (guided claims),
- * with short rows (the whole-block prefetch) and long ones (k-blocks at
- * 2..5 rows): every output matches the reference, and 2 and 3 threads give
- * the 1-thread bits, whoever claimed which rows. */
+/* Decode and verification products (n = 1..17: the output and input pair
+ * paths) large enough that the pool hands them out in many claims of
+ * shrinking size (guided claims), with short rows (the whole-block
+ * prefetch) and long ones (k-blocks at 2..5 rows): every output matches the
+ * reference, and 2 and 3 threads give the 1-thread bits, whoever claimed
+ * which rows. */
 static void test_kernels_cpu_matmul_decode_over_many_claims_matches_one_thread(void **state)
 {
     static const int shapes[][3] = {
         /* n, d_in, d_out */
         {1, 389, 4099}, {2, 389, 4099}, {5, 200, 3001}, {1, 2085, 1031}, {3, 2085, 1031},
+        {9, 389, 2053}, {17, 200, 3001},
     };
     struct kern_backend *be[3];
     for (int t = 0; t < 3; t++)
