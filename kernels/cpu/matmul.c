@@ -60,6 +60,8 @@ struct mm_job {
     const float *xq;  /* input-pair path: the inputs packed in pairs (mm_pack_pairs) */
     int opairs;       /* the output-pair path (mm_block_opairs) */
     int okb;          /* output pairs in k-blocks of this many columns (0: whole rows) */
+    ptrdiff_t pf_lead; /* output pairs, whole rows: each row's prefetch lead, in bytes */
+    size_t pf_next;   /* ... and how much further once past a row's end (mm_otile) */
     int pkb;          /* panel path: k-block length */
 };
 
@@ -622,18 +624,11 @@ static void mm_block_opairs(const struct mm_job *job, const void *w, int rows, i
     for (int a = 0; a < 4; a++) /* odd rows: the last one fills the spare half */
         wr[a] = (const char *)w + (size_t)(a < rows ? a : rows - 1) * row_bytes;
     const mm_otile_fn *fns = mm_otiles[job->dtype][(rows + 1) / 2 - 1];
-    const size_t block_bytes = MM_RO * row_bytes;
-    ptrdiff_t pf_lead = 2 * MM_PF;
-    size_t pf_next = (MM_RO - 1) * row_bytes;
-    if (block_bytes < MM_PF_SHORT_AHEAD) {
-        pf_lead = (ptrdiff_t)(block_bytes * ((MM_PF_SHORT_AHEAD + block_bytes - 1) / block_bytes));
-        pf_next = 0;
-    }
     const int n = job->n, n_groups = (n + MM_OI - 1) / MM_OI;
     for (int g = 0, i = 0; g < n_groups; g++) {
         const int ri = n / n_groups + (g < n % n_groups);
-        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in, 0, d_in, pf_lead,
-                    pf_next, NULL, job->out + (size_t)i * d_out + (size_t)o0, d_out);
+        fns[ri - 1](wr, rows, job->in + (size_t)i * d_in, d_in, job->d_in, 0, d_in, job->pf_lead,
+                    job->pf_next, NULL, job->out + (size_t)i * d_out + (size_t)o0, d_out);
         i += ri;
     }
 }
@@ -1033,6 +1028,15 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         job.opairs = 1;
         if (n >= 2 && n <= MM_OI && d_in > MM_OKB_MIN_DIN)
             job.okb = MM_OKB;
+        const size_t row_bytes = (size_t)d_in * kern_dtype_size(dtype);
+        const size_t block_bytes = MM_RO * row_bytes;
+        job.pf_lead = 2 * MM_PF;
+        job.pf_next = (MM_RO - 1) * row_bytes;
+        if (block_bytes > 0 && block_bytes < MM_PF_SHORT_AHEAD) { /* whole blocks ahead */
+            job.pf_lead =
+                (ptrdiff_t)(block_bytes * ((MM_PF_SHORT_AHEAD + block_bytes - 1) / block_bytes));
+            job.pf_next = 0;
+        }
     }
 #endif
     mm_run(cb, &job, MM_RO, mm_task_direct);

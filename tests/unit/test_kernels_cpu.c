@@ -1091,6 +1091,13 @@ static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
     assert_null(none);
     /* n = 0 is a no-op */
     assert_int_equal(be->ops->matmul(be, NULL, NULL, NULL, KERN_DTYPE_BF16, 0, 4, 4, err), 0);
+    /* d_in = 0: every output is the empty sum, 0 (a crash here once: the
+     * prefetch lead was sized by dividing by the block's bytes) */
+    for (int i = 0; i < 8; i++)
+        buf[i] = 7.0f;
+    assert_int_equal(be->ops->matmul(be, buf, buf + 32, buf + 48, KERN_DTYPE_BF16, 2, 0, 4, err), 0);
+    for (int i = 0; i < 8; i++)
+        assert_true(buf[i] == 0.0f);
     be->ops->destroy(be);
 }
 
