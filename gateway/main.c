@@ -102,9 +102,9 @@ int main(int argc, char **argv)
     if (brc != 0 || http_metrics_create(&metrics, err) != 0)
         goto done;
     if (!bridge_wait_connected(bridge, GATEWAY_CONNECT_WAIT_MS))
-        LOG_WARN("no connection to the coordinator at %s within %d ms: serving HTTP anyway, requests get 503 "
-                 "coordinator_unavailable until it answers", cfg.gateway.coordinator_endpoint,
-                 GATEWAY_CONNECT_WAIT_MS);
+        LOG_WARN("not connected to the coordinator at %s (refused, or no answer within %d ms): serving HTTP "
+                 "anyway, requests get 503 coordinator_unavailable until it admits this gateway",
+                 cfg.gateway.coordinator_endpoint, GATEWAY_CONNECT_WAIT_MS);
     struct server_params p = {
         .cfg = &cfg.gateway,
         .api_key = api_key,
