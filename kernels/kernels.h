@@ -144,6 +144,15 @@ struct kern_ops {
 
     /* x += y, elementwise over count values. */
     int (*add)(struct kern_backend *be, float *x, const float *y, size_t count, char *err);
+
+    /* Optional (NULL: map_weights serves). map_weights for a [rows][cols]
+     * weight matrix of this dtype that only matmul (as w, with d_out = rows,
+     * d_in = cols) and embed (as the table, dim = cols) will read, always
+     * from the returned pointer: the backend may keep it in a layout of its
+     * own (cpu: kernels/cpu/packed.h), so its bytes are not the caller's.
+     * Released with unmap_weights. */
+    int (*map_matrix)(struct kern_backend *be, const void *host_ptr, enum kern_dtype dtype,
+                      int64_t rows, int64_t cols, const void **out, char *err);
 };
 
 /* Every backend starts with this header; the private state follows it. */

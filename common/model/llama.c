@@ -101,7 +101,12 @@ static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64
     if (rc)
         return rc;
     const void *dev;
-    rc = m->be->ops->map_weights(m->be, t->data, t->size_bytes, &dev, err);
+    /* The matrices only matmul and embed read: the backend may lay them out
+     * for its kernels. */
+    if (n_dims == 2 && m->be->ops->map_matrix)
+        rc = m->be->ops->map_matrix(m->be, t->data, t->dtype, d0, d1, &dev, err);
+    else
+        rc = m->be->ops->map_weights(m->be, t->data, t->size_bytes, &dev, err);
     if (rc)
         return rc;
     m->mapped[m->n_mapped++] = dev;

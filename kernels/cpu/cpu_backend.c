@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "cpu_backend.h"
+#include "packed.h"
 #include "error.h"
 
 #define CPU_ALIGN 64
@@ -39,6 +40,7 @@
 struct cpu_weight_copy {
     void *base;
     size_t len;
+    int packed_rows, d_in; /* map_matrix packed it (packed.h): rows in octets; else 0 */
 };
 
 int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
@@ -175,7 +177,7 @@ static int cpu_thp_available(void)
  * mapping advised for huge pages, made read-only after the copy, and records
  * it for unmap_weights. *out = the copy. Returns 0, ERR_NOMEM or ERR_SYSTEM. */
 static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, size_t size_bytes,
-                                const void **out, char *err)
+                                int pack_rows, int pack_d_in, const void **out, char *err)
 {
     if (cb->n_copies == cb->cap_copies) {
         int cap = cb->cap_copies ? 2 * cb->cap_copies : 64;
@@ -204,12 +206,24 @@ static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, si
     /* Advice only: without huge pages the copy is merely no faster. */
     (void)madvise(base, len, MADV_HUGEPAGE);
     memcpy(base, host_ptr, size_bytes);
+    int packed_rows = 0;
+    if (pack_rows > 0) {
+        uint16_t *tmp = malloc((size_t)CPU_PACKED_ROWS * (size_t)pack_d_in * sizeof *tmp);
+        if (!tmp) {
+            munmap(base, len);
+            return error_set(err, ERR_NOMEM, "cpu map_matrix: out of memory");
+        }
+        cpu_packed_pack((uint16_t *)(void *)base, pack_rows, pack_d_in, tmp);
+        free(tmp);
+        packed_rows = pack_rows / CPU_PACKED_ROWS * CPU_PACKED_ROWS;
+    }
     if (mprotect(base, len, PROT_READ) != 0) {
         int e = errno;
         munmap(base, len);
         return error_set_errno(err, ERR_SYSTEM, e, "cpu map_weights: mprotect(PROT_READ)");
     }
-    cb->copies[cb->n_copies++] = (struct cpu_weight_copy){.base = base, .len = len};
+    cb->copies[cb->n_copies++] = (struct cpu_weight_copy){
+        .base = base, .len = len, .packed_rows = packed_rows, .d_in = packed_rows ? pack_d_in : 0};
     *out = base;
     return 0;
 }
@@ -223,8 +237,51 @@ static int cpu_map_weights(struct kern_backend *be, const void *host_ptr, size_t
         return error_set(err, ERR_INVALID_ARG, "cpu map_weights: NULL pointer for %zu bytes",
                          size_bytes);
     if (cb->weight_copy && size_bytes >= CPU_WEIGHT_COPY_MIN)
-        return cpu_weight_copy_make(cb, host_ptr, size_bytes, out, err);
+        return cpu_weight_copy_make(cb, host_ptr, size_bytes, 0, 0, out, err);
     *out = host_ptr;
+    return 0;
+}
+
+/* A matrix is packed when it is copied at all (a tensor used in place is the
+ * caller's, read-only, bytes) and its dtype and shape have the packed
+ * kernels (cpu_packed_supported). */
+static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum kern_dtype dtype,
+                          int64_t rows, int64_t cols, const void **out, char *err)
+{
+    struct cpu_backend *cb = cpu_backend_of(be);
+    *out = NULL;
+    if (rows < 0 || cols < 0 || (cols > 0 && rows > INT64_MAX / cols))
+        return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: bad shape [%lld, %lld]",
+                         (long long)rows, (long long)cols);
+    int rc = cpu_backend_check_dtype(dtype, "map_matrix", err);
+    if (rc < 0)
+        return rc;
+    const uint64_t bytes = (uint64_t)rows * (uint64_t)cols * kern_dtype_size(dtype);
+    if (bytes > SIZE_MAX)
+        return error_set(err, ERR_NOMEM, "cpu map_matrix: [%lld, %lld] is too large",
+                         (long long)rows, (long long)cols);
+    if (!host_ptr && bytes > 0)
+        return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: NULL pointer for %llu bytes",
+                         (unsigned long long)bytes);
+    if (!cb->weight_copy || bytes < CPU_WEIGHT_COPY_MIN) {
+        *out = host_ptr;
+        return 0;
+    }
+    const int pack = cpu_packed_supported(dtype, (long)rows, (long)cols) && rows <= INT32_MAX;
+    return cpu_weight_copy_make(cb, host_ptr, (size_t)bytes, pack ? (int)rows : 0,
+                                pack ? (int)cols : 0, out, err);
+}
+
+int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_rows, int *d_in)
+{
+    for (int i = 0; i < cb->n_copies; i++)
+        if (cb->copies[i].base == w) {
+            if (cb->copies[i].packed_rows == 0)
+                return 0;
+            *packed_rows = cb->copies[i].packed_rows;
+            *d_in = cb->copies[i].d_in;
+            return 1;
+        }
     return 0;
 }
 
@@ -263,6 +320,7 @@ static const struct kern_ops cpu_ops = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .map_matrix = cpu_map_matrix,
 };
 
 int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)

@@ -29,6 +29,10 @@ struct cpu_backend {
     int n_copies, cap_copies;
 };
 
+/* Whether w is a matrix map_matrix packed (kernels/cpu/packed.h): returns 1
+ * and its packed rows (a multiple of 8) and row length, or 0. */
+int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_rows, int *d_in);
+
 static inline struct cpu_backend *cpu_backend_of(struct kern_backend *be)
 {
     return (struct cpu_backend *)be;

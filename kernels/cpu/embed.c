@@ -1,6 +1,7 @@
 /* embed.c: cpu_embed, out[i] = table[ids[i]] widened to f32 (exact).
  *
  * Pure conversion, no arithmetic: results cannot depend on n or threads.
+ * A table map_matrix packed (packed.h) is read in that layout.
  * ids are host memory and are range-checked by the caller (vocab is not known
  * here); a negative id is still rejected rather than read out of bounds.
  */
@@ -8,6 +9,7 @@
 
 #include "cpu_backend.h"
 #include "cpu_simd.h"
+#include "packed.h"
 #include "error.h"
 
 struct embed_job {
@@ -16,6 +18,7 @@ struct embed_job {
     enum kern_dtype dtype;
     const int32_t *ids;
     int dim;
+    int packed_rows; /* the table's rows in the packed layout (packed.h), or 0 */
 };
 
 static void embed_task(void *ctx, long begin, long end, int thread_idx)
@@ -25,6 +28,10 @@ static void embed_task(void *ctx, long begin, long end, int thread_idx)
     for (long i = begin; i < end; i++) {
         float *y = job->out + (size_t)i * dim;
         size_t row = (size_t)job->ids[i] * dim;
+        if (job->ids[i] < job->packed_rows) {
+            cpu_packed_row_f32(job->table, job->dim, job->ids[i], y);
+            continue;
+        }
         if (job->dtype == KERN_DTYPE_F32) {
             memcpy(y, (const float *)job->table + row, dim * sizeof(float));
             continue;
@@ -60,6 +67,11 @@ int cpu_embed(struct kern_backend *be, float *out, const void *table, enum kern_
             return error_set(err, ERR_INVALID_ARG, "cpu embed: ids[%d] = %d is negative", i,
                              (int)ids[i]);
     struct embed_job job = { .out = out, .table = table, .dtype = dtype, .ids = ids, .dim = dim };
+    int packed_d_in;
+    if (cpu_backend_packed(cb, table, &job.packed_rows, &packed_d_in) && packed_d_in != dim)
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu embed: dim %d, but the table was mapped with rows of %d", dim,
+                         packed_d_in);
     long chunk = (long)n * dim < 262144 ? n : (65536 + dim - 1) / dim;
     cpu_pool_run(cb->pool, n, chunk, embed_task, &job);
     return 0;

@@ -9,8 +9,10 @@
  * results depend on shapes. Cutting it into k-blocks with the accumulators
  * parked in memory in between is fine: that changes no bit.
  *
- * Four paths, chosen from (n, d_in) only (mm_use_panel, MM_IPAIRS_MIN), all
- * exact:
+ * Five paths, chosen from (n, d_in) and whether map_matrix packed w
+ * (mm_use_panel, MM_IPAIRS_MIN, cpu_backend_packed), all exact:
+ *   - packed (AVX-512F+BW; w in the packed layout of packed.h, any n):
+ *     octets of 8 weight rows, several read side by side (mm_task_packed).
  *   - output pairs (AVX-512F+BW; n = 1..5: decode
  *     and short speculative verifications): tasks are blocks of MM_RO
  *     output rows; two weight rows share each 512-bit accumulator (one
@@ -40,6 +42,7 @@
 #include "cpu_backend.h"
 #include "cpu_simd.h"
 #include "error.h"
+#include "packed.h"
 
 #define MM_RO 4 /* output rows per tile */
 #define MM_RI 3 /* max input rows per tile (direct path) */
@@ -63,6 +66,7 @@ struct mm_job {
     ptrdiff_t pf_lead; /* output pairs, whole rows: each row's prefetch lead, in bytes */
     size_t pf_next;   /* ... and how much further once past a row's end (mm_otile) */
     int pkb;          /* panel path: k-block length */
+    int packed_rows;  /* w's first rows in the packed layout (packed.h), or 0 */
 };
 
 CPU_SIMD_INLINE float mm_load1(enum kern_dtype dt, const void *w, size_t idx)
@@ -688,6 +692,193 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The packed path: w packed by map_matrix (packed.h), any n.
+ * A task is an octet of output rows: its 8 rows are one sequential run of
+ * 512-byte steps, and each 64-byte line holds, in the lanes the fixed order
+ * assigns, two rows' 8-column chunks 2L (high halves) and 2L + 1 (low
+ * halves), made f32 by one AND or one shift. Each input row has four
+ * accumulators per octet (one per row pair), so four independent FMA chains
+ * where the output pairs' 4-row tile had two. With the weights in L2 (2
+ * threads, 2048 x 512 and 2048 x 1024, in-process A/B against the
+ * row-major output pairs) one row ran at 160 GB/s against 95: the row-major
+ * tile is bound by its word permutes (one per two cycles) and by the FMA
+ * latency.
+ * From memory, one octet at a time was 26-35% slower than the row-major
+ * path (4 weight rows, 4 streams), with any prefetch lead from 0 to 16 KiB:
+ * on this VM one core's single stream does not keep enough lines in flight.
+ * So octets are read side by side from separate runs of the task's range:
+ * MM_PK_STREAMS (4) at one input row, 2 from 2 rows up (registers: 2 x 4 x
+ * MM_PK_RI accumulators). In-process A/B against the row-major paths (2
+ * threads, weights cold, best of 12, same process): 2048 -> 8192 one row
+ * 484 vs 564 us, 2 rows 577 vs 590, 3 rows 558 vs 616, 5 rows 713 vs 694,
+ * 9 rows 1064 vs 1205, 17 rows 1813 vs 2041; 384 x 128256 one row 1661 vs
+ * 1944 us; 8192 -> 2048 one row 595 vs 646, the 2048 x 128256 head alike.
+ * The prefetch lead MM_PK_LEAD: 8 KiB.
+ * Input rows go in groups of up to MM_PK_RI; the later groups find the
+ * octets in L1 (d_in = 2048) or L2. This beats the panel path at prefill
+ * too: 64 rows of 2048 -> 8192 took 5958 us against the panel's 11772, of
+ * 8192 -> 2048 6281 against 12015 (same A/B). The rows after the last full
+ * octet are row-major: mm_block reads them. */
+#define MM_PK_LEAD 8192
+#define MM_PK_STREAMS 4 /* octets read side by side at one input row */
+#define MM_PK_RI 3      /* most input rows per tile (2 streams x 3 rows: 24 accumulators) */
+#define MM_PK_JOB_ROWS 32 /* input rows per job (more: several jobs) */
+
+CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, const char *const *octets, int d_in,
+                               const float *x, size_t ldx, float *const *outs, size_t ldo)
+{
+    __m512 acc[MM_PK_STREAMS][4][MM_PK_RI];
+#pragma GCC unroll 4
+    for (int q = 0; q < q_streams; q++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++)
+#pragma GCC unroll 3
+            for (int b = 0; b < ri; b++)
+                acc[q][p][b] = _mm512_setzero_ps();
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    const char *o[MM_PK_STREAMS];
+#pragma GCC unroll 4
+    for (int q = 0; q < q_streams; q++)
+        o[q] = octets[q];
+    for (size_t k = 0; k < (size_t)d_in; k += CPU_PACKED_STEP) {
+#pragma GCC unroll 4
+        for (int q = 0; q < q_streams; q++)
+#pragma GCC unroll 8
+            for (int l = 0; l < CPU_PACKED_STEP_BYTES / 64; l++)
+                /* an address, not a pointer: it may lie past the matrix */
+                _mm_prefetch((const char *)((uintptr_t)o[q] + MM_PK_LEAD + 64 * (uintptr_t)l),
+                             _MM_HINT_T0);
+#pragma GCC unroll 2
+        for (int line = 0; line < 2; line++)
+#pragma GCC unroll 2
+            for (int low = 0; low < 2; low++) {
+                const size_t kc = k + 16 * (size_t)line + 8 * (size_t)low;
+                __m512 xv[MM_PK_RI];
+#pragma GCC unroll 3
+                for (int b = 0; b < ri; b++)
+                    xv[b] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)b * ldx + kc));
+#pragma GCC unroll 4
+                for (int q = 0; q < q_streams; q++)
+#pragma GCC unroll 4
+                    for (int p = 0; p < 4; p++) {
+                        const __m512i raw =
+                            _mm512_load_si512((const void *)(o[q] + 128 * p + 64 * line));
+                        const __m512 wv = _mm512_castsi512_ps(
+                            low ? _mm512_slli_epi32(raw, 16) : _mm512_and_si512(raw, high));
+#pragma GCC unroll 3
+                        for (int b = 0; b < ri; b++)
+                            acc[q][p][b] = _mm512_fmadd_ps(wv, xv[b], acc[q][p][b]);
+                    }
+            }
+#pragma GCC unroll 4
+        for (int q = 0; q < q_streams; q++)
+            o[q] += CPU_PACKED_STEP_BYTES;
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < q_streams; q++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++)
+#pragma GCC unroll 3
+            for (int b = 0; b < ri; b++) {
+                float *y = outs[q] + (size_t)b * ldo + (size_t)(2 * p);
+                y[0] = cpu_simd_hsum8(_mm512_castps512_ps256(acc[q][p][b]));
+                y[1] = cpu_simd_hsum8(_mm256_castpd_ps(
+                    _mm512_extractf64x4_pd(_mm512_castps_pd(acc[q][p][b]), 1)));
+            }
+}
+
+typedef void (*mm_pktile_fn)(const char *const *octets, int d_in, const float *x, size_t ldx,
+                             float *const *outs, size_t ldo);
+#define MM_DEFINE_PKTILE(q, ri)                                                              \
+    static void mm_pktile_##q##x##ri(const char *const *octets, int d_in, const float *x,    \
+                                     size_t ldx, float *const *outs, size_t ldo)             \
+    {                                                                                        \
+        mm_pktile(q, ri, octets, d_in, x, ldx, outs, ldo);                                   \
+    }
+MM_DEFINE_PKTILE(1, 1)
+MM_DEFINE_PKTILE(1, 2)
+MM_DEFINE_PKTILE(1, 3)
+MM_DEFINE_PKTILE(2, 1)
+MM_DEFINE_PKTILE(2, 2)
+MM_DEFINE_PKTILE(2, 3)
+MM_DEFINE_PKTILE(4, 1)
+/* [streams: 1, 2, 4][ri - 1] */
+static const mm_pktile_fn mm_pktiles[3][MM_PK_RI] = {
+    {mm_pktile_1x1, mm_pktile_1x2, mm_pktile_1x3},
+    {mm_pktile_2x1, mm_pktile_2x2, mm_pktile_2x3},
+    {mm_pktile_4x1, NULL, NULL},
+};
+
+/* q_streams octets (their first bytes in octets[]) against all input rows,
+ * in groups of up to MM_PK_RI: the later groups find the octets in L1/L2. */
+static void mm_packed_step(const struct mm_job *job, int q_streams, const char *const *octets,
+                           const long *blks)
+{
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const int n = job->n, n_groups = (n + MM_PK_RI - 1) / MM_PK_RI;
+    const int qi = q_streams == 4 ? 2 : q_streams - 1;
+    for (int g = 0, i = 0; g < n_groups; g++) {
+        const int ri = n / n_groups + (g < n % n_groups);
+        float *outs[MM_PK_STREAMS];
+        for (int q = 0; q < q_streams; q++)
+            outs[q] = job->out + (size_t)i * d_out + (size_t)blks[q] * CPU_PACKED_ROWS;
+        mm_pktiles[qi][ri - 1](octets, job->d_in, job->in + (size_t)i * d_in, d_in, outs, d_out);
+        i += ri;
+    }
+}
+
+/* Octets [o_begin, o_end), all packed: q_streams runs of the range walked
+ * in lockstep, then what is left one by one. */
+static void mm_packed_octets(const struct mm_job *job, long o_begin, long o_end, int q_streams)
+{
+    const size_t octet_bytes = CPU_PACKED_ROWS * 2 * (size_t)job->d_in;
+    const long run = (o_end - o_begin) / q_streams;
+    const char *w = job->w;
+    long done = o_begin;
+    if (q_streams > 1 && run > 0) {
+        for (long i = 0; i < run; i++) {
+            const char *octets[MM_PK_STREAMS];
+            long blks[MM_PK_STREAMS];
+            for (int q = 0; q < q_streams; q++) {
+                blks[q] = o_begin + (long)q * run + i;
+                octets[q] = w + (size_t)blks[q] * octet_bytes;
+            }
+            mm_packed_step(job, q_streams, octets, blks);
+        }
+        done = o_begin + (long)q_streams * run;
+    }
+    for (long blk = done; blk < o_end; blk++) {
+        const char *octet = w + (size_t)blk * octet_bytes;
+        mm_packed_step(job, 1, &octet, &blk);
+    }
+}
+
+/* Tasks of the packed path: octets of output rows. */
+static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
+{
+    const struct mm_job *job = ctx;
+    const size_t row_bytes = 2 * (size_t)job->d_in;
+    const int n = job->n;
+    (void)thread_idx;
+    const long packed_end = job->packed_rows / CPU_PACKED_ROWS;
+    const long o_end = end < packed_end ? end : packed_end;
+    if (begin < o_end)
+        mm_packed_octets(job, begin, o_end, n == 1 ? MM_PK_STREAMS : 2);
+    /* the rows after the last full octet, row-major */
+    for (long blk = begin > packed_end ? begin : packed_end; blk < end; blk++) {
+        const int o0 = (int)(blk * CPU_PACKED_ROWS);
+        const int rows = job->d_out - o0 < CPU_PACKED_ROWS ? job->d_out - o0 : CPU_PACKED_ROWS;
+        const char *w = (const char *)job->w + (size_t)o0 * row_bytes;
+        for (int r = 0; r < rows;) {
+            const int ro = rows - r >= MM_RO ? MM_RO : 1;
+            mm_block(job, job->dtype, w + (size_t)r * row_bytes, ro, o0 + r);
+            r += ro;
+        }
+    }
+}
+#endif
+
 #ifdef __AVX2__
 /* The panel path (see mm_use_panel; up to MM_PANEL_MAX input rows per job,
  * more rows run as several jobs). A task is a panel of up to MM_PR output rows, swept in
@@ -803,15 +994,16 @@ static void mm_pack_inputs(const float *in, int n, int d_in, int pkb, float *xp)
     }
 }
 
-/* Output rows o0 .. o0+rows-1 (rows <= MM_PR) for all n input rows.
+/* Output rows o0 .. o0+rows-1 (rows <= MM_PR; w: their weights, row-major)
+ * for all n input rows.
  * wf: [3][pkb + 16] floats of scratch; acc: [n][MM_PR] vectors of scratch. */
-static void mm_panel(const struct mm_job *job, int o0, int rows, float *wf, __m256 *acc)
+static void mm_panel(const struct mm_job *job, const char *w, int o0, int rows, float *wf,
+                     __m256 *acc)
 {
     const enum kern_dtype dt = job->dtype;
     const int n = job->n, d_in = job->d_in, len8 = d_in & ~7, pkb = job->pkb;
     const size_t ld = (size_t)d_in, d_out = (size_t)job->d_out, ldd = (size_t)pkb + 16;
     const size_t esize = kern_dtype_size(dt);
-    const char *w = (const char *)job->w + (size_t)o0 * ld * esize;
     const int n_groups = (n + 3) / 4; /* of input rows, sizes as even as can be */
     const int store = n_groups > 1 && dt != KERN_DTYPE_F32;
     for (int j = 0; j < n * MM_PR; j++)
@@ -940,10 +1132,12 @@ static void mm_task_panel(void *ctx, long begin, long end, int thread_idx)
     const struct mm_job *job = ctx;
     __m256 *acc = (__m256 *)(void *)job->scratch[thread_idx];
     float *wf = (float *)(void *)(acc + (size_t)job->n * MM_PR);
+    const size_t row_bytes = (size_t)job->d_in * kern_dtype_size(job->dtype);
     for (long blk = begin; blk < end; blk++) {
         const int o0 = (int)(blk * MM_PR);
         const int rows = job->d_out - o0 < MM_PR ? job->d_out - o0 : MM_PR;
-        mm_panel(job, o0, rows, wf, acc);
+        const char *w = (const char *)job->w + (size_t)o0 * row_bytes;
+        mm_panel(job, w, o0, rows, wf, acc);
     }
 }
 #endif
@@ -968,7 +1162,7 @@ static void mm_run(struct cpu_backend *cb, struct mm_job *job, int rows_per_task
     /* Tiny products are not worth waking the workers. */
     if ((long)job->n * job->d_in * job->d_out < 32768)
         chunk = n_blocks;
-    if (job->opairs || job->xq)
+    if (job->opairs || job->xq || job->packed_rows)
         cpu_pool_run_guided(cb->pool, n_blocks, chunk, fn, job);
     else
         cpu_pool_run(cb->pool, n_blocks, chunk, fn, job);
@@ -993,6 +1187,27 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         .out = out, .in = in, .w = w, .dtype = dtype,
         .n = n, .d_in = d_in, .d_out = d_out, .scratch = cb->scratch,
     };
+    int packed_d_in = 0;
+    if (cpu_backend_packed(cb, w, &job.packed_rows, &packed_d_in) &&
+        (packed_d_in != d_in || dtype != KERN_DTYPE_BF16 || d_out < job.packed_rows))
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu matmul: w was mapped as a bf16 matrix of at least %d rows of %d, "
+                         "called as %s [%d, %d]",
+                         job.packed_rows, packed_d_in, kern_dtype_name(dtype), d_out, d_in);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (job.packed_rows) {
+        /* Jobs of at most MM_PK_JOB_ROWS input rows keep a job's inputs in
+         * L2 while every octet is applied to them (rows are independent:
+         * chunking changes no bit). */
+        for (int i0 = 0; i0 < n; i0 += MM_PK_JOB_ROWS) {
+            job.n = n - i0 < MM_PK_JOB_ROWS ? n - i0 : MM_PK_JOB_ROWS;
+            job.in = in + (size_t)i0 * (size_t)d_in;
+            job.out = out + (size_t)i0 * (size_t)d_out;
+            mm_run(cb, &job, CPU_PACKED_ROWS, mm_task_packed);
+        }
+        return 0;
+    }
+#endif
 #ifdef __AVX2__
     if (mm_use_panel(n, d_in)) {
         /* Chunks of at most MM_PANEL_MAX input rows bound the scratch (rows

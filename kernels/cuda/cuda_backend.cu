@@ -403,6 +403,7 @@ static const struct kern_ops cuda_ops = {
     /* .attention = */ cuda_attention,
     /* .swiglu = */ cuda_swiglu,
     /* .add = */ cuda_add,
+    /* .map_matrix = */ NULL, /* map_weights: the device kernels read row-major */
 };
 
 /* ---- public entry points ----------------------------------------------- */

@@ -1049,6 +1049,72 @@ static void test_kernels_cpu_map_weights_copies_large_tensors_exactly(void **sta
     free(b);
 }
 
+/* map_matrix may keep a matrix in a layout of its own (AVX-512 builds: bf16
+ * with rows a multiple of 32 columns, kernels/cpu/packed.h): matmul at every
+ * path's row count and embed read it to the same bits as the caller's
+ * row-major bytes, the rows after the last full octet included. */
+static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packed)
+{
+    const size_t count = (size_t)d_in * d_out;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {29};
+    char err[ERR_MSG_MAX];
+    double *wref = dalloc(count);
+    void *w = make_weights(&r, KERN_DTYPE_BF16, count, wref);
+    const int max_n = 33;
+    float *in = falloc((size_t)max_n * d_in), *a = falloc((size_t)max_n * d_out);
+    float *b = falloc((size_t)max_n * d_out);
+    fill(&r, in, (size_t)max_n * d_in);
+    const void *mapped = NULL;
+    assert_int_equal(be->ops->map_matrix(be, w, KERN_DTYPE_BF16, d_out, d_in, &mapped, err), 0);
+    assert_non_null(mapped);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    /* a copy (huge pages available) of a packable shape is packed */
+    if (mapped != w)
+        assert_int_equal(memcmp(mapped, w, count * 2) != 0, expect_packed);
+#else
+    (void)expect_packed;
+    if (mapped != w)
+        assert_memory_equal(mapped, w, count * 2);
+#endif
+    const int ns[] = {1, 2, 3, 4, 5, 6, 9, 17, 18, 33};
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        const int n = ns[t];
+        char what[64];
+        snprintf(what, sizeof what, "matmul n=%d on a mapped matrix", n);
+        assert_int_equal(be->ops->matmul(be, a, in, w, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
+        assert_int_equal(be->ops->matmul(be, b, in, mapped, KERN_DTYPE_BF16, n, d_in, d_out, err),
+                         0);
+        assert_int_equal(count_bit_diffs(what, a, b, (size_t)n * d_out), 0);
+    }
+    const int32_t ids[] = {0, 1, 7, 8, 13, d_out / 2, d_out - 8, d_out - 6, d_out - 1};
+    const int n_ids = (int)(sizeof ids / sizeof ids[0]);
+    assert_int_equal(be->ops->embed(be, a, w, KERN_DTYPE_BF16, ids, n_ids, d_in, err), 0);
+    assert_int_equal(be->ops->embed(be, b, mapped, KERN_DTYPE_BF16, ids, n_ids, d_in, err), 0);
+    assert_int_equal(count_bit_diffs("embed from a mapped matrix", a, b, (size_t)n_ids * d_in), 0);
+    if (mapped != w && expect_packed) {
+        /* a packed matrix read with another row length is refused, not misread */
+        assert_int_equal(be->ops->matmul(be, b, in, mapped, KERN_DTYPE_BF16, 1, d_in / 2,
+                                         2 * d_out, err),
+                         ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "mapped as a bf16 matrix"));
+    }
+    be->ops->unmap_weights(be, mapped);
+    be->ops->destroy(be);
+    free(w);
+    free(wref);
+    free(in);
+    free(a);
+    free(b);
+}
+
+static void test_kernels_cpu_map_matrix_reads_exactly(void **state)
+{
+    check_map_matrix_reads_exactly(2048, 1029, 1); /* 128 octets and 5 row-major rows */
+    check_map_matrix_reads_exactly(384, 5464, 1);  /* the small draft's row length */
+    check_map_matrix_reads_exactly(2056, 1100, 0); /* not a multiple of 32: left as it is */
+}
+
 static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
 {
     struct kern_backend *be = make_backend(2);
@@ -1131,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_memory_ops_are_zeroed_aligned_and_copy),
         cmocka_unit_test(test_kernels_cpu_bad_arguments_are_rejected),
         cmocka_unit_test(test_kernels_cpu_map_weights_copies_large_tensors_exactly),
+        cmocka_unit_test(test_kernels_cpu_map_matrix_reads_exactly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

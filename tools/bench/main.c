@@ -235,6 +235,15 @@ static int prof_map_weights(struct kern_backend *be, const void *host, size_t si
     struct kern_backend *in = prof_of(be)->inner;
     return in->ops->map_weights(in, host, size, out, err);
 }
+static int prof_map_matrix(struct kern_backend *be, const void *host, enum kern_dtype dtype,
+                           int64_t rows, int64_t cols, const void **out, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    if (in->ops->map_matrix)
+        return in->ops->map_matrix(in, host, dtype, rows, cols, out, err);
+    return in->ops->map_weights(in, host, (size_t)rows * (size_t)cols * kern_dtype_size(dtype),
+                                out, err);
+}
 static void prof_unmap_weights(struct kern_backend *be, const void *ptr)
 {
     struct kern_backend *in = prof_of(be)->inner;
@@ -338,6 +347,7 @@ static const struct kern_ops prof_ops = {
     .unmap_weights = prof_unmap_weights, .sync = prof_sync, .embed = prof_embed,
     .rmsnorm = prof_rmsnorm, .matmul = prof_matmul, .rope = prof_rope,
     .kv_store = prof_kv_store, .attention = prof_attention, .swiglu = prof_swiglu, .add = prof_addop,
+    .map_matrix = prof_map_matrix,
 };
 
 static void prof_init(struct prof_backend *p, struct kern_backend *inner)

@@ -39,6 +39,7 @@
  *
  * Usage: tandem-bench-kernels [--threads N] [--seconds S] [--rounds R]
  *                             [--shapes DINxDOUT,...] [--rows N,...] [--cpu-time] [--hot]
+ *                             [--row-major]
  *        tandem-bench-kernels --backend cuda [--device D] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
  *   S: minimum seconds per measurement (default 0.5; cuda: 0.05)
@@ -48,6 +49,10 @@
  *   --hot (CPU): one copy of the weights, not rotated: with a shape that fits
  *   in L2 (e.g. 2048x128, 512 KiB) this times the kernel's arithmetic
  *   without the memory bus, the ceiling it sets on n rows per weight
+ *   --row-major (CPU): the weights as the caller wrote them; by default they
+ *   are mapped as a model maps its matrices (map_matrix: on an AVX-512 CPU,
+ *   bf16 rows of a multiple of 32 are packed, kernels/cpu/packed.h), which a
+ *   shape under 2 MiB is not (only copies are packed), --hot's included
  *   --shapes, --rows (CPU): only these shapes and row counts (n = 1, the
  *   base of the ratios, is always measured), e.g. --shapes
  *   2048x8192,8192x2048,2048x128256 --rows 2,3,5,9,17: a minute's run
@@ -346,7 +351,7 @@ int main(int argc, char **argv)
     int shapes[BENCH_SHAPES_MAX][2] = {
         {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
     int n_shapes = BENCH_N_SHAPES;
-    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0;
+    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0, row_major = 0;
     for (int ni = 0; ni < BENCH_N_MAX; ni++)
         ns[ni] = ni + 1;
     for (int i = 1; i < argc; i++) {
@@ -368,12 +373,14 @@ int main(int argc, char **argv)
                 return 2;
         } else if (strcmp(argv[i], "--hot") == 0) {
             hot = 1;
+        } else if (strcmp(argv[i], "--row-major") == 0) {
+            row_major = 1;
         } else if (strcmp(argv[i], "--cpu-time") == 0) {
             bench_clock = CLOCK_PROCESS_CPUTIME_ID;
         } else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--seconds S] [--rounds R] [--shapes DINxDOUT,...] "
-                    "[--rows N,...] [--cpu-time] [--hot]\n"
+                    "[--rows N,...] [--cpu-time] [--hot] [--row-major]\n"
                     "       %s --backend cuda [--device D] [--seconds S] [--rounds R]\n",
                     argv[0], argv[0]);
             return 2;
@@ -429,15 +436,23 @@ int main(int argc, char **argv)
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
         int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
         copies = copies < 1 || hot ? 1 : copies > 160 ? 160 : copies; /* 160: w[] */
-        void *w[160];
+        void *w[160], *host[160];
         for (int c = 0; c < copies; c++) {
-            if (be->ops->alloc(be, w_bytes, &w[c], err) != 0) {
+            if (be->ops->alloc(be, w_bytes, &host[c], err) != 0) {
                 fprintf(stderr, "tandem-bench-kernels: %s\n", err);
                 return 1;
             }
-            uint16_t *p = w[c];
+            uint16_t *p = host[c];
             for (size_t k = 0; k < w_bytes / 2; k++)
                 p[k] = rand_bf16();
+            /* as a model maps its matrices (its own layout, huge pages) */
+            const void *mapped = host[c];
+            if (!row_major && be->ops->map_matrix &&
+                be->ops->map_matrix(be, host[c], KERN_DTYPE_BF16, d_out, d_in, &mapped, err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+            w[c] = (void *)(uintptr_t)mapped;
         }
         float *in = NULL, *out = NULL;
         if (be->ops->alloc(be, (size_t)BENCH_N_MAX * d_in * sizeof(float), (void **)&in, err) !=
@@ -485,8 +500,11 @@ int main(int argc, char **argv)
         for (int ni = 0; ni < n_ns; ni++)
             printf(" n%d:%.2f", ns[ni], best[ni] / best[0]);
         printf("\n");
-        for (int c = 0; c < copies; c++)
-            be->ops->free(be, w[c]);
+        for (int c = 0; c < copies; c++) {
+            if (w[c] != host[c])
+                be->ops->unmap_weights(be, w[c]);
+            be->ops->free(be, host[c]);
+        }
         be->ops->free(be, in);
         be->ops->free(be, out);
     }
