@@ -1068,15 +1068,17 @@ static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packe
     const void *mapped = NULL;
     assert_int_equal(be->ops->map_matrix(be, w, KERN_DTYPE_BF16, d_out, d_in, &mapped, err), 0);
     assert_non_null(mapped);
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    /* a copy (huge pages available) of a packable shape is packed */
-    if (mapped != w)
-        assert_int_equal(memcmp(mapped, w, count * 2) != 0, expect_packed);
+    /* a copy (huge pages available) of a packable shape is packed where the
+     * kernels were built with AVX-512F+BW (the AVX-512 test's library is,
+     * this file not) */
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || defined(TANDEM_TEST_REQUIRE_AVX512)
+    const int packs = expect_packed && mapped != w;
 #else
+    const int packs = 0;
     (void)expect_packed;
-    if (mapped != w)
-        assert_memory_equal(mapped, w, count * 2);
 #endif
+    if (mapped != w)
+        assert_int_equal(memcmp(mapped, w, count * 2) != 0, packs);
     const int ns[] = {1, 2, 3, 4, 5, 6, 9, 17, 18, 33};
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         const int n = ns[t];
@@ -1092,7 +1094,7 @@ static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packe
     assert_int_equal(be->ops->embed(be, a, w, KERN_DTYPE_BF16, ids, n_ids, d_in, err), 0);
     assert_int_equal(be->ops->embed(be, b, mapped, KERN_DTYPE_BF16, ids, n_ids, d_in, err), 0);
     assert_int_equal(count_bit_diffs("embed from a mapped matrix", a, b, (size_t)n_ids * d_in), 0);
-    if (mapped != w && expect_packed) {
+    if (packs) {
         /* a packed matrix read with another row length is refused, not misread */
         assert_int_equal(be->ops->matmul(be, b, in, mapped, KERN_DTYPE_BF16, 1, d_in / 2,
                                          2 * d_out, err),
