@@ -228,23 +228,30 @@ static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, si
     return 0;
 }
 
-static int cpu_map_weights(struct kern_backend *be, const void *host_ptr, size_t size_bytes,
-                           const void **out, char *err)
+/* map_weights and map_matrix: large tensors are copied (and, with pack_rows
+ * > 0, packed), small ones used in place. what: the op, for errors. */
+static int cpu_map(struct cpu_backend *cb, const char *what, const void *host_ptr,
+                   size_t size_bytes, int pack_rows, int pack_d_in, const void **out, char *err)
 {
-    struct cpu_backend *cb = cpu_backend_of(be);
     *out = NULL;
     if (!host_ptr && size_bytes > 0)
-        return error_set(err, ERR_INVALID_ARG, "cpu map_weights: NULL pointer for %zu bytes",
+        return error_set(err, ERR_INVALID_ARG, "cpu %s: NULL pointer for %zu bytes", what,
                          size_bytes);
     if (cb->weight_copy && size_bytes >= CPU_WEIGHT_COPY_MIN)
-        return cpu_weight_copy_make(cb, host_ptr, size_bytes, 0, 0, out, err);
+        return cpu_weight_copy_make(cb, host_ptr, size_bytes, pack_rows, pack_d_in, out, err);
     *out = host_ptr;
     return 0;
 }
 
+static int cpu_map_weights(struct kern_backend *be, const void *host_ptr, size_t size_bytes,
+                           const void **out, char *err)
+{
+    return cpu_map(cpu_backend_of(be), "map_weights", host_ptr, size_bytes, 0, 0, out, err);
+}
+
 /* A matrix is packed when it is copied at all (a tensor used in place is the
- * caller's, read-only, bytes) and its dtype and shape have the packed
- * kernels (cpu_packed_supported). */
+ * caller's, read-only, bytes: cpu_map) and its dtype and shape have the
+ * packed kernels (cpu_packed_supported). */
 static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum kern_dtype dtype,
                           int64_t rows, int64_t cols, const void **out, char *err)
 {
@@ -260,16 +267,9 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     if (bytes > SIZE_MAX)
         return error_set(err, ERR_NOMEM, "cpu map_matrix: [%lld, %lld] is too large",
                          (long long)rows, (long long)cols);
-    if (!host_ptr && bytes > 0)
-        return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: NULL pointer for %llu bytes",
-                         (unsigned long long)bytes);
-    if (!cb->weight_copy || bytes < CPU_WEIGHT_COPY_MIN) {
-        *out = host_ptr;
-        return 0;
-    }
     const int pack = cpu_packed_supported(dtype, (long)rows, (long)cols) && rows <= INT32_MAX;
-    return cpu_weight_copy_make(cb, host_ptr, (size_t)bytes, pack ? (int)rows : 0,
-                                pack ? (int)cols : 0, out, err);
+    return cpu_map(cb, "map_matrix", host_ptr, (size_t)bytes, pack ? (int)rows : 0,
+                   pack ? (int)cols : 0, out, err);
 }
 
 int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_rows, int *d_in)

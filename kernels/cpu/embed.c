@@ -68,10 +68,12 @@ int cpu_embed(struct kern_backend *be, float *out, const void *table, enum kern_
                              (int)ids[i]);
     struct embed_job job = { .out = out, .table = table, .dtype = dtype, .ids = ids, .dim = dim };
     int packed_d_in;
-    if (cpu_backend_packed(cb, table, &job.packed_rows, &packed_d_in) && packed_d_in != dim)
+    if (cpu_backend_packed(cb, table, &job.packed_rows, &packed_d_in) &&
+        (packed_d_in != dim || dtype != KERN_DTYPE_BF16))
         return error_set(err, ERR_INVALID_ARG,
-                         "cpu embed: dim %d, but the table was mapped with rows of %d", dim,
-                         packed_d_in);
+                         "cpu embed: the table was mapped as bf16 rows of %d, called as %s rows "
+                         "of %d",
+                         packed_d_in, kern_dtype_name(dtype), dim);
     long chunk = (long)n * dim < 262144 ? n : (65536 + dim - 1) / dim;
     cpu_pool_run(cb->pool, n, chunk, embed_task, &job);
     return 0;

@@ -994,16 +994,15 @@ static void mm_pack_inputs(const float *in, int n, int d_in, int pkb, float *xp)
     }
 }
 
-/* Output rows o0 .. o0+rows-1 (rows <= MM_PR; w: their weights, row-major)
- * for all n input rows.
+/* Output rows o0 .. o0+rows-1 (rows <= MM_PR) for all n input rows.
  * wf: [3][pkb + 16] floats of scratch; acc: [n][MM_PR] vectors of scratch. */
-static void mm_panel(const struct mm_job *job, const char *w, int o0, int rows, float *wf,
-                     __m256 *acc)
+static void mm_panel(const struct mm_job *job, int o0, int rows, float *wf, __m256 *acc)
 {
     const enum kern_dtype dt = job->dtype;
     const int n = job->n, d_in = job->d_in, len8 = d_in & ~7, pkb = job->pkb;
     const size_t ld = (size_t)d_in, d_out = (size_t)job->d_out, ldd = (size_t)pkb + 16;
     const size_t esize = kern_dtype_size(dt);
+    const char *w = (const char *)job->w + (size_t)o0 * ld * esize;
     const int n_groups = (n + 3) / 4; /* of input rows, sizes as even as can be */
     const int store = n_groups > 1 && dt != KERN_DTYPE_F32;
     for (int j = 0; j < n * MM_PR; j++)
@@ -1132,12 +1131,10 @@ static void mm_task_panel(void *ctx, long begin, long end, int thread_idx)
     const struct mm_job *job = ctx;
     __m256 *acc = (__m256 *)(void *)job->scratch[thread_idx];
     float *wf = (float *)(void *)(acc + (size_t)job->n * MM_PR);
-    const size_t row_bytes = (size_t)job->d_in * kern_dtype_size(job->dtype);
     for (long blk = begin; blk < end; blk++) {
         const int o0 = (int)(blk * MM_PR);
         const int rows = job->d_out - o0 < MM_PR ? job->d_out - o0 : MM_PR;
-        const char *w = (const char *)job->w + (size_t)o0 * row_bytes;
-        mm_panel(job, w, o0, rows, wf, acc);
+        mm_panel(job, o0, rows, wf, acc);
     }
 }
 #endif

@@ -5,7 +5,6 @@
 
 #include <string.h>
 
-
 /* Offset, in 16-bit values from the octet's start, of column k of row a
  * (0..7) of an octet. */
 static size_t packed_index(int a, int k)

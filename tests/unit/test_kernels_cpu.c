@@ -1100,6 +1100,9 @@ static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packe
                                          2 * d_out, err),
                          ERR_INVALID_ARG);
         assert_non_null(strstr(err, "mapped as a bf16 matrix"));
+        assert_int_equal(be->ops->embed(be, b, mapped, KERN_DTYPE_BF16, ids, 1, d_in / 2, err),
+                         ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "mapped as bf16 rows"));
     }
     be->ops->unmap_weights(be, mapped);
     be->ops->destroy(be);
