@@ -710,10 +710,13 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  * So octets are read side by side from separate runs of the task's range:
  * MM_PK_STREAMS (4) at one input row, 2 from 2 rows up (registers: 2 x 4 x
  * MM_PK_RI accumulators). In-process A/B against the row-major paths (2
- * threads, weights cold, best of 12, same process): 2048 -> 8192 one row
- * 484 vs 564 us, 2 rows 577 vs 590, 3 rows 558 vs 616, 5 rows 713 vs 694,
- * 9 rows 1064 vs 1205, 17 rows 1813 vs 2041; 384 x 128256 one row 1661 vs
- * 1944 us; 8192 -> 2048 one row 595 vs 646, the 2048 x 128256 head alike.
+ * threads, weights cold, best of 5-12, same process): one row 0.86-0.92x
+ * the row-major time at 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256
+ * head (484 vs 564 us at 2048 -> 8192), 0.85x at 384 x 128256; 9 and 17
+ * rows 0.88x; but 2 to 5 rows 0.98-1.20x over repeated runs, and in the
+ * whole 1B-shaped forward 2 and 5 rows took 10-20% longer. Tried for 2 to
+ * 5 rows and slower still: 4 streams with 1 or 2 rows per group, 3
+ * streams, 4 streams over half octets, one stream with 5 rows.
  * The prefetch lead MM_PK_LEAD: 8 KiB.
  * Input rows go in groups of up to MM_PK_RI; the later groups find the
  * octets in L1 (d_in = 2048) or L2. This beats the panel path at prefill
