@@ -12,7 +12,8 @@
  * Five paths, chosen from (n, d_in) and whether map_matrix packed w
  * (mm_use_panel, MM_IPAIRS_MIN, cpu_backend_packed), all exact:
  *   - packed (AVX-512F+BW; w in the packed layout of packed.h, any n):
- *     octets of 8 weight rows, several read side by side (mm_task_packed).
+ *     octets of 8 weight rows; up to 3 rows several octets side by side,
+ *     from 4 rows one octet against up to 6 rows at once (mm_task_packed).
  *   - output pairs (AVX-512F+BW; n = 1..5: decode
  *     and short speculative verifications): tasks are blocks of MM_RO
  *     output rows; two weight rows share each 512-bit accumulator (one
@@ -704,61 +705,90 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  * row-major output pairs) one row ran at 160 GB/s against 95: the row-major
  * tile is bound by its word permutes (one per two cycles) and by the FMA
  * latency.
- * From memory, one octet at a time was 26-35% slower than the row-major
- * path (4 weight rows, 4 streams), with any prefetch lead from 0 to 16 KiB:
- * on this VM one core's single stream does not keep enough lines in flight.
- * So octets are read side by side from separate runs of the task's range:
- * MM_PK_STREAMS (4) at one input row, 2 from 2 rows up (registers: 2 x 4 x
- * MM_PK_RI accumulators). In-process A/B against the row-major paths (2
- * threads, weights cold, best of 5-12, same process): one row 0.86-0.92x
- * the row-major time at 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256
- * head (484 vs 564 us at 2048 -> 8192), 0.85x at 384 x 128256; 9 and 17
- * rows 0.88x; but 2 to 5 rows 0.98-1.20x over repeated runs, and in the
- * whole 1B-shaped forward 2 and 5 rows took 10-20% longer. Tried for 2 to
- * 5 rows and slower still: 4 streams with 1 or 2 rows per group, 3
- * streams, 4 streams over half octets, one stream with 5 rows.
- * The prefetch lead MM_PK_LEAD: 8 KiB.
- * Input rows go in groups of up to MM_PK_RI; the later groups find the
- * octets in L1 (d_in = 2048) or L2. This beats the panel path at prefill
- * too: 64 rows of 2048 -> 8192 took 5958 us against the panel's 11772, of
- * 8192 -> 2048 6281 against 12015 (same A/B). The rows after the last full
- * octet are row-major: mm_block reads them. */
+ * How many octets are read side by side depends on n (mm_pk_streams):
+ *   - 1 row: 4 octets from separate runs of the task's range. One octet at
+ *     a time was 26-35% slower than the row-major path at any prefetch lead
+ *     from 0 to 16 KiB: on this VM one core's single stream does not keep
+ *     enough lines in flight when there is little arithmetic per line (6
+ *     octets were 5-15% slower than 4).
+ *   - 2 and 3 rows: 2 octets (3 octets at 2 rows, or 4 with spills, were
+ *     not clearly faster).
+ *   - 4 rows up: one octet, all rows of a group in one tile (up to
+ *     MM_PK_RI = 6: 24 accumulators and 6 inputs; the 6-row tile spills two
+ *     accumulators and is still the fastest at 6 rows). From here the FMAs,
+ *     not the memory, are the limit: about 7 G FMAs/s per core, so one row
+ *     of 2048 -> 8192 costs 0.15x of the time the matrix takes to stream,
+ *     and rows are cheap only while their FMAs run under the read. One
+ *     group of 5 rows on one octet took 1.05-1.10x one row; the 2-octet
+ *     tiles in groups of 3 + 2 took 1.24-1.37x: the second group's FMAs
+ *     ran after the read, not under it. Past MM_PK_RI rows the groups take
+ *     turns on k-blocks of MM_PK_KB columns (256; 128 and 512 were slower),
+ *     the accumulators parked in between, so that the read never waits for
+ *     a whole later group.
+ * In-process A/B against the 2-octet groups of 3 (both builds loaded in one
+ * process, same packed weights, 2 threads, cold, best of 5): 5 rows 0.78x
+ * (2048 -> 8192), 0.81-0.83x (8192 -> 2048), 0.72-0.81x (the 2048 x 128256
+ * head); 9 and 17 rows 0.79-0.93x; 1 to 3 rows unchanged. Also slower:
+ * half octets (2 row pairs, up to 10 input rows per tile: 1.7-1.9x one row
+ * at 5 rows) and 2-octet tiles in k-blocks.
+ * The row loops must unroll to MM_PK_RI (the pragmas): unrolled less, GCC
+ * keeps the accumulators in memory and 6 rows take 4x as long.
+ * The prefetch lead MM_PK_LEAD: 8 KiB (4 and 16 KiB, and prefetching to
+ * L2, were no faster). This beats the panel path at prefill too: 64 rows of
+ * 2048 -> 8192 took 5958 us against the panel's 11772 with the 2-octet
+ * groups of 3, which 32-row jobs of the k-blocked groups beat by 2-3%. The
+ * rows after the last full octet are row-major: mm_block reads them. */
 #define MM_PK_LEAD 8192
-#define MM_PK_STREAMS 4 /* octets read side by side at one input row */
-#define MM_PK_RI 3      /* most input rows per tile (2 streams x 3 rows: 24 accumulators) */
+#define MM_PK_STREAMS 4   /* most octets read side by side (at one input row) */
+#define MM_PK_RI 6        /* most input rows per one-octet tile */
+#define MM_PK_KB 256      /* columns per k-block when the rows take several groups */
 #define MM_PK_JOB_ROWS 32 /* input rows per job (more: several jobs) */
 
-CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, const char *const *octets, int d_in,
-                               const float *x, size_t ldx, float *const *outs, size_t ldo)
+static int mm_pk_streams(int n)
+{
+    return n == 1 ? MM_PK_STREAMS : n <= 3 ? 2 : 1;
+}
+
+/* Columns [k_begin, k_end) of q_streams octets (their first bytes in
+ * octets[]) against ri input rows. prefetch: whether this tile prefetches
+ * its octets (the later groups of a k-block find it in L1). park: NULL for
+ * whole rows; else the accumulators live there between k-blocks (loaded
+ * unless first, stored unless last), which changes no bit. */
+CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, int prefetch, const char *const *octets,
+                               size_t k_begin, size_t k_end, const float *x, size_t ldx,
+                               __m512 *park, int first, int last, float *const *outs, size_t ldo)
 {
     __m512 acc[MM_PK_STREAMS][4][MM_PK_RI];
 #pragma GCC unroll 4
     for (int q = 0; q < q_streams; q++)
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++)
-#pragma GCC unroll 3
+#pragma GCC unroll 6
             for (int b = 0; b < ri; b++)
-                acc[q][p][b] = _mm512_setzero_ps();
+                acc[q][p][b] = park && !first ? park[(q * 4 + p) * ri + b] : _mm512_setzero_ps();
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     const char *o[MM_PK_STREAMS];
 #pragma GCC unroll 4
     for (int q = 0; q < q_streams; q++)
-        o[q] = octets[q];
-    for (size_t k = 0; k < (size_t)d_in; k += CPU_PACKED_STEP) {
+        o[q] = octets[q] + k_begin * (CPU_PACKED_STEP_BYTES / CPU_PACKED_STEP);
+    for (size_t k = k_begin; k < k_end; k += CPU_PACKED_STEP) {
+        if (prefetch) {
 #pragma GCC unroll 4
-        for (int q = 0; q < q_streams; q++)
+            for (int q = 0; q < q_streams; q++)
 #pragma GCC unroll 8
-            for (int l = 0; l < CPU_PACKED_STEP_BYTES / 64; l++)
-                /* an address, not a pointer: it may lie past the matrix */
-                _mm_prefetch((const char *)((uintptr_t)o[q] + MM_PK_LEAD + 64 * (uintptr_t)l),
-                             _MM_HINT_T0);
+                for (int l = 0; l < CPU_PACKED_STEP_BYTES / 64; l++)
+                    /* an address, not a pointer: it may lie past the matrix */
+                    _mm_prefetch(
+                        (const char *)((uintptr_t)o[q] + MM_PK_LEAD + 64 * (uintptr_t)l),
+                        _MM_HINT_T0);
+        }
 #pragma GCC unroll 2
         for (int line = 0; line < 2; line++)
 #pragma GCC unroll 2
             for (int low = 0; low < 2; low++) {
                 const size_t kc = k + 16 * (size_t)line + 8 * (size_t)low;
                 __m512 xv[MM_PK_RI];
-#pragma GCC unroll 3
+#pragma GCC unroll 6
                 for (int b = 0; b < ri; b++)
                     xv[b] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (size_t)b * ldx + kc));
 #pragma GCC unroll 4
@@ -769,7 +799,7 @@ CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, const char *const *octets,
                             _mm512_load_si512((const void *)(o[q] + 128 * p + 64 * line));
                         const __m512 wv = _mm512_castsi512_ps(
                             low ? _mm512_slli_epi32(raw, 16) : _mm512_and_si512(raw, high));
-#pragma GCC unroll 3
+#pragma GCC unroll 6
                         for (int b = 0; b < ri; b++)
                             acc[q][p][b] = _mm512_fmadd_ps(wv, xv[b], acc[q][p][b]);
                     }
@@ -778,11 +808,21 @@ CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, const char *const *octets,
         for (int q = 0; q < q_streams; q++)
             o[q] += CPU_PACKED_STEP_BYTES;
     }
+    if (park && !last) {
+#pragma GCC unroll 4
+        for (int q = 0; q < q_streams; q++)
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+#pragma GCC unroll 6
+                for (int b = 0; b < ri; b++)
+                    park[(q * 4 + p) * ri + b] = acc[q][p][b];
+        return;
+    }
 #pragma GCC unroll 4
     for (int q = 0; q < q_streams; q++)
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++)
-#pragma GCC unroll 3
+#pragma GCC unroll 6
             for (int b = 0; b < ri; b++) {
                 float *y = outs[q] + (size_t)b * ldo + (size_t)(2 * p);
                 y[0] = cpu_simd_hsum8(_mm512_castps512_ps256(acc[q][p][b]));
@@ -791,43 +831,76 @@ CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, const char *const *octets,
             }
 }
 
-typedef void (*mm_pktile_fn)(const char *const *octets, int d_in, const float *x, size_t ldx,
+typedef void (*mm_pktile_fn)(const char *const *octets, size_t k_begin, size_t k_end,
+                             const float *x, size_t ldx, __m512 *park, int first, int last,
                              float *const *outs, size_t ldo);
-#define MM_DEFINE_PKTILE(q, ri)                                                              \
-    static void mm_pktile_##q##x##ri(const char *const *octets, int d_in, const float *x,    \
-                                     size_t ldx, float *const *outs, size_t ldo)             \
+#define MM_DEFINE_PKTILE(q, ri, prefetch)                                                    \
+    static void mm_pktile_##q##x##ri##_##prefetch(                                           \
+        const char *const *octets, size_t k_begin, size_t k_end, const float *x, size_t ldx, \
+        __m512 *park, int first, int last, float *const *outs, size_t ldo)                   \
     {                                                                                        \
-        mm_pktile(q, ri, octets, d_in, x, ldx, outs, ldo);                                   \
+        mm_pktile(q, ri, prefetch, octets, k_begin, k_end, x, ldx, park, first, last, outs, \
+                  ldo);                                                                      \
     }
-MM_DEFINE_PKTILE(1, 1)
-MM_DEFINE_PKTILE(1, 2)
-MM_DEFINE_PKTILE(1, 3)
-MM_DEFINE_PKTILE(2, 1)
-MM_DEFINE_PKTILE(2, 2)
-MM_DEFINE_PKTILE(2, 3)
-MM_DEFINE_PKTILE(4, 1)
-/* [streams: 1, 2, 4][ri - 1] */
-static const mm_pktile_fn mm_pktiles[3][MM_PK_RI] = {
-    {mm_pktile_1x1, mm_pktile_1x2, mm_pktile_1x3},
-    {mm_pktile_2x1, mm_pktile_2x2, mm_pktile_2x3},
-    {mm_pktile_4x1, NULL, NULL},
+MM_DEFINE_PKTILE(4, 1, 1)
+MM_DEFINE_PKTILE(2, 2, 1)
+MM_DEFINE_PKTILE(2, 3, 1)
+MM_DEFINE_PKTILE(1, 1, 1)
+MM_DEFINE_PKTILE(1, 2, 1)
+MM_DEFINE_PKTILE(1, 3, 1)
+MM_DEFINE_PKTILE(1, 4, 1)
+MM_DEFINE_PKTILE(1, 5, 1)
+MM_DEFINE_PKTILE(1, 6, 1)
+MM_DEFINE_PKTILE(1, 1, 0)
+MM_DEFINE_PKTILE(1, 2, 0)
+MM_DEFINE_PKTILE(1, 3, 0)
+MM_DEFINE_PKTILE(1, 4, 0)
+MM_DEFINE_PKTILE(1, 5, 0)
+MM_DEFINE_PKTILE(1, 6, 0)
+/* one octet, [prefetch][ri - 1] */
+static const mm_pktile_fn mm_pktiles1[2][MM_PK_RI] = {
+    {mm_pktile_1x1_0, mm_pktile_1x2_0, mm_pktile_1x3_0, mm_pktile_1x4_0, mm_pktile_1x5_0,
+     mm_pktile_1x6_0},
+    {mm_pktile_1x1_1, mm_pktile_1x2_1, mm_pktile_1x3_1, mm_pktile_1x4_1, mm_pktile_1x5_1,
+     mm_pktile_1x6_1},
 };
 
-/* q_streams octets (their first bytes in octets[]) against all input rows,
- * in groups of up to MM_PK_RI: the later groups find the octets in L1/L2. */
+/* q_streams octets (their first bytes in octets[]; blks: their indices)
+ * against all of the job's input rows (see mm_pk_streams: several octets
+ * hold 1 to 3 rows in one tile). One octet: groups of up to MM_PK_RI rows;
+ * with several groups, the groups take turns on k-blocks. */
 static void mm_packed_step(const struct mm_job *job, int q_streams, const char *const *octets,
                            const long *blks)
 {
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
-    const int n = job->n, n_groups = (n + MM_PK_RI - 1) / MM_PK_RI;
-    const int qi = q_streams == 4 ? 2 : q_streams - 1;
-    for (int g = 0, i = 0; g < n_groups; g++) {
-        const int ri = n / n_groups + (g < n % n_groups);
-        float *outs[MM_PK_STREAMS];
+    const int n = job->n;
+    float *outs[MM_PK_STREAMS];
+    if (q_streams > 1) {
         for (int q = 0; q < q_streams; q++)
-            outs[q] = job->out + (size_t)i * d_out + (size_t)blks[q] * CPU_PACKED_ROWS;
-        mm_pktiles[qi][ri - 1](octets, job->d_in, job->in + (size_t)i * d_in, d_in, outs, d_out);
-        i += ri;
+            outs[q] = job->out + (size_t)blks[q] * CPU_PACKED_ROWS;
+        /* mm_pk_streams: 4 octets at one row, 2 at two and three */
+        const mm_pktile_fn tile = q_streams == 4 ? mm_pktile_4x1_1
+                                  : n == 2       ? mm_pktile_2x2_1
+                                                 : mm_pktile_2x3_1;
+        tile(octets, 0, d_in, job->in, d_in, NULL, 1, 1, outs, d_out);
+        return;
+    }
+    const int n_groups = (n + MM_PK_RI - 1) / MM_PK_RI;
+    if (n_groups == 1) {
+        outs[0] = job->out + (size_t)blks[0] * CPU_PACKED_ROWS;
+        mm_pktiles1[1][n - 1](octets, 0, d_in, job->in, d_in, NULL, 1, 1, outs, d_out);
+        return;
+    }
+    __m512 park[(MM_PK_JOB_ROWS + MM_PK_RI - 1) / MM_PK_RI][4 * MM_PK_RI];
+    for (size_t k0 = 0; k0 < d_in; k0 += MM_PK_KB) {
+        const size_t k1 = d_in - k0 < MM_PK_KB ? d_in : k0 + MM_PK_KB;
+        for (int g = 0, i = 0; g < n_groups; g++) {
+            const int ri = n / n_groups + (g < n % n_groups);
+            outs[0] = job->out + (size_t)i * d_out + (size_t)blks[0] * CPU_PACKED_ROWS;
+            mm_pktiles1[g == 0][ri - 1](octets, k0, k1, job->in + (size_t)i * d_in, d_in,
+                                        park[g], k0 == 0, k1 == d_in, outs, d_out);
+            i += ri;
+        }
     }
 }
 
@@ -867,7 +940,7 @@ static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
     const long packed_end = job->packed_rows / CPU_PACKED_ROWS;
     const long o_end = end < packed_end ? end : packed_end;
     if (begin < o_end)
-        mm_packed_octets(job, begin, o_end, n == 1 ? MM_PK_STREAMS : 2);
+        mm_packed_octets(job, begin, o_end, mm_pk_streams(n));
     /* the rows after the last full octet, row-major */
     for (long blk = begin > packed_end ? begin : packed_end; blk < end; blk++) {
         const int o0 = (int)(blk * CPU_PACKED_ROWS);

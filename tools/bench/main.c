@@ -358,24 +358,25 @@ static void prof_init(struct prof_backend *p, struct kern_backend *inner)
     p->inner = inner;
 }
 
-/* Prints the time per op kind and per matmul shape, per decoded token. */
-static void prof_report(const struct prof_backend *p, double wall_s, long tokens)
+/* Prints the time per op kind and per matmul shape, per unit (a decoded
+ * token, or a forward call: `unit` names it, `over` says what was run). */
+static void prof_report(const struct prof_backend *p, double wall_s, long units, const char *unit,
+                        const char *over)
 {
     double total = 0;
     for (int i = 0; i < PROF_N; i++)
         total += p->op_s[i];
-    printf("  profile over %ld generated tokens, prefill included (%.1f ms/token wall, "
-           "%.1f ms/token in ops):\n", tokens,
-           1e3 * wall_s / (double)tokens, 1e3 * total / (double)tokens);
+    printf("  profile over %ld %s (%.1f ms/%s wall, %.1f ms/%s in ops):\n", units, over,
+           1e3 * wall_s / (double)units, unit, 1e3 * total / (double)units, unit);
     for (int i = 0; i < PROF_N; i++)
         if (p->op_calls[i])
-            printf("    %-10s %8ld calls %9.3f ms/token %6.1f%%  %8.2f us/call\n", prof_names[i],
-                   p->op_calls[i], 1e3 * p->op_s[i] / (double)tokens, 100.0 * p->op_s[i] / wall_s,
-                   1e6 * p->op_s[i] / (double)p->op_calls[i]);
+            printf("    %-10s %8ld calls %9.3f ms/%-5s %6.1f%%  %8.2f us/call\n", prof_names[i],
+                   p->op_calls[i], 1e3 * p->op_s[i] / (double)units, unit,
+                   100.0 * p->op_s[i] / wall_s, 1e6 * p->op_s[i] / (double)p->op_calls[i]);
     for (int i = 0; i < p->n_mm; i++)
-        printf("    matmul n=%-3d %6d -> %-7d %8ld calls %9.3f ms/token %8.2f us/call\n", p->mm[i].n,
-               p->mm[i].d_in, p->mm[i].d_out, p->mm[i].calls, 1e3 * p->mm[i].s / (double)tokens,
-               1e6 * p->mm[i].s / (double)p->mm[i].calls);
+        printf("    matmul n=%-3d %6d -> %-7d %8ld calls %9.3f ms/%-5s %8.2f us/call\n",
+               p->mm[i].n, p->mm[i].d_in, p->mm[i].d_out, p->mm[i].calls,
+               1e3 * p->mm[i].s / (double)units, unit, 1e6 * p->mm[i].s / (double)p->mm[i].calls);
 }
 
 static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be);
@@ -415,9 +416,12 @@ static int time_rows(struct bench_model *m, float *logits_host, float *logits_de
 /* The CPU's verification table: a forward call of K + 1 rows against one
  * of a single row, the two measured one right after the other and the pair
  * repeated, best of each (on this noisy machine only side-by-side figures
- * compare). The logits go to host memory, as the target worker's do. */
-static int cpu_verify_rows(struct bench_model *m, int calls)
+ * compare). The logits go to host memory, as the target worker's do. With
+ * prof (the model's backend), a profile of a PROF_ROWS-row call follows:
+ * where verification spends what one row does not. */
+static int cpu_verify_rows(struct bench_model *m, int calls, struct prof_backend *prof)
 {
+    enum { PROF_ROWS = 5 };
     enum { PREFIX = 64, ROWS_MAX = 17, REPEATS = 3 };
     static const int row_counts[] = {2, 3, 5, 9, 17};
     char err[ERR_MSG_MAX] = "";
@@ -450,6 +454,20 @@ static int cpu_verify_rows(struct bench_model *m, int calls)
         }
         printf("    %4d %8.3f %9.3f %8.2fx\n", row_counts[i], best_rows, best_one,
                best_rows / best_one);
+    }
+    if (prof) {
+        for (int rows = 1; rows <= PROF_ROWS; rows += PROF_ROWS - 1) {
+            double ms;
+            prof_init(prof, prof->inner);
+            const double t0 = now_s();
+            if (time_rows(m, logits, NULL, PREFIX, rows, calls, &ms)) {
+                free(logits);
+                return 1;
+            }
+            char over[64];
+            snprintf(over, sizeof over, "%d-row forward calls, a warm-up included", rows);
+            prof_report(prof, now_s() - t0, calls + 1, "call", over);
+        }
     }
     free(logits);
     return 0;
@@ -508,9 +526,10 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             double t0 = now_s();
             if (run_requests(NULL, t, 2, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
                 return 1;
-            prof_report(&prof, now_s() - t0, 2L * o->tokens);
+            prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
+                        "generated tokens, prefill included");
         }
-        if (cpu_verify_rows(&m, o->tokens < 10 ? o->tokens : 10))
+        if (cpu_verify_rows(&m, o->tokens < 10 ? o->tokens : 10, o->profile ? &prof : NULL))
             return 1;
         specdec_target_destroy(t);
         unload(&m);
@@ -700,8 +719,11 @@ static int bench_batch(const struct bench_opts *o, struct kern_backend *be)
             if (B == 1)
                 one = ms;
             printf("  %4d %12.2f %9.2fx %16.1f\n", B, ms, ms / one, 1000.0 * B / ms);
-            if (o->profile)
-                prof_report(&prof, ms * o->tokens / 1e3, (long)o->tokens);
+            if (o->profile) {
+                char over[64];
+                snprintf(over, sizeof over, "calls of %d sequences x 1 row", B);
+                prof_report(&prof, ms * o->tokens / 1e3, (long)o->tokens, "call", over);
+            }
         }
         free(logits);
         llama_ctx_destroy(ctx);
