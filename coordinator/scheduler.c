@@ -674,9 +674,11 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
     s->last_draft_ms = draft_ms >= 0 ? draft_ms : s->draft_ready_ms - s->draft_sent_ms;
     s->last_draft_raw_ms = s->last_draft_ms;
     /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
-     * is a one-off: the K controller wants the cost of drafting itself. */
-    if (s->draft_n_feed > 1)
-        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - 1);
+     * is a one-off: the K controller wants the cost of drafting itself. The
+     * feed every drafting round brings (SPECULATE_ROUND_FEED_MAX) is part
+     * of that cost. */
+    if (s->draft_n_feed > SPECULATE_ROUND_FEED_MAX)
+        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - SPECULATE_ROUND_FEED_MAX);
     s->draft_valid = s->n_hist + k - 1;
     send_verify(c, s, k, half, round, true, k - 1);
 }

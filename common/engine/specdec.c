@@ -1018,9 +1018,14 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         stats->verify_ms += t2 - t1;
         if (draft) {
             /* Catching up on tokens skipped at K = 0 is a one-off: the
-             * controller wants the cost of drafting itself. */
-            int n_feed = len - draft_valid;
-            double draft_ms = k > 0 ? (t1 - t0) * k / (double)(k + n_feed - 1) : 0.0;
+             * controller wants the cost of drafting itself. Up to
+             * SPECULATE_ROUND_FEED_MAX fed tokens are what every drafting
+             * round brings; they ride in its first call and are part of
+             * drafting's cost. */
+            int n_catch_up = len - draft_valid - SPECULATE_ROUND_FEED_MAX;
+            double draft_ms = k <= 0          ? 0.0
+                              : n_catch_up > 0 ? (t1 - t0) * k / (double)(k + n_catch_up)
+                                               : t1 - t0;
             adaptive_k_update(&kc, k, n_acc, draft_ms, t2 - t1);
         }
         if (k > 0) {

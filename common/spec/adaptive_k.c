@@ -276,7 +276,11 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         extra_ms = kc->wall_extra_ms;
     else if (wall && kc->plain_ms > 0 && kc->wall_plain_ms > kc->plain_ms)
         extra_ms = kc->wall_plain_ms - kc->plain_ms;
-    double best_rate = 1.0 / plain_ms;
+    /* The best K >= 1, then against plain decoding with a margin that keeps
+     * noise from choosing speculation. Between two K the better rate wins
+     * outright: the margin there (as before) held the 1B-shaped pair at
+     * K = 1 where K = 2 was as good or better (a = 0.65-0.75, c = 0.3). */
+    double best_rate = 0;
     int best_k = 0;
     for (int k = 1; k <= limit; k++) {
         double tokens = speculate_expected_tokens(kc->accept_rate, k);
@@ -285,11 +289,13 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
                                   : k_verify_ms(kc, k);
         double cost = k * kc->draft_ms_per_token + verify_ms + extra_ms;
         double rate = tokens / cost;
-        if (rate > best_rate * 1.03) { /* a margin keeps noise from choosing speculation */
+        if (rate > best_rate) {
             best_rate = rate;
             best_k = k;
         }
     }
+    if (best_rate <= 1.03 / plain_ms)
+        best_k = 0;
     /* What drafting rounds actually cost per token overrules the model: when
      * they were slower than plain rounds the model's prices are off (the
      * acceptance is not the independent draws E(a, k) assumes, costs moved)

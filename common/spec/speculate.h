@@ -60,6 +60,10 @@
 
 /* Most drafts one round may carry (a verification is at most K + 1 rows). */
 #define SPECULATE_K_MAX 16
+/* Tokens the draft is fed at the start of a drafting round that follows
+ * one: the bonus token, and the last draft when all were accepted (the
+ * draft never ran it). More is catching up (after rounds at K = 0). */
+#define SPECULATE_ROUND_FEED_MAX 2
 
 enum speculate_mode {
     SPECULATE_MODE_SAMPLED = 0,    /* draft samples t_i ~ q_i, q rows required */

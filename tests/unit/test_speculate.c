@@ -671,6 +671,44 @@ static void test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first(void 
     assert_int_equal(adaptive_k_next(&copy, 1000), 1);
 }
 
+/* Between two K the better modelled rate wins, however narrowly; only
+ * speculation against plain decoding needs a margin. The figures are the
+ * 1B-shaped pair's on this machine (a = 0.68, a draft token 13 ms, a
+ * verification 47.7 + 3.4 k ms, plain 46.4 ms), where K = 2 beats K = 1 by
+ * under 3% and the controller, holding every K to a 3% margin over the
+ * one before, stayed at K = 1. */
+static void test_adaptive_k_between_ks_the_better_rate_wins(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    kc.accept_rate = 0.68;
+    kc.draft_ms_per_token = 13.0;
+    kc.verify_ms_base = 47.7;
+    kc.verify_ms_per_row = 3.4;
+    kc.plain_ms = 46.4;
+    double rate[4];
+    for (int k = 1; k <= 3; k++)
+        rate[k] = speculate_expected_tokens(kc.accept_rate, k) /
+                  (k * kc.draft_ms_per_token + kc.verify_ms_base + kc.verify_ms_per_row * k);
+    /* the premise: K = 2 best, by under 3% over K = 1; both well over plain */
+    assert_true(rate[2] > rate[1] && rate[2] < rate[1] * 1.03 && rate[2] > rate[3]);
+    assert_true(rate[1] > 1.03 / kc.plain_ms);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 2);
+    /* and the margin against plain holds: a = 0.39 leaves the best K within
+     * 3% of plain decoding, so no speculation */
+    kc.accept_rate = 0.39;
+    double best = 0;
+    for (int k = 1; k <= 8; k++) {
+        double r = speculate_expected_tokens(kc.accept_rate, k) /
+                   (k * kc.draft_ms_per_token + kc.verify_ms_base + kc.verify_ms_per_row * k);
+        best = r > best ? r : best;
+    }
+    assert_true(best > 1.0 / kc.plain_ms && best < 1.03 / kc.plain_ms);
+    kc.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&kc, 1000), 0);
+}
+
 /* Drafting rounds of 2 tokens whose wall time depends on whether they
  * pre-draft: runs rounds of them through the pre-draft choice and counts,
  * over the last half, the rounds that pre-drafted. */
@@ -811,6 +849,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_wall_time_falls_back_when_pipeline_rounds_do_not_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
+        cmocka_unit_test(test_adaptive_k_between_ks_the_better_rate_wins),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
         cmocka_unit_test(test_adaptive_k_first_draft_call_is_not_its_cost),
