@@ -39,7 +39,7 @@
  *
  * Usage: tandem-bench-kernels [--threads N] [--seconds S] [--rounds R]
  *                             [--shapes DINxDOUT,...] [--rows N,...] [--cpu-time] [--hot]
- *                             [--row-major]
+ *                             [--row-major | --layouts]
  *        tandem-bench-kernels --backend cuda [--device D] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
  *   S: minimum seconds per measurement (default 0.5; cuda: 0.05)
@@ -53,6 +53,11 @@
  *   are mapped as a model maps its matrices (map_matrix: on an AVX-512 CPU,
  *   bf16 rows of a multiple of 32 are packed, kernels/cpu/packed.h), which a
  *   shape under 2 MiB is not (only copies are packed), --hot's included
+ *   --layouts (CPU): both, side by side: every copy mapped both ways
+ *   (map_matrix, and map_weights for the row-major copy, so both sit in
+ *   the backend's own memory), each n timed on one then the other in turn,
+ *   and the ratio of the two printed: what the packed layout gains or
+ *   loses at each n, figures taken seconds apart on this noisy machine
  *   --shapes, --rows (CPU): only these shapes and row counts (n = 1, the
  *   base of the ratios, is always measured), e.g. --shapes
  *   2048x8192,8192x2048,2048x128256 --rows 2,3,5,9,17: a minute's run
@@ -351,7 +356,7 @@ int main(int argc, char **argv)
     int shapes[BENCH_SHAPES_MAX][2] = {
         {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
     int n_shapes = BENCH_N_SHAPES;
-    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0, row_major = 0;
+    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0, row_major = 0, layouts = 0;
     for (int ni = 0; ni < BENCH_N_MAX; ni++)
         ns[ni] = ni + 1;
     for (int i = 1; i < argc; i++) {
@@ -375,12 +380,14 @@ int main(int argc, char **argv)
             hot = 1;
         } else if (strcmp(argv[i], "--row-major") == 0) {
             row_major = 1;
+        } else if (strcmp(argv[i], "--layouts") == 0) {
+            layouts = 1;
         } else if (strcmp(argv[i], "--cpu-time") == 0) {
             bench_clock = CLOCK_PROCESS_CPUTIME_ID;
         } else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--seconds S] [--rounds R] [--shapes DINxDOUT,...] "
-                    "[--rows N,...] [--cpu-time] [--hot] [--row-major]\n"
+                    "[--rows N,...] [--cpu-time] [--hot] [--row-major | --layouts]\n"
                     "       %s --backend cuda [--device D] [--seconds S] [--rounds R]\n",
                     argv[0], argv[0]);
             return 2;
@@ -400,6 +407,10 @@ int main(int argc, char **argv)
     }
     if (cuda)
         return bench_cuda(device, min_s, rounds);
+    if (row_major && layouts) {
+        fprintf(stderr, "tandem-bench-kernels: --layouts times both layouts; drop --row-major\n");
+        return 2;
+    }
     char err[ERR_MSG_MAX] = "";
     struct kern_backend *be = NULL;
     if (kern_cpu_create(&be, n_threads, err) != 0) {
@@ -429,14 +440,18 @@ int main(int argc, char **argv)
     printf("\nmatmul bf16 (weight bytes / %s time per call; best of %d rounds%s)\n",
            bench_clock == CLOCK_MONOTONIC ? "wall" : "process CPU", rounds,
            hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
-    printf("%-18s %3s %11s %10s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%read",
-           "t(n)/t1");
+    if (layouts)
+        printf("%-18s %3s %11s %10s %9s %8s %14s %12s\n", "d_in -> d_out", "n", "us/call", "GB/s",
+               "%read", "t(n)/t1", "row-major us", "vs row-major");
+    else
+        printf("%-18s %3s %11s %10s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%read",
+               "t(n)/t1");
     for (int si = 0; si < n_shapes; si++) {
         const int d_in = shapes[si][0], d_out = shapes[si][1];
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
         int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
         copies = copies < 1 || hot ? 1 : copies > 160 ? 160 : copies; /* 160: w[] */
-        void *w[160], *host[160];
+        void *w[160], *host[160], *w_rm[160]; /* w_rm: --layouts' row-major copies */
         for (int c = 0; c < copies; c++) {
             if (be->ops->alloc(be, w_bytes, &host[c], err) != 0) {
                 fprintf(stderr, "tandem-bench-kernels: %s\n", err);
@@ -453,6 +468,14 @@ int main(int argc, char **argv)
                 return 1;
             }
             w[c] = (void *)(uintptr_t)mapped;
+            if (layouts) {
+                const void *rm = NULL;
+                if (be->ops->map_weights(be, host[c], w_bytes, &rm, err) != 0) {
+                    fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                    return 1;
+                }
+                w_rm[c] = (void *)(uintptr_t)rm;
+            }
         }
         float *in = NULL, *out = NULL;
         if (be->ops->alloc(be, (size_t)BENCH_N_MAX * d_in * sizeof(float), (void **)&in, err) !=
@@ -464,43 +487,59 @@ int main(int argc, char **argv)
         }
         for (int k = 0; k < BENCH_N_MAX * d_in; k++)
             in[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
-        for (int c = 0; c < copies; c++) /* warm up: page in every copy */
-            if (be->ops->matmul(be, out, in, w[c], KERN_DTYPE_BF16, 1, d_in, d_out, err) != 0) {
-                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                return 1;
-            }
-        double best[BENCH_N_MAX];
+        const int n_layouts = layouts ? 2 : 1;
+        for (int l = 0; l < n_layouts; l++)
+            for (int c = 0; c < copies; c++) /* warm up: page in every copy */
+                if (be->ops->matmul(be, out, in, l ? w_rm[c] : w[c], KERN_DTYPE_BF16, 1, d_in,
+                                    d_out, err) != 0) {
+                    fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                    return 1;
+                }
+        double best[2][BENCH_N_MAX];
         for (int ni = 0; ni < n_ns; ni++)
-            best[ni] = 1e30;
+            best[0][ni] = best[1][ni] = 1e30;
         for (int round = 0; round < rounds; round++)
-            for (int ni = 0; ni < n_ns; ni++) {
-                const int n = ns[ni];
-                long calls = 0;
-                double t0 = now_s(), dt;
-                do {
-                    if (be->ops->matmul(be, out, in, w[calls % copies], KERN_DTYPE_BF16, n, d_in,
-                                        d_out, err) != 0) {
-                        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                        return 1;
-                    }
-                    calls++;
-                    dt = now_s() - t0;
-                } while (dt < min_s || calls < copies);
-                double per_call = dt / (double)calls;
-                best[ni] = per_call < best[ni] ? per_call : best[ni];
-            }
+            for (int ni = 0; ni < n_ns; ni++)
+                for (int l = 0; l < n_layouts; l++) {
+                    void *const *wl = l ? w_rm : w;
+                    const int n = ns[ni];
+                    long calls = 0;
+                    double t0 = now_s(), dt;
+                    do {
+                        if (be->ops->matmul(be, out, in, wl[calls % copies], KERN_DTYPE_BF16, n,
+                                            d_in, d_out, err) != 0) {
+                            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                            return 1;
+                        }
+                        calls++;
+                        dt = now_s() - t0;
+                    } while (dt < min_s || calls < copies);
+                    double per_call = dt / (double)calls;
+                    best[l][ni] = per_call < best[l][ni] ? per_call : best[l][ni];
+                }
         char label[32];
         snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
         for (int ni = 0; ni < n_ns; ni++) {
-            double gbs = (double)w_bytes / best[ni] / 1e9;
-            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f\n", label, ns[ni], best[ni] * 1e6, gbs,
-                   100.0 * gbs / read_gbs, best[ni] / best[0]);
+            double gbs = (double)w_bytes / best[0][ni] / 1e9;
+            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f", label, ns[ni], best[0][ni] * 1e6, gbs,
+                   100.0 * gbs / read_gbs, best[0][ni] / best[0][0]);
+            if (layouts)
+                printf(" %14.1f %11.2fx", best[1][ni] * 1e6, best[0][ni] / best[1][ni]);
+            printf("\n");
         }
         printf("ratio %-12s", label);
         for (int ni = 0; ni < n_ns; ni++)
-            printf(" n%d:%.2f", ns[ni], best[ni] / best[0]);
+            printf(" n%d:%.2f", ns[ni], best[0][ni] / best[0][0]);
         printf("\n");
+        if (layouts) {
+            printf("layout %-11s", label);
+            for (int ni = 0; ni < n_ns; ni++)
+                printf(" n%d:%.2f", ns[ni], best[0][ni] / best[1][ni]);
+            printf("  (time as mapped / time row-major)\n");
+        }
         for (int c = 0; c < copies; c++) {
+            if (layouts && w_rm[c] != host[c])
+                be->ops->unmap_weights(be, w_rm[c]);
             if (w[c] != host[c])
                 be->ops->unmap_weights(be, w[c]);
             be->ops->free(be, host[c]);
