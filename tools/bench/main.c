@@ -143,6 +143,18 @@ static void unload(struct bench_model *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Adds one run's round counts and times to sum. */
+static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
+{
+    sum->rounds += st->rounds;
+    sum->drafted += st->drafted;
+    sum->accepted += st->accepted;
+    sum->draft_ms += st->draft_ms;
+    sum->verify_ms += st->verify_ms;
+    for (int j = 0; j < SPECULATE_K_MAX; j++)
+        sum->accepted_at[j] += st->accepted_at[j];
+}
+
 /* Runs one request per prompt; returns decode tokens/s over all of them. */
 static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts,
                         int max_tokens, int k, const struct sampling_params *sp,
@@ -179,13 +191,7 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
         }
         decode_ms += st.decode_ms;
         decode_tokens += st.generated_tokens - 1;
-        sum->rounds += st.rounds;
-        sum->drafted += st.drafted;
-        sum->accepted += st.accepted;
-        sum->draft_ms += st.draft_ms;
-        sum->verify_ms += st.verify_ms;
-        for (int j = 0; j < SPECULATE_K_MAX; j++)
-            sum->accepted_at[j] += st.accepted_at[j];
+        stats_add(sum, &st);
     }
     free(out);
     *tps = decode_ms > 0 ? decode_tokens * 1000.0 / decode_ms : 0;
@@ -488,7 +494,9 @@ static int cpu_verify_rows(struct bench_model *m, int calls, struct prof_backend
                best_rows / best_one);
     }
     if (prof) {
-        for (int rows = 1; rows <= PROF_ROWS; rows += PROF_ROWS - 1) {
+        static const int profiled_rows[] = {1, PROF_ROWS};
+        for (size_t pi = 0; pi < sizeof profiled_rows / sizeof profiled_rows[0]; pi++) {
+            const int rows = profiled_rows[pi];
             double ms;
             prof_init(prof, prof->inner);
             const double t0 = now_s();
@@ -788,17 +796,6 @@ static int bench_batch(const struct bench_opts *o, struct kern_backend *be)
         llama_model_destroy(model);
     }
     return 0;
-}
-
-static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
-{
-    sum->rounds += st->rounds;
-    sum->drafted += st->drafted;
-    sum->accepted += st->accepted;
-    sum->draft_ms += st->draft_ms;
-    sum->verify_ms += st->verify_ms;
-    for (int j = 0; j < SPECULATE_K_MAX; j++)
-        sum->accepted_at[j] += st->accepted_at[j];
 }
 
 /* Leviathan's per-token acceptance a from fixed-K rounds: accepted tokens
