@@ -687,6 +687,97 @@ static void test_kernels_cpu_attention_matches_reference(void **state)
     be->ops->destroy(be);
 }
 
+/* The fixed order of attention.c, one (row, head) at a time in plain C:
+ * the fixed-order dot product (eight fmaf lanes, the cpu_simd.h fold, the
+ * tail in order), times scale; expf(s - max); the sum in increasing t;
+ * p = e / sum; out[d] one fmaf per t in increasing t. */
+static void fixed_order_attention(float *out, const float *q, const float *kc, const float *vc,
+                                  int n, int pos0, int n_heads, int n_kv, int hd, float scale)
+{
+    const int group = n_heads / n_kv, len8 = hd & ~7;
+    float *s = falloc((size_t)(pos0 + n));
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < n_heads; h++) {
+            const int g = h / group, np = pos0 + i + 1;
+            const float *qv = q + ((size_t)i * n_heads + h) * hd;
+            float m = -INFINITY, sum = 0.0f;
+            for (int t = 0; t < np; t++) {
+                const float *kv = kc + ((size_t)t * n_kv + g) * hd;
+                float l[8] = {0};
+                for (int k = 0; k < len8; k += 8)
+                    for (int j = 0; j < 8; j++)
+                        l[j] = fmaf(qv[k + j], kv[k + j], l[j]);
+                float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
+                float d = (a0 + a2) + (a1 + a3);
+                for (int k = len8; k < hd; k++)
+                    d = fmaf(qv[k], kv[k], d);
+                s[t] = d * scale;
+                m = s[t] > m ? s[t] : m;
+            }
+            for (int t = 0; t < np; t++) {
+                s[t] = expf(s[t] - m);
+                sum += s[t];
+            }
+            float *o = out + ((size_t)i * n_heads + h) * hd;
+            for (int k = 0; k < hd; k++) {
+                float acc = 0.0f;
+                for (int t = 0; t < np; t++)
+                    acc = fmaf(s[t] / sum, vc[((size_t)t * n_kv + g) * hd + k], acc);
+                o[k] = acc;
+            }
+        }
+    free(s);
+}
+
+/* Heads that share a kv head are computed together (attention.c), in runs
+ * of up to four: every group size from 1 to 6 (a run of four and a shorter
+ * one), head sizes with 16-, 8- and 1-column tails, one and several rows,
+ * give bit for bit what the fixed order gives one head at a time. */
+static void test_kernels_cpu_attention_follows_the_fixed_order_bit_for_bit(void **state)
+{
+    static const struct attn_case cases[] = {
+        {1, 63, 32, 8, 64},  /* Llama 3.2 1B decode: group 4 */
+        {3, 63, 24, 8, 128}, /* Llama 3.2 3B verification: group 3 */
+        {2, 10, 4, 4, 64},   /* group 1 */
+        {3, 0, 4, 2, 24},    /* group 2, hd a multiple of 8, not 16 */
+        {2, 30, 10, 2, 20},  /* group 5: a run of 4 and one, 4-column tail */
+        {1, 200, 6, 1, 72},  /* group 6: 4 and 2, an 8-column chunk after the 16s */
+        {4, 5, 8, 2, 7},     /* head_dim below 8: scalar only */
+    };
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {16};
+    char err[ERR_MSG_MAX];
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const struct attn_case *c = &cases[ci];
+        int n_ctx = c->pos0 + c->n;
+        size_t qn = (size_t)c->n * c->n_heads * c->hd, kn = (size_t)n_ctx * c->n_kv * c->hd;
+        float *q = falloc(qn), *kc = falloc(kn), *vc = falloc(kn), *out = falloc(qn),
+              *want = falloc(qn);
+        fill(&r, q, qn);
+        fill(&r, kc, kn);
+        fill(&r, vc, kn);
+        for (size_t i = 0; i < qn; i++)
+            q[i] *= 3.0f;
+        float scale = 1.0f / sqrtf((float)c->hd);
+        struct kern_kv_layout kv;
+        assert_int_equal(be->ops->attention(be, out, q, kc, vc, c->n,
+                                            contig_kv(&kv, c->n, c->pos0, n_ctx), c->n_heads,
+                                            c->n_kv, c->hd, scale, err),
+                         0);
+        fixed_order_attention(want, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv, c->hd, scale);
+        char what[96];
+        snprintf(what, sizeof(what), "attention n=%d pos0=%d heads=%d/%d hd=%d vs fixed order",
+                 c->n, c->pos0, c->n_heads, c->n_kv, c->hd);
+        assert_int_equal(count_bit_diffs(what, out, want, qn), 0);
+        free(q);
+        free(kc);
+        free(vc);
+        free(out);
+        free(want);
+    }
+    be->ops->destroy(be);
+}
+
 static void test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch(void **state)
 {
     const int n = 16, pos0 = 40, n_heads = 6, n_kv = 2;
@@ -1193,6 +1284,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),
         cmocka_unit_test(test_kernels_cpu_attention_matches_reference),
+        cmocka_unit_test(test_kernels_cpu_attention_follows_the_fixed_order_bit_for_bit),
         cmocka_unit_test(test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_paged_attention_equals_contiguous),
         cmocka_unit_test(test_kernels_cpu_results_do_not_depend_on_thread_count),
