@@ -46,6 +46,16 @@
 /* Rounds at K > 0 between two plain rounds that measure plain decoding:
  * one round in 32 without drafts costs a few percent of the gain. */
 #define K_PLAIN_PROBE_INTERVAL 32
+/* Acceptance tests seen before the model may choose plain decoding. */
+#define K_MIN_TRIALS 4
+/* The first plain round comes after this many rounds: until one is run the
+ * per-row cost is the prior's (k_verify_ms), which decides between K = 1
+ * and 2 on a pair like the 1B-shaped one, so it is measured early. */
+#define K_FIRST_PLAIN_ROUND 4
+/* Rounds for which a k's measured verification cost stands for it
+ * (k_verify_ms): costs move with the machine's load, and a k not run for
+ * longer is priced from the ones run lately. */
+#define K_VERIFY_AT_FRESH 64
 /* The same in wall time (the pipeline), where plain rounds' wall time is
  * what drafting rounds are weighed against and moves with whatever else
  * the machine runs: a plain round in 8 keeps it current (seen on a shared
@@ -73,9 +83,49 @@ void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
     kc->predraft_on = true;
 }
 
-/* Modelled verification cost of k drafted rows. */
+/* Modelled verification cost of k drafted rows: what rounds at k cost
+ * lately where there were any; else from the nearest k that was run below
+ * it (between two that were, on the line through them), each further row
+ * at the slope between the two highest run below (else the fit's); else
+ * the fitted line. Against the line alone: the 1B-shaped pair on 2 cores
+ * verified 1 row in 59.9 ms, 2 in 61-62 and 3 in 65-68, but a controller
+ * running K = 1 never varied k enough to fit a slope, took the prior's 15%
+ * a row, priced K = 2 at 67 + 2 drafts, and stayed at K = 1. */
 static double k_verify_ms(const struct adaptive_k *kc, int k)
 {
+    if (k < 0 || k > SPECULATE_K_MAX)
+        return kc->verify_ms_base + kc->verify_ms_per_row * k;
+    int lo = -1, lo2 = -1, hi = -1;
+    double v[SPECULATE_K_MAX + 1];
+    for (int j = 0; j <= SPECULATE_K_MAX; j++) {
+        const bool fresh = kc->verify_at_ms[j] > 0 &&
+                           kc->rounds_observed - kc->verify_at_round[j] <= K_VERIFY_AT_FRESH;
+        v[j] = fresh ? kc->verify_at_ms[j] : 0;
+    }
+    if (v[k] > 0)
+        return v[k];
+    for (int j = k - 1; j >= 0; j--)
+        if (v[j] > 0) {
+            if (lo < 0) {
+                lo = j;
+            } else {
+                lo2 = j;
+                break;
+            }
+        }
+    for (int j = k + 1; j <= SPECULATE_K_MAX; j++)
+        if (v[j] > 0) {
+            hi = j;
+            break;
+        }
+    if (lo >= 0 && hi >= 0)
+        return v[lo] + (v[hi] - v[lo]) * (k - lo) / (hi - lo);
+    if (lo >= 0) {
+        double per_row = kc->verify_ms_per_row;
+        if (lo2 >= 0 && v[lo] >= v[lo2])
+            per_row = (v[lo] - v[lo2]) / (lo - lo2);
+        return v[lo] + per_row * (k - lo);
+    }
     return kc->verify_ms_base + kc->verify_ms_per_row * k;
 }
 
@@ -92,7 +142,14 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
  * the round is fully fed. */
 static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms)
 {
+    /* The first drafting round's verification is the target's first
+     * multi-row decode call, and is a warm-up too: 72.3 ms against 58-63
+     * later (1B-shaped pair, 2 threads). Priced at that, with one draft of
+     * the first two rejected, K = 0 won after two rounds, and a request
+     * that ran at 1.37x with K = 2 ran at 1.01x. */
+    const bool warm_up = k > 0 && draft_ms >= 0 && !kc->draft_warm;
     if (k > 0) {
+        kc->trials_seen += n_accepted + (n_accepted < k ? 1 : 0);
         /* A round is a truncated geometric observation: n_accepted successes,
          * then one failure unless every draft was accepted. */
         kc->accepted_sum = kc->accepted_sum * K_DECAY + n_accepted;
@@ -126,6 +183,15 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
                                             : verify_ms;
     } else {
         kc->rounds_since_plain++;
+    }
+    if (warm_up)
+        verify_ms = 0;
+    if (verify_ms > 0 && k >= 0 && k <= SPECULATE_K_MAX) {
+        const bool fresh = kc->verify_at_ms[k] > 0 &&
+                           kc->rounds_observed - kc->verify_at_round[k] <= K_VERIFY_AT_FRESH;
+        kc->verify_at_ms[k] = fresh ? kc->verify_at_ms[k] + K_EWMA_ALPHA * (verify_ms - kc->verify_at_ms[k])
+                                    : verify_ms;
+        kc->verify_at_round[k] = kc->rounds_observed;
     }
     if (verify_ms > 0) {
         kc->fit_w = kc->fit_w * K_COST_DECAY + 1;
@@ -296,6 +362,12 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
     }
     if (best_rate <= 1.03 / plain_ms)
         best_k = 0;
+    /* A few acceptance tests before the model may give up on the draft: on
+     * two the prior's estimate is still the luck of the first rounds (see
+     * warm_up in k_update). A hopeless draft costs those few rounds once
+     * per controller (a server's carries over between requests). */
+    if (best_k == 0 && !loaded && kc->trials_seen < K_MIN_TRIALS)
+        best_k = 1;
     /* What drafting rounds actually cost per token overrules the model: when
      * they were slower than plain rounds the model's prices are off (the
      * acceptance is not the independent draws E(a, k) assumes, costs moved)
@@ -317,7 +389,10 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         }
     } else {
         kc->probe_interval = K_PROBE_INTERVAL_MIN;
-        if (kc->rounds_since_plain >= (wall ? K_PLAIN_PROBE_INTERVAL_WALL : K_PLAIN_PROBE_INTERVAL)) {
+        const int plain_every = kc->plain_ms <= 0 ? K_FIRST_PLAIN_ROUND
+                                : wall             ? K_PLAIN_PROBE_INTERVAL_WALL
+                                                   : K_PLAIN_PROBE_INTERVAL;
+        if (kc->rounds_since_plain >= plain_every) {
             kc->k_current = best_k;
             kc->probing = true;
             return 0; /* a plain round: measures what speculation is compared with */

@@ -10,6 +10,8 @@
 
 #include <stdbool.h>
 
+#include "speculate.h"
+
 /* Adaptive K (Leviathan et al. 2023, section 3.5): tokens per round
  * E(a, k) = (1 - a^(k+1)) / (1 - a) against the round's measured cost
  * k * t_draft + t_verify(k), compared with plain decoding's t_verify(0).
@@ -29,6 +31,7 @@ struct adaptive_k {
     double accepted_sum;    /* decayed count of accepted drafts */
     double trials_sum;      /* decayed count of acceptance tests (accepted + rejected) */
     double accept_rate;     /* estimate of a: the sums plus a weak prior */
+    int trials_seen;        /* acceptance tests seen, undecayed */
     double draft_ms_per_token;
     bool draft_warm;        /* a drafting round's cost was seen (and dropped: see k_update) */
     double verify_ms_base;  /* cost of a one-row target call */
@@ -36,6 +39,12 @@ struct adaptive_k {
     /* decayed sums of the (k, verify_ms) pairs: the line base + per_row * k
      * is fitted to them */
     double fit_w, fit_k, fit_kk, fit_v, fit_kv;
+    /* Running average of the verification cost of rounds at each k, and the
+     * round it was last fed (rounds_observed): where the cost of k rows is
+     * not a line (the CPU's one-row product is another kernel than its
+     * multi-row one), a K that was run is priced at what it cost. */
+    double verify_at_ms[SPECULATE_K_MAX + 1];
+    int verify_at_round[SPECULATE_K_MAX + 1];
     double plain_ms;        /* running average of plain rounds' verify_ms (0: none yet) */
     int rounds_since_plain; /* rounds since the last plain one */
     int rounds_observed;
