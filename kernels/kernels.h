@@ -168,6 +168,13 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err);
 /* Number of threads a CPU backend runs with. */
 int kern_cpu_threads(const struct kern_backend *be);
 
+/* The weight copies a CPU backend holds (what map_weights and map_matrix
+ * copied: the bytes a decode step reads), at most max of them into ptrs and
+ * bytes, in no particular order. Returns how many it holds (0 for a backend
+ * that is not the CPU one). For tools that time a read of the very memory
+ * the model's weights sit in. */
+int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, size_t *bytes, int max);
+
 /* The backend a user named: "cpu" (n_threads as kern_cpu_create; device
  * ignored) or "cuda" (device as kern_cuda_create: an ordinal or a GPU UUID,
  * "" = "0"; n_threads ignored). Refuses, with one line naming the reason in

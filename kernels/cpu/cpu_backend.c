@@ -360,3 +360,15 @@ int kern_cpu_threads(const struct kern_backend *be)
         return 0;
     return ((const struct cpu_backend *)be)->n_threads;
 }
+
+int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, size_t *bytes, int max)
+{
+    if (!be || be->ops != &cpu_ops)
+        return 0;
+    const struct cpu_backend *cb = (const struct cpu_backend *)be;
+    for (int i = 0; i < cb->n_copies && i < max; i++) {
+        ptrs[i] = cb->copies[i].base;
+        bytes[i] = cb->copies[i].len;
+    }
+    return cb->n_copies;
+}

@@ -1128,10 +1128,22 @@ static void test_kernels_cpu_map_weights_copies_large_tensors_exactly(void **sta
     assert_int_equal(be->ops->matmul(be, a, in, w, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
     assert_int_equal(be->ops->matmul(be, b, in, mapped, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
     assert_int_equal(count_bit_diffs("matmul on mapped weights", a, b, (size_t)n * d_out), 0);
+    /* the copies held are listed (a copy is made where huge pages exist) */
+    const void *ptrs[4];
+    size_t held_bytes[4];
+    const int copied = mapped != (const void *)w;
+    assert_int_equal(kern_cpu_weight_copies(be, ptrs, held_bytes, 4), copied);
+    if (copied) {
+        assert_ptr_equal(ptrs[0], mapped);
+        assert_true(held_bytes[0] >= count * 2);
+    }
     be->ops->unmap_weights(be, mapped);
+    assert_int_equal(kern_cpu_weight_copies(be, ptrs, held_bytes, 4), 0);
     /* a second copy left mapped: destroy releases it */
     assert_int_equal(be->ops->map_weights(be, w, count * 2, &again, err), 0);
     assert_memory_equal(again, w, count * 2);
+    assert_int_equal(kern_cpu_weight_copies(be, ptrs, held_bytes, 4), again != (const void *)w);
+    assert_int_equal(kern_cpu_weight_copies(NULL, ptrs, held_bytes, 4), 0);
     be->ops->destroy(be);
     free(w);
     free(wref);

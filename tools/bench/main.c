@@ -9,7 +9,8 @@
  *       figure is its ceiling (measured again after each preset; the higher
  *       of the figures around a decode is its reference), and the same share
  *       taken side by side: turns of a read right before one short request,
- *       the median share. --profile 1 adds
+ *       the median share, against a fresh buffer's read and against a read
+ *       of the model's own weight copies (kern_cpu_weight_copies). --profile 1 adds
  *       a second, profiled run per preset: time per op kind and per matmul
  *       shape, per token. Then the cost of verifying rows = 2, 3, 5, 9, 17
  *       in one forward call relative to one row, each measured beside a
@@ -28,7 +29,8 @@
  *       2-layer draft of its width (targets derived from the draft at
  *       several noise levels): tokens/s target-only vs speculative for
  *       K = 1..8 and adaptive, speedup, acceptance, measured c and
- *       Leviathan's predicted speedup; with --repeats N, target-only and
+ *       Leviathan's predicted speedup, and each draft position's acceptance
+ *       given the ones before it; with --repeats N, target-only and
  *       every K run in turn N times, each speed-up the median of its turns'
  *       ratios to the target-only run of the same turn. Then the acceptance
  *       of the sampled and point-mass draft modes at T = 0.7, 1.0.
@@ -494,7 +496,7 @@ static int cpu_verify_rows(struct bench_model *m, int calls, struct prof_backend
                best_rows / best_one);
     }
     if (prof) {
-        static const int profiled_rows[] = {1, PROF_ROWS};
+        static const int profiled_rows[] = {1, 3, PROF_ROWS};
         for (size_t pi = 0; pi < sizeof profiled_rows / sizeof profiled_rows[0]; pi++) {
             const int rows = profiled_rows[pi];
             double ms;
@@ -565,27 +567,54 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
          * by up to 2x within a minute, so that share reads low whenever a
          * fast burst lands on a read pass. Here each turn is a read (best of
          * 3 passes) right before one request: the share per turn, median. */
-        enum { SIDE_TURNS = 7, SIDE_TOKENS = 16 };
-        double share[SIDE_TURNS];
+        /* Each turn also reads the model's own weight copies with the same
+         * loops: the bytes a decode step reads, in the pages the load placed
+         * (a fresh buffer's pages are placed when the read starts, and on a
+         * VM the host decides where). Both figures are printed; neither
+         * loop is the kernel's shape, so either may read below it. */
+        enum { SIDE_TURNS = 7, SIDE_TOKENS = 16, COPIES_MAX = 4096 };
+        static const void *copy_ptr[COPIES_MAX];
+        static size_t copy_bytes[COPIES_MAX];
+        int n_copies = kern_cpu_weight_copies(be, copy_ptr, copy_bytes, COPIES_MAX);
+        n_copies = n_copies < COPIES_MAX ? n_copies : COPIES_MAX;
+        size_t copied = 0;
+        for (int i = 0; i < n_copies; i++)
+            copied += copy_bytes[i];
+        double share[SIDE_TURNS], share_w[SIDE_TURNS], fresh[SIDE_TURNS], weights[SIDE_TURNS];
         for (int r = 0; r < SIDE_TURNS; r++) {
-            struct read_bw_result rb;
+            struct read_bw_result rb, rw = {0};
             double turn_tps;
             if (read_bw_measure(&rb, kern_cpu_threads(be), 0, 3, err, sizeof err))
                 return die("read bandwidth", err);
+            if (n_copies > 0 && read_bw_measure_regions(&rw, kern_cpu_threads(be), copy_ptr, copy_bytes,
+                                                        n_copies, 3, err, sizeof err))
+                return die("read bandwidth of the weights", err);
             if (run_requests(NULL, t, 1, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS, 0, &sp,
                              SPECULATE_MODE_SAMPLED, &st, &turn_tps))
                 return 1;
+            fresh[r] = rb.read_gbs;
+            weights[r] = rw.read_gbs;
             share[r] = bytes * turn_tps / 1e9 / rb.read_gbs;
+            share_w[r] = rw.read_gbs > 0 ? bytes * turn_tps / 1e9 / rw.read_gbs : 0;
         }
-        double lo = share[0], hi = share[0];
+        double lo = share[0], hi = share[0], lo_w = share_w[0], hi_w = share_w[0];
         for (int r = 1; r < SIDE_TURNS; r++) {
             lo = share[r] < lo ? share[r] : lo;
             hi = share[r] > hi ? share[r] : hi;
+            lo_w = share_w[r] < lo_w ? share_w[r] : lo_w;
+            hi_w = share_w[r] > hi_w ? share_w[r] : hi_w;
         }
         printf("%-14s decode as a share of the read measured just before it, %d turns of a read "
-               "and %d tokens: median %.1f%% (%.1f-%.1f%%)\n",
+               "and %d tokens: median %.1f%% (%.1f-%.1f%%) of a fresh 1 GiB buffer's read "
+               "(median %.1f GB/s)\n",
                "", SIDE_TURNS, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS,
-               100.0 * median(share, SIDE_TURNS), 100.0 * lo, 100.0 * hi);
+               100.0 * median(share, SIDE_TURNS), 100.0 * lo, 100.0 * hi,
+               median(fresh, SIDE_TURNS));
+        if (n_copies > 0)
+            printf("%-14s   and median %.1f%% (%.1f-%.1f%%) of a read of the model's own %.1f MB "
+                   "of weight copies (median %.1f GB/s)\n",
+                   "", 100.0 * median(share_w, SIDE_TURNS), 100.0 * lo_w, 100.0 * hi_w,
+                   (double)copied / 1e6, median(weights, SIDE_TURNS));
         if (o->profile) {
             /* a second run, now profiled from its start (the first warmed up) */
             prof_init(&prof, be);
@@ -925,6 +954,19 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
                    kk ? (char[8]){(char)('0' + kk), 0} : "adaptive", median(tps_of[i], repeats),
                    median(ratio, repeats), acc, alpha, c,
                    sk->rounds ? (double)sk->accepted / sk->rounds : 0, predicted);
+            /* Acceptance of each draft position given the ones before it
+             * were accepted: equal across positions where acceptance is the
+             * independent draws Leviathan's E(a, k) assumes, rising where
+             * accepted drafts come in runs (then a larger K pays more than
+             * the model says). */
+            if (kk > 1 && sk->rounds) {
+                printf("%-9s", "  by pos");
+                for (int j = 0; j < kk; j++) {
+                    const int reached = j ? sk->accepted_at[j - 1] : sk->rounds;
+                    printf(" %.3f", reached ? (double)sk->accepted_at[j] / reached : 0.0);
+                }
+                printf("\n");
+            }
             if (repeats > 1) {
                 printf("%-9s", "  turns");
                 for (int r = 0; r < repeats; r++)

@@ -3,8 +3,9 @@
  * Threads are started once and meet at a barrier before and after every pass,
  * so a pass times only the loop (no thread creation). Each thread reads the
  * same share on every pass, so its pages stay local and warm in the TLB; the
- * buffer is 1 GiB, far beyond any last-level cache, and is touched (written)
- * before the first pass so no pass takes page faults.
+ * buffer is 1 GiB, far beyond any last-level cache, and is touched (written,
+ * with pseudo-random bytes: see rbw_thread_main) before the first pass so no
+ * pass takes page faults.
  */
 #define _GNU_SOURCE
 #include "read_bw.h"
@@ -95,8 +96,19 @@ static void *rbw_thread_main(void *arg)
     struct rbw_shared *sh = t->sh;
     char *mine = sh->buf + (size_t)t->idx * sh->share;
     char *dst = sh->dst + (size_t)t->idx * (sh->share / 2);
-    /* touch our share first, from this thread */
-    memset(mine, 1 + t->idx, sh->share);
+    /* Touch our share first, from this thread, with bytes no two pages
+     * share. A constant fill read 1.33x faster (median of 116 turns over ten
+     * minutes, 0.87-2.17x, the gap growing with time) than a pseudo-random
+     * one of the same size, read the same way in the same process in
+     * alternation, on this project's VM: its host evidently merges
+     * identical pages, which no model's weights are. */
+    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(t->idx + 1);
+    for (size_t i = 0; i + sizeof x <= sh->share; i += sizeof x) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        memcpy(mine + i, &x, sizeof x);
+    }
     memset(dst, 0, sh->share / 2);
     for (int shape = 0; shape < RBW_N_SHAPES; shape++)
         for (int pass = 0; pass < sh->passes; pass++) {
@@ -196,5 +208,133 @@ int read_bw_measure(struct read_bw_result *out, int n_threads, size_t size_bytes
     free(th);
     munmap(sh.buf, total);
     munmap(sh.dst, dst_total);
+    return 0;
+}
+
+/* ---- over given regions ---- */
+
+struct rbw_regions {
+    const char *const *base;
+    const size_t *len; /* each a multiple of 256 */
+    int n;
+    size_t total;
+    int n_threads, passes;
+    pthread_barrier_t barrier;
+};
+
+struct rbw_region_thread {
+    struct rbw_regions *rg;
+    int idx;
+    pthread_t th;
+    uint64_t sink;
+};
+
+/* Reads bytes [begin, end) of the regions' concatenation. */
+static uint64_t rbw_read_span(const struct rbw_regions *rg, size_t begin, size_t end,
+                              size_t prefetch_bytes)
+{
+    uint64_t sink = 0;
+    size_t at = 0;
+    for (int i = 0; i < rg->n && at < end; at += rg->len[i], i++) {
+        const size_t lo = begin > at ? begin - at : 0;
+        const size_t hi = end - at < rg->len[i] ? end - at : rg->len[i];
+        if (lo < hi)
+            sink += rbw_read(rg->base[i] + lo, hi - lo, prefetch_bytes);
+    }
+    return sink;
+}
+
+static void *rbw_region_thread_main(void *arg)
+{
+    struct rbw_region_thread *t = arg;
+    struct rbw_regions *rg = t->rg;
+    const size_t share = rg->total / (size_t)rg->n_threads & ~(size_t)255;
+    const size_t begin = share * (size_t)t->idx;
+    const size_t end = t->idx == rg->n_threads - 1 ? rg->total : begin + share;
+    for (int shape = 0; shape < 2; shape++)
+        for (int pass = 0; pass < rg->passes; pass++) {
+            pthread_barrier_wait(&rg->barrier);
+            t->sink += rbw_read_span(rg, begin, end, shape ? 2048 : 0);
+            pthread_barrier_wait(&rg->barrier);
+        }
+    return NULL;
+}
+
+int read_bw_measure_regions(struct read_bw_result *out, int n_threads, const void *const *regions,
+                            const size_t *bytes, int n_regions, int passes, char *err,
+                            size_t err_size)
+{
+    memset(out, 0, sizeof *out);
+    if (n_threads < 1 || n_threads > 1024 || n_regions < 1) {
+        snprintf(err, err_size, "read bandwidth: %d threads over %d regions", n_threads, n_regions);
+        return -1;
+    }
+    if (passes <= 0)
+        passes = 5;
+    struct rbw_regions rg = {.n = n_regions, .n_threads = n_threads, .passes = passes};
+    size_t *len = calloc((size_t)n_regions, sizeof *len);
+    struct rbw_region_thread *th = calloc((size_t)n_threads, sizeof *th);
+    if (!len || !th) {
+        free(len);
+        free(th);
+        snprintf(err, err_size, "read bandwidth: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n_regions; i++) {
+        if ((uintptr_t)regions[i] % 32 != 0) {
+            free(len);
+            free(th);
+            snprintf(err, err_size, "read bandwidth: region %d is not 32-byte aligned", i);
+            return -1;
+        }
+        len[i] = bytes[i] & ~(size_t)255;
+        rg.total += len[i];
+    }
+    rg.base = (const char *const *)regions;
+    rg.len = len;
+    if (rg.total < (size_t)n_threads * 4096) {
+        free(len);
+        free(th);
+        snprintf(err, err_size, "read bandwidth: %zu bytes is too little for %d threads", rg.total,
+                 n_threads);
+        return -1;
+    }
+    if (pthread_barrier_init(&rg.barrier, NULL, (unsigned)n_threads + 1) != 0) {
+        free(len);
+        free(th);
+        snprintf(err, err_size, "read bandwidth: pthread_barrier_init failed");
+        return -1;
+    }
+    for (int t = 0; t < n_threads; t++) {
+        th[t].rg = &rg;
+        th[t].idx = t;
+        if (pthread_create(&th[t].th, NULL, rbw_region_thread_main, &th[t]) != 0) {
+            /* as in read_bw_measure: started threads wait at the barrier;
+             * a benchmark tool reports and exits */
+            snprintf(err, err_size, "read bandwidth: pthread_create failed (thread %d)", t);
+            return -1;
+        }
+    }
+    double best = 1e30;
+    for (int shape = 0; shape < 2; shape++)
+        for (int pass = 0; pass < passes; pass++) {
+            pthread_barrier_wait(&rg.barrier);
+            const double t0 = rbw_now_s();
+            pthread_barrier_wait(&rg.barrier);
+            const double dt = rbw_now_s() - t0;
+            best = dt < best ? dt : best;
+        }
+    uint64_t sink = 0;
+    for (int t = 0; t < n_threads; t++) {
+        pthread_join(th[t].th, NULL);
+        sink ^= th[t].sink;
+    }
+    out->read_gbs = (double)rg.total / best / 1e9;
+    out->checksum = sink;
+    out->n_threads = n_threads;
+    out->size_bytes = rg.total;
+    pthread_barrier_destroy(&rg.barrier);
+    free(len);
+    free(th);
     return 0;
 }

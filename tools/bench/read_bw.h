@@ -29,4 +29,14 @@ struct read_bw_result {
 int read_bw_measure(struct read_bw_result *out, int n_threads, size_t size_bytes, int passes,
                     char *err, size_t err_size);
 
+/* The same read-only loops over memory that exists already (regions[i],
+ * bytes[i] long, 32-byte aligned; each is read up to a multiple of 256
+ * bytes): the n_threads threads split their concatenation into contiguous
+ * shares. For a decode step's own weights, whose pages were placed when the
+ * model was loaded: a fresh buffer's may sit closer to the cores. memcpy_gbs
+ * is not measured (0). */
+int read_bw_measure_regions(struct read_bw_result *out, int n_threads, const void *const *regions,
+                            const size_t *bytes, int n_regions, int passes, char *err,
+                            size_t err_size);
+
 #endif
