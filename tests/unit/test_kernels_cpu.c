@@ -688,13 +688,12 @@ static void test_kernels_cpu_attention_matches_reference(void **state)
 }
 
 /* The fixed order of attention.c, one (row, head) at a time in plain C:
- * the fixed-order dot product (eight fmaf lanes, the cpu_simd.h fold, the
- * tail in order), times scale; expf(s - max); the sum in increasing t;
+ * fixed_order_dot times scale; expf(s - max); the sum in increasing t;
  * p = e / sum; out[d] one fmaf per t in increasing t. */
 static void fixed_order_attention(float *out, const float *q, const float *kc, const float *vc,
                                   int n, int pos0, int n_heads, int n_kv, int hd, float scale)
 {
-    const int group = n_heads / n_kv, len8 = hd & ~7;
+    const int group = n_heads / n_kv;
     float *s = falloc((size_t)(pos0 + n));
     for (int i = 0; i < n; i++)
         for (int h = 0; h < n_heads; h++) {
@@ -702,16 +701,7 @@ static void fixed_order_attention(float *out, const float *q, const float *kc, c
             const float *qv = q + ((size_t)i * n_heads + h) * hd;
             float m = -INFINITY, sum = 0.0f;
             for (int t = 0; t < np; t++) {
-                const float *kv = kc + ((size_t)t * n_kv + g) * hd;
-                float l[8] = {0};
-                for (int k = 0; k < len8; k += 8)
-                    for (int j = 0; j < 8; j++)
-                        l[j] = fmaf(qv[k + j], kv[k + j], l[j]);
-                float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
-                float d = (a0 + a2) + (a1 + a3);
-                for (int k = len8; k < hd; k++)
-                    d = fmaf(qv[k], kv[k], d);
-                s[t] = d * scale;
+                s[t] = fixed_order_dot(qv, kc + ((size_t)t * n_kv + g) * hd, hd) * scale;
                 m = s[t] > m ? s[t] : m;
             }
             for (int t = 0; t < np; t++) {

@@ -725,9 +725,9 @@ static void test_adaptive_k_between_ks_the_better_rate_wins(void **state)
  * verification 72.3 ms, the target's first multi-row call) accepted its
  * draft, the next (62.9 ms) rejected it. Priced at the warm-up and judged
  * on two tests, K = 0 won there and the request ran at 1.01x where K = 2
- * ran at 1.37x. The warm-up's verification is not learnt, and the draft
- * gets four tests before plain decoding may win; a draft that fails all
- * four is then dropped. */
+ * ran at 1.37x. The warm-up's verification is not learnt, and a draft
+ * that was accepted gets four tests before plain decoding may win; one that
+ * fails all four is then dropped, one never accepted at once. */
 static void test_adaptive_k_first_rounds_luck_does_not_end_speculation(void **state)
 {
     (void)state;
@@ -739,6 +739,11 @@ static void test_adaptive_k_first_rounds_luck_does_not_end_speculation(void **st
     assert_int_equal(adaptive_k_next(&kc, 1000), 1);
     adaptive_k_update(&kc, 1, 0, 19.2, 62.9);
     assert_int_equal(adaptive_k_next(&kc, 1000), 1);
+    adaptive_k_update(&kc, 1, 0, 19.2, 62.9);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 0);
+    /* a draft never accepted is judged by the model at once */
+    adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update(&kc, 1, 0, 16.5, 72.3);
     adaptive_k_update(&kc, 1, 0, 19.2, 62.9);
     assert_int_equal(adaptive_k_next(&kc, 1000), 0);
 }
