@@ -35,6 +35,8 @@
  * so one load serves all of them, and their dot products and output lanes
  * are independent chains that hide each other's FMA latency. */
 #define ATTN_GROUP_MAX 4
+/* positions ahead whose K row is prefetched (attn_scores) */
+#define ATTN_PREFETCH_ROWS 4
 
 struct attn_job {
     float *out;
@@ -60,7 +62,7 @@ static inline size_t pool_row(const struct kern_kv_layout *kv, const int32_t *ta
  * all heads. m[j]: each head's maximum. */
 CPU_SIMD_INLINE void attn_scores(const struct attn_job *job, int nh, const float *q,
                                  const int32_t *table, int n_pos, const float *kb,
-                                 float *scores, float *m)
+                                 const float *vb, float *scores, float *m)
 {
     const int hd = job->head_dim, len8 = hd & ~7;
     const struct kern_kv_layout *kv = job->kv;
@@ -74,6 +76,17 @@ CPU_SIMD_INLINE void attn_scores(const struct attn_job *job, int nh, const float
         for (int i = 0; i < tn; i++, kr += kv_stride) {
             float s[ATTN_GROUP_MAX];
 #ifdef __AVX2__
+            /* The cache's rows arrive cold (a layer's weights stream through
+             * the caches between two attention calls): the K row a few
+             * positions ahead, and this position's V row, read after the
+             * softmax, are fetched early. Addresses, not pointers: the K
+             * row ahead may lie past the block. */
+            const uintptr_t k_ahead = (uintptr_t)kr + ATTN_PREFETCH_ROWS * kv_stride * sizeof(float);
+            const uintptr_t v_row = (uintptr_t)(vb + (kr - kb));
+            for (int l = 0; l < hd * (int)sizeof(float); l += 64) {
+                _mm_prefetch((const char *)(k_ahead + (uintptr_t)l), _MM_HINT_T0);
+                _mm_prefetch((const char *)(v_row + (uintptr_t)l), _MM_HINT_T0);
+            }
             __m256 acc[ATTN_GROUP_MAX];
 #pragma GCC unroll 4
             for (int j = 0; j < nh; j++)
@@ -169,7 +182,7 @@ CPU_SIMD_INLINE void attn_heads(const struct attn_job *job, int nh, float *score
     const float *kb = job->k_pool + (size_t)g * (size_t)hd;
     const float *vb = job->v_pool + (size_t)g * (size_t)hd;
     float m[ATTN_GROUP_MAX];
-    attn_scores(job, nh, q, table, n_pos, kb, scores, m);
+    attn_scores(job, nh, q, table, n_pos, kb, vb, scores, m);
     for (int j = 0; j < nh; j++) {
         float *sj = scores + (size_t)j * job->score_stride;
         float sum = 0.0f;
