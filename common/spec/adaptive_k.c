@@ -91,17 +91,21 @@ void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
  * verified 1 row in 59.9 ms, 2 in 61-62 and 3 in 65-68, but a controller
  * running K = 1 never varied k enough to fit a slope, took the prior's 15%
  * a row, priced K = 2 at 67 + 2 drafts, and stayed at K = 1. */
+/* Whether verify_at_ms[k] was fed within the last K_VERIFY_AT_FRESH rounds. */
+static bool k_verify_at_fresh(const struct adaptive_k *kc, int k)
+{
+    return kc->verify_at_ms[k] > 0 &&
+           kc->rounds_observed - kc->verify_at_round[k] <= K_VERIFY_AT_FRESH;
+}
+
 static double k_verify_ms(const struct adaptive_k *kc, int k)
 {
     if (k < 0 || k > SPECULATE_K_MAX)
         return kc->verify_ms_base + kc->verify_ms_per_row * k;
     int lo = -1, lo2 = -1, hi = -1;
     double v[SPECULATE_K_MAX + 1];
-    for (int j = 0; j <= SPECULATE_K_MAX; j++) {
-        const bool fresh = kc->verify_at_ms[j] > 0 &&
-                           kc->rounds_observed - kc->verify_at_round[j] <= K_VERIFY_AT_FRESH;
-        v[j] = fresh ? kc->verify_at_ms[j] : 0;
-    }
+    for (int j = 0; j <= SPECULATE_K_MAX; j++)
+        v[j] = k_verify_at_fresh(kc, j) ? kc->verify_at_ms[j] : 0;
     if (v[k] > 0)
         return v[k];
     for (int j = k - 1; j >= 0; j--)
@@ -187,10 +191,9 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     if (warm_up)
         verify_ms = 0;
     if (verify_ms > 0 && k >= 0 && k <= SPECULATE_K_MAX) {
-        const bool fresh = kc->verify_at_ms[k] > 0 &&
-                           kc->rounds_observed - kc->verify_at_round[k] <= K_VERIFY_AT_FRESH;
-        kc->verify_at_ms[k] = fresh ? kc->verify_at_ms[k] + K_EWMA_ALPHA * (verify_ms - kc->verify_at_ms[k])
-                                    : verify_ms;
+        kc->verify_at_ms[k] = k_verify_at_fresh(kc, k)
+                                  ? kc->verify_at_ms[k] + K_EWMA_ALPHA * (verify_ms - kc->verify_at_ms[k])
+                                  : verify_ms;
         kc->verify_at_round[k] = kc->rounds_observed;
     }
     if (verify_ms > 0) {

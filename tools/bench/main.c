@@ -100,6 +100,16 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
+/* Smallest and largest of n >= 1 values. */
+static void min_max(const double *v, int n, double *lo, double *hi)
+{
+    *lo = *hi = v[0];
+    for (int i = 1; i < n; i++) {
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+}
+
 static int ensure_model_layers(const char *dir, const char *preset, int layers, uint64_t seed,
                                const char *from_dir, double noise)
 {
@@ -566,8 +576,8 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
          * 1 GiB read passes before and after it; this VM's bandwidth moves
          * by up to 2x within a minute, so that share reads low whenever a
          * fast burst lands on a read pass. Here each turn is a read (best of
-         * 3 passes) right before one request: the share per turn, median. */
-        /* Each turn also reads the model's own weight copies with the same
+         * 3 passes) right before one request: the share per turn, median.
+         * Each turn also reads the model's own weight copies with the same
          * loops: the bytes a decode step reads, in the pages the load placed
          * (a fresh buffer's pages are placed when the read starts, and on a
          * VM the host decides where). Both figures are printed; neither
@@ -597,13 +607,9 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             share[r] = bytes * turn_tps / 1e9 / rb.read_gbs;
             share_w[r] = rw.read_gbs > 0 ? bytes * turn_tps / 1e9 / rw.read_gbs : 0;
         }
-        double lo = share[0], hi = share[0], lo_w = share_w[0], hi_w = share_w[0];
-        for (int r = 1; r < SIDE_TURNS; r++) {
-            lo = share[r] < lo ? share[r] : lo;
-            hi = share[r] > hi ? share[r] : hi;
-            lo_w = share_w[r] < lo_w ? share_w[r] : lo_w;
-            hi_w = share_w[r] > hi_w ? share_w[r] : hi_w;
-        }
+        double lo, hi, lo_w, hi_w;
+        min_max(share, SIDE_TURNS, &lo, &hi);
+        min_max(share_w, SIDE_TURNS, &lo_w, &hi_w);
         printf("%-14s decode as a share of the read measured just before it, %d turns of a read "
                "and %d tokens: median %.1f%% (%.1f-%.1f%%) of a fresh 1 GiB buffer's read "
                "(median %.1f GB/s)\n",
@@ -950,8 +956,11 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
             if (kk)
                 snprintf(predicted, sizeof predicted, "%.2fx",
                          speculate_expected_speedup(alpha, kk, c));
-            printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n",
-                   kk ? (char[8]){(char)('0' + kk), 0} : "adaptive", median(tps_of[i], repeats),
+            char label[16] = "adaptive";
+            if (kk)
+                snprintf(label, sizeof label, "%d", kk);
+            printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n", label,
+                   median(tps_of[i], repeats),
                    median(ratio, repeats), acc, alpha, c,
                    sk->rounds ? (double)sk->accepted / sk->rounds : 0, predicted);
             /* Acceptance of each draft position given the ones before it

@@ -251,10 +251,10 @@ static void *rbw_region_thread_main(void *arg)
     const size_t share = rg->total / (size_t)rg->n_threads & ~(size_t)255;
     const size_t begin = share * (size_t)t->idx;
     const size_t end = t->idx == rg->n_threads - 1 ? rg->total : begin + share;
-    for (int shape = 0; shape < 2; shape++)
+    for (int shape = RBW_SHAPE_PLAIN; shape <= RBW_SHAPE_PREFETCH; shape++)
         for (int pass = 0; pass < rg->passes; pass++) {
             pthread_barrier_wait(&rg->barrier);
-            t->sink += rbw_read_span(rg, begin, end, shape ? 2048 : 0);
+            t->sink += rbw_read_span(rg, begin, end, shape == RBW_SHAPE_PREFETCH ? 2048 : 0);
             pthread_barrier_wait(&rg->barrier);
         }
     return NULL;
@@ -275,17 +275,13 @@ int read_bw_measure_regions(struct read_bw_result *out, int n_threads, const voi
     size_t *len = calloc((size_t)n_regions, sizeof *len);
     struct rbw_region_thread *th = calloc((size_t)n_threads, sizeof *th);
     if (!len || !th) {
-        free(len);
-        free(th);
         snprintf(err, err_size, "read bandwidth: out of memory");
-        return -1;
+        goto fail;
     }
     for (int i = 0; i < n_regions; i++) {
         if ((uintptr_t)regions[i] % 32 != 0) {
-            free(len);
-            free(th);
             snprintf(err, err_size, "read bandwidth: region %d is not 32-byte aligned", i);
-            return -1;
+            goto fail;
         }
         len[i] = bytes[i] & ~(size_t)255;
         rg.total += len[i];
@@ -293,17 +289,13 @@ int read_bw_measure_regions(struct read_bw_result *out, int n_threads, const voi
     rg.base = (const char *const *)regions;
     rg.len = len;
     if (rg.total < (size_t)n_threads * 4096) {
-        free(len);
-        free(th);
         snprintf(err, err_size, "read bandwidth: %zu bytes is too little for %d threads", rg.total,
                  n_threads);
-        return -1;
+        goto fail;
     }
     if (pthread_barrier_init(&rg.barrier, NULL, (unsigned)n_threads + 1) != 0) {
-        free(len);
-        free(th);
         snprintf(err, err_size, "read bandwidth: pthread_barrier_init failed");
-        return -1;
+        goto fail;
     }
     for (int t = 0; t < n_threads; t++) {
         th[t].rg = &rg;
@@ -316,7 +308,7 @@ int read_bw_measure_regions(struct read_bw_result *out, int n_threads, const voi
         }
     }
     double best = 1e30;
-    for (int shape = 0; shape < 2; shape++)
+    for (int shape = RBW_SHAPE_PLAIN; shape <= RBW_SHAPE_PREFETCH; shape++)
         for (int pass = 0; pass < passes; pass++) {
             pthread_barrier_wait(&rg.barrier);
             const double t0 = rbw_now_s();
@@ -337,4 +329,8 @@ int read_bw_measure_regions(struct read_bw_result *out, int n_threads, const voi
     free(len);
     free(th);
     return 0;
+fail:
+    free(len);
+    free(th);
+    return -1;
 }
