@@ -153,6 +153,26 @@ struct kern_ops {
      * Released with unmap_weights. */
     int (*map_matrix)(struct kern_backend *be, const void *host_ptr, enum kern_dtype dtype,
                       int64_t rows, int64_t cols, const void **out, char *err);
+
+    /* Optional (NULL: the caller runs matmul and scans the logits).
+     * idx_out[i] = the index of the largest of the d_out values matmul(in, w)
+     * writes for row i, bit for bit those values: the lowest such index,
+     * NaN values skipped, -1 when all are NaN (sampling_argmax's rule). A
+     * greedy draft, and greedy verification, need nothing else of the LM
+     * head. Where prepare_argmax
+     * readied w, the backend may find the few rows that can hold the largest
+     * value from a cheaper copy and compute only those exactly (cpu:
+     * kernels/cpu/argmax.c); the answer is the same either way.
+     * idx_out: host [n]; in: [n, d_in] f32; w: [d_out, d_in] dtype. */
+    int (*matmul_argmax)(struct kern_backend *be, int32_t *idx_out, const float *in,
+                         const void *w, enum kern_dtype dtype, int n, int d_in, int d_out,
+                         char *err);
+    /* Optional (NULL: nothing to prepare). Readies matmul_argmax for w, a
+     * [rows][cols] matrix of this dtype from map_matrix or map_weights (cpu:
+     * a one-byte copy of it and four floats a row). Refuses a matrix holding a
+     * NaN or an infinity. Released with unmap_weights(w) or destroy. */
+    int (*prepare_argmax)(struct kern_backend *be, const void *w, enum kern_dtype dtype,
+                          int64_t rows, int64_t cols, char *err);
 };
 
 /* Every backend starts with this header; the private state follows it. */
@@ -174,6 +194,12 @@ int kern_cpu_threads(const struct kern_backend *be);
  * that is not the CPU one). For tools that time a read of the very memory
  * the model's weights sit in. */
 int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, size_t *bytes, int max);
+
+/* Rows the CPU backend's last matmul_argmax computed exactly for its last
+ * input row, or -1 where it computed the whole row of logits (no shadow, or
+ * the screen did not serve that row) or be is not the CPU backend. For tests
+ * and tools that check the screen is what answered. */
+int kern_cpu_argmax_candidates(const struct kern_backend *be);
 
 /* The backend a user named: "cpu" (n_threads as kern_cpu_create; device
  * ignored) or "cuda" (device as kern_cuda_create: an ordinal or a GPU UUID,

@@ -37,6 +37,12 @@ struct specdec_draft {
     int32_t *pick_tokens;           /* [4 * picks_cap]: the picks' tokens, their
                                        statuses, then (token, status) per entry */
     int picks_cap;
+    /* The host path's greedy picks: the forward returns only each row's
+     * argmax (llama_seq_batch.argmax_out), where the backend offers it. */
+    bool host_argmax;
+    bool argmax_ready;              /* the backend offers it and the head is prepared */
+    int32_t *argmax_picks;          /* [argmax_cap]: one per entry of a step */
+    int argmax_cap;
 };
 
 struct specdec_target {
@@ -58,6 +64,12 @@ struct specdec_target {
     struct specdec_dev_round *rounds;     /* [rounds_cap] */
     struct specdec_dev_outcome *outcomes; /* [rounds_cap] */
     int rounds_cap;
+    /* The host path's greedy verifications read only each row's argmax
+     * (llama_seq_batch.argmax_out), where the backend offers it. */
+    bool host_argmax;
+    bool argmax_ready;      /* the backend offers it and the head is prepared */
+    int32_t *argmax_rows;   /* [argmax_cap]: the k + 1 argmaxes of each finishing job */
+    int argmax_cap;
 };
 
 static double now_ms(void)
@@ -166,6 +178,13 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
         rc = grow_touched((void **)&d->logits, &d->logits_cap, 1, (size_t)d->vocab * sizeof(float),
                           err);
     }
+    /* A greedy or point-mass draft reads nothing of its logits but the
+     * argmax: the backend may find it from a cheaper copy of the LM head
+     * (most of a small draft's bytes), made once here. */
+    if (!rc && llama_ctx_has_argmax(ctx)) {
+        rc = llama_model_prepare_argmax(llama_ctx_model(ctx), err);
+        d->argmax_ready = d->host_argmax = rc == 0;
+    }
     if (rc) {
         specdec_draft_destroy(d);
         return rc;
@@ -182,6 +201,7 @@ void specdec_draft_destroy(struct specdec_draft *d)
     specdec_dev_destroy(d->dev);
     free(d->picks);
     free(d->pick_tokens);
+    free(d->argmax_picks);
     free(d->logits);
     free(d->probs);
     free(d->entries);
@@ -204,6 +224,16 @@ int specdec_draft_use_device(struct specdec_draft *d, bool on, char *err)
 
 bool specdec_draft_on_device(const struct specdec_draft *d) { return d->dev != NULL; }
 
+void specdec_draft_set_argmax(struct specdec_draft *d, bool on)
+{
+    d->host_argmax = on && d->argmax_ready;
+}
+
+void specdec_target_set_argmax(struct specdec_target *t, bool on)
+{
+    t->host_argmax = on && t->argmax_ready;
+}
+
 void specdec_draft_set_progress(struct specdec_draft *d, const struct specdec_progress *p)
 {
     progress_set(&d->progress, p);
@@ -221,11 +251,25 @@ void specdec_draft_job_init(struct specdec_draft_job *j)
     j->in_step = false;
 }
 
-/* Picks draft token i of job j from logits, or, on the device path, takes
- * the pick the device made (dev_pick: token, status). */
-static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, const float *logits,
-                      int i, const int32_t *dev_pick, char *err)
+/* Whether job j's drafts are its logits' argmax (no q row is read). */
+static bool draft_takes_argmax(const struct specdec_draft_job *j)
 {
+    return sampling_params_is_greedy(&j->sp) || j->mode == SPECULATE_MODE_POINT_MASS;
+}
+
+/* Picks draft token i of job j from logits, or takes the pick made already:
+ * the device's on the device path (dev_pick: token, status), the forward's
+ * argmax on the host path (argmax_pick). */
+static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, const float *logits,
+                      int i, const int32_t *dev_pick, const int32_t *argmax_pick, char *err)
+{
+    if (argmax_pick) {
+        if (*argmax_pick < 0 || *argmax_pick >= d->vocab)
+            return error_set(err, ERR_INVALID_ARG, "draft token %d: no largest logit (id %d): "
+                             "every logit is NaN", i, (int)*argmax_pick);
+        j->tokens_out[i] = *argmax_pick;
+        return 0;
+    }
     if (dev_pick) {
         if (dev_pick[1] != 0)
             return error_set(err, ERR_INVALID_ARG, "draft token %d: %s", i,
@@ -238,7 +282,7 @@ static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, cons
     }
     const struct sampling_params *sp = &j->sp;
     const uint64_t position = (uint64_t)j->keep_len + (uint64_t)j->n_feed + (uint64_t)i;
-    if (sampling_params_is_greedy(sp) || j->mode == SPECULATE_MODE_POINT_MASS) {
+    if (draft_takes_argmax(j)) {
         /* The argmax of the adjusted distribution is the argmax of the logits:
          * temperature, top-k, top-p and min-p all keep the most likely token.
          * No q row: the target never reads one in these modes. */
@@ -299,9 +343,11 @@ static void draft_next_entry(struct specdec_draft *d, struct specdec_draft_job *
 }
 
 /* Advances job j past the entry it just ran (logits: its row, if any;
- * dev_pick: the device's pick for it, on the device path). */
+ * dev_pick: the device's pick for it, on the device path; argmax_pick: the
+ * forward's argmax of its row, where it asked for that instead). */
 static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job *j,
-                              const float *logits, const int32_t *dev_pick)
+                              const float *logits, const int32_t *dev_pick,
+                              const int32_t *argmax_pick)
 {
     char err[ERR_MSG_MAX];
     if (j->fed < j->n_feed) {
@@ -313,7 +359,7 @@ static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job 
             return;
         }
     }
-    int rc = draft_pick(d, j, logits, j->drafted, dev_pick, err);
+    int rc = draft_pick(d, j, logits, j->drafted, dev_pick, argmax_pick, err);
     if (rc) {
         job_fail(&j->rc, j->err, &j->done, rc, err);
         return;
@@ -356,8 +402,7 @@ static int draft_dev_picks(struct specdec_draft *d, int n, char *err)
         if (d->entries[i].n_logits == 0)
             continue;
         const int at = j->drafted;
-        const int argmax =
-            sampling_params_is_greedy(&j->sp) || j->mode == SPECULATE_MODE_POINT_MASS;
+        const int argmax = draft_takes_argmax(j);
         const size_t off = (size_t)at * (size_t)d->vocab;
         d->picks[n_picks++] = (struct specdec_dev_pick){
             .row = i, .argmax = argmax, .sp = j->sp,
@@ -394,6 +439,9 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
     else if (!rc)
         rc = grow((void **)&d->logits, &d->logits_cap, n_jobs,
                   (size_t)d->vocab * sizeof(float), err);
+    if (!rc && !d->dev && d->host_argmax)
+        rc = grow((void **)&d->argmax_picks, &d->argmax_cap, n_jobs, sizeof *d->argmax_picks,
+                  err);
     if (rc)
         return rc;
     struct llama_kv_stats kv;
@@ -417,6 +465,10 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
             continue;
         if (dev_logits)
             e->logits_dev = dev_logits + (size_t)n * (size_t)d->vocab;
+        else if (d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j)) {
+            e->logits_out = NULL;
+            e->argmax_out = d->argmax_picks + n;
+        }
         char e_err[ERR_MSG_MAX];
         int fits = 0;
         if ((rc = llama_check_seq(d->ctx, e, e_err)) ||
@@ -450,7 +502,7 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
         }
         const bool head = j->fed + j->step_tokens < j->n_feed;
         draft_after_entry(d, j, d->dev ? NULL : d->logits + (size_t)i * (size_t)d->vocab,
-                          d->dev ? draft_dev_pair(d, i) : NULL);
+                          d->dev ? draft_dev_pair(d, i) : NULL, d->entries[i].argmax_out);
         if (head && d->progress.on_chunk)
             d->progress.on_chunk(d->progress.user, j->fed, j->n_feed);
     }
@@ -508,6 +560,13 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
         rc = grow_touched((void **)&t->logits, &t->logits_cap, SPECULATE_K_MAX + 1,
                           (size_t)t->vocab * sizeof(float), err);
     }
+    /* Greedy verification and greedy plain decoding read only the argmax of
+     * each row: the backend may find it from a cheaper copy of the LM head
+     * (kernels/cpu/argmax.c), made once here. */
+    if (!rc && llama_ctx_has_argmax(ctx)) {
+        rc = llama_model_prepare_argmax(llama_ctx_model(ctx), err);
+        t->argmax_ready = t->host_argmax = rc == 0;
+    }
     if (rc) {
         specdec_target_destroy(t);
         return rc;
@@ -524,6 +583,7 @@ void specdec_target_destroy(struct specdec_target *t)
     specdec_dev_destroy(t->dev);
     free(t->rounds);
     free(t->outcomes);
+    free(t->argmax_rows);
     free(t->logits);
     free(t->scratch);
     free(t->tokens);
@@ -618,8 +678,9 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
 }
 
 /* Accept/reject for a job whose final entry ran: p_rows holds its k + 1
- * logits rows. */
-static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows)
+ * logits rows, or (greedy) p_argmax their k + 1 argmaxes. */
+static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows,
+                          const int32_t *p_argmax)
 {
     char err[ERR_MSG_MAX];
     const int greedy = sampling_params_is_greedy(&j->sp);
@@ -634,6 +695,7 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
         .draft_tokens = j->draft,
         .q_rows = j->q_rows,
         .p_rows = p_rows,
+        .p_argmax = p_argmax,
         .greedy = greedy,
         .mode = j->mode,
         .seed = j->sp.seed,
@@ -742,7 +804,9 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
     if ((rc = grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
         (t->dev ? (rc = specdec_dev_logits(t->dev, want_rows, &dev_logits, err))
                 : (rc = grow((void **)&t->logits, &t->logits_cap, want_rows,
-                             (size_t)t->vocab * sizeof(float), err))))
+                             (size_t)t->vocab * sizeof(float), err))) ||
+        (!t->dev && t->host_argmax &&
+         (rc = grow((void **)&t->argmax_rows, &t->argmax_cap, want_rows, sizeof(int32_t), err))))
         return rc;
     struct llama_kv_stats kv;
     llama_ctx_kv_stats(t->ctx, &kv);
@@ -784,6 +848,8 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                                           .n_tokens = rest + j->k, .n_logits = j->k + 1};
             if (dev_logits)
                 e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
+            else if (t->host_argmax && sampling_params_is_greedy(&j->sp))
+                e->argmax_out = t->argmax_rows + used_rows;
             else
                 e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
             j->step_final = true;
@@ -830,7 +896,7 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
         } else {
             j->fed = j->n_feed;
             if (!t->dev)
-                verify_finish(t, j, t->entries[i].logits_out);
+                verify_finish(t, j, t->entries[i].logits_out, t->entries[i].argmax_out);
         }
     }
     return 0;

@@ -71,6 +71,16 @@ struct llama_ctx *specdec_draft_ctx(struct specdec_draft *draft);
 int specdec_draft_use_device(struct specdec_draft *draft, bool on, char *err);
 int specdec_target_use_device(struct specdec_target *target, bool on, char *err);
 bool specdec_draft_on_device(const struct specdec_draft *draft);
+/* On the host path, whether a greedy or point-mass draft asks the forward
+ * for only its rows' argmax (llama_seq_batch.argmax_out), which the CPU
+ * backend finds reading a one-byte copy of the LM head instead of the head
+ * (kernels/cpu/argmax.c; the same tokens). On by default where the backend
+ * offers it (specdec_draft_create prepares it); off: whole rows of logits,
+ * as a sampled draft reads. For tools that compare the two. */
+void specdec_draft_set_argmax(struct specdec_draft *draft, bool on);
+/* The same for greedy verification (and greedy decoding without drafts):
+ * only each row's argmax; on by default where the backend offers it. */
+void specdec_target_set_argmax(struct specdec_target *target, bool on);
 bool specdec_target_on_device(const struct specdec_target *target);
 
 /* Truncates slot to keep_len, feeds feed[0..n_feed-1] (n_feed >= 1) at

@@ -482,11 +482,14 @@ struct chunk_part {
 
 /* Final norm + LM head of up to LOGIT_ROWS rows gathered from the chunk
  * (any sequences): the LM head's weights, the biggest matrix of a small
- * model, are read once per group, not once per sequence. */
+ * model, are read once per group, not once per sequence. A group is all
+ * logits rows or all argmax rows (matmul_argmax). */
 struct logit_group {
     int n;
-    float *dst[LOGIT_ROWS]; /* destination of each gathered row */
+    int argmax;                /* the rows want argmax_out */
+    float *dst[LOGIT_ROWS];    /* destination of each gathered row's logits */
     int on_device[LOGIT_ROWS]; /* dst is backend memory (logits_dev): copy, not download */
+    int32_t *idx_dst[LOGIT_ROWS]; /* argmax groups: where each row's index goes */
 };
 
 static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char *err)
@@ -498,8 +501,19 @@ static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char 
     if (g->n == 0)
         return 0;
     if ((rc = be->ops->rmsnorm(be, ctx->xn, ctx->xn, m->norm.ptr, m->norm.dtype, g->n, dim,
-                               (float)m->cfg.rms_norm_eps, err)) ||
-        (rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
+                               (float)m->cfg.rms_norm_eps, err)))
+        return rc;
+    if (g->argmax) {
+        int32_t idx[LOGIT_ROWS];
+        if ((rc = be->ops->matmul_argmax(be, idx, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
+                                         dim, vocab, err)))
+            return rc;
+        for (int i = 0; i < g->n; i++)
+            *g->idx_dst[i] = idx[i];
+        g->n = 0;
+        return 0;
+    }
+    if ((rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
                               dim, vocab, err)))
         return rc;
     /* one transfer per run of rows that are consecutive in both places */
@@ -520,35 +534,59 @@ static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char 
 }
 
 /* Logits of the chunk's rows that asked for them, into each sequence's
- * logits_out: the hidden states are gathered into ctx->xn (free once the
- * chunk's layers ran) in groups of LOGIT_ROWS across sequences. */
+ * logits_out (or argmax_out): the hidden states are gathered into ctx->xn
+ * (free once the chunk's layers ran) in groups of LOGIT_ROWS across
+ * sequences, the logits rows first, then the argmax rows. */
 static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
                         const struct chunk_part *parts, int n_parts, char *err)
 {
     const int dim = ctx->model->cfg.hidden_size, vocab = ctx->model->cfg.vocab_size;
     const int group = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
     struct kern_backend *be = ctx->be;
-    struct logit_group g = {.n = 0};
     int rc;
-    for (int p = 0; p < n_parts; p++) {
-        const struct chunk_part *cp = &parts[p];
-        const struct llama_seq_batch *s = &seqs[cp->seq];
-        const int first_logit = s->n_tokens - s->n_logits;
-        const int lo = first_logit > cp->tok0 ? first_logit : cp->tok0;
-        for (int t = lo; t < cp->tok0 + cp->n; t++) {
-            const int row = cp->chunk_row + (t - cp->tok0);
-            if ((rc = be->ops->copy(be, ctx->xn + (size_t)g.n * (size_t)dim,
-                                    ctx->x + (size_t)row * (size_t)dim,
-                                    (size_t)dim * sizeof(float), err)))
-                return rc;
-            float *base = s->logits_dev ? s->logits_dev : s->logits_out;
-            g.on_device[g.n] = s->logits_dev != NULL;
-            g.dst[g.n++] = base + (size_t)(t - first_logit) * (size_t)vocab;
-            if (g.n == group && (rc = logit_group_flush(ctx, &g, err)))
-                return rc;
+    for (int argmax = 0; argmax < 2; argmax++) {
+        struct logit_group g = {.n = 0, .argmax = argmax};
+        for (int p = 0; p < n_parts; p++) {
+            const struct chunk_part *cp = &parts[p];
+            const struct llama_seq_batch *s = &seqs[cp->seq];
+            if ((s->argmax_out != NULL) != argmax)
+                continue;
+            const int first_logit = s->n_tokens - s->n_logits;
+            const int lo = first_logit > cp->tok0 ? first_logit : cp->tok0;
+            for (int t = lo; t < cp->tok0 + cp->n; t++) {
+                const int row = cp->chunk_row + (t - cp->tok0);
+                if ((rc = be->ops->copy(be, ctx->xn + (size_t)g.n * (size_t)dim,
+                                        ctx->x + (size_t)row * (size_t)dim,
+                                        (size_t)dim * sizeof(float), err)))
+                    return rc;
+                if (argmax) {
+                    g.idx_dst[g.n++] = s->argmax_out + (t - first_logit);
+                } else {
+                    float *base = s->logits_dev ? s->logits_dev : s->logits_out;
+                    g.on_device[g.n] = s->logits_dev != NULL;
+                    g.dst[g.n++] = base + (size_t)(t - first_logit) * (size_t)vocab;
+                }
+                if (g.n == group && (rc = logit_group_flush(ctx, &g, err)))
+                    return rc;
+            }
         }
+        if ((rc = logit_group_flush(ctx, &g, err)))
+            return rc;
     }
-    return logit_group_flush(ctx, &g, err);
+    return 0;
+}
+
+bool llama_ctx_has_argmax(const struct llama_ctx *ctx)
+{
+    return ctx->be->ops->matmul_argmax != NULL;
+}
+
+int llama_model_prepare_argmax(struct llama_model *m, char *err)
+{
+    if (!m->be->ops->prepare_argmax)
+        return 0;
+    return m->be->ops->prepare_argmax(m->be, m->lm_head.ptr, m->lm_head.dtype, m->cfg.vocab_size,
+                                      m->cfg.hidden_size, err);
 }
 
 int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)
@@ -563,10 +601,15 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
     if (s->n_logits < 0 || s->n_logits > s->n_tokens)
         return error_set(err, ERR_INVALID_ARG, "forward: n_logits must be in 0..%d, got %d",
                          s->n_tokens, s->n_logits);
-    if (s->n_logits > 0 && !s->logits_out == !s->logits_dev)
+    if (s->n_logits > 0 && (s->logits_out != NULL) + (s->logits_dev != NULL) +
+                                   (s->argmax_out != NULL) != 1)
         return error_set(err, ERR_INVALID_ARG,
-                         "forward: %d logits rows need exactly one of logits_out (host) and "
-                         "logits_dev (backend memory)", s->n_logits);
+                         "forward: %d logits rows need exactly one of logits_out (host), "
+                         "logits_dev (backend memory) and argmax_out", s->n_logits);
+    if (s->n_logits > 0 && s->argmax_out && !llama_ctx_has_argmax(ctx))
+        return error_set(err, ERR_UNSUPPORTED,
+                         "forward: argmax_out needs a backend with matmul_argmax (%s has none)",
+                         ctx->be->name);
     const int len = ctx->slot_len[s->slot];
     if (s->n_tokens > ctx->max_seq_len - len)
         return error_set(err, ERR_CONTEXT_FULL,

@@ -18,6 +18,7 @@
 #define TANDEM_LLAMA_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -82,7 +83,10 @@ int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len);
  * when logits_dev is set, to logits_dev instead: backend memory (from the
  * context's backend's alloc), filled by a copy queued on the backend, never
  * downloaded, so a caller that samples on the device moves no logits
- * across the bus. Set one of the two when n_logits > 0, not both. */
+ * across the bus. Or, with argmax_out (host [n_logits]), only the index of
+ * each row's largest logit, as sampling_argmax would take it from logits_out
+ * (a greedy draft; needs llama_ctx_has_argmax). Set exactly one of the three
+ * when n_logits > 0. */
 struct llama_seq_batch {
     int slot;
     const int32_t *tokens;
@@ -90,7 +94,16 @@ struct llama_seq_batch {
     int n_logits;   /* 0 .. n_tokens */
     float *logits_out;
     float *logits_dev;
+    int32_t *argmax_out;
 };
+
+/* Whether the context's backend answers argmax_out (kernels.h: matmul_argmax). */
+bool llama_ctx_has_argmax(const struct llama_ctx *ctx);
+/* Readies the backend to find the argmax of the LM head's logits cheaply
+ * (kernels.h: prepare_argmax; cpu: a one-byte copy of the head, 263 MB at the
+ * Llama 3.2 shapes, made in about a second). A no-op where the backend has
+ * nothing to prepare. For a model whose logits are mostly wanted as argmax_out. */
+int llama_model_prepare_argmax(struct llama_model *m, char *err);
 
 /* Runs the batch: the rows of all sequences go through the layers together,
  * so a call of n sequences reads the weights once, not n times. Errors

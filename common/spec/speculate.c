@@ -68,9 +68,9 @@ static int validate(const struct speculate_input *in, const float *scratch,
         return error_set(err, ERR_INVALID_ARG, "speculate: vocab must be >= 1, got %d", in->vocab);
     if (in->mode != SPECULATE_MODE_SAMPLED && in->mode != SPECULATE_MODE_POINT_MASS)
         return error_set(err, ERR_INVALID_ARG, "speculate: unknown mode %d", (int)in->mode);
-    if (!in->p_rows || !tokens_out || !n_accepted_out)
-        return error_set(err, ERR_INVALID_ARG, "speculate: p_rows, tokens_out and n_accepted_out "
-                                               "are required");
+    if ((!in->p_rows && !(in->greedy && in->p_argmax)) || !tokens_out || !n_accepted_out)
+        return error_set(err, ERR_INVALID_ARG, "speculate: p_rows (or, greedy, p_argmax), "
+                                               "tokens_out and n_accepted_out are required");
     if (in->k > 0 && !in->draft_tokens)
         return error_set(err, ERR_INVALID_ARG, "speculate: draft_tokens missing for k = %d", in->k);
     if (!in->greedy && !scratch)
@@ -92,9 +92,12 @@ static int verify_greedy(const struct speculate_input *in, int32_t *tokens_out, 
                          char *err)
 {
     for (int i = 0; i <= in->k; i++) {
-        int best = sampling_argmax(row_of(in->p_rows, i, in->vocab), in->vocab);
-        if (best < 0)
-            return error_set(err, ERR_INVALID_ARG, "p_rows[%d]: every entry is NaN", i);
+        const float *row = in->p_argmax ? NULL : row_of(in->p_rows, i, in->vocab);
+        const int best = in->p_argmax ? in->p_argmax[i] : sampling_argmax(row, in->vocab);
+        if (best < 0 || best >= in->vocab)
+            return error_set(err, ERR_INVALID_ARG,
+                             "p_rows[%d]: argmax %d outside 0..%d (a row whose every entry is NaN "
+                             "has none)", i, best, in->vocab - 1);
         tokens_out[i] = best;
         if (i == in->k || best != in->draft_tokens[i]) {
             *n_out = i;

@@ -87,6 +87,10 @@ struct speculate_input {
     const int32_t *draft_tokens; /* (k) t_1..t_K, each in 0..V-1 */
     const float *q_rows;         /* (k, V) draft adjusted distributions; sampled mode only */
     const float *p_rows;         /* (k+1, V) target adjusted distributions */
+    /* (k+1) greedy only, instead of p_rows (then NULL): each p row's argmax,
+     * where the target's forward found only those (llama_seq_batch.argmax_out);
+     * -1 for a row whose every entry is NaN. */
+    const int32_t *p_argmax;
     int greedy;                  /* temperature 0: argmax rule, no randomness */
     enum speculate_mode mode;
     uint64_t seed;               /* the request's seed (Philox key) */

@@ -102,6 +102,7 @@ static void cpu_destroy(struct kern_backend *be)
         return;
     struct cpu_backend *cb = cpu_backend_of(be);
     cpu_pool_destroy(cb->pool);
+    cpu_argmax_destroy(cb);
     for (int i = 0; i < cb->n_copies; i++)
         munmap(cb->copies[i].base, cb->copies[i].len);
     free(cb->copies);
@@ -289,6 +290,7 @@ int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_
 static void cpu_unmap_weights(struct kern_backend *be, const void *ptr)
 {
     struct cpu_backend *cb = cpu_backend_of(be);
+    cpu_argmax_release(cb, ptr);
     for (int i = 0; i < cb->n_copies; i++)
         if (cb->copies[i].base == ptr) {
             munmap(cb->copies[i].base, cb->copies[i].len);
@@ -321,6 +323,8 @@ static const struct kern_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .map_matrix = cpu_map_matrix,
+    .matmul_argmax = cpu_matmul_argmax,
+    .prepare_argmax = cpu_prepare_argmax,
 };
 
 int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
@@ -359,6 +363,13 @@ int kern_cpu_threads(const struct kern_backend *be)
     if (!be || be->ops != &cpu_ops)
         return 0;
     return ((const struct cpu_backend *)be)->n_threads;
+}
+
+int kern_cpu_argmax_candidates(const struct kern_backend *be)
+{
+    if (!be || be->ops != &cpu_ops)
+        return -1;
+    return cpu_argmax_last_candidates((const struct cpu_backend *)be);
 }
 
 int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, size_t *bytes, int max)

@@ -27,6 +27,7 @@ struct cpu_backend {
     int weight_copy;                 /* copy at all: transparent huge pages exist */
     struct cpu_weight_copy *copies;  /* [n_copies], capacity cap_copies */
     int n_copies, cap_copies;
+    struct cpu_argmax *argmax;       /* matmul_argmax's shadows and buffers (argmax.c) */
 };
 
 /* Whether w is a matrix map_matrix packed (kernels/cpu/packed.h): returns 1
@@ -62,5 +63,16 @@ int cpu_attention(struct kern_backend *be, float *out, const float *q, const flo
 int cpu_swiglu(struct kern_backend *be, float *out, const float *gate, const float *up,
                size_t count, char *err);
 int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, char *err);
+int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
+                      enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,
+                       int64_t cols, char *err);
+/* Drops the shadow prepare_argmax made of w, if any (unmap_weights). */
+void cpu_argmax_release(struct cpu_backend *cb, const void *w);
+/* Frees everything argmax.c holds (destroy). */
+void cpu_argmax_destroy(struct cpu_backend *cb);
+/* Rows the last matmul_argmax computed exactly for its last input row; -1
+ * when it computed the whole row of logits. */
+int cpu_argmax_last_candidates(const struct cpu_backend *cb);
 
 #endif

@@ -404,6 +404,8 @@ static const struct kern_ops cuda_ops = {
     /* .swiglu = */ cuda_swiglu,
     /* .add = */ cuda_add,
     /* .map_matrix = */ NULL, /* map_weights: the device kernels read row-major */
+    /* .matmul_argmax = */ NULL, /* a device draft picks on the device (specdec_device.c) */
+    /* .prepare_argmax = */ NULL,
 };
 
 /* ---- public entry points ----------------------------------------------- */

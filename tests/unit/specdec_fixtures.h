@@ -119,6 +119,15 @@ static inline void check_greedy_equality_range(struct loaded_model *draft_m,
         struct specdec_stats st;
         fixture_generate(NULL, t, prompt, n_prompt, max_tokens, 0, &sp, SPECULATE_MODE_SAMPLED,
                  cfg->eos_token_ids, cfg->n_eos_token_ids, expect, &n_expect, &st);
+        /* the ids above come from the backend's argmax screen where it has
+         * one (kernels/cpu/argmax.c): whole rows of logits give the same */
+        specdec_target_set_argmax(t, false);
+        fixture_generate(NULL, t, prompt, n_prompt, max_tokens, 0, &sp, SPECULATE_MODE_SAMPLED,
+                 cfg->eos_token_ids, cfg->n_eos_token_ids, got, &n_got, &st);
+        specdec_target_set_argmax(t, true);
+        if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
+            fail_msg("prompt %d: target-only greedy ids from whole logits differ from the "
+                     "argmax screen's (%d vs %d tokens)", i, n_got, n_expect);
         for (int k = 0; k <= 8; k++) {
             for (int mode = 0; mode < n_modes; mode++) {
                 fixture_generate(d, t, prompt, n_prompt, max_tokens, k, &sp, (enum speculate_mode)mode,

@@ -1213,6 +1213,236 @@ static void test_kernels_cpu_map_matrix_reads_exactly(void **state)
     check_map_matrix_reads_exactly(2056, 1100, 0); /* not a multiple of 32: left as it is */
 }
 
+/* ---- matmul_argmax ---- */
+
+/* sampling_argmax's rule over a row of logits. */
+static int32_t full_argmax(const float *x, int n)
+{
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+            best = i;
+    return best;
+}
+
+/* The argmax of matmul's own row of logits for input row h. */
+static int32_t product_argmax(struct kern_backend *be, const float *h, const void *w,
+                              enum kern_dtype dt, int d_in, int d_out, float *logits)
+{
+    char err[ERR_MSG_MAX];
+    assert_int_equal(be->ops->matmul(be, logits, h, w, dt, 1, d_in, d_out, err), 0);
+    return full_argmax(logits, d_out);
+}
+
+/* A prepared matrix: over inputs of every scale, with outliers, the screen
+ * answers every row (it never fell back to the whole product) and always
+ * with the index the whole product's logits give, for each dtype and for a
+ * packed matrix with row-major rows after its last octet, one row at a time
+ * and several in one call. Ties go to the lowest index (the same row twice,
+ * h along it). */
+static void check_matmul_argmax(enum kern_dtype dt, int d_in, int d_out, int map)
+{
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {31};
+    char err[ERR_MSG_MAX];
+    double *wref = dalloc((size_t)d_in * d_out);
+    void *w = make_weights(&r, dt, (size_t)d_in * d_out, wref);
+    /* rows 3 and d_out - 2 are the same row: h along it makes them the largest */
+    const size_t esz = kern_dtype_size(dt);
+    memcpy((char *)w + (size_t)(d_out - 2) * d_in * esz, (char *)w + (size_t)3 * d_in * esz,
+           (size_t)d_in * esz);
+    const void *mw = w;
+    if (map)
+        assert_int_equal(be->ops->map_matrix(be, w, dt, d_out, d_in, &mw, err), 0);
+    assert_int_equal(be->ops->prepare_argmax(be, mw, dt, d_out, d_in, err), 0);
+    float *h = falloc((size_t)d_in), *logits = falloc((size_t)d_out);
+    const double scales[] = {1e-3, 1.0, 37.0, 1e4};
+    int served = 0, tried = 0;
+    for (int t = 0; t < 40; t++) {
+        if (t == 39) {
+            for (int k = 0; k < d_in; k++)
+                h[k] = (float)wref[(size_t)3 * d_in + k];
+        } else {
+            fill(&r, h, (size_t)d_in);
+            for (int k = 0; k < d_in; k++)
+                h[k] *= (float)scales[t % 4] * (k % 61 == t % 61 ? 40.0f : 1.0f);
+        }
+        const int32_t want = product_argmax(be, h, mw, dt, d_in, d_out, logits);
+        int32_t got = -7;
+        assert_int_equal(be->ops->matmul_argmax(be, &got, h, mw, dt, 1, d_in, d_out, err), 0);
+        if (got != want)
+            fprintf(stderr, "matmul_argmax %s [%d, %d] input %d: %d, the product's argmax is %d\n",
+                    kern_dtype_name(dt), d_out, d_in, t, got, want);
+        assert_int_equal(got, want);
+        const int candidates = kern_cpu_argmax_candidates(be);
+        tried++;
+        served += candidates >= 1 && candidates < d_out / 4;
+        if (t == 39)
+            assert_int_equal(got, 3);
+    }
+    assert_int_equal(served, tried);
+    /* several rows: groups of up to four share a pass (a batch of drafts, a
+     * verification's rows); nine take the whole product */
+    enum { ROWS = 9 };
+    float *rows = falloc((size_t)ROWS * d_in);
+    fill(&r, rows, (size_t)ROWS * d_in);
+    for (int i = 0; i < ROWS; i++)
+        for (int k = 0; k < d_in; k++)
+            rows[(size_t)i * d_in + k] *= (float)scales[i % 4];
+    int32_t want[ROWS], got_rows[ROWS];
+    for (int i = 0; i < ROWS; i++)
+        want[i] = product_argmax(be, rows + (size_t)i * d_in, mw, dt, d_in, d_out, logits);
+    static const int ns[] = {2, 3, 5, 8, 9};
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        memset(got_rows, 0xff, sizeof got_rows);
+        assert_int_equal(
+            be->ops->matmul_argmax(be, got_rows, rows, mw, dt, ns[t], d_in, d_out, err), 0);
+        assert_memory_equal(got_rows, want, (size_t)ns[t] * sizeof(int32_t));
+        const int candidates = kern_cpu_argmax_candidates(be);
+        if (ns[t] <= 8)
+            assert_true(candidates >= 1 && candidates < d_out / 4);
+        else
+            assert_int_equal(candidates, -1);
+    }
+    free(rows);
+    be->ops->unmap_weights(be, mw); /* drops the shadow too (ASan: no leak) */
+    be->ops->destroy(be);
+    free(h);
+    free(logits);
+    free(w);
+    free(wref);
+}
+
+static void test_kernels_cpu_matmul_argmax_is_the_products_argmax(void **state)
+{
+    check_matmul_argmax(KERN_DTYPE_BF16, 2048, 1029, 1); /* 128 octets and 5 row-major rows */
+    check_matmul_argmax(KERN_DTYPE_BF16, 200, 3001, 0);
+    check_matmul_argmax(KERN_DTYPE_F16, 67, 2000, 0);
+    check_matmul_argmax(KERN_DTYPE_F32, 300, 1500, 1);
+}
+
+/* The one-byte copy can rank rows the wrong way round, and the bound must
+ * cover it: rows whose rounding errors all point one way, with h along
+ * them. Row a's weights sit 0.49 of a step above their rounded values, row
+ * b's 0.49 below, b rounded one step higher than a in 80% of its columns:
+ * the copy ranks b far above a (by 0.8 (d - 1) steps), the real weights a
+ * above b (by 0.18 (d - 1) steps). The answer must be a: a bound that were
+ * 0.6 of the true one or less would leave it out. */
+static void test_kernels_cpu_matmul_argmax_finds_the_row_its_copy_ranks_lower(void **state)
+{
+    const int d_in = 64, d_out = 300, row_a = 17, row_b = 5, m = 50;
+    const float step = 0x1p-7f; /* the rows' scale: their largest weight is 127 steps */
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {41};
+    char err[ERR_MSG_MAX];
+    float *w = falloc((size_t)d_in * d_out), *h = falloc((size_t)d_in);
+    float *logits = falloc((size_t)d_out);
+    for (size_t i = 0; i < (size_t)d_in * d_out; i++)
+        w[i] = 0.1f * step * rng_float(&r);
+    float *a = w + (size_t)row_a * d_in, *b = w + (size_t)row_b * d_in;
+    a[0] = b[0] = 127 * step;
+    h[0] = 0; /* column 0 only pins the scale */
+    for (int k = 1; k < d_in; k++) {
+        a[k] = ((float)m + 0.49f) * step;
+        b[k] = ((float)(k <= (d_in - 1) * 8 / 10 ? m + 1 : m) - 0.49f) * step;
+        h[k] = 1;
+    }
+    assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_F32, d_out, d_in, err), 0);
+    assert_int_equal(product_argmax(be, h, w, KERN_DTYPE_F32, d_in, d_out, logits), row_a);
+    int32_t got = -1;
+    assert_int_equal(be->ops->matmul_argmax(be, &got, h, w, KERN_DTYPE_F32, 1, d_in, d_out, err),
+                     0);
+    assert_int_equal(got, row_a);
+    const int candidates = kern_cpu_argmax_candidates(be);
+    assert_true(candidates >= 2 && candidates < d_out); /* a and b, by the screen */
+    be->ops->destroy(be);
+    free(w);
+    free(h);
+    free(logits);
+}
+
+/* Where the screen does not serve (no shadow, an input with a NaN, an
+ * infinity or all zeros, a matrix prepared for another shape), the answer is
+ * still the whole product's, also for the other rows of a call; a matrix
+ * holding a NaN is refused by prepare_argmax and answered the same way. */
+static void test_kernels_cpu_matmul_argmax_falls_back_to_the_whole_product(void **state)
+{
+    const int d_in = 256, d_out = 1024;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {37};
+    char err[ERR_MSG_MAX];
+    double *wref = dalloc((size_t)d_in * d_out);
+    uint16_t *w = make_weights(&r, KERN_DTYPE_BF16, (size_t)d_in * d_out, wref);
+    float *in = falloc((size_t)3 * d_in), *logits = falloc((size_t)3 * d_out);
+    fill(&r, in, (size_t)3 * d_in);
+    int32_t got[3];
+    /* not prepared */
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+                     0);
+    assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
+    assert_int_equal(kern_cpu_argmax_candidates(be), -1);
+    assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_BF16, d_out, d_in, err), 0);
+    /* three rows in one call, screened together */
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 3, d_in, d_out, err),
+                     0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(got[i], product_argmax(be, in + (size_t)i * d_in, w, KERN_DTYPE_BF16,
+                                                d_in, d_out, logits));
+    /* a NaN in the middle row of three: that row's logits are all NaN (-1),
+     * the other two are still screened */
+    in[d_in + 5] = NAN;
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 3, d_in, d_out, err),
+                     0);
+    assert_int_equal(got[1], -1);
+    assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
+    assert_int_equal(got[2], product_argmax(be, in + (size_t)2 * d_in, w, KERN_DTYPE_BF16, d_in,
+                                            d_out, logits));
+    assert_true(kern_cpu_argmax_candidates(be) >= 1); /* the last row's: screened */
+    /* a NaN, then an infinity: every logit NaN (-1), or the product's answer */
+    in[5] = NAN;
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+                     0);
+    assert_int_equal(got[0], -1);
+    assert_int_equal(kern_cpu_argmax_candidates(be), -1);
+    in[5] = INFINITY;
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+                     0);
+    assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
+    assert_int_equal(kern_cpu_argmax_candidates(be), -1);
+    /* all zeros: every logit 0, the first index */
+    memset(in, 0, (size_t)d_in * sizeof *in);
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+                     0);
+    assert_int_equal(got[0], 0);
+    /* the same bytes read as another shape */
+    fill(&r, in, (size_t)d_in);
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in / 2,
+                                            2 * d_out, err),
+                     0);
+    assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in / 2, 2 * d_out,
+                                            logits));
+    assert_int_equal(kern_cpu_argmax_candidates(be), -1);
+    /* a NaN in the matrix: refused, named */
+    w[(size_t)77 * d_in + 5] = 0x7fc1;
+    assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_BF16, d_out, d_in, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "NaN"));
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+                     0);
+    assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
+    assert_int_equal(kern_cpu_argmax_candidates(be), -1);
+    /* shapes */
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, 0, err),
+                     ERR_INVALID_ARG);
+    assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_BF16, 0, d_in, err),
+                     ERR_INVALID_ARG);
+    be->ops->destroy(be);
+    free(w);
+    free(wref);
+    free(in);
+    free(logits);
+}
+
 static void test_kernels_cpu_bad_arguments_are_rejected(void **state)
 {
     struct kern_backend *be = make_backend(2);
@@ -1297,6 +1527,9 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_bad_arguments_are_rejected),
         cmocka_unit_test(test_kernels_cpu_map_weights_copies_large_tensors_exactly),
         cmocka_unit_test(test_kernels_cpu_map_matrix_reads_exactly),
+        cmocka_unit_test(test_kernels_cpu_matmul_argmax_is_the_products_argmax),
+        cmocka_unit_test(test_kernels_cpu_matmul_argmax_finds_the_row_its_copy_ranks_lower),
+        cmocka_unit_test(test_kernels_cpu_matmul_argmax_falls_back_to_the_whole_product),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

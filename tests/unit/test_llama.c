@@ -518,6 +518,71 @@ static void test_llama_logits_dev_equal_logits_out(void **state)
     free_model(&m);
 }
 
+/* argmax_out: each row's index of the largest logit, as sampling_argmax
+ * takes it from logits_out's row, in a call mixed with a sequence that asks
+ * for logits; a one-row call is answered by the backend's screen over its
+ * prepared copy of the LM head (kernels/cpu/argmax.c). An entry naming two
+ * destinations is refused and changes nothing. */
+static int32_t row_argmax(const float *x, int n)
+{
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+            best = i;
+    return best;
+}
+
+static void test_llama_argmax_out_is_the_logits_argmax(void **state)
+{
+    (void)state;
+    static const struct test_shape shape = {.vocab = 700, .dim = 64, .layers = 2, .heads = 4,
+                                            .kv_heads = 2, .head_dim = 16, .ff = 96, .tied = 1,
+                                            .dtype = KERN_DTYPE_BF16, .llama3_rope = 1};
+    struct test_model m;
+    write_model(&m, &shape, 29);
+    const int V = shape.vocab;
+    enum { T = 21, N_LOGITS = 19 };
+    int32_t tokens[T];
+    random_tokens(tokens, T, V, 29);
+    struct loaded L;
+    load(&L, m.dir, 2, 64, 0);
+    char err[ERR_MSG_MAX] = "";
+    assert_true(llama_ctx_has_argmax(L.ctx));
+    assert_int_equal(llama_model_prepare_argmax(L.model, err), 0);
+    float *ref = forward_all(&L, 0, tokens, T);
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    int32_t idx[N_LOGITS];
+    float *host = malloc((size_t)N_LOGITS * V * sizeof(float));
+    assert_non_null(host);
+    struct llama_seq_batch bad = {.slot = 0, .tokens = tokens, .n_tokens = T, .n_logits = 1,
+                                  .logits_out = host, .argmax_out = idx};
+    assert_int_equal(llama_forward(L.ctx, &bad, 1, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "argmax_out"));
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 0);
+    struct llama_seq_batch seqs[2] = {
+        {.slot = 0, .tokens = tokens, .n_tokens = T - 1, .n_logits = N_LOGITS - 1,
+         .argmax_out = idx},
+        {.slot = 1, .tokens = tokens, .n_tokens = T, .n_logits = N_LOGITS, .logits_out = host}};
+    if (llama_forward(L.ctx, seqs, 2, err))
+        fail_msg("llama_forward: %s", err);
+    const float *expect = ref + (size_t)(T - N_LOGITS) * V;
+    assert_memory_equal(host, expect, (size_t)N_LOGITS * V * sizeof(float));
+    for (int i = 0; i < N_LOGITS - 1; i++)
+        assert_int_equal(idx[i], row_argmax(expect + (size_t)i * V, V));
+    /* the last position alone: one row, the screen's */
+    struct llama_seq_batch one = {.slot = 0, .tokens = tokens + T - 1, .n_tokens = 1,
+                                  .n_logits = 1, .argmax_out = idx};
+    if (llama_forward(L.ctx, &one, 1, err))
+        fail_msg("llama_forward: %s", err);
+    assert_int_equal(idx[0], row_argmax(ref + (size_t)(T - 1) * V, V));
+    const int candidates = kern_cpu_argmax_candidates(L.be);
+    assert_true(candidates >= 1 && candidates < V);
+    free(host);
+    free(ref);
+    unload(&L);
+    free_model(&m);
+}
+
 /* Rolling back and feeding different tokens gives exactly what a fresh
  * sequence with those tokens gives. */
 static void test_llama_truncate_keeps_prefix(void **state)
@@ -775,6 +840,7 @@ int main(void)
         cmocka_unit_test(test_llama_matches_float64_reference_mqa_f16),
         cmocka_unit_test(test_llama_logits_are_batch_invariant),
         cmocka_unit_test(test_llama_logits_dev_equal_logits_out),
+        cmocka_unit_test(test_llama_argmax_out_is_the_logits_argmax),
         cmocka_unit_test(test_llama_truncate_keeps_prefix),
         cmocka_unit_test(test_llama_context_full_is_an_error_and_changes_nothing),
         cmocka_unit_test(test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256),

@@ -342,6 +342,44 @@ static void test_speculate_greedy_accepts_while_argmax_matches(void **state)
     assert_int_equal(out[0], 2);
 }
 
+/* Greedy from the rows' argmaxes alone (p_argmax, no p rows): the same
+ * rounds; an argmax of -1 (every entry NaN) or outside the vocabulary is an
+ * error naming the row. */
+static void test_speculate_greedy_reads_the_argmaxes_it_is_given(void **state)
+{
+    (void)state;
+    const int32_t argmax[4] = {2, 0, 3, 1};
+    int32_t out[4];
+    int n;
+    const int32_t second_wrong[3] = {2, 1, 3};
+    struct speculate_input in = {.k = 3, .vocab = 4, .draft_tokens = second_wrong,
+                                 .p_argmax = argmax, .greedy = 1, .seed = 1};
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(out[1], 0);
+    const int32_t all_match[3] = {2, 0, 3};
+    in.draft_tokens = all_match;
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(out[3], 1);
+    char err[ERR_MSG_MAX];
+    const int32_t nan_row[4] = {2, -1, 3, 1}, outside[4] = {2, 0, 4, 1};
+    in.p_argmax = nan_row;
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "p_rows[1]"));
+    in.p_argmax = outside;
+    assert_int_equal(speculate_verify(&in, NULL, out, &n, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "p_rows[2]"));
+    /* sampling needs the rows themselves */
+    in.p_argmax = argmax;
+    in.greedy = 0;
+    in.mode = SPECULATE_MODE_POINT_MASS;
+    float scratch[4];
+    assert_int_equal(speculate_verify(&in, scratch, out, &n, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "p_rows"));
+}
+
 static void test_speculate_k0_samples_first_p_row(void **state)
 {
     (void)state;
@@ -908,6 +946,7 @@ int main(void)
         cmocka_unit_test(test_speculate_accepts_iff_u_below_p_over_q),
         cmocka_unit_test(test_speculate_degenerate_rows),
         cmocka_unit_test(test_speculate_greedy_accepts_while_argmax_matches),
+        cmocka_unit_test(test_speculate_greedy_reads_the_argmaxes_it_is_given),
         cmocka_unit_test(test_speculate_k0_samples_first_p_row),
         cmocka_unit_test(test_speculate_rejects_invalid_input),
         cmocka_unit_test(test_speculate_same_seed_same_round),

@@ -24,7 +24,7 @@
  *       one line, "no GPU: <reason>", and exits 77 (the skip code of the
  *       test suite).
  *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c] [--ks LIST]
- *       [--modes 0|1] [--pair small|1b] [--repeats N]
+ *       [--modes 0|1] [--pair small|1b] [--repeats N] [--full-head 0|1]
  *       on the small pair, or (--pair 1b) a Llama-1B-shaped target over a
  *       2-layer draft of its width (targets derived from the draft at
  *       several noise levels): tokens/s target-only vs speculative for
@@ -32,7 +32,10 @@
  *       Leviathan's predicted speedup, and each draft position's acceptance
  *       given the ones before it; with --repeats N, target-only and
  *       every K run in turn N times, each speed-up the median of its turns'
- *       ratios to the target-only run of the same turn. Then the acceptance
+ *       ratios to the target-only run of the same turn; with --full-head 1
+ *       every K also runs with the draft and the target reading their whole
+ *       LM heads instead of the argmax screen's one-byte copies ("full"),
+ *       against a target-only run that does too. Then the acceptance
  *       of the sampled and point-mass draft modes at T = 0.7, 1.0.
  *
  * Models are generated (deterministically) into --models (default
@@ -67,6 +70,7 @@ struct bench_opts {
     int profile; /* runtime: also print where a decode token's time goes, per op */
     const char *pair; /* spec: "small", or "1b" (the Llama-1B shape, 2-layer draft) */
     int repeats;      /* spec: turns of target-only and every K, alternating */
+    int full_head;    /* spec: every K also with the draft reading its whole LM head */
     const char *backend, *device; /* "cpu" (default) or "cuda"; device: ordinal or UUID */
 };
 
@@ -909,46 +913,72 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
          * a speed-up is only sound against the target-only run beside it.
          * Each K's speed-up is the median of its per-turn ratios; its other
          * figures are summed over the turns. */
-        int ks[SPECULATE_K_MAX + 2], n_ks = 0;
+        /* full[i]: run i reads the draft's whole LM head (--full-head: each K
+         * twice, so the argmax screen's gain is measured side by side) */
+        enum { RUNS_MAX = 2 * (SPECULATE_K_MAX + 2) };
+        int ks[RUNS_MAX], n_ks = 0;
+        bool full[RUNS_MAX];
         char klist[64];
         snprintf(klist, sizeof klist, "%s", o->ks);
-        for (char *ksave = NULL, *kstr = strtok_r(klist, ",", &ksave); kstr && n_ks < SPECULATE_K_MAX + 2;
+        for (char *ksave = NULL, *kstr = strtok_r(klist, ",", &ksave); kstr && n_ks + 2 <= RUNS_MAX;
              kstr = strtok_r(NULL, ",", &ksave)) {
             int kk = atoi(kstr);
-            if (kk >= 0 && kk <= SPECULATE_K_MAX)
+            if (kk < 0 || kk > SPECULATE_K_MAX)
+                continue;
+            full[n_ks] = false;
+            ks[n_ks++] = kk;
+            if (o->full_head) {
+                full[n_ks] = true;
                 ks[n_ks++] = kk;
+            }
         }
         enum { REPEATS_MAX = 16 };
         const int repeats = o->repeats < 1 ? 1 : o->repeats > REPEATS_MAX ? REPEATS_MAX : o->repeats;
-        struct specdec_stats base_st = {0}, st_sum[SPECULATE_K_MAX + 2];
-        double base_tps[REPEATS_MAX], tps_of[SPECULATE_K_MAX + 2][REPEATS_MAX];
+        struct specdec_stats base_st = {0}, st_sum[RUNS_MAX];
+        double base_tps[REPEATS_MAX], base_full_tps[REPEATS_MAX], tps_of[RUNS_MAX][REPEATS_MAX];
         memset(st_sum, 0, sizeof st_sum);
         for (int r = 0; r < repeats; r++) {
             struct specdec_stats st;
+            specdec_target_set_argmax(t, true);
             if (run_requests(NULL, t, n_prompts, o->tokens, 0, &greedy, SPECULATE_MODE_SAMPLED,
                              &st, &base_tps[r]))
                 return 1;
             stats_add(&base_st, &st);
+            /* whole heads: target-only decoding as it was before the screen */
+            specdec_target_set_argmax(t, false);
+            if (o->full_head && run_requests(NULL, t, n_prompts, o->tokens, 0, &greedy,
+                                             SPECULATE_MODE_SAMPLED, &st, &base_full_tps[r]))
+                return 1;
             for (int i = 0; i < n_ks; i++) {
+                specdec_draft_set_argmax(d, !full[i]);
+                specdec_target_set_argmax(t, !full[i]);
                 if (run_requests(d, t, n_prompts, o->tokens, ks[i], &greedy,
                                  SPECULATE_MODE_SAMPLED, &st, &tps_of[i][r]))
                     return 1;
                 stats_add(&st_sum[i], &st);
             }
         }
+        specdec_draft_set_argmax(d, true);
+        specdec_target_set_argmax(t, true);
         double target_ms = base_st.verify_ms / (base_st.rounds ? base_st.rounds : 1);
         printf("\n%s pair, draft noise %s, greedy, %d prompts x %d tokens, %d turn%s: "
                "target-only %.2f tokens/s (median; %.2f ms/token)\n",
                pair->name, ns, n_prompts, o->tokens, repeats, repeats > 1 ? "s" : "",
                median(base_tps, repeats), target_ms);
+        if (o->full_head)
+            printf("  target-only reading its whole LM head: %.2f tokens/s (median); the \"full\" "
+                   "rows read both whole heads and are compared with it\n",
+                   median(base_full_tps, repeats));
         printf("%-9s %10s %8s %11s %8s %8s %10s %12s\n", "K", "tokens/s", "speedup", "acceptance",
                "alpha", "c", "acc/round", "predicted");
         for (int i = 0; i < n_ks; i++) {
             const int kk = ks[i];
             const struct specdec_stats *sk = &st_sum[i];
             double ratio[REPEATS_MAX];
-            for (int r = 0; r < repeats; r++)
-                ratio[r] = base_tps[r] > 0 ? tps_of[i][r] / base_tps[r] : 0;
+            for (int r = 0; r < repeats; r++) {
+                const double base = full[i] ? base_full_tps[r] : base_tps[r];
+                ratio[r] = base > 0 ? tps_of[i][r] / base : 0;
+            }
             double acc = sk->drafted ? (double)sk->accepted / sk->drafted : 0;
             double c = sk->drafted ? (sk->draft_ms / sk->drafted) / target_ms : 0;
             double alpha = kk ? alpha_of(sk, kk) : acc;
@@ -956,9 +986,11 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
             if (kk)
                 snprintf(predicted, sizeof predicted, "%.2fx",
                          speculate_expected_speedup(alpha, kk, c));
-            char label[16] = "adaptive";
+            char label[24];
             if (kk)
-                snprintf(label, sizeof label, "%d", kk);
+                snprintf(label, sizeof label, "%d%s", kk, full[i] ? " full" : "");
+            else
+                snprintf(label, sizeof label, "adaptive%s", full[i] ? " full" : "");
             printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n", label,
                    median(tps_of[i], repeats),
                    median(ratio, repeats), acc, alpha, c,
@@ -1015,6 +1047,7 @@ int main(int argc, char **argv)
                         "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
                         "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
                         "                    [--pair small|1b] [--repeats N (spec: turns)]\n"
+                        "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
                         "                    [--profile 0|1 (runtime: time per op)]\n"
                         "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n");
         return 2;
@@ -1043,6 +1076,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--modes")) o.modes = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--pair")) o.pair = v;
         else if (!strcmp(argv[i - 1], "--repeats")) o.repeats = atoi(v);
+        else if (!strcmp(argv[i - 1], "--full-head")) o.full_head = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--backend")) o.backend = v;
         else if (!strcmp(argv[i - 1], "--device")) o.device = v;

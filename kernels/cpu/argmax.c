@@ -1,0 +1,716 @@
+/* argmax.c: cpu_matmul_argmax and cpu_prepare_argmax, the index of the
+ * largest logit without computing every logit exactly.
+ *
+ * Why: a greedy (or point-mass) draft only needs the argmax of its logits,
+ * and so does greedy verification; the LM head is most of what a small
+ * draft reads: 525 MB of bf16 in a draft of 760 MB at the Llama-1B shape (2
+ * layers and the 2048 x 128256 head), and a fifth of the 1B target. A
+ * one-byte copy of the head halves that read, and it can still give
+ * the exact answer: its scores bound every exact logit from both sides, so
+ * only the few rows whose upper bound reaches the best lower bound can be
+ * the argmax, and those are computed exactly from the real weights, in the
+ * fixed order of cpu_simd.h. The index returned is bit for bit the one the
+ * full matmul and sampling_argmax give (the lowest index of the largest
+ * value), whatever the bounds: they only decide how many rows are redone.
+ *
+ * The bound, per row v of W (input row h, d = d_in):
+ *   - the shadow: Q_v = round(W_v / s_v), s_v = max |W_v| / 127, int8;
+ *   - the input: hq = round(h / s_h), s_h = max |h| / QMAX_H, int16, so the
+ *     score I_v = sum_k hq_k Q_vk is an exact integer (no rounding at all),
+ *     and A_v = s_h s_v I_v is the exact product of the two approximations;
+ *   - |L_v - A_v| <= e_h |W_v|_1 + |s_h hq|_2 |W_v - s_v Q_v|_2
+ *                    + gamma_d |h|_2 |W_v|_2 = eps_v
+ *     where L_v is the float logit matmul computes: the first two terms are
+ *     the error of the approximations (e_h = max_k |h_k - s_h hq_k|, then
+ *     Cauchy-Schwarz), the last the float rounding of L_v against the real
+ *     dot product (any order of d fused multiply-adds: gamma_d = 2 d 2^-24).
+ *     The norms are computed once per row in double and stored rounded up,
+ *     and eps_v is widened for the double arithmetic that computes it.
+ * With M = max_v (A_v - eps_v), a row with A_v + eps_v < M has L_v < M <= the
+ * largest L, so every row that holds the largest L (ties included) is among
+ * the candidates A_v + eps_v >= M. On random bf16 rows the bound is about
+ * 0.4 standard deviations of the logits each side.
+ *
+ * Up to ARGMAX_GROUP input rows share one pass over the copy (a batch of
+ * drafting sequences, a verification's rows); up to ARGMAX_SCREEN_ROWS_MAX
+ * rows are screened, more take one product over the head, which is cheaper
+ * by then.
+ *
+ * Not screened (the whole row of logits is computed and scanned, same
+ * answer): a matrix without a shadow, an input row with a NaN or infinity or
+ * all zeros, and a row with too many candidates to be worth it
+ * (ARGMAX_CANDIDATES_MIN, ARGMAX_CANDIDATES_SHARE).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cpu_backend.h"
+#include "cpu_simd.h"
+#include "error.h"
+#include "packed.h"
+
+#define ARGMAX_COLS_ALIGN 64  /* the shadow's row stride, in bytes */
+#define ARGMAX_ROWS_PER_TASK 64
+#define ARGMAX_QMAX_W 127
+#define ARGMAX_QMAX_H 32767
+/* Candidates beyond this share of the rows (or this floor) cost more to redo
+ * than the full product saves: the row is computed whole instead. */
+#define ARGMAX_CANDIDATES_MIN 256
+#define ARGMAX_CANDIDATES_SHARE 32
+#define ARGMAX_HUGE_PAGE ((size_t)2 << 20)
+#define ARGMAX_GROUP 4          /* input rows screened in one pass over the copy */
+#define ARGMAX_SCREEN_ROWS_MAX 8 /* more rows: one product over the whole head */
+#define ARGMAX_THREADS_MAX 64   /* pools larger than this compute rows whole */
+#define ARGMAX_PREFETCH_ROWS 4  /* how far ahead the screen prefetches its copy, in rows */
+
+struct cpu_argmax_shadow {
+    const void *w;
+    enum kern_dtype dtype;
+    int rows, cols, stride; /* stride: bytes per row of q */
+    int packed;             /* rows of w from the first in the packed layout (packed.h) */
+    int8_t *q;              /* [rows][stride], one mapping of map_len bytes */
+    size_t map_len;
+    float *scale;           /* s_v */
+    float *n1, *n2, *dq;    /* |W_v|_1, |W_v|_2, |W_v - s_v Q_v|_2, rounded up */
+};
+
+struct cpu_argmax {
+    struct cpu_argmax_shadow *shadows;
+    int n_shadows, cap_shadows;
+    int16_t *hq;            /* a group's quantized input rows [ARGMAX_GROUP][stride] */
+    double *upper;          /* A_v + eps_v of every row, [ARGMAX_GROUP][rows] */
+    float *logits;          /* a whole row of logits (the paths that need one) */
+    int32_t *candidates;
+    size_t hq_cap, upper_cap, logits_cap, candidates_cap;
+    int last_candidates;    /* rows computed exactly for the last input row; -1: all */
+};
+
+/* ---- memory ---- */
+
+static int grow_buffer(void **buf, size_t *cap, size_t want, size_t elem, char *err)
+{
+    if (want <= *cap)
+        return 0;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want * elem) != 0)
+        return error_set(err, ERR_NOMEM, "cpu matmul_argmax: out of memory for %zu bytes",
+                         want * elem);
+    free(*buf);
+    *buf = p;
+    *cap = want;
+    return 0;
+}
+
+static struct cpu_argmax *argmax_state(struct cpu_backend *cb, char *err)
+{
+    if (!cb->argmax && !(cb->argmax = calloc(1, sizeof *cb->argmax)))
+        error_set(err, ERR_NOMEM, "cpu matmul_argmax: out of memory");
+    return cb->argmax;
+}
+
+static void shadow_free(struct cpu_argmax_shadow *s)
+{
+    if (s->q)
+        munmap(s->q, s->map_len);
+    free(s->scale);
+    free(s->n1);
+    free(s->n2);
+    free(s->dq);
+    memset(s, 0, sizeof *s);
+}
+
+static struct cpu_argmax_shadow *shadow_find(struct cpu_backend *cb, const void *w)
+{
+    struct cpu_argmax *a = cb->argmax;
+    for (int i = 0; a && i < a->n_shadows; i++)
+        if (a->shadows[i].w == w)
+            return &a->shadows[i];
+    return NULL;
+}
+
+void cpu_argmax_release(struct cpu_backend *cb, const void *w)
+{
+    struct cpu_argmax *a = cb->argmax;
+    struct cpu_argmax_shadow *s = shadow_find(cb, w);
+    if (!s)
+        return;
+    shadow_free(s);
+    *s = a->shadows[--a->n_shadows];
+}
+
+void cpu_argmax_destroy(struct cpu_backend *cb)
+{
+    struct cpu_argmax *a = cb->argmax;
+    if (!a)
+        return;
+    for (int i = 0; i < a->n_shadows; i++)
+        shadow_free(&a->shadows[i]);
+    free(a->shadows);
+    free(a->hq);
+    free(a->upper);
+    free(a->logits);
+    free(a->candidates);
+    free(a);
+    cb->argmax = NULL;
+}
+
+/* ---- reading W exactly ---- */
+
+/* Row v of w widened to f32 (exact for every dtype). */
+static void row_f32(const struct cpu_argmax_shadow *s, int v, float *y)
+{
+    if (s->packed && v < s->packed) {
+        cpu_packed_row_f32(s->w, s->cols, v, y);
+        return;
+    }
+    const size_t off = (size_t)v * (size_t)s->cols;
+    for (int k = 0; k < s->cols; k++)
+        switch (s->dtype) {
+        case KERN_DTYPE_BF16: y[k] = cpu_simd_bf16_to_f32(((const uint16_t *)s->w)[off + k]); break;
+        case KERN_DTYPE_F16: y[k] = cpu_simd_f16_to_f32(((const uint16_t *)s->w)[off + k]); break;
+        case KERN_DTYPE_F32: y[k] = ((const float *)s->w)[off + k]; break;
+        }
+}
+
+/* Logit v exactly as matmul computes it: the fixed-order dot product of the
+ * row and h (matmul's every path gives these bits; cpu_simd.h). */
+static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *h, float *row)
+{
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (s->packed && v < s->packed) {
+        /* Straight from the packed octet: step by step its 64-byte lines
+         * hold this row's 8-column chunks 2L (high halves) and 2L + 1 (low
+         * halves) in lanes (v % 2) * 8 .. + 7, in increasing column order,
+         * so the chunks reach the 8 lane accumulators in the fixed order. */
+        const char *octet = (const char *)s->w + (size_t)(v / CPU_PACKED_ROWS) *
+                                                     CPU_PACKED_ROWS * 2 * (size_t)s->cols;
+        const size_t at = (size_t)(v % CPU_PACKED_ROWS / 2) * 128 + (size_t)(v % 2) * 32;
+        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+        __m256 acc = _mm256_setzero_ps();
+        for (int k = 0; k < s->cols; k += CPU_PACKED_STEP, octet += CPU_PACKED_STEP_BYTES)
+            for (int line = 0; line < 2; line++) {
+                const __m256i raw =
+                    _mm256_loadu_si256((const __m256i *)(const void *)(octet + at + 64 * line));
+                const float *x = h + k + 16 * line;
+                acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(raw, high)),
+                                      _mm256_loadu_ps(x), acc);
+                acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)),
+                                      _mm256_loadu_ps(x + 8), acc);
+            }
+        return cpu_simd_hsum8(acc); /* packed rows are whole steps: no tail */
+    }
+#endif
+    row_f32(s, v, row);
+    return cpu_simd_dot_f32(row, h, s->cols);
+}
+
+/* ---- the shadow ---- */
+
+static float round_up_f32(double x)
+{
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+struct prepare_job {
+    struct cpu_argmax_shadow *s;
+    float **rows;           /* per-thread [cols] */
+    int *bad;               /* per-thread: a row held a NaN or an infinity */
+};
+
+static void prepare_task(void *ctx, long begin, long end, int thread_idx)
+{
+    const struct prepare_job *job = ctx;
+    struct cpu_argmax_shadow *s = job->s;
+    float *y = job->rows[thread_idx];
+    for (long v = begin; v < end; v++) {
+        row_f32(s, (int)v, y);
+        double maxabs = 0;
+        for (int k = 0; k < s->cols; k++) {
+            if (!isfinite(y[k])) {
+                job->bad[thread_idx] = 1;
+                return;
+            }
+            maxabs = fmax(maxabs, fabs((double)y[k]));
+        }
+        const float scale = (float)(maxabs / ARGMAX_QMAX_W);
+        int8_t *q = s->q + (size_t)v * (size_t)s->stride;
+        double n1 = 0, n2 = 0, dq = 0;
+        for (int k = 0; k < s->cols; k++) {
+            const double x = y[k];
+            long r = scale > 0 ? lrint(x / scale) : 0;
+            r = r > ARGMAX_QMAX_W ? ARGMAX_QMAX_W : r < -ARGMAX_QMAX_W ? -ARGMAX_QMAX_W : r;
+            q[k] = (int8_t)r;
+            const double e = x - (double)scale * (double)r; /* the product is exact */
+            n1 += fabs(x);
+            n2 += x * x;
+            dq += e * e;
+        }
+        /* sums of d terms in double: relative error far below 1e-9 */
+        s->scale[v] = scale;
+        s->n1[v] = round_up_f32(n1 * (1 + 1e-9));
+        s->n2[v] = round_up_f32(sqrt(n2) * (1 + 1e-9));
+        s->dq[v] = round_up_f32(sqrt(dq) * (1 + 1e-9));
+    }
+}
+
+int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,
+                       int64_t cols, char *err)
+{
+    struct cpu_backend *cb = cpu_backend_of(be);
+    int rc = cpu_backend_check_dtype(dtype, "prepare_argmax", err);
+    if (rc < 0)
+        return rc;
+    if (!w || rows < 1 || cols < 1 || rows > INT32_MAX || cols > (1 << 24))
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu prepare_argmax: need a matrix of 1..2^31-1 rows of 1..2^24 columns, "
+                         "got %p [%lld, %lld]",
+                         w, (long long)rows, (long long)cols);
+    int packed_rows = 0, packed_d_in = 0;
+    if (cpu_backend_packed(cb, w, &packed_rows, &packed_d_in) &&
+        (packed_d_in != cols || dtype != KERN_DTYPE_BF16 || rows < packed_rows))
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu prepare_argmax: w was mapped as a bf16 matrix of at least %d rows of "
+                         "%d, named as %s [%lld, %lld]",
+                         packed_rows, packed_d_in, kern_dtype_name(dtype), (long long)rows,
+                         (long long)cols);
+    struct cpu_argmax *a = argmax_state(cb, err);
+    if (!a)
+        return ERR_NOMEM;
+    cpu_argmax_release(cb, w); /* prepared again: the newest shape counts */
+    if (a->n_shadows == a->cap_shadows) {
+        const int cap = a->cap_shadows ? 2 * a->cap_shadows : 4;
+        struct cpu_argmax_shadow *grown = realloc(a->shadows, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return error_set(err, ERR_NOMEM, "cpu prepare_argmax: out of memory");
+        a->shadows = grown;
+        a->cap_shadows = cap;
+    }
+    struct cpu_argmax_shadow s = {.w = w, .dtype = dtype, .rows = (int)rows, .cols = (int)cols,
+                                  .packed = packed_rows};
+    s.stride = (int)((cols + ARGMAX_COLS_ALIGN - 1) / ARGMAX_COLS_ALIGN * ARGMAX_COLS_ALIGN);
+    const size_t q_bytes = (size_t)rows * (size_t)s.stride;
+    s.map_len = (q_bytes + ARGMAX_HUGE_PAGE - 1) & ~(ARGMAX_HUGE_PAGE - 1);
+    /* a read-mostly stream like the weights: huge pages where there are any */
+    void *q = mmap(NULL, s.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED)
+        return error_set_errno(err, ERR_NOMEM, errno, "cpu prepare_argmax: mmap(%zu bytes)",
+                               s.map_len);
+    (void)madvise(q, s.map_len, MADV_HUGEPAGE); /* advice: without it merely slower */
+    s.q = q;
+    s.scale = malloc((size_t)rows * sizeof *s.scale);
+    s.n1 = malloc((size_t)rows * sizeof *s.n1);
+    s.n2 = malloc((size_t)rows * sizeof *s.n2);
+    s.dq = malloc((size_t)rows * sizeof *s.dq);
+    float **row_bufs = calloc((size_t)cb->n_threads, sizeof *row_bufs);
+    int *bad = calloc((size_t)cb->n_threads, sizeof *bad);
+    rc = !s.scale || !s.n1 || !s.n2 || !s.dq || !row_bufs || !bad
+             ? error_set(err, ERR_NOMEM, "cpu prepare_argmax: out of memory")
+             : 0;
+    for (int t = 0; !rc && t < cb->n_threads; t++)
+        if (!(row_bufs[t] = malloc((size_t)cols * sizeof(float))))
+            rc = error_set(err, ERR_NOMEM, "cpu prepare_argmax: out of memory");
+    if (!rc) {
+        struct prepare_job job = {.s = &s, .rows = row_bufs, .bad = bad};
+        cpu_pool_run_guided(cb->pool, (long)rows, 64, prepare_task, &job);
+        for (int t = 0; t < cb->n_threads; t++)
+            if (bad[t])
+                rc = error_set(err, ERR_INVALID_ARG,
+                               "cpu prepare_argmax: the matrix holds a NaN or an infinity");
+    }
+    for (int t = 0; row_bufs && t < cb->n_threads; t++)
+        free(row_bufs[t]);
+    free(row_bufs);
+    free(bad);
+    if (rc) {
+        shadow_free(&s);
+        return rc;
+    }
+    if (mprotect(s.q, s.map_len, PROT_READ) != 0) {
+        const int e = errno;
+        shadow_free(&s);
+        return error_set_errno(err, ERR_SYSTEM, e, "cpu prepare_argmax: mprotect(PROT_READ)");
+    }
+    a->shadows[a->n_shadows++] = s;
+    return 0;
+}
+
+/* ---- the screen ---- */
+
+/* One input row as the screen reads it: hq = round(h / s_h) (int16, in the
+ * group's hq buffer) and the terms of its bound. */
+struct screen_input {
+    double s_h, e_h, hn2, gamma_hx2;
+};
+
+/* Quantizes h into hq [stride]; 1 where the screen cannot serve it (a NaN,
+ * an infinity, all zeros, or rows too long for the int16 input). */
+static int quantize_input(const struct cpu_argmax_shadow *s, const float *h, int16_t *hq,
+                          struct screen_input *si)
+{
+    double maxabs = 0, hx2 = 0;
+    for (int k = 0; k < s->cols; k++) {
+        if (!isfinite(h[k]))
+            return 1;
+        maxabs = fmax(maxabs, fabs((double)h[k]));
+        hx2 += (double)h[k] * h[k];
+    }
+    if (maxabs == 0)
+        return 1;
+    /* keep every 32-bit lane of scores() below 2^31 */
+    const double lane_terms = (double)(s->stride / 8);
+    double qmax_h = floor(2147483647.0 / (lane_terms * ARGMAX_QMAX_W));
+    qmax_h = qmax_h > ARGMAX_QMAX_H ? ARGMAX_QMAX_H : qmax_h;
+    if (qmax_h < 255)
+        return 1;
+    const double s_h = maxabs / qmax_h;
+    double e_h = 0, hn2 = 0;
+    for (int k = 0; k < s->cols; k++) {
+        long r = lrint((double)h[k] / s_h);
+        r = r > (long)qmax_h ? (long)qmax_h : r < -(long)qmax_h ? -(long)qmax_h : r;
+        hq[k] = (int16_t)r;
+        const double hat = s_h * (double)r;
+        e_h = fmax(e_h, fabs((double)h[k] - hat));
+        hn2 += hat * hat;
+    }
+    memset(hq + s->cols, 0, (size_t)(s->stride - s->cols) * sizeof *hq);
+    /* e_h and hn2 are taken from s_h * r rounded to double: the 2^-50 covers
+     * that rounding where e_h itself is about 0 */
+    const double gamma = 2.0 * (double)s->cols * 0x1p-24;
+    *si = (struct screen_input){.s_h = s_h, .e_h = (e_h + maxabs * 0x1p-50) * (1 + 1e-9),
+                                .hn2 = sqrt(hn2) * (1 + 1e-9),
+                                .gamma_hx2 = gamma * sqrt(hx2) * (1 + 1e-9)};
+    return 0;
+}
+
+/* I[j][i] = sum_k hq_i,k Q_(v0+j),k for 4 shadow rows from v0 and the ni
+ * input rows of hq (stride apart), exact: one read of the rows serves every
+ * input. Each 32-bit lane sums at most stride / 8 products (AVX2; stride /
+ * 16 with AVX-512) of |hq| <= qmax_h and |Q| <= 127, which quantize_input
+ * keeps below 2^31; the lanes are summed in 64 bits. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni, int v0,
+                             int64_t out[4][ARGMAX_GROUP])
+{
+    const int8_t *q = s->q + (size_t)v0 * (size_t)s->stride;
+    __m512i acc[4][ARGMAX_GROUP];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++)
+            acc[j][i] = _mm512_setzero_si512();
+    for (int k = 0; k < s->stride; k += 64) {
+        __m512i w[4][2];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const int8_t *qj = q + (size_t)j * (size_t)s->stride + k;
+            /* the next 4 rows' line, 4 rows ahead (an address, not a
+             * pointer: it may lie past the copy) */
+            _mm_prefetch((const char *)((uintptr_t)qj + ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride),
+                         _MM_HINT_T0);
+            w[j][0] = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(const void *)qj));
+            w[j][1] =
+                _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(const void *)(qj + 32)));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) {
+            const int16_t *hi = hq + (size_t)i * (size_t)s->stride + k;
+            const __m512i h0 = _mm512_load_si512((const void *)hi);
+            const __m512i h1 = _mm512_load_si512((const void *)(hi + 32));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+#ifdef __AVX512VNNI__
+                acc[j][i] = _mm512_dpwssd_epi32(acc[j][i], w[j][0], h0);
+                acc[j][i] = _mm512_dpwssd_epi32(acc[j][i], w[j][1], h1);
+#else
+                acc[j][i] = _mm512_add_epi32(acc[j][i], _mm512_madd_epi16(w[j][0], h0));
+                acc[j][i] = _mm512_add_epi32(acc[j][i], _mm512_madd_epi16(w[j][1], h1));
+#endif
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++)
+            out[j][i] = _mm512_reduce_add_epi64(
+                _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[j][i])),
+                                 _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[j][i], 1))));
+}
+#elif defined(__AVX2__)
+CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni, int v0,
+                             int64_t out[4][ARGMAX_GROUP])
+{
+    const int8_t *q = s->q + (size_t)v0 * (size_t)s->stride;
+    __m256i acc[4][ARGMAX_GROUP];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++)
+            acc[j][i] = _mm256_setzero_si256();
+    for (int k = 0; k < s->stride; k += 32) {
+        __m256i w[4][2];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const int8_t *qj = q + (size_t)j * (size_t)s->stride + k;
+            _mm_prefetch((const char *)((uintptr_t)qj + ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride),
+                         _MM_HINT_T0);
+            w[j][0] = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(const void *)qj));
+            w[j][1] = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(const void *)(qj + 16)));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) {
+            const int16_t *hi = hq + (size_t)i * (size_t)s->stride + k;
+            const __m256i h0 = _mm256_load_si256((const __m256i *)(const void *)hi);
+            const __m256i h1 = _mm256_load_si256((const __m256i *)(const void *)(hi + 16));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                acc[j][i] = _mm256_add_epi32(acc[j][i], _mm256_madd_epi16(w[j][0], h0));
+                acc[j][i] = _mm256_add_epi32(acc[j][i], _mm256_madd_epi16(w[j][1], h1));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) {
+            int64_t lanes[4];
+            _mm256_storeu_si256(
+                (__m256i *)(void *)lanes,
+                _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc[j][i])),
+                                 _mm256_cvtepi32_epi64(_mm256_extracti128_si256(acc[j][i], 1))));
+            out[j][i] = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+        }
+}
+#endif
+
+/* scores4 for count (< 4 where the rows end) rows, in plain integers. */
+static void scores_plain(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni, int v0,
+                         int count, int64_t out[4][ARGMAX_GROUP])
+{
+    for (int j = 0; j < count; j++) {
+        const int8_t *q = s->q + (size_t)(v0 + j) * (size_t)s->stride;
+        for (int i = 0; i < ni; i++) {
+            const int16_t *hi = hq + (size_t)i * (size_t)s->stride;
+            int64_t sum = 0;
+            for (int k = 0; k < s->cols; k++)
+                sum += (int64_t)hi[k] * q[k];
+            out[j][i] = sum;
+        }
+    }
+}
+
+struct screen_job {
+    const struct cpu_argmax_shadow *s;
+    const int16_t *hq;      /* ni rows, stride apart */
+    int ni;
+    struct screen_input in[ARGMAX_GROUP];
+    double *upper;          /* [ni][rows] */
+    double *lower_max;      /* [ni][threads * 8]: each thread's on its own cache line */
+};
+
+static void screen_task(void *ctx, long begin, long end, int thread_idx)
+{
+    const struct screen_job *job = ctx;
+    const struct cpu_argmax_shadow *s = job->s;
+    const int ni = job->ni;
+    double lower_max[ARGMAX_GROUP];
+    for (int i = 0; i < ni; i++)
+        lower_max[i] = job->lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)thread_idx];
+    for (long b = begin; b < end; b++) {
+        const int b0 = (int)(b * ARGMAX_ROWS_PER_TASK);
+        const int b1 = s->rows - b0 < ARGMAX_ROWS_PER_TASK ? s->rows : b0 + ARGMAX_ROWS_PER_TASK;
+        for (int v0 = b0; v0 < b1; v0 += 4) {
+            int64_t isum[4][ARGMAX_GROUP];
+            const int count = b1 - v0 < 4 ? b1 - v0 : 4;
+#if defined(__AVX2__)
+            if (count == 4) {
+                switch (ni) { /* constant row counts: the accumulators stay in registers */
+                case 1: scores4(s, job->hq, 1, v0, isum); break;
+                case 2: scores4(s, job->hq, 2, v0, isum); break;
+                case 3: scores4(s, job->hq, 3, v0, isum); break;
+                default: scores4(s, job->hq, 4, v0, isum); break;
+                }
+            } else
+#endif
+                scores_plain(s, job->hq, ni, v0, count, isum);
+            for (int j = 0; j < count; j++) {
+                const int v = v0 + j;
+                for (int i = 0; i < ni; i++) {
+                    const struct screen_input *si = &job->in[i];
+                    const double approx = si->s_h * (double)s->scale[v] * (double)isum[j][i];
+                    const double eps = (si->e_h * s->n1[v] + si->hn2 * s->dq[v] +
+                                        si->gamma_hx2 * s->n2[v]) * (1 + 1e-6) +
+                                       1e-12 * fabs(approx) + 1e-30;
+                    job->upper[(size_t)i * (size_t)s->rows + (size_t)v] = approx + eps;
+                    if (approx - eps > lower_max[i])
+                        lower_max[i] = approx - eps;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < ni; i++)
+        job->lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)thread_idx] = lower_max[i];
+}
+
+/* The argmax of row i of the group from its bounds: 0 and *idx, 1 where the
+ * screen does not serve it (too many candidates, logits near the float
+ * range), or an error. */
+static int pick_row(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, const float *h,
+                    const double *upper, double m, int32_t *idx, int *n_candidates, char *err)
+{
+    struct cpu_argmax *a = cb->argmax;
+    /* logits near the float range could round to infinity: not screened */
+    if (!(fabs(m) < 1e37))
+        return 1;
+    const int cap = s->rows / ARGMAX_CANDIDATES_SHARE > ARGMAX_CANDIDATES_MIN
+                        ? s->rows / ARGMAX_CANDIDATES_SHARE
+                        : ARGMAX_CANDIDATES_MIN;
+    int n = 0;
+    for (int v = 0; v < s->rows; v++)
+        if (upper[v] >= m) {
+            if (n == cap || !(upper[v] < 1e37))
+                return 1;
+            a->candidates[n++] = v;
+        }
+    int best = -1;
+    float best_logit = 0;
+    for (int c = 0; c < n; c++) {
+        const float l = exact_logit(s, a->candidates[c], h, a->logits);
+        if (!isfinite(l))
+            return 1; /* past the float range: the whole row decides */
+        if (best < 0 || l > best_logit) { /* increasing v: the lowest index wins a tie */
+            best = a->candidates[c];
+            best_logit = l;
+        }
+    }
+    if (best < 0)
+        return error_set(err, ERR_INTERNAL, "cpu matmul_argmax: the screen kept no row");
+    *idx = best;
+    *n_candidates = n;
+    return 0;
+}
+
+/* Screens input rows rows[0..ni) (indices into in) in one pass over the
+ * copy: idx_out and served (candidates, or -1 where the caller must compute
+ * the row whole) for each. */
+static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, const float *in,
+                        const int *rows, int ni, const struct screen_input *si, int32_t *idx_out,
+                        int *served, char *err)
+{
+    struct cpu_argmax *a = cb->argmax;
+    double lower_max[ARGMAX_GROUP * ARGMAX_THREADS_MAX * 8];
+    struct screen_job job = {.s = s, .hq = a->hq, .ni = ni, .upper = a->upper,
+                             .lower_max = lower_max};
+    for (int i = 0; i < ni; i++) {
+        job.in[i] = si[i];
+        for (int t = 0; t < cb->n_threads; t++)
+            lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)t] = -INFINITY;
+    }
+    const long n_tasks = (s->rows + ARGMAX_ROWS_PER_TASK - 1) / ARGMAX_ROWS_PER_TASK;
+    cpu_pool_run_guided(cb->pool, n_tasks, 4, screen_task, &job);
+    for (int i = 0; i < ni; i++) {
+        double m = -INFINITY;
+        for (int t = 0; t < cb->n_threads; t++)
+            m = fmax(m, lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)t]);
+        const float *h = in + (size_t)rows[i] * (size_t)s->cols;
+        int n_candidates = 0;
+        const int rc = pick_row(cb, s, h, a->upper + (size_t)i * (size_t)s->rows, m,
+                                &idx_out[rows[i]], &n_candidates, err);
+        if (rc < 0)
+            return rc;
+        served[rows[i]] = rc == 0 ? n_candidates : -1;
+    }
+    return 0;
+}
+
+/* The argmax of a whole row of logits as sampling_argmax takes it. */
+static int32_t argmax_of(const float *x, int n)
+{
+    int32_t best = -1;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            continue;
+        if (best < 0 || x[i] > x[best])
+            best = i;
+    }
+    return best;
+}
+
+int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
+                      enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
+{
+    struct cpu_backend *cb = cpu_backend_of(be);
+    if (n < 0 || d_in < 0 || d_out < 1)
+        return error_set(err, ERR_INVALID_ARG,
+                         "cpu matmul_argmax: bad shape n=%d d_in=%d d_out=%d (d_out >= 1)", n,
+                         d_in, d_out);
+    if (n == 0)
+        return 0;
+    if (!idx_out || !in || !w)
+        return error_set(err, ERR_INVALID_ARG, "cpu matmul_argmax: NULL argument");
+    struct cpu_argmax *a = argmax_state(cb, err);
+    if (!a)
+        return ERR_NOMEM;
+    const struct cpu_argmax_shadow *s = shadow_find(cb, w);
+    if (s && (s->rows != d_out || s->cols != d_in || s->dtype != dtype))
+        s = NULL; /* prepared for another shape: the whole product serves */
+    a->last_candidates = -1;
+    int served[ARGMAX_SCREEN_ROWS_MAX];
+    int rc = 0;
+    if (s && n <= ARGMAX_SCREEN_ROWS_MAX && cb->n_threads <= ARGMAX_THREADS_MAX) {
+        if ((rc = grow_buffer((void **)&a->hq, &a->hq_cap, (size_t)ARGMAX_GROUP * s->stride,
+                              sizeof *a->hq, err)) ||
+            (rc = grow_buffer((void **)&a->upper, &a->upper_cap, (size_t)ARGMAX_GROUP * s->rows,
+                              sizeof *a->upper, err)) ||
+            (rc = grow_buffer((void **)&a->candidates, &a->candidates_cap, (size_t)s->rows,
+                              sizeof *a->candidates, err)) ||
+            (rc = grow_buffer((void **)&a->logits, &a->logits_cap, (size_t)s->cols, sizeof(float),
+                              err)))
+            return rc;
+        /* groups of up to ARGMAX_GROUP rows the screen can read, one pass each */
+        int group[ARGMAX_GROUP], ni = 0;
+        struct screen_input si[ARGMAX_GROUP];
+        for (int i = 0; i < n; i++) {
+            served[i] = -1;
+            if (quantize_input(s, in + (size_t)i * (size_t)d_in, a->hq + (size_t)ni * s->stride,
+                               &si[ni]) == 0)
+                group[ni++] = i;
+            if (ni == ARGMAX_GROUP || (i == n - 1 && ni > 0)) {
+                if ((rc = screen_group(cb, s, in, group, ni, si, idx_out, served, err)))
+                    return rc;
+                ni = 0;
+            }
+        }
+        /* what the screen did not serve, row by row, whole */
+        for (int i = 0; i < n; i++) {
+            if (served[i] >= 0)
+                continue;
+            if ((rc = grow_buffer((void **)&a->logits, &a->logits_cap, (size_t)d_out,
+                                  sizeof(float), err)) ||
+                (rc = cpu_matmul(be, a->logits, in + (size_t)i * (size_t)d_in, w, dtype, 1, d_in,
+                                 d_out, err)))
+                return rc;
+            idx_out[i] = argmax_of(a->logits, d_out);
+        }
+        a->last_candidates = served[n - 1];
+        return 0;
+    }
+    /* Past ARGMAX_SCREEN_ROWS_MAX rows one product over the bf16 head costs
+     * less than a pass over the copy per ARGMAX_GROUP rows. */
+    if ((rc = grow_buffer((void **)&a->logits, &a->logits_cap, (size_t)n * (size_t)d_out,
+                          sizeof(float), err)) ||
+        (rc = cpu_matmul(be, a->logits, in, w, dtype, n, d_in, d_out, err)))
+        return rc;
+    for (int i = 0; i < n; i++)
+        idx_out[i] = argmax_of(a->logits + (size_t)i * (size_t)d_out, d_out);
+    return 0;
+}
+
+int cpu_argmax_last_candidates(const struct cpu_backend *cb)
+{
+    return cb->argmax ? cb->argmax->last_candidates : -1;
+}
