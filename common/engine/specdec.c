@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "error.h"
+#include "logging.h"
 #include "philox.h"
 #include "specdec_device.h"
 
@@ -159,6 +160,22 @@ static int step_capacity(void **entries, void **in_call, int *cap, bool **slot_b
     return 0;
 }
 
+/* Readies the backend's argmax screen for ctx's LM head, where it offers
+ * one (llama_model_prepare_argmax); returns whether it is ready. Never
+ * fatal: without it greedy rows read the whole head, which is only slower,
+ * so a head the backend will not copy (one holding a NaN) or no memory for
+ * the copy (a byte a weight) is logged and decoding goes on. */
+static bool prepare_argmax(struct llama_ctx *ctx, const char *half)
+{
+    if (!llama_ctx_has_argmax(ctx))
+        return false;
+    char err[ERR_MSG_MAX];
+    if (llama_model_prepare_argmax(llama_ctx_model(ctx), err) == 0)
+        return true;
+    LOG_WARN("%s: greedy rows will read the whole LM head: %s", half, err);
+    return false;
+}
+
 /* ---- the draft half ---- */
 
 int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char *err)
@@ -181,10 +198,8 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
     /* A greedy or point-mass draft reads nothing of its logits but the
      * argmax: the backend may find it from a cheaper copy of the LM head
      * (most of a small draft's bytes), made once here. */
-    if (!rc && llama_ctx_has_argmax(ctx)) {
-        rc = llama_model_prepare_argmax(llama_ctx_model(ctx), err);
-        d->argmax_ready = d->host_argmax = rc == 0;
-    }
+    if (!rc)
+        d->argmax_ready = d->host_argmax = prepare_argmax(ctx, "draft");
     if (rc) {
         specdec_draft_destroy(d);
         return rc;
@@ -563,10 +578,8 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
     /* Greedy verification and greedy plain decoding read only the argmax of
      * each row: the backend may find it from a cheaper copy of the LM head
      * (kernels/cpu/argmax.c), made once here. */
-    if (!rc && llama_ctx_has_argmax(ctx)) {
-        rc = llama_model_prepare_argmax(llama_ctx_model(ctx), err);
-        t->argmax_ready = t->host_argmax = rc == 0;
-    }
+    if (!rc)
+        t->argmax_ready = t->host_argmax = prepare_argmax(ctx, "target");
     if (rc) {
         specdec_target_destroy(t);
         return rc;

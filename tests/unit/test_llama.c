@@ -23,6 +23,8 @@
 #include "kernels.h"
 #include "llama.h"
 #include "safetensors.h"
+#include "sampling.h"
+#include "specdec.h"
 
 /* float32 accumulation over hidden sizes <= 96 keeps each logit within this
  * distance of the float64 reference (relative to the row's largest logit). */
@@ -583,6 +585,75 @@ static void test_llama_argmax_out_is_the_logits_argmax(void **state)
     free_model(&m);
 }
 
+/* A head holding a NaN: the backend will not copy it for the argmax screen
+ * (prepare_argmax names the NaN), and the draft and target halves start
+ * anyway, greedy rows then reading the whole head: the draft proposes the
+ * logits' argmax, the NaN row skipped. */
+static void test_llama_a_head_the_screen_refuses_still_decodes(void **state)
+{
+    (void)state;
+    static const struct test_shape shape = {.vocab = 700, .dim = 64, .layers = 1, .heads = 4,
+                                            .kv_heads = 2, .head_dim = 16, .ff = 96, .tied = 0,
+                                            .dtype = KERN_DTYPE_BF16, .llama3_rope = 0};
+    struct test_model m;
+    write_model(&m, &shape, 31);
+    char err[ERR_MSG_MAX] = "", path[600];
+    /* find lm_head.weight's bytes in the file and put a NaN in row 5 */
+    struct safetensors *st = NULL;
+    assert_int_equal(safetensors_open(&st, m.dir, err), 0);
+    const struct safetensors_tensor *head = safetensors_find(st, "lm_head.weight");
+    assert_non_null(head);
+    unsigned char probe[64];
+    memcpy(probe, head->data, sizeof probe);
+    snprintf(path, sizeof path, "%s", head->file_path);
+    safetensors_close(st);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    const long size = ftell(f);
+    unsigned char *bytes = malloc((size_t)size);
+    assert_non_null(bytes);
+    rewind(f);
+    assert_int_equal(fread(bytes, 1, (size_t)size, f), (size_t)size);
+    long at = -1;
+    for (long i = 0; at < 0 && i + (long)sizeof probe <= size; i++)
+        if (memcmp(bytes + i, probe, sizeof probe) == 0)
+            at = i;
+    assert_true(at >= 0);
+    const uint16_t nan_bf16 = 0x7fc1;
+    assert_int_equal(fseek(f, at + 2 * (5 * shape.dim + 3), SEEK_SET), 0);
+    assert_int_equal(fwrite(&nan_bf16, sizeof nan_bf16, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    free(bytes);
+
+    struct loaded L;
+    load(&L, m.dir, 2, 64, 0);
+    assert_int_equal(llama_model_prepare_argmax(L.model, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "NaN"));
+    struct specdec_draft *d = NULL;
+    struct specdec_target *t = NULL;
+    assert_int_equal(specdec_draft_create(&d, L.ctx, err), 0);
+    assert_int_equal(specdec_target_create(&t, L.ctx, err), 0);
+    enum { T = 9 };
+    int32_t prompt[T], drafted[1] = {-1};
+    random_tokens(prompt, T, shape.vocab, 31);
+    float *logits = forward_all(&L, 1, prompt, T);
+    const float *last = logits + (size_t)(T - 1) * shape.vocab;
+    assert_true(isnan(last[5]));
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
+    if (specdec_draft_propose(d, 0, 0, prompt, T, 1, &sp, SPECULATE_MODE_SAMPLED, drafted, NULL,
+                              err))
+        fail_msg("specdec_draft_propose: %s", err);
+    assert_int_equal(drafted[0], row_argmax(last, shape.vocab));
+    free(logits);
+    specdec_target_destroy(t);
+    specdec_draft_destroy(d);
+    unload(&L);
+    free_model(&m);
+}
+
 /* Rolling back and feeding different tokens gives exactly what a fresh
  * sequence with those tokens gives. */
 static void test_llama_truncate_keeps_prefix(void **state)
@@ -841,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_llama_logits_are_batch_invariant),
         cmocka_unit_test(test_llama_logits_dev_equal_logits_out),
         cmocka_unit_test(test_llama_argmax_out_is_the_logits_argmax),
+        cmocka_unit_test(test_llama_a_head_the_screen_refuses_still_decodes),
         cmocka_unit_test(test_llama_truncate_keeps_prefix),
         cmocka_unit_test(test_llama_context_full_is_an_error_and_changes_nothing),
         cmocka_unit_test(test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256),
