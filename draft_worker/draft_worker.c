@@ -572,6 +572,10 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
         goto fail;
     if ((rc = specdec_draft_create(&w->spec, w->m.ctx, err)))
         goto fail;
+    LOG_INFO("draft argmax screen: %s",
+             !wc->argmax_copy                       ? "off (argmax_copy 0)"
+             : specdec_draft_prepare_argmax(w->spec) ? "on"
+                                                     : "off (no copy of the LM head)");
     /* before the buffer: where q rows go depends on it */
     if (strcmp(wc->sampler, "device") == 0 &&
         (rc = specdec_draft_use_device(w->spec, true, err)))

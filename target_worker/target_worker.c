@@ -597,6 +597,10 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
         goto fail;
     if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)))
         goto fail;
+    LOG_INFO("target argmax screen: %s",
+             !wc->argmax_copy                        ? "off (argmax_copy 0)"
+             : specdec_target_prepare_argmax(w->spec) ? "on"
+                                                      : "off (no copy of the LM head)");
     if (strcmp(wc->sampler, "device") == 0 &&
         (rc = specdec_target_use_device(w->spec, true, err)))
         goto fail;

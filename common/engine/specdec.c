@@ -195,11 +195,6 @@ int specdec_draft_create(struct specdec_draft **out, struct llama_ctx *ctx, char
         rc = grow_touched((void **)&d->logits, &d->logits_cap, 1, (size_t)d->vocab * sizeof(float),
                           err);
     }
-    /* A greedy or point-mass draft reads nothing of its logits but the
-     * argmax: the backend may find it from a cheaper copy of the LM head
-     * (most of a small draft's bytes), made once here. */
-    if (!rc)
-        d->argmax_ready = d->host_argmax = prepare_argmax(ctx, "draft");
     if (rc) {
         specdec_draft_destroy(d);
         return rc;
@@ -239,9 +234,25 @@ int specdec_draft_use_device(struct specdec_draft *d, bool on, char *err)
 
 bool specdec_draft_on_device(const struct specdec_draft *d) { return d->dev != NULL; }
 
+bool specdec_draft_prepare_argmax(struct specdec_draft *d)
+{
+    /* A greedy or point-mass draft reads nothing of its logits but the
+     * argmax: the backend may find it from a cheaper copy of the LM head
+     * (most of a small draft's bytes). */
+    d->argmax_ready = d->host_argmax = prepare_argmax(d->ctx, "draft");
+    return d->argmax_ready;
+}
+
 void specdec_draft_set_argmax(struct specdec_draft *d, bool on)
 {
     d->host_argmax = on && d->argmax_ready;
+}
+
+bool specdec_target_prepare_argmax(struct specdec_target *t)
+{
+    /* greedy verification and greedy plain decoding read only each row's argmax */
+    t->argmax_ready = t->host_argmax = prepare_argmax(t->ctx, "target");
+    return t->argmax_ready;
 }
 
 void specdec_target_set_argmax(struct specdec_target *t, bool on)
@@ -575,11 +586,6 @@ int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, ch
         rc = grow_touched((void **)&t->logits, &t->logits_cap, SPECULATE_K_MAX + 1,
                           (size_t)t->vocab * sizeof(float), err);
     }
-    /* Greedy verification and greedy plain decoding read only the argmax of
-     * each row: the backend may find it from a cheaper copy of the LM head
-     * (kernels/cpu/argmax.c), made once here. */
-    if (!rc)
-        t->argmax_ready = t->host_argmax = prepare_argmax(ctx, "target");
     if (rc) {
         specdec_target_destroy(t);
         return rc;

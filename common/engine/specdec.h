@@ -71,15 +71,20 @@ struct llama_ctx *specdec_draft_ctx(struct specdec_draft *draft);
 int specdec_draft_use_device(struct specdec_draft *draft, bool on, char *err);
 int specdec_target_use_device(struct specdec_target *target, bool on, char *err);
 bool specdec_draft_on_device(const struct specdec_draft *draft);
-/* On the host path, whether a greedy or point-mass draft asks the forward
- * for only its rows' argmax (llama_seq_batch.argmax_out), which the CPU
- * backend finds reading a one-byte copy of the LM head instead of the head
- * (kernels/cpu/argmax.c; the same tokens). On by default where the backend
- * offers it (specdec_draft_create prepares it); off: whole rows of logits,
- * as a sampled draft reads. For tools that compare the two. */
+/* The argmax screen, on the host path: a greedy or point-mass draft, and
+ * greedy verification (and greedy decoding without drafts), then ask the
+ * forward for only each row's argmax (llama_seq_batch.argmax_out), which the
+ * CPU backend finds reading a one-byte copy of the LM head instead of the
+ * head (kernels/cpu/argmax.c; the same tokens). prepare makes the copy (263
+ * MB at the Llama 3.2 1B shape, 394 MB at 3B; about a second) where the
+ * context's backend offers one, and turns the screen on; it returns whether
+ * it did. Never fatal: without it (no such backend, a head holding a NaN, no
+ * memory for the copy: logged) greedy rows read whole rows of logits, as
+ * without the call. set_argmax(false) goes back to whole rows, true to the
+ * screen once prepared (tools that compare the two). Call between jobs. */
+bool specdec_draft_prepare_argmax(struct specdec_draft *draft);
+bool specdec_target_prepare_argmax(struct specdec_target *target);
 void specdec_draft_set_argmax(struct specdec_draft *draft, bool on);
-/* The same for greedy verification (and greedy decoding without drafts):
- * only each row's argmax; on by default where the backend offers it. */
 void specdec_target_set_argmax(struct specdec_target *target, bool on);
 bool specdec_target_on_device(const struct specdec_target *target);
 

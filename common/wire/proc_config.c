@@ -227,6 +227,9 @@ static const struct key_desc worker_keys[] = {
     WKEY_STR(sampler, check_sampler,
              "sampling and accept/reject: device (logits and q rows stay on the GPU), host, "
              "or auto (device with backend cuda, host with cpu) [auto]"),
+    WKEY_INT(argmax_copy, 0, 1,
+             "1: cpu greedy rows find their argmax from a one-byte copy of the LM head (same "
+             "tokens; the copy's memory held); 0: they read the whole head [1]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -281,6 +284,7 @@ static void worker_defaults(struct worker_config *w)
     w->prefill_chunk = 32;
     snprintf(w->shm_transport, sizeof w->shm_transport, "auto");
     snprintf(w->sampler, sizeof w->sampler, "auto");
+    w->argmax_copy = 1;
     snprintf(w->log_level, sizeof w->log_level, "info");
 }
 

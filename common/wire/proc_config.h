@@ -83,6 +83,12 @@ struct worker_config {
      * path). "auto" (default) becomes "device" with backend cuda and "host"
      * with cpu in proc_config_finalize; "device" on cpu is an error. */
     char sampler[PROC_CONFIG_NAME_MAX];
+    /* 1 (default): on the cpu backend, greedy rows find their argmax from a
+     * one-byte copy of the LM head (kernels/cpu/argmax.c: the same tokens,
+     * half the head's bytes read per token, the copy's bytes held: 263 MB at
+     * the Llama 3.2 1B shape, 394 MB at 3B). 0: no copy; greedy rows read
+     * the whole head (a worker that only samples reads it anyway). */
+    int argmax_copy;
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 

@@ -104,6 +104,10 @@ static inline void check_greedy_equality_range(struct loaded_model *draft_m,
     struct specdec_target *t;
     fixture_check(specdec_draft_create(&d, draft_m->ctx, err), "specdec_draft_create", err);
     fixture_check(specdec_target_create(&t, target_m->ctx, err), "specdec_target_create", err);
+    /* the screen where the backend has one (the CPU's, here): its ids are
+     * checked against whole logits below */
+    assert_true(specdec_draft_prepare_argmax(d));
+    assert_true(specdec_target_prepare_argmax(t));
     const struct model_config *cfg = llama_model_config(target_m->model);
     struct sampling_params sp;
     sampling_params_default(&sp);

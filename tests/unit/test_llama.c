@@ -634,6 +634,8 @@ static void test_llama_a_head_the_screen_refuses_still_decodes(void **state)
     struct specdec_target *t = NULL;
     assert_int_equal(specdec_draft_create(&d, L.ctx, err), 0);
     assert_int_equal(specdec_target_create(&t, L.ctx, err), 0);
+    assert_false(specdec_draft_prepare_argmax(d));
+    assert_false(specdec_target_prepare_argmax(t));
     enum { T = 9 };
     int32_t prompt[T], drafted[1] = {-1};
     random_tokens(prompt, T, shape.vocab, 31);

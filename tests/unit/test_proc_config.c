@@ -48,6 +48,8 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_string_equal(cfg.coordinator.log_level, "info");
     assert_string_equal(cfg.draft_worker.shm_transport, "auto");
     assert_int_equal(cfg.draft_worker.shm_staging, 0);
+    assert_int_equal(cfg.draft_worker.argmax_copy, 1);
+    assert_int_equal(cfg.target_worker.argmax_copy, 1);
     assert_string_equal(cfg.draft_worker.sampler, "host"); /* auto on the cpu backend */
     assert_int_equal(cfg.supervisor.mps, 0);
     assert_string_equal(cfg.draft_worker.backend, "cpu");
@@ -66,7 +68,8 @@ static void test_proc_config_file_values_are_loaded(void **state)
     const char *json = "{\"instance\":\"blue\","
                        "\"coordinator\":{\"max_concurrency\":3,\"spec_mode\":\"point_mass\","
                        "\"client_endpoint\":\"tcp://*:6000\",\"insecure\":1},"
-                       "\"draft_worker\":{\"model\":\"/d\",\"device\":0,\"threads\":2},"
+                       "\"draft_worker\":{\"model\":\"/d\",\"device\":0,\"threads\":2,"
+                       "\"argmax_copy\":0},"
                        "\"target_worker\":{\"model\":\"/t\",\"backend\":\"cuda\","
                        "\"device\":\"GPU-1234-abcd\"}}";
     assert_int_equal(load(&cfg, json, err), 0);
@@ -81,6 +84,8 @@ static void test_proc_config_file_values_are_loaded(void **state)
     assert_string_equal(cfg.coordinator.client_endpoint, "tcp://*:6000");
     assert_string_equal(cfg.draft_worker.device, "0");
     assert_int_equal(cfg.draft_worker.threads, 2);
+    assert_int_equal(cfg.draft_worker.argmax_copy, 0);
+    assert_int_equal(cfg.target_worker.argmax_copy, 1);
     assert_string_equal(cfg.target_worker.backend, "cuda");
     assert_string_equal(cfg.target_worker.device, "GPU-1234-abcd");
     assert_string_equal(cfg.coordinator.tokenizer, "/t");
@@ -186,6 +191,8 @@ static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
     assert_int_equal(load(&cfg, "{\"draft_worker\":{\"shm_transport\":\"nccl\"}}", err),
                      ERR_INVALID_ARG);
     assert_non_null(strstr(err, "draft_worker.shm_transport: must be"));
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"argmax_copy\":2}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "target_worker.argmax_copy: must be in 0..1, got 2"));
     assert_int_equal(load(&cfg, "{\"supervisor\":{\"mps\":2}}", err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "supervisor.mps"));
     assert_int_equal(load(&cfg, "{\"instance\":\"a/b\"}", err), ERR_INVALID_ARG);

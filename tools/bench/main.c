@@ -885,6 +885,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
     struct specdec_draft *d;
     if (specdec_draft_create(&d, dm.ctx, err))
         return die("draft", err);
+    specdec_draft_prepare_argmax(d); /* --full-head compares with whole heads */
     /* on the GPU both halves sample there (ids cross, logits stay) */
     const bool on_device = !strcmp(be->name, "cuda");
     if (on_device && specdec_draft_use_device(d, true, err))
@@ -906,6 +907,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         struct specdec_target *t;
         if (specdec_target_create(&t, tm.ctx, err))
             return die("target", err);
+        specdec_target_prepare_argmax(t);
         if (on_device && specdec_target_use_device(t, true, err))
             return die("target device sampling", err);
         /* Target-only and every K run in turn, the whole turn repeated:

@@ -310,11 +310,11 @@ int main(int argc, char **argv)
         if (!rc)
             rc = load_model(o.draft_dir, draft_be ? draft_be : be, o.max_seq_len, &draft_model,
                             &draft_ctx, err);
-        if (!rc)
-            rc = specdec_draft_create(&draft, draft_ctx, err);
+        if (!rc && !(rc = specdec_draft_create(&draft, draft_ctx, err)))
+            specdec_draft_prepare_argmax(draft); /* not fatal: see specdec.h */
     }
-    if (!rc)
-        rc = specdec_target_create(&target, target_ctx, err);
+    if (!rc && !(rc = specdec_target_create(&target, target_ctx, err)))
+        specdec_target_prepare_argmax(target);
     /* Sampling on the device: per token only ids cross the bus. "host"
      * keeps the reference path (logits downloaded), for comparison. */
     const int on_device = o.sampler ? !strcmp(o.sampler, "device")
