@@ -159,22 +159,6 @@ void cpu_argmax_destroy(struct cpu_backend *cb)
 
 /* ---- reading W exactly ---- */
 
-/* Row v of w widened to f32 (exact for every dtype). */
-static void row_f32(const struct cpu_argmax_shadow *s, int v, float *y)
-{
-    if (s->packed && v < s->packed) {
-        cpu_packed_row_f32(s->w, s->cols, v, y);
-        return;
-    }
-    const size_t off = (size_t)v * (size_t)s->cols;
-    for (int k = 0; k < s->cols; k++)
-        switch (s->dtype) {
-        case KERN_DTYPE_BF16: y[k] = cpu_simd_bf16_to_f32(((const uint16_t *)s->w)[off + k]); break;
-        case KERN_DTYPE_F16: y[k] = cpu_simd_f16_to_f32(((const uint16_t *)s->w)[off + k]); break;
-        case KERN_DTYPE_F32: y[k] = ((const float *)s->w)[off + k]; break;
-        }
-}
-
 /* Logit v exactly as matmul computes it: the fixed-order dot product of the
  * row and h (matmul's every path gives these bits; cpu_simd.h). */
 static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *h, float *row)
@@ -203,7 +187,7 @@ static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *
         return cpu_simd_hsum8(acc); /* packed rows are whole steps: no tail */
     }
 #endif
-    row_f32(s, v, row);
+    cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, v, row);
     return cpu_simd_dot_f32(row, h, s->cols);
 }
 
@@ -227,7 +211,7 @@ static void prepare_task(void *ctx, long begin, long end, int thread_idx)
     struct cpu_argmax_shadow *s = job->s;
     float *y = job->rows[thread_idx];
     for (long v = begin; v < end; v++) {
-        row_f32(s, (int)v, y);
+        cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, v, y);
         double maxabs = 0;
         for (int k = 0; k < s->cols; k++) {
             if (!isfinite(y[k])) {

@@ -5,10 +5,7 @@
  * ids are host memory and are range-checked by the caller (vocab is not known
  * here); a negative id is still rejected rather than read out of bounds.
  */
-#include <string.h>
-
 #include "cpu_backend.h"
-#include "cpu_simd.h"
 #include "packed.h"
 #include "error.h"
 
@@ -24,29 +21,9 @@ struct embed_job {
 static void embed_task(void *ctx, long begin, long end, int thread_idx)
 {
     const struct embed_job *job = ctx;
-    const size_t dim = (size_t)job->dim;
-    for (long i = begin; i < end; i++) {
-        float *y = job->out + (size_t)i * dim;
-        size_t row = (size_t)job->ids[i] * dim;
-        if (job->ids[i] < job->packed_rows) {
-            cpu_packed_row_f32(job->table, job->dim, job->ids[i], y);
-            continue;
-        }
-        if (job->dtype == KERN_DTYPE_F32) {
-            memcpy(y, (const float *)job->table + row, dim * sizeof(float));
-            continue;
-        }
-        const uint16_t *src = (const uint16_t *)job->table + row;
-        size_t k = 0;
-#ifdef __AVX2__
-        for (; k + 8 <= dim; k += 8)
-            _mm256_storeu_ps(y + k, job->dtype == KERN_DTYPE_BF16 ? cpu_simd_load8_bf16(src + k)
-                                                                   : cpu_simd_load8_f16(src + k));
-#endif
-        for (; k < dim; k++)
-            y[k] = job->dtype == KERN_DTYPE_BF16 ? cpu_simd_bf16_to_f32(src[k])
-                                                 : cpu_simd_f16_to_f32(src[k]);
-    }
+    for (long i = begin; i < end; i++)
+        cpu_matrix_row_f32(job->table, job->dtype, job->dim, job->packed_rows, job->ids[i],
+                           job->out + (size_t)i * (size_t)job->dim);
 }
 
 int cpu_embed(struct kern_backend *be, float *out, const void *table, enum kern_dtype dtype,

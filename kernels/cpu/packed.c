@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "cpu_simd.h"
+
 /* Offset, in 16-bit values from the octet's start, of column k of row a
  * (0..7) of an octet. */
 static size_t packed_index(int a, int k)
@@ -47,6 +49,29 @@ void cpu_packed_pack(uint16_t *w, int rows, int d_in, uint16_t *tmp)
                         o[1] = src[0];
                     }
     }
+}
+
+void cpu_matrix_row_f32(const void *w, enum kern_dtype dtype, int d_in, int packed_rows, long r,
+                        float *y)
+{
+    if (r < packed_rows) {
+        cpu_packed_row_f32(w, d_in, (int)r, y);
+        return;
+    }
+    const size_t row = (size_t)r * (size_t)d_in;
+    if (dtype == KERN_DTYPE_F32) {
+        memcpy(y, (const float *)w + row, (size_t)d_in * sizeof(float));
+        return;
+    }
+    const uint16_t *src = (const uint16_t *)w + row;
+    int k = 0;
+#ifdef __AVX2__
+    for (; k + 8 <= d_in; k += 8)
+        _mm256_storeu_ps(y + k, dtype == KERN_DTYPE_BF16 ? cpu_simd_load8_bf16(src + k)
+                                                         : cpu_simd_load8_f16(src + k));
+#endif
+    for (; k < d_in; k++)
+        y[k] = dtype == KERN_DTYPE_BF16 ? cpu_simd_bf16_to_f32(src[k]) : cpu_simd_f16_to_f32(src[k]);
 }
 
 void cpu_packed_row_f32(const uint16_t *w, int d_in, int r, float *y)

@@ -50,4 +50,10 @@ void cpu_packed_pack(uint16_t *w, int rows, int d_in, uint16_t *tmp);
 /* Row r of a packed matrix (r below its packed rows) widened to f32. */
 void cpu_packed_row_f32(const uint16_t *w, int d_in, int r, float *y);
 
+/* Row r of a [rows][d_in] matrix of dtype, its first packed_rows rows in
+ * the packed layout (0: none, all row-major), widened to f32: exact for
+ * every dtype (embed's rows, the argmax screen's exact logits). */
+void cpu_matrix_row_f32(const void *w, enum kern_dtype dtype, int d_in, int packed_rows, long r,
+                        float *y);
+
 #endif
