@@ -257,30 +257,52 @@ def generate(sock, req, timeout_s=120):
     """Sends one generate request on sock and returns (done_or_error, token_events)."""
     msg = {"v": 1, "type": "generate"}
     msg.update(req)
+    rid = msg.get("id", "")
+    held = _held_for(sock)
+    held[:] = [m for m in held if m.get("id") != rid]
     sock.send_json(msg)
-    return collect(sock, msg.get("id", ""), timeout_s)
+    return collect(sock, rid, timeout_s)
+
+
+# Replies read off a socket while waiting for another request's: requests
+# multiplexed on one socket finish in any order, so a reply for one that is not
+# being waited for yet is held for it, not dropped. Keyed by id(sock), with the
+# socket kept in the entry so a recycled id never inherits another's replies.
+_held_replies = {}
+
+
+def _held_for(sock):
+    entry = _held_replies.get(id(sock))
+    if entry is None or entry[0] is not sock:
+        entry = _held_replies[id(sock)] = (sock, [])
+    return entry[1]
 
 
 def next_event(sock, rid, timeout_s=60):
     """The next reply (token, done or error) for request rid."""
-    deadline = time.time() + timeout_s
+    return _next_reply(sock, rid, time.time() + timeout_s, timeout_s)
+
+
+def _next_reply(sock, rid, deadline, timeout_s):
+    held = _held_for(sock)
+    for i, m in enumerate(held):
+        if m.get("id") == rid:
+            return held.pop(i)
     while True:
         left = deadline - time.time()
         check(left > 0 and sock.poll(int(left * 1000)), "no reply for request %r within %d s" % (rid, timeout_s))
         m = sock.recv_json()
         if m.get("id") == rid:
             return m
+        held.append(m)
 
 
 def collect(sock, rid, timeout_s=120):
+    """Token events up to and including the done or error for request rid."""
     tokens = []
     deadline = time.time() + timeout_s
     while True:
-        left = deadline - time.time()
-        check(left > 0 and sock.poll(int(left * 1000)), "no reply for request %r within %d s" % (rid, timeout_s))
-        m = sock.recv_json()
-        if m.get("id") != rid:
-            continue
+        m = _next_reply(sock, rid, deadline, timeout_s)
         if m["type"] == "token":
             tokens.append(m)
             continue
