@@ -14,8 +14,15 @@
  *     and the time relative to n = 1 (speculative verification needs
  *     n = 2..17 to cost about as much as n = 1), also as one "ratio" line per
  *     shape.
- *     Every n is measured in each of R interleaved rounds and the best kept,
- *     so the ratios compare figures taken side by side on a busy machine.
+ *     Every n is measured once in each of R rounds (a slice of S seconds
+ *     each, the order rotated from round to round). us/call and GB/s are
+ *     the best round's; t(n)/t1 is the median over the rounds of that
+ *     round's time for n over its time for n = 1, with the quartiles on
+ *     the "ratio" line: on this noisy VM the memory bus swings by 2x over
+ *     seconds, and the best n = 1 and the best n = 2 of a few long rounds
+ *     often come from different phases (2 rows read 1.15-1.22x one row
+ *     that way, 1.00-1.03x as the median of 40 paired 40 ms slices, the
+ *     same build in the same minute).
  * Weights are rotated through enough copies (>= 256 MiB in all) that no call
  * finds its matrix in the last-level cache.
  *
@@ -42,8 +49,8 @@
  *                             [--row-major | --layouts]
  *        tandem-bench-kernels --backend cuda [--device D] [--seconds S] [--rounds R]
  *   N: backend threads (0 = one per online core, the default)
- *   S: minimum seconds per measurement (default 0.5; cuda: 0.05)
- *   R: rounds per shape (default 3)
+ *   S: minimum seconds per measurement (default 0.05)
+ *   R: rounds per shape (default 25; cuda: 3; at most BENCH_ROUNDS_MAX)
  *   D: CUDA device, an ordinal or a GPU UUID (default "0")
  *   --cpu-time (CPU): time the matmuls in process CPU time (see bench_clock)
  *   --hot (CPU): one copy of the weights, not rotated: with a shape that fits
@@ -84,6 +91,7 @@
 
 #define BENCH_MIB (1024.0 * 1024.0)
 #define BENCH_N_MAX 17 /* row counts 1..BENCH_N_MAX are measured per shape */
+#define BENCH_ROUNDS_MAX 200
 #define BENCH_N_SHAPES 5
 #define BENCH_SHAPES_MAX 16 /* --shapes */
 
@@ -92,6 +100,32 @@
  * not count the slices the scheduler gives to others (the memory bus is still
  * shared); with more threads it also counts the pool's spinning. */
 static clockid_t bench_clock = CLOCK_MONOTONIC;
+
+struct round_quartiles {
+    double q1, median, q3;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Quartiles of v[0..n) (n <= BENCH_ROUNDS_MAX), interpolated between ranks. */
+static struct round_quartiles quartiles(const double *v, int n)
+{
+    double sorted[BENCH_ROUNDS_MAX];
+    memcpy(sorted, v, (size_t)n * sizeof(*v));
+    qsort(sorted, (size_t)n, sizeof(*sorted), cmp_double);
+    double at[3];
+    for (int q = 0; q < 3; q++) {
+        const double rank = (double)(q + 1) * 0.25 * (double)(n - 1);
+        const int lo = (int)rank;
+        const int hi = lo + 1 < n ? lo + 1 : lo;
+        at[q] = sorted[lo] + (rank - (double)lo) * (sorted[hi] - sorted[lo]);
+    }
+    return (struct round_quartiles){at[0], at[1], at[2]};
+}
 
 static double now_s(void)
 {
@@ -351,7 +385,7 @@ int main(int argc, char **argv)
 {
     int n_threads = 0;
     double min_s = -1;
-    int rounds = 3;
+    int rounds = -1;
     const char *backend = "cpu", *device = "0";
     int shapes[BENCH_SHAPES_MAX][2] = {
         {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
@@ -400,9 +434,12 @@ int main(int argc, char **argv)
         return 2;
     }
     if (min_s < 0)
-        min_s = cuda ? 0.05 : 0.5;
-    if (rounds < 1 || min_s <= 0) {
-        fprintf(stderr, "tandem-bench-kernels: --rounds must be >= 1 and --seconds > 0\n");
+        min_s = 0.05;
+    if (rounds < 0)
+        rounds = cuda ? 3 : 25;
+    if (rounds < 1 || rounds > BENCH_ROUNDS_MAX || min_s <= 0) {
+        fprintf(stderr, "tandem-bench-kernels: --rounds must be 1..%d and --seconds > 0\n",
+                BENCH_ROUNDS_MAX);
         return 2;
     }
     if (cuda)
@@ -434,10 +471,8 @@ int main(int argc, char **argv)
     printf("memcpy (read+write counted, reference only):      %.1f GB/s\n", bw.memcpy_gbs);
 
     /* ---- matmul ---- */
-    /* Each n is measured once per round, the rounds interleaved, and the
-     * best round kept: on a shared machine the ratios time(n)/time(1) then
-     * compare figures taken side by side. */
-    printf("\nmatmul bf16 (weight bytes / %s time per call; best of %d rounds%s)\n",
+    printf("\nmatmul bf16 (weight bytes / %s time per call, best of %d rounds; t(n)/t1: "
+           "median of the rounds' own ratios%s)\n",
            bench_clock == CLOCK_MONOTONIC ? "wall" : "process CPU", rounds,
            hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
     if (layouts)
@@ -496,11 +531,14 @@ int main(int argc, char **argv)
                     return 1;
                 }
         double best[2][BENCH_N_MAX];
+        static double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX];
         for (int ni = 0; ni < n_ns; ni++)
             best[0][ni] = best[1][ni] = 1e30;
         for (int round = 0; round < rounds; round++)
-            for (int ni = 0; ni < n_ns; ni++)
+            for (int slot = 0; slot < n_ns; slot++)
                 for (int l = 0; l < n_layouts; l++) {
+                    /* rotated: no n always follows the same neighbour */
+                    const int ni = (slot + round) % n_ns;
                     void *const *wl = l ? w_rm : w;
                     const int n = ns[ni];
                     long calls = 0;
@@ -516,26 +554,39 @@ int main(int argc, char **argv)
                     } while (dt < min_s || calls < copies);
                     double per_call = dt / (double)calls;
                     best[l][ni] = per_call < best[l][ni] ? per_call : best[l][ni];
+                    per_round[l][ni][round] = per_call;
                 }
         char label[32];
         snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
+        /* [0]: t(n)/t(1), [1]: mapped / row-major, each round's own */
+        struct round_quartiles ratio[2][BENCH_N_MAX];
+        for (int ni = 0; ni < n_ns; ni++) {
+            double r[2][BENCH_ROUNDS_MAX];
+            for (int round = 0; round < rounds; round++) {
+                r[0][round] = per_round[0][ni][round] / per_round[0][0][round];
+                r[1][round] = layouts ? per_round[0][ni][round] / per_round[1][ni][round] : 1.0;
+            }
+            ratio[0][ni] = quartiles(r[0], rounds);
+            ratio[1][ni] = quartiles(r[1], rounds);
+        }
         for (int ni = 0; ni < n_ns; ni++) {
             double gbs = (double)w_bytes / best[0][ni] / 1e9;
             printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f", label, ns[ni], best[0][ni] * 1e6, gbs,
-                   100.0 * gbs / read_gbs, best[0][ni] / best[0][0]);
+                   100.0 * gbs / read_gbs, ratio[0][ni].median);
             if (layouts)
-                printf(" %14.1f %11.2fx", best[1][ni] * 1e6, best[0][ni] / best[1][ni]);
+                printf(" %14.1f %11.2fx", best[1][ni] * 1e6, ratio[1][ni].median);
             printf("\n");
         }
         printf("ratio %-12s", label);
         for (int ni = 0; ni < n_ns; ni++)
-            printf(" n%d:%.2f", ns[ni], best[0][ni] / best[0][0]);
-        printf("\n");
+            printf(" n%d:%.2f[%.2f-%.2f]", ns[ni], ratio[0][ni].median, ratio[0][ni].q1,
+                   ratio[0][ni].q3);
+        printf("  (median [quartiles] over %d rounds)\n", rounds);
         if (layouts) {
             printf("layout %-11s", label);
             for (int ni = 0; ni < n_ns; ni++)
-                printf(" n%d:%.2f", ns[ni], best[0][ni] / best[1][ni]);
-            printf("  (time as mapped / time row-major)\n");
+                printf(" n%d:%.2f", ns[ni], ratio[1][ni].median);
+            printf("  (time as mapped / time row-major, median of the rounds)\n");
         }
         for (int c = 0; c < copies; c++) {
             if (layouts && w_rm[c] != host[c])
