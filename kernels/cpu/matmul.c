@@ -711,8 +711,9 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     from 0 to 16 KiB: on this VM one core's single stream does not keep
  *     enough lines in flight when there is little arithmetic per line (6
  *     octets were 5-15% slower than 4).
- *   - 2 and 3 rows: 2 octets (3 octets at 2 rows, or 4 with spills, were
- *     not clearly faster).
+ *   - 2 and 3 rows: 2 octets (3 octets at 2 rows took 1.03-1.07x the
+ *     time in the in-process A/B described below, 4 with spills were not
+ *     faster either).
  *   - 4 rows up: one octet, all rows of a group in one tile (up to
  *     MM_PK_RI = 6: 24 accumulators and 6 inputs; the 6-row tile spills two
  *     accumulators and is still the fastest at 6 rows). From here the FMAs,
@@ -737,7 +738,15 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  * L2, were no faster). This beats the panel path at prefill too: 64 rows of
  * 2048 -> 8192 took 5958 us against the panel's 11772 with the 2-octet
  * groups of 3, which 32-row jobs of the k-blocked groups beat by 2-3%. The
- * rows after the last full octet are row-major: mm_block reads them. */
+ * rows after the last full octet are row-major: mm_block reads them.
+ * One row does not prefetch: its 4 octets are 4 sequential streams the
+ * hardware prefetchers follow, and the 32 prefetch instructions per 2 KiB
+ * step only took load slots. In-process A/B (one build, the tile switched
+ * at run time, 30-40 paired 40 ms slices, medians of the ratios): without
+ * them one row took 0.88-0.94x the time at 2048 -> 2048, 2048 -> 8192,
+ * 8192 -> 2048 and the head in 3 runs of 4 (in the other, 1.00x), and a
+ * 1B-shaped decode step 0.92-0.96x in 3 runs of 3. From 2 rows (2 streams,
+ * or 1) dropping them cost 1.1-1.9x. */
 #define MM_PK_LEAD 8192
 #define MM_PK_STREAMS 4   /* most octets read side by side (at one input row) */
 #define MM_PK_RI 6        /* most input rows per one-octet tile */
@@ -842,7 +851,7 @@ typedef void (*mm_pktile_fn)(const char *const *octets, size_t k_begin, size_t k
         mm_pktile(q, ri, prefetch, octets, k_begin, k_end, x, ldx, park, first, last, outs, \
                   ldo);                                                                      \
     }
-MM_DEFINE_PKTILE(4, 1, 1)
+MM_DEFINE_PKTILE(4, 1, 0)
 MM_DEFINE_PKTILE(2, 2, 1)
 MM_DEFINE_PKTILE(2, 3, 1)
 MM_DEFINE_PKTILE(1, 1, 1)
@@ -879,7 +888,7 @@ static void mm_packed_step(const struct mm_job *job, int q_streams, const char *
         for (int q = 0; q < q_streams; q++)
             outs[q] = job->out + (size_t)blks[q] * CPU_PACKED_ROWS;
         /* mm_pk_streams: 4 octets at one row, 2 at two and three */
-        const mm_pktile_fn tile = q_streams == 4 ? mm_pktile_4x1_1
+        const mm_pktile_fn tile = q_streams == 4 ? mm_pktile_4x1_0
                                   : n == 2       ? mm_pktile_2x2_1
                                                  : mm_pktile_2x3_1;
         tile(octets, 0, d_in, job->in, d_in, NULL, 1, 1, outs, d_out);
