@@ -6,7 +6,12 @@
  *   - read bandwidth with T threads (tools/bench/read_bw.h: the best of
  *     several read-only loops over 1 GiB), the ceiling of a decode step, and
  *     beside it memcpy ((bytes read + bytes written) / time), labelled, for
- *     reference only;
+ *     reference only. That figure is taken once, before the matmuls; the %read column sets
+ *     each round's matmul against a read of a 512 MiB buffer made in the
+ *     same round (read_bw_measure_regions, one pass of each loop), the
+ *     median of those shares: one figure at the start was 40 GB/s where
+ *     the rounds' reads that followed were 60-90, and every shape then
+ *     read at "158-177%".
  *   - for bf16 weights of the Llama-3.2-1B shapes 2048->2048 (q, o),
  *     2048->512 (k, v), 2048->8192 (gate, up), 8192->2048 (down) and
  *     2048->128256 (LM head) and n = 1..17 input rows: time per matmul call,
@@ -92,6 +97,7 @@
 #define BENCH_MIB (1024.0 * 1024.0)
 #define BENCH_N_MAX 17 /* row counts 1..BENCH_N_MAX are measured per shape */
 #define BENCH_ROUNDS_MAX 200
+#define BENCH_READ_BYTES ((size_t)512 << 20) /* each round's read (see %read) */
 #define BENCH_N_SHAPES 5
 #define BENCH_SHAPES_MAX 16 /* --shapes */
 
@@ -469,10 +475,26 @@ int main(int argc, char **argv)
     printf("read bandwidth (%d threads, %zu MiB, best pass):  %.1f GB/s\n", threads,
            bw.size_bytes >> 20, read_gbs);
     printf("memcpy (read+write counted, reference only):      %.1f GB/s\n", bw.memcpy_gbs);
+    /* Filled with pseudo-random words, not a constant: read_bw.c found this
+     * VM's host merging identical pages, which then read faster. */
+    void *read_buf = NULL;
+    if (be->ops->alloc(be, BENCH_READ_BYTES, &read_buf, err) != 0) {
+        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+        return 1;
+    }
+    uint64_t fill = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < BENCH_READ_BYTES / sizeof fill; i++) {
+        fill ^= fill << 13;
+        fill ^= fill >> 7;
+        fill ^= fill << 17;
+        ((uint64_t *)read_buf)[i] = fill;
+    }
+    const void *const read_region[1] = {read_buf};
+    const size_t read_region_bytes[1] = {BENCH_READ_BYTES};
 
     /* ---- matmul ---- */
-    printf("\nmatmul bf16 (weight bytes / %s time per call, best of %d rounds; t(n)/t1: "
-           "median of the rounds' own ratios%s)\n",
+    printf("\nmatmul bf16 (weight bytes / %s time per call, best of %d rounds; %%read and t(n)/t1: "
+           "medians of the rounds' own ratios%s)\n",
            bench_clock == CLOCK_MONOTONIC ? "wall" : "process CPU", rounds,
            hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
     if (layouts)
@@ -532,9 +554,17 @@ int main(int argc, char **argv)
                 }
         double best[2][BENCH_N_MAX];
         static double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX];
+        double read_per_round[BENCH_ROUNDS_MAX];
         for (int ni = 0; ni < n_ns; ni++)
             best[0][ni] = best[1][ni] = 1e30;
-        for (int round = 0; round < rounds; round++)
+        for (int round = 0; round < rounds; round++) {
+            struct read_bw_result rr;
+            if (read_bw_measure_regions(&rr, threads, read_region, read_region_bytes, 1, 1, err,
+                                        sizeof err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+            read_per_round[round] = rr.read_gbs;
             for (int slot = 0; slot < n_ns; slot++)
                 for (int l = 0; l < n_layouts; l++) {
                     /* rotated: no n always follows the same neighbour */
@@ -556,23 +586,27 @@ int main(int argc, char **argv)
                     best[l][ni] = per_call < best[l][ni] ? per_call : best[l][ni];
                     per_round[l][ni][round] = per_call;
                 }
+        }
         char label[32];
         snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
         /* [0]: t(n)/t(1), [1]: mapped / row-major, each round's own */
-        struct round_quartiles ratio[2][BENCH_N_MAX];
+        struct round_quartiles ratio[2][BENCH_N_MAX], share_of_read[BENCH_N_MAX];
         for (int ni = 0; ni < n_ns; ni++) {
-            double r[2][BENCH_ROUNDS_MAX];
+            double r[3][BENCH_ROUNDS_MAX];
             for (int round = 0; round < rounds; round++) {
+                r[2][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
+                              read_per_round[round];
                 r[0][round] = per_round[0][ni][round] / per_round[0][0][round];
                 r[1][round] = layouts ? per_round[0][ni][round] / per_round[1][ni][round] : 1.0;
             }
             ratio[0][ni] = quartiles(r[0], rounds);
             ratio[1][ni] = quartiles(r[1], rounds);
+            share_of_read[ni] = quartiles(r[2], rounds);
         }
         for (int ni = 0; ni < n_ns; ni++) {
             double gbs = (double)w_bytes / best[0][ni] / 1e9;
             printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f", label, ns[ni], best[0][ni] * 1e6, gbs,
-                   100.0 * gbs / read_gbs, ratio[0][ni].median);
+                   100.0 * share_of_read[ni].median, ratio[0][ni].median);
             if (layouts)
                 printf(" %14.1f %11.2fx", best[1][ni] * 1e6, ratio[1][ni].median);
             printf("\n");
@@ -581,7 +615,9 @@ int main(int argc, char **argv)
         for (int ni = 0; ni < n_ns; ni++)
             printf(" n%d:%.2f[%.2f-%.2f]", ns[ni], ratio[0][ni].median, ratio[0][ni].q1,
                    ratio[0][ni].q3);
-        printf("  (median [quartiles] over %d rounds)\n", rounds);
+        const struct round_quartiles read_q = quartiles(read_per_round, rounds);
+        printf("  (median [quartiles] over %d rounds; their reads %.1f [%.1f-%.1f] GB/s)\n",
+               rounds, read_q.median, read_q.q1, read_q.q3);
         if (layouts) {
             printf("layout %-11s", label);
             for (int ni = 0; ni < n_ns; ni++)
@@ -624,6 +660,7 @@ int main(int argc, char **argv)
         be->ops->free(be, x);
         be->ops->free(be, y);
     }
+    be->ops->free(be, read_buf);
     be->ops->destroy(be);
     return 0;
 }
