@@ -611,7 +611,9 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
     return 0;
 }
 
-/* The argmax of a whole row of logits as sampling_argmax takes it. */
+/* The argmax of a whole row of logits as sampling_argmax takes it. The
+ * kernels sit below common/spec and cannot call it; the unit tests check
+ * every answer of matmul_argmax against sampling_argmax itself. */
 static int32_t argmax_of(const float *x, int n)
 {
     int32_t best = -1;

@@ -26,6 +26,7 @@
 
 #include "error.h"
 #include "kernels.h"
+#include "sampling.h"
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -1215,23 +1216,13 @@ static void test_kernels_cpu_map_matrix_reads_exactly(void **state)
 
 /* ---- matmul_argmax ---- */
 
-/* sampling_argmax's rule over a row of logits. */
-static int32_t full_argmax(const float *x, int n)
-{
-    int32_t best = -1;
-    for (int i = 0; i < n; i++)
-        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
-            best = i;
-    return best;
-}
-
 /* The argmax of matmul's own row of logits for input row h. */
 static int32_t product_argmax(struct kern_backend *be, const float *h, const void *w,
                               enum kern_dtype dt, int d_in, int d_out, float *logits)
 {
     char err[ERR_MSG_MAX];
     assert_int_equal(be->ops->matmul(be, logits, h, w, dt, 1, d_in, d_out, err), 0);
-    return full_argmax(logits, d_out);
+    return sampling_argmax(logits, d_out); /* the rule the screen must keep */
 }
 
 /* A prepared matrix: over inputs of every scale, with outliers, the screen
