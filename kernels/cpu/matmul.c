@@ -711,9 +711,19 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     from 0 to 16 KiB: on this VM one core's single stream does not keep
  *     enough lines in flight when there is little arithmetic per line (6
  *     octets were 5-15% slower than 4).
- *   - 2 and 3 rows: 2 octets (3 octets at 2 rows took 1.03-1.07x the
- *     time in the in-process A/B described below, 4 with spills were not
- *     faster either).
+ *   - 2 rows: 4 octets too, without software prefetch, 32 accumulators
+ *     of which GCC keeps some on the stack (L1): 0.83-0.97x the time of 2
+ *     octets with prefetch at the five 1B shapes (medians of 15 paired
+ *     slices, the same n of both tiles timed side by side; the unchanged
+ *     n = 1 and 3 in the same runs 0.98-1.00x). 4 octets with prefetch
+ *     gained less.
+ *   - 3 rows: 2 octets with prefetch. Against it at 3 rows (ratios of
+ *     medians of 15 paired slices, 3 shapes): 3 octets with prefetch
+ *     1.00-1.06x, without 1.08-1.14x; 2 octets without prefetch
+ *     1.02-1.13x; 4 octets with spills 1.23-1.38x, and 1.05-1.12x with the
+ *     loop reordered so that each accumulator takes a step's 4 FMAs in a
+ *     row; 4 octets as two pairs taking turns on k-blocks of 32-256
+ *     columns, accumulators parked, 1.17-1.55x.
  *   - 4 rows up: one octet, all rows of a group in one tile (up to
  *     MM_PK_RI = 6: 24 accumulators and 6 inputs; the 6-row tile spills two
  *     accumulators and is still the fastest at 6 rows). From here the FMAs,
@@ -745,8 +755,9 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  * at run time, 30-40 paired 40 ms slices, medians of the ratios): without
  * them one row took 0.88-0.94x the time at 2048 -> 2048, 2048 -> 8192,
  * 8192 -> 2048 and the head in 3 runs of 4 (in the other, 1.00x), and a
- * 1B-shaped decode step 0.92-0.96x in 3 runs of 3. From 2 rows (2 streams,
- * or 1) dropping them cost 1.1-1.9x. */
+ * 1B-shaped decode step 0.92-0.96x in 3 runs of 3. Nor do 2 rows on 4
+ * octets. From 3 rows (2 streams, or 1) dropping them cost 1.1-1.9x; 4 and
+ * 5 rows on 2 octets with prefetch were no faster than on one. */
 #define MM_PK_LEAD 8192
 #define MM_PK_STREAMS 4   /* most octets read side by side (at one input row) */
 #define MM_PK_RI 6        /* most input rows per one-octet tile */
@@ -755,7 +766,7 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
 
 static int mm_pk_streams(int n)
 {
-    return n == 1 ? MM_PK_STREAMS : n <= 3 ? 2 : 1;
+    return n <= 2 ? MM_PK_STREAMS : n == 3 ? 2 : 1;
 }
 
 /* Columns [k_begin, k_end) of q_streams octets (their first bytes in
@@ -852,7 +863,7 @@ typedef void (*mm_pktile_fn)(const char *const *octets, size_t k_begin, size_t k
                   ldo);                                                                      \
     }
 MM_DEFINE_PKTILE(4, 1, 0)
-MM_DEFINE_PKTILE(2, 2, 1)
+MM_DEFINE_PKTILE(4, 2, 0)
 MM_DEFINE_PKTILE(2, 3, 1)
 MM_DEFINE_PKTILE(1, 1, 1)
 MM_DEFINE_PKTILE(1, 2, 1)
@@ -887,10 +898,10 @@ static void mm_packed_step(const struct mm_job *job, int q_streams, const char *
     if (q_streams > 1) {
         for (int q = 0; q < q_streams; q++)
             outs[q] = job->out + (size_t)blks[q] * CPU_PACKED_ROWS;
-        /* mm_pk_streams: 4 octets at one row, 2 at two and three */
-        const mm_pktile_fn tile = q_streams == 4 ? mm_pktile_4x1_0
-                                  : n == 2       ? mm_pktile_2x2_1
-                                                 : mm_pktile_2x3_1;
+        /* mm_pk_streams: 4 octets at one and two rows, 2 at three */
+        const mm_pktile_fn tile = q_streams == 2 ? mm_pktile_2x3_1
+                                  : n == 1       ? mm_pktile_4x1_0
+                                                 : mm_pktile_4x2_0;
         tile(octets, 0, d_in, job->in, d_in, NULL, 1, 1, outs, d_out);
         return;
     }
