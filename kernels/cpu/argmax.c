@@ -384,14 +384,21 @@ static int quantize_input(const struct cpu_argmax_shadow *s, const float *h, int
  * keeps below 2^31; the lanes are summed in 64 bits. Each row's stream is
  * prefetched ARGMAX_PREFETCH_ROWS rows ahead (an address, not a pointer:
  * it may lie past the copy). */
+/* The copy's rows v[0..3] into q; returns the prefetch lead in bytes. */
+CPU_SIMD_INLINE uintptr_t shadow_rows(const struct cpu_argmax_shadow *s, const long v[4],
+                                      const int8_t *q[4])
+{
+    for (int j = 0; j < 4; j++)
+        q[j] = s->q + (size_t)v[j] * (size_t)s->stride;
+    return ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride;
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni,
                              const long v[4], int64_t out[4][ARGMAX_GROUP])
 {
     const int8_t *q[4];
-    for (int j = 0; j < 4; j++)
-        q[j] = s->q + (size_t)v[j] * (size_t)s->stride;
-    const uintptr_t lead = ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride;
+    const uintptr_t lead = shadow_rows(s, v, q);
     __m512i acc[4][ARGMAX_GROUP];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
@@ -438,9 +445,7 @@ CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *h
                              const long v[4], int64_t out[4][ARGMAX_GROUP])
 {
     const int8_t *q[4];
-    for (int j = 0; j < 4; j++)
-        q[j] = s->q + (size_t)v[j] * (size_t)s->stride;
-    const uintptr_t lead = ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride;
+    const uintptr_t lead = shadow_rows(s, v, q);
     __m256i acc[4][ARGMAX_GROUP];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
