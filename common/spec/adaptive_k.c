@@ -152,6 +152,15 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
      * the first two rejected, K = 0 won after two rounds, and a request
      * that ran at 1.37x with K = 2 ran at 1.01x. */
     const bool warm_up = k > 0 && draft_ms >= 0 && !kc->draft_warm;
+    /* The first round at each k is the target's first call with that many
+     * rows, and is a warm-up too (1B-shaped target, full head: 3 rows took
+     * 78.8 ms the first time, then 72.4 and 71.3; 2 rows 69.3, then 66.7):
+     * learnt, one such round priced K = 2 at 52.8 ms where plain and K = 1
+     * rounds put it near 46, K = 2 was not run again, and the sample stood
+     * for K_VERIFY_AT_FRESH rounds at K = 1 (5% slower there). */
+    const bool first_at_k = k > 0 && k <= SPECULATE_K_MAX && !kc->verify_warm[k];
+    if (k > 0 && k <= SPECULATE_K_MAX)
+        kc->verify_warm[k] = true;
     if (k > 0) {
         kc->trials_seen += n_accepted + (n_accepted < k ? 1 : 0);
         /* A round is a truncated geometric observation: n_accepted successes,
@@ -188,12 +197,18 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     } else {
         kc->rounds_since_plain++;
     }
-    if (warm_up)
+    if (warm_up || first_at_k)
         verify_ms = 0;
     if (verify_ms > 0 && k >= 0 && k <= SPECULATE_K_MAX) {
+        /* A k's first sample (or first after going stale) is met halfway by
+         * what the other k's say it costs: a sample alone swings by 10% on
+         * a shared machine, and a dear one would keep its k from being run
+         * and measured again. */
+        const double priced = k > 0 && !k_verify_at_fresh(kc, k) ? k_verify_ms(kc, k) : 0;
         kc->verify_at_ms[k] = k_verify_at_fresh(kc, k)
                                   ? kc->verify_at_ms[k] + K_EWMA_ALPHA * (verify_ms - kc->verify_at_ms[k])
-                                  : verify_ms;
+                              : priced > 0 ? 0.5 * (verify_ms + priced)
+                                           : verify_ms;
         kc->verify_at_round[k] = kc->rounds_observed;
     }
     if (verify_ms > 0) {

@@ -45,6 +45,7 @@ struct adaptive_k {
      * multi-row one), a K that was run is priced at what it cost. */
     double verify_at_ms[SPECULATE_K_MAX + 1];
     int verify_at_round[SPECULATE_K_MAX + 1];
+    bool verify_warm[SPECULATE_K_MAX + 1]; /* a round at this k was verified (see k_update) */
     double plain_ms;        /* running average of plain rounds' verify_ms (0: none yet) */
     int rounds_since_plain; /* rounds since the last plain one */
     int rounds_observed;

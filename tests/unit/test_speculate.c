@@ -815,6 +815,33 @@ static void test_adaptive_k_prices_a_k_at_what_it_cost(void **state)
     assert_int_equal(adaptive_k_next(&kc, 1000), 1);
 }
 
+/* The 1B-shaped pair in one logged run: plain rounds verified in 35.5 ms,
+ * K = 1 rounds in 40.8, a draft token cost 9.3 ms, 4 drafts in 5 were
+ * accepted, and the first K = 2 round, the target's first 3-row call, took
+ * 52.8 ms where plain and K = 1 put it near 46. Learnt, that one round kept
+ * the controller at K = 1; not learnt, K = 2 is run again, and a round at
+ * its usual cost keeps it there. A k's first learnt sample is met halfway
+ * by the price the other k's give it. */
+static void test_adaptive_k_first_round_at_a_k_is_a_warm_up(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update(&kc, 1, 1, 9.3, 41.4); /* the first drafting round */
+    for (int r = 0; r < 10; r++)
+        adaptive_k_update(&kc, 1, r % 5 != 4, 9.3, 40.8);
+    adaptive_k_update(&kc, 0, 0, 0.0, 35.5);
+    kc.rounds_since_plain = 0;
+    assert_int_equal(adaptive_k_next(&kc, 1000), 2);
+    adaptive_k_update(&kc, 2, 2, 18.6, 52.8);
+    assert_true(kc.verify_at_ms[2] == 0); /* not learnt */
+    assert_int_equal(adaptive_k_next(&kc, 1000), 2);
+    const double priced = 40.8 + (40.8 - 35.5);
+    adaptive_k_update(&kc, 2, 1, 18.6, 46.9);
+    assert_true(fabs(kc.verify_at_ms[2] - 0.5 * (46.9 + priced)) < 0.05);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 2);
+}
+
 /* Drafting rounds of 2 tokens whose wall time depends on whether they
  * pre-draft: runs rounds of them through the pre-draft choice and counts,
  * over the last half, the rounds that pre-drafted. */
@@ -958,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
         cmocka_unit_test(test_adaptive_k_between_ks_the_better_rate_wins),
         cmocka_unit_test(test_adaptive_k_prices_a_k_at_what_it_cost),
+        cmocka_unit_test(test_adaptive_k_first_round_at_a_k_is_a_warm_up),
         cmocka_unit_test(test_adaptive_k_first_rounds_luck_does_not_end_speculation),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
