@@ -377,13 +377,6 @@ static int quantize_input(const struct cpu_argmax_shadow *s, const float *h, int
     return 0;
 }
 
-/* I[j][i] = sum_k hq_i,k Q_(v[j]),k for 4 shadow rows v[] and the ni input
- * rows of hq (stride apart), exact: one read of the rows serves every
- * input. Each 32-bit lane sums at most stride / 8 products (AVX2; stride /
- * 16 with AVX-512) of |hq| <= qmax_h and |Q| <= 127, which quantize_input
- * keeps below 2^31; the lanes are summed in 64 bits. Each row's stream is
- * prefetched ARGMAX_PREFETCH_ROWS rows ahead (an address, not a pointer:
- * it may lie past the copy). */
 /* The copy's rows v[0..3] into q; returns the prefetch lead in bytes. */
 CPU_SIMD_INLINE uintptr_t shadow_rows(const struct cpu_argmax_shadow *s, const long v[4],
                                       const int8_t *q[4])
@@ -393,6 +386,13 @@ CPU_SIMD_INLINE uintptr_t shadow_rows(const struct cpu_argmax_shadow *s, const l
     return ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride;
 }
 
+/* I[j][i] = sum_k hq_i,k Q_(v[j]),k for 4 shadow rows v[] and the ni input
+ * rows of hq (stride apart), exact: one read of the rows serves every
+ * input. Each 32-bit lane sums at most stride / 8 products (AVX2; stride /
+ * 16 with AVX-512) of |hq| <= qmax_h and |Q| <= 127, which quantize_input
+ * keeps below 2^31; the lanes are summed in 64 bits. Each row's stream is
+ * prefetched ARGMAX_PREFETCH_ROWS rows ahead (an address, not a pointer:
+ * it may lie past the copy). */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni,
                              const long v[4], int64_t out[4][ARGMAX_GROUP])
@@ -514,6 +514,18 @@ struct screen_job {
     double *lower_max;      /* [ni][threads * 8]: each thread's on its own cache line */
 };
 
+/* Thread t's list for input row i: its count in n_kept, its first entry in
+ * kept and kept_upper. */
+static size_t kept_count_at(int t, int i)
+{
+    return ((size_t)t * ARGMAX_GROUP + (size_t)i) * 16;
+}
+
+static size_t kept_list_at(const struct cpu_argmax_shadow *s, int t, int i)
+{
+    return ((size_t)t * ARGMAX_GROUP + (size_t)i) * (size_t)s->rows;
+}
+
 /* A claim of tasks is ARGMAX_STREAMS runs of rows read side by side: at
  * the 2048 x 128256 head, 0.92-0.97x the time of one sequential run
  * prefetched 4 rows ahead at one input row, 0.94-0.98x at three
@@ -537,10 +549,9 @@ static void screen_task(void *ctx, long begin, long end, int thread_idx)
     double *kept_upper[ARGMAX_GROUP];
     for (int i = 0; i < ni; i++) {
         lower_max[i] = job->lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)thread_idx];
-        n_kept[i] = job->n_kept[((size_t)thread_idx * ARGMAX_GROUP + (size_t)i) * 16];
-        const size_t list = ((size_t)thread_idx * ARGMAX_GROUP + (size_t)i) * (size_t)s->rows;
-        kept[i] = job->kept + list;
-        kept_upper[i] = job->kept_upper + list;
+        n_kept[i] = job->n_kept[kept_count_at(thread_idx, i)];
+        kept[i] = job->kept + kept_list_at(s, thread_idx, i);
+        kept_upper[i] = job->kept_upper + kept_list_at(s, thread_idx, i);
     }
     const long r0 = begin * ARGMAX_ROWS_PER_TASK;
     const long r1 = end * ARGMAX_ROWS_PER_TASK < s->rows ? end * ARGMAX_ROWS_PER_TASK : s->rows;
@@ -586,7 +597,7 @@ static void screen_task(void *ctx, long begin, long end, int thread_idx)
     }
     for (int i = 0; i < ni; i++) {
         job->lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)thread_idx] = lower_max[i];
-        job->n_kept[((size_t)thread_idx * ARGMAX_GROUP + (size_t)i) * 16] = n_kept[i];
+        job->n_kept[kept_count_at(thread_idx, i)] = n_kept[i];
     }
 }
 
@@ -613,8 +624,8 @@ static int pick_row(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, c
                         : ARGMAX_CANDIDATES_MIN;
     int n = 0;
     for (int t = 0; t < cb->n_threads; t++) {
-        const size_t list = ((size_t)t * ARGMAX_GROUP + (size_t)i) * (size_t)s->rows;
-        const int kept = job->n_kept[((size_t)t * ARGMAX_GROUP + (size_t)i) * 16];
+        const size_t list = kept_list_at(s, t, i);
+        const int kept = job->n_kept[kept_count_at(t, i)];
         for (int e = 0; e < kept; e++) {
             const double upper = job->kept_upper[list + (size_t)e];
             if (upper >= m) {
@@ -663,7 +674,7 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
         job.in[i] = si[i];
         for (int t = 0; t < cb->n_threads; t++) {
             lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)t] = -INFINITY;
-            n_kept[((size_t)t * ARGMAX_GROUP + (size_t)i) * 16] = 0;
+            n_kept[kept_count_at(t, i)] = 0;
         }
     }
     const long n_tasks = (s->rows + ARGMAX_ROWS_PER_TASK - 1) / ARGMAX_ROWS_PER_TASK;
