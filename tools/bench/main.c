@@ -1,7 +1,7 @@
 /* tandem-bench: figures for the runtime and for speculative decoding.
  *
  *   tandem-bench runtime [--models DIR] [--threads N] [--tokens N] [--presets a,b]
- *       [--profile 0|1] [--backend cpu|cuda] [--device D]
+ *       [--profile 0|1] [--prefix N] [--backend cpu|cuda] [--device D]
  *       this machine's read bandwidth (read_bw.h; a memcpy figure beside it,
  *       labelled, for reference), then target-only decode tokens/s per preset
  *       and the weight bytes read per second as a share of read bandwidth: a
@@ -14,7 +14,8 @@
  *       a second, profiled run per preset: time per op kind and per matmul
  *       shape, per token. Then the cost of verifying rows = 2, 3, 5, 9, 17
  *       in one forward call relative to one row, each measured beside a
- *       one-row call.
+ *       one-row call, after a prefix of --prefix tokens (64; the rows
+ *       attend to it, so a longer one shows what attention adds).
  *       --backend cuda: the GPU's read bandwidth (kern_cuda_read_bandwidth:
  *       a kernel reading a buffer of several GB), then per preset decode
  *       ms/token with device sampling and with host sampling, each against
@@ -68,6 +69,7 @@ struct bench_opts {
     char ks[64]; /* K values to run; 0 = adaptive */
     int modes;   /* also compare the sampled and point-mass draft modes */
     int profile; /* runtime: also print where a decode token's time goes, per op */
+    int prefix;  /* runtime: tokens already in the sequence the verification rows extend */
     const char *pair; /* spec: "small", or "1b" (the Llama-1B shape, 2-layer draft) */
     int repeats;      /* spec: turns of target-only and every K, alternating */
     int full_head;    /* spec: every K also with the draft reading its whole LM head */
@@ -143,13 +145,19 @@ struct bench_model {
     struct llama_ctx *ctx;
 };
 
-static int load(struct bench_model *m, const char *dir, struct kern_backend *be)
+static int load_with_room(struct bench_model *m, const char *dir, struct kern_backend *be,
+                          int max_seq_len)
 {
     char err[ERR_MSG_MAX] = "";
-    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = 1024};
+    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len};
     if (llama_model_load(&m->model, dir, be, err) || llama_ctx_create(&m->ctx, m->model, &p, err))
         return die(dir, err);
     return 0;
+}
+
+static int load(struct bench_model *m, const char *dir, struct kern_backend *be)
+{
+    return load_with_room(m, dir, be, 1024);
 }
 
 static void unload(struct bench_model *m)
@@ -473,33 +481,39 @@ static int time_rows(struct bench_model *m, float *logits_host, float *logits_de
  * compare). The logits go to host memory, as the target worker's do. With
  * prof (the model's backend), a profile of a PROF_ROWS-row call follows:
  * where verification spends what one row does not. */
-static int cpu_verify_rows(struct bench_model *m, int calls, struct prof_backend *prof)
+static int cpu_verify_rows(struct bench_model *m, int prefix_len, int calls,
+                           struct prof_backend *prof)
 {
     enum { PROF_ROWS = 5 };
-    enum { PREFIX = 64, ROWS_MAX = 17, REPEATS = 3 };
+    enum { ROWS_MAX = 17, REPEATS = 3 };
     static const int row_counts[] = {2, 3, 5, 9, 17};
     char err[ERR_MSG_MAX] = "";
     const int vocab = llama_model_config(m->model)->vocab_size;
     float *logits = malloc((size_t)ROWS_MAX * (size_t)vocab * sizeof(float));
-    if (!logits)
+    int32_t *prefix = malloc((size_t)prefix_len * sizeof *prefix);
+    if (!logits || !prefix) {
+        free(logits);
+        free(prefix);
         return die("verification rows", "out of memory");
-    int32_t prefix[PREFIX];
-    for (int i = 0; i < PREFIX; i++)
+    }
+    for (int i = 0; i < prefix_len; i++)
         prefix[i] = (int32_t)((1000 + 7919 * i) % vocab);
-    struct llama_seq_batch pb = {.slot = 0, .tokens = prefix, .n_tokens = PREFIX};
-    if (llama_ctx_truncate(m->ctx, 0, 0, err) || llama_forward(m->ctx, &pb, 1, err)) {
+    struct llama_seq_batch pb = {.slot = 0, .tokens = prefix, .n_tokens = prefix_len};
+    const int prefilled = !llama_ctx_truncate(m->ctx, 0, 0, err) && !llama_forward(m->ctx, &pb, 1, err);
+    free(prefix);
+    if (!prefilled) {
         free(logits);
         return die("prefix", err);
     }
     printf("  verification rows (one sequence, %d-token prefix, logits to host memory; "
            "best of %d alternating runs of %d calls):\n    rows  ms/call  1 row ms  vs 1 row\n",
-           PREFIX, REPEATS, calls);
+           prefix_len, REPEATS, calls);
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
         double best_one = 0, best_rows = 0;
         for (int r = 0; r < REPEATS; r++) {
             double one, ms;
-            if (time_rows(m, logits, NULL, PREFIX, 1, calls, &one) ||
-                time_rows(m, logits, NULL, PREFIX, row_counts[i], calls, &ms)) {
+            if (time_rows(m, logits, NULL, prefix_len, 1, calls, &one) ||
+                time_rows(m, logits, NULL, prefix_len, row_counts[i], calls, &ms)) {
                 free(logits);
                 return 1;
             }
@@ -516,7 +530,7 @@ static int cpu_verify_rows(struct bench_model *m, int calls, struct prof_backend
             double ms;
             prof_init(prof, prof->inner);
             const double t0 = now_s();
-            if (time_rows(m, logits, NULL, PREFIX, rows, calls, &ms)) {
+            if (time_rows(m, logits, NULL, prefix_len, rows, calls, &ms)) {
                 free(logits);
                 return 1;
             }
@@ -557,7 +571,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         prof_init(&prof, be);
         struct kern_backend *mbe = o->profile ? &prof.base : be;
         struct bench_model m;
-        if (load(&m, dir, mbe))
+        if (load_with_room(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024))
             return 1;
         struct specdec_target *t;
         if (specdec_target_create(&t, m.ctx, err))
@@ -634,7 +648,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
                         "generated tokens, prefill included");
         }
-        if (cpu_verify_rows(&m, o->tokens < 10 ? o->tokens : 10, o->profile ? &prof : NULL))
+        if (cpu_verify_rows(&m, o->prefix, o->tokens < 10 ? o->tokens : 10, o->profile ? &prof : NULL))
             return 1;
         specdec_target_destroy(t);
         unload(&m);
@@ -1051,10 +1065,11 @@ int main(int argc, char **argv)
                         "                    [--pair small|1b] [--repeats N (spec: turns)]\n"
                         "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
                         "                    [--profile 0|1 (runtime: time per op)]\n"
+                        "                    [--prefix N (runtime: tokens before the verification rows)]\n"
                         "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n");
         return 2;
     }
-    struct bench_opts o = {.models_dir = "bench-models", .threads = 0, .tokens = 64};
+    struct bench_opts o = {.models_dir = "bench-models", .threads = 0, .tokens = 64, .prefix = 64};
     snprintf(o.presets, sizeof o.presets, "small,llama-3.2-1b");
     snprintf(o.noise, sizeof o.noise, "0.02,0.05,0.2");
     snprintf(o.ks, sizeof o.ks, "1,2,3,4,5,6,7,8,0");
@@ -1080,6 +1095,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--repeats")) o.repeats = atoi(v);
         else if (!strcmp(argv[i - 1], "--full-head")) o.full_head = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
+        else if (!strcmp(argv[i - 1], "--prefix")) o.prefix = atoi(v);
         else if (!strcmp(argv[i - 1], "--backend")) o.backend = v;
         else if (!strcmp(argv[i - 1], "--device")) o.device = v;
         else {
@@ -1089,6 +1105,10 @@ int main(int argc, char **argv)
     }
     if (o.tokens < 2) {
         fprintf(stderr, "tandem-bench: --tokens: must be >= 2\n");
+        return 2;
+    }
+    if (o.prefix < 1 || o.prefix > 65536) {
+        fprintf(stderr, "tandem-bench: --prefix: must be 1..65536\n");
         return 2;
     }
     if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
