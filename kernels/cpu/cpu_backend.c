@@ -53,10 +53,41 @@ int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     return error_set(err, ERR_UNSUPPORTED, "cpu %s: unsupported weight dtype %d", what, (int)dtype);
 }
 
+/* The word before a buffer cpu_aligned_calloc handed out: the pointer calloc
+ * returned, or CPU_MAPPED for a mapping of its own, whose length is in the
+ * word before that. */
+#define CPU_MAPPED ((uintptr_t)1)
+
+/* Zeroed, CPU_ALIGN-aligned memory. From CPU_HUGE_PAGE up, an anonymous
+ * mapping of its own that starts on a huge page and is advised to be backed
+ * by them: the KV cache is such a buffer, and attention walks each kv head's
+ * slice of it at a stride of a whole cache row (1-2 KiB), a new 4 KiB page
+ * every few positions: with small pages, a TLB miss every few positions. */
 static void *cpu_aligned_calloc(size_t size_bytes)
 {
-    if (size_bytes > SIZE_MAX - CPU_ALIGN - sizeof(void *))
+    if (size_bytes > SIZE_MAX - 2 * CPU_HUGE_PAGE)
         return NULL;
+    if (size_bytes >= CPU_HUGE_PAGE) {
+        const size_t len =
+            (size_bytes + CPU_ALIGN + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
+        char *raw = mmap(NULL, len + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED)
+            return NULL;
+        char *base =
+            (char *)(((uintptr_t)raw + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1));
+        const size_t head = (size_t)(base - raw), tail = CPU_HUGE_PAGE - head;
+        if ((head && munmap(raw, head) != 0) || (tail && munmap(base + len, tail) != 0)) {
+            munmap(raw, len + CPU_HUGE_PAGE); /* whatever is left of it */
+            return NULL;
+        }
+        /* Advice only: without huge pages the buffer is merely slower. */
+        (void)madvise(base, len, MADV_HUGEPAGE);
+        const uintptr_t mark = CPU_MAPPED;
+        memcpy(base + CPU_ALIGN - sizeof(void *), &mark, sizeof mark);
+        memcpy(base + CPU_ALIGN - 2 * sizeof(void *), &len, sizeof len);
+        return base + CPU_ALIGN;
+    }
     char *raw = calloc(1, size_bytes + CPU_ALIGN + sizeof(void *));
     if (!raw)
         return NULL;
@@ -70,6 +101,15 @@ static void cpu_aligned_free(void *ptr)
     if (!ptr)
         return;
     char *raw;
+    uintptr_t mark;
+    memcpy(&mark, (char *)ptr - sizeof(void *), sizeof(mark));
+    if (mark == CPU_MAPPED) {
+        size_t len;
+        memcpy(&len, (char *)ptr - 2 * sizeof(void *), sizeof len);
+        /* cannot fail on a mapping this file made; nothing to report to */
+        (void)munmap((char *)ptr - CPU_ALIGN, len);
+        return;
+    }
     memcpy(&raw, (char *)ptr - sizeof(void *), sizeof(raw));
     free(raw);
 }
