@@ -97,6 +97,75 @@ CPU_SIMD_INLINE float cpu_simd_hsum8_scalar(const float l[8])
     return b0 + b1;
 }
 
+/* The exponential of the CPU backend's softmax (attention), for x <= 0:
+ *   x < -87 (e^x below 1.7e-38, next to nothing beside the largest term's 1):
+ *   0; x > 0 is taken as 0; NaN stays NaN. Otherwise, with fused
+ *   multiply-adds (one rounding each) and plain float operations:
+ *     n = (fma(x, LOG2E, 1.5 * 2^23) - 1.5 * 2^23)   x / ln 2 to the nearest integer
+ *     r = fma(n, -LN2_LO, fma(n, -LN2_HI, x))        x - n ln 2, |r| <= 0.35
+ *     p = Horner of the Taylor series of e^r to r^7, fma at each step
+ *     e^x = p * 2^n                                  (2^n built from its bits)
+ * within 2 ulp of e^x. Every step is an IEEE operation, so the scalar and the
+ * vector forms give the same bits: 8 lanes take 8 exponentials at the cost
+ * of about one libm expf call. */
+#define CPU_SIMD_EXP_MIN (-87.0f)
+#define CPU_SIMD_EXP_LOG2E 1.44269504088896341f
+#define CPU_SIMD_EXP_SHIFT 12582912.0f /* 1.5 * 2^23 */
+#define CPU_SIMD_EXP_LN2_HI 0.693145751953125f /* ln 2 to 16 bits: n * LN2_HI is exact */
+#define CPU_SIMD_EXP_LN2_LO 1.42860682030941723212e-6f
+
+CPU_SIMD_INLINE float cpu_simd_exp_scalar(float x)
+{
+    if (x != x)
+        return x;
+    if (x < CPU_SIMD_EXP_MIN)
+        return 0.0f;
+    const float xc = x < 0.0f ? x : 0.0f; /* as _mm256_min_ps(x, 0) */
+    const float n = fmaf(xc, CPU_SIMD_EXP_LOG2E, CPU_SIMD_EXP_SHIFT) - CPU_SIMD_EXP_SHIFT;
+    const float r = fmaf(n, -CPU_SIMD_EXP_LN2_LO, fmaf(n, -CPU_SIMD_EXP_LN2_HI, xc));
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+#ifdef __AVX2__
+/* cpu_simd_exp_scalar on 8 lanes, bit for bit. */
+CPU_SIMD_INLINE __m256 cpu_simd_exp8(__m256 x)
+{
+    const __m256 lowest = _mm256_set1_ps(CPU_SIMD_EXP_MIN);
+    /* clamped into the range the steps below are exact for; the lanes
+     * outside it are replaced at the end */
+    const __m256 xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_setzero_ps()), lowest);
+    const __m256 shift = _mm256_set1_ps(CPU_SIMD_EXP_SHIFT);
+    const __m256 n =
+        _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(CPU_SIMD_EXP_LOG2E), shift), shift);
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CPU_SIMD_EXP_LN2_LO),
+                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-CPU_SIMD_EXP_LN2_HI), xc));
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lowest, _CMP_LT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+#endif
+
 /* Fixed-order dot product of two f32 vectors. */
 CPU_SIMD_INLINE float cpu_simd_dot_f32(const float *a, const float *b, int len)
 {

@@ -411,6 +411,21 @@ static float fixed_order_dot(const float *w, const float *x, int len)
     return s;
 }
 
+/* The same order for a plain sum: eight lanes, the fold, the tail. */
+static float fixed_order_sum(const float *x, int len)
+{
+    const int len8 = len & ~7;
+    float l[8] = {0};
+    for (int k = 0; k < len8; k += 8)
+        for (int j = 0; j < 8; j++)
+            l[j] += x[k + j];
+    float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
+    float s = (a0 + a2) + (a1 + a3);
+    for (int k = len8; k < len; k++)
+        s += x[k];
+    return s;
+}
+
 /* Every path (every n of decode, verification and prefill, every tile and
  * remainder) computes each output in exactly that order, bit for bit: the
  * CUDA kernels and the other backends' references rely on the order itself,
@@ -688,9 +703,70 @@ static void test_kernels_cpu_attention_matches_reference(void **state)
     be->ops->destroy(be);
 }
 
+/* The softmax exponential of kernels/cpu/cpu_simd.h, written out again from
+ * its description: x < -87 gives 0, x > 0 is taken as 0, NaN stays NaN;
+ * n = x / ln 2 rounded to the nearest integer, r = x - n ln 2 in two fused
+ * steps, the Taylor series of e^r to r^7 by Horner with fused steps, times
+ * 2^n. */
+static float softmax_exp(float x)
+{
+    if (isnan(x))
+        return x;
+    if (x < -87.0f)
+        return 0.0f;
+    if (!(x < 0.0f))
+        x = 0.0f;
+    const float n = fmaf(x, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+    const float r = fmaf(n, -1.42860682030941723212e-6f, fmaf(n, -0.693145751953125f, x));
+    static const float taylor[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                    1.0f / 6.0f,    0.5f,           1.0f,           1.0f};
+    float p = taylor[0];
+    for (int i = 1; i < 8; i++)
+        p = fmaf(p, r, taylor[i]);
+    return ldexpf(p, (int)n);
+}
+
+/* The exponential is within 2 ulp of e^x over the whole range it serves
+ * (every float from -87 to 0 one in 61 of them, both ends included), and the
+ * rules at its edges hold. */
+static void test_kernels_cpu_softmax_exp_is_within_2_ulp(void **state)
+{
+    (void)state;
+    double worst = 0;
+    float worst_x = 0;
+    const float x_lo = -87.0f;
+    uint32_t last;
+    memcpy(&last, &x_lo, sizeof last);
+    last &= 0x7fffffffu; /* |x| grows with these bits */
+    for (uint32_t mag = 0;; mag = last - mag < 61 ? last : mag + 61) {
+        float x;
+        const uint32_t bits = mag | 0x80000000u;
+        memcpy(&x, &bits, sizeof x);
+        const double want = exp((double)x);
+        const float got = softmax_exp(x);
+        const double ulp = (double)nextafterf((float)want, INFINITY) - (double)(float)want;
+        const double err = fabs((double)got - want) / ulp;
+        if (err > worst) {
+            worst = err;
+            worst_x = x;
+        }
+        if (mag == last)
+            break;
+    }
+    if (worst > 2.0)
+        fail_msg("softmax exp: %.2f ulp at x = %.9g", worst, (double)worst_x);
+    assert_true(softmax_exp(-87.5f) == 0.0f);
+    assert_true(softmax_exp(-INFINITY) == 0.0f);
+    assert_true(softmax_exp(0.0f) == 1.0f);
+    assert_true(softmax_exp(-0.0f) == 1.0f);
+    assert_true(softmax_exp(3.0f) == 1.0f);
+    assert_true(isnan(softmax_exp(NAN)));
+}
+
 /* The fixed order of attention.c, one (row, head) at a time in plain C:
- * fixed_order_dot times scale; expf(s - max); the sum in increasing t;
- * p = e / sum; out[d] one fmaf per t in increasing t. */
+ * fixed_order_dot times scale; e = softmax_exp(s - max); their sum in the
+ * fixed order (fixed_order_sum); p = e / sum; out[d] one fmaf per t in
+ * increasing t. */
 static void fixed_order_attention(float *out, const float *q, const float *kc, const float *vc,
                                   int n, int pos0, int n_heads, int n_kv, int hd, float scale)
 {
@@ -705,10 +781,9 @@ static void fixed_order_attention(float *out, const float *q, const float *kc, c
                 s[t] = fixed_order_dot(qv, kc + ((size_t)t * n_kv + g) * hd, hd) * scale;
                 m = s[t] > m ? s[t] : m;
             }
-            for (int t = 0; t < np; t++) {
-                s[t] = expf(s[t] - m);
-                sum += s[t];
-            }
+            for (int t = 0; t < np; t++)
+                s[t] = softmax_exp(s[t] - m);
+            sum = fixed_order_sum(s, np);
             float *o = out + ((size_t)i * n_heads + h) * hd;
             for (int k = 0; k < hd; k++) {
                 float acc = 0.0f;
@@ -734,12 +809,16 @@ static void test_kernels_cpu_attention_follows_the_fixed_order_bit_for_bit(void 
         {2, 30, 10, 2, 20},  /* group 5: a run of 4 and one, 4-column tail */
         {1, 200, 6, 1, 72},  /* group 6: 4 and 2, an 8-column chunk after the 16s */
         {4, 5, 8, 2, 7},     /* head_dim below 8: scalar only */
+        {6, 100, 12, 4, 64}, /* the small model's verification: a block of 4 rows and one of 2 */
     };
     struct kern_backend *be = make_backend(2);
     struct rng r = {16};
     char err[ERR_MSG_MAX];
-    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
-        const struct attn_case *c = &cases[ci];
+    /* q x 3: scores a few units apart; q x 80: many of them more than 87
+     * below the largest, where the exponential gives 0 */
+    for (size_t ci = 0; ci < 2 * sizeof(cases) / sizeof(cases[0]); ci++) {
+        const struct attn_case *c = &cases[ci / 2];
+        const float q_scale = ci % 2 ? 80.0f : 3.0f;
         int n_ctx = c->pos0 + c->n;
         size_t qn = (size_t)c->n * c->n_heads * c->hd, kn = (size_t)n_ctx * c->n_kv * c->hd;
         float *q = falloc(qn), *kc = falloc(kn), *vc = falloc(kn), *out = falloc(qn),
@@ -748,7 +827,7 @@ static void test_kernels_cpu_attention_follows_the_fixed_order_bit_for_bit(void 
         fill(&r, kc, kn);
         fill(&r, vc, kn);
         for (size_t i = 0; i < qn; i++)
-            q[i] *= 3.0f;
+            q[i] *= q_scale;
         float scale = 1.0f / sqrtf((float)c->hd);
         struct kern_kv_layout kv;
         assert_int_equal(be->ops->attention(be, out, q, kc, vc, c->n,
@@ -757,8 +836,8 @@ static void test_kernels_cpu_attention_follows_the_fixed_order_bit_for_bit(void 
                          0);
         fixed_order_attention(want, q, kc, vc, c->n, c->pos0, c->n_heads, c->n_kv, c->hd, scale);
         char what[96];
-        snprintf(what, sizeof(what), "attention n=%d pos0=%d heads=%d/%d hd=%d vs fixed order",
-                 c->n, c->pos0, c->n_heads, c->n_kv, c->hd);
+        snprintf(what, sizeof(what), "attention n=%d pos0=%d heads=%d/%d hd=%d q x %g vs fixed order",
+                 c->n, c->pos0, c->n_heads, c->n_kv, c->hd, (double)q_scale);
         assert_int_equal(count_bit_diffs(what, out, want, qn), 0);
         free(q);
         free(kc);
@@ -1508,6 +1587,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),
         cmocka_unit_test(test_kernels_cpu_attention_matches_reference),
+        cmocka_unit_test(test_kernels_cpu_softmax_exp_is_within_2_ulp),
         cmocka_unit_test(test_kernels_cpu_attention_follows_the_fixed_order_bit_for_bit),
         cmocka_unit_test(test_kernels_cpu_attention_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_paged_attention_equals_contiguous),
