@@ -25,7 +25,7 @@
  *       one line, "no GPU: <reason>", and exits 77 (the skip code of the
  *       test suite).
  *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c] [--ks LIST]
- *       [--modes 0|1] [--pair small|1b] [--repeats N] [--full-head 0|1]
+ *       [--modes 0|1] [--pair small|1b] [--repeats N] [--full-head 0|1] [--prompt N]
  *       on the small pair, or (--pair 1b) a Llama-1B-shaped target over a
  *       2-layer draft of its width (targets derived from the draft at
  *       several noise levels): tokens/s target-only vs speculative for
@@ -37,7 +37,9 @@
  *       every K also runs with the draft and the target reading their whole
  *       LM heads instead of the argmax screen's one-byte copies ("full"),
  *       against a target-only run that does too. Then the acceptance
- *       of the sampled and point-mass draft modes at T = 0.7, 1.0.
+ *       of the sampled and point-mass draft modes at T = 0.7, 1.0. Each
+ *       request's prompt is --prompt tokens (16): a long one shows what the
+ *       context costs a verification's rows against one decode step.
  *
  * Models are generated (deterministically) into --models (default
  * ./bench-models) when missing. Everything is measured side by side in one
@@ -70,6 +72,7 @@ struct bench_opts {
     int modes;   /* also compare the sampled and point-mass draft modes */
     int profile; /* runtime: also print where a decode token's time goes, per op */
     int prefix;  /* runtime: tokens already in the sequence the verification rows extend */
+    int prompt;  /* spec: tokens of each request's prompt */
     const char *pair; /* spec: "small", or "1b" (the Llama-1B shape, 2-layer draft) */
     int repeats;      /* spec: turns of target-only and every K, alternating */
     int full_head;    /* spec: every K also with the draft reading its whole LM head */
@@ -145,19 +148,14 @@ struct bench_model {
     struct llama_ctx *ctx;
 };
 
-static int load_with_room(struct bench_model *m, const char *dir, struct kern_backend *be,
-                          int max_seq_len)
+/* The model at dir with one sequence of up to max_seq_len tokens. */
+static int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len)
 {
     char err[ERR_MSG_MAX] = "";
     struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len};
     if (llama_model_load(&m->model, dir, be, err) || llama_ctx_create(&m->ctx, m->model, &p, err))
         return die(dir, err);
     return 0;
-}
-
-static int load(struct bench_model *m, const char *dir, struct kern_backend *be)
-{
-    return load_with_room(m, dir, be, 1024);
 }
 
 static void unload(struct bench_model *m)
@@ -179,15 +177,20 @@ static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
         sum->accepted_at[j] += st->accepted_at[j];
 }
 
-/* Runs one request per prompt; returns decode tokens/s over all of them. */
+/* Runs one request per prompt (prompt_len tokens each); returns decode
+ * tokens/s over all of them. */
 static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts,
-                        int max_tokens, int k, const struct sampling_params *sp,
+                        int prompt_len, int max_tokens, int k, const struct sampling_params *sp,
                         enum speculate_mode mode, struct specdec_stats *sum, double *tps)
 {
     char err[ERR_MSG_MAX] = "";
     int32_t *out = malloc((size_t)max_tokens * sizeof(int32_t));
-    if (!out)
+    int32_t *prompt = malloc((size_t)prompt_len * sizeof(int32_t));
+    if (!out || !prompt) {
+        free(out);
+        free(prompt);
         return die("bench", "out of memory");
+    }
     memset(sum, 0, sizeof *sum);
     /* one history per run: like a server, later requests start from what
      * earlier ones measured about the pair */
@@ -200,10 +203,10 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     const int vocab = llama_model_config(llama_ctx_model(specdec_target_ctx(t)))->vocab_size;
     const int id_mod = vocab < 120000 ? vocab : 120000;
     for (int i = 0; i < n_prompts; i++) {
-        int32_t prompt[16];
-        for (int j = 0; j < 16; j++)
-            prompt[j] = (int32_t)((1000 + 7919 * (i * 16 + j)) % id_mod);
-        struct specdec_request req = {.prompt = prompt, .n_prompt = 16, .max_tokens = max_tokens,
+        for (int j = 0; j < prompt_len; j++)
+            prompt[j] = (int32_t)((1000 + 7919 * (i * prompt_len + j)) % id_mod);
+        struct specdec_request req = {.prompt = prompt, .n_prompt = prompt_len,
+                                      .max_tokens = max_tokens,
                                       .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0,
                                       .k_history = &history};
         req.sampling.seed = (uint64_t)(i + 1);
@@ -211,6 +214,7 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
         int n;
         if (specdec_generate(d, t, &req, out, &n, &st, NULL, NULL, err)) {
             free(out);
+            free(prompt);
             return die("generate", err);
         }
         decode_ms += st.decode_ms;
@@ -218,6 +222,7 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
         stats_add(sum, &st);
     }
     free(out);
+    free(prompt);
     *tps = decode_ms > 0 ? decode_tokens * 1000.0 / decode_ms : 0;
     return 0;
 }
@@ -571,7 +576,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         prof_init(&prof, be);
         struct kern_backend *mbe = o->profile ? &prof.base : be;
         struct bench_model m;
-        if (load_with_room(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024))
+        if (load(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024))
             return 1;
         struct specdec_target *t;
         if (specdec_target_create(&t, m.ctx, err))
@@ -580,7 +585,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         sampling_params_default(&sp);
         struct specdec_stats st;
         double tps;
-        if (run_requests(NULL, t, 2, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
+        if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
             return 1;
         const double read_before = bw.read_gbs;
         if (read_bw_measure(&bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
@@ -617,7 +622,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             if (n_copies > 0 && read_bw_measure_regions(&rw, kern_cpu_threads(be), copy_ptr, copy_bytes,
                                                         n_copies, 3, err, sizeof err))
                 return die("read bandwidth of the weights", err);
-            if (run_requests(NULL, t, 1, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS, 0, &sp,
+            if (run_requests(NULL, t, 1, 16, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS, 0, &sp,
                              SPECULATE_MODE_SAMPLED, &st, &turn_tps))
                 return 1;
             fresh[r] = rb.read_gbs;
@@ -643,7 +648,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             /* a second run, now profiled from its start (the first warmed up) */
             prof_init(&prof, be);
             double t0 = now_s();
-            if (run_requests(NULL, t, 2, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
+            if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
                 return 1;
             prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
                         "generated tokens, prefill included");
@@ -683,7 +688,7 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
         if (ensure_model(dir, preset, 1, NULL, 0))
             return 1;
         struct bench_model m;
-        if (load(&m, dir, be))
+        if (load(&m, dir, be, 1024))
             return 1;
         const double bytes = (double)llama_model_weight_bytes_per_token(m.model);
         const double floor_ms = bytes / (bw.read_gbs * 1e6);
@@ -706,7 +711,7 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
                 return die("device sampling", err);
             struct specdec_stats st;
             double tps;
-            if (run_requests(NULL, t, 2, o->tokens, 0, v % 2 ? &sampled : &greedy,
+            if (run_requests(NULL, t, 2, 16, o->tokens, 0, v % 2 ? &sampled : &greedy,
                              SPECULATE_MODE_SAMPLED, &st, &tps))
                 return 1;
             printf("  %-24s %10.1f %10.3f %11.1f%%\n", names[v], tps, 1000.0 / tps,
@@ -893,7 +898,9 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
     if (ensure_model_layers(draft_dir, pair->draft_preset, pair->draft_layers, 1, NULL, 0))
         return 1;
     struct bench_model dm;
-    if (load(&dm, draft_dir, be))
+    /* the requests' prompts and tokens, and the drafts of a last round */
+    const int room = o->prompt + o->tokens + 64 > 1024 ? o->prompt + o->tokens + 64 : 1024;
+    if (load(&dm, draft_dir, be, room))
         return 1;
     char err[ERR_MSG_MAX] = "";
     struct specdec_draft *d;
@@ -916,7 +923,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         if (ensure_model(dir, pair->target_preset, 2, draft_dir, noise))
             return 1;
         struct bench_model tm;
-        if (load(&tm, dir, be))
+        if (load(&tm, dir, be, room))
             return 1;
         struct specdec_target *t;
         if (specdec_target_create(&t, tm.ctx, err))
@@ -956,19 +963,19 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         for (int r = 0; r < repeats; r++) {
             struct specdec_stats st;
             specdec_target_set_argmax(t, true);
-            if (run_requests(NULL, t, n_prompts, o->tokens, 0, &greedy, SPECULATE_MODE_SAMPLED,
-                             &st, &base_tps[r]))
+            if (run_requests(NULL, t, n_prompts, o->prompt, o->tokens, 0, &greedy,
+                             SPECULATE_MODE_SAMPLED, &st, &base_tps[r]))
                 return 1;
             stats_add(&base_st, &st);
             /* whole heads: target-only decoding as it was before the screen */
             specdec_target_set_argmax(t, false);
-            if (o->full_head && run_requests(NULL, t, n_prompts, o->tokens, 0, &greedy,
+            if (o->full_head && run_requests(NULL, t, n_prompts, o->prompt, o->tokens, 0, &greedy,
                                              SPECULATE_MODE_SAMPLED, &st, &base_full_tps[r]))
                 return 1;
             for (int i = 0; i < n_ks; i++) {
                 specdec_draft_set_argmax(d, !full[i]);
                 specdec_target_set_argmax(t, !full[i]);
-                if (run_requests(d, t, n_prompts, o->tokens, ks[i], &greedy,
+                if (run_requests(d, t, n_prompts, o->prompt, o->tokens, ks[i], &greedy,
                                  SPECULATE_MODE_SAMPLED, &st, &tps_of[i][r]))
                     return 1;
                 stats_add(&st_sum[i], &st);
@@ -977,9 +984,9 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         specdec_draft_set_argmax(d, true);
         specdec_target_set_argmax(t, true);
         double target_ms = base_st.verify_ms / (base_st.rounds ? base_st.rounds : 1);
-        printf("\n%s pair, draft noise %s, greedy, %d prompts x %d tokens, %d turn%s: "
+        printf("\n%s pair, draft noise %s, greedy, %d prompts of %d tokens x %d tokens, %d turn%s: "
                "target-only %.2f tokens/s (median; %.2f ms/token)\n",
-               pair->name, ns, n_prompts, o->tokens, repeats, repeats > 1 ? "s" : "",
+               pair->name, ns, n_prompts, o->prompt, o->tokens, repeats, repeats > 1 ? "s" : "",
                median(base_tps, repeats), target_ms);
         if (o->full_head)
             printf("  target-only reading its whole LM head: %.2f tokens/s (median); the \"full\" "
@@ -1038,8 +1045,8 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
             for (int mode = 0; mode < 2; mode++) {
                 struct specdec_stats st;
                 double tps;
-                if (run_requests(d, t, n_prompts, o->tokens, 4, &sp, (enum speculate_mode)mode, &st,
-                                 &tps))
+                if (run_requests(d, t, n_prompts, o->prompt, o->tokens, 4, &sp,
+                                 (enum speculate_mode)mode, &st, &tps))
                     return 1;
                 printf("  T=%.1f K=4 %-10s acceptance %.3f, %.2f accepted/round, %.2f tokens/s\n",
                        sp.temperature, mode ? "point-mass" : "sampled",
@@ -1066,10 +1073,12 @@ int main(int argc, char **argv)
                         "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
                         "                    [--profile 0|1 (runtime: time per op)]\n"
                         "                    [--prefix N (runtime: tokens before the verification rows)]\n"
+                        "                    [--prompt N (spec: tokens per prompt, 16)]\n"
                         "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n");
         return 2;
     }
-    struct bench_opts o = {.models_dir = "bench-models", .threads = 0, .tokens = 64, .prefix = 64};
+    struct bench_opts o = {
+        .models_dir = "bench-models", .threads = 0, .tokens = 64, .prefix = 64, .prompt = 16};
     snprintf(o.presets, sizeof o.presets, "small,llama-3.2-1b");
     snprintf(o.noise, sizeof o.noise, "0.02,0.05,0.2");
     snprintf(o.ks, sizeof o.ks, "1,2,3,4,5,6,7,8,0");
@@ -1096,6 +1105,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--full-head")) o.full_head = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--prefix")) o.prefix = atoi(v);
+        else if (!strcmp(argv[i - 1], "--prompt")) o.prompt = atoi(v);
         else if (!strcmp(argv[i - 1], "--backend")) o.backend = v;
         else if (!strcmp(argv[i - 1], "--device")) o.device = v;
         else {
@@ -1105,6 +1115,10 @@ int main(int argc, char **argv)
     }
     if (o.tokens < 2) {
         fprintf(stderr, "tandem-bench: --tokens: must be >= 2\n");
+        return 2;
+    }
+    if (o.prompt < 1 || o.prompt > 65536) {
+        fprintf(stderr, "tandem-bench: --prompt: must be 1..65536\n");
         return 2;
     }
     if (o.prefix < 1 || o.prefix > 65536) {
