@@ -30,11 +30,12 @@
  * kernel (a task per row and kv head, libm expf one score at a time, V read
  * 16 columns per pass), 2 threads, the cache cold (a 512 MiB read before
  * each call), 2048 positions, medians of 11 paired calls, both over the
- * same huge-page cache: 1B shape (32/8 heads) 0.42-0.50x the time at one
- * row, 0.37-0.42x at 3 and 5 rows; the small model's (12/4) 0.57x at one
- * row, 0.43x at 3 and 5. The cache's pages matter as much: over 4 KiB pages
- * (the cache before cpu_backend.c gave large buffers huge pages) this
- * kernel took 2.2-2.6x as long at one row, the previous one 1.3x.
+ * same huge-page cache: 1B shape (32/8 heads) 0.42x the time at one row,
+ * 0.36-0.38x at 3 rows, 0.34x at 5; the small model's (12/4) 0.40-0.45x at
+ * one row, 0.34-0.40x at 3, 0.32-0.39x at 5 (two runs each). The cache's
+ * pages matter as much: over 4 KiB pages (the cache before cpu_backend.c
+ * gave large buffers huge pages) an earlier form of this kernel took
+ * 2.2-2.6x as long at one row, the previous one 1.3x.
  */
 #include <math.h>
 #include <string.h>
@@ -189,11 +190,11 @@ CPU_SIMD_INLINE void attn_scores(const struct attn_job *job, int nc, const struc
  * bytes), and each 8 columns of the K row broadcast to both halves: half
  * the multiply-adds, and each half the same chain of them, in the same
  * order, as one chain's 8-lane accumulator. Needs head_dim % 8 == 0. */
-CPU_SIMD_INLINE void attn_scores_pairs(const struct attn_job *job, int nc, const float *qp,
-                                       float *scores, const int32_t *table, int t_end,
-                                       const float *kb, const float *vb, float *m)
+CPU_SIMD_INLINE void attn_scores_pairs(const struct attn_job *job, int nc, int chunks,
+                                       const float *qp, float *scores, const int32_t *table,
+                                       int t_end, const float *kb, const float *vb, float *m)
 {
-    const int hd = job->head_dim, chunks = hd / 8, np = (nc + 1) / 2;
+    const int hd = job->head_dim, np = (nc + 1) / 2;
     const struct kern_kv_layout *kv = job->kv;
     const size_t kv_stride = (size_t)job->n_kv_heads * (size_t)hd;
     const int bs = kv->block_size;
@@ -207,6 +208,7 @@ CPU_SIMD_INLINE void attn_scores_pairs(const struct attn_job *job, int nc, const
 #pragma GCC unroll 4
             for (int p = 0; p < np; p++)
                 acc[p] = _mm512_setzero_ps();
+#pragma GCC unroll 16
             for (int k = 0; k < chunks; k++) {
                 const __m512 kk = _mm512_broadcast_f32x8(_mm256_loadu_ps(kr + 8 * k));
 #pragma GCC unroll 4
@@ -216,12 +218,36 @@ CPU_SIMD_INLINE void attn_scores_pairs(const struct attn_job *job, int nc, const
                         acc[p]);
             }
             float s[ATTN_CHAINS_MAX];
-#pragma GCC unroll 4
-            for (int p = 0; p < np; p++) {
-                s[2 * p] = cpu_simd_hsum8(_mm512_castps512_ps256(acc[p]));
-                s[2 * p + 1] = cpu_simd_hsum8(_mm256_castpd_ps(
-                    _mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)));
+            if (np == 1) {
+                s[0] = cpu_simd_hsum8(_mm512_castps512_ps256(acc[0]));
+                s[1] = cpu_simd_hsum8(
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0]), 1)));
+                attn_keep_scores(job, nc, s, scores, t, m);
+                continue;
             }
+            /* From 2 pairs, the 8 lanes of up to 8 chains are folded side by
+             * side, each chain in exactly cpu_simd_hsum8's tree: the same
+             * two operands in every addition. Stage 1, a_i = l_i + l_i+4:
+             * the 128-bit quarters l_0..3 and l_4..7 of each chain, added. */
+            __m512 pr[ATTN_CHAINS_MAX / 2];
+#pragma GCC unroll 4
+            for (int p = 0; p < ATTN_CHAINS_MAX / 2; p++)
+                pr[p] = p < np ? acc[p] : _mm512_setzero_ps();
+            const __m512 a03 = _mm512_add_ps(                       /* chains 0-3 */
+                _mm512_shuffle_f32x4(pr[0], pr[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                _mm512_shuffle_f32x4(pr[0], pr[1], _MM_SHUFFLE(3, 1, 3, 1)));
+            const __m512 a47 = _mm512_add_ps(                       /* chains 4-7 */
+                _mm512_shuffle_f32x4(pr[2], pr[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                _mm512_shuffle_f32x4(pr[2], pr[3], _MM_SHUFFLE(3, 1, 3, 1)));
+            /* stage 2, b_0 = a_0 + a_2 and b_1 = a_1 + a_3: quarter j holds
+             * them for chain j, then for chain j + 4 */
+            const __m512 b = _mm512_add_ps(_mm512_shuffle_ps(a03, a47, _MM_SHUFFLE(1, 0, 1, 0)),
+                                           _mm512_shuffle_ps(a03, a47, _MM_SHUFFLE(3, 2, 3, 2)));
+            /* stage 3, b_0 + b_1: chain j in lane 4j, chain j + 4 in 4j + 1 */
+            const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(b, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_ps(b, b, _MM_SHUFFLE(3, 1, 3, 1)));
+            const __m512i order = _mm512_set_epi32(15, 14, 11, 10, 7, 6, 3, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+            _mm256_storeu_ps(s, _mm512_castps512_ps256(_mm512_permutexvar_ps(order, sum)));
             attn_keep_scores(job, nc, s, scores, t, m);
         }
         t0 += tn;
@@ -385,7 +411,13 @@ CPU_SIMD_INLINE void attn_chains(const struct attn_job *job, int nc, const struc
                 for (int j = 0; j < 8; j++)
                     qp[((size_t)(c / 2) * (size_t)chunks + (size_t)k) * 16 + (size_t)(c % 2) * 8 +
                        (size_t)j] = c < nc ? ch[c].q[8 * k + j] : 0.0f;
-        attn_scores_pairs(job, nc, qp, ch[0].scores, table, n_common, kb, vb, m);
+        /* Llama's head sizes as constants: the loop over a row unrolled */
+        if (hd == 64)
+            attn_scores_pairs(job, nc, 8, qp, ch[0].scores, table, n_common, kb, vb, m);
+        else if (hd == 128)
+            attn_scores_pairs(job, nc, 16, qp, ch[0].scores, table, n_common, kb, vb, m);
+        else
+            attn_scores_pairs(job, nc, chunks, qp, ch[0].scores, table, n_common, kb, vb, m);
     } else
 #endif
         attn_scores(job, nc, ch, table, 0, n_common, kb, vb, m);
