@@ -6,6 +6,7 @@
  */
 #include "adaptive_k.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -48,6 +49,9 @@
 #define K_PLAIN_PROBE_INTERVAL 32
 /* Acceptance tests seen before the model may choose plain decoding. */
 #define K_MIN_TRIALS 4
+/* Acceptance tests until which plain decoding must win against an
+ * acceptance one standard error above the estimate (adaptive_k_next_under_load). */
+#define K_EARLY_TRIALS 16
 /* The first plain round comes after this many rounds: until one is run the
  * per-row cost is the prior's (k_verify_ms), which decides between K = 1
  * and 2 on a pair like the 1B-shaped one, so it is measured early. */
@@ -364,7 +368,7 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
      * noise from choosing speculation. Between two K the better rate wins
      * outright: the margin there (as before) held the 1B-shaped pair at
      * K = 1 where K = 2 was as good or better (a = 0.65-0.75, c = 0.3). */
-    double best_rate = 0;
+    double best_rate = 0, best_cost = 0;
     int best_k = 0;
     for (int k = 1; k <= limit; k++) {
         double tokens = speculate_expected_tokens(kc->accept_rate, k);
@@ -375,10 +379,26 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
         double rate = tokens / cost;
         if (rate > best_rate) {
             best_rate = rate;
+            best_cost = cost;
             best_k = k;
         }
     }
-    if (best_rate <= 1.03 / plain_ms)
+    /* Plain decoding only where it wins even at an acceptance one standard
+     * error above the estimate, until K_EARLY_TRIALS tests are seen: on a
+     * few the estimate is mostly luck, and giving up is sticky (the next
+     * probe comes 16 rounds later, and each failed probe doubles the wait).
+     * Two rejections in the first rounds (6% of starts at a = 0.75) held the
+     * small pair (256-token prompts; K = 1 held: 1.11x) at K = 0 for most of
+     * a run: 0.92x. From K_EARLY_TRIALS on the estimate alone decides, with
+     * the margin, so a badly matched pair still ends at K = 0: a draft never
+     * accepted by its 3rd or 4th test (at the 1B pair's costs, its 2nd). */
+    const double n_tests = (double)kc->trials_seen + K_PRIOR_WEIGHT;
+    const double a_high =
+        kc->trials_seen < K_EARLY_TRIALS
+            ? kc->accept_rate + sqrt(kc->accept_rate * (1.0 - kc->accept_rate) / n_tests)
+            : kc->accept_rate;
+    if (best_k > 0 &&
+        speculate_expected_tokens(a_high < 1.0 ? a_high : 1.0, best_k) / best_cost <= 1.03 / plain_ms)
         best_k = 0;
     /* A draft that has been accepted gets a few acceptance tests before the
      * model may give up on it: on two the estimate is still the luck of the

@@ -786,6 +786,44 @@ static void test_adaptive_k_first_rounds_luck_does_not_end_speculation(void **st
     assert_int_equal(adaptive_k_next(&kc, 1000), 0);
 }
 
+/* The small pair with 256-token prompts, as a run logged it: a draft token
+ * 2.1 ms, a 2-row verification 7.4 ms (one row about 6.4), and the first
+ * two drafts rejected, where K = 1 held over the run accepts 0.72 of them
+ * (1.11x). Judged on those two tests alone (a = 0.31), K = 0 won and the
+ * next probe came 16 rounds later: the run ended at 0.92x. Against an
+ * acceptance a standard error above the estimate (0.54) K = 1 still wins,
+ * so the next tests are drawn; a third rejection ends it (a = 0.26, 0.45
+ * high), as four do for a draft that is never accepted. */
+static void test_adaptive_k_two_early_rejections_are_not_the_verdict(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update(&kc, 1, 0, 2.1, 7.4); /* the warm-up: acceptance learnt, costs not */
+    adaptive_k_update(&kc, 1, 0, 2.1, 7.4);
+    assert_int_equal(kc.trials_seen, 2);
+    assert_true(kc.accept_rate < 0.32);
+    struct adaptive_k after_two = kc;
+    assert_int_equal(adaptive_k_next(&kc, 1000), 1);
+    /* accepted from here on: it keeps drafting (but for the plain round it
+     * runs early on to measure plain decoding, 6.4 ms) */
+    struct adaptive_k good = kc;
+    int k = 1, drafting = 0;
+    for (int r = 0; r < 10; r++) {
+        if (k > 0)
+            adaptive_k_update(&good, k, k, 2.1 * k, 6.4 + k);
+        else
+            adaptive_k_update(&good, 0, 0, 0.0, 6.4);
+        k = adaptive_k_next(&good, 1000);
+        drafting += k > 0;
+    }
+    assert_true(drafting >= 8);
+    assert_true(k > 0);
+    /* rejected once more: plain decoding */
+    adaptive_k_update(&after_two, 1, 0, 2.1, 7.4);
+    assert_int_equal(adaptive_k_next(&after_two, 1000), 0);
+}
+
 /* The 1B-shaped pair on 2 cores: a plain round verifies in 59.9 ms, one
  * drafted row in 61.5 (the one-row product is another kernel), a draft
  * token costs 20 ms, 3 drafts in 4 are accepted. Running K = 1 the
@@ -987,6 +1025,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_prices_a_k_at_what_it_cost),
         cmocka_unit_test(test_adaptive_k_first_round_at_a_k_is_a_warm_up),
         cmocka_unit_test(test_adaptive_k_first_rounds_luck_does_not_end_speculation),
+        cmocka_unit_test(test_adaptive_k_two_early_rejections_are_not_the_verdict),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
         cmocka_unit_test(test_adaptive_k_first_draft_call_is_not_its_cost),
