@@ -260,8 +260,9 @@ CPU_SIMD_INLINE void attn_scores_pairs(const struct attn_job *job, int nc, int c
 /* out_c[d] = sum over t in increasing order of p_c[t] * v_t[d], one FMA per
  * t, for nc chains: positions below the shortest chain's count with each V
  * row loaded once for all chains, then each chain's own last positions.
- * The accumulators stay in registers for a whole pass over t, 16 columns of
- * every chain at a time. */
+ * The accumulators stay in registers for a whole pass over t: 64 or 32
+ * columns of every chain at a time with AVX-512, 16 with AVX2, the columns
+ * left one at a time. */
 CPU_SIMD_INLINE void attn_values(const struct attn_job *job, int nc, const struct attn_chain *ch,
                                  const int32_t *table, int n_common, const float *vb)
 {

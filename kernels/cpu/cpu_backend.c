@@ -53,6 +53,32 @@ int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     return error_set(err, ERR_UNSUPPORTED, "cpu %s: unsupported weight dtype %d", what, (int)dtype);
 }
 
+/* A fresh anonymous mapping of len bytes (a multiple of CPU_HUGE_PAGE) that
+ * starts on a huge page, advised to be backed by them: mapped one huge page
+ * larger, then trimmed. NULL with errno set on failure, *failed naming the
+ * call ("mmap" or "munmap"); nothing is left mapped then. Advice only:
+ * without huge pages the memory is merely slower. */
+static char *cpu_huge_mapping(size_t len, const char **failed)
+{
+    char *raw = mmap(NULL, len + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
+        *failed = "mmap";
+        return NULL;
+    }
+    char *base = (char *)(((uintptr_t)raw + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1));
+    const size_t head = (size_t)(base - raw), tail = CPU_HUGE_PAGE - head;
+    if ((head && munmap(raw, head) != 0) || (tail && munmap(base + len, tail) != 0)) {
+        const int e = errno;
+        munmap(raw, len + CPU_HUGE_PAGE); /* whatever is left of it */
+        errno = e;
+        *failed = "munmap";
+        return NULL;
+    }
+    (void)madvise(base, len, MADV_HUGEPAGE);
+    return base;
+}
+
 /* The word before a buffer cpu_aligned_calloc handed out: the pointer calloc
  * returned, or CPU_MAPPED for a mapping of its own, whose length is in the
  * word before that. */
@@ -70,19 +96,10 @@ static void *cpu_aligned_calloc(size_t size_bytes)
     if (size_bytes >= CPU_HUGE_PAGE) {
         const size_t len =
             (size_bytes + CPU_ALIGN + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
-        char *raw = mmap(NULL, len + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED)
+        const char *failed;
+        char *base = cpu_huge_mapping(len, &failed);
+        if (!base)
             return NULL;
-        char *base =
-            (char *)(((uintptr_t)raw + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1));
-        const size_t head = (size_t)(base - raw), tail = CPU_HUGE_PAGE - head;
-        if ((head && munmap(raw, head) != 0) || (tail && munmap(base + len, tail) != 0)) {
-            munmap(raw, len + CPU_HUGE_PAGE); /* whatever is left of it */
-            return NULL;
-        }
-        /* Advice only: without huge pages the buffer is merely slower. */
-        (void)madvise(base, len, MADV_HUGEPAGE);
         const uintptr_t mark = CPU_MAPPED;
         memcpy(base + CPU_ALIGN - sizeof(void *), &mark, sizeof mark);
         memcpy(base + CPU_ALIGN - 2 * sizeof(void *), &len, sizeof len);
@@ -231,21 +248,13 @@ static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, si
     if (size_bytes > SIZE_MAX - 2 * CPU_HUGE_PAGE)
         return error_set(err, ERR_NOMEM, "cpu map_weights: %zu bytes is too large", size_bytes);
     const size_t len = (size_bytes + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
-    /* Over-map by one huge page, then trim to a 2 MiB-aligned start. */
-    char *raw = mmap(NULL, len + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED)
-        return error_set_errno(err, ERR_NOMEM, errno, "cpu map_weights: mmap(%zu bytes)",
-                               len + CPU_HUGE_PAGE);
-    char *base = (char *)(((uintptr_t)raw + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1));
-    const size_t head = (size_t)(base - raw), tail = CPU_HUGE_PAGE - head;
-    if ((head && munmap(raw, head) != 0) || (tail && munmap(base + len, tail) != 0)) {
-        int e = errno;
-        munmap(raw, len + CPU_HUGE_PAGE); /* whatever is left of it */
-        return error_set_errno(err, ERR_SYSTEM, e, "cpu map_weights: munmap (trimming)");
-    }
-    /* Advice only: without huge pages the copy is merely no faster. */
-    (void)madvise(base, len, MADV_HUGEPAGE);
+    const char *failed;
+    char *base = cpu_huge_mapping(len, &failed);
+    if (!base)
+        return strcmp(failed, "mmap") == 0
+                   ? error_set_errno(err, ERR_NOMEM, errno, "cpu map_weights: mmap(%zu bytes)",
+                                     len + CPU_HUGE_PAGE)
+                   : error_set_errno(err, ERR_SYSTEM, errno, "cpu map_weights: munmap (trimming)");
     memcpy(base, host_ptr, size_bytes);
     int packed_rows = 0;
     if (pack_rows > 0) {
