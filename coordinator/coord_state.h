@@ -22,6 +22,7 @@
 
 #include "adaptive_k.h"
 #include "connections.h"
+#include "cpulist.h"
 #include "metrics.h"
 #include "output.h"
 #include "proc_config.h"
@@ -77,6 +78,12 @@ struct worker {
     double last_seen_ms;
     uint64_t gen;            /* bumped at each registration */
     int drops;               /* the register's "drops": a repeat of one registration has the same */
+    /* register's "cpu": the cores a CPU backend computes on (cpu_known false
+     * for a GPU backend or a worker that did not say) */
+    bool cpu_known;
+    char cpu_host[WORKER_MSG_CPU_HOST_MAX + 1];
+    int cpu_threads;
+    struct cpulist cpus;
 };
 
 enum seq_state {
@@ -115,6 +122,9 @@ struct seq {
     bool wait_target;
     int verify_round, verify_k, verify_L, verify_cached, verify_keep, verify_feed;
     bool verify_from_draft;
+    /* A run of plain steps (verify "steps"): the target answers each, and
+     * goes from one to the next without waiting for the coordinator. */
+    int run_steps, run_done;
     double verify_sent_ms;
     bool wait_draft;
     int draft_round, draft_k, draft_predraft_k;
@@ -179,6 +189,11 @@ struct coordinator {
     } answering;
     struct worker worker[2];
     uint64_t draft_gen;
+    /* The registered draft and target compute on the same cores, more
+     * threads than there are cores (registry: their "cpu"): what one runs
+     * slows the other, so the draft never works beside a verification of
+     * its own sequence (no pre-drafts). */
+    bool cores_shared;
     struct seq *seqs;        /* cfg.max_concurrency active + max_queue queued */
     int n_seqs;
     int n_active, n_queued;

@@ -116,6 +116,8 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(spec, "predraft_offered", m->predraft_offered_total);
     NUM(spec, "predraft_used", m->predraft_used_total);
     NUM(spec, "predraft_hit_rate", ratio((double)m->predraft_used_total, (double)m->predraft_offered_total));
+    NUM(spec, "plain_runs", m->plain_runs_total);
+    NUM(spec, "plain_run_steps", m->plain_run_steps_total);
     NUM(spec, "target_only_rounds", m->target_only_rounds_total);
     for (int i = 0; i < METRICS_POS_MAX && ok; i++) {
         cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
@@ -141,6 +143,7 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(time, "draft_wait_max", m->draft_wait_ms_max);
     NUM(time, "draft_wait_rounds", m->draft_wait_rounds);
     NUM(obj, "uptime_s", g->uptime_s);
+    ok = ok && cJSON_AddBoolToObject(workers, "cores_shared", g->cores_shared) != NULL;
     ok = ok && cJSON_AddBoolToObject(draft, "up", g->draft_up) != NULL;
     NUM(draft, "pid", g->draft_pid);
     ok = ok && cJSON_AddStringToObject(draft, "model", g->draft_model ? g->draft_model : "") != NULL;
@@ -245,6 +248,10 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
             (double)m->predraft_offered_total);
     counter(&tb, "tandem_predraft_used_total", "Pre-drafted rounds used as they were.",
             (double)m->predraft_used_total);
+    counter(&tb, "tandem_plain_runs_total", "Runs of plain steps the target decoded without a round trip.",
+            (double)m->plain_runs_total);
+    counter(&tb, "tandem_plain_run_steps_total", "Plain steps asked for in runs.",
+            (double)m->plain_run_steps_total);
     counter(&tb, "tandem_queue_seconds_total", "Time requests waited for a slot.", m->queue_ms_total / 1000.0);
     counter(&tb, "tandem_prefill_seconds_total", "Time to first token after admission.",
             m->prefill_ms_total / 1000.0);

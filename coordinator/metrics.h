@@ -49,6 +49,8 @@ struct metrics {
     uint64_t accepted_per_pos[METRICS_POS_MAX];
     uint64_t predraft_offered_total;
     uint64_t predraft_used_total;
+    uint64_t plain_runs_total;          /* verifies asking for more than one plain step */
+    uint64_t plain_run_steps_total;     /* the steps they asked for */
     uint64_t target_only_rounds_total;  /* k = 0 because no draft was available */
     double queue_ms_total, prefill_ms_total, decode_ms_total;
     double draft_ms_total, verify_ms_total;
@@ -86,6 +88,7 @@ struct metrics_gauges {
     int max_concurrency;
     int max_queue;
     int draft_up, target_up;
+    int cores_shared;                 /* the pair computes on the same cores (coord_state.h) */
     int draft_pid, target_pid;
     const char *draft_model, *target_model;
     double uptime_s;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "cpulist.h"
 #include "error.h"
 #include "logging.h"
 #include "scheduler.h"
@@ -144,6 +145,33 @@ static int check_pair(const struct worker *t, const struct worker *d, char *why,
     return 0;
 }
 
+/* Decides c->cores_shared for the pair just formed, and says so: the log
+ * is where an operator learns why the pipeline drafts as it does. */
+static void note_core_sharing(struct coordinator *c)
+{
+    const struct worker *d = &c->worker[ROLE_DRAFT], *t = &c->worker[ROLE_TARGET];
+    c->cores_shared = false;
+    if (!d->cpu_known || !t->cpu_known) {
+        LOG_INFO("draft (%s) and target (%s): not both on CPU cores they named; pre-drafts only where "
+                 "measured to pay", d->backend, t->backend);
+        return;
+    }
+    char dl[64] = "", tl[64] = "";
+    if (cpulist_format(&d->cpus, dl, sizeof dl, NULL) != 0)
+        snprintf(dl, sizeof dl, "%d CPUs", cpulist_count(&d->cpus));
+    if (cpulist_format(&t->cpus, tl, sizeof tl, NULL) != 0)
+        snprintf(tl, sizeof tl, "%d CPUs", cpulist_count(&t->cpus));
+    c->cores_shared = strcmp(d->cpu_host, t->cpu_host) == 0 &&
+                      cpulist_oversubscribed(&d->cpus, d->cpu_threads, &t->cpus, t->cpu_threads);
+    if (c->cores_shared)
+        LOG_INFO("draft (%d threads on CPUs %s) and target (%d threads on CPUs %s) share cores: the draft "
+                 "works only while the target waits (no pre-drafts)", d->cpu_threads, dl, t->cpu_threads, tl);
+    else
+        LOG_INFO("draft (%d threads on CPUs %s) and target (%d threads on CPUs %s) %s: pre-drafts only where "
+                 "measured to pay", d->cpu_threads, dl, t->cpu_threads, tl,
+                 strcmp(d->cpu_host, t->cpu_host) != 0 ? "run on different hosts" : "have cores enough");
+}
+
 static void welcome_draft(struct coordinator *c)
 {
     struct worker *d = &c->worker[ROLE_DRAFT];
@@ -165,6 +193,7 @@ static void welcome_draft(struct coordinator *c)
     c->metrics.worker_registrations[ROLE_DRAFT]++;
     LOG_INFO("draft worker pid %d registered: %s, %s, vocab %d, %d slots, max_seq_len %d", d->pid, d->model,
              d->backend, d->vocab_size, d->n_slots, d->max_seq_len);
+    note_core_sharing(c);
     send_welcome(c, ROLE_DRAFT);
     send_attach(c);
 }
@@ -193,6 +222,12 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         w.kv_block_size = r.kv_block_size;
         w.drops = r.drops;
         shm = r.shm;
+        /* the decode checked the list */
+        w.cpu_known = r.cpu.present && cpulist_parse(r.cpu.cpus, &w.cpus, NULL) == 0;
+        if (w.cpu_known) {
+            snprintf(w.cpu_host, sizeof(w.cpu_host), "%s", r.cpu.host);
+            w.cpu_threads = r.cpu.threads;
+        }
     }
     if (rc == 0 && shm != NULL) {
         const char *name = "";
@@ -254,6 +289,7 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
                 c->metrics.draft_refusals++;
                 registry_draft_lost(c, "does not match the new target");
             } else {
+                note_core_sharing(c);
                 send_attach(c);
             }
         }

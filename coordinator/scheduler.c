@@ -42,6 +42,11 @@
 
 static void seq_start(struct coordinator *c, struct seq *s);
 
+/* Most plain steps asked for at once (verify "steps"): a run ends early
+ * only at an end-of-sequence token or a release, so its length bounds
+ * nothing but how long a draft that registers meanwhile waits to be used. */
+#define PLAIN_RUN_MAX 32
+
 static struct worker_msg_seq msg_seq(const struct seq *s)
 {
     return (struct worker_msg_seq){.req = (int64_t)s->req, .slot = s->slot};
@@ -129,6 +134,13 @@ static void seq_take_slot(struct coordinator *c, struct seq *s)
 static void seq_leave_slot(struct coordinator *c, struct seq *s)
 {
     send_release(c, s);
+    /* the release ends a run of plain steps: the steps after the one in
+     * flight will not be answered */
+    if (s->wait_target && s->run_steps - s->run_done > 1) {
+        c->target_outstanding -= s->run_steps - s->run_done - 1;
+        if (c->target_outstanding < 0)
+            c->target_outstanding = 0;
+    }
     for (int r = 0; r < 2; r++) {
         c->kv_reserved[r] -= s->kv_reserved[r];
         s->kv_reserved[r] = 0;
@@ -238,7 +250,7 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
 }
 
 static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, bool from_draft,
-                        int cached_drafts)
+                        int cached_drafts, int steps)
 {
     s->verify_keep = s->n_hist - 1;
     s->verify_feed = 1;
@@ -248,7 +260,7 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     struct worker_msg_verify m = {
         .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
         .sampling = msg_sampling(s), .shm = k > 0 ? c->worker[ROLE_DRAFT].shm : NULL,
-        .feed = &s->hist[s->n_hist - 1], .n_feed = 1,
+        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps,
     };
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_encode(&m, &frame);
@@ -257,6 +269,8 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
         return;
     }
     s->wait_target = true;
+    s->run_steps = steps;
+    s->run_done = 0;
     s->verify_round = round;
     s->verify_k = k;
     s->verify_L = s->n_hist;
@@ -279,7 +293,11 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
             c->metrics.target_gap_ms_max = gap;
     }
     c->target_idle_since_ms = -1;
-    c->target_outstanding++;
+    c->target_outstanding += steps; /* each step is answered */
+    if (steps > 1) {
+        c->metrics.plain_runs_total++;
+        c->metrics.plain_run_steps_total += (uint64_t)steps;
+    }
     registry_send(c, ROLE_TARGET, h, &frame);
 }
 
@@ -305,9 +323,12 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
         int busy = 0;
         for (int i = 0; i < c->n_seqs; i++)
             busy += c->seqs[i].state == SEQ_ACTIVE && c->seqs[i].wait_draft;
-        /* alone, whether a pre-draft pays is the controller's to measure
-         * (it does not on cores the draft shares with the target) */
-        if (busy > 0 || !adaptive_k_predraft(&s->kc))
+        /* On cores the draft shares with the target a pre-draft slows the
+         * verification beside it by more than it can save (small pair on 2
+         * cores, 2 + 2 threads: rounds with pre-drafts took 2-4x as long,
+         * verification 16-19 ms against 6-7 alone). Elsewhere, alone,
+         * whether it pays is the controller's to measure. */
+        if (busy > 0 || c->cores_shared || !adaptive_k_predraft(&s->kc))
             predraft_k = 0;
     }
     struct worker_msg_draft m = {
@@ -347,18 +368,24 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         seq_finish(c, s, METRICS_FINISH_LENGTH);
         return;
     }
-    int k = 0;
+    int k = 0, steps = 1;
     if (draft_usable(c, s)) {
         int draft_room = c->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
         /* every active sequence shares the target's forward calls */
         struct adaptive_k_load load = {.batch = c->n_active, .call_ms_base = c->call_ms_base,
                                        .call_ms_per_row = c->call_ms_per_row};
         k = adaptive_k_next_under_load(&s->kc, room < draft_room ? room : draft_room, &load);
+        /* the plain rounds the controller commits to go as one run: each
+         * would otherwise cost a trip through the coordinator, 0.4-0.7 ms
+         * against a 5 ms step of the small target on 2 cores */
+        if (k <= 0)
+            steps = adaptive_k_plain_run(&s->kc, room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX);
     } else {
-        c->metrics.target_only_rounds_total++;
+        steps = room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX;
+        c->metrics.target_only_rounds_total += (uint64_t)steps;
     }
     if (k <= 0) {
-        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, false, 0);
+        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, false, 0, steps);
         return;
     }
     send_draft(c, s, k, room);
@@ -427,7 +454,7 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
         s->draft_ready_ms = -1.0;
         s->round_with_prefill = false;
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
-        send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1);
+        send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1, 1);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
         return;
     }
@@ -501,7 +528,7 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     }
     /* Only a reply to the awaited round can fail the request; anything
      * older is dropped, well formed or not. */
-    if (!s->wait_target || m.round != s->verify_round) {
+    if (!s->wait_target || m.round != s->verify_round || (rc == 0 && m.step != s->run_done + 1)) {
         LOG_DEBUG("target verify_done for \"%s\" dropped: not the awaited round", s->id);
         return;
     }
@@ -525,7 +552,9 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     int n_acc = m.n_accepted, n_tok = m.n_tokens;
     double verify_ms = m.verify_ms, idle_ms = m.idle_ms;
     const int32_t *tokens = m.tokens;
-    s->wait_target = false;
+    /* a run of plain steps goes on at the target by itself */
+    const bool run_goes_on = ++s->run_done < s->run_steps;
+    s->wait_target = run_goes_on;
     struct metrics *mt = &c->metrics;
     if (idle_ms >= 0) {
         mt->target_idle_samples++;
@@ -590,6 +619,12 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     replies_stream(c, s, false);
     if (ended) {
         seq_finish(c, s, reason);
+        return;
+    }
+    if (run_goes_on) {
+        /* the next step feeds the token just accepted */
+        s->verify_keep = s->n_hist - 1;
+        s->verify_sent_ms = now;
         return;
     }
     if (k > 0 && n_acc == k && s->predraft_expected && s->verify_from_draft) {
@@ -680,7 +715,7 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
     if (s->draft_n_feed > SPECULATE_ROUND_FEED_MAX)
         s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - SPECULATE_ROUND_FEED_MAX);
     s->draft_valid = s->n_hist + k - 1;
-    send_verify(c, s, k, half, round, true, k - 1);
+    send_verify(c, s, k, half, round, true, k - 1, 1);
 }
 
 void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg)
@@ -772,6 +807,8 @@ static void seq_start(struct coordinator *c, struct seq *s)
         return;
     }
     s->wait_target = true;
+    s->run_steps = 1;
+    s->run_done = 0;
     s->verify_round = s->round_counter;
     s->verify_k = 0;
     s->verify_keep = 0;

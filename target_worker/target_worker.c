@@ -7,7 +7,8 @@
  * a chunk per step beside them), and answers each verification as it
  * finishes. Commands arriving meanwhile join the next step.
  *
- * Invariants: every verify gets exactly one reply (verify_done or error);
+ * Invariants: every step of a verify gets exactly one reply (verify_done
+ * or error; a verify has one step unless it asks for a run of plain ones);
  * drafts and q rows are read in place from the draft's buffer only after
  * the half's published header (shm_buffer_half_read, acquire) matched the
  * verify's req and round, and the half's seq is re-checked after the step
@@ -65,6 +66,7 @@ struct queued_verify {
     int32_t *feed;              /* owned copy: the message is gone */
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
+    int step, steps;            /* a run of plain steps (verify "steps"): the one running, of */
 };
 
 struct target_worker {
@@ -98,7 +100,7 @@ static cJSON *build_register(void *user)
     return worker_link_register_new("target", w->cfg.target_worker.model,
                                     w->cfg.target_worker.backend, llama_model_config(w->m.model),
                                     w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
-                                    w->m.kv_block_size);
+                                    w->m.kv_block_size, &w->m.cpu);
 }
 
 static void queued_free(struct queued_verify *qv)
@@ -403,7 +405,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     memcpy(feed, v.feed, (size_t)v.n_feed * sizeof(int32_t));
     *qv = (struct queued_verify){.seq = *seq, .round = round, .half = half, .reads_shm = k > 0,
                                  .shm_seq = shm_seq, .staging_pending = staging, .feed = feed,
-                                 .queued_ms = protocol_now_ms()};
+                                 .queued_ms = protocol_now_ms(), .step = 1, .steps = v.steps};
     qv->job = (struct specdec_verify_job){
         .slot = slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .draft = drafts,
         .k = k, .q_rows = q_rows, .q_rows_dev = q_rows_dev, .sp = v.sampling.sp,
@@ -437,13 +439,40 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
               j->n_accepted, qv->compute_ms, info->seqs);
     struct worker_msg_verify_done done = {
         .seq = qv->seq, .round = qv->round, .n_accepted = j->n_accepted,
-        .verify_ms = qv->compute_ms, .idle_ms = idle_ms, .draft_k = j->k,
+        .verify_ms = qv->compute_ms, .idle_ms = idle_ms, .draft_k = j->k, .step = qv->step,
         .tokens = j->tokens_out, .n_tokens = j->n_accepted + 1, .call = w->steps,
         .call_seqs = info->seqs, .call_rows = info->rows, .call_ms = info->ms,
     };
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_done_encode(&done, &frame);
     worker_link_send(w->link, h, &frame, 1);
+}
+
+/* A plain run's next step, when one is due: it feeds the token this step
+ * chose, on the KV this step left (k is 0: nothing was accepted past the
+ * feed). Not after an error, the run's last step or an end-of-sequence
+ * token (the coordinator ends the request there). A step past the context
+ * fails in the engine, and its error reply ends the request: the
+ * coordinator never waits for a step that will not come. */
+static bool plain_run_next(struct target_worker *w, struct queued_verify *qv)
+{
+    struct specdec_verify_job *j = &qv->job;
+    if (j->rc || qv->step >= qv->steps)
+        return false;
+    const int32_t token = j->tokens_out[0];
+    const struct model_config *mc = llama_model_config(w->m.model);
+    for (int i = 0; i < mc->n_eos_token_ids; i++)
+        if (mc->eos_token_ids[i] == token)
+            return false;
+    qv->feed[0] = token;
+    j->keep_len += j->n_feed;
+    j->feed = qv->feed;
+    j->n_feed = 1;
+    specdec_verify_job_init(j);
+    qv->step++;
+    qv->compute_ms = 0;
+    qv->queued_ms = protocol_now_ms();
+    return true;
 }
 
 /* worker_link_role.run_queued: one forward call for every queued
@@ -510,6 +539,10 @@ static long run_queued(void *user)
             continue;
         }
         reply_verify(w, qv, &info, idle_ms);
+        if (plain_run_next(w, qv)) {
+            i++; /* queued for the next step: the slot waits for nothing */
+            continue;
+        }
         if (!qv->job.rc && !w->awaiting[qv->seq.slot]) {
             w->awaiting[qv->seq.slot] = true;
             w->n_awaiting++;

@@ -142,11 +142,12 @@ int worker_link_send(struct worker_link *link, cJSON *header, const struct proto
 void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
                             const struct worker_msg_seq *seq, int code, const char *message);
 
-/* A register header (worker_msg_register) with this process's pid and the
- * model facts from mc. The draft adds its "shm" descriptor. NULL when out
- * of memory. */
+/* A register header (worker_msg_register) with this process's pid, the
+ * model facts from mc and the cores it computes on (cpu, not present on a
+ * GPU backend). The draft adds its "shm" descriptor. NULL when out of
+ * memory. */
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
                                 const struct model_config *mc, int max_seq_len, int n_slots,
-                                int kv_blocks, int kv_block_size);
+                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu);
 
 #endif

@@ -4,12 +4,17 @@
  * The stop flag is the one piece of process-wide state: a signal handler
  * can reach nothing else. It is only ever set to 1, by SIGTERM/SIGINT.
  */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include "worker_main.h"
 
+#include <errno.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "cpulist.h"
 #include "error.h"
 #include "logging.h"
 
@@ -82,6 +87,56 @@ int worker_main(int argc, char **argv, const struct worker_main_role *role)
     return 0;
 }
 
+/* The kernel this process runs on: its boot id, else the host name. */
+static bool read_host_id(char *out, size_t size)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        bool ok = fgets(out, (int)size, f) != NULL;
+        if (fclose(f) != 0)
+            ok = false;
+        out[strcspn(out, "\n")] = '\0';
+        if (ok && out[0] != '\0')
+            return true;
+    }
+    if (gethostname(out, size) != 0)
+        return false;
+    out[size - 1] = '\0';
+    return out[0] != '\0';
+}
+
+/* Fills m->cpu for a CPU backend; leaves it absent (and says why in the
+ * log) where the host or the affinity cannot be read. */
+static void describe_cpu_use(struct worker_main_model *m, const struct worker_config *wc)
+{
+    if (strcmp(wc->backend, "cpu") != 0)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        LOG_WARN("sched_getaffinity: %s; the coordinator will not know which cores this worker uses",
+                 strerror(errno));
+        return;
+    }
+    struct cpulist list;
+    cpulist_clear(&list);
+    for (int c = 0; c < CPU_SETSIZE && c < CPULIST_MAX; c++)
+        if (CPU_ISSET(c, &set))
+            cpulist_add(&list, c);
+    char err[ERR_MSG_MAX];
+    if (cpulist_format(&list, m->cpu_list, sizeof m->cpu_list, err) != 0) {
+        LOG_WARN("%s; the coordinator will not know which cores this worker uses", err);
+        return;
+    }
+    if (!read_host_id(m->cpu_host, sizeof m->cpu_host)) {
+        LOG_WARN("neither the boot id nor the host name could be read; the coordinator will not "
+                 "know which cores this worker uses");
+        return;
+    }
+    m->cpu = (struct worker_msg_cpu){.present = true, .host = m->cpu_host,
+                                     .threads = kern_cpu_threads(m->be), .cpus = m->cpu_list};
+}
+
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
                            const struct worker_config *wc, char *err)
 {
@@ -116,6 +171,7 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
     m->kv_blocks = kv.n_blocks;
     m->kv_block_size = kv.block_size;
     m->max_seq_len = llama_ctx_max_seq_len(m->ctx);
+    describe_cpu_use(m, wc);
     return 0;
 fail:
     worker_main_model_free(m);

@@ -56,6 +56,12 @@ struct worker_main_model {
     struct llama_ctx *ctx; /* n_slots sequences of max_seq_len positions */
     int vocab, n_slots, max_seq_len;
     int kv_blocks, kv_block_size; /* the paged KV pool all slots share */
+    /* The cores a CPU backend computes on, for register's "cpu" (cpu.present
+     * false on a GPU backend, or where the host or the affinity could not
+     * be read: the coordinator then measures instead of knowing). */
+    struct worker_msg_cpu cpu;
+    char cpu_host[WORKER_MSG_CPU_HOST_MAX + 1];
+    char cpu_list[WORKER_MSG_CPU_LIST_MAX + 1];
 };
 
 /* Loads wc->model on wc->backend with wc->threads, and creates a context of

@@ -318,6 +318,21 @@ void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_toke
     kc->predraft_rounds[w]++;
 }
 
+int adaptive_k_plain_run(struct adaptive_k *kc, int max_rounds)
+{
+    if (max_rounds <= 1 || kc->k_fixed > 0 || kc->k_current != 0)
+        return 1;
+    /* at K = 0 each further plain round moves rounds_since_probe on, and
+     * the one that reaches probe_interval is the probe */
+    int run = kc->probe_interval - kc->rounds_since_probe;
+    if (run < 1)
+        run = 1;
+    if (run > max_rounds)
+        run = max_rounds;
+    kc->rounds_since_probe += run - 1;
+    return run;
+}
+
 double adaptive_k_cost_ratio(const struct adaptive_k *kc)
 {
     if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0)

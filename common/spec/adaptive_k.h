@@ -132,6 +132,15 @@ bool adaptive_k_predraft(struct adaptive_k *kc);
  * emitted and its wall time (<= 0: not measured, ignored). */
 void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_tokens, double wall_ms);
 
+/* Right after adaptive_k_next(_under_load) returned 0: how many plain
+ * rounds in a row (this one included, at most max_rounds, at least 1) the
+ * controller would hand out from here, before a probe or anything else.
+ * They are counted as handed out, so the caller may run them as one run
+ * (the pipeline's plain steps, which cross the coordinator once) and feed
+ * each one's measurements as usual; the next adaptive_k_next continues
+ * after them. 1 for a plain round that measures among drafting rounds. */
+int adaptive_k_plain_run(struct adaptive_k *kc, int max_rounds);
+
 /* Measured draft/target cost ratio c (0 while unknown). */
 double adaptive_k_cost_ratio(const struct adaptive_k *kc);
 

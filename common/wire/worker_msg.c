@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cpulist.h"
 #include "error.h"
 
 /* ---- shared pieces ---- */
@@ -258,7 +259,8 @@ cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protoc
               cJSON_AddNumberToObject(h, "round", (double)m->round) &&
               cJSON_AddNumberToObject(h, "keep_len", m->keep_len) &&
               cJSON_AddNumberToObject(h, "k", m->k) &&
-              cJSON_AddNumberToObject(h, "half", m->half);
+              cJSON_AddNumberToObject(h, "half", m->half) &&
+              (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps));
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -281,8 +283,12 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
         (rc = protocol_get_int(h, "k", 0, k_limit, &m->k, err)) ||
         (m->k > 0 && (rc = protocol_get_int(h, "half", 0, 1, &m->half, err))) ||
         (rc = get_sampling(h, &m->sampling, err)) ||
-        (rc = protocol_get_object_opt(h, "shm", &m->shm, err)))
+        (rc = protocol_get_object_opt(h, "shm", &m->shm, err)) ||
+        (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)))
         return rc;
+    if (m->steps > 1 && m->k > 0)
+        return error_set(err, ERR_PROTOCOL, "steps: must be 1 with k > 0 (got %d with k %d)", m->steps,
+                         m->k);
     return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &m->feed,
                                  &m->n_feed, err);
 }
@@ -298,6 +304,7 @@ cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
                          cJSON_AddNumberToObject(h, "verify_ms", m->verify_ms) &&
                          (m->idle_ms < 0 || cJSON_AddNumberToObject(h, "idle_ms", m->idle_ms)) &&
                          cJSON_AddNumberToObject(h, "draft_k", m->draft_k) &&
+                         (m->step <= 1 || cJSON_AddNumberToObject(h, "step", m->step)) &&
                          (m->call <= 0 ||
                           (cJSON_AddNumberToObject(h, "call", (double)m->call) &&
                            cJSON_AddNumberToObject(h, "call_seqs", m->call_seqs) &&
@@ -318,6 +325,7 @@ int worker_msg_verify_done_decode(const struct protocol_msg *msg,
         (rc = protocol_get_double_opt(h, "verify_ms", 0, 1e12, 0, &m->verify_ms, err)) ||
         (rc = protocol_get_double_opt(h, "idle_ms", -1, 1e12, -1, &m->idle_ms, err)) ||
         (rc = protocol_get_int_opt(h, "draft_k", 0, SPECULATE_K_MAX, 0, &m->draft_k, err)) ||
+        (rc = protocol_get_int_opt(h, "step", 1, WORKER_MSG_STEPS_MAX, 1, &m->step, err)) ||
         (rc = protocol_get_i64_opt(h, "call", 0, (int64_t)1 << 52, 0, &m->call, err)) ||
         (rc = protocol_get_int_opt(h, "call_seqs", 0, 1 << 20, 0, &m->call_seqs, err)) ||
         (rc = protocol_get_int_opt(h, "call_rows", 0, 1 << 24, 0, &m->call_rows, err)) ||
@@ -398,6 +406,12 @@ cJSON *worker_msg_register_encode(const struct worker_msg_register *m)
          (m->kv_blocks <= 0 || (cJSON_AddNumberToObject(h, "kv_blocks", m->kv_blocks) &&
                                 cJSON_AddNumberToObject(h, "kv_block_size", m->kv_block_size))) &&
          (m->drops <= 0 || cJSON_AddNumberToObject(h, "drops", m->drops));
+    if (ok && m->cpu.present) {
+        cJSON *cpu = cJSON_AddObjectToObject(h, "cpu");
+        ok = cpu && cJSON_AddStringToObject(cpu, "host", m->cpu.host) &&
+             cJSON_AddNumberToObject(cpu, "threads", m->cpu.threads) &&
+             cJSON_AddStringToObject(cpu, "cpus", m->cpu.cpus);
+    }
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -435,6 +449,20 @@ int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg
         return rc;
     if (m->kv_blocks > 0 && m->kv_block_size < 1)
         return error_set(err, ERR_PROTOCOL, "kv_block_size: required with kv_blocks");
+    const cJSON *cpu = NULL;
+    if ((rc = protocol_get_object_opt(h, "cpu", &cpu, err)))
+        return rc;
+    if (cpu) {
+        struct cpulist set;
+        char inner[ERR_MSG_MAX];
+        if ((rc = protocol_get_string(cpu, "cpu.host", WORKER_MSG_CPU_HOST_MAX, &m->cpu.host, err)) ||
+            (rc = protocol_get_int(cpu, "cpu.threads", 1, 65536, &m->cpu.threads, err)) ||
+            (rc = protocol_get_string(cpu, "cpu.cpus", WORKER_MSG_CPU_LIST_MAX, &m->cpu.cpus, err)))
+            return rc;
+        if (cpulist_parse(m->cpu.cpus, &set, inner) != 0)
+            return error_set(err, ERR_PROTOCOL, "cpu.cpus: %s", inner);
+        m->cpu.present = true;
+    }
     if (draft)
         return protocol_get_object(h, "shm", &m->shm, err);
     return 0;

@@ -108,7 +108,16 @@ struct worker_msg_verify {
     const cJSON *shm;  /* optional draft buffer descriptor (borrowed) */
     const int32_t *feed;
     int n_feed;
+    /* Plain decoding steps (k 0 only; 1 when absent): after the first, each
+     * step feeds the token the one before it chose, and each answers with a
+     * verify_done of its own (its "step"), so a run of plain rounds crosses
+     * the coordinator once instead of once a token. The target stops early
+     * after an end-of-sequence token; a release ends the run. */
+    int steps;
 };
+
+/* Most plain steps one verify may ask for. */
+#define WORKER_MSG_STEPS_MAX 256
 
 /* verify_done (target -> coordinator) + frame tokens (n_accepted + 1). */
 struct worker_msg_verify_done {
@@ -118,6 +127,7 @@ struct worker_msg_verify_done {
     double verify_ms;
     double idle_ms;    /* -1: unknown (first verification) */
     int draft_k;
+    int step;          /* which of the verify's steps this answers (1 when absent) */
     const int32_t *tokens;
     int n_tokens;
     /* The target's forward call that finished this verification (batching):
@@ -134,6 +144,19 @@ struct worker_msg_error {
     const char *code;           /* lower-case error_name */
     const char *message;
     const char *in_reply_to;    /* the command type */
+};
+
+/* The cores a CPU-backend worker computes on ("cpu" in register; absent
+ * from a GPU worker, whose host thread only feeds its device). The
+ * coordinator compares the draft's and the target's to learn whether the
+ * two compete for cores (cpulist_oversubscribed). */
+#define WORKER_MSG_CPU_HOST_MAX 64
+#define WORKER_MSG_CPU_LIST_MAX 4096
+struct worker_msg_cpu {
+    bool present;
+    const char *host;           /* the kernel's boot id: processes on one kernel share its cores */
+    int threads;                /* compute threads */
+    const char *cpus;           /* the CPUs they may run on, in list notation ("0-3,8") */
 };
 
 /* register (worker -> coordinator). */
@@ -155,6 +178,7 @@ struct worker_msg_register {
     int drops;                  /* connection drops the worker has seen (0 when absent); each
                                    emptied its slots (worker_link.h), so a registration
                                    differing only in drops holds none of the old sequences */
+    struct worker_msg_cpu cpu;
 };
 
 cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame);

@@ -37,10 +37,23 @@ def test():
     p.wait_workers(draft=False, target=True)
     check(p.shm_segments() == [], "the killed draft's segment was not removed: %s" % p.shm_segments())
 
-    # Target-only service meanwhile.
+    # Target-only service meanwhile, in runs of plain steps: the 29 tokens
+    # after the prefill's first are one run the target decodes by itself.
     ref2 = reference(target, [7, 8, 9], 30)["ids"]
-    done, _ = generate(s, {"id": "solo", "prompt_ids": [7, 8, 9], "max_tokens": 30, "temperature": 0})
+    runs_before = p.stats()["spec"]
+    done, toks = generate(s, {"id": "solo", "prompt_ids": [7, 8, 9], "max_tokens": 30, "temperature": 0,
+                              "stream": True})
     check(done.get("ids") == ref2, "target-only service: %s" % done)
+    check(sum((t["ids"] for t in toks), []) == ref2, "target-only service: streamed ids differ")
+    runs = p.stats()["spec"]
+    check((runs["plain_runs"] - runs_before["plain_runs"], runs["plain_run_steps"] - runs_before["plain_run_steps"])
+          == (1, 29), "target-only service: plain runs %s, before %s" % (runs, runs_before))
+    # Sampled, seeded: a run draws what one-step rounds draw (by position).
+    sampled = ["--seed", "4242", "--top-k", "40"]
+    ref3 = reference(target, [7, 8, 9], 30, 0.9, sampled)["ids"]
+    done, _ = generate(s, {"id": "solo-s", "prompt_ids": [7, 8, 9], "max_tokens": 30, "temperature": 0.9,
+                           "top_k": 40, "seed": 4242})
+    check(done.get("ids") == ref3, "target-only sampled: %s, tandem-generate %s" % (done.get("ids"), ref3))
 
     # The draft comes back: used again (its caches start empty).
     p.start("draft")

@@ -1000,9 +1000,89 @@ static void test_adaptive_k_measured_drafting_cost_overrules_the_model(void **st
     assert_true(adaptive_k_next(&copy, 1000) > 0);
 }
 
+/* One round of the simulated pair of test_adaptive_k_plain_runs_*: the
+ * draft's tokens are accepted with probability a (a fixed draw sequence, so
+ * two controllers fed alike see alike), plain rounds cost 5 ms. */
+static void plain_run_feed(struct adaptive_k *kc, int k, double a, unsigned *draw)
+{
+    int acc = 0;
+    while (acc < k) {
+        *draw = *draw * 1103515245u + 12345u;
+        if ((double)((*draw >> 8) & 0xffff) / 65536.0 >= a)
+            break;
+        acc++;
+    }
+    adaptive_k_update(kc, k, acc, 2.0 * k, 5.0 + 0.6 * k);
+}
+
+/* Plain rounds taken as runs (the pipeline's plain steps) give the same
+ * decisions, round for round, as asking the controller every round: the
+ * probes come where they would have. */
+static void test_adaptive_k_plain_runs_keep_the_rounds_of_the_decisions(void **state)
+{
+    (void)state;
+    const double accept[] = {0.0, 0.3};
+    for (size_t c = 0; c < sizeof accept / sizeof accept[0]; c++) {
+        struct adaptive_k per_round, in_runs;
+        adaptive_k_init(&per_round, 0, 4);
+        adaptive_k_init(&in_runs, 0, 4);
+        unsigned draw_a = 1, draw_b = 1;
+        int ks_a[600], ks_b[600];
+        for (int r = 0; r < 600; r++) {
+            ks_a[r] = adaptive_k_next(&per_round, 1000);
+            plain_run_feed(&per_round, ks_a[r], accept[c], &draw_a);
+        }
+        int r = 0, longest = 0;
+        while (r < 600) {
+            int k = adaptive_k_next(&in_runs, 1000);
+            int run = k == 0 ? adaptive_k_plain_run(&in_runs, 40) : 1;
+            assert_true(run >= 1 && run <= 40);
+            longest = run > longest ? run : longest;
+            for (int j = 0; j < run && r < 600; j++, r++) {
+                ks_b[r] = k;
+                plain_run_feed(&in_runs, k, accept[c], &draw_b);
+            }
+        }
+        assert_memory_equal(ks_a, ks_b, sizeof ks_a);
+        int plain = 0;
+        for (int i = 0; i < 600; i++)
+            plain += ks_a[i] == 0;
+        print_message("a = %.1f: %d of 600 rounds plain, longest run %d\n", accept[c], plain, longest);
+        assert_true(plain > 500); /* a hopeless draft: plain decoding, probes aside */
+        assert_true(longest > 16);
+    }
+}
+
+/* A plain round the controller runs to measure plain decoding among
+ * drafting rounds is a run of one: the drafting resumes after it. */
+static void test_adaptive_k_plain_run_is_one_round_among_drafting_rounds(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 4);
+    unsigned draw = 7;
+    int plain_seen = 0;
+    for (int r = 0; r < 200; r++) {
+        int k = adaptive_k_next(&kc, 1000);
+        if (k == 0) {
+            assert_int_equal(adaptive_k_plain_run(&kc, 40), 1);
+            plain_seen++;
+        }
+        plain_run_feed(&kc, k, 0.9, &draw);
+    }
+    assert_true(plain_seen > 0 && plain_seen < 40);
+    /* fixed K and the room's end never run long */
+    adaptive_k_init(&kc, 3, 4);
+    assert_int_equal(adaptive_k_plain_run(&kc, 40), 1);
+    adaptive_k_init(&kc, 0, 4);
+    assert_int_equal(adaptive_k_plain_run(&kc, 1), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_adaptive_k_plain_runs_keep_the_rounds_of_the_decisions),
+        cmocka_unit_test(test_adaptive_k_plain_run_is_one_round_among_drafting_rounds),
         cmocka_unit_test(test_speculate_sampled_k1_emits_target_distribution),
         cmocka_unit_test(test_speculate_sampled_k3_first_and_second_tokens_follow_p),
         cmocka_unit_test(test_speculate_point_mass_k1_emits_target_distribution),

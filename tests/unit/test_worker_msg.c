@@ -310,6 +310,125 @@ static void test_worker_msg_decoders_refuse_out_of_range_fields(void **state)
     protocol_msg_free(&m);
 }
 
+/* A run of plain steps: "steps" on the verify (plain rounds only) and
+ * "step" on each answer; both absent mean one, as before runs existed. */
+static void test_worker_msg_plain_run_steps_round_trip(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    int32_t feed[1] = {42};
+    struct worker_msg_verify v = {
+        .seq = {.req = 5, .slot = 1}, .round = 3, .keep_len = 20, .k = 0, .sampling = some_sampling(),
+        .feed = feed, .n_feed = 1, .steps = 17,
+    };
+    struct protocol_frame frame;
+    struct protocol_msg m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    struct worker_msg_verify vout;
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
+    assert_int_equal(vout.steps, 17);
+    protocol_msg_free(&m);
+
+    v.steps = 1;
+    cJSON *h = worker_msg_verify_encode(&v, &frame);
+    assert_null(cJSON_GetObjectItemCaseSensitive(h, "steps")); /* one step: as before runs */
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
+    assert_int_equal(vout.steps, 1);
+    protocol_msg_free(&m);
+
+    /* a run holds plain steps only, and is bounded */
+    v.k = 2;
+    v.half = 0;
+    h = worker_msg_verify_encode(&v, &frame);
+    cJSON_AddNumberToObject(h, "steps", 2);
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "steps: must be 1 with k > 0"));
+    protocol_msg_free(&m);
+    v.k = 0;
+    const int bad_steps[] = {0, -1, WORKER_MSG_STEPS_MAX + 1};
+    for (size_t i = 0; i < sizeof bad_steps / sizeof bad_steps[0]; i++) {
+        h = worker_msg_verify_encode(&v, &frame);
+        cJSON_AddNumberToObject(h, "steps", bad_steps[i]);
+        m = over_the_wire(h, &frame);
+        assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+        assert_non_null(strstr(err, "steps"));
+        protocol_msg_free(&m);
+    }
+
+    int32_t tokens[1] = {7};
+    struct worker_msg_verify_done done = {
+        .seq = {.req = 5, .slot = 1}, .round = 3, .idle_ms = -1, .step = 9, .tokens = tokens,
+        .n_tokens = 1,
+    };
+    m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
+    struct worker_msg_verify_done dout;
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), 0);
+    assert_int_equal(dout.step, 9);
+    protocol_msg_free(&m);
+    done.step = 0; /* not written: one step */
+    m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
+    assert_null(cJSON_GetObjectItemCaseSensitive(m.header, "step"));
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), 0);
+    assert_int_equal(dout.step, 1);
+    cJSON_AddNumberToObject(m.header, "step", 0);
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "step"));
+    protocol_msg_free(&m);
+}
+
+/* register's "cpu": the cores a CPU worker computes on, checked on arrival. */
+static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct worker_msg_register reg = {
+        .role = "target", .pid = 7, .model = "/m/t", .backend = "cpu", .vocab_size = 100,
+        .max_seq_len = 64, .n_slots = 1, .bos_id = -1,
+        .cpu = {.present = true, .host = "0f2c9a52-5c4e-4b0e-9d1e-2a6e0c1b7f33", .threads = 2,
+                .cpus = "0-1,4"},
+    };
+    struct protocol_msg m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    struct worker_msg_register rg;
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_true(rg.cpu.present);
+    assert_string_equal(rg.cpu.host, reg.cpu.host);
+    assert_int_equal(rg.cpu.threads, 2);
+    assert_string_equal(rg.cpu.cpus, "0-1,4");
+    protocol_msg_free(&m);
+
+    /* a GPU worker says nothing of cores */
+    reg.cpu.present = false;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    assert_null(cJSON_GetObjectItemCaseSensitive(m.header, "cpu"));
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_false(rg.cpu.present);
+    protocol_msg_free(&m);
+
+    /* what it says is checked, and the field is named */
+    reg.cpu.present = true;
+    const char *bad_lists[] = {"", "1-0", "0,0", "x"};
+    for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
+        reg.cpu.cpus = bad_lists[i];
+        m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+        assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
+        assert_non_null(strstr(err, "cpu.cpus"));
+        protocol_msg_free(&m);
+    }
+    reg.cpu.cpus = "0";
+    reg.cpu.threads = 0;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "cpu.threads"));
+    protocol_msg_free(&m);
+    reg.cpu.threads = 1;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItemCaseSensitive(m.header, "cpu"), "host");
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "cpu.host"));
+    protocol_msg_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -317,6 +436,8 @@ int main(void)
         cmocka_unit_test(test_worker_msg_verify_and_verify_done_round_trip),
         cmocka_unit_test(test_worker_msg_small_messages_round_trip),
         cmocka_unit_test(test_worker_msg_decoders_refuse_out_of_range_fields),
+        cmocka_unit_test(test_worker_msg_plain_run_steps_round_trip),
+        cmocka_unit_test(test_worker_msg_register_carries_the_cores_it_uses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
