@@ -122,6 +122,11 @@ struct seq {
     bool wait_target;
     int verify_round, verify_k, verify_L, verify_cached, verify_keep, verify_feed;
     bool verify_from_draft;
+    /* The verification went out with its draft (verify "await_draft"): the
+     * target waits for the draft's buffer, not for draft_ready. */
+    bool verify_beside_draft;
+    bool beside_draft_in;    /* that round's draft_ready arrived */
+    bool beside_failed;      /* the target gave up waiting: verify again once the draft answers */
     /* A run of plain steps (verify "steps"): the target answers each, and
      * goes from one to the next without waiting for the coordinator. */
     int run_steps, run_done;

@@ -118,6 +118,8 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(spec, "predraft_hit_rate", ratio((double)m->predraft_used_total, (double)m->predraft_offered_total));
     NUM(spec, "plain_runs", m->plain_runs_total);
     NUM(spec, "plain_run_steps", m->plain_run_steps_total);
+    NUM(spec, "verify_beside_draft", m->beside_draft_total);
+    NUM(spec, "verify_beside_draft_failed", m->beside_draft_failed_total);
     NUM(spec, "target_only_rounds", m->target_only_rounds_total);
     for (int i = 0; i < METRICS_POS_MAX && ok; i++) {
         cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
@@ -252,6 +254,11 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
             (double)m->plain_runs_total);
     counter(&tb, "tandem_plain_run_steps_total", "Plain steps asked for in runs.",
             (double)m->plain_run_steps_total);
+    counter(&tb, "tandem_verify_beside_draft_total", "Verifications sent together with their drafts.",
+            (double)m->beside_draft_total);
+    counter(&tb, "tandem_verify_beside_draft_failed_total",
+            "Verifications sent with their drafts that the target stopped waiting for.",
+            (double)m->beside_draft_failed_total);
     counter(&tb, "tandem_queue_seconds_total", "Time requests waited for a slot.", m->queue_ms_total / 1000.0);
     counter(&tb, "tandem_prefill_seconds_total", "Time to first token after admission.",
             m->prefill_ms_total / 1000.0);

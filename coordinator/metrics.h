@@ -51,6 +51,8 @@ struct metrics {
     uint64_t predraft_used_total;
     uint64_t plain_runs_total;          /* verifies asking for more than one plain step */
     uint64_t plain_run_steps_total;     /* the steps they asked for */
+    uint64_t beside_draft_total;        /* verifications sent beside their drafts */
+    uint64_t beside_draft_failed_total; /* ... that the target gave up waiting for */
     uint64_t target_only_rounds_total;  /* k = 0 because no draft was available */
     double queue_ms_total, prefill_ms_total, decode_ms_total;
     double draft_ms_total, verify_ms_total;

@@ -249,8 +249,20 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
     return by_tokens < by_ctx ? by_tokens : by_ctx;
 }
 
+/* Accounts the time the round waited for its draft (the stats' draft_wait). */
+static void note_draft_wait(struct coordinator *c, struct seq *s, double until_ms)
+{
+    if (s->round_start_ms <= 0)
+        return;
+    const double wait = until_ms - s->round_start_ms;
+    c->metrics.draft_wait_rounds++;
+    c->metrics.draft_wait_ms_total += wait;
+    if (wait > c->metrics.draft_wait_ms_max)
+        c->metrics.draft_wait_ms_max = wait;
+}
+
 static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, bool from_draft,
-                        int cached_drafts, int steps)
+                        int cached_drafts, int steps, bool beside_draft)
 {
     s->verify_keep = s->n_hist - 1;
     s->verify_feed = 1;
@@ -260,7 +272,7 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     struct worker_msg_verify m = {
         .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
         .sampling = msg_sampling(s), .shm = k > 0 ? c->worker[ROLE_DRAFT].shm : NULL,
-        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps,
+        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps, .await_draft = beside_draft,
     };
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_encode(&m, &frame);
@@ -278,13 +290,13 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     s->verify_from_draft = from_draft;
     s->verify_plain_alone = !s->predraft_running;
     s->verify_sent_ms = coord_now_ms();
-    if (k > 0 && s->round_start_ms > 0) {
-        const double wait = s->verify_sent_ms - s->round_start_ms;
-        c->metrics.draft_wait_rounds++;
-        c->metrics.draft_wait_ms_total += wait;
-        if (wait > c->metrics.draft_wait_ms_max)
-            c->metrics.draft_wait_ms_max = wait;
-    }
+    s->verify_beside_draft = beside_draft;
+    c->metrics.beside_draft_total += beside_draft;
+    s->beside_draft_in = false;
+    s->beside_failed = false;
+    /* beside its draft, the round's wait ends with draft_ready */
+    if (k > 0 && !beside_draft)
+        note_draft_wait(c, s, s->verify_sent_ms);
     if (c->target_outstanding == 0 && c->target_idle_since_ms >= 0) {
         double gap = s->verify_sent_ms - c->target_idle_since_ms;
         c->metrics.target_gap_samples++;
@@ -299,6 +311,21 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
         c->metrics.plain_run_steps_total += (uint64_t)steps;
     }
     registry_send(c, ROLE_TARGET, h, &frame);
+}
+
+/* Whether a verification may go out beside its draft: the target then
+ * waits on the draft's buffer (shm_buffer_half_wait) and starts as soon as
+ * the round is published, without the trip of draft_ready through here.
+ * Small pair on 2 cores, 1 + 1 threads, K = 1, three alternating pairs of
+ * runs: 1.04-1.24x the tokens/s. Not where the workers share cores: the
+ * draft's reply and this process's handling of it then run beside the
+ * verification and slow it (2 + 2 threads: 0.9-1.05x, no clear gain). Over
+ * POSIX shared memory only: on cuda_ipc the device side has its own
+ * ordering, not tried so yet. */
+static bool verify_beside_draft(const struct coordinator *c)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(c->worker[ROLE_DRAFT].shm, "transport");
+    return !c->cores_shared && cJSON_IsString(t) && strcmp(t->valuestring, "posix") == 0;
 }
 
 /* Sends a fresh draft of k tokens (and asks for a pre-draft when useful). */
@@ -354,7 +381,8 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     s->draft_sent_ms = coord_now_ms();
     s->draft_n_feed = s->n_hist - s->draft_valid;
     s->draft_gen = c->draft_gen;
-    registry_send(c, ROLE_DRAFT, h, &frame);
+    if (registry_send(c, ROLE_DRAFT, h, &frame) == 0 && verify_beside_draft(c))
+        send_verify(c, s, k, COORD_HALF_FRESH, s->draft_round, true, k - 1, 1, true);
 }
 
 /* Decides and sends the next round of an active sequence that waits for
@@ -385,7 +413,7 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         c->metrics.target_only_rounds_total += (uint64_t)steps;
     }
     if (k <= 0) {
-        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, false, 0, steps);
+        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, false, 0, steps, false);
         return;
     }
     send_draft(c, s, k, room);
@@ -454,7 +482,7 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
         s->draft_ready_ms = -1.0;
         s->round_with_prefill = false;
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
-        send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1, 1);
+        send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1, 1, false);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
         return;
     }
@@ -587,6 +615,15 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
          * it is the request's own: alone on the workers, catching-up on
          * skipped tokens left out (a one-off, as in last_draft_ms), and for a
          * plain round, no unused pre-draft still running beside it. */
+        /* Beside its draft, the verification can come back before
+         * draft_ready (two sockets, no order between them): the round's
+         * draft cost is then unknown, and the late draft_ready is dropped
+         * as stale. */
+        const bool draft_unknown = k > 0 && s->verify_beside_draft && s->wait_draft;
+        if (draft_unknown) {
+            s->wait_draft = false;
+            note_draft_wait(c, s, now);
+        }
         double wall_ms = c->n_active == 1 ? round_wall_ms : -1.0;
         if (k > 0 && s->last_draft_raw_ms > s->last_draft_ms)
             wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
@@ -595,8 +632,8 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         /* a draft that shared its forward calls with the prompt's prefill
          * (the first round, admitted while the draft still prefills) says
          * nothing of drafting's cost */
-        double draft_ms = k == 0 ? 0.0 : s->round_with_prefill ? -1.0 : s->last_draft_ms;
-        if (k > 0 && s->round_with_prefill)
+        double draft_ms = k == 0 ? 0.0 : s->round_with_prefill || draft_unknown ? -1.0 : s->last_draft_ms;
+        if (k > 0 && (s->round_with_prefill || draft_unknown))
             wall_ms = -1.0;
         adaptive_k_update_wall(&s->kc, k, n_acc, draft_ms, verify_ms, wall_ms);
         if (k > 0)
@@ -605,10 +642,14 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
                   "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
                   "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
                   s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->draft_ready_ms < 0 ? "pre-draft" : "fresh",
-                  round_wall_ms, k > 0 ? s->verify_sent_ms - (now - round_wall_ms) : 0.0,
+                  round_wall_ms,
+                  k > 0 ? (s->verify_beside_draft && !draft_unknown ? s->draft_ready_ms : s->verify_sent_ms) -
+                              (now - round_wall_ms)
+                        : 0.0,
                   k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, verify_ms, idle_ms,
                   s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
-                  s->kc.wall_plain_ms, s->kc.wall_extra_ms, s->kc.predraft_on ? "on" : "off");
+                  s->kc.wall_plain_ms, s->kc.wall_extra_ms,
+                  c->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
     }
     if (k > 0 && s->verify_from_draft && s->draft_gen == c->draft_gen) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
@@ -715,7 +756,15 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
     if (s->draft_n_feed > SPECULATE_ROUND_FEED_MAX)
         s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - SPECULATE_ROUND_FEED_MAX);
     s->draft_valid = s->n_hist + k - 1;
-    send_verify(c, s, k, half, round, true, k - 1, 1);
+    if (s->verify_beside_draft) {
+        note_draft_wait(c, s, s->draft_ready_ms);
+        s->beside_draft_in = true;
+        /* the target gave up waiting before the draft answered: the usual way */
+        if (s->beside_failed && !s->wait_target)
+            send_verify(c, s, k, half, round, true, k - 1, 1, false);
+        return;
+    }
+    send_verify(c, s, k, half, round, true, k - 1, 1, false);
 }
 
 void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg)
@@ -761,6 +810,26 @@ void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, con
         return;
     }
     LOG_WARN("%s worker error for request \"%s\": %s: %s", coord_role_name(role), s->id, code, message);
+    /* A verification sent beside its draft that the target gave up on (the
+     * draft did not publish in time, or its buffer was replaced): the
+     * draft's trouble, not the target's. It goes again the usual way once
+     * the draft answers, or the sequence moves on without the draft. */
+    if (role == ROLE_TARGET && s->wait_target && s->verify_beside_draft && s->verify_k > 0 &&
+        (strcmp(code, "timeout") == 0 || strcmp(code, "unavailable") == 0)) {
+        s->wait_target = false;
+        s->beside_failed = true;
+        c->metrics.beside_draft_failed_total++;
+        if (s->wait_draft)
+            return; /* draft_ready sends it */
+        if (s->beside_draft_in && s->draft_gen == c->draft_gen && draft_usable(c, s)) {
+            send_verify(c, s, s->verify_k, COORD_HALF_FRESH, s->verify_round, true, s->verify_k - 1, 1, false);
+            return;
+        }
+        s->predraft_expected = false;
+        s->wait_predraft = false;
+        seq_advance(c, s);
+        return;
+    }
     if (role == ROLE_TARGET) {
         bool ctx = strcmp(code, "context_full") == 0;
         scheduler_fail(c, s, ctx ? METRICS_ERR_CONTEXT_FULL : METRICS_ERR_INTERNAL,

@@ -67,6 +67,10 @@ struct queued_verify {
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
     int step, steps;            /* a run of plain steps (verify "steps"): the one running, of */
+    /* sent beside its draft (verify "await_draft"): the half does not hold
+     * the round yet; the verification waits for it until the deadline */
+    bool draft_pending;
+    double draft_deadline_ms;
 };
 
 struct target_worker {
@@ -116,6 +120,18 @@ static void queued_free(struct queued_verify *qv)
  * costs much more than it saves, and a few milliseconds at most. */
 #define GATHER_MAX_MS 3.0
 #define GATHER_STEP_SHARE 0.25
+
+/* The longest a verification sent beside its draft waits for the draft to
+ * publish the round: long past any drafting round (a few ms on the CPU
+ * pair, tens with a long catch-up), short enough that a draft that failed
+ * the round or died costs its request little. At the deadline the
+ * verification fails with "timeout", and the coordinator sends it again
+ * the usual way once the draft answers (or decodes without it). */
+#define DRAFT_AWAIT_MAX_MS 500.0
+/* The longest the worker sleeps on a draft's buffer at a time, so that
+ * commands from the coordinator (a release, another verification) wait
+ * no longer than this. */
+#define DRAFT_AWAIT_SLICE_MS 2.0
 
 static void awaiting_clear(struct target_worker *w, int slot)
 {
@@ -329,6 +345,60 @@ static int q_rows_source(struct target_worker *w, int slot, int half, uint32_t f
     return 0; /* *q_host: the host face, as it came in */
 }
 
+/* Points qv's job at its drafts (and q rows) in the draft's buffer, once
+ * the half holds the round it names. ERR_UNAVAILABLE with *not_yet set
+ * when the half does not hold it yet and qv may wait for it (a verify sent
+ * beside its draft: "await_draft"); any other failure is the verify's
+ * error, in err. */
+static int bind_drafts(struct target_worker *w, struct queued_verify *qv, bool may_wait, bool *not_yet,
+                       char *err)
+{
+    struct specdec_verify_job *j = &qv->job;
+    const int slot = qv->seq.slot, half = qv->half, k = j->k;
+    const int64_t req = qv->seq.req, round = qv->round;
+    *not_yet = false;
+    if (!w->shm)
+        return error_set(err, ERR_UNAVAILABLE, "verify: no draft shared buffer attached (k > 0)");
+    const struct shm_layout *lay = shm_buffer_layout(w->shm);
+    if (slot >= lay->n_slots)
+        return error_set(err, ERR_PROTOCOL, "slot: must be < %d (draft buffer slots), got %d",
+                         lay->n_slots, slot);
+    struct shm_half_info hi = {0};
+    int hr = shm_buffer_half_read(w->shm, slot, half, &hi, &qv->shm_seq);
+    const bool holds_round = hr == 0 && hi.req == (uint64_t)req && hi.round == (uint32_t)round;
+    if (!holds_round && may_wait) {
+        *not_yet = true;
+        return ERR_UNAVAILABLE;
+    }
+    if (!holds_round || (uint32_t)k > hi.k || hi.first > 1 ||
+        hi.first + (uint32_t)k > (uint32_t)lay->k_max + 1) {
+        if (hr != 0)
+            return error_set(err, ERR_PROTOCOL,
+                             "verify: shm slot %d half %d is being rewritten by the draft, expected "
+                             "req %lld round %lld", slot, half, (long long)req, (long long)round);
+        return error_set(err, ERR_PROTOCOL,
+                         "verify: shm slot %d half %d holds req %llu round %u k %u, expected req "
+                         "%lld round %lld k >= %d",
+                         slot, half, (unsigned long long)hi.req, hi.round, hi.k, (long long)req,
+                         (long long)round, k);
+    }
+    const uint32_t h_first = hi.first;
+    const float *q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
+    const float *q_rows_dev = NULL;
+    bool staging = false;
+    const bool wants_q = j->mode == SPECULATE_MODE_SAMPLED && !sampling_params_is_greedy(&j->sp);
+    int rc;
+    if (wants_q &&
+        (rc = q_rows_source(w, slot, half, h_first, k, &q_rows, &q_rows_dev, &staging, err)))
+        return rc;
+    j->draft = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
+    j->q_rows = q_rows;
+    j->q_rows_dev = q_rows_dev;
+    qv->staging_pending = staging;
+    qv->draft_pending = false;
+    return 0;
+}
+
 static void handle_verify(void *user, const struct protocol_msg *m)
 {
     struct target_worker *w = user;
@@ -337,61 +407,13 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     struct worker_msg_verify v;
     int rc = worker_msg_verify_decode(m, &lim, &v, err);
     const struct worker_msg_seq *seq = &v.seq;
-    int64_t req = v.seq.req, round = v.round;
-    int slot = v.seq.slot, half = v.half, k = v.k;
     if (rc) {
         worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
     }
-    const int32_t *drafts = NULL;
-    const float *q_rows = NULL, *q_rows_dev = NULL;
-    uint64_t shm_seq = 0;
-    bool staging = false;
-    if (k > 0) {
-        if (v.shm && (rc = attach(w, v.shm, err))) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-            return;
-        }
-        if (!w->shm) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_UNAVAILABLE,
-                       "verify: no draft shared buffer attached (k > 0)");
-            return;
-        }
-        const struct shm_layout *lay = shm_buffer_layout(w->shm);
-        if (slot >= lay->n_slots) {
-            snprintf(err, sizeof err, "slot: must be < %d (draft buffer slots), got %d",
-                     lay->n_slots, slot);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
-            return;
-        }
-        struct shm_half_info hi = {0};
-        int hr = shm_buffer_half_read(w->shm, slot, half, &hi, &shm_seq);
-        if (hr != 0 || hi.req != (uint64_t)req || hi.round != (uint32_t)round ||
-            (uint32_t)k > hi.k || hi.first > 1 ||
-            hi.first + (uint32_t)k > (uint32_t)lay->k_max + 1) {
-            if (hr != 0)
-                snprintf(err, sizeof err,
-                         "verify: shm slot %d half %d is being rewritten by the draft, expected "
-                         "req %lld round %lld", slot, half, (long long)req, (long long)round);
-            else
-                snprintf(err, sizeof err,
-                         "verify: shm slot %d half %d holds req %llu round %u k %u, expected req "
-                         "%lld round %lld k >= %d",
-                         slot, half, (unsigned long long)hi.req, hi.round, hi.k, (long long)req,
-                         (long long)round, k);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_PROTOCOL, err);
-            return;
-        }
-        const uint32_t h_first = hi.first;
-        drafts = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
-        q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
-        const bool wants_q = v.sampling.mode == SPECULATE_MODE_SAMPLED &&
-                             !sampling_params_is_greedy(&v.sampling.sp);
-        if (wants_q &&
-            (rc = q_rows_source(w, slot, half, h_first, k, &q_rows, &q_rows_dev, &staging, err))) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-            return;
-        }
+    if (v.k > 0 && v.shm && (rc = attach(w, v.shm, err))) {
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+        return;
     }
     struct queued_verify *qv = calloc(1, sizeof *qv);
     int32_t *feed = malloc((size_t)v.n_feed * sizeof(int32_t));
@@ -403,16 +425,27 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         return;
     }
     memcpy(feed, v.feed, (size_t)v.n_feed * sizeof(int32_t));
-    *qv = (struct queued_verify){.seq = *seq, .round = round, .half = half, .reads_shm = k > 0,
-                                 .shm_seq = shm_seq, .staging_pending = staging, .feed = feed,
-                                 .queued_ms = protocol_now_ms(), .step = 1, .steps = v.steps};
+    const double now = protocol_now_ms();
+    *qv = (struct queued_verify){.seq = *seq, .round = v.round, .half = v.half, .reads_shm = v.k > 0,
+                                 .feed = feed, .queued_ms = now, .step = 1, .steps = v.steps,
+                                 .draft_deadline_ms = now + DRAFT_AWAIT_MAX_MS};
     qv->job = (struct specdec_verify_job){
-        .slot = slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .draft = drafts,
-        .k = k, .q_rows = q_rows, .q_rows_dev = q_rows_dev, .sp = v.sampling.sp,
-        .mode = v.sampling.mode};
+        .slot = v.seq.slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .k = v.k,
+        .sp = v.sampling.sp, .mode = v.sampling.mode};
     specdec_verify_job_init(&qv->job);
+    if (v.k > 0) {
+        bool not_yet = false;
+        rc = bind_drafts(w, qv, v.await_draft, &not_yet, err);
+        if (not_yet) {
+            qv->draft_pending = true;
+        } else if (rc) {
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+            queued_free(qv);
+            return;
+        }
+    }
     w->queue[w->n_queued++] = qv;
-    awaiting_clear(w, slot);
+    awaiting_clear(w, v.seq.slot);
 }
 
 /* The reply of a finished verification. */
@@ -477,11 +510,68 @@ static bool plain_run_next(struct target_worker *w, struct queued_verify *qv)
 
 /* worker_link_role.run_queued: one forward call for every queued
  * verification that can take part, then the replies of those finished. */
+/* Verifications sent beside their drafts: bound once the draft has
+ * published their round, failed at their deadline. Returns how many
+ * queued verifications can run now; *wait_on is one still waiting (NULL if
+ * none), with the half's seq read before its last check in *seen. */
+static int bind_pending(struct target_worker *w, struct queued_verify **wait_on, uint64_t *seen)
+{
+    *wait_on = NULL;
+    int ready = 0;
+    const double now = protocol_now_ms();
+    for (int i = 0; i < w->n_queued;) {
+        struct queued_verify *qv = w->queue[i];
+        if (!qv->draft_pending) {
+            ready++;
+            i++;
+            continue;
+        }
+        char err[ERR_MSG_MAX];
+        bool not_yet = false;
+        const uint64_t before = w->shm ? shm_buffer_half_seq(w->shm, qv->seq.slot, qv->half) : 0;
+        int rc = bind_drafts(w, qv, true, &not_yet, err);
+        if (not_yet && now < qv->draft_deadline_ms) {
+            if (!*wait_on) {
+                *wait_on = qv;
+                *seen = before;
+            }
+            i++;
+            continue;
+        }
+        if (not_yet)
+            rc = error_set(err, ERR_TIMEOUT,
+                           "verify: the draft did not publish round %lld in slot %d half %d within %.0f ms",
+                           (long long)qv->round, qv->seq.slot, qv->half, DRAFT_AWAIT_MAX_MS);
+        if (rc) {
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, rc, err);
+            queue_remove(w, i);
+            continue;
+        }
+        ready++;
+        i++;
+    }
+    return ready;
+}
+
 static long run_queued(void *user)
 {
     struct target_worker *w = user;
     if (w->n_queued == 0)
         return -1;
+    struct queued_verify *wait_on = NULL;
+    uint64_t seen = 0;
+    if (bind_pending(w, &wait_on, &seen) == 0) {
+        if (wait_on) {
+            /* nothing else to run: sleep until the draft publishes (woken
+             * by it), a slice at a time so commands are still read */
+            double left = wait_on->draft_deadline_ms - protocol_now_ms();
+            int wr = shm_buffer_half_wait(w->shm, wait_on->seq.slot, wait_on->half, seen,
+                                          left < DRAFT_AWAIT_SLICE_MS ? left : DRAFT_AWAIT_SLICE_MS);
+            if (wr != 0 && wr != ERR_TIMEOUT)
+                LOG_WARN("waiting on the draft's buffer: %s", error_name(wr));
+        }
+        return w->n_queued > 0 ? 0 : -1;
+    }
     if (w->n_awaiting > 0 && w->last_step_end_ms > 0) {
         double window = w->last_step_ms * GATHER_STEP_SHARE;
         if (window > GATHER_MAX_MS)
@@ -508,15 +598,17 @@ static long run_queued(void *user)
         qv->staging_pending = false;
     }
 #endif
+    int n_jobs = 0;
     for (int i = 0; i < w->n_queued; i++)
-        w->jobs[i] = &w->queue[i]->job;
+        if (!w->queue[i]->draft_pending)
+            w->jobs[n_jobs++] = &w->queue[i]->job;
     struct specdec_step_info info;
     char err[ERR_MSG_MAX];
     const double t0 = protocol_now_ms();
     /* The gap since the previous call ended: control-plane time and
      * waiting for drafts, the overhead the pipeline exists to hide. */
     const double idle_ms = w->last_step_end_ms > 0 ? t0 - w->last_step_end_ms : -1;
-    int rc = specdec_target_step(w->spec, w->jobs, w->n_queued, &info, err);
+    int rc = specdec_target_step(w->spec, w->jobs, n_jobs, &info, err);
     w->last_step_end_ms = protocol_now_ms();
     w->last_step_ms = w->last_step_end_ms - t0;
     if (rc) {

@@ -19,6 +19,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -27,6 +29,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -610,6 +614,14 @@ void shm_buffer_half_begin_write(struct shm_buffer *buf, int slot, int half)
     atomic_thread_fence(memory_order_release);
 }
 
+/* The 32-bit word of seq that a futex waits on: its low half, wherever the
+ * byte order puts it. */
+static uint32_t *seq_word(struct shm_half_header *h)
+{
+    return (uint32_t *)(void *)((char *)&h->seq +
+                                (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__ ? sizeof(uint32_t) : 0));
+}
+
 void shm_buffer_half_publish(struct shm_buffer *buf, int slot, int half,
                              const struct shm_half_info *info)
 {
@@ -624,6 +636,34 @@ void shm_buffer_half_publish(struct shm_buffer *buf, int slot, int half,
     atomic_store_explicit(&h->guess, info->guess, memory_order_relaxed);
     /* even: every write above and since begin_write happens before it */
     atomic_store_explicit(&h->seq, (s | 1) + 1, memory_order_release);
+    /* a target that got its verify before the draft finished sleeps on it
+     * (shm_buffer_half_wait); a failed wake only leaves it to its timeout */
+    (void)syscall(SYS_futex, seq_word(h), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+uint64_t shm_buffer_half_seq(struct shm_buffer *buf, int slot, int half)
+{
+    struct shm_half_header *h = shm_buffer_half_header(buf, slot, half);
+    return h ? atomic_load_explicit(&h->seq, memory_order_acquire) : 0;
+}
+
+int shm_buffer_half_wait(struct shm_buffer *buf, int slot, int half, uint64_t seen, double timeout_ms)
+{
+    struct shm_half_header *h = shm_buffer_half_header(buf, slot, half);
+    if (!h)
+        return ERR_RANGE;
+    if (atomic_load_explicit(&h->seq, memory_order_acquire) != seen)
+        return 0;
+    if (timeout_ms <= 0)
+        return ERR_TIMEOUT;
+    struct timespec ts = {.tv_sec = (time_t)(timeout_ms / 1000.0),
+                          .tv_nsec = (long)(fmod(timeout_ms, 1000.0) * 1e6)};
+    /* The word compared is the seq's low half: it changes with every
+     * begin_write and publish (seq moves by one or two each time). */
+    long rc = syscall(SYS_futex, seq_word(h), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+    if (rc != 0 && errno == ETIMEDOUT)
+        return atomic_load_explicit(&h->seq, memory_order_acquire) != seen ? 0 : ERR_TIMEOUT;
+    return 0; /* woken, the word had moved already (EAGAIN), or a signal: the caller re-reads */
 }
 
 int shm_buffer_half_read(struct shm_buffer *buf, int slot, int half, struct shm_half_info *info,

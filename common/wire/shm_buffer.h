@@ -192,6 +192,19 @@ void shm_buffer_half_publish(struct shm_buffer *buf, int slot, int half,
 int shm_buffer_half_read(struct shm_buffer *buf, int slot, int half, struct shm_half_info *info,
                          uint64_t *seq_out);
 
+/* Reader: the half's seq now (acquire), for shm_buffer_half_wait; 0 for a
+ * slot/half out of range. */
+uint64_t shm_buffer_half_seq(struct shm_buffer *buf, int slot, int half);
+
+/* Reader: sleeps until the half's seq is no longer `seen` (the owner began
+ * rewriting it or published it) or timeout_ms have passed: 0, or
+ * ERR_TIMEOUT when nothing moved; ERR_RANGE for a slot/half out of range.
+ * It may return 0 early (a wake for another reader): callers re-read the
+ * half and wait again. The owner wakes the half's sleepers when it
+ * publishes (a futex on the seq's low 32 bits, shared between the
+ * processes that map the segment). */
+int shm_buffer_half_wait(struct shm_buffer *buf, int slot, int half, uint64_t seen, double timeout_ms);
+
 /* Reader, after reading a half's tokens and q rows: whether the half is
  * still the publication shm_buffer_half_read returned seq for (so what was
  * read is that publication's data, not a mix). An acquire fence orders the

@@ -260,7 +260,8 @@ cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protoc
               cJSON_AddNumberToObject(h, "keep_len", m->keep_len) &&
               cJSON_AddNumberToObject(h, "k", m->k) &&
               cJSON_AddNumberToObject(h, "half", m->half) &&
-              (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps));
+              (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps)) &&
+              (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true));
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -284,8 +285,11 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
         (m->k > 0 && (rc = protocol_get_int(h, "half", 0, 1, &m->half, err))) ||
         (rc = get_sampling(h, &m->sampling, err)) ||
         (rc = protocol_get_object_opt(h, "shm", &m->shm, err)) ||
-        (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)))
+        (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)) ||
+        (rc = protocol_get_bool_opt(h, "await_draft", false, &m->await_draft, err)))
         return rc;
+    if (m->await_draft && m->k == 0)
+        return error_set(err, ERR_PROTOCOL, "await_draft: only with k > 0 (a verification of drafts)");
     if (m->steps > 1 && m->k > 0)
         return error_set(err, ERR_PROTOCOL, "steps: must be 1 with k > 0 (got %d with k %d)", m->steps,
                          m->k);

@@ -114,6 +114,12 @@ struct worker_msg_verify {
      * the coordinator once instead of once a token. The target stops early
      * after an end-of-sequence token; a release ends the run. */
     int steps;
+    /* Sent beside its draft (k > 0 only; false when absent): the half may
+     * not hold the round yet, and the target waits for the draft to
+     * publish it (shm_buffer_half_wait) instead of refusing the verify, so
+     * the round skips the trip of draft_ready through the coordinator. A
+     * draft that does not publish in time fails it with "timeout". */
+    bool await_draft;
 };
 
 /* Most plain steps one verify may ask for. */

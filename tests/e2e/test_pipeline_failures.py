@@ -85,6 +85,24 @@ def test():
     done, _ = generate(s, {"id": "resumed", "prompt_ids": ids, "max_tokens": 40, "temperature": 0})
     check(done.get("ids") == ref[:40], "after the target restarted: %s" % done)
 
+    # A hung draft (SIGSTOP) while a request runs: a verification sent
+    # beside its draft stops waiting, the draft is declared lost, and the
+    # request finishes target-only with the target's output.
+    losses = p.stats()["workers"]["draft"]["losses"]
+    s.send_json({"v": 1, "type": "generate", "id": "hung-draft", "prompt_ids": ids, "max_tokens": 600,
+                 "temperature": 0, "stream": True})
+    check(next_event(s, "hung-draft")["type"] == "token", "hung-draft request did not start")
+    p.procs["draft"].send_signal(signal.SIGSTOP)
+    try:
+        done, _ = collect(s, "hung-draft", 120)
+    finally:
+        p.procs["draft"].send_signal(signal.SIGCONT)
+    check(done.get("ids") == ref[:600], "after the draft hung: %s" % {k: v for k, v in done.items() if k != "ids"})
+    st = p.stats()
+    check(st["workers"]["draft"]["losses"] == losses + 1, "the hung draft was not declared lost: %s" % st["workers"])
+    print("hung draft: %d verifications beside drafts, %d given up" %
+          (st["spec"]["verify_beside_draft"], st["spec"]["verify_beside_draft_failed"]))
+
     # Clean stop: nothing left in /dev/shm.
     s.close()
     for role in ("draft", "target", "coordinator"):

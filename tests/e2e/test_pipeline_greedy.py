@@ -112,6 +112,9 @@ def test():
     check(0 <= tm["draft_wait_per_round"] <= tm["draft_wait_max"] <= tm["decode"],
           "stats: draft wait per round %s, max %s, decode %s" % (tm["draft_wait_per_round"], tm["draft_wait_max"],
                                                                tm["decode"]))
+    # One thread each: the workers do not share cores, so verifications go
+    # out beside their drafts (the target waits on the draft's buffer).
+    check(st["spec"]["verify_beside_draft"] > 0, "no verification went beside its draft: %s" % st["spec"])
     print("pre-draft used %d of %d offered; acceptance %.3f" %
           (st["spec"]["predraft_used"], st["spec"]["predraft_offered"], st["spec"]["acceptance_rate"]))
     s.close()

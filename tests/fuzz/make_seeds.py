@@ -137,6 +137,16 @@ wmsg("error", {"type": "error", "req": 7, "slot": 1, "code": "invalid_arg", "mes
 wmsg("register", {"type": "register", "role": "draft", "pid": 4242, "model": "/m/d", "backend": "cpu",
                   "vocab_size": 512, "eos_ids": [497, 504], "max_seq_len": 64, "n_slots": 4,
                   "bos_id": 496, "shm": {"name": "/tandem-x-4242-draft"}})
+wmsg("verify_steps", {"type": "verify", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "k": 0,
+                      "sampling": S, "steps": 17}, [5])
+wmsg("verify_beside", {"type": "verify", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "k": 2, "half": 0,
+                       "sampling": S, "await_draft": True}, [5])
+wmsg("verify_done_step", {"type": "verify_done", "req": 7, "slot": 1, "round": 3, "n_accepted": 0,
+                          "verify_ms": 2.0, "draft_k": 0, "step": 5}, [10])
+wmsg("register_cpu", {"type": "register", "role": "target", "pid": 4243, "model": "/m/t", "backend": "cpu",
+                      "vocab_size": 512, "eos_ids": [497], "max_seq_len": 64, "n_slots": 4, "bos_id": -1,
+                      "cpu": {"host": "0f2c9a52-5c4e-4b0e-9d1e-2a6e0c1b7f33", "threads": 2,
+                              "cpus": "0-3,8"}})
 wmsg("verify_done_odd_frame", {"type": "verify_done", "req": 7, "slot": 1, "round": 3,
                                "n_accepted": 0, "verify_ms": 2.0, "draft_k": 0}, [1], shape=3)
 put("worker_msg", "verify_done_frame_not_int32",

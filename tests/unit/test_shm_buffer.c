@@ -542,6 +542,73 @@ static void test_shm_buffer_cleanup_removes_only_dead_owners(void **state)
     assert_int_equal(shm_unlink(other), 0);
 }
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A reader in another process, on its read-only mapping, sleeps in
+ * shm_buffer_half_wait until the owner publishes, and is woken by it (well
+ * before its timeout); with nothing published it returns ERR_TIMEOUT after
+ * the time asked. */
+static void test_shm_buffer_half_wait_wakes_a_reader_in_another_process(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct shm_buffer *owner = NULL;
+    assert_int_equal(shm_buffer_create(&owner, "posix", instance, "wait", 1, 2, 16, err), 0);
+    cJSON *desc = shm_buffer_export(owner);
+    char *text = cJSON_PrintUnformatted(desc);
+    assert_non_null(text);
+    const uint64_t seen = shm_buffer_half_seq(owner, 0, 0);
+    int go[2];
+    assert_int_equal(pipe(go), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        cJSON *d = cJSON_Parse(text);
+        struct shm_buffer *peer = NULL;
+        char cerr[ERR_MSG_MAX];
+        if (!d || shm_buffer_import(&peer, d, cerr) != 0)
+            _exit(2);
+        if (write(go[1], "w", 1) != 1) /* about to wait */
+            _exit(3);
+        const double t0 = now_ms();
+        struct shm_half_info hi = {0};
+        uint64_t at = seen;
+        for (;;) { /* woken early or for a begin_write: read again */
+            if (shm_buffer_half_wait(peer, 0, 0, at, 10000.0 - (now_ms() - t0)) != 0)
+                _exit(4);
+            at = shm_buffer_half_seq(peer, 0, 0);
+            if (shm_buffer_half_read(peer, 0, 0, &hi, &at) == 0 && hi.round == 7)
+                break;
+        }
+        if (hi.req != 99 || now_ms() - t0 > 5000.0)
+            _exit(5);
+        const double t1 = now_ms();
+        if (shm_buffer_half_wait(peer, 0, 0, at, 40.0) != ERR_TIMEOUT || now_ms() - t1 < 35.0)
+            _exit(6);
+        _exit(0);
+    }
+    char c;
+    assert_int_equal(read(go[0], &c, 1), 1);
+    struct timespec pause = {.tv_sec = 0, .tv_nsec = 50 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    shm_buffer_half_begin_write(owner, 0, 0);
+    shm_buffer_half_publish(owner, 0, 0, &(struct shm_half_info){.req = 99, .round = 7, .k = 1});
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    close(go[0]);
+    close(go[1]);
+    cJSON_free(text);
+    cJSON_Delete(desc);
+    shm_buffer_close(owner);
+}
+
 int main(void)
 {
     snprintf(instance, sizeof instance, "ut%ld", (long)getpid());
@@ -549,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_shm_layout_is_aligned_and_sized),
         cmocka_unit_test(test_shm_buffer_second_mapping_sees_writes),
         cmocka_unit_test(test_shm_buffer_forked_child_reads_and_cannot_write),
+        cmocka_unit_test(test_shm_buffer_half_wait_wakes_a_reader_in_another_process),
         cmocka_unit_test(test_shm_buffer_bad_descriptors_are_rejected),
         cmocka_unit_test(test_shm_half_protocol_refuses_rewritten_halves),
         cmocka_unit_test(test_shm_half_reader_never_accepts_a_torn_half),

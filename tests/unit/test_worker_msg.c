@@ -356,6 +356,30 @@ static void test_worker_msg_plain_run_steps_round_trip(void **state)
         protocol_msg_free(&m);
     }
 
+    /* a verification sent beside its drafts, and only with drafts */
+    v.k = 2;
+    v.half = 1;
+    v.steps = 1;
+    v.await_draft = true;
+    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
+    assert_true(vout.await_draft);
+    protocol_msg_free(&m);
+    v.await_draft = false;
+    h = worker_msg_verify_encode(&v, &frame);
+    assert_null(cJSON_GetObjectItemCaseSensitive(h, "await_draft"));
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
+    assert_false(vout.await_draft);
+    protocol_msg_free(&m);
+    v.k = 0;
+    h = worker_msg_verify_encode(&v, &frame);
+    cJSON_AddBoolToObject(h, "await_draft", true);
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "await_draft"));
+    protocol_msg_free(&m);
+
     int32_t tokens[1] = {7};
     struct worker_msg_verify_done done = {
         .seq = {.req = 5, .slot = 1}, .round = 3, .idle_ms = -1, .step = 9, .tokens = tokens,
