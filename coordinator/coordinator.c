@@ -103,6 +103,16 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     c->default_mode = strcmp(cc->spec_mode, "point_mass") == 0 ? SPECULATE_MODE_POINT_MASS : SPECULATE_MODE_SAMPLED;
     c->t_start_ms = coord_now_ms();
     c->rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(c->t_start_ms * 1000.0);
+    /* Request numbers start somewhere new in each coordinator: the workers
+     * outlive a coordinator, and the draft's buffer still holds halves
+     * published under the last one's numbers. A verification sent beside
+     * its draft waits for the half to hold its (req, round); from a
+     * restarted coordinator counting from 1 again it would take an old
+     * half for its own (seen under load with kill -9 of the coordinator: the
+     * draft then rewrote the half under the verification). 48 bits: far
+     * below the 2^53 a JSON number carries, far above the requests of one
+     * run. */
+    c->next_req = ((c->rng_state ^ (c->rng_state >> 31)) * 0x9E3779B97F4A7C15ull) >> 16;
     metrics_init(&c->metrics);
     c->target_idle_since_ms = -1;
     c->busy_since_ms = -1;
