@@ -98,6 +98,11 @@ print(f"                          {sp['num_drafts']} of {sp['rounds']} rounds dr
       f"the target waited {tm['draft_wait_per_round']:.1f} ms for the draft per round with drafts; "
       f"pre-drafts used {sum(r.get('predraft_used', 0) for r in ps)}/"
       f"{sum(r.get('predraft_offered', 0) for r in ps)}")
+wk = st.get("workers", {})
+print(f"                          draft and target "
+      f"{'share the cores (more threads than cores): no pre-drafts' if wk.get('cores_shared') else 'have cores enough'}; "
+      f"{sp.get('plain_run_steps', 0)} plain rounds went to the target in {sp.get('plain_runs', 0)} runs "
+      f"(one trip through the coordinator a run); {sp.get('verify_beside_draft', 0)} verifications sent with their drafts")
 print(f"speculative, in-process (1 process, 2 threads):")
 print(f"                          {s_tps:8.2f} tokens/s  (runs: {rates(ss)})  acceptance "
       f"{med(ss, 'acceptance_rate'):.3f}")
