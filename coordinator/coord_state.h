@@ -75,6 +75,7 @@ struct worker {
     int kv_blocks, kv_block_size; /* paged KV pool; kv_blocks 0: not reported */
     cJSON *shm;              /* draft's shared-buffer descriptor (owned) */
     char shm_name[256];
+    bool shm_posix;          /* the draft's buffer is POSIX shared memory (its "transport") */
     double last_seen_ms;
     uint64_t gen;            /* bumped at each registration */
     int drops;               /* the register's "drops": a repeat of one registration has the same */

@@ -233,6 +233,8 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         const char *name = "";
         if (protocol_get_string_opt(shm, "shm.name", sizeof(w.shm_name) - 1, "", &name, err) == 0)
             snprintf(w.shm_name, sizeof(w.shm_name), "%s", name);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(shm, "transport");
+        w.shm_posix = cJSON_IsString(t) && strcmp(t->valuestring, "posix") == 0;
     }
     if (rc != 0) {
         LOG_ERROR("refusing a worker registration: %s", err);

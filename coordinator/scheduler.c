@@ -324,8 +324,7 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
  * ordering, not tried so yet. */
 static bool verify_beside_draft(const struct coordinator *c)
 {
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(c->worker[ROLE_DRAFT].shm, "transport");
-    return !c->cores_shared && cJSON_IsString(t) && strcmp(t->valuestring, "posix") == 0;
+    return !c->cores_shared && c->worker[ROLE_DRAFT].shm_posix;
 }
 
 /* Sends a fresh draft of k tokens (and asks for a pre-draft when useful). */

@@ -508,8 +508,6 @@ static bool plain_run_next(struct target_worker *w, struct queued_verify *qv)
     return true;
 }
 
-/* worker_link_role.run_queued: one forward call for every queued
- * verification that can take part, then the replies of those finished. */
 /* Verifications sent beside their drafts: bound once the draft has
  * published their round, failed at their deadline. Returns how many
  * queued verifications can run now; *wait_on is one still waiting (NULL if
@@ -553,6 +551,8 @@ static int bind_pending(struct target_worker *w, struct queued_verify **wait_on,
     return ready;
 }
 
+/* worker_link_role.run_queued: one forward call for every queued
+ * verification that can take part, then the replies of those finished. */
 static long run_queued(void *user)
 {
     struct target_worker *w = user;

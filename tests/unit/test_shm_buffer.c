@@ -140,6 +140,19 @@ static void test_shm_buffer_second_mapping_sees_writes(void **state)
     cJSON_Delete(desc);
 }
 
+/* A fresh import from the descriptor's text, as the target does (in a
+ * forked child: NULL on failure, for its exit status to say). */
+static struct shm_buffer *import_text(const char *text)
+{
+    cJSON *d = cJSON_Parse(text);
+    struct shm_buffer *peer = NULL;
+    char err[ERR_MSG_MAX];
+    if (!d || shm_buffer_import(&peer, d, err) != 0)
+        peer = NULL;
+    cJSON_Delete(d);
+    return peer;
+}
+
 static void test_shm_buffer_forked_child_reads_and_cannot_write(void **state)
 {
     (void)state;
@@ -155,11 +168,8 @@ static void test_shm_buffer_forked_child_reads_and_cannot_write(void **state)
     pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
-        /* A fresh import from the descriptor's text, as the target does. */
-        cJSON *d = cJSON_Parse(text);
-        struct shm_buffer *peer = NULL;
-        char cerr[ERR_MSG_MAX];
-        if (!d || shm_buffer_import(&peer, d, cerr) != 0)
+        struct shm_buffer *peer = import_text(text);
+        if (!peer)
             _exit(2);
         if (!check_half(peer, 0, 1, 123456789012ULL))
             _exit(3);
@@ -568,10 +578,8 @@ static void test_shm_buffer_half_wait_wakes_a_reader_in_another_process(void **s
     pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
-        cJSON *d = cJSON_Parse(text);
-        struct shm_buffer *peer = NULL;
-        char cerr[ERR_MSG_MAX];
-        if (!d || shm_buffer_import(&peer, d, cerr) != 0)
+        struct shm_buffer *peer = import_text(text);
+        if (!peer)
             _exit(2);
         if (write(go[1], "w", 1) != 1) /* about to wait */
             _exit(3);
