@@ -162,7 +162,8 @@ struct kern_ops {
      * head. Where prepare_argmax
      * readied w, the backend may find the few rows that can hold the largest
      * value from a cheaper copy and compute only those exactly (cpu:
-     * kernels/cpu/argmax.c); the answer is the same either way.
+     * kernels/cpu/argmax.c); the answer is the same either way, but for a
+     * head prepared as a draft's (prepare_argmax).
      * idx_out: host [n]; in: [n, d_in] f32; w: [d_out, d_in] dtype. */
     int (*matmul_argmax)(struct kern_backend *be, int32_t *idx_out, const float *in,
                          const void *w, enum kern_dtype dtype, int n, int d_in, int d_out,
@@ -170,9 +171,15 @@ struct kern_ops {
     /* Optional (NULL: nothing to prepare). Readies matmul_argmax for w, a
      * [rows][cols] matrix of this dtype from map_matrix or map_weights (cpu:
      * a one-byte copy of it and four floats a row). Refuses a matrix holding a
-     * NaN or an infinity. Released with unmap_weights(w) or destroy. */
+     * NaN or an infinity. Released with unmap_weights(w) or destroy.
+     * draft != 0: the head of a draft, whose argmax is only a proposal the
+     * target verifies. The backend may then answer from a cheaper copy with
+     * margins that hold with overwhelming probability rather than always
+     * (cpu with AVX-512: half a byte a weight, margins of four standard
+     * deviations; kernels/cpu/argmax.c): the index is the exact one but for
+     * a vanishing chance of a competing row. Never for a target's head. */
     int (*prepare_argmax)(struct kern_backend *be, const void *w, enum kern_dtype dtype,
-                          int64_t rows, int64_t cols, char *err);
+                          int64_t rows, int64_t cols, int draft, char *err);
 };
 
 /* Every backend starts with this header; the private state follows it. */
@@ -200,6 +207,11 @@ int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, siz
  * the screen did not serve that row) or be is not the CPU backend. For tests
  * and tools that check the screen is what answered. */
 int kern_cpu_argmax_candidates(const struct kern_backend *be);
+
+/* Bits a weight of the copy the CPU backend's prepare_argmax made of w: 8,
+ * 4 (a draft's head where the build has AVX-512), or 0 where it holds none
+ * (or be is not the CPU backend). */
+int kern_cpu_argmax_copy_bits(const struct kern_backend *be, const void *w);
 
 /* The backend a user named: "cpu" (n_threads as kern_cpu_create; device
  * ignored) or "cuda" (device as kern_cuda_create: an ordinal or a GPU UUID,

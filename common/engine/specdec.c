@@ -165,12 +165,12 @@ static int step_capacity(void **entries, void **in_call, int *cap, bool **slot_b
  * fatal: without it greedy rows read the whole head, which is only slower,
  * so a head the backend will not copy (one holding a NaN) or no memory for
  * the copy (a byte a weight) is logged and decoding goes on. */
-static bool prepare_argmax(struct llama_ctx *ctx, const char *half)
+static bool prepare_argmax(struct llama_ctx *ctx, const char *half, bool draft)
 {
     if (!llama_ctx_has_argmax(ctx))
         return false;
     char err[ERR_MSG_MAX];
-    if (llama_model_prepare_argmax(llama_ctx_model(ctx), err) == 0)
+    if (llama_model_prepare_argmax(llama_ctx_model(ctx), draft, err) == 0)
         return true;
     LOG_WARN("%s: greedy rows will read the whole LM head: %s", half, err);
     return false;
@@ -238,8 +238,11 @@ bool specdec_draft_prepare_argmax(struct specdec_draft *d)
 {
     /* A greedy or point-mass draft reads nothing of its logits but the
      * argmax: the backend may find it from a cheaper copy of the LM head
-     * (most of a small draft's bytes). */
-    d->argmax_ready = d->host_argmax = prepare_argmax(d->ctx, "draft");
+     * (most of a small draft's bytes). Its argmax is a proposal: the copy
+     * may be one whose answer is exact only with overwhelming probability
+     * (kernels.h: prepare_argmax with draft), as a wrong proposal costs a
+     * rejected token and never one of the target's. */
+    d->argmax_ready = d->host_argmax = prepare_argmax(d->ctx, "draft", true);
     return d->argmax_ready;
 }
 
@@ -251,7 +254,7 @@ void specdec_draft_set_argmax(struct specdec_draft *d, bool on)
 bool specdec_target_prepare_argmax(struct specdec_target *t)
 {
     /* greedy verification and greedy plain decoding read only each row's argmax */
-    t->argmax_ready = t->host_argmax = prepare_argmax(t->ctx, "target");
+    t->argmax_ready = t->host_argmax = prepare_argmax(t->ctx, "target", false);
     return t->argmax_ready;
 }
 

@@ -581,12 +581,12 @@ bool llama_ctx_has_argmax(const struct llama_ctx *ctx)
     return ctx->be->ops->matmul_argmax != NULL;
 }
 
-int llama_model_prepare_argmax(struct llama_model *m, char *err)
+int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err)
 {
     if (!m->be->ops->prepare_argmax)
         return 0;
     return m->be->ops->prepare_argmax(m->be, m->lm_head.ptr, m->lm_head.dtype, m->cfg.vocab_size,
-                                      m->cfg.hidden_size, err);
+                                      m->cfg.hidden_size, draft ? 1 : 0, err);
 }
 
 int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)

@@ -102,8 +102,11 @@ bool llama_ctx_has_argmax(const struct llama_ctx *ctx);
 /* Readies the backend to find the argmax of the LM head's logits cheaply
  * (kernels.h: prepare_argmax; cpu: a one-byte copy of the head, 263 MB at the
  * Llama 3.2 shapes, made in about a second). A no-op where the backend has
- * nothing to prepare. For a model whose logits are mostly wanted as argmax_out. */
-int llama_model_prepare_argmax(struct llama_model *m, char *err);
+ * nothing to prepare. For a model whose logits are mostly wanted as argmax_out.
+ * draft: the model drafts for a target that verifies its proposals; the
+ * backend may answer from a cheaper copy whose index is exact but for a
+ * vanishing chance (kernels.h: prepare_argmax; cpu: half a byte a weight). */
+int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err);
 
 /* Runs the batch: the rows of all sequences go through the layers together,
  * so a call of n sequences reads the weights once, not n times. Errors

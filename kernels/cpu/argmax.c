@@ -36,6 +36,22 @@
  * rows are screened, more take one product over the head, which is cheaper
  * by then.
  *
+ * A draft's copy (prepare_argmax with draft set): half a byte a weight,
+ *   Q_v = round(W_v / s_v) in -7..7, s_v = max |W_v| / 7, stored as Q_v + 8,
+ * and a statistical margin in place of the worst case for the copy's error:
+ *   eps_v = e_h |W_v|_1 + ARGMAX_DRAFT_Z |s_h hq|_2 |W_v - s_v Q_v|_2 / sqrt(d)
+ *           + gamma_d |h|_2 |W_v|_2,
+ * the middle term ARGMAX_DRAFT_Z standard deviations of sum_k h_k e_vk for
+ * rounding errors e_vk that are independent of h (Cauchy-Schwarz would be
+ * sqrt(d) = 20-45 of them at the draft shapes, and would keep every row). A
+ * row is then dropped wrongly only when its error and the best row's are
+ * together more than 2 ARGMAX_DRAFT_Z of their spread apart: the index is
+ * the exact one but for a chance below 1e-7 a competing row. Why that is
+ * enough: a draft's argmax is a proposal the target verifies, and a wrong
+ * proposal costs one rejected token, never a token of output; the copy
+ * halves the read that is most of a small draft's step (the 384 x 128256
+ * head: 24.6 MB against 49.2 MB, beside a 12.6 MB body).
+ *
  * Not screened (the whole row of logits is computed and scanned, same
  * answer): a matrix without a shadow, an input row with a NaN or infinity or
  * all zeros, and a row with too many candidates to be worth it
@@ -55,6 +71,10 @@
 #define ARGMAX_COLS_ALIGN 64  /* the shadow's row stride, in bytes */
 #define ARGMAX_ROWS_PER_TASK 64
 #define ARGMAX_QMAX_W 127
+#define ARGMAX_QMAX_W_DRAFT 7   /* the draft copy's codes, stored + 8: 1..15 */
+#define ARGMAX_DRAFT_OFFSET 8
+#define ARGMAX_DRAFT_COLS 128   /* columns per 64-byte block of the draft copy */
+#define ARGMAX_DRAFT_Z 4.0      /* the draft copy's margin, in standard deviations */
 #define ARGMAX_QMAX_H 32767
 /* Candidates beyond this share of the rows (or this floor) cost more to redo
  * than the full product saves: the row is computed whole instead. */
@@ -71,8 +91,14 @@ struct cpu_argmax_shadow {
     const void *w;
     enum kern_dtype dtype;
     int rows, cols, stride; /* stride: bytes per row of q */
+    int cols_pad;           /* columns per quantized input row (hq), a multiple of 64 */
+    int draft;              /* the draft copy: 4-bit codes, statistical margin */
+    double dq_factor;       /* weight of dq in the margin: 1, or Z / sqrt(d) for a draft */
     int packed;             /* rows of w from the first in the packed layout (packed.h) */
-    int8_t *q;              /* [rows][stride], one mapping of map_len bytes */
+    /* [rows][stride], one mapping of map_len bytes. A draft copy's block b
+     * (64 bytes, columns 128b .. 128b + 127): byte j holds column 128b + j in
+     * its low four bits and column 128b + 64 + j in its high four. */
+    int8_t *q;
     size_t map_len;
     float *scale;           /* s_v */
     float *n1, *n2, *dq;    /* |W_v|_1, |W_v|_2, |W_v - s_v Q_v|_2, rounded up */
@@ -128,7 +154,7 @@ static void shadow_free(struct cpu_argmax_shadow *s)
     memset(s, 0, sizeof *s);
 }
 
-static struct cpu_argmax_shadow *shadow_find(struct cpu_backend *cb, const void *w)
+static struct cpu_argmax_shadow *shadow_find(const struct cpu_backend *cb, const void *w)
 {
     struct cpu_argmax *a = cb->argmax;
     for (int i = 0; a && i < a->n_shadows; i++)
@@ -227,14 +253,22 @@ static void prepare_task(void *ctx, long begin, long end, int thread_idx)
             }
             maxabs = fmax(maxabs, fabs((double)y[k]));
         }
-        const float scale = (float)(maxabs / ARGMAX_QMAX_W);
+        const long qmax = s->draft ? ARGMAX_QMAX_W_DRAFT : ARGMAX_QMAX_W;
+        const float scale = (float)(maxabs / (double)qmax);
         int8_t *q = s->q + (size_t)v * (size_t)s->stride;
         double n1 = 0, n2 = 0, dq = 0;
         for (int k = 0; k < s->cols; k++) {
             const double x = y[k];
             long r = scale > 0 ? lrint(x / scale) : 0;
-            r = r > ARGMAX_QMAX_W ? ARGMAX_QMAX_W : r < -ARGMAX_QMAX_W ? -ARGMAX_QMAX_W : r;
-            q[k] = (int8_t)r;
+            r = r > qmax ? qmax : r < -qmax ? -qmax : r;
+            if (s->draft) {
+                const int j = k % ARGMAX_DRAFT_COLS;
+                uint8_t *byte = (uint8_t *)q + (size_t)(k / ARGMAX_DRAFT_COLS) * 64 + (size_t)(j % 64);
+                const unsigned code = (unsigned)(r + ARGMAX_DRAFT_OFFSET);
+                *byte = (uint8_t)(j < 64 ? (*byte & 0xF0u) | code : (*byte & 0x0Fu) | (code << 4));
+            } else {
+                q[k] = (int8_t)r;
+            }
             const double e = x - (double)scale * (double)r; /* the product is exact */
             n1 += fabs(x);
             n2 += x * x;
@@ -249,7 +283,7 @@ static void prepare_task(void *ctx, long begin, long end, int thread_idx)
 }
 
 int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,
-                       int64_t cols, char *err)
+                       int64_t cols, int draft, char *err)
 {
     struct cpu_backend *cb = cpu_backend_of(be);
     int rc = cpu_backend_check_dtype(dtype, "prepare_argmax", err);
@@ -281,8 +315,22 @@ int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype d
         a->cap_shadows = cap;
     }
     struct cpu_argmax_shadow s = {.w = w, .dtype = dtype, .rows = (int)rows, .cols = (int)cols,
-                                  .packed = packed_rows};
-    s.stride = (int)((cols + ARGMAX_COLS_ALIGN - 1) / ARGMAX_COLS_ALIGN * ARGMAX_COLS_ALIGN);
+                                  .packed = packed_rows, .dq_factor = 1.0};
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    /* the draft copy is read by the AVX-512 screen only (scores4_draft):
+     * elsewhere a draft gets the one-byte copy, exact and no slower */
+    s.draft = draft != 0;
+#else
+    (void)draft;
+#endif
+    if (s.draft) {
+        s.cols_pad = (int)((cols + ARGMAX_DRAFT_COLS - 1) / ARGMAX_DRAFT_COLS * ARGMAX_DRAFT_COLS);
+        s.stride = s.cols_pad / 2;
+        s.dq_factor = ARGMAX_DRAFT_Z / sqrt((double)cols);
+    } else {
+        s.stride = (int)((cols + ARGMAX_COLS_ALIGN - 1) / ARGMAX_COLS_ALIGN * ARGMAX_COLS_ALIGN);
+        s.cols_pad = s.stride;
+    }
     const size_t q_bytes = (size_t)rows * (size_t)s.stride;
     s.map_len = (q_bytes + ARGMAX_HUGE_PAGE - 1) & ~(ARGMAX_HUGE_PAGE - 1);
     /* a read-mostly stream like the weights: huge pages where there are any */
@@ -335,6 +383,7 @@ int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype d
  * group's hq buffer) and the terms of its bound. */
 struct screen_input {
     double s_h, e_h, hn2, gamma_hx2;
+    int64_t hq_sum; /* sum_k hq_k: a draft copy's scores carry ARGMAX_DRAFT_OFFSET times it */
 };
 
 /* Quantizes h into hq [stride]; 1 where the screen cannot serve it (a NaN,
@@ -352,28 +401,32 @@ static int quantize_input(const struct cpu_argmax_shadow *s, const float *h, int
     if (maxabs == 0)
         return 1;
     /* keep every 32-bit lane of scores() below 2^31 */
-    const double lane_terms = (double)(s->stride / 8);
-    double qmax_h = floor(2147483647.0 / (lane_terms * ARGMAX_QMAX_W));
+    const double lane_terms = (double)(s->cols_pad / 8);
+    const double code_max = s->draft ? 2 * ARGMAX_DRAFT_OFFSET - 1 : ARGMAX_QMAX_W;
+    double qmax_h = floor(2147483647.0 / (lane_terms * code_max));
     qmax_h = qmax_h > ARGMAX_QMAX_H ? ARGMAX_QMAX_H : qmax_h;
     if (qmax_h < 255)
         return 1;
     const double s_h = maxabs / qmax_h;
     double e_h = 0, hn2 = 0;
+    int64_t hq_sum = 0;
     for (int k = 0; k < s->cols; k++) {
         long r = lrint((double)h[k] / s_h);
         r = r > (long)qmax_h ? (long)qmax_h : r < -(long)qmax_h ? -(long)qmax_h : r;
         hq[k] = (int16_t)r;
+        hq_sum += r;
         const double hat = s_h * (double)r;
         e_h = fmax(e_h, fabs((double)h[k] - hat));
         hn2 += hat * hat;
     }
-    memset(hq + s->cols, 0, (size_t)(s->stride - s->cols) * sizeof *hq);
+    memset(hq + s->cols, 0, (size_t)(s->cols_pad - s->cols) * sizeof *hq);
     /* e_h and hn2 are taken from s_h * r rounded to double: the 2^-50 covers
      * that rounding where e_h itself is about 0 */
     const double gamma = 2.0 * (double)s->cols * 0x1p-24;
     *si = (struct screen_input){.s_h = s_h, .e_h = (e_h + maxabs * 0x1p-50) * (1 + 1e-9),
                                 .hn2 = sqrt(hn2) * (1 + 1e-9),
-                                .gamma_hx2 = gamma * sqrt(hx2) * (1 + 1e-9)};
+                                .gamma_hx2 = gamma * sqrt(hx2) * (1 + 1e-9),
+                                .hq_sum = hq_sum};
     return 0;
 }
 
@@ -385,6 +438,30 @@ CPU_SIMD_INLINE uintptr_t shadow_rows(const struct cpu_argmax_shadow *s, const l
         q[j] = s->q + (size_t)v[j] * (size_t)s->stride;
     return ARGMAX_PREFETCH_ROWS * (uintptr_t)s->stride;
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+CPU_SIMD_INLINE void scores_zero512(__m512i acc[4][ARGMAX_GROUP], int ni)
+{
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++)
+            acc[j][i] = _mm512_setzero_si512();
+}
+
+/* The accumulators' 32-bit lanes summed in 64 bits. */
+CPU_SIMD_INLINE void scores_sum512(__m512i acc[4][ARGMAX_GROUP], int ni,
+                                   int64_t out[4][ARGMAX_GROUP])
+{
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++)
+            out[j][i] = _mm512_reduce_add_epi64(
+                _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[j][i])),
+                                 _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[j][i], 1))));
+}
+#endif
 
 /* I[j][i] = sum_k hq_i,k Q_(v[j]),k for 4 shadow rows v[] and the ni input
  * rows of hq (stride apart), exact: one read of the rows serves every
@@ -400,11 +477,7 @@ CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *h
     const int8_t *q[4];
     const uintptr_t lead = shadow_rows(s, v, q);
     __m512i acc[4][ARGMAX_GROUP];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < ni; i++)
-            acc[j][i] = _mm512_setzero_si512();
+    scores_zero512(acc, ni);
     for (int k = 0; k < s->stride; k += 64) {
         __m512i w[4][2];
 #pragma GCC unroll 4
@@ -417,7 +490,7 @@ CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *h
         }
 #pragma GCC unroll 4
         for (int i = 0; i < ni; i++) {
-            const int16_t *hi = hq + (size_t)i * (size_t)s->stride + k;
+            const int16_t *hi = hq + (size_t)i * (size_t)s->cols_pad + k;
             const __m512i h0 = _mm512_load_si512((const void *)hi);
             const __m512i h1 = _mm512_load_si512((const void *)(hi + 32));
 #pragma GCC unroll 4
@@ -432,13 +505,7 @@ CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *h
             }
         }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-#pragma GCC unroll 4
-        for (int i = 0; i < ni; i++)
-            out[j][i] = _mm512_reduce_add_epi64(
-                _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[j][i])),
-                                 _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[j][i], 1))));
+    scores_sum512(acc, ni, out);
 }
 #elif defined(__AVX2__)
 CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni,
@@ -463,7 +530,7 @@ CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *h
         }
 #pragma GCC unroll 4
         for (int i = 0; i < ni; i++) {
-            const int16_t *hi = hq + (size_t)i * (size_t)s->stride + k;
+            const int16_t *hi = hq + (size_t)i * (size_t)s->cols_pad + k;
             const __m256i h0 = _mm256_load_si256((const __m256i *)(const void *)hi);
             const __m256i h1 = _mm256_load_si256((const __m256i *)(const void *)(hi + 16));
 #pragma GCC unroll 4
@@ -487,6 +554,63 @@ CPU_SIMD_INLINE void scores4(const struct cpu_argmax_shadow *s, const int16_t *h
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* scores4 on the draft copy: each 64-byte block of a row is 128 codes, the
+ * low halves of its bytes columns 0..63 of the block, the high halves
+ * 64..127. The sums carry ARGMAX_DRAFT_OFFSET * sum_k hq_k (the stored
+ * codes are Q + 8), which screen_task takes off. Each 32-bit lane sums
+ * 8 products of a block, stride / 8 in all (quantize_input's bound). */
+CPU_SIMD_INLINE void scores4_draft(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni,
+                                   const long v[4], int64_t out[4][ARGMAX_GROUP])
+{
+    const int8_t *q[4];
+    const uintptr_t lead = shadow_rows(s, v, q);
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512i acc[4][ARGMAX_GROUP];
+    scores_zero512(acc, ni);
+    for (int k = 0; k < s->stride; k += 64) {
+        __m512i w[4][4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const int8_t *qj = q[j] + k;
+            _mm_prefetch((const char *)((uintptr_t)qj + lead), _MM_HINT_T0);
+            const __m512i raw = _mm512_load_si512((const void *)qj);
+            const __m512i lo = _mm512_and_si512(raw, nibble);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+            w[j][0] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo));
+            w[j][1] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+            w[j][2] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi));
+            w[j][3] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) {
+            const int16_t *hi = hq + (size_t)i * (size_t)s->cols_pad + 2 * (size_t)k;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m512i h = _mm512_load_si512((const void *)(hi + 32 * c));
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+#ifdef __AVX512VNNI__
+                    acc[j][i] = _mm512_dpwssd_epi32(acc[j][i], w[j][c], h);
+#else
+                    acc[j][i] = _mm512_add_epi32(acc[j][i], _mm512_madd_epi16(w[j][c], h));
+#endif
+                }
+            }
+        }
+    }
+    scores_sum512(acc, ni, out);
+}
+#endif
+
+/* The stored code of column k of a draft copy's row q (Q + 8). */
+static int draft_code(const int8_t *q, int k)
+{
+    const int j = k % ARGMAX_DRAFT_COLS;
+    const uint8_t byte = (uint8_t)q[(size_t)(k / ARGMAX_DRAFT_COLS) * 64 + (size_t)(j % 64)];
+    return j < 64 ? byte & 0x0F : byte >> 4;
+}
+
 /* scores4 for count rows (where fewer than 4 are left), in plain integers. */
 static void scores_plain(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni,
                          const long v[4], int count, int64_t out[4][ARGMAX_GROUP])
@@ -494,10 +618,10 @@ static void scores_plain(const struct cpu_argmax_shadow *s, const int16_t *hq, i
     for (int j = 0; j < count; j++) {
         const int8_t *q = s->q + (size_t)v[j] * (size_t)s->stride;
         for (int i = 0; i < ni; i++) {
-            const int16_t *hi = hq + (size_t)i * (size_t)s->stride;
+            const int16_t *hi = hq + (size_t)i * (size_t)s->cols_pad;
             int64_t sum = 0;
             for (int k = 0; k < s->cols; k++)
-                sum += (int64_t)hi[k] * q[k];
+                sum += (int64_t)hi[k] * (s->draft ? draft_code(q, k) : q[k]);
             out[j][i] = sum;
         }
     }
@@ -563,7 +687,23 @@ static void screen_task(void *ctx, long begin, long end, int thread_idx)
         if (x < run) {
             for (int j = 0; j < 4; j++)
                 v[j] = r0 + j * run + x;
-#if defined(__AVX2__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+            if (s->draft) {
+                switch (ni) {
+                case 1: scores4_draft(s, job->hq, 1, v, isum); break;
+                case 2: scores4_draft(s, job->hq, 2, v, isum); break;
+                case 3: scores4_draft(s, job->hq, 3, v, isum); break;
+                default: scores4_draft(s, job->hq, 4, v, isum); break;
+                }
+            } else {
+                switch (ni) { /* constant row counts: the accumulators stay in registers */
+                case 1: scores4(s, job->hq, 1, v, isum); break;
+                case 2: scores4(s, job->hq, 2, v, isum); break;
+                case 3: scores4(s, job->hq, 3, v, isum); break;
+                default: scores4(s, job->hq, 4, v, isum); break;
+                }
+            }
+#elif defined(__AVX2__)
             switch (ni) { /* constant row counts: the accumulators stay in registers */
             case 1: scores4(s, job->hq, 1, v, isum); break;
             case 2: scores4(s, job->hq, 2, v, isum); break;
@@ -582,8 +722,10 @@ static void screen_task(void *ctx, long begin, long end, int thread_idx)
             const long r = v[j];
             for (int i = 0; i < ni; i++) {
                 const struct screen_input *si = &job->in[i];
-                const double approx = si->s_h * (double)s->scale[r] * (double)isum[j][i];
-                const double eps = (si->e_h * s->n1[r] + si->hn2 * s->dq[r] +
+                const int64_t score =
+                    s->draft ? isum[j][i] - ARGMAX_DRAFT_OFFSET * si->hq_sum : isum[j][i];
+                const double approx = si->s_h * (double)s->scale[r] * (double)score;
+                const double eps = (si->e_h * s->n1[r] + si->hn2 * s->dq[r] * s->dq_factor +
                                     si->gamma_hx2 * s->n2[r]) * (1 + 1e-6) +
                                    1e-12 * fabs(approx) + 1e-30;
                 if (approx - eps > lower_max[i])
@@ -730,7 +872,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
     int served[ARGMAX_SCREEN_ROWS_MAX];
     int rc = 0;
     if (s && n <= ARGMAX_SCREEN_ROWS_MAX && cb->n_threads <= ARGMAX_THREADS_MAX) {
-        if ((rc = grow_buffer((void **)&a->hq, &a->hq_cap, (size_t)ARGMAX_GROUP * s->stride,
+        if ((rc = grow_buffer((void **)&a->hq, &a->hq_cap, (size_t)ARGMAX_GROUP * s->cols_pad,
                               sizeof *a->hq, err)) ||
             (rc = grow_buffer((void **)&a->kept, &a->kept_cap,
                               (size_t)cb->n_threads * ARGMAX_GROUP * s->rows, sizeof *a->kept,
@@ -748,7 +890,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
         struct screen_input si[ARGMAX_GROUP];
         for (int i = 0; i < n; i++) {
             served[i] = -1;
-            if (quantize_input(s, in + (size_t)i * (size_t)d_in, a->hq + (size_t)ni * s->stride,
+            if (quantize_input(s, in + (size_t)i * (size_t)d_in, a->hq + (size_t)ni * s->cols_pad,
                                &si[ni]) == 0)
                 group[ni++] = i;
             if (ni == ARGMAX_GROUP || (i == n - 1 && ni > 0)) {
@@ -785,4 +927,10 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
 int cpu_argmax_last_candidates(const struct cpu_backend *cb)
 {
     return cb->argmax ? cb->argmax->last_candidates : -1;
+}
+
+int cpu_argmax_copy_bits(const struct cpu_backend *cb, const void *w)
+{
+    const struct cpu_argmax_shadow *s = shadow_find(cb, w);
+    return !s ? 0 : s->draft ? 4 : 8;
 }

@@ -421,6 +421,13 @@ int kern_cpu_argmax_candidates(const struct kern_backend *be)
     return cpu_argmax_last_candidates((const struct cpu_backend *)be);
 }
 
+int kern_cpu_argmax_copy_bits(const struct kern_backend *be, const void *w)
+{
+    if (!be || be->ops != &cpu_ops)
+        return 0;
+    return cpu_argmax_copy_bits((const struct cpu_backend *)be, w);
+}
+
 int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, size_t *bytes, int max)
 {
     if (!be || be->ops != &cpu_ops)

@@ -66,7 +66,7 @@ int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, cha
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
                       enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,
-                       int64_t cols, char *err);
+                       int64_t cols, int draft, char *err);
 /* Drops the shadow prepare_argmax made of w, if any (unmap_weights). */
 void cpu_argmax_release(struct cpu_backend *cb, const void *w);
 /* Frees everything argmax.c holds (destroy). */
@@ -74,5 +74,7 @@ void cpu_argmax_destroy(struct cpu_backend *cb);
 /* Rows the last matmul_argmax computed exactly for its last input row; -1
  * when it computed the whole row of logits. */
 int cpu_argmax_last_candidates(const struct cpu_backend *cb);
+/* Bits a weight of the copy of w (8, 4), 0 where there is none. */
+int cpu_argmax_copy_bits(const struct cpu_backend *cb, const void *w);
 
 #endif

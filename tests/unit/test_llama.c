@@ -541,7 +541,7 @@ static void test_llama_argmax_out_is_the_logits_argmax(void **state)
     load(&L, m.dir, 2, 64, 0);
     char err[ERR_MSG_MAX] = "";
     assert_true(llama_ctx_has_argmax(L.ctx));
-    assert_int_equal(llama_model_prepare_argmax(L.model, err), 0);
+    assert_int_equal(llama_model_prepare_argmax(L.model, false, err), 0);
     float *ref = forward_all(&L, 0, tokens, T);
     assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
     int32_t idx[N_LOGITS];
@@ -619,7 +619,7 @@ static void test_llama_a_head_the_screen_refuses_still_decodes(void **state)
 
     struct loaded L;
     load(&L, m.dir, 2, 64, 0);
-    assert_int_equal(llama_model_prepare_argmax(L.model, err), ERR_INVALID_ARG);
+    assert_int_equal(llama_model_prepare_argmax(L.model, false, err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "NaN"));
     struct specdec_draft *d = NULL;
     struct specdec_target *t = NULL;
