@@ -44,6 +44,15 @@
  * nothing and a draft that starts matching again is found. */
 #define K_PROBE_INTERVAL_MIN 16
 #define K_PROBE_INTERVAL_MAX 256
+/* Drafts in a probe timed in wall time (the pipeline), at least: a round
+ * there pays two trips through the coordinator whatever its K, which one
+ * draft carries alone. Small pair, 2 + 2 threads on 2 cores: K = 1 rounds
+ * took 8.2-10.9 ms for 1.6 tokens against 5-6 ms for a plain one, and
+ * lost; K = 2 rounds 10.3-12 ms for 2.4, and won. Probes at K = 1 kept the
+ * pipeline at K = 0 (3 requests of 96 tokens, 0.79-1.01x target-only, two
+ * runs); at K = 2, 0.88-1.05x. In-process a drafting round has no such
+ * cost, and a probe stays the cheapest one, K = 1. */
+#define K_PROBE_K_WALL 2
 /* Rounds at K > 0 between two plain rounds that measure plain decoding:
  * one round in 32 without drafts costs a few percent of the gain. */
 #define K_PLAIN_PROBE_INTERVAL 32
@@ -407,6 +416,7 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
      * a run: 0.92x. From K_EARLY_TRIALS on the estimate alone decides, with
      * the margin, so a badly matched pair still ends at K = 0: a draft never
      * accepted by its 3rd or 4th test (at the 1B pair's costs, its 2nd). */
+    const int model_k = best_k;
     const double n_tests = (double)kc->trials_seen + K_PRIOR_WEIGHT;
     const double a_high =
         kc->trials_seen < K_EARLY_TRIALS
@@ -437,9 +447,14 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
             kc->probe_interval = kc->probe_interval * 2 > K_PROBE_INTERVAL_MAX
                                      ? K_PROBE_INTERVAL_MAX
                                      : kc->probe_interval * 2;
-            kc->k_current = 1;
+            /* in wall time, at the K the model ranks best, at least
+             * K_PROBE_K_WALL; in-process one draft */
+            int probe_k = !wall ? 1 : model_k > K_PROBE_K_WALL ? model_k : K_PROBE_K_WALL;
+            if (probe_k > limit)
+                probe_k = limit;
+            kc->k_current = probe_k;
             kc->probing = true;
-            return 1; /* a probe: k_current stays 1 until the next decision */
+            return probe_k; /* k_current stays until the next decision */
         }
     } else {
         kc->probe_interval = K_PROBE_INTERVAL_MIN;

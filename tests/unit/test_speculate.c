@@ -682,6 +682,38 @@ static void test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay
     assert_true(rate >= 1.5 * plain_rate);
 }
 
+/* From K = 0 a probe in wall time (the pipeline) drafts two tokens, where
+ * the hops a round pays are shared by two drafts; in-process one; where the
+ * room left allows one only, one. */
+static void test_adaptive_k_wall_time_probes_with_two_drafts(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    for (int i = 0; i < 16; i++) /* a draft never accepted in 16 tests: K = 0 */
+        adaptive_k_update(&kc, 1, 0, 2.0, 10.6);
+    adaptive_k_update(&kc, 0, 0, 0.0, 10.0);
+    const struct adaptive_k in_process = kc;
+    for (int i = 0; i < 20; i++)
+        adaptive_k_update_wall(&kc, 0, 0, 0.0, 10.0, 10.5);
+    const struct adaptive_k wall = kc;
+    const struct {
+        const struct adaptive_k *from;
+        int room, want;
+    } cases[] = {{&wall, 1000, 2}, {&in_process, 1000, 1}, {&wall, 2, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct adaptive_k run = *cases[c].from;
+        int k = 0, rounds = 0;
+        while (rounds < 64 && (k = adaptive_k_next(&run, cases[c].room)) == 0) {
+            adaptive_k_update(&run, 0, 0, 0.0, 10.0);
+            rounds++;
+        }
+        print_message("case %zu: k %d after %d plain rounds\n", c, k, rounds);
+        assert_true(rounds >= 8 && rounds < 64); /* plain rounds, then the probe */
+        assert_int_equal(k, cases[c].want);
+    }
+}
+
 /* Before any drafting round's wall time is known, a drafting round is
  * charged the hop a plain round shows over its compute: a round must not
  * look cheaper than a plain one merely because only the plain one was timed
@@ -1100,6 +1132,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_plain_rounds_correct_a_biased_cost),
         cmocka_unit_test(test_adaptive_k_wall_time_falls_back_when_pipeline_rounds_do_not_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay),
+        cmocka_unit_test(test_adaptive_k_wall_time_probes_with_two_drafts),
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
         cmocka_unit_test(test_adaptive_k_between_ks_the_better_rate_wins),
         cmocka_unit_test(test_adaptive_k_prices_a_k_at_what_it_cost),
