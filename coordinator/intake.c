@@ -223,6 +223,7 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
         k_max = k_fixed;
     if (c->k_history_valid) {
         s->kc = c->k_history;
+        adaptive_k_new_request(&s->kc);
         s->kc.k_fixed = k_fixed;
         s->kc.k_max = k_max < SPECULATE_K_MAX ? k_max : SPECULATE_K_MAX;
     } else {

@@ -32,6 +32,15 @@
 /* Drafting rounds timed before their measured cost per token can overrule
  * the model. */
 #define K_WALL_MIN_ROUNDS 4
+/* How much slower per token than a plain round the last drafting rounds
+ * must have been to overrule the model: the margin speculation must win by
+ * to start, the other way. Without it a K = 2 round's tokens (1 or 3 on the
+ * small pair, greedy acceptance comes in runs) and the machine's hiccups
+ * ended speculation that paid: pipe runs of 3 requests, 15 requests each
+ * way alternating, with this margin and new requests probing afresh
+ * (adaptive_k_new_request): 1.01x target-only median (0.90-1.24x); without
+ * either: 0.95x (0.87-1.12x). */
+#define K_WALL_VETO_MARGIN 1.03
 /* Weight of a probe's timing: at K = 0 probes are the only drafting rounds,
  * rare (16 to 256 rounds apart) while the machine's load moves the costs,
  * so each replaces half of what the last drafting rounds measured. */
@@ -327,6 +336,11 @@ void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_toke
     kc->predraft_rounds[w]++;
 }
 
+void adaptive_k_new_request(struct adaptive_k *kc)
+{
+    kc->probe_interval = K_PROBE_INTERVAL_MIN;
+}
+
 int adaptive_k_plain_run(struct adaptive_k *kc, int max_rounds)
 {
     if (max_rounds <= 1 || kc->k_fixed > 0 || kc->k_current != 0)
@@ -437,7 +451,7 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
      * acceptance is not the independent draws E(a, k) assumes, costs moved)
      * and plain decoding is the safe choice; probes measure again. */
     if (best_k > 0 && wall && kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS && kc->wall_spec_tokens_sum > 0 &&
-        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > plain_ms)
+        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > plain_ms * K_WALL_VETO_MARGIN)
         best_k = 0;
     if (best_k == 0) {
         if (kc->k_current != 0)

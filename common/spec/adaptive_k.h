@@ -141,6 +141,13 @@ void adaptive_k_note_predraft(struct adaptive_k *kc, bool predrafted, int n_toke
  * after them. 1 for a plain round that measures among drafting rounds. */
 int adaptive_k_plain_run(struct adaptive_k *kc, int max_rounds);
 
+/* A controller carried over from the last request (the coordinator keeps
+ * the pair's measurements) starts a new one: the costs belong to the pair
+ * and stay, but acceptance belongs to the content, so probes that failed on
+ * the last request do not stretch the wait for the next probe here (the
+ * probe interval is back at its minimum). */
+void adaptive_k_new_request(struct adaptive_k *kc);
+
 /* Measured draft/target cost ratio c (0 while unknown). */
 double adaptive_k_cost_ratio(const struct adaptive_k *kc);
 

@@ -1032,6 +1032,65 @@ static void test_adaptive_k_measured_drafting_cost_overrules_the_model(void **st
     assert_true(adaptive_k_next(&copy, 1000) > 0);
 }
 
+/* The drafting rounds' measured cost overrules the model only when it is
+ * worse than plain decoding by the margin speculation must win by to start
+ * (3%): a round of 4 drafts gives 1 token or 5, and a hiccup of the machine
+ * moves a round by more than that, so a measure 2% above plain is noise and
+ * the model decides; 5% above ends drafting. */
+static void test_adaptive_k_measured_drafting_cost_overrules_only_by_a_margin(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    for (int i = 0; i < 10; i++)
+        adaptive_k_update_wall(&kc, 0, 0, 0.0, 18.0, 20.0);
+    adaptive_k_update_wall(&kc, 4, 0, 8.0, 20.0, 63.3); /* the draft's first call: dropped */
+    /* 3 tokens a round, the last rounds weighing most: 3.1 tokens in 63.3
+     * ms, 20.4 ms a token */
+    for (int i = 0; i < 24; i++)
+        adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 63.3);
+    const double per_token = kc.wall_spec_ms_sum / kc.wall_spec_tokens_sum;
+    assert_true(per_token > 20.0 * 1.01 && per_token < 20.0 * 1.03);
+    struct adaptive_k copy = kc;
+    copy.rounds_since_plain = 0;
+    copy.rounds_since_probe = 0;
+    assert_true(adaptive_k_next(&copy, 1000) > 0);
+    for (int i = 0; i < 24; i++) /* 21 ms a token */
+        adaptive_k_update_wall(&kc, 4, i % 2 ? 4 : 0, 8.0, 20.0, 65.2);
+    assert_true(kc.wall_spec_ms_sum / kc.wall_spec_tokens_sum > 20.0 * 1.04);
+    copy = kc;
+    copy.rounds_since_plain = 0;
+    copy.rounds_since_probe = 0;
+    assert_int_equal(adaptive_k_next(&copy, 1000), 0);
+}
+
+/* The coordinator carries a controller from one request to the next. A new
+ * request keeps what the pair costs, but its first probe comes at the
+ * shortest interval, not after the wait the last request's failed probes
+ * stretched to 256 rounds. */
+static void test_adaptive_k_new_request_probes_afresh(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    for (int i = 0; i < 16; i++) /* never accepted: K = 0 */
+        adaptive_k_update(&kc, 1, 0, 2.0, 10.6);
+    for (int round = 0; round < 2000; round++) { /* every probe fails */
+        const int k = adaptive_k_next(&kc, 1000);
+        adaptive_k_update(&kc, k, 0, 2.0 * k, 10.0 + 0.6 * k);
+    }
+    assert_int_equal(kc.probe_interval, 256);
+    const double draft_ms = kc.draft_ms_per_token, a = kc.accept_rate;
+    adaptive_k_new_request(&kc);
+    assert_true(kc.draft_ms_per_token == draft_ms && kc.accept_rate == a);
+    int plain = 0;
+    while (plain < 64 && adaptive_k_next(&kc, 1000) == 0) {
+        adaptive_k_update(&kc, 0, 0, 0.0, 10.0);
+        plain++;
+    }
+    assert_true(plain < 16);
+}
+
 /* One round of the simulated pair of test_adaptive_k_plain_runs_*: the
  * draft's tokens are accepted with probability a (a fixed draw sequence, so
  * two controllers fed alike see alike), plain rounds cost 5 ms. */
@@ -1143,6 +1202,8 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
         cmocka_unit_test(test_adaptive_k_first_draft_call_is_not_its_cost),
         cmocka_unit_test(test_adaptive_k_measured_drafting_cost_overrules_the_model),
+        cmocka_unit_test(test_adaptive_k_measured_drafting_cost_overrules_only_by_a_margin),
+        cmocka_unit_test(test_adaptive_k_new_request_probes_afresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
