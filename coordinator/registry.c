@@ -222,19 +222,20 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         w.kv_block_size = r.kv_block_size;
         w.drops = r.drops;
         shm = r.shm;
-        /* the decode checked the list */
-        w.cpu_known = r.cpu.present && cpulist_parse(r.cpu.cpus, &w.cpus, NULL) == 0;
+        w.cpu_known = r.cpu.present;
         if (w.cpu_known) {
             snprintf(w.cpu_host, sizeof(w.cpu_host), "%s", r.cpu.host);
             w.cpu_threads = r.cpu.threads;
+            w.cpus = r.cpu.set;
         }
     }
     if (rc == 0 && shm != NULL) {
         const char *name = "";
         if (protocol_get_string_opt(shm, "shm.name", sizeof(w.shm_name) - 1, "", &name, err) == 0)
             snprintf(w.shm_name, sizeof(w.shm_name), "%s", name);
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(shm, "transport");
-        w.shm_posix = cJSON_IsString(t) && strcmp(t->valuestring, "posix") == 0;
+        const char *transport = "";
+        w.shm_posix = protocol_get_string_opt(shm, "shm.transport", 32, "", &transport, err) == 0 &&
+                      strcmp(transport, "posix") == 0;
     }
     if (rc != 0) {
         LOG_ERROR("refusing a worker registration: %s", err);

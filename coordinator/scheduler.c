@@ -319,7 +319,9 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
  * Small pair on 2 cores, 1 + 1 threads, K = 1, three alternating pairs of
  * runs: 1.04-1.24x the tokens/s. Not where the workers share cores: the
  * draft's reply and this process's handling of it then run beside the
- * verification and slow it (2 + 2 threads: 0.9-1.05x, no clear gain). Over
+ * verification and slow it (2 + 2 threads: 0.9-1.05x, no clear gain; again
+ * with the half-byte draft head at K = 2: round walls 9.9-11.5 ms beside
+ * the draft against 9.9-10.8 the usual way, two alternating pairs). Over
  * POSIX shared memory only: on cuda_ipc the device side has its own
  * ordering, not tried so yet. */
 static bool verify_beside_draft(const struct coordinator *c)

@@ -164,7 +164,8 @@ static int step_capacity(void **entries, void **in_call, int *cap, bool **slot_b
  * one (llama_model_prepare_argmax); returns whether it is ready. Never
  * fatal: without it greedy rows read the whole head, which is only slower,
  * so a head the backend will not copy (one holding a NaN) or no memory for
- * the copy (a byte a weight) is logged and decoding goes on. */
+ * the copy (a byte a weight, half a byte for a draft's head) is logged and
+ * decoding goes on. */
 static bool prepare_argmax(struct llama_ctx *ctx, const char *half, bool draft)
 {
     if (!llama_ctx_has_argmax(ctx))

@@ -457,13 +457,12 @@ int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg
     if ((rc = protocol_get_object_opt(h, "cpu", &cpu, err)))
         return rc;
     if (cpu) {
-        struct cpulist set;
         char inner[ERR_MSG_MAX];
         if ((rc = protocol_get_string(cpu, "cpu.host", WORKER_MSG_CPU_HOST_MAX, &m->cpu.host, err)) ||
             (rc = protocol_get_int(cpu, "cpu.threads", 1, 65536, &m->cpu.threads, err)) ||
             (rc = protocol_get_string(cpu, "cpu.cpus", WORKER_MSG_CPU_LIST_MAX, &m->cpu.cpus, err)))
             return rc;
-        if (cpulist_parse(m->cpu.cpus, &set, inner) != 0)
+        if (cpulist_parse(m->cpu.cpus, &m->cpu.set, inner) != 0)
             return error_set(err, ERR_PROTOCOL, "cpu.cpus: %s", inner);
         m->cpu.present = true;
     }

@@ -28,6 +28,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cpulist.h"
 #include "protocol.h"
 #include "sampling.h"
 #include "speculate.h"
@@ -163,6 +164,7 @@ struct worker_msg_cpu {
     const char *host;           /* the kernel's boot id: processes on one kernel share its cores */
     int threads;                /* compute threads */
     const char *cpus;           /* the CPUs they may run on, in list notation ("0-3,8") */
+    struct cpulist set;         /* decode: cpus parsed (the encoder reads cpus only) */
 };
 
 /* register (worker -> coordinator). */

@@ -419,6 +419,8 @@ static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
     assert_string_equal(rg.cpu.host, reg.cpu.host);
     assert_int_equal(rg.cpu.threads, 2);
     assert_string_equal(rg.cpu.cpus, "0-1,4");
+    assert_int_equal(cpulist_count(&rg.cpu.set), 3); /* parsed once, for the coordinator */
+    assert_true(cpulist_has(&rg.cpu.set, 0) && cpulist_has(&rg.cpu.set, 1) && cpulist_has(&rg.cpu.set, 4));
     protocol_msg_free(&m);
 
     /* a GPU worker says nothing of cores */
