@@ -233,13 +233,14 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
  * before it returns, so wall time per call is the op's cost, dispatch
  * included. Used by `runtime --profile 1` to show where a decode step goes. */
 #define PROF_SHAPES 16
-enum prof_op { PROF_EMBED, PROF_RMSNORM, PROF_MATMUL, PROF_ROPE, PROF_ATTENTION, PROF_SWIGLU,
-               PROF_ADD, PROF_COPY, PROF_OTHER, PROF_N };
-static const char *const prof_names[PROF_N] = {"embed", "rmsnorm", "matmul", "rope", "attention",
-                                               "swiglu", "add", "copy", "other"};
+enum prof_op { PROF_EMBED, PROF_RMSNORM, PROF_MATMUL, PROF_ARGMAX, PROF_ROPE, PROF_ATTENTION,
+               PROF_SWIGLU, PROF_ADD, PROF_COPY, PROF_OTHER, PROF_N };
+static const char *const prof_names[PROF_N] = {"embed", "rmsnorm", "matmul", "head argmax", "rope",
+                                               "attention", "swiglu", "add", "copy", "other"};
 struct prof_backend {
     struct kern_backend base; /* first: the ops receive &base */
     struct kern_backend *inner;
+    struct kern_ops ops;      /* prof_ops less the optional ops inner lacks */
     double op_s[PROF_N];
     long op_calls[PROF_N];
     struct { int n, d_in, d_out; long calls; double s; } mm[PROF_SHAPES];
@@ -361,6 +362,22 @@ static int prof_matmul(struct kern_backend *be, float *out, const float *x, cons
     }
     return rc;
 }
+static int prof_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in,
+                              const void *w, enum kern_dtype dtype, int n, int d_in, int d_out,
+                              char *err)
+{
+    struct kern_backend *inner = prof_of(be)->inner;
+    double t0 = now_s();
+    int rc = inner->ops->matmul_argmax(inner, idx_out, in, w, dtype, n, d_in, d_out, err);
+    prof_add(be, PROF_ARGMAX, t0);
+    return rc;
+}
+static int prof_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype,
+                               int64_t rows, int64_t cols, int draft, char *err)
+{
+    struct kern_backend *in = prof_of(be)->inner;
+    return in->ops->prepare_argmax(in, w, dtype, rows, cols, draft, err);
+}
 static int prof_rope(struct kern_backend *be, float *x, const int32_t *pos, int n, int n_heads,
                      int head_dim, const float *inv_freq, char *err)
 {
@@ -414,13 +431,19 @@ static const struct kern_ops prof_ops = {
     .unmap_weights = prof_unmap_weights, .sync = prof_sync, .embed = prof_embed,
     .rmsnorm = prof_rmsnorm, .matmul = prof_matmul, .rope = prof_rope,
     .kv_store = prof_kv_store, .attention = prof_attention, .swiglu = prof_swiglu, .add = prof_addop,
-    .map_matrix = prof_map_matrix,
+    .map_matrix = prof_map_matrix, .matmul_argmax = prof_matmul_argmax,
+    .prepare_argmax = prof_prepare_argmax,
 };
 
 static void prof_init(struct prof_backend *p, struct kern_backend *inner)
 {
     memset(p, 0, sizeof *p);
-    p->base.ops = &prof_ops;
+    p->ops = prof_ops;
+    if (!inner->ops->matmul_argmax)
+        p->ops.matmul_argmax = NULL;
+    if (!inner->ops->prepare_argmax)
+        p->ops.prepare_argmax = NULL;
+    p->base.ops = &p->ops;
     p->base.name = inner->name;
     p->inner = inner;
 }
@@ -451,9 +474,10 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
 /* ms per llama_forward of `rows` tokens of one sequence after a prefix of
  * `prefix` tokens, every row's logits kept (verification's shape: K + 1
  * rows, K + 1 logits rows): in logits_host, or with logits_host NULL left
- * on the device in logits_dev; `calls` calls after one warm-up. */
-static int time_rows(struct bench_model *m, float *logits_host, float *logits_dev, int prefix,
-                     int rows, int calls, double *ms_out)
+ * on the device in logits_dev; or with argmax_out only each row's argmax
+ * (greedy verification's shape); `calls` calls after one warm-up. */
+static int time_rows(struct bench_model *m, float *logits_host, float *logits_dev,
+                     int32_t *argmax_out, int prefix, int rows, int calls, double *ms_out)
 {
     char err[ERR_MSG_MAX] = "";
     struct kern_backend *be = llama_ctx_backend(m->ctx);
@@ -462,8 +486,9 @@ static int time_rows(struct bench_model *m, float *logits_host, float *logits_de
     for (int i = 0; i < rows; i++)
         tokens[i] = (int32_t)((4099 + 7919 * i) % vocab);
     struct llama_seq_batch b = {.slot = 0, .tokens = tokens, .n_tokens = rows, .n_logits = rows,
-                                .logits_out = logits_host,
-                                .logits_dev = logits_host ? NULL : logits_dev};
+                                .logits_out = argmax_out ? NULL : logits_host,
+                                .logits_dev = logits_host || argmax_out ? NULL : logits_dev,
+                                .argmax_out = argmax_out};
     double t0 = 0;
     for (int c = 0; c <= calls; c++) {
         if (c == 1) {
@@ -483,9 +508,12 @@ static int time_rows(struct bench_model *m, float *logits_host, float *logits_de
 /* The CPU's verification table: a forward call of K + 1 rows against one
  * of a single row, the two measured one right after the other and the pair
  * repeated, best of each (on this noisy machine only side-by-side figures
- * compare). The logits go to host memory, as the target worker's do. With
- * prof (the model's backend), a profile of a PROF_ROWS-row call follows:
- * where verification spends what one row does not. */
+ * compare). The logits go to host memory, as the target worker's do; where
+ * the backend finds an argmax from a copy of the head (greedy verification
+ * reads only each row's argmax), the same calls asking only for that follow
+ * in the same turns. With prof (the model's backend), a profile of a
+ * PROF_ROWS-row call follows: where verification spends what one row does
+ * not. */
 static int cpu_verify_rows(struct bench_model *m, int prefix_len, int calls,
                            struct prof_backend *prof)
 {
@@ -496,11 +524,14 @@ static int cpu_verify_rows(struct bench_model *m, int prefix_len, int calls,
     const int vocab = llama_model_config(m->model)->vocab_size;
     float *logits = malloc((size_t)ROWS_MAX * (size_t)vocab * sizeof(float));
     int32_t *prefix = malloc((size_t)prefix_len * sizeof *prefix);
+    int32_t picks[ROWS_MAX];
     if (!logits || !prefix) {
         free(logits);
         free(prefix);
         return die("verification rows", "out of memory");
     }
+    const bool argmax = llama_ctx_has_argmax(m->ctx) &&
+                        llama_model_prepare_argmax(m->model, false, err) == 0;
     for (int i = 0; i < prefix_len; i++)
         prefix[i] = (int32_t)((1000 + 7919 * i) % vocab);
     struct llama_seq_batch pb = {.slot = 0, .tokens = prefix, .n_tokens = prefix_len};
@@ -510,39 +541,47 @@ static int cpu_verify_rows(struct bench_model *m, int prefix_len, int calls,
         free(logits);
         return die("prefix", err);
     }
-    printf("  verification rows (one sequence, %d-token prefix, logits to host memory; "
-           "best of %d alternating runs of %d calls):\n    rows  ms/call  1 row ms  vs 1 row\n",
-           prefix_len, REPEATS, calls);
+    printf("  verification rows (one sequence, %d-token prefix, best of %d alternating runs of %d "
+           "calls):\n    rows   logits to host memory: ms/call  1 row ms  vs 1 row%s\n",
+           prefix_len, REPEATS, calls,
+           argmax ? "   argmax only (greedy): ms/call  1 row ms  vs 1 row" : "");
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
-        double best_one = 0, best_rows = 0;
-        for (int r = 0; r < REPEATS; r++) {
-            double one, ms;
-            if (time_rows(m, logits, NULL, prefix_len, 1, calls, &one) ||
-                time_rows(m, logits, NULL, prefix_len, row_counts[i], calls, &ms)) {
-                free(logits);
-                return 1;
+        double best[2][2] = {{0, 0}, {0, 0}}; /* [logits, argmax][1 row, rows] */
+        for (int r = 0; r < REPEATS; r++)
+            for (int a = 0; a <= (argmax ? 1 : 0); a++) {
+                int32_t *out = a ? picks : NULL;
+                double one, ms;
+                if (time_rows(m, logits, NULL, out, prefix_len, 1, calls, &one) ||
+                    time_rows(m, logits, NULL, out, prefix_len, row_counts[i], calls, &ms)) {
+                    free(logits);
+                    return 1;
+                }
+                best[a][0] = r == 0 || one < best[a][0] ? one : best[a][0];
+                best[a][1] = r == 0 || ms < best[a][1] ? ms : best[a][1];
             }
-            best_one = r == 0 || one < best_one ? one : best_one;
-            best_rows = r == 0 || ms < best_rows ? ms : best_rows;
-        }
-        printf("    %4d %8.3f %9.3f %8.2fx\n", row_counts[i], best_rows, best_one,
-               best_rows / best_one);
+        printf("    %4d %31.3f %9.3f %8.2fx", row_counts[i], best[0][1], best[0][0],
+               best[0][1] / best[0][0]);
+        if (argmax)
+            printf(" %32.3f %9.3f %8.2fx", best[1][1], best[1][0], best[1][1] / best[1][0]);
+        printf("\n");
     }
     if (prof) {
         static const int profiled_rows[] = {1, 3, PROF_ROWS};
-        for (size_t pi = 0; pi < sizeof profiled_rows / sizeof profiled_rows[0]; pi++) {
-            const int rows = profiled_rows[pi];
-            double ms;
-            prof_init(prof, prof->inner);
-            const double t0 = now_s();
-            if (time_rows(m, logits, NULL, prefix_len, rows, calls, &ms)) {
-                free(logits);
-                return 1;
+        for (int a = 0; a <= (argmax ? 1 : 0); a++)
+            for (size_t pi = 0; pi < sizeof profiled_rows / sizeof profiled_rows[0]; pi++) {
+                const int rows = profiled_rows[pi];
+                double ms;
+                prof_init(prof, prof->inner);
+                const double t0 = now_s();
+                if (time_rows(m, logits, NULL, a ? picks : NULL, prefix_len, rows, calls, &ms)) {
+                    free(logits);
+                    return 1;
+                }
+                char over[80];
+                snprintf(over, sizeof over, "%d-row forward calls (%s), a warm-up included", rows,
+                         a ? "argmax only" : "logits");
+                prof_report(prof, now_s() - t0, calls + 1, "call", over);
             }
-            char over[64];
-            snprintf(over, sizeof over, "%d-row forward calls, a warm-up included", rows);
-            prof_report(prof, now_s() - t0, calls + 1, "call", over);
-        }
     }
     free(logits);
     return 0;
@@ -737,7 +776,7 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
                "the device, %d calls each):\n    rows  ms/call  vs 1 row\n", PREFIX, calls);
         for (int rows = 1; rows <= ROWS_MAX; rows++) {
             double ms;
-            if (time_rows(&m, NULL, logits_dev, PREFIX, rows, calls, &ms))
+            if (time_rows(&m, NULL, logits_dev, NULL, PREFIX, rows, calls, &ms))
                 return 1;
             if (rows == 1)
                 one = ms;
