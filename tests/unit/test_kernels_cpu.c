@@ -1360,8 +1360,9 @@ static void check_matmul_argmax(enum kern_dtype dt, int d_in, int d_out, int map
             assert_int_equal(got, 3);
     }
     assert_int_equal(served, tried);
-    /* several rows: groups of up to four share a pass (a batch of drafts, a
-     * verification's rows); nine take the whole product */
+    /* several rows: up to eight share a pass (a batch of drafts, a
+     * verification's rows), each count its own register tile; nine take the
+     * whole product */
     enum { ROWS = 9 };
     float *rows = falloc((size_t)ROWS * d_in);
     fill(&r, rows, (size_t)ROWS * d_in);
@@ -1371,7 +1372,7 @@ static void check_matmul_argmax(enum kern_dtype dt, int d_in, int d_out, int map
     int32_t want[ROWS], got_rows[ROWS];
     for (int i = 0; i < ROWS; i++)
         want[i] = product_argmax(be, rows + (size_t)i * d_in, mw, dt, d_in, d_out, logits);
-    static const int ns[] = {2, 3, 5, 8, 9};
+    static const int ns[] = {2, 3, 4, 5, 6, 7, 8, 9};
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         memset(got_rows, 0xff, sizeof got_rows);
         assert_int_equal(
