@@ -70,6 +70,17 @@
 /* Acceptance tests until which plain decoding must win against an
  * acceptance one standard error above the estimate (adaptive_k_next_under_load). */
 #define K_EARLY_TRIALS 16
+/* ... and the tests a draft never accepted has that benefit for: past them
+ * (no draft accepted in 4 tests: 0.4% of starts at a = 0.75, 2.6% at 0.6)
+ * the estimate alone decides. With the benefit for all 16, a draft never
+ * accepted (the small target at noise 0.2, a = 0) was drafted with for
+ * most of its first 16 rounds: where a verified extra row is cheap (a
+ * fifth of a step) and the draft costs a fifth too, plain decoding wins
+ * only below a = 0.22-0.32, and one standard error above the estimate
+ * with the prior's weight stayed there until about the 12th rejection;
+ * each such round costs 28% of a step: 0.85-0.99x target-only over 96
+ * tokens (8 runs, median 0.94x). */
+#define K_NEVER_ACCEPTED_TRIALS 4
 /* The first plain round comes after this many rounds: until one is run the
  * per-row cost is the prior's (k_verify_ms), which decides between K = 1
  * and 2 on a pair like the 1B-shaped one, so it is measured early. */
@@ -432,10 +443,11 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
      * accepted by its 3rd or 4th test (at the 1B pair's costs, its 2nd). */
     const int model_k = best_k;
     const double n_tests = (double)kc->trials_seen + K_PRIOR_WEIGHT;
+    const bool early = kc->trials_seen < K_EARLY_TRIALS &&
+                       (kc->accepted_sum > 0 || kc->trials_seen < K_NEVER_ACCEPTED_TRIALS);
     const double a_high =
-        kc->trials_seen < K_EARLY_TRIALS
-            ? kc->accept_rate + sqrt(kc->accept_rate * (1.0 - kc->accept_rate) / n_tests)
-            : kc->accept_rate;
+        early ? kc->accept_rate + sqrt(kc->accept_rate * (1.0 - kc->accept_rate) / n_tests)
+              : kc->accept_rate;
     if (best_k > 0 &&
         speculate_expected_tokens(a_high < 1.0 ? a_high : 1.0, best_k) / best_cost <= 1.03 / plain_ms)
         best_k = 0;

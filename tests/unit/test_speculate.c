@@ -856,6 +856,38 @@ static void test_adaptive_k_two_early_rejections_are_not_the_verdict(void **stat
     assert_int_equal(adaptive_k_next(&after_two, 1000), 0);
 }
 
+/* The small target at noise 0.2 with its draft, as a run logged it: a
+ * draft token 1.5 ms, a plain round 6.8 ms, a 2-row verification 7.2 (the
+ * extra row is cheap), and no draft ever accepted. Plain decoding then wins
+ * only below a = 0.22-0.32, and an acceptance a standard error above the
+ * estimate stayed above that for a dozen rejections: the controller kept
+ * drafting for most of its first 16 rounds, each 28% of a step lost. A
+ * draft never accepted has that benefit for its first four tests only. */
+static void test_adaptive_k_a_draft_never_accepted_stops_after_four_tests(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init(&kc, 0, 8);
+    int drafting = 0;
+    for (int r = 0; r < 16; r++) {
+        const int k = adaptive_k_next(&kc, 1000);
+        drafting += k > 0;
+        if (k > 0)
+            adaptive_k_update(&kc, k, 0, 1.5 * k, 6.8 + 0.4 * k);
+        else
+            adaptive_k_update(&kc, 0, 0, 0.0, 6.8);
+    }
+    assert_true(drafting <= 5);
+    assert_int_equal(kc.trials_seen, drafting);
+    /* one accepted draft among the first tests keeps the benefit */
+    adaptive_k_init(&kc, 0, 8);
+    adaptive_k_update(&kc, 1, 1, 1.5, 7.2);
+    for (int r = 0; r < 4; r++)
+        adaptive_k_update(&kc, 1, 0, 1.5, 7.2);
+    adaptive_k_update(&kc, 0, 0, 0.0, 6.8);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 1);
+}
+
 /* The 1B-shaped pair on 2 cores: a plain round verifies in 59.9 ms, one
  * drafted row in 61.5 (the one-row product is another kernel), a draft
  * token costs 20 ms, 3 drafts in 4 are accepted. Running K = 1 the
@@ -1198,6 +1230,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_first_round_at_a_k_is_a_warm_up),
         cmocka_unit_test(test_adaptive_k_first_rounds_luck_does_not_end_speculation),
         cmocka_unit_test(test_adaptive_k_two_early_rejections_are_not_the_verdict),
+        cmocka_unit_test(test_adaptive_k_a_draft_never_accepted_stops_after_four_tests),
         cmocka_unit_test(test_adaptive_k_predraft_only_where_it_pays),
         cmocka_unit_test(test_adaptive_k_unrepresentative_draft_cost_is_not_learnt),
         cmocka_unit_test(test_adaptive_k_first_draft_call_is_not_its_cost),
