@@ -811,12 +811,48 @@ static void screen_task(void *ctx, long begin, long end, int thread_idx)
             v[0] = r0 + ARGMAX_STREAMS * run + (x - run);
             scores_plain(s, job->hq, ni, v, 1, isum);
         }
-        for (int j = 0; j < count; j++) {
-            const long r = v[j];
-            for (int i = 0; i < ni; i++) {
-                const struct screen_input *si = &job->in[i];
-                const int64_t score =
-                    s->draft ? isum[j][i] - ARGMAX_DRAFT_OFFSET * si->hq_sum : isum[j][i];
+        /* Input rows are independent (each its own lower bound and list):
+         * for each, the claim's rows in order. */
+#ifdef __AVX2__
+        __m256d scale4 = _mm256_setzero_pd();
+        if (count == 4)
+            scale4 = _mm256_set_pd(s->scale[v[3]], s->scale[v[2]], s->scale[v[1]], s->scale[v[0]]);
+#endif
+        for (int i = 0; i < ni; i++) {
+            const struct screen_input *si = &job->in[i];
+            const int64_t offset = s->draft ? ARGMAX_DRAFT_OFFSET * si->hq_sum : 0;
+            unsigned todo = (1u << count) - 1; /* the rows still to look at, a bit each */
+#ifdef __AVX2__
+            /* The test below for the four rows at once, in the same
+             * operations lane by lane (the same bits): only the rows that
+             * pass it are looked at one by one (a row that falls short
+             * still does when the lower bound has risen since). Of the
+             * small draft's head 2% of rows pass, of a one-byte copy 0.1%.
+             * Best of 30 cold calls, three runs each way alternating:
+             * 384 x 128256 (draft copy) 0.62-0.69 ms against 0.71-0.78 at
+             * one row, 1.00-1.03 against 1.19-1.29 at three; 768 x 128256
+             * (one byte) 2.08-2.16 against 2.34-2.48 at five, one row
+             * unchanged (1.30-1.42: the read). */
+            if (count == 4) {
+                const __m256d score = _mm256_set_pd(
+                    (double)(isum[3][i] - offset), (double)(isum[2][i] - offset),
+                    (double)(isum[1][i] - offset), (double)(isum[0][i] - offset));
+                const __m256d approx =
+                    _mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd(si->s_h), scale4), score);
+                const __m256d slack = _mm256_mul_pd(
+                    _mm256_set1_pd(1e-12), _mm256_andnot_pd(_mm256_set1_pd(-0.0), approx));
+                const __m256d upper =
+                    _mm256_add_pd(approx, _mm256_add_pd(_mm256_set1_pd(job->eps_max[i]), slack));
+                todo = ~(unsigned)_mm256_movemask_pd(
+                           _mm256_cmp_pd(upper, _mm256_set1_pd(lower_max[i]), _CMP_LT_OQ)) &
+                       0xFu;
+            }
+#endif
+            for (int j = 0; todo; j++, todo >>= 1) {
+                if (!(todo & 1u))
+                    continue;
+                const long r = v[j];
+                const int64_t score = isum[j][i] - offset;
                 const double approx = si->s_h * (double)s->scale[r] * (double)score;
                 /* Most rows fall short even with the largest margin any row
                  * has: they are neither kept nor raise the lower bound, and
