@@ -1397,6 +1397,7 @@ static void test_kernels_cpu_matmul_argmax_is_the_products_argmax(void **state)
 {
     check_matmul_argmax(KERN_DTYPE_BF16, 2048, 1029, 1, 0); /* 128 octets and 5 row-major rows */
     check_matmul_argmax(KERN_DTYPE_BF16, 200, 3001, 0, 0);
+    check_matmul_argmax(KERN_DTYPE_BF16, 8192, 600, 1, 0); /* past 4128 columns: a coarser input */
     check_matmul_argmax(KERN_DTYPE_F16, 67, 2000, 0, 0);
     check_matmul_argmax(KERN_DTYPE_F32, 300, 1500, 1, 0);
 }
