@@ -26,6 +26,21 @@
 #define K_COST_DECAY 0.98
 /* Weight of the newest timing sample. */
 #define K_EWMA_ALPHA 0.2
+/* A cost sample counts for at most this multiple of what the controller
+ * expects it to be (k_update). On this VM a round is now and then stalled
+ * for several times its cost: a K = 1 verification took 10.8 ms among
+ * 4.5-4.9 (small pair, in-process). Taken whole, that one sample priced
+ * K = 1 above plain decoding at a = 0.52 and the sequence decoded 11 plain
+ * rounds until the next probe. A real change in cost still comes through,
+ * at up to a tenth a round (K_EWMA_ALPHA of half again). */
+#define K_SAMPLE_CAP 1.5
+/* ... and a cost sample below the running average moves it this much (one
+ * above: K_EWMA_ALPHA). A stall only ever adds time, so a low sample is the
+ * better evidence; where the first verification at a k that is learnt is
+ * the stalled one there is nothing yet to cap it against: 8.68 ms against
+ * 5.4-5.9 later (small pair, in-process) held K = 1's price near 7.6 and
+ * the sequence at K = 0 for 74 of 78 rounds. */
+#define K_EWMA_ALPHA_DOWN 0.5
 /* Decay of the sums of drafting rounds' wall time and tokens per drafting
  * round: about the last ten rounds count, as for acceptance. */
 #define K_WALL_DECAY 0.9
@@ -168,6 +183,12 @@ static double k_verify_ms(const struct adaptive_k *kc, int k)
 
 static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms);
 
+/* The weight of a cost sample against its running average. */
+static double k_alpha(double sample, double average)
+{
+    return sample < average ? K_EWMA_ALPHA_DOWN : K_EWMA_ALPHA;
+}
+
 void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                        double verify_ms)
 {
@@ -194,6 +215,12 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     const bool first_at_k = k > 0 && k <= SPECULATE_K_MAX && !kc->verify_warm[k];
     if (k > 0 && k <= SPECULATE_K_MAX)
         kc->verify_warm[k] = true;
+    const double verify_expected = k_verify_ms(kc, k);
+    if (verify_ms > 0 && verify_expected > 0 && verify_ms > K_SAMPLE_CAP * verify_expected)
+        verify_ms = K_SAMPLE_CAP * verify_expected;
+    if (k > 0 && draft_ms > 0 && kc->draft_ms_per_token > 0 &&
+        draft_ms > K_SAMPLE_CAP * kc->draft_ms_per_token * k)
+        draft_ms = K_SAMPLE_CAP * kc->draft_ms_per_token * k;
     if (k > 0) {
         kc->trials_seen += n_accepted + (n_accepted < k ? 1 : 0);
         /* A round is a truncated geometric observation: n_accepted successes,
@@ -216,7 +243,8 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
         } else if (draft_ms >= 0) {
             /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
             double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
-            const double alpha = kc->probing ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+            const double alpha =
+                kc->probing ? K_PROBE_ALPHA : k_alpha(per_token, kc->draft_ms_per_token);
             kc->draft_ms_per_token = kc->draft_ms_per_token > 0
                                          ? kc->draft_ms_per_token + alpha * (per_token - kc->draft_ms_per_token)
                                          : per_token;
@@ -225,7 +253,8 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     if (k == 0) {
         kc->rounds_since_plain = 0;
         if (verify_ms > 0)
-            kc->plain_ms = kc->plain_ms > 0 ? kc->plain_ms + K_EWMA_ALPHA * (verify_ms - kc->plain_ms)
+            kc->plain_ms = kc->plain_ms > 0 ? kc->plain_ms + k_alpha(verify_ms, kc->plain_ms) *
+                                                                 (verify_ms - kc->plain_ms)
                                             : verify_ms;
     } else {
         kc->rounds_since_plain++;
@@ -239,7 +268,8 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
          * and measured again. */
         const double priced = k > 0 && !k_verify_at_fresh(kc, k) ? k_verify_ms(kc, k) : 0;
         kc->verify_at_ms[k] = k_verify_at_fresh(kc, k)
-                                  ? kc->verify_at_ms[k] + K_EWMA_ALPHA * (verify_ms - kc->verify_at_ms[k])
+                                  ? kc->verify_at_ms[k] + k_alpha(verify_ms, kc->verify_at_ms[k]) *
+                                                              (verify_ms - kc->verify_at_ms[k])
                               : priced > 0 ? 0.5 * (verify_ms + priced)
                                            : verify_ms;
         kc->verify_at_round[k] = kc->rounds_observed;
