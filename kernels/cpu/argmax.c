@@ -686,48 +686,28 @@ static void scores_plain(const struct cpu_argmax_shadow *s, const int16_t *hq, i
  * copy row is read once either way: one pass over the copy serves up to
  * ARGMAX_GROUP rows, where groups of 4 made a 5-row verification read the
  * copy twice. */
-#define SCORES_BY(fn, nj, ni_)                                   \
-    do {                                                        \
-        for (int j0 = 0; j0 < 4; j0 += (nj))                    \
-            fn(s, hq, (nj), (ni_), v + j0, out + j0);           \
-    } while (0)
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define SCORES_WIDE 2
-#define SCORES_CASES(fn)                                        \
-    switch (ni) {                                               \
-    case 1: SCORES_BY(fn, 4, 1); break;                         \
-    case 2: SCORES_BY(fn, 4, 2); break;                         \
-    case 3: SCORES_BY(fn, 4, 3); break;                         \
-    case 4: SCORES_BY(fn, 4, 4); break;                         \
-    case 5: SCORES_BY(fn, SCORES_WIDE, 5); break;               \
-    case 6: SCORES_BY(fn, SCORES_WIDE, 6); break;               \
-    case 7: SCORES_BY(fn, SCORES_WIDE, 7); break;               \
-    default: SCORES_BY(fn, SCORES_WIDE, 8); break;              \
-    }
 #else
 #define SCORES_WIDE 1
 #endif
+/* ni and draft are constants where this is inlined (screen_task picks one
+ * screen_claims per row count and copy kind), so the branches fold away. */
 CPU_SIMD_INLINE void scores_claim(const struct cpu_argmax_shadow *s, const int16_t *hq, int ni,
                                   int draft, const long v[4], int64_t out[4][ARGMAX_GROUP])
 {
+    const int nj = ni <= 4 ? 4 : SCORES_WIDE;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (draft)
-        SCORES_CASES(scores_rows_draft)
-    else
-        SCORES_CASES(scores_rows)
+    if (draft) {
+        for (int j0 = 0; j0 < 4; j0 += nj)
+            scores_rows_draft(s, hq, nj, ni, v + j0, out + j0);
+        return;
+    }
 #else
     (void)draft;
-    switch (ni) {
-    case 1: SCORES_BY(scores_rows, 4, 1); break;
-    case 2: SCORES_BY(scores_rows, 4, 2); break;
-    case 3: SCORES_BY(scores_rows, 4, 3); break;
-    case 4: SCORES_BY(scores_rows, 4, 4); break;
-    case 5: SCORES_BY(scores_rows, SCORES_WIDE, 5); break;
-    case 6: SCORES_BY(scores_rows, SCORES_WIDE, 6); break;
-    case 7: SCORES_BY(scores_rows, SCORES_WIDE, 7); break;
-    default: SCORES_BY(scores_rows, SCORES_WIDE, 8); break;
-    }
 #endif
+    for (int j0 = 0; j0 < 4; j0 += nj)
+        scores_rows(s, hq, nj, ni, v + j0, out + j0);
 }
 #endif
 
