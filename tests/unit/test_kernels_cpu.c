@@ -1092,6 +1092,41 @@ static void test_kernels_cpu_bf16_converts_by_shifting_the_bits(void **state)
     be->ops->destroy(be);
 }
 
+/* silu's edges: saturation both ways, e^-|g| below the exponential's range,
+ * signed zeros, infinities and NaN, in the 8-lane body and in the tail. */
+static void test_kernels_cpu_swiglu_edges_match_reference(void **state)
+{
+    static const float gates[] = {0.0f,   -0.0f,  1.0f,  -1.0f,     20.0f,     -20.0f,
+                                  87.0f,  -87.0f, 88.5f, -88.5f,    100.0f,    -100.0f,
+                                  1e-30f, -1e-30f, 3e38f, -3e38f,   INFINITY,  -INFINITY};
+    const size_t count = sizeof(gates) / sizeof(gates[0]);
+    struct kern_backend *be = make_backend(1);
+    char err[ERR_MSG_MAX];
+    float up[18], out[18];
+    double ref[18];
+    for (size_t i = 0; i < count; i++) {
+        up[i] = 1.0f;
+        ref[i] = gates[i] / (1.0 + exp(-(double)gates[i]));
+    }
+    assert_int_equal(be->ops->swiglu(be, out, gates, up, count, err), 0);
+    for (size_t i = 0; i < count; i++) {
+        if (isnan(ref[i])) { /* -inf / (1 + inf) */
+            assert_true(isnan(out[i]));
+            continue;
+        }
+        if (isinf(ref[i])) {
+            assert_true(out[i] == ref[i]);
+            continue;
+        }
+        assert_int_equal(count_mismatches("swiglu edge", &out[i], &ref[i], 1, 1e-30, 1.2e-6), 0);
+        assert_int_equal(signbit(out[i]) != 0, signbit(gates[i]) != 0);
+    }
+    const float nan_gate[9] = {NAN, 1, 1, 1, 1, 1, 1, 1, NAN};
+    assert_int_equal(be->ops->swiglu(be, out, nan_gate, up, 9, err), 0);
+    assert_true(isnan(out[0]) && isnan(out[8]));
+    be->ops->destroy(be);
+}
+
 static void test_kernels_cpu_swiglu_and_add_match_reference(void **state)
 {
     static const size_t counts[] = {1, 13, 4096, 70001};
@@ -1109,7 +1144,14 @@ static void test_kernels_cpu_swiglu_and_add_match_reference(void **state)
         for (size_t i = 0; i < count; i++)
             ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
         assert_int_equal(be->ops->swiglu(be, out, g, u, count, err), 0);
-        assert_int_equal(count_mismatches("swiglu", out, ref, count, 1e-6, 1e-5), 0);
+        /* an exponential within 2 ulp and four roundings: under 10 ulp */
+        assert_int_equal(count_mismatches("swiglu", out, ref, count, 1e-30, 1.2e-6), 0);
+        /* one element alone takes the scalar form: the same bits as the 8 lanes */
+        for (size_t i = 0; i < count && i < 64; i++) {
+            float one;
+            assert_int_equal(be->ops->swiglu(be, &one, &g[i], &u[i], 1, err), 0);
+            assert_int_equal(count_bit_diffs("swiglu, one element", &one, &out[i], 1), 0);
+        }
         /* out aliasing gate */
         assert_int_equal(be->ops->swiglu(be, g, g, u, count, err), 0);
         assert_int_equal(count_bit_diffs("swiglu in place", g, out, count), 0);
@@ -1614,6 +1656,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_embed_widens_rows_exactly),
         cmocka_unit_test(test_kernels_cpu_bf16_converts_by_shifting_the_bits),
         cmocka_unit_test(test_kernels_cpu_swiglu_and_add_match_reference),
+        cmocka_unit_test(test_kernels_cpu_swiglu_edges_match_reference),
         cmocka_unit_test(test_kernels_cpu_memory_ops_are_zeroed_aligned_and_copy),
         cmocka_unit_test(test_kernels_cpu_bad_arguments_are_rejected),
         cmocka_unit_test(test_kernels_cpu_map_weights_copies_large_tensors_exactly),
