@@ -581,6 +581,8 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
         (rc = specdec_draft_use_device(w->spec, true, err)))
         goto fail;
     LOG_INFO("draft sampler: %s", specdec_draft_on_device(w->spec) ? "device" : "host");
+    if ((rc = worker_main_model_warm_up(&w->m, err)))
+        goto fail;
     w->k_max = cfg->coordinator.spec_k_max;
     char cleanup_err[ERR_MSG_MAX];
     int removed = 0;

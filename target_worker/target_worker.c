@@ -730,6 +730,8 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
         (rc = specdec_target_use_device(w->spec, true, err)))
         goto fail;
     LOG_INFO("target sampler: %s", specdec_target_on_device(w->spec) ? "device" : "host");
+    if ((rc = worker_main_model_warm_up(&w->m, err)))
+        goto fail;
     w->awaiting = calloc((size_t)w->m.n_slots, sizeof *w->awaiting);
     if (!w->awaiting) {
         rc = error_set(err, ERR_NOMEM, "target worker: out of memory");

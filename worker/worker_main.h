@@ -74,6 +74,11 @@ struct worker_main_model {
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
                            const struct worker_config *wc, char *err);
 
+/* llama_ctx_warm_up on the loaded model, timed in the log: a worker runs it
+ * once its model is ready for requests (argmax copy made, sampler placed),
+ * before it registers with the coordinator. */
+int worker_main_model_warm_up(struct worker_main_model *m, char *err);
+
 /* What commands to this worker are checked against: its slots, context
  * length and vocabulary, and k_max drafts per round. */
 struct worker_msg_limits worker_main_model_limits(const struct worker_main_model *m, int k_max);

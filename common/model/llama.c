@@ -589,6 +589,49 @@ int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err)
                                       m->cfg.hidden_size, draft ? 1 : 0, err);
 }
 
+/* Prefill positions of the warm-up (llama_ctx_warm_up). */
+#define WARM_UP_PREFIX 32
+
+int llama_ctx_warm_up(struct llama_ctx *ctx, char *err)
+{
+    if (ctx->slot_len[0] != 0)
+        return error_set(err, ERR_INVALID_ARG, "warm-up: slot 0 holds %d positions, must be empty",
+                         ctx->slot_len[0]);
+    const int vocab = ctx->model->cfg.vocab_size;
+    int rows = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
+    int prefix = WARM_UP_PREFIX;
+    if (prefix + rows > ctx->max_seq_len) {
+        prefix = ctx->max_seq_len / 2;
+        if (rows > ctx->max_seq_len - prefix)
+            rows = ctx->max_seq_len - prefix;
+    }
+    int32_t tokens[WARM_UP_PREFIX + LOGIT_ROWS], picks[LOGIT_ROWS];
+    for (int i = 0; i < prefix + rows; i++)
+        tokens[i] = (int32_t)((13 + 7919 * (long)i) % vocab);
+    float *logits = malloc((size_t)rows * (size_t)vocab * sizeof *logits);
+    if (!logits)
+        return error_set(err, ERR_NOMEM, "warm-up: out of memory");
+    const struct llama_seq_batch prefill = {.slot = 0, .tokens = tokens, .n_tokens = prefix};
+    /* the decode step and the verification, each as the worker may ask */
+    const bool argmax = llama_ctx_has_argmax(ctx);
+    const struct llama_seq_batch calls[] = {
+        {.slot = 0, .tokens = tokens + prefix, .n_tokens = 1, .n_logits = 1, .logits_out = logits},
+        {.slot = 0, .tokens = tokens + prefix, .n_tokens = rows, .n_logits = rows,
+         .logits_out = logits},
+        {.slot = 0, .tokens = tokens + prefix, .n_tokens = 1, .n_logits = 1, .argmax_out = picks},
+        {.slot = 0, .tokens = tokens + prefix, .n_tokens = rows, .n_logits = rows,
+         .argmax_out = picks},
+    };
+    const int n_calls = argmax ? 4 : 2;
+    int rc = llama_forward(ctx, &prefill, 1, err);
+    for (int c = 0; c < n_calls && rc == 0; c++)
+        if ((rc = llama_forward(ctx, &calls[c], 1, err)) == 0)
+            rc = llama_ctx_truncate(ctx, 0, prefix, err);
+    free(logits);
+    const int rc_empty = llama_ctx_truncate(ctx, 0, 0, err);
+    return rc ? rc : rc_empty;
+}
+
 int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s, char *err)
 {
     const int vocab = ctx->model->cfg.vocab_size;

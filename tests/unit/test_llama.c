@@ -862,6 +862,49 @@ static void test_llama_kv_blocks_follow_the_tokens_in_use(void **state)
     free_model(&m);
 }
 
+/* The warm-up leaves nothing behind: slot 0 empty, every KV block free, and
+ * the logits of what follows bit for bit a fresh context's; at a context
+ * shorter than its prefix and rows, and with few rows per chunk, too. */
+static void test_llama_warm_up_leaves_no_trace(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 73);
+    const int V = SHAPE_GQA_BF16.vocab;
+    int32_t t[20];
+    random_tokens(t, 20, V, 9);
+    struct loaded fresh;
+    load(&fresh, m.dir, 2, 64, 0);
+    float *want = forward_all(&fresh, 0, t, 20);
+    unload(&fresh);
+    const struct llama_ctx_params params[] = {
+        {.n_slots = 2, .max_seq_len = 64},
+        {.n_slots = 2, .max_seq_len = 24},               /* under 32 + 17 positions */
+        {.n_slots = 1, .max_seq_len = 64, .max_rows = 3}, /* chunks of 3 rows */
+    };
+    char err[ERR_MSG_MAX] = "";
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        struct loaded L;
+        load_params(&L, m.dir, 2, &params[i]);
+        struct llama_kv_stats before, after;
+        llama_ctx_kv_stats(L.ctx, &before);
+        assert_int_equal(llama_ctx_warm_up(L.ctx, err), 0);
+        assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 0);
+        llama_ctx_kv_stats(L.ctx, &after);
+        assert_int_equal(after.free_blocks, before.free_blocks);
+        float *got = forward_all(&L, 0, t, 20);
+        assert_memory_equal(got, want, (size_t)20 * V * sizeof(float));
+        /* a slot in use is not the warm-up's to empty */
+        assert_int_equal(llama_ctx_warm_up(L.ctx, err), ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "slot 0 holds 20 positions"));
+        assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 20);
+        free(got);
+        unload(&L);
+    }
+    free(want);
+    free_model(&m);
+}
+
 static void test_llama_missing_tensor_is_named(void **state)
 {
     (void)state;
@@ -910,6 +953,7 @@ int main(void)
         cmocka_unit_test(test_llama_context_full_is_an_error_and_changes_nothing),
         cmocka_unit_test(test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256),
         cmocka_unit_test(test_llama_kv_blocks_follow_the_tokens_in_use),
+        cmocka_unit_test(test_llama_warm_up_leaves_no_trace),
         cmocka_unit_test(test_llama_missing_tensor_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

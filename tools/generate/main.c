@@ -323,6 +323,12 @@ int main(int argc, char **argv)
         rc = specdec_target_use_device(target, true, err);
     if (!rc && on_device && draft)
         rc = specdec_draft_use_device(draft, true, err);
+    /* The workers of the pipeline are warm when a request comes (llama.h:
+     * llama_ctx_warm_up); so are the figures printed here. */
+    if (!rc)
+        rc = llama_ctx_warm_up(target_ctx, err);
+    if (!rc && draft_ctx)
+        rc = llama_ctx_warm_up(draft_ctx, err);
     if (rc)
         goto done;
     /* The tokenizer is optional with --ids: random test models may have none. */
