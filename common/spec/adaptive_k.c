@@ -306,14 +306,32 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
     /* the draft's first call (see k_update) would price drafting rounds'
      * wall time as wrongly as their compute */
     const bool first_draft = k > 0 && draft_ms >= 0 && !kc->draft_warm;
+    /* What the round should take, before this round is learnt from: a
+     * stalled round counts for at most K_SAMPLE_CAP of it, as in k_update.
+     * Taken whole, a stall in a plain round made speculation look better
+     * than it was, one in a drafting round worse: with one round in 10
+     * stalled at 3x (test_adaptive_k_wall_time_stalls_do_not_decide) a
+     * badly matched pair drafted in 11% of its rounds (now 1%), a well
+     * matched one in 73% (now 85%). */
+    const double draft_expected = kc->draft_ms_per_token * k;
+    const double round_expected =
+        k == 0 ? kc->wall_plain_ms
+        : kc->wall_spec_rounds > 0 && draft_expected > 0
+            ? draft_expected + k_verify_ms(kc, k) + kc->wall_extra_ms
+            : 0;
     k_update(kc, k, n_accepted, draft_ms, verify_ms);
     const bool probe = kc->probing;
     kc->probing = false;
     if (wall_ms <= 0 || draft_ms < 0 || first_draft)
         return;
+    if (round_expected > 0 && wall_ms > K_SAMPLE_CAP * round_expected) {
+        wall_ms = K_SAMPLE_CAP * round_expected;
+        if (draft_ms > K_SAMPLE_CAP * draft_expected)
+            draft_ms = K_SAMPLE_CAP * draft_expected;
+    }
     if (k == 0) {
         /* a plain round run to measure, among drafting rounds, weighs as a probe */
-        const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+        const double alpha = probe ? K_PROBE_ALPHA : k_alpha(wall_ms, kc->wall_plain_ms);
         kc->wall_plain_ms = kc->wall_plain_ms > 0 ? kc->wall_plain_ms + alpha * (wall_ms - kc->wall_plain_ms)
                                                   : wall_ms;
         return;
@@ -328,7 +346,7 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
     double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - k_verify_ms(kc, k);
     if (extra < 0)
         extra = 0;
-    const double alpha = probe ? K_PROBE_ALPHA : K_EWMA_ALPHA;
+    const double alpha = probe ? K_PROBE_ALPHA : k_alpha(extra, kc->wall_extra_ms);
     kc->wall_extra_ms = kc->wall_spec_rounds > 0 ? kc->wall_extra_ms + alpha * (extra - kc->wall_extra_ms)
                                                  : extra;
     kc->wall_spec_rounds++;

@@ -596,6 +596,12 @@ static void test_adaptive_k_plain_rounds_correct_a_biased_cost(void **state)
  * and by the verification it slows on shared cores (spec_extra_ms). */
 struct pipe_sim {
     double a, draft_ms, verify_base_ms, verify_row_ms, plain_extra_ms, spec_extra_ms;
+    /* stalls: about one round in stall_every (0: none) takes stall_factor
+     * times as long, its draft, verification and wall time alike; seed: of
+     * the acceptance draws and the stalls (0: the default) */
+    int stall_every;
+    double stall_factor;
+    uint64_t seed;
 };
 
 /* Runs rounds rounds; over the second half returns the tokens per ms the
@@ -604,7 +610,7 @@ struct pipe_sim {
 static double pipe_sim_run(struct adaptive_k *kc, const struct pipe_sim *p, int rounds, bool wall,
                            int *drafting_out)
 {
-    uint64_t rng = 12345;
+    uint64_t rng = p->seed ? p->seed : 12345, stall_rng = rng ^ 0x9e3779b97f4a7c15ull;
     double tokens = 0, ms = 0;
     int drafting = 0;
     for (int r = 0; r < rounds; r++) {
@@ -616,8 +622,16 @@ static double pipe_sim_run(struct adaptive_k *kc, const struct pipe_sim *p, int 
                 break;
             n_acc++;
         }
-        const double draft = k * p->draft_ms, verify = p->verify_base_ms + p->verify_row_ms * k;
-        const double round_ms = draft + verify + (k > 0 ? p->spec_extra_ms : p->plain_extra_ms);
+        double draft = k * p->draft_ms, verify = p->verify_base_ms + p->verify_row_ms * k;
+        double round_ms = draft + verify + (k > 0 ? p->spec_extra_ms : p->plain_extra_ms);
+        if (p->stall_every > 0) {
+            stall_rng = stall_rng * 6364136223846793005ull + 1442695040888963407ull;
+            if ((stall_rng >> 33) % (uint64_t)p->stall_every == 0) {
+                draft *= p->stall_factor;
+                verify *= p->stall_factor;
+                round_ms *= p->stall_factor;
+            }
+        }
         if (wall)
             adaptive_k_update_wall(kc, k, n_acc, draft, verify, round_ms);
         else
@@ -750,6 +764,54 @@ static void test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first(void 
     copy = kc;
     copy.rounds_since_plain = 0;
     assert_int_equal(adaptive_k_next(&copy, 1000), 1);
+}
+
+/* Stalled rounds (one in 10 takes 3 times as long, as rounds on a shared
+ * machine now and then do) must not decide for the controller: a stalled
+ * plain round makes speculation look better than it is, a stalled drafting
+ * round worse. Costs as on the small pair in the pipeline (a draft token
+ * 1.2 ms, verification 5.8 + 0.5 k, 0.85 ms of hops a plain round, 2 a
+ * drafting one), 40 requests of 300 rounds each, the second halves counted:
+ * a badly matched draft (a = 0.1) drafted in 11% of the rounds where every
+ * wall sample was taken whole and ran at 0.96x plain decoding under the
+ * same stalls; capped (K_SAMPLE_CAP) and with low samples weighing more, in
+ * 1% at 0.99x. A well matched one (1B-like costs: a draft token 8 ms,
+ * verification 40 + 2.5 k, a = 0.7) drafted in 73% and ran at 1.32x; now
+ * in 85% at 1.36x. */
+static void test_adaptive_k_wall_time_stalls_do_not_decide(void **state)
+{
+    (void)state;
+    struct pipe_sim bad = {.a = 0.1, .draft_ms = 1.2, .verify_base_ms = 5.8, .verify_row_ms = 0.5,
+                           .plain_extra_ms = 0.85, .spec_extra_ms = 2.0, .stall_every = 10,
+                           .stall_factor = 3.0};
+    struct pipe_sim good = {.a = 0.7, .draft_ms = 8.0, .verify_base_ms = 40.0, .verify_row_ms = 2.5,
+                            .plain_extra_ms = 1.0, .spec_extra_ms = 2.0, .stall_every = 10,
+                            .stall_factor = 3.0};
+    /* plain decoding under the same stalls: 1.2x its time on average */
+    const double bad_plain = 1.0 / (1.2 * (bad.verify_base_ms + bad.plain_extra_ms));
+    const double good_plain = 1.0 / (1.2 * (good.verify_base_ms + good.plain_extra_ms));
+    double bad_rate = 0, good_rate = 0;
+    int bad_drafting = 0, good_drafting = 0;
+    const int requests = 40, rounds = 300;
+    for (int i = 1; i <= requests; i++) {
+        struct adaptive_k kc;
+        int drafting;
+        bad.seed = good.seed = 7919u * (uint64_t)i;
+        adaptive_k_init(&kc, 0, 8);
+        bad_rate += pipe_sim_run(&kc, &bad, rounds, true, &drafting) / requests;
+        bad_drafting += drafting;
+        adaptive_k_init(&kc, 0, 8);
+        good_rate += pipe_sim_run(&kc, &good, rounds, true, &drafting) / requests;
+        good_drafting += drafting;
+    }
+    const int half = requests * rounds / 2; /* pipe_sim_run counts the second half */
+    print_message("bad pair: %.3fx plain, drafting %d of %d rounds; good pair: %.3fx, %d of %d\n",
+                  bad_rate / bad_plain, bad_drafting, half, good_rate / good_plain, good_drafting,
+                  half);
+    assert_true(bad_rate >= 0.97 * bad_plain);
+    assert_true(bad_drafting <= half / 12);
+    assert_true(good_rate >= 1.34 * good_plain);
+    assert_true(good_drafting >= half * 4 / 5);
 }
 
 /* Between two K the better modelled rate wins, however narrowly; only
@@ -1261,6 +1323,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_speculates_less_as_the_batch_grows),
         cmocka_unit_test(test_adaptive_k_plain_rounds_correct_a_biased_cost),
         cmocka_unit_test(test_adaptive_k_wall_time_falls_back_when_pipeline_rounds_do_not_pay),
+        cmocka_unit_test(test_adaptive_k_wall_time_stalls_do_not_decide),
         cmocka_unit_test(test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_probes_with_two_drafts),
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
