@@ -227,7 +227,7 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
         s->kc.k_fixed = k_fixed;
         s->kc.k_max = k_max < SPECULATE_K_MAX ? k_max : SPECULATE_K_MAX;
     } else {
-        adaptive_k_init(&s->kc, k_fixed, k_max);
+        adaptive_k_init_wall(&s->kc, k_fixed, k_max);
     }
     s->t_arrival_ms = coord_now_ms();
     request_destroy(r);

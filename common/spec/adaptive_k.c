@@ -131,6 +131,17 @@ void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max)
     kc->predraft_on = true;
 }
 
+void adaptive_k_init_wall(struct adaptive_k *kc, int k_fixed, int k_max)
+{
+    adaptive_k_init(kc, k_fixed, k_max);
+    /* In wall time a round of one draft pays the same two trips through the
+     * coordinator as one of two (K_PROBE_K_WALL), and its draft the same
+     * step that feeds in the last round's tokens: the first rounds, which
+     * the first prices are learnt from, draft two. */
+    if (k_fixed <= 0)
+        kc->k_current = K_PROBE_K_WALL < kc->k_max ? K_PROBE_K_WALL : kc->k_max;
+}
+
 /* Modelled verification cost of k drafted rows: what rounds at k cost
  * lately where there were any; else from the nearest k that was run below
  * it (between two that were, on the line through them), each further row

@@ -74,6 +74,9 @@ struct adaptive_k {
 };
 
 void adaptive_k_init(struct adaptive_k *kc, int k_fixed, int k_max);
+/* adaptive_k_init for a controller fed in wall time (adaptive_k_update_wall,
+ * the pipeline's): its first rounds draft K_PROBE_K_WALL (2), not 1. */
+void adaptive_k_init_wall(struct adaptive_k *kc, int k_fixed, int k_max);
 /* K for the next round; never more than room - 1 where room is the number
  * of positions the sequence may still grow by (tokens still wanted, or
  * context left), so a round never overflows max_seq_len. */

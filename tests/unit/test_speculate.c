@@ -852,6 +852,24 @@ static void test_adaptive_k_wall_time_stalls_do_not_decide(void **state)
     assert_true(small_rate >= 1.14 * small_plain);
 }
 
+/* A controller fed in wall time starts at two drafts a round (a round of one
+ * pays the same trips through the coordinator); a fixed K and a k_max of 1
+ * still rule, and in-process the start stays at one draft. */
+static void test_adaptive_k_wall_time_starts_at_two_drafts(void **state)
+{
+    (void)state;
+    struct adaptive_k kc;
+    adaptive_k_init_wall(&kc, 0, 8);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 2);
+    assert_int_equal(adaptive_k_next(&kc, 2), 1); /* room for one draft only */
+    adaptive_k_init_wall(&kc, 0, 1);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 1);
+    adaptive_k_init_wall(&kc, 5, 8);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 5);
+    adaptive_k_init(&kc, 0, 8);
+    assert_int_equal(adaptive_k_next(&kc, 1000), 1);
+}
+
 /* Between two K the better modelled rate wins, however narrowly; only
  * speculation against plain decoding needs a margin. The figures are the
  * 1B-shaped pair's on this machine (a = 0.68, a draft token 13 ms, a
@@ -1362,6 +1380,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_plain_rounds_correct_a_biased_cost),
         cmocka_unit_test(test_adaptive_k_wall_time_falls_back_when_pipeline_rounds_do_not_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_stalls_do_not_decide),
+        cmocka_unit_test(test_adaptive_k_wall_time_starts_at_two_drafts),
         cmocka_unit_test(test_adaptive_k_wall_time_keeps_speculating_when_pipeline_rounds_pay),
         cmocka_unit_test(test_adaptive_k_wall_time_probes_with_two_drafts),
         cmocka_unit_test(test_adaptive_k_wall_time_charges_drafting_the_plain_hop_first),
