@@ -12,7 +12,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cpulist.h"
@@ -181,13 +180,10 @@ fail:
 
 int worker_main_model_warm_up(struct worker_main_model *m, char *err)
 {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = protocol_now_ms();
     const int rc = llama_ctx_warm_up(m->ctx, err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc == 0)
-        LOG_INFO("warm-up: %.0f ms", (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
-                                         (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+        LOG_INFO("warm-up: %.0f ms", protocol_now_ms() - t0);
     return rc;
 }
 
