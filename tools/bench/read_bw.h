@@ -3,12 +3,13 @@
  *
  * Not memcpy: a copy also writes (and on most x86 reads the destination
  * before writing it), so "bytes copied / time" is neither the read nor the
- * write ceiling. read_bw_measure() runs a vectorised read-only loop (AVX2
- * loads summed into independent accumulators, several loop shapes with and
- * without software prefetch) on n_threads threads, each over its own share of
- * a buffer far larger than the caches, and keeps the best pass of each shape
- * and the best shape: the figure is what this machine can read, not what one
- * particular loop reaches.
+ * write ceiling. read_bw_measure() runs vectorised read-only loops (AVX2
+ * loads summed into independent accumulators; one stream per thread with
+ * and without software prefetch, and four streams per thread) on n_threads
+ * threads, each over its own share of a buffer far larger than the caches,
+ * and keeps the best pass of each shape and the best shape: the figure is
+ * what this machine can read, not what one particular loop reaches. A pass
+ * is timed by the readers' own clocks (first start to last end).
  */
 #ifndef TANDEM_TOOLS_READ_BW_H
 #define TANDEM_TOOLS_READ_BW_H

@@ -12,6 +12,11 @@
  *     median of those shares: one figure at the start was 40 GB/s where
  *     the rounds' reads that followed were 60-90, and every shape then
  *     read at "158-177%".
+ *   - %own: each round's matmul against a read of the shape's own weight
+ *     copies in the same round (the bytes the matmul reads, in the pages
+ *     they were placed in): on this VM one process's buffers read at
+ *     55-62 or at 74 GB/s by where they landed, side by side, so a fresh
+ *     buffer is not always the weights' ceiling.
  *   - for bf16 weights of the Llama-3.2-1B shapes 2048->2048 (q, o),
  *     2048->512 (k, v), 2048->8192 (gate, up), 8192->2048 (down) and
  *     2048->128256 (LM head) and n = 1..17 input rows: time per matmul call,
@@ -498,11 +503,11 @@ int main(int argc, char **argv)
            bench_clock == CLOCK_MONOTONIC ? "wall" : "process CPU", rounds,
            hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
     if (layouts)
-        printf("%-18s %3s %11s %10s %9s %8s %14s %12s\n", "d_in -> d_out", "n", "us/call", "GB/s",
-               "%read", "t(n)/t1", "row-major us", "vs row-major");
+        printf("%-18s %3s %11s %10s %9s %9s %8s %14s %12s\n", "d_in -> d_out", "n", "us/call",
+               "GB/s", "%read", "%own", "t(n)/t1", "row-major us", "vs row-major");
     else
-        printf("%-18s %3s %11s %10s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s", "%read",
-               "t(n)/t1");
+        printf("%-18s %3s %11s %10s %9s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s",
+               "%read", "%own", "t(n)/t1");
     for (int si = 0; si < n_shapes; si++) {
         const int d_in = shapes[si][0], d_out = shapes[si][1];
         const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
@@ -554,7 +559,7 @@ int main(int argc, char **argv)
                 }
         double best[2][BENCH_N_MAX];
         static double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX];
-        double read_per_round[BENCH_ROUNDS_MAX];
+        double read_per_round[BENCH_ROUNDS_MAX], own_per_round[BENCH_ROUNDS_MAX];
         for (int ni = 0; ni < n_ns; ni++)
             best[0][ni] = best[1][ni] = 1e30;
         for (int round = 0; round < rounds; round++) {
@@ -565,6 +570,20 @@ int main(int argc, char **argv)
                 return 1;
             }
             read_per_round[round] = rr.read_gbs;
+            /* the same bytes the matmuls read: a fresh buffer may sit in
+             * faster or slower memory than the weights (see own_per_round) */
+            const void *own_regions[160];
+            size_t own_bytes[160];
+            for (int c = 0; c < copies; c++) {
+                own_regions[c] = w[c];
+                own_bytes[c] = w_bytes;
+            }
+            if (read_bw_measure_regions(&rr, threads, own_regions, own_bytes, copies, 1, err,
+                                        sizeof err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+            own_per_round[round] = rr.read_gbs;
             for (int slot = 0; slot < n_ns; slot++)
                 for (int l = 0; l < n_layouts; l++) {
                     /* rotated: no n always follows the same neighbour */
@@ -590,23 +609,28 @@ int main(int argc, char **argv)
         char label[32];
         snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
         /* [0]: t(n)/t(1), [1]: mapped / row-major, each round's own */
-        struct round_quartiles ratio[2][BENCH_N_MAX], share_of_read[BENCH_N_MAX];
+        struct round_quartiles ratio[2][BENCH_N_MAX], share_of_read[BENCH_N_MAX],
+            share_of_own[BENCH_N_MAX];
         for (int ni = 0; ni < n_ns; ni++) {
-            double r[3][BENCH_ROUNDS_MAX];
+            double r[4][BENCH_ROUNDS_MAX];
             for (int round = 0; round < rounds; round++) {
                 r[2][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
                               read_per_round[round];
+                r[3][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
+                              own_per_round[round];
                 r[0][round] = per_round[0][ni][round] / per_round[0][0][round];
                 r[1][round] = layouts ? per_round[0][ni][round] / per_round[1][ni][round] : 1.0;
             }
             ratio[0][ni] = quartiles(r[0], rounds);
             ratio[1][ni] = quartiles(r[1], rounds);
             share_of_read[ni] = quartiles(r[2], rounds);
+            share_of_own[ni] = quartiles(r[3], rounds);
         }
         for (int ni = 0; ni < n_ns; ni++) {
             double gbs = (double)w_bytes / best[0][ni] / 1e9;
-            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.2f", label, ns[ni], best[0][ni] * 1e6, gbs,
-                   100.0 * share_of_read[ni].median, ratio[0][ni].median);
+            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.0f%% %8.2f", label, ns[ni],
+                   best[0][ni] * 1e6, gbs, 100.0 * share_of_read[ni].median,
+                   100.0 * share_of_own[ni].median, ratio[0][ni].median);
             if (layouts)
                 printf(" %14.1f %11.2fx", best[1][ni] * 1e6, ratio[1][ni].median);
             printf("\n");
@@ -616,8 +640,10 @@ int main(int argc, char **argv)
             printf(" n%d:%.2f[%.2f-%.2f]", ns[ni], ratio[0][ni].median, ratio[0][ni].q1,
                    ratio[0][ni].q3);
         const struct round_quartiles read_q = quartiles(read_per_round, rounds);
-        printf("  (median [quartiles] over %d rounds; their reads %.1f [%.1f-%.1f] GB/s)\n",
-               rounds, read_q.median, read_q.q1, read_q.q3);
+        const struct round_quartiles own_q = quartiles(own_per_round, rounds);
+        printf("  (median [quartiles] over %d rounds; their reads %.1f [%.1f-%.1f] GB/s, of the "
+               "weights' own copies %.1f [%.1f-%.1f])\n",
+               rounds, read_q.median, read_q.q1, read_q.q3, own_q.median, own_q.q1, own_q.q3);
         if (layouts) {
             printf("layout %-11s", label);
             for (int ni = 0; ni < n_ns; ni++)
