@@ -23,6 +23,7 @@
 #include "adaptive_k.h"
 #include "connections.h"
 #include "cpulist.h"
+#include "lane.h"
 #include "metrics.h"
 #include "output.h"
 #include "proc_config.h"
@@ -53,6 +54,14 @@
  * loop cancels their requests; more in one pass are caught at their next
  * failed reply. */
 #define COORD_GONE_MAX 16
+/* Lane connections waiting for their first datagram (the key), and how long
+ * one may wait. */
+#define COORD_LANE_PENDING 4
+#define COORD_LANE_HELLO_MS 2000.0
+/* Lost drafts' segments waiting for their process to be gone, and how long
+ * one is watched. */
+#define COORD_SHM_ORPHANS 4
+#define COORD_SHM_ORPHAN_MS 10000.0
 /* Seeds travel as JSON numbers between processes: exact up to 2^53. */
 #define COORD_SEED_MAX ((1ull << 53) - 1)
 
@@ -85,6 +94,15 @@ struct worker {
     char cpu_host[WORKER_MSG_CPU_HOST_MAX + 1];
     int cpu_threads;
     struct cpulist cpus;
+    /* The worker's lane (lane.h, docs/protocol-notes.md "Lanes"): offered
+     * with lane_key in every welcome of this registration; lane_sending once
+     * the worker connected with the key and the coordinator's "lane" marker
+     * went out over ZeroMQ (lane_fd is valid exactly then); lane_reading once
+     * the worker's own marker came, from when its messages come on the lane.
+     * Closed by registry_lane_close before the struct is cleared. */
+    char lane_key[LANE_KEY_LEN + 1];
+    bool lane_sending, lane_reading;
+    int lane_fd;
 };
 
 enum seq_state {
@@ -194,6 +212,25 @@ struct coordinator {
         struct conn_ref conn;
     } answering;
     struct worker worker[2];
+    /* Lanes: the listening socket beside an ipc:// worker endpoint
+     * (coordinator.worker_lane), and connections not yet matched to a
+     * worker by their key (closed after COORD_LANE_HELLO_MS). */
+    int lane_listen_fd;
+    bool lane_listening;
+    char lane_path[LANE_PATH_MAX + 1];
+    int lane_pending[COORD_LANE_PENDING];
+    double lane_pending_ms[COORD_LANE_PENDING];
+    int n_lane_pending;
+    /* A lost draft's segment is removed once its process is gone. A lane
+     * reports a death at once, before the parent has reaped the process,
+     * and kill(pid, 0) still finds a zombie: the removal is retried on the
+     * ticks (registry_tick) for COORD_SHM_ORPHAN_MS. */
+    struct {
+        char name[256];
+        int pid;
+        double since_ms;
+    } shm_orphans[COORD_SHM_ORPHANS];
+    int n_shm_orphans;
     uint64_t draft_gen;
     /* The registered draft and target compute on the same cores, more
      * threads than there are cores (registry: their "cpu"): what one runs

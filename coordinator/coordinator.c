@@ -19,6 +19,7 @@
 #include "error.h"
 #include "exposure.h"
 #include "intake.h"
+#include "lanes.h"
 #include "logging.h"
 #include "registry.h"
 #include "scheduler.h"
@@ -28,6 +29,7 @@
 static void on_tick(struct coordinator *c)
 {
     registry_tick(c);
+    lanes_tick(c);
     scheduler_tick(c);
 }
 
@@ -163,6 +165,7 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
         0)
         goto fail;
     c->workers_bound = true;
+    lanes_open(c);
     *out = c;
     return 0;
 fail:
@@ -179,6 +182,7 @@ void coordinator_destroy(struct coordinator *c)
     free(c->seqs);
     for (int r = 0; r < 2; r++)
         cJSON_Delete(c->worker[r].shm);
+    lanes_close(c);
     connections_destroy(c->conns);
     if (c->clients != NULL)
         zmq_close(c->clients);
@@ -207,13 +211,16 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
     double next_tick = coord_now_ms();
     while (!*stop) {
         void *zap = exposure_zap_socket(c->exposure);
-        zmq_pollitem_t items[3] = {
+        zmq_pollitem_t items[3 + LANES_POLL_MAX] = {
             {.socket = c->workers, .events = ZMQ_POLLIN},
             {.socket = c->clients, .events = ZMQ_POLLIN},
             {.socket = zap, .events = ZMQ_POLLIN},
         };
+        const int n_zmq = zap ? 3 : 2;
+        struct lanes_polled polled;
+        const int n_items = n_zmq + lanes_poll_items(c, items + n_zmq, &polled);
         double wait = next_tick - coord_now_ms();
-        int n = zmq_poll(items, zap ? 3 : 2, wait > 0 ? (long)wait : 0);
+        int n = zmq_poll(items, n_items, wait > 0 ? (long)wait : 0);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
@@ -221,6 +228,7 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
         }
         /* Workers first: their replies free slots and move rounds along.
          * Bounded batches keep one busy socket from starving the other. */
+        lanes_on_poll(c, items + n_zmq, &polled);
         for (int i = 0; i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
             registry_on_message(c);
             int ev = 0;

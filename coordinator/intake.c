@@ -244,6 +244,8 @@ static void on_stats(struct coordinator *c, const uint8_t *identity, size_t iden
         .max_queue = c->cfg.coordinator.max_queue,
         .draft_up = c->worker[ROLE_DRAFT].up,
         .target_up = c->worker[ROLE_TARGET].up,
+        .draft_lane = c->worker[ROLE_DRAFT].lane_reading,
+        .target_lane = c->worker[ROLE_TARGET].lane_reading,
         .cores_shared = c->cores_shared && c->worker[ROLE_DRAFT].up && c->worker[ROLE_TARGET].up,
         .draft_pid = c->worker[ROLE_DRAFT].pid,
         .target_pid = c->worker[ROLE_TARGET].pid,

@@ -152,11 +152,13 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(draft, "registrations", m->worker_registrations[0]);
     NUM(draft, "losses", m->worker_losses[0]);
     NUM(draft, "refusals", m->draft_refusals);
+    ok = ok && cJSON_AddBoolToObject(draft, "lane", g->draft_lane) != NULL;
     ok = ok && cJSON_AddBoolToObject(target, "up", g->target_up) != NULL;
     NUM(target, "pid", g->target_pid);
     ok = ok && cJSON_AddStringToObject(target, "model", g->target_model ? g->target_model : "") != NULL;
     NUM(target, "registrations", m->worker_registrations[1]);
     NUM(target, "losses", m->worker_losses[1]);
+    ok = ok && cJSON_AddBoolToObject(target, "lane", g->target_lane) != NULL;
 #undef NUM
     if (!ok)
         return error_set(err, ERR_NOMEM, "stats: out of memory");

@@ -90,6 +90,7 @@ struct metrics_gauges {
     int max_concurrency;
     int max_queue;
     int draft_up, target_up;
+    int draft_lane, target_lane;      /* the worker's messages go both ways on its lane (lanes.h) */
     int cores_shared;                 /* the pair computes on the same cores (coord_state.h) */
     int draft_pid, target_pid;
     const char *draft_model, *target_model;

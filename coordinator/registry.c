@@ -17,6 +17,7 @@
 
 #include "cpulist.h"
 #include "error.h"
+#include "lanes.h"
 #include "logging.h"
 #include "scheduler.h"
 #include "worker_msg.h"
@@ -25,13 +26,30 @@ int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, cons
 {
     char err[ERR_MSG_MAX];
     struct worker *w = &c->worker[role];
-    int rc = protocol_send(c->workers, w->identity, w->identity_size, hdr, frame, frame ? 1 : 0,
-                           PROTOCOL_DONTWAIT, err);
+    int rc = w->lane_sending ? lane_send(w->lane_fd, hdr, frame, frame ? 1 : 0, err)
+                             : protocol_send(c->workers, w->identity, w->identity_size, hdr, frame,
+                                             frame ? 1 : 0, PROTOCOL_DONTWAIT, err);
     if (rc != 0)
         LOG_WARN("%s worker: send %s failed: %s", coord_role_name(role),
                  cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(hdr, "type")), err);
     cJSON_Delete(hdr);
     return rc;
+}
+
+/* Unlinks a draft's segment if its process no longer exists; true when it
+ * does not (the segment is then gone either way). */
+static bool unlink_if_dead(const char *name, int pid)
+{
+    if (kill(pid, 0) == 0 || errno != ESRCH)
+        return false;
+    if (shm_unlink(name) == 0)
+        LOG_INFO("removed the dead draft's shared segment %s", name);
+    return true;
+}
+
+static void forget_orphan(struct coordinator *c, int i)
+{
+    c->shm_orphans[i] = c->shm_orphans[--c->n_shm_orphans];
 }
 
 /* The draft is gone (timeout, refusal, re-registration). */
@@ -46,11 +64,16 @@ void registry_draft_lost(struct coordinator *c, const char *why)
     if (was_up)
         c->metrics.worker_losses[ROLE_DRAFT]++;
     /* A crashed owner cannot unlink its segment: do it for it. */
-    if (d->shm_name[0] != '\0' && d->pid > 0 && kill(d->pid, 0) != 0 && errno == ESRCH) {
-        if (shm_unlink(d->shm_name) == 0)
-            LOG_INFO("removed the dead draft's shared segment %s", d->shm_name);
+    if (d->shm_name[0] != '\0' && d->pid > 0 && !unlink_if_dead(d->shm_name, d->pid)) {
+        if (c->n_shm_orphans == COORD_SHM_ORPHANS)
+            forget_orphan(c, 0);
+        int i = c->n_shm_orphans++;
+        snprintf(c->shm_orphans[i].name, sizeof c->shm_orphans[i].name, "%s", d->shm_name);
+        c->shm_orphans[i].pid = d->pid;
+        c->shm_orphans[i].since_ms = coord_now_ms();
     }
     cJSON_Delete(d->shm);
+    lanes_close_worker(d);
     memset(d, 0, sizeof(*d));
     c->draft_gen++;
     if (!was_up)
@@ -70,6 +93,7 @@ void registry_target_lost(struct coordinator *c, const char *why)
         return;
     LOG_ERROR("target worker pid %d %s; failing its requests with target_unavailable", t->pid, why);
     c->metrics.worker_losses[ROLE_TARGET]++;
+    lanes_close_worker(t);
     memset(t, 0, sizeof(*t));
     c->target_outstanding = 0;
     c->target_idle_since_ms = -1;
@@ -90,6 +114,14 @@ static void send_welcome(struct coordinator *c, enum worker_role role)
     const struct worker *d = &c->worker[ROLE_DRAFT];
     if (role == ROLE_TARGET && d->up && d->shm != NULL)
         cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(d->shm, 1));
+    /* the lane offer (lanes.h): a worker already on it ignores a repeat */
+    const struct worker *w = &c->worker[role];
+    if (c->lane_listening && w->lane_key[0] != '\0') {
+        cJSON *lane = cJSON_AddObjectToObject(h, "lane");
+        if (lane == NULL || !cJSON_AddStringToObject(lane, "path", c->lane_path) ||
+            !cJSON_AddStringToObject(lane, "key", w->lane_key))
+            cJSON_DeleteItemFromObjectCaseSensitive(h, "lane");
+    }
     registry_send(c, role, h, NULL);
 }
 
@@ -182,6 +214,7 @@ static void welcome_draft(struct coordinator *c)
         c->metrics.draft_refusals++;
         send_refused(c, d->identity, d->identity_size, why);
         cJSON_Delete(d->shm);
+        lanes_close_worker(d);
         memset(d, 0, sizeof(*d));
         return;
     }
@@ -270,6 +303,11 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         LOG_ERROR("draft registration: out of memory");
         return;
     }
+    w.lane_fd = -1;
+    if (c->lane_listening && lane_key_new(w.lane_key, err) != 0) {
+        LOG_WARN("%s: no lane offered to this worker", err);
+        w.lane_key[0] = '\0';
+    }
 
     if (role == ROLE_TARGET) {
         if (c->worker[ROLE_TARGET].up)
@@ -312,6 +350,8 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
     welcome_draft(c);
 }
 
+static void on_worker_message(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg);
+
 void registry_on_message(struct coordinator *c)
 {
     char err[ERR_MSG_MAX] = "";
@@ -348,33 +388,90 @@ void registry_on_message(struct coordinator *c)
         protocol_msg_free(&msg);
         return;
     }
+    struct worker *w = &c->worker[role];
+    if (strcmp(msg.type, PROTOCOL_LANE) == 0) {
+        /* the worker's marker: what it sends from here on comes on its lane */
+        if (w->lane_sending && !w->lane_reading) {
+            w->lane_reading = true;
+            LOG_INFO("%s worker pid %d: on its lane", coord_role_name(role), w->pid);
+        }
+        protocol_msg_free(&msg);
+        return;
+    }
+    on_worker_message(c, role, &msg);
+    protocol_msg_free(&msg);
+}
+
+void registry_on_lane(struct coordinator *c, enum worker_role role)
+{
+    struct worker *w = &c->worker[role];
+    /* bounded, as the worker socket's batches; a handler may lose the worker */
+    for (int i = 0; i < 64 && w->lane_reading; i++) {
+        char err[ERR_MSG_MAX] = "";
+        struct protocol_msg msg;
+        int rc = lane_recv(w->lane_fd, c->max_message_bytes, &msg, err);
+        if (rc == ERR_TIMEOUT) {
+            protocol_msg_free(&msg);
+            return;
+        }
+        if (rc == ERR_PROTOCOL) {
+            LOG_ERROR("bad message on the %s worker's lane: %s", coord_role_name(role), err);
+            protocol_msg_free(&msg);
+            continue;
+        }
+        if (rc != 0) {
+            protocol_msg_free(&msg);
+            /* end of file: the process is gone (a live worker closes its
+             * lane only when it lost the coordinator, and then registers
+             * again) */
+            char why[ERR_MSG_MAX + 32];
+            snprintf(why, sizeof why, "closed its lane (%s)", err);
+            lanes_close_worker(w);
+            if (role == ROLE_TARGET)
+                registry_target_lost(c, why);
+            else
+                registry_draft_lost(c, why);
+            return;
+        }
+        w->last_seen_ms = coord_now_ms();
+        on_worker_message(c, role, &msg);
+        protocol_msg_free(&msg);
+    }
+}
+
+/* A message of a known worker, from its socket or its lane. */
+static void on_worker_message(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
+{
     /* Every verify gets one reply (verify_done or error): the target is
      * idle when none is outstanding. */
     if (role == ROLE_TARGET && c->target_outstanding > 0 &&
-        (strcmp(msg.type, PROTOCOL_VERIFY_DONE) == 0 || strcmp(msg.type, PROTOCOL_ERROR) == 0) &&
+        (strcmp(msg->type, PROTOCOL_VERIFY_DONE) == 0 || strcmp(msg->type, PROTOCOL_ERROR) == 0) &&
         --c->target_outstanding == 0)
         c->target_idle_since_ms = coord_now_ms();
-    if (strcmp(msg.type, PROTOCOL_HEARTBEAT) == 0) {
+    if (strcmp(msg->type, PROTOCOL_HEARTBEAT) == 0) {
         /* liveness already noted */
     } else if (c->worker[role].held) {
-        LOG_DEBUG("message \"%s\" from the held draft dropped", msg.type);
-    } else if (role == ROLE_TARGET && strcmp(msg.type, PROTOCOL_VERIFY_DONE) == 0) {
-        scheduler_on_verify_done(c, &msg);
-    } else if (role == ROLE_DRAFT && strcmp(msg.type, PROTOCOL_DRAFT_READY) == 0) {
-        scheduler_on_draft_ready(c, &msg);
-    } else if (role == ROLE_DRAFT && strcmp(msg.type, PROTOCOL_PREFILL_DONE) == 0) {
-        scheduler_on_prefill_done(c, &msg);
-    } else if (strcmp(msg.type, PROTOCOL_ERROR) == 0) {
-        scheduler_on_worker_error(c, role, &msg);
+        LOG_DEBUG("message \"%s\" from the held draft dropped", msg->type);
+    } else if (role == ROLE_TARGET && strcmp(msg->type, PROTOCOL_VERIFY_DONE) == 0) {
+        scheduler_on_verify_done(c, msg);
+    } else if (role == ROLE_DRAFT && strcmp(msg->type, PROTOCOL_DRAFT_READY) == 0) {
+        scheduler_on_draft_ready(c, msg);
+    } else if (role == ROLE_DRAFT && strcmp(msg->type, PROTOCOL_PREFILL_DONE) == 0) {
+        scheduler_on_prefill_done(c, msg);
+    } else if (strcmp(msg->type, PROTOCOL_ERROR) == 0) {
+        scheduler_on_worker_error(c, role, msg);
     } else {
-        LOG_WARN("%s worker sent an unexpected \"%.32s\" message", coord_role_name(role), msg.type);
+        LOG_WARN("%s worker sent an unexpected \"%.32s\" message", coord_role_name(role), msg->type);
     }
-    protocol_msg_free(&msg);
 }
 
 void registry_tick(struct coordinator *c)
 {
     double t = coord_now_ms();
+    for (int i = c->n_shm_orphans - 1; i >= 0; i--)
+        if (unlink_if_dead(c->shm_orphans[i].name, c->shm_orphans[i].pid) ||
+            t - c->shm_orphans[i].since_ms > COORD_SHM_ORPHAN_MS)
+            forget_orphan(c, i);
     const struct coordinator_config *cc = &c->cfg.coordinator;
     if (t - c->last_heartbeat_ms >= cc->heartbeat_ms) {
         c->last_heartbeat_ms = t;

@@ -12,6 +12,10 @@
 int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame);
 /* Reads one message from the worker socket and handles it. */
 void registry_on_message(struct coordinator *c);
+
+/* Reads what waits on the lane of a worker whose messages come there
+ * (lanes.h); an end of file loses the worker, as its silence would. */
+void registry_on_lane(struct coordinator *c, enum worker_role role);
 /* Heartbeats to both workers; declares a silent worker lost. */
 void registry_tick(struct coordinator *c);
 /* The draft is gone (timeout, refusal, re-registration): its sequences

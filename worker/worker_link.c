@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "error.h"
+#include "lane.h"
 #include "logging.h"
 #include "socket_monitor.h"
 
@@ -45,17 +46,43 @@ struct worker_link {
     bool welcomed;
     bool register_pending;   /* the last register could not be sent: retry soon */
     bool send_failing;       /* sends fail (coordinator away): log once per streak */
+    /* The lane (lane.h, docs/protocol-notes.md "Lanes"): NONE until a
+     * welcome offers one; HELLO once connected with the key sent, still on
+     * ZeroMQ both ways; ON from the coordinator's "lane" marker: read, and
+     * every message but register goes on it. lane_lost: a send found it
+     * closed, handled as a drop by the loop. */
+    enum { LINK_LANE_NONE, LINK_LANE_HELLO, LINK_LANE_ON } lane;
+    int lane_fd;
+    bool lane_lost;
 };
 
-int worker_link_send(struct worker_link *link, cJSON *header, const struct protocol_frame *frames,
-                     int n_frames)
+static void lane_close(struct worker_link *link)
+{
+    if (link->lane != LINK_LANE_NONE && close(link->lane_fd) != 0)
+        LOG_WARN("closing the lane: %s", strerror(errno));
+    link->lane = LINK_LANE_NONE;
+    link->lane_fd = -1;
+    link->lane_lost = false;
+}
+
+/* Sends on the lane when it is on, else (and always with zmq_only) on the
+ * socket. */
+static int link_send(struct worker_link *link, cJSON *header, const struct protocol_frame *frames,
+                     int n_frames, bool zmq_only)
 {
     char err[ERR_MSG_MAX];
     if (!header) {
         LOG_ERROR("out of memory building a message");
         return ERR_NOMEM;
     }
-    int rc = protocol_send(link->sock, NULL, 0, header, frames, n_frames, PROTOCOL_DONTWAIT, err);
+    int rc;
+    if (!zmq_only && link->lane == LINK_LANE_ON) {
+        rc = lane_send(link->lane_fd, header, frames, n_frames, err);
+        if (rc == ERR_CANCELLED)
+            link->lane_lost = true;
+    } else {
+        rc = protocol_send(link->sock, NULL, 0, header, frames, n_frames, PROTOCOL_DONTWAIT, err);
+    }
     if (rc != 0 && !link->send_failing) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(header, "type");
         LOG_WARN("cannot send %s to the coordinator (not connected?): %s",
@@ -66,6 +93,12 @@ int worker_link_send(struct worker_link *link, cJSON *header, const struct proto
     link->send_failing = rc != 0;
     cJSON_Delete(header);
     return rc;
+}
+
+int worker_link_send(struct worker_link *link, cJSON *header, const struct protocol_frame *frames,
+                     int n_frames)
+{
+    return link_send(link, header, frames, n_frames, false);
 }
 
 void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
@@ -102,7 +135,8 @@ static void send_register(struct worker_link *link)
         h = NULL;
     }
     link->last_register_ms = protocol_now_ms();
-    int rc = worker_link_send(link, h, NULL, 0);
+    /* always on the socket: the coordinator learns the routing id from it */
+    int rc = link_send(link, h, NULL, 0, true);
     link->register_pending = rc != 0;
     if (rc == 0)
         LOG_INFO("registered with %s (%s)", link->endpoint, link->register_note);
@@ -125,6 +159,78 @@ void worker_link_keepalive(struct worker_link *link)
         send_heartbeat(link);
 }
 
+/* The connection or the lane to the coordinator dropped: forgets its work
+ * and registers again (see the top of worker_link.h). */
+static void coordinator_dropped(struct worker_link *link, const char *what)
+{
+    link->n_drops++;
+    LOG_WARN("lost %s to the coordinator: dropping its work; registering again as soon as it is "
+             "back",
+             what);
+    lane_close(link);
+    if (link->role->on_coordinator_lost)
+        link->role->on_coordinator_lost(link->user);
+    link->welcomed = false;
+    send_register(link);
+}
+
+/* A welcome's "lane" {path, key}: connect and send the key, unless a lane
+ * is already there (a repeated welcome). Any failure leaves ZeroMQ alone. */
+static void take_lane_offer(struct worker_link *link, const struct protocol_msg *m)
+{
+    const cJSON *offer = cJSON_GetObjectItemCaseSensitive(m->header, "lane");
+    if (link->lane != LINK_LANE_NONE || !cJSON_IsObject(offer))
+        return;
+    char err[ERR_MSG_MAX];
+    const char *path = NULL, *key = NULL;
+    int rc = protocol_get_string(offer, "path", LANE_PATH_MAX, &path, err);
+    if (rc == 0)
+        rc = protocol_get_string(offer, "key", LANE_KEY_LEN, &key, err);
+    int fd = -1;
+    if (rc == 0)
+        rc = lane_connect(path, &fd, err);
+    if (rc == 0)
+        rc = lane_fit(fd, link->max_message_bytes, err);
+    cJSON *hello = rc == 0 ? protocol_header_new(PROTOCOL_LANE) : NULL;
+    if (rc == 0 && (!hello || !cJSON_AddStringToObject(hello, "key", key)))
+        rc = error_set(err, ERR_NOMEM, "out of memory");
+    if (rc == 0)
+        rc = lane_send(fd, hello, NULL, 0, err);
+    cJSON_Delete(hello);
+    if (rc != 0) {
+        LOG_WARN("the coordinator's lane not taken (ZeroMQ only): %s", err);
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    link->lane_fd = fd;
+    link->lane = LINK_LANE_HELLO;
+}
+
+/* The coordinator's "lane" marker: everything it sent before came on the
+ * socket, everything after comes on the lane. Answered with our own marker
+ * on the socket, after which we send on the lane. */
+static void on_lane_marker(struct worker_link *link)
+{
+    if (link->lane != LINK_LANE_HELLO)
+        return;
+    char err[ERR_MSG_MAX];
+    cJSON *marker = protocol_header_new(PROTOCOL_LANE);
+    int rc = !marker || !cJSON_AddStringToObject(marker, "role", link->role->name)
+                 ? error_set(err, ERR_NOMEM, "out of memory")
+                 : protocol_send(link->sock, NULL, 0, marker, NULL, 0, PROTOCOL_DONTWAIT, err);
+    cJSON_Delete(marker);
+    /* the coordinator already sends on the lane: without the answer it
+     * never reads ours, so a failure here is a drop */
+    link->lane = LINK_LANE_ON;
+    if (rc != 0) {
+        LOG_WARN("lane: the answer to the coordinator's marker failed: %s", err);
+        link->lane_lost = true;
+        return;
+    }
+    LOG_INFO("on the coordinator's lane");
+}
+
 /* Reads the monitor's events; on a drop, forgets the coordinator's work
  * and registers again (see the top of worker_link.h). */
 static void watch_connection(struct worker_link *link)
@@ -133,15 +239,8 @@ static void watch_connection(struct worker_link *link)
     char err[ERR_MSG_MAX];
     if (socket_monitor_drain(link->monitor, &dropped, err) != 0)
         LOG_WARN("coordinator socket monitor: %s", err);
-    if (!dropped)
-        return;
-    link->n_drops++;
-    LOG_WARN("lost the connection to the coordinator: dropping its work; registering again as soon as "
-             "it is back");
-    if (link->role->on_coordinator_lost)
-        link->role->on_coordinator_lost(link->user);
-    link->welcomed = false;
-    send_register(link);
+    if (dropped)
+        coordinator_dropped(link, "the connection");
 }
 
 /* Handles one well-formed message; returns 1 to stop serving (shutdown),
@@ -153,10 +252,13 @@ static int dispatch(struct worker_link *link, const struct protocol_msg *m, char
         if (!link->welcomed)
             LOG_INFO("welcomed by the coordinator");
         link->welcomed = true;
+        take_lane_offer(link, m);
         if (link->role->on_welcome)
             link->role->on_welcome(link->user, m);
     } else if (strcmp(type, PROTOCOL_HEARTBEAT) == 0) {
         /* liveness only */
+    } else if (strcmp(type, PROTOCOL_LANE) == 0) {
+        on_lane_marker(link);
     } else if (strcmp(type, PROTOCOL_SHUTDOWN) == 0) {
         LOG_INFO("shutdown requested by the coordinator");
         return 1;
@@ -178,15 +280,23 @@ static int dispatch(struct worker_link *link, const struct protocol_msg *m, char
     return 0;
 }
 
-/* Receives and handles what is queued; returns 1 to stop serving, a
- * negative code to fail, 0 when the socket has nothing more. */
-static int drain(struct worker_link *link, volatile sig_atomic_t *stop, char *err)
+/* Receives and handles what is queued on the socket or (from_lane) the
+ * lane; returns 1 to stop serving, a negative code to fail, 0 when there is
+ * nothing more. A lane that ended or failed is marked lost. */
+static int drain(struct worker_link *link, bool from_lane, volatile sig_atomic_t *stop, char *err)
 {
-    while (!*stop) {
+    while (!*stop && (!from_lane || link->lane == LINK_LANE_ON)) {
         struct protocol_msg m;
         char merr[ERR_MSG_MAX];
-        int rc = protocol_recv(link->sock, false, link->max_message_bytes, PROTOCOL_DONTWAIT, &m,
-                               merr);
+        int rc = from_lane ? lane_recv(link->lane_fd, link->max_message_bytes, &m, merr)
+                           : protocol_recv(link->sock, false, link->max_message_bytes,
+                                           PROTOCOL_DONTWAIT, &m, merr);
+        if (from_lane && rc != 0 && rc != ERR_TIMEOUT && rc != ERR_PROTOCOL) {
+            LOG_WARN("%s", merr);
+            protocol_msg_free(&m);
+            link->lane_lost = true;
+            return 0;
+        }
         if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
             protocol_msg_free(&m);
             return 0;
@@ -216,10 +326,12 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
     send_heartbeat(link);
     long queued_wait_ms = -1;
     while (!*stop) {
-        zmq_pollitem_t items[2] = {
+        zmq_pollitem_t items[3] = {
             {.socket = link->sock, .events = ZMQ_POLLIN},
             {.socket = socket_monitor_pollable(link->monitor), .events = ZMQ_POLLIN},
+            {.socket = NULL, .fd = link->lane_fd, .events = ZMQ_POLLIN},
         };
+        const int n_items = link->lane == LINK_LANE_ON ? 3 : 2;
         double now = protocol_now_ms();
         long wait_ms = (long)(link->last_beat_ms + link->heartbeat_ms - now);
         if (link->register_pending && wait_ms > WORKER_LINK_REGISTER_RETRY_MS)
@@ -228,7 +340,7 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
             wait_ms = queued_wait_ms;
         if (wait_ms < 0)
             wait_ms = 0;
-        int n = zmq_poll(items, 2, wait_ms);
+        int n = zmq_poll(items, n_items, wait_ms);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
@@ -239,13 +351,22 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
          * to it either fail (no connection) or reach a new coordinator
          * before this worker's register, and it drops messages of a worker
          * it does not know. Then the drop empties the role and registers. */
+        /* The socket first: the coordinator's marker comes there, before
+         * anything on the lane. */
         if (items[0].revents & ZMQ_POLLIN) {
-            int rc = drain(link, stop, err);
+            int rc = drain(link, false, stop, err);
+            if (rc != 0)
+                return rc > 0 ? 0 : rc;
+        }
+        if (n_items == 3 && (items[2].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) {
+            int rc = drain(link, true, stop, err);
             if (rc != 0)
                 return rc > 0 ? 0 : rc;
         }
         if (items[1].revents & ZMQ_POLLIN)
             watch_connection(link);
+        if (link->lane_lost)
+            coordinator_dropped(link, "the lane");
         if (link->role->run_queued)
             queued_wait_ms = link->role->run_queued(link->user);
         now = protocol_now_ms();
@@ -289,6 +410,8 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
     link->timeout_ms = cfg->coordinator.worker_timeout_ms;
     link->max_message_bytes = (size_t)cfg->coordinator.max_message_bytes;
     link->send_failing = true; /* the first send may precede the connection: no warning */
+    link->lane = LINK_LANE_NONE;
+    link->lane_fd = -1;
     int rc;
     link->register_note = strdup(register_note ? register_note : "");
     if (!link->register_note) {
@@ -318,6 +441,7 @@ void worker_link_destroy(struct worker_link *link)
 {
     if (!link)
         return;
+    lane_close(link);
     socket_monitor_close(link->monitor);
     if (link->sock && zmq_close(link->sock) != 0)
         LOG_WARN("zmq_close: %s", zmq_strerror(zmq_errno()));

@@ -201,6 +201,7 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_INT(insecure, 0, 1, "1: non-loopback client endpoint without CURVE [0]"),
     CKEY_INT(external_workers, 0, 1, "1: worker endpoint may be non-local [0]"),
     CKEY_INT(max_requests_per_client, 0, 1000000, "requests in flight per client, 0 = no limit [0]"),
+    CKEY_INT(worker_lane, 0, 1, "1: an ipc:// worker's messages on a direct socket [1]"),
 };
 
 static const struct key_desc worker_keys[] = {
@@ -300,6 +301,7 @@ void proc_config_defaults(struct proc_config *cfg)
     c->worker_timeout_ms = 3000;
     c->request_timeout_ms = 600000;
     c->max_message_bytes = 1048576;
+    c->worker_lane = 1;
     c->spec_k = 0;
     c->spec_k_max = 8;
     snprintf(c->spec_mode, sizeof c->spec_mode, "sampled");

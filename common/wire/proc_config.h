@@ -54,6 +54,7 @@ struct coordinator_config {
     int insecure;                /* 1: serve a non-loopback client endpoint in the clear */
     int external_workers;        /* 1: the worker endpoint may be reachable from elsewhere */
     int max_requests_per_client; /* requests in flight per client connection, 0 = no limit */
+    int worker_lane;             /* 1 (default): local workers' messages on a direct socket (lane.h) */
 };
 
 struct worker_config {

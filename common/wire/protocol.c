@@ -116,6 +116,14 @@ static int check_header(struct protocol_msg *msg, char *err)
     return 0;
 }
 
+int protocol_msg_parse_header(struct protocol_msg *msg, const void *data, size_t size, char *err)
+{
+    msg->header = cJSON_ParseWithLength((const char *)data, size);
+    if (!msg->header)
+        return error_set(err, ERR_PROTOCOL, "header: not valid JSON");
+    return check_header(msg, err);
+}
+
 int protocol_recv(void *socket, bool with_identity, size_t max_message_bytes, int flags,
                   struct protocol_msg *msg, char *err)
 {
@@ -158,11 +166,7 @@ int protocol_recv(void *socket, bool with_identity, size_t max_message_bytes, in
                                max_message_bytes);
             } else if (!have_header) {
                 have_header = true;
-                msg->header = cJSON_ParseWithLength((const char *)data, size);
-                if (!msg->header)
-                    rc = error_set(err, ERR_PROTOCOL, "header: not valid JSON");
-                else
-                    rc = check_header(msg, err);
+                rc = protocol_msg_parse_header(msg, data, size, err);
             } else if (msg->n_frames >= PROTOCOL_MAX_FRAMES) {
                 rc = error_set(err, ERR_PROTOCOL, "message: more than %d binary frames",
                                PROTOCOL_MAX_FRAMES);

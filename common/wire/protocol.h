@@ -53,6 +53,7 @@
 #define PROTOCOL_TOKEN "token"
 #define PROTOCOL_DONE "done"
 #define PROTOCOL_STATS "stats"
+#define PROTOCOL_LANE "lane"
 
 /* protocol_send flags */
 #define PROTOCOL_DONTWAIT 1 /* fail with ERR_UNAVAILABLE instead of blocking */
@@ -101,6 +102,11 @@ int protocol_send(void *socket, const void *identity, size_t identity_size, cons
  * ERR_SYSTEM. */
 int protocol_recv(void *socket, bool with_identity, size_t max_message_bytes, int flags,
                   struct protocol_msg *msg, char *err);
+
+/* Parses size bytes of header JSON into msg->header and checks the envelope
+ * ("v", "type") as protocol_recv does: ERR_PROTOCOL with the reason (the
+ * header is kept if it parsed). For transports other than ZeroMQ (lane.h). */
+int protocol_msg_parse_header(struct protocol_msg *msg, const void *data, size_t size, char *err);
 
 /* Frees what msg owns and clears it; NULL-safe, idempotent. */
 void protocol_msg_free(struct protocol_msg *msg);

@@ -4,6 +4,7 @@ against in-process speculative decoding and target-only decoding, in one run.
 
     bench_pipeline.py [--build DIR] [--pair tiny|small] [--target DIR --draft DIR]
                       [--max-tokens N] [--threads N] [--noise S] [--repeat N] [--spec-k K]
+                      [--lanes on|off|both]
 
 Prints, for one greedy request (same prompt ids everywhere):
   - tokens/s: pipeline (tandem-coordinator + workers, via the client protocol),
@@ -13,6 +14,9 @@ Prints, for one greedy request (same prompt ids everywhere):
     verification queued between two rounds (coordinator-measured "target_gap",
     which includes waiting for a draft when no pre-draft could be used), and the
     target's own idle_ms if the target worker reports it.
+--lanes both runs two pipelines side by side, worker lanes on and off
+(coordinator.worker_lane, docs/protocol-notes.md "Lanes"), their requests
+alternating, and prints each one's rows: what the lanes save per round.
 Models: --target/--draft directories, or a pair made with tandem-make-model in a
 temporary directory (derived target, --noise controls acceptance).
 Needs python3-zmq (run with /usr/bin/python3); uses tests/e2e/tandem_e2e.py.
@@ -39,14 +43,18 @@ def main():
     ap.add_argument("--noise", default="0.05")
     ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (the median is printed)")
     ap.add_argument("--spec-k", type=int, default=0, help="fixed K (0 = adaptive) for both speculative runs")
+    ap.add_argument("--lanes", default="on", choices=["on", "off", "both"],
+                    help="worker lanes of the pipeline; both: one pipeline each way, requests alternating")
     args = ap.parse_args()
     os.environ["TANDEM_BUILD_DIR"] = os.path.abspath(args.build)
     import tandem_e2e as e2e
 
-    p = e2e.Pipeline("bench", max_concurrency=1, max_queue=1, worker_timeout_ms=2000,
-                     extra={"coordinator": {"spec_k": args.spec_k},
-                            "draft_worker": {"threads": args.threads},
-                            "target_worker": {"threads": args.threads}})
+    lanes = {"on": [1], "off": [0], "both": [1, 0]}[args.lanes]
+    pipes = [e2e.Pipeline("bench%d" % lane, max_concurrency=1, max_queue=1, worker_timeout_ms=2000,
+                          extra={"coordinator": {"spec_k": args.spec_k, "worker_lane": lane},
+                                 "draft_worker": {"threads": args.threads},
+                                 "target_worker": {"threads": args.threads}}) for lane in lanes]
+    p = pipes[0]
     try:
         if args.target and args.draft:
             p.config["draft_worker"]["model"] = args.draft
@@ -55,6 +63,8 @@ def main():
         else:
             names = ("tiny-draft", "tiny") if args.pair == "tiny" else ("small-draft", "small")
             draft, target = p.make_pair(names[0], names[1], noise=args.noise)
+        for q in pipes[1:]:
+            q.config["draft_worker"]["model"], q.config["target_worker"]["model"] = draft, target
         ids = [128000, 791, 6864, 315, 9822, 374, 12366, 13, 578] if args.pair == "small" else [1, 5, 9, 77, 300, 12]
 
         def gen(extra):
@@ -67,24 +77,28 @@ def main():
         spec_extra = ["--draft", draft] + (["--spec-k", str(args.spec_k)] if args.spec_k else [])
         inproc = [gen(spec_extra) for _ in range(args.repeat)]
 
-        p.start_all()
-        s = p.client()
-        piped = []
+        socks = []
+        for q in pipes:
+            q.start_all()
+            socks.append(q.client())
+        piped = [[] for _ in pipes]
         for i in range(args.repeat):
-            done, _ = e2e.generate(s, {"id": "b%d" % i, "prompt_ids": ids, "max_tokens": args.max_tokens,
-                                       "temperature": 0}, timeout_s=3600)
-            e2e.check(done["type"] == "done", "pipeline: %s" % done)
-            e2e.check(done["ids"] == target_only[0]["ids"], "pipeline output differs from target-only")
-            piped.append(done)
-        st = p.stats()
-        s.close()
+            for k, q in enumerate(pipes):
+                done, _ = e2e.generate(socks[k], {"id": "b%d" % i, "prompt_ids": ids,
+                                                  "max_tokens": args.max_tokens, "temperature": 0}, timeout_s=3600)
+                e2e.check(done["type"] == "done", "pipeline: %s" % done)
+                e2e.check(done["ids"] == target_only[0]["ids"], "pipeline output differs from target-only")
+                piped[k].append(done)
+        stats = [q.stats() for q in pipes]
+        for k, q in enumerate(pipes):
+            want = bool(lanes[k])
+            got = (stats[k]["workers"]["draft"]["lane"], stats[k]["workers"]["target"]["lane"])
+            e2e.check(got == (want, want), "pipeline with worker_lane %d: lanes %s" % (lanes[k], got))
+            socks[k].close()
 
         med = statistics.median
         tp = med(r["tokens_per_s"] for r in target_only)
         ti = med(r["tokens_per_s"] for r in inproc)
-        tpipe = med(r["timing"]["tokens_per_s"] for r in piped)
-        spec = st["spec"]
-        tm = st["time_ms"]
         print("Tandem pipeline benchmark: %s pair, %d prompt tokens, %d generated tokens, greedy, %d thread(s) "
               "per model, K %s, median of %d" % (args.pair if not args.target else "given", len(ids),
                                                  len(target_only[0]["ids"]), args.threads,
@@ -92,26 +106,33 @@ def main():
         print("  target-only (tandem-generate)            %10.1f tokens/s" % tp)
         print("  in-process speculative (--draft)          %10.1f tokens/s  (%.2fx; acceptance %.3f)" %
               (ti, ti / tp if tp else 0, med(r.get("acceptance_rate", 0) for r in inproc)))
-        print("  three-process pipeline                    %10.1f tokens/s  (%.2fx; acceptance %.3f)" %
-              (tpipe, tpipe / tp if tp else 0, spec["acceptance_rate"]))
-        print("  pre-draft hit rate                        %10.3f  (%d used of %d offered)" %
-              (spec["predraft_hit_rate"], spec["predraft_used"], spec["predraft_offered"]))
-        print("  target gap between rounds (coordinator)   %10.3f ms/round mean, %.3f ms max, %d rounds" %
-              (tm["target_gap_per_round"], tm["target_gap_max"], tm["target_gap_samples"]))
-        if tm["target_idle_samples"]:
-            print("  target idle between verifications (worker) %8.3f ms/round mean, %.3f ms max" %
-                  (tm["target_idle_per_round"], tm["target_idle_max"]))
-        else:
-            print("  target idle between verifications (worker) not reported (verify_done has no idle_ms)")
-        print("  per-request: verify %.1f ms, draft %.1f ms, decode %.1f ms (pipeline, last run)" %
-              (piped[-1]["spec"]["verify_ms"], piped[-1]["spec"]["draft_ms"], piped[-1]["timing"]["decode_ms"]))
+        for k in range(len(pipes)):
+            st, runs = stats[k], piped[k]
+            tpipe = med(r["timing"]["tokens_per_s"] for r in runs)
+            spec = st["spec"]
+            tm = st["time_ms"]
+            print("  three-process pipeline, lanes %-3s        %10.1f tokens/s  (%.2fx; acceptance %.3f)" %
+                  ("on" if lanes[k] else "off", tpipe, tpipe / tp if tp else 0, spec["acceptance_rate"]))
+            print("    pre-draft hit rate                      %10.3f  (%d used of %d offered)" %
+                  (spec["predraft_hit_rate"], spec["predraft_used"], spec["predraft_offered"]))
+            print("    target gap between rounds (coordinator) %10.3f ms/round mean, %.3f ms max, %d rounds" %
+                  (tm["target_gap_per_round"], tm["target_gap_max"], tm["target_gap_samples"]))
+            print("    draft wait (coordinator)                %10.3f ms/round mean, %d rounds" %
+                  (tm["draft_wait_per_round"], tm["draft_wait_rounds"]))
+            if tm["target_idle_samples"]:
+                print("    target idle between verifications (worker) %7.3f ms/round mean, %.3f ms max" %
+                      (tm["target_idle_per_round"], tm["target_idle_max"]))
+            print("    per-request: verify %.1f ms, draft %.1f ms, decode %.1f ms (last run)" %
+                  (runs[-1]["spec"]["verify_ms"], runs[-1]["spec"]["draft_ms"], runs[-1]["timing"]["decode_ms"]))
     except e2e.Fail as e:
         print("bench_pipeline: %s" % e, file=sys.stderr)
-        for role in p.logs:
-            print(p.log_tail(role), file=sys.stderr)
+        for q in pipes:
+            for role in q.logs:
+                print(q.log_tail(role), file=sys.stderr)
         return 1
     finally:
-        p.close()
+        for q in pipes:
+            q.close()
     return 0
 
 
