@@ -6,7 +6,8 @@ against in-process speculative decoding and target-only decoding, in one run.
                       [--max-tokens N] [--threads N] [--noise S] [--repeat N] [--spec-k K]
                       [--lanes on|off|both]
 
-Prints, for one greedy request (same prompt ids everywhere):
+Prints, for one greedy request (same prompt ids everywhere), every configuration
+run once per repeat in turn (medians):
   - tokens/s: pipeline (tandem-coordinator + workers, via the client protocol),
     in-process speculative (tandem-generate --draft), target-only (tandem-generate);
   - the pre-draft hit rate (pre-drafted rounds used / offered);
@@ -73,16 +74,19 @@ def main():
                            str(args.threads), "--json"] + extra, timeout=3600)
             return json.loads(out)
 
-        target_only = [gen([]) for _ in range(args.repeat)]
         spec_extra = ["--draft", draft] + (["--spec-k", str(args.spec_k)] if args.spec_k else [])
-        inproc = [gen(spec_extra) for _ in range(args.repeat)]
-
         socks = []
         for q in pipes:
             q.start_all()
             socks.append(q.client())
+        # Every configuration once per repeat, in turn: this VM's speed moves
+        # by tens of percent over a minute, and runs one after the other set
+        # different minutes against each other.
+        target_only, inproc = [], []
         piped = [[] for _ in pipes]
         for i in range(args.repeat):
+            target_only.append(gen([]))
+            inproc.append(gen(spec_extra))
             for k, q in enumerate(pipes):
                 done, _ = e2e.generate(socks[k], {"id": "b%d" % i, "prompt_ids": ids,
                                                   "max_tokens": args.max_tokens, "temperature": 0}, timeout_s=3600)
