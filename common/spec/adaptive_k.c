@@ -353,14 +353,18 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
                                                   : wall_ms;
         return;
     }
-    /* What the round took beyond the compute the model prices for it
-     * (k_verify_ms, not this round's verify_ms): the hops and waits, a
-     * verification slowed by a draft beside it, and where the cost line
-     * misfits (a one-row call may run another kernel than a multi-row one,
-     * as the CPU's single-row matrix product does, so the first drafted row
-     * costs more than the line through plain and drafting rounds says), that
-     * too. At the K being run the model then prices a round at what it took. */
-    double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) - k_verify_ms(kc, k);
+    /* What the round took beyond its own measured compute: the hops and the
+     * waits. The compute is priced by the model, which has learnt this
+     * round's verification at its k (verify_at_ms: a verification slowed by
+     * a draft beside it, and a k where the cost line misfits, are priced
+     * there). Set against the model's price instead, a stall in the target's
+     * compute landed here whole: on the small pair in the pipeline one
+     * verification of 18 ms where 6.6 were usual moved the excess from 1.9
+     * to 2.8 ms, the controller decoded plainly from there (its probes priced
+     * the same way), and the request ran at 1.23x target-only where K = 2
+     * throughout ran at 1.54x in the same minute. */
+    double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) -
+                   (verify_ms > 0 ? verify_ms : k_verify_ms(kc, k));
     if (extra < 0)
         extra = 0;
     const double alpha = probe ? K_PROBE_ALPHA : k_alpha(extra, kc->wall_extra_ms);
