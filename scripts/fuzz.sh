@@ -20,7 +20,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all_targets=(safetensors safetensors_index model_config tokenizer_json tokenizer_encode request
-             worker_msg proc_config openai)
+             worker_msg proc_config openai lane)
 time_s=${FUZZ_TIME:-60}
 while getopts "t:h" opt; do
   case $opt in

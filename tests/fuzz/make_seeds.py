@@ -189,3 +189,23 @@ put("openai", "completion_ids", json.dumps({"model": M, "prompt": [1, 2, 3]}))
 put("openai", "wrong_model", json.dumps({"model": "gpt-4", "prompt": "x"}))
 put("openai", "not_json", '{"model": "tandem-fuzz", "messages": [')
 put("openai", "duplicate_key", '{"model":"tandem-fuzz","prompt":"a","prompt":"b"}')
+
+
+# lane: one datagram of common/wire/lane.c: prefix {magic "TLN1", header
+# bytes, frame count, four frame sizes} (little-endian u32), header, frames.
+def lane(header, frames=(), magic=0x314E4C54, count=None, sizes=None):
+    h = header.encode() if isinstance(header, str) else header
+    n = len(frames) if count is None else count
+    fs = list(sizes) if sizes is not None else [len(f) for f in frames]
+    fs += [0] * (4 - len(fs))
+    return struct.pack("<7I", magic, len(h), n, *fs[:4]) + h + b"".join(frames)
+
+
+put("lane", "hello", lane('{"v":1,"type":"lane","key":"0123456789abcdef0123456789abcdef"}'))
+put("lane", "verify_frames", lane('{"v":1,"type":"verify","req":7,"slot":0,"round":3,"half":1,"k":2}',
+                                  [struct.pack("<3i", 11, 22, 33), b""]))
+put("lane", "heartbeat", lane('{"v":1,"type":"heartbeat","role":"draft"}'))
+put("lane", "bad_magic", lane('{"v":1,"type":"x"}', magic=0x12345678))
+put("lane", "short_count", lane('{"v":1,"type":"x"}', [b"abcd"], sizes=[9]))
+put("lane", "five_frames", lane('{"v":1,"type":"x"}', count=5))
+put("lane", "no_v", lane('{"type":"x"}'))
