@@ -15,7 +15,8 @@
   each equal their own target-only output run alone on cuda, while the target ran
   several sequences per forward call (the stats' batch figures);
 - the supervised pipeline (deploy/tandem-supervisor, backend cuda, both workers on
-  GPU 0, both sampling on the device: sampler "device", the default on cuda), once per
+  GPU 0, both on their lanes to the coordinator (common/wire/lane.h), both sampling on
+  the device: sampler "device", the default on cuda), once per
   variant: the draft's buffer over POSIX shared memory (the reference), over cuda_ipc
   (device slab + interprocess events; the draft's sampling kernels write the q rows
   into the slab and the target's accept/reject reads them there after the event wait:
@@ -247,9 +248,13 @@ class Supervised:
             r = subprocess.run(self.client + ["--stats"], capture_output=True, text=True)
             if r.returncode == 0:
                 w = json.loads(r.stdout).get("workers", {})
-                if w.get("draft", {}).get("up") and w.get("target", {}).get("up"):
+                # up, and on their lanes (common/wire/lane.h: the run dir's
+                # ipc:// endpoint, so both must take theirs)
+                if all(w.get(role, {}).get("up") and w.get(role, {}).get("lane") for role in ("draft", "target")):
                     return
-            check(time.time() < deadline, "%s: workers did not come up: %s" % (self.name, self.log_tails()))
+            check(time.time() < deadline, "%s: workers did not come up on their lanes (%s): %s" %
+                  (self.name, {k: v for k, v in w.items() if k in ("draft", "target")} if r.returncode == 0 else r.stderr,
+                   self.log_tails()))
             time.sleep(0.5)
 
     def pid(self, role):
