@@ -42,12 +42,20 @@ void lanes_close_worker(struct worker *w)
     w->lane_fd = -1;
 }
 
-static void drop_pending(struct coordinator *c, int i)
+/* Takes waiting connection i off the list (the last one moves into its
+ * place); returns its fd. */
+static int take_pending(struct coordinator *c, int i)
 {
-    close(c->lane_pending[i]);
+    const int fd = c->lane_pending[i];
     c->n_lane_pending--;
     c->lane_pending[i] = c->lane_pending[c->n_lane_pending];
     c->lane_pending_ms[i] = c->lane_pending_ms[c->n_lane_pending];
+    return fd;
+}
+
+static void drop_pending(struct coordinator *c, int i)
+{
+    close(take_pending(c, i));
 }
 
 void lanes_close(struct coordinator *c)
@@ -75,8 +83,14 @@ static void accept_waiting(struct coordinator *c)
             LOG_WARN("worker lane: %s", err);
             return;
         }
-        if (c->n_lane_pending == COORD_LANE_PENDING)
-            drop_pending(c, 0); /* the oldest: a worker retries with its next welcome */
+        if (c->n_lane_pending == COORD_LANE_PENDING) {
+            /* the oldest goes: a worker retries with its next welcome */
+            int oldest = 0;
+            for (int i = 1; i < c->n_lane_pending; i++)
+                if (c->lane_pending_ms[i] < c->lane_pending_ms[oldest])
+                    oldest = i;
+            drop_pending(c, oldest);
+        }
         c->lane_pending[c->n_lane_pending] = fd;
         c->lane_pending_ms[c->n_lane_pending] = coord_now_ms();
         c->n_lane_pending++;
@@ -127,11 +141,8 @@ static void on_hello(struct coordinator *c, int i)
         drop_pending(c, i);
         return;
     }
-    w->lane_fd = fd;
+    w->lane_fd = take_pending(c, i);
     w->lane_sending = true;
-    c->n_lane_pending--;
-    c->lane_pending[i] = c->lane_pending[c->n_lane_pending];
-    c->lane_pending_ms[i] = c->lane_pending_ms[c->n_lane_pending];
     LOG_INFO("%s worker pid %d: its messages go on its lane", coord_role_name(role), w->pid);
 }
 
