@@ -48,6 +48,7 @@ struct adaptive_k {
     bool verify_warm[SPECULATE_K_MAX + 1]; /* a round at this k was verified (see k_update) */
     double plain_ms;        /* running average of plain rounds' verify_ms (0: none yet) */
     int rounds_since_plain; /* rounds since the last plain one */
+    int plain_interval_wall; /* in wall time: drafting rounds between plain ones */
     int rounds_observed;
     int rounds_since_probe;
     int probe_interval;     /* rounds at K = 0 before the next probe; doubles while probes fail */
