@@ -123,8 +123,8 @@
  * against the compute, over a grid of pipelines (acceptance 0.3-0.9, a
  * draft token 0.1-0.4 of a verification, 0.3-2.5 ms of hops a drafting
  * round, with and without stalls; 150 requests of 300 rounds each): where
- * speculation paid, 0.9% faster on average and up to 2.5%; near the
- * break-even point, as before (worst 0.996x). */
+ * speculation paid, 0.85% faster on average (0.996x to 1.025x); near the
+ * break-even point, as before (worst 0.998x). */
 #define K_PLAIN_PROBE_INTERVAL_WALL_MAX 32
 #define K_PLAIN_CLEAR_SHARE 0.85
 /* The pre-draft choice: each way is measured over this many drafting
