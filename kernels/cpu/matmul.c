@@ -28,7 +28,8 @@
  *   - direct (AVX2 or scalar; n = 1 decode, and small n with long rows): the
  *     same tasks; the bf16/f16/f32 weights are read directly in
  *     MM_RO x {3,2,1} tiles over the whole row, later tiles finding the block
- *     in L1/L2. Bound by weight bandwidth at n = 1.
+ *     in L1/L2 (at n = 5, 6 with AVX2: 2 x n tiles, mm_tile_w2). Bound by
+ *     weight bandwidth at n = 1.
  *   - panel (AVX2; speculative verification, prefill): tasks are panels of
  *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
  *     all input rows stays in L1; each weight is widened to f32 once per call
@@ -176,11 +177,98 @@ static const mm_tile_fn mm_tiles[3][2][MM_RI] = {
     [KERN_DTYPE_F32] = MM_TILE_ROW(f32),
 };
 
+#ifdef __AVX2__
+/* Two weight rows against MM_W2_MIN..MM_W2_MAX input rows in one pass over
+ * the row: out[b*ldo + a] = dot(w row a, x row b) for a < 2, b < ri. Each
+ * weight chunk is widened once for all the input rows, where the 4 x 3 then
+ * 4 x 2 (or 4 x 3 twice) tiles widened it once per group: at 5 and 6 rows
+ * the FMAs nearly cover the read, and on a 2-core Zen 3 the widening (two
+ * shuffle-port instructions a chunk) is much of what the tiles wait on: in
+ * stand-alone copies with all operands in L1, 2 x 5 ran at 58% of the FMA
+ * peak on bf16 weights (71% on f32 ones), 4 x 3 + 4 x 2 at 44%. Each input
+ * chunk is loaded once for both weight rows: 2 * ri accumulators, 2 weight
+ * vectors and one input vector stay in the 16 registers. Measured against
+ * those tiles on that machine (2 threads): tools/bench_kernels, old and new
+ * builds alternating, n rows against one: 8192 -> 2048 at 5 rows 1.46-1.58x
+ * against 1.50-1.56x (medians of 7 runs each: 1.50x against 1.54x), at 6
+ * rows 1.54-1.67x against 1.62-1.69x (1.57x against 1.66x; the new build
+ * ahead in 6 of the 7 pairs); rows of 2048 within noise either way (5 rows
+ * 1.58x against 1.55x averaged over 9 runs of three shapes, each ranging
+ * 1.48-1.70x; in 3 more pairs switched in one build, 1.50-1.61x against
+ * 1.59-1.74x at 2048 -> 8192). In one process,
+ * the two alternating call by call (a stand-alone copy): 8192 -> 2048 1.43x
+ * against 1.58x at 5 rows, 1.56x against 1.75x at 6. At 4 rows 2 x 4 was no
+ * faster than the panel path (d_in 2048) or 4 x 3 + 4 x 1 (d_in 8192); 2 x 7
+ * would not fit the registers. */
+#define MM_W2_MIN 5
+#define MM_W2_MAX 6
+CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, const void *w, size_t ldw,
+                                const float *x, size_t ldx, int d_in, float *out, size_t ldo)
+{
+    const int len8 = d_in & ~7;
+    __m256 acc0[MM_W2_MAX], acc1[MM_W2_MAX];
+#pragma GCC unroll 6
+    for (int b = 0; b < ri; b++)
+        acc0[b] = acc1[b] = _mm256_setzero_ps();
+    for (int k = 0; k < len8; k += 8) {
+        const __m256 w0 = mm_load8(dt, w, (size_t)k), w1 = mm_load8(dt, w, ldw + (size_t)k);
+#pragma GCC unroll 6
+        for (int b = 0; b < ri; b++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)b * ldx + (size_t)k);
+            /* one load for both rows: folded into each FMA it would be two */
+            __asm__("" : "+x"(xv));
+            acc0[b] = _mm256_fmadd_ps(w0, xv, acc0[b]);
+            acc1[b] = _mm256_fmadd_ps(w1, xv, acc1[b]);
+        }
+    }
+    for (int b = 0; b < ri; b++) {
+        const float *xr = x + (size_t)b * ldx;
+        float s0 = cpu_simd_hsum8(acc0[b]), s1 = cpu_simd_hsum8(acc1[b]);
+        for (int k = len8; k < d_in; k++) {
+            s0 = fmaf(mm_load1(dt, w, (size_t)k), xr[k], s0);
+            s1 = fmaf(mm_load1(dt, w, ldw + (size_t)k), xr[k], s1);
+        }
+        out[(size_t)b * ldo] = s0;
+        out[(size_t)b * ldo + 1] = s1;
+    }
+}
+
+#define MM_DEFINE_TILE_W2(dtname, dt, ri)                                                    \
+    static void mm_tile_w2_##dtname##_##ri(const void *w, size_t ldw, const float *x,         \
+                                           size_t ldx, int d_in, float *out, size_t ldo)      \
+    {                                                                                        \
+        mm_tile_w2(dt, ri, w, ldw, x, ldx, d_in, out, ldo);                                  \
+    }
+#define MM_DEFINE_TILES_W2(dtname, dt)                                                       \
+    MM_DEFINE_TILE_W2(dtname, dt, 5)                                                         \
+    MM_DEFINE_TILE_W2(dtname, dt, 6)
+MM_DEFINE_TILES_W2(bf16, KERN_DTYPE_BF16)
+MM_DEFINE_TILES_W2(f16, KERN_DTYPE_F16)
+MM_DEFINE_TILES_W2(f32, KERN_DTYPE_F32)
+
+/* mm_tiles_w2[dtype][ri - MM_W2_MIN] */
+static const mm_tile_fn mm_tiles_w2[3][MM_W2_MAX - MM_W2_MIN + 1] = {
+    [KERN_DTYPE_BF16] = {mm_tile_w2_bf16_5, mm_tile_w2_bf16_6},
+    [KERN_DTYPE_F16] = {mm_tile_w2_f16_5, mm_tile_w2_f16_6},
+    [KERN_DTYPE_F32] = {mm_tile_w2_f32_5, mm_tile_w2_f32_6},
+};
+#endif
+
 /* Applies `ro` weight rows (dtype dt, row stride d_in) to all input rows. */
 static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w, int ro, int o0)
 {
     const mm_tile_fn *row = mm_tiles[dt][ro == MM_RO];
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+#ifdef __AVX2__
+    if (ro == MM_RO && job->n >= MM_W2_MIN && job->n <= MM_W2_MAX) {
+        const size_t esize = kern_dtype_size(dt);
+        for (int a = 0; a < MM_RO; a += 2)
+            mm_tiles_w2[dt][job->n - MM_W2_MIN]((const char *)w + (size_t)a * d_in * esize, d_in,
+                                                job->in, d_in, job->d_in,
+                                                job->out + (size_t)o0 + (size_t)a, d_out);
+        return;
+    }
+#endif
     for (int i = 0; i < job->n;) {
         int ri = job->n - i < MM_RI ? job->n - i : MM_RI;
         row[ri - 1](w, d_in, job->in + (size_t)i * d_in, d_in, job->d_in,
