@@ -180,26 +180,18 @@ static const mm_tile_fn mm_tiles[3][2][MM_RI] = {
 #ifdef __AVX2__
 /* Two weight rows against MM_W2_MIN..MM_W2_MAX input rows in one pass over
  * the row: out[b*ldo + a] = dot(w row a, x row b) for a < 2, b < ri. Each
- * weight chunk is widened once for all the input rows, where the 4 x 3 then
- * 4 x 2 (or 4 x 3 twice) tiles widened it once per group: at 5 and 6 rows
- * the FMAs nearly cover the read, and on a 2-core Zen 3 the widening (two
- * shuffle-port instructions a chunk) is much of what the tiles wait on: in
- * stand-alone copies with all operands in L1, 2 x 5 ran at 58% of the FMA
- * peak on bf16 weights (71% on f32 ones), 4 x 3 + 4 x 2 at 44%. Each input
- * chunk is loaded once for both weight rows: 2 * ri accumulators, 2 weight
- * vectors and one input vector stay in the 16 registers. Measured against
- * those tiles on that machine (2 threads): tools/bench_kernels, old and new
- * builds alternating, n rows against one: 8192 -> 2048 at 5 rows 1.46-1.58x
- * against 1.50-1.56x (medians of 7 runs each: 1.50x against 1.54x), at 6
- * rows 1.54-1.67x against 1.62-1.69x (1.57x against 1.66x; the new build
- * ahead in 6 of the 7 pairs); rows of 2048 within noise either way (5 rows
- * 1.58x against 1.55x averaged over 9 runs of three shapes, each ranging
- * 1.48-1.70x; in 3 more pairs switched in one build, 1.50-1.61x against
- * 1.59-1.74x at 2048 -> 8192). In one process,
- * the two alternating call by call (a stand-alone copy): 8192 -> 2048 1.43x
- * against 1.58x at 5 rows, 1.56x against 1.75x at 6. At 4 rows 2 x 4 was no
- * faster than the panel path (d_in 2048) or 4 x 3 + 4 x 1 (d_in 8192); 2 x 7
- * would not fit the registers. */
+ * weight chunk is widened once for all the input rows, where 4 x 3 + 4 x 2
+ * (or 4 x 3 twice) widened it once per group: at 5 and 6 rows the FMAs
+ * nearly cover the read, and on a 2-core Zen 3 the widening (two
+ * shuffle-port instructions a chunk) is much of what the tiles wait on (all
+ * operands in L1: 2 x 5 at 58% of the FMA peak, 4 x 3 + 4 x 2 at 44%). Each
+ * input chunk is loaded once for both weight rows; 2 * ri accumulators, 2
+ * weight vectors and one input vector fit the 16 registers. Against those
+ * tiles there (tools/bench_kernels, old and new builds alternating, medians
+ * of 7 pairs, n rows against one): 8192 -> 2048 1.50x against 1.54x at 5
+ * rows, 1.57x against 1.66x at 6; rows of 2048 within noise either way. At
+ * 4 rows 2 x 4 was no faster than the panel path (d_in 2048) or 4 x 3 +
+ * 4 x 1 (d_in 8192); 2 x 7 would not fit the registers. */
 #define MM_W2_MIN 5
 #define MM_W2_MAX 6
 CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, const void *w, size_t ldw,
