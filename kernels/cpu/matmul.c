@@ -25,12 +25,14 @@
  *     batches of decode rows): the same tasks, two input rows per 512-bit
  *     accumulator instead, the block's 4 weight rows applied to up to 12
  *     input rows per read.
- *   - direct (AVX2 or scalar; n = 1 decode, and small n with long rows): the
- *     same tasks; the bf16/f16/f32 weights are read directly in
- *     MM_RO x {3,2,1} tiles over the whole row, later tiles finding the block
- *     in L1/L2 (at n = 5, 6 with AVX2: 2 x n tiles, mm_tile_w2). Bound by
- *     weight bandwidth at n = 1.
- *   - panel (AVX2; speculative verification, prefill): tasks are panels of
+ *   - direct (AVX2 or scalar; n = 1..17: decode and speculative
+ *     verification): the same tasks; the bf16/f16/f32 weights are read
+ *     directly over the whole row, up to 3 rows in MM_RO x {3,2,1} tiles,
+ *     from 4 rows (AVX2) in 2 x {3..6} tiles (mm_block_w2), later tiles
+ *     finding the weights in L1/L2; the first tile over each weight row
+ *     prefetches the rows after it (mm_prefetch_ahead). Bound by weight
+ *     bandwidth at n = 1.
+ *   - panel (AVX2; prefill, n > 17): tasks are panels of
  *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
  *     all input rows stays in L1; each weight is widened to f32 once per call
  *     (not once per group of input rows) and applied with 3 x 4 register
@@ -48,8 +50,6 @@
 
 #define MM_RO 4 /* output rows per tile */
 #define MM_RI 3 /* max input rows per tile (direct path) */
-#define MM_PANEL_LONG_MIN 17 /* panel path from this n when d_in > MM_PANEL_LONG_DIN */
-#define MM_PANEL_LONG_DIN 4096
 #define MM_PANEL_MAX 32 /* input rows per panel job (more: several jobs) */
 #define MM_PR 12 /* output rows per panel (a multiple of 3) */
 #define MM_PXP_BYTES 16384 /* L1 for a k-block of the packed input rows */
@@ -93,9 +93,46 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
 }
 #endif
 
-/* One tile: out[b*ldo + a] = dot(w row a, x row b) for a < ro, b < ri.
- * ro, ri and dt are compile-time constants at every call site. */
-CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, const void *w, size_t ldw,
+#ifdef __AVX2__
+/* The AVX2 direct path's prefetch: while a tile reads its weight rows, it
+ * asks for the same columns of the `ahead` rows that follow them (the next
+ * tile's), one request per 64-byte line. Without it every weight row began
+ * cold: a row of 2048 bf16 is one 4 KiB page, and the hardware prefetcher
+ * starts over at each page, so each row paid a memory latency before its
+ * stream was found, and at 5 input rows, where the FMAs take about as long
+ * as the read, the reads and the FMAs took turns instead of overlapping.
+ * One tile ahead is enough lead at every row count: a tile's compute is
+ * several memory latencies. Measured on a 2-core Zen 3 (2 threads, bf16,
+ * tools/bench_kernels, builds without and with it alternating, two runs,
+ * n rows against one at the Llama-1B shapes): 5 rows 1.43-1.62x -> 1.12-1.27x,
+ * 2 rows 1.07-1.13x -> 0.97-1.03x, 3 rows 1.11-1.19x -> 1.02-1.08x. One row
+ * alone (a stand-alone copy of the tiles timed in one process, alternating,
+ * medians of 41): 0-14% less time over three runs at 2048 -> 2048,
+ * 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256 head, 7% more in one
+ * other run at 2048 -> 2048; two blocks ahead instead of one was within
+ * 1-3% of it. Only the first group of
+ * input rows over a block asks: the later ones find the block in L1/L2, and
+ * asking again made 4 rows of 8192 slower. */
+CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
+                                       int ahead, int k)
+{
+    /* not kern_dtype_size: a call in the tile's loop spills its accumulators */
+    const size_t esize = dt == KERN_DTYPE_F32 ? 4 : 2;
+    if ((((size_t)k * esize) & 63) != 0)
+        return;
+#pragma GCC unroll 4
+    for (int a = 0; a < rows; a++)
+        /* past the matrix's end for its last tile: a prefetch never faults,
+         * and the address is formed as an integer */
+        _mm_prefetch((const char *)((uintptr_t)w + ((size_t)(a + ahead) * ldw + (size_t)k) * esize),
+                     _MM_HINT_T0);
+}
+#endif
+
+/* One tile: out[b*ldo + a] = dot(w row a, x row b) for a < ro, b < ri; with
+ * pf (AVX2) it prefetches the ro rows after its own (mm_prefetch_ahead).
+ * ro, ri, pf and dt are compile-time constants at every call site. */
+CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, int pf, const void *w, size_t ldw,
                              const float *x, size_t ldx, int d_in, float *out, size_t ldo)
 {
     const int len8 = d_in & ~7;
@@ -108,6 +145,8 @@ CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, const void *w, 
         for (int b = 0; b < ri; b++)
             acc[a][b] = _mm256_setzero_ps();
     for (int k = 0; k < len8; k += 8) {
+        if (pf)
+            mm_prefetch_ahead(dt, w, ldw, ro, ro, k);
         __m256 xv[MM_RI];
 #pragma GCC unroll 3
         for (int b = 0; b < ri; b++)
@@ -126,6 +165,7 @@ CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, const void *w, 
         for (int b = 0; b < ri; b++)
             sums[a][b] = cpu_simd_hsum8(acc[a][b]);
 #else
+    (void)pf;
     for (int a = 0; a < ro; a++)
         for (int b = 0; b < ri; b++) {
             float l[8] = {0};
@@ -148,30 +188,35 @@ CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, const void *w, 
 typedef void (*mm_tile_fn)(const void *w, size_t ldw, const float *x, size_t ldx, int d_in,
                            float *out, size_t ldo);
 
-#define MM_DEFINE_TILE(name, dt, ro, ri)                                                   \
+#define MM_DEFINE_TILE(name, dt, ro, ri, pf)                                               \
     static void name(const void *w, size_t ldw, const float *x, size_t ldx, int d_in,      \
                      float *out, size_t ldo)                                               \
     {                                                                                      \
-        mm_tile(dt, ro, ri, w, ldw, x, ldx, d_in, out, ldo);                               \
+        mm_tile(dt, ro, ri, pf, w, ldw, x, ldx, d_in, out, ldo);                           \
     }
 
 #define MM_DEFINE_TILES(dtname, dt)                                                        \
-    MM_DEFINE_TILE(mm_tile_##dtname##_4x3, dt, 4, 3)                                       \
-    MM_DEFINE_TILE(mm_tile_##dtname##_4x2, dt, 4, 2)                                       \
-    MM_DEFINE_TILE(mm_tile_##dtname##_4x1, dt, 4, 1)                                       \
-    MM_DEFINE_TILE(mm_tile_##dtname##_1x3, dt, 1, 3)                                       \
-    MM_DEFINE_TILE(mm_tile_##dtname##_1x2, dt, 1, 2)                                       \
-    MM_DEFINE_TILE(mm_tile_##dtname##_1x1, dt, 1, 1)
+    MM_DEFINE_TILE(mm_tile_##dtname##_4x3p, dt, 4, 3, 1)                                   \
+    MM_DEFINE_TILE(mm_tile_##dtname##_4x2p, dt, 4, 2, 1)                                   \
+    MM_DEFINE_TILE(mm_tile_##dtname##_4x1p, dt, 4, 1, 1)                                   \
+    MM_DEFINE_TILE(mm_tile_##dtname##_4x3, dt, 4, 3, 0)                                    \
+    MM_DEFINE_TILE(mm_tile_##dtname##_4x2, dt, 4, 2, 0)                                    \
+    MM_DEFINE_TILE(mm_tile_##dtname##_4x1, dt, 4, 1, 0)                                    \
+    MM_DEFINE_TILE(mm_tile_##dtname##_1x3, dt, 1, 3, 0)                                    \
+    MM_DEFINE_TILE(mm_tile_##dtname##_1x2, dt, 1, 2, 0)                                    \
+    MM_DEFINE_TILE(mm_tile_##dtname##_1x1, dt, 1, 1, 0)
 
 MM_DEFINE_TILES(bf16, KERN_DTYPE_BF16)
 MM_DEFINE_TILES(f16, KERN_DTYPE_F16)
 MM_DEFINE_TILES(f32, KERN_DTYPE_F32)
 
-/* mm_tiles[dtype][ro == MM_RO][ri - 1] */
+/* mm_tiles[dtype][0: one row, 1: MM_RO rows, 2: MM_RO rows prefetching the
+ * next MM_RO][ri - 1] */
 #define MM_TILE_ROW(dtname)                                                                  \
     {{mm_tile_##dtname##_1x1, mm_tile_##dtname##_1x2, mm_tile_##dtname##_1x3},               \
-     {mm_tile_##dtname##_4x1, mm_tile_##dtname##_4x2, mm_tile_##dtname##_4x3}}
-static const mm_tile_fn mm_tiles[3][2][MM_RI] = {
+     {mm_tile_##dtname##_4x1, mm_tile_##dtname##_4x2, mm_tile_##dtname##_4x3},               \
+     {mm_tile_##dtname##_4x1p, mm_tile_##dtname##_4x2p, mm_tile_##dtname##_4x3p}}
+static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
     [KERN_DTYPE_BF16] = MM_TILE_ROW(bf16),
     [KERN_DTYPE_F16] = MM_TILE_ROW(f16),
     [KERN_DTYPE_F32] = MM_TILE_ROW(f32),
@@ -189,12 +234,15 @@ static const mm_tile_fn mm_tiles[3][2][MM_RI] = {
  * weight vectors and one input vector fit the 16 registers. Against those
  * tiles there (tools/bench_kernels, old and new builds alternating, medians
  * of 7 pairs, n rows against one): 8192 -> 2048 1.50x against 1.54x at 5
- * rows, 1.57x against 1.66x at 6; rows of 2048 within noise either way. At
- * 4 rows 2 x 4 was no faster than the panel path (d_in 2048) or 4 x 3 +
- * 4 x 1 (d_in 8192); 2 x 7 would not fit the registers. */
-#define MM_W2_MIN 5
+ * rows, 1.57x against 1.66x at 6; rows of 2048 within noise either way.
+ * 2 x 7 would not fit the registers. With pf the tile prefetches the two
+ * weight rows after its own (mm_prefetch_ahead): with that, 4 rows in one
+ * 2 x 4 pass took 1.16-1.22x one row's time at 8192 -> 2048, against
+ * 1.37-1.44x in 4 x 3 + 4 x 1 tiles. */
+#define MM_W2_MIN 3 /* the smallest group (n = 7: 4 + 3) */
+#define MM_W2_FROM 4 /* the 2-row tiles from this n */
 #define MM_W2_MAX 6
-CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, const void *w, size_t ldw,
+CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, int pf, const void *w, size_t ldw,
                                 const float *x, size_t ldx, int d_in, float *out, size_t ldo)
 {
     const int len8 = d_in & ~7;
@@ -203,6 +251,9 @@ CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, const void *w, size_
     for (int b = 0; b < ri; b++)
         acc0[b] = acc1[b] = _mm256_setzero_ps();
     for (int k = 0; k < len8; k += 8) {
+        /* the next tile's two rows: in the block's second tile, the next block's first two */
+        if (pf)
+            mm_prefetch_ahead(dt, w, ldw, 2, 2, k);
         const __m256 w0 = mm_load8(dt, w, (size_t)k), w1 = mm_load8(dt, w, ldw + (size_t)k);
 #pragma GCC unroll 6
         for (int b = 0; b < ri; b++) {
@@ -225,46 +276,79 @@ CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, const void *w, size_
     }
 }
 
-#define MM_DEFINE_TILE_W2(dtname, dt, ri)                                                    \
-    static void mm_tile_w2_##dtname##_##ri(const void *w, size_t ldw, const float *x,         \
-                                           size_t ldx, int d_in, float *out, size_t ldo)      \
+#define MM_DEFINE_TILE_W2(dtname, dt, ri, pf, sfx)                                           \
+    static void mm_tile_w2_##dtname##_##ri##sfx(const void *w, size_t ldw, const float *x,    \
+                                                size_t ldx, int d_in, float *out, size_t ldo) \
     {                                                                                        \
-        mm_tile_w2(dt, ri, w, ldw, x, ldx, d_in, out, ldo);                                  \
+        mm_tile_w2(dt, ri, pf, w, ldw, x, ldx, d_in, out, ldo);                              \
     }
 #define MM_DEFINE_TILES_W2(dtname, dt)                                                       \
-    MM_DEFINE_TILE_W2(dtname, dt, 5)                                                         \
-    MM_DEFINE_TILE_W2(dtname, dt, 6)
+    MM_DEFINE_TILE_W2(dtname, dt, 3, 0, )                                                    \
+    MM_DEFINE_TILE_W2(dtname, dt, 4, 0, )                                                    \
+    MM_DEFINE_TILE_W2(dtname, dt, 5, 0, )                                                    \
+    MM_DEFINE_TILE_W2(dtname, dt, 6, 0, )                                                    \
+    MM_DEFINE_TILE_W2(dtname, dt, 3, 1, p)                                                   \
+    MM_DEFINE_TILE_W2(dtname, dt, 4, 1, p)                                                   \
+    MM_DEFINE_TILE_W2(dtname, dt, 5, 1, p)                                                   \
+    MM_DEFINE_TILE_W2(dtname, dt, 6, 1, p)
 MM_DEFINE_TILES_W2(bf16, KERN_DTYPE_BF16)
 MM_DEFINE_TILES_W2(f16, KERN_DTYPE_F16)
 MM_DEFINE_TILES_W2(f32, KERN_DTYPE_F32)
 
-/* mm_tiles_w2[dtype][ri - MM_W2_MIN] */
-static const mm_tile_fn mm_tiles_w2[3][MM_W2_MAX - MM_W2_MIN + 1] = {
-    [KERN_DTYPE_BF16] = {mm_tile_w2_bf16_5, mm_tile_w2_bf16_6},
-    [KERN_DTYPE_F16] = {mm_tile_w2_f16_5, mm_tile_w2_f16_6},
-    [KERN_DTYPE_F32] = {mm_tile_w2_f32_5, mm_tile_w2_f32_6},
+/* mm_tiles_w2[dtype][prefetching][ri - MM_W2_MIN] */
+#define MM_TILE_W2_ROW(dtname)                                                               \
+    {{mm_tile_w2_##dtname##_3, mm_tile_w2_##dtname##_4, mm_tile_w2_##dtname##_5,             \
+      mm_tile_w2_##dtname##_6},                                                              \
+     {mm_tile_w2_##dtname##_3p, mm_tile_w2_##dtname##_4p, mm_tile_w2_##dtname##_5p,          \
+      mm_tile_w2_##dtname##_6p}}
+static const mm_tile_fn mm_tiles_w2[3][2][MM_W2_MAX - MM_W2_MIN + 1] = {
+    [KERN_DTYPE_BF16] = MM_TILE_W2_ROW(bf16),
+    [KERN_DTYPE_F16] = MM_TILE_W2_ROW(f16),
+    [KERN_DTYPE_F32] = MM_TILE_W2_ROW(f32),
 };
+
+/* Applies a block's MM_RO weight rows to all n >= MM_W2_FROM input rows in
+ * 2-row tiles: the input rows in as few groups of at most MM_W2_MAX as
+ * there can be, as even as can be (7: 4 + 3, 13: 5 + 4 + 4), each pair of
+ * weight rows against every group while it is in L1/L2, the first group
+ * prefetching the next pair. */
+static void mm_block_w2(const struct mm_job *job, enum kern_dtype dt, const void *w, int o0)
+{
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const size_t esize = kern_dtype_size(dt);
+    const int n = job->n;
+    const int groups = (n + MM_W2_MAX - 1) / MM_W2_MAX;
+    for (int a = 0; a < MM_RO; a += 2) {
+        const char *wa = (const char *)w + (size_t)a * d_in * esize;
+        for (int g = 0, i = 0; g < groups; g++) {
+            const int ri = n / groups + (g < n % groups ? 1 : 0);
+            mm_tiles_w2[dt][g == 0][ri - MM_W2_MIN](wa, d_in, job->in + (size_t)i * d_in, d_in,
+                                                    job->d_in,
+                                                    job->out + (size_t)i * d_out + (size_t)o0 +
+                                                        (size_t)a,
+                                                    d_out);
+            i += ri;
+        }
+    }
+}
 #endif
 
 /* Applies `ro` weight rows (dtype dt, row stride d_in) to all input rows. */
 static void mm_block(const struct mm_job *job, enum kern_dtype dt, const void *w, int ro, int o0)
 {
     const mm_tile_fn *row = mm_tiles[dt][ro == MM_RO];
+    const mm_tile_fn *first = mm_tiles[dt][ro == MM_RO ? 2 : 0];
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
 #ifdef __AVX2__
-    if (ro == MM_RO && job->n >= MM_W2_MIN && job->n <= MM_W2_MAX) {
-        const size_t esize = kern_dtype_size(dt);
-        for (int a = 0; a < MM_RO; a += 2)
-            mm_tiles_w2[dt][job->n - MM_W2_MIN]((const char *)w + (size_t)a * d_in * esize, d_in,
-                                                job->in, d_in, job->d_in,
-                                                job->out + (size_t)o0 + (size_t)a, d_out);
+    if (ro == MM_RO && job->n >= MM_W2_FROM) {
+        mm_block_w2(job, dt, w, o0);
         return;
     }
 #endif
     for (int i = 0; i < job->n;) {
         int ri = job->n - i < MM_RI ? job->n - i : MM_RI;
-        row[ri - 1](w, d_in, job->in + (size_t)i * d_in, d_in, job->d_in,
-                    job->out + (size_t)i * d_out + (size_t)o0, d_out);
+        (i == 0 ? first : row)[ri - 1](w, d_in, job->in + (size_t)i * d_in, d_in, job->d_in,
+                                       job->out + (size_t)i * d_out + (size_t)o0, d_out);
         i += ri;
     }
 }
@@ -1242,22 +1326,19 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
  * rows and applied with half the FMAs; the output pairs beat the input pairs
  * below 9 rows. The panel keeps prefill (n > 17), where converting each
  * weight once and k-blocking the inputs in L1 pay off.
- * AVX2 only: measured on a 2-core Zen 3 (AVX2). For d_in = 2048 the panel
- * path wins at n = 4 (one 3 x 4 tile per triple), n >= 7, and by 1.5-2x for
- * n >= 16 and prefill; at n = 5, 6 (input row groups 3+2, 3+3) the direct
- * path is as fast or faster. For d_in = 8192 the direct path stays faster up
- * to n = 16 (why is not established; probably the panel's L2 footprint,
- * n * d_in * 4 bytes of packed inputs next to the streamed weights). */
+ * AVX2 only: the same split. On a 2-core Zen 3 (2 threads), the direct
+ * path's 2-row tiles with their prefetch (mm_block_w2, mm_prefetch_ahead)
+ * beat the panel at every n = 4..17 and Llama-1B shape
+ * (tools/bench_kernels, n rows against one, two runs each way alternating):
+ * 4 rows 1.09-1.13x against 1.35-1.54x, 7 rows 1.60-1.93x against
+ * 1.79-2.03x, 17 rows 3.04-3.30x against 3.63-4.06x (d_in 2048) and
+ * 3.21-3.68x against 4.55x (d_in 8192). Before the prefetch the panel won at
+ * n = 4 and from n = 7 at d_in 2048. */
 #ifdef __AVX2__
 #define MM_PAIRED_MAX 17 /* the largest verification: K = 16 drafts + 1 */
-static int mm_use_panel(int n, int d_in)
+static int mm_use_panel(int n)
 {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
     return n > MM_PAIRED_MAX;
-#endif
-    if (d_in > MM_PANEL_LONG_DIN)
-        return n >= MM_PANEL_LONG_MIN;
-    return n == 4 || n >= 7;
 }
 #endif
 
@@ -1382,7 +1463,7 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
     }
 #endif
 #ifdef __AVX2__
-    if (mm_use_panel(n, d_in)) {
+    if (mm_use_panel(n)) {
         /* Chunks of at most MM_PANEL_MAX input rows bound the scratch (rows
          * are independent: chunking changes no bit). */
         const int n_max = n < MM_PANEL_MAX ? n : MM_PANEL_MAX;
