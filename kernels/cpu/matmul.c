@@ -25,8 +25,8 @@
  *     batches of decode rows): the same tasks, two input rows per 512-bit
  *     accumulator instead, the block's 4 weight rows applied to up to 12
  *     input rows per read.
- *   - direct (AVX2 or scalar; n = 1..17: decode and speculative
- *     verification): the same tasks; the bf16/f16/f32 weights are read
+ *   - direct (AVX2: n = 1..17, decode and speculative verification;
+ *     scalar: every n): the same tasks; the bf16/f16/f32 weights are read
  *     directly over the whole row, up to 3 rows in MM_RO x {3,2,1} tiles,
  *     from 4 rows (AVX2) in 2 x {3..6} tiles (mm_block_w2), later tiles
  *     finding the weights in L1/L2; the first tile over each weight row
@@ -104,15 +104,15 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
  * One tile ahead is enough lead at every row count: a tile's compute is
  * several memory latencies. Measured on a 2-core Zen 3 (2 threads, bf16,
  * tools/bench_kernels, builds without and with it alternating, two runs,
- * n rows against one at the Llama-1B shapes): 5 rows 1.43-1.62x -> 1.12-1.27x,
- * 2 rows 1.07-1.13x -> 0.97-1.03x, 3 rows 1.11-1.19x -> 1.02-1.08x. One row
- * alone (a stand-alone copy of the tiles timed in one process, alternating,
- * medians of 41): 0-14% less time over three runs at 2048 -> 2048,
- * 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256 head, 7% more in one
- * other run at 2048 -> 2048; two blocks ahead instead of one was within
- * 1-3% of it. Only the first group of
- * input rows over a block asks: the later ones find the block in L1/L2, and
- * asking again made 4 rows of 8192 slower. */
+ * n rows against one at the Llama-1B shapes): 5 rows 1.43-1.62x ->
+ * 1.12-1.27x, 2 rows 1.06-1.13x -> 0.97-1.03x, 3 rows 1.09-1.19x ->
+ * 1.02-1.08x. One row alone (a stand-alone copy of the tiles timed in one
+ * process, alternating, medians of 41): 0-14% less time over three runs at
+ * 2048 -> 2048, 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256 head, 7%
+ * more in one other run at 2048 -> 2048; two blocks ahead instead of one was
+ * within 1-3% of it. Only the first group of input rows over a block asks:
+ * the later ones find the block in L1/L2, and asking again made 4 rows of
+ * 8192 slower. */
 CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
                                        int ahead, int k)
 {
@@ -1333,7 +1333,9 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
  * 4 rows 1.09-1.13x against 1.35-1.54x, 7 rows 1.60-1.93x against
  * 1.79-2.03x, 17 rows 3.04-3.30x against 3.63-4.06x (d_in 2048) and
  * 3.21-3.68x against 4.55x (d_in 8192). Before the prefetch the panel won at
- * n = 4 and from n = 7 at d_in 2048. */
+ * n = 4 and from n = 7 at d_in 2048. Prefill (n > 17) stays on the panel
+ * without a measurement against the 2-row tiles there (tools/bench_kernels
+ * stops at 17 rows). */
 #ifdef __AVX2__
 #define MM_PAIRED_MAX 17 /* the largest verification: K = 16 drafts + 1 */
 static int mm_use_panel(int n)
