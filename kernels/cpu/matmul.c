@@ -27,7 +27,8 @@
  *     input rows per read.
  *   - direct (AVX2: n = 1..17, decode and speculative verification;
  *     scalar: every n): the same tasks; the bf16/f16/f32 weights are read
- *     directly over the whole row, up to 3 rows in MM_RO x {3,2,1} tiles,
+ *     directly over the whole row, one row (AVX2) in MM_RO_ONE x 1 tiles
+ *     over two blocks at once, up to 3 rows in MM_RO x {3,2,1} tiles,
  *     from 4 rows (AVX2) in 2 x {3..6} tiles (mm_block_w2), later tiles
  *     finding the weights in L1/L2; the first tile over each weight row
  *     prefetches the rows after it (mm_prefetch_ahead). Bound by weight
@@ -49,6 +50,7 @@
 #include "packed.h"
 
 #define MM_RO 4 /* output rows per tile */
+#define MM_RO_ONE 8 /* output rows per tile at one input row (AVX2: mm_task_direct) */
 #define MM_RI 3 /* max input rows per tile (direct path) */
 #define MM_PANEL_MAX 32 /* input rows per panel job (more: several jobs) */
 #define MM_PR 12 /* output rows per panel (a multiple of 3) */
@@ -136,10 +138,10 @@ CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, int pf, const v
                              const float *x, size_t ldx, int d_in, float *out, size_t ldo)
 {
     const int len8 = d_in & ~7;
-    float sums[MM_RO][MM_RI];
+    float sums[MM_RO_ONE][MM_RI];
 #ifdef __AVX2__
-    __m256 acc[MM_RO][MM_RI];
-#pragma GCC unroll 4
+    __m256 acc[MM_RO_ONE][MM_RI];
+#pragma GCC unroll 8
     for (int a = 0; a < ro; a++)
 #pragma GCC unroll 3
         for (int b = 0; b < ri; b++)
@@ -151,7 +153,7 @@ CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, int pf, const v
 #pragma GCC unroll 3
         for (int b = 0; b < ri; b++)
             xv[b] = _mm256_loadu_ps(x + (size_t)b * ldx + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < ro; a++) {
             __m256 wv = mm_load8(dt, w, (size_t)a * ldw + (size_t)k);
 #pragma GCC unroll 3
@@ -159,7 +161,7 @@ CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, int pf, const v
                 acc[a][b] = _mm256_fmadd_ps(wv, xv[b], acc[a][b]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int a = 0; a < ro; a++)
 #pragma GCC unroll 3
         for (int b = 0; b < ri; b++)
@@ -223,6 +225,30 @@ static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
 };
 
 #ifdef __AVX2__
+/* One input row (decode): MM_RO_ONE weight rows side by side, without the
+ * prefetch. Eight streams keep more of the row's reads in flight than four
+ * and eight FMA chains hide the FMA latency with room to spare; at 2048
+ * columns a row is one 4 KiB page, so the 4 x 1 tile started four cold
+ * streams per tile. Its prefetch of the next tile only got in the way here:
+ * in a stand-alone copy of the tiles (2 threads, cold weights, bf16),
+ * prefetching the next eight rows line by line, or only their first lines
+ * half-way through the tile, was 3-15% slower than none, and 12 rows were
+ * no better than 8. Against the prefetching 4 x 1 tile on a 2-core Zen 3:
+ * tools/bench_kernels --rows 1, builds alternating, 3 runs, the share of
+ * the read 77-82% -> 82-93% at 2048 -> 2048, 79-85% -> 84-88% at
+ * 2048 -> 8192, 90-92% -> 93-97% at 8192 -> 2048, 72-82% -> 84-87% for
+ * the 2048 x 128256 head; a Llama-1B decode step (one build switched at
+ * run time, 4 tokens a turn, medians of 15-21 paired turns) took 0.89-0.96x
+ * the time in 4 runs. */
+MM_DEFINE_TILE(mm_tile_bf16_one, KERN_DTYPE_BF16, MM_RO_ONE, 1, 0)
+MM_DEFINE_TILE(mm_tile_f16_one, KERN_DTYPE_F16, MM_RO_ONE, 1, 0)
+MM_DEFINE_TILE(mm_tile_f32_one, KERN_DTYPE_F32, MM_RO_ONE, 1, 0)
+static const mm_tile_fn mm_tiles_one[3] = {
+    [KERN_DTYPE_BF16] = mm_tile_bf16_one,
+    [KERN_DTYPE_F16] = mm_tile_f16_one,
+    [KERN_DTYPE_F32] = mm_tile_f32_one,
+};
+
 /* Two weight rows against MM_W2_MIN..MM_W2_MAX input rows in one pass over
  * the row: out[b*ldo + a] = dot(w row a, x row b) for a < 2, b < ri. Each
  * weight chunk is widened once for all the input rows, where 4 x 3 + 4 x 2
@@ -1371,6 +1397,15 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
             for (int r = 0; r < rows; r++)
                 mm_block_pairs(job, job->dtype, w + (size_t)r * (size_t)job->d_in * esize, 1,
                                o0 + r);
+            continue;
+        }
+#endif
+#ifdef __AVX2__
+        if (job->n == 1 && blk + 1 < end && job->d_out - o0 >= MM_RO_ONE) {
+            /* this block and the next in one tile (mm_tiles_one) */
+            mm_tiles_one[job->dtype](w, (size_t)job->d_in, job->in, (size_t)job->d_in, job->d_in,
+                                     job->out + o0, (size_t)job->d_out);
+            blk++;
             continue;
         }
 #endif
