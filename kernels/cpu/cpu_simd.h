@@ -78,7 +78,7 @@ CPU_SIMD_INLINE __m256 cpu_simd_load8_bf16(const uint16_t *p)
      * are what the tiles wait on: in a stand-alone copy of the AVX2 2 x 5
      * tile (2 threads, cold weights, Llama-1B shapes, the two loads
      * alternating in one process) 5 rows took 1-6% less time at every shape
-     * in 2 runs; one row was within noise. */
+     * in 2 runs; 6 rows were within 4% either way, one row within noise. */
     const __m256i to_high =
         _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7, /* low half */
                          -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);

@@ -99,22 +99,24 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
 /* The AVX2 direct path's prefetch: while a tile reads its weight rows, it
  * asks for the same columns of the `ahead` rows that follow them (the next
  * tile's), one request per 64-byte line. Without it every weight row began
- * cold: a row of 2048 bf16 is one 4 KiB page, and the hardware prefetcher
- * starts over at each page, so each row paid a memory latency before its
- * stream was found, and at 5 input rows, where the FMAs take about as long
- * as the read, the reads and the FMAs took turns instead of overlapping.
- * One tile ahead is enough lead at every row count: a tile's compute is
- * several memory latencies. Measured on a 2-core Zen 3 (2 threads, bf16,
- * tools/bench_kernels, builds without and with it alternating, two runs,
- * n rows against one at the Llama-1B shapes): 5 rows 1.43-1.62x ->
- * 1.12-1.27x, 2 rows 1.06-1.13x -> 0.97-1.03x, 3 rows 1.09-1.19x ->
- * 1.02-1.08x. One row alone (a stand-alone copy of the tiles timed in one
- * process, alternating, medians of 41): 0-14% less time over three runs at
- * 2048 -> 2048, 2048 -> 8192, 8192 -> 2048 and the 2048 x 128256 head, 7%
- * more in one other run at 2048 -> 2048; two blocks ahead instead of one was
- * within 1-3% of it. Only the first group of input rows over a block asks:
- * the later ones find the block in L1/L2, and asking again made 4 rows of
- * 8192 slower. */
+ * cold: a row of 2048 bf16 is 4 KiB, the span within which the hardware
+ * prefetcher follows a stream (the weight copies do sit on huge pages: it is
+ * the prefetcher's span, not the TLB's), so each row paid a memory latency
+ * before its stream was found, and at 5 input rows, where the FMAs take
+ * about as long as the read, the reads and the FMAs took turns instead of
+ * overlapping. One tile ahead is enough lead at every row count: a tile's
+ * compute is several memory latencies. Measured on a 2-core Zen 3 (2
+ * threads, bf16, tools/bench_kernels, builds without and with it
+ * alternating, two runs, n rows against one at the Llama-1B shapes): 5 rows
+ * 1.43-1.62x -> 1.12-1.27x, 2 rows 1.06-1.13x -> 0.97-1.03x, 3 rows
+ * 1.09-1.19x -> 1.02-1.08x. One row alone (a stand-alone copy of the tiles
+ * timed in one process, alternating, medians of 41): 0-14% less time over
+ * three runs at 2048 -> 2048, 2048 -> 8192, 8192 -> 2048 and the 2048 x
+ * 128256 head, 7% more in one other run at 2048 -> 2048; two blocks ahead
+ * instead of one was within 1-3% of it. One row has since gone to 8 x 1
+ * tiles without it (mm_tiles_one), faster still. Only the first group of
+ * input rows over a block asks: the later ones find the block in L1/L2, and
+ * asking again made 4 rows of 8192 slower. */
 CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
                                        int ahead, int k)
 {
