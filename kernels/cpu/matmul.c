@@ -228,20 +228,20 @@ static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
 
 #ifdef __AVX2__
 /* One input row (decode): MM_RO_ONE weight rows side by side, without the
- * prefetch. Eight streams keep more of the row's reads in flight than four
+ * prefetch. Eight streams keep more of the row's reads in flight than four,
  * and eight FMA chains hide the FMA latency with room to spare; at 2048
- * columns a row is one 4 KiB page, so the 4 x 1 tile started four cold
- * streams per tile. Its prefetch of the next tile only got in the way here:
- * in a stand-alone copy of the tiles (2 threads, cold weights, bf16),
- * prefetching the next eight rows line by line, or only their first lines
- * half-way through the tile, was 3-15% slower than none, and 12 rows were
- * no better than 8. Against the prefetching 4 x 1 tile on a 2-core Zen 3:
- * tools/bench_kernels --rows 1, builds alternating, 3 runs, the share of
- * the read 77-82% -> 82-93% at 2048 -> 2048, 79-85% -> 84-88% at
- * 2048 -> 8192, 90-92% -> 93-97% at 8192 -> 2048, 72-82% -> 84-87% for
- * the 2048 x 128256 head; a Llama-1B decode step (one build switched at
- * run time, 4 tokens a turn, medians of 15-21 paired turns) took 0.89-0.96x
- * the time in 4 runs. */
+ * columns a row is 4 KiB, so every tile starts its streams afresh. The
+ * prefetch of the next tile only got in the way here: in a stand-alone copy
+ * of the tiles (2 threads, cold weights, bf16), prefetching the next eight
+ * rows line by line (T0, T1 or T2, one or two tiles ahead) was 4-26% slower
+ * than none, prefetching only their first lines half-way through the tile
+ * between 4% faster and 15% slower, and 12 rows were no better than 8.
+ * Against the prefetching 4 x 1 tile on a 2-core Zen 3: tools/bench_kernels
+ * --rows 1, builds alternating, 3 runs, the share of the read 77-82% ->
+ * 82-93% at 2048 -> 2048, 79-85% -> 84-88% at 2048 -> 8192, 90-92% -> 93-97%
+ * at 8192 -> 2048, 72-82% -> 84-87% for the 2048 x 128256 head; a Llama-1B
+ * decode step (one build switched at run time, 4 tokens a turn, medians of
+ * 15-21 paired turns) took 0.89-0.96x the time in 4 runs. */
 MM_DEFINE_TILE(mm_tile_bf16_one, KERN_DTYPE_BF16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f16_one, KERN_DTYPE_F16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f32_one, KERN_DTYPE_F32, MM_RO_ONE, 1, 0)
