@@ -30,9 +30,10 @@
  *     directly over the whole row, one row (AVX2) in MM_RO_ONE x 1 tiles
  *     over two blocks at once, up to 3 rows in MM_RO x {3,2,1} tiles,
  *     from 4 rows (AVX2) in 2 x {3..6} tiles (mm_block_w2), later tiles
- *     finding the weights in L1/L2; the first tile over each weight row
- *     prefetches the rows after it (mm_prefetch_ahead). Bound by weight
- *     bandwidth at n = 1.
+ *     finding the weights in L1/L2; from 2 rows, and for a lone 4-row block
+ *     at 1, the first tile over each weight row prefetches the rows after it
+ *     (mm_prefetch_ahead; the 8 x 1 tiles do not). Bound by weight bandwidth
+ *     at n = 1.
  *   - panel (AVX2; prefill, n > 17): tasks are panels of
  *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
  *     all input rows stays in L1; each weight is widened to f32 once per call
