@@ -27,13 +27,14 @@
  *     input rows per read.
  *   - direct (AVX2: n = 1..17, decode and speculative verification;
  *     scalar: every n): the same tasks; the bf16/f16/f32 weights are read
- *     directly over the whole row, one row (AVX2) in MM_RO_ONE x 1 tiles
- *     over two blocks at once, up to 3 rows in MM_RO x {3,2,1} tiles,
- *     from 4 rows (AVX2) in 2 x {3..6} tiles (mm_block_w2), later tiles
- *     finding the weights in L1/L2; from 2 rows, and for a lone 4-row block
- *     at 1, the first tile over each weight row prefetches the rows after it
- *     (mm_prefetch_ahead; the 8 x 1 tiles do not). Bound by weight bandwidth
- *     at n = 1.
+ *     directly over the whole row. Up to 3 rows (AVX2, mm_task_runs): a
+ *     task's rows cut into runs, one row in MM_RO_ONE x 1 tiles and 2 or 3
+ *     rows in MM_RO x {2,3} tiles whose weight rows come one from each run,
+ *     without prefetch. From 4 rows (AVX2) 2 x {3..6} tiles over adjacent
+ *     rows (mm_block_w2), later tiles finding the weights in L1/L2, the
+ *     first tile over each weight row prefetching the rows after it
+ *     (mm_prefetch_ahead), as does the MM_RO x 1 tile of a 4-row block
+ *     left after the runs. Bound by weight bandwidth at n = 1.
  *   - panel (AVX2; prefill, n > 17): tasks are panels of
  *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
  *     all input rows stays in L1; each weight is widened to f32 once per call
@@ -114,8 +115,9 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
  * timed in one process, alternating, medians of 41): 0-14% less time over
  * three runs at 2048 -> 2048, 2048 -> 8192, 8192 -> 2048 and the 2048 x
  * 128256 head, 7% more in one other run at 2048 -> 2048; two blocks ahead
- * instead of one was within 1-3% of it. One row has since gone to 8 x 1
- * tiles without it (mm_tiles_one), faster still. Only the first group of
+ * instead of one was within 1-3% of it. One to three rows have since gone
+ * to tiles over runs of rows without it (mm_task_runs), faster still; it
+ * stays with the 2 x n tiles from 4 rows. Only the first group of
  * input rows over a block asks: the later ones find the block in L1/L2, and
  * asking again made 4 rows of 8192 slower. */
 CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
@@ -230,9 +232,11 @@ static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
 #ifdef __AVX2__
 /* One input row (decode): MM_RO_ONE weight rows side by side, without the
  * prefetch. Eight streams keep more of the row's reads in flight than four,
- * and eight FMA chains hide the FMA latency with room to spare; at 2048
- * columns a row is 4 KiB, so every tile starts its streams afresh. The
- * prefetch of the next tile only got in the way here: in a stand-alone copy
+ * and eight FMA chains hide the FMA latency with room to spare. The figures
+ * below are of tiles over adjacent rows, which at 2048 columns (a row is
+ * 4 KiB) started their streams afresh at every tile; the tiles now take
+ * their rows from runs (mm_task_runs), faster again. The prefetch of the
+ * next tile only got in the way here: in a stand-alone copy
  * of the tiles (2 threads, cold weights, bf16), prefetching the next eight
  * rows line by line (T0, T1 or T2, one or two tiles ahead) was 4-26% slower
  * than none, prefetching only their first lines half-way through the tile
@@ -1373,12 +1377,67 @@ static int mm_use_panel(int n)
 }
 #endif
 
+#ifdef __AVX2__
+/* Up to MM_RI input rows (AVX2) over the blocks [begin, end): the range's
+ * rows cut into `ro` runs of equal length (MM_RO_ONE at one input row,
+ * MM_RO at two or three), each tile taking the next row of every run, so
+ * that the tile's weight streams go on through consecutive rows instead of
+ * all ending with a row; the rows left after the runs go through mm_block.
+ * Why: at 2048 columns a row is 4 KiB, and a tile over adjacent rows
+ * started all its streams afresh at every tile. A run of rows is one
+ * sequential stream, which the hardware prefetchers keep ahead of the
+ * reads across rows. Against adjacent rows on a 2-core Zen 3 (2 threads,
+ * bf16, cold weights, one build switched at run time, paired calls
+ * alternating, medians of 40 ratios): one row took 0.90-0.94x the time at
+ * 2048 -> 2048, 2048 -> 512, 2048 -> 8192 and the 2048 x 128256 head and
+ * 0.99x at 8192 -> 2048; 2 and 3 rows, against the 4 x n tiles that
+ * prefetched the next block, 0.85-0.92x at all five shapes; a Llama-1B
+ * decode step 0.91-0.93x in 3 runs. Claims of 32 or 64 blocks instead of
+ * 16 changed nothing (0.99-1.05x). Two runs of the 2 x n tiles from 4 rows
+ * (mm_block_w2) were mixed, 0.85x to 1.03x, so those keep adjacent rows and
+ * their prefetch. */
+static void mm_task_runs(const struct mm_job *job, long begin, long end)
+{
+    const enum kern_dtype dt = job->dtype;
+    const int n = job->n;
+    const int ro = n == 1 ? MM_RO_ONE : MM_RO;
+    const mm_tile_fn tile = n == 1 ? mm_tiles_one[dt] : mm_tiles[dt][1][n - 1];
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const size_t row_bytes = d_in * kern_dtype_size(dt);
+    const int o_begin = (int)(begin * MM_RO);
+    const int o_end = end * MM_RO < job->d_out ? (int)(end * MM_RO) : job->d_out;
+    const int run = (o_end - o_begin) / ro;
+    const char *w = (const char *)job->w + (size_t)o_begin * row_bytes;
+    for (int i = 0; i < run; i++) {
+        float sums[MM_RI * MM_RO_ONE];
+        /* row a of the tile: row i of run a, `run` rows after row i of run a - 1 */
+        tile(w + (size_t)i * row_bytes, (size_t)run * d_in, job->in, d_in, job->d_in, sums,
+             (size_t)ro);
+        for (int b = 0; b < n; b++)
+            for (int a = 0; a < ro; a++)
+                job->out[(size_t)b * d_out + (size_t)(o_begin + a * run + i)] =
+                    sums[b * ro + a];
+    }
+    for (int o0 = o_begin + ro * run; o0 < o_end;) {
+        const int rows = o_end - o0 >= MM_RO ? MM_RO : 1;
+        mm_block(job, dt, w + (size_t)(o0 - o_begin) * row_bytes, rows, o0);
+        o0 += rows;
+    }
+}
+#endif
+
 /* Tasks of the direct path: blocks of MM_RO output rows. */
 static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
 {
     const struct mm_job *job = ctx;
     const size_t esize = kern_dtype_size(job->dtype);
     (void)thread_idx;
+#ifdef __AVX2__
+    if (job->n <= MM_RI && !job->opairs) {
+        mm_task_runs(job, begin, end);
+        return;
+    }
+#endif
     for (long blk = begin; blk < end; blk++) {
         const int o0 = (int)(blk * MM_RO);
         const int rows = job->d_out - o0 < MM_RO ? job->d_out - o0 : MM_RO;
@@ -1400,15 +1459,6 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
             for (int r = 0; r < rows; r++)
                 mm_block_pairs(job, job->dtype, w + (size_t)r * (size_t)job->d_in * esize, 1,
                                o0 + r);
-            continue;
-        }
-#endif
-#ifdef __AVX2__
-        if (job->n == 1 && blk + 1 < end && job->d_out - o0 >= MM_RO_ONE) {
-            /* this block and the next in one tile (mm_tiles_one) */
-            mm_tiles_one[job->dtype](w, (size_t)job->d_in, job->in, (size_t)job->d_in, job->d_in,
-                                     job->out + o0, (size_t)job->d_out);
-            blk++;
             continue;
         }
 #endif
