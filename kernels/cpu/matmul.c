@@ -25,8 +25,10 @@
  *     batches of decode rows): the same tasks, two input rows per 512-bit
  *     accumulator instead, the block's 4 weight rows applied to up to 12
  *     input rows per read.
- *   - direct (AVX2: n = 1..17, decode and speculative verification;
- *     scalar: every n): the same tasks; the bf16/f16/f32 weights are read
+ *   - direct (AVX2 with AVX-512F+BW: n = 1..17, decode and speculative
+ *     verification; AVX2 alone: every n, prefill in jobs of
+ *     MM_DIRECT_JOB_ROWS rows; scalar: every n): the same tasks; the
+ *     bf16/f16/f32 weights are read
  *     directly over the whole row. Up to 3 rows (AVX2, mm_task_runs): a
  *     task's rows cut into runs, one row in MM_RO_ONE x 1 tiles and 2 or 3
  *     rows in MM_RO x {2,3} tiles whose weight rows come one from each run,
@@ -35,7 +37,7 @@
  *     first tile over each weight row prefetching the rows after it
  *     (mm_prefetch_ahead), as does the MM_RO x 1 tile of a 4-row block
  *     left after the runs. Bound by weight bandwidth at n = 1.
- *   - panel (AVX2; prefill, n > 17): tasks are panels of
+ *   - panel (AVX-512F+BW, weights not packed; prefill, n > 17): tasks are panels of
  *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
  *     all input rows stays in L1; each weight is widened to f32 once per call
  *     (not once per group of input rows) and applied with 3 x 4 register
@@ -1172,7 +1174,7 @@ static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
 }
 #endif
 
-#ifdef __AVX2__
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 /* The panel path (see mm_use_panel; up to MM_PANEL_MAX input rows per job,
  * more rows run as several jobs). A task is a panel of up to MM_PR output rows, swept in
  * k-blocks of job->pkb columns; within a k-block, three weight rows at a time
@@ -1366,11 +1368,26 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
  * 4 rows 1.09-1.13x against 1.35-1.54x, 7 rows 1.60-1.93x against
  * 1.79-2.03x, 17 rows 3.04-3.30x against 3.63-4.06x (d_in 2048) and
  * 3.21-3.68x against 4.55x (d_in 8192). Before the prefetch the panel won at
- * n = 4 and from n = 7 at d_in 2048. Prefill (n > 17) stays on the panel
- * without a measurement against the 2-row tiles there (tools/bench_kernels
- * stops at 17 rows). */
+ * n = 4 and from n = 7 at d_in 2048. Prefill (n > 17) stayed on the panel
+ * then, unmeasured against the 2-row tiles (tools/bench_kernels stops at 17
+ * rows); since measured:
+ * AVX2 without AVX-512F+BW: no panel; prefill goes to the direct path too,
+ * in jobs of MM_DIRECT_JOB_ROWS input rows (mm_block_w2's groups taking
+ * turns on each pair of weight rows). Against the panel on the same 2-core
+ * Zen 3 (2 threads, bf16, cold weights, one build switched at run time,
+ * paired calls alternating, medians of 9 ratios, 3 at 128-512 rows), at
+ * 18, 32 and 64 rows: 0.72-0.81x the time at 2048 -> 2048, 2048 -> 512,
+ * 2048 -> 8192, 8192 -> 2048 and 2048 -> 16384; in one job, 128 to 512
+ * rows 0.74-0.85x, but 512 rows of 8192 (16 MiB of inputs against every
+ * pair of weight rows) 0.97x, and a row cost 0.32-0.34 ms up to 64 rows,
+ * 0.34-0.45 from 128 at 2048 -> 8192 and 8192 -> 2048: hence the jobs.
+ * The panel stays with AVX-512F+BW, where the input pairs above are not
+ * measured against it at prefill (nor is it used for packed weights). */
 #ifdef __AVX2__
 #define MM_PAIRED_MAX 17 /* the largest verification: K = 16 drafts + 1 */
+#define MM_DIRECT_JOB_ROWS 64 /* AVX2 without AVX-512: input rows per direct job */
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 static int mm_use_panel(int n)
 {
     return n > MM_PAIRED_MAX;
@@ -1471,7 +1488,7 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
     }
 }
 
-#ifdef __AVX2__
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 /* Tasks of the panel path: panels of MM_PR output rows. */
 static void mm_task_panel(void *ctx, long begin, long end, int thread_idx)
 {
@@ -1512,6 +1529,24 @@ static void mm_run(struct cpu_backend *cb, struct mm_job *job, int rows_per_task
         cpu_pool_run(cb->pool, n_blocks, chunk, fn, job);
 }
 
+#ifdef __AVX2__
+/* Runs job over its n input rows as jobs of at most job_rows rows (rows are
+ * independent: chunking changes no bit). */
+static void mm_run_jobs(struct cpu_backend *cb, struct mm_job *job, int job_rows,
+                        int rows_per_task, cpu_pool_fn fn)
+{
+    const int n = job->n;
+    const float *in = job->in;
+    float *out = job->out;
+    for (int i0 = 0; i0 < n; i0 += job_rows) {
+        job->n = n - i0 < job_rows ? n - i0 : job_rows;
+        job->in = in + (size_t)i0 * (size_t)job->d_in;
+        job->out = out + (size_t)i0 * (size_t)job->d_out;
+        mm_run(cb, job, rows_per_task, fn);
+    }
+}
+#endif
+
 int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
                enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
 {
@@ -1541,18 +1576,12 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (job.packed_rows) {
         /* Jobs of at most MM_PK_JOB_ROWS input rows keep a job's inputs in
-         * L2 while every octet is applied to them (rows are independent:
-         * chunking changes no bit). */
-        for (int i0 = 0; i0 < n; i0 += MM_PK_JOB_ROWS) {
-            job.n = n - i0 < MM_PK_JOB_ROWS ? n - i0 : MM_PK_JOB_ROWS;
-            job.in = in + (size_t)i0 * (size_t)d_in;
-            job.out = out + (size_t)i0 * (size_t)d_out;
-            mm_run(cb, &job, CPU_PACKED_ROWS, mm_task_packed);
-        }
+         * L2 while every octet is applied to them. */
+        mm_run_jobs(cb, &job, MM_PK_JOB_ROWS, CPU_PACKED_ROWS, mm_task_packed);
         return 0;
     }
 #endif
-#ifdef __AVX2__
+#if defined(__AVX512F__) && defined(__AVX512BW__)
     if (mm_use_panel(n)) {
         /* Chunks of at most MM_PANEL_MAX input rows bound the scratch (rows
          * are independent: chunking changes no bit). */
@@ -1573,6 +1602,11 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
             job.xp = xp;
             mm_run(cb, &job, MM_PR, mm_task_panel);
         }
+        return 0;
+    }
+#elif defined(__AVX2__)
+    if (n > MM_DIRECT_JOB_ROWS) {
+        mm_run_jobs(cb, &job, MM_DIRECT_JOB_ROWS, MM_RO, mm_task_direct);
         return 0;
     }
 #endif

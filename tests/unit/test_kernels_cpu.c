@@ -441,7 +441,7 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
 {
     static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051, 4105, 8195};
     static const int d_outs[] = {29, 6, 7};
-    const int n_max = 40; /* 18..40: the panel path */
+    const int n_max = 40; /* 18..40: prefill (AVX2: the direct path's 2 x n tiles in groups) */
     struct kern_backend *be = make_backend(2);
     struct rng r = {23};
     char err[ERR_MSG_MAX];
@@ -481,7 +481,8 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
 /* Speculative verification calls matmul with n = K+1 = 2..9 rows, and a
  * batched call with the rows of many sequences, up to 256 rows:
  * each row of every n (all tile shapes and remainders of the small-n paths,
- * several input chunks for n > 32) equals the row computed alone, bit for
+ * several input jobs for n > 32, or 64 on AVX2 alone) equals the row
+ * computed alone, bit for
  * bit; d_out not a multiple of the blocks, d_in with a tail, shorter than
  * one SIMD step, and spanning several k-blocks. */
 static void test_kernels_cpu_matmul_verification_row_counts_match_single_rows(void **state)
