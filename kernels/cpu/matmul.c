@@ -25,23 +25,24 @@
  *     batches of decode rows): the same tasks, two input rows per 512-bit
  *     accumulator instead, the block's 4 weight rows applied to up to 12
  *     input rows per read.
- *   - direct (AVX2 with AVX-512F+BW: n = 1..17, decode and speculative
- *     verification; AVX2 alone: every n, prefill in jobs of
- *     MM_DIRECT_JOB_ROWS rows; scalar: every n): the same tasks; the
- *     bf16/f16/f32 weights are read
- *     directly over the whole row. Up to 3 rows (AVX2, mm_task_runs): a
- *     task's rows cut into runs, one row in MM_RO_ONE x 1 tiles and 2 or 3
- *     rows in MM_RO x {2,3} tiles whose weight rows come one from each run,
- *     without prefetch. From 4 rows (AVX2) 2 x {3..6} tiles over adjacent
- *     rows (mm_block_w2), later tiles finding the weights in L1/L2, the
- *     first tile over each weight row prefetching the rows after it
- *     (mm_prefetch_ahead), as does the MM_RO x 1 tile of a 4-row block
- *     left after the runs. Bound by weight bandwidth at n = 1.
- *   - panel (AVX-512F+BW, weights not packed; prefill, n > 17): tasks are panels of
- *     MM_PR output rows, swept in k-blocks sized so that the packed k-block of
- *     all input rows stays in L1; each weight is widened to f32 once per call
- *     (not once per group of input rows) and applied with 3 x 4 register
- *     tiles. Inputs beyond MM_PANEL_MAX rows run as several jobs.
+ *   - direct (AVX2 without AVX-512F+BW: every n, prefill in jobs of
+ *     MM_DIRECT_JOB_ROWS rows; scalar: every n; with AVX-512F+BW only the
+ *     packed path's rows after its last full octet): the same tasks; the
+ *     bf16/f16/f32 weights are read directly over the whole row. Up to 3
+ *     rows (AVX2 alone, mm_task_runs): a task's rows cut into runs, one row in
+ *     MM_RO_ONE x 1 tiles and 2 or 3 rows in MM_RO x {2,3} tiles whose
+ *     weight rows come one from each run, without prefetch. From 4 rows
+ *     (AVX2) 2 x {3..6} tiles over adjacent rows (mm_block_w2), later tiles
+ *     finding the weights in L1/L2, the first tile over each weight row
+ *     prefetching the rows after it (mm_prefetch_ahead), as does the
+ *     MM_RO x 1 tile of a 4-row block left after the runs. Bound by weight
+ *     bandwidth at n = 1.
+ *   - panel (AVX-512F+BW, weights not packed; prefill, n > 17): tasks are
+ *     panels of MM_PR output rows, swept in k-blocks sized so that the
+ *     packed k-block of all input rows stays in L1; each weight is widened
+ *     to f32 once per call (not once per group of input rows) and applied
+ *     with 3 x 4 register tiles. Inputs beyond MM_PANEL_MAX rows run as
+ *     several jobs.
  * The input rows are never split across threads; the pool's threads claim
  * output blocks/panels.
  */
@@ -54,7 +55,7 @@
 #include "packed.h"
 
 #define MM_RO 4 /* output rows per tile */
-#define MM_RO_ONE 8 /* output rows per tile at one input row (AVX2: mm_task_direct) */
+#define MM_RO_ONE 8 /* output rows per tile at one input row (AVX2: mm_task_runs) */
 #define MM_RI 3 /* max input rows per tile (direct path) */
 #define MM_PANEL_MAX 32 /* input rows per panel job (more: several jobs) */
 #define MM_PR 12 /* output rows per panel (a multiple of 3) */
@@ -119,7 +120,8 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
  * 128256 head, 7% more in one other run at 2048 -> 2048; two blocks ahead
  * instead of one was within 1-3% of it. One to three rows have since gone
  * to tiles over runs of rows without it (mm_task_runs), faster still; it
- * stays with the 2 x n tiles from 4 rows. Only the first group of
+ * stays with the 2 x n tiles from 4 rows and the 4-row tiles of leftover
+ * blocks. Only the first group of
  * input rows over a block asks: the later ones find the block in L1/L2, and
  * asking again made 4 rows of 8192 slower. */
 CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
@@ -1361,9 +1363,9 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
  * rows and applied with half the FMAs; the output pairs beat the input pairs
  * below 9 rows. The panel keeps prefill (n > 17), where converting each
  * weight once and k-blocking the inputs in L1 pay off.
- * AVX2 only: the same split. On a 2-core Zen 3 (2 threads), the direct
- * path's 2-row tiles with their prefetch (mm_block_w2, mm_prefetch_ahead)
- * beat the panel at every n = 4..17 and Llama-1B shape
+ * AVX2 only, until the change below: the same split. On a 2-core Zen 3 (2
+ * threads), the direct path's 2-row tiles with their prefetch (mm_block_w2,
+ * mm_prefetch_ahead) beat the panel at every n = 4..17 and Llama-1B shape
  * (tools/bench_kernels, n rows against one, two runs each way alternating):
  * 4 rows 1.09-1.13x against 1.35-1.54x, 7 rows 1.60-1.93x against
  * 1.79-2.03x, 17 rows 3.04-3.30x against 3.63-4.06x (d_in 2048) and
@@ -1385,7 +1387,7 @@ static size_t mm_panel_xp_floats(int n, int d_in, int pkb)
  * measured against it at prefill (nor is it used for packed weights). */
 #ifdef __AVX2__
 #define MM_PAIRED_MAX 17 /* the largest verification: K = 16 drafts + 1 */
-#define MM_DIRECT_JOB_ROWS 64 /* AVX2 without AVX-512: input rows per direct job */
+#define MM_DIRECT_JOB_ROWS 64 /* AVX2 without AVX-512F+BW: input rows per direct job */
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 static int mm_use_panel(int n)
@@ -1410,9 +1412,11 @@ static int mm_use_panel(int n)
  * 0.99x at 8192 -> 2048; 2 and 3 rows, against the 4 x n tiles that
  * prefetched the next block, 0.85-0.92x at all five shapes; a Llama-1B
  * decode step 0.91-0.93x in 3 runs. Claims of 32 or 64 blocks instead of
- * 16 changed nothing (0.99-1.05x). Two runs of the 2 x n tiles from 4 rows
- * (mm_block_w2) were mixed, 0.85x to 1.03x, so those keep adjacent rows and
- * their prefetch. */
+ * 16 changed nothing (0.99-1.05x). From 4 rows runs did not pay: the 2 x n
+ * tiles (mm_block_w2) over two runs were mixed, 0.85x to 1.06x, and the
+ * 4 x n tiles over four runs in groups of up to 3 input rows took 1.02-1.27x
+ * the time of the 2 x n tiles at 4 to 9 rows (0.95-1.01x at 2048 -> 512
+ * only), so those keep adjacent rows and their prefetch. */
 static void mm_task_runs(const struct mm_job *job, long begin, long end)
 {
     const enum kern_dtype dt = job->dtype;
@@ -1531,7 +1535,7 @@ static void mm_run(struct cpu_backend *cb, struct mm_job *job, int rows_per_task
 
 #ifdef __AVX2__
 /* Runs job over its n input rows as jobs of at most job_rows rows (rows are
- * independent: chunking changes no bit). */
+ * independent: chunking changes no bit); job is left at the last chunk. */
 static void mm_run_jobs(struct cpu_backend *cb, struct mm_job *job, int job_rows,
                         int rows_per_task, cpu_pool_fn fn)
 {

@@ -433,15 +433,17 @@ static float fixed_order_sum(const float *x, int len)
  * 8-step, one, a tail after full 32-column blocks, and 1, 2 or 3 8-steps
  * after them (the SIMD paths read 32 weights per row at a time), on both
  * sides of 4096 (where the paths for n = 6..17 change); d_out leaves 1, 2 or
- * 3 rows after the 4-row blocks, and at 29 (one claim where d_in is short)
- * one row goes through 8 x 1 tiles over runs of 3 rows, then a lone 4-row
+ * 3 rows after the 4-row blocks, and at 29 (one claim up to d_in 1000) one
+ * row goes through 8 x 1 tiles over runs of 3 rows, then a lone 4-row
  * block, then the last row, and 2 or 3 rows through 4 x n tiles over runs
- * of 7, then the last row (AVX2). */
+ * of 7, then the last row (AVX2 without AVX-512F+BW). */
 static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **state)
 {
-    static const int d_ins[] = {5, 8, 67, 83, 123, 1000, 2051, 4105, 8195};
+    static const int d_ins[] = {5, 8, 67, 83, 123, 2051, 1000, 4105, 8195};
     static const int d_outs[] = {29, 6, 7};
-    const int n_max = 40; /* 18..40: prefill (AVX2: the direct path's 2 x n tiles in groups) */
+    /* 18..40: prefill (AVX2 alone: the direct path's 2 x n tiles in groups;
+     * AVX-512F+BW: the panel) */
+    const int n_max = 40;
     struct kern_backend *be = make_backend(2);
     struct rng r = {23};
     char err[ERR_MSG_MAX];
