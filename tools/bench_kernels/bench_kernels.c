@@ -78,7 +78,9 @@
  *   --shapes, --rows (CPU): only these shapes and row counts (n = 1, the
  *   base of the ratios, is always measured), e.g. --shapes
  *   2048x8192,8192x2048,2048x128256 --rows 2,3,5,9,17: a minute's run
- *   instead of several when comparing two builds of a kernel.
+ *   instead of several when comparing two builds of a kernel. --rows takes
+ *   counts up to BENCH_ROWS_MAX (128), at most BENCH_N_MAX of them: prefill
+ *   chunks too, e.g. --shapes 2048x8192,8192x2048 --rows 18,32,64,128.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -101,6 +103,9 @@
 
 #define BENCH_MIB (1024.0 * 1024.0)
 #define BENCH_N_MAX 17 /* row counts 1..BENCH_N_MAX are measured per shape */
+/* --rows may ask for up to BENCH_N_MAX row counts of up to this many rows:
+ * prefill-sized calls, which take another path than 1..17 rows */
+#define BENCH_ROWS_MAX 128
 #define BENCH_ROUNDS_MAX 200
 #define BENCH_READ_BYTES ((size_t)512 << 20) /* each round's read (see %read) */
 #define BENCH_N_SHAPES 5
@@ -366,29 +371,38 @@ static int parse_shapes(const char *arg, int shapes[][2], int *n_shapes)
     return 0;
 }
 
-/* "2,5,17" -> 1,2,5,17 (n = 1 first: the ratios' base), each 1..BENCH_N_MAX
- * once, ascending; prints the reason and returns -1 when bad. */
+/* "2,5,17" -> 1,2,5,17 (n = 1 first: the ratios' base), each 1..BENCH_ROWS_MAX
+ * once, ascending, at most BENCH_N_MAX of them; prints the reason and
+ * returns -1 when bad. */
 static int parse_rows(const char *arg, int *ns, int *n_ns)
 {
-    int want[BENCH_N_MAX + 1] = {0};
+    int want[BENCH_ROWS_MAX + 1] = {0};
     want[1] = 1;
     for (const char *p = arg; *p;) {
         char *end;
         long n = strtol(p, &end, 10);
-        if (end == p || n < 1 || n > BENCH_N_MAX || (*end != ',' && *end != '\0')) {
+        if (end == p || n < 1 || n > BENCH_ROWS_MAX || (*end != ',' && *end != '\0')) {
             fprintf(stderr,
                     "tandem-bench-kernels: --rows: expected row counts 1..%d separated by "
                     "commas, got \"%s\"\n",
-                    BENCH_N_MAX, arg);
+                    BENCH_ROWS_MAX, arg);
             return -1;
         }
         want[n] = 1;
         p = *end ? end + 1 : end;
     }
     *n_ns = 0;
-    for (int n = 1; n <= BENCH_N_MAX; n++)
-        if (want[n])
+    for (int n = 1; n <= BENCH_ROWS_MAX; n++)
+        if (want[n]) {
+            if (*n_ns == BENCH_N_MAX) {
+                fprintf(stderr,
+                        "tandem-bench-kernels: --rows: at most %d row counts (1 included), "
+                        "got \"%s\"\n",
+                        BENCH_N_MAX, arg);
+                return -1;
+            }
             ns[(*n_ns)++] = n;
+        }
     return 0;
 }
 
@@ -540,14 +554,14 @@ int main(int argc, char **argv)
             }
         }
         float *in = NULL, *out = NULL;
-        if (be->ops->alloc(be, (size_t)BENCH_N_MAX * d_in * sizeof(float), (void **)&in, err) !=
-                0 ||
-            be->ops->alloc(be, (size_t)BENCH_N_MAX * d_out * sizeof(float), (void **)&out,
-                           err) != 0) {
+        const int n_top = ns[n_ns - 1]; /* ascending */
+        if (be->ops->alloc(be, (size_t)n_top * d_in * sizeof(float), (void **)&in, err) != 0 ||
+            be->ops->alloc(be, (size_t)n_top * d_out * sizeof(float), (void **)&out, err) !=
+                0) {
             fprintf(stderr, "tandem-bench-kernels: %s\n", err);
             return 1;
         }
-        for (int k = 0; k < BENCH_N_MAX * d_in; k++)
+        for (int k = 0; k < n_top * d_in; k++)
             in[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
         const int n_layouts = layouts ? 2 : 1;
         for (int l = 0; l < n_layouts; l++)
