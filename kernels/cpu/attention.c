@@ -267,10 +267,11 @@ CPU_SIMD_INLINE void attn_values(const struct attn_job *job, int nc, const struc
                                  const int32_t *table, int n_common, const float *vb)
 {
     const int hd = job->head_dim;
-    const struct kern_kv_layout *kv = job->kv;
-    const size_t kv_stride = (size_t)job->n_kv_heads * (size_t)hd;
-    const int bs = kv->block_size;
     int d = 0;
+#ifdef __AVX2__ /* the SIMD passes walk V a block at a time; the scalar tail does not */
+    const size_t kv_stride = (size_t)job->n_kv_heads * (size_t)hd;
+    const int bs = job->kv->block_size;
+#endif
 #ifdef __AVX512F__
     /* 64 columns per pass up to 4 chains, 32 beyond: a 1-row head's V row
      * in one pass (each further pass reads all of V again, from L2 at best) */
