@@ -29,8 +29,8 @@
  *     MM_DIRECT_JOB_ROWS rows; scalar: every n; with AVX-512F+BW only the
  *     packed path's rows after its last full octet): the same tasks; the
  *     bf16/f16/f32 weights are read directly over the whole row. Up to 3
- *     rows (AVX2 alone, mm_task_runs): a task's rows cut into runs, one row in
- *     MM_RO_ONE x 1 tiles and 2 or 3 rows in MM_RO x {2,3} tiles whose
+ *     rows (AVX2 alone, mm_task_runs): a task's rows cut into runs, one row
+ *     in MM_RO_ONE x 1 tiles and 2 or 3 rows in MM_RO x {2,3} tiles whose
  *     weight rows come one from each run, without prefetch. From 4 rows
  *     (AVX2) 2 x {3..6} tiles over adjacent rows (mm_block_w2), later tiles
  *     finding the weights in L1/L2, the first tile over each weight row
@@ -121,9 +121,9 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
  * instead of one was within 1-3% of it. One to three rows have since gone
  * to tiles over runs of rows without it (mm_task_runs), faster still; it
  * stays with the 2 x n tiles from 4 rows and the 4-row tiles of leftover
- * blocks. Only the first group of
- * input rows over a block asks: the later ones find the block in L1/L2, and
- * asking again made 4 rows of 8192 slower. */
+ * blocks. Only the first group of input rows over a block asks: the later
+ * ones find the block in L1/L2, and asking again made 4 rows of 8192
+ * slower. */
 CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
                                        int ahead, int k)
 {
@@ -240,11 +240,11 @@ static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
  * below are of tiles over adjacent rows, which at 2048 columns (a row is
  * 4 KiB) started their streams afresh at every tile; the tiles now take
  * their rows from runs (mm_task_runs), faster again. The prefetch of the
- * next tile only got in the way here: in a stand-alone copy
- * of the tiles (2 threads, cold weights, bf16), prefetching the next eight
- * rows line by line (T0, T1 or T2, one or two tiles ahead) was 4-26% slower
- * than none, prefetching only their first lines half-way through the tile
- * between 4% faster and 15% slower, and 12 rows were no better than 8.
+ * next tile only got in the way here: in a stand-alone copy of the tiles
+ * (2 threads, cold weights, bf16), prefetching the next eight rows line by
+ * line (T0, T1 or T2, one or two tiles ahead) was 4-26% slower than none,
+ * prefetching only their first lines half-way through the tile between 4%
+ * faster and 15% slower, and 12 rows were no better than 8.
  * Against the prefetching 4 x 1 tile on a 2-core Zen 3: tools/bench_kernels
  * --rows 1, builds alternating, 3 runs, the share of the read 77-82% ->
  * 82-93% at 2048 -> 2048, 79-85% -> 84-88% at 2048 -> 8192, 90-92% -> 93-97%

@@ -484,9 +484,8 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
  * batched call with the rows of many sequences, up to 256 rows:
  * each row of every n (all tile shapes and remainders of the small-n paths,
  * several input jobs for n > 32, or 64 on AVX2 alone) equals the row
- * computed alone, bit for
- * bit; d_out not a multiple of the blocks, d_in with a tail, shorter than
- * one SIMD step, and spanning several k-blocks. */
+ * computed alone, bit for bit; d_out not a multiple of the blocks, d_in
+ * with a tail, shorter than one SIMD step, and spanning several k-blocks. */
 static void test_kernels_cpu_matmul_verification_row_counts_match_single_rows(void **state)
 {
     static const int shapes[][2] = {{2051, 38}, {67, 13}, {5, 7},   {1000, 25},

@@ -102,7 +102,8 @@
 #include "read_bw.h"
 
 #define BENCH_MIB (1024.0 * 1024.0)
-#define BENCH_N_MAX 17 /* row counts 1..BENCH_N_MAX are measured per shape */
+#define BENCH_N_MAX 17 /* row counts measured per shape: 1..BENCH_N_MAX by default, and at
+                        * most this many with --rows */
 /* --rows may ask for up to BENCH_N_MAX row counts of up to this many rows:
  * prefill-sized calls, which take another path than 1..17 rows */
 #define BENCH_ROWS_MAX 128
