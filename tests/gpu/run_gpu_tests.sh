@@ -9,12 +9,11 @@
 #   --asan     also build with -DTANDEM_SANITIZE=ON and run `ctest -L gpu` there
 #   --debs DIR unpack every DIR/*.deb into /tmp/tandem-debs first and point
 #              pkg-config, the compiler and the loader at it: for a bare GPU
-#              image without the project's libraries. Download them on a
-#              machine with apt: `apt-get download libzmq3-dev libzmq5
-#              libcjson-dev libcjson1 libpcre2-dev libpcre2-8-0 libcmocka-dev
-#              libcmocka0 libmicrohttpd-dev libmicrohttpd12 pkgconf` (plus whatever
-#              libzmq5 and libmicrohttpd12 need there: libgnutls30 ...,
-#              libsodium23 libpgm-5.3-0 libnorm1 ...).
+#              image without the project's libraries. tests/gpu/fetch_debs.sh
+#              downloads them on a machine with apt (into .deps/gpu-debs: carry
+#              that folder). The unpacked .pc files lose their Requires.private
+#              lines, and a library the image already has is loaded from the
+#              image, not from DIR.
 # Environment: TANDEM_CUDA_ARCHITECTURES (default 90), JOBS (default nproc),
 #   TANDEM_CUDA_DEVICE (device the test uses, default "0"),
 #   OUT (when set, logs are copied there).
@@ -94,7 +93,7 @@
 #     contexts near 131072 positions (attention scratch growth).
 set -u
 
-usage() { sed -n '2,23p' "$0"; exit 2; }
+usage() { sed -n '2,21p' "$0"; exit 2; }
 
 SRC_DIR=$(cd "$(dirname "$0")/../.." && pwd)
 ASAN=0
@@ -137,11 +136,12 @@ run_step() { # name log command...
     local name=$1 log=$LOG_DIR/$2
     shift 2
     echo "---- $name: $*"
-    if "$@" >"$log" 2>&1; then
+    "$@" >"$log" 2>&1
+    local rc=$? # the command's status (after an `if` without an else, $? is 0)
+    if [ "$rc" -eq 0 ]; then
         record "$name" PASS "$log"
         return 0
     fi
-    local rc=$?
     tail -n 40 "$log"
     record "$name" FAIL "exit $rc, $log"
     return 1
@@ -156,10 +156,43 @@ if [ -n "$DEBS" ]; then
         dpkg -x "$deb" "$PREFIX" || { echo "cannot unpack $deb" >&2; exit 1; }
     done
     MULTI=$PREFIX/usr/lib/x86_64-linux-gnu
+    # Requires.private names what only a static link needs (libzmq's:
+    # krb5-gssapi, libsodium, openpgm, norm, libbsd), whose .pc files the
+    # image lacks and which pkg-config would refuse libzmq for.
+    for pc in "$MULTI"/pkgconfig/*.pc "$PREFIX"/usr/share/pkgconfig/*.pc; do
+        [ -f "$pc" ] || continue
+        sed -i '/^Requires\.private:/d' "$pc" || { echo "cannot edit $pc" >&2; exit 1; }
+    done
+    # Where the image has a library already, its own build stays the one
+    # every program loads (python3 and torch too): the unpacked file of that
+    # soname (libzmq.so.5, libssl.so.3) goes, so LD_LIBRARY_PATH below adds
+    # only what the image lacks. What a link-time name points at
+    # (libzmq.so -> libzmq.so.5.2.4, libcjson.so -> libcjson.so.1) stays.
+    if command -v ldconfig >/dev/null 2>&1 || [ -x /sbin/ldconfig ]; then
+        LDCONFIG=$(command -v ldconfig 2>/dev/null || echo /sbin/ldconfig)
+        image_sonames=$("$LDCONFIG" -p 2>/dev/null | awk 'NR > 1 { print $1 }' | sort -u)
+        kept=""
+        for lib in "$MULTI"/*.so.* "$PREFIX"/lib/x86_64-linux-gnu/*.so.*; do
+            name=${lib##*/}
+            [[ $name =~ \.so\.[0-9]+$ ]] || continue
+            [ -e "$lib" ] || [ -L "$lib" ] || continue
+            if grep -qxF "$name" <<<"$image_sonames"; then
+                # kept where a link-time name leads through it (libcjson.so -> libcjson.so.1)
+                if [ -n "$(find "${lib%/*}" -maxdepth 1 -lname "$name")" ]; then
+                    kept="$kept $name"
+                else
+                    rm -f "$lib"
+                fi
+            else
+                kept="$kept $name"
+            fi
+        done
+        echo "--debs: libraries loaded from $PREFIX (the image lacks them, or a link-time name needs them):${kept:- none}"
+    fi
     export PATH=$PREFIX/usr/bin:$PATH
     export PKG_CONFIG_PATH=$MULTI/pkgconfig:$PREFIX/usr/share/pkgconfig:$PREFIX/usr/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
     export PKG_CONFIG_SYSROOT_DIR=$PREFIX
-    export LD_LIBRARY_PATH=$MULTI:$PREFIX/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$MULTI:$PREFIX/lib/x86_64-linux-gnu:$PREFIX/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export LIBRARY_PATH=$MULTI${LIBRARY_PATH:+:$LIBRARY_PATH}
     record "unpack --debs" PASS "$DEBS -> $PREFIX"
 fi
@@ -191,7 +224,7 @@ else
     missing="$missing pkg-config"
 fi
 if [ -n "$missing" ]; then
-    echo "missing:$missing (see --debs in the header of $0)" >&2
+    echo "missing:$missing (tests/gpu/fetch_debs.sh on a machine with apt, then --debs: see the header of $0)" >&2
     record "prerequisites" FAIL "missing:$missing"
     finish 1
 fi
