@@ -35,8 +35,11 @@
  *     (AVX2) 2 x {3..6} tiles over adjacent rows (mm_block_w2), later tiles
  *     finding the weights in L1/L2, the first tile over each weight row
  *     prefetching the rows after it (mm_prefetch_ahead), as does the
- *     MM_RO x 1 tile of a 4-row block left after the runs. Bound by weight
- *     bandwidth at n = 1.
+ *     MM_RO x 1 tile of a 4-row block left after the runs. Full prefill
+ *     jobs of rows of at least MM_KB_MIN_DIN columns turn that around
+ *     (mm_task_w2_kb): each group of input rows against every pair of the
+ *     claim's weight rows, in k-blocks that keep the group's inputs in L1.
+ *     Bound by weight bandwidth at n = 1.
  *   - panel (AVX-512F+BW, weights not packed; prefill, n > 17): tasks are
  *     panels of MM_PR output rows, swept in k-blocks sized so that the
  *     packed k-block of all input rows stays in L1; each weight is widened
@@ -279,15 +282,13 @@ static const mm_tile_fn mm_tiles_one[3] = {
 #define MM_W2_MIN 3 /* the smallest group (n = 7: 4 + 3) */
 #define MM_W2_FROM 4 /* the 2-row tiles from this n */
 #define MM_W2_MAX 6
-CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, int pf, const void *w, size_t ldw,
-                                const float *x, size_t ldx, int d_in, float *out, size_t ldo)
+/* The 2 x ri tile's FMAs over len columns (a multiple of 8) of w and x into
+ * acc0 (weight row 0) and acc1 (row 1), which stay in registers where this
+ * is inlined with ri constant. */
+CPU_SIMD_INLINE void mm_w2_steps(enum kern_dtype dt, int ri, int pf, const void *w, size_t ldw,
+                                 const float *x, size_t ldx, int len, __m256 *acc0, __m256 *acc1)
 {
-    const int len8 = d_in & ~7;
-    __m256 acc0[MM_W2_MAX], acc1[MM_W2_MAX];
-#pragma GCC unroll 6
-    for (int b = 0; b < ri; b++)
-        acc0[b] = acc1[b] = _mm256_setzero_ps();
-    for (int k = 0; k < len8; k += 8) {
+    for (int k = 0; k < len; k += 8) {
         /* the next tile's two rows: in the block's second tile, the next block's first two */
         if (pf)
             mm_prefetch_ahead(dt, w, ldw, 2, 2, k);
@@ -301,6 +302,14 @@ CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, int pf, const void *
             acc1[b] = _mm256_fmadd_ps(w1, xv, acc1[b]);
         }
     }
+}
+
+/* out[b*ldo + a] for the 2 x ri tile: its accumulators folded, then the
+ * columns from len8 to d_in in order (the fixed order's scalar tail). */
+CPU_SIMD_INLINE void mm_w2_finish(enum kern_dtype dt, int ri, const void *w, size_t ldw,
+                                  const float *x, size_t ldx, int len8, int d_in,
+                                  const __m256 *acc0, const __m256 *acc1, float *out, size_t ldo)
+{
     for (int b = 0; b < ri; b++) {
         const float *xr = x + (size_t)b * ldx;
         float s0 = cpu_simd_hsum8(acc0[b]), s1 = cpu_simd_hsum8(acc1[b]);
@@ -313,36 +322,79 @@ CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, int pf, const void *
     }
 }
 
+CPU_SIMD_INLINE void mm_tile_w2(enum kern_dtype dt, int ri, int pf, const void *w, size_t ldw,
+                                const float *x, size_t ldx, int d_in, float *out, size_t ldo)
+{
+    const int len8 = d_in & ~7;
+    __m256 acc0[MM_W2_MAX], acc1[MM_W2_MAX];
+#pragma GCC unroll 6
+    for (int b = 0; b < ri; b++)
+        acc0[b] = acc1[b] = _mm256_setzero_ps();
+    mm_w2_steps(dt, ri, pf, w, ldw, x, ldx, len8, acc0, acc1);
+    mm_w2_finish(dt, ri, w, ldw, x, ldx, len8, d_in, acc0, acc1, out, ldo);
+}
+
+/* mm_tile_w2 over one k-block of len columns (a multiple of 8; w and x
+ * already offset to it), its accumulators parked in acc between blocks:
+ * acc[b] of weight row 0, acc[MM_W2_MAX + b] of row 1 (mm_task_w2_kb).
+ * Parking changes no bit. */
+CPU_SIMD_INLINE void mm_tile_w2_kb(enum kern_dtype dt, int ri, int pf, const void *w, size_t ldw,
+                                   const float *x, size_t ldx, int len, __m256 *acc)
+{
+    __m256 acc0[MM_W2_MAX], acc1[MM_W2_MAX];
+#pragma GCC unroll 6
+    for (int b = 0; b < ri; b++) {
+        acc0[b] = acc[b];
+        acc1[b] = acc[MM_W2_MAX + b];
+    }
+    mm_w2_steps(dt, ri, pf, w, ldw, x, ldx, len, acc0, acc1);
+#pragma GCC unroll 6
+    for (int b = 0; b < ri; b++) {
+        acc[b] = acc0[b];
+        acc[MM_W2_MAX + b] = acc1[b];
+    }
+}
+
 #define MM_DEFINE_TILE_W2(dtname, dt, ri, pf, sfx)                                           \
     static void mm_tile_w2_##dtname##_##ri##sfx(const void *w, size_t ldw, const float *x,    \
                                                 size_t ldx, int d_in, float *out, size_t ldo) \
     {                                                                                        \
         mm_tile_w2(dt, ri, pf, w, ldw, x, ldx, d_in, out, ldo);                              \
     }
-#define MM_DEFINE_TILES_W2(dtname, dt)                                                       \
-    MM_DEFINE_TILE_W2(dtname, dt, 3, 0, )                                                    \
-    MM_DEFINE_TILE_W2(dtname, dt, 4, 0, )                                                    \
-    MM_DEFINE_TILE_W2(dtname, dt, 5, 0, )                                                    \
-    MM_DEFINE_TILE_W2(dtname, dt, 6, 0, )                                                    \
-    MM_DEFINE_TILE_W2(dtname, dt, 3, 1, p)                                                   \
-    MM_DEFINE_TILE_W2(dtname, dt, 4, 1, p)                                                   \
-    MM_DEFINE_TILE_W2(dtname, dt, 5, 1, p)                                                   \
-    MM_DEFINE_TILE_W2(dtname, dt, 6, 1, p)
-MM_DEFINE_TILES_W2(bf16, KERN_DTYPE_BF16)
-MM_DEFINE_TILES_W2(f16, KERN_DTYPE_F16)
-MM_DEFINE_TILES_W2(f32, KERN_DTYPE_F32)
+/* Every 2 x n tile kind: define(dtname, dt, ri, prefetching, name suffix). */
+#define MM_W2_KINDS(define, dtname, dt)                                                      \
+    define(dtname, dt, 3, 0, ) define(dtname, dt, 4, 0, ) define(dtname, dt, 5, 0, )        \
+    define(dtname, dt, 6, 0, ) define(dtname, dt, 3, 1, p) define(dtname, dt, 4, 1, p)      \
+    define(dtname, dt, 5, 1, p) define(dtname, dt, 6, 1, p)
+MM_W2_KINDS(MM_DEFINE_TILE_W2, bf16, KERN_DTYPE_BF16)
+MM_W2_KINDS(MM_DEFINE_TILE_W2, f16, KERN_DTYPE_F16)
+MM_W2_KINDS(MM_DEFINE_TILE_W2, f32, KERN_DTYPE_F32)
 
-/* mm_tiles_w2[dtype][prefetching][ri - MM_W2_MIN] */
-#define MM_TILE_W2_ROW(dtname)                                                               \
-    {{mm_tile_w2_##dtname##_3, mm_tile_w2_##dtname##_4, mm_tile_w2_##dtname##_5,             \
-      mm_tile_w2_##dtname##_6},                                                              \
-     {mm_tile_w2_##dtname##_3p, mm_tile_w2_##dtname##_4p, mm_tile_w2_##dtname##_5p,          \
-      mm_tile_w2_##dtname##_6p}}
-static const mm_tile_fn mm_tiles_w2[3][2][MM_W2_MAX - MM_W2_MIN + 1] = {
-    [KERN_DTYPE_BF16] = MM_TILE_W2_ROW(bf16),
-    [KERN_DTYPE_F16] = MM_TILE_W2_ROW(f16),
-    [KERN_DTYPE_F32] = MM_TILE_W2_ROW(f32),
-};
+/* A table of 2 x n tiles named prefix<dtname>_<ri>[p]:
+ * [dtype][prefetching][ri - MM_W2_MIN] */
+#define MM_W2_ROW(prefix, dtname)                                                            \
+    {{prefix##dtname##_3, prefix##dtname##_4, prefix##dtname##_5, prefix##dtname##_6},       \
+     {prefix##dtname##_3p, prefix##dtname##_4p, prefix##dtname##_5p, prefix##dtname##_6p}}
+#define MM_W2_TABLE(prefix)                                                                  \
+    {[KERN_DTYPE_BF16] = MM_W2_ROW(prefix, bf16), [KERN_DTYPE_F16] = MM_W2_ROW(prefix, f16),  \
+     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32)}
+static const mm_tile_fn mm_tiles_w2[3][2][MM_W2_MAX - MM_W2_MIN + 1] = MM_W2_TABLE(mm_tile_w2_);
+
+#if !(defined(__AVX512F__) && defined(__AVX512BW__))
+typedef void (*mm_tile_kb_fn)(const void *w, size_t ldw, const float *x, size_t ldx, int len,
+                              __m256 *acc);
+#define MM_DEFINE_TILE_W2_KB(dtname, dt, ri, pf, sfx)                                        \
+    static void mm_tile_w2kb_##dtname##_##ri##sfx(const void *w, size_t ldw, const float *x,  \
+                                                  size_t ldx, int len, __m256 *acc)           \
+    {                                                                                        \
+        mm_tile_w2_kb(dt, ri, pf, w, ldw, x, ldx, len, acc);                                 \
+    }
+MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, bf16, KERN_DTYPE_BF16)
+MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f16, KERN_DTYPE_F16)
+MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f32, KERN_DTYPE_F32)
+static const mm_tile_kb_fn mm_tiles_w2_kb[3][2][MM_W2_MAX - MM_W2_MIN + 1] =
+    MM_W2_TABLE(mm_tile_w2kb_);
+#endif
 
 /* Applies a block's MM_RO weight rows to all n >= MM_W2_FROM input rows in
  * 2-row tiles: the input rows in as few groups of at most MM_W2_MAX as
@@ -1447,6 +1499,82 @@ static void mm_task_runs(const struct mm_job *job, long begin, long end)
 }
 #endif
 
+#if defined(__AVX2__) && !(defined(__AVX512F__) && defined(__AVX512BW__))
+#define MM_KB_ROWS_MIN MM_DIRECT_JOB_ROWS /* prefill: jobs of this many rows take k-blocks */
+#define MM_KB_MIN_DIN 2048 /* ... with rows this long: a group of 6 is 48 KiB, more than L1 */
+#define MM_KB_COLS 512 /* columns per k-block: 6 input rows' block is 12 KiB */
+#define MM_KB_PAIRS 32 /* weight-row pairs whose accumulators one sweep parks */
+/* A prefill job (n >= MM_KB_ROWS_MIN input rows, AVX2) over the blocks
+ * [begin, end): mm_block_w2's groups of input rows in turn against every
+ * pair of the claim's weight rows, in k-blocks of MM_KB_COLS columns, each
+ * group's k-block first copied to a contiguous buffer. mm_block_w2 instead
+ * takes each pair of weight rows against all groups while the pair is in
+ * L1, so every group's whole rows come through L1 again for every pair:
+ * 48 KiB for 6 rows of 2048 columns, more than L1 holds, the rows also
+ * 8 KiB apart on the same L1 sets. Here a group's k-block stays in L1 for
+ * all the claim's pairs (up to 32, 16 KiB of bf16 rows at 2048 columns
+ * a k-block, from L2 after the first group). The accumulators are parked
+ * between k-blocks (no bit changes). The first group prefetches as
+ * mm_block_w2's does (its pairs come from memory). Measured on a 2-core
+ * Zen 3 (2 threads, bf16, one build switched at run time, paired calls
+ * alternating, medians of 9 ratios), 64 rows against mm_block_w2:
+ * 0.89-0.94x the time at 2048 -> 2048, 0.94-0.97x at 2048 -> 8192,
+ * 0.89-0.95x at 8192 -> 2048, 0.97-1.05x at 2048 -> 512; a 128- and a
+ * 256-token prefill of the Llama-1B shape (medians of 5 paired prefills):
+ * 0.85-0.91x. With fewer rows the pairs' second reads from L2 cost more
+ * than the inputs' reads save: 18 and 32 rows took 1.00-1.18x the time,
+ * so verifications (n <= 17) and a prefill's last, shorter job keep
+ * mm_block_w2. So do rows shorter than MM_KB_MIN_DIN, whose group fits L1
+ * whole: 64 rows of 384 to 1024 columns took 1.02-1.9x the time. Claims
+ * capped at 256 KiB of weight rows (so that they stay
+ * in L2 for every group at 8192 columns) were slower at 8192 -> 2048
+ * (1.08x), and k-blocks of 256 or 1024 columns no better than 512. */
+static void mm_task_w2_kb(const struct mm_job *job, long begin, long end)
+{
+    const enum kern_dtype dt = job->dtype;
+    const int n = job->n;
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const size_t esize = kern_dtype_size(dt), row_bytes = d_in * esize;
+    const int o_begin = (int)(begin * MM_RO);
+    const int o_end = end * MM_RO < job->d_out ? (int)(end * MM_RO) : job->d_out;
+    const int pairs = (o_end - o_begin) / MM_RO * (MM_RO / 2); /* the full blocks' rows */
+    const int groups = (n + MM_W2_MAX - 1) / MM_W2_MAX;
+    const int len8 = job->d_in & ~7;
+    __m256 acc[MM_KB_PAIRS][2 * MM_W2_MAX];
+    float xb[MM_W2_MAX * MM_KB_COLS] __attribute__((aligned(32)));
+    const char *w = (const char *)job->w + (size_t)o_begin * row_bytes;
+    for (int p0 = 0; p0 < pairs; p0 += MM_KB_PAIRS) {
+        const int np = pairs - p0 < MM_KB_PAIRS ? pairs - p0 : MM_KB_PAIRS;
+        const char *wp = w + (size_t)(2 * p0) * row_bytes;
+        for (int g = 0, i = 0; g < groups; g++) {
+            const int ri = n / groups + (g < n % groups ? 1 : 0);
+            const float *x = job->in + (size_t)i * d_in;
+            const mm_tile_kb_fn tile = mm_tiles_w2_kb[dt][g == 0][ri - MM_W2_MIN];
+            for (int p = 0; p < np; p++)
+                for (int v = 0; v < 2 * MM_W2_MAX; v++)
+                    acc[p][v] = _mm256_setzero_ps();
+            for (int k0 = 0; k0 < len8; k0 += MM_KB_COLS) {
+                const int len = len8 - k0 < MM_KB_COLS ? len8 - k0 : MM_KB_COLS;
+                for (int b = 0; b < ri; b++)
+                    memcpy(xb + (size_t)b * (size_t)len, x + (size_t)b * d_in + (size_t)k0,
+                           (size_t)len * sizeof(float));
+                for (int p = 0; p < np; p++)
+                    tile(wp + (size_t)(2 * p) * row_bytes + (size_t)k0 * esize, d_in, xb,
+                         (size_t)len, len, acc[p]);
+            }
+            for (int p = 0; p < np; p++)
+                mm_w2_finish(dt, ri, wp + (size_t)(2 * p) * row_bytes, d_in, x, d_in, len8,
+                             job->d_in, acc[p], acc[p] + MM_W2_MAX,
+                             job->out + (size_t)i * d_out + (size_t)(o_begin + 2 * (p0 + p)),
+                             d_out);
+            i += ri;
+        }
+    }
+    for (int o = o_begin + 2 * pairs; o < o_end; o++)
+        mm_block(job, dt, w + (size_t)(o - o_begin) * row_bytes, 1, o);
+}
+#endif
+
 /* Tasks of the direct path: blocks of MM_RO output rows. */
 static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
 {
@@ -1456,6 +1584,12 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
 #ifdef __AVX2__
     if (job->n <= MM_RI && !job->opairs) {
         mm_task_runs(job, begin, end);
+        return;
+    }
+#endif
+#if defined(__AVX2__) && !(defined(__AVX512F__) && defined(__AVX512BW__))
+    if (job->n >= MM_KB_ROWS_MIN && job->d_in >= MM_KB_MIN_DIN) {
+        mm_task_w2_kb(job, begin, end);
         return;
     }
 #endif
