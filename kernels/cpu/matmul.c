@@ -13,7 +13,8 @@
  * (mm_use_panel, MM_IPAIRS_MIN, cpu_backend_packed), all exact:
  *   - packed (AVX-512F+BW; w in the packed layout of packed.h, any n):
  *     octets of 8 weight rows; up to 3 rows several octets side by side,
- *     from 4 rows one octet against up to 6 rows at once (mm_task_packed).
+ *     from 4 rows one octet against up to 6 rows at once, in k-blocks, 4 to
+ *     6 rows on 3 octets in turn (mm_task_packed).
  *   - output pairs (AVX-512F+BW; n = 1..5: decode
  *     and short speculative verifications): tasks are blocks of MM_RO
  *     output rows; two weight rows share each 512-bit accumulator (one
@@ -977,7 +978,7 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     loop reordered so that each accumulator takes a step's 4 FMAs in a
  *     row; 4 octets as two pairs taking turns on k-blocks of 32-256
  *     columns, accumulators parked, 1.17-1.55x.
- *   - 4 rows up: one octet, all rows of a group in one tile (up to
+ *   - 4 rows up: one octet in a tile, all rows of a group (up to
  *     MM_PK_RI = 6: 24 accumulators and 6 inputs; the 6-row tile spills two
  *     accumulators and is still the fastest at 6 rows). From here the FMAs,
  *     not the memory, are the limit: about 7 G FMAs/s per core, so one row
@@ -989,6 +990,27 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     turns on k-blocks of MM_PK_KB columns (256; 128 and 512 were slower),
  *     the accumulators parked in between, so that the read never waits for
  *     a whole later group.
+ *   - 4 to 6 rows (one group): MM_PK_ROT = 3 adjacent octets take turns on
+ *     those k-blocks (mm_packed_kblocks), the accumulators parked, each
+ *     octet prefetching its own next k-block (MM_PK_ROT_LEAD), and from its
+ *     last the first of the octet in its place in the next rotation. A
+ *     whole octet at a time is one stream per core, and at 4 to 6 rows the
+ *     tile's FMAs take as long as the read: the stream then stalls the
+ *     FMAs and they it, where three streams 32 KiB apart keep the hardware
+ *     prefetchers fetching for the tile. In-process A/B on a 2-core Zen 5
+ *     (both versions in one process, calls alternating in rotated order,
+ *     2 threads, cold packed copies, medians of 3-21 per-round ratios, 6
+ *     runs a minute apart; the unchanged 2 rows as control, 0.97-1.01x):
+ *     where the old one-octet tile took 1.30-1.47x one row, 4, 5 and 6 rows
+ *     took 0.78-0.92x its time at 2048 -> 2048, 2048 -> 8192, 8192 -> 2048
+ *     and the 2048 x 128256 head, 0.90-0.97x at 2048 -> 512 (6 rows there
+ *     once 1.02x); in a minute where it took 1.18-1.25x (slower memory),
+ *     0.97-1.05x. Without the prefetch into the next rotation the rotation
+ *     started cold and 2048 -> 512 took 1.05-1.14x; one octet in k-blocks
+ *     with the same lead (no rotation) took 1.03-1.33x; rotations of 4
+ *     were no better than 3, k-blocks of 128 or 512 columns worse; the
+ *     rotation of 2-group jobs (7 to 12 rows) gained at 7 and 8 rows
+ *     (0.93-0.96x) but lost at 9 and 12 (1.04-1.14x).
  * In-process A/B against the 2-octet groups of 3 (both builds loaded in one
  * process, same packed weights, 2 threads, cold, best of 5): 5 rows 0.78x
  * (2048 -> 8192), 0.81-0.83x (8192 -> 2048), 0.72-0.81x (the 2048 x 128256
@@ -1016,20 +1038,28 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
 #define MM_PK_RI 6        /* most input rows per one-octet tile */
 #define MM_PK_KB 256      /* columns per k-block when the rows take several groups */
 #define MM_PK_JOB_ROWS 32 /* input rows per job (more: several jobs) */
+#define MM_PK_ONE_FROM 4  /* one octet per tile from this many input rows */
+#define MM_PK_RI_MIN 3    /* ... the fewest rows of a group then (7 rows: 4 + 3) */
+#define MM_PK_ROT 3       /* octets taking turns on k-blocks at one group of rows */
+/* each octet's prefetch in a rotation: its next k-block */
+#define MM_PK_ROT_LEAD (MM_PK_KB * CPU_PACKED_STEP_BYTES / CPU_PACKED_STEP)
 
+/* Octets read side by side at n < MM_PK_ONE_FROM input rows. */
 static int mm_pk_streams(int n)
 {
-    return n <= 2 ? MM_PK_STREAMS : n == 3 ? 2 : 1;
+    return n <= 2 ? MM_PK_STREAMS : 2;
 }
 
 /* Columns [k_begin, k_end) of q_streams octets (their first bytes in
  * octets[]) against ri input rows. prefetch: whether this tile prefetches
- * its octets (the later groups of a k-block find it in L1). park: NULL for
+ * its octets, lead bytes ahead of its reads (the later groups of a k-block
+ * find it in L1). park: NULL for
  * whole rows; else the accumulators live there between k-blocks (loaded
  * unless first, stored unless last), which changes no bit. */
 CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, int prefetch, const char *const *octets,
-                               size_t k_begin, size_t k_end, const float *x, size_t ldx,
-                               __m512 *park, int first, int last, float *const *outs, size_t ldo)
+                               size_t k_begin, size_t k_end, size_t lead, const float *x,
+                               size_t ldx, __m512 *park, int first, int last, float *const *outs,
+                               size_t ldo)
 {
     __m512 acc[MM_PK_STREAMS][4][MM_PK_RI];
 #pragma GCC unroll 4
@@ -1051,9 +1081,8 @@ CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, int prefetch, const char *
 #pragma GCC unroll 8
                 for (int l = 0; l < CPU_PACKED_STEP_BYTES / 64; l++)
                     /* an address, not a pointer: it may lie past the matrix */
-                    _mm_prefetch(
-                        (const char *)((uintptr_t)o[q] + MM_PK_LEAD + 64 * (uintptr_t)l),
-                        _MM_HINT_T0);
+                    _mm_prefetch((const char *)((uintptr_t)o[q] + lead + 64 * (uintptr_t)l),
+                                 _MM_HINT_T0);
         }
 #pragma GCC unroll 2
         for (int line = 0; line < 2; line++)
@@ -1105,80 +1134,58 @@ CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, int prefetch, const char *
 }
 
 typedef void (*mm_pktile_fn)(const char *const *octets, size_t k_begin, size_t k_end,
-                             const float *x, size_t ldx, __m512 *park, int first, int last,
-                             float *const *outs, size_t ldo);
-#define MM_DEFINE_PKTILE(q, ri, prefetch)                                                    \
-    static void mm_pktile_##q##x##ri##_##prefetch(                                           \
-        const char *const *octets, size_t k_begin, size_t k_end, const float *x, size_t ldx, \
-        __m512 *park, int first, int last, float *const *outs, size_t ldo)                   \
+                             size_t lead, const float *x, size_t ldx, __m512 *park, int first,
+                             int last, float *const *outs, size_t ldo);
+#define MM_DEFINE_PKTILE(q, ri, prefetch, sfx)                                              \
+    static void mm_pktile_##q##x##ri##sfx(const char *const *octets, size_t k_begin,          \
+                                          size_t k_end, size_t lead, const float *x,          \
+                                          size_t ldx, __m512 *park, int first, int last,      \
+                                          float *const *outs, size_t ldo)                     \
     {                                                                                        \
-        mm_pktile(q, ri, prefetch, octets, k_begin, k_end, x, ldx, park, first, last, outs, \
-                  ldo);                                                                      \
+        mm_pktile(q, ri, prefetch, octets, k_begin, k_end, lead, x, ldx, park, first, last,  \
+                  outs, ldo);                                                                \
     }
-MM_DEFINE_PKTILE(4, 1, 0)
-MM_DEFINE_PKTILE(4, 2, 0)
-MM_DEFINE_PKTILE(2, 3, 1)
-MM_DEFINE_PKTILE(1, 1, 1)
-MM_DEFINE_PKTILE(1, 2, 1)
-MM_DEFINE_PKTILE(1, 3, 1)
-MM_DEFINE_PKTILE(1, 4, 1)
-MM_DEFINE_PKTILE(1, 5, 1)
-MM_DEFINE_PKTILE(1, 6, 1)
-MM_DEFINE_PKTILE(1, 1, 0)
-MM_DEFINE_PKTILE(1, 2, 0)
-MM_DEFINE_PKTILE(1, 3, 0)
-MM_DEFINE_PKTILE(1, 4, 0)
-MM_DEFINE_PKTILE(1, 5, 0)
-MM_DEFINE_PKTILE(1, 6, 0)
-/* one octet, [prefetch][ri - 1] */
-static const mm_pktile_fn mm_pktiles1[2][MM_PK_RI] = {
-    {mm_pktile_1x1_0, mm_pktile_1x2_0, mm_pktile_1x3_0, mm_pktile_1x4_0, mm_pktile_1x5_0,
-     mm_pktile_1x6_0},
-    {mm_pktile_1x1_1, mm_pktile_1x2_1, mm_pktile_1x3_1, mm_pktile_1x4_1, mm_pktile_1x5_1,
-     mm_pktile_1x6_1},
+MM_DEFINE_PKTILE(4, 1, 0, )
+MM_DEFINE_PKTILE(4, 2, 0, )
+MM_DEFINE_PKTILE(2, 3, 1, _p)
+MM_DEFINE_PKTILE(1, 1, 1, _p)
+MM_DEFINE_PKTILE(1, 2, 1, _p)
+#define MM_DEFINE_PKTILES_KB(ri) MM_DEFINE_PKTILE(1, ri, 1, _p) MM_DEFINE_PKTILE(1, ri, 0, )
+MM_DEFINE_PKTILES_KB(3)
+MM_DEFINE_PKTILES_KB(4)
+MM_DEFINE_PKTILES_KB(5)
+MM_DEFINE_PKTILES_KB(6)
+/* one octet, whole rows, prefetching: the rows after the multi-octet runs
+ * of 1 to 3 input rows; [ri - 1] */
+static const mm_pktile_fn mm_pktiles_tail[3] = {mm_pktile_1x1_p, mm_pktile_1x2_p,
+                                                mm_pktile_1x3_p};
+/* one octet over a k-block, [prefetching][ri - MM_PK_RI_MIN] */
+static const mm_pktile_fn mm_pktiles_kb[2][MM_PK_RI - MM_PK_RI_MIN + 1] = {
+    {mm_pktile_1x3, mm_pktile_1x4, mm_pktile_1x5, mm_pktile_1x6},
+    {mm_pktile_1x3_p, mm_pktile_1x4_p, mm_pktile_1x5_p, mm_pktile_1x6_p},
 };
 
 /* q_streams octets (their first bytes in octets[]; blks: their indices)
- * against all of the job's input rows (see mm_pk_streams: several octets
- * hold 1 to 3 rows in one tile). One octet: groups of up to MM_PK_RI rows;
- * with several groups, the groups take turns on k-blocks. */
+ * against the job's 1 to 3 input rows, whole rows (see mm_pk_streams). */
 static void mm_packed_step(const struct mm_job *job, int q_streams, const char *const *octets,
                            const long *blks)
 {
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
     const int n = job->n;
     float *outs[MM_PK_STREAMS];
-    if (q_streams > 1) {
-        for (int q = 0; q < q_streams; q++)
-            outs[q] = job->out + (size_t)blks[q] * CPU_PACKED_ROWS;
-        /* mm_pk_streams: 4 octets at one and two rows, 2 at three */
-        const mm_pktile_fn tile = q_streams == 2 ? mm_pktile_2x3_1
-                                  : n == 1       ? mm_pktile_4x1_0
-                                                 : mm_pktile_4x2_0;
-        tile(octets, 0, d_in, job->in, d_in, NULL, 1, 1, outs, d_out);
-        return;
-    }
-    const int n_groups = (n + MM_PK_RI - 1) / MM_PK_RI;
-    if (n_groups == 1) {
-        outs[0] = job->out + (size_t)blks[0] * CPU_PACKED_ROWS;
-        mm_pktiles1[1][n - 1](octets, 0, d_in, job->in, d_in, NULL, 1, 1, outs, d_out);
-        return;
-    }
-    __m512 park[(MM_PK_JOB_ROWS + MM_PK_RI - 1) / MM_PK_RI][4 * MM_PK_RI];
-    for (size_t k0 = 0; k0 < d_in; k0 += MM_PK_KB) {
-        const size_t k1 = d_in - k0 < MM_PK_KB ? d_in : k0 + MM_PK_KB;
-        for (int g = 0, i = 0; g < n_groups; g++) {
-            const int ri = n / n_groups + (g < n % n_groups);
-            outs[0] = job->out + (size_t)i * d_out + (size_t)blks[0] * CPU_PACKED_ROWS;
-            mm_pktiles1[g == 0][ri - 1](octets, k0, k1, job->in + (size_t)i * d_in, d_in,
-                                        park[g], k0 == 0, k1 == d_in, outs, d_out);
-            i += ri;
-        }
-    }
+    for (int q = 0; q < q_streams; q++)
+        outs[q] = job->out + (size_t)blks[q] * CPU_PACKED_ROWS;
+    /* mm_pk_streams: 4 octets at one and two rows, 2 at three */
+    const mm_pktile_fn tile = q_streams == 1 ? mm_pktiles_tail[n - 1]
+                              : q_streams == 2 ? mm_pktile_2x3_p
+                              : n == 1         ? mm_pktile_4x1
+                                               : mm_pktile_4x2;
+    tile(octets, 0, d_in, MM_PK_LEAD, job->in, d_in, NULL, 1, 1, outs, d_out);
 }
 
-/* Octets [o_begin, o_end), all packed: q_streams runs of the range walked
- * in lockstep, then what is left one by one. */
+/* Octets [o_begin, o_end), all packed, against 1 to 3 input rows:
+ * q_streams runs of the range walked in lockstep, then what is left one by
+ * one. */
 static void mm_packed_octets(const struct mm_job *job, long o_begin, long o_end, int q_streams)
 {
     const size_t octet_bytes = CPU_PACKED_ROWS * 2 * (size_t)job->d_in;
@@ -1203,6 +1210,45 @@ static void mm_packed_octets(const struct mm_job *job, long o_begin, long o_end,
     }
 }
 
+/* Octets [o_begin, o_end), all packed, against n >= MM_PK_ONE_FROM input
+ * rows, in k-blocks of MM_PK_KB columns: on each octet's k-block the groups
+ * of input rows take turns, the first prefetching; one group: MM_PK_ROT
+ * adjacent octets take turns on each k-block (see the packed path). The
+ * accumulators are parked between k-blocks (no bit changes). */
+static void mm_packed_kblocks(const struct mm_job *job, long o_begin, long o_end)
+{
+    const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
+    const size_t octet_bytes = CPU_PACKED_ROWS * 2 * d_in;
+    const size_t col_bytes = CPU_PACKED_STEP_BYTES / CPU_PACKED_STEP; /* an octet's column */
+    const int n = job->n, n_groups = (n + MM_PK_RI - 1) / MM_PK_RI;
+    const int rot = n_groups == 1 ? MM_PK_ROT : 1;
+    __m512 park[MM_PK_ROT][(MM_PK_JOB_ROWS + MM_PK_RI - 1) / MM_PK_RI][4 * MM_PK_RI];
+    for (long o0 = o_begin; o0 < o_end; o0 += rot) {
+        const int n_octets = o_end - o0 < rot ? (int)(o_end - o0) : rot;
+        for (size_t k0 = 0; k0 < d_in; k0 += MM_PK_KB) {
+            const size_t k1 = d_in - k0 < MM_PK_KB ? d_in : k0 + MM_PK_KB;
+            /* each octet's next k-block; from the last, the first of the
+             * octet in its place in the next rotation */
+            const size_t lead = rot == 1    ? MM_PK_LEAD
+                                : k1 < d_in ? MM_PK_ROT_LEAD
+                                            : (size_t)rot * octet_bytes - k0 * col_bytes;
+            for (int q = 0; q < n_octets; q++) {
+                const char *octet = (const char *)job->w + (size_t)(o0 + q) * octet_bytes;
+                for (int g = 0, i = 0; g < n_groups; g++) {
+                    const int ri = n / n_groups + (g < n % n_groups);
+                    float *out =
+                        job->out + (size_t)i * d_out + (size_t)(o0 + q) * CPU_PACKED_ROWS;
+                    mm_pktiles_kb[g == 0][ri - MM_PK_RI_MIN](&octet, k0, k1, lead,
+                                                             job->in + (size_t)i * d_in, d_in,
+                                                             park[q][g], k0 == 0, k1 == d_in,
+                                                             &out, d_out);
+                    i += ri;
+                }
+            }
+        }
+    }
+}
+
 /* Tasks of the packed path: octets of output rows. */
 static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
 {
@@ -1212,7 +1258,9 @@ static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
     (void)thread_idx;
     const long packed_end = job->packed_rows / CPU_PACKED_ROWS;
     const long o_end = end < packed_end ? end : packed_end;
-    if (begin < o_end)
+    if (begin < o_end && n >= MM_PK_ONE_FROM)
+        mm_packed_kblocks(job, begin, o_end);
+    else if (begin < o_end)
         mm_packed_octets(job, begin, o_end, mm_pk_streams(n));
     /* the rows after the last full octet, row-major */
     for (long blk = begin > packed_end ? begin : packed_end; blk < end; blk++) {
