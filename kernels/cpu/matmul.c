@@ -13,7 +13,7 @@
  * (mm_use_panel, MM_IPAIRS_MIN, cpu_backend_packed), all exact:
  *   - packed (AVX-512F+BW; w in the packed layout of packed.h, any n):
  *     octets of 8 weight rows; up to 3 rows several octets side by side,
- *     from 4 rows one octet against up to 6 rows at once, in k-blocks, 4 to
+ *     from 3 rows one octet against up to 6 rows at once, in k-blocks, 3 to
  *     6 rows on 3 octets in turn (mm_task_packed).
  *   - output pairs (AVX-512F+BW; n = 1..5: decode
  *     and short speculative verifications): tasks are blocks of MM_RO
@@ -959,7 +959,7 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  * row-major output pairs) one row ran at 160 GB/s against 95: the row-major
  * tile is bound by its word permutes (one per two cycles) and by the FMA
  * latency.
- * How many octets are read side by side depends on n (mm_pk_streams):
+ * How many octets are read side by side depends on n:
  *   - 1 row: 4 octets from separate runs of the task's range. One octet at
  *     a time was 26-35% slower than the row-major path at any prefetch lead
  *     from 0 to 16 KiB: on this VM one core's single stream does not keep
@@ -971,14 +971,16 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     slices, the same n of both tiles timed side by side; the unchanged
  *     n = 1 and 3 in the same runs 0.98-1.00x). 4 octets with prefetch
  *     gained less.
- *   - 3 rows: 2 octets with prefetch. Against it at 3 rows (ratios of
- *     medians of 15 paired slices, 3 shapes): 3 octets with prefetch
- *     1.00-1.06x, without 1.08-1.14x; 2 octets without prefetch
- *     1.02-1.13x; 4 octets with spills 1.23-1.38x, and 1.05-1.12x with the
- *     loop reordered so that each accumulator takes a step's 4 FMAs in a
- *     row; 4 octets as two pairs taking turns on k-blocks of 32-256
- *     columns, accumulators parked, 1.17-1.55x.
- *   - 4 rows up: one octet in a tile, all rows of a group (up to
+ *   - 3 rows: until the rotations below, 2 octets with prefetch, whole
+ *     rows. Against that (ratios of medians of 15 paired slices, 3
+ *     shapes): 3 octets with prefetch 1.00-1.06x, without 1.08-1.14x; 2
+ *     octets without prefetch 1.02-1.13x; 4 octets with spills 1.23-1.38x,
+ *     and 1.05-1.12x with the loop reordered so that each accumulator takes
+ *     a step's 4 FMAs in a row; 4 octets as two pairs taking turns on
+ *     k-blocks of 32-256 columns, accumulators parked, 1.17-1.55x (each
+ *     pair's next k-block not prefetched); the rotations of one octet below
+ *     0.84-1.02x (median 0.89x), with 2-octet tiles in them 0.92-1.01x.
+ *   - 3 rows up: one octet in a tile, all rows of a group (up to
  *     MM_PK_RI = 6: 24 accumulators and 6 inputs; the 6-row tile spills two
  *     accumulators and is still the fastest at 6 rows). From here the FMAs,
  *     not the memory, are the limit: about 7 G FMAs/s per core, so one row
@@ -990,12 +992,12 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     turns on k-blocks of MM_PK_KB columns (256; 128 and 512 were slower),
  *     the accumulators parked in between, so that the read never waits for
  *     a whole later group.
- *   - 4 to 6 rows (one group): MM_PK_ROT = 3 adjacent octets take turns on
+ *   - 3 to 6 rows (one group): MM_PK_ROT = 3 adjacent octets take turns on
  *     those k-blocks (mm_packed_kblocks), the accumulators parked, each
  *     octet prefetching its own next k-block (MM_PK_ROT_LEAD), and from its
  *     last the first of the octet in its place in the next rotation. A
- *     whole octet at a time is one stream per core, and at 4 to 6 rows the
- *     tile's FMAs take as long as the read: the stream then stalls the
+ *     whole octet at a time is one stream per core, and from 3 or 4 rows the
+ *     tile's FMAs take about as long as the read: the stream then stalls the
  *     FMAs and they it, where three streams 32 KiB apart keep the hardware
  *     prefetchers fetching for the tile. In-process A/B on a 2-core Zen 5
  *     (both versions in one process, calls alternating in rotated order,
@@ -1010,7 +1012,9 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     with the same lead (no rotation) took 1.03-1.33x; rotations of 4
  *     were no better than 3, k-blocks of 128 or 512 columns worse; the
  *     rotation of 2-group jobs (7 to 12 rows) gained at 7 and 8 rows
- *     (0.93-0.96x) but lost at 9 and 12 (1.04-1.14x).
+ *     (0.93-0.96x) but lost at 9 and 12 (1.04-1.14x). 3 rows, same A/B
+ *     against the 2-octet tile, 4 runs a minute apart: 0.84-0.95x at the
+ *     four larger shapes, 0.96-1.02x at 2048 -> 512.
  * In-process A/B against the 2-octet groups of 3 (both builds loaded in one
  * process, same packed weights, 2 threads, cold, best of 5): 5 rows 0.78x
  * (2048 -> 8192), 0.81-0.83x (8192 -> 2048), 0.72-0.81x (the 2048 x 128256
@@ -1034,21 +1038,15 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  * octets. From 3 rows (2 streams, or 1) dropping them cost 1.1-1.9x; 4 and
  * 5 rows on 2 octets with prefetch were no faster than on one. */
 #define MM_PK_LEAD 8192
-#define MM_PK_STREAMS 4   /* most octets read side by side (at one input row) */
+#define MM_PK_STREAMS 4   /* octets read side by side at 1 and 2 input rows */
 #define MM_PK_RI 6        /* most input rows per one-octet tile */
 #define MM_PK_KB 256      /* columns per k-block when the rows take several groups */
 #define MM_PK_JOB_ROWS 32 /* input rows per job (more: several jobs) */
-#define MM_PK_ONE_FROM 4  /* one octet per tile from this many input rows */
+#define MM_PK_ONE_FROM 3  /* one octet per tile from this many input rows */
 #define MM_PK_RI_MIN 3    /* ... the fewest rows of a group then (7 rows: 4 + 3) */
 #define MM_PK_ROT 3       /* octets taking turns on k-blocks at one group of rows */
 /* each octet's prefetch in a rotation: its next k-block */
 #define MM_PK_ROT_LEAD (MM_PK_KB * CPU_PACKED_STEP_BYTES / CPU_PACKED_STEP)
-
-/* Octets read side by side at n < MM_PK_ONE_FROM input rows. */
-static int mm_pk_streams(int n)
-{
-    return n <= 2 ? MM_PK_STREAMS : 2;
-}
 
 /* Columns [k_begin, k_end) of q_streams octets (their first bytes in
  * octets[]) against ri input rows. prefetch: whether this tile prefetches
@@ -1147,7 +1145,6 @@ typedef void (*mm_pktile_fn)(const char *const *octets, size_t k_begin, size_t k
     }
 MM_DEFINE_PKTILE(4, 1, 0, )
 MM_DEFINE_PKTILE(4, 2, 0, )
-MM_DEFINE_PKTILE(2, 3, 1, _p)
 MM_DEFINE_PKTILE(1, 1, 1, _p)
 MM_DEFINE_PKTILE(1, 2, 1, _p)
 #define MM_DEFINE_PKTILES_KB(ri) MM_DEFINE_PKTILE(1, ri, 1, _p) MM_DEFINE_PKTILE(1, ri, 0, )
@@ -1155,18 +1152,17 @@ MM_DEFINE_PKTILES_KB(3)
 MM_DEFINE_PKTILES_KB(4)
 MM_DEFINE_PKTILES_KB(5)
 MM_DEFINE_PKTILES_KB(6)
-/* one octet, whole rows, prefetching: the rows after the multi-octet runs
- * of 1 to 3 input rows; [ri - 1] */
-static const mm_pktile_fn mm_pktiles_tail[3] = {mm_pktile_1x1_p, mm_pktile_1x2_p,
-                                                mm_pktile_1x3_p};
+/* one octet, whole rows, prefetching: the rows after the 4-octet runs of 1
+ * or 2 input rows; [ri - 1] */
+static const mm_pktile_fn mm_pktiles_tail[2] = {mm_pktile_1x1_p, mm_pktile_1x2_p};
 /* one octet over a k-block, [prefetching][ri - MM_PK_RI_MIN] */
 static const mm_pktile_fn mm_pktiles_kb[2][MM_PK_RI - MM_PK_RI_MIN + 1] = {
     {mm_pktile_1x3, mm_pktile_1x4, mm_pktile_1x5, mm_pktile_1x6},
     {mm_pktile_1x3_p, mm_pktile_1x4_p, mm_pktile_1x5_p, mm_pktile_1x6_p},
 };
 
-/* q_streams octets (their first bytes in octets[]; blks: their indices)
- * against the job's 1 to 3 input rows, whole rows (see mm_pk_streams). */
+/* q_streams octets (MM_PK_STREAMS or 1; their first bytes in octets[],
+ * blks their indices) against the job's 1 or 2 input rows, whole rows. */
 static void mm_packed_step(const struct mm_job *job, int q_streams, const char *const *octets,
                            const long *blks)
 {
@@ -1175,36 +1171,30 @@ static void mm_packed_step(const struct mm_job *job, int q_streams, const char *
     float *outs[MM_PK_STREAMS];
     for (int q = 0; q < q_streams; q++)
         outs[q] = job->out + (size_t)blks[q] * CPU_PACKED_ROWS;
-    /* mm_pk_streams: 4 octets at one and two rows, 2 at three */
     const mm_pktile_fn tile = q_streams == 1 ? mm_pktiles_tail[n - 1]
-                              : q_streams == 2 ? mm_pktile_2x3_p
-                              : n == 1         ? mm_pktile_4x1
-                                               : mm_pktile_4x2;
+                              : n == 1       ? mm_pktile_4x1
+                                             : mm_pktile_4x2;
     tile(octets, 0, d_in, MM_PK_LEAD, job->in, d_in, NULL, 1, 1, outs, d_out);
 }
 
-/* Octets [o_begin, o_end), all packed, against 1 to 3 input rows:
- * q_streams runs of the range walked in lockstep, then what is left one by
- * one. */
-static void mm_packed_octets(const struct mm_job *job, long o_begin, long o_end, int q_streams)
+/* Octets [o_begin, o_end), all packed, against 1 or 2 input rows:
+ * MM_PK_STREAMS runs of the range walked in lockstep, then what is left one
+ * by one. */
+static void mm_packed_octets(const struct mm_job *job, long o_begin, long o_end)
 {
     const size_t octet_bytes = CPU_PACKED_ROWS * 2 * (size_t)job->d_in;
-    const long run = (o_end - o_begin) / q_streams;
+    const long run = (o_end - o_begin) / MM_PK_STREAMS;
     const char *w = job->w;
-    long done = o_begin;
-    if (q_streams > 1 && run > 0) {
-        for (long i = 0; i < run; i++) {
-            const char *octets[MM_PK_STREAMS];
-            long blks[MM_PK_STREAMS];
-            for (int q = 0; q < q_streams; q++) {
-                blks[q] = o_begin + (long)q * run + i;
-                octets[q] = w + (size_t)blks[q] * octet_bytes;
-            }
-            mm_packed_step(job, q_streams, octets, blks);
+    for (long i = 0; i < run; i++) {
+        const char *octets[MM_PK_STREAMS];
+        long blks[MM_PK_STREAMS];
+        for (int q = 0; q < MM_PK_STREAMS; q++) {
+            blks[q] = o_begin + (long)q * run + i;
+            octets[q] = w + (size_t)blks[q] * octet_bytes;
         }
-        done = o_begin + (long)q_streams * run;
+        mm_packed_step(job, MM_PK_STREAMS, octets, blks);
     }
-    for (long blk = done; blk < o_end; blk++) {
+    for (long blk = o_begin + MM_PK_STREAMS * run; blk < o_end; blk++) {
         const char *octet = w + (size_t)blk * octet_bytes;
         mm_packed_step(job, 1, &octet, &blk);
     }
@@ -1261,7 +1251,7 @@ static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
     if (begin < o_end && n >= MM_PK_ONE_FROM)
         mm_packed_kblocks(job, begin, o_end);
     else if (begin < o_end)
-        mm_packed_octets(job, begin, o_end, mm_pk_streams(n));
+        mm_packed_octets(job, begin, o_end);
     /* the rows after the last full octet, row-major */
     for (long blk = begin > packed_end ? begin : packed_end; blk < end; blk++) {
         const int o0 = (int)(blk * CPU_PACKED_ROWS);
