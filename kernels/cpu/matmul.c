@@ -1040,10 +1040,10 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
 #define MM_PK_LEAD 8192
 #define MM_PK_STREAMS 4   /* octets read side by side at 1 and 2 input rows */
 #define MM_PK_RI 6        /* most input rows per one-octet tile */
-#define MM_PK_KB 256      /* columns per k-block when the rows take several groups */
+#define MM_PK_KB 256      /* columns per k-block from MM_PK_ONE_FROM rows */
 #define MM_PK_JOB_ROWS 32 /* input rows per job (more: several jobs) */
 #define MM_PK_ONE_FROM 3  /* one octet per tile from this many input rows */
-#define MM_PK_RI_MIN 3    /* ... the fewest rows of a group then (7 rows: 4 + 3) */
+#define MM_PK_RI_MIN 3    /* ... the fewest rows a group then has (3; 7 rows: 4 + 3) */
 #define MM_PK_ROT 3       /* octets taking turns on k-blocks at one group of rows */
 /* each octet's prefetch in a rotation: its next k-block */
 #define MM_PK_ROT_LEAD (MM_PK_KB * CPU_PACKED_STEP_BYTES / CPU_PACKED_STEP)
@@ -1051,9 +1051,9 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
 /* Columns [k_begin, k_end) of q_streams octets (their first bytes in
  * octets[]) against ri input rows. prefetch: whether this tile prefetches
  * its octets, lead bytes ahead of its reads (the later groups of a k-block
- * find it in L1). park: NULL for
- * whole rows; else the accumulators live there between k-blocks (loaded
- * unless first, stored unless last), which changes no bit. */
+ * find it in L1). park: NULL for whole rows; else the accumulators live
+ * there between k-blocks (loaded unless first, stored unless last), which
+ * changes no bit. */
 CPU_SIMD_INLINE void mm_pktile(int q_streams, int ri, int prefetch, const char *const *octets,
                                size_t k_begin, size_t k_end, size_t lead, const float *x,
                                size_t ldx, __m512 *park, int first, int last, float *const *outs,
