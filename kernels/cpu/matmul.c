@@ -80,6 +80,7 @@ struct mm_job {
     size_t pf_next;   /* ... and how much further once past a row's end (mm_otile) */
     int pkb;          /* panel path: k-block length */
     int packed_rows;  /* w's first rows in the packed layout (packed.h), or 0 */
+    int pk_task_octets; /* packed path: octets per pool task (mm_task_packed) */
 };
 
 CPU_SIMD_INLINE float mm_load1(enum kern_dtype dt, const void *w, size_t idx)
@@ -964,7 +965,15 @@ static void mm_blocks_opairs_kb(const struct mm_job *job, long begin, long end)
  *     a time was 26-35% slower than the row-major path at any prefetch lead
  *     from 0 to 16 KiB: on this VM one core's single stream does not keep
  *     enough lines in flight when there is little arithmetic per line (6
- *     octets were 5-15% slower than 4).
+ *     octets were 5-15% slower than 4). A task is 4 octets
+ *     (pk_task_octets), so a claim cuts into 4 equal runs: with tasks of
+ *     one octet every claim whose length was no multiple of 4 left 1-3
+ *     octets to the one-octet tile, and a small matrix's guided claims of
+ *     2-3 octets were nothing else. In-process A/B (calls alternating, 2
+ *     threads, cold copies, medians of 11 paired ratios; 5 rows, whose
+ *     tasks stay single octets, as control at 0.99-1.03x): 1 and 2 rows of
+ *     2048 -> 512 took 0.91-0.92x the time, 2 rows of 2048 -> 2048 0.95x,
+ *     the larger shapes 0.93-0.99x.
  *   - 2 rows: 4 octets too, without software prefetch, 32 accumulators
  *     of which GCC keeps some on the stack (L1): 0.83-0.97x the time of 2
  *     octets with prefetch at the five 1B shapes (medians of 15 paired
@@ -1239,13 +1248,16 @@ static void mm_packed_kblocks(const struct mm_job *job, long o_begin, long o_end
     }
 }
 
-/* Tasks of the packed path: octets of output rows. */
+/* Tasks of the packed path: job->pk_task_octets octets of output rows each. */
 static void mm_task_packed(void *ctx, long begin, long end, int thread_idx)
 {
     const struct mm_job *job = ctx;
     const size_t row_bytes = 2 * (size_t)job->d_in;
     const int n = job->n;
     (void)thread_idx;
+    const long n_octets = (job->d_out + CPU_PACKED_ROWS - 1) / CPU_PACKED_ROWS;
+    begin *= job->pk_task_octets;
+    end = end * job->pk_task_octets < n_octets ? end * job->pk_task_octets : n_octets;
     const long packed_end = job->packed_rows / CPU_PACKED_ROWS;
     const long o_end = end < packed_end ? end : packed_end;
     if (begin < o_end && n >= MM_PK_ONE_FROM)
@@ -1752,8 +1764,14 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (job.packed_rows) {
         /* Jobs of at most MM_PK_JOB_ROWS input rows keep a job's inputs in
-         * L2 while every octet is applied to them. */
-        mm_run_jobs(cb, &job, MM_PK_JOB_ROWS, CPU_PACKED_ROWS, mm_task_packed);
+         * L2 while every octet is applied to them. At 1 and 2 rows a claim
+         * is cut into MM_PK_STREAMS runs read side by side, so tasks of
+         * that many octets (see the packed path); a call of more rows than
+         * one job keeps single octets for all its jobs, the last of which
+         * may have 1 or 2 rows. */
+        job.pk_task_octets = n < MM_PK_ONE_FROM ? MM_PK_STREAMS : 1;
+        mm_run_jobs(cb, &job, MM_PK_JOB_ROWS, CPU_PACKED_ROWS * job.pk_task_octets,
+                    mm_task_packed);
         return 0;
     }
 #endif
