@@ -7,20 +7,22 @@
  * pre-draft takes the round's place in the queue when the round is done.
  *
  * Invariants: the shared buffer is created before the first register and
- * lives until destroy (its name goes into every register); a half is marked
- * as being rewritten (shm_buffer_half_begin_write) before anything writes
- * its tokens or q rows, and published (shm_buffer_half_publish) before the
- * draft_ready naming it is sent; every command gets exactly one reply (draft: two when predraft_k > 0)
+ * lives until destroy (its name goes into every register); a half is made
+ * ready for writing (xfer_begin_write: the reader's last read of it is
+ * done, and the seqlock marks it) before anything writes its tokens or q
+ * rows, and published (xfer_publish) before the draft_ready naming it is
+ * sent; every command gets exactly one reply (draft: two when predraft_k > 0)
  * except release, heartbeat, welcome and shutdown.
  *
  * Device sampling (draft_worker.sampler "device", the default on cuda): the
  * drafting picks run on the GPU and only token ids come back. With the
  * cuda_ipc transport in device mode and a target that reads the slab on its
  * GPU, the sampling kernels write the q rows straight into the slab half
- * (q_slab): begin_write, the kernels, then the publish records the half's
- * event after them and before draft_ready leaves; q never touches host
- * memory. Otherwise (posix, staging, a CPU target) q rows land in the host
- * face as with the host sampler.
+ * (xfer_q_dest gives a device address): begin_write, the kernels, then the
+ * publish records the half's ready event after them and before draft_ready
+ * leaves; q never touches host memory. Otherwise (posix, staging, a CPU
+ * target) q rows land in the host face as with the host sampler. The
+ * transports are common/xfer's: this file holds no CUDA code.
  */
 #include "draft_worker.h"
 
@@ -29,20 +31,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "error.h"
 #include "llama.h"
 #include "logging.h"
 #include "protocol.h"
 #include "sampling.h"
-#include "shm_buffer.h"
 #include "specdec.h"
 #include "worker_link.h"
 #include "worker_msg.h"
-#ifdef TANDEM_HAVE_CUDA
-#include "kernels_cuda.h"
-#endif
+#include "xfer.h"
 
 /* What a queued job is, for its reply. */
 enum draft_kind { QD_PREFILL, QD_DRAFT, QD_PREDRAFT };
@@ -62,13 +60,7 @@ struct draft_worker {
     struct proc_config cfg;
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_draft *spec;
-    struct shm_buffer *shm;
-#ifdef TANDEM_HAVE_CUDA
-    struct kern_cuda_ipc *ipc; /* transport cuda_ipc: the slab and events; else NULL */
-#endif
-    char *q_slab;              /* the slab's base in this GPU's memory when q rows are
-                                  written there by the sampling kernels (descriptor
-                                  q_rows "slab"); NULL: q rows go to the host face */
+    struct xfer *buf;          /* the shared halves (host face + the transport's device side) */
     struct worker_link *link;
     struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
     int k_max;
@@ -84,7 +76,7 @@ static cJSON *build_register(void *user)
                                         w->cfg.draft_worker.backend, llama_model_config(w->m.model),
                                         w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
                                         w->m.kv_block_size, &w->m.cpu);
-    cJSON *shm = h ? shm_buffer_export(w->shm) : NULL;
+    cJSON *shm = h ? xfer_export(w->buf) : NULL;
     if (!shm || !cJSON_AddItemToObject(h, "shm", shm)) {
         cJSON_Delete(shm);
         cJSON_Delete(h);
@@ -157,53 +149,28 @@ static struct queued_draft *queued_new(struct draft_worker *w, enum draft_kind k
     return qd;
 }
 
-/* Before host code rewrites slot/half: the copy the last publish queued
- * from it must be done (cuda_ipc), then the half is marked as rewritten. */
+/* Before anything rewrites slot/half (xfer_begin_write); a failure is a
+ * device failure (or a reader that died mid-round) and stops the worker. */
 static int half_begin_write(struct draft_worker *w, int slot, int half, char *err)
 {
-#ifdef TANDEM_HAVE_CUDA
-    if (w->ipc) {
-        int rc = kern_cuda_ipc_begin_write(w->ipc, slot * 2 + half, err);
-        if (rc) {
-            worker_fatal_set(&w->fatal, rc, err);
-            return rc;
-        }
-    }
-#else
-    (void)err;
-#endif
-    shm_buffer_half_begin_write(w->shm, slot, half);
-    return 0;
+    int rc = xfer_begin_write(w->buf, slot, half, err);
+    if (rc)
+        worker_fatal_set(&w->fatal, rc, err);
+    return rc;
 }
 
-/* Publishes slot/half: with cuda_ipc, first its copy into the slab and its
- * event (queued, not waited for), so the event is recorded before the
- * message that names the half leaves. with_q: the job wrote q rows (sampled
- * mode at temperature > 0) into the host face; otherwise, or when the
- * kernels wrote them into the slab (q_slab), only the header and tokens
- * move, and the event, recorded after those kernels, covers the rows. */
+/* Publishes slot/half (xfer_publish: queued, not waited for, before the
+ * message that names the half leaves). with_q: the job wrote q rows
+ * (sampled mode at temperature > 0); where they went to the host face they
+ * move with the header and tokens. */
 static int half_publish(struct draft_worker *w, int slot, int half,
                         const struct shm_half_info *info, int rows, bool with_q)
 {
-#ifdef TANDEM_HAVE_CUDA
-    if (w->ipc) {
-        const struct shm_layout *lay = shm_buffer_layout(w->shm);
-        const bool q_moves = with_q && !w->q_slab;
-        const size_t bytes =
-            lay->q_offset + (q_moves ? (size_t)rows * (size_t)lay->vocab * sizeof(float) : 0);
-        char err[ERR_MSG_MAX];
-        int rc = kern_cuda_ipc_publish(w->ipc, slot * 2 + half, bytes, err);
-        if (rc) {
-            worker_fatal_set(&w->fatal, rc, err);
-            return rc;
-        }
-    }
-#else
-    (void)rows;
-    (void)with_q;
-#endif
-    shm_buffer_half_publish(w->shm, slot, half, info);
-    return 0;
+    char err[ERR_MSG_MAX];
+    int rc = xfer_publish(w->buf, slot, half, info, rows, with_q, err);
+    if (rc)
+        worker_fatal_set(&w->fatal, rc, err);
+    return rc;
 }
 
 static bool job_writes_q(const struct specdec_draft_job *j)
@@ -211,20 +178,16 @@ static bool job_writes_q(const struct specdec_draft_job *j)
     return j->mode == SPECULATE_MODE_SAMPLED && !sampling_params_is_greedy(&j->sp);
 }
 
-/* Where job j, drafting into slot/half, writes its q rows: into the slab
- * half on this GPU when the kernels write them there (q_slab), else into
- * the host face. Row i sits at the same offset in both. */
-static void job_q_dest(struct draft_worker *w, struct specdec_draft_job *j, int slot, int half)
+/* Where job j, drafting into slot/half, writes its tokens and q rows: the
+ * tokens into the host face, the q rows where xfer_q_dest says (a device
+ * address in the slab, or the host face; row i at the same offset in both). */
+static void job_dest(struct draft_worker *w, struct specdec_draft_job *j, int slot, int half)
 {
-    const struct shm_layout *lay = shm_buffer_layout(w->shm);
-    if (w->q_slab) {
-        j->q_rows_out = NULL;
-        j->q_rows_dev = (float *)(w->q_slab + (size_t)(slot * 2 + half) * lay->half_bytes +
-                                  lay->q_offset);
-    } else {
-        j->q_rows_out = shm_buffer_half_q(w->shm, slot, half);
-        j->q_rows_dev = NULL;
-    }
+    float *host = NULL, *dev = NULL;
+    j->tokens_out = (int32_t *)xfer_half_tokens(w->buf, slot, half);
+    xfer_q_dest(w->buf, slot, half, &host, &dev);
+    j->q_rows_out = host;
+    j->q_rows_dev = dev;
 }
 
 static void handle_prefill(void *user, const struct protocol_msg *m)
@@ -288,8 +251,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
     qd->job.k = d.k;
     qd->job.sp = d.sampling.sp;
     qd->job.mode = d.sampling.mode;
-    qd->job.tokens_out = shm_buffer_half_tokens(w->shm, d.seq.slot, d.half);
-    job_q_dest(w, &qd->job, d.seq.slot, d.half);
+    job_dest(w, &qd->job, d.seq.slot, d.half);
     specdec_draft_job_init(&qd->job);
     w->queue[w->n_queued++] = qd;
 }
@@ -345,10 +307,8 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
                                  .feed = feed};
     pre->job = (struct specdec_draft_job){
         .slot = slot, .keep_len = j->keep_len + j->n_feed + k - 1, .feed = feed, .n_feed = 1,
-        .k = qd->predraft_k + 1, .sp = j->sp, .mode = j->mode,
-        .tokens_out = shm_buffer_half_tokens(w->shm, slot, other),
-        .q_rows_out = shm_buffer_half_q(w->shm, slot, other)};
-    job_q_dest(w, &pre->job, slot, other);
+        .k = qd->predraft_k + 1, .sp = j->sp, .mode = j->mode};
+    job_dest(w, &pre->job, slot, other);
     specdec_draft_job_init(&pre->job);
     return pre;
 }
@@ -473,6 +433,11 @@ static const struct worker_link_role draft_link_role = {
 
 static void draft_worker_destroy(void *worker);
 
+/* How long destroy waits for the target to let go of the buffer, beyond two
+ * of its heartbeats (it checks at each): bounded, so a stuck target cannot
+ * hold the draft's exit. */
+#define DRAFT_RELEASE_WAIT_MS 3000.0
+
 /* Between the chunks of a long feed: the coordinator keeps hearing from us. */
 static void on_chunk(void *user, int n_done, int n_total)
 {
@@ -482,81 +447,20 @@ static void on_chunk(void *user, int n_done, int n_total)
     worker_link_keepalive(w->link);
 }
 
-#ifdef TANDEM_HAVE_CUDA
-/* True when the target's device setting surely names the GPU the draft runs
- * on (the same ordinal, default included, or this GPU's UUID). Only then may
- * q rows live in the slab alone: a target on another GPU may lack peer access
- * and fall back to staging, which reads the host face, so there the rows go
- * to the host face too, and sampled requests keep working on any pair. */
-static bool names_this_gpu(const char *target_device, const char *draft_device,
-                           const char *draft_uuid)
-{
-    const char *t = target_device[0] ? target_device : "0";
-    const char *d = draft_device[0] ? draft_device : "0";
-    return strcasecmp(t, d) == 0 || strcasecmp(t, draft_uuid) == 0;
-}
-#endif
-
 /* The shared buffer of the transport the config names (shm_transport,
- * shm_staging) and, for cuda_ipc, its device side on the model's GPU. */
+ * shm_staging) and, for cuda_ipc, its device side on the model's GPU; q
+ * rows go into the slab alone only for a target that surely reads it there
+ * (xfer_params). */
 static int draft_shm_create(struct draft_worker *w, const struct worker_config *wc, char *err)
 {
-    const bool cuda = strcmp(wc->backend, "cuda") == 0;
-    const char *transport = wc->shm_transport;
-    if (strcmp(transport, "auto") == 0)
-        transport = cuda ? "cuda_ipc" : "posix";
-    const bool ipc = strcmp(transport, "cuda_ipc") == 0;
-    if (ipc && !cuda)
-        return error_set(err, ERR_INVALID_ARG,
-                         "draft_worker.shm_transport: \"cuda_ipc\" needs backend \"cuda\"");
-    int rc = shm_buffer_create(&w->shm, transport, w->cfg.instance, "draft", w->m.n_slots, w->k_max,
-                               w->m.vocab, err);
-    if (rc || !ipc)
-        return rc;
-#ifdef TANDEM_HAVE_CUDA
-    const struct shm_layout *lay = shm_buffer_layout(w->shm);
-    const struct kern_cuda_ipc_shape shape = {
-        .host_base = shm_buffer_half_header(w->shm, 0, 0), .half_bytes = lay->half_bytes,
-        .n_halves = lay->n_slots * 2, .host_read_only = 0};
-    const struct kern_cuda_ipc_handles *h = NULL;
-    if ((rc = kern_cuda_ipc_export(&w->ipc, w->m.be, &shape, wc->shm_staging, &h, err)))
-        return rc;
-    struct shm_buffer_cuda_desc cd = {
-        .staging = h->staging != 0, .slab_bytes = h->slab_bytes, .probe_offset = h->probe_offset,
-        .n_events = h->n_events, .event_handles = (unsigned char *)h->events};
-    _Static_assert(sizeof cd.mem_handle == KERN_CUDA_IPC_HANDLE_BYTES &&
-                       SHM_BUFFER_IPC_HANDLE_BYTES == KERN_CUDA_IPC_HANDLE_BYTES &&
-                       SHM_BUFFER_UUID_MAX >= KERN_CUDA_UUID_MAX,
-                   "the descriptor carries the CUDA handles as they are");
-    snprintf(cd.device_uuid, sizeof cd.device_uuid, "%s", h->device_uuid);
-    memcpy(cd.mem_handle, h->mem, sizeof cd.mem_handle);
-    memcpy(cd.probe, h->probe, sizeof cd.probe);
-    /* q rows straight into the slab when the target takes them from there
-     * on its GPU; a target that stages (its shm_staging) or runs on the CPU
-     * reads the host face, so they go there, and so they do for a target on
-     * another GPU (names_this_gpu). */
-    cd.q_in_slab = !h->staging && specdec_draft_on_device(w->spec) &&
-                   strcmp(w->cfg.target_worker.backend, "cuda") == 0 &&
-                   !w->cfg.target_worker.shm_staging &&
-                   names_this_gpu(w->cfg.target_worker.device, w->cfg.draft_worker.device,
-                                  h->device_uuid);
-    if (cd.q_in_slab) {
-        void *base = NULL;
-        if ((rc = kern_cuda_ipc_slab_half(w->ipc, 0, 0, lay->half_bytes, &base, err)))
-            return rc;
-        w->q_slab = base;
-    }
-    if ((rc = shm_buffer_set_cuda(w->shm, &cd, err)))
-        return rc;
-    LOG_INFO("draft buffer over CUDA IPC on %s: %s; q rows %s", h->device_uuid,
-             h->staging ? "pinned host staging (shm_staging)" : "device slab + events",
-             cd.q_in_slab ? "written by the sampling kernels into the slab (no host copy)"
-                          : "written to the host face");
-    return 0;
-#else
-    return error_set(err, ERR_UNSUPPORTED,
-                     "draft_worker.shm_transport: cuda_ipc: this binary was built without CUDA");
-#endif
+    const struct worker_config *tc = &w->cfg.target_worker;
+    const struct xfer_params p = {
+        .transport = wc->shm_transport, .staging = wc->shm_staging != 0,
+        .instance = w->cfg.instance, .tag = "draft", .n_slots = w->m.n_slots, .k_max = w->k_max,
+        .vocab = w->m.vocab, .writer_samples_on_device = specdec_draft_on_device(w->spec),
+        .writer_device = wc->device, .reader_backend = tc->backend, .reader_device = tc->device,
+        .reader_staging = tc->shm_staging != 0};
+    return xfer_create(&w->buf, w->m.be, &p, err);
 }
 
 static int draft_worker_create(void **out, const struct proc_config *cfg, char *err)
@@ -595,15 +499,15 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
         goto fail;
     char note[PROC_CONFIG_PATH_MAX + 160];
     snprintf(note, sizeof note, "%s, vocab %d, %d slots, shm %s", wc->model, w->m.vocab,
-             w->m.n_slots, shm_buffer_name(w->shm));
+             w->m.n_slots, xfer_name(w->buf));
     if ((rc = worker_link_create(&w->link, &w->cfg, &draft_link_role, w, note, err)))
         goto fail;
     struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
                                         .user = w};
     specdec_draft_set_progress(w->spec, &progress);
     LOG_INFO("draft model %s: vocab %d, %d slots x %d positions, shm %s (%.1f MiB)", wc->model,
-             w->m.vocab, w->m.n_slots, w->m.max_seq_len, shm_buffer_name(w->shm),
-             (double)shm_buffer_layout(w->shm)->size_bytes / (1024.0 * 1024.0));
+             w->m.vocab, w->m.n_slots, w->m.max_seq_len, xfer_name(w->buf),
+             (double)xfer_layout(w->buf)->size_bytes / (1024.0 * 1024.0));
     *out = w;
     return 0;
 fail:
@@ -628,11 +532,10 @@ static void draft_worker_destroy(void *worker)
         queued_free(w->queue[i]);
     free(w->queue);
     free(w->jobs);
-#ifdef TANDEM_HAVE_CUDA
-    /* unregisters the host face, so it goes before the segment's unmap */
-    kern_cuda_ipc_close(w->ipc);
-#endif
-    shm_buffer_close(w->shm);
+    /* the target lets go of the buffer once it sees its name gone (it looks
+     * every heartbeat); a slab it still maps past the bound is left to this
+     * process's exit rather than freed under it */
+    xfer_close(w->buf, DRAFT_RELEASE_WAIT_MS + 2.0 * w->cfg.target_worker.heartbeat_ms);
     specdec_draft_destroy(w->spec);
     worker_main_model_free(&w->m);
     free(w);

@@ -1,7 +1,7 @@
 /* draft_worker.h: the draft worker process's engine (everything but main).
  *
  * It holds the draft model and one KV cache slot per sequence, owns the
- * shared buffer the draft tokens and q rows go into (common/wire/shm_buffer.h),
+ * shared buffer the draft tokens and q rows go into (common/xfer/xfer.h),
  * and serves the coordinator over a DEALER socket: register, heartbeats,
  * "prefill", "draft" (with the optimistic pre-draft into the other half),
  * "release", "shutdown". See docs/protocol-notes.md for the exact messages.
@@ -23,7 +23,7 @@
  *   backend cuda, with its slab and events on the model's GPU) and the
  *   coordinator link (worker/worker_link.h). cfg is copied. Model and CUDA
  *   errors as kern_backend_create, llama_model_load and
- *   kern_cuda_ipc_export report them; ERR_INVALID_ARG for cuda_ipc on the CPU
+ *   xfer_create report them; ERR_INVALID_ARG for cuda_ipc on the CPU
  *   backend.
  * - a CUDA failure while serving is sticky: run reports it and returns it
  *   (the process exits, the supervisor restarts it).

@@ -148,6 +148,11 @@ int kern_cuda_read_bandwidth(struct kern_backend *be, size_t size_bytes, int pas
 
 #define KERN_CUDA_IPC_HANDLE_BYTES 64 /* cudaIpcMemHandle_t, cudaIpcEventHandle_t */
 #define KERN_CUDA_IPC_PROBE_BYTES 64  /* at the slab's end: 16 owner words + room */
+/* The longest a host wait on the peer's side of the buffer takes (its ready
+ * or consumed event, a staging copy behind its event, the stream at close)
+ * before it gives up with ERR_TIMEOUT: far beyond any round, short enough
+ * that a peer that died mid-record costs seconds, not a hung worker. */
+#define KERN_CUDA_IPC_WAIT_MS 5000.0
 
 struct kern_cuda_ipc;
 
@@ -167,7 +172,10 @@ struct kern_cuda_ipc_handles {
     uint64_t slab_bytes, probe_offset;
     uint32_t probe[4];
     int n_events;                                  /* == n_halves */
-    const unsigned char *events;                   /* [n_events][KERN_CUDA_IPC_HANDLE_BYTES] */
+    const unsigned char *events;                   /* ready: [n_events][KERN_CUDA_IPC_HANDLE_BYTES] */
+    const unsigned char *consumed;                 /* consumed: the same; NULL from an owner
+                                                      that exports none (the importer then
+                                                      reads the host face only) */
 };
 
 /* Owner: registers the host face, allocates the slab (not when staging),
@@ -177,8 +185,14 @@ int kern_cuda_ipc_export(struct kern_cuda_ipc **out, struct kern_backend *be,
                          const struct kern_cuda_ipc_shape *shape, int staging,
                          const struct kern_cuda_ipc_handles **handles_out, char *err);
 
-/* Owner, before host code rewrites half i of the host face: waits until the
- * copy queued from it by the last publish is done. */
+/* Owner, before anything rewrites half i: makes the backend's stream wait
+ * (on the GPU, no host wait) for the half's consumed event, so kernels and
+ * copies writing the slab half start only after the reader's last read of
+ * it; then waits on the host, at most KERN_CUDA_IPC_WAIT_MS, for the copy
+ * the last publish queued from the host face, and (staging, where the
+ * reader copies from the host face itself) for the consumed event, before
+ * host code rewrites the host face. ERR_TIMEOUT when one never completes
+ * (a peer that died mid-round), ERR_CUDA. */
 int kern_cuda_ipc_begin_write(struct kern_cuda_ipc *ipc, int half, char *err);
 
 /* Owner, after writing the first `bytes` of half i of the host face: device
@@ -227,14 +241,52 @@ int kern_cuda_ipc_stage(struct kern_cuda_ipc *ipc, int half, size_t offset, size
 int kern_cuda_ipc_read_device(struct kern_cuda_ipc *ipc, int half, size_t offset, size_t bytes,
                               const void **dev_out, char *err);
 
-/* Importer: waits on the host until what the last kern_cuda_ipc_stage of
- * half i queued is done. */
+/* Importer: waits on the host, at most KERN_CUDA_IPC_WAIT_MS (ERR_TIMEOUT),
+ * until what the last kern_cuda_ipc_stage of half i queued is done. */
 int kern_cuda_ipc_staged(struct kern_cuda_ipc *ipc, int half, char *err);
 
-/* Both sides: waits for the stream, closes the mapping and the events,
- * unregisters the host face, frees the slab (owner) and the mirror. Logs
- * failures. NULL-safe. */
+/* Importer, after queueing its last read of half i (kernels or copies that
+ * read the slab half, the staging copy, uploads from the host face): records
+ * the half's consumed event on the backend's stream, which the owner's next
+ * kern_cuda_ipc_begin_write of the half waits for. A no-op where the
+ * consumed events could not be opened (the importer then reads the host
+ * face only). */
+int kern_cuda_ipc_end_read(struct kern_cuda_ipc *ipc, int half, char *err);
+
+/* Both sides: waits for the stream (bounded), closes the mapping and the
+ * events, unregisters the host face, frees the slab (owner) and the mirror.
+ * peer_may_map (owner): the reader may still map the slab and hold the
+ * events, so both are left to this process's exit (which frees them once
+ * the reader lets go) instead of being freed under it. A stream that does
+ * not drain within KERN_CUDA_IPC_WAIT_MS (a wait on a dead peer's event)
+ * leaves everything it may still touch to the exit too. Logs failures.
+ * NULL-safe. kern_cuda_ipc_close(ipc) is kern_cuda_ipc_close_ex(ipc, 0). */
+void kern_cuda_ipc_close_ex(struct kern_cuda_ipc *ipc, int peer_may_map);
 void kern_cuda_ipc_close(struct kern_cuda_ipc *ipc);
+
+/* Tests only: leaves out the GPU-side waits (the importer's on ready, the
+ * owner's on consumed), so a stress test can show it catches their absence.
+ * Never set outside tests/gpu. */
+void kern_cuda_ipc_debug_skip_waits(struct kern_cuda_ipc *ipc, int skip);
+
+/* ---- test helpers (tests/gpu) ---------------------------------------------
+ * kernels/cuda/debug.cu: device work of a known duration and content, for
+ * tests that must make a writer or reader slow on purpose. All queue on the
+ * backend's stream and return without waiting. */
+
+/* A kernel that runs for about `us` microseconds (one thread). */
+int kern_cuda_debug_spin(struct kern_backend *be, unsigned us, char *err);
+
+/* out_dev[i] = kern_cuda_debug_value(tag, i) for i in [0, n): the float of
+ * (tag * 2654435761 + i) mod 2^24, exact in f32, so two tags differ at
+ * every index. */
+int kern_cuda_debug_fill(struct kern_backend *be, float *out_dev, size_t n, uint32_t tag,
+                         char *err);
+
+/* *count_dev += the number of i in [0, n) with in_dev[i] !=
+ * kern_cuda_debug_value(tag, i) (atomic; count_dev device memory). */
+int kern_cuda_debug_count_mismatches(struct kern_backend *be, const float *in_dev, size_t n,
+                                     uint32_t tag, unsigned long long *count_dev, char *err);
 
 /* ---- sampling and speculative accept/reject on the device ----------------
  * kernels/cuda/sampling.cu: the device twins of common/spec/sampling.c

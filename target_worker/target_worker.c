@@ -10,13 +10,17 @@
  * Invariants: every step of a verify gets exactly one reply (verify_done
  * or error; a verify has one step unless it asks for a run of plain ones);
  * drafts and q rows are read in place from the draft's buffer only after
- * the half's published header (shm_buffer_half_read, acquire) matched the
+ * the half's published header (xfer_half_read, acquire) matched the
  * verify's req and round, and the half's seq is re-checked after the step
- * (shm_buffer_half_unchanged) so a half the draft rewrote meanwhile is
+ * (xfer_half_unchanged) so a half the draft rewrote meanwhile is
  * reported, never silently used. The imported buffer is replaced, never patched, when
  * the coordinator names a different one (a restarted draft): queued
  * verifications that read the old one are failed first. A release drops the
- * queued verifications of its slot.
+ * queued verifications of its slot. After a verification's step, its last
+ * read of the half is marked (xfer_end_read: the consumed event the draft's
+ * next write of the half waits for). A buffer whose draft is going (its
+ * name removed: xfer_owner_gone, looked at every heartbeat) is let go of at
+ * once, so the draft never frees a slab this process still maps.
  *
  * Device sampling (target_worker.sampler "device", the default on cuda):
  * logits stay on the GPU and accept/reject runs there. Where q rows come
@@ -32,6 +36,7 @@
  * A draft that writes q rows only into its slab (descriptor q_rows "slab")
  * to a target that cannot map it gets an error for sampled verifications
  * naming the settings that fix it; greedy and point-mass ones need no q.
+ * The transports are common/xfer's: this file holds no CUDA code.
  */
 #include "target_worker.h"
 
@@ -46,13 +51,10 @@
 #include "logging.h"
 #include "protocol.h"
 #include "sampling.h"
-#include "shm_buffer.h"
 #include "specdec.h"
 #include "worker_link.h"
 #include "worker_msg.h"
-#ifdef TANDEM_HAVE_CUDA
-#include "kernels_cuda.h"
-#endif
+#include "xfer.h"
 
 /* A verification waiting or in progress, with what its reply needs. */
 struct queued_verify {
@@ -61,8 +63,8 @@ struct queued_verify {
     int64_t round;
     int half;
     bool reads_shm;             /* k > 0: it reads the half (slot, half) in place */
-    uint64_t shm_seq;           /* the half's publication it read (shm_buffer_half_read) */
-    bool staging_pending;       /* cuda_ipc: its q rows are being copied (kern_cuda_ipc_stage) */
+    uint64_t shm_seq;           /* the half's publication it read (xfer_half_read) */
+    bool staging_pending;       /* cuda_ipc: its q rows are being copied (xfer_q_rows staged) */
     int32_t *feed;              /* owned copy: the message is gone */
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
@@ -77,10 +79,7 @@ struct target_worker {
     struct proc_config cfg;
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_target *spec;
-    struct shm_buffer *shm; /* the draft's buffer, imported read-only; NULL until attached */
-#ifdef TANDEM_HAVE_CUDA
-    struct kern_cuda_ipc *ipc; /* shm's device side (transport cuda_ipc on a cuda backend) */
-#endif
+    struct xfer *shm; /* the draft's buffer, imported read-only; NULL until attached */
     struct worker_link *link;
     struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
     double last_step_end_ms; /* 0 before the first step */
@@ -177,102 +176,41 @@ static void fail_queued_readers(struct target_worker *w, const char *why)
 
 /* Closes the device side and the mapping of the draft's buffer: the
  * driver frees a dead draft's slab only once every mapping of it is
- * closed, so this runs as soon as the coordinator names another buffer. */
+ * closed, so this runs as soon as the coordinator names another buffer or
+ * the draft removes its name. */
 static void detach(struct target_worker *w)
 {
-#ifdef TANDEM_HAVE_CUDA
-    kern_cuda_ipc_close(w->ipc);
-    w->ipc = NULL;
-#endif
-    shm_buffer_close(w->shm);
+    xfer_close(w->shm, 0);
     w->shm = NULL;
-}
-
-#ifdef TANDEM_HAVE_CUDA
-/* The device side of a cuda_ipc buffer, on this worker's GPU. A target on
- * the CPU backend reads the host face, which holds everything today. */
-static int attach_cuda(struct target_worker *w, struct shm_buffer *buf,
-                       struct kern_cuda_ipc **out, char *err)
-{
-    *out = NULL;
-    const struct shm_buffer_cuda_desc *cd = shm_buffer_cuda(buf);
-    if (!cd)
-        return 0;
-    if (strcmp(w->cfg.target_worker.backend, "cuda") != 0) {
-        LOG_INFO("draft buffer %s is cuda_ipc; this target runs on the CPU and reads its host "
-                 "face", shm_buffer_name(buf));
-        return 0;
-    }
-    const struct shm_layout *lay = shm_buffer_layout(buf);
-    const struct kern_cuda_ipc_shape shape = {
-        .host_base = shm_buffer_half_header(buf, 0, 0), .half_bytes = lay->half_bytes,
-        .n_halves = lay->n_slots * 2, .host_read_only = 1};
-    struct kern_cuda_ipc_handles h = {
-        .staging = cd->staging, .slab_bytes = cd->slab_bytes, .probe_offset = cd->probe_offset,
-        .n_events = cd->n_events, .events = cd->event_handles};
-    snprintf(h.device_uuid, sizeof h.device_uuid, "%s", cd->device_uuid);
-    memcpy(h.mem, cd->mem_handle, sizeof h.mem);
-    memcpy(h.probe, cd->probe, sizeof h.probe);
-    return kern_cuda_ipc_import(out, w->m.be, &shape, &h, w->cfg.target_worker.shm_staging, err);
-}
-#endif
-
-/* How sampled verifications will read q rows from the attached buffer (the
- * cases of q_rows_source), for the log: tests and operators look for it. */
-static const char *q_path_text(const struct target_worker *w)
-{
-    const struct shm_buffer_cuda_desc *cd = shm_buffer_cuda(w->shm);
-    const bool in_slab = cd && cd->q_in_slab;
-#ifdef TANDEM_HAVE_CUDA
-    if (w->ipc && !kern_cuda_ipc_is_staging(w->ipc))
-        return specdec_target_on_device(w->spec)
-                   ? "in place from the draft's slab on the GPU (device accept/reject, no host copy)"
-                   : "from the draft's slab through pinned host memory (host accept/reject)";
-    if (w->ipc && !in_slab)
-        return specdec_target_on_device(w->spec)
-                   ? "from the pinned host face, uploaded for the device accept/reject (staging)"
-                   : "from the pinned host face (staging, host accept/reject)";
-#endif
-    if (in_slab)
-        return "nowhere: the draft writes them only into a slab this target cannot read "
-               "(sampled verifications will fail; see the config's shm_staging)";
-    return "from the host face";
 }
 
 /* Imports the buffer a descriptor names unless it is the one held already. */
 static int attach(struct target_worker *w, const cJSON *desc, char *err)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(desc, "name");
-    if (w->shm && cJSON_IsString(name) && strcmp(name->valuestring, shm_buffer_name(w->shm)) == 0)
+    if (w->shm && cJSON_IsString(name) && strcmp(name->valuestring, xfer_name(w->shm)) == 0)
         return 0;
-    struct shm_buffer *buf = NULL;
-    int rc = shm_buffer_import(&buf, desc, err);
-    if (rc)
-        return rc;
-    const struct shm_layout *lay = shm_buffer_layout(buf);
-    if (lay->vocab != w->m.vocab) {
-        rc = error_set(err, ERR_MISMATCH, "shm %s: draft vocabulary %d differs from the target's %d",
-                       shm_buffer_name(buf), lay->vocab, w->m.vocab);
-        shm_buffer_close(buf);
-        return rc;
-    }
+    /* the vocabulary is checked before anything is mapped on the device */
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(desc, "vocab");
+    if (cJSON_IsNumber(vocab) && vocab->valuedouble != (double)w->m.vocab)
+        return error_set(err, ERR_MISMATCH, "shm %s: draft vocabulary %.0f differs from the "
+                         "target's %d", cJSON_IsString(name) ? name->valuestring : "?",
+                         vocab->valuedouble, w->m.vocab);
     /* The old buffer goes first, its readers failed: a restarted draft's
      * predecessor is dead, and its slab stays allocated on the GPU for as
      * long as this process maps it. */
     fail_queued_readers(w, "verify: the draft's buffer was replaced (draft restarted)");
     detach(w);
-#ifdef TANDEM_HAVE_CUDA
-    struct kern_cuda_ipc *ipc = NULL;
-    if ((rc = attach_cuda(w, buf, &ipc, err))) {
-        shm_buffer_close(buf);
+    struct xfer *buf = NULL;
+    int rc = xfer_import(&buf, w->m.be, desc, w->cfg.target_worker.shm_staging != 0, err);
+    if (rc)
         return rc;
-    }
-    w->ipc = ipc;
-#endif
-    LOG_INFO("attached the draft buffer %s (%s, %d slots, k_max %d)", shm_buffer_name(buf),
-             shm_buffer_transport(buf), lay->n_slots, lay->k_max);
+    const struct shm_layout *lay = xfer_layout(buf);
+    LOG_INFO("attached the draft buffer %s (%s, %d slots, k_max %d)", xfer_name(buf),
+             xfer_transport(buf), lay->n_slots, lay->k_max);
     w->shm = buf;
-    LOG_INFO("sampled verifications take q rows %s", q_path_text(w));
+    LOG_INFO("sampled verifications take q rows %s",
+             xfer_q_path(w->shm, specdec_target_on_device(w->spec)));
     return 0;
 }
 
@@ -289,62 +227,6 @@ static void handle_attach(struct target_worker *w, const struct protocol_msg *m,
         worker_link_send_error(w->link, type, NULL, rc, err);
 }
 
-/* Where a sampled verification of slot/half (its k drafts from row first)
- * reads its q rows (the cases in the file's header): *q_dev in this GPU's
- * view of the draft's slab, queued behind the half's event; or *q_host,
- * with *staged when a copy into pinned memory was queued (run_queued waits
- * for it). *q_host comes in pointing into the host face. Errors: a draft
- * whose rows are only in a slab this target cannot read (ERR_UNAVAILABLE,
- * naming the settings), a failed CUDA call (also fatal for the worker). */
-static int q_rows_source(struct target_worker *w, int slot, int half, uint32_t first, int k,
-                         const float **q_host, const float **q_dev, bool *staged, char *err)
-{
-    const struct shm_buffer_cuda_desc *cd = shm_buffer_cuda(w->shm);
-    const bool in_slab = cd && cd->q_in_slab;
-    const char *why = "it does not map the slab";
-#ifdef TANDEM_HAVE_CUDA
-    if (w->ipc) {
-        why = "it stages through host memory";
-        const struct shm_layout *lay = shm_buffer_layout(w->shm);
-        const size_t row_bytes = (size_t)lay->vocab * sizeof(float);
-        const size_t off = lay->q_offset + (size_t)first * row_bytes;
-        const size_t bytes = (size_t)k * row_bytes;
-        const bool mapped = !kern_cuda_ipc_is_staging(w->ipc);
-        int rc = 0;
-        if (mapped && specdec_target_on_device(w->spec)) {
-            const void *dev = NULL;
-            if (!(rc = kern_cuda_ipc_read_device(w->ipc, slot * 2 + half, off, bytes, &dev, err))) {
-                *q_dev = dev;
-                *q_host = NULL;
-                return 0;
-            }
-        } else if (mapped || !in_slab) {
-            /* the host sampler reads q on the host; staging reads it in
-             * the host face, which the engine uploads on the device path */
-            const void *host = NULL;
-            if (!(rc = kern_cuda_ipc_stage(w->ipc, slot * 2 + half, off, bytes, &host, err))) {
-                *q_host = host;
-                *staged = true;
-                return 0;
-            }
-        }
-        if (rc) {
-            worker_fatal_set(&w->fatal, rc, err);
-            return rc;
-        }
-    }
-#else
-    (void)slot, (void)half, (void)first, (void)k, (void)q_host, (void)q_dev, (void)staged;
-#endif
-    if (in_slab)
-        return error_set(err, ERR_UNAVAILABLE,
-                         "verify: the draft writes its q rows only into its GPU slab, which this "
-                         "target cannot read (%s): set target_worker.shm_staging or "
-                         "draft_worker.shm_staging to 1 in the config both workers read (or "
-                         "draft_worker.sampler \"host\")", why);
-    return 0; /* *q_host: the host face, as it came in */
-}
-
 /* Points qv's job at its drafts (and q rows) in the draft's buffer, once
  * the half holds the round it names. ERR_UNAVAILABLE with *not_yet set
  * when the half does not hold it yet and qv may wait for it (a verify sent
@@ -359,12 +241,12 @@ static int bind_drafts(struct target_worker *w, struct queued_verify *qv, bool m
     *not_yet = false;
     if (!w->shm)
         return error_set(err, ERR_UNAVAILABLE, "verify: no draft shared buffer attached (k > 0)");
-    const struct shm_layout *lay = shm_buffer_layout(w->shm);
+    const struct shm_layout *lay = xfer_layout(w->shm);
     if (slot >= lay->n_slots)
         return error_set(err, ERR_PROTOCOL, "slot: must be < %d (draft buffer slots), got %d",
                          lay->n_slots, slot);
     struct shm_half_info hi = {0};
-    int hr = shm_buffer_half_read(w->shm, slot, half, &hi, &qv->shm_seq);
+    int hr = xfer_half_read(w->shm, slot, half, &hi, &qv->shm_seq);
     const bool holds_round = hr == 0 && hi.req == (uint64_t)req && hi.round == (uint32_t)round;
     if (!holds_round && may_wait) {
         *not_yet = true;
@@ -383,18 +265,25 @@ static int bind_drafts(struct target_worker *w, struct queued_verify *qv, bool m
                          (long long)round, k);
     }
     const uint32_t h_first = hi.first;
-    const float *q_rows = shm_buffer_half_q(w->shm, slot, half) + (size_t)h_first * (size_t)lay->vocab;
-    const float *q_rows_dev = NULL;
-    bool staging = false;
+    /* q rows (the cases in the file's header): a device address in the
+     * mapped slab, a staged copy, or the host face */
+    struct xfer_q q = {0};
     const bool wants_q = j->mode == SPECULATE_MODE_SAMPLED && !sampling_params_is_greedy(&j->sp);
-    int rc;
-    if (wants_q &&
-        (rc = q_rows_source(w, slot, half, h_first, k, &q_rows, &q_rows_dev, &staging, err)))
-        return rc;
-    j->draft = shm_buffer_half_tokens(w->shm, slot, half) + h_first;
-    j->q_rows = q_rows;
-    j->q_rows_dev = q_rows_dev;
-    qv->staging_pending = staging;
+    if (wants_q) {
+        int rc = xfer_q_rows(w->shm, slot, half, h_first, k, specdec_target_on_device(w->spec), &q,
+                             err);
+        if (rc) {
+            /* only a failed device call is the worker's end; a draft whose
+             * rows this target cannot read is this verification's error */
+            if (rc != ERR_UNAVAILABLE)
+                worker_fatal_set(&w->fatal, rc, err);
+            return rc;
+        }
+    }
+    j->draft = xfer_half_tokens(w->shm, slot, half) + h_first;
+    j->q_rows = q.host;
+    j->q_rows_dev = q.dev;
+    qv->staging_pending = q.staged;
     qv->draft_pending = false;
     return 0;
 }
@@ -454,12 +343,22 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
 {
     char err[ERR_MSG_MAX];
     struct specdec_verify_job *j = &qv->job;
+    if (qv->reads_shm && w->shm) {
+        /* every read of the half was queued by the step that finished it,
+         * failed or not */
+        int rc = xfer_end_read(w->shm, qv->seq.slot, qv->half, err);
+        if (rc) {
+            worker_fatal_set(&w->fatal, rc, err);
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, rc, err);
+            return;
+        }
+    }
     if (j->rc) {
         worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, j->rc, j->err);
         return;
     }
     if (qv->reads_shm) {
-        if (!shm_buffer_half_unchanged(w->shm, qv->seq.slot, qv->half, qv->shm_seq)) {
+        if (!xfer_half_unchanged(w->shm, qv->seq.slot, qv->half, qv->shm_seq)) {
             snprintf(err, sizeof err,
                      "verify: shm slot %d half %d was rewritten by the draft during the verify",
                      qv->seq.slot, qv->half);
@@ -526,7 +425,7 @@ static int bind_pending(struct target_worker *w, struct queued_verify **wait_on,
         }
         char err[ERR_MSG_MAX];
         bool not_yet = false;
-        const uint64_t before = w->shm ? shm_buffer_half_seq(w->shm, qv->seq.slot, qv->half) : 0;
+        const uint64_t before = w->shm ? xfer_half_seq(w->shm, qv->seq.slot, qv->half) : 0;
         int rc = bind_drafts(w, qv, true, &not_yet, err);
         if (not_yet && now < qv->draft_deadline_ms) {
             if (!*wait_on) {
@@ -565,7 +464,7 @@ static long run_queued(void *user)
             /* nothing else to run: sleep until the draft publishes (woken
              * by it), a slice at a time so commands are still read */
             double left = wait_on->draft_deadline_ms - protocol_now_ms();
-            int wr = shm_buffer_half_wait(w->shm, wait_on->seq.slot, wait_on->half, seen,
+            int wr = xfer_half_wait(w->shm, wait_on->seq.slot, wait_on->half, seen,
                                           left < DRAFT_AWAIT_SLICE_MS ? left : DRAFT_AWAIT_SLICE_MS);
             if (wr != 0 && wr != ERR_TIMEOUT)
                 LOG_WARN("waiting on the draft's buffer: %s", error_name(wr));
@@ -583,21 +482,21 @@ static long run_queued(void *user)
     for (int s = 0; s < w->m.n_slots; s++)
         w->awaiting[s] = false;
     w->n_awaiting = 0;
-#ifdef TANDEM_HAVE_CUDA
-    /* the host reads q rows in this step: their copies must have landed */
+    /* the host reads q rows in this step: their copies must have landed
+     * (a copy stuck behind a dead draft's event leaves this process's
+     * stream stuck too: fatal, the supervisor restarts the worker) */
     for (int i = 0; i < w->n_queued; i++) {
         struct queued_verify *qv = w->queue[i];
         if (!qv->staging_pending)
             continue;
         char serr[ERR_MSG_MAX];
-        int src = kern_cuda_ipc_staged(w->ipc, qv->seq.slot * 2 + qv->half, serr);
+        int src = xfer_wait_staged(w->shm, qv->seq.slot, qv->half, serr);
         if (src) {
             worker_fatal_set(&w->fatal, src, serr);
             return -1;
         }
         qv->staging_pending = false;
     }
-#endif
     int n_jobs = 0;
     for (int i = 0; i < w->n_queued; i++)
         if (!w->queue[i]->draft_pending)
@@ -689,6 +588,20 @@ static const struct worker_link_command target_commands[] = {
     {NULL, NULL},
 };
 
+/* worker_link_role.on_tick: a draft that is going (it removed its buffer's
+ * name and waits, bounded, for this process to let go before it frees its
+ * slab) is let go of; its queued readers fail first. */
+static void on_tick(void *user)
+{
+    struct target_worker *w = user;
+    if (!w->shm || !xfer_owner_gone(w->shm))
+        return;
+    LOG_INFO("the draft's buffer %s was removed (the draft is stopping or gone): letting go of it",
+             xfer_name(w->shm));
+    fail_queued_readers(w, "verify: the draft's buffer went away (draft stopping)");
+    detach(w);
+}
+
 static const struct worker_link_role target_link_role = {
     .name = "target",
     .build_register = build_register,
@@ -696,6 +609,7 @@ static const struct worker_link_role target_link_role = {
     .commands = target_commands,
     .run_queued = run_queued,
     .on_coordinator_lost = on_coordinator_lost,
+    .on_tick = on_tick,
 };
 
 static void target_worker_destroy(void *worker);

@@ -370,8 +370,11 @@ int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char 
         if (link->role->run_queued)
             queued_wait_ms = link->role->run_queued(link->user);
         now = protocol_now_ms();
-        if (now - link->last_beat_ms >= link->heartbeat_ms)
+        if (now - link->last_beat_ms >= link->heartbeat_ms) {
             send_heartbeat(link);
+            if (link->role->on_tick)
+                link->role->on_tick(link->user);
+        }
         if ((link->register_pending &&
              now - link->last_register_ms >= WORKER_LINK_REGISTER_RETRY_MS) ||
             (!link->welcomed && now - link->last_register_ms >= link->heartbeat_ms)) {

@@ -94,6 +94,10 @@ struct worker_link_role {
      * free). The role drops its queued work and empties every slot, and
      * sends nothing more about them. */
     void (*on_coordinator_lost)(void *user);
+    /* Optional (NULL): called after each heartbeat of the run loop (every
+     * heartbeat_ms while it runs), for what the role watches between
+     * commands (the target: a draft buffer whose owner is going). */
+    void (*on_tick)(void *user);
 };
 
 struct worker_link;

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -57,6 +58,9 @@ struct shm_buffer {
     void *base;
     size_t size_bytes;
     char name[SHM_BUFFER_NAME_MAX]; /* POSIX: "/tandem-..." */
+    int fd;                         /* the segment, kept open: the owner's flock probe of
+                                       its readers, a reader's shared lock; -1 when none */
+    bool unlinked;                  /* owner: the name is gone (shm_buffer_await_readers) */
     bool has_cuda;                  /* cuda_ipc: device side set (owner) or read (importer) */
     struct shm_buffer_cuda_desc cuda; /* its event_handles are owned here */
 };
@@ -130,7 +134,7 @@ static int posix_create(struct shm_buffer *buf, const char *instance, const char
                              buf->layout.size_bytes);
         goto fail;
     }
-    close(fd);
+    buf->fd = fd;
     buf->base = p;
     buf->size_bytes = buf->layout.size_bytes;
     return 0;
@@ -176,8 +180,17 @@ static int posix_import(struct shm_buffer *buf, const cJSON *desc, char *err)
                              buf->layout.size_bytes);
         goto done;
     }
+    /* Held until close (the kernel drops it when this process dies): the
+     * owner's shm_buffer_await_readers sees a reader by it. */
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+        rc = error_set_errno(err, ERR_SYSTEM, errno, "flock(%s, LOCK_SH)", buf->name);
+        munmap(p, buf->layout.size_bytes);
+        goto done;
+    }
     buf->base = p;
     buf->size_bytes = buf->layout.size_bytes;
+    buf->fd = fd;
+    return 0;
 done:
     close(fd);
     return rc;
@@ -188,7 +201,10 @@ static void posix_close(struct shm_buffer *buf)
     if (buf->base)
         munmap(buf->base, buf->size_bytes);
     buf->base = NULL;
-    if (buf->owner && buf->name[0])
+    if (buf->fd >= 0)
+        close(buf->fd);
+    buf->fd = -1;
+    if (buf->owner && buf->name[0] && !buf->unlinked)
         shm_unlink(buf->name);
 }
 
@@ -260,6 +276,9 @@ static int cuda_export_fields(const struct shm_buffer *buf, cJSON *desc)
     char hex[2 * SHM_BUFFER_IPC_HANDLE_BYTES + 1];
     cJSON *o = cJSON_AddObjectToObject(desc, "cuda");
     cJSON *ev = o ? cJSON_AddArrayToObject(o, "events") : NULL;
+    cJSON *cons = o && c->consumed_handles ? cJSON_AddArrayToObject(o, "consumed_events") : NULL;
+    if (o && c->consumed_handles && !cons)
+        return ERR_NOMEM;
     cJSON *probe = o ? cJSON_AddArrayToObject(o, "probe") : NULL;
     if (!ev || !probe || !cJSON_AddStringToObject(o, "device_uuid", c->device_uuid) ||
         !cJSON_AddStringToObject(o, "mode", c->staging ? "staging" : "device") ||
@@ -282,14 +301,41 @@ static int cuda_export_fields(const struct shm_buffer *buf, cJSON *desc)
             return ERR_NOMEM;
         }
     }
-    for (int i = 0; i < c->n_events; i++) {
-        hex_encode(c->event_handles + (size_t)i * SHM_BUFFER_IPC_HANDLE_BYTES,
-                   SHM_BUFFER_IPC_HANDLE_BYTES, hex);
-        cJSON *str = cJSON_CreateString(hex);
-        if (!str || !cJSON_AddItemToArray(ev, str)) {
-            cJSON_Delete(str);
-            return ERR_NOMEM;
+    for (int set = 0; set < (cons ? 2 : 1); set++)
+        for (int i = 0; i < c->n_events; i++) {
+            const unsigned char *handles = set == 0 ? c->event_handles : c->consumed_handles;
+            hex_encode(handles + (size_t)i * SHM_BUFFER_IPC_HANDLE_BYTES,
+                       SHM_BUFFER_IPC_HANDLE_BYTES, hex);
+            cJSON *str = cJSON_CreateString(hex);
+            if (!str || !cJSON_AddItemToArray(set == 0 ? ev : cons, str)) {
+                cJSON_Delete(str);
+                return ERR_NOMEM;
+            }
         }
+    return 0;
+}
+
+/* n_events hex handles from o[key] into a new array *out. */
+static int cuda_handles(const cJSON *o, const char *key, int n_events, unsigned char **out,
+                        char *err)
+{
+    const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsArray(ev) || cJSON_GetArraySize(ev) != n_events)
+        return error_set(err, ERR_PROTOCOL, "shm.cuda.%s: expected %d event handles (2 per "
+                         "slot)", key, n_events);
+    *out = malloc((size_t)n_events * SHM_BUFFER_IPC_HANDLE_BYTES);
+    if (!*out)
+        return error_set(err, ERR_NOMEM, "shm: out of memory");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ev)
+    {
+        if (!cJSON_IsString(e) ||
+            hex_decode(e->valuestring, *out + (size_t)i * SHM_BUFFER_IPC_HANDLE_BYTES,
+                       SHM_BUFFER_IPC_HANDLE_BYTES) != 0)
+            return error_set(err, ERR_PROTOCOL, "shm.cuda.%s[%d]: expected %d hex digits", key, i,
+                             2 * SHM_BUFFER_IPC_HANDLE_BYTES);
+        i++;
     }
     return 0;
 }
@@ -368,26 +414,15 @@ static int cuda_parse(struct shm_buffer *buf, const cJSON *desc, char *err)
             return error_set(err, ERR_PROTOCOL, "shm.cuda.probe: expected 4 integers");
         c->probe[i] = (uint32_t)p->valuedouble;
     }
-    const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "events");
     const int want = lay->n_slots * 2;
-    if (!cJSON_IsArray(ev) || cJSON_GetArraySize(ev) != want)
-        return error_set(err, ERR_PROTOCOL, "shm.cuda.events: expected %d event handles (2 per "
-                         "slot)", want);
-    c->event_handles = malloc((size_t)want * SHM_BUFFER_IPC_HANDLE_BYTES);
-    if (!c->event_handles)
-        return error_set(err, ERR_NOMEM, "shm: out of memory");
     c->n_events = want;
-    int i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, ev)
-    {
-        if (!cJSON_IsString(e) ||
-            hex_decode(e->valuestring, c->event_handles + (size_t)i * SHM_BUFFER_IPC_HANDLE_BYTES,
-                       SHM_BUFFER_IPC_HANDLE_BYTES) != 0)
-            return error_set(err, ERR_PROTOCOL, "shm.cuda.events[%d]: expected %d hex digits", i,
-                             2 * SHM_BUFFER_IPC_HANDLE_BYTES);
-        i++;
-    }
+    rc = cuda_handles(o, "events", want, &c->event_handles, err);
+    /* absent: an owner that orders nothing after the reader's reads (the
+     * reader then stays on the host face, kernels_cuda.h) */
+    if (rc == 0 && cJSON_GetObjectItemCaseSensitive(o, "consumed_events"))
+        rc = cuda_handles(o, "consumed_events", want, &c->consumed_handles, err);
+    if (rc)
+        return rc;
     buf->has_cuda = true;
     return 0;
 }
@@ -395,7 +430,9 @@ static int cuda_parse(struct shm_buffer *buf, const cJSON *desc, char *err)
 static void cuda_desc_free(struct shm_buffer *buf)
 {
     free(buf->cuda.event_handles);
+    free(buf->cuda.consumed_handles);
     buf->cuda.event_handles = NULL;
+    buf->cuda.consumed_handles = NULL;
     buf->has_cuda = false;
 }
 
@@ -448,6 +485,7 @@ int shm_buffer_create(struct shm_buffer **out, const char *transport, const char
         return error_set(err, ERR_NOMEM, "shm: out of memory");
     buf->ops = ops;
     buf->owner = true;
+    buf->fd = -1;
     int rc = shm_layout_init(&buf->layout, n_slots, k_max, vocab, err);
     if (rc == 0)
         rc = ops->create(buf, instance, tag, err);
@@ -518,6 +556,7 @@ int shm_buffer_import(struct shm_buffer **out, const cJSON *descriptor, char *er
         return error_set(err, ERR_NOMEM, "shm: out of memory");
     buf->ops = ops;
     buf->owner = false;
+    buf->fd = -1;
     buf->layout = lay;
     if ((rc = ops->import(buf, descriptor, err)) != 0) {
         free(buf);
@@ -554,9 +593,19 @@ int shm_buffer_set_cuda(struct shm_buffer *buf, const struct shm_buffer_cuda_des
     if (!ev)
         return error_set(err, ERR_NOMEM, "shm: out of memory");
     memcpy(ev, desc->event_handles, bytes);
+    unsigned char *cons = NULL;
+    if (desc->consumed_handles) {
+        cons = malloc(bytes);
+        if (!cons) {
+            free(ev);
+            return error_set(err, ERR_NOMEM, "shm: out of memory");
+        }
+        memcpy(cons, desc->consumed_handles, bytes);
+    }
     cuda_desc_free(buf);
     buf->cuda = *desc;
     buf->cuda.event_handles = ev;
+    buf->cuda.consumed_handles = cons;
     buf->has_cuda = true;
     return 0;
 }
@@ -571,6 +620,45 @@ const char *shm_buffer_transport(const struct shm_buffer *buf) { return buf->ops
 const struct shm_layout *shm_buffer_layout(const struct shm_buffer *buf) { return &buf->layout; }
 const char *shm_buffer_name(const struct shm_buffer *buf) { return buf->name; }
 bool shm_buffer_is_owner(const struct shm_buffer *buf) { return buf->owner; }
+
+bool shm_buffer_owner_gone(const struct shm_buffer *buf)
+{
+    struct stat st;
+    if (buf->owner || buf->fd < 0)
+        return false;
+    return fstat(buf->fd, &st) == 0 && st.st_nlink == 0;
+}
+
+static double shm_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+int shm_buffer_await_readers(struct shm_buffer *buf, double timeout_ms, char *err)
+{
+    if (!buf->owner || buf->fd < 0)
+        return error_set(err, ERR_INVALID_ARG, "shm %s: only its owner awaits its readers",
+                         buf->name);
+    if (!buf->unlinked) {
+        if (shm_unlink(buf->name) != 0 && errno != ENOENT)
+            return error_set_errno(err, ERR_SYSTEM, errno, "shm_unlink(%s)", buf->name);
+        buf->unlinked = true;
+    }
+    const double t0 = shm_now_ms();
+    for (;;) {
+        if (flock(buf->fd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return error_set_errno(err, ERR_SYSTEM, errno, "flock(%s, LOCK_EX)", buf->name);
+        if (shm_now_ms() - t0 >= timeout_ms)
+            return error_set(err, ERR_TIMEOUT, "shm %s: a reader still maps it after %.0f ms",
+                             buf->name, timeout_ms);
+        const struct timespec slice = {0, 5 * 1000 * 1000};
+        nanosleep(&slice, NULL);
+    }
+}
 
 static char *half_base(struct shm_buffer *buf, int slot, int half)
 {

@@ -136,7 +136,11 @@ struct shm_buffer_cuda_desc {
     uint64_t probe_offset;       /* probe[] sits there in the slab (peer-access probe) */
     uint32_t probe[4];
     int n_events;                /* n_slots * 2: half h of slot s is event 2s + h */
-    unsigned char *event_handles; /* [n_events][SHM_BUFFER_IPC_HANDLE_BYTES] */
+    unsigned char *event_handles; /* ready: [n_events][SHM_BUFFER_IPC_HANDLE_BYTES] */
+    /* consumed: the same count ("consumed_events"), recorded by the reader
+     * after its last read of a half and waited for by the owner before it
+     * writes the half again; NULL (absent) from an owner that exports none */
+    unsigned char *consumed_handles;
     /* Where the q rows of a half are: false ("q_rows": "host_face", also
      * when absent) in the host face (and, in device mode, copied into the
      * slab by the publish); true ("slab") only in the slab, written there
@@ -160,6 +164,23 @@ const char *shm_buffer_transport(const struct shm_buffer *buf);
 
 /* Unmaps; the owner also removes the segment. NULL-safe. */
 void shm_buffer_close(struct shm_buffer *buf);
+
+/* Readers are seen: an importer holds a shared flock on the segment from
+ * import to close (the kernel drops it when the process dies), and sees the
+ * owner going by the segment's name being removed.
+ *
+ * Owner, before it frees what readers may map beside the segment (the
+ * cuda_ipc slab): removes the segment's name, so readers learn the owner is
+ * going (shm_buffer_owner_gone) and no new one can import it, then waits up
+ * to timeout_ms until no reader holds it. 0; ERR_TIMEOUT when a reader still
+ * holds it; ERR_INVALID_ARG for an importer; ERR_SYSTEM. */
+int shm_buffer_await_readers(struct shm_buffer *buf, double timeout_ms, char *err);
+
+/* Importer: whether the segment's name is gone: its owner is closing
+ * (shm_buffer_await_readers), closed, or died and a restarted owner removed
+ * its stale segment (shm_buffer_cleanup_stale). The reader should then
+ * close its import, which is what the owner waits for. false for an owner. */
+bool shm_buffer_owner_gone(const struct shm_buffer *buf);
 
 const struct shm_layout *shm_buffer_layout(const struct shm_buffer *buf);
 const char *shm_buffer_name(const struct shm_buffer *buf);

@@ -21,9 +21,11 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_backend.h"
 
@@ -82,6 +84,42 @@ int cuda_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     }
     return error_set(err, ERR_UNSUPPORTED, "cuda %s: unsupported weight dtype %d", what,
                      (int)dtype);
+}
+
+static double cuda_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+int cuda_backend_wait_event(cudaEvent_t ev, double timeout_ms, const char *what, char *err)
+{
+    const double t0 = cuda_now_ms();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady)
+            return cuda_backend_fail(err, e, __func__, what);
+        const double waited = cuda_now_ms() - t0;
+        if (waited > timeout_ms)
+            return error_set(err, ERR_TIMEOUT, "%s: not done after %.0f ms (the GPU work it "
+                             "waits for never finished: a peer process that died mid-round, or "
+                             "a hung GPU)", what, waited);
+        if (waited < 1.0) {
+            sched_yield();
+        } else {
+            const struct timespec slice = {0, waited < 100.0 ? 20000L : 1000000L};
+            nanosleep(&slice, NULL);
+        }
+    }
+}
+
+int cuda_backend_wait_stream(struct cuda_backend *cb, const char *what, char *err)
+{
+    CUDA_CHECK(cudaEventRecord(cb->synced, cb->stream));
+    return cuda_backend_wait_event(cb->synced, CUDA_SYNC_TIMEOUT_MS, what, err);
 }
 
 int cuda_backend_enter(struct cuda_backend *cb, char *err)
@@ -189,6 +227,8 @@ static void cuda_destroy(struct kern_backend *be)
             LOG_ERROR("cuda_destroy: cublasDestroy failed: %s", cublasGetStatusString(st));
     }
     CUDA_LOG(cudaFree(cb->cublas_ws));
+    if (cb->synced)
+        CUDA_LOG(cudaEventDestroy(cb->synced));
     CUDA_LOG(cudaStreamDestroy(cb->stream));
     free(cb);
 }
@@ -258,6 +298,7 @@ static int cuda_init(struct cuda_backend *cb, const char *device, char *err)
     CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     for (int i = 0; i < CUDA_STAGE_SLOTS; i++)
         CUDA_CHECK(cudaEventCreateWithFlags(&cb->stage[i].done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cb->synced, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&cb->cublas));
     CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));
     rc = cuda_malloc_reported(&cb->cublas_ws, CUDA_CUBLAS_WORKSPACE_BYTES, "cuda cuBLAS workspace",
@@ -317,7 +358,7 @@ static int cuda_memcpy_op(struct cuda_backend *cb, const char *what, void *dst, 
         return rc;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, size_bytes, kind, cb->stream));
     if (wait)
-        CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+        return cuda_backend_wait_stream(cb, what, err);
     return 0;
 }
 
@@ -381,8 +422,7 @@ static int cuda_sync(struct kern_backend *be, char *err)
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
-    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
-    return 0;
+    return cuda_backend_wait_stream(cb, "sync", err);
 }
 
 static const struct kern_ops cuda_ops = {

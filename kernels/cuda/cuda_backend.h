@@ -67,12 +67,30 @@ struct cuda_backend {
     size_t mm_act_bytes;
     void *attn_part;          /* attention: per-split partial results */
     size_t attn_part_bytes;
+    cudaEvent_t synced;       /* recorded by cuda_backend_wait_stream */
 };
 
 static inline struct cuda_backend *cuda_backend_of(struct kern_backend *be)
 {
     return (struct cuda_backend *)be;
 }
+
+/* The longest the host waits for the backend's stream (a download, sync,
+ * free). A stream that waits on another process's event (the draft's
+ * buffer, kernels_cuda.h) never finishes when that process died mid-record:
+ * then the worker gets ERR_TIMEOUT and stops, never hangs. Far above any
+ * one call's work (a 512-row prefill chunk of the 3B shape is milliseconds). */
+#define CUDA_SYNC_TIMEOUT_MS 60000.0
+
+/* Waits on the host until ev has completed or timeout_ms have passed:
+ * 0, ERR_TIMEOUT naming `what`, or ERR_CUDA (an error the event reports).
+ * Spins briefly (a decode step's wait is well under a millisecond), then
+ * sleeps in short slices. */
+int cuda_backend_wait_event(cudaEvent_t ev, double timeout_ms, const char *what, char *err);
+
+/* Everything queued on the backend's stream so far is done, within
+ * CUDA_SYNC_TIMEOUT_MS (cuda_backend_wait_event on a fresh record). */
+int cuda_backend_wait_stream(struct cuda_backend *cb, const char *what, char *err);
 
 /* Error reporting. Both return their code (ERR_CUDA) after writing
  * "<func>: <call> failed: <reason> (<name>)" into err. */

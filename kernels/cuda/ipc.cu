@@ -16,6 +16,24 @@
  * Streams: everything is queued on the backend's stream, so a publish is
  * ordered after the owner's kernels that wrote the data (once q is written
  * on the device) and the importer's verification kernels after its wait.
+ *
+ * Ordering between the two processes, per half, by two interprocess events
+ * the owner creates and exports (either process may record or wait on an
+ * opened IPC event):
+ *   ready[h]     the owner records it after its writes of the half (the
+ *                publish); the importer's stream waits on it before any read;
+ *   consumed[h]  the importer records it after its last read of the half
+ *                (kern_cuda_ipc_end_read); the owner's stream waits on it
+ *                before its kernels write the half again, and its host waits
+ *                (bounded) before host code rewrites the host face.
+ * Both waits hold whatever the coordinator's scheduling does; the host
+ * waits are bounded (KERN_CUDA_IPC_WAIT_MS), so a peer that died with a
+ * record pending costs ERR_TIMEOUT, never a hang.
+ *
+ * Teardown: an owner whose peer may still map the slab (xfer could not see
+ * the peer let go within its bound) closes without freeing the slab or
+ * destroying the events: the process's exit returns them once the peer's
+ * mapping is gone, which CUDA defines, where freeing mapped memory is not.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,12 +59,17 @@ struct kern_cuda_ipc {
     bool host_registered;
     char *slab;                  /* owner: cudaMalloc'd; importer: the IPC mapping; or NULL */
     size_t slab_bytes;
-    cudaEvent_t *events;         /* [n_halves] interprocess events */
+    cudaEvent_t *events;         /* [n_halves] ready: the owner's writes of the half are done */
+    cudaEvent_t *consumed;       /* [n_halves] the importer's reads of the half are done */
     int n_events;
+    bool have_events;            /* importer: the ready events opened (else host face only) */
+    bool have_consumed;          /* importer: the consumed events opened */
+    bool debug_skip_waits;       /* tests only: the GPU-side waits are left out */
     cudaEvent_t *staged;         /* importer: [n_halves] "staging copy done" */
+    cudaEvent_t closed;          /* close: the stream's last work, waited for bounded */
     char *mirror;                /* importer, device mode: pinned [n_halves * half_bytes] */
     struct kern_cuda_ipc_handles handles; /* owner: what export hands out */
-    unsigned char *event_handles; /* owner: [n_events][64] */
+    unsigned char *event_handles; /* owner: [n_events][64] ready, then [n_events][64] consumed */
 };
 
 static int ipc_check_be(struct kern_backend *be, const char *who, char *err)
@@ -92,35 +115,73 @@ static int ipc_register_host(struct kern_cuda_ipc *ipc, char *err)
     return 0;
 }
 
-void kern_cuda_ipc_close(struct kern_cuda_ipc *ipc)
+/* Waits on the host, bounded, for ev: the peer may be dead. */
+static int ipc_wait_host(struct kern_cuda_ipc *ipc, cudaEvent_t ev, const char *what, int hi,
+                         char *err)
+{
+    char call[96];
+    snprintf(call, sizeof call, "cuda ipc: %s of half %d", what, hi);
+    (void)ipc;
+    return cuda_backend_wait_event(ev, KERN_CUDA_IPC_WAIT_MS, call, err);
+}
+
+void kern_cuda_ipc_close_ex(struct kern_cuda_ipc *ipc, int peer_may_map)
 {
     if (!ipc)
         return;
+    bool stream_idle = true;
     if (ipc->cb) {
         IPC_LOG(cudaSetDevice(ipc->cb->device));
-        /* queued copies and waits may still touch the slab and the mirror */
-        IPC_LOG(cudaStreamSynchronize(ipc->cb->stream));
+        /* queued copies and waits may still touch the slab and the mirror;
+         * a wait on a dead peer's event may never end, so bounded */
+        char err[ERR_MSG_MAX] = "";
+        if (ipc->closed &&
+            (cudaEventRecord(ipc->closed, ipc->cb->stream) != cudaSuccess ||
+             cuda_backend_wait_event(ipc->closed, KERN_CUDA_IPC_WAIT_MS, "cuda ipc close", err) != 0)) {
+            LOG_ERROR("cuda ipc close: the stream did not drain (%s); the slab, mirror and "
+                      "events are left to the process's exit", err[0] ? err : "record failed");
+            stream_idle = false;
+        }
     }
-    for (int i = 0; ipc->events && i < ipc->n_events; i++)
+    /* an owner whose peer may still map the slab or hold the events leaves
+     * both to its exit (see the file's header) */
+    const bool keep_shared = !stream_idle || (ipc->owner && peer_may_map);
+    if (keep_shared && ipc->owner && peer_may_map)
+        LOG_WARN("cuda ipc: the reader may still map the slab; it is freed at this process's "
+                 "exit, once the reader lets go");
+    for (int i = 0; !keep_shared && ipc->events && i < ipc->n_events; i++)
         if (ipc->events[i])
             IPC_LOG(cudaEventDestroy(ipc->events[i]));
-    for (int i = 0; ipc->staged && i < ipc->n_events; i++)
+    for (int i = 0; !keep_shared && ipc->consumed && i < ipc->n_events; i++)
+        if (ipc->consumed[i])
+            IPC_LOG(cudaEventDestroy(ipc->consumed[i]));
+    for (int i = 0; stream_idle && ipc->staged && i < ipc->n_events; i++)
         if (ipc->staged[i])
             IPC_LOG(cudaEventDestroy(ipc->staged[i]));
-    if (ipc->slab) {
+    if (ipc->slab && !keep_shared) {
         if (ipc->owner)
             IPC_LOG(cudaFree(ipc->slab));
         else
             IPC_LOG(cudaIpcCloseMemHandle(ipc->slab));
     }
-    if (ipc->mirror)
+    if (ipc->mirror && stream_idle)
         IPC_LOG(cudaFreeHost(ipc->mirror));
-    if (ipc->host_registered)
+    if (ipc->host_registered && stream_idle)
         IPC_LOG(cudaHostUnregister(ipc->shape.host_base));
+    if (ipc->closed && stream_idle)
+        IPC_LOG(cudaEventDestroy(ipc->closed));
     free(ipc->events);
+    free(ipc->consumed);
     free(ipc->staged);
     free(ipc->event_handles);
     free(ipc);
+}
+
+void kern_cuda_ipc_close(struct kern_cuda_ipc *ipc) { kern_cuda_ipc_close_ex(ipc, 0); }
+
+extern "C" void kern_cuda_ipc_debug_skip_waits(struct kern_cuda_ipc *ipc, int skip)
+{
+    ipc->debug_skip_waits = skip != 0;
 }
 
 static int ipc_new(struct kern_cuda_ipc **out, struct kern_backend *be,
@@ -133,9 +194,15 @@ static int ipc_new(struct kern_cuda_ipc **out, struct kern_backend *be,
     if (!shape->host_base || shape->half_bytes == 0 || shape->n_halves < 1)
         return error_set(err, ERR_INVALID_ARG, "%s: empty host face", who);
     struct kern_cuda_ipc *ipc = (struct kern_cuda_ipc *)calloc(1, sizeof *ipc);
-    if (ipc)
+    if (ipc) {
         ipc->events = (cudaEvent_t *)calloc((size_t)shape->n_halves, sizeof(cudaEvent_t));
-    if (!ipc || !ipc->events) {
+        ipc->consumed = (cudaEvent_t *)calloc((size_t)shape->n_halves, sizeof(cudaEvent_t));
+    }
+    if (!ipc || !ipc->events || !ipc->consumed) {
+        if (ipc) {
+            free(ipc->events);
+            free(ipc->consumed);
+        }
         free(ipc);
         return error_set(err, ERR_NOMEM, "%s: out of memory", who);
     }
@@ -144,7 +211,11 @@ static int ipc_new(struct kern_cuda_ipc **out, struct kern_backend *be,
     ipc->shape = *shape;
     ipc->n_events = shape->n_halves;
     *out = ipc;
-    return cuda_backend_enter(ipc->cb, err);
+    rc = cuda_backend_enter(ipc->cb, err);
+    if (rc < 0)
+        return rc;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ipc->closed, cudaEventDisableTiming));
+    return 0;
 }
 
 /* ---- owner ---------------------------------------------------------------- */
@@ -159,19 +230,21 @@ static int ipc_export_init(struct kern_cuda_ipc *ipc, bool staging, char *err)
     if (rc < 0)
         return rc;
     ipc->event_handles =
-        (unsigned char *)calloc((size_t)ipc->n_events, KERN_CUDA_IPC_HANDLE_BYTES);
+        (unsigned char *)calloc(2 * (size_t)ipc->n_events, KERN_CUDA_IPC_HANDLE_BYTES);
     if (!ipc->event_handles)
         return error_set(err, ERR_NOMEM, "cuda ipc export: out of memory");
-    for (int i = 0; i < ipc->n_events; i++) {
-        CUDA_CHECK(cudaEventCreateWithFlags(&ipc->events[i],
-                                            cudaEventInterprocess | cudaEventDisableTiming));
-        cudaIpcEventHandle_t eh;
-        CUDA_CHECK(cudaIpcGetEventHandle(&eh, ipc->events[i]));
-        memcpy(ipc->event_handles + (size_t)i * KERN_CUDA_IPC_HANDLE_BYTES, &eh,
-               KERN_CUDA_IPC_HANDLE_BYTES);
-    }
+    for (int set = 0; set < 2; set++)
+        for (int i = 0; i < ipc->n_events; i++) {
+            cudaEvent_t *ev = set == 0 ? &ipc->events[i] : &ipc->consumed[i];
+            CUDA_CHECK(cudaEventCreateWithFlags(ev, cudaEventInterprocess | cudaEventDisableTiming));
+            cudaIpcEventHandle_t eh;
+            CUDA_CHECK(cudaIpcGetEventHandle(&eh, *ev));
+            memcpy(ipc->event_handles + ((size_t)set * ipc->n_events + i) * KERN_CUDA_IPC_HANDLE_BYTES,
+                   &eh, KERN_CUDA_IPC_HANDLE_BYTES);
+        }
     h->n_events = ipc->n_events;
     h->events = ipc->event_handles;
+    h->consumed = ipc->event_handles + (size_t)ipc->n_events * KERN_CUDA_IPC_HANDLE_BYTES;
     /* probe words an importer must read back through its mapping: from this
      * process and this slab, so a stale or foreign mapping cannot match */
     h->probe[0] = 0x7a4d0000u ^ (uint32_t)getpid();
@@ -188,7 +261,9 @@ static int ipc_export_init(struct kern_cuda_ipc *ipc, bool staging, char *err)
     CUDA_CHECK(cudaMemcpyAsync(ipc->slab + face, h->probe, sizeof h->probe,
                                cudaMemcpyHostToDevice, ipc->cb->stream));
     /* the probe words must be in place before any importer can read them */
-    CUDA_CHECK(cudaStreamSynchronize(ipc->cb->stream));
+    int src = cuda_backend_wait_stream(ipc->cb, "cuda ipc export: the slab's probe words", err);
+    if (src < 0)
+        return src;
     cudaIpcMemHandle_t mh;
     CUDA_CHECK(cudaIpcGetMemHandle(&mh, ipc->slab));
     memcpy(h->mem, &mh, KERN_CUDA_IPC_HANDLE_BYTES);
@@ -224,8 +299,19 @@ extern "C" int kern_cuda_ipc_begin_write(struct kern_cuda_ipc *ipc, int hi, char
     rc = cuda_backend_enter(ipc->cb, err);
     if (rc < 0)
         return rc;
-    /* the last publish's copy reads this half of the host face */
-    CUDA_CHECK(cudaEventSynchronize(ipc->events[hi]));
+    /* On the GPU, no host wait: this stream's kernels and copies into the
+     * slab half wait for the reader's last read of it. */
+    if (!ipc->debug_skip_waits)
+        CUDA_CHECK(cudaStreamWaitEvent(ipc->cb->stream, ipc->consumed[hi], 0));
+    /* On the host, before host code rewrites the host face: the last
+     * publish's copy reads it. A staging reader reads the host face itself
+     * (its copies to its GPU): there the host waits for its consumed event
+     * too. A reader of the slab reads the host face's header and tokens
+     * with the CPU, done before it answers the round. */
+    if ((rc = ipc_wait_host(ipc, ipc->events[hi], "the last publish's copy", hi, err)) < 0)
+        return rc;
+    if (ipc->staging && !ipc->debug_skip_waits)
+        return ipc_wait_host(ipc, ipc->consumed[hi], "the reader's last read", hi, err);
     return 0;
 }
 
@@ -407,13 +493,39 @@ static int ipc_import_init(struct kern_cuda_ipc *ipc, const struct kern_cuda_ipc
     if (!h->staging && h->slab_bytes < ipc_host_bytes(&ipc->shape) + KERN_CUDA_IPC_PROBE_BYTES)
         return error_set(err, ERR_INVALID_ARG, "cuda ipc import: a %llu-byte slab is smaller "
                          "than the host face", (unsigned long long)h->slab_bytes);
-    for (int i = 0; i < ipc->n_events; i++) {
+    char why[256] = "forced by the config (shm_staging)";
+    ipc->have_events = true;
+    for (int i = 0; i < ipc->n_events && ipc->have_events; i++) {
         cudaIpcEventHandle_t eh;
         memcpy(&eh, h->events + (size_t)i * KERN_CUDA_IPC_HANDLE_BYTES, KERN_CUDA_IPC_HANDLE_BYTES);
-        CUDA_CHECK(cudaIpcOpenEventHandle(&ipc->events[i], eh));
+        cudaError_t e = cudaIpcOpenEventHandle(&ipc->events[i], eh);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(why, sizeof why, "cudaIpcOpenEventHandle of ready event %d failed: %s", i,
+                     cudaGetErrorString(e));
+            ipc->have_events = false;
+        }
     }
-    char why[256] = "forced by the config (shm_staging)";
-    if (h->staging)
+    ipc->have_consumed = ipc->have_events && h->consumed;
+    if (ipc->have_events && !h->consumed)
+        snprintf(why, sizeof why, "the draft exported no consumed events (an older draft)");
+    for (int i = 0; i < ipc->n_events && ipc->have_consumed; i++) {
+        cudaIpcEventHandle_t eh;
+        memcpy(&eh, h->consumed + (size_t)i * KERN_CUDA_IPC_HANDLE_BYTES,
+               KERN_CUDA_IPC_HANDLE_BYTES);
+        cudaError_t e = cudaIpcOpenEventHandle(&ipc->consumed[i], eh);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(why, sizeof why, "cudaIpcOpenEventHandle of consumed event %d failed: %s", i,
+                     cudaGetErrorString(e));
+            ipc->have_consumed = false;
+        }
+    }
+    if (!ipc->have_events || !ipc->have_consumed) {
+        /* without them the slab's reads are unordered: the host face alone,
+         * ordered by its seqlock and the coordinator's rounds */
+        ipc->have_events = ipc->have_consumed = false;
+    } else if (h->staging)
         snprintf(why, sizeof why, "the draft exported no slab (its shm_staging)");
     else if (!force_staging) {
         why[0] = '\0';
@@ -474,7 +586,8 @@ extern "C" int kern_cuda_ipc_stage(struct kern_cuda_ipc *ipc, int hi, size_t off
     const size_t off = (size_t)hi * ipc->shape.half_bytes + offset;
     /* on the GPU: nothing after this on the stream starts before the
      * draft's copy (and, later, its kernels) for this half is done */
-    CUDA_CHECK(cudaStreamWaitEvent(ipc->cb->stream, ipc->events[hi], 0));
+    if (ipc->have_events && !ipc->debug_skip_waits)
+        CUDA_CHECK(cudaStreamWaitEvent(ipc->cb->stream, ipc->events[hi], 0));
     if (!ipc->staging && bytes > 0)
         CUDA_CHECK(cudaMemcpyAsync(ipc->mirror + off, ipc->slab + off, bytes,
                                    cudaMemcpyDeviceToHost, ipc->cb->stream));
@@ -500,8 +613,26 @@ extern "C" int kern_cuda_ipc_read_device(struct kern_cuda_ipc *ipc, int hi, size
         return rc;
     /* on the GPU: the kernels queued after this read the half only once the
      * owner's kernels and copy for it, recorded before its message, are done */
-    CUDA_CHECK(cudaStreamWaitEvent(ipc->cb->stream, ipc->events[hi], 0));
+    if (!ipc->debug_skip_waits)
+        CUDA_CHECK(cudaStreamWaitEvent(ipc->cb->stream, ipc->events[hi], 0));
     *dev_out = p;
+    return 0;
+}
+
+extern "C" int kern_cuda_ipc_end_read(struct kern_cuda_ipc *ipc, int hi, char *err)
+{
+    int rc = ipc_check_half(ipc, hi, "cuda ipc end_read", err);
+    if (rc < 0)
+        return rc;
+    if (ipc->owner)
+        return error_set(err, ERR_INVALID_ARG, "cuda ipc end_read: only the reader ends reads");
+    if (!ipc->have_consumed)
+        return 0;
+    rc = cuda_backend_enter(ipc->cb, err);
+    if (rc < 0)
+        return rc;
+    /* after every read of the half queued so far on this stream */
+    CUDA_CHECK(cudaEventRecord(ipc->consumed[hi], ipc->cb->stream));
     return 0;
 }
 
@@ -513,6 +644,6 @@ extern "C" int kern_cuda_ipc_staged(struct kern_cuda_ipc *ipc, int hi, char *err
     rc = cuda_backend_enter(ipc->cb, err);
     if (rc < 0)
         return rc;
-    CUDA_CHECK(cudaEventSynchronize(ipc->staged[hi]));
-    return 0;
+    /* behind the wait for the draft's ready event: bounded */
+    return ipc_wait_host(ipc, ipc->staged[hi], "the staging copy", hi, err);
 }

@@ -418,13 +418,16 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
     assert_string_equal(shm_buffer_transport(owner), "cuda_ipc");
     assert_null(shm_buffer_export(owner)); /* no device side yet */
     const struct shm_layout *lay = shm_buffer_layout(owner);
-    unsigned char events[4 * SHM_BUFFER_IPC_HANDLE_BYTES];
-    for (size_t i = 0; i < sizeof events; i++)
+    unsigned char events[4 * SHM_BUFFER_IPC_HANDLE_BYTES], consumed[sizeof events];
+    for (size_t i = 0; i < sizeof events; i++) {
         events[i] = (unsigned char)(i * 37 + 5);
+        consumed[i] = (unsigned char)(i * 11 + 200);
+    }
     struct shm_buffer_cuda_desc cd = {
         .device_uuid = "GPU-0123abcd-4567-89ab-cdef-0123456789AB", .staging = false,
         .slab_bytes = lay->size_bytes + 64, .probe_offset = lay->size_bytes,
-        .probe = {1, 2, 3, 4000000000u}, .n_events = 3, .event_handles = events};
+        .probe = {1, 2, 3, 4000000000u}, .n_events = 3, .event_handles = events,
+        .consumed_handles = consumed};
     for (int i = 0; i < SHM_BUFFER_IPC_HANDLE_BYTES; i++)
         cd.mem_handle[i] = (unsigned char)(255 - i);
     assert_int_equal(shm_buffer_set_cuda(owner, &cd, err), ERR_INVALID_ARG); /* 3 != 4 halves */
@@ -439,6 +442,8 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
     assert_false(got->staging);
     assert_memory_equal(got->mem_handle, cd.mem_handle, SHM_BUFFER_IPC_HANDLE_BYTES);
     assert_memory_equal(got->event_handles, events, sizeof events);
+    assert_non_null(got->consumed_handles);
+    assert_memory_equal(got->consumed_handles, consumed, sizeof consumed);
     assert_int_equal(got->n_events, 4);
     assert_true(got->slab_bytes == cd.slab_bytes && got->probe_offset == cd.probe_offset);
     assert_memory_equal(got->probe, cd.probe, sizeof cd.probe);
@@ -452,6 +457,7 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
     /* what an importer refuses, naming the field */
     struct { const char *key, *sub; cJSON *value; const char *needle; } bad[] = {
         {"cuda", "events", cJSON_CreateArray(), "shm.cuda.events"},
+        {"cuda", "consumed_events", cJSON_CreateArray(), "shm.cuda.consumed_events"},
         {"cuda", "mem_handle", cJSON_CreateString("abc"), "shm.cuda.mem_handle"},
         {"cuda", "device_uuid", cJSON_CreateString("0"), "shm.cuda.device_uuid"},
         {"cuda", "q_offset", cJSON_CreateNumber(8), "offsets"},
@@ -472,6 +478,14 @@ static void test_shm_buffer_cuda_ipc_descriptor_round_trips(void **state)
     cJSON *d = cJSON_Duplicate(desc, 1);
     cJSON_DeleteItemFromObject(d, "cuda");
     assert_int_equal(shm_buffer_import(&peer, d, err), ERR_PROTOCOL);
+    cJSON_Delete(d);
+    /* an owner that exports no consumed events: the reader learns of it */
+    d = cJSON_Duplicate(desc, 1);
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(d, "cuda"), "consumed_events");
+    assert_int_equal(shm_buffer_import(&peer, d, err), 0);
+    assert_null(shm_buffer_cuda(peer)->consumed_handles);
+    shm_buffer_close(peer);
+    peer = NULL;
     cJSON_Delete(d);
     /* a draft from before q_rows existed wrote q into the host face */
     d = cJSON_Duplicate(desc, 1);
@@ -617,6 +631,77 @@ static void test_shm_buffer_half_wait_wakes_a_reader_in_another_process(void **s
     shm_buffer_close(owner);
 }
 
+/* Readers are seen: an importer holds the segment (a shared lock) until it
+ * closes or dies; the owner's await_readers removes the name, which the
+ * importer sees, and waits, bounded, until no importer holds it. */
+static void test_shm_buffer_owner_awaits_its_readers(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct shm_buffer *owner = NULL, *peer = NULL;
+    assert_int_equal(shm_buffer_create(&owner, "posix", instance, "await", 1, 2, 16, err), 0);
+    cJSON *desc = shm_buffer_export(owner);
+    assert_non_null(desc);
+    /* no reader: at once */
+    assert_int_equal(shm_buffer_await_readers(owner, 0, err), 0);
+    shm_buffer_close(owner);
+    cJSON_Delete(desc);
+
+    assert_int_equal(shm_buffer_create(&owner, "posix", instance, "await", 1, 2, 16, err), 0);
+    desc = shm_buffer_export(owner);
+    assert_int_equal(shm_buffer_import(&peer, desc, err), 0);
+    assert_false(shm_buffer_owner_gone(peer));
+    assert_false(shm_buffer_owner_gone(owner));
+    assert_int_equal(shm_buffer_await_readers(peer, 0, err), ERR_INVALID_ARG);
+    /* a reader that holds on: the bound ends the wait */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(shm_buffer_await_readers(owner, 60, err), ERR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double waited_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    assert_true(waited_ms >= 60 && waited_ms < 2000);
+    assert_non_null(strstr(err, "a reader still maps it"));
+    /* the name is gone: the reader learns the owner is going, no one new
+     * can import */
+    assert_true(shm_buffer_owner_gone(peer));
+    assert_false(dev_shm_exists(shm_buffer_name(owner)));
+    struct shm_buffer *late = NULL;
+    assert_int_equal(shm_buffer_import(&late, desc, err), ERR_NOT_FOUND);
+    /* the reader lets go: the owner's wait ends */
+    shm_buffer_close(peer);
+    assert_int_equal(shm_buffer_await_readers(owner, 1000, err), 0);
+    shm_buffer_close(owner);
+    cJSON_Delete(desc);
+
+    /* a reader killed with -9 lets go too (the kernel drops its lock) */
+    assert_int_equal(shm_buffer_create(&owner, "posix", instance, "await", 1, 2, 16, err), 0);
+    desc = shm_buffer_export(owner);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct shm_buffer *child = NULL;
+        char cerr[ERR_MSG_MAX];
+        char ok = shm_buffer_import(&child, desc, cerr) == 0 ? 'y' : 'n';
+        if (write(ready[1], &ok, 1) != 1)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    char ok = 0;
+    assert_int_equal(read(ready[0], &ok, 1), 1);
+    assert_int_equal(ok, 'y');
+    assert_int_equal(shm_buffer_await_readers(owner, 30, err), ERR_TIMEOUT);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    assert_int_equal(shm_buffer_await_readers(owner, 1000, err), 0);
+    close(ready[0]);
+    close(ready[1]);
+    shm_buffer_close(owner);
+    cJSON_Delete(desc);
+}
+
 int main(void)
 {
     snprintf(instance, sizeof instance, "ut%ld", (long)getpid());
@@ -630,6 +715,7 @@ int main(void)
         cmocka_unit_test(test_shm_half_reader_never_accepts_a_torn_half),
         cmocka_unit_test(test_shm_buffer_cuda_ipc_descriptor_round_trips),
         cmocka_unit_test(test_shm_buffer_cleanup_removes_only_dead_owners),
+        cmocka_unit_test(test_shm_buffer_owner_awaits_its_readers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
