@@ -570,14 +570,20 @@ static const char *const exact_path_names[] = {"auto",        "skinny",      "ti
                                                "tiled 32x32", "tiled 16x32", "tiled 16x16"};
 #define N_EXACT_PATHS (sizeof(exact_paths) / sizeof(exact_paths[0]))
 
-/* TANDEM_GPU_TEST_SHORT=1 (run_gpu_tests.sh sets it for the
- * compute-sanitizer runs, which are slow, racecheck above all): fewer row
- * counts, still every shape, path and tile edge kind. */
-static int short_mode(void)
+/* TANDEM_GPU_TEST_SHORT=1 (run_gpu_tests.sh sets it for memcheck and
+ * synccheck): fewer row counts, still every shape, path and tile edge kind.
+ * TANDEM_GPU_TEST_SHORT=2 (racecheck, which instruments every shared-memory
+ * access): the fewest rows that still take each kernel and tile shape
+ * (skinny, then the 16- and 32-row tiles and their partial edges). */
+static int short_level(void)
 {
     const char *s = getenv("TANDEM_GPU_TEST_SHORT");
-    return s && *s && strcmp(s, "0") != 0;
+    if (!s || !*s || strcmp(s, "0") == 0)
+        return 0;
+    return strcmp(s, "2") == 0 ? 2 : 1;
 }
+
+static int short_mode(void) { return short_level() > 0; }
 
 #define INV_N_MAX 512
 
@@ -587,6 +593,12 @@ static int short_mode(void)
 static int invariance_row_counts(int *ns)
 {
     int k = 0;
+    if (short_level() == 2) {
+        const int fewest[4] = {1, 9, 17, 33};
+        for (int i = 0; i < 4; i++)
+            ns[k++] = fewest[i];
+        return k;
+    }
     if (short_mode()) {
         const int quick[15] = {1, 2, 9, 15, 16, 17, 31, 32, 33, 40, 64, 65, 129, 257, INV_N_MAX};
         for (int i = 0; i < 15; i++)
@@ -653,21 +665,23 @@ static void test_cuda_matmul_is_batch_invariant(void **state)
             float *single = falloc(o_count), *got = falloc(o_count);
             char what[128];
 
-            /* every row alone, through the op table */
+            /* every row alone, through the op table (only the rows the
+             * calls below reach) */
             poison(g, dout, o_count);
-            for (int i = 0; i < INV_N_MAX; i++)
+            const int n_alone = ns[n_ns - 1] < INV_N_MAX ? ns[n_ns - 1] + 1 : INV_N_MAX;
+            for (int i = 0; i < n_alone; i++)
                 OK(g->ops->matmul(g, dout + (size_t)i * d_out, dx + (size_t)i * d_in, dw, dt, 1,
                                   d_in, d_out, err));
             dev_get(g, single, dout, o_count * sizeof(float));
 
             /* the rows alone agree with the CPU */
             float *ref = falloc(o_count);
-            OK(f->cpu->ops->matmul(f->cpu, ref, x, w, dt, INV_N_MAX, d_in, d_out, err));
-            double *scale = matmul_scale(x, values, INV_N_MAX, d_in, d_out);
+            OK(f->cpu->ops->matmul(f->cpu, ref, x, w, dt, n_alone, d_in, d_out, err));
+            double *scale = matmul_scale(x, values, n_alone, d_in, d_out);
             snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d rows alone vs cpu",
                      kern_dtype_name(dt), d_in, d_out);
-            assert_int_equal(count_mismatches(what, single, ref, o_count, 1e-6, f32_rtol(d_in),
-                                              scale), 0);
+            assert_int_equal(count_mismatches(what, single, ref, (size_t)n_alone * d_out, 1e-6,
+                                              f32_rtol(d_in), scale), 0);
             free(scale);
             free(ref);
 
@@ -742,7 +756,8 @@ static void test_cuda_matmul_llama_rows_are_invariant(void **state)
     float *dout = NULL;
     OK(g->ops->alloc(g, (size_t)n_max * d_out * sizeof(float), (void **)&dout, err));
     float *single = falloc((size_t)n_max * d_out), *got = falloc((size_t)n_max * d_out);
-    for (int i = 0; i < n_max; i++)
+    const int n_alone = ns[n_ns - 1]; /* the rows the calls below compare */
+    for (int i = 0; i < n_alone; i++)
         OK(g->ops->matmul(g, dout + (size_t)i * d_out, dx + (size_t)i * d_in, dw, dt, 1, d_in,
                           d_out, err));
     dev_get(g, single, dout, (size_t)n_max * d_out * sizeof(float));

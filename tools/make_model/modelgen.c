@@ -720,9 +720,13 @@ int modelgen_write(const char *out_dir, const struct modelgen_params *p, char *e
     if (rc)
         return rc;
     if (pr->tokenizer == MG_TOK_LLAMA3) {
+        /* $TANDEM_DEPS_DIR before the source tree's: programs packed for
+         * another machine (tests/gpu/pack.sh) find the files there */
+        const char *deps = getenv("TANDEM_DEPS_DIR");
         int len = p->tokenizer_dir
                       ? snprintf(tokdir, sizeof tokdir, "%s", p->tokenizer_dir)
-                      : snprintf(tokdir, sizeof tokdir, "%s%s", TANDEM_DEFAULT_DEPS_DIR,
+                      : snprintf(tokdir, sizeof tokdir, "%s%s",
+                                 deps && *deps ? deps : TANDEM_DEFAULT_DEPS_DIR,
                                  MODELGEN_LLAMA3_TOKENIZER_SUBDIR);
         if (len < 0 || len >= (int)sizeof tokdir)
             return error_set(err, ERR_INVALID_ARG, "tokenizer directory: path too long");

