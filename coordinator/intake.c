@@ -18,9 +18,9 @@
 #include <malloc.h>
 #endif
 
-#include "chat_template.h"
 #include "error.h"
 #include "logging.h"
+#include "prompt.h"
 #include "replies.h"
 #include "scheduler.h"
 
@@ -44,92 +44,17 @@ static uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-/* Tokenizes the request's prompt into s->hist. 0 or an error code with the
- * reply already sent. */
+/* Tokenizes the request's prompt into s->hist (prompt.h). 0, or an error
+ * code with msg for the client's reply. */
 static int build_prompt(struct coordinator *c, const struct request *r, struct seq *s, char *msg, size_t msg_size)
 {
-    char err[ERR_MSG_MAX] = "";
-    int32_t *ids = NULL;
-    size_t n = 0;
-    int rc = 0;
-    int vocab = c->worker[ROLE_TARGET].vocab_size;
-    if (r->input == REQUEST_INPUT_IDS) {
-        for (int i = 0; i < r->n_prompt_ids; i++) {
-            if (r->prompt_ids[i] >= vocab) {
-                snprintf(msg, msg_size, "prompt_ids[%d]: token id %d is outside the vocabulary (0..%d)", i,
-                         r->prompt_ids[i], vocab - 1);
-                return ERR_INVALID_ARG;
-            }
-        }
-        ids = malloc(sizeof(*ids) * (size_t)r->n_prompt_ids);
-        if (ids == NULL) {
-            snprintf(msg, msg_size, "out of memory");
-            return ERR_NOMEM;
-        }
-        memcpy(ids, r->prompt_ids, sizeof(*ids) * (size_t)r->n_prompt_ids);
-        n = (size_t)r->n_prompt_ids;
-    } else if (c->tk == NULL) {
-        snprintf(msg, msg_size, "%s: this server has no tokenizer (no tokenizer.json in %.200s); send prompt_ids",
-                 r->input == REQUEST_INPUT_PROMPT ? "prompt" : "messages", c->cfg.coordinator.tokenizer);
-        return ERR_INVALID_ARG;
-    } else if (r->input == REQUEST_INPUT_PROMPT) {
-        rc = tokenizer_encode(c->tk, r->prompt, r->prompt_len, TOKENIZER_ADD_BOS, &ids, &n, err);
-        if (rc != 0) {
-            snprintf(msg, msg_size, "prompt: %s", err);
-            return rc;
-        }
-    } else {
-        struct chat_message *m = calloc((size_t)r->n_messages, sizeof(*m));
-        if (m == NULL) {
-            snprintf(msg, msg_size, "out of memory");
-            return ERR_NOMEM;
-        }
-        for (int i = 0; i < r->n_messages; i++) {
-            m[i].role = r->messages[i].role;
-            m[i].content = r->messages[i].content;
-            m[i].content_len = strlen(r->messages[i].content);
-        }
-        rc = chat_template_encode(c->tk, m, (size_t)r->n_messages, 1, NULL, &ids, &n, err);
-        free(m);
-        if (rc != 0) {
-            snprintf(msg, msg_size, "messages: %s", err);
-            return rc;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= vocab) {
-            snprintf(msg, msg_size, "prompt: the tokenizer produced id %d outside the target's vocabulary of %d",
-                     ids[i], vocab);
-            free(ids);
-            return ERR_MISMATCH;
-        }
-    }
-    if (n == 0) {
-        free(ids);
-        snprintf(msg, msg_size, "prompt: encodes to no tokens");
-        return ERR_INVALID_ARG;
-    }
-    int ctx = coord_context_len(c);
-    if ((long long)n >= ctx) {
-        snprintf(msg, msg_size, "prompt: %zu tokens do not fit the context of %d tokens (at most %d)", n, ctx,
-                 ctx - 1);
-        free(ids);
-        return ERR_CONTEXT_FULL;
-    }
-    int cap = (int)n + r->max_tokens + SPECULATE_K_MAX + 2;
-    if (cap > ctx + SPECULATE_K_MAX + 2)
-        cap = ctx + SPECULATE_K_MAX + 2;
-    int32_t *hist = realloc(ids, sizeof(*hist) * (size_t)cap);
-    if (hist == NULL) {
-        free(ids);
-        snprintf(msg, msg_size, "out of memory");
-        return ERR_NOMEM;
-    }
-    s->hist = hist;
-    s->cap_hist = cap;
-    s->n_hist = (int)n;
-    s->n_prompt = (int)n;
-    return 0;
+    const struct prompt_limits lim = {.vocab = c->worker[ROLE_TARGET].vocab_size,
+                                      .context_len = coord_context_len(c),
+                                      .tokenizer_path = c->cfg.coordinator.tokenizer};
+    int rc = prompt_build(c->tk, &lim, r, &s->hist, &s->n_hist, &s->cap_hist, msg, msg_size);
+    if (rc == 0)
+        s->n_prompt = s->n_hist;
+    return rc;
 }
 
 static void on_generate(struct coordinator *c, const uint8_t *identity, size_t identity_size, struct conn_ref conn,

@@ -3,32 +3,52 @@
  * parsed, then request_from_json for a "generate" (prompt, chat messages,
  * prompt_ids, sampling fields, seeds as numbers or strings, stop strings,
  * spec_k / spec_mode). A request that parses is checked against the
- * invariants request.h promises, reading every string it owns, and is then
- * tokenized as coordinator/intake.c does it (the prompt with BOS, chat
- * messages through the chat template, with and without the 3.1 date block)
- * with the small generated tokenizer: client text reaches the tokenizer and
- * the template only through here. */
+ * invariants request.h promises, reading every string it owns, and its
+ * input goes through intake's own prompt_build (coordinator/prompt.c: the
+ * prompt with BOS, chat messages through the chat template, prompt_ids
+ * against the vocabulary) with the small generated tokenizer, whose result
+ * is checked against prompt.h's promises; the chat template also runs with
+ * the 3.1 date block. Client text reaches the tokenizer and the template
+ * only through here. */
 #include "fuzz_common.h"
 #include "fuzz_tiny_tokenizer.h"
 
 #include "chat_template.h"
 #include "error.h"
+#include "prompt.h"
 #include "request.h"
 
-/* What intake does with a parsed request's text. */
+/* The context the ids must fit: small, so that long inputs reach the
+ * context check. */
+#define FUZZ_CONTEXT 512
+
+/* What intake does with a parsed request's input, and the promises of
+ * prompt.h on what comes back. */
 static void tokenize_request(const struct request *r)
 {
     const struct tokenizer *tk = fuzz_tiny_tokenizer();
-    char err[ERR_MSG_MAX];
+    const struct prompt_limits lim = {.vocab = tokenizer_vocab_size(tk),
+                                      .context_len = FUZZ_CONTEXT, .tokenizer_path = "fuzz"};
+    char msg[512];
     int32_t *ids = NULL;
-    size_t n = 0;
-    if (r->input == REQUEST_INPUT_PROMPT) {
-        if (tokenizer_encode(tk, r->prompt, r->prompt_len, TOKENIZER_ADD_BOS, &ids, &n, err) == 0)
+    int n = 0, cap = 0;
+    for (int with_tk = 0; with_tk < 2; with_tk++) {
+        int rc = prompt_build(with_tk ? tk : NULL, &lim, r, &ids, &n, &cap, msg, sizeof msg);
+        if (rc == 0) {
+            if (!ids || n < 1 || n >= FUZZ_CONTEXT || cap < n + 1)
+                abort();
+            for (int i = 0; i < n; i++)
+                if (ids[i] < 0 || ids[i] >= lim.vocab)
+                    abort();
+            ids[cap - 1] = 0; /* the room promised is there */
             free(ids);
-        return;
+        } else if (ids || msg[0] == '\0') {
+            abort();
+        }
     }
     if (r->input != REQUEST_INPUT_MESSAGES)
         return;
+    /* the template with the 3.1 date block, which intake does not send */
     struct chat_message *m = calloc((size_t)r->n_messages, sizeof *m);
     if (!m)
         return;
@@ -38,14 +58,14 @@ static void tokenize_request(const struct request *r)
         m[i].content_len = strlen(r->messages[i].content);
     }
     const struct chat_template_options dated = {.date_string = "26 Jul 2024"};
-    const struct chat_template_options *opts[] = {NULL, &dated};
-    for (size_t k = 0; k < 2; k++) {
-        if (chat_template_encode(tk, m, (size_t)r->n_messages, 1, opts[k], &ids, &n, err) == 0) {
-            for (size_t i = 0; i < n; i++)
-                if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(tk))
-                    abort();
-            free(ids);
-        }
+    char err[ERR_MSG_MAX];
+    size_t n_dated = 0;
+    int32_t *dated_ids = NULL;
+    if (chat_template_encode(tk, m, (size_t)r->n_messages, 1, &dated, &dated_ids, &n_dated, err) == 0) {
+        for (size_t i = 0; i < n_dated; i++)
+            if (dated_ids[i] < 0 || dated_ids[i] >= tokenizer_vocab_size(tk))
+                abort();
+        free(dated_ids);
     }
     free(m);
 }
