@@ -378,9 +378,12 @@ static void exact_distributions(struct loaded_model *t, const int32_t *prompt, i
     sampling_workspace_destroy(ws);
 }
 
-/* Samples GOF_SAMPLES generations of 3 tokens (seeds 1..N) and tests the 2nd
+/* Samples GOF_SAMPLES generations of 4 tokens (seeds 1..N) and tests the 2nd
  * and 3rd tokens against the exact distribution. draft NULL = target-only
- * (checks the method itself). */
+ * (checks the method itself). Four tokens leave the first round room for
+ * K = 2 (K is capped at the room left minus one), so with k = 2 the 3rd
+ * token is decided at the round's second draft position, from that
+ * position's q row. */
 static void check_distribution(struct dist_pair *p, int with_draft, int k,
                                enum speculate_mode mode, const struct sampling_params *base,
                                const char *label)
@@ -399,11 +402,11 @@ static void check_distribution(struct dist_pair *p, int with_draft, int k,
     for (int s = 1; s <= GOF_SAMPLES; s++) {
         struct sampling_params sp = *base;
         sp.seed = (uint64_t)s;
-        int32_t out[3];
+        int32_t out[4];
         int n;
         struct specdec_stats st;
-        fixture_generate(d, t, prompt, 3, 3, k, &sp, mode, NULL, 0, out, &n, &st);
-        assert_int_equal(n, 3);
+        fixture_generate(d, t, prompt, 3, 4, k, &sp, mode, NULL, 0, out, &n, &st);
+        assert_int_equal(n, 4);
         count2[out[1]]++;
         count3[out[2]]++;
         drafted += st.drafted;
