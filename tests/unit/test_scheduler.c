@@ -336,6 +336,18 @@ static struct seq *prefilled(struct coordinator *c, int max_tokens, int k_fixed,
     return s;
 }
 
+/* prefilled, then its first round up to the verification: returns the
+ * sequence, the draft and the verify commands in *d and *v. */
+static struct seq *verifying(struct coordinator *c, int max_tokens, struct worker_msg_draft *d,
+                             struct worker_msg_verify *v)
+{
+    struct seq *s = prefilled(c, max_tokens, 2, 40);
+    *d = expect_draft();
+    draft_ready(c, s, d->round, 0, d->k, -1, false);
+    *v = expect_verify();
+    return s;
+}
+
 /* ---- tests ---- */
 
 static void test_scheduler_admission_prefills_both_workers(void **state)
@@ -494,10 +506,9 @@ static void test_scheduler_fails_a_malformed_reply(void **state)
     struct coordinator *c = &f->c;
     log_clear();
     c->cores_shared = true;
-    struct seq *s = prefilled(c, 20, 2, 40);
-    struct worker_msg_draft d = expect_draft();
-    draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct worker_msg_draft d;
+    struct worker_msg_verify v;
+    struct seq *s = verifying(c, 20, &d, &v);
     const int32_t t[4] = {41, 42, 43, 44};
     verify_done(c, s, v.round, 3, t, 1);
     assert_int_equal(rep.errors, 1);
@@ -507,8 +518,8 @@ static void test_scheduler_fails_a_malformed_reply(void **state)
     assert_int_equal(c->n_active, 0);
 }
 
-/* The draft goes away mid-round: the round goes on without it (plain
- * steps); when it is back, the next draft starts from an empty cache. */
+/* The draft goes away mid-round: the sequence goes on without it, in plain
+ * steps the target runs back to back, to the end. */
 static void test_scheduler_lost_draft_falls_back_to_plain_steps(void **state)
 {
     struct fixture *f = *state;
@@ -657,10 +668,9 @@ static void test_scheduler_target_error_fails_the_request(void **state)
     struct coordinator *c = &f->c;
     log_clear();
     c->cores_shared = true;
-    struct seq *s = prefilled(c, 20, 2, 40);
-    struct worker_msg_draft d = expect_draft();
-    draft_ready(c, s, d.round, 0, 2, -1, false);
-    (void)expect_verify();
+    struct worker_msg_draft d;
+    struct worker_msg_verify v;
+    struct seq *s = verifying(c, 20, &d, &v);
     worker_error(c, ROLE_TARGET, s, ERR_CONTEXT_FULL, PROTOCOL_VERIFY);
     assert_int_equal(rep.errors, 1);
     assert_int_equal(rep.last_error, METRICS_ERR_CONTEXT_FULL);
@@ -707,10 +717,7 @@ static void test_scheduler_cancel_in_every_state(void **state)
     draft_ready(c, &copy, d.round, 0, 2, -1, false);
     no_more_commands();
     /* verifying */
-    s = prefilled(c, 10, 2, 40);
-    d = expect_draft();
-    draft_ready(c, s, d.round, 0, 2, -1, false);
-    v = expect_verify();
+    s = verifying(c, 10, &d, &v);
     copy = *s;
     scheduler_cancel(c, s);
     expect_releases();
