@@ -1,9 +1,9 @@
 /* specdec_device.h: the device half of the speculation engine (private to
  * common/engine): sampling, drafting picks and accept/reject on the CUDA
  * backend with the kern_cuda_* kernels, so that per token only ids and
- * status words are downloaded. specdec.c calls it where a draft or target
- * was switched to the device (specdec_*_use_device); the host path never
- * reaches it.
+ * status words are downloaded. specdec_draft.c and specdec_target.c call
+ * it where a draft or target was switched to the device
+ * (specdec_*_use_device); the host path never reaches it.
  *
  * Same rules as the host path (sampling.h, speculate.h): the same Philox
  * keys, streams and positions, argmax with the lowest index among ties;

@@ -1,7 +1,7 @@
 /* adaptive_k.c: the adaptive-K controller (see adaptive_k.h).
  *
  * Pure arithmetic over measured acceptance and costs: no model, no clock.
- * The callers (the in-process loop in engine/specdec.c and the coordinator's
+ * The callers (the in-process loop in engine/specdec_generate.c and the coordinator's
  * scheduler) time the rounds and feed the figures in.
  */
 #include "adaptive_k.h"

@@ -1,0 +1,130 @@
+/* specdec_internal.h: what the engine's files share and nothing outside
+ * common/engine sees: the two halves' state, the step helpers both halves
+ * use, and the one-job forms of a draft and a verification with q rows in
+ * device memory (the in-process loop's).
+ *
+ *   specdec_draft.c     the draft half: jobs, steps, picks (host or device)
+ *   specdec_target.c    the target half: verification jobs, steps, accept/reject
+ *   specdec_generate.c  the in-process speculative generation loop
+ *   specdec_step.c      the helpers below
+ *   specdec_device.c    the halves' device path on the CUDA backend
+ */
+#ifndef TANDEM_SPECDEC_INTERNAL_H
+#define TANDEM_SPECDEC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "specdec.h"
+#include "specdec_device.h"
+
+struct specdec_draft {
+    struct llama_ctx *ctx;
+    struct specdec_progress progress;
+    int vocab;
+    float *logits;      /* [logits_cap, vocab]: one row per job of a step */
+    int logits_cap;
+    float *probs;       /* [vocab] */
+    struct llama_seq_batch *entries; /* [entries_cap] */
+    struct specdec_draft_job **in_call; /* [entries_cap] */
+    int entries_cap;
+    bool *slot_busy;    /* [n_slots]: slot already in this step */
+    struct sampling_workspace *ws;
+    /* device sampling (specdec_draft_use_device); NULL: the host path */
+    struct specdec_dev *dev;
+    struct specdec_dev_pick *picks; /* [entries_cap] */
+    int32_t *pick_tokens;           /* [4 * picks_cap]: the picks' tokens, their
+                                       statuses, then (token, status) per entry */
+    int picks_cap;
+    /* The host path's greedy picks: the forward returns only each row's
+     * argmax (llama_seq_batch.argmax_out), where the backend offers it. */
+    bool host_argmax;
+    bool argmax_ready;              /* the backend offers it and the head is prepared */
+    int32_t *argmax_picks;          /* [argmax_cap]: one per entry of a step */
+    int argmax_cap;
+};
+
+struct specdec_target {
+    struct llama_ctx *ctx;
+    struct specdec_progress progress;
+    int vocab;
+    float *logits;      /* [logits_cap, vocab]: the k + 1 rows of each finishing job */
+    int logits_cap;
+    float *scratch;     /* [vocab] */
+    int32_t *tokens;    /* [tokens_cap]: feed tail + drafts of each finishing job */
+    int tokens_cap;
+    struct llama_seq_batch *entries;
+    struct specdec_verify_job **in_call;
+    int entries_cap;
+    bool *slot_busy;
+    struct sampling_workspace *ws;
+    /* device sampling (specdec_target_use_device); NULL: the host path */
+    struct specdec_dev *dev;
+    struct specdec_dev_round *rounds;     /* [rounds_cap] */
+    struct specdec_dev_outcome *outcomes; /* [rounds_cap] */
+    int rounds_cap;
+    /* The host path's greedy verifications read only each row's argmax
+     * (llama_seq_batch.argmax_out), where the backend offers it. */
+    bool host_argmax;
+    bool argmax_ready;      /* the backend offers it and the head is prepared */
+    int32_t *argmax_rows;   /* [argmax_cap]: the k + 1 argmaxes of each finishing job */
+    int argmax_cap;
+};
+
+/* Monotonic milliseconds. */
+double specdec_now_ms(void);
+
+/* The vocabulary of ctx's model. */
+int specdec_ctx_vocab(struct llama_ctx *ctx);
+
+/* *dst = *src (src NULL: none), with the default chunk where it has none. */
+void specdec_progress_set(struct specdec_progress *dst, const struct specdec_progress *src);
+
+/* Grows *buf (capacity *cap elements of elem bytes) to hold want:
+ * 0 or ERR_NOMEM. */
+int specdec_grow(void **buf, int *cap, int want, size_t elem, char *err);
+
+/* specdec_grow, then writes the whole buffer once: a buffer of
+ * vocabulary-wide rows sized at creation is committed there, not page by
+ * page in the first calls that reach its rows (see ctx_touch_logits in
+ * llama.c), where the faults were timed as the cost of drafting or of a
+ * longer verification. */
+int specdec_grow_touched(void **buf, int *cap, int want, size_t elem, char *err);
+
+/* Ends a job with rc and err (its name when err is empty). */
+void specdec_job_fail(int *rc_out, char *err_out, bool *done, int rc, const char *err);
+
+/* Whether the pool can take entry e now (1), later (0), or never
+ * (ERR_OVERLOADED: a call that could not fit even alone in an empty step).
+ * *free_left counts down the blocks promised in this step. */
+int specdec_entry_fits(struct llama_ctx *ctx, const struct llama_seq_batch *e, int n_taken,
+                       int *free_left, char *err);
+
+/* A step's entry and call arrays for want entries, and the per-slot flags. */
+int specdec_step_capacity(void **entries, void **in_call, int *cap, bool **slot_busy,
+                          int n_slots, int want, size_t entry_size, char *err);
+
+/* Readies the backend's argmax screen for ctx's LM head, where it offers
+ * one (llama_model_prepare_argmax); returns whether it is ready. Never
+ * fatal: without it greedy rows read the whole head, which is only slower,
+ * so a head the backend will not copy (one holding a NaN) or no memory for
+ * the copy is logged and decoding goes on. */
+bool specdec_prepare_argmax(struct llama_ctx *ctx, const char *half, bool draft);
+
+/* specdec_draft_propose with the q rows in host (q_rows_out) or device
+ * (q_rows_dev) memory. */
+int specdec_draft_propose_to(struct specdec_draft *d, int slot, int keep_len,
+                             const int32_t *feed, int n_feed, int k,
+                             const struct sampling_params *sp, enum speculate_mode mode,
+                             int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
+                             char *err);
+
+/* specdec_target_verify with the q rows in host (q_rows) or device
+ * (q_rows_dev) memory. */
+int specdec_target_verify_from(struct specdec_target *t, int slot, int keep_len,
+                               const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                               const float *q_rows, const float *q_rows_dev,
+                               const struct sampling_params *sp, enum speculate_mode mode,
+                               int32_t *tokens_out, int *n_accepted_out, char *err);
+
+#endif

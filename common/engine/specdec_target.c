@@ -1,0 +1,411 @@
+/* specdec_target.c: the target half (contracts in specdec.h):
+ * verification jobs stepped together, one forward call per step for every
+ * job (a prompt a chunk at a time beside them), accept/reject on the host
+ * or, with specdec_target_use_device, on the device.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "specdec_internal.h"
+
+int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err)
+{
+    *out = NULL;
+    struct specdec_target *t = calloc(1, sizeof *t);
+    if (!t)
+        return error_set(err, ERR_NOMEM, "target: out of memory");
+    t->ctx = ctx;
+    specdec_progress_set(&t->progress, NULL);
+    t->vocab = specdec_ctx_vocab(ctx);
+    t->scratch = malloc((size_t)t->vocab * sizeof(float));
+    int rc = !t->scratch ? error_set(err, ERR_NOMEM, "target: out of memory")
+                         : sampling_workspace_create(&t->ws, t->vocab, err);
+    /* a whole verification's rows: the largest K's */
+    if (!rc) {
+        memset(t->scratch, 0, (size_t)t->vocab * sizeof(float));
+        rc = specdec_grow_touched((void **)&t->logits, &t->logits_cap, SPECULATE_K_MAX + 1,
+                          (size_t)t->vocab * sizeof(float), err);
+    }
+    if (rc) {
+        specdec_target_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+void specdec_target_destroy(struct specdec_target *t)
+{
+    if (!t)
+        return;
+    sampling_workspace_destroy(t->ws);
+    specdec_dev_destroy(t->dev);
+    free(t->rounds);
+    free(t->outcomes);
+    free(t->argmax_rows);
+    free(t->logits);
+    free(t->scratch);
+    free(t->tokens);
+    free(t->entries);
+    free(t->in_call);
+    free(t->slot_busy);
+    free(t);
+}
+
+struct llama_ctx *specdec_target_ctx(struct specdec_target *t) { return t->ctx; }
+
+int specdec_target_use_device(struct specdec_target *t, bool on, char *err)
+{
+    if (!on) {
+        specdec_dev_destroy(t->dev);
+        t->dev = NULL;
+        return 0;
+    }
+    if (t->dev)
+        return 0;
+    int rc = specdec_dev_create(&t->dev, t->ctx, err);
+    if (!rc) { /* the rows live on the device now; specdec_grow() finds room again if it is turned off */
+        free(t->logits);
+        t->logits = NULL;
+        t->logits_cap = 0;
+    }
+    return rc;
+}
+
+bool specdec_target_on_device(const struct specdec_target *t) { return t->dev != NULL; }
+
+bool specdec_target_prepare_argmax(struct specdec_target *t)
+{
+    /* greedy verification and greedy plain decoding read only each row's argmax */
+    t->argmax_ready = t->host_argmax = specdec_prepare_argmax(t->ctx, "target", false);
+    return t->argmax_ready;
+}
+
+void specdec_target_set_argmax(struct specdec_target *t, bool on)
+{
+    t->host_argmax = on && t->argmax_ready;
+}
+
+void specdec_target_set_progress(struct specdec_target *t, const struct specdec_progress *p)
+{
+    specdec_progress_set(&t->progress, p);
+}
+
+void specdec_verify_job_init(struct specdec_verify_job *j)
+{
+    j->fed = 0;
+    j->n_accepted = 0;
+    j->started = false;
+    j->done = false;
+    j->rc = 0;
+    j->err[0] = '\0';
+    j->step_tokens = 0;
+    j->step_final = false;
+    j->in_step = false;
+}
+
+struct target_rows {
+    struct specdec_target *t;
+    const struct sampling_params *sp;
+    float *p_rows;
+};
+
+/* Turns logits row i into the p row in place (speculate_input.prepare_p_row). */
+static int prepare_p_row(void *user, int i, char *err)
+{
+    struct target_rows *r = user;
+    struct specdec_target *t = r->t;
+    float *row = r->p_rows + (size_t)i * (size_t)t->vocab;
+    int rc = sampling_adjust(t->ws, r->sp, row, t->vocab, t->scratch, err);
+    if (rc)
+        return rc;
+    memcpy(row, t->scratch, (size_t)t->vocab * sizeof(float));
+    return 0;
+}
+
+/* Checks job j once, before its first step; 0 or the error it fails with. */
+static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, char *err)
+{
+    if (j->k < 0 || j->k > SPECULATE_K_MAX)
+        return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX,
+                         j->k);
+    if (j->n_feed < 1 || !j->feed)
+        return error_set(err, ERR_INVALID_ARG, "verify: nothing to feed");
+    if (j->k > 0 && !j->draft)
+        return error_set(err, ERR_INVALID_ARG, "verify: k = %d drafts but none given", j->k);
+    const int max_seq = llama_ctx_max_seq_len(t->ctx);
+    if (j->keep_len < 0 || j->n_feed + j->k > max_seq - j->keep_len)
+        return error_set(err, ERR_CONTEXT_FULL,
+                         "verify would reach %d positions, the context length is %d",
+                         j->keep_len + j->n_feed + j->k, max_seq);
+    if (j->k > 0 && !sampling_params_is_greedy(&j->sp) && j->mode == SPECULATE_MODE_SAMPLED &&
+        !j->q_rows && !j->q_rows_dev)
+        return error_set(err, ERR_INVALID_ARG,
+                         "verify: q rows are required to verify sampled drafts");
+    if (j->q_rows_dev && !t->dev)
+        return error_set(err, ERR_INVALID_ARG,
+                         "verify: q rows in device memory need device sampling");
+    return llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
+}
+
+/* Accept/reject for a job whose final entry ran: p_rows holds its k + 1
+ * logits rows, or (greedy) p_argmax their k + 1 argmaxes. */
+static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows,
+                          const int32_t *p_argmax)
+{
+    char err[ERR_MSG_MAX];
+    const int greedy = sampling_params_is_greedy(&j->sp);
+    struct target_rows rows = {.t = t, .sp = &j->sp, .p_rows = p_rows};
+    struct speculate_input in = {
+        /* Greedy reads the logits' argmax; otherwise each p row is adjusted
+         * only when the accept/reject step reaches it. */
+        .prepare_p_row = greedy ? NULL : prepare_p_row,
+        .prepare_user = &rows,
+        .k = j->k,
+        .vocab = t->vocab,
+        .draft_tokens = j->draft,
+        .q_rows = j->q_rows,
+        .p_rows = p_rows,
+        .p_argmax = p_argmax,
+        .greedy = greedy,
+        .mode = j->mode,
+        .seed = j->sp.seed,
+        .position0 = (uint64_t)j->keep_len + (uint64_t)j->n_feed,
+    };
+    int n_accepted = 0;
+    int rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
+    if (!rc)
+        rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len + j->n_feed + n_accepted, err);
+    if (rc) {
+        specdec_job_fail(&j->rc, j->err, &j->done, rc, err);
+        return;
+    }
+    j->n_accepted = n_accepted;
+    j->done = true;
+}
+
+/* Device path: accept/reject for every job of the step whose final entry
+ * ran (rows 0 .. n_rows - 1 of the device logits), in one batch. */
+static int verify_finish_dev(struct specdec_target *t, int n, char *err)
+{
+    int n_rounds = 0;
+    if (n > t->rounds_cap) {
+        struct specdec_dev_round *r = realloc(t->rounds, (size_t)n * sizeof *r);
+        if (r)
+            t->rounds = r;
+        struct specdec_dev_outcome *o = r ? realloc(t->outcomes, (size_t)n * sizeof *o) : NULL;
+        if (!o)
+            return error_set(err, ERR_NOMEM, "speculation step: out of memory");
+        t->outcomes = o;
+        t->rounds_cap = n;
+    }
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        const struct specdec_verify_job *j = t->in_call[i];
+        if (!j->step_final)
+            continue;
+        t->rounds[n_rounds++] = (struct specdec_dev_round){
+            .k = j->k, .p_row0 = row, .sp = j->sp, .mode = j->mode,
+            .position0 = (uint64_t)j->keep_len + (uint64_t)j->n_feed, .draft = j->draft,
+            .q_dev = j->q_rows_dev, .q_host = j->q_rows};
+        row += j->k + 1;
+    }
+    if (n_rounds == 0)
+        return 0;
+    int rc = specdec_dev_verify(t->dev, t->rounds, n_rounds, row, t->outcomes, err);
+    if (rc)
+        return rc;
+    for (int i = 0, r = 0; i < n; i++) {
+        struct specdec_verify_job *j = t->in_call[i];
+        if (!j->step_final)
+            continue;
+        const struct specdec_dev_outcome *o = &t->outcomes[r++];
+        char j_err[ERR_MSG_MAX];
+        if (o->status == 0 && (o->n_accepted < 0 || o->n_accepted > j->k)) {
+            error_set(j_err, ERR_INVALID_ARG, "verify: the device accepted %d of %d drafts",
+                      o->n_accepted, j->k);
+            specdec_job_fail(&j->rc, j->err, &j->done, ERR_INVALID_ARG, j_err);
+            continue;
+        }
+        if (o->status != 0) {
+            if (o->bad_row >= 0)
+                error_set(j_err, ERR_INVALID_ARG, "verify: p row %d: %s", o->bad_row,
+                          specdec_dev_status_str(o->status));
+            else
+                error_set(j_err, ERR_INVALID_ARG, "verify: %s", specdec_dev_status_str(o->status));
+            specdec_job_fail(&j->rc, j->err, &j->done, ERR_INVALID_ARG, j_err);
+            continue;
+        }
+        if ((rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len + j->n_feed + o->n_accepted,
+                                     j_err))) {
+            specdec_job_fail(&j->rc, j->err, &j->done, rc, j_err);
+            continue;
+        }
+        memcpy(j->tokens_out, o->tokens, (size_t)(o->n_accepted + 1) * sizeof(int32_t));
+        j->n_accepted = o->n_accepted;
+        j->done = true;
+    }
+    return 0;
+}
+
+int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *const *jobs,
+                        int n_jobs, struct specdec_step_info *info, char *err)
+{
+    struct specdec_step_info local = {0};
+    if (!info)
+        info = &local;
+    *info = (struct specdec_step_info){0};
+    const int n_slots = llama_ctx_n_slots(t->ctx);
+    int rc = specdec_step_capacity((void **)&t->entries, (void **)&t->in_call, &t->entries_cap,
+                           &t->slot_busy, n_slots, n_jobs, sizeof *t->entries, err);
+    if (rc)
+        return rc;
+    /* Room for every job's final entry: at most chunk_tokens of feed plus
+     * its drafts, and k + 1 logits rows (a k out of range fails the job
+     * before it uses any). Sized by each job's own k: 16 jobs at the
+     * largest K would otherwise mean 272 vocabulary-wide rows. */
+    int want_tokens = 0, want_rows = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        const int k = jobs[i]->done || jobs[i]->k < 0 || jobs[i]->k > SPECULATE_K_MAX ? 0
+                                                                                      : jobs[i]->k;
+        want_tokens += t->progress.chunk_tokens + k;
+        want_rows += k + 1;
+    }
+    float *dev_logits = NULL;
+    if ((rc = specdec_grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
+        (t->dev ? (rc = specdec_dev_logits(t->dev, want_rows, &dev_logits, err))
+                : (rc = specdec_grow((void **)&t->logits, &t->logits_cap, want_rows,
+                             (size_t)t->vocab * sizeof(float), err))) ||
+        (!t->dev && t->host_argmax &&
+         (rc = specdec_grow((void **)&t->argmax_rows, &t->argmax_cap, want_rows, sizeof(int32_t), err))))
+        return rc;
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(t->ctx, &kv);
+    int free_left = kv.free_blocks, n = 0, used_tokens = 0, used_rows = 0;
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i]->in_step = false;
+    for (int i = 0; i < n_jobs; i++) {
+        struct specdec_verify_job *j = jobs[i];
+        char e_err[ERR_MSG_MAX];
+        if (j->done)
+            continue;
+        if (j->slot < 0 || j->slot >= n_slots) {
+            error_set(e_err, ERR_RANGE, "slot: must be in 0..%d, got %d", n_slots - 1, j->slot);
+            specdec_job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e_err);
+            continue;
+        }
+        if (t->slot_busy[j->slot])
+            continue; /* a slot's later job waits for its earlier one */
+        if (!j->started) {
+            if ((rc = verify_start(t, j, e_err))) {
+                specdec_job_fail(&j->rc, j->err, &j->done, rc, e_err);
+                continue;
+            }
+            j->started = true;
+        }
+        struct llama_seq_batch *e = &t->entries[n];
+        const int rest = j->n_feed - j->fed;
+        if (rest > t->progress.chunk_tokens) {
+            /* the head of a long feed: a chunk without logits */
+            *e = (struct llama_seq_batch){.slot = j->slot, .tokens = j->feed + j->fed,
+                                          .n_tokens = t->progress.chunk_tokens};
+            j->step_final = false;
+        } else {
+            int32_t *seq = t->tokens + used_tokens;
+            memcpy(seq, j->feed + j->fed, (size_t)rest * sizeof(int32_t));
+            if (j->k > 0)
+                memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
+            *e = (struct llama_seq_batch){.slot = j->slot, .tokens = seq,
+                                          .n_tokens = rest + j->k, .n_logits = j->k + 1};
+            if (dev_logits)
+                e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
+            else if (t->host_argmax && sampling_params_is_greedy(&j->sp))
+                e->argmax_out = t->argmax_rows + used_rows;
+            else
+                e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
+            j->step_final = true;
+        }
+        j->step_tokens = e->n_tokens;
+        int fits = 0;
+        if ((rc = llama_check_seq(t->ctx, e, e_err)) ||
+            (fits = specdec_entry_fits(t->ctx, e, n, &free_left, e_err)) < 0) {
+            specdec_job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
+            continue;
+        }
+        if (!fits)
+            continue;
+        if (j->step_final) {
+            used_tokens += e->n_tokens;
+            used_rows += e->n_logits;
+        }
+        t->slot_busy[j->slot] = true;
+        j->in_step = true;
+        t->in_call[n++] = j;
+        info->rows += e->n_tokens;
+    }
+    for (int i = 0; i < n; i++)
+        t->slot_busy[t->in_call[i]->slot] = false;
+    info->seqs = n;
+    if (n == 0)
+        return 0;
+    char f_err[ERR_MSG_MAX];
+    const double t0 = specdec_now_ms();
+    rc = llama_forward(t->ctx, t->entries, n, f_err);
+    /* the device path accepts/rejects every finishing job at once; the
+     * loop below then only advances the others */
+    if (!rc && t->dev)
+        rc = verify_finish_dev(t, n, f_err);
+    info->ms = specdec_now_ms() - t0;
+    for (int i = 0; i < n; i++) {
+        struct specdec_verify_job *j = t->in_call[i];
+        if (rc) {
+            specdec_job_fail(&j->rc, j->err, &j->done, rc, f_err);
+        } else if (!j->step_final) {
+            j->fed += j->step_tokens;
+            if (t->progress.on_chunk)
+                t->progress.on_chunk(t->progress.user, j->fed, j->n_feed);
+        } else {
+            j->fed = j->n_feed;
+            if (!t->dev)
+                verify_finish(t, j, t->entries[i].logits_out, t->entries[i].argmax_out);
+        }
+    }
+    return 0;
+}
+
+/* specdec_target_verify, q rows from host (q_rows) or device (q_rows_dev) memory. */
+int specdec_target_verify_from(struct specdec_target *t, int slot, int keep_len, const int32_t *feed,
+                         int n_feed, const int32_t *draft, int k, const float *q_rows,
+                         const float *q_rows_dev, const struct sampling_params *sp,
+                         enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
+                         char *err)
+{
+    *n_accepted_out = 0;
+    struct specdec_verify_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
+                                   .n_feed = n_feed, .draft = draft, .k = k, .q_rows = q_rows,
+                                   .q_rows_dev = q_rows_dev, .sp = *sp, .mode = mode};
+    specdec_verify_job_init(&j);
+    struct specdec_verify_job *const jobs[1] = {&j};
+    while (!j.done) {
+        int rc = specdec_target_step(t, jobs, 1, NULL, err);
+        if (rc)
+            return rc;
+    }
+    if (j.rc)
+        return error_set(err, j.rc, "%s", j.err);
+    memcpy(tokens_out, j.tokens_out, (size_t)(j.n_accepted + 1) * sizeof(int32_t));
+    *n_accepted_out = j.n_accepted;
+    return 0;
+}
+
+int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
+                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                          const float *q_rows, const struct sampling_params *sp,
+                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
+                          char *err)
+{
+    return specdec_target_verify_from(t, slot, keep_len, feed, n_feed, draft, k, q_rows, NULL, sp, mode,
+                         tokens_out, n_accepted_out, err);
+}
