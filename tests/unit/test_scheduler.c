@@ -146,9 +146,9 @@ static void worker_up(struct worker *w, const char *backend)
     w->n_slots = N_SEQS;
 }
 
-/* A coordinator with a target and a draft on their own hardware: no
- * verification beside its draft (the draft's buffer is not POSIX), pre-drafts
- * as the controller chooses. */
+/* A coordinator with a target and a draft, their cores shared (no
+ * pre-drafts) and the draft's buffer not POSIX (no verification beside its
+ * draft); a test that wants either says so. */
 static int setup(void **state)
 {
     struct fixture *f = calloc(1, sizeof *f);
@@ -171,7 +171,11 @@ static int setup(void **state)
         c->seqs[i].slot = i;
     c->busy_since_ms = -1;
     c->target_idle_since_ms = -1;
+    /* no pre-drafts and no verification beside its draft unless a test
+     * asks for them: rounds one at a time */
+    c->cores_shared = true;
     metrics_init(&c->metrics);
+    log_clear();
     *state = f;
     return 0;
 }
@@ -353,7 +357,6 @@ static struct seq *verifying(struct coordinator *c, int max_tokens, struct worke
 static void test_scheduler_admission_prefills_both_workers(void **state)
 {
     struct fixture *f = *state;
-    log_clear();
     struct seq *s = prefilled(&f->c, 10, 2, 40);
     assert_int_equal(s->state, SEQ_ACTIVE);
     assert_int_equal(s->n_hist, 4);
@@ -372,8 +375,6 @@ static void test_scheduler_round_keeps_the_draft_cache_right(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true; /* no pre-drafts: rounds one at a time */
     struct seq *s = prefilled(c, 20, 2, 40);
     /* round 1: the draft holds the prompt; it is fed the prefill's token */
     struct worker_msg_draft d = expect_draft();
@@ -418,7 +419,7 @@ static void test_scheduler_predraft_hit_and_miss(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
+    c->cores_shared = false; /* the draft has hardware of its own: pre-drafts */
     struct seq *s = prefilled(c, 30, 2, 40);
     struct worker_msg_draft d = expect_draft();
     assert_int_equal(d.predraft_k, 2);
@@ -468,8 +469,6 @@ static void test_scheduler_drops_stale_replies(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     struct seq *s = prefilled(c, 20, 2, 40);
     struct worker_msg_draft d = expect_draft();
     const int n_hist = s->n_hist;
@@ -504,8 +503,6 @@ static void test_scheduler_fails_a_malformed_reply(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     struct worker_msg_draft d;
     struct worker_msg_verify v;
     struct seq *s = verifying(c, 20, &d, &v);
@@ -524,8 +521,6 @@ static void test_scheduler_lost_draft_falls_back_to_plain_steps(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     struct seq *s = prefilled(c, 12, 2, 40);
     (void)expect_draft();
     c->worker[ROLE_DRAFT].up = false;
@@ -556,8 +551,6 @@ static void test_scheduler_draft_errors_turn_speculation_off(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     struct seq *s = prefilled(c, 40, 2, 40);
     for (int e = 0; e < COORD_DRAFT_ERRORS_MAX - 1; e++) {
         struct worker_msg_draft d = expect_draft();
@@ -588,7 +581,7 @@ static void test_scheduler_verify_beside_draft_and_its_timeout(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
+    c->cores_shared = false;
     c->worker[ROLE_DRAFT].shm_posix = true;
     struct seq *s = prefilled(c, 20, 2, 40);
     struct worker_msg_draft d = expect_draft();
@@ -604,7 +597,6 @@ static void test_scheduler_verify_beside_draft_and_its_timeout(void **state)
     const int32_t t[2] = {41, 42};
     verify_done(c, s, v.round, 1, t, 1);
     assert_int_equal(s->n_hist, 6);
-    c->worker[ROLE_DRAFT].shm_posix = false;
 }
 
 /* End of sequence and max_tokens end a request with done, release its slot
@@ -613,8 +605,6 @@ static void test_scheduler_endings_release_and_admit(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     c->cfg.coordinator.max_concurrency = 1;
     struct seq *s = prefilled(c, 20, 2, 40);
     struct worker_msg_draft d = expect_draft();
@@ -658,7 +648,6 @@ static void test_scheduler_endings_release_and_admit(void **state)
     }
     assert_int_equal(rep.last_finish, METRICS_FINISH_LENGTH);
     assert_int_equal(rep.n_done_ids, 5);
-    c->cfg.coordinator.max_concurrency = N_SEQS;
 }
 
 /* A target error fails the request with the error's meaning. */
@@ -666,8 +655,6 @@ static void test_scheduler_target_error_fails_the_request(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     struct worker_msg_draft d;
     struct worker_msg_verify v;
     struct seq *s = verifying(c, 20, &d, &v);
@@ -685,8 +672,6 @@ static void test_scheduler_cancel_in_every_state(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    log_clear();
-    c->cores_shared = true;
     c->cfg.coordinator.max_concurrency = 1;
     const int32_t prompt[3] = {1, 2, 3};
     struct seq *a = request(c, prompt, 3, 10, 2);
@@ -726,7 +711,6 @@ static void test_scheduler_cancel_in_every_state(void **state)
     no_more_commands();
     assert_int_equal(rep.dones, 0);
     assert_int_equal(c->metrics.requests_failed[METRICS_ERR_CANCELLED], 4);
-    c->cfg.coordinator.max_concurrency = N_SEQS;
 }
 
 int main(void)
