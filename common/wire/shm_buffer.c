@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "protocol.h"
 
 #define SHM_DEV_DIR "/dev/shm"
 
@@ -629,13 +630,6 @@ bool shm_buffer_owner_gone(const struct shm_buffer *buf)
     return fstat(buf->fd, &st) == 0 && st.st_nlink == 0;
 }
 
-static double shm_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 int shm_buffer_await_readers(struct shm_buffer *buf, double timeout_ms, char *err)
 {
     if (!buf->owner || buf->fd < 0)
@@ -646,13 +640,13 @@ int shm_buffer_await_readers(struct shm_buffer *buf, double timeout_ms, char *er
             return error_set_errno(err, ERR_SYSTEM, errno, "shm_unlink(%s)", buf->name);
         buf->unlinked = true;
     }
-    const double t0 = shm_now_ms();
+    const double t0 = protocol_now_ms();
     for (;;) {
         if (flock(buf->fd, LOCK_EX | LOCK_NB) == 0)
             return 0;
         if (errno != EWOULDBLOCK && errno != EINTR)
             return error_set_errno(err, ERR_SYSTEM, errno, "flock(%s, LOCK_EX)", buf->name);
-        if (shm_now_ms() - t0 >= timeout_ms)
+        if (protocol_now_ms() - t0 >= timeout_ms)
             return error_set(err, ERR_TIMEOUT, "shm %s: a reader still maps it after %.0f ms",
                              buf->name, timeout_ms);
         const struct timespec slice = {0, 5 * 1000 * 1000};

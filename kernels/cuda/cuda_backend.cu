@@ -86,6 +86,11 @@ int cuda_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
                      (int)dtype);
 }
 
+/* How long cuda_backend_wait_event spins (yielding) before it sleeps:
+ * longer than any decode or verification step, so only waits such as a
+ * long prefill chunk or a dead peer's event sleep. */
+#define CUDA_WAIT_SPIN_MS 20.0
+
 static double cuda_now_ms(void)
 {
     struct timespec t;
@@ -107,7 +112,10 @@ int cuda_backend_wait_event(cudaEvent_t ev, double timeout_ms, const char *what,
             return error_set(err, ERR_TIMEOUT, "%s: not done after %.0f ms (the GPU work it "
                              "waits for never finished: a peer process that died mid-round, or "
                              "a hung GPU)", what, waited);
-        if (waited < 1.0) {
+        /* cudaStreamSynchronize's default spins as well: a decode step's
+         * wait ends within microseconds of the GPU's work, not at the end of
+         * a sleep slice (nanosleep overshoots by tens of microseconds) */
+        if (waited < CUDA_WAIT_SPIN_MS) {
             sched_yield();
         } else {
             const struct timespec slice = {0, waited < 100.0 ? 20000L : 1000000L};

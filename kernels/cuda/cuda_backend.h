@@ -84,8 +84,8 @@ static inline struct cuda_backend *cuda_backend_of(struct kern_backend *be)
 
 /* Waits on the host until ev has completed or timeout_ms have passed:
  * 0, ERR_TIMEOUT naming `what`, or ERR_CUDA (an error the event reports).
- * Spins briefly (a decode step's wait is well under a millisecond), then
- * sleeps in short slices. */
+ * Spins (yielding) for the first milliseconds, as cudaStreamSynchronize
+ * does, then sleeps in short slices. */
 int cuda_backend_wait_event(cudaEvent_t ev, double timeout_ms, const char *what, char *err);
 
 /* Everything queued on the backend's stream so far is done, within

@@ -24,8 +24,9 @@
  *                publish); the importer's stream waits on it before any read;
  *   consumed[h]  the importer records it after its last read of the half
  *                (kern_cuda_ipc_end_read); the owner's stream waits on it
- *                before its kernels write the half again, and its host waits
- *                (bounded) before host code rewrites the host face.
+ *                before its kernels write the half again (and, where the
+ *                owner stages, its host, bounded, before host code rewrites
+ *                the host face).
  * Both waits hold whatever the coordinator's scheduling does; the host
  * waits are bounded (KERN_CUDA_IPC_WAIT_MS), so a peer that died with a
  * record pending costs ERR_TIMEOUT, never a hang.
@@ -116,12 +117,10 @@ static int ipc_register_host(struct kern_cuda_ipc *ipc, char *err)
 }
 
 /* Waits on the host, bounded, for ev: the peer may be dead. */
-static int ipc_wait_host(struct kern_cuda_ipc *ipc, cudaEvent_t ev, const char *what, int hi,
-                         char *err)
+static int ipc_wait_host(cudaEvent_t ev, const char *what, int hi, char *err)
 {
     char call[96];
     snprintf(call, sizeof call, "cuda ipc: %s of half %d", what, hi);
-    (void)ipc;
     return cuda_backend_wait_event(ev, KERN_CUDA_IPC_WAIT_MS, call, err);
 }
 
@@ -308,10 +307,10 @@ extern "C" int kern_cuda_ipc_begin_write(struct kern_cuda_ipc *ipc, int hi, char
      * (its copies to its GPU): there the host waits for its consumed event
      * too. A reader of the slab reads the host face's header and tokens
      * with the CPU, done before it answers the round. */
-    if ((rc = ipc_wait_host(ipc, ipc->events[hi], "the last publish's copy", hi, err)) < 0)
+    if ((rc = ipc_wait_host(ipc->events[hi], "the last publish's copy", hi, err)) < 0)
         return rc;
     if (ipc->staging && !ipc->debug_skip_waits)
-        return ipc_wait_host(ipc, ipc->consumed[hi], "the reader's last read", hi, err);
+        return ipc_wait_host(ipc->consumed[hi], "the reader's last read", hi, err);
     return 0;
 }
 
@@ -645,5 +644,5 @@ extern "C" int kern_cuda_ipc_staged(struct kern_cuda_ipc *ipc, int hi, char *err
     if (rc < 0)
         return rc;
     /* behind the wait for the draft's ready event: bounded */
-    return ipc_wait_host(ipc, ipc->staged[hi], "the staging copy", hi, err);
+    return ipc_wait_host(ipc->staged[hi], "the staging copy", hi, err);
 }

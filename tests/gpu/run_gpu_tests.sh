@@ -172,18 +172,16 @@ tiny_pair() {
             --derive-from "$MODELS/draft" --noise 0.02 --seed 1
 }
 
-gen() { "$BUILD/tools/generate/tandem-generate" --device "$DEV" "$@"; }
-
 sanitized() { # tool program args...
     local tool=$1
     shift
     [ -x "$SANITIZER" ] || { echo "compute-sanitizer not found at $SANITIZER"; return 1; }
     local extra=""
     [ "$tool" = memcheck ] && extra="--leak-check full"
-    # --report-api-errors no: the tests make failing calls on purpose (a 1 PiB
-    # cudaMalloc) and check their codes themselves
     local level=1
     [ "$tool" = racecheck ] && level=2
+    # --report-api-errors no: the tests make failing calls on purpose (a 1 PiB
+    # cudaMalloc) and check their codes themselves
     TANDEM_GPU_TEST_SHORT=$level "$SANITIZER" --tool "$tool" $extra --report-api-errors no --error-exitcode 99 "$@"
 }
 
@@ -238,7 +236,7 @@ stage_bench() {
     fi
 }
 
-export -f tiny_pair gen sanitized
+export -f tiny_pair sanitized
 export BUILD DEV MODELS SANITIZER
 
 write_stage_json() { # stage status elapsed
