@@ -228,6 +228,9 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
         }
         /* Workers first: their replies free slots and move rounds along.
          * Bounded batches keep one busy socket from starving the other. */
+        for (int r = 0; r < 2; r++)
+            if (lanes_readable(c, items + n_zmq, &polled, (enum worker_role)r))
+                registry_on_lane(c, (enum worker_role)r);
         lanes_on_poll(c, items + n_zmq, &polled);
         for (int i = 0; i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
             registry_on_message(c);

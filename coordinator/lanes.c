@@ -6,7 +6,6 @@
 
 #include "error.h"
 #include "logging.h"
-#include "registry.h"
 
 #define LANES_WHAT_LISTENER (-1)
 #define LANES_WHAT_ROLE 100
@@ -168,21 +167,20 @@ int lanes_poll_items(struct coordinator *c, zmq_pollitem_t *items, struct lanes_
     return polled->n;
 }
 
+bool lanes_readable(const struct coordinator *c, const zmq_pollitem_t *items,
+                    const struct lanes_polled *polled, enum worker_role role)
+{
+    const struct worker *w = &c->worker[role];
+    for (int k = 0; k < polled->n; k++)
+        if (polled->what[k] == LANES_WHAT_ROLE + (int)role &&
+            (items[k].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+            return w->lane_reading && w->lane_fd == polled->fd[k];
+    return false;
+}
+
 void lanes_on_poll(struct coordinator *c, const zmq_pollitem_t *items,
                    const struct lanes_polled *polled)
 {
-    /* Worker lanes first, as the worker socket comes first: their replies
-     * move rounds along. Handling one may close another's lane: every fd
-     * is checked against the state it was polled for. */
-    for (int k = 0; k < polled->n; k++) {
-        const int what = polled->what[k];
-        if (what < LANES_WHAT_ROLE || !(items[k].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
-            continue;
-        const enum worker_role role = (enum worker_role)(what - LANES_WHAT_ROLE);
-        struct worker *w = &c->worker[role];
-        if (w->lane_reading && w->lane_fd == polled->fd[k])
-            registry_on_lane(c, role);
-    }
     for (int k = polled->n - 1; k >= 0; k--) {
         const int what = polled->what[k];
         if (what < 0 || what >= LANES_WHAT_ROLE || !(items[k].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))

@@ -2,7 +2,7 @@
  * listening socket, connections waiting to show their key, and the lanes of
  * the registered workers in its poll loop. The handshake is in
  * docs/protocol-notes.md ("Lanes"); what a worker's lane carries is decided
- * by registry_send (out) and registry_on_lane_message (in).
+ * by worker_send (out) and registry_on_lane (in).
  */
 #ifndef TANDEM_COORD_LANES_H
 #define TANDEM_COORD_LANES_H
@@ -38,7 +38,15 @@ void lanes_close_worker(struct worker *w);
  * many. */
 int lanes_poll_items(struct coordinator *c, zmq_pollitem_t *items, struct lanes_polled *polled);
 
-/* Serves what the poll reported on items (as lanes_poll_items filled them). */
+/* Whether the poll found messages (or an end) on the lane of this role's
+ * worker, and that lane is still the one polled (handling another's
+ * messages may have closed it). The caller reads them (registry_on_lane):
+ * this module only carries bytes. */
+bool lanes_readable(const struct coordinator *c, const zmq_pollitem_t *items,
+                    const struct lanes_polled *polled, enum worker_role role);
+
+/* Serves what the poll reported on the listener and the connections
+ * waiting to show their key (items as lanes_poll_items filled them). */
 void lanes_on_poll(struct coordinator *c, const zmq_pollitem_t *items,
                    const struct lanes_polled *polled);
 

@@ -21,20 +21,7 @@
 #include "logging.h"
 #include "scheduler.h"
 #include "worker_msg.h"
-
-int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame)
-{
-    char err[ERR_MSG_MAX];
-    struct worker *w = &c->worker[role];
-    int rc = w->lane_sending ? lane_send(w->lane_fd, hdr, frame, frame ? 1 : 0, err)
-                             : protocol_send(c->workers, w->identity, w->identity_size, hdr, frame,
-                                             frame ? 1 : 0, PROTOCOL_DONTWAIT, err);
-    if (rc != 0)
-        LOG_WARN("%s worker: send %s failed: %s", coord_role_name(role),
-                 cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(hdr, "type")), err);
-    cJSON_Delete(hdr);
-    return rc;
-}
+#include "worker_send.h"
 
 /* Unlinks a draft's segment if its process no longer exists; true when it
  * does not (the segment is then gone either way). */
@@ -122,19 +109,16 @@ static void send_welcome(struct coordinator *c, enum worker_role role)
             !cJSON_AddStringToObject(lane, "key", w->lane_key))
             cJSON_DeleteItemFromObjectCaseSensitive(h, "lane");
     }
-    registry_send(c, role, h, NULL);
+    worker_send(c, role, h, NULL);
 }
 
 static void send_refused(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *message)
 {
-    char err[ERR_MSG_MAX];
     cJSON *h = protocol_header_new(PROTOCOL_REFUSED);
     if (h == NULL)
         return;
     cJSON_AddStringToObject(h, "message", message);
-    if (protocol_send(c->workers, identity, identity_size, h, NULL, 0, PROTOCOL_DONTWAIT, err) != 0)
-        LOG_WARN("refusal not sent: %s", err);
-    cJSON_Delete(h);
+    worker_send_to_identity(c, identity, identity_size, h);
 }
 
 /* Tells the target where the draft's shared buffer is. */
@@ -151,7 +135,7 @@ static void send_attach(struct coordinator *c)
         return;
     }
     cJSON_AddItemToObject(h, "shm", shm);
-    registry_send(c, ROLE_TARGET, h, NULL);
+    worker_send(c, ROLE_TARGET, h, NULL);
 }
 
 /* 0 when the draft matches the target; else the reason in why. */
@@ -367,39 +351,41 @@ void registry_on_message(struct coordinator *c)
         protocol_msg_free(&msg);
         return;
     }
-    if (strcmp(msg.type, PROTOCOL_REGISTER) == 0) {
-        on_register(c, &msg);
-        protocol_msg_free(&msg);
+    registry_dispatch(c, &msg);
+    protocol_msg_free(&msg);
+}
+
+void registry_dispatch(struct coordinator *c, const struct protocol_msg *msg)
+{
+    if (strcmp(msg->type, PROTOCOL_REGISTER) == 0) {
+        on_register(c, msg);
         return;
     }
     enum worker_role role = ROLE_DRAFT;
     bool known = false;
     for (int r = 0; r < 2; r++) {
         struct worker *w = &c->worker[r];
-        if ((w->up || w->held) && w->identity_size == msg.identity_size &&
-            memcmp(w->identity, msg.identity, msg.identity_size) == 0) {
+        if ((w->up || w->held) && w->identity_size == msg->identity_size &&
+            memcmp(w->identity, msg->identity, msg->identity_size) == 0) {
             role = (enum worker_role)r;
             known = true;
             w->last_seen_ms = coord_now_ms();
         }
     }
     if (!known) {
-        LOG_DEBUG("message \"%s\" from an unregistered worker dropped", msg.type);
-        protocol_msg_free(&msg);
+        LOG_DEBUG("message \"%s\" from an unregistered worker dropped", msg->type);
         return;
     }
     struct worker *w = &c->worker[role];
-    if (strcmp(msg.type, PROTOCOL_LANE) == 0) {
+    if (strcmp(msg->type, PROTOCOL_LANE) == 0) {
         /* the worker's marker: what it sends from here on comes on its lane */
         if (w->lane_sending && !w->lane_reading) {
             w->lane_reading = true;
             LOG_INFO("%s worker pid %d: on its lane", coord_role_name(role), w->pid);
         }
-        protocol_msg_free(&msg);
         return;
     }
-    on_worker_message(c, role, &msg);
-    protocol_msg_free(&msg);
+    on_worker_message(c, role, msg);
 }
 
 void registry_on_lane(struct coordinator *c, enum worker_role role)
@@ -481,7 +467,7 @@ void registry_tick(struct coordinator *c)
                 continue;
             cJSON *h = protocol_header_new(PROTOCOL_HEARTBEAT);
             if (h != NULL)
-                registry_send(c, (enum worker_role)r, h, NULL);
+                worker_send(c, (enum worker_role)r, h, NULL);
         }
     }
     struct worker *t_w = &c->worker[ROLE_TARGET];

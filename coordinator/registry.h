@@ -1,17 +1,17 @@
 /* registry.h: the coordinator's two worker records: registration, the
  * draft/target pairing check, heartbeats and liveness, and the dispatch of
- * worker messages to the scheduler. */
+ * worker messages to the scheduler. Sends through worker_send.h. */
 #ifndef TANDEM_REGISTRY_H
 #define TANDEM_REGISTRY_H
 
 #include "coord_state.h"
 
-/* Sends hdr (deleted here, whatever happens) and an optional frame (NULL:
- * none) to the worker of this role without blocking. 0 or protocol_send's
- * code (logged). */
-int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame);
-/* Reads one message from the worker socket and handles it. */
+/* Reads one message from the worker socket and dispatches it. */
 void registry_on_message(struct coordinator *c);
+/* Handles one worker message (msg->identity: its sender): a registration,
+ * a lane marker, or a registered worker's message, whose replies go to the
+ * scheduler. Messages of unknown senders are dropped. */
+void registry_dispatch(struct coordinator *c, const struct protocol_msg *msg);
 
 /* Reads what waits on the lane of a worker whose messages come there
  * (lanes.h); an end of file loses the worker, as its silence would. */

@@ -21,6 +21,25 @@
  * another. A reply is used only if it matches what the sequence waits for
  * (request id, slot, round); anything else is stale and dropped.
  *
+ * Round states (enum round_state, coord_state.h), per active sequence:
+ *   PREFILLING -> IDLE                 the prefill's reply (its token accepted)
+ *   IDLE -> DRAFTING                   a fresh draft is sent (K >= 1)
+ *   IDLE -> VERIFY_BESIDE_DRAFT        ... with its verification beside it
+ *   IDLE -> PLAIN_RUN                  K = 0 or no draft: plain steps
+ *   IDLE -> VERIFYING                  a ready pre-draft whose guess is the bonus
+ *   DRAFTING -> VERIFYING              draft_ready
+ *   DRAFTING -> IDLE                   the draft failed or was lost
+ *   VERIFY_BESIDE_DRAFT -> IDLE        verify_done (the draft's reply before or after)
+ *   VERIFY_BESIDE_DRAFT -> DRAFTING    the target gave up waiting, the draft not in yet
+ *   VERIFY_BESIDE_DRAFT -> VERIFYING   ... the draft in: verified again the usual way
+ *   VERIFYING -> AWAIT_PREDRAFT        every draft accepted, the pre-draft not back
+ *   VERIFYING, PLAIN_RUN -> IDLE       verify_done (a plain run: its last step)
+ *   AWAIT_PREDRAFT -> IDLE             the pre-draft's reply (used or not) or the draft lost
+ *   any -> (freed)                     the end of the sequence, a failure, a cancel
+ * IDLE lasts no longer than a call: seq_advance decides the next round at
+ * once. A reply is used only in a state that awaits it, for the awaited
+ * round; the pre-draft has a state of its own (enum predraft_state).
+ *
  * Halves: fresh drafts always go to half 0 and pre-drafts to half 1. A
  * fresh draft is sent only when no verification of that sequence is in
  * flight, and a pre-draft is written while the target reads half 0, so the
@@ -36,9 +55,10 @@
 
 #include "error.h"
 #include "logging.h"
-#include "registry.h"
 #include "replies.h"
+#include "round_timing.h"
 #include "worker_msg.h"
+#include "worker_send.h"
 
 static void seq_start(struct coordinator *c, struct seq *s);
 
@@ -81,7 +101,7 @@ static void send_release(struct coordinator *c, struct seq *s)
         struct worker_msg_seq m = msg_seq(s);
         cJSON *h = worker_msg_release_encode(&m);
         if (h != NULL)
-            registry_send(c, (enum worker_role)r, h, NULL);
+            worker_send(c, (enum worker_role)r, h, NULL);
     }
 }
 
@@ -136,7 +156,7 @@ static void seq_leave_slot(struct coordinator *c, struct seq *s)
     send_release(c, s);
     /* the release ends a run of plain steps: the steps after the one in
      * flight will not be answered */
-    if (s->wait_target && s->run_steps - s->run_done > 1) {
+    if (s->round_state == ROUND_PLAIN_RUN && s->run_steps - s->run_done > 1) {
         c->target_outstanding -= s->run_steps - s->run_done - 1;
         if (c->target_outstanding < 0)
             c->target_outstanding = 0;
@@ -249,20 +269,11 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
     return by_tokens < by_ctx ? by_tokens : by_ctx;
 }
 
-/* Accounts the time the round waited for its draft (the stats' draft_wait). */
-static void note_draft_wait(struct coordinator *c, struct seq *s, double until_ms)
-{
-    if (s->round_start_ms <= 0)
-        return;
-    const double wait = until_ms - s->round_start_ms;
-    c->metrics.draft_wait_rounds++;
-    c->metrics.draft_wait_ms_total += wait;
-    if (wait > c->metrics.draft_wait_ms_max)
-        c->metrics.draft_wait_ms_max = wait;
-}
-
-static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, bool from_draft,
-                        int cached_drafts, int steps, bool beside_draft)
+/* Sends a verification of k drafts (0: plain steps) from half, past
+ * cached_drafts the draft's cache will hold once they are accepted; the
+ * round waits for it from now. */
+static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
+                        int steps, bool beside_draft)
 {
     s->verify_keep = s->n_hist - 1;
     s->verify_feed = 1;
@@ -280,37 +291,22 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->wait_target = true;
+    s->round_state = beside_draft ? ROUND_VERIFY_BESIDE_DRAFT : k > 0 ? ROUND_VERIFYING : ROUND_PLAIN_RUN;
+    s->beside_draft = BESIDE_DRAFT_AWAITED;
     s->run_steps = steps;
     s->run_done = 0;
     s->verify_round = round;
     s->verify_k = k;
     s->verify_L = s->n_hist;
     s->verify_cached = cached_drafts;
-    s->verify_from_draft = from_draft;
-    s->verify_plain_alone = !s->predraft_running;
-    s->verify_sent_ms = coord_now_ms();
-    s->verify_beside_draft = beside_draft;
     c->metrics.beside_draft_total += beside_draft;
-    s->beside_draft_in = false;
-    s->beside_failed = false;
-    /* beside its draft, the round's wait ends with draft_ready */
-    if (k > 0 && !beside_draft)
-        note_draft_wait(c, s, s->verify_sent_ms);
-    if (c->target_outstanding == 0 && c->target_idle_since_ms >= 0) {
-        double gap = s->verify_sent_ms - c->target_idle_since_ms;
-        c->metrics.target_gap_samples++;
-        c->metrics.target_gap_ms_total += gap;
-        if (gap > c->metrics.target_gap_ms_max)
-            c->metrics.target_gap_ms_max = gap;
-    }
-    c->target_idle_since_ms = -1;
+    round_timing_verify_sent(c, s, k, beside_draft);
     c->target_outstanding += steps; /* each step is answered */
     if (steps > 1) {
         c->metrics.plain_runs_total++;
         c->metrics.plain_run_steps_total += (uint64_t)steps;
     }
-    registry_send(c, ROLE_TARGET, h, &frame);
+    worker_send(c, ROLE_TARGET, h, &frame);
 }
 
 /* Whether a verification may go out beside its draft: the target then
@@ -350,7 +346,9 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
             predraft_k = draft_room - 1;
         int busy = 0;
         for (int i = 0; i < c->n_seqs; i++)
-            busy += c->seqs[i].state == SEQ_ACTIVE && c->seqs[i].wait_draft;
+            busy += c->seqs[i].state == SEQ_ACTIVE && (c->seqs[i].round_state == ROUND_DRAFTING ||
+                                                       (c->seqs[i].round_state == ROUND_VERIFY_BESIDE_DRAFT &&
+                                                        c->seqs[i].beside_draft == BESIDE_DRAFT_AWAITED));
         /* On cores the draft shares with the target a pre-draft slows the
          * verification beside it by more than it can save (small pair on 2
          * cores, 2 + 2 threads: rounds with pre-drafts took 2-4x as long,
@@ -376,21 +374,23 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     s->draft_predraft_k = predraft_k;
     s->round_predrafted = predraft_k > 0;
     s->round_with_prefill = s->draft_prefilling;
-    s->wait_draft = true;
-    s->predraft_expected = predraft_k > 0;
-    s->predraft_have = false;
+    s->round_state = ROUND_DRAFTING;
+    /* an abandoned pre-draft still being made keeps its state until its
+     * reply: the new one's reply comes after it */
+    if (predraft_k > 0)
+        s->predraft = PREDRAFT_PENDING;
     s->draft_sent_ms = coord_now_ms();
     s->draft_n_feed = s->n_hist - s->draft_valid;
     s->draft_gen = c->draft_gen;
-    if (registry_send(c, ROLE_DRAFT, h, &frame) == 0 && verify_beside_draft(c))
-        send_verify(c, s, k, COORD_HALF_FRESH, s->draft_round, true, k - 1, 1, true);
+    if (worker_send(c, ROLE_DRAFT, h, &frame) == 0 && verify_beside_draft(c))
+        send_verify(c, s, k, COORD_HALF_FRESH, s->draft_round, k - 1, 1, true);
 }
 
 /* Decides and sends the next round of an active sequence that waits for
  * nothing. */
 static void seq_advance(struct coordinator *c, struct seq *s)
 {
-    if (s->state != SEQ_ACTIVE || s->wait_target || s->wait_draft || s->wait_predraft || !s->prefilled)
+    if (s->state != SEQ_ACTIVE || s->round_state != ROUND_IDLE)
         return;
     int room = seq_room(c, s);
     if (room <= 0) {
@@ -414,7 +414,7 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         c->metrics.target_only_rounds_total += (uint64_t)steps;
     }
     if (k <= 0) {
-        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, false, 0, steps, false);
+        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, 0, steps, false);
         return;
     }
     send_draft(c, s, k, room);
@@ -458,15 +458,17 @@ static bool seq_accept_tokens(struct coordinator *c, struct seq *s, const int32_
 }
 
 /* Uses or drops the pre-draft after a fully accepted round whose bonus is
- * s->pending_bonus (already in the history). */
+ * s->pending_bonus (already in the history); the sequence waits for
+ * nothing else. */
 static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
 {
-    s->wait_predraft = false;
-    if (!s->predraft_have || s->draft_gen != c->draft_gen || !draft_usable(c, s)) {
+    s->round_state = ROUND_IDLE;
+    const bool ready = s->predraft == PREDRAFT_READY;
+    s->predraft = PREDRAFT_NONE;
+    if (!ready || s->draft_gen != c->draft_gen || !draft_usable(c, s)) {
         seq_advance(c, s);
         return;
     }
-    s->predraft_have = false;
     /* The pre-draft fed t_k: the draft now holds everything but the bonus. */
     s->draft_valid = s->n_hist - 1;
     int room = seq_room(c, s);
@@ -474,16 +476,9 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
         int k = s->predraft_k < room - 1 ? s->predraft_k : room - 1;
         s->predraft_used++;
         c->metrics.predraft_used_total++;
-        /* The K controller is charged only the drafting the target waited
-         * for: a pre-draft made during the verification cost it nothing. */
-        s->last_draft_ms = s->verify_done_ms > 0 && coord_now_ms() > s->verify_done_ms
-                               ? coord_now_ms() - s->verify_done_ms
-                               : 0.0;
-        s->last_draft_raw_ms = s->last_draft_ms;
-        s->draft_ready_ms = -1.0;
-        s->round_with_prefill = false;
+        round_timing_predraft_used(s);
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
-        send_verify(c, s, k, s->predraft_half, s->predraft_round, true, s->predraft_k - 1, 1, false);
+        send_verify(c, s, k, s->predraft_half, s->predraft_round, s->predraft_k - 1, 1, false);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
         return;
     }
@@ -513,35 +508,35 @@ static struct seq *seq_for(struct coordinator *c, const struct worker_msg_seq *m
     return NULL;
 }
 
-/* Decay of the call-cost sums: costs belong to the hardware and the models,
- * so they are remembered long (as adaptive_k's own cost fit). */
-#define CALL_FIT_DECAY 0.99
-
-/* A target call seen for the first time: counted, and its cost fitted as
- * base + per_row * rows over the calls so far (least squares on decayed
- * sums; until the row counts have varied, every row is assumed to cost as
- * much as the call's base spread over its rows). */
-static void note_target_call(struct coordinator *c, const struct worker_msg_verify_done *m)
+/* Whether s awaits the target's reply to a verification (or the prefill). */
+static bool awaits_target(const struct seq *s)
 {
-    metrics_note_target_call(&c->metrics, m->call_seqs, m->call_rows, m->call_ms);
-    if (m->call_ms <= 0 || m->call_rows < 1)
+    return s->round_state == ROUND_PREFILLING || s->round_state == ROUND_VERIFYING ||
+           s->round_state == ROUND_VERIFY_BESIDE_DRAFT || s->round_state == ROUND_PLAIN_RUN;
+}
+
+/* Whether s awaits its round's fresh draft_ready. */
+static bool awaits_draft(const struct seq *s)
+{
+    return s->round_state == ROUND_DRAFTING ||
+           (s->round_state == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_AWAITED);
+}
+
+/* Counts a verified round in the request's and the coordinator's figures. */
+static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
+{
+    struct metrics *mt = &c->metrics;
+    s->rounds++;
+    mt->verify_rounds_total++;
+    if (k == 0)
         return;
-    const double x = m->call_rows, y = m->call_ms;
-    c->call_fit_w = c->call_fit_w * CALL_FIT_DECAY + 1;
-    c->call_fit_x = c->call_fit_x * CALL_FIT_DECAY + x;
-    c->call_fit_xx = c->call_fit_xx * CALL_FIT_DECAY + x * x;
-    c->call_fit_y = c->call_fit_y * CALL_FIT_DECAY + y;
-    c->call_fit_xy = c->call_fit_xy * CALL_FIT_DECAY + x * y;
-    const double mx = c->call_fit_x / c->call_fit_w, my = c->call_fit_y / c->call_fit_w;
-    const double var = c->call_fit_xx / c->call_fit_w - mx * mx;
-    const double slope = var > 0.25 ? (c->call_fit_xy / c->call_fit_w - mx * my) / var : -1;
-    if (slope >= 0 && my - slope * mx > 0) {
-        c->call_ms_per_row = slope;
-        c->call_ms_base = my - slope * mx;
-    } else {
-        c->call_ms_per_row = 0;
-        c->call_ms_base = 0; /* not measured: adaptive K ignores the load */
-    }
+    s->drafted += k;
+    s->accepted += n_acc;
+    mt->num_drafts_total++;
+    mt->num_draft_tokens_total += (uint64_t)k;
+    mt->num_accepted_tokens_total += (uint64_t)n_acc;
+    for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
+        mt->accepted_per_pos[i]++;
 }
 
 void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg)
@@ -557,7 +552,7 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     }
     /* Only a reply to the awaited round can fail the request; anything
      * older is dropped, well formed or not. */
-    if (!s->wait_target || m.round != s->verify_round || (rc == 0 && m.step != s->run_done + 1)) {
+    if (!awaits_target(s) || m.round != s->verify_round || (rc == 0 && m.step != s->run_done + 1)) {
         LOG_DEBUG("target verify_done for \"%s\" dropped: not the awaited round", s->id);
         return;
     }
@@ -569,95 +564,34 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         return;
     }
     const double now = coord_now_ms();
-    /* the round as the request experienced it, from the previous reply to
-     * this one (the prefill's reply starts the first round) */
-    const double round_wall_ms = s->prefilled && s->round_start_ms > 0 ? now - s->round_start_ms : -1.0;
-    s->verify_done_ms = now;
-    s->round_start_ms = now;
-    if (m.call > c->last_target_call) {
-        c->last_target_call = m.call;
-        note_target_call(c, &m);
-    }
-    int n_acc = m.n_accepted, n_tok = m.n_tokens;
-    double verify_ms = m.verify_ms, idle_ms = m.idle_ms;
-    const int32_t *tokens = m.tokens;
+    const enum round_state was = s->round_state;
+    const double round_wall_ms = round_timing_verify_done(c, s, &m, was == ROUND_PREFILLING, now);
+    const int k = s->verify_k, n_acc = m.n_accepted;
     /* a run of plain steps goes on at the target by itself */
     const bool run_goes_on = ++s->run_done < s->run_steps;
-    s->wait_target = run_goes_on;
-    struct metrics *mt = &c->metrics;
-    if (idle_ms >= 0) {
-        mt->target_idle_samples++;
-        mt->target_idle_ms_total += idle_ms;
-        if (idle_ms > mt->target_idle_ms_max)
-            mt->target_idle_ms_max = idle_ms;
-    }
-    mt->verify_ms_total += verify_ms;
-    s->verify_ms += verify_ms;
-    int k = s->verify_k;
-    if (!s->prefilled) {
-        s->prefilled = true;
-        s->t_first_ms = coord_now_ms();
+    if (!run_goes_on)
+        s->round_state = ROUND_IDLE;
+    if (was == ROUND_PREFILLING) {
+        s->t_first_ms = now;
         s->target_len = s->n_prompt;
     } else {
-        s->rounds++;
-        mt->verify_rounds_total++;
         s->target_len = s->verify_keep + s->verify_feed + n_acc;
-        if (k > 0) {
-            s->drafted += k;
-            s->accepted += n_acc;
-            mt->num_drafts_total++;
-            mt->num_draft_tokens_total += (uint64_t)k;
-            mt->num_accepted_tokens_total += (uint64_t)n_acc;
-            for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
-                mt->accepted_per_pos[i]++;
-        }
-        /* Every round teaches the controller, plain ones included (they are
-         * what speculation is compared with). Its wall time counts only where
-         * it is the request's own: alone on the workers, catching-up on
-         * skipped tokens left out (a one-off, as in last_draft_ms), and for a
-         * plain round, no unused pre-draft still running beside it. */
+        count_round(c, s, k, n_acc);
         /* Beside its draft, the verification can come back before
          * draft_ready (two sockets, no order between them): the round's
          * draft cost is then unknown, and the late draft_ready is dropped
          * as stale. */
-        const bool draft_unknown = k > 0 && s->verify_beside_draft && s->wait_draft;
-        if (draft_unknown) {
-            s->wait_draft = false;
-            note_draft_wait(c, s, now);
-        }
-        double wall_ms = c->n_active == 1 ? round_wall_ms : -1.0;
-        if (k > 0 && s->last_draft_raw_ms > s->last_draft_ms)
-            wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
-        if (k == 0 && !s->verify_plain_alone)
-            wall_ms = -1.0;
-        /* a draft that shared its forward calls with the prompt's prefill
-         * (the first round, admitted while the draft still prefills) says
-         * nothing of drafting's cost */
-        double draft_ms = k == 0 ? 0.0 : s->round_with_prefill || draft_unknown ? -1.0 : s->last_draft_ms;
-        if (k > 0 && (s->round_with_prefill || draft_unknown))
-            wall_ms = -1.0;
-        adaptive_k_update_wall(&s->kc, k, n_acc, draft_ms, verify_ms, wall_ms);
-        if (k > 0)
-            adaptive_k_note_predraft(&s->kc, s->round_predrafted, n_tok, wall_ms);
-        LOG_DEBUG("round \"%s\" #%d: k %d accepted %d %s; wall %.2f ms: draft wait %.2f (draft compute %.2f), "
-                  "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
-                  "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
-                  s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->draft_ready_ms < 0 ? "pre-draft" : "fresh",
-                  round_wall_ms,
-                  k > 0 ? (s->verify_beside_draft && !draft_unknown ? s->draft_ready_ms : s->verify_sent_ms) -
-                              (now - round_wall_ms)
-                        : 0.0,
-                  k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, verify_ms, idle_ms,
-                  s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
-                  s->kc.wall_plain_ms, s->kc.wall_extra_ms,
-                  c->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
+        const bool beside = was == ROUND_VERIFY_BESIDE_DRAFT;
+        round_timing_learn(c, s, &m, k, round_wall_ms, beside, beside && s->beside_draft != BESIDE_DRAFT_IN, now);
     }
-    if (k > 0 && s->verify_from_draft && s->draft_gen == c->draft_gen) {
+    /* what the draft cached of the round, unless it failed or was lost */
+    if (k > 0 && s->draft_gen == c->draft_gen &&
+        !(was == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_LOST)) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
         s->draft_valid = s->verify_L + cached;
     }
     enum metrics_finish reason = METRICS_FINISH_STOP;
-    bool ended = seq_accept_tokens(c, s, tokens, n_tok, &reason);
+    bool ended = seq_accept_tokens(c, s, m.tokens, m.n_tokens, &reason);
     replies_stream(c, s, false);
     if (ended) {
         seq_finish(c, s, reason);
@@ -669,24 +603,44 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         s->verify_sent_ms = now;
         return;
     }
-    if (k > 0 && n_acc == k && s->predraft_expected && s->verify_from_draft) {
-        s->pending_bonus = tokens[n_acc];
-        s->predraft_expected = false;
-        if (s->predraft_have) {
+    if (k > 0 && n_acc == k && (s->predraft == PREDRAFT_PENDING || s->predraft == PREDRAFT_READY)) {
+        s->pending_bonus = m.tokens[n_acc];
+        if (s->predraft == PREDRAFT_READY) {
             seq_resolve_predraft(c, s);
         } else {
-            s->wait_predraft = true;  /* it is on its way: the draft handles messages in order */
+            /* it is on its way: the draft handles messages in order */
+            s->round_state = ROUND_AWAIT_PREDRAFT;
         }
         return;
     }
     /* a pre-draft not back yet is still being made: the draft works beside
      * whatever the target does next */
-    if (s->predraft_expected && !s->predraft_have)
-        s->predraft_running = true;
-    s->predraft_have = false;
-    s->predraft_expected = false;
-    s->wait_predraft = false;
+    s->predraft = s->predraft == PREDRAFT_PENDING ? PREDRAFT_ABANDONED
+                  : s->predraft == PREDRAFT_ABANDONED ? PREDRAFT_ABANDONED : PREDRAFT_NONE;
     seq_advance(c, s);
+}
+
+/* A pre-draft's reply for s (k drafts after the guess). */
+static void on_predraft(struct coordinator *c, struct seq *s, int round, int half, int k, int guess)
+{
+    if (s->predraft != PREDRAFT_PENDING || round <= s->draft_round || round > s->round_counter) {
+        LOG_DEBUG("draft pre-draft for \"%s\" round %d dropped (stale)", s->id, round);
+        return;
+    }
+    /* k counts the drafts after the guess; tolerate workers that count the guess too. */
+    int pk = k;
+    if (pk > s->draft_predraft_k)
+        pk = s->draft_predraft_k;
+    s->predraft_offered++;
+    c->metrics.predraft_offered_total++;
+    /* one the draft could not make (k 0, guess -1) is no more on its way */
+    s->predraft = pk > 0 && guess >= 0 ? PREDRAFT_READY : PREDRAFT_NONE;
+    s->predraft_round = round;
+    s->predraft_k = pk;
+    s->predraft_half = half;
+    s->predraft_guess = guess;
+    if (s->round_state == ROUND_AWAIT_PREDRAFT)
+        seq_resolve_predraft(c, s);
 }
 
 void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *msg)
@@ -704,68 +658,40 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
         LOG_ERROR("draft draft_ready for \"%s\" is malformed: %s", s->id, err);
         return;
     }
-    int round = (int)m.round, half = m.half, k = m.k, guess = m.guess;
-    bool predraft = m.predraft;
-    double draft_ms = m.draft_ms;
-    if (draft_ms >= 0) {
-        c->metrics.draft_ms_total += draft_ms;
-        s->draft_ms += draft_ms;
-    }
+    const int round = (int)m.round, half = m.half, k = m.k;
+    round_timing_draft_compute(c, s, m.draft_ms);
     /* the draft answers a slot's commands in order: any reply comes after
-     * the pre-draft it made before */
-    s->predraft_running = false;
-    if (predraft) {
-        if (round <= s->draft_round || round > s->round_counter || (!s->predraft_expected && !s->wait_predraft)) {
-            LOG_DEBUG("draft pre-draft for \"%s\" round %d dropped (stale)", s->id, round);
-            return;
-        }
-        /* k counts the drafts after the guess; tolerate workers that count the guess too. */
-        int pk = k;
-        if (pk > s->draft_predraft_k)
-            pk = s->draft_predraft_k;
-        s->predraft_offered++;
-        c->metrics.predraft_offered_total++;
-        s->predraft_have = pk > 0 && guess >= 0;
-        s->predraft_round = round;
-        s->predraft_k = pk;
-        s->predraft_half = half;
-        s->predraft_guess = guess;
-        if (s->wait_predraft)
-            seq_resolve_predraft(c, s);
+     * the abandoned pre-draft it made before */
+    if (s->predraft == PREDRAFT_ABANDONED)
+        s->predraft = PREDRAFT_NONE;
+    if (m.predraft) {
+        on_predraft(c, s, round, half, k, m.guess);
         return;
     }
-    if (!s->wait_draft || round != s->draft_round) {
+    if (!awaits_draft(s) || round != s->draft_round) {
         LOG_DEBUG("draft draft_ready for \"%s\" round %d dropped (stale)", s->id, round);
         return;
     }
     if (k != s->draft_k) {
         LOG_ERROR("draft draft_ready for \"%s\": k %d, asked for %d", s->id, k, s->draft_k);
-        s->wait_draft = false;
         s->draft_valid = 0;
-        s->predraft_expected = false;
+        s->predraft = PREDRAFT_NONE;
+        if (s->round_state == ROUND_VERIFY_BESIDE_DRAFT) {
+            s->beside_draft = BESIDE_DRAFT_LOST; /* the target's reply moves it on */
+            return;
+        }
+        s->round_state = ROUND_IDLE;
         seq_advance(c, s);
         return;
     }
-    s->wait_draft = false;
-    s->draft_ready_ms = coord_now_ms();
-    s->last_draft_ms = draft_ms >= 0 ? draft_ms : s->draft_ready_ms - s->draft_sent_ms;
-    s->last_draft_raw_ms = s->last_draft_ms;
-    /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
-     * is a one-off: the K controller wants the cost of drafting itself. The
-     * feed every drafting round brings (SPECULATE_ROUND_FEED_MAX) is part
-     * of that cost. */
-    if (s->draft_n_feed > SPECULATE_ROUND_FEED_MAX)
-        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - SPECULATE_ROUND_FEED_MAX);
+    round_timing_draft_ready(s, k, m.draft_ms);
     s->draft_valid = s->n_hist + k - 1;
-    if (s->verify_beside_draft) {
-        note_draft_wait(c, s, s->draft_ready_ms);
-        s->beside_draft_in = true;
-        /* the target gave up waiting before the draft answered: the usual way */
-        if (s->beside_failed && !s->wait_target)
-            send_verify(c, s, k, half, round, true, k - 1, 1, false);
+    if (s->round_state == ROUND_VERIFY_BESIDE_DRAFT) {
+        round_timing_draft_wait(c, s, s->draft_ready_ms);
+        s->beside_draft = BESIDE_DRAFT_IN;
         return;
     }
-    send_verify(c, s, k, half, round, true, k - 1, 1, false);
+    send_verify(c, s, k, half, round, k - 1, 1, false);
 }
 
 void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg)
@@ -788,15 +714,46 @@ void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg 
 void scheduler_forget_draft(struct coordinator *c, struct seq *s)
 {
     s->draft_valid = 0;
-    s->predraft_running = false;
     s->draft_prefilling = false;
-    s->predraft_expected = false;
-    s->predraft_have = false;
-    if (s->wait_draft || s->wait_predraft) {
-        s->wait_draft = false;
-        s->wait_predraft = false;
+    s->predraft = PREDRAFT_NONE;
+    switch (s->round_state) {
+    case ROUND_DRAFTING:
+    case ROUND_AWAIT_PREDRAFT:
+        s->round_state = ROUND_IDLE;
         seq_advance(c, s);
+        break;
+    case ROUND_VERIFY_BESIDE_DRAFT:
+        /* the target's reply (or its giving up) moves it on */
+        if (s->beside_draft == BESIDE_DRAFT_AWAITED)
+            s->beside_draft = BESIDE_DRAFT_LOST;
+        break;
+    default:
+        break;
     }
+}
+
+/* The target gave up on a verification sent beside its draft (the draft
+ * did not publish in time, or its buffer was replaced): the draft's
+ * trouble, not the target's. It goes again the usual way once the draft
+ * answers, or the sequence moves on without the draft. */
+static void on_beside_draft_failed(struct coordinator *c, struct seq *s)
+{
+    c->metrics.beside_draft_failed_total++;
+    const bool draft_same = s->draft_gen == c->draft_gen && draft_usable(c, s);
+    if (draft_same && s->beside_draft == BESIDE_DRAFT_AWAITED) {
+        s->round_state = ROUND_DRAFTING; /* draft_ready sends the verification */
+        return;
+    }
+    if (draft_same && s->beside_draft == BESIDE_DRAFT_IN) {
+        send_verify(c, s, s->verify_k, COORD_HALF_FRESH, s->verify_round, s->verify_k - 1, 1, false);
+        return;
+    }
+    if (s->predraft == PREDRAFT_PENDING)
+        s->predraft = PREDRAFT_ABANDONED;
+    else if (s->predraft == PREDRAFT_READY)
+        s->predraft = PREDRAFT_NONE;
+    s->round_state = ROUND_IDLE;
+    seq_advance(c, s);
 }
 
 void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
@@ -811,24 +768,9 @@ void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, con
         return;
     }
     LOG_WARN("%s worker error for request \"%s\": %s: %s", coord_role_name(role), s->id, code, message);
-    /* A verification sent beside its draft that the target gave up on (the
-     * draft did not publish in time, or its buffer was replaced): the
-     * draft's trouble, not the target's. It goes again the usual way once
-     * the draft answers, or the sequence moves on without the draft. */
-    if (role == ROLE_TARGET && s->wait_target && s->verify_beside_draft && s->verify_k > 0 &&
+    if (role == ROLE_TARGET && s->round_state == ROUND_VERIFY_BESIDE_DRAFT &&
         (strcmp(code, "timeout") == 0 || strcmp(code, "unavailable") == 0)) {
-        s->wait_target = false;
-        s->beside_failed = true;
-        c->metrics.beside_draft_failed_total++;
-        if (s->wait_draft)
-            return; /* draft_ready sends it */
-        if (s->beside_draft_in && s->draft_gen == c->draft_gen && draft_usable(c, s)) {
-            send_verify(c, s, s->verify_k, COORD_HALF_FRESH, s->verify_round, true, s->verify_k - 1, 1, false);
-            return;
-        }
-        s->predraft_expected = false;
-        s->wait_predraft = false;
-        seq_advance(c, s);
+        on_beside_draft_failed(c, s);
         return;
     }
     if (role == ROLE_TARGET) {
@@ -859,7 +801,7 @@ static void seq_start(struct coordinator *c, struct seq *s)
         };
         struct protocol_frame pf;
         cJSON *h = worker_msg_prefill_encode(&pm, &pf);
-        if (h != NULL && registry_send(c, ROLE_DRAFT, h, &pf) == 0) {
+        if (h != NULL && worker_send(c, ROLE_DRAFT, h, &pf) == 0) {
             s->draft_valid = s->n_prompt;
             s->draft_prefilling = true;
         }
@@ -876,18 +818,16 @@ static void seq_start(struct coordinator *c, struct seq *s)
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->wait_target = true;
+    s->round_state = ROUND_PREFILLING;
     s->run_steps = 1;
     s->run_done = 0;
     s->verify_round = s->round_counter;
     s->verify_k = 0;
     s->verify_keep = 0;
     s->verify_feed = s->n_prompt;
-    s->verify_from_draft = false;
-    s->verify_sent_ms = coord_now_ms();
-    c->target_idle_since_ms = -1;  /* a prefill is not a round: no gap measured */
+    round_timing_prefill_sent(c, s);
     c->target_outstanding++;
-    registry_send(c, ROLE_TARGET, h, &frame);
+    worker_send(c, ROLE_TARGET, h, &frame);
 }
 
 /* Whether the pools can hold s now (1), later (0), or never (-1: the

@@ -1,20 +1,22 @@
 /* test_scheduler.c: the coordinator's scheduler (coordinator/scheduler.c)
- * without processes. The real scheduler, output, metrics, adaptive-K and
- * worker-message code run; what would leave the process is recorded
- * instead: registry_send (commands to the workers, kept as they would
- * arrive, and decoded by the workers' own decoders) and the client replies
- * (replies_*). Worker replies are built with the workers' encoders and fed
- * to the scheduler's handlers as the registry's dispatch would.
+ * without processes. The real scheduler, round timing, output, metrics,
+ * adaptive-K and worker-message code run; what would leave the process is
+ * recorded instead (coord_fakes.h): the commands to the workers, decoded
+ * by the workers' own decoders, and the client replies. Worker replies are
+ * built with the workers' encoders and fed to the scheduler's handlers as
+ * the registry's dispatch would.
  *
- * Covered: admission (prefill to both workers); a round (draft -> verify
- * -> accepted tokens) and the draft-cache bookkeeping behind each next
- * draft's keep_len and feed (after a partial acceptance, a full one, a
- * pre-draft used, a pre-draft missed, a draft lost); pre-drafts arriving
- * before and after the verification's reply; a verification sent beside
- * its draft, and the target giving up on it; stale and malformed replies;
- * a lost draft and repeated draft errors (plain decoding); plain runs of
- * steps; endings (end of sequence, max_tokens, a target error) and cancel
- * in every state (queued, prefilling, drafting, verifying). */
+ * Covered: admission (prefill to both workers); each round state and its
+ * transitions; a round (draft -> verify -> accepted tokens) and the
+ * draft-cache bookkeeping behind each next draft's keep_len and feed (after
+ * a partial acceptance, a full one, a pre-draft used, a pre-draft missed, a
+ * draft lost); pre-drafts arriving before and after the verification's
+ * reply, and one the draft could not make; a verification sent beside its
+ * draft, the target giving up on it, the draft failing under it; stale and
+ * malformed replies; the draft lost in every state a round waits in, and
+ * repeated draft errors (plain decoding); plain runs of steps; endings (end
+ * of sequence, max_tokens, a target error) and cancel in every state
+ * (queued, prefilling, drafting, verifying). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,106 +27,18 @@
 
 #include <cmocka.h>
 
+#include "coord_fakes.h"
 #include "coord_state.h"
 #include "error.h"
-#include "registry.h"
 #include "replies.h"
 #include "scheduler.h"
 #include "worker_msg.h"
+#include "worker_send.h"
 
 #define VOCAB 100
 #define EOS 99
 #define MAX_SEQ 64
 #define N_SEQS 4
-#define LOG_MAX 64
-
-/* ---- what leaves the process, recorded ---- */
-
-struct sent {
-    enum worker_role role;
-    struct protocol_msg msg; /* as the worker would receive it */
-};
-
-static struct sent sent_log[LOG_MAX];
-static int n_sent, next_sent;
-
-static struct protocol_msg over_the_wire(cJSON *h, const struct protocol_frame *frame)
-{
-    struct protocol_msg m;
-    memset(&m, 0, sizeof m);
-    char *text = cJSON_PrintUnformatted(h);
-    assert_non_null(text);
-    m.header = cJSON_Parse(text);
-    free(text);
-    assert_non_null(m.header);
-    m.type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m.header, "type"));
-    if (frame && frame->size_bytes > 0) {
-        m.frame_data[0] = malloc(frame->size_bytes);
-        assert_non_null(m.frame_data[0]);
-        memcpy(m.frame_data[0], frame->data, frame->size_bytes);
-        m.frame_size_bytes[0] = frame->size_bytes;
-        m.n_frames = 1;
-    }
-    return m;
-}
-
-int registry_send(struct coordinator *c, enum worker_role role, cJSON *hdr,
-                  const struct protocol_frame *frame)
-{
-    (void)c;
-    assert_true(n_sent < LOG_MAX);
-    sent_log[n_sent].role = role;
-    sent_log[n_sent].msg = over_the_wire(hdr, frame);
-    n_sent++;
-    cJSON_Delete(hdr);
-    return 0;
-}
-
-struct replies {
-    int errors, dones, streams;
-    enum metrics_error last_error;
-    enum metrics_finish last_finish;
-    int32_t done_ids[MAX_SEQ];
-    int n_done_ids;
-};
-static struct replies rep;
-
-void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
-                  const cJSON *msg)
-{
-    (void)c, (void)identity, (void)identity_size, (void)msg;
-}
-
-void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size,
-                   const char *id, enum metrics_error code, const char *message)
-{
-    (void)c, (void)identity, (void)identity_size, (void)id, (void)message;
-    rep.errors++;
-    rep.last_error = code;
-}
-
-void replies_stream(struct coordinator *c, struct seq *s, bool final)
-{
-    (void)c, (void)s, (void)final;
-    rep.streams++;
-}
-
-void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reason, double t)
-{
-    (void)c, (void)t;
-    rep.dones++;
-    rep.last_finish = reason;
-    rep.n_done_ids = s->n_hist - s->n_prompt;
-    memcpy(rep.done_ids, s->hist + s->n_prompt, (size_t)rep.n_done_ids * sizeof(int32_t));
-}
-
-static void log_clear(void)
-{
-    for (int i = 0; i < n_sent; i++)
-        protocol_msg_free(&sent_log[i].msg);
-    n_sent = next_sent = 0;
-    memset(&rep, 0, sizeof rep);
-}
 
 /* ---- the coordinator and its sequences ---- */
 
@@ -191,58 +105,6 @@ static int teardown(void **state)
     log_clear();
     free(f);
     return 0;
-}
-
-/* A request as intake fills it in: greedy, K fixed by k_fixed (0 = the
- * controller's), queued and admitted where it fits. */
-static struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt,
-                           int max_tokens, int k_fixed)
-{
-    struct seq *s = NULL;
-    for (int i = 0; i < c->n_seqs && !s; i++)
-        if (c->seqs[i].state == SEQ_FREE)
-            s = &c->seqs[i];
-    assert_non_null(s);
-    static uint64_t next_req = 1;
-    char err[ERR_MSG_MAX];
-    s->req = next_req++;
-    snprintf(s->id, sizeof s->id, "r%llu", (unsigned long long)s->req);
-    s->cap_hist = n_prompt + max_tokens + SPECULATE_K_MAX + 2;
-    s->hist = malloc((size_t)s->cap_hist * sizeof(int32_t));
-    assert_non_null(s->hist);
-    memcpy(s->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
-    s->n_hist = s->n_prompt = n_prompt;
-    s->max_tokens = max_tokens;
-    sampling_params_default(&s->sp);
-    s->sp.temperature = 0.0f;
-    s->mode = SPECULATE_MODE_SAMPLED;
-    assert_int_equal(output_create(&s->out, NULL, NULL, 0, err), 0);
-    adaptive_k_init_wall(&s->kc, k_fixed, c->cfg.coordinator.spec_k_max);
-    s->t_arrival_ms = coord_now_ms();
-    scheduler_enqueue(c, s);
-    return s;
-}
-
-/* ---- commands the workers received ---- */
-
-static struct protocol_msg *next_command(enum worker_role role, const char *type)
-{
-    for (; next_sent < n_sent; next_sent++) {
-        struct sent *e = &sent_log[next_sent];
-        if (e->role == role && strcmp(e->msg.type, type) == 0)
-            return &sent_log[next_sent++].msg;
-        fail_msg("expected %s to the %s worker, got %s to the %s", type, coord_role_name(role),
-                 e->msg.type, coord_role_name(e->role));
-    }
-    fail_msg("expected %s to the %s worker, nothing more was sent", type, coord_role_name(role));
-    return NULL;
-}
-
-static void no_more_commands(void)
-{
-    if (next_sent < n_sent)
-        fail_msg("unexpected %s to the %s worker", sent_log[next_sent].msg.type,
-                 coord_role_name(sent_log[next_sent].role));
 }
 
 static struct worker_msg_draft expect_draft(void)
@@ -350,6 +212,60 @@ static struct seq *verifying(struct coordinator *c, int max_tokens, struct worke
     draft_ready(c, s, d->round, 0, d->k, -1, false);
     *v = expect_verify();
     return s;
+}
+
+/* The registry's part when the draft is lost (registry_draft_lost): the
+ * worker down, a new draft generation, every active sequence told. */
+static void lose_draft(struct coordinator *c)
+{
+    c->worker[ROLE_DRAFT].up = false;
+    c->draft_gen++;
+    for (int i = 0; i < c->n_seqs; i++)
+        if (c->seqs[i].state == SEQ_ACTIVE)
+            scheduler_forget_draft(c, &c->seqs[i]);
+}
+
+/* Answers every command for s as the workers would (drafts of the asked k;
+ * a pre-draft the draft could not make; every draft accepted; plain runs
+ * step by step) until s ends, and fails if s waits for something nothing
+ * will send (a stall). Returns the number of drafts asked for. */
+static int run_to_end(struct coordinator *c, struct seq *s)
+{
+    const uint64_t req = s->req;
+    int32_t next_tok = 10, drafts = 0;
+    for (int guard = 0; s->state == SEQ_ACTIVE && s->req == req; guard++) {
+        assert_true(guard < 200);
+        if (next_sent >= n_sent)
+            fail_msg("request stalled in round state %d", (int)s->round_state);
+        const struct sent *e = &sent_log[next_sent];
+        if (e->role == ROLE_DRAFT && strcmp(e->msg.type, PROTOCOL_DRAFT) == 0) {
+            struct worker_msg_draft d = expect_draft();
+            drafts++;
+            draft_ready(c, s, d.round, 0, d.k, -1, false);
+            if (d.predraft_k > 0)
+                draft_ready(c, s, d.round + 1, 1, 0, -1, true);
+        } else if (e->role == ROLE_TARGET && strcmp(e->msg.type, PROTOCOL_VERIFY) == 0) {
+            struct worker_msg_verify v = expect_verify();
+            for (int step = 1; step <= v.steps && s->state == SEQ_ACTIVE && s->req == req; step++) {
+                int32_t t[SPECULATE_K_MAX + 1];
+                for (int i = 0; i <= v.k; i++)
+                    t[i] = 10 + (next_tok++ % 80); /* never EOS */
+                verify_done(c, s, v.round, v.k, t, step);
+            }
+        } else {
+            next_sent++; /* a release or a prefill: nothing to answer */
+        }
+    }
+    return drafts;
+}
+
+/* A sequence that ended with all max_tokens generated and a done reply. */
+static void assert_done_with(int max_tokens)
+{
+    assert_int_equal(rep.dones, 1);
+    assert_int_equal(rep.errors, 0);
+    assert_int_equal(rep.last_finish, METRICS_FINISH_LENGTH);
+    assert_int_equal(rep.n_done_ids, max_tokens);
 }
 
 /* ---- tests ---- */
@@ -462,6 +378,32 @@ static void test_scheduler_predraft_hit_and_miss(void **state)
     assert_feed(d.feed, d.n_feed, feed3, 1);
     assert_int_equal(s->predraft_used, 1);
     assert_int_equal(s->predraft_offered, 2);
+}
+
+/* A pre-draft the draft could not make (its reply says k 0, guess -1)
+ * that arrives before the verification's reply: when every draft is then
+ * accepted, nothing more is on its way and the next round goes out at once
+ * rather than waiting for it. */
+static void test_scheduler_failed_predraft_does_not_stall(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    c->cores_shared = false;
+    struct seq *s = prefilled(c, 30, 2, 40);
+    struct worker_msg_draft d = expect_draft();
+    assert_int_equal(d.predraft_k, 2);
+    draft_ready(c, s, d.round, 0, 2, -1, false);
+    struct worker_msg_verify v = expect_verify();
+    draft_ready(c, s, d.round + 1, 1, 0, -1, true);
+    no_more_commands();
+    const int32_t t1[3] = {60, 61, 62};
+    verify_done(c, s, v.round, 2, t1, 1);
+    d = expect_draft();
+    /* the draft fed its drafts up to 60: 61 and the bonus go in */
+    assert_int_equal(d.keep_len, s->n_hist - 2);
+    const int32_t feed[2] = {61, 62};
+    assert_feed(d.feed, d.n_feed, feed, 2);
+    assert_int_equal(s->predraft_used, 0);
 }
 
 /* Replies that are not the awaited ones change nothing. */
@@ -599,6 +541,139 @@ static void test_scheduler_verify_beside_draft_and_its_timeout(void **state)
     assert_int_equal(s->n_hist, 6);
 }
 
+/* The round's state at each step: prefill, a fresh draft, its
+ * verification, a fully accepted round waiting for its pre-draft, the
+ * pre-draft verified at once, and plain steps once the draft is gone. */
+static void test_scheduler_round_states(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    c->cores_shared = false;
+    const int32_t prompt[3] = {1, 2, 3};
+    struct seq *s = request(c, prompt, 3, 30, 2);
+    assert_int_equal(s->round_state, ROUND_PREFILLING);
+    next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
+    struct worker_msg_verify v = expect_verify();
+    const int32_t first = 40;
+    verify_done(c, s, v.round, 0, &first, 1);
+    assert_int_equal(s->round_state, ROUND_DRAFTING);
+    struct worker_msg_draft d = expect_draft();
+    assert_int_equal(s->predraft, PREDRAFT_PENDING);
+    draft_ready(c, s, d.round, 0, 2, -1, false);
+    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    v = expect_verify();
+    const int32_t t1[3] = {60, 61, 62};
+    verify_done(c, s, v.round, 2, t1, 1);
+    assert_int_equal(s->round_state, ROUND_AWAIT_PREDRAFT);
+    no_more_commands();
+    draft_ready(c, s, d.round + 1, 1, 2, 62, true);
+    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    assert_int_equal(s->predraft, PREDRAFT_NONE);
+    v = expect_verify();
+    assert_int_equal(v.half, 1);
+    /* the draft is lost while the target verifies: nothing changes until
+     * its reply, then plain steps */
+    lose_draft(c);
+    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    no_more_commands();
+    const int32_t t2[2] = {63, 70};
+    verify_done(c, s, v.round, 1, t2, 1);
+    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    v = expect_verify();
+    assert_true(v.k == 0 && v.steps > 1);
+    /* a step answered: the run goes on at the target */
+    const int32_t t3 = 71;
+    verify_done(c, s, v.round, 0, &t3, 1);
+    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    no_more_commands();
+}
+
+/* The draft lost in each state a round can wait in: the sequence never
+ * stalls, and ends with every token it asked for. */
+static void test_scheduler_draft_lost_in_every_state(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    const int max_tokens = 16;
+    for (int where = 0; where < 5; where++) {
+        log_clear();
+        c->worker[ROLE_DRAFT].up = true;
+        c->cores_shared = !(where == 2 || where == 3);
+        c->worker[ROLE_DRAFT].shm_posix = where == 2;
+        struct seq *s = prefilled(c, max_tokens, 2, 40);
+        enum round_state want = ROUND_DRAFTING;
+        if (where == 0) {
+            (void)expect_draft();
+        } else if (where == 1) {
+            /* verifying */
+            struct worker_msg_draft d = expect_draft();
+            draft_ready(c, s, d.round, 0, d.k, -1, false);
+            want = ROUND_VERIFYING; /* its verify is answered by run_to_end */
+        } else if (where == 2) {
+            /* a verification beside its draft, the draft not in */
+            (void)expect_draft();
+            (void)expect_verify();
+            want = ROUND_VERIFY_BESIDE_DRAFT;
+        } else if (where == 3) {
+            /* every draft accepted, the pre-draft on its way */
+            struct worker_msg_draft d = expect_draft();
+            assert_true(d.predraft_k > 0);
+            draft_ready(c, s, d.round, 0, d.k, -1, false);
+            struct worker_msg_verify v = expect_verify();
+            const int32_t t[3] = {41, 42, 43};
+            verify_done(c, s, v.round, 2, t, 1);
+            want = ROUND_AWAIT_PREDRAFT;
+        } else if (where == 4) {
+            /* a plain run: speculation off for this sequence */
+            s->spec_off = true;
+            struct worker_msg_draft d = expect_draft();
+            draft_ready(c, s, d.round, 0, d.k, -1, false);
+            struct worker_msg_verify v = expect_verify();
+            const int32_t t[2] = {41, 42};
+            verify_done(c, s, v.round, 1, t, 1);
+            want = ROUND_PLAIN_RUN;
+        }
+        assert_int_equal(s->round_state, want);
+        lose_draft(c);
+        if (where == 2) {
+            /* the target gives up on the draft that will never come */
+            worker_error(c, ROLE_TARGET, s, ERR_TIMEOUT, PROTOCOL_VERIFY);
+        }
+        const int drafts = run_to_end(c, s);
+        if (drafts != 0)
+            fail_msg("draft lost in round state %d: %d drafts asked for after", (int)want, drafts);
+        assert_done_with(max_tokens);
+    }
+}
+
+/* A draft error for a round whose verification went beside it: the target
+ * then gives up waiting, and the sequence moves on without that draft
+ * (never waiting for a draft_ready that will not come). */
+static void test_scheduler_beside_draft_error_then_timeout(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    c->cores_shared = false;
+    c->worker[ROLE_DRAFT].shm_posix = true;
+    struct seq *s = prefilled(c, 12, 2, 40);
+    (void)expect_draft();
+    struct worker_msg_verify v = expect_verify();
+    assert_true(v.await_draft);
+    worker_error(c, ROLE_DRAFT, s, ERR_INTERNAL, PROTOCOL_DRAFT);
+    assert_int_equal(s->round_state, ROUND_VERIFY_BESIDE_DRAFT);
+    no_more_commands();
+    worker_error(c, ROLE_TARGET, s, ERR_TIMEOUT, PROTOCOL_VERIFY);
+    /* the next round re-feeds the draft from scratch */
+    struct worker_msg_draft d = expect_draft();
+    assert_int_equal(d.keep_len, 0);
+    assert_int_equal(d.n_feed, s->n_hist);
+    draft_ready(c, s, d.round, 0, d.k, -1, false);
+    if (d.predraft_k > 0)
+        draft_ready(c, s, d.round + 1, 1, 0, -1, true);
+    run_to_end(c, s);
+    assert_done_with(12);
+}
+
 /* End of sequence and max_tokens end a request with done, release its slot
  * on both workers and admit the next queued one. */
 static void test_scheduler_endings_release_and_admit(void **state)
@@ -721,6 +796,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_round_keeps_the_draft_cache_right, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_predraft_hit_and_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_failed_predraft_does_not_stall, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_round_states, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_draft_lost_in_every_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_drops_stale_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_fails_a_malformed_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_lost_draft_falls_back_to_plain_steps, setup,

@@ -1,0 +1,166 @@
+/* round_timing.c: see round_timing.h. Every time is coord_now_ms's clock. */
+#include "round_timing.h"
+
+#include "adaptive_k.h"
+#include "logging.h"
+#include "speculate.h"
+#include "worker_msg.h"
+
+/* Decay of the call-cost sums: costs belong to the hardware and the models,
+ * so they are remembered long (as adaptive_k's own cost fit). */
+#define CALL_FIT_DECAY 0.99
+
+void round_timing_draft_wait(struct coordinator *c, const struct seq *s, double until_ms)
+{
+    if (s->round_start_ms <= 0)
+        return;
+    const double wait = until_ms - s->round_start_ms;
+    c->metrics.draft_wait_rounds++;
+    c->metrics.draft_wait_ms_total += wait;
+    if (wait > c->metrics.draft_wait_ms_max)
+        c->metrics.draft_wait_ms_max = wait;
+}
+
+void round_timing_verify_sent(struct coordinator *c, struct seq *s, int k, bool beside_draft)
+{
+    s->verify_sent_ms = coord_now_ms();
+    /* a plain round's wall is the request's own only with no unused
+     * pre-draft still being made beside it */
+    s->verify_plain_alone = s->predraft != PREDRAFT_ABANDONED;
+    /* beside its draft, the round's wait ends with draft_ready */
+    if (k > 0 && !beside_draft)
+        round_timing_draft_wait(c, s, s->verify_sent_ms);
+    if (c->target_outstanding == 0 && c->target_idle_since_ms >= 0) {
+        double gap = s->verify_sent_ms - c->target_idle_since_ms;
+        c->metrics.target_gap_samples++;
+        c->metrics.target_gap_ms_total += gap;
+        if (gap > c->metrics.target_gap_ms_max)
+            c->metrics.target_gap_ms_max = gap;
+    }
+    c->target_idle_since_ms = -1;
+}
+
+void round_timing_prefill_sent(struct coordinator *c, struct seq *s)
+{
+    s->verify_sent_ms = coord_now_ms();
+    c->target_idle_since_ms = -1;
+}
+
+void round_timing_draft_compute(struct coordinator *c, struct seq *s, double draft_ms)
+{
+    if (draft_ms >= 0) {
+        c->metrics.draft_ms_total += draft_ms;
+        s->draft_ms += draft_ms;
+    }
+}
+
+void round_timing_draft_ready(struct seq *s, int k, double draft_ms)
+{
+    s->draft_ready_ms = coord_now_ms();
+    s->last_draft_ms = draft_ms >= 0 ? draft_ms : s->draft_ready_ms - s->draft_sent_ms;
+    s->last_draft_raw_ms = s->last_draft_ms;
+    /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
+     * is a one-off: the K controller wants the cost of drafting itself. The
+     * feed every drafting round brings (SPECULATE_ROUND_FEED_MAX) is part
+     * of that cost. */
+    if (s->draft_n_feed > SPECULATE_ROUND_FEED_MAX)
+        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - SPECULATE_ROUND_FEED_MAX);
+}
+
+void round_timing_predraft_used(struct seq *s)
+{
+    /* a pre-draft made during the verification cost the target nothing */
+    const double now = coord_now_ms();
+    s->last_draft_ms = s->verify_done_ms > 0 && now > s->verify_done_ms ? now - s->verify_done_ms : 0.0;
+    s->last_draft_raw_ms = s->last_draft_ms;
+    s->draft_ready_ms = -1.0;
+    s->round_with_prefill = false;
+}
+
+/* A target call seen for the first time: counted, and its cost fitted as
+ * base + per_row * rows over the calls so far (least squares on decayed
+ * sums; until the row counts have varied, every row is assumed to cost as
+ * much as the call's base spread over its rows). */
+static void note_target_call(struct coordinator *c, const struct worker_msg_verify_done *m)
+{
+    metrics_note_target_call(&c->metrics, m->call_seqs, m->call_rows, m->call_ms);
+    if (m->call_ms <= 0 || m->call_rows < 1)
+        return;
+    const double x = m->call_rows, y = m->call_ms;
+    c->call_fit_w = c->call_fit_w * CALL_FIT_DECAY + 1;
+    c->call_fit_x = c->call_fit_x * CALL_FIT_DECAY + x;
+    c->call_fit_xx = c->call_fit_xx * CALL_FIT_DECAY + x * x;
+    c->call_fit_y = c->call_fit_y * CALL_FIT_DECAY + y;
+    c->call_fit_xy = c->call_fit_xy * CALL_FIT_DECAY + x * y;
+    const double mx = c->call_fit_x / c->call_fit_w, my = c->call_fit_y / c->call_fit_w;
+    const double var = c->call_fit_xx / c->call_fit_w - mx * mx;
+    const double slope = var > 0.25 ? (c->call_fit_xy / c->call_fit_w - mx * my) / var : -1;
+    if (slope >= 0 && my - slope * mx > 0) {
+        c->call_ms_per_row = slope;
+        c->call_ms_base = my - slope * mx;
+    } else {
+        c->call_ms_per_row = 0;
+        c->call_ms_base = 0; /* not measured: adaptive K ignores the load */
+    }
+}
+
+double round_timing_verify_done(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
+                                bool prefill, double now)
+{
+    const double round_wall_ms = !prefill && s->round_start_ms > 0 ? now - s->round_start_ms : -1.0;
+    s->verify_done_ms = now;
+    s->round_start_ms = now;
+    /* one call answers several sequences' rounds: each call is fitted once */
+    if (m->call > c->last_target_call) {
+        c->last_target_call = m->call;
+        note_target_call(c, m);
+    }
+    struct metrics *mt = &c->metrics;
+    if (m->idle_ms >= 0) {
+        mt->target_idle_samples++;
+        mt->target_idle_ms_total += m->idle_ms;
+        if (m->idle_ms > mt->target_idle_ms_max)
+            mt->target_idle_ms_max = m->idle_ms;
+    }
+    mt->verify_ms_total += m->verify_ms;
+    s->verify_ms += m->verify_ms;
+    return round_wall_ms;
+}
+
+void round_timing_learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m, int k,
+                        double round_wall_ms, bool beside, bool draft_unknown, double now)
+{
+    const int n_acc = m->n_accepted, n_tok = m->n_tokens;
+    if (draft_unknown)
+        round_timing_draft_wait(c, s, now);
+    /* Every round teaches the controller, plain ones included (they are
+     * what speculation is compared with). Its wall time counts only where
+     * it is the request's own: alone on the workers, catching-up on
+     * skipped tokens left out (a one-off, as in last_draft_ms), and for a
+     * plain round, no unused pre-draft still running beside it. */
+    double wall_ms = c->n_active == 1 ? round_wall_ms : -1.0;
+    if (k > 0 && s->last_draft_raw_ms > s->last_draft_ms)
+        wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
+    if (k == 0 && !s->verify_plain_alone)
+        wall_ms = -1.0;
+    /* a draft that shared its forward calls with the prompt's prefill
+     * (the first round, admitted while the draft still prefills) says
+     * nothing of drafting's cost */
+    double draft_ms = k == 0 ? 0.0 : s->round_with_prefill || draft_unknown ? -1.0 : s->last_draft_ms;
+    if (k > 0 && (s->round_with_prefill || draft_unknown))
+        wall_ms = -1.0;
+    adaptive_k_update_wall(&s->kc, k, n_acc, draft_ms, m->verify_ms, wall_ms);
+    if (k > 0)
+        adaptive_k_note_predraft(&s->kc, s->round_predrafted, n_tok, wall_ms);
+    LOG_DEBUG("round \"%s\" #%d: k %d accepted %d %s; wall %.2f ms: draft wait %.2f (draft compute %.2f), "
+              "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
+              "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
+              s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->draft_ready_ms < 0 ? "pre-draft" : "fresh",
+              round_wall_ms,
+              k > 0 ? (beside && !draft_unknown ? s->draft_ready_ms : s->verify_sent_ms) - (now - round_wall_ms)
+                    : 0.0,
+              k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, m->verify_ms, m->idle_ms,
+              s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
+              s->kc.wall_plain_ms, s->kc.wall_extra_ms,
+              c->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
+}

@@ -1,0 +1,34 @@
+/* worker_send.c: see worker_send.h. */
+#include "worker_send.h"
+
+#include "error.h"
+#include "logging.h"
+
+static const char *type_of(const cJSON *hdr)
+{
+    const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(hdr, "type"));
+    return t != NULL ? t : "?";
+}
+
+int worker_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame)
+{
+    char err[ERR_MSG_MAX];
+    struct worker *w = &c->worker[role];
+    int rc = w->lane_sending ? lane_send(w->lane_fd, hdr, frame, frame ? 1 : 0, err)
+                             : protocol_send(c->workers, w->identity, w->identity_size, hdr, frame,
+                                             frame ? 1 : 0, PROTOCOL_DONTWAIT, err);
+    if (rc != 0)
+        LOG_WARN("%s worker: send %s failed: %s", coord_role_name(role), type_of(hdr), err);
+    cJSON_Delete(hdr);
+    return rc;
+}
+
+int worker_send_to_identity(struct coordinator *c, const uint8_t *identity, size_t identity_size, cJSON *hdr)
+{
+    char err[ERR_MSG_MAX];
+    int rc = protocol_send(c->workers, identity, identity_size, hdr, NULL, 0, PROTOCOL_DONTWAIT, err);
+    if (rc != 0)
+        LOG_WARN("%s not sent: %s", type_of(hdr), err);
+    cJSON_Delete(hdr);
+    return rc;
+}

@@ -1,0 +1,56 @@
+/* coord_fakes.h: what a coordinator module's unit test puts in place of
+ * the process's edges. What would leave the process is recorded: the
+ * commands to the workers (worker_send, worker_send_to_identity), kept as
+ * the worker would receive them, and the client replies (replies_*).
+ * Everything else (the scheduler, the registry, round timing, output,
+ * metrics, the worker-message codecs) is the real code. Not thread-safe;
+ * one test at a time (log_clear between tests).
+ */
+#ifndef TANDEM_COORD_FAKES_H
+#define TANDEM_COORD_FAKES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coord_state.h"
+
+#define COORD_FAKES_LOG_MAX 64
+/* sent.role of a message sent to a routing id (worker_send_to_identity) */
+#define COORD_FAKES_TO_IDENTITY (-1)
+
+struct sent {
+    int role;                /* enum worker_role, or COORD_FAKES_TO_IDENTITY */
+    uint8_t identity[PROTOCOL_IDENTITY_MAX];
+    size_t identity_size;    /* COORD_FAKES_TO_IDENTITY: the routing id */
+    struct protocol_msg msg; /* as the worker would receive it */
+};
+
+struct replies {
+    int errors, dones, streams;
+    enum metrics_error last_error;
+    enum metrics_finish last_finish;
+    int32_t done_ids[256];   /* the done reply's generated ids */
+    int n_done_ids;
+};
+
+extern struct sent sent_log[COORD_FAKES_LOG_MAX];
+extern int n_sent, next_sent; /* recorded, and the next one a test looks at */
+extern struct replies rep;
+
+/* hdr (and frame) as a worker would receive them, parsed again. */
+struct protocol_msg over_the_wire(cJSON *h, const struct protocol_frame *frame);
+/* Empties the records (frees what they hold). */
+void log_clear(void);
+
+/* The next recorded message, which must be of this type to this role's
+ * worker (or COORD_FAKES_TO_IDENTITY); fails the test otherwise. */
+struct protocol_msg *next_command(int role, const char *type);
+/* Fails the test if anything more was sent. */
+void no_more_commands(void);
+
+/* A request as intake fills it in: greedy, K fixed by k_fixed (0 = the
+ * controller's), queued and admitted where it fits. */
+struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed);
+
+#endif
