@@ -309,7 +309,6 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
         free(payload);
         return;
     }
-    char err[ERR_MSG_MAX] = "";
     /* A connection accepted or dropped on this descriptor number since the
      * events were last read: the message may be the old connection's or the
      * new one's, so it is bound to neither. The sender (if alive) is told. */
@@ -335,10 +334,17 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
         free(payload);
         return;
     }
+    intake_dispatch(c, identity, identity_size, conn, payload, payload ? payload_bytes : 0);
+    free(payload);
+}
+
+void intake_dispatch(struct coordinator *c, const uint8_t *identity, size_t identity_size, struct conn_ref conn,
+                     const char *payload, size_t payload_bytes)
+{
+    char err[ERR_MSG_MAX] = "";
     cJSON *root = NULL;
     enum request_kind kind = REQUEST_KIND_GENERATE;
-    int rc = request_parse_envelope(payload, payload ? payload_bytes : 0, &root, &kind, err);
-    free(payload);
+    int rc = request_parse_envelope(payload, payload_bytes, &root, &kind, err);
     if (rc != 0) {
         c->metrics.requests_total++;
         replies_error(c, identity, identity_size, request_peek_id(root), METRICS_ERR_INVALID_REQUEST, err);

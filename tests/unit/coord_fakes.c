@@ -76,15 +76,22 @@ struct replies rep;
 void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
                   const cJSON *msg)
 {
-    (void)c, (void)identity, (void)identity_size, (void)msg;
+    (void)c, (void)identity, (void)identity_size;
+    rep.sends++;
+    char *text = cJSON_PrintUnformatted(msg);
+    assert_non_null(text);
+    snprintf(rep.last_sent, sizeof rep.last_sent, "%s", text);
+    free(text);
 }
 
 void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size,
                    const char *id, enum metrics_error code, const char *message)
 {
-    (void)c, (void)identity, (void)identity_size, (void)id, (void)message;
+    (void)c, (void)identity, (void)identity_size;
     rep.errors++;
     rep.last_error = code;
+    snprintf(rep.last_error_id, sizeof rep.last_error_id, "%s", id);
+    snprintf(rep.last_error_message, sizeof rep.last_error_message, "%s", message);
 }
 
 void replies_stream(struct coordinator *c, struct seq *s, bool final)

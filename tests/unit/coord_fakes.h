@@ -27,8 +27,10 @@ struct sent {
 };
 
 struct replies {
-    int errors, dones, streams;
+    int errors, dones, streams, sends;
     enum metrics_error last_error;
+    char last_error_id[128], last_error_message[512];
+    char last_sent[65536];   /* replies_send's last message, printed (truncated) */
     enum metrics_finish last_finish;
     int32_t done_ids[256];   /* the done reply's generated ids */
     int n_done_ids;
