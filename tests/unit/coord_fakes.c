@@ -162,3 +162,35 @@ void no_more_commands(void)
         fail_msg("unexpected %s to the %s worker", sent_log[next_sent].msg.type, who(sent_log[next_sent].role));
 }
 
+
+int coord_test_init(struct coordinator *c, int n_seqs)
+{
+    memset(c, 0, sizeof *c);
+    proc_config_defaults(&c->cfg);
+    c->cfg.coordinator.max_concurrency = n_seqs;
+    c->seqs = calloc((size_t)n_seqs, sizeof *c->seqs);
+    if (!c->seqs)
+        return -1;
+    c->n_seqs = n_seqs;
+    for (int i = 0; i < n_seqs; i++)
+        c->seqs[i].slot = i;
+    c->busy_since_ms = -1;
+    c->target_idle_since_ms = -1;
+    c->lane_listen_fd = -1;
+    for (int r = 0; r < 2; r++)
+        c->worker[r].lane_fd = -1;
+    metrics_init(&c->metrics);
+    log_clear();
+    return 0;
+}
+
+void coord_test_fini(struct coordinator *c)
+{
+    for (int i = 0; i < c->n_seqs; i++)
+        if (c->seqs[i].state != SEQ_FREE)
+            scheduler_seq_reset(&c->seqs[i]);
+    free(c->seqs);
+    for (int r = 0; r < 2; r++)
+        cJSON_Delete(c->worker[r].shm);
+    log_clear();
+}

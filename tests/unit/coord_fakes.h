@@ -55,4 +55,11 @@ void no_more_commands(void);
  * controller's), queued and admitted where it fits. */
 struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed);
 
+/* A coordinator as coordinator_create leaves it before any worker
+ * registers: the config's defaults, n_seqs free records (max_concurrency
+ * n_seqs), empty records cleared. 0 or -1 (out of memory). */
+int coord_test_init(struct coordinator *c, int n_seqs);
+/* Frees what the records and the workers' descriptors hold. */
+void coord_test_fini(struct coordinator *c);
+
 #endif

@@ -37,18 +37,11 @@ struct fixture {
 static int setup(void **state)
 {
     struct fixture *f = calloc(1, sizeof *f);
-    if (!f)
+    if (!f || coord_test_init(&f->c, N_SEQS) != 0)
         return -1;
     struct coordinator *c = &f->c;
-    proc_config_defaults(&c->cfg);
     c->cfg.coordinator.max_concurrency = 2;
     c->cfg.coordinator.max_queue = 1;
-    c->seqs = calloc(N_SEQS, sizeof *c->seqs);
-    if (!c->seqs)
-        return -1;
-    c->n_seqs = N_SEQS;
-    for (int i = 0; i < N_SEQS; i++)
-        c->seqs[i].slot = i;
     struct worker *t = &c->worker[ROLE_TARGET];
     t->up = true;
     t->vocab_size = VOCAB;
@@ -56,11 +49,7 @@ static int setup(void **state)
     t->n_eos = 1;
     t->max_seq_len = CONTEXT;
     t->n_slots = N_SEQS;
-    c->busy_since_ms = -1;
-    c->target_idle_since_ms = -1;
     c->rng_state = 42;
-    metrics_init(&c->metrics);
-    log_clear();
     *state = f;
     return 0;
 }
@@ -68,11 +57,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    for (int i = 0; i < N_SEQS; i++)
-        if (f->c.seqs[i].state != SEQ_FREE)
-            scheduler_seq_reset(&f->c.seqs[i]);
-    free(f->c.seqs);
-    log_clear();
+    coord_test_fini(&f->c);
     free(f);
     return 0;
 }

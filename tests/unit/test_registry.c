@@ -46,25 +46,9 @@ struct fixture {
 static int setup(void **state)
 {
     struct fixture *f = calloc(1, sizeof *f);
-    if (!f)
+    if (!f || coord_test_init(&f->c, N_SEQS) != 0)
         return -1;
-    struct coordinator *c = &f->c;
-    proc_config_defaults(&c->cfg);
-    c->cfg.coordinator.max_concurrency = N_SEQS;
-    c->cfg.coordinator.worker_timeout_ms = 1000;
-    c->seqs = calloc(N_SEQS, sizeof *c->seqs);
-    if (!c->seqs)
-        return -1;
-    c->n_seqs = N_SEQS;
-    for (int i = 0; i < N_SEQS; i++)
-        c->seqs[i].slot = i;
-    c->busy_since_ms = -1;
-    c->target_idle_since_ms = -1;
-    c->lane_listen_fd = -1;
-    for (int r = 0; r < 2; r++)
-        c->worker[r].lane_fd = -1;
-    metrics_init(&c->metrics);
-    log_clear();
+    f->c.cfg.coordinator.worker_timeout_ms = 1000;
     *state = f;
     return 0;
 }
@@ -72,13 +56,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    for (int i = 0; i < N_SEQS; i++)
-        if (f->c.seqs[i].state != SEQ_FREE)
-            scheduler_seq_reset(&f->c.seqs[i]);
-    free(f->c.seqs);
-    for (int r = 0; r < 2; r++)
-        cJSON_Delete(f->c.worker[r].shm);
-    log_clear();
+    coord_test_fini(&f->c);
     free(f);
     return 0;
 }

@@ -66,30 +66,20 @@ static void worker_up(struct worker *w, const char *backend)
 static int setup(void **state)
 {
     struct fixture *f = calloc(1, sizeof *f);
-    if (!f)
+    if (!f || coord_test_init(&f->c, N_SEQS) != 0)
         return -1;
     struct coordinator *c = &f->c;
-    proc_config_defaults(&c->cfg);
-    c->cfg.coordinator.max_concurrency = N_SEQS;
     c->cfg.coordinator.spec_k_max = 8;
     worker_up(&c->worker[ROLE_TARGET], "cuda");
     worker_up(&c->worker[ROLE_DRAFT], "cuda");
     c->worker[ROLE_DRAFT].shm = cJSON_CreateObject();
     c->worker[ROLE_DRAFT].shm_posix = false;
     c->draft_gen = 1;
-    c->seqs = calloc(N_SEQS, sizeof *c->seqs);
-    if (!c->seqs || !c->worker[ROLE_DRAFT].shm)
+    if (!c->worker[ROLE_DRAFT].shm)
         return -1;
-    c->n_seqs = N_SEQS;
-    for (int i = 0; i < N_SEQS; i++)
-        c->seqs[i].slot = i;
-    c->busy_since_ms = -1;
-    c->target_idle_since_ms = -1;
     /* no pre-drafts and no verification beside its draft unless a test
      * asks for them: rounds one at a time */
     c->cores_shared = true;
-    metrics_init(&c->metrics);
-    log_clear();
     *state = f;
     return 0;
 }
@@ -97,12 +87,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    for (int i = 0; i < N_SEQS; i++)
-        if (f->c.seqs[i].state != SEQ_FREE)
-            scheduler_seq_reset(&f->c.seqs[i]);
-    free(f->c.seqs);
-    cJSON_Delete(f->c.worker[ROLE_DRAFT].shm);
-    log_clear();
+    coord_test_fini(&f->c);
     free(f);
     return 0;
 }
