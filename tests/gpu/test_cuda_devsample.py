@@ -4,7 +4,7 @@ no GPU can be used, so CI without one reports it skipped).
 
 tandem-generate --backend cuda samples on the device by default (--sampler device:
 logits stay in device memory, kern_cuda_* kernels draft, sample and accept/reject, only
-ids cross); --sampler host is the reference path (logits downloaded, common/spec on the
+ids cross); --sampler host is the reference path (logits downloaded, common/speculation on the
 CPU). On the tiny and small presets:
 - greedy: device-path ids == host-path ids == the CPU backend's, over 64 tokens
   (argmax is bit for bit the CPU's by the kernels' contract);

@@ -1,5 +1,5 @@
 /* test_cuda_sampling.c: the device sampling and speculative accept/reject
- * (kernels/cuda/sampling.cu) against the CPU reference (common/spec).
+ * (kernels/cuda/sampling.cu) against the CPU reference (common/speculation).
  *
  * What is checked, and how exactly:
  *   - Philox: the host build of the device code equals philox4x32_10 and
@@ -1509,7 +1509,7 @@ int main(void)
     int bad = philox_host_twin_mismatches();
     if (bad) {
         fprintf(stderr, "FAILED: the host build of sampling.cu's Philox differs from "
-                "common/spec/philox.c in %d values\n", bad);
+                "common/speculation/philox.c in %d values\n", bad);
         return 1;
     }
     printf("philox: the host build of the device code equals philox.c (Random123 answers, "
