@@ -25,6 +25,7 @@
 #include "cpulist.h"
 #include "lane.h"
 #include "metrics.h"
+#include "ngram.h"
 #include "output.h"
 #include "proc_config.h"
 #include "protocol.h"
@@ -154,6 +155,7 @@ struct seq {
     struct sampling_params sp;
     enum speculate_mode mode;
     struct adaptive_k kc;
+    enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */
     bool spec_off;           /* draft errors: target-only for this sequence */
     int draft_errors;
 
@@ -174,6 +176,7 @@ struct seq {
      * PLAIN_RUN): the verification in flight. */
     int verify_round, verify_k, verify_L, verify_cached, verify_keep, verify_feed;
     int run_steps, run_done; /* PLAIN_RUN: steps asked for, answered */
+    bool verify_inline;      /* VERIFYING: its drafts travelled in the message (n-gram), not the draft's */
     enum beside_draft beside_draft; /* VERIFY_BESIDE_DRAFT */
     /* While a fresh draft is awaited (DRAFTING, VERIFY_BESIDE_DRAFT): the
      * draft call in flight. */
@@ -268,6 +271,8 @@ struct coordinator {
     struct seq *queue_head, *queue_tail;
     uint64_t next_req;
     enum speculate_mode default_mode;
+    enum request_draft default_draft; /* coordinator.draft: requests that name no source */
+    struct ngram_params ngram;
     struct metrics metrics;
     double t_start_ms;
     double last_heartbeat_ms;

@@ -103,6 +103,13 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     const struct coordinator_config *cc = &c->cfg.coordinator;
     c->max_message_bytes = (size_t)cc->max_message_bytes;
     c->default_mode = strcmp(cc->spec_mode, "point_mass") == 0 ? SPECULATE_MODE_POINT_MASS : SPECULATE_MODE_SAMPLED;
+    /* checked by the config's parser: one of the names */
+    int draft_rc = request_draft_parse(cc->draft, "coordinator.draft", &c->default_draft, err);
+    if (draft_rc != 0) {
+        free(c);
+        return draft_rc;
+    }
+    ngram_params_default(&c->ngram);
     c->t_start_ms = coord_now_ms();
     c->rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(c->t_start_ms * 1000.0);
     /* Request numbers start somewhere new in each coordinator: the workers

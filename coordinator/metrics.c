@@ -121,6 +121,9 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(spec, "verify_beside_draft", m->beside_draft_total);
     NUM(spec, "verify_beside_draft_failed", m->beside_draft_failed_total);
     NUM(spec, "target_only_rounds", m->target_only_rounds_total);
+    NUM(spec, "ngram_drafts", m->ngram_drafts_total);
+    NUM(spec, "ngram_draft_tokens", m->ngram_draft_tokens_total);
+    NUM(spec, "ngram_accepted_tokens", m->ngram_accepted_tokens_total);
     for (int i = 0; i < METRICS_POS_MAX && ok; i++) {
         cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
         ok = n != NULL && cJSON_AddItemToArray(pos, n);
@@ -244,6 +247,12 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
     for (int i = 0; i < METRICS_POS_MAX; i++)
         tb_printf(&tb, "tandem_spec_decode_num_accepted_tokens_per_pos{position=\"%d\"} %llu\n", i,
                   (unsigned long long)m->accepted_per_pos[i]);
+    counter(&tb, "tandem_ngram_drafts_total", "Rounds whose drafts were n-gram matches.",
+            (double)m->ngram_drafts_total);
+    counter(&tb, "tandem_ngram_draft_tokens_total", "Tokens drafted by n-gram matches.",
+            (double)m->ngram_draft_tokens_total);
+    counter(&tb, "tandem_ngram_accepted_tokens_total", "N-gram drafted tokens accepted.",
+            (double)m->ngram_accepted_tokens_total);
     counter(&tb, "tandem_verify_rounds_total", "Target calls after prefill (plain decoding included).",
             (double)m->verify_rounds_total);
     counter(&tb, "tandem_target_only_rounds_total", "Rounds decoded without a draft (no draft worker).",

@@ -25,8 +25,9 @@
  *   PREFILLING -> IDLE                 the prefill's reply (its token accepted)
  *   IDLE -> DRAFTING                   a fresh draft is sent (K >= 1)
  *   IDLE -> VERIFY_BESIDE_DRAFT        ... with its verification beside it
- *   IDLE -> PLAIN_RUN                  K = 0 or no draft: plain steps
- *   IDLE -> VERIFYING                  a ready pre-draft whose guess is the bonus
+ *   IDLE -> PLAIN_RUN                  K = 0, no draft, or no n-gram match: plain steps
+ *   IDLE -> VERIFYING                  a ready pre-draft whose guess is the bonus, or
+ *                                      n-gram drafts made here (draft "ngram")
  *   DRAFTING -> VERIFYING              draft_ready
  *   DRAFTING -> IDLE                   the draft failed or was lost
  *   VERIFY_BESIDE_DRAFT -> IDLE        verify_done (the draft's reply before or after)
@@ -66,6 +67,12 @@ static void seq_start(struct coordinator *c, struct seq *s);
  * only at an end-of-sequence token or a release, so its length bounds
  * nothing but how long a draft that registers meanwhile waits to be used. */
 #define PLAIN_RUN_MAX 32
+/* Plain steps after an n-gram lookup found nothing, before the next one:
+ * each lookup costs a trip through the coordinator (0.4-0.7 ms against a
+ * 5 ms step of the small target on 2 cores), so a run keeps a request
+ * that never matches near target-only speed, at the price of a few tokens
+ * of a match found late. */
+#define NGRAM_MISS_RUN 4
 
 static struct worker_msg_seq msg_seq(const struct seq *s)
 {
@@ -77,10 +84,11 @@ static struct worker_msg_sampling msg_sampling(const struct seq *s)
     return (struct worker_msg_sampling){.sp = s->sp, .mode = s->mode};
 }
 
+/* Whether s drafts with the draft worker's model now. */
 static bool draft_usable(const struct coordinator *c, const struct seq *s)
 {
     const struct worker *d = &c->worker[ROLE_DRAFT];
-    return d->up && !s->spec_off && s->slot < d->n_slots;
+    return s->draft == REQUEST_DRAFT_MODEL && d->up && !s->spec_off && s->slot < d->n_slots;
 }
 
 void scheduler_seq_reset(struct seq *s)
@@ -143,7 +151,9 @@ static int kv_blocks_for(const struct coordinator *c, enum worker_role r, const 
 static void seq_take_slot(struct coordinator *c, struct seq *s)
 {
     for (int r = 0; r < 2; r++) {
-        s->kv_reserved[r] = r == ROLE_DRAFT && s->spec_off ? 0 : kv_blocks_for(c, (enum worker_role)r, s);
+        s->kv_reserved[r] = r == ROLE_DRAFT && (s->spec_off || s->draft != REQUEST_DRAFT_MODEL)
+                                ? 0
+                                : kv_blocks_for(c, (enum worker_role)r, s);
         c->kv_reserved[r] += s->kv_reserved[r];
     }
     if (c->n_active++ == 0)
@@ -270,10 +280,11 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
 }
 
 /* Sends a verification of k drafts (0: plain steps) from half, past
- * cached_drafts the draft's cache will hold once they are accepted; the
- * round waits for it from now. */
-static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
-                        int steps, bool beside_draft)
+ * cached_drafts the draft's cache will hold once they are accepted, or of
+ * the k drafts in inline_drafts (made here: not the draft's, no half);
+ * the round waits for it from now. */
+static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
+                           int steps, bool beside_draft, const int32_t *inline_drafts)
 {
     s->verify_keep = s->n_hist - 1;
     s->verify_feed = 1;
@@ -282,9 +293,12 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
      * the drafts start (after the guess in a pre-drafted half). */
     struct worker_msg_verify m = {
         .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
-        .sampling = msg_sampling(s), .shm = k > 0 ? c->worker[ROLE_DRAFT].shm : NULL,
+        .sampling = msg_sampling(s), .shm = k > 0 && !inline_drafts ? c->worker[ROLE_DRAFT].shm : NULL,
         .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps, .await_draft = beside_draft,
+        .n_drafts = inline_drafts ? k : 0,
     };
+    if (inline_drafts)
+        memcpy(m.drafts, inline_drafts, (size_t)k * sizeof(int32_t));
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_encode(&m, &frame);
     if (h == NULL) {
@@ -299,6 +313,7 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     s->verify_k = k;
     s->verify_L = s->n_hist;
     s->verify_cached = cached_drafts;
+    s->verify_inline = inline_drafts != NULL;
     c->metrics.beside_draft_total += beside_draft;
     round_timing_verify_sent(c, s, k, beside_draft);
     c->target_outstanding += steps; /* each step is answered */
@@ -307,6 +322,31 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
         c->metrics.plain_run_steps_total += (uint64_t)steps;
     }
     worker_send(c, ROLE_TARGET, h, &frame);
+}
+
+static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
+                        int steps, bool beside_draft)
+{
+    send_verify_of(c, s, k, half, round, cached_drafts, steps, beside_draft, NULL);
+}
+
+/* Sends the drafts an n-gram match of the sequence's own tokens predicts
+ * (at most K, as many as fit); false when nothing matched. */
+static bool send_ngram_draft(struct coordinator *c, struct seq *s, int room)
+{
+    int k_cap = s->kc.k_fixed > 0 ? s->kc.k_fixed : c->cfg.coordinator.spec_k_max;
+    if (k_cap > room - 1)
+        k_cap = room - 1; /* the k drafts and the token after them */
+    if (k_cap > SPECULATE_K_MAX)
+        k_cap = SPECULATE_K_MAX;
+    if (k_cap < 1)
+        return false;
+    int32_t drafts[SPECULATE_K_MAX];
+    const int k = ngram_draft(&c->ngram, s->hist, s->n_hist, k_cap, drafts);
+    if (k == 0)
+        return false;
+    send_verify_of(c, s, k, COORD_HALF_FRESH, ++s->round_counter, 0, 1, false, drafts);
+    return true;
 }
 
 /* Whether a verification may go out beside its draft: the target then
@@ -409,6 +449,10 @@ static void seq_advance(struct coordinator *c, struct seq *s)
          * against a 5 ms step of the small target on 2 cores */
         if (k <= 0)
             steps = adaptive_k_plain_run(&s->kc, room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX);
+    } else if (s->draft == REQUEST_DRAFT_NGRAM) {
+        if (send_ngram_draft(c, s, room))
+            return;
+        steps = room < NGRAM_MISS_RUN ? room : NGRAM_MISS_RUN;
     } else {
         steps = room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX;
         c->metrics.target_only_rounds_total += (uint64_t)steps;
@@ -537,6 +581,11 @@ static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
     mt->num_accepted_tokens_total += (uint64_t)n_acc;
     for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
         mt->accepted_per_pos[i]++;
+    if (s->verify_inline) {
+        mt->ngram_drafts_total++;
+        mt->ngram_draft_tokens_total += (uint64_t)k;
+        mt->ngram_accepted_tokens_total += (uint64_t)n_acc;
+    }
 }
 
 void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg)
@@ -581,11 +630,15 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
          * draft_ready (two sockets, no order between them): the round's
          * draft cost is then unknown, and the late draft_ready is dropped
          * as stale. */
+        /* the K controller prices the draft model's rounds (an n-gram
+         * source's K is the cap: its drafts cost nothing to make) */
         const bool beside = was == ROUND_VERIFY_BESIDE_DRAFT;
-        round_timing_learn(c, s, &m, k, round_wall_ms, beside, beside && s->beside_draft != BESIDE_DRAFT_IN, now);
+        if (!s->verify_inline)
+            round_timing_learn(c, s, &m, k, round_wall_ms, beside, beside && s->beside_draft != BESIDE_DRAFT_IN,
+                               now);
     }
     /* what the draft cached of the round, unless it failed or was lost */
-    if (k > 0 && s->draft_gen == c->draft_gen &&
+    if (k > 0 && s->draft_gen == c->draft_gen && !s->verify_inline &&
         !(was == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_LOST)) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
         s->draft_valid = s->verify_L + cached;
@@ -840,11 +893,12 @@ static int kv_admits(const struct coordinator *c, struct seq *s, int *need_out)
     *need_out = need_t;
     if (need_t > t->kv_blocks && t->kv_blocks > 0)
         return -1;
-    if (d->up && d->kv_blocks > 0 && kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
+    const bool uses_draft = s->draft == REQUEST_DRAFT_MODEL;
+    if (uses_draft && d->up && d->kv_blocks > 0 && kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
         s->spec_off = true;
     if (t->kv_blocks > 0 && c->kv_reserved[ROLE_TARGET] + need_t > t->kv_blocks)
         return 0;
-    if (d->up && d->kv_blocks > 0 && !s->spec_off &&
+    if (uses_draft && d->up && d->kv_blocks > 0 && !s->spec_off &&
         c->kv_reserved[ROLE_DRAFT] + kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
         return 0;
     return 1;

@@ -21,6 +21,7 @@
 #include "error.h"
 #include "json_check.h"
 #include "json_type.h"
+#include "request.h"
 #include "utf8.h"
 
 #define E400 400
@@ -68,6 +69,7 @@ enum field_rule {
     F_MAX_TOKENS,
     F_NUMBER,         /* passed through under the same name */
     F_INTEGER,        /* passed through under the same name */
+    F_DRAFT,          /* the draft source (an extension): one of request.h's names, passed through */
     F_SEED,
     F_STOP,
     F_STREAM,
@@ -100,6 +102,7 @@ static const struct field fields[] = {
     {"min_p", F_NUMBER, CHAT | COMP},
     {"top_k", F_INTEGER, CHAT | COMP},
     {"spec_k", F_INTEGER, CHAT | COMP},
+    {"draft", F_DRAFT, CHAT | COMP},
     {"seed", F_SEED, CHAT | COMP},
     {"stop", F_STOP, CHAT | COMP},
     {"stream", F_STREAM, CHAT | COMP},
@@ -339,6 +342,15 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (expect_integer(v, name, e) != 0)
             return -1;
         return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+    case F_DRAFT: {
+        if (!cJSON_IsString(v))
+            return bad(e, name, "draft: expected a string, got %s%s", json_type_name(v), "");
+        enum request_draft draft;
+        char why[ERR_MSG_MAX];
+        if (request_draft_parse(v->valuestring, name, &draft, why) != 0)
+            return bad(e, name, "%s%s", why, "");
+        return cJSON_AddStringToObject(gen, name, v->valuestring) ? 0 : -1;
+    }
     case F_SEED:
         if (expect_integer(v, name, e) != 0)
             return -1;

@@ -66,6 +66,9 @@ struct queued_verify {
     uint64_t shm_seq;           /* the half's publication it read (xfer_half_read) */
     bool staging_pending;       /* cuda_ipc: its q rows are being copied (xfer_q_rows staged) */
     int32_t *feed;              /* owned copy: the message is gone */
+    /* drafts the coordinator made (verify "drafts"), verified as point
+     * masses: they are the job's drafts instead of the half's */
+    int32_t inline_drafts[SPECULATE_K_MAX];
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
     int step, steps;            /* a run of plain steps (verify "steps"): the one running, of */
@@ -315,14 +318,22 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     }
     memcpy(feed, v.feed, (size_t)v.n_feed * sizeof(int32_t));
     const double now = protocol_now_ms();
-    *qv = (struct queued_verify){.seq = *seq, .round = v.round, .half = v.half, .reads_shm = v.k > 0,
-                                 .feed = feed, .queued_ms = now, .step = 1, .steps = v.steps,
-                                 .draft_deadline_ms = now + DRAFT_AWAIT_MAX_MS};
+    const bool inline_drafts = v.n_drafts > 0;
+    *qv = (struct queued_verify){.seq = *seq, .round = v.round, .half = v.half,
+                                 .reads_shm = v.k > 0 && !inline_drafts, .feed = feed, .queued_ms = now,
+                                 .step = 1, .steps = v.steps, .draft_deadline_ms = now + DRAFT_AWAIT_MAX_MS};
     qv->job = (struct specdec_verify_job){
         .slot = v.seq.slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .k = v.k,
         .sp = v.sampling.sp, .mode = v.sampling.mode};
+    if (inline_drafts) {
+        /* no draft distribution exists for them: each is a point mass, so
+         * the output stays the target's (speculate.h) */
+        memcpy(qv->inline_drafts, v.drafts, (size_t)v.n_drafts * sizeof(int32_t));
+        qv->job.draft = qv->inline_drafts;
+        qv->job.mode = SPECULATE_MODE_POINT_MASS;
+    }
     specdec_verify_job_init(&qv->job);
-    if (v.k > 0) {
+    if (v.k > 0 && !inline_drafts) {
         bool not_yet = false;
         rc = bind_drafts(w, qv, v.await_draft, &not_yet, err);
         if (not_yet) {

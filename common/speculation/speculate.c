@@ -126,6 +126,8 @@ int speculate_verify(const struct speculate_input *in, float *scratch, int32_t *
         int accept;
         if (!(pt > 0.0f)) {
             accept = 0;
+        } else if (in->debug_fault == SPECULATE_DEBUG_ACCEPT_WITHOUT_RATIO) {
+            accept = 1;
         } else if (in->mode == SPECULATE_MODE_POINT_MASS) {
             accept = u < pt;
         } else {

@@ -79,6 +79,9 @@ enum speculate_debug_fault {
     /* On rejection, draw the correction from p_i instead of the residual
      * max(0, p_i - q_i) (point mass: instead of p_i without t_i). */
     SPECULATE_DEBUG_RESIDUAL_FROM_P = 1,
+    /* Accept every draft the target gives any mass, without the ratio test
+     * (u < p/q, point mass: u < p). */
+    SPECULATE_DEBUG_ACCEPT_WITHOUT_RATIO = 2,
 };
 
 struct speculate_input {

@@ -95,6 +95,14 @@ static int check_spec_mode(const char *value, char *msg, size_t msg_size)
     return -1;
 }
 
+static int check_draft(const char *value, char *msg, size_t msg_size)
+{
+    if (strcmp(value, "model") == 0 || strcmp(value, "ngram") == 0 || strcmp(value, "none") == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"model\", \"ngram\" or \"none\", got \"%s\"", value);
+    return -1;
+}
+
 static int check_log_level(const char *value, char *msg, size_t msg_size)
 {
     if (logging_level_parse(value) >= 0)
@@ -195,6 +203,7 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_INT(spec_k, 0, PROC_CONFIG_SPEC_K_LIMIT, "draft tokens per round, 0 = adaptive [0]"),
     CKEY_INT(spec_k_max, 1, PROC_CONFIG_SPEC_K_LIMIT, "adaptive K upper bound [8]"),
     CKEY_STR(spec_mode, check_spec_mode, "\"sampled\" or \"point_mass\" [sampled]"),
+    CKEY_STR(draft, check_draft, "drafts of requests that name none: \"model\", \"ngram\" or \"none\" [model]"),
     CKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
     CKEY_STR(curve_secret_key_file, NULL, "CURVE secret key of the client endpoint [none]"),
     CKEY_STR(curve_client_keys_file, NULL, "public keys of the clients admitted [any]"),
@@ -305,6 +314,7 @@ void proc_config_defaults(struct proc_config *cfg)
     c->spec_k = 0;
     c->spec_k_max = 8;
     snprintf(c->spec_mode, sizeof c->spec_mode, "sampled");
+    snprintf(c->draft, sizeof c->draft, "model");
     snprintf(c->log_level, sizeof c->log_level, "info");
     worker_defaults(&cfg->draft_worker);
     worker_defaults(&cfg->target_worker);

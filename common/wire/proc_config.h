@@ -46,6 +46,7 @@ struct coordinator_config {
     int spec_k;               /* 0 = adaptive */
     int spec_k_max;           /* default 8, at most PROC_CONFIG_SPEC_K_LIMIT */
     char spec_mode[PROC_CONFIG_NAME_MAX];  /* "sampled" (default) or "point_mass" */
+    char draft[PROC_CONFIG_NAME_MAX];      /* requests without "draft": "model" (default), "ngram", "none" */
     char log_level[PROC_CONFIG_NAME_MAX];  /* "error" | "warn" | "info" (default) | "debug" */
     /* Exposure (docs/operations.md). A client endpoint reachable from other
      * machines needs CURVE (the secret key file) or insecure = 1. */

@@ -281,7 +281,7 @@ static int parse_stop(struct request *r, const cJSON *item, char *err)
 
 static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
-    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode",
+    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -441,6 +441,12 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
                              "spec_mode: expected \"sampled\" or \"point_mass\", got \"%.*s\"",
                              quote_len(item->valuestring), item->valuestring);
     }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "draft")) != NULL) {
+        if ((rc = expect_string(item, "draft", err)) != 0)
+            return rc;
+        if ((rc = request_draft_parse(item->valuestring, "draft", &r->draft, err)) != 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -502,6 +508,31 @@ void request_destroy(struct request *req)
         free(req->stop[i]);
     free(req->stop);
     free(req);
+}
+
+const char *request_draft_name(enum request_draft draft)
+{
+    switch (draft) {
+    case REQUEST_DRAFT_MODEL:
+        return "model";
+    case REQUEST_DRAFT_NGRAM:
+        return "ngram";
+    case REQUEST_DRAFT_NONE:
+        return "none";
+    default:
+        return "default";
+    }
+}
+
+int request_draft_parse(const char *text, const char *field, enum request_draft *out, char *err)
+{
+    for (enum request_draft d = REQUEST_DRAFT_MODEL; d <= REQUEST_DRAFT_NONE; d++)
+        if (strcmp(text, request_draft_name(d)) == 0) {
+            *out = d;
+            return 0;
+        }
+    return error_set(err, ERR_INVALID_ARG, "%s: expected \"model\", \"ngram\" or \"none\", got \"%.*s\"", field,
+                     quote_len(text), text);
 }
 
 const char *request_spec_mode_name(enum request_spec_mode mode)

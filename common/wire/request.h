@@ -42,6 +42,14 @@ enum request_spec_mode {
     REQUEST_SPEC_MODE_POINT_MASS = 2,
 };
 
+/* Where a request's drafts come from (its "draft" field). */
+enum request_draft {
+    REQUEST_DRAFT_DEFAULT = 0,   /* not given: the coordinator's configured source (coordinator.draft) */
+    REQUEST_DRAFT_MODEL = 1,     /* the draft worker's model */
+    REQUEST_DRAFT_NGRAM = 2,     /* n-grams of the request's own tokens, made in the coordinator */
+    REQUEST_DRAFT_NONE = 3,      /* no speculation: target-only decoding */
+};
+
 struct request_message {
     char *role;      /* non-empty */
     char *content;   /* may be empty */
@@ -77,6 +85,7 @@ struct request {
     bool stream;                   /* default false */
     int spec_k;                    /* -1 = not given, else 0 .. limits.spec_k_max (0 = adaptive) */
     enum request_spec_mode spec_mode;
+    enum request_draft draft;
 };
 
 /* Kind of a client message, from its "type" field. */
@@ -126,5 +135,9 @@ void request_destroy(struct request *req);
 
 /* "sampled" / "point_mass" / "default". */
 const char *request_spec_mode_name(enum request_spec_mode mode);
+/* "model", "ngram", "none" (or "default"); request_draft_parse is the
+ * inverse: 0, or ERR_INVALID_ARG naming the field and the values. */
+const char *request_draft_name(enum request_draft draft);
+int request_draft_parse(const char *text, const char *field, enum request_draft *out, char *err);
 
 #endif

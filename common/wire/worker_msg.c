@@ -262,6 +262,12 @@ cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protoc
               cJSON_AddNumberToObject(h, "half", m->half) &&
               (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps)) &&
               (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true));
+    if (ok && m->n_drafts > 0) {
+        cJSON *d = cJSON_CreateIntArray(m->drafts, m->n_drafts);
+        ok = d && cJSON_AddItemToObject(h, "drafts", d);
+        if (!ok)
+            cJSON_Delete(d);
+    }
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -293,6 +299,15 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
     if (m->steps > 1 && m->k > 0)
         return error_set(err, ERR_PROTOCOL, "steps: must be 1 with k > 0 (got %d with k %d)", m->steps,
                          m->k);
+    if (cJSON_GetObjectItemCaseSensitive(h, "drafts") != NULL) {
+        int vocab_max = lim->vocab_size > 0 ? lim->vocab_size - 1 : INT32_MAX;
+        if ((rc = protocol_get_int_array(h, "drafts", 0, vocab_max, m->drafts, SPECULATE_K_MAX, &m->n_drafts,
+                                         err)))
+            return rc;
+        if (m->n_drafts != m->k || m->await_draft)
+            return error_set(err, ERR_PROTOCOL, "drafts: %d of them with k %d%s: must be k (>= 1), not beside "
+                             "a draft", m->n_drafts, m->k, m->await_draft ? " and await_draft" : "");
+    }
     return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &m->feed,
                                  &m->n_feed, err);
 }

@@ -121,6 +121,11 @@ struct worker_msg_verify {
      * the round skips the trip of draft_ready through the coordinator. A
      * draft that does not publish in time fails it with "timeout". */
     bool await_draft;
+    /* Drafts made by the coordinator (an n-gram match), carried here
+     * instead of in the draft's buffer: k of them, verified as point
+     * masses (no q rows exist). n_drafts 0: none (absent). */
+    int32_t drafts[SPECULATE_K_MAX];
+    int n_drafts;
 };
 
 /* Most plain steps one verify may ask for. */

@@ -117,7 +117,8 @@ void log_clear(void)
     memset(&rep, 0, sizeof rep);
 }
 
-struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed)
+struct seq *request_from(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed,
+                         enum request_draft draft)
 {
     struct seq *s = NULL;
     for (int i = 0; i < c->n_seqs && !s; i++)
@@ -137,6 +138,7 @@ struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt, 
     sampling_params_default(&s->sp);
     s->sp.temperature = 0.0f;
     s->mode = SPECULATE_MODE_SAMPLED;
+    s->draft = draft;
     assert_int_equal(output_create(&s->out, NULL, NULL, 0, err), 0);
     adaptive_k_init_wall(&s->kc, k_fixed, c->cfg.coordinator.spec_k_max);
     s->t_arrival_ms = coord_now_ms();
@@ -193,4 +195,9 @@ void coord_test_fini(struct coordinator *c)
     for (int r = 0; r < 2; r++)
         cJSON_Delete(c->worker[r].shm);
     log_clear();
+}
+
+struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed)
+{
+    return request_from(c, prompt, n_prompt, max_tokens, k_fixed, REQUEST_DRAFT_MODEL);
 }

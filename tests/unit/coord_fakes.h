@@ -52,8 +52,12 @@ struct protocol_msg *next_command(int role, const char *type);
 void no_more_commands(void);
 
 /* A request as intake fills it in: greedy, K fixed by k_fixed (0 = the
- * controller's), queued and admitted where it fits. */
+ * controller's), drafts from the draft worker's model, queued and admitted
+ * where it fits. */
 struct seq *request(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed);
+/* The same with its drafts from `draft`. */
+struct seq *request_from(struct coordinator *c, const int32_t *prompt, int n_prompt, int max_tokens, int k_fixed,
+                         enum request_draft draft);
 
 /* A coordinator as coordinator_create leaves it before any worker
  * registers: the config's defaults, n_seqs free records (max_concurrency

@@ -50,6 +50,7 @@ static int setup(void **state)
     t->max_seq_len = CONTEXT;
     t->n_slots = N_SEQS;
     c->rng_state = 42;
+    c->default_draft = REQUEST_DRAFT_MODEL;
     *state = f;
     return 0;
 }
@@ -107,6 +108,7 @@ static void test_intake_generate_admits_a_sequence(void **state)
     assert_true(s->sp.temperature > 0.69f && s->sp.temperature < 0.71f);
     assert_int_equal(s->sp.seed, 1234);
     assert_int_equal(s->kc.k_fixed, 3);
+    assert_int_equal(s->draft, REQUEST_DRAFT_MODEL); /* coordinator.draft's default */
     assert_int_equal(c->metrics.requests_total, 1);
     /* admitted at once: the target prefills it (no draft is up) */
     next_command(ROLE_TARGET, PROTOCOL_VERIFY);
@@ -116,6 +118,14 @@ static void test_intake_generate_admits_a_sequence(void **state)
     struct seq *s2 = seq_of(c, "A", "g2");
     assert_non_null(s2);
     assert_true(s2->sp.seed <= COORD_SEED_MAX);
+    /* the draft source: the request's, else the coordinator's */
+    c->cfg.coordinator.max_queue = 2;
+    from(c, "A", "{\"v\":1,\"type\":\"generate\",\"id\":\"g3\",\"prompt_ids\":[5],\"max_tokens\":2,\"draft\":\"ngram\"}");
+    assert_int_equal(seq_of(c, "A", "g3")->draft, REQUEST_DRAFT_NGRAM);
+    c->default_draft = REQUEST_DRAFT_NONE;
+    from(c, "B", "{\"v\":1,\"type\":\"generate\",\"id\":\"g4\",\"prompt_ids\":[5],\"max_tokens\":2}");
+    assert_int_equal(seq_of(c, "B", "g4")->draft, REQUEST_DRAFT_NONE);
+    assert_int_equal(rep.errors, 0);
 }
 
 static void test_intake_rejections_name_what_was_wrong(void **state)

@@ -44,6 +44,28 @@ static void test_openai_chat_translates_to_a_generate_message(void **state)
     openai_request_free(&r);
 }
 
+/* The draft source (an extension field) is passed through; an unknown one
+ * is a 400 naming the field. */
+static void test_openai_draft_source_extension(void **state)
+{
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"hi\",\"draft\":\"ngram\"}", &r, &e),
+                     0);
+    assert_string_equal(cJSON_GetObjectItem(r.generate, "draft")->valuestring, "ngram");
+    openai_request_free(&r);
+    assert_int_not_equal(parse(OPENAI_CHAT,
+                               "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                               "\"draft\":\"medusa\"}",
+                               &r, &e),
+                         0);
+    assert_string_equal(e.param, "draft");
+    assert_non_null(strstr(e.message, "medusa"));
+    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"hi\",\"draft\":3}", &r, &e), 0);
+    assert_string_equal(e.param, "draft");
+}
+
 static void test_openai_completion_prompt_forms(void **state)
 {
     (void)state;
@@ -151,6 +173,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai_chat_translates_to_a_generate_message),
         cmocka_unit_test(test_openai_completion_prompt_forms),
+        cmocka_unit_test(test_openai_draft_source_extension),
         cmocka_unit_test(test_openai_refusals_name_the_field),
         cmocka_unit_test(test_openai_coordinator_errors_map_to_statuses),
         cmocka_unit_test(test_openai_response_and_chunks_have_openai_shapes),

@@ -61,6 +61,7 @@ static void test_request_prompt_gets_defaults(void **state)
     assert_false(r->stream);
     assert_int_equal(r->spec_k, -1);
     assert_int_equal(r->spec_mode, REQUEST_SPEC_MODE_DEFAULT);
+    assert_int_equal(r->draft, REQUEST_DRAFT_DEFAULT);
     request_destroy(r);
 }
 
@@ -199,6 +200,20 @@ static void test_request_wrong_types_are_named(void **state)
               "id: expected a string, got number");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_mode\":1}", ERR_INVALID_ARG,
               "spec_mode: expected a string, got number");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"draft\":\"medusa\"}", ERR_INVALID_ARG,
+              "draft: expected \"model\", \"ngram\" or \"none\", got \"medusa\"");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"draft\":2}", ERR_INVALID_ARG,
+              "draft: expected a string, got number");
+    const char *names[3] = {"model", "ngram", "none"};
+    const enum request_draft want[3] = {REQUEST_DRAFT_MODEL, REQUEST_DRAFT_NGRAM, REQUEST_DRAFT_NONE};
+    for (int i = 0; i < 3; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"draft\":\"%s\"}", names[i]);
+        struct request *r = parse_ok(text);
+        assert_int_equal(r->draft, want[i]);
+        assert_string_equal(request_draft_name(r->draft), names[i]);
+        request_destroy(r);
+    }
 }
 
 static void test_request_max_tokens_out_of_range_is_rejected(void **state)

@@ -659,6 +659,47 @@ static void test_scheduler_beside_draft_error_then_timeout(void **state)
     assert_done_with(12);
 }
 
+/* draft "ngram": drafts made here from the sequence's own tokens travel in
+ * the verification (point masses, no half, no draft worker involved); no
+ * match means a short run of plain steps, then another look. */
+static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    ngram_params_default(&c->ngram);
+    c->cfg.coordinator.spec_k_max = 3;
+    const int32_t prompt[8] = {5, 6, 7, 8, 5, 6, 7, 8};
+    struct seq *s = request_from(c, prompt, 8, 20, 0, REQUEST_DRAFT_NGRAM);
+    /* no prefill for the draft worker: only the target's */
+    struct worker_msg_verify v = expect_verify();
+    assert_int_equal(v.k, 0);
+    no_more_commands();
+    const int32_t first = 5;
+    verify_done(c, s, v.round, 0, &first, 1);
+    /* ... 7 8 5 6 7 8 5: predicted 6 7 8 (K 3) */
+    v = expect_verify();
+    assert_int_equal(v.k, 3);
+    assert_int_equal(v.n_drafts, 3);
+    const int32_t want[3] = {6, 7, 8};
+    assert_memory_equal(v.drafts, want, sizeof want);
+    assert_null(v.shm);
+    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    no_more_commands();
+    /* two accepted, then the correction 40: "7 40" never came before, so
+     * no match: plain steps */
+    const int32_t t[3] = {6, 7, 40};
+    verify_done(c, s, v.round, 2, t, 1);
+    assert_int_equal(c->metrics.ngram_drafts_total, 1);
+    assert_int_equal(c->metrics.ngram_draft_tokens_total, 3);
+    assert_int_equal(c->metrics.ngram_accepted_tokens_total, 2);
+    assert_int_equal(s->draft_valid, 0);
+    v = expect_verify();
+    assert_int_equal(v.k, 0);
+    assert_int_equal(v.steps, 4);
+    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    no_more_commands();
+}
+
 /* End of sequence and max_tokens end a request with done, release its slot
  * on both workers and admit the next queued one. */
 static void test_scheduler_endings_release_and_admit(void **state)
@@ -785,6 +826,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_round_states, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_draft_lost_in_every_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_drops_stale_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_fails_a_malformed_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_lost_draft_falls_back_to_plain_steps, setup,

@@ -62,8 +62,23 @@ struct gof_result {
  * argmax q_i (point mass). Slot j's tokens are compared with p_(j+1): given
  * that slot j is emitted, its token must follow p_(j+1) (the rows here do
  * not depend on earlier tokens). */
+/* How the draft picks its tokens in run_gof's point-mass mode: the
+ * argmax of its q row (a draft model), or a token that depends on nothing
+ * the target sees (as an n-gram match proposes one: often not p's argmax,
+ * sometimes a token p gives little mass). */
+enum gof_proposer { GOF_ARGMAX_Q = 0, GOF_FOREIGN };
+
+static void run_gof_with(int k, enum speculate_mode mode, enum speculate_debug_fault fault,
+                         enum gof_proposer proposer, uint64_t seed, struct gof_result *res);
+
 static void run_gof(int k, enum speculate_mode mode, enum speculate_debug_fault fault,
                     uint64_t seed, struct gof_result *res)
+{
+    run_gof_with(k, mode, fault, GOF_ARGMAX_Q, seed, res);
+}
+
+static void run_gof_with(int k, enum speculate_mode mode, enum speculate_debug_fault fault,
+                         enum gof_proposer proposer, uint64_t seed, struct gof_result *res)
 {
     float p_rows[K_MAX + 1][V], q_rows[K_MAX][V], scratch[V];
     make_rows(p_rows, q_rows);
@@ -80,6 +95,8 @@ static void run_gof(int k, enum speculate_mode mode, enum speculate_debug_fault 
                 draft[i] = sampling_draw(q_rows[i], V,
                                          philox_uniform(seed, PHILOX_STREAM_DRAFT_SAMPLE,
                                                         pos0 + (uint64_t)i, 0));
+            else if (proposer == GOF_FOREIGN)
+                draft[i] = (int32_t)((7u * (unsigned)r + 3u * (unsigned)i) % V);
             else
                 draft[i] = sampling_argmax(q_rows[i], V);
             assert_true(draft[i] >= 0);
@@ -200,6 +217,27 @@ static void test_speculate_broken_residual_fails_chi_square(void **state)
         printf("%s first token: correct chi-square %.2f, broken %.2f (df %d, critical %.2f)\n",
                cases[c].name, good.stat[0], broken.stat[0], broken.df[0], broken.crit[0]);
         assert_true(good.stat[0] <= good.crit[0]);
+        assert_true(broken.df[0] >= 1);
+        assert_true(broken.stat[0] > broken.crit[0]);
+    }
+}
+
+/* Drafts that come from no distribution (an n-gram match of the request's
+ * own tokens), verified as point masses: the output still follows p; the
+ * same test rejects a variant that accepts them without the ratio test. */
+static void test_speculate_foreign_point_masses_keep_p(void **state)
+{
+    (void)state;
+    for (int k = 1; k <= 3; k += 2) {
+        struct gof_result good, broken;
+        run_gof_with(k, SPECULATE_MODE_POINT_MASS, SPECULATE_DEBUG_NONE, GOF_FOREIGN, 3000 + (uint64_t)k, &good);
+        run_gof_with(k, SPECULATE_MODE_POINT_MASS, SPECULATE_DEBUG_ACCEPT_WITHOUT_RATIO, GOF_FOREIGN,
+                     3000 + (uint64_t)k, &broken);
+        char name[64];
+        snprintf(name, sizeof name, "foreign point-mass K=%d", k);
+        assert_gof_passes(name, k, &good);
+        printf("%s first token: correct chi-square %.2f, accepting without the ratio %.2f (df %d, critical %.2f)\n",
+               name, good.stat[0], broken.stat[0], broken.df[0], broken.crit[0]);
         assert_true(broken.df[0] >= 1);
         assert_true(broken.stat[0] > broken.crit[0]);
     }
@@ -1479,6 +1517,7 @@ int main(void)
         cmocka_unit_test(test_speculate_point_mass_k1_emits_target_distribution),
         cmocka_unit_test(test_speculate_point_mass_k3_first_and_second_tokens_follow_p),
         cmocka_unit_test(test_speculate_broken_residual_fails_chi_square),
+        cmocka_unit_test(test_speculate_foreign_point_masses_keep_p),
         cmocka_unit_test(test_speculate_accepts_iff_u_below_p_over_q),
         cmocka_unit_test(test_speculate_degenerate_rows),
         cmocka_unit_test(test_speculate_greedy_accepts_while_argmax_matches),

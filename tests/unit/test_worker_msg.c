@@ -380,6 +380,41 @@ static void test_worker_msg_plain_run_steps_round_trip(void **state)
     assert_non_null(strstr(err, "await_draft"));
     protocol_msg_free(&m);
 
+    /* drafts made by the coordinator travel in the message: k of them,
+     * ids within the vocabulary, never beside a draft */
+    v.k = 3;
+    v.n_drafts = 3;
+    v.drafts[0] = 4, v.drafts[1] = 0, v.drafts[2] = limits.vocab_size - 1;
+    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
+    assert_int_equal(vout.n_drafts, 3);
+    assert_memory_equal(vout.drafts, v.drafts, 3 * sizeof(int32_t));
+    protocol_msg_free(&m);
+    v.n_drafts = 0;
+    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
+    assert_int_equal(vout.n_drafts, 0);
+    protocol_msg_free(&m);
+    v.n_drafts = 2; /* k is 3 */
+    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "drafts: 2 of them with k 3"));
+    protocol_msg_free(&m);
+    v.n_drafts = 3;
+    v.drafts[1] = limits.vocab_size;
+    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "drafts[1]"));
+    protocol_msg_free(&m);
+    v.drafts[1] = 0;
+    v.await_draft = true;
+    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "await_draft"));
+    protocol_msg_free(&m);
+    v.await_draft = false;
+    v.n_drafts = 0;
+
     int32_t tokens[1] = {7};
     struct worker_msg_verify_done done = {
         .seq = {.req = 5, .slot = 1}, .round = 3, .idle_ms = -1, .step = 9, .tokens = tokens,

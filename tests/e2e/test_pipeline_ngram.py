@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""Drafts made in the coordinator from a request's own tokens (draft
+"ngram"): greedy output equals target-only ids for ids, for K 1..16, alone
+and in a batch beside requests drafting with the model and with none; the
+stats count the n-gram rounds. A deployment without a draft worker
+(no draft_worker section, coordinator.draft "ngram") starts, serves the
+same output and drafts. An unknown source is an invalid_request naming the
+field."""
+import random
+import threading
+
+from tandem_e2e import Pipeline, check, generate, main, reference
+
+
+def prompts(n, seed):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        # a phrase said twice gives the n-gram source something to find
+        phrase = [rng.randrange(1, 512) for _ in range(rng.randrange(3, 8))]
+        out.append([rng.randrange(1, 512) for _ in range(rng.randrange(0, 6))] + phrase * 2 + phrase[:2])
+    return out
+
+
+def run_batch(p, reqs):
+    results = {}
+
+    def worker(i, req):
+        c = p.client()
+        try:
+            results[i] = generate(c, req)[0]
+        except Exception as e:  # reported below
+            results[i] = {"type": "exception", "message": str(e)}
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=worker, args=(i, r)) for i, r in enumerate(reqs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return [results.get(i, {}) for i in range(len(reqs))]
+
+
+def test():
+    p = Pipeline("ngram", max_concurrency=4, extra={"coordinator": {"spec_k_max": 16}})
+    _, target = p.make_pair()
+    p.start_all()
+    s = p.client()
+    cases = prompts(8, 3)
+    n = 40
+    refs = [reference(target, ids, n)["ids"] for ids in cases]
+    # alone, K 1..16
+    for i, ids in enumerate(cases):
+        for k in (1 + 2 * i, 16 - i):
+            done, _ = generate(s, {"id": "n%d-%d" % (i, k), "prompt_ids": ids, "max_tokens": n, "temperature": 0,
+                                   "draft": "ngram", "spec_k": k})
+            check(done["type"] == "done", "prompt %d K %d: %s" % (i, k, done))
+            check(done["ids"] == refs[i], "prompt %d K %d: n-gram ids %s != target-only %s" %
+                  (i, k, done["ids"], refs[i]))
+    st = p.stats()["spec"]
+    check(st["ngram_drafts"] > 0 and st["ngram_accepted_tokens"] > 0, "no n-gram round accepted anything: %s" % st)
+    check(st["num_drafts"] == st["ngram_drafts"], "rounds drafted by the model for draft ngram: %s" % st)
+    # a batch: each source beside the others
+    sources = ["ngram", "model", "none", "ngram"]
+    out = run_batch(p, [{"id": "b%d" % i, "prompt_ids": cases[i], "max_tokens": n, "temperature": 0,
+                         "draft": sources[i]} for i in range(4)])
+    for i, r in enumerate(out):
+        check(r.get("type") == "done" and r["ids"] == refs[i], "batch %d (%s): %s" % (i, sources[i], r))
+    # an unknown source
+    done, _ = generate(s, {"id": "bad", "prompt_ids": [5], "draft": "medusa"})
+    check(done["type"] == "error" and done["code"] == "invalid_request" and "draft" in done["message"],
+          "draft medusa: %s" % done)
+    ngram = p.stats()["spec"]
+    print("draft ngram: %d rounds, %d of %d drafted tokens accepted" %
+          (ngram["ngram_drafts"], ngram["ngram_accepted_tokens"], ngram["ngram_draft_tokens"]))
+    s.close()
+    p.close()
+
+    # no draft worker at all
+    q = Pipeline("ngram-alone", extra={"coordinator": {"draft": "ngram"}})
+    _, target = q.make_pair()
+    del q.config["draft_worker"]
+    q.start("coordinator")
+    q.start("target")
+    q.wait_workers(draft=False, target=True)
+    s = q.client()
+    for i, ids in enumerate(cases[:3]):
+        done, _ = generate(s, {"id": "t%d" % i, "prompt_ids": ids, "max_tokens": n, "temperature": 0})
+        check(done.get("ids") == refs[i], "target-only deployment, prompt %d: %s" % (i, done))
+    st = q.stats()["spec"]
+    check(st["ngram_drafts"] > 0, "a deployment without a draft worker drafted nothing: %s" % st)
+    print("without a draft worker: %d n-gram rounds, %d of %d drafted tokens accepted" %
+          (st["ngram_drafts"], st["ngram_accepted_tokens"], st["ngram_draft_tokens"]))
+    s.close()
+    q.close()
+
+
+if __name__ == "__main__":
+    main(test)
