@@ -32,6 +32,7 @@
 #include "request.h"
 #include "sampling.h"
 #include "speculate.h"
+#include "suffix_cache.h"
 #include "tokenizer.h"
 #include "worker_msg.h"
 
@@ -176,7 +177,10 @@ struct seq {
      * PLAIN_RUN): the verification in flight. */
     int verify_round, verify_k, verify_L, verify_cached, verify_keep, verify_feed;
     int run_steps, run_done; /* PLAIN_RUN: steps asked for, answered */
-    bool verify_inline;      /* VERIFYING: its drafts travelled in the message (n-gram), not the draft's */
+    /* VERIFYING: where its drafts came from; an n-gram or suffix-cache
+     * match travels in the message (verify "drafts"), not in the draft's
+     * buffer */
+    enum request_draft verify_source;
     enum beside_draft beside_draft; /* VERIFY_BESIDE_DRAFT */
     /* While a fresh draft is awaited (DRAFTING, VERIFY_BESIDE_DRAFT): the
      * draft call in flight. */
@@ -273,6 +277,7 @@ struct coordinator {
     enum speculate_mode default_mode;
     enum request_draft default_draft; /* coordinator.draft: requests that name no source */
     struct ngram_params ngram;
+    struct suffix_cache *suffix;      /* finished requests' tokens; NULL: off (suffix_cache_mib 0) */
     struct metrics metrics;
     double t_start_ms;
     double last_heartbeat_ms;

@@ -110,6 +110,13 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
         return draft_rc;
     }
     ngram_params_default(&c->ngram);
+    if (cc->suffix_cache_mib > 0) {
+        int sc_rc = suffix_cache_create(&c->suffix, (size_t)cc->suffix_cache_mib << 20, err);
+        if (sc_rc != 0) {
+            free(c);
+            return sc_rc;
+        }
+    }
     c->t_start_ms = coord_now_ms();
     c->rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(c->t_start_ms * 1000.0);
     /* Request numbers start somewhere new in each coordinator: the workers
@@ -205,6 +212,7 @@ void coordinator_destroy(struct coordinator *c)
     if (c->zctx != NULL)
         zmq_ctx_term(c->zctx);
     tokenizer_destroy(c->tk);
+    suffix_cache_destroy(c->suffix);
     free(c);
 }
 

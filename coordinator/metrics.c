@@ -124,6 +124,9 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(spec, "ngram_drafts", m->ngram_drafts_total);
     NUM(spec, "ngram_draft_tokens", m->ngram_draft_tokens_total);
     NUM(spec, "ngram_accepted_tokens", m->ngram_accepted_tokens_total);
+    NUM(spec, "suffix_drafts", m->suffix_drafts_total);
+    NUM(spec, "suffix_draft_tokens", m->suffix_draft_tokens_total);
+    NUM(spec, "suffix_accepted_tokens", m->suffix_accepted_tokens_total);
     for (int i = 0; i < METRICS_POS_MAX && ok; i++) {
         cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
         ok = n != NULL && cJSON_AddItemToArray(pos, n);
@@ -253,6 +256,12 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
             (double)m->ngram_draft_tokens_total);
     counter(&tb, "tandem_ngram_accepted_tokens_total", "N-gram drafted tokens accepted.",
             (double)m->ngram_accepted_tokens_total);
+    counter(&tb, "tandem_suffix_drafts_total", "Rounds whose drafts were suffix-cache matches.",
+            (double)m->suffix_drafts_total);
+    counter(&tb, "tandem_suffix_draft_tokens_total", "Tokens drafted by suffix-cache matches.",
+            (double)m->suffix_draft_tokens_total);
+    counter(&tb, "tandem_suffix_accepted_tokens_total", "Suffix-cache drafted tokens accepted.",
+            (double)m->suffix_accepted_tokens_total);
     counter(&tb, "tandem_verify_rounds_total", "Target calls after prefill (plain decoding included).",
             (double)m->verify_rounds_total);
     counter(&tb, "tandem_target_only_rounds_total", "Rounds decoded without a draft (no draft worker).",

@@ -54,9 +54,10 @@ struct metrics {
     uint64_t beside_draft_total;        /* verifications sent beside their drafts */
     uint64_t beside_draft_failed_total; /* ... that the target gave up waiting for */
     uint64_t target_only_rounds_total;  /* k = 0 because no draft was available */
-    /* rounds whose drafts were n-gram matches made here (also counted in
+    /* rounds whose drafts were n-gram or suffix-cache matches made here (also counted in
      * num_drafts_total etc., which count every source) */
     uint64_t ngram_drafts_total, ngram_draft_tokens_total, ngram_accepted_tokens_total;
+    uint64_t suffix_drafts_total, suffix_draft_tokens_total, suffix_accepted_tokens_total;
     double queue_ms_total, prefill_ms_total, decode_ms_total;
     double draft_ms_total, verify_ms_total;
     uint64_t target_idle_samples;     /* verify_done messages that reported idle_ms */

@@ -72,7 +72,12 @@ static void seq_start(struct coordinator *c, struct seq *s);
  * 5 ms step of the small target on 2 cores), so a run keeps a request
  * that never matches near target-only speed, at the price of a few tokens
  * of a match found late. */
-#define NGRAM_MISS_RUN 4
+#define MATCH_MISS_RUN 4
+/* Source "auto" takes a suffix-cache match over the draft model only when
+ * it covers this many tokens of the sequence: a long shared context is a
+ * repeat (a retried request, a loop of an agent), a short one often a
+ * coincidence whose drafts would displace the model's. */
+#define AUTO_SUFFIX_MIN_MATCH 8
 
 static struct worker_msg_seq msg_seq(const struct seq *s)
 {
@@ -84,11 +89,17 @@ static struct worker_msg_sampling msg_sampling(const struct seq *s)
     return (struct worker_msg_sampling){.sp = s->sp, .mode = s->mode};
 }
 
+/* Whether s's source may draft with the draft worker's model. */
+static bool uses_model(const struct seq *s)
+{
+    return s->draft == REQUEST_DRAFT_MODEL || s->draft == REQUEST_DRAFT_AUTO;
+}
+
 /* Whether s drafts with the draft worker's model now. */
 static bool draft_usable(const struct coordinator *c, const struct seq *s)
 {
     const struct worker *d = &c->worker[ROLE_DRAFT];
-    return s->draft == REQUEST_DRAFT_MODEL && d->up && !s->spec_off && s->slot < d->n_slots;
+    return uses_model(s) && d->up && !s->spec_off && s->slot < d->n_slots;
 }
 
 void scheduler_seq_reset(struct seq *s)
@@ -151,7 +162,7 @@ static int kv_blocks_for(const struct coordinator *c, enum worker_role r, const 
 static void seq_take_slot(struct coordinator *c, struct seq *s)
 {
     for (int r = 0; r < 2; r++) {
-        s->kv_reserved[r] = r == ROLE_DRAFT && (s->spec_off || s->draft != REQUEST_DRAFT_MODEL)
+        s->kv_reserved[r] = r == ROLE_DRAFT && (s->spec_off || !uses_model(s))
                                 ? 0
                                 : kv_blocks_for(c, (enum worker_role)r, s);
         c->kv_reserved[r] += s->kv_reserved[r];
@@ -241,6 +252,9 @@ static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish
     double decode_ms = t - s->t_first_ms;
     double queue_ms = s->t_admit_ms - s->t_arrival_ms;
     replies_done(c, s, reason, t);
+    /* later requests may draft from this one's prompt and output */
+    if (c->suffix != NULL && suffix_cache_add(c->suffix, s->hist, s->n_hist) != 0)
+        LOG_WARN("request \"%s\": not kept in the suffix cache: out of memory", s->id);
     struct metrics *mt = &c->metrics;
     mt->requests_finished[reason]++;
     mt->generated_tokens_total += (uint64_t)s->generated;
@@ -284,7 +298,8 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
  * the k drafts in inline_drafts (made here: not the draft's, no half);
  * the round waits for it from now. */
 static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
-                           int steps, bool beside_draft, const int32_t *inline_drafts)
+                           int steps, bool beside_draft, const int32_t *inline_drafts,
+                           enum request_draft source)
 {
     s->verify_keep = s->n_hist - 1;
     s->verify_feed = 1;
@@ -313,7 +328,7 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
     s->verify_k = k;
     s->verify_L = s->n_hist;
     s->verify_cached = cached_drafts;
-    s->verify_inline = inline_drafts != NULL;
+    s->verify_source = inline_drafts != NULL ? source : REQUEST_DRAFT_MODEL;
     c->metrics.beside_draft_total += beside_draft;
     round_timing_verify_sent(c, s, k, beside_draft);
     c->target_outstanding += steps; /* each step is answered */
@@ -327,12 +342,41 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
 static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
                         int steps, bool beside_draft)
 {
-    send_verify_of(c, s, k, half, round, cached_drafts, steps, beside_draft, NULL);
+    send_verify_of(c, s, k, half, round, cached_drafts, steps, beside_draft, NULL, REQUEST_DRAFT_MODEL);
 }
 
-/* Sends the drafts an n-gram match of the sequence's own tokens predicts
- * (at most K, as many as fit); false when nothing matched. */
-static bool send_ngram_draft(struct coordinator *c, struct seq *s, int room)
+/* Drafts a match made here would propose for s now, per its source: an
+ * n-gram of its own tokens, or a stretch of an earlier request (the suffix
+ * cache); "auto" takes a long suffix-cache match, or an n-gram one where
+ * the model cannot draft, for greedy requests only (sampled ones keep the
+ * model, so that a seed reproduces its output). Returns how many (0: none),
+ * and the source in *source. */
+static int matched_drafts(struct coordinator *c, struct seq *s, int k_cap, int32_t *drafts,
+                          enum request_draft *source)
+{
+    const bool greedy = sampling_params_is_greedy(&s->sp);
+    const bool try_suffix = c->suffix != NULL &&
+                            (s->draft == REQUEST_DRAFT_SUFFIX || (s->draft == REQUEST_DRAFT_AUTO && greedy));
+    const bool try_ngram = s->draft == REQUEST_DRAFT_NGRAM ||
+                           (s->draft == REQUEST_DRAFT_AUTO && greedy && !draft_usable(c, s));
+    if (try_suffix) {
+        int match = 0;
+        const int k = suffix_cache_draft(c->suffix, s->hist, s->n_hist, k_cap, drafts, &match);
+        if (k > 0 && (s->draft == REQUEST_DRAFT_SUFFIX || match >= AUTO_SUFFIX_MIN_MATCH)) {
+            *source = REQUEST_DRAFT_SUFFIX;
+            return k;
+        }
+    }
+    if (try_ngram) {
+        *source = REQUEST_DRAFT_NGRAM;
+        return ngram_draft(&c->ngram, s->hist, s->n_hist, k_cap, drafts);
+    }
+    return 0;
+}
+
+/* Sends the drafts a match made here predicts (at most K, as many as
+ * fit); false when nothing matched. */
+static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
 {
     int k_cap = s->kc.k_fixed > 0 ? s->kc.k_fixed : c->cfg.coordinator.spec_k_max;
     if (k_cap > room - 1)
@@ -342,10 +386,11 @@ static bool send_ngram_draft(struct coordinator *c, struct seq *s, int room)
     if (k_cap < 1)
         return false;
     int32_t drafts[SPECULATE_K_MAX];
-    const int k = ngram_draft(&c->ngram, s->hist, s->n_hist, k_cap, drafts);
+    enum request_draft source = REQUEST_DRAFT_NGRAM;
+    const int k = matched_drafts(c, s, k_cap, drafts, &source);
     if (k == 0)
         return false;
-    send_verify_of(c, s, k, COORD_HALF_FRESH, ++s->round_counter, 0, 1, false, drafts);
+    send_verify_of(c, s, k, COORD_HALF_FRESH, ++s->round_counter, 0, 1, false, drafts, source);
     return true;
 }
 
@@ -437,6 +482,8 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         seq_finish(c, s, METRICS_FINISH_LENGTH);
         return;
     }
+    if (send_matched_draft(c, s, room))
+        return;
     int k = 0, steps = 1;
     if (draft_usable(c, s)) {
         int draft_room = c->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
@@ -449,10 +496,10 @@ static void seq_advance(struct coordinator *c, struct seq *s)
          * against a 5 ms step of the small target on 2 cores */
         if (k <= 0)
             steps = adaptive_k_plain_run(&s->kc, room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX);
-    } else if (s->draft == REQUEST_DRAFT_NGRAM) {
-        if (send_ngram_draft(c, s, room))
-            return;
-        steps = room < NGRAM_MISS_RUN ? room : NGRAM_MISS_RUN;
+    } else if (s->draft == REQUEST_DRAFT_NGRAM || (s->draft == REQUEST_DRAFT_SUFFIX && c->suffix) ||
+               (s->draft == REQUEST_DRAFT_AUTO && sampling_params_is_greedy(&s->sp))) {
+        /* no match now: a few plain steps, then another look */
+        steps = room < MATCH_MISS_RUN ? room : MATCH_MISS_RUN;
     } else {
         steps = room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX;
         c->metrics.target_only_rounds_total += (uint64_t)steps;
@@ -581,10 +628,14 @@ static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
     mt->num_accepted_tokens_total += (uint64_t)n_acc;
     for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
         mt->accepted_per_pos[i]++;
-    if (s->verify_inline) {
+    if (s->verify_source == REQUEST_DRAFT_NGRAM) {
         mt->ngram_drafts_total++;
         mt->ngram_draft_tokens_total += (uint64_t)k;
         mt->ngram_accepted_tokens_total += (uint64_t)n_acc;
+    } else if (s->verify_source == REQUEST_DRAFT_SUFFIX) {
+        mt->suffix_drafts_total++;
+        mt->suffix_draft_tokens_total += (uint64_t)k;
+        mt->suffix_accepted_tokens_total += (uint64_t)n_acc;
     }
 }
 
@@ -633,12 +684,12 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
         /* the K controller prices the draft model's rounds (an n-gram
          * source's K is the cap: its drafts cost nothing to make) */
         const bool beside = was == ROUND_VERIFY_BESIDE_DRAFT;
-        if (!s->verify_inline)
+        if (s->verify_source == REQUEST_DRAFT_MODEL)
             round_timing_learn(c, s, &m, k, round_wall_ms, beside, beside && s->beside_draft != BESIDE_DRAFT_IN,
                                now);
     }
     /* what the draft cached of the round, unless it failed or was lost */
-    if (k > 0 && s->draft_gen == c->draft_gen && !s->verify_inline &&
+    if (k > 0 && s->draft_gen == c->draft_gen && s->verify_source == REQUEST_DRAFT_MODEL &&
         !(was == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_LOST)) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
         s->draft_valid = s->verify_L + cached;
@@ -893,7 +944,7 @@ static int kv_admits(const struct coordinator *c, struct seq *s, int *need_out)
     *need_out = need_t;
     if (need_t > t->kv_blocks && t->kv_blocks > 0)
         return -1;
-    const bool uses_draft = s->draft == REQUEST_DRAFT_MODEL;
+    const bool uses_draft = uses_model(s);
     if (uses_draft && d->up && d->kv_blocks > 0 && kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
         s->spec_off = true;
     if (t->kv_blocks > 0 && c->kv_reserved[ROLE_TARGET] + need_t > t->kv_blocks)

@@ -27,6 +27,7 @@
 #include "llama.h"
 #include "sampling.h"
 #include "adaptive_k.h"
+#include "ngram.h"
 #include "speculate.h"
 
 
@@ -218,6 +219,10 @@ struct specdec_request {
      * caller across requests (adaptive_k_init once): the request starts from
      * it and writes its final state back. */
     struct adaptive_k *k_history;
+    /* With draft NULL: draft from n-grams of the sequence's own tokens
+     * (ngram.h), k_fixed of them at most (8 when 0), verified as point
+     * masses. NULL: target-only. */
+    const struct ngram_params *ngram;
 };
 
 struct specdec_stats {

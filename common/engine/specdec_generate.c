@@ -11,7 +11,11 @@
 #include <string.h>
 
 #include "error.h"
+#include "ngram.h"
 #include "specdec_internal.h"
+
+/* Most n-gram drafts a round carries when the request fixes no K. */
+#define SPECDEC_NGRAM_K 8
 
 static int is_stop_id(const struct specdec_request *req, int32_t token)
 {
@@ -138,14 +142,22 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
             break;
         }
         int k = draft ? adaptive_k_next(&kc, room) : 0;
+        enum speculate_mode mode = req->mode;
+        if (!draft && req->ngram) {
+            int cap = req->k_fixed > 0 ? req->k_fixed : SPECDEC_NGRAM_K;
+            if (cap > room - 1)
+                cap = room - 1; /* the drafts and the token after them */
+            k = cap > 0 ? ngram_draft(req->ngram, seq, len, cap, drafted) : 0;
+            mode = SPECULATE_MODE_POINT_MASS; /* no draft distribution exists */
+        }
         double t0 = specdec_now_ms();
-        if (k > 0 && (rc = specdec_draft_propose_to(draft, req->slot, draft_valid, seq + draft_valid,
+        if (k > 0 && draft && (rc = specdec_draft_propose_to(draft, req->slot, draft_valid, seq + draft_valid,
                                          len - draft_valid, k, &req->sampling, req->mode, drafted,
                                          q_rows, q_dev, err)))
             break;
         double t1 = specdec_now_ms();
         if ((rc = specdec_target_verify_from(target, req->slot, len - 1, seq + len - 1, 1, drafted, k, q_rows,
-                                q_dev, &req->sampling, req->mode, emitted, &n_acc, err)))
+                                q_dev, &req->sampling, mode, emitted, &n_acc, err)))
             break;
         double t2 = specdec_now_ms();
         stats->rounds++;

@@ -7,6 +7,7 @@
  * set; cross-key checks and derived defaults run in proc_config_finalize.
  */
 #include "proc_config.h"
+
 #include "json_type.h"
 
 #include <cjson/cJSON.h>
@@ -23,6 +24,7 @@
 #include "curve_keys.h"
 #include "error.h"
 #include "logging.h"
+#include "request.h"
 
 #define PROC_CONFIG_FILE_MAX_BYTES (1 << 20)
 #define PROC_CONFIG_IPC_PATH_MAX 107
@@ -97,9 +99,10 @@ static int check_spec_mode(const char *value, char *msg, size_t msg_size)
 
 static int check_draft(const char *value, char *msg, size_t msg_size)
 {
-    if (strcmp(value, "model") == 0 || strcmp(value, "ngram") == 0 || strcmp(value, "none") == 0)
+    enum request_draft d;
+    if (request_draft_parse(value, "coordinator.draft", &d, NULL) == 0)
         return 0;
-    snprintf(msg, msg_size, "must be \"model\", \"ngram\" or \"none\", got \"%s\"", value);
+    snprintf(msg, msg_size, "must be \"auto\", \"model\", \"ngram\", \"suffix\" or \"none\", got \"%s\"", value);
     return -1;
 }
 
@@ -203,7 +206,8 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_INT(spec_k, 0, PROC_CONFIG_SPEC_K_LIMIT, "draft tokens per round, 0 = adaptive [0]"),
     CKEY_INT(spec_k_max, 1, PROC_CONFIG_SPEC_K_LIMIT, "adaptive K upper bound [8]"),
     CKEY_STR(spec_mode, check_spec_mode, "\"sampled\" or \"point_mass\" [sampled]"),
-    CKEY_STR(draft, check_draft, "drafts of requests that name none: \"model\", \"ngram\" or \"none\" [model]"),
+    CKEY_STR(draft, check_draft, "drafts of requests that name none: auto|model|ngram|suffix|none [auto]"),
+    CKEY_INT(suffix_cache_mib, 0, 65536, "the suffix cache's budget in MiB (earlier requests' tokens), 0 = off [64]"),
     CKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
     CKEY_STR(curve_secret_key_file, NULL, "CURVE secret key of the client endpoint [none]"),
     CKEY_STR(curve_client_keys_file, NULL, "public keys of the clients admitted [any]"),
@@ -314,7 +318,8 @@ void proc_config_defaults(struct proc_config *cfg)
     c->spec_k = 0;
     c->spec_k_max = 8;
     snprintf(c->spec_mode, sizeof c->spec_mode, "sampled");
-    snprintf(c->draft, sizeof c->draft, "model");
+    snprintf(c->draft, sizeof c->draft, "auto");
+    c->suffix_cache_mib = 64;
     snprintf(c->log_level, sizeof c->log_level, "info");
     worker_defaults(&cfg->draft_worker);
     worker_defaults(&cfg->target_worker);

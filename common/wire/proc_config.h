@@ -46,7 +46,8 @@ struct coordinator_config {
     int spec_k;               /* 0 = adaptive */
     int spec_k_max;           /* default 8, at most PROC_CONFIG_SPEC_K_LIMIT */
     char spec_mode[PROC_CONFIG_NAME_MAX];  /* "sampled" (default) or "point_mass" */
-    char draft[PROC_CONFIG_NAME_MAX];      /* requests without "draft": "model" (default), "ngram", "none" */
+    char draft[PROC_CONFIG_NAME_MAX];      /* requests without "draft": auto (default)|model|ngram|suffix|none */
+    int suffix_cache_mib;                  /* the suffix cache's byte budget in MiB, 0 = off (default 64) */
     char log_level[PROC_CONFIG_NAME_MAX];  /* "error" | "warn" | "info" (default) | "debug" */
     /* Exposure (docs/operations.md). A client endpoint reachable from other
      * machines needs CURVE (the secret key file) or insecure = 1. */

@@ -519,6 +519,10 @@ const char *request_draft_name(enum request_draft draft)
         return "ngram";
     case REQUEST_DRAFT_NONE:
         return "none";
+    case REQUEST_DRAFT_SUFFIX:
+        return "suffix";
+    case REQUEST_DRAFT_AUTO:
+        return "auto";
     default:
         return "default";
     }
@@ -526,12 +530,13 @@ const char *request_draft_name(enum request_draft draft)
 
 int request_draft_parse(const char *text, const char *field, enum request_draft *out, char *err)
 {
-    for (enum request_draft d = REQUEST_DRAFT_MODEL; d <= REQUEST_DRAFT_NONE; d++)
+    for (enum request_draft d = REQUEST_DRAFT_MODEL; d <= REQUEST_DRAFT_AUTO; d++)
         if (strcmp(text, request_draft_name(d)) == 0) {
             *out = d;
             return 0;
         }
-    return error_set(err, ERR_INVALID_ARG, "%s: expected \"model\", \"ngram\" or \"none\", got \"%.*s\"", field,
+    return error_set(err, ERR_INVALID_ARG,
+                     "%s: expected \"auto\", \"model\", \"ngram\", \"suffix\" or \"none\", got \"%.*s\"", field,
                      quote_len(text), text);
 }
 

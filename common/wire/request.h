@@ -48,6 +48,9 @@ enum request_draft {
     REQUEST_DRAFT_MODEL = 1,     /* the draft worker's model */
     REQUEST_DRAFT_NGRAM = 2,     /* n-grams of the request's own tokens, made in the coordinator */
     REQUEST_DRAFT_NONE = 3,      /* no speculation: target-only decoding */
+    REQUEST_DRAFT_SUFFIX = 4,    /* earlier requests' prompts and outputs (the suffix cache) */
+    REQUEST_DRAFT_AUTO = 5,      /* greedy: a long suffix-cache match, else the model, else n-grams;
+                                    sampled: the model (a seed then reproduces its output) */
 };
 
 struct request_message {
@@ -135,8 +138,9 @@ void request_destroy(struct request *req);
 
 /* "sampled" / "point_mass" / "default". */
 const char *request_spec_mode_name(enum request_spec_mode mode);
-/* "model", "ngram", "none" (or "default"); request_draft_parse is the
- * inverse: 0, or ERR_INVALID_ARG naming the field and the values. */
+/* "model", "ngram", "none", "suffix", "auto" (or "default");
+ * request_draft_parse is the inverse: 0, or ERR_INVALID_ARG naming the
+ * field and the values. */
 const char *request_draft_name(enum request_draft draft);
 int request_draft_parse(const char *text, const char *field, enum request_draft *out, char *err);
 

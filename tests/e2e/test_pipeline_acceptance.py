@@ -29,7 +29,7 @@ def test():
         ids = [rng.randrange(1, 512) for _ in range(rng.randrange(2, 30))]
         n = 40
         done, _ = generate(s, {"id": "a%d" % i, "prompt_ids": ids, "max_tokens": n, "temperature": 0,
-                               "spec_k": 2 + i % 4})
+                               "spec_k": 2 + i % 4, "draft": "model"})
         check(done["type"] == "done", "prompt %d: %s" % (i, done))
         check(done["ids"] == reference(target, ids, n)["ids"], "prompt %d: ids differ from target-only" % i)
         sp = done["spec"]

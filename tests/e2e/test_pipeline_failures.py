@@ -38,11 +38,12 @@ def test():
     check(p.shm_segments() == [], "the killed draft's segment was not removed: %s" % p.shm_segments())
 
     # Target-only service meanwhile, in runs of plain steps: the 29 tokens
-    # after the prefill's first are one run the target decodes by itself.
+    # after the prefill's first are one run the target decodes by itself
+    # (draft "model": "auto" would draft n-grams here without a draft).
     ref2 = reference(target, [7, 8, 9], 30)["ids"]
     runs_before = p.stats()["spec"]
     done, toks = generate(s, {"id": "solo", "prompt_ids": [7, 8, 9], "max_tokens": 30, "temperature": 0,
-                              "stream": True})
+                              "stream": True, "draft": "model"})
     check(done.get("ids") == ref2, "target-only service: %s" % done)
     check(sum((t["ids"] for t in toks), []) == ref2, "target-only service: streamed ids differ")
     runs = p.stats()["spec"]

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""Drafts made in the coordinator from a request's own tokens (draft
-"ngram"): greedy output equals target-only ids for ids, for K 1..16, alone
-and in a batch beside requests drafting with the model and with none; the
-stats count the n-gram rounds. A deployment without a draft worker
-(no draft_worker section, coordinator.draft "ngram") starts, serves the
-same output and drafts. An unknown source is an invalid_request naming the
-field."""
+"""Drafts made in the coordinator (draft "ngram": the request's own
+tokens; "suffix": earlier requests' tokens; "auto"): greedy output equals
+target-only ids for ids, for K 1..16, alone and in a batch beside requests
+drafting with the model and with none; a request served a second time is
+drafted from the suffix cache; the stats count each source's rounds. A
+deployment without a draft worker (no draft_worker section,
+coordinator.draft "ngram") starts, serves the same output and drafts. An
+unknown source is an invalid_request naming the field."""
 import random
 import threading
 
@@ -61,8 +62,20 @@ def test():
     st = p.stats()["spec"]
     check(st["ngram_drafts"] > 0 and st["ngram_accepted_tokens"] > 0, "no n-gram round accepted anything: %s" % st)
     check(st["num_drafts"] == st["ngram_drafts"], "rounds drafted by the model for draft ngram: %s" % st)
+    # every prompt was served: drafted from the suffix cache now, nearly
+    # every token accepted; "auto" takes the same matches
+    for source in ("suffix", "auto"):
+        before = p.stats()["spec"]
+        for i, ids in enumerate(cases):
+            done, _ = generate(s, {"id": "%s%d" % (source, i), "prompt_ids": ids, "max_tokens": n, "temperature": 0,
+                                   "draft": source})
+            check(done.get("ids") == refs[i], "prompt %d, %s: %s" % (i, source, done))
+        after = p.stats()["spec"]
+        acc = after["suffix_accepted_tokens"] - before["suffix_accepted_tokens"]
+        check(acc >= len(cases) * (n // 2), "draft %s on repeated requests: %d tokens accepted from the cache: %s" %
+              (source, acc, after))
     # a batch: each source beside the others
-    sources = ["ngram", "model", "none", "ngram"]
+    sources = ["ngram", "model", "none", "suffix"]
     out = run_batch(p, [{"id": "b%d" % i, "prompt_ids": cases[i], "max_tokens": n, "temperature": 0,
                          "draft": sources[i]} for i in range(4)])
     for i, r in enumerate(out):
@@ -71,9 +84,10 @@ def test():
     done, _ = generate(s, {"id": "bad", "prompt_ids": [5], "draft": "medusa"})
     check(done["type"] == "error" and done["code"] == "invalid_request" and "draft" in done["message"],
           "draft medusa: %s" % done)
-    ngram = p.stats()["spec"]
-    print("draft ngram: %d rounds, %d of %d drafted tokens accepted" %
-          (ngram["ngram_drafts"], ngram["ngram_accepted_tokens"], ngram["ngram_draft_tokens"]))
+    st = p.stats()["spec"]
+    print("ngram: %d rounds, %d of %d drafted tokens accepted; suffix: %d rounds, %d of %d" %
+          (st["ngram_drafts"], st["ngram_accepted_tokens"], st["ngram_draft_tokens"], st["suffix_drafts"],
+           st["suffix_accepted_tokens"], st["suffix_draft_tokens"]))
     s.close()
     p.close()
 

@@ -194,6 +194,7 @@ void coord_test_fini(struct coordinator *c)
     free(c->seqs);
     for (int r = 0; r < 2; r++)
         cJSON_Delete(c->worker[r].shm);
+    suffix_cache_destroy(c->suffix);
     log_clear();
 }
 

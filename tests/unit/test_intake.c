@@ -108,7 +108,7 @@ static void test_intake_generate_admits_a_sequence(void **state)
     assert_true(s->sp.temperature > 0.69f && s->sp.temperature < 0.71f);
     assert_int_equal(s->sp.seed, 1234);
     assert_int_equal(s->kc.k_fixed, 3);
-    assert_int_equal(s->draft, REQUEST_DRAFT_MODEL); /* coordinator.draft's default */
+    assert_int_equal(s->draft, REQUEST_DRAFT_MODEL); /* the coordinator's, as the fixture sets it */
     assert_int_equal(c->metrics.requests_total, 1);
     /* admitted at once: the target prefills it (no draft is up) */
     next_command(ROLE_TARGET, PROTOCOL_VERIFY);

@@ -45,7 +45,8 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_int_equal(cfg.coordinator.spec_k, 0);
     assert_int_equal(cfg.coordinator.spec_k_max, 8);
     assert_string_equal(cfg.coordinator.spec_mode, "sampled");
-    assert_string_equal(cfg.coordinator.draft, "model");
+    assert_string_equal(cfg.coordinator.draft, "auto");
+    assert_int_equal(cfg.coordinator.suffix_cache_mib, 64);
     assert_string_equal(cfg.coordinator.log_level, "info");
     assert_string_equal(cfg.draft_worker.shm_transport, "auto");
     assert_int_equal(cfg.draft_worker.shm_staging, 0);
@@ -187,7 +188,7 @@ static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
                      ERR_INVALID_ARG);
     assert_non_null(strstr(err, "coordinator.spec_mode"));
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"draft\":\"eagle\"}}", err), ERR_INVALID_ARG);
-    assert_non_null(strstr(err, "coordinator.draft: must be \"model\", \"ngram\" or \"none\", got \"eagle\""));
+    assert_non_null(strstr(err, "coordinator.draft: must be \"auto\", \"model\", \"ngram\", \"suffix\" or \"none\", got \"eagle\""));
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"draft\":\"ngram\"}}", err), 0);
     assert_string_equal(cfg.coordinator.draft, "ngram");
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"log_level\":\"loud\"}}", err),

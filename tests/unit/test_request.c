@@ -201,12 +201,13 @@ static void test_request_wrong_types_are_named(void **state)
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_mode\":1}", ERR_INVALID_ARG,
               "spec_mode: expected a string, got number");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"draft\":\"medusa\"}", ERR_INVALID_ARG,
-              "draft: expected \"model\", \"ngram\" or \"none\", got \"medusa\"");
+              "draft: expected \"auto\", \"model\", \"ngram\", \"suffix\" or \"none\", got \"medusa\"");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"draft\":2}", ERR_INVALID_ARG,
               "draft: expected a string, got number");
-    const char *names[3] = {"model", "ngram", "none"};
-    const enum request_draft want[3] = {REQUEST_DRAFT_MODEL, REQUEST_DRAFT_NGRAM, REQUEST_DRAFT_NONE};
-    for (int i = 0; i < 3; i++) {
+    const char *names[5] = {"model", "ngram", "none", "suffix", "auto"};
+    const enum request_draft want[5] = {REQUEST_DRAFT_MODEL, REQUEST_DRAFT_NGRAM, REQUEST_DRAFT_NONE,
+                                        REQUEST_DRAFT_SUFFIX, REQUEST_DRAFT_AUTO};
+    for (int i = 0; i < 5; i++) {
         char text[128];
         snprintf(text, sizeof text, "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"draft\":\"%s\"}", names[i]);
         struct request *r = parse_ok(text);

@@ -700,6 +700,86 @@ static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
     no_more_commands();
 }
 
+/* Answers a sequence's commands until it ends, as run_to_end does, and
+ * returns how many of its verifications carried drafts made here. */
+static int inline_rounds_to_end(struct coordinator *c, struct seq *s, const int32_t *script, int n_script)
+{
+    const uint64_t req = s->req;
+    int inline_rounds = 0, pos = s->n_hist - s->n_prompt;
+    for (int guard = 0; s->state == SEQ_ACTIVE && s->req == req; guard++) {
+        assert_true(guard < 200);
+        if (next_sent >= n_sent)
+            fail_msg("request stalled in round state %d", (int)s->round_state);
+        const struct sent *e = &sent_log[next_sent];
+        if (e->role == ROLE_DRAFT && strcmp(e->msg.type, PROTOCOL_DRAFT) == 0) {
+            struct worker_msg_draft d = expect_draft();
+            draft_ready(c, s, d.round, 0, d.k, -1, false);
+            if (d.predraft_k > 0)
+                draft_ready(c, s, d.round + 1, 1, 0, -1, true);
+        } else if (e->role == ROLE_TARGET && strcmp(e->msg.type, PROTOCOL_VERIFY) == 0) {
+            struct worker_msg_verify v = expect_verify();
+            inline_rounds += v.n_drafts > 0;
+            for (int step = 1; step <= v.steps && s->state == SEQ_ACTIVE && s->req == req; step++) {
+                /* the target's choice is the script's next tokens: drafts that
+                 * agree with it are accepted */
+                int32_t t[SPECULATE_K_MAX + 1];
+                int n_acc = 0;
+                while (n_acc < v.k && pos + n_acc < n_script &&
+                       (v.n_drafts == 0 || v.drafts[n_acc] == script[pos + n_acc]))
+                    n_acc++;
+                for (int i = 0; i <= n_acc; i++)
+                    t[i] = script[(pos + i) % n_script];
+                pos += n_acc + 1;
+                verify_done(c, s, v.round, n_acc, t, step);
+            }
+        } else {
+            next_sent++;
+        }
+    }
+    return inline_rounds;
+}
+
+/* draft "suffix": a request served once is drafted from the suffix cache
+ * the second time, its drafts the first one's output; "auto" does the same
+ * for a greedy request (the match is long) and keeps the model for a
+ * sampled one. */
+static void test_scheduler_suffix_and_auto(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    char err[ERR_MSG_MAX];
+    assert_int_equal(suffix_cache_create(&c->suffix, 1 << 20, err), 0);
+    c->cfg.coordinator.spec_k_max = 4;
+    const int32_t prompt[10] = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+    int32_t script[12];
+    for (int i = 0; i < 12; i++)
+        script[i] = 40 + (i * 7) % 23;
+    /* served once with no drafts: stored when it finishes */
+    struct seq *s = request_from(c, prompt, 10, 12, 0, REQUEST_DRAFT_NONE);
+    assert_int_equal(inline_rounds_to_end(c, s, script, 12), 0);
+    assert_int_equal(suffix_cache_requests(c->suffix), 1);
+    /* again, drafting from the cache: every round after the prefill */
+    log_clear();
+    s = request_from(c, prompt, 10, 12, 0, REQUEST_DRAFT_SUFFIX);
+    /* 12 tokens: the prefill's, two rounds of 4 drafts and a bonus, and a
+     * last plain step (no room for a draft and the token after it) */
+    assert_int_equal(inline_rounds_to_end(c, s, script, 12), 2);
+    assert_int_equal(rep.n_done_ids, 12);
+    assert_memory_equal(rep.done_ids, script, sizeof script);
+    assert_int_equal(c->metrics.suffix_accepted_tokens_total, 8);
+    assert_int_equal(c->metrics.ngram_drafts_total, 0);
+    /* auto, greedy: the cache again */
+    log_clear();
+    s = request_from(c, prompt, 10, 12, 0, REQUEST_DRAFT_AUTO);
+    assert_int_equal(inline_rounds_to_end(c, s, script, 12), 2);
+    /* auto, sampled: the model drafts, nothing is made here */
+    log_clear();
+    s = request_from(c, prompt, 10, 12, 2, REQUEST_DRAFT_AUTO);
+    s->sp.temperature = 0.8f;
+    assert_int_equal(inline_rounds_to_end(c, s, script, 12), 0);
+    assert_true(c->metrics.num_drafts_total > c->metrics.suffix_drafts_total);
+}
+
 /* End of sequence and max_tokens end a request with done, release its slot
  * on both workers and admit the next queued one. */
 static void test_scheduler_endings_release_and_admit(void **state)
@@ -827,6 +907,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_draft_lost_in_every_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_suffix_and_auto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_drops_stale_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_fails_a_malformed_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_lost_draft_falls_back_to_plain_steps, setup,

@@ -88,6 +88,51 @@ static void test_specdec_greedy_equals_target_only_on_poor_tiny_pair(void **stat
     assert_true(acc < 0.9);
 }
 
+/* Drafts from the sequence's own n-grams: greedy output is target-only's
+ * for K 1..16 and the default, on prompts that repeat a phrase (so that
+ * there are matches to draft from). */
+static void test_specdec_ngram_greedy_equals_target_only(void **state)
+{
+    struct pair *p = *state;
+    char err[ERR_MSG_MAX] = "";
+    struct specdec_target *t;
+    fixture_check(specdec_target_create(&t, p->good.ctx, err), "specdec_target_create", err);
+    const struct model_config *cfg = llama_model_config(p->good.model);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
+    struct ngram_params ngram;
+    ngram_params_default(&ngram);
+    long drafted = 0, accepted = 0;
+    int32_t expect[48], got[48];
+    for (int i = 0; i < 12; i++) {
+        int32_t prompt[32];
+        const int phrase = 3 + i % 5;
+        fixture_random_ids(prompt, phrase, 0, cfg->vocab_size, 300 + (uint64_t)i);
+        for (int j = phrase; j < 3 * phrase; j++)
+            prompt[j] = prompt[j - phrase];
+        int n_expect, n_got;
+        struct specdec_stats st;
+        fixture_generate(NULL, t, prompt, 3 * phrase, 48, 0, &sp, SPECULATE_MODE_SAMPLED, cfg->eos_token_ids,
+                         cfg->n_eos_token_ids, expect, &n_expect, &st);
+        const int ks[4] = {0, 1, 3, 16};
+        for (int c = 0; c < 4; c++) {
+            struct specdec_request req = {.prompt = prompt, .n_prompt = 3 * phrase, .max_tokens = 48,
+                                          .sampling = sp, .k_fixed = ks[c], .stop_ids = cfg->eos_token_ids,
+                                          .n_stop_ids = cfg->n_eos_token_ids, .ngram = &ngram};
+            fixture_check(specdec_generate(NULL, t, &req, got, &n_got, &st, NULL, NULL, err), "specdec_generate",
+                          err);
+            if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
+                fail_msg("prompt %d, K=%d: n-gram drafted output differs from target-only", i, ks[c]);
+            drafted += st.drafted;
+            accepted += st.accepted;
+        }
+    }
+    fprintf(stderr, "  n-gram drafts: %ld of %ld accepted\n", accepted, drafted);
+    assert_true(drafted > 0 && accepted > 0);
+    specdec_target_destroy(t);
+}
+
 struct chunk_count {
     int calls, last_done, total;
 };
@@ -384,6 +429,42 @@ static void exact_distributions(struct loaded_model *t, const int32_t *prompt, i
  * K = 2 (K is capped at the room left minus one), so with k = 2 the 3rd
  * token is decided at the round's second draft position, from that
  * position's q row. */
+/* A prompt that repeats a phrase (a b c a b c a b), the phrase chosen among
+ * a few so that n-gram drafts are made and some of them accepted (a random
+ * model gives many continuations next to no mass): 400 trial generations
+ * each, seeds apart from the test's. */
+static void pick_ngram_prompt(struct specdec_target *t, const struct sampling_params *base, int k,
+                              const struct ngram_params *ngram, int32_t prompt[8])
+{
+    char err[ERR_MSG_MAX] = "";
+    for (int c = 0; c < 40; c++) {
+        const int32_t a = (int32_t)((c * 5 + 3) % DIST_VOCAB), b = (int32_t)((c * 7 + 9) % DIST_VOCAB),
+                      d = (int32_t)((c * 11 + 4) % DIST_VOCAB);
+        const int32_t cand[8] = {a, b, d, a, b, d, a, b};
+        long drafted = 0, accepted = 0;
+        for (int s = 0; s < 400; s++) {
+            struct sampling_params sp = *base;
+            sp.seed = 1000000 + (uint64_t)s;
+            struct specdec_request req = {.prompt = cand, .n_prompt = 8, .max_tokens = 4, .sampling = sp,
+                                          .mode = SPECULATE_MODE_SAMPLED, .k_fixed = k, .ngram = ngram};
+            int32_t out[4];
+            int n;
+            struct specdec_stats st;
+            fixture_check(specdec_generate(NULL, t, &req, out, &n, &st, NULL, NULL, err), "specdec_generate", err);
+            drafted += st.drafted;
+            accepted += st.accepted;
+        }
+        if (drafted >= 100 && accepted * 10 >= drafted && accepted < drafted) {
+            memcpy(prompt, cand, sizeof cand);
+            return;
+        }
+    }
+    fail_msg("no phrase gave n-gram drafts that are sometimes accepted");
+}
+
+/* with_draft 2: no draft model, n-gram drafts of the sequence's own tokens
+ * (specdec_request.ngram) on a prompt that repeats a phrase
+ * (pick_ngram_prompt), so that they are made, accepted and rejected. */
 static void check_distribution(struct dist_pair *p, int with_draft, int k,
                                enum speculate_mode mode, const struct sampling_params *base,
                                const char *label)
@@ -391,12 +472,19 @@ static void check_distribution(struct dist_pair *p, int with_draft, int k,
     char err[ERR_MSG_MAX] = "";
     struct specdec_draft *d = NULL;
     struct specdec_target *t;
-    if (with_draft)
+    if (with_draft == 1)
         fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
     fixture_check(specdec_target_create(&t, p->target.ctx, err), "target", err);
-    const int32_t prompt[3] = {3, 9, 4};
+    struct ngram_params ngram;
+    ngram_params_default(&ngram);
+    const int32_t plain_prompt[3] = {3, 9, 4};
+    int32_t repeating_prompt[8];
+    if (with_draft == 2)
+        pick_ngram_prompt(t, base, k, &ngram, repeating_prompt);
+    const int32_t *prompt = with_draft == 2 ? repeating_prompt : plain_prompt;
+    const int n_prompt = with_draft == 2 ? 8 : 3;
     double exact2[DIST_VOCAB], exact3[DIST_VOCAB];
-    exact_distributions(&p->target, prompt, 3, base, exact2, exact3);
+    exact_distributions(&p->target, prompt, n_prompt, base, exact2, exact3);
     uint64_t count2[DIST_VOCAB] = {0}, count3[DIST_VOCAB] = {0};
     long drafted = 0, accepted = 0;
     for (int s = 1; s <= GOF_SAMPLES; s++) {
@@ -405,7 +493,9 @@ static void check_distribution(struct dist_pair *p, int with_draft, int k,
         int32_t out[4];
         int n;
         struct specdec_stats st;
-        fixture_generate(d, t, prompt, 3, 4, k, &sp, mode, NULL, 0, out, &n, &st);
+        struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = 4, .sampling = sp,
+                                      .mode = mode, .k_fixed = k, .ngram = with_draft == 2 ? &ngram : NULL};
+        fixture_check(specdec_generate(d, t, &req, out, &n, &st, NULL, NULL, err), "specdec_generate", err);
         assert_int_equal(n, 4);
         count2[out[1]]++;
         count3[out[2]]++;
@@ -428,7 +518,7 @@ static void check_distribution(struct dist_pair *p, int with_draft, int k,
     assert_true(df2 >= 1 && df3 >= 1);
     assert_true(x2 < c2);
     assert_true(x3 < c3);
-    if (with_draft) /* the pair must exercise both acceptance and rejection */
+    if (with_draft) /* the drafts must meet both acceptance and rejection */
         assert_true(accepted > 0 && accepted < drafted);
     specdec_draft_destroy(d);
     specdec_target_destroy(t);
@@ -442,6 +532,19 @@ static void test_specdec_sampling_matches_target_distribution_temperature_1(void
     check_distribution(*state, 0, 0, SPECULATE_MODE_SAMPLED, &sp, "target-only T=1");
     check_distribution(*state, 1, 2, SPECULATE_MODE_SAMPLED, &sp, "speculative K=2 T=1");
     check_distribution(*state, 1, 1, SPECULATE_MODE_POINT_MASS, &sp, "point-mass K=1 T=1");
+}
+
+/* Drafts from the sequence's own n-grams (no model, verified as point
+ * masses) leave the target's distribution as it is. */
+static void test_specdec_ngram_drafts_keep_the_target_distribution(void **state)
+{
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 1.0f;
+    check_distribution(*state, 2, 2, SPECULATE_MODE_SAMPLED, &sp, "n-gram K=2 T=1");
+    sp.temperature = 0.8f;
+    sp.top_k = 6;
+    check_distribution(*state, 2, 0, SPECULATE_MODE_SAMPLED, &sp, "n-gram K=8 T=0.8 top-k 6");
 }
 
 static void test_specdec_sampling_matches_target_distribution_top_k_top_p(void **state)
@@ -521,6 +624,7 @@ int main(void)
     const struct CMUnitTest tiny[] = {
         cmocka_unit_test(test_specdec_greedy_equals_target_only_on_matched_tiny_pair),
         cmocka_unit_test(test_specdec_greedy_equals_target_only_on_poor_tiny_pair),
+        cmocka_unit_test(test_specdec_ngram_greedy_equals_target_only),
         cmocka_unit_test(test_specdec_chunked_prefill_keeps_greedy_ids),
         cmocka_unit_test(test_specdec_stops_and_limits_apply_to_accepted_tokens),
         cmocka_unit_test(test_specdec_never_overflows_the_context),
@@ -531,6 +635,7 @@ int main(void)
     const struct CMUnitTest dist[] = {
         cmocka_unit_test(test_specdec_sampling_matches_target_distribution_temperature_1),
         cmocka_unit_test(test_specdec_sampling_matches_target_distribution_top_k_top_p),
+        cmocka_unit_test(test_specdec_ngram_drafts_keep_the_target_distribution),
         cmocka_unit_test(test_specdec_seeded_sampling_is_reproducible),
     };
     int failed = cmocka_run_group_tests_name("tiny pairs", tiny, setup_tiny_pair, teardown_pair);

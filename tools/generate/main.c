@@ -1,7 +1,7 @@
 /* tandem-generate: single-process generation, target-only or speculative.
  *
  *   tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)
- *       [--draft DIR] [--spec-k N] [--spec-mode sampled|point_mass]
+ *       [--draft DIR] [--drafter model|ngram|none] [--spec-k N] [--spec-mode sampled|point_mass]
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
  *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
@@ -25,6 +25,7 @@ struct options {
     const char *model_dir, *draft_dir, *prompt, *chat, *ids;
     const char *backend, *device, *draft_device; /* draft_device NULL: the target's backend */
     const char *sampler; /* "host", "device" or NULL: device on cuda, host on cpu */
+    const char *drafter; /* "model", "ngram", "none" or NULL: model with --draft, else none */
     int max_tokens, spec_k, threads, max_seq_len, json;
     enum speculate_mode mode;
     struct sampling_params sampling;
@@ -34,7 +35,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
-            "         [--draft DIR] [--spec-k N (0 = adaptive)] [--spec-mode sampled|point_mass]\n"
+            "         [--draft DIR] [--drafter model|ngram|none] [--spec-k N (0 = adaptive)]\n"
+            "         [--spec-mode sampled|point_mass]\n"
             "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
             "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n"
@@ -98,6 +100,14 @@ static int parse_args(int argc, char **argv, struct options *o)
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--draft-device")) o->draft_device = v;
+        else if (!strcmp(a, "--drafter")) {
+            if (strcmp(v, "model") && strcmp(v, "ngram") && strcmp(v, "none")) {
+                fprintf(stderr, "tandem-generate: --drafter: expected model, ngram or none, got \"%s\" (suffix and "
+                                "auto draft from earlier requests: the coordinator's)\n", v);
+                return -1;
+            }
+            o->drafter = v;
+        }
         else if (!strcmp(a, "--sampler")) {
             if (strcmp(v, "host") && strcmp(v, "device")) {
                 fprintf(stderr, "tandem-generate: --sampler: expected host or device, got \"%s\"\n", v);
@@ -153,6 +163,13 @@ static int parse_args(int argc, char **argv, struct options *o)
     }
     if (!!o->prompt + !!o->chat + !!o->ids != 1) {
         fprintf(stderr, "tandem-generate: give exactly one of --prompt, --chat, --ids\n");
+        return -1;
+    }
+    if (!o->drafter)
+        o->drafter = o->draft_dir ? "model" : "none";
+    if (!strcmp(o->drafter, "model") != !!o->draft_dir) {
+        fprintf(stderr, "tandem-generate: --drafter %s: %s\n", o->drafter,
+                o->draft_dir ? "--draft is for --drafter model" : "needs --draft DIR");
         return -1;
     }
     return 0;
@@ -232,7 +249,8 @@ static void print_json(const struct options *o, const int32_t *ids, int n, const
     cJSON_AddNumberToObject(j, "tokens_per_s",
                             st->decode_ms > 0 ? decode_tokens * 1000.0 / st->decode_ms : 0.0);
     cJSON_AddStringToObject(j, "sampler", sampler);
-    if (o->draft_dir) {
+    cJSON_AddStringToObject(j, "drafter", o->drafter);
+    if (strcmp(o->drafter, "none") != 0) {
         cJSON_AddNumberToObject(j, "rounds", st->rounds);
         cJSON_AddNumberToObject(j, "drafted", st->drafted);
         cJSON_AddNumberToObject(j, "accepted", st->accepted);
@@ -359,6 +377,10 @@ int main(int argc, char **argv)
         .n_stop_ids = cfg->n_eos_token_ids,
         .slot = 0,
     };
+    struct ngram_params ngram;
+    ngram_params_default(&ngram);
+    if (!strcmp(o.drafter, "ngram"))
+        req.ngram = &ngram;
     struct specdec_stats stats;
     if ((rc = specdec_generate(draft, target, &req, out, &n_out, &stats, NULL, NULL, err)))
         goto done;
@@ -378,7 +400,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "[%d prompt tokens, %d generated, prefill %.1f ms, %.2f tokens/s",
                 stats.prompt_tokens, stats.generated_tokens, stats.prefill_ms,
                 stats.decode_ms > 0 ? decode_tokens * 1000.0 / stats.decode_ms : 0.0);
-        if (draft)
+        if (strcmp(o.drafter, "none") != 0)
             fprintf(stderr, ", acceptance %.3f, %.2f accepted/round",
                     stats.drafted ? (double)stats.accepted / stats.drafted : 0.0,
                     stats.rounds ? (double)stats.accepted / stats.rounds : 0.0);
