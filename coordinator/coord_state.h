@@ -181,6 +181,10 @@ struct seq {
      * match travels in the message (verify "drafts"), not in the draft's
      * buffer */
     enum request_draft verify_source;
+    /* what matched drafts were worth to this request (drafters.c), per
+     * source ([0] n-gram, [1] suffix cache): drafts accepted, drafts put to
+     * the test (each accepted one and the first rejected) */
+    int match_accepted[2], match_trials[2];
     enum beside_draft beside_draft; /* VERIFY_BESIDE_DRAFT */
     /* While a fresh draft is awaited (DRAFTING, VERIFY_BESIDE_DRAFT): the
      * draft call in flight. */
@@ -307,6 +311,12 @@ static inline double coord_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Whether s's draft source may draft with the draft worker's model. */
+static inline bool coord_seq_uses_model(const struct seq *s)
+{
+    return s->draft == REQUEST_DRAFT_MODEL || s->draft == REQUEST_DRAFT_AUTO;
 }
 
 /* The target's context length: the longest a sequence may grow. */

@@ -54,6 +54,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admission.h"
+#include "drafters.h"
 #include "error.h"
 #include "logging.h"
 #include "replies.h"
@@ -73,11 +75,6 @@ static void seq_start(struct coordinator *c, struct seq *s);
  * that never matches near target-only speed, at the price of a few tokens
  * of a match found late. */
 #define MATCH_MISS_RUN 4
-/* Source "auto" takes a suffix-cache match over the draft model only when
- * it covers this many tokens of the sequence: a long shared context is a
- * repeat (a retried request, a loop of an agent), a short one often a
- * coincidence whose drafts would displace the model's. */
-#define AUTO_SUFFIX_MIN_MATCH 8
 
 static struct worker_msg_seq msg_seq(const struct seq *s)
 {
@@ -89,17 +86,11 @@ static struct worker_msg_sampling msg_sampling(const struct seq *s)
     return (struct worker_msg_sampling){.sp = s->sp, .mode = s->mode};
 }
 
-/* Whether s's source may draft with the draft worker's model. */
-static bool uses_model(const struct seq *s)
-{
-    return s->draft == REQUEST_DRAFT_MODEL || s->draft == REQUEST_DRAFT_AUTO;
-}
-
 /* Whether s drafts with the draft worker's model now. */
 static bool draft_usable(const struct coordinator *c, const struct seq *s)
 {
     const struct worker *d = &c->worker[ROLE_DRAFT];
-    return uses_model(s) && d->up && !s->spec_off && s->slot < d->n_slots;
+    return coord_seq_uses_model(s) && d->up && !s->spec_off && s->slot < d->n_slots;
 }
 
 void scheduler_seq_reset(struct seq *s)
@@ -141,30 +132,13 @@ static void queue_remove(struct coordinator *c, struct seq *s)
     c->n_queued--;
 }
 
-/* Blocks a sequence may come to hold in a worker's pool: its prompt and
- * every token it may generate, plus the rows a round adds beyond the
- * accepted ones (k + 1 for the target's verification; the draft's round and
- * its pre-draft, 2k + 2). Reserved at admission, so a worker never runs out
- * in the middle of a request. 0 when the worker reported no pool. */
-static int kv_blocks_for(const struct coordinator *c, enum worker_role r, const struct seq *s)
-{
-    const struct worker *w = &c->worker[r];
-    if (w->kv_blocks <= 0 || w->kv_block_size <= 0)
-        return 0;
-    const long k = c->cfg.coordinator.spec_k_max;
-    long positions = (long)s->n_prompt + s->max_tokens + (r == ROLE_DRAFT ? 2 * k + 2 : k + 1);
-    if (positions > w->max_seq_len)
-        positions = w->max_seq_len;
-    return (int)((positions + w->kv_block_size - 1) / w->kv_block_size);
-}
-
 /* The slot is taken: blocks reserved, one more active sequence. */
 static void seq_take_slot(struct coordinator *c, struct seq *s)
 {
     for (int r = 0; r < 2; r++) {
-        s->kv_reserved[r] = r == ROLE_DRAFT && (s->spec_off || !uses_model(s))
+        s->kv_reserved[r] = r == ROLE_DRAFT && (s->spec_off || !coord_seq_uses_model(s))
                                 ? 0
-                                : kv_blocks_for(c, (enum worker_role)r, s);
+                                : admission_kv_blocks(c, (enum worker_role)r, s);
         c->kv_reserved[r] += s->kv_reserved[r];
     }
     if (c->n_active++ == 0)
@@ -252,9 +226,7 @@ static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish
     double decode_ms = t - s->t_first_ms;
     double queue_ms = s->t_admit_ms - s->t_arrival_ms;
     replies_done(c, s, reason, t);
-    /* later requests may draft from this one's prompt and output */
-    if (c->suffix != NULL && suffix_cache_add(c->suffix, s->hist, s->n_hist) != 0)
-        LOG_WARN("request \"%s\": not kept in the suffix cache: out of memory", s->id);
+    drafters_remember(c, s); /* later requests may draft from it */
     struct metrics *mt = &c->metrics;
     mt->requests_finished[reason]++;
     mt->generated_tokens_total += (uint64_t)s->generated;
@@ -345,35 +317,6 @@ static void send_verify(struct coordinator *c, struct seq *s, int k, int half, i
     send_verify_of(c, s, k, half, round, cached_drafts, steps, beside_draft, NULL, REQUEST_DRAFT_MODEL);
 }
 
-/* Drafts a match made here would propose for s now, per its source: an
- * n-gram of its own tokens, or a stretch of an earlier request (the suffix
- * cache); "auto" takes a long suffix-cache match, or an n-gram one where
- * the model cannot draft, for greedy requests only (sampled ones keep the
- * model, so that a seed reproduces its output). Returns how many (0: none),
- * and the source in *source. */
-static int matched_drafts(struct coordinator *c, struct seq *s, int k_cap, int32_t *drafts,
-                          enum request_draft *source)
-{
-    const bool greedy = sampling_params_is_greedy(&s->sp);
-    const bool try_suffix = c->suffix != NULL &&
-                            (s->draft == REQUEST_DRAFT_SUFFIX || (s->draft == REQUEST_DRAFT_AUTO && greedy));
-    const bool try_ngram = s->draft == REQUEST_DRAFT_NGRAM ||
-                           (s->draft == REQUEST_DRAFT_AUTO && greedy && !draft_usable(c, s));
-    if (try_suffix) {
-        int match = 0;
-        const int k = suffix_cache_draft(c->suffix, s->hist, s->n_hist, k_cap, drafts, &match);
-        if (k > 0 && (s->draft == REQUEST_DRAFT_SUFFIX || match >= AUTO_SUFFIX_MIN_MATCH)) {
-            *source = REQUEST_DRAFT_SUFFIX;
-            return k;
-        }
-    }
-    if (try_ngram) {
-        *source = REQUEST_DRAFT_NGRAM;
-        return ngram_draft(&c->ngram, s->hist, s->n_hist, k_cap, drafts);
-    }
-    return 0;
-}
-
 /* Sends the drafts a match made here predicts (at most K, as many as
  * fit); false when nothing matched. */
 static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
@@ -387,7 +330,7 @@ static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
         return false;
     int32_t drafts[SPECULATE_K_MAX];
     enum request_draft source = REQUEST_DRAFT_NGRAM;
-    const int k = matched_drafts(c, s, k_cap, drafts, &source);
+    const int k = drafters_propose(c, s, draft_usable(c, s), k_cap, drafts, &source);
     if (k == 0)
         return false;
     send_verify_of(c, s, k, COORD_HALF_FRESH, ++s->round_counter, 0, 1, false, drafts, source);
@@ -628,6 +571,8 @@ static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
     mt->num_accepted_tokens_total += (uint64_t)n_acc;
     for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
         mt->accepted_per_pos[i]++;
+    if (s->verify_source != REQUEST_DRAFT_MODEL)
+        drafters_learn(s, s->verify_source, k, n_acc);
     if (s->verify_source == REQUEST_DRAFT_NGRAM) {
         mt->ngram_drafts_total++;
         mt->ngram_draft_tokens_total += (uint64_t)k;
@@ -934,34 +879,13 @@ static void seq_start(struct coordinator *c, struct seq *s)
     worker_send(c, ROLE_TARGET, h, &frame);
 }
 
-/* Whether the pools can hold s now (1), later (0), or never (-1: the
- * target's pool is too small for it). A sequence the draft's pool could
- * never hold runs without speculation rather than failing. */
-static int kv_admits(const struct coordinator *c, struct seq *s, int *need_out)
-{
-    const struct worker *t = &c->worker[ROLE_TARGET], *d = &c->worker[ROLE_DRAFT];
-    const int need_t = kv_blocks_for(c, ROLE_TARGET, s);
-    *need_out = need_t;
-    if (need_t > t->kv_blocks && t->kv_blocks > 0)
-        return -1;
-    const bool uses_draft = uses_model(s);
-    if (uses_draft && d->up && d->kv_blocks > 0 && kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
-        s->spec_off = true;
-    if (t->kv_blocks > 0 && c->kv_reserved[ROLE_TARGET] + need_t > t->kv_blocks)
-        return 0;
-    if (uses_draft && d->up && d->kv_blocks > 0 && !s->spec_off &&
-        c->kv_reserved[ROLE_DRAFT] + kv_blocks_for(c, ROLE_DRAFT, s) > d->kv_blocks)
-        return 0;
-    return 1;
-}
-
 void scheduler_admit(struct coordinator *c)
 {
     while (c->queue_head != NULL && c->n_active < c->cfg.coordinator.max_concurrency &&
            c->worker[ROLE_TARGET].up) {
         struct seq *s = c->queue_head;
         int need = 0;
-        const int fit = kv_admits(c, s, &need);
+        const int fit = admission_kv_fits(c, s, &need);
         if (fit < 0) {
             char msg[256];
             snprintf(msg, sizeof msg,

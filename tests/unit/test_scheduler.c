@@ -29,6 +29,7 @@
 
 #include "coord_fakes.h"
 #include "coord_state.h"
+#include "drafters.h"
 #include "error.h"
 #include "replies.h"
 #include "scheduler.h"
@@ -780,6 +781,48 @@ static void test_scheduler_suffix_and_auto(void **state)
     assert_true(c->metrics.num_drafts_total > c->metrics.suffix_drafts_total);
 }
 
+/* Matched drafts go to the target only where a verification row is worth
+ * it: always where the cost was not measured; on a CPU-like cost (a row
+ * as dear as a call) only drafts nearly sure to pass; where the call
+ * dominates (a GPU's) guesses too; fewer when a batch shares the call. */
+static void test_scheduler_matched_drafts_only_where_they_pay(void **state)
+{
+    (void)state;
+    assert_int_equal(drafters_worth_k(0.3, 8, 0, 0, 1), 8);
+    assert_int_equal(drafters_worth_k(1.0, 8, 0.3, 28.6, 1), 8);
+    assert_int_equal(drafters_worth_k(0.6, 8, 0.3, 28.6, 1), 0);
+    const int gpu = drafters_worth_k(0.6, 8, 20.0, 0.5, 1);
+    assert_true(gpu >= 2);
+    assert_true(drafters_worth_k(0.6, 8, 20.0, 0.5, 16) < gpu);
+    /* in the scheduler: an n-gram source on a CPU-like cost, its drafts
+     * failing, stops drafting once its probes are spent */
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    ngram_params_default(&c->ngram);
+    c->call_ms_base = 0.3;
+    c->call_ms_per_row = 28.6;
+    const int32_t prompt[8] = {5, 6, 7, 8, 5, 6, 7, 8};
+    struct seq *s = request_from(c, prompt, 8, 40, 0, REQUEST_DRAFT_NGRAM);
+    struct worker_msg_verify v = expect_verify();
+    int32_t tok = 5;
+    verify_done(c, s, v.round, 0, &tok, 1);
+    int probes = 0;
+    for (int guard = 0; guard < 30 && s->state == SEQ_ACTIVE; guard++) {
+        v = expect_verify();
+        /* every draft rejected: the correction is a token never seen */
+        int32_t t[SPECULATE_K_MAX + 1];
+        t[0] = 90 + guard % 8;
+        probes += v.n_drafts > 0;
+        assert_true(v.n_drafts <= 2);
+        for (int step = 1; step <= v.steps && s->state == SEQ_ACTIVE; step++)
+            verify_done(c, s, v.round, 0, t, step);
+        /* the sequence repeats its prompt's pattern for the n-grams to match */
+        if (s->state == SEQ_ACTIVE)
+            s->hist[s->n_hist - 1] = prompt[(s->n_hist - 1) % 4];
+    }
+    assert_true(probes >= 1 && probes <= 8);
+}
+
 /* End of sequence and max_tokens end a request with done, release its slot
  * on both workers and admit the next queued one. */
 static void test_scheduler_endings_release_and_admit(void **state)
@@ -908,6 +951,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_suffix_and_auto, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_matched_drafts_only_where_they_pay, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_drops_stale_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_fails_a_malformed_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_lost_draft_falls_back_to_plain_steps, setup,

@@ -1,0 +1,98 @@
+/* drafters.c: see drafters.h. */
+#include "drafters.h"
+
+#include "logging.h"
+
+/* Source "auto" takes a suffix-cache match over the draft model only when
+ * it covers this many tokens of the sequence: a long shared context is a
+ * repeat (a retried request, a loop of an agent), a short one often a
+ * coincidence whose drafts would displace the model's. */
+#define AUTO_SUFFIX_MIN_MATCH 8
+/* What a source's drafts are assumed to be worth before a request has
+ * seen any (per-draft acceptance, and how many drafts that guess weighs):
+ * a suffix match is usually a repeat, an n-gram a guess. */
+#define SUFFIX_PRIOR_ACCEPT 0.9
+#define NGRAM_PRIOR_ACCEPT 0.6
+#define PRIOR_DRAFTS 4.0
+/* A source whose drafts do not pay at the prior still gets this many put
+ * to the test per request, two a round: a request that repeats itself
+ * shows it within a few rounds. */
+#define PROBE_DRAFTS 8
+
+int drafters_worth_k(double accept, int k_max, double call_ms_base, double call_ms_per_row, int batch)
+{
+    if (call_ms_base <= 0 && call_ms_per_row <= 0)
+        return k_max;
+    const double base = call_ms_base / (batch > 1 ? batch : 1);
+    int best = 0;
+    double best_rate = 1.0 / (base + call_ms_per_row);
+    double tokens = 1.0, reach = 1.0; /* expected tokens of a round of k drafts: sum of accept^i, i <= k */
+    for (int k = 1; k <= k_max; k++) {
+        reach *= accept;
+        tokens += reach;
+        const double rate = tokens / (base + call_ms_per_row * (k + 1));
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    return best;
+}
+
+/* The per-draft acceptance s has seen from source (its prior before). */
+static double accept_of(const struct seq *s, enum request_draft source)
+{
+    const int i = source == REQUEST_DRAFT_SUFFIX;
+    const double prior = i ? SUFFIX_PRIOR_ACCEPT : NGRAM_PRIOR_ACCEPT;
+    return (s->match_accepted[i] + prior * PRIOR_DRAFTS) / (s->match_trials[i] + PRIOR_DRAFTS);
+}
+
+void drafters_learn(struct seq *s, enum request_draft source, int k, int n_acc)
+{
+    const int i = source == REQUEST_DRAFT_SUFFIX;
+    /* the drafts that were put to the test: every accepted one, and the
+     * first rejected */
+    s->match_accepted[i] += n_acc;
+    s->match_trials[i] += n_acc + (n_acc < k);
+}
+
+int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usable, int k_cap, int32_t *drafts,
+                     enum request_draft *source)
+{
+    const bool greedy = sampling_params_is_greedy(&s->sp);
+    /* sampled requests under "auto" keep the model: a point-mass draft
+     * spends other random draws, and a seed should reproduce its output
+     * whatever the cache holds */
+    const bool try_suffix = c->suffix != NULL &&
+                            (s->draft == REQUEST_DRAFT_SUFFIX || (s->draft == REQUEST_DRAFT_AUTO && greedy));
+    const bool try_ngram = s->draft == REQUEST_DRAFT_NGRAM ||
+                           (s->draft == REQUEST_DRAFT_AUTO && greedy && !model_usable);
+    int k = 0;
+    if (try_suffix) {
+        int match = 0;
+        k = suffix_cache_draft(c->suffix, s->hist, s->n_hist, k_cap, drafts, &match);
+        if (k > 0 && s->draft == REQUEST_DRAFT_AUTO && match < AUTO_SUFFIX_MIN_MATCH && model_usable)
+            k = 0;
+        if (k > 0)
+            *source = REQUEST_DRAFT_SUFFIX;
+    }
+    if (k == 0 && try_ngram) {
+        k = ngram_draft(&c->ngram, s->hist, s->n_hist, k_cap, drafts);
+        *source = REQUEST_DRAFT_NGRAM;
+    }
+    if (k == 0)
+        return 0;
+    int worth = drafters_worth_k(accept_of(s, *source), k, c->call_ms_base, c->call_ms_per_row, c->n_active);
+    if (worth == 0 && s->match_trials[*source == REQUEST_DRAFT_SUFFIX] < PROBE_DRAFTS)
+        worth = k < 2 ? k : 2;
+    if (worth < k)
+        LOG_DEBUG("request \"%s\": %d of %d %s drafts worth a verification row (acceptance %.2f)", s->id, worth, k,
+                  request_draft_name(*source), accept_of(s, *source));
+    return worth;
+}
+
+void drafters_remember(struct coordinator *c, const struct seq *s)
+{
+    if (c->suffix != NULL && suffix_cache_add(c->suffix, s->hist, s->n_hist) != 0)
+        LOG_WARN("request \"%s\": not kept in the suffix cache: out of memory", s->id);
+}

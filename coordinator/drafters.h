@@ -1,0 +1,40 @@
+/* drafters.h: drafts made in the coordinator, from matches instead of a
+ * model: n-grams of a request's own tokens (common/speculation/ngram.h)
+ * and stretches of earlier requests (the suffix cache,
+ * common/speculation/suffix_cache.h). Which source a round takes follows
+ * the request's "draft" (docs/protocol.md); how many of the matched drafts
+ * go to the target follows what a verification row costs (the target's
+ * call-cost fit) against what the source's drafts were worth to this
+ * request so far, so that matches that do not pay are not sent.
+ */
+#ifndef TANDEM_DRAFTERS_H
+#define TANDEM_DRAFTERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "coord_state.h"
+
+/* Drafts for s's next round from a match made here, at most k_cap, into
+ * drafts; returns how many (0: no match, or none worth a verification
+ * row) and the source in *source. model_usable: the draft worker could
+ * draft this round instead ("auto" then takes only a long suffix match). */
+int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usable, int k_cap, int32_t *drafts,
+                     enum request_draft *source);
+
+/* The target's verdict on a round of matched drafts from source: k
+ * drafted, n_acc accepted. */
+void drafters_learn(struct seq *s, enum request_draft source, int k, int n_acc);
+
+/* A finished request's prompt and output join the suffix cache. */
+void drafters_remember(struct coordinator *c, const struct seq *s);
+
+/* The most drafts worth verifying for a request whose drafts each pass
+ * with probability accept (0..1), at most k_max, when a target call costs
+ * call_ms_base (shared by batch sequences) + call_ms_per_row a row: the k
+ * that maximises expected tokens per millisecond, 0 when plain decoding
+ * does better. A cost that was not measured (both 0) makes drafts free:
+ * k_max. Exposed for its test. */
+int drafters_worth_k(double accept, int k_max, double call_ms_base, double call_ms_per_row, int batch);
+
+#endif
