@@ -3,7 +3,7 @@
  *   tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)
  *                 [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
- *                 [--spec-mode sampled|point_mass] [--stream] [--json]
+ *                 [--spec-mode sampled|point_mass] [--draft SOURCE] [--stream] [--json]
  *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
  *
@@ -53,6 +53,7 @@ static void usage(FILE *out)
             "usage: tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
+            "                     [--draft auto|model|ngram|suffix|none]\n"
             "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
@@ -368,6 +369,8 @@ int main(int argc, char **argv)
             req.spec_k = (int)l;
         } else if (strcmp(a, "--spec-mode") == 0) {
             req.spec_mode = v;
+        } else if (strcmp(a, "--draft") == 0) {
+            req.draft = v; /* checked by the coordinator, which names it when it is wrong */
         } else if (strcmp(a, "--timeout-ms") == 0) {
             if (parse_long(a, v, 1, INT32_MAX, &l) != 0)
                 goto done;

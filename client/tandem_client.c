@@ -229,6 +229,8 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
         ok = ok && cJSON_AddNumberToObject(m, "spec_k", req->spec_k) != NULL;
     if (req->spec_mode != NULL)
         ok = ok && cJSON_AddStringToObject(m, "spec_mode", req->spec_mode) != NULL;
+    if (req->draft != NULL)
+        ok = ok && cJSON_AddStringToObject(m, "draft", req->draft) != NULL;
     if (!ok) {
         cJSON_Delete(m);
         return error_set(err, ERR_NOMEM, "request: out of memory");

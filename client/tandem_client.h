@@ -60,6 +60,7 @@ struct tandem_client_request {
     bool stream;
     int spec_k;                /* < 0: default */
     const char *spec_mode;     /* NULL: default */
+    const char *draft;         /* the draft source (auto|model|ngram|suffix|none); NULL: default */
 };
 
 void tandem_client_request_init(struct tandem_client_request *req);

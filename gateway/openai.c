@@ -577,6 +577,18 @@ static cJSON *usage_json(const cJSON *done)
     cJSON_AddNumberToObject(o, "prompt_tokens", pt);
     cJSON_AddNumberToObject(o, "completion_tokens", gt);
     cJSON_AddNumberToObject(o, "total_tokens", pt + gt);
+    /* drafted tokens the target accepted and rejected, in OpenAI's own
+     * words for predicted tokens (its "predicted outputs" are drafts too) */
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(done, "spec");
+    const cJSON *drafted = cJSON_GetObjectItemCaseSensitive(spec, "drafted");
+    const cJSON *accepted = cJSON_GetObjectItemCaseSensitive(spec, "accepted");
+    if (cJSON_IsNumber(drafted) && cJSON_IsNumber(accepted)) {
+        cJSON *d = cJSON_AddObjectToObject(o, "completion_tokens_details");
+        if (d != NULL) {
+            cJSON_AddNumberToObject(d, "accepted_prediction_tokens", accepted->valuedouble);
+            cJSON_AddNumberToObject(d, "rejected_prediction_tokens", drafted->valuedouble - accepted->valuedouble);
+        }
+    }
     return o;
 }
 

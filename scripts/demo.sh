@@ -3,8 +3,8 @@
 # draft a third of the target's size, real Llama 3 tokenizer), starts the
 # three processes under the supervisor, sends one streamed chat request,
 # prints the text, then compares the same request through the pipeline,
-# in-process speculative and target-only (interleaved runs, medians), and
-# stops everything.
+# in-process speculative and target-only (interleaved runs, medians), serves
+# it once more drafted from the suffix cache, and stops everything.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
@@ -72,12 +72,16 @@ echo
 rounds="${TANDEM_DEMO_ROUNDS:-3}"
 for i in $(seq 1 "$rounds"); do
   "$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 \
-    --json > "$run_dir/pipeline-$i.json"
+    --draft model --json > "$run_dir/pipeline-$i.json"
   "$bin/tools/generate/tandem-generate" --model "$target" --chat "$question" --max-tokens "$max_tokens" \
     --threads 2 --temperature 0 --json > "$run_dir/target-only-$i.json"
   "$bin/tools/generate/tandem-generate" --model "$target" --draft "$draft" --chat "$question" \
     --max-tokens "$max_tokens" --threads 2 --temperature 0 --json > "$run_dir/in-process-$i.json"
 done
+# The same request once more with the default draft source ("auto"): it was
+# served before, so the suffix cache drafts it from the earlier output.
+"$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 \
+  --json > "$run_dir/repeat.json"
 "$client" --endpoint "$endpoint" --stats > "$run_dir/stats.json"
 python3 - "$run_dir" "$rounds" <<'PY'
 import json, statistics, sys
@@ -112,5 +116,11 @@ same = all(p["ids"] == t["ids"] for p in ps for t in ts)
 print(f"pipeline output vs target-only output: {'identical' if same else 'DIFFERENT'} "
       f"({len(ps[0]['ids'])} tokens, every run)")
 print(f"speedup vs target-only (medians): pipeline {p_tps / t_tps:.2f}x, in-process {s_tps / t_tps:.2f}x")
+rep = json.load(open(d + "/repeat.json"))
+print(f"the same request served again (draft auto: the suffix cache), through the pipeline:")
+print(f"                          {rep['tokens_per_s']:8.2f} tokens/s  {rep['tokens_per_s'] / t_tps:.2f}x target-only  "
+      f"acceptance {rep['acceptance_rate']:.3f}  {rep['mean_accepted_per_round']:.2f} accepted/round  "
+      f"(suffix-cache tokens accepted, all requests: {sp.get('suffix_accepted_tokens', 0)})")
+same = same and rep["ids"] == ts[0]["ids"]
 sys.exit(0 if same else 1)
 PY

@@ -148,8 +148,12 @@ static void test_openai_response_and_chunks_have_openai_shapes(void **state)
 {
     (void)state;
     cJSON *done = cJSON_Parse("{\"type\":\"done\",\"text\":\"hey\",\"ids\":[1,2],\"finish_reason\":\"stop_string\","
-                              "\"usage\":{\"prompt_tokens\":4,\"generated_tokens\":2},\"spec\":{\"rounds\":1}}");
+                              "\"usage\":{\"prompt_tokens\":4,\"generated_tokens\":2},"
+                              "\"spec\":{\"rounds\":1,\"drafted\":5,\"accepted\":3}}");
     cJSON *r = openai_response_json(OPENAI_CHAT, "chatcmpl-1", 5, "tiny", done);
+    const cJSON *details = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "usage"), "completion_tokens_details");
+    assert_int_equal(cJSON_GetObjectItem(details, "accepted_prediction_tokens")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItem(details, "rejected_prediction_tokens")->valueint, 2);
     const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content")->valuestring, "hey");
     assert_string_equal(cJSON_GetObjectItem(c, "finish_reason")->valuestring, "stop");

@@ -193,6 +193,28 @@ static void expect_refused(struct tandem_client *c, void *zap, const char *why)
     assert_true(now_ms() - t0 < LOST_WITHIN_MS);
 }
 
+/* The request's optional speculation fields go out only when set. */
+static void test_tandem_client_request_carries_the_draft_source(void **state)
+{
+    (void)state;
+    struct tandem_client_request req;
+    tandem_client_request_init(&req);
+    const int32_t ids[2] = {5, 6};
+    req.ids = ids;
+    req.n_ids = 2;
+    cJSON *j = NULL;
+    char err[ERR_MSG_MAX];
+    assert_int_equal(tandem_client_request_to_json(&req, &j, err), 0);
+    assert_null(cJSON_GetObjectItemCaseSensitive(j, "draft"));
+    cJSON_Delete(j);
+    req.draft = "suffix";
+    req.spec_mode = "point_mass";
+    assert_int_equal(tandem_client_request_to_json(&req, &j, err), 0);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "draft")), "suffix");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "spec_mode")), "point_mass");
+    cJSON_Delete(j);
+}
+
 static void test_tandem_client_reports_lost_request_after_earlier_replies(void **state)
 {
     struct fake *f = *state;
@@ -379,6 +401,7 @@ static void test_tandem_client_wrong_server_key_is_told_why(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tandem_client_request_carries_the_draft_source),
         cmocka_unit_test_setup_teardown(test_tandem_client_reports_lost_request_after_earlier_replies, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_tandem_client_drop_with_nothing_sent_is_not_reported, setup, teardown),
