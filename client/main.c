@@ -276,6 +276,35 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
     }
 }
 
+/* Connects to endpoint, over CURVE when server_key_file is given (with the
+ * client's own key from client_key_file, or an ephemeral one). 0, or -1
+ * after saying why on stderr. */
+static int open_client(const char *endpoint, const char *server_key_file, const char *client_key_file,
+                       struct tandem_client **out)
+{
+    char err[ERR_MSG_MAX];
+    int crc = 0;
+    if (server_key_file != NULL) {
+        char server_pub[CURVE_KEY_Z85_SIZE], client_sec[CURVE_KEY_Z85_SIZE], why[ERR_MSG_MAX];
+        if ((crc = curve_key_load(server_key_file, false, server_pub, why)) != 0)
+            snprintf(err, sizeof err, "--curve-server-key: %.480s", why);
+        else if (client_key_file && (crc = curve_key_load(client_key_file, true, client_sec, why)) != 0)
+            snprintf(err, sizeof err, "--curve-key: %.480s", why);
+        else
+            crc = tandem_client_create_curve(out, endpoint, server_pub, client_key_file ? client_sec : NULL, err);
+        memset(client_sec, 0, sizeof client_sec);
+    } else if (client_key_file != NULL) {
+        crc = error_set(err, ERR_INVALID_ARG, "--curve-key: needs --curve-server-key");
+    } else {
+        crc = tandem_client_create(out, endpoint, err);
+    }
+    if (crc != 0) {
+        fprintf(stderr, "tandem-client: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *endpoint = TANDEM_CLIENT_DEFAULT_ENDPOINT;
@@ -396,35 +425,16 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    char err[ERR_MSG_MAX];
     struct tandem_client *client = NULL;
-    int crc = 0;
-    if (server_key_file != NULL) {
-        char server_pub[CURVE_KEY_Z85_SIZE], client_sec[CURVE_KEY_Z85_SIZE], why[ERR_MSG_MAX];
-        if ((crc = curve_key_load(server_key_file, false, server_pub, why)) != 0)
-            snprintf(err, sizeof err, "--curve-server-key: %.480s", why);
-        else if (client_key_file && (crc = curve_key_load(client_key_file, true, client_sec, why)) != 0)
-            snprintf(err, sizeof err, "--curve-key: %.480s", why);
-        else
-            crc = tandem_client_create_curve(&client, endpoint, server_pub,
-                                             client_key_file ? client_sec : NULL, err);
-        memset(client_sec, 0, sizeof client_sec);
-    } else if (client_key_file != NULL) {
-        crc = error_set(err, ERR_INVALID_ARG, "--curve-key: needs --curve-server-key");
-    } else {
-        crc = tandem_client_create(&client, endpoint, err);
-    }
-    if (crc != 0) {
-        fprintf(stderr, "tandem-client: %s\n", err);
+    if (open_client(endpoint, server_key_file, client_key_file, &client) != 0)
         goto done;
-    }
     if (stats)
         status = run_stats(client, (int)timeout_ms, prometheus);
     else {
         struct sigaction sa = {.sa_handler = on_signal};
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
+        if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
+            perror("tandem-client: sigaction"); /* a signal then ends it without a cancel */
         status = run_generate(client, &req, (int)timeout_ms, json, cancel_after_ms);
     }
     tandem_client_destroy(client);

@@ -253,6 +253,32 @@ static int st_parse_entry(const char *path, const char *name, const cJSON *info,
 }
 
 /* Maps `path`, validates its header and appends its tensors to st. */
+/* No two tensors of one file (those from index first on) may share a
+ * byte: sorted by start, each non-empty range must begin at or after the
+ * end of the previous non-empty one (empty tensors own no bytes). */
+static int st_check_no_overlap(struct safetensors *st, size_t first, const char *path, char *err)
+{
+    size_t n_here = st->n_tensors - first;
+    if (n_here > 1)
+        qsort(st->tensors + first, n_here, sizeof(*st->tensors), st_tensor_cmp_begin);
+    uint64_t max_end = 0;
+    const struct st_tensor *max_owner = NULL;
+    for (size_t i = first; i < st->n_tensors; i++) {
+        const struct st_tensor *cur = &st->tensors[i];
+        if (cur->pub.size_bytes == 0)
+            continue;
+        if (max_owner && cur->begin < max_end)
+            return error_set(err, ERR_FORMAT,
+                             "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
+                             "] overlap tensor %s [%" PRIu64 ", %" PRIu64 "]",
+                             path, cur->pub.name, cur->begin, cur->begin + cur->pub.size_bytes,
+                             max_owner->pub.name, max_owner->begin, max_end);
+        max_end = cur->begin + cur->pub.size_bytes;
+        max_owner = cur;
+    }
+    return 0;
+}
+
 static int st_load_file(struct safetensors *st, const char *path, char *err)
 {
     struct st_file f = {0};
@@ -379,29 +405,9 @@ static int st_load_file(struct safetensors *st, const char *path, char *err)
         }
     }
 
-    /* No two tensors of this file may share a byte: sorted by start, each
-     * non-empty range must begin at or after the end of the previous
-     * non-empty one (empty tensors own no bytes). */
-    size_t n_here = st->n_tensors - first;
-    if (n_here > 1)
-        qsort(st->tensors + first, n_here, sizeof(*st->tensors), st_tensor_cmp_begin);
-    uint64_t max_end = 0;
-    const struct st_tensor *max_owner = NULL;
-    for (size_t i = first; i < st->n_tensors; i++) {
-        const struct st_tensor *cur = &st->tensors[i];
-        if (cur->pub.size_bytes == 0)
-            continue;
-        if (max_owner && cur->begin < max_end) {
-            rc = error_set(err, ERR_FORMAT,
-                           "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
-                           "] overlap tensor %s [%" PRIu64 ", %" PRIu64 "]",
-                           path, cur->pub.name, cur->begin, cur->begin + cur->pub.size_bytes,
-                           max_owner->pub.name, max_owner->begin, max_end);
-            goto fail;
-        }
-        max_end = cur->begin + cur->pub.size_bytes;
-        max_owner = cur;
-    }
+    rc = st_check_no_overlap(st, first, path, err);
+    if (rc != 0)
+        goto fail;
     cJSON_Delete(root);
     return 0;
 

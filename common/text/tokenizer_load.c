@@ -317,6 +317,145 @@ static int merge_side_id(const struct tokenizer *tk, const char *s, size_t n, si
     return 0;
 }
 
+/* The added tokens (after the vocab is in): their ids checked against the
+ * reference's numbering, their text replacing the vocab's for decoding
+ * (into dec_arena at *dko), sorted longest first for the pre-split. */
+static int load_added_tokens(struct tokenizer *tk, const cJSON *added, size_t n_vocab_entries,
+                             const int16_t *cp_to_byte, size_t *dko_io, char *err)
+{
+    const char *p = tk->path;
+    const cJSON *it;
+    size_t dko = *dko_io;
+    int32_t max_added = -1;
+    if (cJSON_IsArray(added)) {
+        cJSON_ArrayForEach(it, added) {
+            struct tok_added *a = &tk->added[tk->n_added];
+            json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &a->id);
+            const char *content = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
+            a->len = strlen(content);
+            a->special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"));
+            if (tokenizer_added_index(tk, content, a->len) >= 0)
+                return error_set(err, ERR_FORMAT, "%s: added_tokens: \"%.64s\" appears twice", p, content);
+            /* The reference ignores an added token's stored id and gives it
+             * its vocab id, or the next id after the vocab and the added
+             * tokens so far; a file that disagrees would tokenize differently
+             * there, so it is refused rather than guessed at. */
+            int32_t expect = tokenizer_vocab_lookup(tk, content, a->len);
+            if (expect < 0)
+                expect = (max_added >= (int32_t)n_vocab_entries) ? max_added + 1 : (int32_t)n_vocab_entries;
+            if (expect != a->id)
+                return error_set(err, ERR_FORMAT,
+                                 "%s: added_tokens[%zu] \"%.64s\": id %d, but the reference assigns %d (added "
+                                 "tokens must follow the vocab's %zu entries without gaps)",
+                                 p, tk->n_added, content, a->id, expect, n_vocab_entries);
+            if (a->id > max_added)
+                max_added = a->id;
+            a->content = malloc(a->len + 1);
+            if (!a->content)
+                return error_set(err, ERR_NOMEM, "%s: out of memory", p);
+            memcpy(a->content, content, a->len + 1);
+            tk->n_added++;
+            /* An added token's text replaces the vocab entry's for decoding. */
+            size_t dl = byte_level_decode(content, a->len, cp_to_byte, tk->dec_arena + dko);
+            tk->dec_off[a->id] = (uint32_t)dko;
+            tk->dec_len[a->id] = (int32_t)dl;
+            dko += dl;
+            tk->is_special[a->id] = (uint8_t)a->special;
+            tk->first_any[(uint8_t)content[0]] = 1;
+            if (!a->special)
+                tk->first_plain[(uint8_t)content[0]] = 1;
+        }
+        qsort(tk->added, tk->n_added, sizeof *tk->added, cmp_added_longest_first);
+    }
+
+    *dko_io = dko;
+    return 0;
+}
+
+/* Each byte's single-symbol token: its byte-level text and its id. */
+static void load_byte_symbols(struct tokenizer *tk, int16_t *cp_to_byte)
+{
+    int32_t byte_to_cp[256];
+    tokenizer_byte_level_tables(byte_to_cp, cp_to_byte); /* same tables again, for byte_to_cp */
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = (uint32_t)byte_to_cp[b];
+        if (cp < 0x80) {
+            tk->byte_utf8[b][0] = (uint8_t)cp;
+            tk->byte_utf8_len[b] = 1;
+        } else {
+            tk->byte_utf8[b][0] = (uint8_t)(0xC0 | (cp >> 6));
+            tk->byte_utf8[b][1] = (uint8_t)(0x80 | (cp & 0x3F));
+            tk->byte_utf8_len[b] = 2;
+        }
+        tk->byte_id[b] = tokenizer_vocab_lookup(tk, (const char *)tk->byte_utf8[b], tk->byte_utf8_len[b]);
+    }
+
+}
+
+/* The merges ("a b" strings or ["a", "b"] pairs; rank = position), each
+ * side and the merged token checked against the vocab. */
+static int load_merges(struct tokenizer *tk, const cJSON *merges, char *err)
+{
+    const char *p = tk->path;
+    const cJSON *it;
+    size_t n_merges = (size_t)cJSON_GetArraySize(merges);
+    tk->merge_mask = tokenizer_table_size_for(n_merges) - 1;
+    tk->merge_slots = malloc((tk->merge_mask + 1) * sizeof *tk->merge_slots);
+    char *joined = malloc(2 * 4096 + 1);
+    if (!tk->merge_slots || !joined) {
+        free(joined);
+        return error_set(err, ERR_NOMEM, "%s: out of memory for %zu merges", p, n_merges);
+    }
+    for (size_t i = 0; i <= tk->merge_mask; i++)
+        tk->merge_slots[i].key = UINT64_MAX;
+    size_t idx = 0;
+    int rc = 0;
+    cJSON_ArrayForEach(it, merges) {
+        const char *a, *b;
+        size_t la, lb;
+        if (cJSON_IsString(it)) {
+            const char *s = it->valuestring;
+            const char *sp = strchr(s, ' ');
+            if (!sp || strchr(sp + 1, ' ')) {
+                rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: \"%.64s\" is not of the form \"a b\"", p, idx, s);
+                break;
+            }
+            a = s;
+            la = (size_t)(sp - s);
+            b = sp + 1;
+            lb = strlen(b);
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
+            a = cJSON_GetArrayItem(it, 0)->valuestring;
+            b = cJSON_GetArrayItem(it, 1)->valuestring;
+            la = strlen(a);
+            lb = strlen(b);
+        } else {
+            rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: unknown merge form (expected \"a b\" or [\"a\",\"b\"])", p, idx);
+            break;
+        }
+        int32_t ia = -1, ib = -1, inew;
+        if ((rc = merge_side_id(tk, a, la, idx, err, &ia)) || (rc = merge_side_id(tk, b, lb, idx, err, &ib)))
+            break;
+        if (la + lb > 2 * 4096) {
+            rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: merged token too long", p, idx);
+            break;
+        }
+        memcpy(joined, a, la);
+        memcpy(joined + la, b, lb);
+        inew = tokenizer_vocab_lookup(tk, joined, la + lb);
+        if (inew < 0) {
+            rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: merged token \"%.*s\" is not in the vocab", p, idx,
+                           (int)((la + lb) > 64 ? 64 : la + lb), joined);
+            break;
+        }
+        tokenizer_merge_insert(tk, ia, ib, (int32_t)idx, inew);
+        idx++;
+    }
+    free(joined);
+    return rc;
+}
+
 static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *added, int16_t *cp_to_byte, char *err)
 {
     const char *p = tk->path;
@@ -414,121 +553,11 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
         dko += dl;
         tokenizer_vocab_insert(tk, id);
     }
-    int32_t max_added = -1;
-    if (cJSON_IsArray(added)) {
-        cJSON_ArrayForEach(it, added) {
-            struct tok_added *a = &tk->added[tk->n_added];
-            json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &a->id);
-            const char *content = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
-            a->len = strlen(content);
-            a->special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"));
-            if (tokenizer_added_index(tk, content, a->len) >= 0)
-                return error_set(err, ERR_FORMAT, "%s: added_tokens: \"%.64s\" appears twice", p, content);
-            /* The reference ignores an added token's stored id and gives it
-             * its vocab id, or the next id after the vocab and the added
-             * tokens so far; a file that disagrees would tokenize differently
-             * there, so it is refused rather than guessed at. */
-            int32_t expect = tokenizer_vocab_lookup(tk, content, a->len);
-            if (expect < 0)
-                expect = (max_added >= (int32_t)n_vocab_entries) ? max_added + 1 : (int32_t)n_vocab_entries;
-            if (expect != a->id)
-                return error_set(err, ERR_FORMAT,
-                                 "%s: added_tokens[%zu] \"%.64s\": id %d, but the reference assigns %d (added "
-                                 "tokens must follow the vocab's %zu entries without gaps)",
-                                 p, tk->n_added, content, a->id, expect, n_vocab_entries);
-            if (a->id > max_added)
-                max_added = a->id;
-            a->content = malloc(a->len + 1);
-            if (!a->content)
-                return error_set(err, ERR_NOMEM, "%s: out of memory", p);
-            memcpy(a->content, content, a->len + 1);
-            tk->n_added++;
-            /* An added token's text replaces the vocab entry's for decoding. */
-            size_t dl = byte_level_decode(content, a->len, cp_to_byte, tk->dec_arena + dko);
-            tk->dec_off[a->id] = (uint32_t)dko;
-            tk->dec_len[a->id] = (int32_t)dl;
-            dko += dl;
-            tk->is_special[a->id] = (uint8_t)a->special;
-            tk->first_any[(uint8_t)content[0]] = 1;
-            if (!a->special)
-                tk->first_plain[(uint8_t)content[0]] = 1;
-        }
-        qsort(tk->added, tk->n_added, sizeof *tk->added, cmp_added_longest_first);
-    }
-
-    /* Single-byte symbols. */
-    int32_t byte_to_cp[256];
-    tokenizer_byte_level_tables(byte_to_cp, cp_to_byte); /* same tables again, for byte_to_cp */
-    for (int b = 0; b < 256; b++) {
-        uint32_t cp = (uint32_t)byte_to_cp[b];
-        if (cp < 0x80) {
-            tk->byte_utf8[b][0] = (uint8_t)cp;
-            tk->byte_utf8_len[b] = 1;
-        } else {
-            tk->byte_utf8[b][0] = (uint8_t)(0xC0 | (cp >> 6));
-            tk->byte_utf8[b][1] = (uint8_t)(0x80 | (cp & 0x3F));
-            tk->byte_utf8_len[b] = 2;
-        }
-        tk->byte_id[b] = tokenizer_vocab_lookup(tk, (const char *)tk->byte_utf8[b], tk->byte_utf8_len[b]);
-    }
-
-    /* Merges: "a b" strings or ["a", "b"] pairs; rank = position. */
-    size_t n_merges = (size_t)cJSON_GetArraySize(merges);
-    tk->merge_mask = tokenizer_table_size_for(n_merges) - 1;
-    tk->merge_slots = malloc((tk->merge_mask + 1) * sizeof *tk->merge_slots);
-    char *joined = malloc(2 * 4096 + 1);
-    if (!tk->merge_slots || !joined) {
-        free(joined);
-        return error_set(err, ERR_NOMEM, "%s: out of memory for %zu merges", p, n_merges);
-    }
-    for (size_t i = 0; i <= tk->merge_mask; i++)
-        tk->merge_slots[i].key = UINT64_MAX;
-    size_t idx = 0;
-    int rc = 0;
-    cJSON_ArrayForEach(it, merges) {
-        const char *a, *b;
-        size_t la, lb;
-        if (cJSON_IsString(it)) {
-            const char *s = it->valuestring;
-            const char *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' ')) {
-                rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: \"%.64s\" is not of the form \"a b\"", p, idx, s);
-                break;
-            }
-            a = s;
-            la = (size_t)(sp - s);
-            b = sp + 1;
-            lb = strlen(b);
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            a = cJSON_GetArrayItem(it, 0)->valuestring;
-            b = cJSON_GetArrayItem(it, 1)->valuestring;
-            la = strlen(a);
-            lb = strlen(b);
-        } else {
-            rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: unknown merge form (expected \"a b\" or [\"a\",\"b\"])", p, idx);
-            break;
-        }
-        int32_t ia = -1, ib = -1, inew;
-        if ((rc = merge_side_id(tk, a, la, idx, err, &ia)) || (rc = merge_side_id(tk, b, lb, idx, err, &ib)))
-            break;
-        if (la + lb > 2 * 4096) {
-            rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: merged token too long", p, idx);
-            break;
-        }
-        memcpy(joined, a, la);
-        memcpy(joined + la, b, lb);
-        inew = tokenizer_vocab_lookup(tk, joined, la + lb);
-        if (inew < 0) {
-            rc = error_set(err, ERR_FORMAT, "%s: model.merges[%zu]: merged token \"%.*s\" is not in the vocab", p, idx,
-                           (int)((la + lb) > 64 ? 64 : la + lb), joined);
-            break;
-        }
-        tokenizer_merge_insert(tk, ia, ib, (int32_t)idx, inew);
-        idx++;
-    }
-    free(joined);
-    return rc;
+    int rc = load_added_tokens(tk, added, n_vocab_entries, cp_to_byte, &dko, err);
+    if (rc)
+        return rc;
+    load_byte_symbols(tk, cp_to_byte);
+    return load_merges(tk, merges, err);
 }
 
 int tokenizer_load(struct tokenizer **out, const char *path, char *err)

@@ -43,8 +43,13 @@ def check_whole(name, resp, ref, chat):
     check(text == ref["text"], "%s: text %r != target-only %r" % (name, text, ref["text"]))
     check(resp["tandem"]["ids"] == ref["ids"], "%s: ids %s != %s" % (name, resp["tandem"]["ids"], ref["ids"]))
     check(choice["finish_reason"] == finish_of(ref), "%s: finish_reason %s" % (name, choice["finish_reason"]))
-    u = resp["usage"]
+    u = dict(resp["usage"])
     n = len(ref["ids"])
+    # the drafts the target accepted and rejected, in OpenAI's words for predicted tokens
+    spec, details = resp["tandem"]["spec"], u.pop("completion_tokens_details", None)
+    check(details == {"accepted_prediction_tokens": spec["accepted"],
+                      "rejected_prediction_tokens": spec["drafted"] - spec["accepted"]},
+          "%s: completion_tokens_details %s, spec %s" % (name, details, spec))
     check(u == {"prompt_tokens": ref["prompt_tokens"], "completion_tokens": n, "total_tokens": ref["prompt_tokens"] + n},
           "%s: usage %s (prompt %d)" % (name, u, ref["prompt_tokens"]))
     check(resp["object"] == ("chat.completion" if chat else "text_completion"), "%s: object %s" % (name, resp["object"]))
@@ -69,6 +74,10 @@ def check_stream(name, events, ref, chat, usage):
     check(finish == finish_of(ref), "%s: finish_reason %s" % (name, finish))
     if usage:
         n = len(ref["ids"])
+        seen_usage = dict(seen_usage)
+        details = seen_usage.pop("completion_tokens_details", {})
+        check(set(details) == {"accepted_prediction_tokens", "rejected_prediction_tokens"},
+              "%s: usage chunk details %s" % (name, details))
         check(seen_usage == {"prompt_tokens": ref["prompt_tokens"], "completion_tokens": n,
                              "total_tokens": ref["prompt_tokens"] + n}, "%s: usage chunk %s" % (name, seen_usage))
         check(chunks[-1]["choices"] == [], "%s: the usage chunk is not last" % name)

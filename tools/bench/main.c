@@ -60,6 +60,7 @@
 #include "kernels_cuda.h"
 #endif
 #include "modelgen.h"
+#include "prof.h"
 #include "read_bw.h"
 #include "specdec.h"
 
@@ -225,248 +226,6 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     free(prompt);
     *tps = decode_ms > 0 ? decode_tokens * 1000.0 / decode_ms : 0;
     return 0;
-}
-
-/* ---- op profile ----
- * A kern_backend that forwards every op to the real one and adds up the time
- * each op kind takes (matmul by shape). The CPU backend finishes every op
- * before it returns, so wall time per call is the op's cost, dispatch
- * included. Used by `runtime --profile 1` to show where a decode step goes. */
-#define PROF_SHAPES 16
-enum prof_op { PROF_EMBED, PROF_RMSNORM, PROF_MATMUL, PROF_ARGMAX, PROF_ROPE, PROF_ATTENTION,
-               PROF_SWIGLU, PROF_ADD, PROF_COPY, PROF_OTHER, PROF_N };
-static const char *const prof_names[PROF_N] = {"embed", "rmsnorm", "matmul", "head argmax", "rope",
-                                               "attention", "swiglu", "add", "copy", "other"};
-struct prof_backend {
-    struct kern_backend base; /* first: the ops receive &base */
-    struct kern_backend *inner;
-    struct kern_ops ops;      /* prof_ops less the optional ops inner lacks */
-    double op_s[PROF_N];
-    long op_calls[PROF_N];
-    struct { int n, d_in, d_out; long calls; double s; } mm[PROF_SHAPES];
-    int n_mm;
-};
-
-static struct prof_backend *prof_of(struct kern_backend *be)
-{
-    return (struct prof_backend *)(void *)be;
-}
-
-static void prof_add(struct kern_backend *be, enum prof_op op, double t0)
-{
-    struct prof_backend *p = prof_of(be);
-    p->op_s[op] += now_s() - t0;
-    p->op_calls[op]++;
-}
-
-static void prof_destroy(struct kern_backend *be)
-{
-    (void)be; /* the inner backend belongs to main */
-}
-static int prof_alloc(struct kern_backend *be, size_t size_bytes, void **out, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    return in->ops->alloc(in, size_bytes, out, err);
-}
-static void prof_free(struct kern_backend *be, void *ptr)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    in->ops->free(in, ptr);
-}
-static int prof_upload(struct kern_backend *be, void *dst, const void *src, size_t size, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->upload(in, dst, src, size, err);
-    prof_add(be, PROF_OTHER, t0);
-    return rc;
-}
-static int prof_download(struct kern_backend *be, void *dst, const void *src, size_t size, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->download(in, dst, src, size, err);
-    prof_add(be, PROF_OTHER, t0);
-    return rc;
-}
-static int prof_copy(struct kern_backend *be, void *dst, const void *src, size_t size, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->copy(in, dst, src, size, err);
-    prof_add(be, PROF_COPY, t0);
-    return rc;
-}
-static int prof_map_weights(struct kern_backend *be, const void *host, size_t size, const void **out,
-                            char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    return in->ops->map_weights(in, host, size, out, err);
-}
-static int prof_map_matrix(struct kern_backend *be, const void *host, enum kern_dtype dtype,
-                           int64_t rows, int64_t cols, const void **out, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    if (in->ops->map_matrix)
-        return in->ops->map_matrix(in, host, dtype, rows, cols, out, err);
-    return in->ops->map_weights(in, host, (size_t)rows * (size_t)cols * kern_dtype_size(dtype),
-                                out, err);
-}
-static void prof_unmap_weights(struct kern_backend *be, const void *ptr)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    in->ops->unmap_weights(in, ptr);
-}
-static int prof_sync(struct kern_backend *be, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    return in->ops->sync(in, err);
-}
-static int prof_embed(struct kern_backend *be, float *out, const void *table, enum kern_dtype dt,
-                      const int32_t *ids, int n, int dim, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->embed(in, out, table, dt, ids, n, dim, err);
-    prof_add(be, PROF_EMBED, t0);
-    return rc;
-}
-static int prof_rmsnorm(struct kern_backend *be, float *out, const float *x, const void *w,
-                        enum kern_dtype dt, int n, int dim, float eps, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->rmsnorm(in, out, x, w, dt, n, dim, eps, err);
-    prof_add(be, PROF_RMSNORM, t0);
-    return rc;
-}
-static int prof_matmul(struct kern_backend *be, float *out, const float *x, const void *w,
-                       enum kern_dtype dt, int n, int d_in, int d_out, char *err)
-{
-    struct prof_backend *p = prof_of(be);
-    double t0 = now_s();
-    int rc = p->inner->ops->matmul(p->inner, out, x, w, dt, n, d_in, d_out, err);
-    double dt_s = now_s() - t0;
-    p->op_s[PROF_MATMUL] += dt_s;
-    p->op_calls[PROF_MATMUL]++;
-    int i = 0;
-    while (i < p->n_mm && (p->mm[i].n != n || p->mm[i].d_in != d_in || p->mm[i].d_out != d_out))
-        i++;
-    if (i == p->n_mm && p->n_mm < PROF_SHAPES) {
-        p->mm[i].n = n, p->mm[i].d_in = d_in, p->mm[i].d_out = d_out;
-        p->n_mm++;
-    }
-    if (i < p->n_mm) {
-        p->mm[i].calls++;
-        p->mm[i].s += dt_s;
-    }
-    return rc;
-}
-static int prof_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in,
-                              const void *w, enum kern_dtype dtype, int n, int d_in, int d_out,
-                              char *err)
-{
-    struct kern_backend *inner = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = inner->ops->matmul_argmax(inner, idx_out, in, w, dtype, n, d_in, d_out, err);
-    prof_add(be, PROF_ARGMAX, t0);
-    return rc;
-}
-static int prof_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype,
-                               int64_t rows, int64_t cols, int draft, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    return in->ops->prepare_argmax(in, w, dtype, rows, cols, draft, err);
-}
-static int prof_rope(struct kern_backend *be, float *x, const int32_t *pos, int n, int n_heads,
-                     int head_dim, const float *inv_freq, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->rope(in, x, pos, n, n_heads, head_dim, inv_freq, err);
-    prof_add(be, PROF_ROPE, t0);
-    return rc;
-}
-static int prof_kv_store(struct kern_backend *be, float *kp, float *vp, const float *k,
-                         const float *v, int n, const struct kern_kv_layout *kv, int kv_dim,
-                         char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->kv_store(in, kp, vp, k, v, n, kv, kv_dim, err);
-    prof_add(be, PROF_COPY, t0);
-    return rc;
-}
-static int prof_attention(struct kern_backend *be, float *out, const float *q, const float *kp,
-                          const float *vp, int n, const struct kern_kv_layout *kv, int n_heads,
-                          int n_kv, int head_dim, float scale, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->attention(in, out, q, kp, vp, n, kv, n_heads, n_kv, head_dim, scale, err);
-    prof_add(be, PROF_ATTENTION, t0);
-    return rc;
-}
-static int prof_swiglu(struct kern_backend *be, float *out, const float *g, const float *u,
-                       size_t count, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->swiglu(in, out, g, u, count, err);
-    prof_add(be, PROF_SWIGLU, t0);
-    return rc;
-}
-static int prof_addop(struct kern_backend *be, float *x, const float *y, size_t count, char *err)
-{
-    struct kern_backend *in = prof_of(be)->inner;
-    double t0 = now_s();
-    int rc = in->ops->add(in, x, y, count, err);
-    prof_add(be, PROF_ADD, t0);
-    return rc;
-}
-
-static const struct kern_ops prof_ops = {
-    .destroy = prof_destroy, .alloc = prof_alloc, .free = prof_free, .upload = prof_upload,
-    .download = prof_download, .copy = prof_copy, .map_weights = prof_map_weights,
-    .unmap_weights = prof_unmap_weights, .sync = prof_sync, .embed = prof_embed,
-    .rmsnorm = prof_rmsnorm, .matmul = prof_matmul, .rope = prof_rope,
-    .kv_store = prof_kv_store, .attention = prof_attention, .swiglu = prof_swiglu, .add = prof_addop,
-    .map_matrix = prof_map_matrix, .matmul_argmax = prof_matmul_argmax,
-    .prepare_argmax = prof_prepare_argmax,
-};
-
-static void prof_init(struct prof_backend *p, struct kern_backend *inner)
-{
-    memset(p, 0, sizeof *p);
-    p->ops = prof_ops;
-    if (!inner->ops->matmul_argmax)
-        p->ops.matmul_argmax = NULL;
-    if (!inner->ops->prepare_argmax)
-        p->ops.prepare_argmax = NULL;
-    p->base.ops = &p->ops;
-    p->base.name = inner->name;
-    p->inner = inner;
-}
-
-/* Prints the time per op kind and per matmul shape, per unit (a decoded
- * token, or a forward call: `unit` names it, `over` says what was run). */
-static void prof_report(const struct prof_backend *p, double wall_s, long units, const char *unit,
-                        const char *over)
-{
-    double total = 0;
-    for (int i = 0; i < PROF_N; i++)
-        total += p->op_s[i];
-    printf("  profile over %ld %s (%.1f ms/%s wall, %.1f ms/%s in ops):\n", units, over,
-           1e3 * wall_s / (double)units, unit, 1e3 * total / (double)units, unit);
-    for (int i = 0; i < PROF_N; i++)
-        if (p->op_calls[i])
-            printf("    %-10s %8ld calls %9.3f ms/%-5s %6.1f%%  %8.2f us/call\n", prof_names[i],
-                   p->op_calls[i], 1e3 * p->op_s[i] / (double)units, unit,
-                   100.0 * p->op_s[i] / wall_s, 1e6 * p->op_s[i] / (double)p->op_calls[i]);
-    for (int i = 0; i < p->n_mm; i++)
-        printf("    matmul n=%-3d %6d -> %-7d %8ld calls %9.3f ms/%-5s %8.2f us/call\n",
-               p->mm[i].n, p->mm[i].d_in, p->mm[i].d_out, p->mm[i].calls,
-               1e3 * p->mm[i].s / (double)units, unit, 1e6 * p->mm[i].s / (double)p->mm[i].calls);
 }
 
 static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be);
@@ -918,6 +677,78 @@ static const struct spec_pair spec_pairs[] = {
     {"1b", "llama-3.2-1b", "llama-3.2-1b", 2},
 };
 
+/* One row of the spec table (K, or adaptive with kk 0; full: both whole
+ * heads read), from its turns' tokens/s (tps) against target-only's
+ * beside them, and the per-position acceptance and the turns below it. */
+static void print_spec_row(int kk, bool full, const struct specdec_stats *sk, const double *tps,
+                           const double *base_tps, const double *base_full_tps, int repeats, double target_ms)
+{
+    enum { REPEATS_MAX = 16 };
+    double ratio[REPEATS_MAX];
+    for (int r = 0; r < repeats; r++) {
+        const double base = full ? base_full_tps[r] : base_tps[r];
+        ratio[r] = base > 0 ? tps[r] / base : 0;
+    }
+    double acc = sk->drafted ? (double)sk->accepted / sk->drafted : 0;
+    double c = sk->drafted ? (sk->draft_ms / sk->drafted) / target_ms : 0;
+    double alpha = kk ? alpha_of(sk, kk) : acc;
+    char predicted[32] = "-";
+    if (kk)
+        snprintf(predicted, sizeof predicted, "%.2fx",
+                 speculate_expected_speedup(alpha, kk, c));
+    char label[24];
+    if (kk)
+        snprintf(label, sizeof label, "%d%s", kk, full ? " full" : "");
+    else
+        snprintf(label, sizeof label, "adaptive%s", full ? " full" : "");
+    printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n", label,
+           median(tps, repeats),
+           median(ratio, repeats), acc, alpha, c,
+           sk->rounds ? (double)sk->accepted / sk->rounds : 0, predicted);
+    /* Acceptance of each draft position given the ones before it
+     * were accepted: equal across positions where acceptance is the
+     * independent draws Leviathan's E(a, k) assumes, rising where
+     * accepted drafts come in runs (then a larger K pays more than
+     * the model says). */
+    if (kk > 1 && sk->rounds) {
+        printf("%-9s", "  by pos");
+        for (int j = 0; j < kk; j++) {
+            const int reached = j ? sk->accepted_at[j - 1] : sk->rounds;
+            printf(" %.3f", reached ? (double)sk->accepted_at[j] / reached : 0.0);
+        }
+        printf("\n");
+    }
+    if (repeats > 1) {
+        printf("%-9s", "  turns");
+        for (int r = 0; r < repeats; r++)
+            printf(" %.2fx", ratio[r]);
+        printf("\n");
+    }
+}
+
+/* The draft modes side by side: acceptance at T = 0.7 and 1.0 with K = 4
+ * (--modes). */
+static int run_draft_modes(const struct bench_opts *o, struct specdec_draft *d, struct specdec_target *t,
+                           int n_prompts, const struct sampling_params *greedy)
+{
+    for (int ti = 0; ti < 2 * o->modes; ti++) {
+        struct sampling_params sp = *greedy;
+        sp.temperature = ti ? 1.0f : 0.7f;
+        for (int mode = 0; mode < 2; mode++) {
+            struct specdec_stats st;
+            double tps;
+            if (run_requests(d, t, n_prompts, o->prompt, o->tokens, 4, &sp,
+                             (enum speculate_mode)mode, &st, &tps))
+                return 1;
+            printf("  T=%.1f K=4 %-10s acceptance %.3f, %.2f accepted/round, %.2f tokens/s\n",
+                   sp.temperature, mode ? "point-mass" : "sampled",
+                   st.drafted ? (double)st.accepted / st.drafted : 0,
+                   st.rounds ? (double)st.accepted / st.rounds : 0, tps);
+        }
+    }
+    return 0;
+}
+
 static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
 {
     const struct spec_pair *pair = NULL;
@@ -1033,66 +864,10 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
                    median(base_full_tps, repeats));
         printf("%-9s %10s %8s %11s %8s %8s %10s %12s\n", "K", "tokens/s", "speedup", "acceptance",
                "alpha", "c", "acc/round", "predicted");
-        for (int i = 0; i < n_ks; i++) {
-            const int kk = ks[i];
-            const struct specdec_stats *sk = &st_sum[i];
-            double ratio[REPEATS_MAX];
-            for (int r = 0; r < repeats; r++) {
-                const double base = full[i] ? base_full_tps[r] : base_tps[r];
-                ratio[r] = base > 0 ? tps_of[i][r] / base : 0;
-            }
-            double acc = sk->drafted ? (double)sk->accepted / sk->drafted : 0;
-            double c = sk->drafted ? (sk->draft_ms / sk->drafted) / target_ms : 0;
-            double alpha = kk ? alpha_of(sk, kk) : acc;
-            char predicted[32] = "-";
-            if (kk)
-                snprintf(predicted, sizeof predicted, "%.2fx",
-                         speculate_expected_speedup(alpha, kk, c));
-            char label[24];
-            if (kk)
-                snprintf(label, sizeof label, "%d%s", kk, full[i] ? " full" : "");
-            else
-                snprintf(label, sizeof label, "adaptive%s", full[i] ? " full" : "");
-            printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n", label,
-                   median(tps_of[i], repeats),
-                   median(ratio, repeats), acc, alpha, c,
-                   sk->rounds ? (double)sk->accepted / sk->rounds : 0, predicted);
-            /* Acceptance of each draft position given the ones before it
-             * were accepted: equal across positions where acceptance is the
-             * independent draws Leviathan's E(a, k) assumes, rising where
-             * accepted drafts come in runs (then a larger K pays more than
-             * the model says). */
-            if (kk > 1 && sk->rounds) {
-                printf("%-9s", "  by pos");
-                for (int j = 0; j < kk; j++) {
-                    const int reached = j ? sk->accepted_at[j - 1] : sk->rounds;
-                    printf(" %.3f", reached ? (double)sk->accepted_at[j] / reached : 0.0);
-                }
-                printf("\n");
-            }
-            if (repeats > 1) {
-                printf("%-9s", "  turns");
-                for (int r = 0; r < repeats; r++)
-                    printf(" %.2fx", ratio[r]);
-                printf("\n");
-            }
-        }
-        /* draft modes: acceptance at T = 0.7 and 1.0 with K = 4 */
-        for (int ti = 0; ti < 2 * o->modes; ti++) {
-            struct sampling_params sp = greedy;
-            sp.temperature = ti ? 1.0f : 0.7f;
-            for (int mode = 0; mode < 2; mode++) {
-                struct specdec_stats st;
-                double tps;
-                if (run_requests(d, t, n_prompts, o->prompt, o->tokens, 4, &sp,
-                                 (enum speculate_mode)mode, &st, &tps))
-                    return 1;
-                printf("  T=%.1f K=4 %-10s acceptance %.3f, %.2f accepted/round, %.2f tokens/s\n",
-                       sp.temperature, mode ? "point-mass" : "sampled",
-                       st.drafted ? (double)st.accepted / st.drafted : 0,
-                       st.rounds ? (double)st.accepted / st.rounds : 0, tps);
-            }
-        }
+        for (int i = 0; i < n_ks; i++)
+            print_spec_row(ks[i], full[i], &st_sum[i], tps_of[i], base_tps, base_full_tps, repeats, target_ms);
+        if (run_draft_modes(o, d, t, n_prompts, &greedy))
+            return 1;
         specdec_target_destroy(t);
         unload(&tm);
     }

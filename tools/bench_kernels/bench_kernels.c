@@ -407,6 +407,255 @@ static int parse_rows(const char *arg, int *ns, int *n_ns)
     return 0;
 }
 
+/* What a CPU matmul run measures, from the command line. */
+struct bench_cpu_opts {
+    int threads, rounds, hot, row_major, layouts;
+    double min_s;
+    const int *ns; /* row counts, ascending */
+    int n_ns;
+    const void *read_buf; /* BENCH_READ_BYTES read each round for %read */
+};
+
+/* The weight copies of one shape and the buffers its calls use. */
+struct bench_shape_bufs {
+    int copies;
+    size_t w_bytes;
+    void *w[160], *host[160], *w_rm[160]; /* w_rm: --layouts' row-major copies; 160: the most copies */
+    float *in, *out;
+};
+
+/* Each round: the reads %read is taken against, then every row count in
+ * both layouts (rotated: no n always follows the same neighbour). Best and
+ * per-round times per call into best / per_round, [layout][n]. */
+static int bench_shape_rounds(struct kern_backend *be, const struct bench_cpu_opts *o, int d_in, int d_out,
+                              const struct bench_shape_bufs *b, double best[2][BENCH_N_MAX],
+                              double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX], double *read_per_round,
+                              double *own_per_round)
+{
+    char err[ERR_MSG_MAX] = "";
+    const int threads = o->threads, rounds = o->rounds, n_ns = o->n_ns, copies = b->copies;
+    const int n_layouts = o->layouts ? 2 : 1;
+    const size_t w_bytes = b->w_bytes;
+    const double min_s = o->min_s;
+    const int *ns = o->ns;
+    float *in = b->in, *out = b->out;
+    void *const *w = b->w;
+    void *const *w_rm = b->w_rm;
+    const void *const read_region[1] = {o->read_buf};
+    const size_t read_region_bytes[1] = {BENCH_READ_BYTES};
+    for (int ni = 0; ni < n_ns; ni++)
+        best[0][ni] = best[1][ni] = 1e30;
+    for (int round = 0; round < rounds; round++) {
+        struct read_bw_result rr;
+        if (read_bw_measure_regions(&rr, threads, read_region, read_region_bytes, 1, 1, err,
+                                    sizeof err) != 0) {
+            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+            return 1;
+        }
+        read_per_round[round] = rr.read_gbs;
+        /* the same bytes the matmuls read: a fresh buffer may sit in
+         * faster or slower memory than the weights (see own_per_round) */
+        const void *own_regions[160];
+        size_t own_bytes[160];
+        for (int c = 0; c < copies; c++) {
+            own_regions[c] = w[c];
+            own_bytes[c] = w_bytes;
+        }
+        if (read_bw_measure_regions(&rr, threads, own_regions, own_bytes, copies, 1, err,
+                                    sizeof err) != 0) {
+            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+            return 1;
+        }
+        own_per_round[round] = rr.read_gbs;
+        for (int slot = 0; slot < n_ns; slot++)
+            for (int l = 0; l < n_layouts; l++) {
+                /* rotated: no n always follows the same neighbour */
+                const int ni = (slot + round) % n_ns;
+                void *const *wl = l ? w_rm : w;
+                const int n = ns[ni];
+                long calls = 0;
+                double t0 = now_s(), dt;
+                do {
+                    if (be->ops->matmul(be, out, in, wl[calls % copies], KERN_DTYPE_BF16, n,
+                                        d_in, d_out, err) != 0) {
+                        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                        return 1;
+                    }
+                    calls++;
+                    dt = now_s() - t0;
+                } while (dt < min_s || calls < copies);
+                double per_call = dt / (double)calls;
+                best[l][ni] = per_call < best[l][ni] ? per_call : best[l][ni];
+                per_round[l][ni][round] = per_call;
+            }
+    }
+    return 0;
+}
+
+/* Prints one shape's rows: best time per call, GB/s, %read, %own and the
+ * medians (and quartiles) of each round's own ratios. */
+static void bench_shape_report(const struct bench_cpu_opts *o, int d_in, int d_out, size_t w_bytes,
+                               double best[2][BENCH_N_MAX], double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX],
+                               const double *read_per_round, const double *own_per_round)
+{
+    const int rounds = o->rounds, n_ns = o->n_ns, layouts = o->layouts;
+    const int *ns = o->ns;
+    char label[32];
+    snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
+    /* [0]: t(n)/t(1), [1]: mapped / row-major, each round's own */
+    struct round_quartiles ratio[2][BENCH_N_MAX], share_of_read[BENCH_N_MAX],
+        share_of_own[BENCH_N_MAX];
+    for (int ni = 0; ni < n_ns; ni++) {
+        double r[4][BENCH_ROUNDS_MAX];
+        for (int round = 0; round < rounds; round++) {
+            r[2][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
+                          read_per_round[round];
+            r[3][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
+                          own_per_round[round];
+            r[0][round] = per_round[0][ni][round] / per_round[0][0][round];
+            r[1][round] = layouts ? per_round[0][ni][round] / per_round[1][ni][round] : 1.0;
+        }
+        ratio[0][ni] = quartiles(r[0], rounds);
+        ratio[1][ni] = quartiles(r[1], rounds);
+        share_of_read[ni] = quartiles(r[2], rounds);
+        share_of_own[ni] = quartiles(r[3], rounds);
+    }
+    for (int ni = 0; ni < n_ns; ni++) {
+        double gbs = (double)w_bytes / best[0][ni] / 1e9;
+        printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.0f%% %8.2f", label, ns[ni],
+               best[0][ni] * 1e6, gbs, 100.0 * share_of_read[ni].median,
+               100.0 * share_of_own[ni].median, ratio[0][ni].median);
+        if (layouts)
+            printf(" %14.1f %11.2fx", best[1][ni] * 1e6, ratio[1][ni].median);
+        printf("\n");
+    }
+    printf("ratio %-12s", label);
+    for (int ni = 0; ni < n_ns; ni++)
+        printf(" n%d:%.2f[%.2f-%.2f]", ns[ni], ratio[0][ni].median, ratio[0][ni].q1,
+               ratio[0][ni].q3);
+    const struct round_quartiles read_q = quartiles(read_per_round, rounds);
+    const struct round_quartiles own_q = quartiles(own_per_round, rounds);
+    printf("  (median [quartiles] over %d rounds; their reads %.1f [%.1f-%.1f] GB/s, of the "
+           "weights' own copies %.1f [%.1f-%.1f])\n",
+           rounds, read_q.median, read_q.q1, read_q.q3, own_q.median, own_q.q1, own_q.q3);
+    if (layouts) {
+        printf("layout %-11s", label);
+        for (int ni = 0; ni < n_ns; ni++)
+            printf(" n%d:%.2f", ns[ni], ratio[1][ni].median);
+        printf("  (time as mapped / time row-major, median of the rounds)\n");
+    }
+}
+
+/* One shape: its weight copies made and mapped as a model maps them,
+ * warmed up, timed, reported and freed. */
+static int bench_shape(struct kern_backend *be, const struct bench_cpu_opts *o, int d_in, int d_out)
+{
+    char err[ERR_MSG_MAX] = "";
+    const int hot = o->hot, row_major = o->row_major, layouts = o->layouts;
+    static struct bench_shape_bufs bufs;
+    struct bench_shape_bufs *b = &bufs;
+    memset(b, 0, sizeof *b);
+    const size_t w_bytes = b->w_bytes = (size_t)d_in * (size_t)d_out * 2;
+    int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
+    copies = copies < 1 || hot ? 1 : copies > 160 ? 160 : copies; /* 160: w[] */
+    void **w = b->w, **host = b->host, **w_rm = b->w_rm;
+    for (int c = 0; c < copies; c++) {
+        if (be->ops->alloc(be, w_bytes, &host[c], err) != 0) {
+            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+            return 1;
+        }
+        uint16_t *p = host[c];
+        for (size_t k = 0; k < w_bytes / 2; k++)
+            p[k] = rand_bf16();
+        /* as a model maps its matrices (its own layout, huge pages) */
+        const void *mapped = host[c];
+        if (!row_major && be->ops->map_matrix &&
+            be->ops->map_matrix(be, host[c], KERN_DTYPE_BF16, d_out, d_in, &mapped, err) != 0) {
+            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+            return 1;
+        }
+        w[c] = (void *)(uintptr_t)mapped;
+        if (layouts) {
+            const void *rm = NULL;
+            if (be->ops->map_weights(be, host[c], w_bytes, &rm, err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+            w_rm[c] = (void *)(uintptr_t)rm;
+        }
+    }
+    float *in = NULL, *out = NULL;
+    const int n_top = o->ns[o->n_ns - 1]; /* ascending */
+    if (be->ops->alloc(be, (size_t)n_top * d_in * sizeof(float), (void **)&in, err) != 0 ||
+        be->ops->alloc(be, (size_t)n_top * d_out * sizeof(float), (void **)&out, err) !=
+            0) {
+        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+        return 1;
+    }
+    for (int k = 0; k < n_top * d_in; k++)
+        in[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
+    const int n_layouts = layouts ? 2 : 1;
+    for (int l = 0; l < n_layouts; l++)
+        for (int c = 0; c < copies; c++) /* warm up: page in every copy */
+            if (be->ops->matmul(be, out, in, l ? w_rm[c] : w[c], KERN_DTYPE_BF16, 1, d_in,
+                                d_out, err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+    b->copies = copies;
+    b->in = in;
+    b->out = out;
+    static double best[2][BENCH_N_MAX];
+    static double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX];
+    double read_per_round[BENCH_ROUNDS_MAX], own_per_round[BENCH_ROUNDS_MAX];
+    if (bench_shape_rounds(be, o, d_in, d_out, b, best, per_round, read_per_round, own_per_round) != 0)
+        return 1;
+    bench_shape_report(o, d_in, d_out, w_bytes, best, per_round, read_per_round, own_per_round);
+    for (int c = 0; c < copies; c++) {
+        if (layouts && w_rm[c] != host[c])
+            be->ops->unmap_weights(be, w_rm[c]);
+        if (w[c] != host[c])
+            be->ops->unmap_weights(be, w[c]);
+        be->ops->free(be, host[c]);
+    }
+    be->ops->free(be, in);
+    be->ops->free(be, out);
+    return 0;
+}
+
+/* A matmul small enough that dispatching it over the threads is what it
+ * costs. */
+static int bench_small_matmul(struct kern_backend *be, int threads, double min_s)
+{
+    char err[ERR_MSG_MAX] = "";
+    float *x = NULL, *y = NULL;
+    const void *wsmall;
+    void *wbuf = NULL;
+    if (be->ops->alloc(be, (size_t)512 * 64 * 2, &wbuf, err) != 0 ||
+        be->ops->alloc(be, 512 * sizeof(float), (void **)&x, err) != 0 ||
+        be->ops->alloc(be, 64 * sizeof(float), (void **)&y, err) != 0) {
+        fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+        return 1;
+    }
+    wsmall = wbuf;
+    long calls = 0;
+    double t0 = now_s(), dt;
+    do {
+        if (be->ops->matmul(be, y, x, wsmall, KERN_DTYPE_BF16, 1, 512, 64, err) != 0) {
+            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+            return 1;
+        }
+        calls++;
+        dt = now_s() - t0;
+    } while (dt < min_s);
+    printf("\nsmall matmul 512 -> 64 (n=1, split over %d threads): %.2f us/call\n", threads,
+           dt / (double)calls * 1e6);
+    be->ops->free(be, wbuf);
+    be->ops->free(be, x);
+    be->ops->free(be, y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int n_threads = 0;
@@ -509,8 +758,6 @@ int main(int argc, char **argv)
         fill ^= fill << 17;
         ((uint64_t *)read_buf)[i] = fill;
     }
-    const void *const read_region[1] = {read_buf};
-    const size_t read_region_bytes[1] = {BENCH_READ_BYTES};
 
     /* ---- matmul ---- */
     printf("\nmatmul bf16 (weight bytes / %s time per call, best of %d rounds; %%read and t(n)/t1: "
@@ -523,184 +770,14 @@ int main(int argc, char **argv)
     else
         printf("%-18s %3s %11s %10s %9s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s",
                "%read", "%own", "t(n)/t1");
-    for (int si = 0; si < n_shapes; si++) {
-        const int d_in = shapes[si][0], d_out = shapes[si][1];
-        const size_t w_bytes = (size_t)d_in * (size_t)d_out * 2;
-        int copies = (int)((256.0 * BENCH_MIB + (double)w_bytes - 1) / (double)w_bytes);
-        copies = copies < 1 || hot ? 1 : copies > 160 ? 160 : copies; /* 160: w[] */
-        void *w[160], *host[160], *w_rm[160]; /* w_rm: --layouts' row-major copies */
-        for (int c = 0; c < copies; c++) {
-            if (be->ops->alloc(be, w_bytes, &host[c], err) != 0) {
-                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                return 1;
-            }
-            uint16_t *p = host[c];
-            for (size_t k = 0; k < w_bytes / 2; k++)
-                p[k] = rand_bf16();
-            /* as a model maps its matrices (its own layout, huge pages) */
-            const void *mapped = host[c];
-            if (!row_major && be->ops->map_matrix &&
-                be->ops->map_matrix(be, host[c], KERN_DTYPE_BF16, d_out, d_in, &mapped, err) != 0) {
-                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                return 1;
-            }
-            w[c] = (void *)(uintptr_t)mapped;
-            if (layouts) {
-                const void *rm = NULL;
-                if (be->ops->map_weights(be, host[c], w_bytes, &rm, err) != 0) {
-                    fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                    return 1;
-                }
-                w_rm[c] = (void *)(uintptr_t)rm;
-            }
-        }
-        float *in = NULL, *out = NULL;
-        const int n_top = ns[n_ns - 1]; /* ascending */
-        if (be->ops->alloc(be, (size_t)n_top * d_in * sizeof(float), (void **)&in, err) != 0 ||
-            be->ops->alloc(be, (size_t)n_top * d_out * sizeof(float), (void **)&out, err) !=
-                0) {
-            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+    const struct bench_cpu_opts opts = {.threads = threads, .rounds = rounds, .hot = hot, .row_major = row_major,
+                                        .layouts = layouts, .min_s = min_s, .ns = ns, .n_ns = n_ns,
+                                        .read_buf = read_buf};
+    for (int si = 0; si < n_shapes; si++)
+        if (bench_shape(be, &opts, shapes[si][0], shapes[si][1]) != 0)
             return 1;
-        }
-        for (int k = 0; k < n_top * d_in; k++)
-            in[k] = (float)((k * 37) % 101) / 101.0f - 0.5f;
-        const int n_layouts = layouts ? 2 : 1;
-        for (int l = 0; l < n_layouts; l++)
-            for (int c = 0; c < copies; c++) /* warm up: page in every copy */
-                if (be->ops->matmul(be, out, in, l ? w_rm[c] : w[c], KERN_DTYPE_BF16, 1, d_in,
-                                    d_out, err) != 0) {
-                    fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                    return 1;
-                }
-        double best[2][BENCH_N_MAX];
-        static double per_round[2][BENCH_N_MAX][BENCH_ROUNDS_MAX];
-        double read_per_round[BENCH_ROUNDS_MAX], own_per_round[BENCH_ROUNDS_MAX];
-        for (int ni = 0; ni < n_ns; ni++)
-            best[0][ni] = best[1][ni] = 1e30;
-        for (int round = 0; round < rounds; round++) {
-            struct read_bw_result rr;
-            if (read_bw_measure_regions(&rr, threads, read_region, read_region_bytes, 1, 1, err,
-                                        sizeof err) != 0) {
-                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                return 1;
-            }
-            read_per_round[round] = rr.read_gbs;
-            /* the same bytes the matmuls read: a fresh buffer may sit in
-             * faster or slower memory than the weights (see own_per_round) */
-            const void *own_regions[160];
-            size_t own_bytes[160];
-            for (int c = 0; c < copies; c++) {
-                own_regions[c] = w[c];
-                own_bytes[c] = w_bytes;
-            }
-            if (read_bw_measure_regions(&rr, threads, own_regions, own_bytes, copies, 1, err,
-                                        sizeof err) != 0) {
-                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                return 1;
-            }
-            own_per_round[round] = rr.read_gbs;
-            for (int slot = 0; slot < n_ns; slot++)
-                for (int l = 0; l < n_layouts; l++) {
-                    /* rotated: no n always follows the same neighbour */
-                    const int ni = (slot + round) % n_ns;
-                    void *const *wl = l ? w_rm : w;
-                    const int n = ns[ni];
-                    long calls = 0;
-                    double t0 = now_s(), dt;
-                    do {
-                        if (be->ops->matmul(be, out, in, wl[calls % copies], KERN_DTYPE_BF16, n,
-                                            d_in, d_out, err) != 0) {
-                            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-                            return 1;
-                        }
-                        calls++;
-                        dt = now_s() - t0;
-                    } while (dt < min_s || calls < copies);
-                    double per_call = dt / (double)calls;
-                    best[l][ni] = per_call < best[l][ni] ? per_call : best[l][ni];
-                    per_round[l][ni][round] = per_call;
-                }
-        }
-        char label[32];
-        snprintf(label, sizeof(label), "%d -> %d", d_in, d_out);
-        /* [0]: t(n)/t(1), [1]: mapped / row-major, each round's own */
-        struct round_quartiles ratio[2][BENCH_N_MAX], share_of_read[BENCH_N_MAX],
-            share_of_own[BENCH_N_MAX];
-        for (int ni = 0; ni < n_ns; ni++) {
-            double r[4][BENCH_ROUNDS_MAX];
-            for (int round = 0; round < rounds; round++) {
-                r[2][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
-                              read_per_round[round];
-                r[3][round] = (double)w_bytes / per_round[0][ni][round] / 1e9 /
-                              own_per_round[round];
-                r[0][round] = per_round[0][ni][round] / per_round[0][0][round];
-                r[1][round] = layouts ? per_round[0][ni][round] / per_round[1][ni][round] : 1.0;
-            }
-            ratio[0][ni] = quartiles(r[0], rounds);
-            ratio[1][ni] = quartiles(r[1], rounds);
-            share_of_read[ni] = quartiles(r[2], rounds);
-            share_of_own[ni] = quartiles(r[3], rounds);
-        }
-        for (int ni = 0; ni < n_ns; ni++) {
-            double gbs = (double)w_bytes / best[0][ni] / 1e9;
-            printf("%-18s %3d %11.1f %10.1f %8.0f%% %8.0f%% %8.2f", label, ns[ni],
-                   best[0][ni] * 1e6, gbs, 100.0 * share_of_read[ni].median,
-                   100.0 * share_of_own[ni].median, ratio[0][ni].median);
-            if (layouts)
-                printf(" %14.1f %11.2fx", best[1][ni] * 1e6, ratio[1][ni].median);
-            printf("\n");
-        }
-        printf("ratio %-12s", label);
-        for (int ni = 0; ni < n_ns; ni++)
-            printf(" n%d:%.2f[%.2f-%.2f]", ns[ni], ratio[0][ni].median, ratio[0][ni].q1,
-                   ratio[0][ni].q3);
-        const struct round_quartiles read_q = quartiles(read_per_round, rounds);
-        const struct round_quartiles own_q = quartiles(own_per_round, rounds);
-        printf("  (median [quartiles] over %d rounds; their reads %.1f [%.1f-%.1f] GB/s, of the "
-               "weights' own copies %.1f [%.1f-%.1f])\n",
-               rounds, read_q.median, read_q.q1, read_q.q3, own_q.median, own_q.q1, own_q.q3);
-        if (layouts) {
-            printf("layout %-11s", label);
-            for (int ni = 0; ni < n_ns; ni++)
-                printf(" n%d:%.2f", ns[ni], ratio[1][ni].median);
-            printf("  (time as mapped / time row-major, median of the rounds)\n");
-        }
-        for (int c = 0; c < copies; c++) {
-            if (layouts && w_rm[c] != host[c])
-                be->ops->unmap_weights(be, w_rm[c]);
-            if (w[c] != host[c])
-                be->ops->unmap_weights(be, w[c]);
-            be->ops->free(be, host[c]);
-        }
-        be->ops->free(be, in);
-        be->ops->free(be, out);
-    }
-
-    /* ---- dispatch-bound op ---- */
-    {
-        float *x = NULL, *y = NULL;
-        const void *wsmall;
-        void *wbuf = NULL;
-        if (be->ops->alloc(be, (size_t)512 * 64 * 2, &wbuf, err) != 0 ||
-            be->ops->alloc(be, 512 * sizeof(float), (void **)&x, err) != 0 ||
-            be->ops->alloc(be, 64 * sizeof(float), (void **)&y, err) != 0) {
-            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
-            return 1;
-        }
-        wsmall = wbuf;
-        long calls = 0;
-        double t0 = now_s(), dt;
-        do {
-            be->ops->matmul(be, y, x, wsmall, KERN_DTYPE_BF16, 1, 512, 64, err);
-            calls++;
-            dt = now_s() - t0;
-        } while (dt < min_s);
-        printf("\nsmall matmul 512 -> 64 (n=1, split over %d threads): %.2f us/call\n", threads,
-               dt / (double)calls * 1e6);
-        be->ops->free(be, wbuf);
-        be->ops->free(be, x);
-        be->ops->free(be, y);
-    }
+    if (bench_small_matmul(be, threads, min_s) != 0)
+        return 1;
     be->ops->free(be, read_buf);
     be->ops->destroy(be);
     return 0;

