@@ -21,61 +21,29 @@
 #include "error.h"
 #include "http_metrics.h"
 #include "logging.h"
-#include "proc_config.h"
+#include "proc_start.h"
 #include "server.h"
 
-#define GATEWAY_EXIT_CONFIG 78
 /* HTTP opens once the coordinator's handshake is done, or after this: a
  * request in between would be answered 503 (started beside the coordinator,
  * or restarted, the gateway is usually connected within milliseconds). */
 #define GATEWAY_CONNECT_WAIT_MS 5000
 
-/* The only process-wide state: set by the signal handler, read by main. */
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int signo)
-{
-    (void)signo;
-    stop_requested = 1;
-}
-
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: tandem-gateway [--config FILE] [--KEY VALUE]...\n");
-            proc_config_print_usage(stdout, "gateway");
-            return 0;
-        }
-    }
-    logging_set_tag("gateway");
-    char err[ERR_MSG_MAX] = "";
     struct proc_config cfg;
-    if (proc_config_parse_args(&cfg, argc, argv, "gateway", PROC_CONFIG_GATEWAY, err) != 0) {
-        fprintf(stderr, "tandem-gateway: %s\n", err);
-        return GATEWAY_EXIT_CONFIG;
-    }
-    int level = logging_level_parse(cfg.gateway.log_level);
-    if (level >= 0)
-        logging_set_level((enum logging_level)level);
+    int start = proc_start(argc, argv, "gateway", PROC_CONFIG_GATEWAY, &cfg);
+    if (start != PROC_START_GO)
+        return start;
+    char err[ERR_MSG_MAX] = "";
     const char *api_key = cfg.gateway.api_key;
     if (api_key[0] == '\0' && cfg.gateway.api_key_env[0] != '\0') {
         api_key = getenv(cfg.gateway.api_key_env);
         if (api_key == NULL || api_key[0] == '\0') {
             fprintf(stderr, "tandem-gateway: gateway.api_key_env: %s is not set or empty\n", cfg.gateway.api_key_env);
-            return GATEWAY_EXIT_CONFIG;
+            return PROC_START_EXIT_CONFIG;
         }
     }
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
-        perror("tandem-gateway: sigaction");
-        return 1;
-    }
-    signal(SIGPIPE, SIG_IGN);
 
     int status = 1;
     struct bridge *bridge = NULL;
@@ -86,14 +54,14 @@ int main(int argc, char **argv)
     if (cfg.gateway.coordinator_curve_public_key_file[0] != '\0') {
         if (curve_key_load(cfg.gateway.coordinator_curve_public_key_file, false, server_public, why) != 0) {
             fprintf(stderr, "tandem-gateway: gateway.coordinator_curve_public_key_file: %s\n", why);
-            return GATEWAY_EXIT_CONFIG;
+            return PROC_START_EXIT_CONFIG;
         }
         server_key = server_public;
     }
     if (cfg.gateway.curve_secret_key_file[0] != '\0') {
         if (curve_key_load(cfg.gateway.curve_secret_key_file, true, gateway_secret, why) != 0) {
             fprintf(stderr, "tandem-gateway: gateway.curve_secret_key_file: %s\n", why);
-            return GATEWAY_EXIT_CONFIG;
+            return PROC_START_EXIT_CONFIG;
         }
         gateway_key = gateway_secret;
     }
@@ -111,14 +79,14 @@ int main(int argc, char **argv)
         .bridge = bridge,
         .metrics = metrics,
         .started_s = (long)time(NULL),
-        .stop = &stop_requested,
+        .stop = &proc_start_stop_requested,
     };
     if (server_start(&server, &p, err) != 0)
         goto done;
     LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s%s", cfg.gateway.listen,
              cfg.gateway.served_model_name, cfg.gateway.coordinator_endpoint, server_key ? " (CURVE)" : "",
              api_key[0] ? ", API key required" : "");
-    while (!stop_requested)
+    while (!proc_start_stop_requested)
         pause();
     LOG_INFO("gateway stopping");
     status = 0;

@@ -1,0 +1,52 @@
+/* proc_start.c: see proc_start.h. */
+#include "proc_start.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "logging.h"
+
+volatile sig_atomic_t proc_start_stop_requested;
+
+static void on_signal(int signo)
+{
+    (void)signo;
+    proc_start_stop_requested = 1;
+}
+
+int proc_start(int argc, char **argv, const char *name, unsigned sections, struct proc_config *cfg)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: tandem-%s [--config FILE] [--KEY VALUE]...\n", name);
+            proc_config_print_usage(stdout, name);
+            return 0;
+        }
+    }
+    logging_set_tag(name);
+    char err[ERR_MSG_MAX] = "";
+    if (proc_config_parse_args(cfg, argc, argv, name, sections, err) != 0) {
+        fprintf(stderr, "tandem-%s: %s\n", name, err);
+        return PROC_START_EXIT_CONFIG;
+    }
+    const char *level_name = strcmp(name, "gateway") == 0 ? cfg->gateway.log_level : cfg->coordinator.log_level;
+    int level = logging_level_parse(level_name);
+    if (level >= 0)
+        logging_set_level((enum logging_level)level);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
+        fprintf(stderr, "tandem-%s: sigaction: %s\n", name, strerror(errno));
+        return 1;
+    }
+    /* a peer that went away is a failed send to handle, not a death */
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+        fprintf(stderr, "tandem-%s: signal(SIGPIPE): %s\n", name, strerror(errno));
+        return 1;
+    }
+    return PROC_START_GO;
+}
