@@ -65,8 +65,7 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
      * whatever the cache holds */
     const bool try_suffix = c->suffix != NULL &&
                             (s->draft == REQUEST_DRAFT_SUFFIX || (s->draft == REQUEST_DRAFT_AUTO && greedy));
-    const bool try_ngram = s->draft == REQUEST_DRAFT_NGRAM ||
-                           (s->draft == REQUEST_DRAFT_AUTO && greedy && !model_usable);
+    const bool try_ngram = s->draft == REQUEST_DRAFT_NGRAM || (s->draft == REQUEST_DRAFT_AUTO && greedy);
     int k = 0;
     if (try_suffix) {
         int match = 0;
@@ -77,7 +76,12 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
             *source = REQUEST_DRAFT_SUFFIX;
     }
     if (k == 0 && try_ngram) {
-        k = ngram_draft(&c->ngram, s->hist, s->n_hist, k_cap, drafts);
+        /* beside a usable model, "auto" takes only a match of the longest
+         * context: a sequence repeating itself, not a coincidence */
+        struct ngram_params np = c->ngram;
+        if (s->draft == REQUEST_DRAFT_AUTO && model_usable)
+            np.n_min = np.n_max;
+        k = ngram_draft(&np, s->hist, s->n_hist, k_cap, drafts);
         *source = REQUEST_DRAFT_NGRAM;
     }
     if (k == 0)

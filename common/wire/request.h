@@ -49,8 +49,9 @@ enum request_draft {
     REQUEST_DRAFT_NGRAM = 2,     /* n-grams of the request's own tokens, made in the coordinator */
     REQUEST_DRAFT_NONE = 3,      /* no speculation: target-only decoding */
     REQUEST_DRAFT_SUFFIX = 4,    /* earlier requests' prompts and outputs (the suffix cache) */
-    REQUEST_DRAFT_AUTO = 5,      /* greedy: a long suffix-cache match, else the model, else n-grams;
-                                    sampled: the model (a seed then reproduces its output) */
+    REQUEST_DRAFT_AUTO = 5,      /* greedy: a long suffix-cache match, else a longest-context n-gram
+                                    match, else the model (any n-gram match without one); sampled: the
+                                    model (a seed then reproduces its output) */
 };
 
 struct request_message {

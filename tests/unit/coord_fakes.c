@@ -182,6 +182,8 @@ int coord_test_init(struct coordinator *c, int n_seqs)
     for (int r = 0; r < 2; r++)
         c->worker[r].lane_fd = -1;
     metrics_init(&c->metrics);
+    ngram_params_default(&c->ngram);
+    c->default_draft = REQUEST_DRAFT_MODEL;
     log_clear();
     return 0;
 }

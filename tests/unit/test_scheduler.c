@@ -773,6 +773,20 @@ static void test_scheduler_suffix_and_auto(void **state)
     log_clear();
     s = request_from(c, prompt, 10, 12, 0, REQUEST_DRAFT_AUTO);
     assert_int_equal(inline_rounds_to_end(c, s, script, 12), 2);
+    /* auto, greedy, no earlier request like it: a sequence repeating its
+     * own 4-token context is drafted from its n-grams, beside the model */
+    log_clear();
+    const int32_t looping[12] = {61, 62, 63, 64, 65, 61, 62, 63, 64, 65, 61, 62};
+    s = request_from(c, looping, 12, 6, 0, REQUEST_DRAFT_AUTO);
+    (void)next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
+    struct worker_msg_verify pv = expect_verify();
+    const int32_t t63 = 63;
+    verify_done(c, s, pv.round, 0, &t63, 1);
+    pv = expect_verify();
+    assert_true(pv.n_drafts >= 2);
+    assert_int_equal(pv.drafts[0], 64);
+    assert_int_equal(pv.drafts[1], 65);
+    scheduler_cancel(c, s);
     /* auto, sampled: the model drafts, nothing is made here */
     log_clear();
     s = request_from(c, prompt, 10, 12, 2, REQUEST_DRAFT_AUTO);
