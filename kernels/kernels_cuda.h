@@ -289,7 +289,7 @@ int kern_cuda_debug_count_mismatches(struct kern_backend *be, const float *in_de
                                      uint32_t tag, unsigned long long *count_dev, char *err);
 
 /* ---- sampling and speculative accept/reject on the device ----------------
- * kernels/cuda/sampling.cu: the device twins of common/speculation/sampling.c
+ * kernels/cuda/sampling.cu and speculate.cu: the device twins of common/speculation/sampling.c
  * (sampling_adjust, sampling_argmax, sampling_draw, sampling_sample) and
  * common/speculation/speculate.c (speculate_verify), with the rules stated in
  * sampling.h and speculate.h, so that per token only ids and a few scalars
@@ -318,7 +318,7 @@ int kern_cuda_debug_count_mismatches(struct kern_backend *be, const float *in_de
  * Restated constants (kernels may not include the spec room's headers):
  * the values below equal their common/speculation twins; tests/gpu/
  * test_cuda_sampling.c checks each against the spec header at compile time,
- * and the Philox round constants (sampling.cu) against philox4x32_10 on the
+ * and the Philox round constants (sampling_device.cuh) against philox4x32_10 on the
  * host before it looks for a device. */
 
 /* = SPECULATE_K_MAX: most drafts in one sequence's round. */
@@ -460,7 +460,7 @@ int kern_cuda_philox_blocks(struct kern_backend *be, uint32_t *out_dev, const ui
                             int n, char *err);
 
 /* The same Philox code the kernels run, compiled for the host (no device
- * needed): lets a build without a GPU check sampling.cu's restated round
+ * needed): lets a build without a GPU check sampling_device.cuh's restated round
  * constants against common/speculation/philox.c. */
 void kern_cuda_philox4x32_10_host(const uint32_t counter[4], const uint32_t key[2],
                                   uint32_t out[4]);

@@ -63,71 +63,33 @@
  * answer): a matrix without a shadow, an input row with a NaN or infinity or
  * all zeros, and a row with too many candidates to be worth it
  * (ARGMAX_CANDIDATES_MIN, ARGMAX_CANDIDATES_SHARE).
+ *
+ * Files: this one holds the contract, the screen and cpu_matmul_argmax;
+ * argmax_shadow.c makes the copies (cpu_prepare_argmax); argmax_internal.h
+ * is what they share. Figures behind the screen's shape:
+ * docs/perf/cpu-matmul.md, "matmul_argmax".
  */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#include "cpu_backend.h"
+#include "argmax_internal.h"
 #include "cpu_simd.h"
 #include "error.h"
 #include "packed.h"
 
-#define ARGMAX_COLS_ALIGN 64  /* the shadow's row stride, in bytes */
 #define ARGMAX_ROWS_PER_TASK 64
-#define ARGMAX_QMAX_W 127
-#define ARGMAX_QMAX_W_DRAFT 7   /* the draft copy's codes, stored + 8: 1..15 */
-#define ARGMAX_DRAFT_OFFSET 8
-#define ARGMAX_DRAFT_COLS 128   /* columns per 64-byte block of the draft copy */
-#define ARGMAX_DRAFT_Z 4.0      /* the draft copy's margin, in standard deviations */
 #define ARGMAX_QMAX_H 32767
 #define ARGMAX_QMAX_H_DRAFT 127 /* a draft copy's input is bytes (scores_rows_draft) */
 /* Candidates beyond this share of the rows (or this floor) cost more to redo
  * than the full product saves: the row is computed whole instead. */
 #define ARGMAX_CANDIDATES_MIN 256
 #define ARGMAX_CANDIDATES_SHARE 32
-#define ARGMAX_HUGE_PAGE ((size_t)2 << 20)
 #define ARGMAX_GROUP 8          /* input rows screened in one pass over the copy */
 #define ARGMAX_SCREEN_ROWS_MAX 8 /* more rows: one product over the whole head */
 #define ARGMAX_THREADS_MAX 64   /* pools larger than this compute rows whole */
 #define ARGMAX_PREFETCH_ROWS 2  /* how far ahead the screen prefetches each stream, in rows */
 #define ARGMAX_STREAMS 4        /* rows read side by side, each from its own run of a claim */
-
-struct cpu_argmax_shadow {
-    const void *w;
-    enum kern_dtype dtype;
-    int rows, cols, stride; /* stride: bytes per row of q */
-    int cols_pad;           /* columns per quantized input row (hq), a multiple of 64 */
-    int draft;              /* the draft copy: 4-bit codes, statistical margin */
-    double dq_factor;       /* weight of dq in the margin: 1, or Z / sqrt(d) for a draft */
-    int packed;             /* rows of w from the first in the packed layout (packed.h) */
-    /* [rows][stride], one mapping of map_len bytes. A draft copy's block b
-     * (64 bytes, columns 128b .. 128b + 127): byte j holds column 128b + j in
-     * its low four bits and column 128b + 64 + j in its high four. */
-    int8_t *q;
-    size_t map_len;
-    float *scale;           /* s_v */
-    float *n1, *n2, *dq;    /* |W_v|_1, |W_v|_2, |W_v - s_v Q_v|_2, rounded up */
-    double n1_max, n2_max, dq_max; /* their largest over the rows (screen_job.eps_max) */
-};
-
-struct cpu_argmax {
-    struct cpu_argmax_shadow *shadows;
-    int n_shadows, cap_shadows;
-    int16_t *hq;            /* a group's quantized input rows [ARGMAX_GROUP][stride] */
-    /* rows that may still hold the largest logit when the screen reached
-     * them (A_v + eps_v at least the best lower bound seen so far), with
-     * their A_v + eps_v: per thread and input row, [threads][ARGMAX_GROUP]
-     * lists of up to rows entries each */
-    int32_t *kept;
-    double *kept_upper;
-    int32_t *candidates;    /* the kept rows that reach the final best lower bound */
-    float *logits;          /* a whole row of logits (the paths that need one) */
-    size_t hq_cap, kept_cap, kept_upper_cap, logits_cap, candidates_cap;
-    int last_candidates;    /* rows computed exactly for the last input row; -1: all */
-};
 
 /* ---- memory ---- */
 
@@ -143,60 +105,6 @@ static int grow_buffer(void **buf, size_t *cap, size_t want, size_t elem, char *
     *buf = p;
     *cap = want;
     return 0;
-}
-
-static struct cpu_argmax *argmax_state(struct cpu_backend *cb, char *err)
-{
-    if (!cb->argmax && !(cb->argmax = calloc(1, sizeof *cb->argmax)))
-        error_set(err, ERR_NOMEM, "cpu matmul_argmax: out of memory");
-    return cb->argmax;
-}
-
-static void shadow_free(struct cpu_argmax_shadow *s)
-{
-    if (s->q)
-        munmap(s->q, s->map_len);
-    free(s->scale);
-    free(s->n1);
-    free(s->n2);
-    free(s->dq);
-    memset(s, 0, sizeof *s);
-}
-
-static struct cpu_argmax_shadow *shadow_find(const struct cpu_backend *cb, const void *w)
-{
-    struct cpu_argmax *a = cb->argmax;
-    for (int i = 0; a && i < a->n_shadows; i++)
-        if (a->shadows[i].w == w)
-            return &a->shadows[i];
-    return NULL;
-}
-
-void cpu_argmax_release(struct cpu_backend *cb, const void *w)
-{
-    struct cpu_argmax *a = cb->argmax;
-    struct cpu_argmax_shadow *s = shadow_find(cb, w);
-    if (!s)
-        return;
-    shadow_free(s);
-    *s = a->shadows[--a->n_shadows];
-}
-
-void cpu_argmax_destroy(struct cpu_backend *cb)
-{
-    struct cpu_argmax *a = cb->argmax;
-    if (!a)
-        return;
-    for (int i = 0; i < a->n_shadows; i++)
-        shadow_free(&a->shadows[i]);
-    free(a->shadows);
-    free(a->hq);
-    free(a->kept);
-    free(a->kept_upper);
-    free(a->logits);
-    free(a->candidates);
-    free(a);
-    cb->argmax = NULL;
 }
 
 /* ---- reading W exactly ---- */
@@ -231,164 +139,6 @@ static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *
 #endif
     cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, v, row);
     return cpu_simd_dot_f32(row, h, s->cols);
-}
-
-/* ---- the shadow ---- */
-
-static float round_up_f32(double x)
-{
-    float f = (float)x;
-    return (double)f < x ? nextafterf(f, INFINITY) : f;
-}
-
-struct prepare_job {
-    struct cpu_argmax_shadow *s;
-    float **rows;           /* per-thread [cols] */
-    int *bad;               /* per-thread: a row held a NaN or an infinity */
-};
-
-static void prepare_task(void *ctx, long begin, long end, int thread_idx)
-{
-    const struct prepare_job *job = ctx;
-    struct cpu_argmax_shadow *s = job->s;
-    float *y = job->rows[thread_idx];
-    for (long v = begin; v < end; v++) {
-        cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, v, y);
-        double maxabs = 0;
-        for (int k = 0; k < s->cols; k++) {
-            if (!isfinite(y[k])) {
-                job->bad[thread_idx] = 1;
-                return;
-            }
-            maxabs = fmax(maxabs, fabs((double)y[k]));
-        }
-        const long qmax = s->draft ? ARGMAX_QMAX_W_DRAFT : ARGMAX_QMAX_W;
-        const float scale = (float)(maxabs / (double)qmax);
-        int8_t *q = s->q + (size_t)v * (size_t)s->stride;
-        double n1 = 0, n2 = 0, dq = 0;
-        for (int k = 0; k < s->cols; k++) {
-            const double x = y[k];
-            long r = scale > 0 ? lrint(x / scale) : 0;
-            r = r > qmax ? qmax : r < -qmax ? -qmax : r;
-            if (s->draft) {
-                const int j = k % ARGMAX_DRAFT_COLS;
-                uint8_t *byte = (uint8_t *)q + (size_t)(k / ARGMAX_DRAFT_COLS) * 64 + (size_t)(j % 64);
-                const unsigned code = (unsigned)(r + ARGMAX_DRAFT_OFFSET);
-                *byte = (uint8_t)(j < 64 ? (*byte & 0xF0u) | code : (*byte & 0x0Fu) | (code << 4));
-            } else {
-                q[k] = (int8_t)r;
-            }
-            const double e = x - (double)scale * (double)r; /* the product is exact */
-            n1 += fabs(x);
-            n2 += x * x;
-            dq += e * e;
-        }
-        /* sums of d terms in double: relative error far below 1e-9 */
-        s->scale[v] = scale;
-        s->n1[v] = round_up_f32(n1 * (1 + 1e-9));
-        s->n2[v] = round_up_f32(sqrt(n2) * (1 + 1e-9));
-        s->dq[v] = round_up_f32(sqrt(dq) * (1 + 1e-9));
-    }
-}
-
-int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,
-                       int64_t cols, int draft, char *err)
-{
-    struct cpu_backend *cb = cpu_backend_of(be);
-    int rc = cpu_backend_check_dtype(dtype, "prepare_argmax", err);
-    if (rc < 0)
-        return rc;
-    if (!w || rows < 1 || cols < 1 || rows > INT32_MAX || cols > (1 << 24))
-        return error_set(err, ERR_INVALID_ARG,
-                         "cpu prepare_argmax: need a matrix of 1..2^31-1 rows of 1..2^24 columns, "
-                         "got %p [%lld, %lld]",
-                         w, (long long)rows, (long long)cols);
-    int packed_rows = 0, packed_d_in = 0;
-    if (cpu_backend_packed(cb, w, &packed_rows, &packed_d_in) &&
-        (packed_d_in != cols || dtype != KERN_DTYPE_BF16 || rows < packed_rows))
-        return error_set(err, ERR_INVALID_ARG,
-                         "cpu prepare_argmax: w was mapped as a bf16 matrix of at least %d rows of "
-                         "%d, named as %s [%lld, %lld]",
-                         packed_rows, packed_d_in, kern_dtype_name(dtype), (long long)rows,
-                         (long long)cols);
-    struct cpu_argmax *a = argmax_state(cb, err);
-    if (!a)
-        return ERR_NOMEM;
-    cpu_argmax_release(cb, w); /* prepared again: the newest shape counts */
-    if (a->n_shadows == a->cap_shadows) {
-        const int cap = a->cap_shadows ? 2 * a->cap_shadows : 4;
-        struct cpu_argmax_shadow *grown = realloc(a->shadows, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return error_set(err, ERR_NOMEM, "cpu prepare_argmax: out of memory");
-        a->shadows = grown;
-        a->cap_shadows = cap;
-    }
-    struct cpu_argmax_shadow s = {.w = w, .dtype = dtype, .rows = (int)rows, .cols = (int)cols,
-                                  .packed = packed_rows, .dq_factor = 1.0};
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    /* the draft copy is read by the AVX-512 screen only (scores_rows_draft):
-     * elsewhere a draft gets the one-byte copy, exact and no slower */
-    s.draft = draft != 0;
-#else
-    (void)draft;
-#endif
-    if (s.draft) {
-        s.cols_pad = (int)((cols + ARGMAX_DRAFT_COLS - 1) / ARGMAX_DRAFT_COLS * ARGMAX_DRAFT_COLS);
-        s.stride = s.cols_pad / 2;
-        s.dq_factor = ARGMAX_DRAFT_Z / sqrt((double)cols);
-    } else {
-        s.stride = (int)((cols + ARGMAX_COLS_ALIGN - 1) / ARGMAX_COLS_ALIGN * ARGMAX_COLS_ALIGN);
-        s.cols_pad = s.stride;
-    }
-    const size_t q_bytes = (size_t)rows * (size_t)s.stride;
-    s.map_len = (q_bytes + ARGMAX_HUGE_PAGE - 1) & ~(ARGMAX_HUGE_PAGE - 1);
-    /* a read-mostly stream like the weights: huge pages where there are any */
-    void *q = mmap(NULL, s.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (q == MAP_FAILED)
-        return error_set_errno(err, ERR_NOMEM, errno, "cpu prepare_argmax: mmap(%zu bytes)",
-                               s.map_len);
-    (void)madvise(q, s.map_len, MADV_HUGEPAGE); /* advice: without it merely slower */
-    s.q = q;
-    s.scale = malloc((size_t)rows * sizeof *s.scale);
-    s.n1 = malloc((size_t)rows * sizeof *s.n1);
-    s.n2 = malloc((size_t)rows * sizeof *s.n2);
-    s.dq = malloc((size_t)rows * sizeof *s.dq);
-    float **row_bufs = calloc((size_t)cb->n_threads, sizeof *row_bufs);
-    int *bad = calloc((size_t)cb->n_threads, sizeof *bad);
-    rc = !s.scale || !s.n1 || !s.n2 || !s.dq || !row_bufs || !bad
-             ? error_set(err, ERR_NOMEM, "cpu prepare_argmax: out of memory")
-             : 0;
-    for (int t = 0; !rc && t < cb->n_threads; t++)
-        if (!(row_bufs[t] = malloc((size_t)cols * sizeof(float))))
-            rc = error_set(err, ERR_NOMEM, "cpu prepare_argmax: out of memory");
-    if (!rc) {
-        struct prepare_job job = {.s = &s, .rows = row_bufs, .bad = bad};
-        cpu_pool_run_guided(cb->pool, (long)rows, 64, prepare_task, &job);
-        for (int t = 0; t < cb->n_threads; t++)
-            if (bad[t])
-                rc = error_set(err, ERR_INVALID_ARG,
-                               "cpu prepare_argmax: the matrix holds a NaN or an infinity");
-    }
-    for (int t = 0; row_bufs && t < cb->n_threads; t++)
-        free(row_bufs[t]);
-    free(row_bufs);
-    free(bad);
-    if (rc) {
-        shadow_free(&s);
-        return rc;
-    }
-    for (int64_t v = 0; v < rows; v++) {
-        s.n1_max = fmax(s.n1_max, s.n1[v]);
-        s.n2_max = fmax(s.n2_max, s.n2[v]);
-        s.dq_max = fmax(s.dq_max, s.dq[v]);
-    }
-    if (mprotect(s.q, s.map_len, PROT_READ) != 0) {
-        const int e = errno;
-        shadow_free(&s);
-        return error_set_errno(err, ERR_SYSTEM, e, "cpu prepare_argmax: mprotect(PROT_READ)");
-    }
-    a->shadows[a->n_shadows++] = s;
-    return 0;
 }
 
 /* ---- the screen ---- */
@@ -601,12 +351,10 @@ CPU_SIMD_INLINE void scores_rows(const struct cpu_argmax_shadow *s, const int16_
  * bytes, the high halves the next 64, four products a 32-bit lane an
  * instruction (VNNI's unsigned-by-signed byte dot product; without it two
  * byte products summed in 16 bits, which 2 x 15 x 127 fits, then widened).
- * Against codes unpacked to 16 bits and a 16-bit input, the small draft's
- * 384 x 128256 head at one row: 0.80-0.81 ms against 0.85-0.88 (best of 30
- * cold calls, two runs of each build alternating), with about twice the
- * candidates (160-180 against 63-71, each one 384-column dot product). The
- * sums carry ARGMAX_DRAFT_OFFSET *
- * sum_k hq_k (the stored codes are Q + 8), which screen_task takes off.
+ * Faster than codes unpacked to 16 bits against a 16-bit input, though
+ * the bytes' wider margin keeps about twice the candidates. The sums carry
+ * ARGMAX_DRAFT_OFFSET * sum_k hq_k (the stored codes are Q + 8), which
+ * screen_task takes off.
  * Each 32-bit lane sums 8 products of a block, stride / 8 in all
  * (quantize_input's bound). */
 CPU_SIMD_INLINE void scores_rows_draft(const struct cpu_argmax_shadow *s, const int16_t *hq,
@@ -747,18 +495,13 @@ static size_t kept_list_at(const struct cpu_argmax_shadow *s, int t, int i)
     return ((size_t)t * ARGMAX_GROUP + (size_t)i) * (size_t)s->rows;
 }
 
-/* A claim of tasks is ARGMAX_STREAMS runs of rows read side by side: at
- * the 2048 x 128256 head, 0.92-0.97x the time of one sequential run
- * prefetched 4 rows ahead at one input row, 0.94-0.98x at three
- * (in-process A/B, 15 paired slices; the 4 runs interleaved in one run of
- * the copy's own layout were 1.2-2.1x). Each row's bound is weighed at once
- * against the best lower bound this thread has seen: a row whose upper
- * bound is below it can not hold the largest logit, and only the others
- * are kept (a few hundred rows), where writing every row's bound and
- * scanning them all after the pass took 7% of the screen's time. Both
- * together: the screen at 0.91x (one input row), 0.84x (two) and 0.87x
- * (three) the time, each as a share of the whole head's product timed in
- * the same process, 3 processes of each build alternating. */
+/* A claim of tasks is ARGMAX_STREAMS runs of rows read side by side
+ * (faster than one sequential run prefetched ahead, and than the runs
+ * interleaved in one run of the copy's own layout). Each row's bound is
+ * weighed at once against the best lower bound this thread has seen: a row
+ * whose upper bound is below it can not hold the largest logit, and only
+ * the others are kept (a few hundred rows), where writing every row's bound
+ * and scanning them all after the pass cost a share of the screen's time. */
 CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, long end,
                                    int thread_idx, int ni, int draft)
 {
@@ -808,13 +551,8 @@ CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, lon
             /* The test below for the four rows at once, in the same
              * operations lane by lane (the same bits): only the rows that
              * pass it are looked at one by one (a row that falls short
-             * still does when the lower bound has risen since). Of the
-             * small draft's head 2% of rows pass, of a one-byte copy 0.1%.
-             * Best of 30 cold calls, three runs each way alternating:
-             * 384 x 128256 (draft copy) 0.62-0.69 ms against 0.71-0.78 at
-             * one row, 1.00-1.03 against 1.19-1.29 at three; 768 x 128256
-             * (one byte) 2.08-2.16 against 2.34-2.48 at five, one row
-             * unchanged (1.30-1.42: the read). */
+             * still does when the lower bound has risen since): few rows
+             * pass, so most claims cost one vector test per input row. */
             if (count == 4) {
                 const __m256d score = _mm256_set_pd(
                     (double)(isum[3][i] - offset), (double)(isum[2][i] - offset),
@@ -840,10 +578,7 @@ CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, lon
                  * has: they are neither kept nor raise the lower bound, and
                  * the row's own margin (four more loads and a dozen double
                  * operations: in a profile of the small draft's head, more
-                 * of the screen's time than its products) is not needed.
-                 * Best of 30 cold calls at one row, two runs each way:
-                 * 384 x 128256 (draft copy) 0.68-0.73 ms against 0.80-0.81,
-                 * 768 x 128256 (one byte) 1.31-1.32 against 1.61-1.63. */
+                 * of the screen's time than its products) is not needed. */
                 const double slack = 1e-12 * fabs(approx);
                 if (approx + (job->eps_max[i] + slack) < lower_max[i])
                     continue;
@@ -865,11 +600,7 @@ CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, lon
 
 /* screen_claims with the group's row count and the copy's kind constant, so
  * that the scores of a claim stay in registers from the products to the
- * comparison, without a call and a switch per claim of four rows. Best of
- * 30 cold calls, three runs each way alternating: the small draft's 384 x
- * 128256 head 0.47-0.51 ms against 0.53-0.57 at one row, 0.84-0.88 against
- * 0.88-0.94 at three; the one-byte copies of 768 and 2048 columns within
- * noise of before. */
+ * comparison, without a call and a switch per claim of four rows. */
 static void screen_task(void *ctx, long begin, long end, int thread_idx)
 {
     const struct screen_job *job = ctx;
@@ -995,7 +726,7 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
 }
 
 /* The argmax of a whole row of logits as sampling_argmax takes it. The
- * kernels sit below common/spec and cannot call it; the unit tests check
+ * kernels sit below common/speculation and cannot call it; the unit tests check
  * every answer of matmul_argmax against sampling_argmax itself. */
 static int32_t argmax_of(const float *x, int n)
 {
@@ -1021,10 +752,10 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
         return 0;
     if (!idx_out || !in || !w)
         return error_set(err, ERR_INVALID_ARG, "cpu matmul_argmax: NULL argument");
-    struct cpu_argmax *a = argmax_state(cb, err);
+    struct cpu_argmax *a = cpu_argmax_state(cb, err);
     if (!a)
         return ERR_NOMEM;
-    const struct cpu_argmax_shadow *s = shadow_find(cb, w);
+    const struct cpu_argmax_shadow *s = cpu_argmax_shadow_find(cb, w);
     if (s && (s->rows != d_out || s->cols != d_in || s->dtype != dtype))
         s = NULL; /* prepared for another shape: the whole product serves */
     a->last_candidates = -1;
@@ -1086,10 +817,4 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
 int cpu_argmax_last_candidates(const struct cpu_backend *cb)
 {
     return cb->argmax ? cb->argmax->last_candidates : -1;
-}
-
-int cpu_argmax_copy_bits(const struct cpu_backend *cb, const void *w)
-{
-    const struct cpu_argmax_shadow *s = shadow_find(cb, w);
-    return !s ? 0 : s->draft ? 4 : 8;
 }

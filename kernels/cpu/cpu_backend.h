@@ -27,7 +27,7 @@ struct cpu_backend {
     int weight_copy;                 /* copy at all: transparent huge pages exist */
     struct cpu_weight_copy *copies;  /* [n_copies], capacity cap_copies */
     int n_copies, cap_copies;
-    struct cpu_argmax *argmax;       /* matmul_argmax's shadows and buffers (argmax.c) */
+    struct cpu_argmax *argmax;       /* matmul_argmax's shadows and buffers (argmax_internal.h) */
 };
 
 /* Whether w is a matrix map_matrix packed (kernels/cpu/packed.h): returns 1
@@ -69,7 +69,7 @@ int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype d
                        int64_t cols, int draft, char *err);
 /* Drops the shadow prepare_argmax made of w, if any (unmap_weights). */
 void cpu_argmax_release(struct cpu_backend *cb, const void *w);
-/* Frees everything argmax.c holds (destroy). */
+/* Frees everything argmax_shadow.c holds (destroy). */
 void cpu_argmax_destroy(struct cpu_backend *cb);
 /* Rows the last matmul_argmax computed exactly for its last input row; -1
  * when it computed the whole row of logits. */

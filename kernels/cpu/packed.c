@@ -1,6 +1,6 @@
 /* packed.c: see packed.h. Packing and unpacking are plain copies (scalar:
  * they run once per load, or per row an embedding lookup reads); the kernels
- * that read the layout are in matmul.c. */
+ * that read the layout are in matmul_packed.c. */
 #include "packed.h"
 
 #include <string.h>

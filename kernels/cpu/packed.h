@@ -9,7 +9,7 @@
  * weights. In this layout the weights of two rows that one 512-bit
  * accumulator needs lie in one aligned 64-byte line, already in its lanes:
  * widening to f32 is one AND (the high halves) or one shift (the low
- * halves), and an octet's eight rows are one sequential run (matmul.c
+ * halves), and an octet's eight rows are one sequential run (matmul_packed.c
  * reads several runs side by side: see its packed path).
  *
  * The layout, for a [rows][d_in] matrix with d_in a multiple of 32: rows

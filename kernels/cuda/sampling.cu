@@ -1,21 +1,20 @@
-/* sampling.cu: sampling and speculative accept/reject on the device, the
- * twins of common/spec/sampling.c and speculate.c (API and contract in
- * kernels_cuda.h; the rules themselves in sampling.h and speculate.h).
+/* sampling.cu: sampling on the device, the twin of
+ * common/speculation/sampling.c (API and contract in kernels_cuda.h; the
+ * rules themselves in sampling.h).
  *
  * What it is: argmax, the adjusted distribution (temperature, top-k, top-p,
- * min-p), the Philox draw, plain sampling and the speculative accept/reject
- * (greedy and sampled, residual, bonus, point mass) over rows in device
- * memory, so that only ids, counts and status words go to the host.
+ * min-p), the Philox draw and plain sampling over rows in device memory, so
+ * that only ids, counts and status words go to the host; the speculative
+ * accept/reject (greedy and sampled, residual, bonus, point mass) is in
+ * speculate.cu, the block primitives both use in sampling_device.cuh.
  * What it is not: an op of struct kern_ops (the engine calls these entries
  * directly), nor the forward pass.
  *
- * One block of SMP_THREADS threads per row (argmax, adjust, sample, draw) or
- * per (sequence, row) of a verification, so no result depends on how many
- * rows share a launch. Within a block, every reduction has a fixed order:
+ * One block of SMP_THREADS threads per row (argmax, adjust, sample, draw),
+ * so no result depends on how many rows share a launch. Within a block,
+ * every reduction has a fixed order. argmax and draw are block primitives
+ * shared with speculate.cu: sampling_device.cuh states their orders. Here:
  *
- *   argmax     (value, index) pairs combined by "larger value, then lower
- *              index", a total order: the result is the CPU's exactly,
- *              whatever the combination order. NaN is never chosen.
  *   adjust     m = max logit (the argmax pass, which also flags NaN / +inf).
  *              e[v] = expf((x[v] - m) / T): __fsub_rn, __fdiv_rn and CUDA's
  *              expf (at most 2 ulp from the exact value; glibc's is within
@@ -38,34 +37,6 @@
  *              canonical prefix whose exact cumulative mass, as a double,
  *              is >= (double)top_p * (double)S; min-p keeps e >= min_p;
  *              probs = (float)((double)e / S) over the survivors.
- *   draw       inverse CDF with the CPU's rule (smallest index whose running
- *              sum exceeds u * S; entries <= 0 or NaN skipped; the last
- *              positive entry if rounding runs off the end), in double, in
- *              this order: the row is cut into SMP_WARPS contiguous
- *              segments; warp w sums segment w (lane l takes entries l,
- *              l + 32, ... of it, then the xor butterfly); thread 0 chains
- *              the segment sums in segment order (S, and each segment's
- *              base); the first segment whose chained end exceeds u * S is
- *              scanned by the block: thread t sums a contiguous chunk, a
- *              shuffle scan in lane order and a chain over warps give each
- *              chunk's start, and the thread adds its entries in index order
- *              until the sum exceeds u * S; the lowest such index wins (the
- *              next segments are scanned if rounding left none). For
- *              vocab <= SMP_WARPS this is the CPU's own sequence of
- *              additions, and wherever the double sums are exact (values
- *              within 2^29 of each other, as in every hand-made test row)
- *              the draw equals the CPU's bit for bit; otherwise the sums
- *              differ by ~1e-16 relative and a draw can differ only where
- *              u * S lies that close to a cumulative boundary.
- *   verify     the accept test u * q(t) < p(t) in double (exact: two 24-bit
- *              significands) or u < p(t) in point-mass mode, thread 0 of
- *              each block walking t_1.. in order; the block whose row is the
- *              first rejection (or the bonus row) draws the correction from
- *              max(0, p - q) (float subtraction per entry, computed while
- *              scanning: no scratch row), or from p without t (point mass),
- *              falling back to p when that has no positive entry. Greedy
- *              sequences: one block per row takes the argmax, then a second
- *              kernel walks the rows and compares with the drafts.
  *
  * So argmax, the Philox uniforms, every accept/reject decision and every
  * draw from identical rows equal the CPU's; adjusted rows equal the CPU's
@@ -85,173 +56,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "cuda_backend.h"
+#include "sampling_device.cuh"
 
-#define SMP_THREADS 512
-#define SMP_WARPS (SMP_THREADS / 32)
 #define SMP_BINS 256
 #define SMP_HIST_COPIES 8 /* shared histograms, one per 2 warps: less atomic contention */
-#define SMP_FULL_MASK 0xffffffffu
-#define SMP_FINISH_THREADS 128 /* greedy finishing kernel: one thread per sequence */
-static_assert(SMP_THREADS % 32 == 0 && SMP_THREADS <= 1024, "whole warps, one block");
-
-/* ---- Philox-4x32-10 --------------------------------------------------------
- * Restated from common/spec/philox.c (the kernels may not include the spec
- * room): same multipliers, Weyl constants, rounds, counter and key layout
- * and 24-bit uniform. tests/gpu/test_cuda_sampling.c checks the host build
- * of these functions against philox4x32_10 and philox_uniform (no device
- * needed) and the device build bit for bit on the GPU. */
-#define SMP_PHILOX_M0 0xD2511F53u
-#define SMP_PHILOX_M1 0xCD9E8D57u
-#define SMP_PHILOX_W0 0x9E3779B9u
-#define SMP_PHILOX_W1 0xBB67AE85u
-#define SMP_PHILOX_ROUNDS 10
-
-static __host__ __device__ __forceinline__ void smp_philox4x32_10(const uint32_t ctr[4],
-                                                                  const uint32_t key[2],
-                                                                  uint32_t out[4])
-{
-    uint32_t x0 = ctr[0], x1 = ctr[1], x2 = ctr[2], x3 = ctr[3];
-    uint32_t k0 = key[0], k1 = key[1];
-    for (int r = 0; r < SMP_PHILOX_ROUNDS; r++) {
-        if (r > 0) {
-            k0 += SMP_PHILOX_W0;
-            k1 += SMP_PHILOX_W1;
-        }
-        const uint64_t p0 = (uint64_t)SMP_PHILOX_M0 * x0;
-        const uint64_t p1 = (uint64_t)SMP_PHILOX_M1 * x2;
-        const uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0;
-        const uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1;
-        x0 = y0;
-        x1 = (uint32_t)p1;
-        x2 = y2;
-        x3 = (uint32_t)p0;
-    }
-    out[0] = x0;
-    out[1] = x1;
-    out[2] = x2;
-    out[3] = x3;
-}
-
-static __host__ __device__ __forceinline__ float smp_philox_uniform(uint64_t seed, uint32_t stream,
-                                                                    uint64_t position,
-                                                                    uint32_t index)
-{
-    const uint32_t key[2] = {(uint32_t)(seed & 0xffffffffu), (uint32_t)(seed >> 32)};
-    const uint32_t ctr[4] = {(uint32_t)(position & 0xffffffffu), (uint32_t)(position >> 32),
-                             stream, index / 4u};
-    uint32_t out[4];
-    smp_philox4x32_10(ctr, key, out);
-    const uint32_t j = index % 4u;
-    const uint32_t word = j == 0 ? out[0] : j == 1 ? out[1] : j == 2 ? out[2] : out[3];
-    /* 24 bits times 2^-24: both steps exact, so u < 1. */
-    return (float)(word >> 8) * (1.0f / 16777216.0f);
-}
-
-/* ---- block reductions (all threads call; each contains barriers) -------- */
-
-static __device__ __forceinline__ unsigned long long smp_block_sum_u64(unsigned long long v)
-{
-    __shared__ unsigned long long part[SMP_WARPS];
-    __shared__ unsigned long long total;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(SMP_FULL_MASK, v, off);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long s = 0;
-        for (int w = 0; w < SMP_WARPS; w++)
-            s += part[w];
-        total = s;
-    }
-    __syncthreads();
-    return total;
-}
-
-static __device__ __forceinline__ int smp_block_max_int(int v)
-{
-    __shared__ int part[SMP_WARPS];
-    __shared__ int total;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        v = max(v, __shfl_xor_sync(SMP_FULL_MASK, v, off));
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int m = part[0];
-        for (int w = 1; w < SMP_WARPS; w++)
-            m = max(m, part[w]);
-        total = m;
-    }
-    __syncthreads();
-    return total;
-}
-
-/* b beats a: a valid index, and a larger value, or an equal one at a lower
- * index. A strict total order on valid pairs, so the block's winner does not
- * depend on the order of combination. */
-static __device__ __forceinline__ bool smp_arg_beats(float bv, int bi, float av, int ai)
-{
-    if (bi < 0)
-        return false;
-    if (ai < 0)
-        return true;
-    return bv > av || (bv == av && bi < ai);
-}
-
-/* sampling_argmax of x [n]: the lowest index among equal maxima, NaN never
- * chosen, -1 when every entry is NaN. *bad_out: some entry is NaN or +inf
- * (the logits check of sampling_adjust). */
-static __device__ int smp_block_argmax(const float *x, int n, int *bad_out)
-{
-    __shared__ float wv[SMP_WARPS];
-    __shared__ int wi[SMP_WARPS];
-    __shared__ int result;
-    float bv = 0.0f;
-    int bi = -1, bad = 0;
-    for (int v = threadIdx.x; v < n; v += SMP_THREADS) {
-        const float a = x[v];
-        if (isnan(a)) {
-            bad = 1;
-            continue;
-        }
-        if (a == INFINITY)
-            bad = 1;
-        if (bi < 0 || a > bv) { /* v increases: ties keep the lower index */
-            bv = a;
-            bi = v;
-        }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(SMP_FULL_MASK, bv, off);
-        const int oi = __shfl_xor_sync(SMP_FULL_MASK, bi, off);
-        if (smp_arg_beats(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
-    if ((threadIdx.x & 31) == 0) {
-        wv[threadIdx.x >> 5] = bv;
-        wi[threadIdx.x >> 5] = bi;
-    }
-    *bad_out = __syncthreads_or(bad);
-    if (threadIdx.x == 0) {
-        float v0 = wv[0];
-        int i0 = wi[0];
-        for (int w = 1; w < SMP_WARPS; w++)
-            if (smp_arg_beats(wv[w], wi[w], v0, i0)) {
-                v0 = wv[w];
-                i0 = wi[w];
-            }
-        result = i0;
-    }
-    __syncthreads();
-    return result;
-}
 
 /* ---- the canonical order and radix selection ------------------------------ */
 
@@ -440,148 +248,6 @@ static __device__ struct smp_boundary smp_select(struct smp_select_smem *sm, con
     return b;
 }
 
-/* ---- the inverse-CDF draw ------------------------------------------------- */
-
-enum smp_src_mode {
-    SMP_SRC_PLAIN = 0,    /* p[v] */
-    SMP_SRC_RESIDUAL = 1, /* max(0, p[v] - q[v]) */
-    SMP_SRC_EXCLUDE = 2,  /* p[v], 0 at v == exclude */
-};
-
-struct smp_src {
-    const float *p;
-    const float *q;
-    int mode;
-    int exclude;
-};
-
-static __device__ __forceinline__ float smp_value(const struct smp_src &s, int v)
-{
-    const float a = s.p[v];
-    if (s.mode == SMP_SRC_RESIDUAL) {
-        const float r = __fsub_rn(a, s.q[v]);
-        return r > 0.0f ? r : 0.0f;
-    }
-    if (s.mode == SMP_SRC_EXCLUDE && v == s.exclude)
-        return 0.0f;
-    return a;
-}
-
-/* sampling_draw of the row src describes (n entries) at uniform u, in the
- * order stated in the file header. -1 when no entry is positive. All threads
- * call it; every thread gets the result. */
-static __device__ int smp_block_draw(const struct smp_src src, int n, float u)
-{
-    __shared__ double seg_sum[SMP_WARPS];
-    __shared__ double seg_base[SMP_WARPS + 1];
-    __shared__ double warp_tot[SMP_WARPS];
-    __shared__ double warp_off[SMP_WARPS];
-    __shared__ double target_sh;
-    __shared__ int first_seg;
-    __shared__ int cand;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int seg_len = (n + SMP_WARPS - 1) / SMP_WARPS;
-
-    /* Pass 1: segment sums (lane-strided, then the xor butterfly) and the
-     * last positive entry. */
-    int last = -1;
-    {
-        const int s0 = min(n, warp * seg_len), s1 = min(n, s0 + seg_len);
-        double s = 0.0;
-        for (int v = s0 + lane; v < s1; v += 32) {
-            const float a = smp_value(src, v);
-            if (a > 0.0f) {
-                s = __dadd_rn(s, (double)a);
-                last = v;
-            }
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            s = __dadd_rn(s, __shfl_xor_sync(SMP_FULL_MASK, s, off));
-        if (lane == 0)
-            seg_sum[warp] = s;
-    }
-    last = smp_block_max_int(last); /* its barriers publish seg_sum */
-    if (last < 0)
-        return -1;
-    if (tid == 0) {
-        double b = 0.0;
-        for (int w = 0; w < SMP_WARPS; w++) {
-            seg_base[w] = b;
-            b = __dadd_rn(b, seg_sum[w]);
-        }
-        seg_base[SMP_WARPS] = b;
-        const double target = __dmul_rn((double)u, b);
-        int first = SMP_WARPS;
-        for (int w = 0; w < SMP_WARPS; w++)
-            if (seg_sum[w] > 0.0 && seg_base[w + 1] > target) {
-                first = w;
-                break;
-            }
-        target_sh = target;
-        first_seg = first;
-    }
-    __syncthreads();
-    const double target = target_sh;
-    int result = -1;
-    for (int w = first_seg; w < SMP_WARPS; w++) { /* uniform across the block */
-        const int s0 = min(n, w * seg_len), s1 = min(n, s0 + seg_len);
-        if (s1 <= s0)
-            continue;
-        const int chunk = (s1 - s0 + SMP_THREADS - 1) / SMP_THREADS;
-        const int c0 = min(s1, s0 + tid * chunk), c1 = min(s1, c0 + chunk);
-        double local = 0.0;
-        for (int v = c0; v < c1; v++) {
-            const float a = smp_value(src, v);
-            if (a > 0.0f)
-                local = __dadd_rn(local, (double)a);
-        }
-        /* Exclusive prefix of the chunk sums: shuffle scan in lane order,
-         * then the warp totals chained by thread 0. */
-        double incl = local;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const double o = __shfl_up_sync(SMP_FULL_MASK, incl, off);
-            if (lane >= off)
-                incl = __dadd_rn(incl, o);
-        }
-        double excl = __shfl_up_sync(SMP_FULL_MASK, incl, 1);
-        if (lane == 0)
-            excl = 0.0;
-        if (lane == 31)
-            warp_tot[warp] = incl;
-        __syncthreads();
-        if (tid == 0) {
-            double o = 0.0;
-            for (int j = 0; j < SMP_WARPS; j++) {
-                warp_off[j] = o;
-                o = __dadd_rn(o, warp_tot[j]);
-            }
-            cand = INT_MAX;
-        }
-        __syncthreads();
-        double cum = __dadd_rn(seg_base[w], __dadd_rn(warp_off[warp], excl));
-        for (int v = c0; v < c1; v++) {
-            const float a = smp_value(src, v);
-            if (a > 0.0f) {
-                cum = __dadd_rn(cum, (double)a);
-                if (cum > target) {
-                    atomicMin(&cand, v); /* min: order-free */
-                    break;
-                }
-            }
-        }
-        __syncthreads();
-        const int c = cand;
-        __syncthreads(); /* every thread has read cand before it is reset */
-        if (c != INT_MAX) {
-            result = c;
-            break;
-        }
-    }
-    return result >= 0 ? result : last;
-}
-
 /* ---- kernels ----------------------------------------------------------------- */
 
 __global__ void __launch_bounds__(SMP_THREADS, 1)
@@ -698,134 +364,6 @@ __global__ void __launch_bounds__(SMP_THREADS, 1)
         tokens[r] = tok;
 }
 
-/* Block (s, i): row i of sequence s. Sampled sequences: every block's thread
- * 0 replays the accept tests t_1.. (cheap: one p and one q value each) to
- * find the first rejection n; block n alone draws and writes the result.
- * Greedy sequences: block i writes argmax p_i into tokens[i]; the finishing
- * kernel compares. */
-__global__ void __launch_bounds__(SMP_THREADS, 1)
-    smp_verify_kernel(struct kern_cuda_spec_result *results, const struct kern_cuda_spec_seq *seqs,
-                      const float *p_rows, const float *q_rows, const int32_t *drafts, int vocab)
-{
-    __shared__ int n_acc_sh, bad_sh;
-    const int s = blockIdx.x, i = blockIdx.y, tid = threadIdx.x;
-    const struct kern_cuda_spec_seq sq = seqs[s];
-    if (i > sq.k)
-        return;
-    const int32_t *dr = sq.k > 0 ? drafts + sq.draft0 : NULL;
-    const float *prow = p_rows + ((size_t)sq.p_row0 + (size_t)i) * (size_t)vocab;
-    struct kern_cuda_spec_result *out = &results[s];
-
-    if (sq.greedy) {
-        int ignored;
-        const int a = smp_block_argmax(prow, vocab, &ignored);
-        if (tid == 0)
-            out->tokens[i] = a;
-        return;
-    }
-    if (tid == 0) {
-        int bad = 0, n = sq.k;
-        for (int j = 0; j < sq.k; j++)
-            if (dr[j] < 0 || dr[j] >= vocab)
-                bad = 1;
-        for (int j = 0; !bad && j < sq.k; j++) {
-            const int32_t t = dr[j];
-            const uint64_t pos = sq.position0 + (uint64_t)j;
-            const float pt = p_rows[((size_t)sq.p_row0 + (size_t)j) * (size_t)vocab + (size_t)t];
-            const float u =
-                smp_philox_uniform(sq.seed, KERN_CUDA_PHILOX_STREAM_TARGET_ACCEPT, pos, 0u);
-            bool accept;
-            if (!(pt > 0.0f)) {
-                accept = false;
-            } else if (sq.mode == KERN_CUDA_SPEC_MODE_POINT_MASS) {
-                accept = u < pt;
-            } else {
-                const float qt =
-                    q_rows[((size_t)sq.q_row0 + (size_t)j) * (size_t)vocab + (size_t)t];
-                /* exact: u and q(t) have 24-bit significands */
-                accept = __dmul_rn((double)u, (double)(qt > 0.0f ? qt : 0.0f)) < (double)pt;
-            }
-            if (!accept) {
-                n = j;
-                break;
-            }
-        }
-        n_acc_sh = n;
-        bad_sh = bad;
-    }
-    __syncthreads();
-    const int n = n_acc_sh;
-    if (bad_sh) {
-        if (i == 0 && tid == 0) {
-            out->n_accepted = 0;
-            out->status = KERN_CUDA_SAMPLE_BAD_DRAFT;
-            out->tokens[0] = -1;
-        }
-        return;
-    }
-    if (i != n)
-        return;
-    const float u = smp_philox_uniform(sq.seed, KERN_CUDA_PHILOX_STREAM_TARGET_SAMPLE,
-                                       sq.position0 + (uint64_t)i, 0u);
-    const struct smp_src plain = {prow, NULL, SMP_SRC_PLAIN, 0};
-    int tok;
-    if (i < sq.k && sq.debug_fault != KERN_CUDA_SPEC_DEBUG_RESIDUAL_FROM_P) {
-        struct smp_src corr = {prow, NULL, SMP_SRC_EXCLUDE, dr[i]};
-        if (sq.mode != KERN_CUDA_SPEC_MODE_POINT_MASS) {
-            corr.q = q_rows + ((size_t)sq.q_row0 + (size_t)i) * (size_t)vocab;
-            corr.mode = SMP_SRC_RESIDUAL;
-        }
-        tok = smp_block_draw(corr, vocab, u);
-        if (tok < 0) /* residual empty through rounding: rejection had probability ~0 */
-            tok = smp_block_draw(plain, vocab, u);
-    } else {
-        tok = smp_block_draw(plain, vocab, u); /* bonus, or the broken variant */
-    }
-    if (tid == 0) {
-        for (int j = 0; j < i; j++)
-            out->tokens[j] = dr[j];
-        out->tokens[i] = tok;
-        out->n_accepted = i;
-        out->status = tok >= 0 ? KERN_CUDA_SAMPLE_OK : KERN_CUDA_SAMPLE_NO_MASS;
-    }
-}
-
-/* Greedy sequences after smp_verify_kernel: accept while argmax p_i == t_i. */
-__global__ void __launch_bounds__(SMP_FINISH_THREADS)
-    smp_verify_greedy_kernel(struct kern_cuda_spec_result *results,
-                             const struct kern_cuda_spec_seq *seqs, const int32_t *drafts,
-                             int n_seqs, int vocab)
-{
-    const int s = blockIdx.x * SMP_FINISH_THREADS + threadIdx.x;
-    if (s >= n_seqs)
-        return;
-    const struct kern_cuda_spec_seq sq = seqs[s];
-    if (!sq.greedy)
-        return;
-    const int32_t *dr = sq.k > 0 ? drafts + sq.draft0 : NULL;
-    struct kern_cuda_spec_result *out = &results[s];
-    for (int j = 0; j < sq.k; j++)
-        if (dr[j] < 0 || dr[j] >= vocab) {
-            out->n_accepted = 0;
-            out->status = KERN_CUDA_SAMPLE_BAD_DRAFT;
-            out->tokens[0] = -1;
-            return;
-        }
-    for (int i = 0; i <= sq.k; i++) {
-        const int32_t tok = out->tokens[i];
-        if (tok < 0) {
-            out->n_accepted = i;
-            out->status = KERN_CUDA_SAMPLE_NO_MASS;
-            return;
-        }
-        if (i == sq.k || tok != dr[i]) {
-            out->n_accepted = i;
-            out->status = KERN_CUDA_SAMPLE_OK;
-            return;
-        }
-    }
-}
-
 /* Grid-stride (cuda_grid_1d caps the grid). */
 __global__ void smp_philox_uniform_kernel(float *out, const struct kern_cuda_philox_arg *in, int n)
 {
@@ -857,15 +395,6 @@ static double smp_q_scale(int vocab)
     while (((int64_t)1 << c) < (int64_t)vocab)
         c++;
     return ldexp(1.0, 63 - c);
-}
-
-static int smp_enter(struct kern_backend *be, const char *what, struct cuda_backend **cb_out,
-                     char *err)
-{
-    if (!be || strcmp(be->name, "cuda") != 0)
-        return error_set(err, ERR_INVALID_ARG, "%s: not a cuda backend", what);
-    *cb_out = cuda_backend_of(be);
-    return cuda_backend_enter(*cb_out, err);
 }
 
 static int smp_check_params(const struct kern_cuda_sample_params *params, int n_rows, char *err)
@@ -1022,67 +551,6 @@ extern "C" int kern_cuda_draw(struct kern_backend *be, int32_t *tokens_dev, cons
     return 0;
 }
 
-extern "C" int kern_cuda_speculate_verify(struct kern_backend *be,
-                                          struct kern_cuda_spec_result *results_dev,
-                                          const struct kern_cuda_spec_seq *seqs, int n_seqs,
-                                          const float *p_rows_dev, const float *q_rows_dev,
-                                          const int32_t *draft_tokens_dev, int vocab, char *err)
-{
-    if (n_seqs < 0 || vocab < 1)
-        return error_set(err, ERR_INVALID_ARG, "cuda speculate_verify: bad shape n_seqs=%d "
-                         "vocab=%d", n_seqs, vocab);
-    if (n_seqs == 0)
-        return 0;
-    if (!results_dev || !seqs || !p_rows_dev)
-        return error_set(err, ERR_INVALID_ARG,
-                         "cuda speculate_verify: results, seqs and p_rows are required");
-    int k_max = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const struct kern_cuda_spec_seq *q = &seqs[s];
-        if (q->k < 0 || q->k > KERN_CUDA_SPEC_K_MAX)
-            return error_set(err, ERR_INVALID_ARG, "seqs[%d].k: must be in 0..%d, got %d", s,
-                             KERN_CUDA_SPEC_K_MAX, (int)q->k);
-        if (q->mode != KERN_CUDA_SPEC_MODE_SAMPLED && q->mode != KERN_CUDA_SPEC_MODE_POINT_MASS)
-            return error_set(err, ERR_INVALID_ARG, "seqs[%d].mode: unknown mode %d", s,
-                             (int)q->mode);
-        if (q->debug_fault != KERN_CUDA_SPEC_DEBUG_NONE &&
-            q->debug_fault != KERN_CUDA_SPEC_DEBUG_RESIDUAL_FROM_P)
-            return error_set(err, ERR_INVALID_ARG, "seqs[%d].debug_fault: unknown fault %d", s,
-                             (int)q->debug_fault);
-        if (q->p_row0 < 0)
-            return error_set(err, ERR_INVALID_ARG, "seqs[%d].p_row0: negative (%d)", s,
-                             (int)q->p_row0);
-        if (q->k > 0 && (q->draft0 < 0 || !draft_tokens_dev))
-            return error_set(err, ERR_INVALID_ARG,
-                             "seqs[%d].draft0: draft_tokens required at a nonnegative offset "
-                             "for k = %d", s, (int)q->k);
-        if (!q->greedy && q->mode == KERN_CUDA_SPEC_MODE_SAMPLED && q->k > 0 &&
-            (q->q_row0 < 0 || !q_rows_dev))
-            return error_set(err, ERR_INVALID_ARG,
-                             "seqs[%d].q_row0: q_rows required at a nonnegative offset in "
-                             "sampled mode", s);
-        if (q->k > k_max)
-            k_max = q->k;
-    }
-    struct cuda_backend *cb = NULL;
-    int rc = smp_enter(be, "kern_cuda_speculate_verify", &cb, err);
-    if (rc < 0)
-        return rc;
-    const void *dev = NULL;
-    if ((rc = cuda_backend_stage(cb, seqs, (size_t)n_seqs * sizeof(*seqs), &dev, err)) < 0)
-        return rc;
-    const struct kern_cuda_spec_seq *d_seqs = (const struct kern_cuda_spec_seq *)dev;
-    const dim3 grid((unsigned int)n_seqs, (unsigned int)(k_max + 1));
-    smp_verify_kernel<<<grid, SMP_THREADS, 0, cb->stream>>>(results_dev, d_seqs, p_rows_dev,
-                                                            q_rows_dev, draft_tokens_dev, vocab);
-    CUDA_CHECK_LAUNCH("smp_verify_kernel");
-    const unsigned int blocks =
-        (unsigned int)((n_seqs + SMP_FINISH_THREADS - 1) / SMP_FINISH_THREADS);
-    smp_verify_greedy_kernel<<<blocks, SMP_FINISH_THREADS, 0, cb->stream>>>(
-        results_dev, d_seqs, draft_tokens_dev, n_seqs, vocab);
-    CUDA_CHECK_LAUNCH("smp_verify_greedy_kernel");
-    return 0;
-}
 
 extern "C" int kern_cuda_philox_uniforms(struct kern_backend *be, float *out_dev,
                                          const struct kern_cuda_philox_arg *in_dev, int n,
