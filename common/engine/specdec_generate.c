@@ -45,12 +45,11 @@ static int append_tokens(const struct specdec_request *req, const int32_t *token
     return kept;
 }
 
-int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
-                     const struct specdec_request *req, int32_t *out_tokens, int *n_out,
-                     struct specdec_stats *stats, specdec_emit_fn emit, void *user, char *err)
+/* The request's parameters against the pair's: 0 with the context both
+ * halves share in *max_seq, or the error. */
+static int check_request(const struct specdec_draft *draft, const struct specdec_target *target,
+                         const struct specdec_request *req, int *max_seq_out, char *err)
 {
-    memset(stats, 0, sizeof *stats);
-    *n_out = 0;
     int rc = sampling_params_validate(&req->sampling, err);
     if (rc)
         return rc;
@@ -70,6 +69,31 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         return error_set(err, ERR_CONTEXT_FULL,
                          "prompt: %d tokens leave no room to generate in a context of %d",
                          req->n_prompt, max_seq);
+    *max_seq_out = max_seq;
+    return 0;
+}
+
+/* The n-gram drafts of a round (specdec_request.ngram) after seq[0..len),
+ * at most K (k_fixed, else SPECDEC_NGRAM_K) and as many as room leaves
+ * beside the token after them. */
+static int ngram_round(const struct specdec_request *req, const int32_t *seq, int len, int room, int32_t *drafted)
+{
+    int cap = req->k_fixed > 0 ? req->k_fixed : SPECDEC_NGRAM_K;
+    if (cap > room - 1)
+        cap = room - 1;
+    return cap > 0 ? ngram_draft(req->ngram, seq, len, cap, drafted) : 0;
+}
+
+int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
+                     const struct specdec_request *req, int32_t *out_tokens, int *n_out,
+                     struct specdec_stats *stats, specdec_emit_fn emit, void *user, char *err)
+{
+    memset(stats, 0, sizeof *stats);
+    *n_out = 0;
+    int max_seq = 0;
+    int rc = check_request(draft, target, req, &max_seq, err);
+    if (rc)
+        return rc;
     if ((rc = llama_ctx_truncate(target->ctx, req->slot, 0, err)) ||
         (draft && (rc = llama_ctx_truncate(draft->ctx, req->slot, 0, err))))
         return rc;
@@ -144,10 +168,7 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         int k = draft ? adaptive_k_next(&kc, room) : 0;
         enum speculate_mode mode = req->mode;
         if (!draft && req->ngram) {
-            int cap = req->k_fixed > 0 ? req->k_fixed : SPECDEC_NGRAM_K;
-            if (cap > room - 1)
-                cap = room - 1; /* the drafts and the token after them */
-            k = cap > 0 ? ngram_draft(req->ngram, seq, len, cap, drafted) : 0;
+            k = ngram_round(req, seq, len, room, drafted);
             mode = SPECULATE_MODE_POINT_MASS; /* no draft distribution exists */
         }
         double t0 = specdec_now_ms();
