@@ -88,10 +88,12 @@ def test():
 
     # A hung draft (SIGSTOP) while a request runs: a verification sent
     # beside its draft stops waiting, the draft is declared lost, and the
-    # request finishes target-only with the target's output.
+    # request finishes target-only with the target's output. (Draft
+    # "model": this request repeats earlier ones, which "auto" would draft
+    # from the suffix cache without waiting on the draft at all.)
     losses = p.stats()["workers"]["draft"]["losses"]
     s.send_json({"v": 1, "type": "generate", "id": "hung-draft", "prompt_ids": ids, "max_tokens": 600,
-                 "temperature": 0, "stream": True})
+                 "temperature": 0, "stream": True, "draft": "model"})
     check(next_event(s, "hung-draft")["type"] == "token", "hung-draft request did not start")
     p.procs["draft"].send_signal(signal.SIGSTOP)
     try:
@@ -100,7 +102,10 @@ def test():
         p.procs["draft"].send_signal(signal.SIGCONT)
     check(done.get("ids") == ref[:600], "after the draft hung: %s" % {k: v for k, v in done.items() if k != "ids"})
     st = p.stats()
-    check(st["workers"]["draft"]["losses"] == losses + 1, "the hung draft was not declared lost: %s" % st["workers"])
+    # At least one loss: resumed (SIGCONT above), the draft may register
+    # twice before these stats, the second time after noticing its dropped
+    # connection, which the registry counts as a restart (a second loss).
+    check(st["workers"]["draft"]["losses"] >= losses + 1, "the hung draft was not declared lost: %s" % st["workers"])
     print("hung draft: %d verifications beside drafts, %d given up" %
           (st["spec"]["verify_beside_draft"], st["spec"]["verify_beside_draft_failed"]))
 
