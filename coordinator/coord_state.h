@@ -185,6 +185,7 @@ struct seq {
      * source ([0] n-gram, [1] suffix cache): drafts accepted, drafts put to
      * the test (each accepted one and the first rejected) */
     int match_accepted[2], match_trials[2];
+    int match_miss_run;      /* plain steps the next lookup that finds nothing sends (scheduler.c) */
     enum beside_draft beside_draft; /* VERIFY_BESIDE_DRAFT */
     /* While a fresh draft is awaited (DRAFTING, VERIFY_BESIDE_DRAFT): the
      * draft call in flight. */

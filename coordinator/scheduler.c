@@ -69,11 +69,13 @@ static void seq_start(struct coordinator *c, struct seq *s);
  * only at an end-of-sequence token or a release, so its length bounds
  * nothing but how long a draft that registers meanwhile waits to be used. */
 #define PLAIN_RUN_MAX 32
-/* Plain steps after an n-gram lookup found nothing, before the next one:
- * each lookup costs a trip through the coordinator (0.4-0.7 ms against a
- * 5 ms step of the small target on 2 cores), so a run keeps a request
- * that never matches near target-only speed, at the price of a few tokens
- * of a match found late. */
+/* Plain steps after a lookup for a match found nothing, before the next
+ * one: each lookup costs a trip through the coordinator (0.4-0.7 ms
+ * against a 5 ms step of the small target on 2 cores) and the target's
+ * wait for the next verification. The run doubles with every miss in a
+ * row, up to PLAIN_RUN_MAX, and starts again from MATCH_MISS_RUN after a
+ * match: a request that never matches runs near target-only speed, one
+ * that starts repeating itself is caught within a few tokens. */
 #define MATCH_MISS_RUN 4
 
 static struct worker_msg_seq msg_seq(const struct seq *s)
@@ -334,6 +336,7 @@ static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
     if (k == 0)
         return false;
     send_verify_of(c, s, k, COORD_HALF_FRESH, ++s->round_counter, 0, 1, false, drafts, source);
+    s->match_miss_run = MATCH_MISS_RUN;
     return true;
 }
 
@@ -442,7 +445,10 @@ static void seq_advance(struct coordinator *c, struct seq *s)
     } else if (s->draft == REQUEST_DRAFT_NGRAM || (s->draft == REQUEST_DRAFT_SUFFIX && c->suffix) ||
                (s->draft == REQUEST_DRAFT_AUTO && sampling_params_is_greedy(&s->sp))) {
         /* no match now: a few plain steps, then another look */
-        steps = room < MATCH_MISS_RUN ? room : MATCH_MISS_RUN;
+        if (s->match_miss_run < MATCH_MISS_RUN)
+            s->match_miss_run = MATCH_MISS_RUN;
+        steps = room < s->match_miss_run ? room : s->match_miss_run;
+        s->match_miss_run = s->match_miss_run * 2 < PLAIN_RUN_MAX ? s->match_miss_run * 2 : PLAIN_RUN_MAX;
     } else {
         steps = room < PLAIN_RUN_MAX ? room : PLAIN_RUN_MAX;
         c->metrics.target_only_rounds_total += (uint64_t)steps;

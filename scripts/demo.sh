@@ -36,7 +36,7 @@ run_dir=$(mktemp -d /tmp/tandem-demo-XXXXXX)
 cat > "$run_dir/demo-config.json" <<JSON
 {
   "instance": "$instance",
-  "coordinator": {"client_endpoint": "$endpoint", "max_concurrency": 2,
+  "coordinator": {"client_endpoint": "$endpoint", "max_concurrency": 2, "spec_k_max": 7,
                   "worker_endpoint": "ipc://$run_dir/workers"},
   "draft_worker": {"model": "$draft", "backend": "cpu", "threads": 2, "max_seq_len": 2048},
   "target_worker": {"model": "$target", "backend": "cpu", "threads": 2, "max_seq_len": 2048}

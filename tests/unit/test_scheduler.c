@@ -699,6 +699,14 @@ static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
     assert_int_equal(v.steps, 4);
     assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
     no_more_commands();
+    /* still nothing to match after the run: the next run is twice as long */
+    for (int step = 1; step <= 4; step++) {
+        const int32_t fresh = 40 + step;
+        verify_done(c, s, v.round, 0, &fresh, step);
+    }
+    v = expect_verify();
+    assert_int_equal(v.k, 0);
+    assert_int_equal(v.steps, 8);
 }
 
 /* Answers a sequence's commands until it ends, as run_to_end does, and

@@ -3,7 +3,7 @@
 pipeline, greedy, in one run.
 
     bench_drafters.py [--build DIR] [--pair tiny|small] [--target DIR --draft DIR] [--max-tokens N]
-                      [--threads N] [--repeat N] [--candidates N]
+                      [--threads N] [--repeat N] [--candidates N] [--spec-k-max K]
 
 Sources: none (target-only through the pipeline), model, ngram, suffix, auto.
 Scenarios:
@@ -16,8 +16,8 @@ Scenarios:
 (a) runs on a pipeline with the suffix cache; (b) and (c) on a second one
 without it (coordinator.suffix_cache_mib 0), so that running the same request
 once per source does not turn (b) and (c) into (a): there `suffix` finds
-nothing and `auto` is the model's. Runs are interleaved, the source order
-rotating each repeat; medians. Prints tokens/s and its ratio to target-only,
+nothing and `auto` is the model's. Runs are interleaved, in a new random
+order each repeat; medians. Prints tokens/s and its ratio to target-only,
 the acceptance (accepted / drafted) and the mean accepted tokens per round.
 Models: --target/--draft, else (--pair small, the default) models/small and
 models/small-draft (the demo's pair) when present, else a tiny pair made in a
@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="threads per worker")
     ap.add_argument("--repeat", type=int, default=3, help="runs per source and scenario (the median is printed)")
     ap.add_argument("--candidates", type=int, default=8, help="random prompts tried for (b) and (c)")
+    ap.add_argument("--spec-k-max", type=int, default=8, help="coordinator.spec_k_max: the most drafts a round carries")
     args = ap.parse_args()
     os.environ["TANDEM_BUILD_DIR"] = os.path.abspath(args.build)
     import tandem_e2e
@@ -65,7 +66,8 @@ def main():
 
     def pipeline(name, suffix_mib):
         p = Pipeline(name, max_concurrency=1, extra={"coordinator": {"suffix_cache_mib": suffix_mib,
-                                                                     "request_timeout_ms": 3600000}})
+                                                                     "request_timeout_ms": 3600000,
+                                                                     "spec_k_max": args.spec_k_max}})
         if args.target:
             p.config["target_worker"]["model"] = os.path.abspath(args.target)
             p.config["draft_worker"]["model"] = os.path.abspath(args.draft)
@@ -88,8 +90,13 @@ def main():
 
     def measure(p, sock, ids, label, results, ref):
         rows = {s: [] for s in SOURCES}
+        shuffle = random.Random(len(label))
         for r in range(args.repeat):
-            order = SOURCES[r % len(SOURCES):] + SOURCES[:r % len(SOURCES)]
+            # a fresh order each repeat: a source that always followed the
+            # same one would inherit its leftovers (a draft worker still
+            # spinning after a model request slows what comes next)
+            order = list(SOURCES)
+            shuffle.shuffle(order)
             for source in order:
                 d = run(p, sock, ids, source, "%s-%s-%d" % (label, source, r))
                 check(d["ids"] == ref, "%s, %s: output differs from target-only" % (label, source))
@@ -124,7 +131,7 @@ def main():
     p.close()
 
     med = lambda xs: statistics.median(xs) if xs else 0.0
-    print("== draft sources, greedy, %d tokens, %d runs each (medians, order rotating) ==" %
+    print("== draft sources, greedy, %d tokens, %d runs each (medians, order shuffled per repeat) ==" %
           (args.max_tokens, args.repeat))
     print("repeated 4-grams in the output: (b) %.2f, (c) %.2f" % (loops[0], plain[0]))
     for label, rows in results.items():
