@@ -162,6 +162,7 @@ struct seq {
 
     int32_t *hist;           /* prompt + generated */
     int n_hist, cap_hist, n_prompt;
+    int prompt_cached;       /* prompt tokens the target found in its prefix cache */
     int generated;
     int target_len;
     int draft_valid;         /* leading tokens of hist the draft's cache holds */

@@ -165,6 +165,18 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(target, "registrations", m->worker_registrations[1]);
     NUM(target, "losses", m->worker_losses[1]);
     ok = ok && cJSON_AddBoolToObject(target, "lane", g->target_lane) != NULL;
+    cJSON *role_obj[2] = {draft, target};
+    for (int r = 0; r < 2; r++) {
+        cJSON *pc = cJSON_AddObjectToObject(role_obj[r], "prefix_cache");
+        ok = ok && pc != NULL;
+        if (!ok)
+            break;
+        NUM(pc, "queries", m->prefix_queries[r]);
+        NUM(pc, "hits", m->prefix_hits[r]);
+        NUM(pc, "hit_rate", ratio((double)m->prefix_hits[r], (double)m->prefix_queries[r]));
+        NUM(pc, "cached_blocks", m->prefix_cached_blocks[r]);
+        NUM(pc, "evictions", m->prefix_evictions[r]);
+    }
 #undef NUM
     if (!ok)
         return error_set(err, ERR_NOMEM, "stats: out of memory");
@@ -333,10 +345,44 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
                    "tandem_worker_losses_total{role=\"draft\"} %llu\n"
                    "tandem_worker_losses_total{role=\"target\"} %llu\n",
               (unsigned long long)m->worker_losses[0], (unsigned long long)m->worker_losses[1]);
+    static const char *const roles[2] = {"draft", "target"};
+    static const struct {
+        const char *name, *type, *help;
+    } prefix_series[] = {
+        {"tandem_prefix_cache_queries_total", "counter", "Prompt tokens looked up in a worker's prefix cache."},
+        {"tandem_prefix_cache_hits_total", "counter", "Prompt tokens found in a worker's prefix cache (not computed)."},
+        {"tandem_prefix_cache_blocks", "gauge", "KV blocks a worker keeps cached that no sequence holds."},
+        {"tandem_prefix_cache_evictions_total", "counter", "Cached KV blocks a worker took back for new content."},
+    };
+    for (size_t i = 0; i < sizeof prefix_series / sizeof prefix_series[0]; i++) {
+        tb_printf(&tb, "# HELP %s %s\n# TYPE %s %s\n", prefix_series[i].name, prefix_series[i].help,
+                  prefix_series[i].name, prefix_series[i].type);
+        for (int r = 0; r < 2; r++) {
+            const double v = i == 0 ? (double)m->prefix_queries[r]
+                             : i == 1 ? (double)m->prefix_hits[r]
+                             : i == 2 ? (double)m->prefix_cached_blocks[r]
+                                      : (double)m->prefix_evictions[r];
+            tb_printf(&tb, "%s{worker=\"%s\"} %.17g\n", prefix_series[i].name, roles[r], v);
+        }
+    }
     if (tb.failed) {
         free(tb.s);
         return error_set(err, ERR_NOMEM, "prometheus: out of memory");
     }
     *text_out = tb.s;
     return 0;
+}
+
+void metrics_prefix_report(struct metrics *m, int role, int looked_up, int cached, int cached_blocks,
+                           int64_t evictions)
+{
+    if (role < 0 || role > 1)
+        return;
+    m->prefix_queries[role] += (uint64_t)looked_up;
+    m->prefix_hits[role] += (uint64_t)cached;
+    m->prefix_cached_blocks[role] = cached_blocks;
+    /* a count below the last one is a restarted worker counting from 0 */
+    const int64_t seen = m->prefix_evictions_seen[role];
+    m->prefix_evictions[role] += (uint64_t)(evictions >= seen ? evictions - seen : evictions);
+    m->prefix_evictions_seen[role] = evictions;
 }

@@ -85,7 +85,20 @@ struct metrics {
     uint64_t worker_registrations[2]; /* [0] draft, [1] target */
     uint64_t worker_losses[2];
     uint64_t draft_refusals;
+    /* the workers' prefix caches ([0] draft, [1] target): prompt tokens looked
+     * up and found, from each prompt's reply; blocks kept and evictions as
+     * the latest reply said (evictions summed across worker restarts) */
+    uint64_t prefix_queries[2], prefix_hits[2];
+    int prefix_cached_blocks[2];
+    uint64_t prefix_evictions[2];
+    int64_t prefix_evictions_seen[2]; /* the worker's own count in its latest reply */
 };
+
+/* A worker's reply for a prompt: looked_up tokens, cached of them found;
+ * its cache now holds cached_blocks, and it has evicted evictions blocks
+ * since it started. role: 0 draft, 1 target. */
+void metrics_prefix_report(struct metrics *m, int role, int looked_up, int cached, int cached_blocks,
+                           int64_t evictions);
 
 /* State the coordinator knows at render time. */
 struct metrics_gauges {

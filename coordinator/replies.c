@@ -163,6 +163,7 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
         cJSON *u = cJSON_AddObjectToObject(m, "usage");
         if (u != NULL) {
             cJSON_AddNumberToObject(u, "prompt_tokens", s->n_prompt);
+            cJSON_AddNumberToObject(u, "cached_prompt_tokens", s->prompt_cached);
             cJSON_AddNumberToObject(u, "generated_tokens", s->generated);
         }
         cJSON *tm = cJSON_AddObjectToObject(m, "timing");

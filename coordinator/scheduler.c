@@ -616,6 +616,11 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     }
     const double now = coord_now_ms();
     const enum round_state was = s->round_state;
+    if (m.prefix.present) {
+        metrics_prefix_report(&c->metrics, ROLE_TARGET, m.prefix.looked_up, m.prefix.cached,
+                              m.prefix.cached_blocks, m.prefix.evictions);
+        s->prompt_cached = m.prefix.cached;
+    }
     const double round_wall_ms = round_timing_verify_done(c, s, &m, was == ROUND_PREFILLING, now);
     const int k = s->verify_k, n_acc = m.n_accepted;
     /* a run of plain steps goes on at the target by itself */
@@ -761,7 +766,11 @@ void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg 
         return;
     }
     s->draft_prefilling = false;
-    LOG_DEBUG("request \"%s\": draft prefill %.1f ms", s->id, m.prefill_ms);
+    if (m.prefix.present)
+        metrics_prefix_report(&c->metrics, ROLE_DRAFT, m.prefix.looked_up, m.prefix.cached,
+                              m.prefix.cached_blocks, m.prefix.evictions);
+    LOG_DEBUG("request \"%s\": draft prefill %.1f ms (%d prompt tokens cached)", s->id, m.prefill_ms,
+              m.prefix.cached);
 }
 
 /* Drops everything the sequence expected from the draft (its cache, a

@@ -369,10 +369,12 @@ static long run_queued(void *user)
                 worker_link_send_error(w->link, PROTOCOL_PREFILL, &qd->seq, qd->job.rc,
                                        qd->job.err);
             } else {
-                LOG_DEBUG("prefill req %lld slot %d: %d tokens in %.1f ms", (long long)qd->seq.req,
-                          qd->seq.slot, qd->job.n_feed, qd->compute_ms);
-                struct worker_msg_prefill_done done = {.seq = qd->seq,
-                                                       .prefill_ms = qd->compute_ms};
+                LOG_DEBUG("prefill req %lld slot %d: %d tokens (%d cached) in %.1f ms",
+                          (long long)qd->seq.req, qd->seq.slot, qd->job.n_feed, qd->job.cached,
+                          qd->compute_ms);
+                struct worker_msg_prefill_done done = {
+                    .seq = qd->seq, .prefill_ms = qd->compute_ms,
+                    .prefix = worker_main_prefix(&w->m, qd->job.n_feed, qd->job.cached)};
                 worker_link_send(w->link, worker_msg_prefill_done_encode(&done), NULL, 0);
             }
         } else if (qd->kind == QD_DRAFT) {

@@ -577,6 +577,13 @@ static cJSON *usage_json(const cJSON *done)
     cJSON_AddNumberToObject(o, "prompt_tokens", pt);
     cJSON_AddNumberToObject(o, "completion_tokens", gt);
     cJSON_AddNumberToObject(o, "total_tokens", pt + gt);
+    /* prompt tokens the target did not compute: its prefix cache had them */
+    const cJSON *cached = cJSON_GetObjectItemCaseSensitive(u, "cached_prompt_tokens");
+    if (cJSON_IsNumber(cached)) {
+        cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
+        if (d != NULL)
+            cJSON_AddNumberToObject(d, "cached_tokens", cached->valuedouble);
+    }
     /* drafted tokens the target accepted and rejected, in OpenAI's own
      * words for predicted tokens (its "predicted outputs" are drafts too) */
     const cJSON *spec = cJSON_GetObjectItemCaseSensitive(done, "spec");

@@ -386,6 +386,8 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
         .tokens = j->tokens_out, .n_tokens = j->n_accepted + 1, .call = w->steps,
         .call_seqs = info->seqs, .call_rows = info->rows, .call_ms = info->ms,
     };
+    if (j->keep_len == 0) /* a prompt */
+        done.prefix = worker_main_prefix(&w->m, j->n_feed, j->cached);
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_done_encode(&done, &frame);
     worker_link_send(w->link, h, &frame, 1);

@@ -148,7 +148,9 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
         goto fail;
     struct llama_ctx_params cp = {.n_slots = cfg->coordinator.max_concurrency,
                                   .max_seq_len = wc->max_seq_len, .max_rows = 0,
-                                  .kv_block_size = LLAMA_DEFAULT_KV_BLOCK_SIZE};
+                                  .kv_block_size = LLAMA_DEFAULT_KV_BLOCK_SIZE,
+                                  .prefix_cache = wc->prefix_cache != 0,
+                                  .prefix_cache_tokens = wc->prefix_cache_tokens};
     if (wc->kv_tokens > 0) {
         /* at least one full sequence, at most every slot full */
         long blocks = ((long)wc->kv_tokens + cp.kv_block_size - 1) / cp.kv_block_size;
@@ -171,11 +173,23 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
     m->kv_blocks = kv.n_blocks;
     m->kv_block_size = kv.block_size;
     m->max_seq_len = llama_ctx_max_seq_len(m->ctx);
+    m->prefix_cache = cp.prefix_cache;
     describe_cpu_use(m, wc);
     return 0;
 fail:
     worker_main_model_free(m);
     return rc;
+}
+
+struct worker_msg_prefix worker_main_prefix(const struct worker_main_model *m, int looked_up,
+                                            int cached)
+{
+    if (!m->prefix_cache)
+        return (struct worker_msg_prefix){.present = false};
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(m->ctx, &kv);
+    return (struct worker_msg_prefix){.present = true, .looked_up = looked_up, .cached = cached,
+                                      .cached_blocks = kv.cached_blocks, .evictions = kv.evictions};
 }
 
 int worker_main_model_warm_up(struct worker_main_model *m, char *err)

@@ -56,6 +56,7 @@ struct worker_main_model {
     struct llama_ctx *ctx; /* n_slots sequences of max_seq_len positions */
     int vocab, n_slots, max_seq_len;
     int kv_blocks, kv_block_size; /* the paged KV pool all slots share */
+    bool prefix_cache;            /* whether the pool keeps filled blocks for later prompts */
     /* The cores a CPU backend computes on, for register's "cpu" (cpu.present
      * false on a GPU backend, or where the host or the affinity could not
      * be read: the coordinator then measures instead of knowing). */
@@ -73,6 +74,12 @@ struct worker_main_model {
  * On failure m is freed and zeroed. */
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
                            const struct worker_config *wc, char *err);
+
+/* What the prefix cache did for a prompt of looked_up tokens, cached of
+ * them found, and where the cache stands, for the prompt's reply (not
+ * present with the cache off). */
+struct worker_msg_prefix worker_main_prefix(const struct worker_main_model *m, int looked_up,
+                                            int cached);
 
 /* llama_ctx_warm_up on the loaded model, timed in the log: a worker runs it
  * once its model is ready for requests (argmax copy made, sampler placed),

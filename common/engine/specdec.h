@@ -142,6 +142,7 @@ struct specdec_draft_job {
                              device sampling only; written like q_rows_out */
     /* progress and result (specdec_draft_job_init) */
     int fed, drafted;
+    int cached;           /* feed tokens found in the prefix cache (a prompt) */
     bool started, done;
     int rc;               /* 0 or the error the job ended with, err names it */
     char err[ERR_MSG_MAX];
@@ -175,6 +176,7 @@ struct specdec_verify_job {
     int n_accepted;
     /* progress (specdec_verify_job_init) */
     int fed;
+    int cached;           /* feed tokens found in the prefix cache (a prompt) */
     bool started, done;
     int rc;
     char err[ERR_MSG_MAX];

@@ -92,6 +92,7 @@ void specdec_draft_set_progress(struct specdec_draft *d, const struct specdec_pr
 void specdec_draft_job_init(struct specdec_draft_job *j)
 {
     j->fed = 0;
+    j->cached = 0;
     j->drafted = 0;
     j->started = false;
     j->done = false;
@@ -169,6 +170,10 @@ static void draft_next_entry(struct specdec_draft *d, struct specdec_draft_job *
                            "draft: q rows in device memory need device sampling");
         else
             rc = llama_ctx_truncate(d->ctx, j->slot, j->keep_len, err);
+        /* a prompt: the cached blocks it starts with are mapped, not
+         * computed; its last token is, whose logits are wanted */
+        if (rc == 0 && j->keep_len == 0)
+            j->fed = j->cached = llama_ctx_prefix_map(d->ctx, j->slot, j->feed, j->n_feed, j->n_feed - 1);
         if (rc) {
             specdec_job_fail(&j->rc, j->err, &j->done, rc, err);
             return;
@@ -310,7 +315,10 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
             continue; /* a slot's later job waits for its earlier one */
         }
         struct llama_seq_batch *e = &d->entries[n];
+        /* a start truncates and maps cached blocks (specdec_target_step) */
+        const int avail = specdec_blocks_available(d->ctx);
         draft_next_entry(d, j, e, dev_logits ? NULL : d->logits + (size_t)n * (size_t)d->vocab);
+        free_left -= avail - specdec_blocks_available(d->ctx);
         if (j->done)
             continue;
         if (dev_logits)

@@ -94,6 +94,9 @@ int specdec_grow_touched(void **buf, int *cap, int want, size_t elem, char *err)
 /* Ends a job with rc and err (its name when err is empty). */
 void specdec_job_fail(int *rc_out, char *err_out, bool *done, int rc, const char *err);
 
+/* Blocks the pool can hand out now (free and cached ones). */
+int specdec_blocks_available(const struct llama_ctx *ctx);
+
 /* Whether the pool can take entry e now (1), later (0), or never
  * (ERR_OVERLOADED: a call that could not fit even alone in an empty step).
  * *free_left counts down the blocks promised in this step. */

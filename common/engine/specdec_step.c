@@ -58,6 +58,13 @@ void specdec_job_fail(int *rc_out, char *err_out, bool *done, int rc, const char
     *done = true;
 }
 
+int specdec_blocks_available(const struct llama_ctx *ctx)
+{
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(ctx, &kv);
+    return kv.free_blocks;
+}
+
 /* Whether the pool can take entry e now. A call that could never fit, even
  * alone in an empty step, fails (ERR_OVERLOADED); otherwise it waits for a
  * later step. *free_left counts down the blocks promised in this step. */

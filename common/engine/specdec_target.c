@@ -96,6 +96,7 @@ void specdec_target_set_progress(struct specdec_target *t, const struct specdec_
 void specdec_verify_job_init(struct specdec_verify_job *j)
 {
     j->fed = 0;
+    j->cached = 0;
     j->n_accepted = 0;
     j->started = false;
     j->done = false;
@@ -147,7 +148,12 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
     if (j->q_rows_dev && !t->dev)
         return error_set(err, ERR_INVALID_ARG,
                          "verify: q rows in device memory need device sampling");
-    return llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
+    int rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
+    /* a prompt: the cached blocks it starts with are mapped, not computed;
+     * its last token is, whose logits are wanted */
+    if (rc == 0 && j->keep_len == 0)
+        j->fed = j->cached = llama_ctx_prefix_map(t->ctx, j->slot, j->feed, j->n_feed, j->n_feed - 1);
+    return rc;
 }
 
 /* Accept/reject for a job whose final entry ran: p_rows holds its k + 1
@@ -299,7 +305,13 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
         if (t->slot_busy[j->slot])
             continue; /* a slot's later job waits for its earlier one */
         if (!j->started) {
-            if ((rc = verify_start(t, j, e_err))) {
+            /* a start truncates (blocks come back) and maps cached ones
+             * (they leave the pool's reach): what this step promised stays
+             * true */
+            const int avail = specdec_blocks_available(t->ctx);
+            rc = verify_start(t, j, e_err);
+            free_left -= avail - specdec_blocks_available(t->ctx);
+            if (rc) {
                 specdec_job_fail(&j->rc, j->err, &j->done, rc, e_err);
                 continue;
             }

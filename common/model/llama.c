@@ -19,9 +19,18 @@
  * the chunk attends, and every kernel computes a row independently of the
  * others, so neither packing nor chunking changes a result.
  *
+ * Prefix caching: every block a slot fills is published under the name of
+ * its token prefix (kv_blocks.h), and kept after its slots let go until the
+ * pool needs it. A new sequence maps the longest chain of published blocks
+ * its prompt starts with (llama_ctx_prefix_map) and computes the rest. The
+ * kernels compute a row independently of the others, so a mapped block
+ * holds exactly the bits the sequence would have computed itself.
+ *
  * Invariants: a slot's cache holds positions 0 .. len-1 of one sequence in
  * blocks table[0 .. ceil(len / block_size) - 1]; positions >= len are
- * garbage and never read. A block is in exactly one table or the free list.
+ * garbage and never read. A block is free, cached, or in one or more
+ * tables (kv_blocks.h); the block a slot writes next is in its table only
+ * and not published, so a write never reaches another slot's positions.
  * A call either appends all of its tokens to every slot it names or (on a
  * validation error, including a pool too small for it) changes nothing.
  */
@@ -33,6 +42,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "kv_blocks.h"
 #include "safetensors.h"
 
 /* Rows of logits computed per LM-head call: bounds the logits scratch to
@@ -81,8 +91,8 @@ struct llama_ctx {
     size_t kv_plane;        /* floats per (layer, k|v) plane */
     int32_t *tables;        /* host [n_slots][table_stride]; -1 = no block */
     int *slot_blocks;       /* host [n_slots]: blocks held */
-    int32_t *free_list;     /* host [n_blocks]: a stack of free block ids */
-    int n_free;
+    struct kv_blocks kb;    /* which blocks are free, held, published, cached */
+    int64_t prefix_queries, prefix_hits; /* prompt tokens looked up, found */
     /* activations, backend memory, [max_rows, ...] */
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
     float *logits;          /* [LOGIT_ROWS, vocab] */
@@ -287,13 +297,12 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
     ctx->slot_len = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_len);
     ctx->slot_blocks = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_blocks);
     ctx->tables = malloc((size_t)ctx->n_slots * (size_t)table_stride * sizeof *ctx->tables);
-    ctx->free_list = malloc((size_t)n_blocks * sizeof *ctx->free_list);
     ctx->tokens = calloc((size_t)max_rows, sizeof *ctx->tokens);
     ctx->positions = calloc((size_t)max_rows, sizeof *ctx->positions);
     ctx->rows = calloc((size_t)max_rows * 2, sizeof *ctx->rows);
     ctx->chunk_tables = malloc((size_t)max_rows * (size_t)table_stride * sizeof *ctx->chunk_tables);
     ctx->chunk_seq_of = malloc((size_t)ctx->n_slots * sizeof *ctx->chunk_seq_of);
-    if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->free_list || !ctx->tokens ||
+    if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->tokens ||
         !ctx->positions || !ctx->rows || !ctx->chunk_tables || !ctx->chunk_seq_of) {
         error_set(err, rc, "llama context: out of memory");
         goto fail;
@@ -302,11 +311,12 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
         ctx->tables[i] = -1;
     for (int s = 0; s < ctx->n_slots; s++)
         ctx->chunk_seq_of[s] = -1;
-    /* Lowest ids on top: a fresh pool hands out blocks in order, and freed
-     * blocks (already touched, so committed) are reused first. */
-    ctx->n_free = ctx->n_blocks;
-    for (int b = 0; b < ctx->n_blocks; b++)
-        ctx->free_list[b] = ctx->n_blocks - 1 - b;
+    const int cap_blocks = params->prefix_cache_tokens > 0
+                               ? (params->prefix_cache_tokens + block_size - 1) / block_size
+                               : 0;
+    if ((rc = kv_blocks_init(&ctx->kb, ctx->n_blocks, block_size, params->prefix_cache, cap_blocks,
+                             err)))
+        goto fail;
     const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     ctx->kv_plane = (size_t)n_blocks * (size_t)block_size * kv_dim;
     const size_t kv_bytes = ctx->kv_plane * 2 * (size_t)c->num_hidden_layers * sizeof(float);
@@ -355,7 +365,7 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
     free(ctx->slot_len);
     free(ctx->slot_blocks);
     free(ctx->tables);
-    free(ctx->free_list);
+    kv_blocks_free(&ctx->kb);
     free(ctx->tokens);
     free(ctx->positions);
     free(ctx->rows);
@@ -378,7 +388,12 @@ void llama_ctx_kv_stats(const struct llama_ctx *ctx, struct llama_kv_stats *out)
 {
     out->block_size = ctx->block_size;
     out->n_blocks = ctx->n_blocks;
-    out->free_blocks = ctx->n_free;
+    out->free_blocks = kv_blocks_available(&ctx->kb);
+    out->cached_blocks = ctx->kb.n_cached;
+    out->published_blocks = ctx->kb.n_published;
+    out->evictions = ctx->kb.evictions;
+    out->prefix_queries = ctx->prefix_queries;
+    out->prefix_hits = ctx->prefix_hits;
 }
 
 static int blocks_for_len(const struct llama_ctx *ctx, int len)
@@ -400,7 +415,7 @@ static void release_blocks(struct llama_ctx *ctx, int slot, int keep)
     int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
     while (ctx->slot_blocks[slot] > keep) {
         int b = --ctx->slot_blocks[slot];
-        ctx->free_list[ctx->n_free++] = table[b];
+        kv_blocks_drop(&ctx->kb, table[b]);
         table[b] = -1;
     }
 }
@@ -412,7 +427,37 @@ static void take_blocks(struct llama_ctx *ctx, int slot, int new_len)
     int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
     const int want = blocks_for_len(ctx, new_len);
     while (ctx->slot_blocks[slot] < want)
-        table[ctx->slot_blocks[slot]++] = ctx->free_list[--ctx->n_free];
+        table[ctx->slot_blocks[slot]++] = kv_blocks_take(&ctx->kb);
+}
+
+/* Gives slot a block of its own for its table entry bi, holding what the
+ * shared one held: the slot is about to write into it. */
+static int copy_on_write(struct llama_ctx *ctx, int slot, int bi, char *err)
+{
+    if (kv_blocks_available(&ctx->kb) == 0)
+        return error_set(err, ERR_OVERLOADED,
+                         "kv cache: slot %d needs a block of its own to write into a shared one, "
+                         "none of %d is free", slot, ctx->n_blocks);
+    int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    const int32_t from = table[bi], to = kv_blocks_take(&ctx->kb);
+    const struct model_config *c = &ctx->model->cfg;
+    const size_t block_floats = (size_t)ctx->block_size * (size_t)c->num_key_value_heads *
+                                (size_t)c->head_dim;
+    for (size_t plane = 0; plane < 2 * (size_t)c->num_hidden_layers; plane++) {
+        float *base = ctx->kv_pool + plane * ctx->kv_plane;
+        int rc = ctx->be->ops->copy(ctx->be, base + (size_t)to * block_floats,
+                                    base + (size_t)from * block_floats,
+                                    block_floats * sizeof(float), err);
+        if (rc) {
+            kv_blocks_drop(&ctx->kb, to);
+            return rc;
+        }
+    }
+    kv_blocks_set_tokens(&ctx->kb, to, 0, ctx->kb.tokens + (size_t)from * (size_t)ctx->block_size,
+                         ctx->block_size);
+    kv_blocks_drop(&ctx->kb, from);
+    table[bi] = to;
+    return 0;
 }
 
 int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
@@ -422,9 +467,70 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
     if (new_len < 0 || new_len > ctx->slot_len[slot])
         return error_set(err, ERR_RANGE, "truncate slot %d: new length %d outside 0..%d", slot,
                          new_len, ctx->slot_len[slot]);
+    const int keep = blocks_for_len(ctx, new_len);
+    release_blocks(ctx, slot, keep);
+    if (new_len % ctx->block_size != 0) {
+        /* the slot will write into its last block again: it must be its own */
+        const int32_t last = ctx->tables[(size_t)slot * (size_t)ctx->table_stride + (size_t)keep - 1];
+        if (ctx->kb.refs[last] > 1) {
+            int rc = copy_on_write(ctx, slot, keep - 1, err);
+            if (rc) {
+                /* the slot ends before the shared block, which it lets go */
+                ctx->slot_len[slot] = (keep - 1) * ctx->block_size;
+                release_blocks(ctx, slot, keep - 1);
+                return rc;
+            }
+        } else {
+            kv_blocks_unpublish(&ctx->kb, last);
+        }
+    }
     ctx->slot_len[slot] = new_len;
-    release_blocks(ctx, slot, blocks_for_len(ctx, new_len));
     return 0;
+}
+
+int llama_ctx_prefix_map(struct llama_ctx *ctx, int slot, const int32_t *tokens, int n_tokens,
+                         int max_map)
+{
+    if (!ctx->kb.cache_on || slot < 0 || slot >= ctx->n_slots || n_tokens < 1 || !tokens)
+        return 0;
+    const int bs = ctx->block_size;
+    int len = ctx->slot_len[slot];
+    if (len % bs != 0 || max_map > n_tokens)
+        return 0;
+    int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    int32_t parent = ctx->slot_blocks[slot] > 0 ? table[ctx->slot_blocks[slot] - 1] : -1;
+    int mapped = 0;
+    while (mapped + bs <= max_map && len + bs <= ctx->max_seq_len) {
+        const int32_t b = kv_blocks_find(&ctx->kb, parent, tokens + mapped);
+        if (b < 0)
+            break;
+        table[ctx->slot_blocks[slot]++] = b;
+        parent = b;
+        mapped += bs;
+        len += bs;
+    }
+    ctx->slot_len[slot] = len;
+    ctx->prefix_queries += n_tokens;
+    ctx->prefix_hits += mapped;
+    return mapped;
+}
+
+void llama_ctx_prefix_clear(struct llama_ctx *ctx) { kv_blocks_clear_cached(&ctx->kb); }
+
+/* Names the tokens slot just appended at positions old_len .. and
+ * publishes every block they filled. */
+static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens, int n)
+{
+    const int bs = ctx->block_size;
+    const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    for (int i = 0; i < n;) {
+        const int pos = old_len + i, bi = pos / bs, off = pos % bs;
+        const int take = n - i < bs - off ? n - i : bs - off;
+        kv_blocks_set_tokens(&ctx->kb, table[bi], off, tokens + i, take);
+        if (off + take == bs)
+            kv_blocks_publish(&ctx->kb, table[bi], bi > 0 ? table[bi - 1] : -1);
+        i += take;
+    }
 }
 
 /* Runs the n rows of one chunk (ctx->tokens, ctx->positions, kv: their
@@ -629,6 +735,8 @@ int llama_ctx_warm_up(struct llama_ctx *ctx, char *err)
             rc = llama_ctx_truncate(ctx, 0, prefix, err);
     free(logits);
     const int rc_empty = llama_ctx_truncate(ctx, 0, 0, err);
+    /* the warm-up's tokens are no one's prefix */
+    llama_ctx_prefix_clear(ctx);
     return rc ? rc : rc_empty;
 }
 
@@ -722,10 +830,10 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
         need += llama_ctx_blocks_needed(ctx, seqs[i].slot,
                                         ctx->slot_len[seqs[i].slot] + seqs[i].n_tokens);
     }
-    if (need > ctx->n_free)
+    if (need > kv_blocks_available(&ctx->kb))
         return error_set(err, ERR_OVERLOADED,
                          "kv cache: the call needs %d more blocks of %d positions, %d of %d are "
-                         "free", need, ctx->block_size, ctx->n_free, ctx->n_blocks);
+                         "free", need, ctx->block_size, kv_blocks_available(&ctx->kb), ctx->n_blocks);
     for (int i = 0; i < n_seqs; i++)
         take_blocks(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot] + seqs[i].n_tokens);
 
@@ -766,8 +874,12 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
         free(parts);
     if (rc)
         goto fail;
-    for (int i = 0; i < n_seqs; i++)
+    for (int i = 0; i < n_seqs; i++) {
+        if (ctx->kb.cache_on)
+            note_appended(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot], seqs[i].tokens,
+                          seqs[i].n_tokens);
         ctx->slot_len[seqs[i].slot] += seqs[i].n_tokens;
+    }
     return 0;
 fail:
     /* A backend failure half-way: the slots keep their old lengths, and the

@@ -46,6 +46,8 @@ struct llama_ctx_params {
     int max_rows;     /* rows per internal forward chunk; 0 = 256. Longer calls are chunked. */
     int kv_block_size; /* positions per KV block; 0 = LLAMA_DEFAULT_KV_BLOCK_SIZE */
     int kv_blocks;    /* blocks in the pool; 0 = enough for every slot at max_seq_len */
+    bool prefix_cache; /* keep filled blocks for later sequences (llama_ctx_prefix_map) */
+    int prefix_cache_tokens; /* most positions kept in blocks no slot holds; 0 = the pool */
 };
 
 /* Borrows model. KV memory: kv_blocks * kv_block_size * layers * 2 *
@@ -64,18 +66,38 @@ int llama_ctx_n_slots(const struct llama_ctx *ctx);
 int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot);
 /* Drops cached positions >= new_len (speculation rolls back rejected
  * tokens) and gives back the blocks no longer needed. ERR_RANGE if new_len
- * is negative or beyond the slot's length. */
+ * is negative or beyond the slot's length. A cut inside a block another
+ * slot shares copies that block first: ERR_OVERLOADED when the pool has
+ * none for the copy (the slot then ends at the shared block's start). */
 int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err);
 
 struct llama_kv_stats {
     int block_size;   /* positions per block */
     int n_blocks;     /* blocks in the pool */
-    int free_blocks;  /* blocks in no slot's table */
+    int free_blocks;  /* blocks in no slot's table (cached ones included: a take evicts them) */
+    int cached_blocks; /* blocks in no slot's table kept for the prefix cache */
+    int published_blocks; /* blocks a prefix lookup can find, held or cached */
+    int64_t evictions; /* cached blocks taken back for new content */
+    int64_t prefix_queries, prefix_hits; /* tokens looked up by llama_ctx_prefix_map, found */
 };
 void llama_ctx_kv_stats(const struct llama_ctx *ctx, struct llama_kv_stats *out);
 /* Blocks slot must take from the pool to hold new_len positions (0 when it
  * holds them already, or for a bad slot). */
 int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len);
+
+/* Prefix caching (params.prefix_cache): maps into slot, at its length
+ * (which must be a multiple of the block size; 0 for a new sequence), the
+ * longest chain of cached blocks whose positions hold tokens[0 ..], at most
+ * max_map tokens (a caller that wants the logits of the last token leaves
+ * it out). Returns the tokens mapped (a multiple of the block size; the
+ * slot's length grew by that many), 0 with the cache off. The mapped
+ * positions hold the bits the slot would have computed: the caller feeds
+ * tokens[returned ..] as if it had fed the rest. Counts n_tokens looked up
+ * and the tokens found (llama_kv_stats). */
+int llama_ctx_prefix_map(struct llama_ctx *ctx, int slot, const int32_t *tokens, int n_tokens,
+                         int max_map);
+/* Drops every cached block no slot holds (a warm-up leaves none behind). */
+void llama_ctx_prefix_clear(struct llama_ctx *ctx);
 
 /* One sequence's part of a forward call: tokens are appended at positions
  * slot_len .. slot_len + n_tokens - 1; logits of the last n_logits of those

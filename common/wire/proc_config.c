@@ -232,6 +232,12 @@ static const struct key_desc worker_keys[] = {
              "tokens per forward call of a long prompt; heartbeats go out between two [32]"),
     WKEY_INT(kv_tokens, 0, 1 << 30,
              "KV cache positions shared by all slots, 0 = every slot at max_seq_len [0]"),
+    WKEY_INT(prefix_cache, 0, 1,
+             "1: filled KV blocks are kept and a prompt starting with them maps them instead of "
+             "computing them again [1]"),
+    WKEY_INT(prefix_cache_tokens, 0, 1 << 30,
+             "most positions kept in cached blocks no sequence holds, 0 = as many as the pool "
+             "has free [0]"),
     WKEY_STR(shm_transport, check_shm_transport,
              "draft's shared buffer: auto (cuda_ipc with backend cuda, else posix), posix, "
              "cuda_ipc [auto]"),
@@ -299,6 +305,7 @@ static void worker_defaults(struct worker_config *w)
     snprintf(w->shm_transport, sizeof w->shm_transport, "auto");
     snprintf(w->sampler, sizeof w->sampler, "auto");
     w->argmax_copy = 1;
+    w->prefix_cache = 1;
     snprintf(w->log_level, sizeof w->log_level, "info");
 }
 

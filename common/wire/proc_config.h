@@ -72,6 +72,10 @@ struct worker_config {
                                               a heartbeat can go out between two */
     int kv_tokens;                         /* KV cache positions shared by all slots (paged);
                                               0 = every slot at max_seq_len */
+    int prefix_cache;                      /* 1 (default): full KV blocks kept for later
+                                              prompts that start with them */
+    int prefix_cache_tokens;               /* most positions kept in blocks no sequence
+                                              holds; 0 = the pool's free blocks */
     /* The draft's shared buffer (common/wire/shm_buffer.h). shm_transport
      * (read by the draft): "auto" = "cuda_ipc" with backend cuda, else
      * "posix". shm_staging = 1 (on either worker) makes cuda_ipc go through

@@ -167,11 +167,40 @@ int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worke
                                  &m->n_prompt, err);
 }
 
+static bool add_prefix(cJSON *h, const struct worker_msg_prefix *p)
+{
+    if (!p->present)
+        return true;
+    cJSON *o = cJSON_AddObjectToObject(h, "prefix");
+    return o && cJSON_AddNumberToObject(o, "looked_up", p->looked_up) &&
+           cJSON_AddNumberToObject(o, "cached", p->cached) &&
+           cJSON_AddNumberToObject(o, "cached_blocks", p->cached_blocks) &&
+           cJSON_AddNumberToObject(o, "evictions", (double)p->evictions);
+}
+
+static int get_prefix(const cJSON *h, const struct worker_msg_limits *lim, struct worker_msg_prefix *p,
+                      char *err)
+{
+    const cJSON *o = NULL;
+    int rc = protocol_get_object_opt(h, "prefix", &o, err);
+    if (rc || o == NULL)
+        return rc;
+    p->present = true;
+    const int max_len = lim->max_seq_len > 0 ? lim->max_seq_len : INT32_MAX;
+    if ((rc = protocol_get_int(o, "looked_up", 0, max_len, &p->looked_up, err)) ||
+        (rc = protocol_get_int(o, "cached", 0, p->looked_up, &p->cached, err)) ||
+        (rc = protocol_get_int(o, "cached_blocks", 0, INT32_MAX, &p->cached_blocks, err)) ||
+        (rc = protocol_get_i64(o, "evictions", 0, (int64_t)1 << 52, &p->evictions, err)))
+        return rc;
+    return 0;
+}
+
 cJSON *worker_msg_prefill_done_encode(const struct worker_msg_prefill_done *m)
 {
     cJSON *h = protocol_header_new(PROTOCOL_PREFILL_DONE);
     return finish(h, h && add_seq(h, &m->seq) &&
-                         cJSON_AddNumberToObject(h, "prefill_ms", m->prefill_ms));
+                         cJSON_AddNumberToObject(h, "prefill_ms", m->prefill_ms) &&
+                         add_prefix(h, &m->prefix));
 }
 
 int worker_msg_prefill_done_decode(const struct protocol_msg *msg,
@@ -179,10 +208,11 @@ int worker_msg_prefill_done_decode(const struct protocol_msg *msg,
                                    struct worker_msg_prefill_done *m, char *err)
 {
     memset(m, 0, sizeof *m);
-    int rc = get_seq(msg->header, lim, &m->seq, err);
-    if (rc)
+    int rc;
+    if ((rc = get_seq(msg->header, lim, &m->seq, err)) ||
+        (rc = protocol_get_double_opt(msg->header, "prefill_ms", 0, 1e12, 0, &m->prefill_ms, err)))
         return rc;
-    return protocol_get_double_opt(msg->header, "prefill_ms", 0, 1e12, 0, &m->prefill_ms, err);
+    return get_prefix(msg->header, lim, &m->prefix, err);
 }
 
 /* ---- draft ---- */
@@ -328,7 +358,8 @@ cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
                           (cJSON_AddNumberToObject(h, "call", (double)m->call) &&
                            cJSON_AddNumberToObject(h, "call_seqs", m->call_seqs) &&
                            cJSON_AddNumberToObject(h, "call_rows", m->call_rows) &&
-                           cJSON_AddNumberToObject(h, "call_ms", m->call_ms))));
+                           cJSON_AddNumberToObject(h, "call_ms", m->call_ms))) &&
+                         add_prefix(h, &m->prefix));
 }
 
 int worker_msg_verify_done_decode(const struct protocol_msg *msg,
@@ -349,6 +380,7 @@ int worker_msg_verify_done_decode(const struct protocol_msg *msg,
         (rc = protocol_get_int_opt(h, "call_seqs", 0, 1 << 20, 0, &m->call_seqs, err)) ||
         (rc = protocol_get_int_opt(h, "call_rows", 0, 1 << 24, 0, &m->call_rows, err)) ||
         (rc = protocol_get_double_opt(h, "call_ms", 0, 1e12, 0, &m->call_ms, err)) ||
+        (rc = get_prefix(h, lim, &m->prefix, err)) ||
         (rc = protocol_frame_tokens(msg, 0, "tokens", m->n_accepted + 1, m->n_accepted + 1,
                                     &m->tokens, &m->n_tokens, err)))
         return rc;

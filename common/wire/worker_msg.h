@@ -68,10 +68,22 @@ struct worker_msg_prefill {
     int n_prompt;
 };
 
+/* What a worker's prefix cache did for a prompt (optional object "prefix"
+ * of prefill_done and of the verify_done that ends a prompt's first
+ * verification), and where its cache stands. */
+struct worker_msg_prefix {
+    bool present;
+    int looked_up;      /* prompt tokens looked up */
+    int cached;         /* of them, found in the cache (not computed) */
+    int cached_blocks;  /* blocks kept that no sequence holds */
+    int64_t evictions;  /* cached blocks taken back, since the worker started */
+};
+
 /* prefill_done (draft -> coordinator). */
 struct worker_msg_prefill_done {
     struct worker_msg_seq seq;
     double prefill_ms;
+    struct worker_msg_prefix prefix;
 };
 
 /* draft (coordinator -> draft) + frame feed. */
@@ -148,6 +160,7 @@ struct worker_msg_verify_done {
     int64_t call;
     int call_seqs, call_rows;
     double call_ms;
+    struct worker_msg_prefix prefix;
 };
 
 /* error (worker -> coordinator). */

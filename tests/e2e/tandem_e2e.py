@@ -134,6 +134,16 @@ class Pipeline:
                 time.sleep(0.05)
         raise Fail("gateway not answering within %d s\n%s" % (timeout_s, self.log_tail("gateway")))
 
+    def use_pair(self, pair):
+        """pair "small": the demo's models/small and models/small-draft when
+        they are there; otherwise (or "tiny") a tiny pair made here."""
+        src = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        if pair == "small" and os.path.exists(os.path.join(src, "models", "small", "model.safetensors")):
+            self.config["target_worker"]["model"] = os.path.join(src, "models", "small")
+            self.config["draft_worker"]["model"] = os.path.join(src, "models", "small-draft")
+        else:
+            self.make_pair()
+
     def make_pair(self, draft_preset="tiny-draft", target_preset="tiny", noise="0.05", seed="1"):
         """Creates a draft and a target derived from it; returns their paths."""
         draft = os.path.join(self.dir, draft_preset)
@@ -251,6 +261,30 @@ def reference(model, ids, max_tokens, temperature=0.0, extra=()):
     out = run([binary("generate"), "--model", model, "--ids", ",".join(map(str, ids)), "--max-tokens",
                str(max_tokens), "--temperature", str(temperature), "--threads", "1", "--json"] + list(extra))
     return json.loads(out)
+
+
+def generate_concurrently(p, reqs, timeout_s=300):
+    """Sends each of reqs from a client of its own at once; returns their
+    done or error replies in the order of reqs (an exception as an entry of
+    type "exception")."""
+    import threading
+    results = {}
+
+    def one(i, req):
+        c = p.client()
+        try:
+            results[i] = generate(c, req, timeout_s)[0]
+        except Exception as e:  # reported by the caller
+            results[i] = {"type": "exception", "message": str(e)}
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(reqs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    return [results.get(i, {}) for i in range(len(reqs))]
 
 
 def generate(sock, req, timeout_s=120):

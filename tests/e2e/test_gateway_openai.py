@@ -47,6 +47,10 @@ def check_whole(name, resp, ref, chat):
     n = len(ref["ids"])
     # the drafts the target accepted and rejected, in OpenAI's words for predicted tokens
     spec, details = resp["tandem"]["spec"], u.pop("completion_tokens_details", None)
+    # the prompt tokens the prefix cache held (the tests send one prompt several times)
+    cached = u.pop("prompt_tokens_details", {}).get("cached_tokens")
+    check(isinstance(cached, int) and 0 <= cached < ref["prompt_tokens"],
+          "%s: prompt_tokens_details.cached_tokens %r" % (name, cached))
     check(details == {"accepted_prediction_tokens": spec["accepted"],
                       "rejected_prediction_tokens": spec["drafted"] - spec["accepted"]},
           "%s: completion_tokens_details %s, spec %s" % (name, details, spec))
@@ -76,6 +80,9 @@ def check_stream(name, events, ref, chat, usage):
         n = len(ref["ids"])
         seen_usage = dict(seen_usage)
         details = seen_usage.pop("completion_tokens_details", {})
+        cached = seen_usage.pop("prompt_tokens_details", {}).get("cached_tokens")
+        check(isinstance(cached, int) and 0 <= cached < ref["prompt_tokens"],
+              "%s: usage chunk cached_tokens %r" % (name, cached))
         check(set(details) == {"accepted_prediction_tokens", "rejected_prediction_tokens"},
               "%s: usage chunk details %s" % (name, details))
         check(seen_usage == {"prompt_tokens": ref["prompt_tokens"], "completion_tokens": n,

@@ -54,8 +54,10 @@ def test():
     st = p.stats()["workers"]
     check(st["target"]["losses"] == 0 and st["draft"]["losses"] == 0, "a worker was declared lost: %s" % st)
 
-    # A truly hung target: SIGSTOP during the prefill, lost within the bound.
-    s.send_json({"v": 1, "type": "generate", "id": "hung", "prompt_ids": ids, "max_tokens": 8,
+    # A truly hung target: SIGSTOP during the prefill, lost within the bound
+    # (a prompt of its own: the first one's blocks are in the prefix cache).
+    other = [3 + (i * 11) % 500 for i in range(N_PROMPT)]
+    s.send_json({"v": 1, "type": "generate", "id": "hung", "prompt_ids": other, "max_tokens": 8,
                  "temperature": 0})
     time.sleep(0.2)
     p.procs["target"].send_signal(signal.SIGSTOP)

@@ -8,9 +8,8 @@ deployment without a draft worker (no draft_worker section,
 coordinator.draft "ngram") starts, serves the same output and drafts. An
 unknown source is an invalid_request naming the field."""
 import random
-import threading
 
-from tandem_e2e import Pipeline, check, generate, main, reference
+from tandem_e2e import Pipeline, check, generate, generate_concurrently, main, reference
 
 
 def prompts(n, seed):
@@ -21,26 +20,6 @@ def prompts(n, seed):
         phrase = [rng.randrange(1, 512) for _ in range(rng.randrange(3, 8))]
         out.append([rng.randrange(1, 512) for _ in range(rng.randrange(0, 6))] + phrase * 2 + phrase[:2])
     return out
-
-
-def run_batch(p, reqs):
-    results = {}
-
-    def worker(i, req):
-        c = p.client()
-        try:
-            results[i] = generate(c, req)[0]
-        except Exception as e:  # reported below
-            results[i] = {"type": "exception", "message": str(e)}
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=worker, args=(i, r)) for i, r in enumerate(reqs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    return [results.get(i, {}) for i in range(len(reqs))]
 
 
 def test():
@@ -76,7 +55,7 @@ def test():
               (source, acc, after))
     # a batch: each source beside the others
     sources = ["ngram", "model", "none", "suffix"]
-    out = run_batch(p, [{"id": "b%d" % i, "prompt_ids": cases[i], "max_tokens": n, "temperature": 0,
+    out = generate_concurrently(p, [{"id": "b%d" % i, "prompt_ids": cases[i], "max_tokens": n, "temperature": 0,
                          "draft": sources[i]} for i in range(4)])
     for i, r in enumerate(out):
         check(r.get("type") == "done" and r["ids"] == refs[i], "batch %d (%s): %s" % (i, sources[i], r))

@@ -881,6 +881,7 @@ static void test_llama_warm_up_leaves_no_trace(void **state)
         {.n_slots = 2, .max_seq_len = 64},
         {.n_slots = 2, .max_seq_len = 24},               /* under 32 + 17 positions */
         {.n_slots = 1, .max_seq_len = 64, .max_rows = 3}, /* chunks of 3 rows */
+        {.n_slots = 2, .max_seq_len = 64, .prefix_cache = true}, /* nothing cached */
     };
     char err[ERR_MSG_MAX] = "";
     for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
@@ -892,6 +893,8 @@ static void test_llama_warm_up_leaves_no_trace(void **state)
         assert_int_equal(llama_ctx_slot_len(L.ctx, 0), 0);
         llama_ctx_kv_stats(L.ctx, &after);
         assert_int_equal(after.free_blocks, before.free_blocks);
+        assert_int_equal(after.cached_blocks, 0);
+        assert_int_equal(after.published_blocks, 0);
         float *got = forward_all(&L, 0, t, 20);
         assert_memory_equal(got, want, (size_t)20 * V * sizeof(float));
         /* a slot in use is not the warm-up's to empty */
@@ -902,6 +905,231 @@ static void test_llama_warm_up_leaves_no_trace(void **state)
         unload(&L);
     }
     free(want);
+    free_model(&m);
+}
+
+/* ---- prefix caching ---- */
+
+/* Logits of tokens[from .. n - 1] on slot, fed after what the slot holds. */
+static float *forward_rest(struct llama_ctx *ctx, int slot, const int32_t *tokens, int from, int n, int V)
+{
+    float *logits = malloc((size_t)(n - from) * (size_t)V * sizeof(float));
+    assert_non_null(logits);
+    char err[ERR_MSG_MAX] = "";
+    struct llama_seq_batch b = {.slot = slot, .tokens = tokens + from, .n_tokens = n - from,
+                                .n_logits = n - from, .logits_out = logits};
+    int rc = llama_forward(ctx, &b, 1, err);
+    if (rc)
+        fprintf(stderr, "llama_forward: %s\n", err);
+    assert_int_equal(rc, 0);
+    return logits;
+}
+
+static struct llama_ctx *plain_ctx(struct llama_model *model, int max_seq)
+{
+    struct llama_ctx *ctx = NULL;
+    char err[ERR_MSG_MAX] = "";
+    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq, .kv_block_size = 8};
+    assert_int_equal(llama_ctx_create(&ctx, model, &p, err), 0);
+    return ctx;
+}
+
+/* A prompt whose first blocks another slot computed gives the bits it gives
+ * cold: mapped while that slot still holds them, after it let go, and when
+ * the whole prompt is cached; with the cache off nothing is mapped. */
+static void test_llama_prefix_cache_gives_the_cold_bits(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 81);
+    const int V = SHAPE_GQA_BF16.vocab;
+    struct loaded L;
+    struct llama_ctx_params p = {.n_slots = 3, .max_seq_len = 64, .kv_block_size = 8,
+                                 .prefix_cache = true};
+    load_params(&L, m.dir, 2, &p);
+    struct llama_ctx *ref = plain_ctx(L.model, 64);
+    char err[ERR_MSG_MAX] = "";
+    int32_t t[40];
+    random_tokens(t, 40, V, 3);
+    float *cold = forward_rest(ref, 0, t, 0, 40, V);
+    assert_int_equal(llama_ctx_prefix_map(ref, 0, t, 40, 39), 0); /* cache off: nothing */
+
+    /* slot 0 computes 37 tokens: blocks 0..3 full, published */
+    float *first = forward_rest(L.ctx, 0, t, 0, 37, V);
+    assert_memory_equal(first, cold, (size_t)37 * V * sizeof(float));
+    struct llama_kv_stats st;
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.published_blocks, 4);
+    assert_int_equal(st.cached_blocks, 0);
+    /* slot 1, while slot 0 still holds them: 32 tokens mapped, 5 computed */
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 1, t, 37, 36), 32);
+    assert_int_equal(llama_ctx_slot_len(L.ctx, 1), 32);
+    float *warm = forward_rest(L.ctx, 1, t, 32, 40, V);
+    assert_memory_equal(warm, cold + (size_t)32 * V, (size_t)8 * V * sizeof(float));
+    free(warm);
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.prefix_queries, 37);
+    assert_int_equal(st.prefix_hits, 32);
+    assert_int_equal(st.free_blocks, 8 * 3 - 5 - 1); /* 4 shared, one each of its own */
+
+    /* both let go: the four full blocks stay, cached; 40 positions of slot
+     * 1 published a fifth */
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.cached_blocks, 5);
+    assert_int_equal(st.free_blocks, 8 * 3);
+    /* a prompt entirely cached: its last token is still computed */
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, t, 40, 39), 32);
+    warm = forward_rest(L.ctx, 2, t, 32, 40, V);
+    assert_memory_equal(warm, cold + (size_t)32 * V, (size_t)8 * V * sizeof(float));
+    free(warm);
+    assert_int_equal(llama_ctx_truncate(L.ctx, 2, 0, err), 0);
+    /* a prompt ending mid-block, with a different token in its last block */
+    int32_t u[21];
+    memcpy(u, t, sizeof u);
+    u[20] = (t[20] + 1) % V;
+    assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
+    float *cold_u = forward_rest(ref, 0, u, 0, 0 + 21, V);
+    assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 0, u, 21, 20), 16);
+    warm = forward_rest(L.ctx, 0, u, 16, 21, V);
+    assert_memory_equal(warm, cold_u + (size_t)16 * V, (size_t)5 * V * sizeof(float));
+    free(warm);
+    free(cold_u);
+    /* a slot not at a block boundary maps nothing */
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 0, t + 21, 16, 16), 0);
+    free(first);
+    free(cold);
+    llama_ctx_destroy(ref);
+    unload(&L);
+    free_model(&m);
+}
+
+/* A rollback inside a block never changes what another slot reads there
+ * (it copies the shared block), and a block written again is no longer
+ * found under its old tokens. */
+static void test_llama_prefix_cache_truncation_never_touches_a_shared_block(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_TIED_F32, 83);
+    const int V = SHAPE_TIED_F32.vocab;
+    struct loaded L;
+    struct llama_ctx_params p = {.n_slots = 3, .max_seq_len = 32, .kv_block_size = 8,
+                                 .prefix_cache = true};
+    load_params(&L, m.dir, 1, &p);
+    struct llama_ctx *ref = plain_ctx(L.model, 32);
+    char err[ERR_MSG_MAX] = "";
+    int32_t t[24], x[24];
+    random_tokens(t, 24, V, 7);
+    memcpy(x, t, sizeof x);
+    for (int i = 12; i < 24; i++)
+        x[i] = (t[i] + 3) % V;
+    float *cold_t = forward_rest(ref, 0, t, 0, 24, V);
+    assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
+    float *cold_x = forward_rest(ref, 0, x, 0, 24, V);
+
+    free(forward_rest(L.ctx, 0, t, 0, 24, V)); /* blocks 0, 1, 2 published */
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 1, t, 24, 23), 16);
+    struct llama_kv_stats before, st;
+    llama_ctx_kv_stats(L.ctx, &before);
+    /* slot 0 rolls back into block 1, which slot 1 holds too: a copy */
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 12, err), 0);
+    llama_ctx_kv_stats(L.ctx, &st);
+    assert_int_equal(st.free_blocks, before.free_blocks + 1 /* block 2 */ - 1 /* the copy */);
+    float *got = forward_rest(L.ctx, 0, x, 12, 24, V);
+    assert_memory_equal(got, cold_x + (size_t)12 * V, (size_t)12 * V * sizeof(float));
+    free(got);
+    got = forward_rest(L.ctx, 1, t, 16, 24, V);
+    assert_memory_equal(got, cold_t + (size_t)16 * V, (size_t)8 * V * sizeof(float));
+    free(got);
+
+    /* slot 1 alone holds its block 2 (slot 0's copy of t's block 2 went
+     * back cached): rolled back into and written with x, it is unpublished */
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    assert_int_equal(llama_ctx_truncate(L.ctx, 1, 20, err), 0);
+    free(forward_rest(L.ctx, 1, x, 20, 24, V));
+    /* t's chain: blocks 0 and 1 from slot 1, block 2 from slot 0's first
+     * computation, cached: still t's bits */
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, t, 24, 24), 24);
+    assert_int_equal(llama_ctx_truncate(L.ctx, 2, 0, err), 0);
+    assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+    /* a chain through x's first 16 tokens leads to x's blocks only */
+    assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, x, 24, 23), 16);
+    got = forward_rest(L.ctx, 2, x, 16, 24, V);
+    assert_memory_equal(got, cold_x + (size_t)16 * V, (size_t)8 * V * sizeof(float));
+    free(got);
+    free(cold_t);
+    free(cold_x);
+    llama_ctx_destroy(ref);
+    unload(&L);
+    free_model(&m);
+}
+
+/* A pool of 7 blocks under 60 prompts, many sharing prefixes: every
+ * result the cold bits, cached blocks evicted for new ones, the cap held,
+ * and every block back once the slots are empty. */
+static void test_llama_prefix_cache_evicts_under_a_tiny_pool(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_MQA_F16, 85);
+    const int V = SHAPE_MQA_F16.vocab;
+    for (int cap = 0; cap <= 16; cap += 16) {
+        struct loaded L;
+        struct llama_ctx_params p = {.n_slots = 2, .max_seq_len = 32, .kv_block_size = 8,
+                                     .kv_blocks = 7, .prefix_cache = true, .prefix_cache_tokens = cap};
+        load_params(&L, m.dir, 1, &p);
+        struct llama_ctx *ref = plain_ctx(L.model, 24);
+        char err[ERR_MSG_MAX] = "";
+        int32_t stems[4][24];
+        for (int i = 0; i < 4; i++)
+            random_tokens(stems[i], 24, V, 100 + (uint64_t)i);
+        for (int r = 0; r < 60; r++) {
+            /* a stem's first 8 or 16 tokens, then tokens of its own */
+            int32_t t[24];
+            const int n = 9 + r % 14, shared = 8 * (1 + r % 2);
+            memcpy(t, stems[r % 4], sizeof t);
+            random_tokens(t + shared, 24 - shared, V, 1000 + (uint64_t)(r % 5));
+            /* the other slot holds a sequence meanwhile */
+            const int slot = r % 2;
+            assert_int_equal(llama_ctx_truncate(L.ctx, slot, 0, err), 0);
+            if (llama_ctx_slot_len(L.ctx, 1 - slot) == 0) {
+                const int mapped = llama_ctx_prefix_map(L.ctx, 1 - slot, stems[(r + 1) % 4], 17, 16);
+                free(forward_rest(L.ctx, 1 - slot, stems[(r + 1) % 4], mapped, 17, V));
+            }
+            const int mapped = llama_ctx_prefix_map(L.ctx, slot, t, n, n - 1);
+            assert_true(mapped % 8 == 0 && mapped < n);
+            float *got = forward_rest(L.ctx, slot, t, mapped, n, V);
+            float *want = forward_rest(ref, 0, t, 0, n, V);
+            assert_memory_equal(got, want + (size_t)mapped * V, (size_t)(n - mapped) * V * sizeof(float));
+            free(got);
+            free(want);
+            assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
+            assert_int_equal(llama_ctx_truncate(L.ctx, slot, r % 3 == 0 ? 0 : n / 2, err), 0);
+            assert_int_equal(llama_ctx_truncate(L.ctx, slot, 0, err), 0);
+            struct llama_kv_stats st;
+            llama_ctx_kv_stats(L.ctx, &st);
+            if (cap > 0)
+                assert_true(st.cached_blocks <= cap / 8);
+        }
+        assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+        assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+        struct llama_kv_stats st;
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.free_blocks, 7);
+        assert_true(st.prefix_hits > 0);
+        assert_true(st.evictions > 0);
+        assert_true(st.cached_blocks <= (cap > 0 ? cap / 8 : 7));
+        llama_ctx_prefix_clear(L.ctx);
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.cached_blocks, 0);
+        assert_int_equal(st.published_blocks, 0);
+        assert_int_equal(st.free_blocks, 7);
+        llama_ctx_destroy(ref);
+        unload(&L);
+    }
     free_model(&m);
 }
 
@@ -954,6 +1182,9 @@ int main(void)
         cmocka_unit_test(test_llama_rows_are_bit_identical_alone_and_in_batches_up_to_256),
         cmocka_unit_test(test_llama_kv_blocks_follow_the_tokens_in_use),
         cmocka_unit_test(test_llama_warm_up_leaves_no_trace),
+        cmocka_unit_test(test_llama_prefix_cache_gives_the_cold_bits),
+        cmocka_unit_test(test_llama_prefix_cache_truncation_never_touches_a_shared_block),
+        cmocka_unit_test(test_llama_prefix_cache_evicts_under_a_tiny_pool),
         cmocka_unit_test(test_llama_missing_tensor_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

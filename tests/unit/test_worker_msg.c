@@ -128,10 +128,14 @@ static void test_worker_msg_verify_and_verify_done_round_trip(void **state)
     struct worker_msg_verify_done done = {
         .seq = {.req = 5, .slot = 0}, .round = 9, .n_accepted = 2, .verify_ms = 12.5,
         .idle_ms = -1, .draft_k = 4, .tokens = tokens, .n_tokens = 3,
+        .prefix = {.present = true, .looked_up = 20, .cached = 16, .cached_blocks = 2, .evictions = 0},
     };
     m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
     struct worker_msg_verify_done dout;
     assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), 0);
+    assert_true(dout.prefix.present);
+    assert_int_equal(dout.prefix.cached, 16);
+    assert_int_equal(dout.prefix.cached_blocks, 2);
     assert_int_equal(dout.n_accepted, 2);
     assert_true(dout.verify_ms == 12.5);
     assert_true(dout.idle_ms == -1); /* absent on the wire means unknown */
@@ -169,6 +173,33 @@ static void test_worker_msg_small_messages_round_trip(void **state)
     assert_int_equal(rout.guess, 77);
     assert_true(rout.predraft);
     assert_true(rout.draft_ms == 3.25);
+    protocol_msg_free(&m);
+
+    /* prefill_done: the prefix cache's figures when present, none when not */
+    struct worker_msg_prefill_done pd = {
+        .seq = {.req = 1, .slot = 2}, .prefill_ms = 4.5,
+        .prefix = {.present = true, .looked_up = 40, .cached = 32, .cached_blocks = 7, .evictions = 3},
+    };
+    m = over_the_wire(worker_msg_prefill_done_encode(&pd), NULL);
+    struct worker_msg_prefill_done pdout;
+    assert_int_equal(worker_msg_prefill_done_decode(&m, &limits, &pdout, err), 0);
+    assert_true(pdout.prefix.present);
+    assert_int_equal(pdout.prefix.looked_up, 40);
+    assert_int_equal(pdout.prefix.cached, 32);
+    assert_int_equal(pdout.prefix.cached_blocks, 7);
+    assert_int_equal(pdout.prefix.evictions, 3);
+    protocol_msg_free(&m);
+    pd.prefix.present = false;
+    m = over_the_wire(worker_msg_prefill_done_encode(&pd), NULL);
+    assert_int_equal(worker_msg_prefill_done_decode(&m, &limits, &pdout, err), 0);
+    assert_false(pdout.prefix.present);
+    assert_true(pdout.prefill_ms == 4.5);
+    protocol_msg_free(&m);
+    /* more found than looked up is refused, naming the field */
+    pd.prefix = (struct worker_msg_prefix){.present = true, .looked_up = 8, .cached = 16};
+    m = over_the_wire(worker_msg_prefill_done_encode(&pd), NULL);
+    assert_int_equal(worker_msg_prefill_done_decode(&m, &limits, &pdout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "cached"));
     protocol_msg_free(&m);
 
     struct worker_msg_seq rel = {.req = 8, .slot = 3}, relout;

@@ -71,11 +71,8 @@ def main():
         if args.target:
             p.config["target_worker"]["model"] = os.path.abspath(args.target)
             p.config["draft_worker"]["model"] = os.path.abspath(args.draft)
-        elif args.pair == "small" and os.path.exists(os.path.join(SRC, "models", "small", "model.safetensors")):
-            p.config["target_worker"]["model"] = os.path.join(SRC, "models", "small")
-            p.config["draft_worker"]["model"] = os.path.join(SRC, "models", "small-draft")
         else:
-            p.make_pair()
+            p.use_pair(args.pair)
         for role in ("draft_worker", "target_worker"):
             p.config[role]["threads"] = args.threads
             p.config[role]["max_seq_len"] = 2048
