@@ -9,7 +9,9 @@
   bit-identical to decode rows on the device);
 - --draft-device naming the same GPU by UUID (the two-GPU code path on one device);
 - the three-process pipeline with both workers on the GPU: greedy requests through the
-  coordinator equal target-only output on cuda, streamed and not;
+  coordinator equal target-only output on cuda, streamed and not; a prompt whose first
+  64 tokens an earlier one computed maps them from both workers' prefix caches and
+  still equals target-only;
 - continuous batching on the GPU: 16 concurrent greedy requests of different prompt
   lengths (one long enough to be prefilled in chunks beside the others) and max_tokens
   each equal their own target-only output run alone on cuda, while the target ran
@@ -151,6 +153,18 @@ def pipeline_check(d, draft, target, procs):
             done = json.loads(out.strip().splitlines()[-1])
             check(done.get("ids") == ref, "pipeline on cuda %s %s: first difference at %d"
                   % (stream, ids, first_difference(done.get("ids", []), ref)))
+    # prefix caching on the device: the second prompt maps the 64 tokens the
+    # first computed, in both workers' pools, and its output is the cold one
+    stem = [(i * 37) % 500 + 1 for i in range(64)]
+    for j, tail in enumerate(([5, 6, 7], [8, 9, 10, 11])):
+        ids = stem + tail
+        ref = gen(target, ids, 24, BACKEND)["ids"]
+        out = run(client + ["--ids", ",".join(map(str, ids)), "--max-tokens", "24", "--temperature", "0", "--json"])
+        done = json.loads(out.strip().splitlines()[-1])
+        check(done.get("ids") == ref, "prefix cache on cuda, prompt %d: first difference at %d"
+              % (j, first_difference(done.get("ids", []), ref)))
+        cached = done.get("usage", {}).get("cached_prompt_tokens")
+        check(cached == 64 * j, "prefix cache on cuda, prompt %d: %s tokens cached, want %d" % (j, cached, 64 * j))
     batching_check(client, target)
 
 
