@@ -227,6 +227,8 @@ struct exposure;
 
 struct coordinator {
     struct proc_config cfg;
+    int readiness_written;   /* the workers' state last written by readiness.c, -1: none */
+    bool readiness_warned;
     /* adaptive-K state of the current draft/target pair: each sequence
      * starts from it and hands its final state back (reset when a worker
      * changes, since costs and acceptance belong to the pair) */

@@ -21,6 +21,7 @@
 #include "intake.h"
 #include "lanes.h"
 #include "logging.h"
+#include "readiness.h"
 #include "registry.h"
 #include "scheduler.h"
 
@@ -31,6 +32,7 @@ static void on_tick(struct coordinator *c)
     registry_tick(c);
     lanes_tick(c);
     scheduler_tick(c);
+    readiness_publish(c);
 }
 
 /* Removes /dev/shm/tandem-<instance>-<pid>-* segments whose pid is gone. */
@@ -100,6 +102,7 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     if (c == NULL)
         return error_set(err, ERR_NOMEM, "coordinator: out of memory");
     c->cfg = *cfg;
+    c->readiness_written = -1;
     const struct coordinator_config *cc = &c->cfg.coordinator;
     c->max_message_bytes = (size_t)cc->max_message_bytes;
     c->default_mode = strcmp(cc->spec_mode, "point_mass") == 0 ? SPECULATE_MODE_POINT_MASS : SPECULATE_MODE_SAMPLED;
@@ -191,6 +194,7 @@ void coordinator_destroy(struct coordinator *c)
 {
     if (c == NULL)
         return;
+    readiness_withdraw(c);
     for (int i = 0; c->seqs != NULL && i < c->n_seqs; i++)
         scheduler_seq_reset(&c->seqs[i]);
     free(c->seqs);

@@ -47,16 +47,9 @@ supervisor="$root/deploy/tandem-supervisor"
 stop_all() { "$supervisor" stop --config "$run_dir/demo-config.json" >/dev/null 2>&1 || true; rm -rf "$run_dir"; }
 trap stop_all EXIT
 
-"$supervisor" start --config "$run_dir/demo-config.json"
+# --wait: back once both workers have registered, so the first request is served
+"$supervisor" start --wait 300 --config "$run_dir/demo-config.json"
 client="$bin/client/tandem-client"
-# Wait until both workers have registered.
-for _ in $(seq 1 120); do
-  if "$client" --endpoint "$endpoint" --stats --timeout-ms 1000 2>/dev/null |
-       python3 -c 'import json,sys; s=json.load(sys.stdin); w=s.get("workers",{}); sys.exit(0 if w.get("target",{}).get("up") and w.get("draft",{}).get("up") else 1)' 2>/dev/null; then
-    break
-  fi
-  sleep 0.5
-done
 
 question="${TANDEM_DEMO_PROMPT:-Write a short poem about two bicycles riding in tandem.}"
 max_tokens="${TANDEM_DEMO_MAX_TOKENS:-96}"
