@@ -56,6 +56,8 @@
  * loop cancels their requests; more in one pass are caught at their next
  * failed reply. */
 #define COORD_GONE_MAX 16
+#define COORD_HELD_REPLIES_MAX 256
+#define COORD_HELD_REPLY_MS 60000.0
 /* Lane connections waiting for their first datagram (the key), and how long
  * one may wait. */
 #define COORD_LANE_PENDING 4
@@ -159,6 +161,7 @@ struct seq {
     enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */
     bool spec_off;           /* draft errors: target-only for this sequence */
     int draft_errors;
+    bool replies_stalled;    /* a token event met the client's full queue */
 
     int32_t *hist;           /* prompt + generated */
     int n_hist, cap_hist, n_prompt;
@@ -308,6 +311,16 @@ struct coordinator {
     uint8_t gone[COORD_GONE_MAX][PROTOCOL_IDENTITY_MAX];
     size_t gone_size[COORD_GONE_MAX];
     int n_gone;
+    /* final replies (done, error) a client's full queue refused, sent again
+     * on every tick until it reads them, goes away, or COORD_HELD_REPLY_MS
+     * pass (replies.c) */
+    struct held_reply {
+        uint8_t identity[PROTOCOL_IDENTITY_MAX];
+        size_t identity_size;
+        cJSON *msg;
+        double since_ms;
+    } held[COORD_HELD_REPLIES_MAX];
+    int n_held;
 };
 
 static inline double coord_now_ms(void)

@@ -23,6 +23,7 @@
 #include "logging.h"
 #include "readiness.h"
 #include "registry.h"
+#include "replies.h"
 #include "scheduler.h"
 
 /* Heartbeats and liveness first: a lost target fails its requests before
@@ -32,6 +33,7 @@ static void on_tick(struct coordinator *c)
     registry_tick(c);
     lanes_tick(c);
     scheduler_tick(c);
+    replies_retry_held(c);
     readiness_publish(c);
 }
 
@@ -195,6 +197,7 @@ void coordinator_destroy(struct coordinator *c)
     if (c == NULL)
         return;
     readiness_withdraw(c);
+    replies_free_held(c);
     for (int i = 0; c->seqs != NULL && i < c->n_seqs; i++)
         scheduler_seq_reset(&c->seqs[i]);
     free(c->seqs);

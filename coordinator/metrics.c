@@ -84,6 +84,8 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(req, "queued", g->queued);
     NUM(req, "max_concurrency", g->max_concurrency);
     NUM(req, "max_queue", g->max_queue);
+    NUM(req, "slow_client_cancels", m->slow_client_cancels_total);
+    NUM(req, "replies_undelivered", m->replies_undelivered_total);
     for (int i = 0; i < METRICS_ERR_COUNT; i++)
         NUM(errors, error_names[i], m->requests_failed[i]);
     for (int i = 0; i < METRICS_FINISH_COUNT; i++)
@@ -249,6 +251,12 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
     for (int i = 0; i < METRICS_ERR_COUNT; i++)
         tb_printf(&tb, "tandem_request_errors_total{code=\"%s\"} %llu\n", error_names[i],
                   (unsigned long long)m->requests_failed[i]);
+    counter(&tb, "tandem_slow_client_cancels_total",
+            "Requests cancelled because their client did not read its replies (queue full).",
+            (double)m->slow_client_cancels_total);
+    counter(&tb, "tandem_replies_undelivered_total",
+            "Final replies dropped: the client read nothing for 60 s or went away.",
+            (double)m->replies_undelivered_total);
     counter(&tb, "tandem_prompt_tokens_total", "Prompt tokens prefilled.", (double)m->prompt_tokens_total);
     counter(&tb, "tandem_generated_tokens_total", "Tokens generated.", (double)m->generated_tokens_total);
     counter(&tb, "tandem_spec_decode_num_drafts_total", "Speculation rounds with at least one drafted token.",

@@ -51,15 +51,20 @@ static bool connection_still_there(struct coordinator *c, const uint8_t *identit
     return true;
 }
 
-void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *msg)
+enum reply_sent replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
+                             const cJSON *msg)
 {
     char err[ERR_MSG_MAX];
     if (identity_size == 0)
-        return;
+        return REPLY_GONE;
     if (!connection_still_there(c, identity, identity_size))
-        return; /* intake_watch_connections cancels its requests */
+        return REPLY_GONE; /* intake_watch_connections cancels its requests */
     if (protocol_send(c->clients, identity, identity_size, msg, NULL, 0, PROTOCOL_DONTWAIT, err) == 0)
-        return;
+        return REPLY_SENT;
+    /* a ROUTER_MANDATORY socket refuses a peer whose queue is at its
+     * high-water mark with EAGAIN: the client does not read */
+    if (zmq_errno() == EAGAIN)
+        return REPLY_FULL;
     /* The client socket is ZMQ_ROUTER_MANDATORY: EHOSTUNREACH means the peer
      * is gone (zmq_errno is still the failed send's: nothing after it in
      * protocol_send sets errno). Its requests are cancelled by the poll loop,
@@ -73,9 +78,58 @@ void replies_send(struct coordinator *c, const uint8_t *identity, size_t identit
             c->gone_size[c->n_gone++] = identity_size;
             LOG_INFO("client gone (its reply is undeliverable): cancelling its requests");
         }
-        return;
+        return REPLY_GONE;
     }
     LOG_WARN("reply to client dropped: %s", err);
+    return REPLY_FAILED;
+}
+
+/* A final reply: one a full queue refuses is held and sent again later, so
+ * a client that reads slowly still learns how its request ended. */
+static void send_final(struct coordinator *c, const uint8_t *identity, size_t identity_size, cJSON *msg)
+{
+    if (replies_send(c, identity, identity_size, msg) != REPLY_FULL) {
+        cJSON_Delete(msg);
+        return;
+    }
+    if (c->n_held == COORD_HELD_REPLIES_MAX || identity_size > PROTOCOL_IDENTITY_MAX) {
+        c->metrics.replies_undelivered_total++;
+        LOG_WARN("final reply to a client that does not read dropped: %d replies already held", c->n_held);
+        cJSON_Delete(msg);
+        return;
+    }
+    struct held_reply *h = &c->held[c->n_held++];
+    memcpy(h->identity, identity, identity_size);
+    h->identity_size = identity_size;
+    h->msg = msg;
+    h->since_ms = coord_now_ms();
+}
+
+void replies_retry_held(struct coordinator *c)
+{
+    const double now = coord_now_ms();
+    for (int i = 0; i < c->n_held;) {
+        struct held_reply *h = &c->held[i];
+        enum reply_sent r = replies_send(c, h->identity, h->identity_size, h->msg);
+        if (r == REPLY_FULL && now - h->since_ms < COORD_HELD_REPLY_MS) {
+            i++;
+            continue;
+        }
+        if (r != REPLY_SENT) {
+            c->metrics.replies_undelivered_total++;
+            LOG_WARN("final reply undeliverable (%s): dropped",
+                     r == REPLY_FULL ? "the client read nothing for 60 s" : "the client is gone");
+        }
+        cJSON_Delete(h->msg);
+        *h = c->held[--c->n_held];
+    }
+}
+
+void replies_free_held(struct coordinator *c)
+{
+    for (int i = 0; i < c->n_held; i++)
+        cJSON_Delete(c->held[i].msg);
+    c->n_held = 0;
 }
 
 void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
@@ -89,8 +143,7 @@ void replies_error(struct coordinator *c, const uint8_t *identity, size_t identi
     add_client_string(m, "id", id ? id : "");
     cJSON_AddStringToObject(m, "code", metrics_error_name(code));
     add_client_string(m, "message", message);
-    replies_send(c, identity, identity_size, m);
-    cJSON_Delete(m);
+    send_final(c, identity, identity_size, m);
     LOG_INFO("request \"%s\": %s: %s", id ? id : "", metrics_error_name(code), message);
 }
 
@@ -138,7 +191,8 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
     cJSON *ids = ids_array(s->hist + s->n_prompt + s->stream_from, s->generated - s->stream_from);
     if (ids != NULL)
         cJSON_AddItemToObject(m, "ids", ids);
-    replies_send(c, s->client, s->client_size, m);
+    if (replies_send(c, s->client, s->client_size, m) == REPLY_FULL)
+        s->replies_stalled = true;
     cJSON_Delete(m);
     s->stream_from = s->generated;
 }
@@ -188,7 +242,6 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
             cJSON_AddNumberToObject(sp, "draft_ms", s->draft_ms);
             cJSON_AddNumberToObject(sp, "verify_ms", s->verify_ms);
         }
-        replies_send(c, s->client, s->client_size, m);
-        cJSON_Delete(m);
+        send_final(c, s->client, s->client_size, m);
     }
 }

@@ -7,7 +7,19 @@
 
 /* Sends msg to the client with this routing id without blocking; a reply
  * that cannot be delivered is logged and dropped (the client went away). */
-void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *msg);
+enum reply_sent {
+    REPLY_SENT,
+    REPLY_GONE,   /* the client's connection is gone (its requests get cancelled) */
+    REPLY_FULL,   /* the client's queue is full: it does not read its replies */
+    REPLY_FAILED, /* anything else, logged */
+};
+
+enum reply_sent replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
+                             const cJSON *msg);
+/* Sends again the final replies a full queue held back (on every tick). */
+void replies_retry_held(struct coordinator *c);
+/* Frees what is still held (the coordinator is going away). */
+void replies_free_held(struct coordinator *c);
 /* Sends error {id, code, message}, counts it in the metrics and logs it. */
 void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
                    enum metrics_error code, const char *message);

@@ -653,6 +653,15 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     enum metrics_finish reason = METRICS_FINISH_STOP;
     bool ended = seq_accept_tokens(c, s, m.tokens, m.n_tokens, &reason);
     replies_stream(c, s, false);
+    if (s->replies_stalled) {
+        /* tokens it will never see: end it, and say so (the error is held
+         * until the client reads again) */
+        c->metrics.slow_client_cancels_total++;
+        scheduler_fail(c, s, METRICS_ERR_CANCELLED,
+                       "the client did not read its replies (its queue is full): token events were lost, "
+                       "so the request was cancelled");
+        return;
+    }
     if (ended) {
         seq_finish(c, s, reason);
         return;

@@ -73,8 +73,8 @@ int worker_send_to_identity(struct coordinator *c, const uint8_t *identity, size
 
 struct replies rep;
 
-void replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
-                  const cJSON *msg)
+enum reply_sent replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
+                             const cJSON *msg)
 {
     (void)c, (void)identity, (void)identity_size;
     rep.sends++;
@@ -82,6 +82,7 @@ void replies_send(struct coordinator *c, const uint8_t *identity, size_t identit
     assert_non_null(text);
     snprintf(rep.last_sent, sizeof rep.last_sent, "%s", text);
     free(text);
+    return REPLY_SENT;
 }
 
 void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size,
@@ -96,8 +97,10 @@ void replies_error(struct coordinator *c, const uint8_t *identity, size_t identi
 
 void replies_stream(struct coordinator *c, struct seq *s, bool final)
 {
-    (void)c, (void)s, (void)final;
+    (void)c, (void)final;
     rep.streams++;
+    if (rep.queue_full)
+        s->replies_stalled = true; /* as replies.c marks a token event a full queue refused */
 }
 
 void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reason, double t)

@@ -28,6 +28,7 @@ struct sent {
 
 struct replies {
     int errors, dones, streams, sends;
+    bool queue_full;         /* set by a test: token events meet the client's full queue */
     enum metrics_error last_error;
     char last_error_id[128], last_error_message[512];
     char last_sent[65536];   /* replies_send's last message, printed (truncated) */

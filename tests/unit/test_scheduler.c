@@ -911,6 +911,29 @@ static void test_scheduler_target_error_fails_the_request(void **state)
     assert_int_equal(s->state, SEQ_FREE);
 }
 
+/* A client whose queue is full loses token events: its request ends at
+ * once with a cancelled error saying why (never a silently cut stream),
+ * both workers release the slot, and the stats count it. */
+static void test_scheduler_slow_client_is_cancelled_with_a_reason(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    struct worker_msg_draft d;
+    struct worker_msg_verify v;
+    struct seq *s = verifying(c, 20, &d, &v);
+    assert_int_equal(s->state, SEQ_ACTIVE);
+    assert_int_equal(rep.errors, 0); /* its first token went out: a queue with room */
+    rep.queue_full = true;
+    const int32_t tokens[3] = {41, 42, 43};
+    verify_done(c, s, v.round, 2, tokens, 1);
+    assert_int_equal(rep.errors, 1);
+    assert_int_equal(rep.last_error, METRICS_ERR_CANCELLED);
+    assert_non_null(strstr(rep.last_error_message, "did not read its replies"));
+    assert_int_equal(c->metrics.slow_client_cancels_total, 1);
+    expect_releases();
+    assert_int_equal(s->state, SEQ_FREE);
+}
+
 /* Cancel in every state: queued (nothing to release), prefilling, drafting,
  * verifying (both workers release the slot); the workers' later replies
  * are stale. */
@@ -985,6 +1008,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_endings_release_and_admit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_target_error_fails_the_request, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_slow_client_is_cancelled_with_a_reason, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_cancel_in_every_state, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
