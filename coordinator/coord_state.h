@@ -40,13 +40,20 @@
 #define COORD_HALF_FRESH 0
 #define COORD_HALF_PREDRAFT 1
 #define COORD_DRAFT_ERRORS_MAX 3
-/* Hard cap on one client message (ZMQ_MAXMSGSIZE) as a multiple of
- * max_message_bytes: between the two the client gets an error reply, past
- * it ZeroMQ drops the connection before buffering the message. Every message
- * below the cap is held whole in memory before we see it, so the cap bounds
- * what a burst of clients can make the coordinator hold: 2 keeps a helpful
- * "too large" reply for a message somewhat over the limit without letting
- * 16 clients park 16 x 16 MiB. */
+/* Hard cap on one frame of a client message (ZMQ_MAXMSGSIZE) as a multiple
+ * of max_message_bytes: between the two the client gets an error reply
+ * (with its id when the frame's top-level "id" can be read), past it ZeroMQ
+ * drops the connection before buffering the frame. A frame below the cap is
+ * held whole in memory before we see it, so the cap bounds what a burst of
+ * clients can make the coordinator hold: 2 keeps a helpful "too large"
+ * reply for a message somewhat over the limit without letting 16 clients
+ * park 16 x 16 MiB. Nothing bounds a message of many frames: libzmq holds
+ * a multipart message whole before it delivers its first frame, and its
+ * limit is per frame (150 frames of 1.9 MB: a 286 MiB peak). Intake keeps a
+ * copy of the first non-empty frame only and gives the rest back at once
+ * (malloc_trim below), so memory returns when the error is sent
+ * (e2e_test_pipeline_hostile_multipart); the bound on the peak is who may
+ * connect: loopback, or CURVE with listed client keys (exposure.c). */
 #define COORD_HARD_MESSAGE_FACTOR 2
 /* After a client message of at least this many bytes is freed, freed heap
  * memory is handed back to the OS (malloc_trim): glibc would otherwise keep

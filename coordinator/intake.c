@@ -273,6 +273,7 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
     size_t payload_bytes = 0;
     char *payload = NULL;
     bool oversized = false;
+    char oversized_id[REQUEST_ID_MAX + 1] = "";
     int more = 1;
     while (more) {
         if (zmq_msg_recv(&part, c->clients, ZMQ_DONTWAIT) < 0) {
@@ -295,6 +296,9 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
             if (size > c->max_message_bytes) {
                 oversized = true;
                 payload_bytes = size;
+                /* too large to parse, not to answer by its id: a gateway
+                 * waiting on that id learns at once */
+                request_peek_id_text(zmq_msg_data(&part), size, oversized_id, sizeof oversized_id);
             } else if ((payload = malloc(size + 1)) != NULL) {
                 memcpy(payload, zmq_msg_data(&part), size);
                 payload[size] = '\0';
@@ -331,7 +335,9 @@ static void handle_message(struct coordinator *c, size_t *received_bytes)
         snprintf(m, sizeof(m), "message too large or in several frames: %zu bytes, at most %zu in one frame",
                  payload_bytes, c->max_message_bytes);
         c->metrics.requests_total++;
-        replies_error(c, identity, identity_size, "", METRICS_ERR_INVALID_REQUEST, m);
+        if (payload != NULL) /* its first frame was the message, the rest too many */
+            request_peek_id_text(payload, payload_bytes, oversized_id, sizeof oversized_id);
+        replies_error(c, identity, identity_size, oversized_id, METRICS_ERR_INVALID_REQUEST, m);
         free(payload);
         return;
     }

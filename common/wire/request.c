@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,90 @@ const char *request_peek_id(const cJSON *root)
         utf8_valid((const uint8_t *)id->valuestring, strlen(id->valuestring), NULL))
         return id->valuestring;
     return "";
+}
+
+static size_t skip_ws(const char *d, size_t n, size_t i)
+{
+    while (i < n && (d[i] == ' ' || d[i] == '\t' || d[i] == '\n' || d[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* The index after the string whose opening quote is at i (SIZE_MAX when it
+ * never ends). */
+static size_t skip_string(const char *d, size_t n, size_t i)
+{
+    for (i++; i < n; i++) {
+        if (d[i] == '\\')
+            i++;
+        else if (d[i] == '"')
+            return i + 1;
+    }
+    return SIZE_MAX;
+}
+
+/* The index of the ',' or '}' that ends the value starting at i, at the
+ * object's own level (n when the text ends first). */
+static size_t skip_value(const char *d, size_t n, size_t i)
+{
+    int depth = 0;
+    while (i < n) {
+        const char ch = d[i];
+        if (ch == '"') {
+            if ((i = skip_string(d, n, i)) == SIZE_MAX)
+                return n;
+            continue;
+        }
+        if (ch == '{' || ch == '[')
+            depth++;
+        else if ((ch == '}' || ch == ']') && depth > 0)
+            depth--;
+        else if ((ch == ',' || ch == '}') && depth == 0)
+            return i;
+        i++;
+    }
+    return n;
+}
+
+const char *request_peek_id_text(const char *d, size_t n, char *out, size_t cap)
+{
+    out[0] = '\0';
+    size_t i = skip_ws(d, n, 0);
+    if (i >= n || d[i] != '{')
+        return out;
+    i++;
+    while ((i = skip_ws(d, n, i)) < n && d[i] == '"') {
+        const size_t key = i + 1, key_end = skip_string(d, n, i);
+        if (key_end == SIZE_MAX)
+            return out;
+        const bool is_id = key_end - key == 3 && memcmp(d + key, "id", 2) == 0;
+        i = skip_ws(d, n, key_end);
+        if (i >= n || d[i] != ':')
+            return out;
+        i = skip_ws(d, n, i + 1);
+        if (is_id) {
+            if (i >= n || d[i] != '"')
+                return out;
+            const size_t v = i + 1, after = skip_string(d, n, i);
+            if (after == SIZE_MAX)
+                return out;
+            const size_t len = after - 1 - v;
+            if (len > REQUEST_ID_MAX || len >= cap ||
+                memchr(d + v, '\\', len) != NULL || !utf8_valid((const uint8_t *)d + v, len, NULL))
+                return out;
+            for (size_t k = 0; k < len; k++)
+                if ((unsigned char)d[v + k] < 0x20)
+                    return out;
+            memcpy(out, d + v, len);
+            out[len] = '\0';
+            return out;
+        }
+        i = skip_value(d, n, i);
+        if (i >= n || d[i] != ',')
+            return out;
+        i++;
+    }
+    return out;
 }
 
 static int expect_number(const cJSON *item, const char *name, double *out, char *err)

@@ -116,6 +116,14 @@ int request_parse_envelope(const char *data, size_t len, cJSON **root_out,
  * REQUEST_ID_MAX bytes that is valid UTF-8, else "". Never NULL; borrows root. */
 const char *request_peek_id(const cJSON *root);
 
+/* The "id" of JSON text too large to parse (a message over the size
+ * limit), read without building a tree: the string value of the top-level
+ * object's key "id", written to out (cap bytes, NUL-terminated) when it is
+ * there, holds no escape, is valid UTF-8 and at most REQUEST_ID_MAX bytes;
+ * else out is "". One pass over data[0..len), no allocation; stops at the
+ * id. Returns out. */
+const char *request_peek_id_text(const char *data, size_t len, char *out, size_t cap);
+
 /* Validates a "generate" object (as returned by request_parse_envelope) and
  * fills a new request. *out owns everything it points to (request_destroy).
  * Returns 0, ERR_INVALID_ARG (a field missing, unknown, of the wrong type or

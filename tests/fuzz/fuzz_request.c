@@ -120,6 +120,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *id = request_peek_id(root);
     if (!id || strlen(id) > REQUEST_ID_MAX)
         abort();
+    /* the tree-less reading of the id (messages too large to parse) never
+     * reads past the text, and where it finds an id in text cJSON accepts,
+     * it is the one the tree holds */
+    char raw_id[REQUEST_ID_MAX + 1];
+    request_peek_id_text((const char *)data, size, raw_id, sizeof raw_id);
+    if (strlen(raw_id) > REQUEST_ID_MAX || (rc == 0 && raw_id[0] != '\0' && strcmp(raw_id, id) != 0))
+        abort();
     if (rc == 0 && kind == REQUEST_KIND_GENERATE) {
         struct request *r = NULL;
         if (request_from_json(&r, root, &limits, err) == 0) {

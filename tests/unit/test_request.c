@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -385,6 +386,53 @@ static void test_request_sampling_limits_match_the_workers(void **state)
     request_destroy(r);
 }
 
+/* The id of text too large to parse: read from the top-level object only,
+ * past values of every kind, and only when it is a plain string. */
+static void test_request_peek_id_text(void **state)
+{
+    (void)state;
+    char out[REQUEST_ID_MAX + 1];
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"{\"id\": \"req-1\", \"prompt\": \"x\"}", "req-1"},
+        {"{\"v\":1,\"type\":\"generate\",\"prompt\":\"a,b}\\\"id\\\":\\\"no\",\"id\":\"late\"}", "late"},
+        {"  {\"messages\":[{\"id\":\"inner\"},[1,{\"x\":\"}\"}]],\"id\":\"outer\"}", "outer"},
+        {"{\"prompt_ids\":[1,2,3,", ""},                  /* cut before any id */
+        {"{\"id\":\"cut", ""},                              /* the id never ends */
+        {"{\"id\":\"a\\\"b\"}", ""},                    /* an escape: not echoed */
+        {"{\"id\":7}", ""},                                  /* not a string */
+        {"[\"id\",\"x\"]", ""},                            /* not an object */
+        {"{\"idx\":\"n\",\"i\":\"m\"}", ""},           /* other keys only */
+        {"{\"id\":\"\xff\xfe\"}", ""},                   /* invalid UTF-8 */
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = request_peek_id_text(cases[i].text, strlen(cases[i].text), out, sizeof out);
+        if (strcmp(got, cases[i].want) != 0)
+            fail_msg("case %zu (%s): got \"%s\", want \"%s\"", i, cases[i].text, got, cases[i].want);
+    }
+    /* an id longer than the limit is not echoed; one at the limit is */
+    char text[REQUEST_ID_MAX + 32], id[REQUEST_ID_MAX + 2];
+    for (int len = REQUEST_ID_MAX; len <= REQUEST_ID_MAX + 1; len++) {
+        memset(id, 'k', (size_t)len);
+        id[len] = '\0';
+        snprintf(text, sizeof text, "{\"id\":\"%s\"}", id);
+        request_peek_id_text(text, strlen(text), out, sizeof out);
+        assert_string_equal(out, len == REQUEST_ID_MAX ? id : "");
+    }
+    /* every prefix of a message: never reads past its length */
+    const char *full = "{\"v\":1,\"prompt\":\"long text\",\"stop\":[\"a\",\"b\"],\"id\":\"whole\"}";
+    for (size_t n = 0; n <= strlen(full); n++) {
+        char *copy = malloc(n ? n : 1);
+        assert_non_null(copy);
+        memcpy(copy, full, n);
+        request_peek_id_text(copy, n, out, sizeof out);
+        assert_string_equal(out, n == strlen(full) || n >= strlen(full) - 1 ? "whole" : "");
+        free(copy);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -405,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_request_strict_json_is_enforced),
         cmocka_unit_test(test_request_errors_quote_client_text_as_valid_utf8),
         cmocka_unit_test(test_request_sampling_limits_match_the_workers),
+        cmocka_unit_test(test_request_peek_id_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
