@@ -370,7 +370,9 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
     const struct worker *d = &c->worker[ROLE_DRAFT];
     int draft_room = d->max_seq_len - (s->n_hist + k);
     if (room_after > 1 && draft_room > 1) {
-        predraft_k = k;
+        /* a pre-draft proposes its guess and predraft_k drafts: at most
+         * SPECULATE_K_MAX tokens in all (worker_msg.h) */
+        predraft_k = k < SPECULATE_K_MAX ? k : SPECULATE_K_MAX - 1;
         if (predraft_k > room_after - 1)
             predraft_k = room_after - 1;
         if (predraft_k > draft_room - 1)

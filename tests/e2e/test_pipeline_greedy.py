@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Greedy output through the three processes equals tandem-generate's
-target-only output, ids for ids, on 12 prompts (tiny pair), with 8 concurrent
+target-only output, ids for ids, on 12 prompts (tiny pair), for every K 1..16
+(spec_k_max 16, model drafts), with 8 concurrent
 clients, with streaming (token events concatenate to the done reply), and on
 the small pair for two prompts; seeded sampling is reproducible; the stats
 reply carries the Prometheus counters; no shared-memory segment is left after
@@ -17,7 +18,7 @@ def prompts(n, vocab, seed):
 
 
 def test():
-    p = Pipeline("greedy", max_concurrency=8, max_queue=8)
+    p = Pipeline("greedy", max_concurrency=8, max_queue=8, extra={"coordinator": {"spec_k_max": 16}})
     draft, target = p.make_pair()
     p.start_all()
     s = p.client()
@@ -37,6 +38,14 @@ def test():
         check(done["ids"] == ref, "prompt %d: pipeline ids %s != target-only %s" % (i, done["ids"], ref))
         check(done["usage"]["generated_tokens"] == len(ref), "prompt %d: usage %s" % (i, done["usage"]))
         check(done["finish_reason"] in ("length", "stop"), "prompt %d: finish_reason %s" % (i, done["finish_reason"]))
+
+    # Every K a server can be configured for (spec_k_max 16), model drafts.
+    for k in range(1, 17):
+        ids, n, ref = expected[k % 12]
+        done, _ = generate(s, {"id": "k%d" % k, "prompt_ids": ids, "max_tokens": n, "temperature": 0,
+                               "spec_k": k, "draft": "model"})
+        check(done.get("ids") == ref, "K %d: pipeline ids %s != target-only %s" % (k, done.get("ids"), ref))
+        check(done["spec"]["drafted"] > 0, "K %d: nothing drafted: %s" % (k, done["spec"]))
 
     # Streaming: the token events' ids and texts add up to the done reply.
     ids, n, ref = expected[0]

@@ -317,9 +317,11 @@ def finish(args, c, b, m, now, expected, results):
     key = (b["prompt"], req["max_tokens"])
     if kind in ("greedy", "stream") and key in expected:
         want = expected[key]
-        # A stop at EOS may end before max_tokens: the ids must be a prefix
-        # ending there; otherwise exactly the expected ids.
-        if ids != want[:len(ids)] or (len(ids) < len(want) and m.get("finish_reason") != "stop"):
+        # The target-only run stopped where the reply must: at its EOS or
+        # at max_tokens, so the ids are exactly the expected ones; only a
+        # stop string may end a reply earlier, on a prefix of them.
+        early_ok = m.get("finish_reason") == "stop_string"
+        if ids != want if not early_ok else ids != want[:len(ids)]:
             results["mismatch"].append("%s: got %d ids, first difference at %d" % (
                 req["id"], len(ids), next((i for i, (a, w) in enumerate(zip(ids, want)) if a != w),
                                           min(len(ids), len(want)))))
