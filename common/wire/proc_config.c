@@ -744,8 +744,16 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
     if (rc != 0)
         return rc;
     struct coordinator_config *c = &cfg->coordinator;
-    if (cfg->run_dir[0] == '\0')
-        snprintf(cfg->run_dir, sizeof cfg->run_dir, "/tmp/tandem-%s", cfg->instance);
+    if (cfg->run_dir[0] == '\0') {
+        /* the user's own runtime directory where the session has one: no
+         * other user can plant or squat a name there, as one can under /tmp
+         * (where prepare_run_dir then refuses what is not ours) */
+        const char *xdg = getenv("XDG_RUNTIME_DIR");
+        if (xdg != NULL && xdg[0] == '/')
+            snprintf(cfg->run_dir, sizeof cfg->run_dir, "%s/tandem-%s", xdg, cfg->instance);
+        else
+            snprintf(cfg->run_dir, sizeof cfg->run_dir, "/tmp/tandem-%s", cfg->instance);
+    }
     if (c->worker_endpoint[0] == '\0') {
         int n = snprintf(c->worker_endpoint, sizeof c->worker_endpoint, "ipc://%s/workers.sock",
                          cfg->run_dir);
@@ -869,7 +877,7 @@ void proc_config_print_usage(FILE *out, const char *section)
                  "target_worker, gateway, supervisor)\n");
     fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
     fprintf(out, "  --run-dir DIR              the instance's private directory, mode 0700 "
-                 "[/tmp/tandem-<instance>]\n");
+                 "[$XDG_RUNTIME_DIR/tandem-<instance>, else /tmp/tandem-<instance>]\n");
     for (size_t s = 0; s < N_KEYS(sections_table); s++) {
         const struct section_desc *sec = &sections_table[s];
         if (section && section[0] && strcmp(section, sec->name) != 0)

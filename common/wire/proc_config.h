@@ -126,7 +126,8 @@ struct proc_config {
     char instance[PROC_CONFIG_NAME_MAX];   /* default "tandem"; [A-Za-z0-9_.-], 1..40 chars */
     char run_dir[PROC_CONFIG_PATH_MAX];    /* the instance's private directory (worker socket;
                                               the supervisor's pid files and logs); default
-                                              /tmp/tandem-<instance>, absolute */
+                                              $XDG_RUNTIME_DIR/tandem-<instance>, else
+                                              /tmp/tandem-<instance>; absolute */
     struct coordinator_config coordinator;
     struct worker_config draft_worker, target_worker;
     struct gateway_config gateway;

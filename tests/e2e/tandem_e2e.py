@@ -46,6 +46,13 @@ BIN = {
 }
 
 
+def default_run_dir(instance):
+    """Where the supervisor and the processes put an instance's run state
+    when nothing names a place (proc_config.h: run_dir)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    return os.path.join(xdg, "tandem-" + instance) if xdg.startswith("/") else "/tmp/tandem-" + instance
+
+
 def binary(name):
     return os.path.join(BUILD, BIN[name])
 

@@ -20,7 +20,7 @@ import time
 
 import zmq
 
-from tandem_e2e import BUILD, Pipeline, binary, check, main
+from tandem_e2e import BUILD, Pipeline, binary, check, default_run_dir, main
 
 SUPERVISOR = os.path.join(os.environ.get("TANDEM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
                           "deploy", "tandem-supervisor")
@@ -44,7 +44,7 @@ def test():
     p = Pipeline("rundir")
     draft, target = p.make_pair()
     instance = p.instance
-    run_dir = "/tmp/tandem-%s" % instance
+    run_dir = default_run_dir(instance)
     endpoint = "ipc://%s/client.sock" % p.dir
     common = ["--instance", instance, "--target", target, "--draft", draft, "--endpoint", endpoint]
     decoy = tempfile.mkdtemp(prefix="tandem-decoy-")

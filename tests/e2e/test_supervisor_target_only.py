@@ -12,7 +12,7 @@ import time
 
 import zmq
 
-from tandem_e2e import BUILD, Pipeline, check, generate, main, reference
+from tandem_e2e import BUILD, Pipeline, check, default_run_dir, generate, main, reference
 from test_pipeline_ngram import prompts
 
 SUPERVISOR = os.path.join(os.environ.get("TANDEM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
@@ -30,7 +30,7 @@ def test():
     p = Pipeline("targetonly")
     _, target = p.make_pair()
     instance = p.instance
-    run_dir = "/tmp/tandem-%s" % instance
+    run_dir = default_run_dir(instance)
     endpoint = p.endpoint
     try:
         r = supervisor("start", "--instance", instance, "--target", target, "--endpoint", endpoint)

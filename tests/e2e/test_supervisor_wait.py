@@ -11,7 +11,7 @@ import time
 
 import zmq
 
-from tandem_e2e import Pipeline, check, generate, http, main, reference
+from tandem_e2e import Pipeline, check, default_run_dir, generate, http, main, reference
 from test_supervisor_target_only import supervisor
 
 
@@ -20,7 +20,7 @@ def test():
     draft, target = p.make_pair()
     base_url = p.enable_gateway()
     instance = p.instance
-    run_dir = "/tmp/tandem-%s" % instance
+    run_dir = default_run_dir(instance)
     config = os.path.join(p.dir, "sup-config.json")
     with open(config, "w") as f:
         json.dump({"gateway": p.config["gateway"]}, f)
@@ -46,6 +46,9 @@ def test():
         check(state.get("draft") is True and state.get("target") is True, "coordinator.state: %s" % state)
         check(os.stat(os.path.join(run_dir, "coordinator.state")).st_mode & 0o077 == 0,
               "coordinator.state is readable by others")
+        for name in ("coordinator.log", "target.log", "draft.log", "gateway.log", "coordinator.pid", "config.json"):
+            mode = os.stat(os.path.join(run_dir, name)).st_mode & 0o777
+            check(mode == 0o600, "%s has mode %o, not 600 (logs can hold prompts)" % (name, mode))
         print("start --wait returned ready after %.2f s" % waited)
         r = supervisor("restart", "--wait", "60", *args, timeout=120)
         check(r.returncode == 0 and "ready" in r.stdout, "restart --wait failed:\n%s%s" % (r.stdout, r.stderr))
