@@ -3,6 +3,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,18 +360,27 @@ static void test_proc_config_reachable_endpoints_need_an_explicit_choice(void **
     assert_int_equal(proc_config_finalize(&cfg, all, err), 0);
 }
 
+/* Every deploy/config*.json (the MPS one too) loads and validates; run
+ * outside CTest it finds the tree it was built from. */
 static void test_proc_config_deploy_examples_are_valid(void **state)
 {
     (void)state;
     const char *src = getenv("TANDEM_SOURCE_DIR");
-    if (!src) {
-        skip();
-        return;
-    }
-    const char *files[] = {"config.cpu.json", "config.1gpu.json", "config.2gpu.json"};
-    for (int i = 0; i < 3; i++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/deploy/%s", src, files[i]);
+    if (!src)
+        src = TANDEM_TEST_SOURCE_DIR;
+    char deploy[1024];
+    snprintf(deploy, sizeof deploy, "%s/deploy", src);
+    DIR *dir = opendir(deploy);
+    if (dir == NULL)
+        fail_msg("%s: %s", deploy, strerror(errno));
+    int n_checked = 0, has_mps = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+        const size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "config", 6) != 0 || len < 5 || strcmp(e->d_name + len - 5, ".json") != 0)
+            continue;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", deploy, e->d_name);
+        n_checked++;
         struct proc_config cfg;
         char err[ERR_MSG_MAX] = "";
         proc_config_defaults(&cfg);
@@ -380,7 +391,11 @@ static void test_proc_config_deploy_examples_are_valid(void **state)
                                       err);
         if (rc != 0)
             fail_msg("%s: %s", path, err);
+        has_mps += cfg.supervisor.mps;
     }
+    closedir(dir);
+    assert_true(n_checked >= 4); /* cpu, 1gpu, 1gpu-mps, 2gpu */
+    assert_int_equal(has_mps, 1);
 }
 
 /* run_dir: the default worker socket lives in it; it is used only when it is
