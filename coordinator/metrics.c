@@ -86,6 +86,7 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(req, "max_queue", g->max_queue);
     NUM(req, "slow_client_cancels", m->slow_client_cancels_total);
     NUM(req, "replies_undelivered", m->replies_undelivered_total);
+    NUM(req, "replies_withheld", m->replies_withheld_total);
     for (int i = 0; i < METRICS_ERR_COUNT; i++)
         NUM(errors, error_names[i], m->requests_failed[i]);
     for (int i = 0; i < METRICS_FINISH_COUNT; i++)

@@ -87,6 +87,8 @@ struct metrics {
     uint64_t draft_refusals;
     uint64_t slow_client_cancels_total;  /* requests cancelled: the client's queue was full */
     uint64_t replies_undelivered_total;  /* final replies dropped: never read within 60 s, or gone */
+    uint64_t replies_withheld_total;     /* replies of a request whose connection dropped (its id may
+                                            lead to another client by now) */
     /* the workers' prefix caches ([0] draft, [1] target): prompt tokens looked
      * up and found, from each prompt's reply; blocks kept and evictions as
      * the latest reply said (evictions summed across worker restarts) */

@@ -38,15 +38,21 @@ static bool connection_still_there(struct coordinator *c, const uint8_t *identit
 {
     c->n_conn_drops += connections_update(c->conns);
     /* A reply to the message being read (an error, stats, a cancel's
-     * answer) has no request record to go by: its own connection is. */
+     * answer) goes by its own connection only: a request of an earlier
+     * connection under the same routing id, dropped but not cancelled yet,
+     * must not swallow the newcomer's answer. */
     if (c->answering.active && c->answering.identity_size == identity_size &&
-        memcmp(c->answering.identity, identity, identity_size) == 0 && !connections_open(c->conns, c->answering.conn))
-        return false;
+        memcmp(c->answering.identity, identity, identity_size) == 0)
+        return connections_open(c->conns, c->answering.conn);
     for (int i = 0; i < c->n_seqs; i++) {
         const struct seq *s = &c->seqs[i];
         if (s->state != SEQ_FREE && s->client_size == identity_size &&
-            memcmp(s->client, identity, identity_size) == 0 && !connections_open(c->conns, s->conn))
+            memcmp(s->client, identity, identity_size) == 0 && !connections_open(c->conns, s->conn)) {
+            /* the id may lead to a newcomer by now: withheld, counted (the
+             * routing-id test proves by it that it met this case) */
+            c->metrics.replies_withheld_total++;
             return false;
+        }
     }
     return true;
 }

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from tandem_e2e import BUILD, Fail, Pipeline, binary, check, http, main, require_gateway
+from tandem_e2e import BUILD, Fail, Pipeline, binary, check, http, main, require_gateway, time_scale
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get("TANDEM_SOURCE_DIR", os.path.join(HERE, "..", ".."))
@@ -40,14 +40,14 @@ LOADGEN = os.path.normpath(os.path.join(SOURCE, "tools", "loadgen", "tandem-load
 # How long a client may wait for the word that its request is lost. A killed
 # process's sockets are closed by the kernel, so the drop is seen at once; the
 # bound leaves room for a loaded 2-core machine.
-LOST_WITHIN_S = 2.0
+LOST_WITHIN_S = 2.0 * time_scale()
 # From the restarted coordinator's pid file to its first served request. The
 # workers see their connection drop, reconnect within 250 ms of its bind
 # (their reconnect backoff) and register at once: 0.2-0.4 s measured on 2
 # cores. The test's worker_timeout_ms (6 s) is well past the bound, so
 # workers that waited for its silence (the old way) fail here.
-SERVED_WITHIN_S = 2.0
-WORKER_TIMEOUT_MS = 6000
+SERVED_WITHIN_S = 2.0 * time_scale()
+WORKER_TIMEOUT_MS = int(6000 * time_scale())
 
 
 def no_eos(*models):
