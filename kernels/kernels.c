@@ -15,8 +15,19 @@ size_t kern_dtype_size(enum kern_dtype dtype)
     case KERN_DTYPE_BF16: return 2;
     case KERN_DTYPE_F16: return 2;
     case KERN_DTYPE_F32: return 4;
+    case KERN_DTYPE_Q8: return 1;
     }
     return 0;
+}
+
+size_t kern_q8_scales_offset(int64_t rows, int64_t cols)
+{
+    return ((size_t)rows * (size_t)cols + 63) & ~(size_t)63;
+}
+
+size_t kern_q8_bytes(int64_t rows, int64_t cols)
+{
+    return kern_q8_scales_offset(rows, cols) + (size_t)rows * sizeof(float);
 }
 
 const char *kern_dtype_name(enum kern_dtype dtype)
@@ -25,6 +36,7 @@ const char *kern_dtype_name(enum kern_dtype dtype)
     case KERN_DTYPE_BF16: return "BF16";
     case KERN_DTYPE_F16: return "F16";
     case KERN_DTYPE_F32: return "F32";
+    case KERN_DTYPE_Q8: return "INT8";
     }
     return "?";
 }

@@ -37,10 +37,21 @@ enum kern_dtype {
     KERN_DTYPE_BF16 = 0,
     KERN_DTYPE_F16 = 1,
     KERN_DTYPE_F32 = 2,
+    /* int8 weights, one f32 scale per row (weight-only quantization: the
+     * activations stay f32). A [rows][cols] matrix is rows * cols int8
+     * values, then, from the next multiple of 64 bytes, rows f32 scales
+     * (kern_q8_bytes, kern_q8_scales); w[o][k] stands for q[o][k] * scale[o].
+     * Only map_matrix and matmul take it (cpu; cuda refuses it). */
+    KERN_DTYPE_Q8 = 3,
 };
+#define KERN_DTYPE_COUNT 4
 
-/* Bytes per element of a dtype. */
+/* Bytes per element of a dtype (KERN_DTYPE_Q8: 1, its scales aside). */
 size_t kern_dtype_size(enum kern_dtype dtype);
+/* Bytes of a [rows][cols] KERN_DTYPE_Q8 matrix, its scales included. */
+size_t kern_q8_bytes(int64_t rows, int64_t cols);
+/* Offset of the scales of a [rows][cols] KERN_DTYPE_Q8 matrix. */
+size_t kern_q8_scales_offset(int64_t rows, int64_t cols);
 const char *kern_dtype_name(enum kern_dtype dtype);
 
 struct kern_backend;

@@ -144,8 +144,16 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
     int rc;
     if ((rc = kern_backend_create(&m->be, wc->backend, wc->device, wc->threads, err)))
         goto fail;
-    if ((rc = llama_model_load(&m->model, wc->model, m->be, err)))
+    enum quantize_mode quant;
+    if ((rc = quantize_mode_parse(wc->quantize, &quant, err)) ||
+        (rc = llama_model_load_quantized(&m->model, wc->model, m->be, quant, err)))
         goto fail;
+    if (quant != QUANTIZE_NONE) {
+        size_t file_bytes, held_bytes;
+        llama_model_weight_memory(m->model, &file_bytes, &held_bytes);
+        LOG_INFO("weights quantized %s: %.1f MiB in the files, %.1f MiB held", quantize_mode_name(quant),
+                 (double)file_bytes / (1 << 20), (double)held_bytes / (1 << 20));
+    }
     struct llama_ctx_params cp = {.n_slots = cfg->coordinator.max_concurrency,
                                   .max_seq_len = wc->max_seq_len, .max_rows = 0,
                                   .kv_block_size = LLAMA_DEFAULT_KV_BLOCK_SIZE,

@@ -43,6 +43,7 @@
 
 #include "error.h"
 #include "kv_blocks.h"
+#include "quantize.h"
 #include "safetensors.h"
 
 /* Rows of logits computed per LM-head call: bounds the logits scratch to
@@ -78,6 +79,10 @@ struct llama_model {
     size_t weight_bytes_per_token;
     const void **mapped;         /* every map_weights result, to unmap */
     int n_mapped;
+    enum quantize_mode quant;    /* of the layers' projections */
+    void **qbufs;                /* host copies quantized at load (the backend may read them) */
+    int n_qbufs;
+    size_t file_bytes, held_bytes; /* weights as in the files, as held */
 };
 
 struct llama_ctx {
@@ -102,14 +107,41 @@ struct llama_ctx {
     int32_t *chunk_seq_of;  /* host [n_slots]: a slot's sequence index in the chunk, or -1 */
 };
 
+/* The quantized copy of t (m->quant) mapped as a KERN_DTYPE_Q8 matrix. */
+static int map_quantized(struct llama_model *m, const char *name, const struct safetensors_tensor *t,
+                         int64_t d0, int64_t d1, struct llama_weight *w, char *err)
+{
+    void *buf = NULL;
+    char why[ERR_MSG_MAX];
+    int rc = quantize_q8(t->data, t->dtype, d0, d1, &buf, why);
+    if (rc)
+        return error_set(err, rc, "%s: %s", name, why);
+    m->qbufs[m->n_qbufs++] = buf;
+    const void *dev;
+    if ((rc = m->be->ops->map_matrix(m->be, buf, KERN_DTYPE_Q8, d0, d1, &dev, err)))
+        return rc;
+    m->mapped[m->n_mapped++] = dev;
+    w->ptr = dev;
+    w->dtype = KERN_DTYPE_Q8;
+    m->file_bytes += t->size_bytes;
+    m->held_bytes += kern_q8_bytes(d0, d1);
+    return 0;
+}
+
+/* quantizable: a layer's projection, which m->quant applies to (the
+ * embedding, the LM head and the norms keep the files' precision). */
 static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64_t d0, int64_t d1,
-                      struct llama_weight *w, char *err)
+                      bool quantizable, struct llama_weight *w, char *err)
 {
     const struct safetensors_tensor *t;
     int64_t shape[2] = {d0, d1};
     int rc = safetensors_expect(m->st, name, n_dims, shape, &t, err);
     if (rc)
         return rc;
+    if (quantizable && n_dims == 2 && m->quant == QUANTIZE_INT8)
+        return map_quantized(m, name, t, d0, d1, w, err);
+    m->file_bytes += t->size_bytes;
+    m->held_bytes += t->size_bytes;
     const void *dev;
     /* The matrices only matmul and embed read: the backend may lay them out
      * for its kernels. */
@@ -133,12 +165,24 @@ static size_t weight_bytes(const struct llama_weight *w, size_t count)
 int llama_model_load(struct llama_model **out, const char *model_dir, struct kern_backend *be,
                      char *err)
 {
+    return llama_model_load_quantized(out, model_dir, be, QUANTIZE_NONE, err);
+}
+
+int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
+                               struct kern_backend *be, enum quantize_mode quant, char *err)
+{
     int rc;
     *out = NULL;
+    if (quant != QUANTIZE_NONE && (strcmp(be->name, "cpu") != 0 || !be->ops->map_matrix))
+        return error_set(err, ERR_UNSUPPORTED,
+                         "quantize %s: the %s backend has no kernels for quantized weights (cpu "
+                         "only so far)",
+                         quantize_mode_name(quant), be->name);
     struct llama_model *m = calloc(1, sizeof *m);
     if (!m)
         return error_set(err, ERR_NOMEM, "llama model: out of memory");
     m->be = be;
+    m->quant = quant;
     rc = model_config_load(&m->cfg, model_dir, err);
     if (rc)
         goto fail;
@@ -156,18 +200,20 @@ int llama_model_load(struct llama_model **out, const char *model_dir, struct ker
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     m->mapped = calloc((size_t)c->num_hidden_layers * 9 + 3, sizeof *m->mapped);
     m->inv_freq = calloc((size_t)c->head_dim / 2, sizeof *m->inv_freq);
-    if (!m->layers || !m->mapped || !m->inv_freq) {
+    m->qbufs = calloc((size_t)c->num_hidden_layers * 7, sizeof *m->qbufs);
+    if (!m->layers || !m->mapped || !m->inv_freq || !m->qbufs) {
         rc = error_set(err, ERR_NOMEM, "llama model: out of memory");
         goto fail;
     }
     model_config_rope_inv_freq(c, m->inv_freq);
 
-    if ((rc = map_tensor(m, "model.embed_tokens.weight", 2, c->vocab_size, dim, &m->embed, err)) ||
-        (rc = map_tensor(m, "model.norm.weight", 1, dim, 0, &m->norm, err)))
+    if ((rc = map_tensor(m, "model.embed_tokens.weight", 2, c->vocab_size, dim, false, &m->embed,
+                         err)) ||
+        (rc = map_tensor(m, "model.norm.weight", 1, dim, 0, false, &m->norm, err)))
         goto fail;
     if (c->tie_word_embeddings)
         m->lm_head = m->embed;
-    else if ((rc = map_tensor(m, "lm_head.weight", 2, c->vocab_size, dim, &m->lm_head, err)))
+    else if ((rc = map_tensor(m, "lm_head.weight", 2, c->vocab_size, dim, false, &m->lm_head, err)))
         goto fail;
 
     size_t per_token = weight_bytes(&m->norm, (size_t)dim) +
@@ -178,7 +224,7 @@ int llama_model_load(struct llama_model **out, const char *model_dir, struct ker
 #define LAYER_TENSOR(field, suffix, nd, a, b)                                       \
     do {                                                                            \
         snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, suffix);        \
-        if ((rc = map_tensor(m, name, nd, a, b, &L->field, err)))                   \
+        if ((rc = map_tensor(m, name, nd, a, b, (nd) == 2, &L->field, err)))        \
             goto fail;                                                              \
         per_token += weight_bytes(&L->field, (size_t)(a) * (size_t)((nd) == 2 ? (b) : 1)); \
     } while (0)
@@ -208,6 +254,9 @@ void llama_model_destroy(struct llama_model *m)
     for (int i = 0; i < m->n_mapped; i++)
         m->be->ops->unmap_weights(m->be, m->mapped[i]);
     free(m->mapped);
+    for (int i = 0; i < m->n_qbufs; i++)
+        free(m->qbufs[i]);
+    free(m->qbufs);
     free(m->layers);
     free(m->inv_freq);
     safetensors_close(m->st);
@@ -215,6 +264,12 @@ void llama_model_destroy(struct llama_model *m)
 }
 
 const struct model_config *llama_model_config(const struct llama_model *m) { return &m->cfg; }
+
+void llama_model_weight_memory(const struct llama_model *m, size_t *file_bytes, size_t *held_bytes)
+{
+    *file_bytes = m->file_bytes;
+    *held_bytes = m->held_bytes;
+}
 
 size_t llama_model_weight_bytes_per_token(const struct llama_model *m)
 {

@@ -23,6 +23,7 @@
 
 #include "kernels.h"
 #include "model_config.h"
+#include "quantize.h"
 
 #define LLAMA_DEFAULT_MAX_SEQ_LEN 8192
 #define LLAMA_DEFAULT_KV_BLOCK_SIZE 16
@@ -35,6 +36,15 @@ struct llama_ctx;
  * Borrows be: it must outlive the model. */
 int llama_model_load(struct llama_model **out, const char *model_dir, struct kern_backend *be,
                      char *err);
+/* llama_model_load with the layers' projections (q, k, v, o, gate, up,
+ * down) quantized as they load (quantize.h); the embedding, the LM head and
+ * the norms keep the files' precision (the head decides every token, and a
+ * greedy head is read through the argmax screen's one-byte copy anyway).
+ * ERR_UNSUPPORTED on a backend without quantized kernels (cuda). */
+int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
+                               struct kern_backend *be, enum quantize_mode quant, char *err);
+/* The weights' bytes as in the files and as held (quantized or not). */
+void llama_model_weight_memory(const struct llama_model *m, size_t *file_bytes, size_t *held_bytes);
 void llama_model_destroy(struct llama_model *model);
 const struct model_config *llama_model_config(const struct llama_model *model);
 /* Bytes of weights one decode step reads (every layer + final norm + LM head). */

@@ -283,6 +283,21 @@ static int mc_parse_tokens(const cJSON *root, const char *src, struct model_conf
     return 0;
 }
 
+/* A checkpoint quantized by another tool (GPTQ, AWQ, compressed-tensors,
+ * bitsandbytes, ...) names its method in quantization_config: refused with
+ * that name. Tandem quantizes the bf16/f16 weights itself as they load. */
+static int mc_refuse_prequantized(const cJSON *root, const char *src, char *err)
+{
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (q == NULL || cJSON_IsNull(q))
+        return 0;
+    const cJSON *method = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "quant_method") : NULL;
+    return error_set(err, ERR_UNSUPPORTED,
+                     "%s: quantization_config: a checkpoint quantized as \"%.32s\" is not supported; "
+                     "load the model's bf16 or f16 weights and set quantize (int8) instead",
+                     src, cJSON_IsString(method) ? method->valuestring : "unknown");
+}
+
 int model_config_parse(struct model_config *out, const char *json, size_t len,
                        const char *source_name, char *err)
 {
@@ -301,7 +316,7 @@ int model_config_parse(struct model_config *out, const char *json, size_t len,
         rc = error_set(err, ERR_FORMAT, "%s: expected a JSON object at the top level", src);
         goto done;
     }
-    if ((rc = mc_parse_architecture(root, src, err)))
+    if ((rc = mc_parse_architecture(root, src, err)) || (rc = mc_refuse_prequantized(root, src, err)))
         goto done;
 
     if ((rc = mc_int(root, src, "", "vocab_size", 1, 0, 1, &c.vocab_size, err)) ||

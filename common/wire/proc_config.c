@@ -89,6 +89,14 @@ static int check_sampler(const char *value, char *msg, size_t msg_size)
     return -1;
 }
 
+static int check_quantize(const char *value, char *msg, size_t msg_size)
+{
+    if (strcmp(value, "none") == 0 || strcmp(value, "int8") == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"none\" or \"int8\", got \"%s\"", value);
+    return -1;
+}
+
 static int check_spec_mode(const char *value, char *msg, size_t msg_size)
 {
     if (strcmp(value, "sampled") == 0 || strcmp(value, "point_mass") == 0)
@@ -244,6 +252,9 @@ static const struct key_desc worker_keys[] = {
     WKEY_INT(shm_staging, 0, 1,
              "1: cuda_ipc through pinned host memory instead of device memory (the path "
              "without peer access) [0]"),
+    WKEY_STR(quantize, check_quantize,
+             "the layers' projections quantized as they load: none or int8 (cpu; the embedding "
+             "and the LM head keep the files' precision) [none]"),
     WKEY_STR(sampler, check_sampler,
              "sampling and accept/reject: device (logits and q rows stay on the GPU), host, "
              "or auto (device with backend cuda, host with cpu) [auto]"),
@@ -304,6 +315,7 @@ static void worker_defaults(struct worker_config *w)
     w->prefill_chunk = 32;
     snprintf(w->shm_transport, sizeof w->shm_transport, "auto");
     snprintf(w->sampler, sizeof w->sampler, "auto");
+    snprintf(w->quantize, sizeof w->quantize, "none");
     w->argmax_copy = 1;
     w->prefix_cache = 1;
     snprintf(w->log_level, sizeof w->log_level, "info");

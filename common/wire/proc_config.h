@@ -90,6 +90,10 @@ struct worker_config {
      * path). "auto" (default) becomes "device" with backend cuda and "host"
      * with cpu in proc_config_finalize; "device" on cpu is an error. */
     char sampler[PROC_CONFIG_NAME_MAX];
+    /* "none" (default) or "int8": the layers' projections quantized at
+     * load (common/model/quantize.h); a draft's quantization never changes
+     * the output, the target verifies every token */
+    char quantize[PROC_CONFIG_NAME_MAX];
     /* 1 (default): on the cpu backend, greedy rows find their argmax from a
      * one-byte copy of the LM head (kernels/cpu/argmax.c: the same tokens,
      * half the head's bytes read per token, the copy's bytes held: 263 MB at

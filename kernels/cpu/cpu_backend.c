@@ -49,6 +49,8 @@ int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     case KERN_DTYPE_BF16:
     case KERN_DTYPE_F16:
     case KERN_DTYPE_F32: return 0;
+    case KERN_DTYPE_Q8:
+        return error_set(err, ERR_UNSUPPORTED, "cpu %s: int8 weights are for matmul only", what);
     }
     return error_set(err, ERR_UNSUPPORTED, "cpu %s: unsupported weight dtype %d", what, (int)dtype);
 }
@@ -310,9 +312,11 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     if (rows < 0 || cols < 0 || (cols > 0 && rows > INT64_MAX / cols))
         return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: bad shape [%lld, %lld]",
                          (long long)rows, (long long)cols);
-    int rc = cpu_backend_check_dtype(dtype, "map_matrix", err);
+    int rc = dtype == KERN_DTYPE_Q8 ? 0 : cpu_backend_check_dtype(dtype, "map_matrix", err);
     if (rc < 0)
         return rc;
+    if (dtype == KERN_DTYPE_Q8) /* values and scales, as they are: matmul's direct path reads them */
+        return cpu_map(cb, "map_matrix", host_ptr, kern_q8_bytes(rows, cols), 0, 0, out, err);
     const uint64_t bytes = (uint64_t)rows * (uint64_t)cols * kern_dtype_size(dtype);
     if (bytes > SIZE_MAX)
         return error_set(err, ERR_NOMEM, "cpu map_matrix: [%lld, %lld] is too large",

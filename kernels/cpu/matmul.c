@@ -176,11 +176,34 @@ static void mm_run_jobs(struct cpu_backend *cb, struct mm_job *job, int job_rows
 }
 #endif
 
+/* int8 weights (KERN_DTYPE_Q8): the direct path in every build, whose
+ * tiles widen each weight to f32 exactly and keep the fixed order; then
+ * each output times its row's scale, one multiply after the reduction.
+ * The pair, packed and panel paths are bf16 layouts of their own. */
+static void mm_run_q8(struct cpu_backend *cb, struct mm_job *job)
+{
+    const int n = job->n;
+    float *out = job->out;
+#ifdef __AVX2__
+    if (n > MM_DIRECT_JOB_ROWS)
+        mm_run_jobs(cb, job, MM_DIRECT_JOB_ROWS, MM_RO, mm_task_direct);
+    else
+#endif
+        mm_run(cb, job, MM_RO, mm_task_direct);
+    const float *scale = (const float *)(const void *)((const char *)job->w +
+                                                       kern_q8_scales_offset(job->d_out, job->d_in));
+    for (int i = 0; i < n; i++) {
+        float *row = out + (size_t)i * (size_t)job->d_out;
+        for (int o = 0; o < job->d_out; o++)
+            row[o] *= scale[o];
+    }
+}
+
 int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
                enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
 {
     struct cpu_backend *cb = cpu_backend_of(be);
-    int rc = cpu_backend_check_dtype(dtype, "matmul", err);
+    int rc = dtype == KERN_DTYPE_Q8 ? 0 : cpu_backend_check_dtype(dtype, "matmul", err);
     if (rc < 0)
         return rc;
     if (n < 0 || d_in < 0 || d_out < 0)
@@ -195,6 +218,10 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         .out = out, .in = in, .w = w, .dtype = dtype,
         .n = n, .d_in = d_in, .d_out = d_out, .scratch = cb->scratch,
     };
+    if (dtype == KERN_DTYPE_Q8) {
+        mm_run_q8(cb, &job);
+        return 0;
+    }
     int packed_d_in = 0;
     if (cpu_backend_packed(cb, w, &job.packed_rows, &packed_d_in) &&
         (packed_d_in != d_in || dtype != KERN_DTYPE_BF16 || d_out < job.packed_rows))

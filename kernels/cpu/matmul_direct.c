@@ -42,7 +42,7 @@ CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t
                                        int ahead, int k)
 {
     /* not kern_dtype_size: a call in the tile's loop spills its accumulators */
-    const size_t esize = dt == KERN_DTYPE_F32 ? 4 : 2;
+    const size_t esize = dt == KERN_DTYPE_F32 ? 4 : dt == KERN_DTYPE_Q8 ? 1 : 2;
     if ((((size_t)k * esize) & 63) != 0)
         return;
 #pragma GCC unroll 4
@@ -134,6 +134,7 @@ typedef void (*mm_tile_fn)(const void *w, size_t ldw, const float *x, size_t ldx
 MM_DEFINE_TILES(bf16, KERN_DTYPE_BF16)
 MM_DEFINE_TILES(f16, KERN_DTYPE_F16)
 MM_DEFINE_TILES(f32, KERN_DTYPE_F32)
+MM_DEFINE_TILES(q8, KERN_DTYPE_Q8)
 
 /* mm_tiles[dtype][0: one row, 1: MM_RO rows, 2: MM_RO rows prefetching the
  * next MM_RO][ri - 1] */
@@ -141,10 +142,11 @@ MM_DEFINE_TILES(f32, KERN_DTYPE_F32)
     {{mm_tile_##dtname##_1x1, mm_tile_##dtname##_1x2, mm_tile_##dtname##_1x3},               \
      {mm_tile_##dtname##_4x1, mm_tile_##dtname##_4x2, mm_tile_##dtname##_4x3},               \
      {mm_tile_##dtname##_4x1p, mm_tile_##dtname##_4x2p, mm_tile_##dtname##_4x3p}}
-static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
+static const mm_tile_fn mm_tiles[KERN_DTYPE_COUNT][3][MM_RI] = {
     [KERN_DTYPE_BF16] = MM_TILE_ROW(bf16),
     [KERN_DTYPE_F16] = MM_TILE_ROW(f16),
     [KERN_DTYPE_F32] = MM_TILE_ROW(f32),
+    [KERN_DTYPE_Q8] = MM_TILE_ROW(q8),
 };
 
 #ifdef __AVX2__
@@ -156,10 +158,12 @@ static const mm_tile_fn mm_tiles[3][3][MM_RI] = {
 MM_DEFINE_TILE(mm_tile_bf16_one, KERN_DTYPE_BF16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f16_one, KERN_DTYPE_F16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f32_one, KERN_DTYPE_F32, MM_RO_ONE, 1, 0)
-static const mm_tile_fn mm_tiles_one[3] = {
+MM_DEFINE_TILE(mm_tile_q8_one, KERN_DTYPE_Q8, MM_RO_ONE, 1, 0)
+static const mm_tile_fn mm_tiles_one[KERN_DTYPE_COUNT] = {
     [KERN_DTYPE_BF16] = mm_tile_bf16_one,
     [KERN_DTYPE_F16] = mm_tile_f16_one,
     [KERN_DTYPE_F32] = mm_tile_f32_one,
+    [KERN_DTYPE_Q8] = mm_tile_q8_one,
 };
 
 /* Two weight rows against MM_W2_MIN..MM_W2_MAX input rows in one pass over
@@ -263,6 +267,7 @@ CPU_SIMD_INLINE void mm_tile_w2_kb(enum kern_dtype dt, int ri, int pf, const voi
 MM_W2_KINDS(MM_DEFINE_TILE_W2, bf16, KERN_DTYPE_BF16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, f16, KERN_DTYPE_F16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, f32, KERN_DTYPE_F32)
+MM_W2_KINDS(MM_DEFINE_TILE_W2, q8, KERN_DTYPE_Q8)
 
 /* A table of 2 x n tiles named prefix<dtname>_<ri>[p]:
  * [dtype][prefetching][ri - MM_W2_MIN] */
@@ -271,8 +276,9 @@ MM_W2_KINDS(MM_DEFINE_TILE_W2, f32, KERN_DTYPE_F32)
      {prefix##dtname##_3p, prefix##dtname##_4p, prefix##dtname##_5p, prefix##dtname##_6p}}
 #define MM_W2_TABLE(prefix)                                                                  \
     {[KERN_DTYPE_BF16] = MM_W2_ROW(prefix, bf16), [KERN_DTYPE_F16] = MM_W2_ROW(prefix, f16),  \
-     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32)}
-static const mm_tile_fn mm_tiles_w2[3][2][MM_W2_MAX - MM_W2_MIN + 1] = MM_W2_TABLE(mm_tile_w2_);
+     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32), [KERN_DTYPE_Q8] = MM_W2_ROW(prefix, q8)}
+static const mm_tile_fn mm_tiles_w2[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2_MIN + 1] =
+    MM_W2_TABLE(mm_tile_w2_);
 
 #if !(defined(__AVX512F__) && defined(__AVX512BW__))
 typedef void (*mm_tile_kb_fn)(const void *w, size_t ldw, const float *x, size_t ldx, int len,
@@ -286,7 +292,8 @@ typedef void (*mm_tile_kb_fn)(const void *w, size_t ldw, const float *x, size_t 
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, bf16, KERN_DTYPE_BF16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f16, KERN_DTYPE_F16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f32, KERN_DTYPE_F32)
-static const mm_tile_kb_fn mm_tiles_w2_kb[3][2][MM_W2_MAX - MM_W2_MIN + 1] =
+MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, q8, KERN_DTYPE_Q8)
+static const mm_tile_kb_fn mm_tiles_w2_kb[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2_MIN + 1] =
     MM_W2_TABLE(mm_tile_w2kb_);
 #endif
 

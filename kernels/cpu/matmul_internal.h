@@ -83,6 +83,7 @@ CPU_SIMD_INLINE float mm_load1(enum kern_dtype dt, const void *w, size_t idx)
     case KERN_DTYPE_BF16: return cpu_simd_bf16_to_f32(((const uint16_t *)w)[idx]);
     case KERN_DTYPE_F16: return cpu_simd_f16_to_f32(((const uint16_t *)w)[idx]);
     case KERN_DTYPE_F32: break;
+    case KERN_DTYPE_Q8: return (float)((const int8_t *)w)[idx];
     }
     return ((const float *)w)[idx];
 }
@@ -94,6 +95,11 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
     case KERN_DTYPE_BF16: return cpu_simd_load8_bf16((const uint16_t *)w + idx);
     case KERN_DTYPE_F16: return cpu_simd_load8_f16((const uint16_t *)w + idx);
     case KERN_DTYPE_F32: break;
+    case KERN_DTYPE_Q8: {
+        /* int8 -> int32 -> f32: exact, as the other widenings */
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)w + idx));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    }
     }
     return _mm256_loadu_ps((const float *)w + idx);
 }

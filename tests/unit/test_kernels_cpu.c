@@ -480,6 +480,70 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
     be->ops->destroy(be);
 }
 
+/* int8 weights (KERN_DTYPE_Q8): every output is the fixed-order dot of the
+ * int8 values (widened exactly) and the input, times the row's scale, bit
+ * for bit, at every n from decode to prefill (1..40, then 64, 65 and 256:
+ * several jobs), every tail of d_in, rows left after the 4-row blocks; and
+ * the same through map_matrix (the backend's copy). A row computed alone
+ * equals it computed in any batch, since both equal the reference. */
+static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
+{
+    (void)state;
+    static const int d_ins[] = {5, 8, 67, 123, 1000, 2051};
+    static const int d_outs[] = {29, 6, 7, 1};
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 18, 25, 40, 64, 65, 256};
+    const int n_max = 256;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {29};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(d_ins) / sizeof(d_ins[0]); si++) {
+        const int d_in = d_ins[si], d_out = d_outs[si % 4];
+        char *w = malloc(kern_q8_bytes(d_out, d_in));
+        assert_non_null(w);
+        float *scale = (float *)(void *)(w + kern_q8_scales_offset(d_out, d_in));
+        float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
+        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+        for (int o = 0; o < d_out; o++) {
+            scale[o] = 0.001f + rng_float(&r) * 0.01f;
+            for (int k = 0; k < d_in; k++) {
+                const int v = (int)(rng_next(&r) % 255) - 127;
+                ((int8_t *)w)[(size_t)o * d_in + k] = (int8_t)v;
+                wf[(size_t)o * d_in + k] = (float)v;
+            }
+        }
+        fill(&r, in, (size_t)n_max * d_in);
+        for (int i = 0; i < n_max; i++)
+            for (int o = 0; o < d_out; o++)
+                ref[(size_t)i * d_out + o] =
+                    fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in) * scale[o];
+        const void *mapped = NULL;
+        assert_int_equal(be->ops->map_matrix(be, w, KERN_DTYPE_Q8, d_out, d_in, &mapped, err), 0);
+        for (int pass = 0; pass < 2; pass++) {
+            const void *wp = pass == 0 ? (const void *)w : mapped;
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+                const int n = ns[ni];
+                memset(out, 0xff, (size_t)n * d_out * sizeof(float));
+                assert_int_equal(be->ops->matmul(be, out, in, wp, KERN_DTYPE_Q8, n, d_in, d_out, err), 0);
+                char what[96];
+                snprintf(what, sizeof(what), "matmul int8 d_in=%d d_out=%d n=%d (%s) vs fixed order",
+                         d_in, d_out, n, pass ? "mapped" : "caller's");
+                assert_int_equal(count_bit_diffs(what, ref, out, (size_t)n * d_out), 0);
+            }
+        }
+        be->ops->unmap_weights(be, mapped);
+        free(w);
+        free(wf);
+        free(in);
+        free(ref);
+        free(out);
+    }
+    /* the ops that do not take int8 say so */
+    float x[8] = {0}, y[8];
+    int8_t q[8 + 64] = {0};
+    assert_int_equal(be->ops->rmsnorm(be, y, x, q, KERN_DTYPE_Q8, 1, 8, 1e-5f, err), ERR_UNSUPPORTED);
+    be->ops->destroy(be);
+}
+
 /* Speculative verification calls matmul with n = K+1 = 2..9 rows, and a
  * batched call with the rows of many sequences, up to 256 rows:
  * each row of every n (all tile shapes and remainders of the small-n paths,
@@ -1649,6 +1713,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
         cmocka_unit_test(test_kernels_cpu_matmul_every_path_follows_the_fixed_order),
+        cmocka_unit_test(test_kernels_cpu_matmul_int8_follows_the_fixed_order),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),

@@ -1133,6 +1133,113 @@ static void test_llama_prefix_cache_evicts_under_a_tiny_pool(void **state)
     free_model(&m);
 }
 
+/* ---- int8 weights ---- */
+
+/* Every weight comes back within half a step of its row's scale; the scale
+ * is the row's largest magnitude over 127 (1 for a row of zeros); a NaN is
+ * refused, named by row and column. */
+static void test_llama_int8_quantizer_round_trip(void **state)
+{
+    (void)state;
+    enum { ROWS = 9, COLS = 37 };
+    uint16_t w[ROWS * COLS];
+    rng_state = 5;
+    for (int i = 0; i < ROWS * COLS; i++)
+        w[i] = to_bf16((float)(rng_normal() * (1 + i % 7)));
+    for (int c = 0; c < COLS; c++)
+        w[3 * COLS + c] = 0; /* a row of zeros */
+    void *q = NULL;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(quantize_q8(w, KERN_DTYPE_BF16, ROWS, COLS, &q, err), 0);
+    const int8_t *v = q;
+    const float *scale = (const float *)(const void *)((const char *)q + kern_q8_scales_offset(ROWS, COLS));
+    for (int r = 0; r < ROWS; r++) {
+        float amax = 0;
+        for (int c = 0; c < COLS; c++)
+            amax = fmaxf(amax, fabsf(from_bf16(w[r * COLS + c])));
+        assert_true(scale[r] == (amax > 0 ? amax / 127.0f : 1.0f));
+        for (int c = 0; c < COLS; c++) {
+            const double back = (double)v[r * COLS + c] * scale[r], orig = from_bf16(w[r * COLS + c]);
+            if (fabs(back - orig) > scale[r] * 0.5 * (1 + 1e-6))
+                fail_msg("[%d, %d]: %g came back as %g (scale %g)", r, c, orig, back, scale[r]);
+            assert_true(v[r * COLS + c] >= -127 && v[r * COLS + c] <= 127);
+        }
+    }
+    free(q);
+    w[4 * COLS + 5] = 0x7fc0; /* NaN */
+    assert_int_equal(quantize_q8(w, KERN_DTYPE_BF16, ROWS, COLS, &q, err), ERR_FORMAT);
+    assert_non_null(strstr(err, "[4, 5]"));
+    assert_null(q);
+    enum quantize_mode mode;
+    assert_int_equal(quantize_mode_parse("int4", &mode, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "int4"));
+}
+
+/* A model whose projections are int8 decodes close to the bf16 one, both
+ * fed the bf16 model's greedy tokens (so every step compares them on the
+ * same context): the logits within a tenth of the bf16 logits' range, and
+ * the argmax the same at most steps of 24 from 6 prompts (measured on this
+ * model: 141 of 144, 98%; worst logit difference 0.009 of the range;
+ * asserted: at least 75%, and 0.1). The embedding and the LM head
+ * are not quantized. */
+static void test_llama_int8_model_decodes_close_to_bf16(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 87);
+    const int V = SHAPE_GQA_BF16.vocab;
+    struct loaded ref;
+    load(&ref, m.dir, 1, 64, 0);
+    struct llama_model *qm = NULL;
+    struct llama_ctx *qc = NULL;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(llama_model_load_quantized(&qm, m.dir, ref.be, QUANTIZE_INT8, err), 0);
+    struct llama_ctx_params p = {.n_slots = 2, .max_seq_len = 64};
+    assert_int_equal(llama_ctx_create(&qc, qm, &p, err), 0);
+    int agree = 0, total = 0;
+    double worst = 0;
+    for (int prompt = 0; prompt < 6; prompt++) {
+        int32_t t[8];
+        random_tokens(t, 8, V, 200 + (uint64_t)prompt);
+        int32_t a = -1, b = -1;
+        for (int step = 0; step < 24; step++) {
+            const int n = step == 0 ? 8 : 1;
+            const int32_t *in_a = step == 0 ? t : &a, *in_b = step == 0 ? t : &b;
+            float la[97], lb[97];
+            struct llama_seq_batch sa = {.slot = 0, .tokens = in_a, .n_tokens = n, .n_logits = 1, .logits_out = la};
+            struct llama_seq_batch sb = {.slot = 0, .tokens = in_b, .n_tokens = n, .n_logits = 1, .logits_out = lb};
+            assert_int_equal(llama_forward(ref.ctx, &sa, 1, err), 0);
+            assert_int_equal(llama_forward(qc, &sb, 1, err), 0);
+            int ia = 0, ib = 0;
+            double lo = la[0], hi = la[0], diff = 0;
+            for (int v = 1; v < V; v++) {
+                ia = la[v] > la[ia] ? v : ia;
+                ib = lb[v] > lb[ib] ? v : ib;
+                lo = la[v] < lo ? la[v] : lo;
+                hi = la[v] > hi ? la[v] : hi;
+            }
+            for (int v = 0; v < V; v++)
+                diff = fmax(diff, fabs((double)la[v] - lb[v]));
+            worst = fmax(worst, diff / (hi - lo));
+            agree += ia == ib;
+            total++;
+            /* both go on from the bf16 model's token: each step compares
+             * the two on the same context */
+            a = b = ia;
+        }
+        assert_int_equal(llama_ctx_truncate(ref.ctx, 0, 0, err), 0);
+        assert_int_equal(llama_ctx_truncate(qc, 0, 0, err), 0);
+    }
+    fprintf(stderr, "  int8 vs bf16: greedy ids agree at %d of %d steps; worst logit difference %.3f of the logits' range\n",
+            agree, total, worst);
+    assert_true(agree * 4 >= total * 3);
+    assert_true(worst < 0.1);
+    llama_ctx_destroy(qc);
+    llama_model_destroy(qm);
+    unload(&ref);
+    free_model(&m);
+}
+
 static void test_llama_missing_tensor_is_named(void **state)
 {
     (void)state;
@@ -1185,6 +1292,8 @@ int main(void)
         cmocka_unit_test(test_llama_prefix_cache_gives_the_cold_bits),
         cmocka_unit_test(test_llama_prefix_cache_truncation_never_touches_a_shared_block),
         cmocka_unit_test(test_llama_prefix_cache_evicts_under_a_tiny_pool),
+        cmocka_unit_test(test_llama_int8_quantizer_round_trip),
+        cmocka_unit_test(test_llama_int8_model_decodes_close_to_bf16),
         cmocka_unit_test(test_llama_missing_tensor_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

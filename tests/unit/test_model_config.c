@@ -204,6 +204,12 @@ static void test_model_config_unsupported_model_is_rejected(void **state)
     expect_parse_fails("{" MINIMAL_KEYS ",\"attention_bias\":true}", ERR_UNSUPPORTED,
                        "attention_bias");
     expect_parse_fails("{" MINIMAL_KEYS ",\"mlp_bias\":true}", ERR_UNSUPPORTED, "mlp_bias");
+    /* checkpoints quantized by other tools: the method named */
+    expect_parse_fails("{" MINIMAL_KEYS ",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4}}",
+                       ERR_UNSUPPORTED, "quantized as \"gptq\"");
+    expect_parse_fails("{" MINIMAL_KEYS ",\"quantization_config\":{\"quant_method\":\"compressed-tensors\"}}",
+                       ERR_UNSUPPORTED, "\"compressed-tensors\"");
+    expect_parse_fails("{" MINIMAL_KEYS ",\"quantization_config\":{}}", ERR_UNSUPPORTED, "\"unknown\"");
     expect_parse_fails("{\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":96,"
                        "\"num_hidden_layers\":2,\"num_attention_heads\":4}",
                        ERR_INVALID_ARG, "architectures");

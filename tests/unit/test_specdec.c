@@ -88,6 +88,30 @@ static void test_specdec_greedy_equals_target_only_on_poor_tiny_pair(void **stat
     assert_true(acc < 0.9);
 }
 
+/* A draft whose projections are quantized to int8 as they load proposes
+ * other tokens now and then, but the target verifies every one: greedy
+ * output is the unquantized target's, token for token, for K 1..8 and
+ * adaptive, in both draft modes; and the quantized draft still speculates. */
+static void test_specdec_int8_draft_keeps_greedy_output(void **state)
+{
+    struct pair *p = *state;
+    struct loaded_model q8 = {0};
+    char err[ERR_MSG_MAX] = "";
+    fixture_check(llama_model_load_quantized(&q8.model, p->draft_dir, p->be, QUANTIZE_INT8, err),
+                  "llama_model_load_quantized", err);
+    struct llama_ctx_params cp = {.n_slots = 1, .max_seq_len = 512};
+    fixture_check(llama_ctx_create(&q8.ctx, q8.model, &cp, err), "llama_ctx_create", err);
+    size_t file_bytes, held_bytes;
+    llama_model_weight_memory(q8.model, &file_bytes, &held_bytes);
+    assert_true(held_bytes < file_bytes);
+    double acc;
+    check_greedy_equality(&q8, &p->good, 12, 40, 2, &acc);
+    fprintf(stderr, "  int8 draft of the matched tiny pair: greedy acceptance %.3f (weights %zu -> %zu bytes)\n",
+            acc, file_bytes, held_bytes);
+    assert_true(acc > 0.5);
+    fixture_unload(&q8);
+}
+
 /* Drafts from the sequence's own n-grams: greedy output is target-only's
  * for K 1..16 and the default, on prompts that repeat a phrase (so that
  * there are matches to draft from). */
@@ -624,6 +648,7 @@ int main(void)
     const struct CMUnitTest tiny[] = {
         cmocka_unit_test(test_specdec_greedy_equals_target_only_on_matched_tiny_pair),
         cmocka_unit_test(test_specdec_greedy_equals_target_only_on_poor_tiny_pair),
+        cmocka_unit_test(test_specdec_int8_draft_keeps_greedy_output),
         cmocka_unit_test(test_specdec_ngram_greedy_equals_target_only),
         cmocka_unit_test(test_specdec_chunked_prefill_keeps_greedy_ids),
         cmocka_unit_test(test_specdec_stops_and_limits_apply_to_accepted_tokens),

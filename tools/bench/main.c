@@ -1,7 +1,7 @@
 /* tandem-bench: figures for the runtime and for speculative decoding.
  *
  *   tandem-bench runtime [--models DIR] [--threads N] [--tokens N] [--presets a,b]
- *       [--profile 0|1] [--prefix N] [--backend cpu|cuda] [--device D]
+ *       [--profile 0|1] [--prefix N] [--backend cpu|cuda] [--device D] [--quantize none|int8]
  *       this machine's read bandwidth (read_bw.h; a memcpy figure beside it,
  *       labelled, for reference), then target-only decode tokens/s per preset
  *       and the weight bytes read per second as a share of read bandwidth: a
@@ -78,6 +78,7 @@ struct bench_opts {
     int repeats;      /* spec: turns of target-only and every K, alternating */
     int full_head;    /* spec: every K also with the draft reading its whole LM head */
     const char *backend, *device; /* "cpu" (default) or "cuda"; device: ordinal or UUID */
+    enum quantize_mode quantize, draft_quantize; /* runtime and spec targets; spec drafts */
 };
 
 static double now_s(void)
@@ -149,12 +150,15 @@ struct bench_model {
     struct llama_ctx *ctx;
 };
 
-/* The model at dir with one sequence of up to max_seq_len tokens. */
-static int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len)
+/* The model at dir with one sequence of up to max_seq_len tokens, its
+ * projections quantized as quant says. */
+static int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len,
+                enum quantize_mode quant)
 {
     char err[ERR_MSG_MAX] = "";
     struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len};
-    if (llama_model_load(&m->model, dir, be, err) || llama_ctx_create(&m->ctx, m->model, &p, err))
+    if (llama_model_load_quantized(&m->model, dir, be, quant, err) ||
+        llama_ctx_create(&m->ctx, m->model, &p, err))
         return die(dir, err);
     return 0;
 }
@@ -374,7 +378,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         prof_init(&prof, be);
         struct kern_backend *mbe = o->profile ? &prof.base : be;
         struct bench_model m;
-        if (load(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024))
+        if (load(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024, o->quantize))
             return 1;
         struct specdec_target *t;
         if (specdec_target_create(&t, m.ctx, err))
@@ -486,7 +490,7 @@ static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *b
         if (ensure_model(dir, preset, 1, NULL, 0))
             return 1;
         struct bench_model m;
-        if (load(&m, dir, be, 1024))
+        if (load(&m, dir, be, 1024, o->quantize))
             return 1;
         const double bytes = (double)llama_model_weight_bytes_per_token(m.model);
         const double floor_ms = bytes / (bw.read_gbs * 1e6);
@@ -605,7 +609,8 @@ static int bench_batch(const struct bench_opts *o, struct kern_backend *be)
         struct llama_model *model = NULL;
         struct llama_ctx *ctx = NULL;
         struct llama_ctx_params p = {.n_slots = B_MAX, .max_seq_len = PREFIX + o->tokens + 8};
-        if (llama_model_load(&model, dir, mbe, err) || llama_ctx_create(&ctx, model, &p, err))
+        if (llama_model_load_quantized(&model, dir, mbe, o->quantize, err) ||
+            llama_ctx_create(&ctx, model, &p, err))
             return die(dir, err);
         const int vocab = llama_model_config(model)->vocab_size;
         float *logits = malloc((size_t)B_MAX * (size_t)vocab * sizeof(float));
@@ -770,7 +775,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
     struct bench_model dm;
     /* the requests' prompts and tokens, and the drafts of a last round */
     const int room = o->prompt + o->tokens + 64 > 1024 ? o->prompt + o->tokens + 64 : 1024;
-    if (load(&dm, draft_dir, be, room))
+    if (load(&dm, draft_dir, be, room, o->draft_quantize))
         return 1;
     char err[ERR_MSG_MAX] = "";
     struct specdec_draft *d;
@@ -793,7 +798,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         if (ensure_model(dir, pair->target_preset, 2, draft_dir, noise))
             return 1;
         struct bench_model tm;
-        if (load(&tm, dir, be, room))
+        if (load(&tm, dir, be, room, o->quantize))
             return 1;
         struct specdec_target *t;
         if (specdec_target_create(&t, tm.ctx, err))
@@ -888,7 +893,9 @@ int main(int argc, char **argv)
                         "                    [--profile 0|1 (runtime: time per op)]\n"
                         "                    [--prefix N (runtime: tokens before the verification rows)]\n"
                         "                    [--prompt N (spec: tokens per prompt, 16)]\n"
-                        "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n");
+                        "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n"
+                        "                    [--quantize none|int8 (runtime, batch, spec targets)]\n"
+                        "                    [--draft-quantize none|int8 (spec drafts)]\n");
         return 2;
     }
     struct bench_opts o = {
@@ -922,6 +929,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--prompt")) o.prompt = atoi(v);
         else if (!strcmp(argv[i - 1], "--backend")) o.backend = v;
         else if (!strcmp(argv[i - 1], "--device")) o.device = v;
+        else if (!strcmp(argv[i - 1], "--quantize") || !strcmp(argv[i - 1], "--draft-quantize")) {
+            char qerr[ERR_MSG_MAX];
+            if (quantize_mode_parse(v, !strcmp(argv[i - 1], "--quantize") ? &o.quantize : &o.draft_quantize,
+                                    qerr)) {
+                fprintf(stderr, "tandem-bench: %s: %s\n", argv[i - 1], qerr);
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "tandem-bench: unknown flag %s\n", argv[i - 1]);
             return 2;

@@ -5,6 +5,7 @@
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
  *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
+ *       [--quantize none|int8] [--draft-quantize none|int8]
  *
  * Prints the generated text (or, with --json, one JSON object with ids, text
  * and figures). Thin: parse, create, run, destroy.
@@ -26,6 +27,7 @@ struct options {
     const char *backend, *device, *draft_device; /* draft_device NULL: the target's backend */
     const char *sampler; /* "host", "device" or NULL: device on cuda, host on cpu */
     const char *drafter; /* "model", "ngram", "none" or NULL: model with --draft, else none */
+    enum quantize_mode quantize, draft_quantize; /* the target's and the draft's projections */
     int max_tokens, spec_k, threads, max_seq_len, json;
     enum speculate_mode mode;
     struct sampling_params sampling;
@@ -40,7 +42,8 @@ static void usage(FILE *f)
             "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
             "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n"
-            "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n");
+            "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n"
+            "         [--quantize none|int8] [--draft-quantize none|int8]\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -107,6 +110,13 @@ static int parse_args(int argc, char **argv, struct options *o)
                 return -1;
             }
             o->drafter = v;
+        }
+        else if (!strcmp(a, "--quantize") || !strcmp(a, "--draft-quantize")) {
+            char err[ERR_MSG_MAX];
+            if (quantize_mode_parse(v, !strcmp(a, "--quantize") ? &o->quantize : &o->draft_quantize, err)) {
+                fprintf(stderr, "tandem-generate: %s: %s\n", a, err);
+                return -1;
+            }
         }
         else if (!strcmp(a, "--sampler")) {
             if (strcmp(v, "host") && strcmp(v, "device")) {
@@ -270,10 +280,10 @@ static void print_json(const struct options *o, const int32_t *ids, int n, const
 }
 
 /* Loads a model and a one-slot context; the caller destroys both. */
-static int load_model(const char *dir, struct kern_backend *be, int max_seq_len,
-                      struct llama_model **model, struct llama_ctx **ctx, char *err)
+static int load_model(const char *dir, struct kern_backend *be, enum quantize_mode quant,
+                      int max_seq_len, struct llama_model **model, struct llama_ctx **ctx, char *err)
 {
-    int rc = llama_model_load(model, dir, be, err);
+    int rc = llama_model_load_quantized(model, dir, be, quant, err);
     if (rc)
         return rc;
     struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len};
@@ -319,15 +329,15 @@ int main(int argc, char **argv)
     if (!rc && o.draft_dir && o.draft_device)
         rc = kern_backend_create(&draft_be, o.backend, o.draft_device, o.threads, err);
     if (!rc)
-        rc = load_model(o.model_dir, be, o.max_seq_len, &target_model, &target_ctx, err);
+        rc = load_model(o.model_dir, be, o.quantize, o.max_seq_len, &target_model, &target_ctx, err);
     if (!rc && o.draft_dir) {
         struct model_config draft_cfg;
         rc = model_config_load(&draft_cfg, o.draft_dir, err);
         if (!rc)
             rc = check_pair(llama_model_config(target_model), &draft_cfg, err);
         if (!rc)
-            rc = load_model(o.draft_dir, draft_be ? draft_be : be, o.max_seq_len, &draft_model,
-                            &draft_ctx, err);
+            rc = load_model(o.draft_dir, draft_be ? draft_be : be, o.draft_quantize, o.max_seq_len,
+                            &draft_model, &draft_ctx, err);
         if (!rc && !(rc = specdec_draft_create(&draft, draft_ctx, err)))
             specdec_draft_prepare_argmax(draft); /* not fatal: see specdec.h */
     }
