@@ -60,6 +60,8 @@ struct bridge_call {
     pthread_cond_t cond;
     struct reply_node *head, *tail;  /* guarded by b->mu */
     bool sent;                       /* a message went out since the last drop; b->mu */
+    void (*notify)(void *arg);       /* called under b->mu for each queued reply */
+    void *notify_arg;
     struct bridge_call *next;        /* in b->calls */
 };
 
@@ -81,6 +83,7 @@ struct bridge {
     bool cv_ready;
     bool connected;              /* under mu: a handshake succeeded and no drop since */
     bool refused;                /* under mu: the last handshake was refused */
+    size_t max_message_bytes;    /* the coordinator's limit; larger messages are not sent */
     struct timespec reconnected; /* when the last one was asked for (bridge thread only) */
 };
 
@@ -143,6 +146,8 @@ static void call_push(struct bridge_call *call, cJSON *msg)
         call->head = n;
     call->tail = n;
     pthread_cond_signal(&call->cond);
+    if (call->notify != NULL)
+        call->notify(call->notify_arg);
 }
 
 static void deliver(struct bridge *b, const char *id, cJSON *msg)
@@ -351,13 +356,14 @@ static void *bridge_main(void *arg)
 }
 
 int bridge_create(struct bridge **out, const char *endpoint, const char *server_public, const char *client_secret,
-                  char *err)
+                  size_t max_message_bytes, char *err)
 {
     *out = NULL;
     struct bridge *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return error_set(err, ERR_NOMEM, "bridge: out of memory");
     b->wake_fd = -1;
+    b->max_message_bytes = max_message_bytes;
     int rc = 0;
     if (pthread_mutex_init(&b->mu, NULL) != 0) {
         free(b);
@@ -510,16 +516,36 @@ const char *bridge_call_id(const struct bridge_call *call)
     return call->id;
 }
 
+void bridge_call_set_notify(struct bridge_call *call, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&call->b->mu);
+    call->notify = fn;
+    call->notify_arg = arg;
+    pthread_mutex_unlock(&call->b->mu);
+}
+
 int bridge_call_send(struct bridge_call *call, cJSON *msg, char *err)
 {
     struct bridge *b = call->b;
     cJSON_DeleteItemFromObjectCaseSensitive(msg, "id");
     if (cJSON_AddStringToObject(msg, "id", call->id) == NULL)
         return error_set(err, ERR_NOMEM, "bridge: out of memory");
-    struct out_node *n = calloc(1, sizeof(*n));
     char *text = cJSON_PrintUnformatted(msg);
-    if (n == NULL || text == NULL) {
-        free(n);
+    if (text == NULL)
+        return error_set(err, ERR_NOMEM, "bridge: out of memory");
+    /* Measured as sent: a body can grow in translation (numbers are printed
+     * again: 1e9 becomes 1000000000), so the HTTP body's size alone does not
+     * tell whether the coordinator takes the message. */
+    size_t size = strlen(text);
+    if (b->max_message_bytes > 0 && size > b->max_message_bytes) {
+        cJSON_free(text);
+        return error_set(err, ERR_RANGE,
+                         "the request becomes a coordinator message of %zu bytes, over its limit of %zu "
+                         "(coordinator.max_message_bytes)",
+                         size, b->max_message_bytes);
+    }
+    struct out_node *n = calloc(1, sizeof(*n));
+    if (n == NULL) {
         cJSON_free(text);
         return error_set(err, ERR_NOMEM, "bridge: out of memory");
     }

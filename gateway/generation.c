@@ -1,14 +1,16 @@
 /* generation.c: a completion request from HTTP to the coordinator and back
  * (see generation.h).
  *
- * Flow: parse and validate -> open a bridge call, send "generate" -> wait
- * for the first reply, polling the client's socket every
- * GENERATION_SLICE_MS. An error before any token is an HTTP error status
- * (so a streamed request that is refused gets a 4xx/5xx, not an SSE body).
- * Non-streamed: wait for "done". Streamed: a 200 text/event-stream response
- * whose reader callback turns each coordinator reply into one chunk; its
- * free callback cancels the request when the stream did not end (the client
- * hung up and a write failed, or the reader saw the hang-up).
+ * Flow: parse and validate -> open a bridge call whose replies wake the
+ * connection, send "generate" -> look for the first reply, parking the
+ * connection while there is none. An error before any token is an HTTP
+ * error status (so a streamed request that is refused gets a 4xx/5xx, not an
+ * SSE body). Non-streamed: the "done" reply is the answer. Streamed: a 200
+ * text/event-stream response whose reader turns each coordinator reply into
+ * one chunk, parking the connection between replies; its free callback
+ * cancels the request when the stream did not end (the client hung up and a
+ * write failed, or the reader saw the hang-up). The coordinator's silence is
+ * bounded by request_timeout_ms per wait, as before any event loop: a 504.
  */
 #include "generation.h"
 
@@ -22,15 +24,15 @@
 #include "http_reply.h"
 #include "logging.h"
 
-#define GENERATION_SLICE_MS 50
 #define GENERATION_BLOCK_BYTES 4096
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+struct generation {
+    struct bridge_call *call;
+    struct watch_conn *wc;       /* held: the call's notification wakes it */
+    bool stream, include_usage;
+    double t0, deadline_s;
+    long created;
+};
 
 static const char *type_of(const cJSON *m)
 {
@@ -49,27 +51,12 @@ static double timing_ms(const cJSON *done, const char *key)
     return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
 }
 
-/* Waits for the call's next reply: 0 with *reply, 1 when the client hung
- * up or the gateway is stopping, 2 after request_timeout_ms of silence. */
-static int wait_reply(struct MHD_Connection *conn, const struct server_params *p, struct bridge_call *call,
-                      cJSON **reply)
-{
-    char err[ERR_MSG_MAX];
-    double deadline = now_s() + p->cfg->request_timeout_ms / 1000.0;
-    for (;;) {
-        if (bridge_call_next(call, GENERATION_SLICE_MS, reply, err) == 0)
-            return 0;
-        if ((conn != NULL && http_reply_client_gone(conn)) || *p->stop)
-            return 1;
-        if (now_s() > deadline)
-            return 2;
-    }
-}
-
 struct stream {
     const struct server_params *p;
     struct MHD_Connection *conn;
     struct bridge_call *call;
+    struct watch_conn *wc;       /* held, as in struct generation */
+    double deadline_s;           /* the coordinator's silence ends the stream with a 504 event */
     enum openai_kind kind;
     bool include_usage;
     char resp_id[64];
@@ -123,7 +110,7 @@ static void pending_done_marker(struct stream *st)
 static void stream_on_reply(struct stream *st, cJSON *reply)
 {
     const char *type = type_of(reply);
-    double t = now_s();
+    double t = watch_now_s();
     if (strcmp(type, "token") == 0 || strcmp(type, "done") == 0) {
         if (st->t_first == 0) {
             st->t_first = t;
@@ -156,15 +143,20 @@ static void stream_on_reply(struct stream *st, cJSON *reply)
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct stream *st = cls;
+    char err[ERR_MSG_MAX];
     (void)pos;
     while (st->pending_off == st->pending_len) {
         if (st->finished)
             return MHD_CONTENT_READER_END_OF_STREAM;
+        if (http_reply_client_gone(st->conn) || *st->p->stop)
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels */
         cJSON *reply = NULL;
-        int w = wait_reply(st->conn, st->p, st->call, &reply);
-        if (w == 1)
-            return MHD_CONTENT_READER_END_WITH_ERROR; /* hung up: stream_free cancels */
-        if (w == 2) {
+        if (bridge_call_next(st->call, 0, &reply, err) == 0) {
+            st->deadline_s = watch_now_s() + st->p->cfg->request_timeout_ms / 1000.0;
+            stream_on_reply(st, reply);
+            continue;
+        }
+        if (watch_now_s() >= st->deadline_s) {
             struct openai_error e;
             openai_error_set(&e, 504, "server_error", "timeout", NULL, "no reply from the coordinator within %d ms",
                              st->p->cfg->request_timeout_ms);
@@ -172,7 +164,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             pending_done_marker(st);
             continue;
         }
-        stream_on_reply(st, reply);
+        enum watch_park park = watch_park(st->wc, st->deadline_s);
+        if (park == WATCH_PARKED)
+            return 0; /* suspended: libmicrohttpd calls again once woken */
+        if (park == WATCH_STOPPING)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = st->pending_len - st->pending_off;
     if (n > max)
@@ -191,119 +187,198 @@ static void stream_free(void *cls)
         if (bridge_call_cancel(st->call, err) != 0)
             LOG_WARN("%s: cancel: %s", bridge_call_id(st->call), err);
     }
-    double t = now_s();
+    double t = watch_now_s();
     http_metrics_generation_end(st->p->metrics, st->t_first > 0, st->n_tokens, st->t_last - st->t_first, t - st->t0);
-    bridge_call_close(st->call);
+    bridge_call_close(st->call); /* no notification after this: the hold can go */
+    watch_conn_release(st->wc);
     free(st->pending);
     free(st);
 }
 
-enum MHD_Result generation_handle(struct MHD_Connection *conn, const struct server_params *p, enum openai_kind kind,
-                                  const char *body, size_t len, int *status_out)
+/* Frees g, its call closed; cancels it at the coordinator first when asked. */
+static void generation_end(struct generation *g, const struct server_params *p, bool cancel, bool started)
+{
+    char err[ERR_MSG_MAX];
+    if (cancel && bridge_call_cancel(g->call, err) != 0)
+        LOG_WARN("%s: cancel: %s", bridge_call_id(g->call), err);
+    if (started)
+        http_metrics_generation_end(p->metrics, 0, 0, 0, watch_now_s() - g->t0);
+    bridge_call_close(g->call);
+    watch_conn_release(g->wc);
+    free(g);
+}
+
+void generation_abort(struct generation *g, const struct server_params *p)
+{
+    if (g == NULL)
+        return;
+    LOG_INFO("%s: the HTTP connection ended before its answer; cancelling", bridge_call_id(g->call));
+    generation_end(g, p, true, true);
+}
+
+static enum MHD_Result answer_error(struct MHD_Connection *conn, const struct openai_error *e, int *status)
+{
+    *status = e->status;
+    return http_reply_error(conn, e, NULL);
+}
+
+/* Validates the body and sends the request: *out set, or an error queued
+ * (*status set). */
+static enum MHD_Result generation_begin(struct generation **out, struct MHD_Connection *conn,
+                                        const struct server_params *p, struct watch_conn *wc, enum openai_kind kind,
+                                        const char *body, size_t len, int *status)
 {
     char err[ERR_MSG_MAX];
     struct openai_error e;
     struct openai_request req;
-    *status_out = 0;
-    if (openai_parse_request(kind, body, len, p->cfg->served_model_name, &req, &e) != 0) {
-        *status_out = e.status;
-        return http_reply_error(conn, &e, NULL);
-    }
-    struct bridge_call *call = NULL;
-    if (bridge_call_open(p->bridge, "gw", &call, err) != 0 ||
-        bridge_call_send(call, req.generate, err) != 0) {
+    *out = NULL;
+    if (openai_parse_request(kind, body, len, p->cfg->served_model_name, &req, &e) != 0)
+        return answer_error(conn, &e, status);
+    struct generation *g = calloc(1, sizeof(*g));
+    if (g == NULL || bridge_call_open(p->bridge, "gw", &g->call, err) != 0) {
         openai_request_free(&req);
-        bridge_call_close(call);
-        openai_error_set(&e, 500, "server_error", NULL, NULL, "%s", err);
-        *status_out = e.status;
-        return http_reply_error(conn, &e, NULL);
+        free(g);
+        openai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return answer_error(conn, &e, status);
     }
-    bool stream = req.stream, include_usage = req.include_usage;
+    watch_conn_hold(wc);
+    g->wc = wc;
+    bridge_call_set_notify(g->call, watch_wake, wc);
+    int rc = bridge_call_send(g->call, req.generate, err);
+    g->stream = req.stream;
+    g->include_usage = req.include_usage;
     openai_request_free(&req);
-    double t0 = now_s();
-    long created = (long)time(NULL);
+    if (rc != 0) {
+        generation_end(g, p, false, false);
+        if (rc == ERR_RANGE) /* the body grew in translation past the coordinator's limit */
+            openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL, "%s", err);
+        else
+            openai_error_set(&e, 500, "server_error", NULL, NULL, "%s", err);
+        return answer_error(conn, &e, status);
+    }
+    g->t0 = watch_now_s();
+    g->deadline_s = g->t0 + p->cfg->request_timeout_ms / 1000.0;
+    g->created = (long)time(NULL);
     http_metrics_generation_start(p->metrics);
+    *out = g;
+    return MHD_YES;
+}
 
-    /* The first reply decides the status. */
-    cJSON *reply = NULL;
-    int w = wait_reply(conn, p, call, &reply);
-    for (;;) {
-        if (w != 0)
-            break;
-        const char *type = type_of(reply);
-        if (strcmp(type, "error") == 0 || strcmp(type, "done") == 0 || (stream && strcmp(type, "token") == 0))
-            break;
-        cJSON_Delete(reply); /* not for us (a token of a non-streamed request cannot come) */
-        reply = NULL;
-        w = wait_reply(conn, p, call, &reply);
-    }
-    if (w == 1) {
-        LOG_INFO("%s: the HTTP client went away before its answer; cancelling", bridge_call_id(call));
-        bridge_call_cancel(call, err);
-        http_metrics_generation_end(p->metrics, 0, 0, 0, now_s() - t0);
-        bridge_call_close(call);
-        return MHD_NO;
-    }
-    if (w == 2 || strcmp(type_of(reply), "error") == 0) {
-        if (w == 2) {
-            bridge_call_cancel(call, err);
-            openai_error_set(&e, 504, "server_error", "timeout", NULL, "no reply from the coordinator within %d ms",
-                             p->cfg->request_timeout_ms);
-        } else {
-            openai_error_from_reply(reply, &e);
-        }
-        cJSON_Delete(reply);
-        http_metrics_generation_end(p->metrics, 0, 0, 0, now_s() - t0);
-        bridge_call_close(call);
-        *status_out = e.status;
-        return http_reply_error(conn, &e, NULL);
-    }
-    const char *prefix = kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-";
-    if (!stream) {
-        double t = now_s();
-        double decode_s = timing_ms(reply, "decode_ms") / 1000.0;
-        http_metrics_generation_first(p->metrics, (t - t0) - decode_s);
-        char resp_id[80];
-        snprintf(resp_id, sizeof(resp_id), "%s%s", prefix, bridge_call_id(call));
-        cJSON *out = openai_response_json(kind, resp_id, created, p->cfg->served_model_name, reply);
-        http_metrics_generation_end(p->metrics, 1, count_ids(reply), decode_s, t - t0);
-        cJSON_Delete(reply);
-        bridge_call_close(call);
-        *status_out = 200;
-        return http_reply_json(conn, 200, out);
-    }
+/* The 200 event stream from the first token (or the done) reply; takes g and reply. */
+static enum MHD_Result start_stream(struct generation *g, struct MHD_Connection *conn, const struct server_params *p,
+                                    enum openai_kind kind, cJSON *reply, int *status)
+{
     struct stream *st = calloc(1, sizeof(*st));
     if (st == NULL) {
         cJSON_Delete(reply);
-        bridge_call_cancel(call, err);
-        http_metrics_generation_end(p->metrics, 0, 0, 0, now_s() - t0);
-        bridge_call_close(call);
+        generation_end(g, p, true, true);
+        struct openai_error e;
         openai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        *status_out = 500;
-        return http_reply_error(conn, &e, NULL);
+        return answer_error(conn, &e, status);
     }
     st->p = p;
     st->conn = conn;
-    st->call = call;
+    st->call = g->call;
+    st->wc = g->wc; /* the hold moves with the call */
     st->kind = kind;
-    st->include_usage = include_usage;
-    st->created = created;
-    st->t0 = t0;
-    snprintf(st->resp_id, sizeof(st->resp_id), "%s%s", prefix, bridge_call_id(call));
+    st->include_usage = g->include_usage;
+    st->created = g->created;
+    st->t0 = g->t0;
+    st->deadline_s = watch_now_s() + p->cfg->request_timeout_ms / 1000.0;
+    free(g);
+    snprintf(st->resp_id, sizeof(st->resp_id), "%s%s", kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-",
+             bridge_call_id(st->call));
     snprintf(st->model, sizeof(st->model), "%s", p->cfg->served_model_name);
     if (kind == OPENAI_CHAT) /* the opening chunk carries the role, as OpenAI's does */
-        pending_event(st, openai_chunk_json(kind, st->resp_id, created, st->model, NULL, true, NULL, include_usage));
+        pending_event(st, openai_chunk_json(kind, st->resp_id, st->created, st->model, NULL, true, NULL,
+                                            st->include_usage));
     stream_on_reply(st, reply);
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, GENERATION_BLOCK_BYTES, stream_read, st, stream_free);
     if (r == NULL) {
         stream_free(st);
+        *status = 499;
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    if (MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream") != MHD_YES ||
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache") != MHD_YES)
+        LOG_WARN("%s: could not add the event stream's headers", bridge_call_id(st->call));
     enum MHD_Result rc = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r); /* MHD keeps its reference; stream_free runs when it is done */
-    *status_out = 200;
+    *status = 200;
     return rc;
+}
+
+/* Answers with the first reply that decides the status; takes g and reply. */
+static enum MHD_Result generation_answer(struct generation *g, struct MHD_Connection *conn,
+                                         const struct server_params *p, enum openai_kind kind, cJSON *reply,
+                                         int *status)
+{
+    if (strcmp(type_of(reply), "error") == 0) {
+        struct openai_error e;
+        openai_error_from_reply(reply, &e);
+        cJSON_Delete(reply);
+        generation_end(g, p, false, true);
+        return answer_error(conn, &e, status);
+    }
+    if (g->stream)
+        return start_stream(g, conn, p, kind, reply, status);
+    double t = watch_now_s();
+    double decode_s = timing_ms(reply, "decode_ms") / 1000.0;
+    http_metrics_generation_first(p->metrics, (t - g->t0) - decode_s);
+    char resp_id[80];
+    snprintf(resp_id, sizeof(resp_id), "%s%s", kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-", bridge_call_id(g->call));
+    cJSON *out = openai_response_json(kind, resp_id, g->created, p->cfg->served_model_name, reply);
+    http_metrics_generation_end(p->metrics, 1, count_ids(reply), decode_s, t - g->t0);
+    cJSON_Delete(reply);
+    generation_end(g, p, false, false);
+    *status = 200;
+    return http_reply_json(conn, 200, out);
+}
+
+enum MHD_Result generation_step(struct generation **gp, struct MHD_Connection *conn, const struct server_params *p,
+                                struct watch_conn *wc, enum openai_kind kind, const char *body, size_t len,
+                                int *status)
+{
+    char err[ERR_MSG_MAX];
+    *status = 0;
+    if (*gp == NULL) {
+        enum MHD_Result rc = generation_begin(gp, conn, p, wc, kind, body, len, status);
+        if (*gp == NULL)
+            return rc;
+    }
+    struct generation *g = *gp;
+    for (;;) {
+        if (http_reply_client_gone(conn) || *p->stop) {
+            LOG_INFO("%s: the HTTP client went away before its answer; cancelling", bridge_call_id(g->call));
+            break;
+        }
+        cJSON *reply = NULL;
+        if (bridge_call_next(g->call, 0, &reply, err) == 0) {
+            const char *type = type_of(reply);
+            if (strcmp(type, "error") == 0 || strcmp(type, "done") == 0 || (g->stream && strcmp(type, "token") == 0)) {
+                *gp = NULL;
+                return generation_answer(g, conn, p, kind, reply, status);
+            }
+            cJSON_Delete(reply); /* not for us (a token of a non-streamed request cannot come) */
+            continue;
+        }
+        if (watch_now_s() >= g->deadline_s) {
+            *gp = NULL;
+            generation_end(g, p, true, true);
+            struct openai_error e;
+            openai_error_set(&e, 504, "server_error", "timeout", NULL, "no reply from the coordinator within %d ms",
+                             p->cfg->request_timeout_ms);
+            return answer_error(conn, &e, status);
+        }
+        enum watch_park park = watch_park(wc, g->deadline_s);
+        if (park == WATCH_PARKED)
+            return MHD_YES;
+        if (park == WATCH_STOPPING)
+            break;
+    }
+    *gp = NULL;
+    generation_end(g, p, true, true);
+    *status = 499;
+    return MHD_NO;
 }

@@ -1,9 +1,15 @@
 /* generation.h: POST /v1/chat/completions and /v1/completions end to end:
  * OpenAI validation (openai.c), the generate call to the coordinator
  * (bridge.c), and the answer: one JSON response, or Server-Sent Events
- * chunks ending with "data: [DONE]". A client that hangs up (seen while
- * waiting, or when a write fails) has its request cancelled at once.
- * Runs on the connection's thread. */
+ * chunks ending with "data: [DONE]". A client that hangs up (seen when its
+ * request is woken, or when a write fails) has its request cancelled at once.
+ *
+ * Never blocks: it runs on an event-loop thread that serves many
+ * connections. While the coordinator has not answered, the connection is
+ * parked (watch.h) and the step returns; the bridge's notification wakes it
+ * and libmicrohttpd calls the access handler (or, mid-stream, the content
+ * reader) again, which looks at the replies that came.
+ */
 #ifndef TANDEM_GATEWAY_GENERATION_H
 #define TANDEM_GATEWAY_GENERATION_H
 
@@ -13,10 +19,22 @@
 
 #include "openai.h"
 #include "server.h"
+#include "watch.h"
 
-/* Handles one request whose body is complete; *status_out is the HTTP
- * status queued (0 when the connection was dropped). */
-enum MHD_Result generation_handle(struct MHD_Connection *conn, const struct server_params *p, enum openai_kind kind,
-                                  const char *body, size_t len, int *status_out);
+/* A completion request sent to the coordinator whose response is not queued yet. */
+struct generation;
+
+/* Advances the completion request of a connection whose body is complete.
+ * The first call (*g NULL) validates body and sends the request; later calls
+ * (after a wake) read the replies that came. *status: the HTTP status queued,
+ * 0 while parked (MHD_YES, nothing queued: *g holds the request), 499 when
+ * the client went away or the gateway stops (MHD_NO: libmicrohttpd closes
+ * the connection; the request is cancelled). Once a status is set *g is NULL. */
+enum MHD_Result generation_step(struct generation **g, struct MHD_Connection *conn, const struct server_params *p,
+                                struct watch_conn *wc, enum openai_kind kind, const char *body, size_t len,
+                                int *status);
+/* Cancels a request whose connection ended while it was parked (the gateway
+ * stopping). NULL-safe. */
+void generation_abort(struct generation *g, const struct server_params *p);
 
 #endif

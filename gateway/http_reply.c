@@ -2,9 +2,13 @@
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "http_reply.h"
 
+#include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 enum MHD_Result http_reply_text(struct MHD_Connection *conn, int status, const char *content_type, const char *text,
                                 size_t len)
@@ -62,4 +66,42 @@ bool http_reply_client_gone(struct MHD_Connection *conn)
         return false;
     struct pollfd pfd = {.fd = ci->connect_fd, .events = POLLRDHUP};
     return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+int http_reply_error_early(struct MHD_Connection *conn, const struct openai_error *e)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    cJSON *obj = openai_error_json(e);
+    char *body = obj ? cJSON_PrintUnformatted(obj) : NULL;
+    cJSON_Delete(obj);
+    if (ci == NULL || body == NULL) {
+        cJSON_free(body);
+        return -1;
+    }
+    char head[256];
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     e->status, MHD_get_reason_phrase_for((unsigned)e->status), strlen(body));
+    int rc = -1;
+    if (n > 0 && (size_t)n < sizeof(head)) {
+        struct iovec iov[2] = {{head, (size_t)n}, {body, strlen(body)}};
+        size_t total = iov[0].iov_len + iov[1].iov_len, sent = 0;
+        /* Small enough for any socket buffer: a short write means the
+         * client stopped reading, and then the answer is lost anyway. */
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+        ssize_t w;
+        do
+            w = sendmsg(ci->connect_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (w < 0 && errno == EINTR);
+        if (w > 0)
+            sent = (size_t)w;
+        if (sent == total)
+            rc = 0;
+    }
+    cJSON_free(body);
+    /* the end of the answer: the client reads it to the end of the stream */
+    if (shutdown(ci->connect_fd, SHUT_WR) != 0 && errno != ENOTCONN)
+        rc = -1;
+    return rc;
 }

@@ -1,6 +1,7 @@
 /* http_reply.h: answering one libmicrohttpd connection: JSON bodies, OpenAI
  * error objects, plain text, and whether the client has hung up.
- * Called on the connection's own thread (thread-per-connection mode). */
+ * Called from the connection's own libmicrohttpd callbacks (the event-loop
+ * thread that owns it), which is where libmicrohttpd queues responses. */
 #ifndef TANDEM_GATEWAY_HTTP_REPLY_H
 #define TANDEM_GATEWAY_HTTP_REPLY_H
 
@@ -24,5 +25,17 @@ enum MHD_Result http_reply_text(struct MHD_Connection *conn, int status, const c
  * polled without waiting, so a blocked handler can notice a hang-up while
  * it waits for the coordinator. */
 bool http_reply_client_gone(struct MHD_Connection *conn);
+/* Writes e as a whole response ("Connection: close") straight to the
+ * connection's socket and ends the gateway's side of it (shutdown SHUT_WR).
+ * Only for a refusal in the middle of a body, from the access handler:
+ * libmicrohttpd 0.9 queues a response only before a body or after all of it,
+ * and an upload over the limit must be answered without reading the rest.
+ * libmicrohttpd writes nothing while it reads a body, so the bytes cannot
+ * mix; plain HTTP only (no TLS here). The caller then discards what still
+ * arrives for a moment (WATCH_CLOSING) rather than closing at once: a close
+ * with unread bytes resets the connection, and the reset can reach the
+ * client before it has read the answer. 0, or -1 when the socket did not
+ * take all of it (the connection is then just closed). */
+int http_reply_error_early(struct MHD_Connection *conn, const struct openai_error *e);
 
 #endif

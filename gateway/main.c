@@ -9,10 +9,12 @@
  * configuration error (the supervisor does not restart it), 1 on another
  * failure to start.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,6 +30,36 @@
  * request in between would be answered 503 (started beside the coordinator,
  * or restarted, the gateway is usually connected within milliseconds). */
 #define GATEWAY_CONNECT_WAIT_MS 5000
+
+/* Descriptors beside the HTTP connections: the listening socket, the event
+ * loops' epoll and wake-up descriptors, ZeroMQ's sockets and threads. */
+#define GATEWAY_SPARE_FDS 128
+
+/* Raises the soft limit on open files to what max_connections needs (as far
+ * as the hard limit allows): a service's soft limit is often 1024, and each
+ * HTTP connection is a descriptor. Past the limit new connections are
+ * refused; that is logged, and the gateway serves what it can. */
+static void fit_open_files(const struct gateway_config *g)
+{
+    struct rlimit rl;
+    const rlim_t need = (rlim_t)g->max_connections + GATEWAY_SPARE_FDS;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        LOG_WARN("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+        return;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+        struct rlimit raised = {.rlim_cur = want, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &raised) != 0)
+            LOG_WARN("setrlimit(RLIMIT_NOFILE, %llu): %s", (unsigned long long)want, strerror(errno));
+        else
+            rl.rlim_cur = want;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+        LOG_WARN("open files are limited to %llu: fewer than gateway.max_connections (%d) connections can be "
+                 "served; raise the limit (systemd: LimitNOFILE) or lower gateway.max_connections",
+                 (unsigned long long)rl.rlim_cur, g->max_connections);
+}
 
 int main(int argc, char **argv)
 {
@@ -65,7 +97,9 @@ int main(int argc, char **argv)
         }
         gateway_key = gateway_secret;
     }
-    int brc = bridge_create(&bridge, cfg.gateway.coordinator_endpoint, server_key, gateway_key, err);
+    fit_open_files(&cfg.gateway);
+    int brc = bridge_create(&bridge, cfg.gateway.coordinator_endpoint, server_key, gateway_key,
+                            (size_t)cfg.coordinator.max_message_bytes, err);
     memset(gateway_secret, 0, sizeof gateway_secret);
     if (brc != 0 || http_metrics_create(&metrics, err) != 0)
         goto done;
@@ -83,9 +117,12 @@ int main(int argc, char **argv)
     };
     if (server_start(&server, &p, err) != 0)
         goto done;
-    LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s%s", cfg.gateway.listen,
+    LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s%s%s", cfg.gateway.listen,
              cfg.gateway.served_model_name, cfg.gateway.coordinator_endpoint, server_key ? " (CURVE)" : "",
-             api_key[0] ? ", API key required" : "");
+             api_key[0] ? ", API key required" : "", cfg.gateway.metrics_require_key ? " (on /metrics too)" : "");
+    if (api_key[0] == '\0' && cfg.gateway.allow_unauthenticated)
+        LOG_WARN("serving %s WITHOUT an API key (gateway.allow_unauthenticated): anyone who reaches it may "
+                 "generate", cfg.gateway.listen);
     while (!proc_start_stop_requested)
         pause();
     LOG_INFO("gateway stopping");

@@ -140,11 +140,31 @@ static int bad(struct openai_error *e, const char *param, const char *fmt, const
     return -1;
 }
 
+/* cJSON reads a number beyond a double's range (1e999) as infinity, which
+ * it would print as null: said here, or the coordinator would answer "got
+ * null" about a number. */
+static int expect_finite(const cJSON *v, const char *name, struct openai_error *e)
+{
+    if (!isfinite(v->valuedouble))
+        return bad(e, name, "%s: the number is not finite (beyond the range of a double, about 1.8e308)%s", name,
+                   "");
+    return 0;
+}
+
+static int expect_number(const cJSON *v, const char *name, struct openai_error *e)
+{
+    if (!cJSON_IsNumber(v))
+        return bad(e, name, "%s: expected a number, got %s", name, json_type_name(v));
+    return expect_finite(v, name, e);
+}
+
 static int expect_integer(const cJSON *v, const char *name, struct openai_error *e)
 {
     if (!cJSON_IsNumber(v))
         return bad(e, name, "%s: expected an integer, got %s", name, json_type_name(v));
-    if (!isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9.0e15)
+    if (expect_finite(v, name, e) != 0)
+        return -1;
+    if (v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9.0e15)
         return bad(e, name, "%s: expected an integer%s", name, "");
     return 0;
 }
@@ -335,8 +355,8 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         cJSON_DeleteItemFromObjectCaseSensitive(gen, "max_tokens");
         return cJSON_AddNumberToObject(gen, "max_tokens", v->valuedouble) ? 0 : -1;
     case F_NUMBER:
-        if (!cJSON_IsNumber(v))
-            return bad(e, name, "%s: expected a number, got %s", name, json_type_name(v));
+        if (expect_number(v, name, e) != 0)
+            return -1;
         return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
     case F_INTEGER:
         if (expect_integer(v, name, e) != 0)
@@ -391,8 +411,8 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
             return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
         return 0;
     case F_ZERO:
-        if (!cJSON_IsNumber(v))
-            return bad(e, name, "%s: expected a number, got %s", name, json_type_name(v));
+        if (expect_number(v, name, e) != 0)
+            return -1;
         if (v->valuedouble != 0)
             return bad(e, name, "%s: not supported by this server (only 0)%s", name, "");
         return 0;

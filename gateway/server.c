@@ -2,21 +2,34 @@
  * small endpoints (/v1/models, /health, /metrics); completions are handed
  * to generation.c.
  *
+ * The daemon is a few event loops (MHD_USE_EPOLL with a thread pool of
+ * gateway.threads), not a thread per connection: an idle or slow connection
+ * costs a socket and a small record, and nothing here may block. A request
+ * that waits for the coordinator parks its connection (watch.h) and returns;
+ * the coordinator's reply wakes it and libmicrohttpd calls again.
+ *
  * Per request, the access handler is called first with the headers (route,
  * method, key and Content-Length are checked there, so a refused request is
  * answered before its body is read), then with body pieces (kept up to
- * max_body_bytes), then once more to answer. Every path answers with an
- * OpenAI error object; nothing a client sends can crash the gateway.
+ * max_body_bytes; a chunked upload that crosses it is answered 413 at once,
+ * see http_reply_error_early), then once more to answer, again after each
+ * wake while it is parked. Every path answers with an OpenAI error object;
+ * nothing a client sends can crash the gateway. What libmicrohttpd answers
+ * itself (malformed HTTP) is listed in docs/http.md.
  */
 #include "server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
@@ -24,14 +37,32 @@
 #include "generation.h"
 #include "http_reply.h"
 #include "logging.h"
+#include "watch.h"
 
 #define SERVER_HEALTH_TIMEOUT_MS 1000
 #define SERVER_STATS_TIMEOUT_MS 2000
+/* libmicrohttpd's idle timeout: a response the client stops reading. The
+ * client's own deadlines for its request are watch.c's. */
 #define SERVER_IDLE_TIMEOUT_S 120
+/* gateway.threads 0: one event loop per core, at most this many. */
+#define SERVER_THREADS_AUTO_MAX 16
+/* libmicrohttpd's messages of one kind (a refused connection, a closed
+ * one) are logged at most this often: a flood must not flood the log. */
+#define SERVER_MHD_LOG_EVERY_S 10.0
+#define SERVER_MHD_LOG_KINDS 16
+
+struct mhd_log_kind {
+    const char *fmt;      /* libmicrohttpd's format string: one per kind of message */
+    double last_s;
+    long suppressed;
+};
 
 struct server {
     struct server_params p;
     struct MHD_Daemon *daemon;
+    struct watch *watch;
+    pthread_mutex_t log_mu;
+    struct mhd_log_kind log_kinds[SERVER_MHD_LOG_KINDS];
 };
 
 enum route {
@@ -46,10 +77,16 @@ enum route {
 
 struct request_state {
     enum route route;
-    bool answered;    /* a response was queued on the first call */
-    bool too_large;
+    bool answered;    /* a response was queued (or written early) */
+    bool early;       /* answered in the middle of its body: the rest is discarded, then closed */
+    bool serving;     /* the body is complete: the request is the gateway's */
     char *body;
     size_t len, cap;
+    size_t discarded; /* bytes read and dropped after an early answer */
+    struct watch_conn *wc;          /* the connection's record */
+    struct generation *gen;         /* a completion parked before its response */
+    struct bridge_call *stats_call; /* /health, /metrics: the stats request in flight (holds wc) */
+    double stats_deadline_s;
 };
 
 static enum http_metrics_endpoint endpoint_of(enum route r)
@@ -105,43 +142,102 @@ static bool authorized(struct MHD_Connection *conn, const char *api_key)
     if (api_key[0] == '\0')
         return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (h == NULL || strncmp(h, "Bearer ", 7) != 0)
+    /* An authentication scheme is case-insensitive (RFC 9110, 11.1):
+     * "bearer" and "BEARER" are Bearer. */
+    if (h == NULL || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
         return false;
-    h += 7;
-    while (*h == ' ')
+    h += 6;
+    while (*h == ' ' || *h == '\t')
         h++;
     return key_equal(h, api_key);
 }
 
-/* Sends a stats request; the reply (caller deletes) or NULL with why. */
-static cJSON *coordinator_stats(const struct server_params *p, int timeout_ms, char *why, size_t why_size)
+/* Ends the stats request of /health or /metrics, if one is open. */
+static void stats_end(struct request_state *st)
 {
-    char err[ERR_MSG_MAX];
-    struct bridge_call *call = NULL;
-    cJSON *msg = cJSON_CreateObject();
-    cJSON *reply = NULL;
-    if (msg == NULL || cJSON_AddNumberToObject(msg, "v", 1) == NULL ||
-        cJSON_AddStringToObject(msg, "type", "stats") == NULL || bridge_call_open(p->bridge, "stats", &call, err) != 0 ||
-        bridge_call_send(call, msg, err) != 0) {
-        snprintf(why, why_size, "out of memory");
-    } else if (bridge_call_next(call, timeout_ms, &reply, err) != 0) {
-        snprintf(why, why_size, "the coordinator did not answer within %d ms", timeout_ms);
-    } else if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(reply, "type")) ||
-               strcmp(cJSON_GetObjectItemCaseSensitive(reply, "type")->valuestring, "stats") != 0) {
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(reply, "message");
-        snprintf(why, why_size, "%s", cJSON_IsString(m) ? m->valuestring : "the coordinator's stats reply is malformed");
-        cJSON_Delete(reply);
-        reply = NULL;
-    }
-    cJSON_Delete(msg);
-    bridge_call_close(call);
-    return reply;
+    if (st->stats_call == NULL)
+        return;
+    bridge_call_close(st->stats_call); /* no notification after this: the hold can go */
+    st->stats_call = NULL;
+    watch_conn_release(st->wc);
 }
 
-static enum MHD_Result handle_health(struct MHD_Connection *conn, const struct server_params *p, int *status)
+/* Opens and sends the stats request; false with why when it could not. */
+static bool stats_send(struct request_state *st, const struct server_params *p, int timeout_ms, char *why,
+                       size_t why_size)
+{
+    char err[ERR_MSG_MAX];
+    cJSON *msg = cJSON_CreateObject();
+    bool ok = msg != NULL && cJSON_AddNumberToObject(msg, "v", 1) != NULL &&
+              cJSON_AddStringToObject(msg, "type", "stats") != NULL &&
+              bridge_call_open(p->bridge, "stats", &st->stats_call, err) == 0;
+    if (ok) {
+        watch_conn_hold(st->wc);
+        bridge_call_set_notify(st->stats_call, watch_wake, st->wc);
+        ok = bridge_call_send(st->stats_call, msg, err) == 0;
+    }
+    cJSON_Delete(msg);
+    if (!ok) {
+        stats_end(st);
+        snprintf(why, why_size, "out of memory");
+        return false;
+    }
+    st->stats_deadline_s = watch_now_s() + timeout_ms / 1000.0;
+    return true;
+}
+
+/* The coordinator's stats for /health and /metrics, without blocking the
+ * event loop: 1 while parked (nothing queued); 0 with *reply (caller
+ * deletes), or NULL and why when the coordinator did not answer; -1 when
+ * the client left or the gateway stops. */
+static int stats_step(struct MHD_Connection *conn, struct request_state *st, const struct server_params *p,
+                      int timeout_ms, cJSON **reply, char *why, size_t why_size)
+{
+    char err[ERR_MSG_MAX];
+    *reply = NULL;
+    if (st->stats_call == NULL && !stats_send(st, p, timeout_ms, why, why_size))
+        return 0;
+    for (;;) {
+        if (http_reply_client_gone(conn) || *p->stop) {
+            stats_end(st);
+            return -1;
+        }
+        if (bridge_call_next(st->stats_call, 0, reply, err) == 0)
+            break;
+        if (watch_now_s() >= st->stats_deadline_s) {
+            snprintf(why, why_size, "the coordinator did not answer within %d ms", timeout_ms);
+            stats_end(st);
+            return 0;
+        }
+        enum watch_park park = watch_park(st->wc, st->stats_deadline_s);
+        if (park == WATCH_PARKED)
+            return 1;
+        if (park == WATCH_STOPPING) {
+            stats_end(st);
+            return -1;
+        }
+    }
+    stats_end(st);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(*reply, "type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "stats") != 0) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(*reply, "message");
+        snprintf(why, why_size, "%s", cJSON_IsString(m) ? m->valuestring : "the coordinator's stats reply is malformed");
+        cJSON_Delete(*reply);
+        *reply = NULL;
+    }
+    return 0;
+}
+
+static enum MHD_Result handle_health(struct MHD_Connection *conn, struct request_state *st,
+                                     const struct server_params *p, int *status)
 {
     char why[256];
-    cJSON *stats = coordinator_stats(p, SERVER_HEALTH_TIMEOUT_MS, why, sizeof(why));
+    cJSON *stats = NULL;
+    int w = stats_step(conn, st, p, SERVER_HEALTH_TIMEOUT_MS, &stats, why, sizeof(why));
+    if (w != 0) {
+        *status = w > 0 ? 0 : 499;
+        return w > 0 ? MHD_YES : MHD_NO;
+    }
     const cJSON *target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(stats, "workers"), "target");
     bool up = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(target, "up"));
     struct openai_error e;
@@ -156,14 +252,23 @@ static enum MHD_Result handle_health(struct MHD_Connection *conn, const struct s
     }
     *status = 200;
     cJSON *ok = cJSON_CreateObject();
-    cJSON_AddStringToObject(ok, "status", "ok");
+    if (ok != NULL && cJSON_AddStringToObject(ok, "status", "ok") == NULL) {
+        cJSON_Delete(ok);
+        ok = NULL; /* http_reply_json answers 500 */
+    }
     return http_reply_json(conn, 200, ok);
 }
 
-static enum MHD_Result handle_metrics(struct MHD_Connection *conn, const struct server_params *p, int *status)
+static enum MHD_Result handle_metrics(struct MHD_Connection *conn, struct request_state *st,
+                                      const struct server_params *p, int *status)
 {
     char why[256], err[ERR_MSG_MAX];
-    cJSON *stats = coordinator_stats(p, SERVER_STATS_TIMEOUT_MS, why, sizeof(why));
+    cJSON *stats = NULL;
+    int w = stats_step(conn, st, p, SERVER_STATS_TIMEOUT_MS, &stats, why, sizeof(why));
+    if (w != 0) {
+        *status = w > 0 ? 0 : 499;
+        return w > 0 ? MHD_YES : MHD_NO;
+    }
     const cJSON *prom = cJSON_GetObjectItemCaseSensitive(stats, "prometheus");
     char *buf = NULL;
     size_t len = 0;
@@ -231,8 +336,119 @@ static enum MHD_Result refuse(struct MHD_Connection *conn, const struct openai_e
                               struct request_state *st, const struct server_params *p)
 {
     st->answered = true;
+    watch_conn_phase(st->wc, WATCH_SERVING);
     http_metrics_request_done(p->metrics, endpoint_of(st->route), e->status);
     return http_reply_error(conn, e, allow);
+}
+
+/* The first call, with the headers: route, method, key, Content-Length. */
+static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn, const char *url, const char *method,
+                                  void **con_cls)
+{
+    const struct server_params *p = &s->p;
+    struct openai_error e;
+    struct request_state *st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        return MHD_NO;
+    *con_cls = st;
+    st->wc = watch_conn_of(conn);
+    if (st->wc == NULL)
+        return MHD_NO; /* being shut down: its record could not be made */
+    watch_conn_phase(st->wc, WATCH_BODY);
+    const char *want = NULL;
+    st->route = route_of(url, &want);
+    if (st->route == ROUTE_NONE) {
+        openai_error_set(&e, 404, "not_found_error", "not_found", NULL, "%.200s %.200s: no such endpoint", method, url);
+        return refuse(conn, &e, NULL, st, p);
+    }
+    bool head_ok = strcmp(want, "GET") == 0 && strcmp(method, "HEAD") == 0;
+    if (strcmp(method, want) != 0 && !head_ok) {
+        openai_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
+                         "%.200s: method %.32s not allowed (use %s)", url, method, want);
+        return refuse(conn, &e, want, st, p);
+    }
+    bool guarded = st->route != ROUTE_HEALTH && (st->route != ROUTE_METRICS || p->cfg->metrics_require_key);
+    if (guarded && !authorized(conn, p->api_key)) {
+        openai_error_set(&e, 401, "authentication_error", "invalid_api_key", NULL,
+                         "a valid API key is required: send \"Authorization: Bearer <key>\"");
+        return refuse(conn, &e, NULL, st, p);
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl != NULL && strtoull(cl, NULL, 10) > (unsigned long long)p->cfg->max_body_bytes) {
+        openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                         "request body of %.24s bytes is larger than the limit of %d bytes (gateway.max_body_bytes)",
+                         cl, p->cfg->max_body_bytes);
+        return refuse(conn, &e, NULL, st, p);
+    }
+    return MHD_YES;
+}
+
+/* A piece of the body. One that takes it past max_body_bytes can only be
+ * chunked (a Content-Length over it was refused with the headers): it is
+ * answered now, before the rest is read, and the rest is discarded. */
+static enum MHD_Result on_body(struct MHD_Connection *conn, struct request_state *st, const struct server_params *p,
+                               const char *data, size_t n)
+{
+    size_t limit = (size_t)p->cfg->max_body_bytes;
+    if (st->len + n > limit) {
+        struct openai_error e;
+        openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                         "request body is larger than the limit of %d bytes (gateway.max_body_bytes)",
+                         p->cfg->max_body_bytes);
+        st->answered = st->early = true;
+        http_metrics_request_done(p->metrics, endpoint_of(st->route), 413);
+        if (http_reply_error_early(conn, &e) != 0)
+            return MHD_NO;
+        watch_conn_phase(st->wc, WATCH_CLOSING);
+        return MHD_YES;
+    }
+    if (st->len + n + 1 > st->cap) {
+        size_t cap = (st->len + n + 1) * 2;
+        if (cap > limit + 1)
+            cap = limit + 1;
+        char *b = realloc(st->body, cap);
+        if (b == NULL)
+            return MHD_NO;
+        st->body = b;
+        st->cap = cap;
+    }
+    memcpy(st->body + st->len, data, n);
+    st->len += n;
+    return MHD_YES;
+}
+
+/* The call once the body is complete, and again after each wake. */
+static enum MHD_Result on_request(struct MHD_Connection *conn, const char *url, struct request_state *st,
+                                  const struct server_params *p)
+{
+    if (!st->serving) {
+        st->serving = true;
+        watch_conn_phase(st->wc, WATCH_SERVING);
+    }
+    int status = 0;
+    enum MHD_Result rc;
+    switch (st->route) {
+    case ROUTE_CHAT:
+        rc = generation_step(&st->gen, conn, p, st->wc, OPENAI_CHAT, st->body, st->len, &status);
+        break;
+    case ROUTE_COMPLETIONS:
+        rc = generation_step(&st->gen, conn, p, st->wc, OPENAI_COMPLETION, st->body, st->len, &status);
+        break;
+    case ROUTE_HEALTH:
+        rc = handle_health(conn, st, p, &status);
+        break;
+    case ROUTE_METRICS:
+        rc = handle_metrics(conn, st, p, &status);
+        break;
+    default:
+        rc = handle_models(conn, p, url, st->route, &status);
+        break;
+    }
+    if (status == 0)
+        return rc; /* parked: called again when woken */
+    st->answered = true;
+    http_metrics_request_done(p->metrics, endpoint_of(st->route), status);
+    return rc;
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -240,108 +456,89 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                                  void **con_cls)
 {
     struct server *s = cls;
-    const struct server_params *p = &s->p;
     struct request_state *st = *con_cls;
-    struct openai_error e;
     (void)version;
-    if (st == NULL) {
-        st = calloc(1, sizeof(*st));
-        if (st == NULL)
-            return MHD_NO;
-        *con_cls = st;
-        const char *want = NULL;
-        st->route = route_of(url, &want);
-        if (st->route == ROUTE_NONE) {
-            openai_error_set(&e, 404, "not_found_error", "not_found", NULL, "%.200s %.200s: no such endpoint", method,
-                             url);
-            return refuse(conn, &e, NULL, st, p);
-        }
-        bool head_ok = strcmp(want, "GET") == 0 && strcmp(method, "HEAD") == 0;
-        if (strcmp(method, want) != 0 && !head_ok) {
-            openai_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
-                             "%.200s: method %.32s not allowed (use %s)", url, method, want);
-            return refuse(conn, &e, want, st, p);
-        }
-        bool guarded = st->route != ROUTE_HEALTH && st->route != ROUTE_METRICS;
-        if (guarded && !authorized(conn, p->api_key)) {
-            openai_error_set(&e, 401, "authentication_error", "invalid_api_key", NULL,
-                             "a valid API key is required: send \"Authorization: Bearer <key>\"");
-            return refuse(conn, &e, NULL, st, p);
-        }
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl != NULL && strtoull(cl, NULL, 10) > (unsigned long long)p->cfg->max_body_bytes) {
-            openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
-                             "request body of %.24s bytes is larger than the limit of %d bytes", cl,
-                             p->cfg->max_body_bytes);
-            return refuse(conn, &e, NULL, st, p);
-        }
+    if (st == NULL)
+        return on_headers(s, conn, url, method, con_cls);
+    size_t n = *upload_data_size;
+    *upload_data_size = 0;
+    if (st->early) {
+        /* Closed once the upload ends, or once it goes on past what a client
+         * that read the answer would still have in flight. */
+        st->discarded += n;
+        return n == 0 || st->discarded > (size_t)s->p.cfg->max_body_bytes ? MHD_NO : MHD_YES;
+    }
+    if (st->answered) /* the body of a request refused with its headers */
         return MHD_YES;
-    }
-    if (st->answered) { /* the body of a refused request: discard */
-        *upload_data_size = 0;
-        return MHD_YES;
-    }
-    if (*upload_data_size > 0) {
-        size_t n = *upload_data_size;
-        *upload_data_size = 0;
-        if (st->too_large || st->len + n > (size_t)p->cfg->max_body_bytes) {
-            st->too_large = true;
-            return MHD_YES;
-        }
-        if (st->len + n + 1 > st->cap) {
-            size_t cap = (st->len + n + 1) * 2;
-            if (cap > (size_t)p->cfg->max_body_bytes + 1)
-                cap = (size_t)p->cfg->max_body_bytes + 1;
-            char *b = realloc(st->body, cap);
-            if (b == NULL)
-                return MHD_NO;
-            st->body = b;
-            st->cap = cap;
-        }
-        memcpy(st->body + st->len, upload_data, n);
-        st->len += n;
-        return MHD_YES;
-    }
-    if (st->too_large) {
-        openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
-                         "request body is larger than the limit of %d bytes", p->cfg->max_body_bytes);
-        return refuse(conn, &e, NULL, st, p);
-    }
-    int status = 0;
-    enum MHD_Result rc;
-    switch (st->route) {
-    case ROUTE_CHAT:
-        rc = generation_handle(conn, p, OPENAI_CHAT, st->body, st->len, &status);
-        break;
-    case ROUTE_COMPLETIONS:
-        rc = generation_handle(conn, p, OPENAI_COMPLETION, st->body, st->len, &status);
-        break;
-    case ROUTE_HEALTH:
-        rc = handle_health(conn, p, &status);
-        break;
-    case ROUTE_METRICS:
-        rc = handle_metrics(conn, p, &status);
-        break;
-    default:
-        rc = handle_models(conn, p, url, st->route, &status);
-        break;
-    }
-    st->answered = true;
-    http_metrics_request_done(p->metrics, endpoint_of(st->route), status ? status : 499);
-    return rc;
+    if (n > 0)
+        return on_body(conn, st, &s->p, upload_data, n);
+    return on_request(conn, url, st, &s->p);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+    struct server *s = cls;
     struct request_state *st = *con_cls;
-    (void)cls;
-    (void)conn;
     (void)toe;
     if (st != NULL) {
+        generation_abort(st->gen, &s->p); /* the connection ended while it was parked */
+        stats_end(st);
         free(st->body);
         free(st);
         *con_cls = NULL;
     }
+    /* a kept-alive connection waits for its next request, under its deadline */
+    struct watch_conn *wc = watch_conn_of(conn);
+    if (wc != NULL)
+        watch_conn_phase(wc, WATCH_HEADERS);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct server *s = cls;
+    watch_on_connection(s->watch, conn, socket_context, code);
+}
+
+/* libmicrohttpd's own messages (a refused connection, a closed one), one
+ * line each, at most one of a kind per SERVER_MHD_LOG_EVERY_S. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    struct server *s = cls;
+    double now = watch_now_s();
+    long suppressed = 0;
+    bool emit = true;
+    pthread_mutex_lock(&s->log_mu);
+    struct mhd_log_kind *k = NULL, *oldest = &s->log_kinds[0];
+    for (int i = 0; i < SERVER_MHD_LOG_KINDS && k == NULL; i++) {
+        if (s->log_kinds[i].fmt == fmt)
+            k = &s->log_kinds[i];
+        else if (s->log_kinds[i].last_s < oldest->last_s)
+            oldest = &s->log_kinds[i];
+    }
+    if (k == NULL) {
+        k = oldest;
+        *k = (struct mhd_log_kind){.fmt = fmt, .last_s = now};
+    } else if (now - k->last_s < SERVER_MHD_LOG_EVERY_S) {
+        k->suppressed++;
+        emit = false;
+    } else {
+        suppressed = k->suppressed;
+        k->suppressed = 0;
+        k->last_s = now;
+    }
+    pthread_mutex_unlock(&s->log_mu);
+    if (!emit || !(LOGGING_INFO <= logging_level_current))
+        return;
+    char line[512];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    size_t n = strlen(line);
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+        line[--n] = '\0';
+    if (suppressed > 0)
+        LOG_INFO("libmicrohttpd: %s (and %ld more like it since the last such line)", line, suppressed);
+    else
+        LOG_INFO("libmicrohttpd: %s", line);
 }
 
 static int parse_listen(const char *listen, struct sockaddr_in *sa, char *err)
@@ -364,6 +561,16 @@ static int parse_listen(const char *listen, struct sockaddr_in *sa, char *err)
     return 0;
 }
 
+static unsigned event_threads(const struct gateway_config *cfg)
+{
+    if (cfg->threads > 0)
+        return (unsigned)cfg->threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        n = 1;
+    return (unsigned)(n < SERVER_THREADS_AUTO_MAX ? n : SERVER_THREADS_AUTO_MAX);
+}
+
 int server_start(struct server **out, const struct server_params *p, char *err)
 {
     *out = NULL;
@@ -375,17 +582,39 @@ int server_start(struct server **out, const struct server_params *p, char *err)
     if (s == NULL)
         return error_set(err, ERR_NOMEM, "server: out of memory");
     s->p = *p;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    s->daemon = MHD_start_daemon(flags, ntohs(sa.sin_port), NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR,
-                                 (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)p->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)SERVER_IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_END);
+    if (pthread_mutex_init(&s->log_mu, NULL) != 0) {
+        free(s);
+        return error_set(err, ERR_SYSTEM, "server: pthread_mutex_init failed");
+    }
+    const struct watch_params wp = {.header_timeout_ms = p->cfg->header_timeout_ms,
+                                    .body_timeout_ms = p->cfg->body_timeout_ms};
+    if ((rc = watch_create(&s->watch, &wp, err)) != 0) {
+        pthread_mutex_destroy(&s->log_mu);
+        free(s);
+        return rc;
+    }
+    const unsigned threads = event_threads(p->cfg);
+    const unsigned flags =
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    s->daemon = MHD_start_daemon(
+        flags, ntohs(sa.sin_port), NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)p->cfg->max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVER_IDLE_TIMEOUT_S,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_END);
     if (s->daemon == NULL) {
+        watch_destroy(s->watch);
+        pthread_mutex_destroy(&s->log_mu);
         free(s);
         return error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve HTTP on %s (address in use?)",
                          p->cfg->listen);
     }
+    LOG_INFO("HTTP: %u event-loop thread(s), at most %d connections, %d per client address%s; headers within "
+             "%d ms, bodies within %d ms, bodies up to %d bytes",
+             threads, p->cfg->max_connections, p->cfg->max_connections_per_ip,
+             p->cfg->max_connections_per_ip == 0 ? " (no limit)" : "", p->cfg->header_timeout_ms,
+             p->cfg->body_timeout_ms, p->cfg->max_body_bytes);
     *out = s;
     return 0;
 }
@@ -394,6 +623,10 @@ void server_stop(struct server *s)
 {
     if (s == NULL)
         return;
+    /* libmicrohttpd must find no suspended connection when it stops */
+    watch_stop(s->watch);
     MHD_stop_daemon(s->daemon);
+    watch_destroy(s->watch);
+    pthread_mutex_destroy(&s->log_mu);
     free(s);
 }

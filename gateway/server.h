@@ -1,9 +1,11 @@
-/* server.h: the gateway's HTTP server: libmicrohttpd in thread-per-connection
- * mode, the routes (docs/http.md), the optional API key, body size limit.
+/* server.h: the gateway's HTTP server: libmicrohttpd as a few event loops
+ * (epoll, a thread pool), the routes (docs/http.md), the optional API key,
+ * the body size limit, the connection limits and the client's deadlines.
  *
- * Each connection has its own thread, which may block while it waits for
- * the coordinator (through the bridge) and polls its socket meanwhile, so a
- * client that hangs up is noticed and its request cancelled.
+ * No handler blocks: a request waiting for the coordinator suspends its
+ * connection until a reply, a hang-up or its deadline wakes it (watch.h), so
+ * a client that hangs up is noticed and its request cancelled, and
+ * thousands of idle connections cost a socket each, not a thread.
  */
 #ifndef TANDEM_GATEWAY_SERVER_H
 #define TANDEM_GATEWAY_SERVER_H
@@ -27,9 +29,10 @@ struct server_params {
 struct server;
 
 /* Binds cfg->listen and starts serving. ERR_INVALID_ARG (bad address),
- * ERR_SYSTEM (cannot bind). */
+ * ERR_SYSTEM (cannot bind, no thread), ERR_NOMEM. */
 int server_start(struct server **out, const struct server_params *p, char *err);
-/* Stops accepting, waits for the connection threads. NULL-safe. */
+/* Stops accepting; requests still parked end (those sent are cancelled at
+ * the coordinator); waits for the event-loop threads. NULL-safe. */
 void server_stop(struct server *s);
 
 #endif

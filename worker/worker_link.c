@@ -411,7 +411,15 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
     snprintf(link->endpoint, sizeof link->endpoint, "%s", wc->coordinator_endpoint);
     link->heartbeat_ms = wc->heartbeat_ms;
     link->timeout_ms = cfg->coordinator.worker_timeout_ms;
-    link->max_message_bytes = (size_t)cfg->coordinator.max_message_bytes;
+    /* The coordinator's commands carry a prompt or a whole history as a
+     * frame of int32 ids: max_seq_len of them must pass whatever limit the
+     * coordinator sets on its clients' messages (a prefill refused here
+     * would leave its request waiting for request_timeout_ms). */
+    const size_t tokens = wc->max_seq_len > 0 ? (size_t)wc->max_seq_len : (size_t)1 << 17;
+    const size_t need = tokens * sizeof(int32_t) + 65536;
+    link->max_message_bytes = (size_t)cfg->coordinator.max_message_bytes > need
+                                  ? (size_t)cfg->coordinator.max_message_bytes
+                                  : need;
     link->send_failing = true; /* the first send may precede the connection: no warning */
     link->lane = LINK_LANE_NONE;
     link->lane_fd = -1;

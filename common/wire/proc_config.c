@@ -194,9 +194,24 @@ static const struct key_desc gateway_keys[] = {
              "the coordinator's CURVE public key, when its client endpoint uses CURVE [none]"),
     GKEY_STR(curve_secret_key_file, NULL,
              "the gateway's CURVE secret key, for a coordinator that lists client keys [a fresh pair]"),
-    GKEY_INT(max_body_bytes, 1024, 1 << 30, "largest request body [1048576]"),
-    GKEY_INT(max_connections, 1, 65536, "concurrent HTTP connections [256]"),
+    GKEY_INT(max_body_bytes, 0, 1 << 30,
+             "largest request body, at most coordinator.max_message_bytes less 512; 0 = that "
+             "[coordinator.max_message_bytes - 512]"),
+    GKEY_INT(max_connections, 1, 65536, "concurrent HTTP connections [1024]"),
+    GKEY_INT(max_connections_per_ip, 0, 65536,
+             "concurrent connections from one client address, 0 = no limit (behind a proxy on "
+             "this host) [64]"),
+    GKEY_INT(header_timeout_ms, 100, 3600000,
+             "time to send a request's line and headers, from the connection's start or its "
+             "previous response; then the connection is closed [5000]"),
+    GKEY_INT(body_timeout_ms, 100, 3600000,
+             "time to send a request's body once its headers are in; then the connection is "
+             "closed [10000]"),
+    GKEY_INT(threads, 0, 256, "HTTP event-loop threads, 0 = one per core, at most 16 [0]"),
     GKEY_INT(request_timeout_ms, 1, INT_MAX, "coordinator silence before a 504 [600000]"),
+    GKEY_INT(allow_unauthenticated, 0, 1,
+             "1: listen on an address other machines reach without an API key [0]"),
+    GKEY_INT(metrics_require_key, 0, 1, "1: GET /metrics needs the API key too [0]"),
     GKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -344,8 +359,11 @@ void proc_config_defaults(struct proc_config *cfg)
     worker_defaults(&cfg->target_worker);
     struct gateway_config *g = &cfg->gateway;
     snprintf(g->listen, sizeof g->listen, "127.0.0.1:8000");
-    g->max_body_bytes = 1048576;
-    g->max_connections = 256;
+    g->max_body_bytes = 0;
+    g->max_connections = 1024;
+    g->max_connections_per_ip = 64;
+    g->header_timeout_ms = 5000;
+    g->body_timeout_ms = 10000;
     g->request_timeout_ms = 600000;
     snprintf(g->log_level, sizeof g->log_level, "info");
 }
@@ -676,6 +694,40 @@ int proc_config_check_listen(const char *listen, char *err)
     return 0;
 }
 
+/* The gateway's body limit against the coordinator's message limit (a body
+ * at the limit must reach the coordinator, not be refused there as a message
+ * without a request to answer), and its exposure: an address other machines
+ * reach needs an API key unless the operator says otherwise, as the
+ * coordinator's client endpoint needs CURVE. */
+static int finalize_gateway_limits(struct proc_config *cfg, char *err)
+{
+    struct gateway_config *g = &cfg->gateway;
+    const int coord_max = cfg->coordinator.max_message_bytes;
+    const int body_max = coord_max - PROC_CONFIG_GATEWAY_ENVELOPE_BYTES;
+    if (g->max_body_bytes == 0)
+        g->max_body_bytes = body_max;
+    else if (g->max_body_bytes > body_max)
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.max_body_bytes: %d is more than the coordinator takes: "
+                         "coordinator.max_message_bytes (%d) less %d bytes for the message's envelope "
+                         "is %d; lower gateway.max_body_bytes (or leave it out) or raise "
+                         "coordinator.max_message_bytes",
+                         g->max_body_bytes, coord_max, PROC_CONFIG_GATEWAY_ENVELOPE_BYTES, body_max);
+    const bool keyed = g->api_key[0] != '\0' || g->api_key_env[0] != '\0';
+    char ep[PROC_CONFIG_NAME_MAX + 8];
+    snprintf(ep, sizeof ep, "tcp://%s", g->listen);
+    if (!keyed && !g->allow_unauthenticated && !curve_endpoint_is_local(ep))
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.listen: %s can be reached from other machines and no API key is set: "
+                         "set gateway.api_key or gateway.api_key_env, or gateway.allow_unauthenticated: 1 "
+                         "to serve it to anyone",
+                         g->listen);
+    if (g->metrics_require_key && !keyed)
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.metrics_require_key: needs a key: set gateway.api_key or gateway.api_key_env");
+    return 0;
+}
+
 /* Derived gateway keys: the coordinator endpoint (a wildcard bind address
  * is not something to connect to: it becomes loopback) and the served name. */
 static int finalize_gateway(struct proc_config *cfg, char *err)
@@ -710,6 +762,9 @@ static int finalize_gateway(struct proc_config *cfg, char *err)
     char inner[ERR_MSG_MAX];
     if (proc_config_check_endpoint(g->coordinator_endpoint, inner) != 0)
         return error_set(err, ERR_INVALID_ARG, "gateway.coordinator_endpoint: %s", inner);
+    int rc = finalize_gateway_limits(cfg, err);
+    if (rc != 0)
+        return rc;
     if (g->served_model_name[0] == '\0') {
         const char *model = cfg->target_worker.model;
         size_t n = strlen(model);

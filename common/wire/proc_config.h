@@ -105,6 +105,13 @@ struct worker_config {
 
 #define PROC_CONFIG_KEY_MAX 256
 
+/* Bytes a request's coordinator message may add to its HTTP body (the "v",
+ * "type", "id" and "stream" fields): a derived max_body_bytes leaves them
+ * room under coordinator.max_message_bytes, and an explicit one larger than
+ * that limit less this is refused at start. The gateway still measures each
+ * message, since some bodies grow in translation (1e9 becomes 1000000000). */
+#define PROC_CONFIG_GATEWAY_ENVELOPE_BYTES 512
+
 struct gateway_config {
     char listen[PROC_CONFIG_NAME_MAX];     /* HTTP host:port, default 127.0.0.1:8000 */
     char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.client_endpoint
@@ -114,9 +121,19 @@ struct gateway_config {
     char api_key_env[PROC_CONFIG_NAME_MAX];/* environment variable holding the key */
     char coordinator_curve_public_key_file[PROC_CONFIG_PATH_MAX]; /* "" = plain ZeroMQ to the coordinator */
     char curve_secret_key_file[PROC_CONFIG_PATH_MAX]; /* the gateway's own; "" = a fresh pair per start */
-    int max_body_bytes;                    /* largest request body, default 1048576 */
-    int max_connections;                   /* concurrent HTTP connections, default 256 */
+    int max_body_bytes;                    /* largest request body; 0 (default) = derived in finalize:
+                                              coordinator.max_message_bytes less
+                                              PROC_CONFIG_GATEWAY_ENVELOPE_BYTES */
+    int max_connections;                   /* concurrent HTTP connections, default 1024 */
+    int max_connections_per_ip;            /* concurrent connections from one address, default 64,
+                                              0 = no limit (behind a proxy on this host) */
+    int header_timeout_ms;                 /* a request line and headers, from the connection's
+                                              start or its previous response, default 5000 */
+    int body_timeout_ms;                   /* a request body once its headers are in, default 10000 */
+    int threads;                           /* HTTP event-loop threads, 0 (default) = one per core */
     int request_timeout_ms;                /* silence from the coordinator before a 504, default 600000 */
+    int allow_unauthenticated;             /* 1: listen beyond loopback without an API key */
+    int metrics_require_key;               /* 1: /metrics needs the API key too */
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 

@@ -46,16 +46,20 @@ BIN = {
 }
 
 
+def sanitized():
+    """Whether this build runs under AddressSanitizer (TANDEM_SANITIZE)."""
+    try:
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            return any(line.strip() == "TANDEM_SANITIZE:BOOL=ON" for line in f)
+    except OSError:
+        return False
+
+
 def time_scale():
     """How much slower than a plain build this one runs (AddressSanitizer:
     about twice on the 2-core machine). Tests that bound a time relative to
     another they configure scale both, keeping what the bound proves."""
-    try:
-        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
-            sanitized = any(line.strip() == "TANDEM_SANITIZE:BOOL=ON" for line in f)
-    except OSError:
-        sanitized = False
-    return float(os.environ.get("TANDEM_TIME_SCALE", 2.0 if sanitized else 1.0))
+    return float(os.environ.get("TANDEM_TIME_SCALE", 2.0 if sanitized() else 1.0))
 
 
 def default_run_dir(instance):

@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Every malformed or unsupported HTTP request gets its status and an OpenAI
 error object naming the problem, and the gateway and the coordinator keep
-serving: 401 without the API key, 404 unknown path or model, 405 wrong
-method, 413 body too large, 400 for bad JSON, missing or unknown fields,
-wrong types, out-of-range values, n > 1, logprobs, tools, response_format and
-a prompt longer than the context, 429 when the coordinator is full."""
+serving: 401 without the API key (any case of "Bearer" is accepted), 404
+unknown path or model, 405 wrong method, 413 body too large, 400 for bad
+JSON, missing or unknown fields, wrong types, numbers beyond a double's range
+(named "not finite"), out-of-range values, n > 1, logprobs, tools,
+response_format and a prompt longer than the context, 429 when the
+coordinator is full."""
 import json
 import signal
 import socket
@@ -53,6 +55,11 @@ def test():
     check(err["type"] == "authentication_error" and h.get("www-authenticate") == "Bearer", "401: %s %s" % (err, h))
     expect(p, "POST", "/v1/chat/completions", chat, 401, headers={"Authorization": "Bearer wrong"})
     expect(p, "POST", "/v1/chat/completions", chat, 401, headers={"Authorization": "Basic " + KEY})
+    expect(p, "POST", "/v1/chat/completions", chat, 401, headers={"Authorization": "Bearer" + KEY})
+    # The scheme is case-insensitive (RFC 9110): any case of "Bearer" is Bearer.
+    for auth in ("bearer " + KEY, "BEARER " + KEY, "bEaReR \t " + KEY):
+        st, _, raw = http("GET", p.base_url + "/v1/models", None, headers={"Authorization": auth})
+        check(st == 200, "Authorization %r: %d %s" % (auth, st, raw[:200]))
     expect(p, "GET", "/v1/nothing", None, 404, code="not_found")
     expect(p, "GET", "/v1/models/other", None, 404, code="model_not_found")
     err, h = expect(p, "GET", "/v1/chat/completions", None, 405, code="method_not_allowed")
@@ -111,6 +118,13 @@ def test():
     expect(p, "POST", "/v1/completions", dict(comp, stream=True, stream_options={"x": 1}), 400,
            param="stream_options")
     expect(p, "POST", "/v1/completions", dict(comp, temperature="hot"), 400, param="temperature")
+    # Numbers beyond a double's range (cJSON reads them as infinity) are
+    # named as such, not as "null" after a round trip.
+    for field in ("temperature", "top_p", "min_p", "presence_penalty", "seed", "max_tokens", "top_k"):
+        for num in (b"1e999", b"-1e999"):
+            raw = b'{"model":"tiny","prompt":"hi","' + field.encode() + b'":' + num + b'}'
+            err, _ = expect(p, "POST", "/v1/completions", raw, 400, param=field, needle="not finite")
+            check("null" not in err["message"], "%s %s: %s" % (field, num, err["message"]))
     expect(p, "POST", "/v1/completions", dict(comp, max_tokens=1.5), 400, param="max_tokens")
     expect(p, "POST", "/v1/completions", dict(comp, stop=[1]), 400, param="stop")
     # Range checks come back from the coordinator, still naming the field.

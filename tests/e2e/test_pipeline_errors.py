@@ -52,7 +52,7 @@ def test():
                  "unsupported protocol version", "e")
     expect_error(s, {"v": 1, "type": "launch", "id": "e"}, "invalid_request", "unknown message type", "e")
     big = json.dumps(dict(g, prompt="x" * (3 << 19))).encode()  # 1.5 MiB: over the limit, under the hard cap
-    expect_error(s, big, "invalid_request", "too large")
+    expect_error(s, big, "invalid_request", "too large", "e")  # its id read without parsing it
 
     # Still serving, and correctly.
     ref = reference(target, [5, 6, 7], 10)["ids"]

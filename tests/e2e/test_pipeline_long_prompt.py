@@ -80,6 +80,22 @@ def test():
     s.close()
     p.close()
 
+    # A small client message limit (8 KiB) and a text prompt well inside it
+    # that tokenizes to a prefill the workers' commands carry as a frame of
+    # many more bytes: served, not refused by the workers and left waiting.
+    q = Pipeline("smallmsg", extra={"coordinator": {"max_message_bytes": 8192}})
+    q.make_pair()
+    q.start_all()
+    s = q.client()
+    text = " ".join("w%d" % (i % 97) for i in range(1500))
+    m, _ = generate(s, {"id": "text", "prompt": text, "max_tokens": 4, "temperature": 0}, 120)
+    check(m["type"] == "done", "a text prompt under max_message_bytes: %s" % m)
+    check(m["usage"]["prompt_tokens"] * 4 > 8192, "the prompt's tokens fit the limit anyway: %s" % m["usage"])
+    print("text prompt of %d bytes: %d tokens, served under max_message_bytes 8192" %
+          (len(text), m["usage"]["prompt_tokens"]))
+    s.close()
+    q.close()
+
 
 if __name__ == "__main__":
     main(test)

@@ -471,7 +471,14 @@ static void test_proc_config_gateway_section_defaults_and_derived_keys(void **st
     assert_string_equal(cfg.gateway.coordinator_endpoint, "tcp://127.0.0.1:6000");
     assert_string_equal(cfg.gateway.served_model_name, "llama-3b");
     assert_string_equal(cfg.gateway.api_key_env, "GW_KEY");
-    assert_int_equal(cfg.gateway.max_body_bytes, 1048576);
+    assert_int_equal(cfg.gateway.max_body_bytes, 1048576 - PROC_CONFIG_GATEWAY_ENVELOPE_BYTES);
+    assert_int_equal(cfg.gateway.max_connections, 1024);
+    assert_int_equal(cfg.gateway.max_connections_per_ip, 64);
+    assert_int_equal(cfg.gateway.header_timeout_ms, 5000);
+    assert_int_equal(cfg.gateway.body_timeout_ms, 10000);
+    assert_int_equal(cfg.gateway.threads, 0);
+    assert_int_equal(cfg.gateway.allow_unauthenticated, 0);
+    assert_int_equal(cfg.gateway.metrics_require_key, 0);
 
     assert_int_not_equal(load(&cfg, "{\"gateway\":{\"listen\":\"127.0.0.1:0\"}}", err), 0);
     assert_non_null(strstr(err, "gateway.listen"));
@@ -521,6 +528,77 @@ static void test_proc_config_gateway_to_a_curve_coordinator_needs_its_keys(void 
     assert_non_null(strstr(err, "needs gateway.coordinator_curve_public_key_file"));
 }
 
+/* A body the gateway takes must be a message the coordinator takes: the
+ * derived limit follows coordinator.max_message_bytes, and an explicit one
+ * the coordinator could not take is refused at start, naming both keys. */
+static void test_proc_config_gateway_body_limit_fits_the_coordinator(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(
+        load(&cfg, "{\"coordinator\":{\"max_message_bytes\":65536},\"target_worker\":{\"model\":\"/m/t\"}}", err),
+        0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    assert_int_equal(cfg.gateway.max_body_bytes, 65536 - PROC_CONFIG_GATEWAY_ENVELOPE_BYTES);
+
+    const char *over = "{\"coordinator\":{\"max_message_bytes\":65536},\"target_worker\":{\"model\":\"/m/t\"},"
+                       "\"gateway\":{\"max_body_bytes\":65536}}";
+    assert_int_equal(load(&cfg, over, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.max_body_bytes"));
+    assert_non_null(strstr(err, "coordinator.max_message_bytes"));
+    /* the coordinator alone does not care about the gateway's keys */
+    assert_int_equal(load(&cfg, over, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_TARGET, err), 0);
+
+    assert_int_equal(load(&cfg, over, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.max_body_bytes", "65024", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    assert_int_equal(cfg.gateway.max_body_bytes, 65024);
+}
+
+/* An HTTP address other machines reach needs an API key, or the operator's
+ * explicit allow_unauthenticated; metrics_require_key needs a key to require. */
+static void test_proc_config_gateway_exposure_needs_a_key_or_a_choice(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    const char *open_json = "{\"target_worker\":{\"model\":\"/m/t\"},\"gateway\":{\"listen\":\"0.0.0.0:8000\"}}";
+    assert_int_equal(load(&cfg, open_json, err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.listen"));
+    assert_non_null(strstr(err, "gateway.api_key"));
+    assert_non_null(strstr(err, "gateway.allow_unauthenticated"));
+    assert_int_equal(load(&cfg, open_json, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.listen", "192.0.2.7:8000", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+
+    assert_int_equal(load(&cfg, open_json, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.allow_unauthenticated", "1", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    assert_int_equal(load(&cfg, open_json, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.api_key_env", "GW_KEY", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    assert_int_equal(load(&cfg, open_json, err), 0);
+    assert_int_equal(proc_config_set(&cfg, "gateway.api_key", "sk-1", err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    /* loopback needs nothing */
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"model\":\"/m/t\"},\"gateway\":{\"listen\":\"127.0.0.2:8000\"}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"model\":\"/m/t\"},\"gateway\":{\"metrics_require_key\":1}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.metrics_require_key"));
+    assert_int_equal(load(&cfg, "{\"gateway\":{\"allow_unauthenticated\":2}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.allow_unauthenticated"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -539,6 +617,8 @@ int main(void)
         cmocka_unit_test(test_proc_config_run_dir_is_private),
         cmocka_unit_test(test_proc_config_gateway_section_defaults_and_derived_keys),
         cmocka_unit_test(test_proc_config_gateway_to_a_curve_coordinator_needs_its_keys),
+        cmocka_unit_test(test_proc_config_gateway_body_limit_fits_the_coordinator),
+        cmocka_unit_test(test_proc_config_gateway_exposure_needs_a_key_or_a_choice),
         cmocka_unit_test(test_proc_config_sampler_follows_the_backend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
