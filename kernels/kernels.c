@@ -16,6 +16,7 @@ size_t kern_dtype_size(enum kern_dtype dtype)
     case KERN_DTYPE_F16: return 2;
     case KERN_DTYPE_F32: return 4;
     case KERN_DTYPE_Q8: return 1;
+    case KERN_DTYPE_Q4: return 1; /* rounded up: kern_q4_bytes for a matrix */
     }
     return 0;
 }
@@ -23,6 +24,11 @@ size_t kern_dtype_size(enum kern_dtype dtype)
 size_t kern_q8_scales_offset(int64_t rows, int64_t cols)
 {
     return ((size_t)rows * (size_t)cols + 63) & ~(size_t)63;
+}
+
+size_t kern_q4_bytes(int64_t rows, int64_t cols)
+{
+    return (size_t)rows * ((size_t)cols / KERN_Q4_GROUP) * KERN_Q4_GROUP_BYTES;
 }
 
 size_t kern_q8_bytes(int64_t rows, int64_t cols)
@@ -37,6 +43,7 @@ const char *kern_dtype_name(enum kern_dtype dtype)
     case KERN_DTYPE_F16: return "F16";
     case KERN_DTYPE_F32: return "F32";
     case KERN_DTYPE_Q8: return "INT8";
+    case KERN_DTYPE_Q4: return "INT4";
     }
     return "?";
 }

@@ -43,8 +43,18 @@ enum kern_dtype {
      * (kern_q8_bytes, kern_q8_scales); w[o][k] stands for q[o][k] * scale[o].
      * Only map_matrix and matmul take it (cpu; cuda refuses it). */
     KERN_DTYPE_Q8 = 3,
+    /* 4-bit weights in groups of 32 along a row, each group 16 bytes of
+     * nibbles (element j < 16 in the low half of byte j, element 16 + j in
+     * its high half, so that 8 neighbours widen from 8 consecutive bytes;
+     * a nibble n stands for n - 8) and then its f32 scale: 20 bytes per 32
+     * weights, rows back to back (kern_q4_bytes). w = (n - 8) * scale, in
+     * f32. cols must be a multiple of 32. Only map_matrix and matmul take it
+     * (cpu; cuda refuses it). */
+    KERN_DTYPE_Q4 = 4,
 };
-#define KERN_DTYPE_COUNT 4
+#define KERN_DTYPE_COUNT 5
+#define KERN_Q4_GROUP 32
+#define KERN_Q4_GROUP_BYTES 20
 
 /* Bytes per element of a dtype (KERN_DTYPE_Q8: 1, its scales aside). */
 size_t kern_dtype_size(enum kern_dtype dtype);
@@ -52,6 +62,8 @@ size_t kern_dtype_size(enum kern_dtype dtype);
 size_t kern_q8_bytes(int64_t rows, int64_t cols);
 /* Offset of the scales of a [rows][cols] KERN_DTYPE_Q8 matrix. */
 size_t kern_q8_scales_offset(int64_t rows, int64_t cols);
+/* Bytes of a [rows][cols] KERN_DTYPE_Q4 matrix (cols a multiple of 32). */
+size_t kern_q4_bytes(int64_t rows, int64_t cols);
 const char *kern_dtype_name(enum kern_dtype dtype);
 
 struct kern_backend;

@@ -107,24 +107,28 @@ struct llama_ctx {
     int32_t *chunk_seq_of;  /* host [n_slots]: a slot's sequence index in the chunk, or -1 */
 };
 
-/* The quantized copy of t (m->quant) mapped as a KERN_DTYPE_Q8 matrix. */
+/* The quantized copy of t (m->quant) mapped as a matrix: int4 where its
+ * rows split into groups of 32, else int8. */
 static int map_quantized(struct llama_model *m, const char *name, const struct safetensors_tensor *t,
                          int64_t d0, int64_t d1, struct llama_weight *w, char *err)
 {
     void *buf = NULL;
     char why[ERR_MSG_MAX];
-    int rc = quantize_q8(t->data, t->dtype, d0, d1, &buf, why);
+    const bool q4 = m->quant == QUANTIZE_INT4 && d1 % KERN_Q4_GROUP == 0;
+    int rc = q4 ? quantize_q4(t->data, t->dtype, d0, d1, &buf, why)
+                : quantize_q8(t->data, t->dtype, d0, d1, &buf, why);
     if (rc)
         return error_set(err, rc, "%s: %s", name, why);
     m->qbufs[m->n_qbufs++] = buf;
+    const enum kern_dtype dt = q4 ? KERN_DTYPE_Q4 : KERN_DTYPE_Q8;
     const void *dev;
-    if ((rc = m->be->ops->map_matrix(m->be, buf, KERN_DTYPE_Q8, d0, d1, &dev, err)))
+    if ((rc = m->be->ops->map_matrix(m->be, buf, dt, d0, d1, &dev, err)))
         return rc;
     m->mapped[m->n_mapped++] = dev;
     w->ptr = dev;
-    w->dtype = KERN_DTYPE_Q8;
+    w->dtype = dt;
     m->file_bytes += t->size_bytes;
-    m->held_bytes += kern_q8_bytes(d0, d1);
+    m->held_bytes += q4 ? kern_q4_bytes(d0, d1) : kern_q8_bytes(d0, d1);
     return 0;
 }
 
@@ -138,7 +142,7 @@ static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64
     int rc = safetensors_expect(m->st, name, n_dims, shape, &t, err);
     if (rc)
         return rc;
-    if (quantizable && n_dims == 2 && m->quant == QUANTIZE_INT8)
+    if (quantizable && n_dims == 2 && m->quant != QUANTIZE_NONE)
         return map_quantized(m, name, t, d0, d1, w, err);
     m->file_bytes += t->size_bytes;
     m->held_bytes += t->size_bytes;
@@ -159,6 +163,8 @@ static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64
 
 static size_t weight_bytes(const struct llama_weight *w, size_t count)
 {
+    if (w->dtype == KERN_DTYPE_Q4) /* a scale of 4 bytes per 32 weights beside their 16 */
+        return count / KERN_Q4_GROUP * KERN_Q4_GROUP_BYTES;
     return count * kern_dtype_size(w->dtype);
 }
 

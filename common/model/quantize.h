@@ -8,6 +8,13 @@
  * A per-row scale keeps the matrix product one fixed-order dot product per
  * output and one multiply after it (kernels/cpu/matmul.c), so the
  * project's exactness contract holds for quantized weights too.
+ *
+ * int4 (KERN_DTYPE_Q4): groups of 32 along a row, each with its own scale:
+ * scale = max |w| / 7 over the group (1 for zeros), q = w / scale rounded
+ * to nearest within [-7, 7], stored as the nibble q + 8 (kernels.h has the
+ * layout): every weight within
+ * half a step of its group's scale. The product widens each weight to
+ * (n - 8) * scale in f32, the same multiply in every path.
  */
 #ifndef TANDEM_QUANTIZE_H
 #define TANDEM_QUANTIZE_H
@@ -19,9 +26,11 @@
 enum quantize_mode {
     QUANTIZE_NONE = 0,
     QUANTIZE_INT8 = 1,
+    QUANTIZE_INT4 = 2,
 };
 
-/* "none" | "int8" -> *out; ERR_INVALID_ARG naming the value otherwise. */
+/* "none" | "int8" | "int4" -> *out; ERR_INVALID_ARG naming the value
+ * otherwise. */
 int quantize_mode_parse(const char *name, enum quantize_mode *out, char *err);
 const char *quantize_mode_name(enum quantize_mode mode);
 
@@ -30,6 +39,10 @@ const char *quantize_mode_name(enum quantize_mode mode);
  * the scales. ERR_NOMEM; ERR_FORMAT for a NaN or an infinity (naming row
  * and column); ERR_UNSUPPORTED for another dtype. */
 int quantize_q8(const void *src, enum kern_dtype src_dtype, int64_t rows, int64_t cols, void **out,
+                char *err);
+/* The same as KERN_DTYPE_Q4 (kern_q4_bytes(rows, cols) bytes); cols must
+ * be a multiple of 32 (ERR_INVALID_ARG). */
+int quantize_q4(const void *src, enum kern_dtype src_dtype, int64_t rows, int64_t cols, void **out,
                 char *err);
 
 #endif

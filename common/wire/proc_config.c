@@ -91,9 +91,9 @@ static int check_sampler(const char *value, char *msg, size_t msg_size)
 
 static int check_quantize(const char *value, char *msg, size_t msg_size)
 {
-    if (strcmp(value, "none") == 0 || strcmp(value, "int8") == 0)
+    if (strcmp(value, "none") == 0 || strcmp(value, "int8") == 0 || strcmp(value, "int4") == 0)
         return 0;
-    snprintf(msg, msg_size, "must be \"none\" or \"int8\", got \"%s\"", value);
+    snprintf(msg, msg_size, "must be \"none\", \"int8\" or \"int4\", got \"%s\"", value);
     return -1;
 }
 
@@ -268,8 +268,8 @@ static const struct key_desc worker_keys[] = {
              "1: cuda_ipc through pinned host memory instead of device memory (the path "
              "without peer access) [0]"),
     WKEY_STR(quantize, check_quantize,
-             "the layers' projections quantized as they load: none or int8 (cpu; the embedding "
-             "and the LM head keep the files' precision) [none]"),
+             "the layers' projections quantized as they load: none, int8 or int4 (cpu; the "
+             "embedding and the LM head keep the files' precision) [none]"),
     WKEY_STR(sampler, check_sampler,
              "sampling and accept/reject: device (logits and q rows stay on the GPU), host, "
              "or auto (device with backend cuda, host with cpu) [auto]"),

@@ -50,7 +50,9 @@ int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     case KERN_DTYPE_F16:
     case KERN_DTYPE_F32: return 0;
     case KERN_DTYPE_Q8:
-        return error_set(err, ERR_UNSUPPORTED, "cpu %s: int8 weights are for matmul only", what);
+    case KERN_DTYPE_Q4:
+        return error_set(err, ERR_UNSUPPORTED, "cpu %s: %s weights are for matmul only", what,
+                         kern_dtype_name(dtype));
     }
     return error_set(err, ERR_UNSUPPORTED, "cpu %s: unsupported weight dtype %d", what, (int)dtype);
 }
@@ -312,11 +314,18 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     if (rows < 0 || cols < 0 || (cols > 0 && rows > INT64_MAX / cols))
         return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: bad shape [%lld, %lld]",
                          (long long)rows, (long long)cols);
-    int rc = dtype == KERN_DTYPE_Q8 ? 0 : cpu_backend_check_dtype(dtype, "map_matrix", err);
+    int rc = dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4 ? 0 : cpu_backend_check_dtype(dtype, "map_matrix", err);
     if (rc < 0)
         return rc;
-    if (dtype == KERN_DTYPE_Q8) /* values and scales, as they are: matmul's direct path reads them */
+    /* values and scales, as they are: matmul's direct path reads them */
+    if (dtype == KERN_DTYPE_Q8)
         return cpu_map(cb, "map_matrix", host_ptr, kern_q8_bytes(rows, cols), 0, 0, out, err);
+    if (dtype == KERN_DTYPE_Q4) {
+        if (cols % KERN_Q4_GROUP != 0)
+            return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: int4 rows of %lld columns, not a multiple of %d",
+                             (long long)cols, KERN_Q4_GROUP);
+        return cpu_map(cb, "map_matrix", host_ptr, kern_q4_bytes(rows, cols), 0, 0, out, err);
+    }
     const uint64_t bytes = (uint64_t)rows * (uint64_t)cols * kern_dtype_size(dtype);
     if (bytes > SIZE_MAX)
         return error_set(err, ERR_NOMEM, "cpu map_matrix: [%lld, %lld] is too large",

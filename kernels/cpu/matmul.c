@@ -88,7 +88,7 @@ static int mm_use_panel(int n)
 static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
 {
     const struct mm_job *job = ctx;
-    const size_t esize = kern_dtype_size(job->dtype);
+    const enum kern_dtype dt = job->dtype;
     (void)thread_idx;
 #ifdef __AVX2__
     if (job->n <= MM_RI && !job->opairs) {
@@ -105,7 +105,7 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
     for (long blk = begin; blk < end; blk++) {
         const int o0 = (int)(blk * MM_RO);
         const int rows = job->d_out - o0 < MM_RO ? job->d_out - o0 : MM_RO;
-        const char *w = (const char *)job->w + (size_t)o0 * (size_t)job->d_in * esize;
+        const char *w = (const char *)job->w + mm_bytes(dt, (size_t)o0 * (size_t)job->d_in);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
         if (job->okb > 0) {
             mm_blocks_opairs_kb(job, blk, end);
@@ -121,7 +121,7 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
                 continue;
             }
             for (int r = 0; r < rows; r++)
-                mm_block_pairs(job, job->dtype, w + (size_t)r * (size_t)job->d_in * esize, 1,
+                mm_block_pairs(job, job->dtype, w + mm_bytes(dt, (size_t)r * (size_t)job->d_in), 1,
                                o0 + r);
             continue;
         }
@@ -131,7 +131,7 @@ static void mm_task_direct(void *ctx, long begin, long end, int thread_idx)
             continue;
         }
         for (int r = 0; r < rows; r++)
-            mm_block(job, job->dtype, w + (size_t)r * (size_t)job->d_in * esize, 1, o0 + r);
+            mm_block(job, job->dtype, w + mm_bytes(dt, (size_t)r * (size_t)job->d_in), 1, o0 + r);
     }
 }
 
@@ -176,11 +176,13 @@ static void mm_run_jobs(struct cpu_backend *cb, struct mm_job *job, int job_rows
 }
 #endif
 
-/* int8 weights (KERN_DTYPE_Q8): the direct path in every build, whose
- * tiles widen each weight to f32 exactly and keep the fixed order; then
- * each output times its row's scale, one multiply after the reduction.
- * The pair, packed and panel paths are bf16 layouts of their own. */
-static void mm_run_q8(struct cpu_backend *cb, struct mm_job *job)
+/* int8 and int4 weights (KERN_DTYPE_Q8, Q4): the direct path in every
+ * build, whose tiles widen each weight to f32 (int8 exactly; int4 as
+ * (n - 8) * its group's scale, the same f32 multiply in every path) and
+ * keep the fixed order; then, for int8, each output times its row's scale,
+ * one multiply after the reduction. The pair, packed and panel paths are
+ * bf16 layouts of their own. */
+static void mm_run_quantized(struct cpu_backend *cb, struct mm_job *job)
 {
     const int n = job->n;
     float *out = job->out;
@@ -190,6 +192,8 @@ static void mm_run_q8(struct cpu_backend *cb, struct mm_job *job)
     else
 #endif
         mm_run(cb, job, MM_RO, mm_task_direct);
+    if (job->dtype != KERN_DTYPE_Q8)
+        return;
     const float *scale = (const float *)(const void *)((const char *)job->w +
                                                        kern_q8_scales_offset(job->d_out, job->d_in));
     for (int i = 0; i < n; i++) {
@@ -203,9 +207,13 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
                enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
 {
     struct cpu_backend *cb = cpu_backend_of(be);
-    int rc = dtype == KERN_DTYPE_Q8 ? 0 : cpu_backend_check_dtype(dtype, "matmul", err);
+    const int quantized = dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4;
+    int rc = quantized ? 0 : cpu_backend_check_dtype(dtype, "matmul", err);
     if (rc < 0)
         return rc;
+    if (dtype == KERN_DTYPE_Q4 && d_in % KERN_Q4_GROUP != 0)
+        return error_set(err, ERR_INVALID_ARG, "cpu matmul: int4 rows of %d columns, not a multiple of %d",
+                         d_in, KERN_Q4_GROUP);
     if (n < 0 || d_in < 0 || d_out < 0)
         return error_set(err, ERR_INVALID_ARG, "cpu matmul: negative shape n=%d d_in=%d d_out=%d",
                          n, d_in, d_out);
@@ -218,8 +226,8 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         .out = out, .in = in, .w = w, .dtype = dtype,
         .n = n, .d_in = d_in, .d_out = d_out, .scratch = cb->scratch,
     };
-    if (dtype == KERN_DTYPE_Q8) {
-        mm_run_q8(cb, &job);
+    if (quantized) {
+        mm_run_quantized(cb, &job);
         return 0;
     }
     int packed_d_in = 0;
@@ -283,7 +291,7 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         job.opairs = 1;
         if (n >= 2 && n <= MM_OI && d_in > MM_OKB_MIN_DIN)
             job.okb = MM_OKB;
-        const size_t row_bytes = (size_t)d_in * kern_dtype_size(dtype);
+        const size_t row_bytes = mm_bytes(dtype, (size_t)d_in);
         const size_t block_bytes = MM_RO * row_bytes;
         job.pf_lead = 2 * MM_PF;
         job.pf_next = (MM_RO - 1) * row_bytes;

@@ -41,15 +41,14 @@
 CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t ldw, int rows,
                                        int ahead, int k)
 {
-    /* not kern_dtype_size: a call in the tile's loop spills its accumulators */
-    const size_t esize = dt == KERN_DTYPE_F32 ? 4 : dt == KERN_DTYPE_Q8 ? 1 : 2;
-    if ((((size_t)k * esize) & 63) != 0)
+    /* mm_bytes, inlined: a call in the tile's loop spills its accumulators */
+    if ((mm_bytes(dt, (size_t)k) & 63) != 0)
         return;
 #pragma GCC unroll 4
     for (int a = 0; a < rows; a++)
         /* past the matrix's end for its last tile: a prefetch never faults,
          * and the address is formed as an integer */
-        _mm_prefetch((const char *)((uintptr_t)w + ((size_t)(a + ahead) * ldw + (size_t)k) * esize),
+        _mm_prefetch((const char *)((uintptr_t)w + mm_bytes(dt, (size_t)(a + ahead) * ldw + (size_t)k)),
                      _MM_HINT_T0);
 }
 #endif
@@ -135,6 +134,7 @@ MM_DEFINE_TILES(bf16, KERN_DTYPE_BF16)
 MM_DEFINE_TILES(f16, KERN_DTYPE_F16)
 MM_DEFINE_TILES(f32, KERN_DTYPE_F32)
 MM_DEFINE_TILES(q8, KERN_DTYPE_Q8)
+MM_DEFINE_TILES(q4, KERN_DTYPE_Q4)
 
 /* mm_tiles[dtype][0: one row, 1: MM_RO rows, 2: MM_RO rows prefetching the
  * next MM_RO][ri - 1] */
@@ -147,6 +147,7 @@ static const mm_tile_fn mm_tiles[KERN_DTYPE_COUNT][3][MM_RI] = {
     [KERN_DTYPE_F16] = MM_TILE_ROW(f16),
     [KERN_DTYPE_F32] = MM_TILE_ROW(f32),
     [KERN_DTYPE_Q8] = MM_TILE_ROW(q8),
+    [KERN_DTYPE_Q4] = MM_TILE_ROW(q4),
 };
 
 #ifdef __AVX2__
@@ -159,11 +160,13 @@ MM_DEFINE_TILE(mm_tile_bf16_one, KERN_DTYPE_BF16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f16_one, KERN_DTYPE_F16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f32_one, KERN_DTYPE_F32, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_q8_one, KERN_DTYPE_Q8, MM_RO_ONE, 1, 0)
+MM_DEFINE_TILE(mm_tile_q4_one, KERN_DTYPE_Q4, MM_RO_ONE, 1, 0)
 static const mm_tile_fn mm_tiles_one[KERN_DTYPE_COUNT] = {
     [KERN_DTYPE_BF16] = mm_tile_bf16_one,
     [KERN_DTYPE_F16] = mm_tile_f16_one,
     [KERN_DTYPE_F32] = mm_tile_f32_one,
     [KERN_DTYPE_Q8] = mm_tile_q8_one,
+    [KERN_DTYPE_Q4] = mm_tile_q4_one,
 };
 
 /* Two weight rows against MM_W2_MIN..MM_W2_MAX input rows in one pass over
@@ -268,6 +271,7 @@ MM_W2_KINDS(MM_DEFINE_TILE_W2, bf16, KERN_DTYPE_BF16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, f16, KERN_DTYPE_F16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, f32, KERN_DTYPE_F32)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, q8, KERN_DTYPE_Q8)
+MM_W2_KINDS(MM_DEFINE_TILE_W2, q4, KERN_DTYPE_Q4)
 
 /* A table of 2 x n tiles named prefix<dtname>_<ri>[p]:
  * [dtype][prefetching][ri - MM_W2_MIN] */
@@ -276,7 +280,8 @@ MM_W2_KINDS(MM_DEFINE_TILE_W2, q8, KERN_DTYPE_Q8)
      {prefix##dtname##_3p, prefix##dtname##_4p, prefix##dtname##_5p, prefix##dtname##_6p}}
 #define MM_W2_TABLE(prefix)                                                                  \
     {[KERN_DTYPE_BF16] = MM_W2_ROW(prefix, bf16), [KERN_DTYPE_F16] = MM_W2_ROW(prefix, f16),  \
-     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32), [KERN_DTYPE_Q8] = MM_W2_ROW(prefix, q8)}
+     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32), [KERN_DTYPE_Q8] = MM_W2_ROW(prefix, q8),          \
+     [KERN_DTYPE_Q4] = MM_W2_ROW(prefix, q4)}
 static const mm_tile_fn mm_tiles_w2[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2_MIN + 1] =
     MM_W2_TABLE(mm_tile_w2_);
 
@@ -293,6 +298,7 @@ MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, bf16, KERN_DTYPE_BF16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f16, KERN_DTYPE_F16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f32, KERN_DTYPE_F32)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, q8, KERN_DTYPE_Q8)
+MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, q4, KERN_DTYPE_Q4)
 static const mm_tile_kb_fn mm_tiles_w2_kb[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2_MIN + 1] =
     MM_W2_TABLE(mm_tile_w2kb_);
 #endif
@@ -305,11 +311,10 @@ static const mm_tile_kb_fn mm_tiles_w2_kb[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2
 static void mm_block_w2(const struct mm_job *job, enum kern_dtype dt, const void *w, int o0)
 {
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
-    const size_t esize = kern_dtype_size(dt);
     const int n = job->n;
     const int groups = (n + MM_W2_MAX - 1) / MM_W2_MAX;
     for (int a = 0; a < MM_RO; a += 2) {
-        const char *wa = (const char *)w + (size_t)a * d_in * esize;
+        const char *wa = (const char *)w + mm_bytes(dt, (size_t)a * d_in);
         for (int g = 0, i = 0; g < groups; g++) {
             const int ri = n / groups + (g < n % groups ? 1 : 0);
             mm_tiles_w2[dt][g == 0][ri - MM_W2_MIN](wa, d_in, job->in + (size_t)i * d_in, d_in,
@@ -361,7 +366,7 @@ void mm_task_runs(const struct mm_job *job, long begin, long end)
     const int ro = n == 1 ? MM_RO_ONE : MM_RO;
     const mm_tile_fn tile = n == 1 ? mm_tiles_one[dt] : mm_tiles[dt][1][n - 1];
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
-    const size_t row_bytes = d_in * kern_dtype_size(dt);
+    const size_t row_bytes = mm_bytes(dt, d_in);
     const int o_begin = (int)(begin * MM_RO);
     const int o_end = end * MM_RO < job->d_out ? (int)(end * MM_RO) : job->d_out;
     const int run = (o_end - o_begin) / ro;
@@ -409,7 +414,7 @@ void mm_task_w2_kb(const struct mm_job *job, long begin, long end)
     const enum kern_dtype dt = job->dtype;
     const int n = job->n;
     const size_t d_in = (size_t)job->d_in, d_out = (size_t)job->d_out;
-    const size_t esize = kern_dtype_size(dt), row_bytes = d_in * esize;
+    const size_t row_bytes = mm_bytes(dt, d_in);
     const int o_begin = (int)(begin * MM_RO);
     const int o_end = end * MM_RO < job->d_out ? (int)(end * MM_RO) : job->d_out;
     const int pairs = (o_end - o_begin) / MM_RO * (MM_RO / 2); /* the full blocks' rows */
@@ -434,7 +439,7 @@ void mm_task_w2_kb(const struct mm_job *job, long begin, long end)
                     memcpy(xb + (size_t)b * (size_t)len, x + (size_t)b * d_in + (size_t)k0,
                            (size_t)len * sizeof(float));
                 for (int p = 0; p < np; p++)
-                    tile(wp + (size_t)(2 * p) * row_bytes + (size_t)k0 * esize, d_in, xb,
+                    tile(wp + (size_t)(2 * p) * row_bytes + mm_bytes(dt, (size_t)k0), d_in, xb,
                          (size_t)len, len, acc[p]);
             }
             for (int p = 0; p < np; p++)

@@ -47,7 +47,8 @@ CPU_SIMD_INLINE __m512 mm_load8x2(enum kern_dtype dt, const void *w, size_t idx)
         return _mm512_cvtph_ps(h);
     }
     case KERN_DTYPE_F32: break;
-    case KERN_DTYPE_Q8: break; /* never here: int8 takes the direct path (cpu_matmul) */
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* never here: quantized weights take the direct path (cpu_matmul) */
     }
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(
         _mm256_castps_pd(_mm256_loadu_ps((const float *)w + idx))));

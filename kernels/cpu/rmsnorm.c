@@ -28,7 +28,8 @@ static float rmsnorm_weight(enum kern_dtype dt, const void *w, int k)
     case KERN_DTYPE_BF16: return cpu_simd_bf16_to_f32(((const uint16_t *)w)[k]);
     case KERN_DTYPE_F16: return cpu_simd_f16_to_f32(((const uint16_t *)w)[k]);
     case KERN_DTYPE_F32: break;
-    case KERN_DTYPE_Q8: break; /* refused by cpu_backend_check_dtype */
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* refused by cpu_backend_check_dtype */
     }
     return ((const float *)w)[k];
 }

@@ -82,8 +82,9 @@ int cuda_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     case KERN_DTYPE_F16:
     case KERN_DTYPE_F32: return 0;
     case KERN_DTYPE_Q8:
-        return error_set(err, ERR_UNSUPPORTED, "cuda %s: int8 weights have no cuda kernels yet",
-                         what);
+    case KERN_DTYPE_Q4:
+        return error_set(err, ERR_UNSUPPORTED, "cuda %s: %s weights have no cuda kernels yet", what,
+                         dtype == KERN_DTYPE_Q8 ? "int8" : "int4");
     }
     return error_set(err, ERR_UNSUPPORTED, "cuda %s: unsupported weight dtype %d", what,
                      (int)dtype);

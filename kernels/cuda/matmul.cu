@@ -451,7 +451,8 @@ static const void *mm_tiled_fn(enum mm_cfg cfg, enum kern_dtype dtype)
     case KERN_DTYPE_BF16: return mm_tiled_fn_dt<KERN_DTYPE_BF16>(cfg);
     case KERN_DTYPE_F16: return mm_tiled_fn_dt<KERN_DTYPE_F16>(cfg);
     case KERN_DTYPE_F32: return mm_tiled_fn_dt<KERN_DTYPE_F32>(cfg);
-    case KERN_DTYPE_Q8: break; /* refused by cuda_backend_check_dtype */
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* refused by cuda_backend_check_dtype */
     }
     return NULL;
 }
@@ -510,7 +511,8 @@ static int mm_skinny_launch(struct cuda_backend *cb, float *out, const float *in
         mm_skinny_launch_dt<KERN_DTYPE_F32>(cb->stream, blocks, out, in, w, n, d_in, d_out, vec);
         break;
     case KERN_DTYPE_Q8:
-        return error_set(err, ERR_UNSUPPORTED, "cuda matmul: int8 weights have no cuda kernels yet");
+    case KERN_DTYPE_Q4:
+        return error_set(err, ERR_UNSUPPORTED, "cuda matmul: quantized weights have no cuda kernels yet");
     }
     CUDA_CHECK_LAUNCH("mm_skinny_kernel");
     return 0;
@@ -609,7 +611,8 @@ static int mm_tiled(struct cuda_backend *cb, enum mm_cfg cfg, float *out, const 
         return mm_tiled_cfg_dt<KERN_DTYPE_F16>(cb, cfg, out, in, w, n, d_in, d_out, err);
     case KERN_DTYPE_F32:
         return mm_tiled_cfg_dt<KERN_DTYPE_F32>(cb, cfg, out, in, w, n, d_in, d_out, err);
-    case KERN_DTYPE_Q8: break;
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break;
     }
     return error_set(err, ERR_UNSUPPORTED, "cuda matmul: unsupported weight dtype %d", (int)dtype);
 }

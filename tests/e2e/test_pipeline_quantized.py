@@ -30,6 +30,18 @@ def test():
            [l for l in log.splitlines() if "quantized" in l][0].split("INFO: ")[-1]))
     p.close()
 
+    # int4: the same exactness (the tiny draft's rows are 64 weights: two groups)
+    p4 = Pipeline("quant4", extra={"draft_worker": {"quantize": "int4"}})
+    draft, target = p4.make_pair()
+    p4.start_all()
+    s = p4.client()
+    ids = [5, 6, 7, 8]
+    done, _ = generate(s, {"id": "d4", "prompt_ids": ids, "max_tokens": 40, "temperature": 0, "draft": "model",
+                           "spec_k": 4})
+    check(done.get("ids") == reference(target, ids, 40)["ids"], "int4 draft: %s" % done)
+    s.close()
+    p4.close()
+
     q = Pipeline("quanttarget", extra={"target_worker": {"quantize": "int8"}})
     _, target = q.make_pair()
     q.start_all()

@@ -544,6 +544,72 @@ static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
     be->ops->destroy(be);
 }
 
+/* int4 weights (KERN_DTYPE_Q4): every output is the fixed-order dot of
+ * the weights as (n - 8) * their group's scale (one f32 multiply each) and
+ * the input, bit for bit, at every n from decode to prefill, d_in a
+ * multiple of 32 from one group to many; the same through map_matrix; a
+ * d_in off the group is refused. */
+static void test_kernels_cpu_matmul_int4_follows_the_fixed_order(void **state)
+{
+    (void)state;
+    static const int d_ins[] = {32, 64, 96, 1024, 2080};
+    static const int d_outs[] = {29, 6, 7, 1};
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 18, 25, 40, 64, 65, 256};
+    const int n_max = 256;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {31};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < sizeof(d_ins) / sizeof(d_ins[0]); si++) {
+        const int d_in = d_ins[si], d_out = d_outs[si % 4];
+        uint8_t *w = malloc(kern_q4_bytes(d_out, d_in));
+        assert_non_null(w);
+        float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
+        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+        for (size_t g = 0; g < (size_t)d_out * d_in / KERN_Q4_GROUP; g++) {
+            uint8_t *grp = w + g * KERN_Q4_GROUP_BYTES;
+            const float scale = 0.001f + rng_float(&r) * 0.05f;
+            memcpy(grp + KERN_Q4_GROUP / 2, &scale, sizeof scale);
+            for (int j = 0; j < KERN_Q4_GROUP; j++) {
+                const int nib = (int)(rng_next(&r) % 16);
+                if (j < KERN_Q4_GROUP / 2)
+                    grp[j] = (uint8_t)nib;
+                else
+                    grp[j - KERN_Q4_GROUP / 2] |= (uint8_t)(nib << 4);
+                wf[g * KERN_Q4_GROUP + (size_t)j] = (float)(nib - 8) * scale;
+            }
+        }
+        fill(&r, in, (size_t)n_max * d_in);
+        for (int i = 0; i < n_max; i++)
+            for (int o = 0; o < d_out; o++)
+                ref[(size_t)i * d_out + o] = fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
+        const void *mapped = NULL;
+        assert_int_equal(be->ops->map_matrix(be, w, KERN_DTYPE_Q4, d_out, d_in, &mapped, err), 0);
+        for (int pass = 0; pass < 2; pass++) {
+            const void *wp = pass == 0 ? (const void *)w : mapped;
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+                const int n = ns[ni];
+                memset(out, 0xff, (size_t)n * d_out * sizeof(float));
+                assert_int_equal(be->ops->matmul(be, out, in, wp, KERN_DTYPE_Q4, n, d_in, d_out, err), 0);
+                char what[96];
+                snprintf(what, sizeof(what), "matmul int4 d_in=%d d_out=%d n=%d (%s) vs fixed order",
+                         d_in, d_out, n, pass ? "mapped" : "caller's");
+                assert_int_equal(count_bit_diffs(what, ref, out, (size_t)n * d_out), 0);
+            }
+        }
+        be->ops->unmap_weights(be, mapped);
+        free(w);
+        free(wf);
+        free(in);
+        free(ref);
+        free(out);
+    }
+    float x[40] = {0}, y[2];
+    uint8_t q[64] = {0};
+    assert_int_equal(be->ops->matmul(be, y, x, q, KERN_DTYPE_Q4, 1, 40, 1, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "multiple of 32"));
+    be->ops->destroy(be);
+}
+
 /* Speculative verification calls matmul with n = K+1 = 2..9 rows, and a
  * batched call with the rows of many sequences, up to 256 rows:
  * each row of every n (all tile shapes and remainders of the small-n paths,
@@ -1714,6 +1780,7 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
         cmocka_unit_test(test_kernels_cpu_matmul_every_path_follows_the_fixed_order),
         cmocka_unit_test(test_kernels_cpu_matmul_int8_follows_the_fixed_order),
+        cmocka_unit_test(test_kernels_cpu_matmul_int4_follows_the_fixed_order),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),

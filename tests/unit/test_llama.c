@@ -1171,8 +1171,43 @@ static void test_llama_int8_quantizer_round_trip(void **state)
     assert_non_null(strstr(err, "[4, 5]"));
     assert_null(q);
     enum quantize_mode mode;
-    assert_int_equal(quantize_mode_parse("int4", &mode, err), ERR_INVALID_ARG);
-    assert_non_null(strstr(err, "int4"));
+    assert_int_equal(quantize_mode_parse("int3", &mode, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "int3"));
+}
+
+/* int4: every weight within half a step of its group's scale (max |w| / 7
+ * over 32 weights), nibbles in [1, 15]; rows not a multiple of 32 refused. */
+static void test_llama_int4_quantizer_round_trip(void **state)
+{
+    (void)state;
+    enum { ROWS = 5, COLS = 96 };
+    uint16_t w[ROWS * COLS];
+    rng_state = 7;
+    for (int i = 0; i < ROWS * COLS; i++)
+        w[i] = to_bf16((float)(rng_normal() * (1 + i % 5)));
+    for (int c = 32; c < 64; c++)
+        w[2 * COLS + c] = 0; /* a group of zeros */
+    void *q = NULL;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(quantize_q4(w, KERN_DTYPE_BF16, ROWS, COLS, &q, err), 0);
+    for (int g = 0; g < ROWS * COLS / KERN_Q4_GROUP; g++) {
+        const uint8_t *grp = (const uint8_t *)q + (size_t)g * KERN_Q4_GROUP_BYTES;
+        float scale, amax = 0;
+        memcpy(&scale, grp + KERN_Q4_GROUP / 2, sizeof scale);
+        for (int j = 0; j < KERN_Q4_GROUP; j++)
+            amax = fmaxf(amax, fabsf(from_bf16(w[g * KERN_Q4_GROUP + j])));
+        assert_true(scale == (amax > 0 ? amax / 7.0f : 1.0f));
+        for (int j = 0; j < KERN_Q4_GROUP; j++) {
+            const int nib = j < KERN_Q4_GROUP / 2 ? grp[j] & 15 : grp[j - KERN_Q4_GROUP / 2] >> 4;
+            assert_true(nib >= 1 && nib <= 15);
+            const double back = (double)(nib - 8) * scale, orig = from_bf16(w[g * KERN_Q4_GROUP + j]);
+            if (fabs(back - orig) > scale * 0.5 * (1 + 1e-6))
+                fail_msg("group %d weight %d: %g came back as %g (scale %g)", g, j, orig, back, scale);
+        }
+    }
+    free(q);
+    assert_int_equal(quantize_q4(w, KERN_DTYPE_BF16, ROWS * 2, COLS / 2, &q, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "multiple of 32"));
 }
 
 /* A model whose projections are int8 decodes close to the bf16 one, both
@@ -1293,6 +1328,7 @@ int main(void)
         cmocka_unit_test(test_llama_prefix_cache_truncation_never_touches_a_shared_block),
         cmocka_unit_test(test_llama_prefix_cache_evicts_under_a_tiny_pool),
         cmocka_unit_test(test_llama_int8_quantizer_round_trip),
+        cmocka_unit_test(test_llama_int4_quantizer_round_trip),
         cmocka_unit_test(test_llama_int8_model_decodes_close_to_bf16),
         cmocka_unit_test(test_llama_missing_tensor_is_named),
     };

@@ -1,7 +1,7 @@
 /* tandem-bench: figures for the runtime and for speculative decoding.
  *
  *   tandem-bench runtime [--models DIR] [--threads N] [--tokens N] [--presets a,b]
- *       [--profile 0|1] [--prefix N] [--backend cpu|cuda] [--device D] [--quantize none|int8]
+ *       [--profile 0|1] [--prefix N] [--backend cpu|cuda] [--device D] [--quantize none|int8|int4]
  *       this machine's read bandwidth (read_bw.h; a memcpy figure beside it,
  *       labelled, for reference), then target-only decode tokens/s per preset
  *       and the weight bytes read per second as a share of read bandwidth: a
@@ -894,8 +894,8 @@ int main(int argc, char **argv)
                         "                    [--prefix N (runtime: tokens before the verification rows)]\n"
                         "                    [--prompt N (spec: tokens per prompt, 16)]\n"
                         "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n"
-                        "                    [--quantize none|int8 (runtime, batch, spec targets)]\n"
-                        "                    [--draft-quantize none|int8 (spec drafts)]\n");
+                        "                    [--quantize none|int8|int4 (runtime, batch, spec targets)]\n"
+                        "                    [--draft-quantize none|int8|int4 (spec drafts)]\n");
         return 2;
     }
     struct bench_opts o = {

@@ -5,7 +5,7 @@
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
  *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
- *       [--quantize none|int8] [--draft-quantize none|int8]
+ *       [--quantize none|int8|int4] [--draft-quantize none|int8|int4]
  *
  * Prints the generated text (or, with --json, one JSON object with ids, text
  * and figures). Thin: parse, create, run, destroy.
@@ -43,7 +43,7 @@ static void usage(FILE *f)
             "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
             "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n"
             "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n"
-            "         [--quantize none|int8] [--draft-quantize none|int8]\n");
+            "         [--quantize none|int8|int4] [--draft-quantize none|int8|int4]\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)

@@ -704,7 +704,8 @@ static float draft_value(const void *data, enum kern_dtype dt, size_t idx)
     case KERN_DTYPE_BF16: return genrand_bf16_to_f32(((const uint16_t *)data)[idx]);
     case KERN_DTYPE_F16: return f16_to_f32(((const uint16_t *)data)[idx]);
     case KERN_DTYPE_F32: return ((const float *)data)[idx];
-    case KERN_DTYPE_Q8: break; /* files hold no int8 tensors */
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* files hold no quantized tensors */
     }
     return 0.0f;
 }

@@ -60,7 +60,8 @@ static const char *dtype_tag(enum kern_dtype d)
     case KERN_DTYPE_BF16: return "BF16";
     case KERN_DTYPE_F16: return "F16";
     case KERN_DTYPE_F32: return "F32";
-    case KERN_DTYPE_Q8: break; /* not a safetensors dtype */
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* not a safetensors dtype */
     }
     return NULL;
 }
