@@ -80,7 +80,7 @@ struct llama_model {
     const void **mapped;         /* every map_weights result, to unmap */
     int n_mapped;
     enum quantize_mode quant;    /* of the layers' projections */
-    void **qbufs;                /* host copies quantized at load (the backend may read them) */
+    void **qbufs;                /* quantized host buffers the backend reads in place */
     int n_qbufs;
     size_t file_bytes, held_bytes; /* weights as in the files, as held */
 };
@@ -119,11 +119,18 @@ static int map_quantized(struct llama_model *m, const char *name, const struct s
                 : quantize_q8(t->data, t->dtype, d0, d1, &buf, why);
     if (rc)
         return error_set(err, rc, "%s: %s", name, why);
-    m->qbufs[m->n_qbufs++] = buf;
     const enum kern_dtype dt = q4 ? KERN_DTYPE_Q4 : KERN_DTYPE_Q8;
     const void *dev;
-    if ((rc = m->be->ops->map_matrix(m->be, buf, dt, d0, d1, &dev, err)))
+    if ((rc = m->be->ops->map_matrix(m->be, buf, dt, d0, d1, &dev, err))) {
+        free(buf);
         return rc;
+    }
+    /* a backend that copied it (cpu: every tensor of a huge page or more)
+     * reads its copy: ours would only double the weights' memory */
+    if (dev != buf)
+        free(buf);
+    else
+        m->qbufs[m->n_qbufs++] = buf;
     m->mapped[m->n_mapped++] = dev;
     w->ptr = dev;
     w->dtype = dt;
