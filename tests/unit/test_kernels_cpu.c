@@ -480,53 +480,84 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
     be->ops->destroy(be);
 }
 
-/* int8 weights (KERN_DTYPE_Q8): every output is the fixed-order dot of the
- * int8 values (widened exactly) and the input, times the row's scale, bit
- * for bit, at every n from decode to prefill (1..40, then 64, 65 and 256:
- * several jobs), every tail of d_in, rows left after the 4-row blocks; and
- * the same through map_matrix (the backend's copy). A row computed alone
- * equals it computed in any batch, since both equal the reference. */
-static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
+/* A random [d_out][d_in] matrix of quantized dtype dt (KERN_DTYPE_Q8 or
+ * Q4): returns its bytes; wf gets each weight as the kernels widen it
+ * ((float)q for int8, whose row scale multiplies the finished dot, scale
+ * set; (n - 8) * scale for int4). */
+static void *make_quantized(struct rng *r, enum kern_dtype dt, int d_out, int d_in, float *wf, float *scale)
 {
-    (void)state;
-    static const int d_ins[] = {5, 8, 67, 123, 1000, 2051};
-    static const int d_outs[] = {29, 6, 7, 1};
-    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 18, 25, 40, 64, 65, 256};
-    const int n_max = 256;
-    struct kern_backend *be = make_backend(2);
-    struct rng r = {29};
-    char err[ERR_MSG_MAX];
-    for (size_t si = 0; si < sizeof(d_ins) / sizeof(d_ins[0]); si++) {
-        const int d_in = d_ins[si], d_out = d_outs[si % 4];
+    if (dt == KERN_DTYPE_Q8) {
         char *w = malloc(kern_q8_bytes(d_out, d_in));
         assert_non_null(w);
-        float *scale = (float *)(void *)(w + kern_q8_scales_offset(d_out, d_in));
-        float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
-        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+        float *sc = (float *)(void *)(w + kern_q8_scales_offset(d_out, d_in));
         for (int o = 0; o < d_out; o++) {
-            scale[o] = 0.001f + rng_float(&r) * 0.01f;
+            sc[o] = scale[o] = 0.001f + rng_float(r) * 0.01f;
             for (int k = 0; k < d_in; k++) {
-                const int v = (int)(rng_next(&r) % 255) - 127;
+                const int v = (int)(rng_next(r) % 255) - 127;
                 ((int8_t *)w)[(size_t)o * d_in + k] = (int8_t)v;
                 wf[(size_t)o * d_in + k] = (float)v;
             }
         }
+        return w;
+    }
+    uint8_t *w = malloc(kern_q4_bytes(d_out, d_in));
+    assert_non_null(w);
+    for (int o = 0; o < d_out; o++)
+        scale[o] = 1.0f; /* int4 scales sit in the groups */
+    for (size_t g = 0; g < (size_t)d_out * d_in / KERN_Q4_GROUP; g++) {
+        uint8_t *grp = w + g * KERN_Q4_GROUP_BYTES;
+        const float sc = 0.001f + rng_float(r) * 0.05f;
+        memcpy(grp + KERN_Q4_GROUP / 2, &sc, sizeof sc);
+        for (int j = 0; j < KERN_Q4_GROUP; j++) {
+            const int nib = (int)(rng_next(r) % 16);
+            if (j < KERN_Q4_GROUP / 2)
+                grp[j] = (uint8_t)nib;
+            else
+                grp[j - KERN_Q4_GROUP / 2] |= (uint8_t)(nib << 4);
+            wf[g * KERN_Q4_GROUP + (size_t)j] = (float)(nib - 8) * sc;
+        }
+    }
+    return w;
+}
+
+/* Quantized weights: every output is the fixed-order dot of the weights
+ * as make_quantized widens them and the input (times the row's scale for
+ * int8), bit for bit, at every n from decode to prefill (1..40, then 64,
+ * 65 and 256: several jobs), for each d_in given, rows left after the
+ * 4-row blocks; and the same through map_matrix (the backend's copy). A
+ * row computed alone equals it computed in any batch, since both equal
+ * the reference. */
+static void check_quantized_matmul(enum kern_dtype dt, const int *d_ins, size_t n_d_ins, uint64_t seed)
+{
+    static const int d_outs[] = {29, 6, 7, 1};
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 18, 25, 40, 64, 65, 256};
+    const int n_max = 256;
+    struct kern_backend *be = make_backend(2);
+    struct rng r = {seed};
+    char err[ERR_MSG_MAX];
+    for (size_t si = 0; si < n_d_ins; si++) {
+        const int d_in = d_ins[si], d_out = d_outs[si % 4];
+        float scale[29];
+        float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
+        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+        void *w = make_quantized(&r, dt, d_out, d_in, wf, scale);
         fill(&r, in, (size_t)n_max * d_in);
         for (int i = 0; i < n_max; i++)
-            for (int o = 0; o < d_out; o++)
-                ref[(size_t)i * d_out + o] =
-                    fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in) * scale[o];
+            for (int o = 0; o < d_out; o++) {
+                const float dot = fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
+                ref[(size_t)i * d_out + o] = dt == KERN_DTYPE_Q8 ? dot * scale[o] : dot;
+            }
         const void *mapped = NULL;
-        assert_int_equal(be->ops->map_matrix(be, w, KERN_DTYPE_Q8, d_out, d_in, &mapped, err), 0);
+        assert_int_equal(be->ops->map_matrix(be, w, dt, d_out, d_in, &mapped, err), 0);
         for (int pass = 0; pass < 2; pass++) {
             const void *wp = pass == 0 ? (const void *)w : mapped;
             for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
                 const int n = ns[ni];
                 memset(out, 0xff, (size_t)n * d_out * sizeof(float));
-                assert_int_equal(be->ops->matmul(be, out, in, wp, KERN_DTYPE_Q8, n, d_in, d_out, err), 0);
+                assert_int_equal(be->ops->matmul(be, out, in, wp, dt, n, d_in, d_out, err), 0);
                 char what[96];
-                snprintf(what, sizeof(what), "matmul int8 d_in=%d d_out=%d n=%d (%s) vs fixed order",
-                         d_in, d_out, n, pass ? "mapped" : "caller's");
+                snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d n=%d (%s) vs fixed order",
+                         kern_dtype_name(dt), d_in, d_out, n, pass ? "mapped" : "caller's");
                 assert_int_equal(count_bit_diffs(what, ref, out, (size_t)n * d_out), 0);
             }
         }
@@ -537,72 +568,33 @@ static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
         free(ref);
         free(out);
     }
-    /* the ops that do not take int8 say so */
+    be->ops->destroy(be);
+}
+
+/* int8: every tail of d_in; the ops that do not take int8 say so. */
+static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
+{
+    (void)state;
+    static const int d_ins[] = {5, 8, 67, 123, 1000, 2051};
+    check_quantized_matmul(KERN_DTYPE_Q8, d_ins, sizeof d_ins / sizeof d_ins[0], 29);
+    struct kern_backend *be = make_backend(1);
+    char err[ERR_MSG_MAX];
     float x[8] = {0}, y[8];
     int8_t q[8 + 64] = {0};
     assert_int_equal(be->ops->rmsnorm(be, y, x, q, KERN_DTYPE_Q8, 1, 8, 1e-5f, err), ERR_UNSUPPORTED);
     be->ops->destroy(be);
 }
 
-/* int4 weights (KERN_DTYPE_Q4): every output is the fixed-order dot of
- * the weights as (n - 8) * their group's scale (one f32 multiply each) and
- * the input, bit for bit, at every n from decode to prefill, d_in a
- * multiple of 32 from one group to many; the same through map_matrix; a
- * d_in off the group is refused. */
+/* int4: d_in a multiple of 32 from one group to many (the group-wise tiles
+ * up to 3 rows, the 8-at-a-time ones from 4); a d_in off the group is
+ * refused. */
 static void test_kernels_cpu_matmul_int4_follows_the_fixed_order(void **state)
 {
     (void)state;
     static const int d_ins[] = {32, 64, 96, 1024, 2080};
-    static const int d_outs[] = {29, 6, 7, 1};
-    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 18, 25, 40, 64, 65, 256};
-    const int n_max = 256;
-    struct kern_backend *be = make_backend(2);
-    struct rng r = {31};
+    check_quantized_matmul(KERN_DTYPE_Q4, d_ins, sizeof d_ins / sizeof d_ins[0], 31);
+    struct kern_backend *be = make_backend(1);
     char err[ERR_MSG_MAX];
-    for (size_t si = 0; si < sizeof(d_ins) / sizeof(d_ins[0]); si++) {
-        const int d_in = d_ins[si], d_out = d_outs[si % 4];
-        uint8_t *w = malloc(kern_q4_bytes(d_out, d_in));
-        assert_non_null(w);
-        float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
-        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
-        for (size_t g = 0; g < (size_t)d_out * d_in / KERN_Q4_GROUP; g++) {
-            uint8_t *grp = w + g * KERN_Q4_GROUP_BYTES;
-            const float scale = 0.001f + rng_float(&r) * 0.05f;
-            memcpy(grp + KERN_Q4_GROUP / 2, &scale, sizeof scale);
-            for (int j = 0; j < KERN_Q4_GROUP; j++) {
-                const int nib = (int)(rng_next(&r) % 16);
-                if (j < KERN_Q4_GROUP / 2)
-                    grp[j] = (uint8_t)nib;
-                else
-                    grp[j - KERN_Q4_GROUP / 2] |= (uint8_t)(nib << 4);
-                wf[g * KERN_Q4_GROUP + (size_t)j] = (float)(nib - 8) * scale;
-            }
-        }
-        fill(&r, in, (size_t)n_max * d_in);
-        for (int i = 0; i < n_max; i++)
-            for (int o = 0; o < d_out; o++)
-                ref[(size_t)i * d_out + o] = fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
-        const void *mapped = NULL;
-        assert_int_equal(be->ops->map_matrix(be, w, KERN_DTYPE_Q4, d_out, d_in, &mapped, err), 0);
-        for (int pass = 0; pass < 2; pass++) {
-            const void *wp = pass == 0 ? (const void *)w : mapped;
-            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
-                const int n = ns[ni];
-                memset(out, 0xff, (size_t)n * d_out * sizeof(float));
-                assert_int_equal(be->ops->matmul(be, out, in, wp, KERN_DTYPE_Q4, n, d_in, d_out, err), 0);
-                char what[96];
-                snprintf(what, sizeof(what), "matmul int4 d_in=%d d_out=%d n=%d (%s) vs fixed order",
-                         d_in, d_out, n, pass ? "mapped" : "caller's");
-                assert_int_equal(count_bit_diffs(what, ref, out, (size_t)n * d_out), 0);
-            }
-        }
-        be->ops->unmap_weights(be, mapped);
-        free(w);
-        free(wf);
-        free(in);
-        free(ref);
-        free(out);
-    }
     float x[40] = {0}, y[2];
     uint8_t q[64] = {0};
     assert_int_equal(be->ops->matmul(be, y, x, q, KERN_DTYPE_Q4, 1, 40, 1, err), ERR_INVALID_ARG);
