@@ -84,7 +84,9 @@ def test():
             f.write(FAKE_MPS)
         os.chmod(fake, stat.S_IRWXU)
         path = fake_dir + ":" + bare
-        r = supervisor(["start"] + common, path)
+        # --wait: the workers registered, so each pid is the binary, not the
+        # shell forked to run it (whose environment is read before its exec)
+        r = supervisor(["start", "--wait", "60"] + common, path, timeout=120)
         check(r.returncode == 0, "start with the stand-in failed:\n%s%s" % (r.stdout, r.stderr))
         pipe = os.path.join(run_dir, "mps-pipe")
         check(os.path.exists(os.path.join(pipe, "control")), "no MPS control pipe in %s" % run_dir)
