@@ -75,6 +75,8 @@
 #define COORD_SHM_ORPHAN_MS 10000.0
 /* Seeds travel as JSON numbers between processes: exact up to 2^53. */
 #define COORD_SEED_MAX ((1ull << 53) - 1)
+#define COORD_PAIRS_MAX PROC_CONFIG_PAIRS_MAX
+_Static_assert(COORD_PAIRS_MAX == METRICS_PAIRS_MAX, "metrics render every pair");
 
 enum worker_role { ROLE_DRAFT = 0, ROLE_TARGET = 1 };
 
@@ -116,6 +118,38 @@ struct worker {
     int lane_fd;
 };
 
+/* One draft/target pair (proc_config "pairs"): its two workers and what
+ * the coordinator learns and holds per pair. A sequence is admitted to one
+ * pair and stays with it: its KV lives in that pair's workers, and the
+ * target reads only its own draft's shared buffer. */
+struct pair {
+    int index;
+    struct worker worker[2];
+    /* adaptive-K state of this pair: each sequence starts from it and hands
+     * its final state back (reset when a worker changes, since costs and
+     * acceptance belong to the pair) */
+    struct adaptive_k k_history;
+    bool k_history_valid;
+    uint64_t draft_gen;      /* bumped at each draft registration and loss */
+    /* The registered draft and target compute on the same cores, more
+     * threads than there are cores (registry: their "cpu"): what one runs
+     * slows the other, so the draft never works beside a verification of
+     * its own sequence (no pre-drafts). */
+    bool cores_shared;
+    int n_active;            /* sequences admitted to this pair */
+    int kv_reserved[2];      /* KV blocks reserved for them in each worker's pool */
+    int target_outstanding;  /* verifies sent, not yet answered */
+    /* The target's forward-call cost, fitted over its calls as base +
+     * per_row * rows (decayed sums), for adaptive K under load; the last
+     * call counted, since one call answers several rounds. */
+    int64_t last_target_call;
+    double call_fit_w, call_fit_x, call_fit_xx, call_fit_y, call_fit_xy;
+    double call_ms_base, call_ms_per_row;
+    double target_idle_since_ms; /* < 0: not idle (or unknown) */
+    uint64_t target_calls;   /* forward calls its target reported */
+    uint64_t requests_admitted;
+};
+
 enum seq_state {
     SEQ_FREE = 0,
     SEQ_QUEUED,
@@ -155,7 +189,8 @@ enum predraft_state {
 struct seq {
     enum seq_state state;
     uint64_t req;            /* coordinator-wide request number */
-    int slot;
+    int pair;                /* the pair it was admitted to (c->pair[]); 0 while queued */
+    int slot;                /* its slot in that pair's workers */
     uint8_t client[PROTOCOL_IDENTITY_MAX];
     size_t client_size;
     struct conn_ref conn;    /* the connection the request came on: replies go to it only */
@@ -239,11 +274,6 @@ struct coordinator {
     struct proc_config cfg;
     int readiness_written;   /* the workers' state last written by readiness.c, -1: none */
     bool readiness_warned;
-    /* adaptive-K state of the current draft/target pair: each sequence
-     * starts from it and hands its final state back (reset when a worker
-     * changes, since costs and acceptance belong to the pair) */
-    struct adaptive_k k_history;
-    bool k_history_valid;
     void *zctx;
     void *clients;
     void *workers;
@@ -261,7 +291,8 @@ struct coordinator {
         size_t identity_size;
         struct conn_ref conn;
     } answering;
-    struct worker worker[2];
+    struct pair pair[COORD_PAIRS_MAX];
+    int n_pairs;             /* cfg.n_pairs */
     /* Lanes: the listening socket beside an ipc:// worker endpoint
      * (coordinator.worker_lane), and connections not yet matched to a
      * worker by their key (closed after COORD_LANE_HELLO_MS). */
@@ -281,13 +312,7 @@ struct coordinator {
         double since_ms;
     } shm_orphans[COORD_SHM_ORPHANS];
     int n_shm_orphans;
-    uint64_t draft_gen;
-    /* The registered draft and target compute on the same cores, more
-     * threads than there are cores (registry: their "cpu"): what one runs
-     * slows the other, so the draft never works beside a verification of
-     * its own sequence (no pre-drafts). */
-    bool cores_shared;
-    struct seq *seqs;        /* cfg.max_concurrency active + max_queue queued */
+    struct seq *seqs;        /* n_pairs * cfg.max_concurrency active + max_queue queued */
     int n_seqs;
     int n_active, n_queued;
     struct seq *queue_head, *queue_tail;
@@ -301,18 +326,10 @@ struct coordinator {
     double last_heartbeat_ms;
     uint64_t rng_state;
     size_t max_message_bytes;
-    int target_outstanding;      /* verifies sent, not yet answered */
-    /* Continuous batching. KV admission: blocks reserved in each worker's
-     * pool for the active sequences (their worst case, so a worker never
-     * runs out mid-request). The target's forward-call cost, fitted over its
-     * calls as base + per_row * rows (decayed sums), for adaptive K under
-     * load; the last call counted, since one call answers several rounds. */
-    int kv_reserved[2];
-    int64_t last_target_call;
-    double call_fit_w, call_fit_x, call_fit_xx, call_fit_y, call_fit_xy;
-    double call_ms_base, call_ms_per_row;
+    /* Continuous batching: KV blocks are reserved in each pair's pools for
+     * its active sequences (their worst case, so a worker never runs out
+     * mid-request; struct pair). */
     double busy_since_ms;        /* < 0: no active sequence */
-    double target_idle_since_ms; /* < 0: not idle (or unknown) */
     /* clients that vanished (replies.c notes them, scheduler_cancel_gone
      * cancels their requests outside of any scheduler call) */
     uint8_t gone[COORD_GONE_MAX][PROTOCOL_IDENTITY_MAX];
@@ -343,10 +360,46 @@ static inline bool coord_seq_uses_model(const struct seq *s)
     return s->draft == REQUEST_DRAFT_MODEL || s->draft == REQUEST_DRAFT_AUTO;
 }
 
-/* The target's context length: the longest a sequence may grow. */
-static inline int coord_context_len(const struct coordinator *c)
+/* The pair s was admitted to. */
+static inline struct pair *coord_pair_of(struct coordinator *c, const struct seq *s)
 {
-    return c->worker[ROLE_TARGET].max_seq_len;
+    return &c->pair[s->pair];
+}
+
+/* The target s was admitted to. */
+static inline const struct worker *coord_target_of(const struct coordinator *c, const struct seq *s)
+{
+    return &c->pair[s->pair].worker[ROLE_TARGET];
+}
+
+/* Its target's context length: the longest s may grow. */
+static inline int coord_context_len(const struct coordinator *c, const struct seq *s)
+{
+    return coord_target_of(c, s)->max_seq_len;
+}
+
+/* The shortest context of the registered targets: what a request is
+ * checked against before it is admitted to one (0: none up). */
+static inline int coord_min_context_len(const struct coordinator *c)
+{
+    int n = 0;
+    for (int p = 0; p < c->n_pairs; p++) {
+        const struct worker *t = &c->pair[p].worker[ROLE_TARGET];
+        if (t->up && (n == 0 || t->max_seq_len < n))
+            n = t->max_seq_len;
+    }
+    return n;
+}
+
+/* A registered target, preferring pair 0's (the model facts requests are
+ * checked against before admission: every pair's target has the same
+ * vocabulary, registry.c checks it); NULL when none is up. */
+static inline const struct worker *coord_any_target(const struct coordinator *c)
+{
+    for (int p = 0; p < c->n_pairs; p++)
+        if (c->pair[p].worker[ROLE_TARGET].up)
+            return &c->pair[p].worker[ROLE_TARGET];
+    return NULL;
 }
 
 static inline const char *coord_role_name(enum worker_role role)

@@ -135,10 +135,14 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
      * run. */
     c->next_req = ((c->rng_state ^ (c->rng_state >> 31)) * 0x9E3779B97F4A7C15ull) >> 16;
     metrics_init(&c->metrics);
-    c->target_idle_since_ms = -1;
     c->busy_since_ms = -1;
+    c->n_pairs = c->cfg.n_pairs;
+    for (int p = 0; p < COORD_PAIRS_MAX; p++) {
+        c->pair[p].index = p;
+        c->pair[p].target_idle_since_ms = -1;
+    }
     int rc = 0;
-    c->n_seqs = cc->max_concurrency + cc->max_queue;
+    c->n_seqs = c->n_pairs * cc->max_concurrency + cc->max_queue;
     c->seqs = calloc((size_t)c->n_seqs, sizeof(*c->seqs));
     if (c->seqs == NULL) {
         rc = error_set(err, ERR_NOMEM, "coordinator: out of memory");
@@ -201,8 +205,9 @@ void coordinator_destroy(struct coordinator *c)
     for (int i = 0; c->seqs != NULL && i < c->n_seqs; i++)
         scheduler_seq_reset(&c->seqs[i]);
     free(c->seqs);
-    for (int r = 0; r < 2; r++)
-        cJSON_Delete(c->worker[r].shm);
+    for (int p = 0; p < COORD_PAIRS_MAX; p++)
+        for (int r = 0; r < 2; r++)
+            cJSON_Delete(c->pair[p].worker[r].shm);
     lanes_close(c);
     connections_destroy(c->conns);
     if (c->clients != NULL)
@@ -250,9 +255,10 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
         }
         /* Workers first: their replies free slots and move rounds along.
          * Bounded batches keep one busy socket from starving the other. */
-        for (int r = 0; r < 2; r++)
-            if (lanes_readable(c, items + n_zmq, &polled, (enum worker_role)r))
-                registry_on_lane(c, (enum worker_role)r);
+        for (int p = 0; p < c->n_pairs; p++)
+            for (int r = 0; r < 2; r++)
+                if (lanes_readable(c, items + n_zmq, &polled, p, (enum worker_role)r))
+                    registry_on_lane(c, p, (enum worker_role)r);
         lanes_on_poll(c, items + n_zmq, &polled);
         for (int i = 0; i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
             registry_on_message(c);

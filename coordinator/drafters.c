@@ -86,7 +86,8 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
     }
     if (k == 0)
         return 0;
-    int worth = drafters_worth_k(accept_of(s, *source), k, c->call_ms_base, c->call_ms_per_row, c->n_active);
+    int worth = drafters_worth_k(accept_of(s, *source), k, coord_pair_of(c, s)->call_ms_base,
+                                 coord_pair_of(c, s)->call_ms_per_row, coord_pair_of(c, s)->n_active);
     if (worth == 0 && s->match_trials[*source == REQUEST_DRAFT_SUFFIX] < PROBE_DRAFTS)
         worth = k < 2 ? k : 2;
     if (worth < k)

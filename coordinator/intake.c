@@ -48,8 +48,9 @@ static uint64_t splitmix64(uint64_t *state)
  * code with msg for the client's reply. */
 static int build_prompt(struct coordinator *c, const struct request *r, struct seq *s, char *msg, size_t msg_size)
 {
-    const struct prompt_limits lim = {.vocab = c->worker[ROLE_TARGET].vocab_size,
-                                      .context_len = coord_context_len(c),
+    const struct worker *t = coord_any_target(c);
+    const struct prompt_limits lim = {.vocab = t != NULL ? t->vocab_size : 0,
+                                      .context_len = coord_min_context_len(c),
                                       .tokenizer_path = c->cfg.coordinator.tokenizer};
     int rc = prompt_build(c->tk, &lim, r, &s->hist, &s->n_hist, &s->cap_hist, msg, msg_size);
     if (rc == 0)
@@ -62,7 +63,7 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
 {
     char err[ERR_MSG_MAX] = "";
     c->metrics.requests_total++;
-    struct request_limits limits = {.max_tokens_max = c->worker[ROLE_TARGET].up ? coord_context_len(c) : 1 << 20,
+    struct request_limits limits = {.max_tokens_max = coord_any_target(c) != NULL ? coord_min_context_len(c) : 1 << 20,
                                     .spec_k_max = c->cfg.coordinator.spec_k_max};
     struct request *r = NULL;
     if (request_from_json(&r, root, &limits, err) != 0) {
@@ -76,13 +77,14 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
         request_destroy(r);
         return;
     }
-    if (!c->worker[ROLE_TARGET].up) {
+    if (coord_any_target(c) == NULL) {
         replies_error(c, identity, identity_size, r->id, METRICS_ERR_TARGET_UNAVAILABLE,
                      "no target worker is registered; try again later");
         request_destroy(r);
         return;
     }
-    if (c->n_active >= c->cfg.coordinator.max_concurrency && c->n_queued >= c->cfg.coordinator.max_queue) {
+    if (c->n_active >= c->n_pairs * c->cfg.coordinator.max_concurrency &&
+        c->n_queued >= c->cfg.coordinator.max_queue) {
         char m[160];
         snprintf(m, sizeof(m), "%d requests active and %d queued (max_concurrency %d, max_queue %d)", c->n_active,
                  c->n_queued, c->cfg.coordinator.max_concurrency, c->cfg.coordinator.max_queue);
@@ -147,42 +149,60 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
     int k_max = c->cfg.coordinator.spec_k_max;
     if (k_fixed > k_max)
         k_max = k_fixed;
-    if (c->k_history_valid) {
-        s->kc = c->k_history;
-        adaptive_k_new_request(&s->kc);
-        s->kc.k_fixed = k_fixed;
-        s->kc.k_max = k_max < SPECULATE_K_MAX ? k_max : SPECULATE_K_MAX;
-    } else {
-        adaptive_k_init_wall(&s->kc, k_fixed, k_max);
-    }
+    /* the pair's history replaces this at admission (scheduler.c) */
+    adaptive_k_init_wall(&s->kc, k_fixed, k_max);
     s->t_arrival_ms = coord_now_ms();
     request_destroy(r);
     scheduler_enqueue(c, s);
 }
 
-static void on_stats(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
+/* What the stats render of the coordinator's state now. */
+static void stats_gauges(const struct coordinator *c, struct metrics_gauges *g)
 {
-    char err[ERR_MSG_MAX];
-    struct metrics_gauges g = {
+    *g = (struct metrics_gauges){
         .active = c->n_active,
         .queued = c->n_queued,
         .max_concurrency = c->cfg.coordinator.max_concurrency,
         .max_queue = c->cfg.coordinator.max_queue,
-        .draft_up = c->worker[ROLE_DRAFT].up,
-        .target_up = c->worker[ROLE_TARGET].up,
-        .draft_lane = c->worker[ROLE_DRAFT].lane_reading,
-        .target_lane = c->worker[ROLE_TARGET].lane_reading,
-        .cores_shared = c->cores_shared && c->worker[ROLE_DRAFT].up && c->worker[ROLE_TARGET].up,
-        .draft_pid = c->worker[ROLE_DRAFT].pid,
-        .target_pid = c->worker[ROLE_TARGET].pid,
-        .draft_model = c->worker[ROLE_DRAFT].model,
-        .target_model = c->worker[ROLE_TARGET].model,
         .uptime_s = (coord_now_ms() - c->t_start_ms) / 1000.0,
-        .busy_ms = c->metrics.busy_ms_total +
-                   (c->busy_since_ms >= 0 ? coord_now_ms() - c->busy_since_ms : 0.0),
-        .kv_blocks = {c->worker[ROLE_DRAFT].kv_blocks, c->worker[ROLE_TARGET].kv_blocks},
-        .kv_reserved = {c->kv_reserved[ROLE_DRAFT], c->kv_reserved[ROLE_TARGET]},
+        .busy_ms = c->metrics.busy_ms_total + (c->busy_since_ms >= 0 ? coord_now_ms() - c->busy_since_ms : 0.0),
+        .n_pairs = c->n_pairs,
     };
+    bool brief[2] = {false, false}; /* the brief fields name a worker already */
+    for (int p = 0; p < c->n_pairs && p < METRICS_PAIRS_MAX; p++) {
+        const struct pair *pr = &c->pair[p];
+        struct metrics_pair_gauges *pg = &g->pairs[p];
+        for (int r = 0; r < 2; r++) {
+            const struct worker *w = &pr->worker[r];
+            pg->up[r] = w->up;
+            pg->lane[r] = w->lane_reading;
+            pg->pid[r] = w->pid;
+            pg->model[r] = w->model;
+            pg->kv_blocks[r] = w->kv_blocks;
+            pg->kv_reserved[r] = pr->kv_reserved[r];
+            g->kv_blocks[r] += w->kv_blocks;
+            g->kv_reserved[r] += pr->kv_reserved[r];
+            if (w->up && !brief[r]) {
+                brief[r] = true;
+                *(r == ROLE_DRAFT ? &g->draft_up : &g->target_up) = 1;
+                *(r == ROLE_DRAFT ? &g->draft_lane : &g->target_lane) = w->lane_reading;
+                *(r == ROLE_DRAFT ? &g->draft_pid : &g->target_pid) = w->pid;
+                *(r == ROLE_DRAFT ? &g->draft_model : &g->target_model) = w->model;
+            }
+        }
+        pg->cores_shared = pr->cores_shared && pr->worker[ROLE_DRAFT].up && pr->worker[ROLE_TARGET].up;
+        g->cores_shared = g->cores_shared || pg->cores_shared;
+        pg->active = pr->n_active;
+        pg->target_calls = pr->target_calls;
+        pg->admitted = pr->requests_admitted;
+    }
+}
+
+static void on_stats(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
+{
+    char err[ERR_MSG_MAX];
+    struct metrics_gauges g;
+    stats_gauges(c, &g);
     cJSON *m = cJSON_CreateObject();
     char *prom = NULL;
     if (m == NULL || cJSON_AddStringToObject(m, "type", "stats") == NULL ||

@@ -15,8 +15,9 @@ void lanes_open(struct coordinator *c)
     c->lane_listening = false;
     c->lane_listen_fd = -1;
     c->n_lane_pending = 0;
-    for (int r = 0; r < 2; r++)
-        c->worker[r].lane_fd = -1;
+    for (int p = 0; p < COORD_PAIRS_MAX; p++)
+        for (int r = 0; r < 2; r++)
+            c->pair[p].worker[r].lane_fd = -1;
     if (!c->cfg.coordinator.worker_lane)
         return;
     if (!lane_path_for(c->cfg.coordinator.worker_endpoint, c->lane_path, sizeof c->lane_path)) {
@@ -59,8 +60,9 @@ static void drop_pending(struct coordinator *c, int i)
 
 void lanes_close(struct coordinator *c)
 {
-    for (int r = 0; r < 2; r++)
-        lanes_close_worker(&c->worker[r]);
+    for (int p = 0; p < c->n_pairs; p++)
+        for (int r = 0; r < 2; r++)
+            lanes_close_worker(&c->pair[p].worker[r]);
     while (c->n_lane_pending > 0)
         drop_pending(c, c->n_lane_pending - 1);
     if (c->lane_listening) {
@@ -113,12 +115,18 @@ static void on_hello(struct coordinator *c, int i)
     }
     const char *key = NULL;
     struct worker *w = NULL;
+    enum worker_role role = ROLE_DRAFT;
     if (rc == 0 && strcmp(msg.type, PROTOCOL_LANE) == 0 &&
         protocol_get_string(msg.header, "key", LANE_KEY_LEN, &key, err) == 0)
-        for (int r = 0; r < 2; r++)
-            if (c->worker[r].up && !c->worker[r].lane_sending &&
-                c->worker[r].lane_key[0] != '\0' && strcmp(c->worker[r].lane_key, key) == 0)
-                w = &c->worker[r];
+        for (int p = 0; p < c->n_pairs; p++)
+            for (int r = 0; r < 2; r++) {
+                struct worker *cand = &c->pair[p].worker[r];
+                if (cand->up && !cand->lane_sending && cand->lane_key[0] != '\0' &&
+                    strcmp(cand->lane_key, key) == 0) {
+                    w = cand;
+                    role = (enum worker_role)r;
+                }
+            }
     if (w == NULL) {
         LOG_WARN("worker lane connection closed: %s",
                  rc != 0 ? err : "its first message names no welcomed worker's key");
@@ -127,7 +135,6 @@ static void on_hello(struct coordinator *c, int i)
         return;
     }
     protocol_msg_free(&msg);
-    const enum worker_role role = w == &c->worker[ROLE_TARGET] ? ROLE_TARGET : ROLE_DRAFT;
     cJSON *marker = protocol_header_new(PROTOCOL_LANE);
     rc = marker == NULL ? error_set(err, ERR_NOMEM, "out of memory")
                         : lane_fit(fd, c->max_message_bytes, err);
@@ -157,22 +164,23 @@ int lanes_poll_items(struct coordinator *c, zmq_pollitem_t *items, struct lanes_
         polled->what[polled->n++] = i;
     }
     /* a lane is read only once its worker's marker came (lanes.h) */
-    for (int r = 0; r < 2; r++)
-        if (c->worker[r].lane_reading) {
-            polled->fd[polled->n] = c->worker[r].lane_fd;
-            polled->what[polled->n++] = LANES_WHAT_ROLE + r;
-        }
+    for (int p = 0; p < c->n_pairs; p++)
+        for (int r = 0; r < 2; r++)
+            if (c->pair[p].worker[r].lane_reading) {
+                polled->fd[polled->n] = c->pair[p].worker[r].lane_fd;
+                polled->what[polled->n++] = LANES_WHAT_ROLE + 2 * p + r;
+            }
     for (int k = 0; k < polled->n; k++)
         items[k] = (zmq_pollitem_t){.socket = NULL, .fd = polled->fd[k], .events = ZMQ_POLLIN};
     return polled->n;
 }
 
 bool lanes_readable(const struct coordinator *c, const zmq_pollitem_t *items,
-                    const struct lanes_polled *polled, enum worker_role role)
+                    const struct lanes_polled *polled, int pair, enum worker_role role)
 {
-    const struct worker *w = &c->worker[role];
+    const struct worker *w = &c->pair[pair].worker[role];
     for (int k = 0; k < polled->n; k++)
-        if (polled->what[k] == LANES_WHAT_ROLE + (int)role &&
+        if (polled->what[k] == LANES_WHAT_ROLE + 2 * pair + (int)role &&
             (items[k].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
             return w->lane_reading && w->lane_fd == polled->fd[k];
     return false;

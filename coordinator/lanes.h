@@ -12,14 +12,14 @@
 #include "coord_state.h"
 
 /* Poll items lanes adds at most: the listener, the waiting connections and
- * one lane per worker role. */
-#define LANES_POLL_MAX (1 + COORD_LANE_PENDING + 2)
+ * one lane per worker. */
+#define LANES_POLL_MAX (1 + COORD_LANE_PENDING + 2 * COORD_PAIRS_MAX)
 
 /* What lanes_poll_items put where, for lanes_on_poll. */
 struct lanes_polled {
     int n;
     int fd[LANES_POLL_MAX];
-    int what[LANES_POLL_MAX]; /* -1 listener, 0.. pending index, ROLE + 100: a worker's lane */
+    int what[LANES_POLL_MAX]; /* -1 listener, 0.. pending index, 100 + 2 * pair + role: a worker's lane */
 };
 
 /* Listens beside the worker endpoint when coordinator.worker_lane is on and
@@ -38,12 +38,12 @@ void lanes_close_worker(struct worker *w);
  * many. */
 int lanes_poll_items(struct coordinator *c, zmq_pollitem_t *items, struct lanes_polled *polled);
 
-/* Whether the poll found messages (or an end) on the lane of this role's
- * worker, and that lane is still the one polled (handling another's
+/* Whether the poll found messages (or an end) on the lane of this pair's
+ * worker of this role, and that lane is still the one polled (handling another's
  * messages may have closed it). The caller reads them (registry_on_lane):
  * this module only carries bytes. */
 bool lanes_readable(const struct coordinator *c, const zmq_pollitem_t *items,
-                    const struct lanes_polled *polled, enum worker_role role);
+                    const struct lanes_polled *polled, int pair, enum worker_role role);
 
 /* Serves what the poll reported on the listener and the connections
  * waiting to show their key (items as lanes_poll_items filled them). */

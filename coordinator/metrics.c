@@ -6,6 +6,7 @@
 #include "metrics.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,56 @@ void metrics_note_target_call(struct metrics *m, int seqs, int rows, double ms)
     while (b < METRICS_BATCH_BUCKETS - 1 && seqs > (1 << b))
         b++;
     m->target_call_batch[b]++;
+}
+
+struct prefix_sums {
+    uint64_t queries, hits, evictions;
+    int cached_blocks;
+};
+
+static void prefix_add(struct prefix_sums *sum, const struct metrics *m, int p, int r)
+{
+    sum->queries += m->prefix_queries[p][r];
+    sum->hits += m->prefix_hits[p][r];
+    sum->cached_blocks += m->prefix_cached_blocks[p][r];
+    sum->evictions += m->prefix_evictions[p][r];
+}
+
+static bool add_prefix_json(cJSON *worker, const struct prefix_sums *sum)
+{
+    cJSON *pc = cJSON_AddObjectToObject(worker, "prefix_cache");
+    return pc != NULL && cJSON_AddNumberToObject(pc, "queries", (double)sum->queries) &&
+           cJSON_AddNumberToObject(pc, "hits", (double)sum->hits) &&
+           cJSON_AddNumberToObject(pc, "hit_rate", ratio((double)sum->hits, (double)sum->queries)) &&
+           cJSON_AddNumberToObject(pc, "cached_blocks", sum->cached_blocks) &&
+           cJSON_AddNumberToObject(pc, "evictions", (double)sum->evictions);
+}
+
+/* One pair's entry of workers.pairs. */
+static bool add_pair_json(const struct metrics *m, const struct metrics_pair_gauges *pg, int p, cJSON *pairs)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL || !cJSON_AddItemToArray(pairs, o)) {
+        cJSON_Delete(o);
+        return false;
+    }
+    bool ok = cJSON_AddNumberToObject(o, "pair", p) && cJSON_AddNumberToObject(o, "active", pg->active) &&
+              cJSON_AddNumberToObject(o, "admitted", (double)pg->admitted) &&
+              cJSON_AddNumberToObject(o, "target_calls", (double)pg->target_calls) &&
+              cJSON_AddBoolToObject(o, "cores_shared", pg->cores_shared);
+    static const char *const roles[2] = {"draft", "target"};
+    for (int r = 0; ok && r < 2; r++) {
+        cJSON *w = cJSON_AddObjectToObject(o, roles[r]);
+        struct prefix_sums sum = {0};
+        prefix_add(&sum, m, p, r);
+        ok = w != NULL && cJSON_AddBoolToObject(w, "up", pg->up[r]) &&
+             cJSON_AddNumberToObject(w, "pid", pg->pid[r]) &&
+             cJSON_AddStringToObject(w, "model", pg->model[r] ? pg->model[r] : "") &&
+             cJSON_AddBoolToObject(w, "lane", pg->lane[r]) &&
+             cJSON_AddNumberToObject(w, "kv_blocks", pg->kv_blocks[r]) &&
+             cJSON_AddNumberToObject(w, "kv_reserved", pg->kv_reserved[r]) && add_prefix_json(w, &sum);
+    }
+    return ok;
 }
 
 int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj, char *err)
@@ -169,17 +220,16 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(target, "losses", m->worker_losses[1]);
     ok = ok && cJSON_AddBoolToObject(target, "lane", g->target_lane) != NULL;
     cJSON *role_obj[2] = {draft, target};
-    for (int r = 0; r < 2; r++) {
-        cJSON *pc = cJSON_AddObjectToObject(role_obj[r], "prefix_cache");
-        ok = ok && pc != NULL;
-        if (!ok)
-            break;
-        NUM(pc, "queries", m->prefix_queries[r]);
-        NUM(pc, "hits", m->prefix_hits[r]);
-        NUM(pc, "hit_rate", ratio((double)m->prefix_hits[r], (double)m->prefix_queries[r]));
-        NUM(pc, "cached_blocks", m->prefix_cached_blocks[r]);
-        NUM(pc, "evictions", m->prefix_evictions[r]);
+    for (int r = 0; r < 2 && ok; r++) {
+        struct prefix_sums sum = {0};
+        for (int p = 0; p < g->n_pairs && p < METRICS_PAIRS_MAX; p++)
+            prefix_add(&sum, m, p, r);
+        ok = add_prefix_json(role_obj[r], &sum);
     }
+    cJSON *pairs = ok ? cJSON_AddArrayToObject(workers, "pairs") : NULL;
+    ok = ok && pairs != NULL;
+    for (int p = 0; ok && p < g->n_pairs && p < METRICS_PAIRS_MAX; p++)
+        ok = add_pair_json(m, &g->pairs[p], p, pairs);
 #undef NUM
     if (!ok)
         return error_set(err, ERR_NOMEM, "stats: out of memory");
@@ -230,6 +280,50 @@ static void counter(struct textbuf *tb, const char *name, const char *help, doub
 static void gauge(struct textbuf *tb, const char *name, const char *help, double v)
 {
     tb_printf(tb, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+/* The series of each worker, labelled worker="draft"|"target" and
+ * pair="N" (its index in the config's "pairs"). */
+static void per_worker_series(struct textbuf *tb, const struct metrics *m, const struct metrics_gauges *g)
+{
+    static const char *const roles[2] = {"draft", "target"};
+    static const struct {
+        const char *name, *type, *help;
+    } series[] = {
+        {"tandem_worker_up", "gauge", "Whether a worker is registered and alive."},
+        {"tandem_prefix_cache_queries_total", "counter", "Prompt tokens looked up in a worker's prefix cache."},
+        {"tandem_prefix_cache_hits_total", "counter", "Prompt tokens found in a worker's prefix cache (not computed)."},
+        {"tandem_prefix_cache_blocks", "gauge", "KV blocks a worker keeps cached that no sequence holds."},
+        {"tandem_prefix_cache_evictions_total", "counter", "Cached KV blocks a worker took back for new content."},
+        {"tandem_worker_kv_blocks", "gauge", "KV blocks in a worker's pool (0: not reported)."},
+        {"tandem_worker_kv_blocks_reserved", "gauge", "KV blocks reserved in a worker's pool."},
+    };
+    const int n_pairs = g->n_pairs < METRICS_PAIRS_MAX ? g->n_pairs : METRICS_PAIRS_MAX;
+    for (size_t i = 0; i < sizeof series / sizeof series[0]; i++) {
+        tb_printf(tb, "# HELP %s %s\n# TYPE %s %s\n", series[i].name, series[i].help, series[i].name,
+                  series[i].type);
+        for (int p = 0; p < n_pairs; p++)
+            for (int r = 0; r < 2; r++) {
+                const struct metrics_pair_gauges *pg = &g->pairs[p];
+                const double v = i == 0   ? (double)(pg->up[r] ? 1 : 0)
+                                 : i == 1 ? (double)m->prefix_queries[p][r]
+                                 : i == 2 ? (double)m->prefix_hits[p][r]
+                                 : i == 3 ? (double)m->prefix_cached_blocks[p][r]
+                                 : i == 4 ? (double)m->prefix_evictions[p][r]
+                                 : i == 5 ? (double)pg->kv_blocks[r]
+                                          : (double)pg->kv_reserved[r];
+                tb_printf(tb, "%s{worker=\"%s\",pair=\"%d\"} %.17g\n", series[i].name, roles[r], p, v);
+            }
+    }
+    tb_printf(tb, "# HELP tandem_pair_target_calls_total Forward calls a pair's target reported.\n"
+                  "# TYPE tandem_pair_target_calls_total counter\n");
+    for (int p = 0; p < n_pairs; p++)
+        tb_printf(tb, "tandem_pair_target_calls_total{pair=\"%d\"} %llu\n", p,
+                  (unsigned long long)g->pairs[p].target_calls);
+    tb_printf(tb, "# HELP tandem_pair_requests_active Sequences being generated on a pair.\n"
+                  "# TYPE tandem_pair_requests_active gauge\n");
+    for (int p = 0; p < n_pairs; p++)
+        tb_printf(tb, "tandem_pair_requests_active{pair=\"%d\"} %d\n", p, g->pairs[p].active);
 }
 
 int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, char **text_out,
@@ -340,10 +434,7 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
     gauge(&tb, "tandem_kv_blocks_total_target", "KV blocks in the target's pool.", g->kv_blocks[1]);
     gauge(&tb, "tandem_requests_active", "Sequences being generated.", g->active);
     gauge(&tb, "tandem_requests_queued", "Requests waiting for a slot.", g->queued);
-    tb_printf(&tb, "# HELP tandem_worker_up Whether a worker is registered and alive.\n"
-                   "# TYPE tandem_worker_up gauge\n"
-                   "tandem_worker_up{role=\"draft\"} %d\ntandem_worker_up{role=\"target\"} %d\n",
-              g->draft_up ? 1 : 0, g->target_up ? 1 : 0);
+    per_worker_series(&tb, m, g);
     tb_printf(&tb, "# HELP tandem_worker_registrations_total Worker registrations accepted.\n"
                    "# TYPE tandem_worker_registrations_total counter\n"
                    "tandem_worker_registrations_total{role=\"draft\"} %llu\n"
@@ -354,26 +445,6 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
                    "tandem_worker_losses_total{role=\"draft\"} %llu\n"
                    "tandem_worker_losses_total{role=\"target\"} %llu\n",
               (unsigned long long)m->worker_losses[0], (unsigned long long)m->worker_losses[1]);
-    static const char *const roles[2] = {"draft", "target"};
-    static const struct {
-        const char *name, *type, *help;
-    } prefix_series[] = {
-        {"tandem_prefix_cache_queries_total", "counter", "Prompt tokens looked up in a worker's prefix cache."},
-        {"tandem_prefix_cache_hits_total", "counter", "Prompt tokens found in a worker's prefix cache (not computed)."},
-        {"tandem_prefix_cache_blocks", "gauge", "KV blocks a worker keeps cached that no sequence holds."},
-        {"tandem_prefix_cache_evictions_total", "counter", "Cached KV blocks a worker took back for new content."},
-    };
-    for (size_t i = 0; i < sizeof prefix_series / sizeof prefix_series[0]; i++) {
-        tb_printf(&tb, "# HELP %s %s\n# TYPE %s %s\n", prefix_series[i].name, prefix_series[i].help,
-                  prefix_series[i].name, prefix_series[i].type);
-        for (int r = 0; r < 2; r++) {
-            const double v = i == 0 ? (double)m->prefix_queries[r]
-                             : i == 1 ? (double)m->prefix_hits[r]
-                             : i == 2 ? (double)m->prefix_cached_blocks[r]
-                                      : (double)m->prefix_evictions[r];
-            tb_printf(&tb, "%s{worker=\"%s\"} %.17g\n", prefix_series[i].name, roles[r], v);
-        }
-    }
     if (tb.failed) {
         free(tb.s);
         return error_set(err, ERR_NOMEM, "prometheus: out of memory");
@@ -382,16 +453,16 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
     return 0;
 }
 
-void metrics_prefix_report(struct metrics *m, int role, int looked_up, int cached, int cached_blocks,
+void metrics_prefix_report(struct metrics *m, int pair, int role, int looked_up, int cached, int cached_blocks,
                            int64_t evictions)
 {
-    if (role < 0 || role > 1)
+    if (role < 0 || role > 1 || pair < 0 || pair >= METRICS_PAIRS_MAX)
         return;
-    m->prefix_queries[role] += (uint64_t)looked_up;
-    m->prefix_hits[role] += (uint64_t)cached;
-    m->prefix_cached_blocks[role] = cached_blocks;
+    m->prefix_queries[pair][role] += (uint64_t)looked_up;
+    m->prefix_hits[pair][role] += (uint64_t)cached;
+    m->prefix_cached_blocks[pair][role] = cached_blocks;
     /* a count below the last one is a restarted worker counting from 0 */
-    const int64_t seen = m->prefix_evictions_seen[role];
-    m->prefix_evictions[role] += (uint64_t)(evictions >= seen ? evictions - seen : evictions);
-    m->prefix_evictions_seen[role] = evictions;
+    const int64_t seen = m->prefix_evictions_seen[pair][role];
+    m->prefix_evictions[pair][role] += (uint64_t)(evictions >= seen ? evictions - seen : evictions);
+    m->prefix_evictions_seen[pair][role] = evictions;
 }

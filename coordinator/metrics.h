@@ -16,6 +16,9 @@
 #include <cjson/cJSON.h>
 
 #define METRICS_POS_MAX 16
+/* Draft/target pairs rendered per pair (PROC_CONFIG_PAIRS_MAX; coord_state.h
+ * checks they agree). */
+#define METRICS_PAIRS_MAX 8
 /* Target calls by the number of sequences in them: <= 1, 2, 4, ..., 128, more. */
 #define METRICS_BATCH_BUCKETS 9
 
@@ -89,20 +92,32 @@ struct metrics {
     uint64_t replies_undelivered_total;  /* final replies dropped: never read within 60 s, or gone */
     uint64_t replies_withheld_total;     /* replies of a request whose connection dropped (its id may
                                             lead to another client by now) */
-    /* the workers' prefix caches ([0] draft, [1] target): prompt tokens looked
-     * up and found, from each prompt's reply; blocks kept and evictions as
-     * the latest reply said (evictions summed across worker restarts) */
-    uint64_t prefix_queries[2], prefix_hits[2];
-    int prefix_cached_blocks[2];
-    uint64_t prefix_evictions[2];
-    int64_t prefix_evictions_seen[2]; /* the worker's own count in its latest reply */
+    /* the workers' prefix caches ([pair][0] draft, [pair][1] target): prompt
+     * tokens looked up and found, from each prompt's reply; blocks kept and
+     * evictions as the latest reply said (evictions summed across worker
+     * restarts) */
+    uint64_t prefix_queries[METRICS_PAIRS_MAX][2], prefix_hits[METRICS_PAIRS_MAX][2];
+    int prefix_cached_blocks[METRICS_PAIRS_MAX][2];
+    uint64_t prefix_evictions[METRICS_PAIRS_MAX][2];
+    int64_t prefix_evictions_seen[METRICS_PAIRS_MAX][2]; /* the worker's own count in its latest reply */
 };
 
 /* A worker's reply for a prompt: looked_up tokens, cached of them found;
  * its cache now holds cached_blocks, and it has evicted evictions blocks
- * since it started. role: 0 draft, 1 target. */
-void metrics_prefix_report(struct metrics *m, int role, int looked_up, int cached, int cached_blocks,
+ * since it started. role: 0 draft, 1 target, of pair `pair`. */
+void metrics_prefix_report(struct metrics *m, int pair, int role, int looked_up, int cached, int cached_blocks,
                            int64_t evictions);
+
+/* One pair's state at render time ([0] draft, [1] target). */
+struct metrics_pair_gauges {
+    int up[2], lane[2], pid[2];
+    const char *model[2];
+    int cores_shared;
+    int active;                       /* sequences admitted to the pair */
+    int kv_blocks[2], kv_reserved[2];
+    uint64_t target_calls;            /* forward calls its target reported */
+    uint64_t admitted;                /* requests admitted to it */
+};
 
 /* State the coordinator knows at render time. */
 struct metrics_gauges {
@@ -110,6 +125,8 @@ struct metrics_gauges {
     int queued;
     int max_concurrency;
     int max_queue;
+    /* the workers in brief: up when any pair's is, the rest of the first
+     * pair with one up (pairs[] has every worker) */
     int draft_up, target_up;
     int draft_lane, target_lane;      /* the worker's messages go both ways on its lane (lanes.h) */
     int cores_shared;                 /* the pair computes on the same cores (coord_state.h) */
@@ -117,7 +134,10 @@ struct metrics_gauges {
     const char *draft_model, *target_model;
     double uptime_s;
     double busy_ms;                   /* busy_ms_total plus the current busy period */
-    int kv_blocks[2], kv_reserved[2]; /* [0] draft, [1] target; kv_blocks 0: not reported */
+    int kv_blocks[2], kv_reserved[2]; /* [0] draft, [1] target, summed over the pairs; kv_blocks 0:
+                                         not reported */
+    int n_pairs;
+    struct metrics_pair_gauges pairs[METRICS_PAIRS_MAX];
 };
 
 /* Counts one target forward call of seqs sequences and rows rows. */

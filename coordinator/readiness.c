@@ -18,15 +18,25 @@ static int state_path(const struct coordinator *c, const char *suffix, char *out
 
 void readiness_publish(struct coordinator *c)
 {
-    const int state = (c->worker[ROLE_DRAFT].up ? 1 : 0) | (c->worker[ROLE_TARGET].up ? 2 : 0);
+    /* bit 2p: pair p's draft is up, bit 2p + 1: its target */
+    int state = 0;
+    for (int p = 0; p < c->n_pairs; p++)
+        state |= (c->pair[p].worker[ROLE_DRAFT].up ? 1 : 0) << (2 * p) |
+                 (c->pair[p].worker[ROLE_TARGET].up ? 1 : 0) << (2 * p + 1);
     if (state == c->readiness_written || c->cfg.run_dir[0] == '\0')
         return;
     char path[PROC_CONFIG_PATH_MAX + 32], tmp[PROC_CONFIG_PATH_MAX + 32];
     if (state_path(c, "", path, sizeof path) || state_path(c, ".tmp", tmp, sizeof tmp))
         return;
-    char text[128];
-    const int len = snprintf(text, sizeof text, "{\"pid\": %ld, \"draft\": %s, \"target\": %s}\n",
-                             (long)getpid(), state & 1 ? "true" : "false", state & 2 ? "true" : "false");
+    /* "draft" and "target": pair 0's (what a one-pair supervisor reads) */
+    char text[128 + 40 * COORD_PAIRS_MAX];
+    int len = snprintf(text, sizeof text, "{\"pid\": %ld, \"draft\": %s, \"target\": %s, \"pairs\": [",
+                       (long)getpid(), state & 1 ? "true" : "false", state & 2 ? "true" : "false");
+    for (int p = 0; p < c->n_pairs; p++)
+        len += snprintf(text + len, sizeof text - (size_t)len, "%s{\"draft\": %s, \"target\": %s}",
+                        p > 0 ? ", " : "", state >> (2 * p) & 1 ? "true" : "false",
+                        state >> (2 * p + 1) & 1 ? "true" : "false");
+    len += snprintf(text + len, sizeof text - (size_t)len, "]}\n");
     const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         /* no run directory: nobody started us who would read it */

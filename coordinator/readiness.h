@@ -1,8 +1,11 @@
 /* readiness.h: which workers the coordinator holds registered, in a file of
  * the instance's run directory, <run_dir>/coordinator.state:
  *
- *   {"pid": 1234, "draft": true, "target": true}
+ *   {"pid": 1234, "draft": true, "target": true,
+ *    "pairs": [{"draft": true, "target": true}, {"draft": false, "target": true}]}
  *
+ * ("draft" and "target": pair 0's workers; "pairs": every pair's, in the
+ * order of the config's "pairs")
  * rewritten (atomically, mode 0600) whenever that changes, removed when the
  * coordinator stops. `tandem-supervisor start --wait` reads it: the
  * coordinator's client endpoint may need CURVE keys the supervisor does not

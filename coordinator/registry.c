@@ -40,14 +40,15 @@ static void forget_orphan(struct coordinator *c, int i)
 }
 
 /* The draft is gone (timeout, refusal, re-registration). */
-void registry_draft_lost(struct coordinator *c, const char *why)
+void registry_draft_lost(struct coordinator *c, int pair, const char *why)
 {
-    c->k_history_valid = false;
-    struct worker *d = &c->worker[ROLE_DRAFT];
+    c->pair[pair].k_history_valid = false;
+    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
     if (!d->up && !d->held)
         return;
     bool was_up = d->up;
-    LOG_WARN("draft worker pid %d %s; continuing target-only until a draft registers", d->pid, why);
+    LOG_WARN("draft worker pid %d (pair %d) %s; its sequences continue target-only until a draft registers",
+             d->pid, pair, why);
     if (was_up)
         c->metrics.worker_losses[ROLE_DRAFT]++;
     /* A crashed owner cannot unlink its segment: do it for it. */
@@ -55,61 +56,68 @@ void registry_draft_lost(struct coordinator *c, const char *why)
         if (c->n_shm_orphans == COORD_SHM_ORPHANS)
             forget_orphan(c, 0);
         int i = c->n_shm_orphans++;
-        snprintf(c->shm_orphans[i].name, sizeof c->shm_orphans[i].name, "%s", d->shm_name);
+        /* both 256 bytes; memcpy: the compiler cannot see they never overlap */
+        _Static_assert(sizeof c->shm_orphans[i].name == sizeof d->shm_name, "same size");
+        memcpy(c->shm_orphans[i].name, d->shm_name, sizeof d->shm_name);
+        c->shm_orphans[i].name[sizeof c->shm_orphans[i].name - 1] = '\0';
         c->shm_orphans[i].pid = d->pid;
         c->shm_orphans[i].since_ms = coord_now_ms();
     }
     cJSON_Delete(d->shm);
     lanes_close_worker(d);
     memset(d, 0, sizeof(*d));
-    c->draft_gen++;
+    c->pair[pair].draft_gen++;
     if (!was_up)
         return;
     for (int i = 0; i < c->n_seqs; i++) {
         struct seq *s = &c->seqs[i];
-        if (s->state == SEQ_ACTIVE)
+        if (s->state == SEQ_ACTIVE && s->pair == pair)
             scheduler_forget_draft(c, s);
     }
 }
 
-void registry_target_lost(struct coordinator *c, const char *why)
+void registry_target_lost(struct coordinator *c, int pair, const char *why)
 {
-    c->k_history_valid = false;
-    struct worker *t = &c->worker[ROLE_TARGET];
+    c->pair[pair].k_history_valid = false;
+    struct worker *t = &c->pair[pair].worker[ROLE_TARGET];
     if (!t->up)
         return;
-    LOG_ERROR("target worker pid %d %s; failing its requests with target_unavailable", t->pid, why);
+    LOG_ERROR("target worker pid %d (pair %d) %s; failing its requests with target_unavailable", t->pid, pair,
+              why);
     c->metrics.worker_losses[ROLE_TARGET]++;
     lanes_close_worker(t);
     memset(t, 0, sizeof(*t));
-    c->target_outstanding = 0;
-    c->target_idle_since_ms = -1;
+    c->pair[pair].target_outstanding = 0;
+    c->pair[pair].target_idle_since_ms = -1;
+    /* its sequences fail; the queued ones wait for another pair, unless
+     * no target is left */
+    const bool none_left = coord_any_target(c) == NULL;
     for (int i = 0; i < c->n_seqs; i++) {
         struct seq *s = &c->seqs[i];
-        if (s->state != SEQ_FREE)
+        if ((s->state == SEQ_ACTIVE && s->pair == pair) || (s->state == SEQ_QUEUED && none_left))
             scheduler_fail(c, s, METRICS_ERR_TARGET_UNAVAILABLE, "the target worker stopped responding");
     }
 }
 
-static void send_welcome(struct coordinator *c, enum worker_role role)
+static void send_welcome(struct coordinator *c, int pair, enum worker_role role)
 {
     cJSON *h = protocol_header_new(PROTOCOL_WELCOME);
     if (h == NULL)
         return;
     cJSON_AddStringToObject(h, "role", coord_role_name(role));
     cJSON_AddNumberToObject(h, "heartbeat_ms", c->cfg.coordinator.heartbeat_ms);
-    const struct worker *d = &c->worker[ROLE_DRAFT];
+    const struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
     if (role == ROLE_TARGET && d->up && d->shm != NULL)
         cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(d->shm, 1));
     /* the lane offer (lanes.h): a worker already on it ignores a repeat */
-    const struct worker *w = &c->worker[role];
+    const struct worker *w = &c->pair[pair].worker[role];
     if (c->lane_listening && w->lane_key[0] != '\0') {
         cJSON *lane = cJSON_AddObjectToObject(h, "lane");
         if (lane == NULL || !cJSON_AddStringToObject(lane, "path", c->lane_path) ||
             !cJSON_AddStringToObject(lane, "key", w->lane_key))
             cJSON_DeleteItemFromObjectCaseSensitive(h, "lane");
     }
-    worker_send(c, role, h, NULL);
+    worker_send(c, pair, role, h, NULL);
 }
 
 static void send_refused(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *message)
@@ -122,10 +130,10 @@ static void send_refused(struct coordinator *c, const uint8_t *identity, size_t 
 }
 
 /* Tells the target where the draft's shared buffer is. */
-static void send_attach(struct coordinator *c)
+static void send_attach(struct coordinator *c, int pair)
 {
-    struct worker *d = &c->worker[ROLE_DRAFT];
-    if (!c->worker[ROLE_TARGET].up || !d->up || d->shm == NULL)
+    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
+    if (!c->pair[pair].worker[ROLE_TARGET].up || !d->up || d->shm == NULL)
         return;
     cJSON *h = protocol_header_new(PROTOCOL_ATTACH);
     cJSON *shm = cJSON_Duplicate(d->shm, 1);
@@ -135,7 +143,7 @@ static void send_attach(struct coordinator *c)
         return;
     }
     cJSON_AddItemToObject(h, "shm", shm);
-    worker_send(c, ROLE_TARGET, h, NULL);
+    worker_send(c, pair, ROLE_TARGET, h, NULL);
 }
 
 /* 0 when the draft matches the target; else the reason in why. */
@@ -161,12 +169,12 @@ static int check_pair(const struct worker *t, const struct worker *d, char *why,
     return 0;
 }
 
-/* Decides c->cores_shared for the pair just formed, and says so: the log
+/* Decides c->pair[pair].cores_shared for the pair just formed, and says so: the log
  * is where an operator learns why the pipeline drafts as it does. */
-static void note_core_sharing(struct coordinator *c)
+static void note_core_sharing(struct coordinator *c, int pair)
 {
-    const struct worker *d = &c->worker[ROLE_DRAFT], *t = &c->worker[ROLE_TARGET];
-    c->cores_shared = false;
+    const struct worker *d = &c->pair[pair].worker[ROLE_DRAFT], *t = &c->pair[pair].worker[ROLE_TARGET];
+    c->pair[pair].cores_shared = false;
     if (!d->cpu_known || !t->cpu_known) {
         LOG_INFO("draft (%s) and target (%s): not both on CPU cores they named; pre-drafts only where "
                  "measured to pay", d->backend, t->backend);
@@ -177,9 +185,9 @@ static void note_core_sharing(struct coordinator *c)
         snprintf(dl, sizeof dl, "%d CPUs", cpulist_count(&d->cpus));
     if (cpulist_format(&t->cpus, tl, sizeof tl, NULL) != 0)
         snprintf(tl, sizeof tl, "%d CPUs", cpulist_count(&t->cpus));
-    c->cores_shared = strcmp(d->cpu_host, t->cpu_host) == 0 &&
+    c->pair[pair].cores_shared = strcmp(d->cpu_host, t->cpu_host) == 0 &&
                       cpulist_oversubscribed(&d->cpus, d->cpu_threads, &t->cpus, t->cpu_threads);
-    if (c->cores_shared)
+    if (c->pair[pair].cores_shared)
         LOG_INFO("draft (%d threads on CPUs %s) and target (%d threads on CPUs %s) share cores: the draft "
                  "works only while the target waits (no pre-drafts)", d->cpu_threads, dl, t->cpu_threads, tl);
     else
@@ -188,10 +196,10 @@ static void note_core_sharing(struct coordinator *c)
                  strcmp(d->cpu_host, t->cpu_host) != 0 ? "run on different hosts" : "have cores enough");
 }
 
-static void welcome_draft(struct coordinator *c)
+static void welcome_draft(struct coordinator *c, int pair)
 {
-    struct worker *d = &c->worker[ROLE_DRAFT];
-    struct worker *t = &c->worker[ROLE_TARGET];
+    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
+    struct worker *t = &c->pair[pair].worker[ROLE_TARGET];
     char why[400];
     if (check_pair(t, d, why, sizeof(why)) != 0) {
         LOG_ERROR("refusing draft worker pid %d (%s): %s", d->pid, d->model, why);
@@ -205,14 +213,34 @@ static void welcome_draft(struct coordinator *c)
     d->held = false;
     d->up = true;
     d->last_seen_ms = coord_now_ms();
-    c->draft_gen++;
-    d->gen = c->draft_gen;
+    c->pair[pair].draft_gen++;
+    d->gen = c->pair[pair].draft_gen;
     c->metrics.worker_registrations[ROLE_DRAFT]++;
-    LOG_INFO("draft worker pid %d registered: %s, %s, vocab %d, %d slots, max_seq_len %d", d->pid, d->model,
-             d->backend, d->vocab_size, d->n_slots, d->max_seq_len);
-    note_core_sharing(c);
-    send_welcome(c, ROLE_DRAFT);
-    send_attach(c);
+    LOG_INFO("draft worker pid %d (pair %d) registered: %s, %s, vocab %d, %d slots, max_seq_len %d", d->pid, pair,
+             d->model, d->backend, d->vocab_size, d->n_slots, d->max_seq_len);
+    note_core_sharing(c, pair);
+    send_welcome(c, pair, ROLE_DRAFT);
+    send_attach(c, pair);
+}
+
+/* 0 when target t of pair `pair` has the vocabulary and EOS ids of every
+ * other pair's registered target (a request may go to any of them). */
+static int check_other_targets(const struct coordinator *c, int pair, const struct worker *t, char *err)
+{
+    for (int p = 0; p < c->n_pairs; p++) {
+        const struct worker *o = &c->pair[p].worker[ROLE_TARGET];
+        if (p == pair || !o->up)
+            continue;
+        bool same = o->vocab_size == t->vocab_size && o->n_eos == t->n_eos;
+        for (int i = 0; same && i < t->n_eos; i++)
+            same = o->eos_ids[i] == t->eos_ids[i];
+        if (!same)
+            return error_set(err, ERR_INVALID_ARG,
+                             "the target of pair %d (vocab_size %d, %d EOS ids) is not the model of pair %d's "
+                             "target (vocab_size %d, %d EOS ids): every pair must serve the same model",
+                             pair, t->vocab_size, t->n_eos, p, o->vocab_size, o->n_eos);
+    }
+    return 0;
 }
 
 static void on_register(struct coordinator *c, const struct protocol_msg *msg)
@@ -254,6 +282,14 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         w.shm_posix = protocol_get_string_opt(shm, "shm.transport", 32, "", &transport, err) == 0 &&
                       strcmp(transport, "posix") == 0;
     }
+    if (rc == 0 && r.pair >= c->n_pairs)
+        rc = error_set(err, ERR_INVALID_ARG,
+                       "pair %d: this coordinator serves %d pair%s (pairs 0..%d, its config's \"pairs\"); "
+                       "start the coordinator with the same config as the worker", r.pair, c->n_pairs,
+                       c->n_pairs == 1 ? "" : "s", c->n_pairs - 1);
+    const int pair = rc == 0 ? r.pair : 0;
+    if (rc == 0 && role == ROLE_TARGET)
+        rc = check_other_targets(c, pair, &w, err);
     if (rc != 0) {
         LOG_ERROR("refusing a worker registration: %s", err);
         send_refused(c, msg->identity, msg->identity_size, err);
@@ -264,7 +300,7 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
      * answered again, never taken for a restart. One that lost its
      * connection meanwhile (more drops) emptied its slots: for the requests
      * it served that is a restart. */
-    struct worker *known = &c->worker[role];
+    struct worker *known = &c->pair[pair].worker[role];
     bool same_process = (known->up || known->held) && known->pid == w.pid &&
                         strcmp(known->shm_name, w.shm_name) == 0;
     if (same_process && known->drops == w.drops) {
@@ -272,9 +308,9 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         known->identity_size = msg->identity_size;
         known->last_seen_ms = coord_now_ms();
         if (known->up) {
-            send_welcome(c, role);
+            send_welcome(c, pair, role);
             if (role == ROLE_DRAFT)
-                send_attach(c);
+                send_attach(c, pair);
         }
         return;
     }
@@ -294,47 +330,48 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
     }
 
     if (role == ROLE_TARGET) {
-        if (c->worker[ROLE_TARGET].up)
-            registry_target_lost(c, same_process ? "registered again after a connection drop (its sequences are gone)"
+        if (c->pair[pair].worker[ROLE_TARGET].up)
+            registry_target_lost(c, pair, same_process ? "registered again after a connection drop (its sequences are gone)"
                                                  : "registered again (restarted)");
         w.up = true;
-        c->worker[ROLE_TARGET] = w;
+        c->pair[pair].worker[ROLE_TARGET] = w;
         c->metrics.worker_registrations[ROLE_TARGET]++;
-        LOG_INFO("target worker pid %d registered: %s, %s, vocab %d, %d slots, max_seq_len %d", w.pid, w.model,
-                 w.backend, w.vocab_size, w.n_slots, w.max_seq_len);
-        send_welcome(c, ROLE_TARGET);
-        struct worker *d = &c->worker[ROLE_DRAFT];
+        LOG_INFO("target worker pid %d (pair %d) registered: %s, %s, vocab %d, %d slots, max_seq_len %d", w.pid,
+                 pair, w.model, w.backend, w.vocab_size, w.n_slots, w.max_seq_len);
+        send_welcome(c, pair, ROLE_TARGET);
+        struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
         if (d->held) {
-            welcome_draft(c);
+            welcome_draft(c, pair);
         } else if (d->up) {
             char why[400];
-            if (check_pair(&c->worker[ROLE_TARGET], d, why, sizeof(why)) != 0) {
+            if (check_pair(&c->pair[pair].worker[ROLE_TARGET], d, why, sizeof(why)) != 0) {
                 LOG_ERROR("dropping draft worker pid %d (%s): %s", d->pid, d->model, why);
                 send_refused(c, d->identity, d->identity_size, why);
                 c->metrics.draft_refusals++;
-                registry_draft_lost(c, "does not match the new target");
+                registry_draft_lost(c, pair, "does not match the new target");
             } else {
-                note_core_sharing(c);
-                send_attach(c);
+                note_core_sharing(c, pair);
+                send_attach(c, pair);
             }
         }
         return;
     }
-    struct worker *d = &c->worker[ROLE_DRAFT];
+    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
     if (d->up || d->held)
-        registry_draft_lost(c, same_process ? "registered again after a connection drop (its sequences are gone)"
+        registry_draft_lost(c, pair, same_process ? "registered again after a connection drop (its sequences are gone)"
                                             : "registered again (restarted)");
     *d = w;
-    if (!c->worker[ROLE_TARGET].up) {
+    if (!c->pair[pair].worker[ROLE_TARGET].up) {
         d->held = true;
         LOG_INFO("draft worker pid %d (%s) registered before the target: held until the target registers", w.pid,
                  w.model);
         return;
     }
-    welcome_draft(c);
+    welcome_draft(c, pair);
 }
 
-static void on_worker_message(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg);
+static void on_worker_message(struct coordinator *c, int pair, enum worker_role role,
+                              const struct protocol_msg *msg);
 
 void registry_on_message(struct coordinator *c)
 {
@@ -361,22 +398,24 @@ void registry_dispatch(struct coordinator *c, const struct protocol_msg *msg)
         on_register(c, msg);
         return;
     }
+    struct worker *w = NULL;
+    int pair = 0;
     enum worker_role role = ROLE_DRAFT;
-    bool known = false;
-    for (int r = 0; r < 2; r++) {
-        struct worker *w = &c->worker[r];
-        if ((w->up || w->held) && w->identity_size == msg->identity_size &&
-            memcmp(w->identity, msg->identity, msg->identity_size) == 0) {
-            role = (enum worker_role)r;
-            known = true;
-            w->last_seen_ms = coord_now_ms();
+    for (int p = 0; p < c->n_pairs && w == NULL; p++)
+        for (int r = 0; r < 2 && w == NULL; r++) {
+            struct worker *cand = &c->pair[p].worker[r];
+            if ((cand->up || cand->held) && cand->identity_size == msg->identity_size &&
+                memcmp(cand->identity, msg->identity, msg->identity_size) == 0) {
+                w = cand;
+                pair = p;
+                role = (enum worker_role)r;
+            }
         }
-    }
-    if (!known) {
+    if (w == NULL) {
         LOG_DEBUG("message \"%s\" from an unregistered worker dropped", msg->type);
         return;
     }
-    struct worker *w = &c->worker[role];
+    w->last_seen_ms = coord_now_ms();
     if (strcmp(msg->type, PROTOCOL_LANE) == 0) {
         /* the worker's marker: what it sends from here on comes on its lane */
         if (w->lane_sending && !w->lane_reading) {
@@ -385,12 +424,12 @@ void registry_dispatch(struct coordinator *c, const struct protocol_msg *msg)
         }
         return;
     }
-    on_worker_message(c, role, msg);
+    on_worker_message(c, pair, role, msg);
 }
 
-void registry_on_lane(struct coordinator *c, enum worker_role role)
+void registry_on_lane(struct coordinator *c, int pair, enum worker_role role)
 {
-    struct worker *w = &c->worker[role];
+    struct worker *w = &c->pair[pair].worker[role];
     /* bounded, as the worker socket's batches; a handler may lose the worker */
     for (int i = 0; i < 64 && w->lane_reading; i++) {
         char err[ERR_MSG_MAX] = "";
@@ -414,38 +453,39 @@ void registry_on_lane(struct coordinator *c, enum worker_role role)
             snprintf(why, sizeof why, "closed its lane (%s)", err);
             lanes_close_worker(w);
             if (role == ROLE_TARGET)
-                registry_target_lost(c, why);
+                registry_target_lost(c, pair, why);
             else
-                registry_draft_lost(c, why);
+                registry_draft_lost(c, pair, why);
             return;
         }
         w->last_seen_ms = coord_now_ms();
-        on_worker_message(c, role, &msg);
+        on_worker_message(c, pair, role, &msg);
         protocol_msg_free(&msg);
     }
 }
 
 /* A message of a known worker, from its socket or its lane. */
-static void on_worker_message(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
+static void on_worker_message(struct coordinator *c, int pair, enum worker_role role,
+                              const struct protocol_msg *msg)
 {
     /* Every verify gets one reply (verify_done or error): the target is
      * idle when none is outstanding. */
-    if (role == ROLE_TARGET && c->target_outstanding > 0 &&
+    if (role == ROLE_TARGET && c->pair[pair].target_outstanding > 0 &&
         (strcmp(msg->type, PROTOCOL_VERIFY_DONE) == 0 || strcmp(msg->type, PROTOCOL_ERROR) == 0) &&
-        --c->target_outstanding == 0)
-        c->target_idle_since_ms = coord_now_ms();
+        --c->pair[pair].target_outstanding == 0)
+        c->pair[pair].target_idle_since_ms = coord_now_ms();
     if (strcmp(msg->type, PROTOCOL_HEARTBEAT) == 0) {
         /* liveness already noted */
-    } else if (c->worker[role].held) {
+    } else if (c->pair[pair].worker[role].held) {
         LOG_DEBUG("message \"%s\" from the held draft dropped", msg->type);
     } else if (role == ROLE_TARGET && strcmp(msg->type, PROTOCOL_VERIFY_DONE) == 0) {
-        scheduler_on_verify_done(c, msg);
+        scheduler_on_verify_done(c, pair, msg);
     } else if (role == ROLE_DRAFT && strcmp(msg->type, PROTOCOL_DRAFT_READY) == 0) {
-        scheduler_on_draft_ready(c, msg);
+        scheduler_on_draft_ready(c, pair, msg);
     } else if (role == ROLE_DRAFT && strcmp(msg->type, PROTOCOL_PREFILL_DONE) == 0) {
-        scheduler_on_prefill_done(c, msg);
+        scheduler_on_prefill_done(c, pair, msg);
     } else if (strcmp(msg->type, PROTOCOL_ERROR) == 0) {
-        scheduler_on_worker_error(c, role, msg);
+        scheduler_on_worker_error(c, pair, role, msg);
     } else {
         LOG_WARN("%s worker sent an unexpected \"%.32s\" message", coord_role_name(role), msg->type);
     }
@@ -459,21 +499,23 @@ void registry_tick(struct coordinator *c)
             t - c->shm_orphans[i].since_ms > COORD_SHM_ORPHAN_MS)
             forget_orphan(c, i);
     const struct coordinator_config *cc = &c->cfg.coordinator;
-    if (t - c->last_heartbeat_ms >= cc->heartbeat_ms) {
+    const bool beat = t - c->last_heartbeat_ms >= cc->heartbeat_ms;
+    if (beat)
         c->last_heartbeat_ms = t;
-        for (int r = 0; r < 2; r++) {
-            struct worker *w = &c->worker[r];
+    for (int pair = 0; pair < c->n_pairs; pair++) {
+        for (int r = 0; beat && r < 2; r++) {
+            struct worker *w = &c->pair[pair].worker[r];
             if (!w->up && !w->held)
                 continue;
             cJSON *h = protocol_header_new(PROTOCOL_HEARTBEAT);
             if (h != NULL)
-                worker_send(c, (enum worker_role)r, h, NULL);
+                worker_send(c, pair, (enum worker_role)r, h, NULL);
         }
+        struct worker *t_w = &c->pair[pair].worker[ROLE_TARGET];
+        if (t_w->up && t - t_w->last_seen_ms > cc->worker_timeout_ms)
+            registry_target_lost(c, pair, "sent nothing for worker_timeout_ms");
+        struct worker *d_w = &c->pair[pair].worker[ROLE_DRAFT];
+        if ((d_w->up || d_w->held) && t - d_w->last_seen_ms > cc->worker_timeout_ms)
+            registry_draft_lost(c, pair, "sent nothing for worker_timeout_ms");
     }
-    struct worker *t_w = &c->worker[ROLE_TARGET];
-    if (t_w->up && t - t_w->last_seen_ms > cc->worker_timeout_ms)
-        registry_target_lost(c, "sent nothing for worker_timeout_ms");
-    struct worker *d_w = &c->worker[ROLE_DRAFT];
-    if ((d_w->up || d_w->held) && t - d_w->last_seen_ms > cc->worker_timeout_ms)
-        registry_draft_lost(c, "sent nothing for worker_timeout_ms");
 }

@@ -1,5 +1,5 @@
-/* registry.h: the coordinator's two worker records: registration, the
- * draft/target pairing check, heartbeats and liveness, and the dispatch of
+/* registry.h: the coordinator's worker records, two per pair (a register
+ * names its pair): registration, the draft/target pairing check, heartbeats and liveness, and the dispatch of
  * worker messages to the scheduler. Sends through worker_send.h. */
 #ifndef TANDEM_REGISTRY_H
 #define TANDEM_REGISTRY_H
@@ -15,13 +15,14 @@ void registry_dispatch(struct coordinator *c, const struct protocol_msg *msg);
 
 /* Reads what waits on the lane of a worker whose messages come there
  * (lanes.h); an end of file loses the worker, as its silence would. */
-void registry_on_lane(struct coordinator *c, enum worker_role role);
+void registry_on_lane(struct coordinator *c, int pair, enum worker_role role);
 /* Heartbeats to both workers; declares a silent worker lost. */
 void registry_tick(struct coordinator *c);
-/* The draft is gone (timeout, refusal, re-registration): its sequences
+/* A pair's draft is gone (timeout, refusal, re-registration): its sequences
  * continue target-only. */
-void registry_draft_lost(struct coordinator *c, const char *why);
-/* The target is gone: every request fails with target_unavailable. */
-void registry_target_lost(struct coordinator *c, const char *why);
+void registry_draft_lost(struct coordinator *c, int pair, const char *why);
+/* A pair's target is gone: its requests fail with target_unavailable (the
+ * queued ones too when no other pair has a target). */
+void registry_target_lost(struct coordinator *c, int pair, const char *why);
 
 #endif

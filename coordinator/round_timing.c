@@ -30,20 +30,21 @@ void round_timing_verify_sent(struct coordinator *c, struct seq *s, int k, bool 
     /* beside its draft, the round's wait ends with draft_ready */
     if (k > 0 && !beside_draft)
         round_timing_draft_wait(c, s, s->verify_sent_ms);
-    if (c->target_outstanding == 0 && c->target_idle_since_ms >= 0) {
-        double gap = s->verify_sent_ms - c->target_idle_since_ms;
+    struct pair *p = coord_pair_of(c, s);
+    if (p->target_outstanding == 0 && p->target_idle_since_ms >= 0) {
+        double gap = s->verify_sent_ms - p->target_idle_since_ms;
         c->metrics.target_gap_samples++;
         c->metrics.target_gap_ms_total += gap;
         if (gap > c->metrics.target_gap_ms_max)
             c->metrics.target_gap_ms_max = gap;
     }
-    c->target_idle_since_ms = -1;
+    p->target_idle_since_ms = -1;
 }
 
 void round_timing_prefill_sent(struct coordinator *c, struct seq *s)
 {
     s->verify_sent_ms = coord_now_ms();
-    c->target_idle_since_ms = -1;
+    coord_pair_of(c, s)->target_idle_since_ms = -1;
 }
 
 void round_timing_draft_compute(struct coordinator *c, struct seq *s, double draft_ms)
@@ -81,26 +82,27 @@ void round_timing_predraft_used(struct seq *s)
  * base + per_row * rows over the calls so far (least squares on decayed
  * sums; until the row counts have varied, every row is assumed to cost as
  * much as the call's base spread over its rows). */
-static void note_target_call(struct coordinator *c, const struct worker_msg_verify_done *m)
+static void note_target_call(struct coordinator *c, struct pair *p, const struct worker_msg_verify_done *m)
 {
     metrics_note_target_call(&c->metrics, m->call_seqs, m->call_rows, m->call_ms);
+    p->target_calls++;
     if (m->call_ms <= 0 || m->call_rows < 1)
         return;
     const double x = m->call_rows, y = m->call_ms;
-    c->call_fit_w = c->call_fit_w * CALL_FIT_DECAY + 1;
-    c->call_fit_x = c->call_fit_x * CALL_FIT_DECAY + x;
-    c->call_fit_xx = c->call_fit_xx * CALL_FIT_DECAY + x * x;
-    c->call_fit_y = c->call_fit_y * CALL_FIT_DECAY + y;
-    c->call_fit_xy = c->call_fit_xy * CALL_FIT_DECAY + x * y;
-    const double mx = c->call_fit_x / c->call_fit_w, my = c->call_fit_y / c->call_fit_w;
-    const double var = c->call_fit_xx / c->call_fit_w - mx * mx;
-    const double slope = var > 0.25 ? (c->call_fit_xy / c->call_fit_w - mx * my) / var : -1;
+    p->call_fit_w = p->call_fit_w * CALL_FIT_DECAY + 1;
+    p->call_fit_x = p->call_fit_x * CALL_FIT_DECAY + x;
+    p->call_fit_xx = p->call_fit_xx * CALL_FIT_DECAY + x * x;
+    p->call_fit_y = p->call_fit_y * CALL_FIT_DECAY + y;
+    p->call_fit_xy = p->call_fit_xy * CALL_FIT_DECAY + x * y;
+    const double mx = p->call_fit_x / p->call_fit_w, my = p->call_fit_y / p->call_fit_w;
+    const double var = p->call_fit_xx / p->call_fit_w - mx * mx;
+    const double slope = var > 0.25 ? (p->call_fit_xy / p->call_fit_w - mx * my) / var : -1;
     if (slope >= 0 && my - slope * mx > 0) {
-        c->call_ms_per_row = slope;
-        c->call_ms_base = my - slope * mx;
+        p->call_ms_per_row = slope;
+        p->call_ms_base = my - slope * mx;
     } else {
-        c->call_ms_per_row = 0;
-        c->call_ms_base = 0; /* not measured: adaptive K ignores the load */
+        p->call_ms_per_row = 0;
+        p->call_ms_base = 0; /* not measured: adaptive K ignores the load */
     }
 }
 
@@ -111,9 +113,10 @@ double round_timing_verify_done(struct coordinator *c, struct seq *s, const stru
     s->verify_done_ms = now;
     s->round_start_ms = now;
     /* one call answers several sequences' rounds: each call is fitted once */
-    if (m->call > c->last_target_call) {
-        c->last_target_call = m->call;
-        note_target_call(c, m);
+    struct pair *p = coord_pair_of(c, s);
+    if (m->call > p->last_target_call) {
+        p->last_target_call = m->call;
+        note_target_call(c, p, m);
     }
     struct metrics *mt = &c->metrics;
     if (m->idle_ms >= 0) {
@@ -138,7 +141,7 @@ void round_timing_learn(struct coordinator *c, struct seq *s, const struct worke
      * it is the request's own: alone on the workers, catching-up on
      * skipped tokens left out (a one-off, as in last_draft_ms), and for a
      * plain round, no unused pre-draft still running beside it. */
-    double wall_ms = c->n_active == 1 ? round_wall_ms : -1.0;
+    double wall_ms = coord_pair_of(c, s)->n_active == 1 ? round_wall_ms : -1.0;
     if (k > 0 && s->last_draft_raw_ms > s->last_draft_ms)
         wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
     if (k == 0 && !s->verify_plain_alone)
@@ -162,5 +165,5 @@ void round_timing_learn(struct coordinator *c, struct seq *s, const struct worke
               k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, m->verify_ms, m->idle_ms,
               s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
               s->kc.wall_plain_ms, s->kc.wall_extra_ms,
-              c->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
+              coord_pair_of(c, s)->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
 }

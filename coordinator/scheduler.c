@@ -91,7 +91,7 @@ static struct worker_msg_sampling msg_sampling(const struct seq *s)
 /* Whether s drafts with the draft worker's model now. */
 static bool draft_usable(const struct coordinator *c, const struct seq *s)
 {
-    const struct worker *d = &c->worker[ROLE_DRAFT];
+    const struct worker *d = &c->pair[s->pair].worker[ROLE_DRAFT];
     return coord_seq_uses_model(s) && d->up && !s->spec_off && s->slot < d->n_slots;
 }
 
@@ -108,12 +108,12 @@ void scheduler_seq_reset(struct seq *s)
 static void send_release(struct coordinator *c, struct seq *s)
 {
     for (int r = 0; r < 2; r++) {
-        if (!c->worker[r].up)
+        if (!coord_pair_of(c, s)->worker[r].up)
             continue;
         struct worker_msg_seq m = msg_seq(s);
         cJSON *h = worker_msg_release_encode(&m);
         if (h != NULL)
-            worker_send(c, (enum worker_role)r, h, NULL);
+            worker_send(c, s->pair, (enum worker_role)r, h, NULL);
     }
 }
 
@@ -137,12 +137,15 @@ static void queue_remove(struct coordinator *c, struct seq *s)
 /* The slot is taken: blocks reserved, one more active sequence. */
 static void seq_take_slot(struct coordinator *c, struct seq *s)
 {
+    struct pair *p = coord_pair_of(c, s);
     for (int r = 0; r < 2; r++) {
         s->kv_reserved[r] = r == ROLE_DRAFT && (s->spec_off || !coord_seq_uses_model(s))
                                 ? 0
-                                : admission_kv_blocks(c, (enum worker_role)r, s);
-        c->kv_reserved[r] += s->kv_reserved[r];
+                                : admission_kv_blocks(c, p, (enum worker_role)r, s);
+        p->kv_reserved[r] += s->kv_reserved[r];
     }
+    p->n_active++;
+    p->requests_admitted++;
     if (c->n_active++ == 0)
         c->busy_since_ms = coord_now_ms();
 }
@@ -151,17 +154,19 @@ static void seq_take_slot(struct coordinator *c, struct seq *s)
 static void seq_leave_slot(struct coordinator *c, struct seq *s)
 {
     send_release(c, s);
+    struct pair *p = coord_pair_of(c, s);
     /* the release ends a run of plain steps: the steps after the one in
      * flight will not be answered */
     if (s->round_state == ROUND_PLAIN_RUN && s->run_steps - s->run_done > 1) {
-        c->target_outstanding -= s->run_steps - s->run_done - 1;
-        if (c->target_outstanding < 0)
-            c->target_outstanding = 0;
+        p->target_outstanding -= s->run_steps - s->run_done - 1;
+        if (p->target_outstanding < 0)
+            p->target_outstanding = 0;
     }
     for (int r = 0; r < 2; r++) {
-        c->kv_reserved[r] -= s->kv_reserved[r];
+        p->kv_reserved[r] -= s->kv_reserved[r];
         s->kv_reserved[r] = 0;
     }
+    p->n_active--;
     if (--c->n_active == 0 && c->busy_since_ms >= 0) {
         c->metrics.busy_ms_total += coord_now_ms() - c->busy_since_ms;
         c->busy_since_ms = -1;
@@ -214,9 +219,10 @@ static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish
     double t = coord_now_ms();
     /* The history belongs to the pair: measurements taken with a draft that
      * has since been lost (or replaced) would mislead the next request. */
-    if (s->kc.rounds_observed > 0 && s->draft_gen == c->draft_gen) {
-        c->k_history = s->kc;
-        c->k_history_valid = true;
+    struct pair *p = coord_pair_of(c, s);
+    if (s->kc.rounds_observed > 0 && s->draft_gen == p->draft_gen) {
+        p->k_history = s->kc;
+        p->k_history_valid = true;
     }
     char err[ERR_MSG_MAX];
     bool stopped = false;
@@ -250,9 +256,9 @@ static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish
     scheduler_admit(c);
 }
 
-static bool is_eos(const struct coordinator *c, int32_t id)
+static bool is_eos(const struct coordinator *c, const struct seq *s, int32_t id)
 {
-    const struct worker *t = &c->worker[ROLE_TARGET];
+    const struct worker *t = coord_target_of(c, s);
     for (int i = 0; i < t->n_eos; i++)
         if (t->eos_ids[i] == id)
             return true;
@@ -263,7 +269,7 @@ static bool is_eos(const struct coordinator *c, int32_t id)
 static int seq_room(const struct coordinator *c, const struct seq *s)
 {
     int by_tokens = s->max_tokens - s->generated;
-    int by_ctx = coord_context_len(c) - s->n_hist + 1;
+    int by_ctx = coord_context_len(c, s) - s->n_hist + 1;
     return by_tokens < by_ctx ? by_tokens : by_ctx;
 }
 
@@ -282,7 +288,7 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
      * the drafts start (after the guess in a pre-drafted half). */
     struct worker_msg_verify m = {
         .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
-        .sampling = msg_sampling(s), .shm = k > 0 && !inline_drafts ? c->worker[ROLE_DRAFT].shm : NULL,
+        .sampling = msg_sampling(s), .shm = k > 0 && !inline_drafts ? coord_pair_of(c, s)->worker[ROLE_DRAFT].shm : NULL,
         .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps, .await_draft = beside_draft,
         .n_drafts = inline_drafts ? k : 0,
     };
@@ -305,12 +311,12 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
     s->verify_source = inline_drafts != NULL ? source : REQUEST_DRAFT_MODEL;
     c->metrics.beside_draft_total += beside_draft;
     round_timing_verify_sent(c, s, k, beside_draft);
-    c->target_outstanding += steps; /* each step is answered */
+    coord_pair_of(c, s)->target_outstanding += steps; /* each step is answered */
     if (steps > 1) {
         c->metrics.plain_runs_total++;
         c->metrics.plain_run_steps_total += (uint64_t)steps;
     }
-    worker_send(c, ROLE_TARGET, h, &frame);
+    worker_send(c, s->pair, ROLE_TARGET, h, &frame);
 }
 
 static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
@@ -351,15 +357,16 @@ static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
  * the draft against 9.9-10.8 the usual way, two alternating pairs). Over
  * POSIX shared memory only: on cuda_ipc the device side has its own
  * ordering, not tried so yet. */
-static bool verify_beside_draft(const struct coordinator *c)
+static bool verify_beside_draft(const struct pair *p)
 {
-    return !c->cores_shared && c->worker[ROLE_DRAFT].shm_posix;
+    return !p->cores_shared && p->worker[ROLE_DRAFT].shm_posix;
 }
 
 /* Sends a fresh draft of k tokens (and asks for a pre-draft when useful). */
 static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
 {
-    if (s->draft_gen != c->draft_gen)
+    struct pair *p = coord_pair_of(c, s);
+    if (s->draft_gen != p->draft_gen)
         s->draft_valid = 0;
     if (s->draft_valid > s->n_hist - 1)
         s->draft_valid = s->n_hist - 1;
@@ -367,7 +374,7 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
      * for the draft (then its time is better spent there). */
     int predraft_k = 0;
     int room_after = room - (k + 1);
-    const struct worker *d = &c->worker[ROLE_DRAFT];
+    const struct worker *d = &p->worker[ROLE_DRAFT];
     int draft_room = d->max_seq_len - (s->n_hist + k);
     if (room_after > 1 && draft_room > 1) {
         /* a pre-draft proposes its guess and predraft_k drafts: at most
@@ -379,7 +386,8 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
             predraft_k = draft_room - 1;
         int busy = 0;
         for (int i = 0; i < c->n_seqs; i++)
-            busy += c->seqs[i].state == SEQ_ACTIVE && (c->seqs[i].round_state == ROUND_DRAFTING ||
+            busy += c->seqs[i].state == SEQ_ACTIVE && c->seqs[i].pair == s->pair &&
+                    (c->seqs[i].round_state == ROUND_DRAFTING ||
                                                        (c->seqs[i].round_state == ROUND_VERIFY_BESIDE_DRAFT &&
                                                         c->seqs[i].beside_draft == BESIDE_DRAFT_AWAITED));
         /* On cores the draft shares with the target a pre-draft slows the
@@ -387,7 +395,7 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
          * cores, 2 + 2 threads: rounds with pre-drafts took 2-4x as long,
          * verification 16-19 ms against 6-7 alone). Elsewhere, alone,
          * whether it pays is the controller's to measure. */
-        if (busy > 0 || c->cores_shared || !adaptive_k_predraft(&s->kc))
+        if (busy > 0 || p->cores_shared || !adaptive_k_predraft(&s->kc))
             predraft_k = 0;
     }
     struct worker_msg_draft m = {
@@ -414,8 +422,8 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
         s->predraft = PREDRAFT_PENDING;
     s->draft_sent_ms = coord_now_ms();
     s->draft_n_feed = s->n_hist - s->draft_valid;
-    s->draft_gen = c->draft_gen;
-    if (worker_send(c, ROLE_DRAFT, h, &frame) == 0 && verify_beside_draft(c))
+    s->draft_gen = p->draft_gen;
+    if (worker_send(c, s->pair, ROLE_DRAFT, h, &frame) == 0 && verify_beside_draft(p))
         send_verify(c, s, k, COORD_HALF_FRESH, s->draft_round, k - 1, 1, true);
 }
 
@@ -434,10 +442,11 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         return;
     int k = 0, steps = 1;
     if (draft_usable(c, s)) {
-        int draft_room = c->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
-        /* every active sequence shares the target's forward calls */
-        struct adaptive_k_load load = {.batch = c->n_active, .call_ms_base = c->call_ms_base,
-                                       .call_ms_per_row = c->call_ms_per_row};
+        const struct pair *p = coord_pair_of(c, s);
+        int draft_room = p->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
+        /* every active sequence of the pair shares its target's forward calls */
+        struct adaptive_k_load load = {.batch = p->n_active, .call_ms_base = p->call_ms_base,
+                                       .call_ms_per_row = p->call_ms_per_row};
         k = adaptive_k_next_under_load(&s->kc, room < draft_room ? room : draft_room, &load);
         /* the plain rounds the controller commits to go as one run: each
          * would otherwise cost a trip through the coordinator, 0.4-0.7 ms
@@ -487,11 +496,11 @@ static bool seq_accept_tokens(struct coordinator *c, struct seq *s, const int32_
             *reason = METRICS_FINISH_STOP_STRING;
             return true;
         }
-        if (is_eos(c, tokens[i])) {
+        if (is_eos(c, s, tokens[i])) {
             *reason = METRICS_FINISH_STOP;
             return true;
         }
-        if (s->generated >= s->max_tokens || s->n_hist > coord_context_len(c)) {
+        if (s->generated >= s->max_tokens || s->n_hist > coord_context_len(c, s)) {
             *reason = METRICS_FINISH_LENGTH;
             return true;
         }
@@ -507,7 +516,7 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
     s->round_state = ROUND_IDLE;
     const bool ready = s->predraft == PREDRAFT_READY;
     s->predraft = PREDRAFT_NONE;
-    if (!ready || s->draft_gen != c->draft_gen || !draft_usable(c, s)) {
+    if (!ready || s->draft_gen != coord_pair_of(c, s)->draft_gen || !draft_usable(c, s)) {
         seq_advance(c, s);
         return;
     }
@@ -529,22 +538,24 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
 
 /* What the coordinator checks worker replies against: its own request
  * records for slots, the target's vocabulary for token ids. */
-static struct worker_msg_limits reply_limits(const struct coordinator *c)
+static struct worker_msg_limits reply_limits(const struct coordinator *c, int pair)
 {
+    const struct worker *t = &c->pair[pair].worker[ROLE_TARGET];
     return (struct worker_msg_limits){
         .n_slots = c->n_seqs,
-        .max_seq_len = coord_context_len(c),
+        .max_seq_len = t->max_seq_len,
         .k_max = SPECULATE_K_MAX,
-        .vocab_size = c->worker[ROLE_TARGET].vocab_size,
+        .vocab_size = t->vocab_size,
     };
 }
 
-/* The active sequence a reply names, or NULL (finished or stale). */
-static struct seq *seq_for(struct coordinator *c, const struct worker_msg_seq *m)
+/* The active sequence a reply of a worker of this pair names, or NULL
+ * (finished, stale, or another pair's). */
+static struct seq *seq_for(struct coordinator *c, int pair, const struct worker_msg_seq *m)
 {
     for (int i = 0; m->req >= 0 && i < c->n_seqs; i++) {
         struct seq *s = &c->seqs[i];
-        if (s->state == SEQ_ACTIVE && s->req == (uint64_t)m->req && s->slot == m->slot)
+        if (s->state == SEQ_ACTIVE && s->req == (uint64_t)m->req && s->slot == m->slot && s->pair == pair)
             return s;
     }
     return NULL;
@@ -592,13 +603,13 @@ static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
     }
 }
 
-void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg)
+void scheduler_on_verify_done(struct coordinator *c, int pair, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_limits lim = reply_limits(c, pair);
     struct worker_msg_verify_done m;
     int rc = worker_msg_verify_done_decode(msg, &lim, &m, err);
-    struct seq *s = seq_for(c, &m.seq);
+    struct seq *s = seq_for(c, pair, &m.seq);
     if (s == NULL) {
         LOG_DEBUG("target verify_done dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
@@ -619,7 +630,7 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
     const double now = coord_now_ms();
     const enum round_state was = s->round_state;
     if (m.prefix.present) {
-        metrics_prefix_report(&c->metrics, ROLE_TARGET, m.prefix.looked_up, m.prefix.cached,
+        metrics_prefix_report(&c->metrics, pair, ROLE_TARGET, m.prefix.looked_up, m.prefix.cached,
                               m.prefix.cached_blocks, m.prefix.evictions);
         s->prompt_cached = m.prefix.cached;
     }
@@ -647,7 +658,7 @@ void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *
                                now);
     }
     /* what the draft cached of the round, unless it failed or was lost */
-    if (k > 0 && s->draft_gen == c->draft_gen && s->verify_source == REQUEST_DRAFT_MODEL &&
+    if (k > 0 && s->draft_gen == coord_pair_of(c, s)->draft_gen && s->verify_source == REQUEST_DRAFT_MODEL &&
         !(was == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_LOST)) {
         int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
         s->draft_valid = s->verify_L + cached;
@@ -714,13 +725,13 @@ static void on_predraft(struct coordinator *c, struct seq *s, int round, int hal
         seq_resolve_predraft(c, s);
 }
 
-void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *msg)
+void scheduler_on_draft_ready(struct coordinator *c, int pair, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_limits lim = reply_limits(c, pair);
     struct worker_msg_draft_ready m;
     int rc = worker_msg_draft_ready_decode(msg, &lim, &m, err);
-    struct seq *s = seq_for(c, &m.seq);
+    struct seq *s = seq_for(c, pair, &m.seq);
     if (s == NULL) {
         LOG_DEBUG("draft draft_ready dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
@@ -765,20 +776,20 @@ void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *
     send_verify(c, s, k, half, round, k - 1, 1, false);
 }
 
-void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg)
+void scheduler_on_prefill_done(struct coordinator *c, int pair, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
-    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_limits lim = reply_limits(c, pair);
     struct worker_msg_prefill_done m;
     int rc = worker_msg_prefill_done_decode(msg, &lim, &m, err);
-    struct seq *s = seq_for(c, &m.seq);
+    struct seq *s = seq_for(c, pair, &m.seq);
     if (s == NULL || rc != 0) {
         LOG_DEBUG("draft prefill_done dropped: %s", rc ? err : "no such active request (finished or stale)");
         return;
     }
     s->draft_prefilling = false;
     if (m.prefix.present)
-        metrics_prefix_report(&c->metrics, ROLE_DRAFT, m.prefix.looked_up, m.prefix.cached,
+        metrics_prefix_report(&c->metrics, pair, ROLE_DRAFT, m.prefix.looked_up, m.prefix.cached,
                               m.prefix.cached_blocks, m.prefix.evictions);
     LOG_DEBUG("request \"%s\": draft prefill %.1f ms (%d prompt tokens cached)", s->id, m.prefill_ms,
               m.prefix.cached);
@@ -814,7 +825,7 @@ void scheduler_forget_draft(struct coordinator *c, struct seq *s)
 static void on_beside_draft_failed(struct coordinator *c, struct seq *s)
 {
     c->metrics.beside_draft_failed_total++;
-    const bool draft_same = s->draft_gen == c->draft_gen && draft_usable(c, s);
+    const bool draft_same = s->draft_gen == coord_pair_of(c, s)->draft_gen && draft_usable(c, s);
     if (draft_same && s->beside_draft == BESIDE_DRAFT_AWAITED) {
         s->round_state = ROUND_DRAFTING; /* draft_ready sends the verification */
         return;
@@ -831,13 +842,14 @@ static void on_beside_draft_failed(struct coordinator *c, struct seq *s)
     seq_advance(c, s);
 }
 
-void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg)
+void scheduler_on_worker_error(struct coordinator *c, int pair, enum worker_role role,
+                               const struct protocol_msg *msg)
 {
-    struct worker_msg_limits lim = reply_limits(c);
+    struct worker_msg_limits lim = reply_limits(c, pair);
     struct worker_msg_error m;
     worker_msg_error_decode(msg, &lim, &m);
     const char *code = m.code, *message = m.message;
-    struct seq *s = seq_for(c, &m.seq);
+    struct seq *s = seq_for(c, pair, &m.seq);
     if (s == NULL) {
         LOG_WARN("%s worker error (no active request): %s: %s", coord_role_name(role), code, message);
         return;
@@ -863,20 +875,30 @@ void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, con
 
 static void seq_start(struct coordinator *c, struct seq *s)
 {
+    const struct pair *p = coord_pair_of(c, s);
+    if (p->k_history_valid) {
+        /* what the pair's earlier requests measured, with this request's
+         * own K settings */
+        const int k_fixed = s->kc.k_fixed, k_max = s->kc.k_max;
+        s->kc = p->k_history;
+        adaptive_k_new_request(&s->kc);
+        s->kc.k_fixed = k_fixed;
+        s->kc.k_max = k_max;
+    }
     s->state = SEQ_ACTIVE;
     s->t_admit_ms = coord_now_ms();
     seq_take_slot(c, s);
     c->metrics.prompt_tokens_total += (uint64_t)s->n_prompt;
     s->target_len = 0;
     s->draft_valid = 0;
-    s->draft_gen = c->draft_gen;
-    if (draft_usable(c, s) && s->n_prompt < c->worker[ROLE_DRAFT].max_seq_len) {
+    s->draft_gen = coord_pair_of(c, s)->draft_gen;
+    if (draft_usable(c, s) && s->n_prompt < coord_pair_of(c, s)->worker[ROLE_DRAFT].max_seq_len) {
         struct worker_msg_prefill pm = {
             .seq = msg_seq(s), .sampling = msg_sampling(s), .prompt = s->hist, .n_prompt = s->n_prompt,
         };
         struct protocol_frame pf;
         cJSON *h = worker_msg_prefill_encode(&pm, &pf);
-        if (h != NULL && worker_send(c, ROLE_DRAFT, h, &pf) == 0) {
+        if (h != NULL && worker_send(c, s->pair, ROLE_DRAFT, h, &pf) == 0) {
             s->draft_valid = s->n_prompt;
             s->draft_prefilling = true;
         }
@@ -901,61 +923,62 @@ static void seq_start(struct coordinator *c, struct seq *s)
     s->verify_keep = 0;
     s->verify_feed = s->n_prompt;
     round_timing_prefill_sent(c, s);
-    c->target_outstanding++;
-    worker_send(c, ROLE_TARGET, h, &frame);
+    coord_pair_of(c, s)->target_outstanding++;
+    worker_send(c, s->pair, ROLE_TARGET, h, &frame);
+}
+
+/* The lowest slot of pair p no active sequence holds, or -1. */
+static int free_slot(const struct coordinator *c, int p)
+{
+    const int n_slots = admission_pair_slots(c, &c->pair[p]);
+    for (int i = 0; i < n_slots; i++) {
+        bool used = false;
+        for (int j = 0; j < c->n_seqs && !used; j++)
+            used = c->seqs[j].state == SEQ_ACTIVE && c->seqs[j].pair == p && c->seqs[j].slot == i;
+        if (!used)
+            return i;
+    }
+    return -1;
 }
 
 void scheduler_admit(struct coordinator *c)
 {
-    while (c->queue_head != NULL && c->n_active < c->cfg.coordinator.max_concurrency &&
-           c->worker[ROLE_TARGET].up) {
+    while (c->queue_head != NULL && coord_any_target(c) != NULL) {
         struct seq *s = c->queue_head;
         int need = 0;
-        const int fit = admission_kv_fits(c, s, &need);
-        if (fit < 0) {
+        const int pair = admission_choose_pair(c, s, &need);
+        if (pair == ADMISSION_NEVER) {
+            const struct worker *t = coord_any_target(c);
             char msg[256];
             snprintf(msg, sizeof msg,
                      "the request may need %d KV blocks of %d positions, the target worker's "
-                     "pool holds %d (kv_tokens)", need, c->worker[ROLE_TARGET].kv_block_size,
-                     c->worker[ROLE_TARGET].kv_blocks);
+                     "pool holds %d (kv_tokens)", need, t->kv_block_size, t->kv_blocks);
             scheduler_fail(c, s, METRICS_ERR_OVERLOADED, msg);
             continue;
         }
-        if (fit == 0) {
-            /* First come, first served: the head waits for blocks to return
-             * (the queue bounds how many wait; past it, overloaded). */
-            if (!s->kv_waited) {
+        if (pair == ADMISSION_LATER) {
+            /* First come, first served: the head waits for slots or blocks
+             * to return (the queue bounds how many wait; past it,
+             * overloaded). */
+            bool slots_full = true;
+            for (int p = 0; p < c->n_pairs && slots_full; p++)
+                slots_full = !c->pair[p].worker[ROLE_TARGET].up ||
+                             c->pair[p].n_active >= admission_pair_slots(c, &c->pair[p]);
+            if (!slots_full && !s->kv_waited) {
                 s->kv_waited = true;
                 c->metrics.kv_waits_total++;
             }
             return;
         }
+        const int slot = free_slot(c, pair);
+        if (slot < 0)
+            return; /* cannot be: the pair's sequences hold fewer than its slots */
         c->queue_head = s->next_queued;
         if (c->queue_head == NULL)
             c->queue_tail = NULL;
         s->next_queued = NULL;
         c->n_queued--;
-        /* Its slot: the lowest free slot below the workers' slot count. */
-        int n_slots = c->cfg.coordinator.max_concurrency;
-        if (c->worker[ROLE_TARGET].n_slots < n_slots)
-            n_slots = c->worker[ROLE_TARGET].n_slots;
-        int slot = -1;
-        for (int i = 0; i < n_slots && slot < 0; i++) {
-            bool used = false;
-            for (int j = 0; j < c->n_seqs && !used; j++)
-                used = c->seqs[j].state == SEQ_ACTIVE && c->seqs[j].slot == i;
-            if (!used)
-                slot = i;
-        }
-        if (slot < 0) {
-            /* Fewer worker slots than max_concurrency: wait for one. */
-            s->next_queued = c->queue_head;
-            c->queue_head = s;
-            if (c->queue_tail == NULL)
-                c->queue_tail = s;
-            c->n_queued++;
-            return;
-        }
+        s->pair = pair;
         s->slot = slot;
         seq_start(c, s);
     }

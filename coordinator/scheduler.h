@@ -30,10 +30,12 @@ void scheduler_seq_reset(struct seq *s);
 /* Drops everything the sequence expected from the draft and moves it on. */
 void scheduler_forget_draft(struct coordinator *c, struct seq *s);
 
-/* Worker replies, from the registry's dispatch. */
-void scheduler_on_verify_done(struct coordinator *c, const struct protocol_msg *msg);
-void scheduler_on_draft_ready(struct coordinator *c, const struct protocol_msg *msg);
-void scheduler_on_prefill_done(struct coordinator *c, const struct protocol_msg *msg);
-void scheduler_on_worker_error(struct coordinator *c, enum worker_role role, const struct protocol_msg *msg);
+/* Worker replies of pair `pair`'s workers, from the registry's dispatch
+ * (a reply naming another pair's sequence is stale). */
+void scheduler_on_verify_done(struct coordinator *c, int pair, const struct protocol_msg *msg);
+void scheduler_on_draft_ready(struct coordinator *c, int pair, const struct protocol_msg *msg);
+void scheduler_on_prefill_done(struct coordinator *c, int pair, const struct protocol_msg *msg);
+void scheduler_on_worker_error(struct coordinator *c, int pair, enum worker_role role,
+                               const struct protocol_msg *msg);
 
 #endif

@@ -10,15 +10,16 @@ static const char *type_of(const cJSON *hdr)
     return t != NULL ? t : "?";
 }
 
-int worker_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame)
+int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                const struct protocol_frame *frame)
 {
     char err[ERR_MSG_MAX];
-    struct worker *w = &c->worker[role];
+    struct worker *w = &c->pair[pair].worker[role];
     int rc = w->lane_sending ? lane_send(w->lane_fd, hdr, frame, frame ? 1 : 0, err)
                              : protocol_send(c->workers, w->identity, w->identity_size, hdr, frame,
                                              frame ? 1 : 0, PROTOCOL_DONTWAIT, err);
     if (rc != 0)
-        LOG_WARN("%s worker: send %s failed: %s", coord_role_name(role), type_of(hdr), err);
+        LOG_WARN("%s worker of pair %d: send %s failed: %s", coord_role_name(role), pair, type_of(hdr), err);
     cJSON_Delete(hdr);
     return rc;
 }

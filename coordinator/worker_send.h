@@ -11,8 +11,10 @@
 #include "coord_state.h"
 
 /* Sends hdr (deleted here, whatever happens) and an optional frame (NULL:
- * none) to the worker of this role. 0 or protocol_send's code (logged). */
-int worker_send(struct coordinator *c, enum worker_role role, cJSON *hdr, const struct protocol_frame *frame);
+ * none) to the worker of this role in this pair. 0 or protocol_send's code
+ * (logged). */
+int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                const struct protocol_frame *frame);
 
 /* Sends hdr (deleted here) to the process with this routing id on the
  * worker socket. 0 or protocol_send's code (logged). */

@@ -75,7 +75,7 @@ static cJSON *build_register(void *user)
     cJSON *h = worker_link_register_new("draft", w->cfg.draft_worker.model,
                                         w->cfg.draft_worker.backend, llama_model_config(w->m.model),
                                         w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
-                                        w->m.kv_block_size, &w->m.cpu);
+                                        w->m.kv_block_size, &w->m.cpu, w->cfg.pair);
     cJSON *shm = h ? xfer_export(w->buf) : NULL;
     if (!shm || !cJSON_AddItemToObject(h, "shm", shm)) {
         cJSON_Delete(shm);

@@ -106,7 +106,7 @@ static cJSON *build_register(void *user)
     return worker_link_register_new("target", w->cfg.target_worker.model,
                                     w->cfg.target_worker.backend, llama_model_config(w->m.model),
                                     w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
-                                    w->m.kv_block_size, &w->m.cpu);
+                                    w->m.kv_block_size, &w->m.cpu, w->cfg.pair);
 }
 
 static void queued_free(struct queued_verify *qv)

@@ -114,13 +114,14 @@ void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
 
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
                                 const struct model_config *mc, int max_seq_len, int n_slots,
-                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu)
+                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu,
+                                int pair)
 {
     struct worker_msg_register r = {
         .role = role, .pid = (int)getpid(), .model = model, .backend = backend,
         .vocab_size = mc->vocab_size, .max_seq_len = max_seq_len, .n_slots = n_slots,
         .bos_id = mc->bos_token_id, .kv_blocks = kv_blocks, .kv_block_size = kv_block_size,
-        .cpu = *cpu,
+        .cpu = *cpu, .pair = pair,
     };
     for (int i = 0; i < mc->n_eos_token_ids && i < WORKER_MSG_EOS_MAX; i++)
         r.eos_ids[r.n_eos++] = mc->eos_token_ids[i];

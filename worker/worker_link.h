@@ -148,10 +148,11 @@ void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
 
 /* A register header (worker_msg_register) with this process's pid, the
  * model facts from mc and the cores it computes on (cpu, not present on a
- * GPU backend). The draft adds its "shm" descriptor. NULL when out of
+ * GPU backend), and the pair it serves. The draft adds its "shm" descriptor. NULL when out of
  * memory. */
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
                                 const struct model_config *mc, int max_seq_len, int n_slots,
-                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu);
+                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu,
+                                int pair);
 
 #endif

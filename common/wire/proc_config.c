@@ -27,7 +27,6 @@
 #include "request.h"
 
 #define PROC_CONFIG_FILE_MAX_BYTES (1 << 20)
-#define PROC_CONFIG_IPC_PATH_MAX 107
 #define PROC_CONFIG_INSTANCE_MAX 40
 
 enum key_kind {
@@ -339,6 +338,7 @@ static void worker_defaults(struct worker_config *w)
 void proc_config_defaults(struct proc_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->n_pairs = 1;
     snprintf(cfg->instance, sizeof cfg->instance, "tandem");
     struct coordinator_config *c = &cfg->coordinator;
     snprintf(c->client_endpoint, sizeof c->client_endpoint, "tcp://127.0.0.1:5555");
@@ -468,6 +468,68 @@ static int has_duplicate_before(const cJSON *obj, const cJSON *item)
     return 0;
 }
 
+/* Applies the keys of one section object (item) to base, the section's
+ * struct; prefix goes before the section's name in messages ("pairs[1]."). */
+static int apply_section(void *base, const struct section_desc *sec, const cJSON *item,
+                         const char *source, const char *prefix, char *err)
+{
+    char inner[ERR_MSG_MAX];
+    if (!cJSON_IsObject(item))
+        return error_set(err, ERR_INVALID_ARG, "%s: %s%s: expected an object, got %s", source,
+                         prefix, sec->name, json_type_name(item));
+    for (const cJSON *kv = item->child; kv; kv = kv->next) {
+        const char *kname = kv->string ? kv->string : "";
+        if (has_duplicate_before(item, kv))
+            return error_set(err, ERR_INVALID_ARG, "%s: %s%s.%s: duplicate key", source, prefix,
+                             sec->name, kname);
+        const struct key_desc *k = key_find(sec, kname);
+        if (!k)
+            return error_set(err, ERR_INVALID_ARG, "%s: %s%s.%s: unknown key", source, prefix,
+                             sec->name, kname);
+        int rc = key_set_json(base, sec->name, k, kv, inner);
+        if (rc != 0)
+            return error_set(err, rc, "%s: %s%s", source, prefix, inner);
+    }
+    return 0;
+}
+
+/* "pairs": this process's element over its worker sections; every other
+ * element's keys are checked on a scratch copy, so a typo in any pair is an
+ * error in every process. */
+static int apply_pairs(struct proc_config *cfg, const cJSON *pairs, const char *source, char *err)
+{
+    const int n = cJSON_IsArray(pairs) ? cJSON_GetArraySize(pairs) : 0;
+    if (!cJSON_IsArray(pairs) || n < 1 || n > PROC_CONFIG_PAIRS_MAX)
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s: pairs: expected an array of 1..%d objects (one per draft/target pair), "
+                         "got %s%s", source, PROC_CONFIG_PAIRS_MAX, json_type_name(pairs),
+                         cJSON_IsArray(pairs) ? " of another length" : "");
+    cfg->n_pairs = n;
+    int i = 0;
+    for (const cJSON *el = pairs->child; el; el = el->next, i++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "pairs[%d].", i);
+        if (!cJSON_IsObject(el))
+            return error_set(err, ERR_INVALID_ARG, "%s: pairs[%d]: expected an object, got %s", source,
+                             i, json_type_name(el));
+        for (const cJSON *part = el->child; part; part = part->next) {
+            const char *name = part->string ? part->string : "";
+            const bool draft = strcmp(name, "draft_worker") == 0;
+            if ((!draft && strcmp(name, "target_worker") != 0) || has_duplicate_before(el, part))
+                return error_set(err, ERR_INVALID_ARG, "%s: %s%s: %s", source, prefix, name,
+                                 draft || strcmp(name, "target_worker") == 0
+                                     ? "duplicate key"
+                                     : "unknown key (a pair has draft_worker and target_worker)");
+            struct worker_config scratch = draft ? cfg->draft_worker : cfg->target_worker;
+            struct worker_config *w = i != cfg->pair ? &scratch : draft ? &cfg->draft_worker : &cfg->target_worker;
+            int rc = apply_section(w, section_find(name, strlen(name)), part, source, prefix, err);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int proc_config_load_json(struct proc_config *cfg, const char *json_text, const char *source,
                           char *err)
 {
@@ -475,6 +537,7 @@ int proc_config_load_json(struct proc_config *cfg, const char *json_text, const 
     int rc = 0;
     if (!source)
         source = "config";
+    const cJSON *pairs = NULL;
     cJSON *root = cJSON_Parse(json_text);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -517,36 +580,20 @@ int proc_config_load_json(struct proc_config *cfg, const char *json_text, const 
             snprintf(cfg->instance, sizeof cfg->instance, "%s", item->valuestring);
             continue;
         }
+        if (strcmp(name, "pairs") == 0) {
+            pairs = item; /* after the sections it overrides, wherever it is */
+            continue;
+        }
         const struct section_desc *sec = section_find(name, strlen(name));
         if (!sec) {
             rc = error_set(err, ERR_INVALID_ARG, "%s: %s: unknown key", source, name);
             goto done;
         }
-        if (!cJSON_IsObject(item)) {
-            rc = error_set(err, ERR_INVALID_ARG, "%s: %s: expected an object, got %s", source,
-                           name, json_type_name(item));
+        if ((rc = apply_section((char *)cfg + sec->offset, sec, item, source, "", err)) != 0)
             goto done;
-        }
-        void *base = (char *)cfg + sec->offset;
-        for (const cJSON *kv = item->child; kv; kv = kv->next) {
-            const char *kname = kv->string ? kv->string : "";
-            if (has_duplicate_before(item, kv)) {
-                rc = error_set(err, ERR_INVALID_ARG, "%s: %s.%s: duplicate key", source, name,
-                               kname);
-                goto done;
-            }
-            const struct key_desc *k = key_find(sec, kname);
-            if (!k) {
-                rc = error_set(err, ERR_INVALID_ARG, "%s: %s.%s: unknown key", source, name,
-                               kname);
-                goto done;
-            }
-            if ((rc = key_set_json(base, sec->name, k, kv, inner)) != 0) {
-                error_set(err, rc, "%s: %s", source, inner);
-                goto done;
-            }
-        }
     }
+    if (pairs != NULL)
+        rc = apply_pairs(cfg, pairs, source, err);
 done:
     cJSON_Delete(root);
     return rc;
@@ -628,70 +675,6 @@ int proc_config_set(struct proc_config *cfg, const char *key, const char *value,
         return key_set_int(base, sec->name, k, v, err);
     }
     return key_set_string(base, sec->name, k, value, err);
-}
-
-int proc_config_check_endpoint(const char *endpoint, char *err)
-{
-    if (!endpoint || endpoint[0] == '\0')
-        return error_set(err, ERR_INVALID_ARG, "empty endpoint");
-    if (strncmp(endpoint, "tcp://", 6) == 0) {
-        const char *hostport = endpoint + 6;
-        const char *colon = strrchr(hostport, ':');
-        if (!colon || colon == hostport)
-            return error_set(err, ERR_INVALID_ARG,
-                             "bad endpoint \"%s\": expected tcp://host:port", endpoint);
-        const char *port = colon + 1;
-        if (strcmp(port, "*") == 0)
-            return 0;
-        char *end = NULL;
-        errno = 0;
-        long p = strtol(port, &end, 10);
-        if (port[0] == '\0' || *end != '\0' || errno != 0 || p < 1 || p > 65535)
-            return error_set(err, ERR_INVALID_ARG,
-                             "bad endpoint \"%s\": port must be 1..65535 or *", endpoint);
-        for (const char *h = hostport; h < colon; h++)
-            if (*h == '/' || *h == ' ')
-                return error_set(err, ERR_INVALID_ARG, "bad endpoint \"%s\": bad host",
-                                 endpoint);
-        return 0;
-    }
-    if (strncmp(endpoint, "ipc://", 6) == 0) {
-        size_t n = strlen(endpoint + 6);
-        if (n == 0)
-            return error_set(err, ERR_INVALID_ARG, "bad endpoint \"%s\": empty ipc path",
-                             endpoint);
-        if (n > PROC_CONFIG_IPC_PATH_MAX)
-            return error_set(err, ERR_INVALID_ARG,
-                             "bad endpoint \"%s\": ipc path longer than %d bytes", endpoint,
-                             PROC_CONFIG_IPC_PATH_MAX);
-        return 0;
-    }
-    if (strncmp(endpoint, "inproc://", 9) == 0) {
-        if (endpoint[9] == '\0')
-            return error_set(err, ERR_INVALID_ARG, "bad endpoint \"%s\": empty inproc name",
-                             endpoint);
-        return 0;
-    }
-    return error_set(err, ERR_INVALID_ARG,
-                     "bad endpoint \"%s\": expected tcp://host:port, ipc://path or inproc://name",
-                     endpoint);
-}
-
-int proc_config_check_listen(const char *listen, char *err)
-{
-    const char *colon = listen ? strrchr(listen, ':') : NULL;
-    if (colon == NULL || colon == listen)
-        return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": expected host:port", listen ? listen : "");
-    char *end = NULL;
-    errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (colon[1] == '\0' || *end != '\0' || errno != 0 || port < 1 || port > 65535)
-        return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": port must be 1..65535", listen);
-    for (const char *h = listen; h < colon; h++)
-        if (!((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || *h == '.' ||
-              *h == '-' || *h == '*'))
-            return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": bad host", listen);
-    return 0;
 }
 
 /* The gateway's body limit against the coordinator's message limit (a body
@@ -810,6 +793,10 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
     int rc = check_instance(cfg->instance, err);
     if (rc != 0)
         return rc;
+    if (cfg->pair >= cfg->n_pairs)
+        return error_set(err, ERR_INVALID_ARG,
+                         "pair: %d, but the config has %d pair%s (\"pairs\": indices 0..%d)", cfg->pair,
+                         cfg->n_pairs, cfg->n_pairs == 1 ? "" : "s", cfg->n_pairs - 1);
     struct coordinator_config *c = &cfg->coordinator;
     if (cfg->run_dir[0] == '\0') {
         /* the user's own runtime directory where the session has one: no
@@ -882,10 +869,19 @@ int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const
                            unsigned sections, char *err)
 {
     proc_config_defaults(cfg);
-    /* --config first, wherever it is, so flags override the file. */
+    /* --pair and --config first, wherever they are, so flags override the
+     * file and the file's "pairs" know which element is this process's. */
     const char *config_path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
+        if (strcmp(argv[i], "--pair") == 0 || strncmp(argv[i], "--pair=", 7) == 0) {
+            const char *v = argv[i][6] == '=' ? argv[i] + 7 : i + 1 < argc ? argv[++i] : NULL;
+            char *end = NULL;
+            long p = v != NULL ? strtol(v, &end, 10) : -1;
+            if (v == NULL || v[0] == '\0' || *end != '\0' || p < 0 || p >= PROC_CONFIG_PAIRS_MAX)
+                return error_set(err, ERR_INVALID_ARG, "--pair: expected an index in 0..%d, got \"%s\"",
+                                 PROC_CONFIG_PAIRS_MAX - 1, v != NULL ? v : "");
+            cfg->pair = (int)p;
+        } else if (strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc)
                 return error_set(err, ERR_INVALID_ARG, "--config: missing file name");
             config_path = argv[++i];
@@ -903,8 +899,12 @@ int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const
             i++;
             continue;
         }
-        if (strncmp(arg, "--config=", 9) == 0)
+        if (strncmp(arg, "--config=", 9) == 0 || strncmp(arg, "--pair=", 7) == 0)
             continue;
+        if (strcmp(arg, "--pair") == 0) {
+            i++;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
             return error_set(err, ERR_INVALID_ARG, "%s: unexpected argument (flags are --key value)",
                              arg);
@@ -943,6 +943,8 @@ void proc_config_print_usage(FILE *out, const char *section)
     fprintf(out, "  --config FILE              JSON config (sections coordinator, draft_worker, "
                  "target_worker, gateway, supervisor)\n");
     fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
+    fprintf(out, "  --pair N                   workers: the pair served, an index into the config's "
+                 "\"pairs\" [0]\n");
     fprintf(out, "  --run-dir DIR              the instance's private directory, mode 0700 "
                  "[$XDG_RUNTIME_DIR/tandem-<instance>, else /tmp/tandem-<instance>]\n");
     for (size_t s = 0; s < N_KEYS(sections_table); s++) {
@@ -958,36 +960,4 @@ void proc_config_print_usage(FILE *out, const char *section)
             fprintf(out, "  %-26s %s\n", flag, sec->keys[i].help);
         }
     }
-}
-
-int proc_config_prepare_run_dir(const struct proc_config *cfg, char *err)
-{
-    const char *ep = cfg->coordinator.worker_endpoint;
-    size_t dlen = strlen(cfg->run_dir);
-    if (strncmp(ep, "ipc://", 6) != 0 || strncmp(ep + 6, cfg->run_dir, dlen) != 0 ||
-        ep[6 + dlen] != '/' || dlen == 0)
-        return 0;
-    const char *dir = cfg->run_dir;
-    if (mkdir(dir, 0700) == 0)
-        return 0;
-    if (errno != EEXIST)
-        return error_set_errno(err, ERR_SYSTEM, errno, "run_dir %s: mkdir", dir);
-    struct stat st;
-    if (lstat(dir, &st) != 0)
-        return error_set_errno(err, ERR_SYSTEM, errno, "run_dir %s: lstat", dir);
-    if (S_ISLNK(st.st_mode))
-        return error_set(err, ERR_INVALID_ARG,
-                         "run_dir %s: is a symbolic link, not a directory of ours; refusing to use "
-                         "it (remove it, or set run_dir)", dir);
-    if (!S_ISDIR(st.st_mode))
-        return error_set(err, ERR_INVALID_ARG, "run_dir %s: exists and is not a directory; refusing "
-                         "to use it", dir);
-    if (st.st_uid != geteuid())
-        return error_set(err, ERR_INVALID_ARG, "run_dir %s: owned by uid %u, not by us (uid %u); "
-                         "refusing to use it", dir, (unsigned)st.st_uid, (unsigned)geteuid());
-    if ((st.st_mode & 07777) != 0700)
-        return error_set(err, ERR_INVALID_ARG, "run_dir %s: mode %04o, must be 0700 (others could "
-                         "reach the worker socket); refusing to use it", dir,
-                         (unsigned)(st.st_mode & 07777));
-    return 0;
 }

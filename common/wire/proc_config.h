@@ -30,6 +30,8 @@
 
 #define PROC_CONFIG_PATH_MAX 1024
 #define PROC_CONFIG_NAME_MAX 64
+/* Most draft/target pairs one coordinator drives ("pairs"). */
+#define PROC_CONFIG_PAIRS_MAX 8
 /* Highest spec_k_max accepted: the most drafts a round can carry. */
 #define PROC_CONFIG_SPEC_K_LIMIT SPECULATE_K_MAX
 
@@ -144,6 +146,20 @@ struct supervisor_config {
 };
 
 struct proc_config {
+    /* Several draft/target pairs under one coordinator: the top-level
+     * "pairs" is an array of 1..PROC_CONFIG_PAIRS_MAX objects, one per pair,
+     * each with optional "draft_worker" and "target_worker" objects whose
+     * keys override the sections of the same names for that pair (a pair's
+     * own device, say):
+     *   "pairs": [ {"target_worker": {"device": 0}, "draft_worker": {"device": 1}},
+     *              {"target_worker": {"device": 2}, "draft_worker": {"device": 3}} ]
+     * n_pairs is its length (1 without it). A worker process serves pair
+     * `pair` (its --pair flag, read before the file): proc_config_load_*
+     * apply that element's overrides over draft_worker/target_worker (and
+     * check every other element's keys), so the rest of the code sees one
+     * pair. The coordinator takes workers of pairs 0..n_pairs-1. */
+    int n_pairs;
+    int pair;
     char instance[PROC_CONFIG_NAME_MAX];   /* default "tandem"; [A-Za-z0-9_.-], 1..40 chars */
     char run_dir[PROC_CONFIG_PATH_MAX];    /* the instance's private directory (worker socket;
                                               the supervisor's pid files and logs); default
@@ -209,8 +225,8 @@ int proc_config_check_listen(const char *listen, char *err);
  * the reason (without a key: the caller prefixes it). */
 int proc_config_check_endpoint(const char *endpoint, char *err);
 
-/* Command line of a process: defaults, then `--config FILE` (wherever it
- * appears), then every `--key value` / `--key=value` in order. A bare key
+/* Command line of a process: defaults, then `--pair N` and `--config FILE`
+ * (wherever they appear; --pair before the file is read), then every `--key value` / `--key=value` in order. A bare key
  * belongs to `section` ("model" -> "<section>.model"; section NULL or ""
  * requires qualified keys); "instance" and qualified keys
  * ("--coordinator.max_queue 4") work from every process. Then finalize with

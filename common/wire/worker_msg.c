@@ -9,6 +9,7 @@
 
 #include "cpulist.h"
 #include "error.h"
+#include "proc_config.h"
 
 /* ---- shared pieces ---- */
 
@@ -456,7 +457,8 @@ cJSON *worker_msg_register_encode(const struct worker_msg_register *m)
          cJSON_AddNumberToObject(h, "bos_id", m->bos_id) &&
          (m->kv_blocks <= 0 || (cJSON_AddNumberToObject(h, "kv_blocks", m->kv_blocks) &&
                                 cJSON_AddNumberToObject(h, "kv_block_size", m->kv_block_size))) &&
-         (m->drops <= 0 || cJSON_AddNumberToObject(h, "drops", m->drops));
+         (m->drops <= 0 || cJSON_AddNumberToObject(h, "drops", m->drops)) &&
+         (m->pair <= 0 || cJSON_AddNumberToObject(h, "pair", m->pair));
     if (ok && m->cpu.present) {
         cJSON *cpu = cJSON_AddObjectToObject(h, "cpu");
         ok = cpu && cJSON_AddStringToObject(cpu, "host", m->cpu.host) &&
@@ -496,7 +498,8 @@ int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg
         (rc = protocol_get_int_opt(h, "kv_blocks", 0, INT32_MAX, 0, &m->kv_blocks, err)) ||
         (rc = protocol_get_int_opt(h, "kv_block_size", m->kv_blocks > 0 ? 1 : 0, 1 << 20, 0,
                                    &m->kv_block_size, err)) ||
-        (rc = protocol_get_int_opt(h, "drops", 0, INT32_MAX, 0, &m->drops, err)))
+        (rc = protocol_get_int_opt(h, "drops", 0, INT32_MAX, 0, &m->drops, err)) ||
+        (rc = protocol_get_int_opt(h, "pair", 0, PROC_CONFIG_PAIRS_MAX - 1, 0, &m->pair, err)))
         return rc;
     if (m->kv_blocks > 0 && m->kv_block_size < 1)
         return error_set(err, ERR_PROTOCOL, "kv_block_size: required with kv_blocks");

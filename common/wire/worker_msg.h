@@ -205,6 +205,8 @@ struct worker_msg_register {
                                    emptied its slots (worker_link.h), so a registration
                                    differing only in drops holds none of the old sequences */
     struct worker_msg_cpu cpu;
+    int pair;                   /* the draft/target pair it serves (proc_config "pairs"), 0 when
+                                   absent */
 };
 
 cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame);

@@ -185,14 +185,18 @@ class Pipeline:
         os.replace(path + ".tmp", path)  # atomic: a starting process never reads half a file
         return path
 
-    def start(self, role):
-        """Starts (or restarts) one process: coordinator, draft or target."""
+    def start(self, role, pair=0):
+        """Starts (or restarts) one process: coordinator, draft or target (of
+        pair `pair` of the config's "pairs": named draft1, target1, ... from
+        pair 1 on, as the supervisor names them)."""
         cfg = self.write_config()
-        log = open(os.path.join(self.dir, "%s.log" % role), "a")
-        self.logs[role] = log.name
-        self.procs[role] = subprocess.Popen([binary(role), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+        name = role if pair == 0 else "%s%d" % (role, pair)
+        log = open(os.path.join(self.dir, "%s.log" % name), "a")
+        self.logs[name] = log.name
+        args = [binary(role), "--config", cfg] + (["--pair", str(pair)] if pair else [])
+        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        return self.procs[role]
+        return self.procs[name]
 
     def start_all(self):
         self.start("coordinator")
@@ -256,7 +260,8 @@ class Pipeline:
         return [n for n in os.listdir("/dev/shm") if n.startswith("tandem-%s-" % self.instance)]
 
     def close(self):
-        for role in ("gateway", "coordinator", "draft", "target"):
+        roles = ["gateway", "coordinator", "draft", "target"]
+        for role in roles + sorted(set(self.procs) - set(roles)):
             p = self.procs.get(role)
             if p is not None and p.poll() is None:
                 p.kill()

@@ -163,7 +163,8 @@ def test():
     for name in ("tandem_prefix_cache_queries_total", "tandem_prefix_cache_hits_total",
                  "tandem_prefix_cache_blocks", "tandem_prefix_cache_evictions_total"):
         for worker in ("draft", "target"):
-            check('%s{worker="%s"}' % (name, worker) in text, "%s{worker=%s} missing from:\n%s" % (name, worker, text[-3000:]))
+            check('%s{worker="%s",pair="0"}' % (name, worker) in text,
+                  "%s{worker=%s,pair=0} missing from:\n%s" % (name, worker, text[-3000:]))
     p.close()
     check_tiny_pool()
     check_chat()

@@ -45,12 +45,13 @@ struct protocol_msg over_the_wire(cJSON *h, const struct protocol_frame *frame)
     return m;
 }
 
-int worker_send(struct coordinator *c, enum worker_role role, cJSON *hdr,
-                  const struct protocol_frame *frame)
+int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                const struct protocol_frame *frame)
 {
     (void)c;
     assert_true(n_sent < COORD_FAKES_LOG_MAX);
     sent_log[n_sent].role = role;
+    sent_log[n_sent].pair = pair;
     sent_log[n_sent].msg = over_the_wire(hdr, frame);
     n_sent++;
     cJSON_Delete(hdr);
@@ -63,6 +64,7 @@ int worker_send_to_identity(struct coordinator *c, const uint8_t *identity, size
     assert_true(n_sent < COORD_FAKES_LOG_MAX);
     assert_true(identity_size <= sizeof sent_log[n_sent].identity);
     sent_log[n_sent].role = COORD_FAKES_TO_IDENTITY;
+    sent_log[n_sent].pair = -1;
     memcpy(sent_log[n_sent].identity, identity, identity_size);
     sent_log[n_sent].identity_size = identity_size;
     sent_log[n_sent].msg = over_the_wire(hdr, NULL);
@@ -180,10 +182,14 @@ int coord_test_init(struct coordinator *c, int n_seqs)
     for (int i = 0; i < n_seqs; i++)
         c->seqs[i].slot = i;
     c->busy_since_ms = -1;
-    c->target_idle_since_ms = -1;
+    c->n_pairs = 1;
+    for (int p = 0; p < COORD_PAIRS_MAX; p++) {
+        c->pair[p].index = p;
+        c->pair[p].target_idle_since_ms = -1;
+        for (int r = 0; r < 2; r++)
+            c->pair[p].worker[r].lane_fd = -1;
+    }
     c->lane_listen_fd = -1;
-    for (int r = 0; r < 2; r++)
-        c->worker[r].lane_fd = -1;
     metrics_init(&c->metrics);
     ngram_params_default(&c->ngram);
     c->default_draft = REQUEST_DRAFT_MODEL;
@@ -197,8 +203,9 @@ void coord_test_fini(struct coordinator *c)
         if (c->seqs[i].state != SEQ_FREE)
             scheduler_seq_reset(&c->seqs[i]);
     free(c->seqs);
-    for (int r = 0; r < 2; r++)
-        cJSON_Delete(c->worker[r].shm);
+    for (int p = 0; p < COORD_PAIRS_MAX; p++)
+        for (int r = 0; r < 2; r++)
+            cJSON_Delete(c->pair[p].worker[r].shm);
     suffix_cache_destroy(c->suffix);
     log_clear();
 }

@@ -21,6 +21,7 @@
 
 struct sent {
     int role;                /* enum worker_role, or COORD_FAKES_TO_IDENTITY */
+    int pair;                /* the pair of the worker it went to (-1: to a routing id) */
     uint8_t identity[PROTOCOL_IDENTITY_MAX];
     size_t identity_size;    /* COORD_FAKES_TO_IDENTITY: the routing id */
     struct protocol_msg msg; /* as the worker would receive it */

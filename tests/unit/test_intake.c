@@ -42,7 +42,7 @@ static int setup(void **state)
     struct coordinator *c = &f->c;
     c->cfg.coordinator.max_concurrency = 2;
     c->cfg.coordinator.max_queue = 1;
-    struct worker *t = &c->worker[ROLE_TARGET];
+    struct worker *t = &c->pair[0].worker[ROLE_TARGET];
     t->up = true;
     t->vocab_size = VOCAB;
     t->eos_ids[0] = VOCAB - 1;
@@ -151,7 +151,7 @@ static void test_intake_rejections_name_what_was_wrong(void **state)
     assert_int_equal(c->n_active + c->n_queued, 0);
     no_more_commands();
     /* no target */
-    c->worker[ROLE_TARGET].up = false;
+    c->pair[0].worker[ROLE_TARGET].up = false;
     from(c, "A", "{\"v\":1,\"type\":\"generate\",\"id\":\"b5\",\"prompt_ids\":[5],\"max_tokens\":4}");
     assert_refused(METRICS_ERR_TARGET_UNAVAILABLE, "target");
     assert_int_equal(c->metrics.requests_total, 6);
@@ -180,10 +180,10 @@ static void test_intake_limits_queue_and_clients(void **state)
 static void test_intake_starts_from_the_pairs_k_history(void **state)
 {
     struct coordinator *c = &((struct fixture *)*state)->c;
-    adaptive_k_init_wall(&c->k_history, 0, 8);
-    c->k_history.accept_rate = 0.875;
-    c->k_history.rounds_observed = 12;
-    c->k_history_valid = true;
+    adaptive_k_init_wall(&c->pair[0].k_history, 0, 8);
+    c->pair[0].k_history.accept_rate = 0.875;
+    c->pair[0].k_history.rounds_observed = 12;
+    c->pair[0].k_history_valid = true;
     from(c, "A", "{\"v\":1,\"type\":\"generate\",\"id\":\"h\",\"prompt_ids\":[5],\"max_tokens\":4,\"spec_k\":2}");
     struct seq *s = seq_of(c, "A", "h");
     assert_non_null(s);

@@ -394,7 +394,7 @@ static void test_proc_config_deploy_examples_are_valid(void **state)
         has_mps += cfg.supervisor.mps;
     }
     closedir(dir);
-    assert_true(n_checked >= 4); /* cpu, 1gpu, 1gpu-mps, 2gpu */
+    assert_true(n_checked >= 5); /* cpu, 1gpu, 1gpu-mps, 2gpu, 4gpu-2pairs */
     assert_int_equal(has_mps, 1);
 }
 
@@ -599,6 +599,74 @@ static void test_proc_config_gateway_exposure_needs_a_key_or_a_choice(void **sta
     assert_non_null(strstr(err, "gateway.allow_unauthenticated"));
 }
 
+/* "pairs": each process sees its own pair's overrides over the worker
+ * sections (whatever the order of the keys), every pair's keys are
+ * checked in every process, and --pair must name a listed pair. */
+static void test_proc_config_pairs_override_per_worker(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    const char *json = "{\"pairs\": [{\"target_worker\": {\"device\": 0}, \"draft_worker\": {\"device\": 1}},"
+                       "           {\"target_worker\": {\"device\": \"2\", \"threads\": 3}}],"
+                       " \"target_worker\": {\"model\": \"/t\", \"backend\": \"cuda\", \"threads\": 1},"
+                       " \"draft_worker\": {\"model\": \"/d\", \"device\": 7}}";
+    assert_int_equal(load(&cfg, json, err), 0);
+    assert_int_equal(cfg.n_pairs, 2);
+    assert_string_equal(cfg.target_worker.device, "0");
+    assert_string_equal(cfg.draft_worker.device, "1");
+    assert_int_equal(cfg.target_worker.threads, 1);
+    proc_config_defaults(&cfg);
+    cfg.pair = 1;
+    assert_int_equal(proc_config_load_json(&cfg, json, "test.json", err), 0);
+    assert_string_equal(cfg.target_worker.device, "2");
+    assert_int_equal(cfg.target_worker.threads, 3);
+    assert_string_equal(cfg.target_worker.model, "/t");
+    assert_string_equal(cfg.target_worker.backend, "cuda");
+    assert_string_equal(cfg.draft_worker.device, "7"); /* pair 1 did not override it */
+    /* without "pairs": one */
+    assert_int_equal(load(&cfg, "{\"target_worker\": {\"model\": \"/t\"}}", err), 0);
+    assert_int_equal(cfg.n_pairs, 1);
+
+    /* another pair's mistake is everyone's */
+    assert_int_equal(load(&cfg, "{\"pairs\": [{}, {\"target_worker\": {\"devise\": 1}}]}", err), ERR_INVALID_ARG);
+    assert_string_equal(err, "test.json: pairs[1].target_worker.devise: unknown key");
+    assert_int_equal(load(&cfg, "{\"pairs\": [{}, {\"coordinator\": {}}]}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "pairs[1].coordinator: unknown key"));
+    assert_int_equal(load(&cfg, "{\"pairs\": [{\"target_worker\": {\"threads\": \"x\"}}]}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "pairs[0].target_worker.threads: expected an integer"));
+    assert_int_equal(load(&cfg, "{\"pairs\": []}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "pairs: expected an array of 1..8 objects"));
+    assert_int_equal(load(&cfg, "{\"pairs\": [{},{},{},{},{},{},{},{},{}]}", err), ERR_INVALID_ARG);
+    assert_int_equal(load(&cfg, "{\"pairs\": {}}", err), ERR_INVALID_ARG);
+    assert_int_equal(load(&cfg, "{\"pairs\": [1]}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "pairs[0]: expected an object, got number"));
+
+    /* --pair is read before the file, wherever it is */
+    char dir[] = "/tmp/tandem-test-pairs-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/c.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    assert_int_equal(fclose(f), 0);
+    char *argv[] = {"prog", "--config", path, "--pair", "1", NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 5, argv, "target_worker", PROC_CONFIG_TARGET, err), 0);
+    assert_int_equal(cfg.pair, 1);
+    assert_string_equal(cfg.target_worker.device, "2");
+    char *argv2[] = {"prog", "--pair=2", "--config", path, NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 4, argv2, "target_worker", PROC_CONFIG_TARGET, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "pair: 2, but the config has 2 pairs"));
+    char *argv3[] = {"prog", "--pair", "x", NULL};
+    assert_int_equal(proc_config_parse_args(&cfg, 3, argv3, "target_worker", PROC_CONFIG_TARGET, err),
+                     ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "--pair: expected an index in 0..7"));
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -611,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_bad_endpoints_are_rejected),
         cmocka_unit_test(test_proc_config_set_parses_and_overrides),
         cmocka_unit_test(test_proc_config_parse_args_file_then_flags),
+        cmocka_unit_test(test_proc_config_pairs_override_per_worker),
         cmocka_unit_test(test_proc_config_malformed_json_is_a_format_error),
         cmocka_unit_test(test_proc_config_reachable_endpoints_need_an_explicit_choice),
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),

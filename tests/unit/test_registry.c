@@ -78,8 +78,8 @@ static void dispatch(struct coordinator *c, const char *identity, cJSON *h,
 /* A registration as worker_link sends it; vocab and pid vary per test. A
  * draft's buffer is POSIX shared memory, or CUDA IPC with ipc true (no
  * verification then goes beside its draft: rounds go one step at a time). */
-static void register_worker_on(struct coordinator *c, const char *identity, const char *role, int pid,
-                               int vocab, int drops, bool ipc)
+static void register_worker_in(struct coordinator *c, const char *identity, const char *role, int pid,
+                               int vocab, int drops, bool ipc, int pair)
 {
     cJSON *shm = NULL;
     if (strcmp(role, "draft") == 0) {
@@ -91,10 +91,16 @@ static void register_worker_on(struct coordinator *c, const char *identity, cons
     struct worker_msg_register r = {
         .role = role, .pid = pid, .model = "m", .backend = "cpu", .vocab_size = vocab,
         .eos_ids = {EOS}, .n_eos = 1, .max_seq_len = 64, .n_slots = N_SEQS, .bos_id = -1,
-        .shm = shm, .drops = drops,
+        .shm = shm, .drops = drops, .pair = pair,
     };
     dispatch(c, identity, worker_msg_register_encode(&r), NULL);
     cJSON_Delete(shm);
+}
+
+static void register_worker_on(struct coordinator *c, const char *identity, const char *role, int pid,
+                               int vocab, int drops, bool ipc)
+{
+    register_worker_in(c, identity, role, pid, vocab, drops, ipc, 0);
 }
 
 static void register_worker(struct coordinator *c, const char *identity, const char *role, int pid,
@@ -133,7 +139,7 @@ static struct seq *drafting(struct coordinator *c)
         .seq = {.req = (int64_t)s->req, .slot = s->slot}, .round = s->verify_round, .n_accepted = 0,
         .verify_ms = 1.0, .idle_ms = -1, .step = 1, .tokens = &first, .n_tokens = 1};
     struct protocol_frame frame;
-    c->target_outstanding = 1;
+    c->pair[0].target_outstanding = 1;
     dispatch(c, TARGET_ID, worker_msg_verify_done_encode(&m, &frame), &frame);
     next_command(ROLE_DRAFT, PROTOCOL_DRAFT);
     assert_int_equal(s->round_state, ROUND_DRAFTING);
@@ -146,12 +152,12 @@ static void test_registry_pairs_target_then_draft(void **state)
 {
     struct coordinator *c = &((struct fixture *)*state)->c;
     register_worker(c, TARGET_ID, "target", 100, VOCAB, 0);
-    assert_true(c->worker[ROLE_TARGET].up);
+    assert_true(c->pair[0].worker[ROLE_TARGET].up);
     next_command(ROLE_TARGET, PROTOCOL_WELCOME);
     no_more_commands();
     register_worker_on(c, DRAFT_ID, "draft", getpid(), VOCAB, 0, false);
-    assert_true(c->worker[ROLE_DRAFT].up);
-    assert_true(c->worker[ROLE_DRAFT].shm_posix);
+    assert_true(c->pair[0].worker[ROLE_DRAFT].up);
+    assert_true(c->pair[0].worker[ROLE_DRAFT].shm_posix);
     next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
     /* the target learns where the draft's buffer is */
     struct protocol_msg *attach = next_command(ROLE_TARGET, PROTOCOL_ATTACH);
@@ -159,15 +165,15 @@ static void test_registry_pairs_target_then_draft(void **state)
     no_more_commands();
     assert_int_equal(c->metrics.worker_registrations[ROLE_TARGET], 1);
     assert_int_equal(c->metrics.worker_registrations[ROLE_DRAFT], 1);
-    assert_int_equal(c->worker[ROLE_DRAFT].gen, c->draft_gen);
+    assert_int_equal(c->pair[0].worker[ROLE_DRAFT].gen, c->pair[0].draft_gen);
 }
 
 static void test_registry_holds_a_draft_until_the_target(void **state)
 {
     struct coordinator *c = &((struct fixture *)*state)->c;
     register_worker(c, DRAFT_ID, "draft", getpid(), VOCAB, 0);
-    assert_true(c->worker[ROLE_DRAFT].held);
-    assert_false(c->worker[ROLE_DRAFT].up);
+    assert_true(c->pair[0].worker[ROLE_DRAFT].held);
+    assert_false(c->pair[0].worker[ROLE_DRAFT].up);
     no_more_commands();
     /* what the held draft sends is dropped */
     struct worker_msg_draft_ready m = {.seq = {.req = 1, .slot = 0}, .round = 3, .k = 2, .guess = -1};
@@ -178,8 +184,8 @@ static void test_registry_holds_a_draft_until_the_target(void **state)
     next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
     next_command(ROLE_TARGET, PROTOCOL_ATTACH);
     no_more_commands();
-    assert_true(c->worker[ROLE_DRAFT].up);
-    assert_false(c->worker[ROLE_DRAFT].held);
+    assert_true(c->pair[0].worker[ROLE_DRAFT].up);
+    assert_false(c->pair[0].worker[ROLE_DRAFT].held);
 }
 
 static void test_registry_refuses_a_draft_that_does_not_match(void **state)
@@ -192,7 +198,7 @@ static void test_registry_refuses_a_draft_that_does_not_match(void **state)
     assert_non_null(strstr(why, "vocab_size 101"));
     assert_non_null(strstr(why, "target's 100"));
     no_more_commands();
-    assert_false(c->worker[ROLE_DRAFT].up);
+    assert_false(c->pair[0].worker[ROLE_DRAFT].up);
     assert_int_equal(c->metrics.draft_refusals, 1);
 }
 
@@ -204,7 +210,7 @@ static void test_registry_refuses_a_malformed_registration(void **state)
     dispatch(c, TARGET_ID, h, NULL);
     const char *why = refusal_for(TARGET_ID);
     assert_non_null(strstr(why, "pid"));
-    assert_false(c->worker[ROLE_TARGET].up);
+    assert_false(c->pair[0].worker[ROLE_TARGET].up);
     no_more_commands();
 }
 
@@ -215,17 +221,17 @@ static void test_registry_repeat_registration_and_restart(void **state)
 {
     struct coordinator *c = &((struct fixture *)*state)->c;
     register_pair(c);
-    const uint64_t gen = c->draft_gen;
+    const uint64_t gen = c->pair[0].draft_gen;
     struct seq *s = drafting(c);
     register_worker(c, DRAFT_ID, "draft", getpid(), VOCAB, 0);
     next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
     next_command(ROLE_TARGET, PROTOCOL_ATTACH);
     no_more_commands();
-    assert_int_equal(c->draft_gen, gen);
+    assert_int_equal(c->pair[0].draft_gen, gen);
     assert_int_equal(s->round_state, ROUND_DRAFTING);
     /* the same process after a drop: its draft is gone */
     register_worker(c, DRAFT_ID, "draft", getpid(), VOCAB, 1);
-    assert_true(c->draft_gen > gen);
+    assert_true(c->pair[0].draft_gen > gen);
     assert_int_equal(c->metrics.worker_losses[ROLE_DRAFT], 1);
     /* the sequence stopped waiting for the lost draft: a plain run */
     struct worker_msg_verify v;
@@ -237,7 +243,7 @@ static void test_registry_repeat_registration_and_restart(void **state)
     next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
     next_command(ROLE_TARGET, PROTOCOL_ATTACH);
     no_more_commands();
-    assert_true(c->worker[ROLE_DRAFT].up);
+    assert_true(c->pair[0].worker[ROLE_DRAFT].up);
     assert_int_equal(s->draft_valid, 0);
 }
 
@@ -275,22 +281,22 @@ static void test_registry_silent_workers_are_lost(void **state)
     next_command(ROLE_DRAFT, PROTOCOL_HEARTBEAT);
     next_command(ROLE_TARGET, PROTOCOL_HEARTBEAT);
     no_more_commands();
-    assert_true(c->worker[ROLE_DRAFT].up);
-    c->worker[ROLE_DRAFT].last_seen_ms -= 2 * c->cfg.coordinator.worker_timeout_ms;
+    assert_true(c->pair[0].worker[ROLE_DRAFT].up);
+    c->pair[0].worker[ROLE_DRAFT].last_seen_ms -= 2 * c->cfg.coordinator.worker_timeout_ms;
     registry_tick(c);
-    assert_false(c->worker[ROLE_DRAFT].up);
+    assert_false(c->pair[0].worker[ROLE_DRAFT].up);
     assert_int_equal(c->metrics.worker_losses[ROLE_DRAFT], 1);
     next_command(ROLE_TARGET, PROTOCOL_VERIFY); /* plain steps, no draft */
     assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
     assert_int_equal(rep.errors, 0);
-    c->worker[ROLE_TARGET].last_seen_ms -= 2 * c->cfg.coordinator.worker_timeout_ms;
+    c->pair[0].worker[ROLE_TARGET].last_seen_ms -= 2 * c->cfg.coordinator.worker_timeout_ms;
     registry_tick(c);
-    assert_false(c->worker[ROLE_TARGET].up);
+    assert_false(c->pair[0].worker[ROLE_TARGET].up);
     assert_int_equal(rep.errors, 2); /* the active and the queued request */
     assert_int_equal(rep.last_error, METRICS_ERR_TARGET_UNAVAILABLE);
     assert_int_equal(s->state, SEQ_FREE);
     assert_int_equal(queued->state, SEQ_FREE);
-    assert_int_equal(c->target_outstanding, 0);
+    assert_int_equal(c->pair[0].target_outstanding, 0);
 }
 
 /* A target registering again (restarted) lost its sequences: their
@@ -304,9 +310,9 @@ static void test_registry_restarted_target_fails_old_requests(void **state)
     assert_int_equal(rep.errors, 1);
     assert_int_equal(rep.last_error, METRICS_ERR_TARGET_UNAVAILABLE);
     assert_int_equal(s->state, SEQ_FREE);
-    assert_true(c->worker[ROLE_TARGET].up);
-    assert_int_equal(c->worker[ROLE_TARGET].pid, 101);
-    assert_true(c->worker[ROLE_DRAFT].up);
+    assert_true(c->pair[0].worker[ROLE_TARGET].up);
+    assert_int_equal(c->pair[0].worker[ROLE_TARGET].pid, 101);
+    assert_true(c->pair[0].worker[ROLE_DRAFT].up);
     next_command(ROLE_DRAFT, PROTOCOL_RELEASE); /* the failed request's slot */
     next_command(ROLE_TARGET, PROTOCOL_WELCOME);
     next_command(ROLE_TARGET, PROTOCOL_ATTACH);
@@ -319,24 +325,79 @@ static void test_registry_counts_what_the_target_owes(void **state)
 {
     struct coordinator *c = &((struct fixture *)*state)->c;
     register_pair(c);
-    c->target_outstanding = 2;
-    c->target_idle_since_ms = -1;
+    c->pair[0].target_outstanding = 2;
+    c->pair[0].target_idle_since_ms = -1;
     const int32_t tok = 5;
     struct worker_msg_verify_done m = {.seq = {.req = 77, .slot = 0}, .round = 1, .n_accepted = 0,
                                        .verify_ms = 1.0, .idle_ms = -1, .step = 1, .tokens = &tok,
                                        .n_tokens = 1};
     struct protocol_frame frame;
     dispatch(c, TARGET_ID, worker_msg_verify_done_encode(&m, &frame), &frame);
-    assert_int_equal(c->target_outstanding, 1);
-    assert_true(c->target_idle_since_ms < 0);
+    assert_int_equal(c->pair[0].target_outstanding, 1);
+    assert_true(c->pair[0].target_idle_since_ms < 0);
     const struct worker_msg_seq seq = {.req = 77, .slot = 0};
     dispatch(c, TARGET_ID, worker_msg_error_encode(&seq, ERR_INTERNAL, "gone", PROTOCOL_VERIFY), NULL);
-    assert_int_equal(c->target_outstanding, 0);
-    assert_true(c->target_idle_since_ms > 0);
+    assert_int_equal(c->pair[0].target_outstanding, 0);
+    assert_true(c->pair[0].target_idle_since_ms > 0);
     /* a heartbeat is owed nothing */
     dispatch(c, TARGET_ID, protocol_header_new(PROTOCOL_HEARTBEAT), NULL);
-    assert_int_equal(c->target_outstanding, 0);
+    assert_int_equal(c->pair[0].target_outstanding, 0);
     no_more_commands();
+}
+
+/* Two pairs: each register names its pair; a pair outside the config and
+ * a target unlike the other pair's are refused, naming why; a lost target
+ * fails only its own pair's requests, the queue waits for the other pair,
+ * and requests after the loss go there. */
+static void test_registry_two_pairs(void **state)
+{
+    struct coordinator *c = &((struct fixture *)*state)->c;
+    c->n_pairs = 2;
+    c->cfg.coordinator.max_concurrency = 1;
+    register_pair(c);
+    register_worker_in(c, "target-b", "target", 200, VOCAB, 0, true, 2);
+    assert_non_null(strstr(refusal_for("target-b"), "pair 2: this coordinator serves 2 pairs"));
+    register_worker_in(c, "target-b", "target", 200, VOCAB + 1, 0, true, 1);
+    assert_non_null(strstr(refusal_for("target-b"), "every pair must serve the same model"));
+    assert_false(c->pair[1].worker[ROLE_TARGET].up);
+    register_worker_in(c, "target-b", "target", 200, VOCAB, 0, true, 1);
+    register_worker_in(c, "draft-b", "draft", getpid(), VOCAB, 0, true, 1);
+    assert_true(c->pair[1].worker[ROLE_TARGET].up && c->pair[1].worker[ROLE_DRAFT].up);
+    assert_int_equal(c->pair[1].worker[ROLE_TARGET].pid, 200);
+    assert_int_equal(c->pair[0].worker[ROLE_TARGET].pid, 100);
+    log_clear();
+    const int32_t prompt[3] = {1, 2, 3};
+    struct seq *a = request(c, prompt, 3, 20, 2), *b = request(c, prompt, 3, 20, 2);
+    struct seq *queued = request(c, prompt, 3, 20, 2);
+    assert_int_equal(a->pair, 0);
+    assert_int_equal(b->pair, 1);
+    assert_int_equal(queued->state, SEQ_QUEUED);
+    /* pair 1's target goes silent */
+    c->pair[1].worker[ROLE_TARGET].last_seen_ms = coord_now_ms() - 5000;
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < 2; r++)
+            if (p != 1 || r != ROLE_TARGET)
+                c->pair[p].worker[r].last_seen_ms = coord_now_ms();
+    registry_tick(c);
+    assert_false(c->pair[1].worker[ROLE_TARGET].up);
+    assert_true(c->pair[0].worker[ROLE_TARGET].up && c->pair[1].worker[ROLE_DRAFT].up);
+    assert_int_equal(rep.errors, 1);
+    assert_int_equal(rep.last_error, METRICS_ERR_TARGET_UNAVAILABLE);
+    assert_int_equal(b->state, SEQ_FREE);
+    assert_int_equal(a->state, SEQ_ACTIVE);
+    assert_int_equal(queued->state, SEQ_QUEUED);
+    /* a's pair serves the rest: the queued request once a's slot is free */
+    scheduler_cancel(c, a);
+    assert_int_equal(queued->state, SEQ_ACTIVE);
+    assert_int_equal(queued->pair, 0);
+    struct seq *later = request(c, prompt, 3, 20, 2);
+    assert_int_equal(later->state, SEQ_QUEUED); /* pair 0 full, pair 1 has no target */
+    /* the last target lost: nothing left to wait for */
+    c->pair[0].worker[ROLE_TARGET].last_seen_ms = coord_now_ms() - 5000;
+    registry_tick(c);
+    assert_int_equal(queued->state, SEQ_FREE);
+    assert_int_equal(later->state, SEQ_FREE);
+    assert_int_equal(rep.errors, 3);
 }
 
 int main(void)
@@ -351,6 +412,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_registry_silent_workers_are_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registry_restarted_target_fails_old_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registry_counts_what_the_target_owes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_registry_two_pairs, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -71,16 +71,16 @@ static int setup(void **state)
         return -1;
     struct coordinator *c = &f->c;
     c->cfg.coordinator.spec_k_max = 8;
-    worker_up(&c->worker[ROLE_TARGET], "cuda");
-    worker_up(&c->worker[ROLE_DRAFT], "cuda");
-    c->worker[ROLE_DRAFT].shm = cJSON_CreateObject();
-    c->worker[ROLE_DRAFT].shm_posix = false;
-    c->draft_gen = 1;
-    if (!c->worker[ROLE_DRAFT].shm)
+    worker_up(&c->pair[0].worker[ROLE_TARGET], "cuda");
+    worker_up(&c->pair[0].worker[ROLE_DRAFT], "cuda");
+    c->pair[0].worker[ROLE_DRAFT].shm = cJSON_CreateObject();
+    c->pair[0].worker[ROLE_DRAFT].shm_posix = false;
+    c->pair[0].draft_gen = 1;
+    if (!c->pair[0].worker[ROLE_DRAFT].shm)
         return -1;
     /* no pre-drafts and no verification beside its draft unless a test
      * asks for them: rounds one at a time */
-    c->cores_shared = true;
+    c->pair[0].cores_shared = true;
     *state = f;
     return 0;
 }
@@ -127,13 +127,14 @@ static void assert_feed(const int32_t *feed, int n_feed, const int32_t *want, in
 
 /* ---- worker replies ---- */
 
-static void feed_msg(struct coordinator *c, cJSON *h, const struct protocol_frame *frame,
-                     void (*handle)(struct coordinator *, const struct protocol_msg *))
+/* Hands a worker's message to the scheduler as from a worker of s's pair. */
+static void feed_msg(struct coordinator *c, int pair, cJSON *h, const struct protocol_frame *frame,
+                     void (*handle)(struct coordinator *, int, const struct protocol_msg *))
 {
     assert_non_null(h);
     struct protocol_msg m = over_the_wire(h, frame);
     cJSON_Delete(h);
-    handle(c, &m);
+    handle(c, pair, &m);
     protocol_msg_free(&m);
 }
 
@@ -145,7 +146,7 @@ static void verify_done(struct coordinator *c, const struct seq *s, int64_t roun
         .verify_ms = 1.0, .idle_ms = -1, .step = step, .tokens = tokens, .n_tokens = n_acc + 1};
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_done_encode(&m, &frame);
-    feed_msg(c, h, &frame, scheduler_on_verify_done);
+    feed_msg(c, s->pair, h, &frame, scheduler_on_verify_done);
 }
 
 static void draft_ready(struct coordinator *c, const struct seq *s, int64_t round, int half, int k,
@@ -154,7 +155,7 @@ static void draft_ready(struct coordinator *c, const struct seq *s, int64_t roun
     struct worker_msg_draft_ready m = {
         .seq = {.req = (int64_t)s->req, .slot = s->slot}, .half = half, .round = round, .k = k,
         .guess = guess, .predraft = predraft, .draft_ms = 0.5};
-    feed_msg(c, worker_msg_draft_ready_encode(&m), NULL, scheduler_on_draft_ready);
+    feed_msg(c, s->pair, worker_msg_draft_ready_encode(&m), NULL, scheduler_on_draft_ready);
 }
 
 static void worker_error(struct coordinator *c, enum worker_role role, const struct seq *s,
@@ -165,7 +166,7 @@ static void worker_error(struct coordinator *c, enum worker_role role, const str
     assert_non_null(h);
     struct protocol_msg m = over_the_wire(h, NULL);
     cJSON_Delete(h);
-    scheduler_on_worker_error(c, role, &m);
+    scheduler_on_worker_error(c, s->pair, role, &m);
     protocol_msg_free(&m);
 }
 
@@ -204,8 +205,8 @@ static struct seq *verifying(struct coordinator *c, int max_tokens, struct worke
  * worker down, a new draft generation, every active sequence told. */
 static void lose_draft(struct coordinator *c)
 {
-    c->worker[ROLE_DRAFT].up = false;
-    c->draft_gen++;
+    c->pair[0].worker[ROLE_DRAFT].up = false;
+    c->pair[0].draft_gen++;
     for (int i = 0; i < c->n_seqs; i++)
         if (c->seqs[i].state == SEQ_ACTIVE)
             scheduler_forget_draft(c, &c->seqs[i]);
@@ -321,7 +322,7 @@ static void test_scheduler_predraft_hit_and_miss(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    c->cores_shared = false; /* the draft has hardware of its own: pre-drafts */
+    c->pair[0].cores_shared = false; /* the draft has hardware of its own: pre-drafts */
     struct seq *s = prefilled(c, 30, 2, 40);
     struct worker_msg_draft d = expect_draft();
     assert_int_equal(d.predraft_k, 2);
@@ -374,7 +375,7 @@ static void test_scheduler_failed_predraft_does_not_stall(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    c->cores_shared = false;
+    c->pair[0].cores_shared = false;
     struct seq *s = prefilled(c, 30, 2, 40);
     struct worker_msg_draft d = expect_draft();
     assert_int_equal(d.predraft_k, 2);
@@ -451,8 +452,8 @@ static void test_scheduler_lost_draft_falls_back_to_plain_steps(void **state)
     struct coordinator *c = &f->c;
     struct seq *s = prefilled(c, 12, 2, 40);
     (void)expect_draft();
-    c->worker[ROLE_DRAFT].up = false;
-    c->draft_gen++;
+    c->pair[0].worker[ROLE_DRAFT].up = false;
+    c->pair[0].draft_gen++;
     scheduler_forget_draft(c, s);
     struct worker_msg_verify v = expect_verify();
     assert_int_equal(v.k, 0);
@@ -509,8 +510,8 @@ static void test_scheduler_verify_beside_draft_and_its_timeout(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    c->cores_shared = false;
-    c->worker[ROLE_DRAFT].shm_posix = true;
+    c->pair[0].cores_shared = false;
+    c->pair[0].worker[ROLE_DRAFT].shm_posix = true;
     struct seq *s = prefilled(c, 20, 2, 40);
     struct worker_msg_draft d = expect_draft();
     struct worker_msg_verify v = expect_verify();
@@ -534,7 +535,7 @@ static void test_scheduler_round_states(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    c->cores_shared = false;
+    c->pair[0].cores_shared = false;
     const int32_t prompt[3] = {1, 2, 3};
     struct seq *s = request(c, prompt, 3, 30, 2);
     assert_int_equal(s->round_state, ROUND_PREFILLING);
@@ -583,9 +584,9 @@ static void test_scheduler_draft_lost_in_every_state(void **state)
     const int max_tokens = 16;
     for (int where = 0; where < 5; where++) {
         log_clear();
-        c->worker[ROLE_DRAFT].up = true;
-        c->cores_shared = !(where == 2 || where == 3);
-        c->worker[ROLE_DRAFT].shm_posix = where == 2;
+        c->pair[0].worker[ROLE_DRAFT].up = true;
+        c->pair[0].cores_shared = !(where == 2 || where == 3);
+        c->pair[0].worker[ROLE_DRAFT].shm_posix = where == 2;
         struct seq *s = prefilled(c, max_tokens, 2, 40);
         enum round_state want = ROUND_DRAFTING;
         if (where == 0) {
@@ -639,8 +640,8 @@ static void test_scheduler_beside_draft_error_then_timeout(void **state)
 {
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
-    c->cores_shared = false;
-    c->worker[ROLE_DRAFT].shm_posix = true;
+    c->pair[0].cores_shared = false;
+    c->pair[0].worker[ROLE_DRAFT].shm_posix = true;
     struct seq *s = prefilled(c, 12, 2, 40);
     (void)expect_draft();
     struct worker_msg_verify v = expect_verify();
@@ -821,8 +822,8 @@ static void test_scheduler_matched_drafts_only_where_they_pay(void **state)
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
     ngram_params_default(&c->ngram);
-    c->call_ms_base = 0.3;
-    c->call_ms_per_row = 28.6;
+    c->pair[0].call_ms_base = 0.3;
+    c->pair[0].call_ms_per_row = 28.6;
     const int32_t prompt[8] = {5, 6, 7, 8, 5, 6, 7, 8};
     struct seq *s = request_from(c, prompt, 8, 40, 0, REQUEST_DRAFT_NGRAM);
     struct worker_msg_verify v = expect_verify();
@@ -982,6 +983,118 @@ static void test_scheduler_cancel_in_every_state(void **state)
     assert_int_equal(c->metrics.requests_failed[METRICS_ERR_CANCELLED], 4);
 }
 
+/* ---- several pairs ---- */
+
+/* The last command taken went to this pair's worker. */
+static void assert_to_pair(int pair)
+{
+    assert_true(next_sent > 0);
+    if (sent_log[next_sent - 1].pair != pair)
+        fail_msg("%s went to pair %d, want pair %d", sent_log[next_sent - 1].msg.type,
+                 sent_log[next_sent - 1].pair, pair);
+}
+
+/* A second pair beside the fixture's: requests go to the pair with the
+ * most free KV, then the fewest sequences; every command of a sequence goes
+ * to its own pair's workers, a reply from the other pair's worker is stale,
+ * and a pair whose pool can never hold a request is passed over. */
+static void test_scheduler_pairs_spread_and_keep_to_their_own(void **state)
+{
+    struct coordinator *c = &((struct fixture *)*state)->c;
+    c->n_pairs = 2;
+    c->cfg.coordinator.max_concurrency = 1; /* a slot a pair; N_SEQS records hold a queued one too */
+    worker_up(&c->pair[1].worker[ROLE_TARGET], "cuda");
+    worker_up(&c->pair[1].worker[ROLE_DRAFT], "cuda");
+    c->pair[1].worker[ROLE_DRAFT].shm = cJSON_CreateObject();
+    assert_non_null(c->pair[1].worker[ROLE_DRAFT].shm);
+    c->pair[1].draft_gen = 1;
+    c->pair[1].cores_shared = true;
+    const int32_t prompt[3] = {1, 2, 3};
+    struct seq *s[2];
+    const int want_pair[2] = {0, 1};
+    for (int i = 0; i < 2; i++) {
+        s[i] = request(c, prompt, 3, 6, 2);
+        assert_int_equal(s[i]->state, SEQ_ACTIVE);
+        assert_int_equal(s[i]->pair, want_pair[i]);
+        assert_int_equal(s[i]->slot, 0); /* slots count per pair */
+        next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
+        assert_to_pair(want_pair[i]);
+        expect_verify();
+        assert_to_pair(want_pair[i]);
+    }
+    no_more_commands();
+    assert_int_equal(c->pair[0].n_active, 1);
+    assert_int_equal(c->pair[1].n_active, 1);
+    /* every slot taken: the next one waits */
+    struct seq *queued = request(c, prompt, 3, 6, 2);
+    assert_int_equal(queued->state, SEQ_QUEUED);
+    no_more_commands();
+    /* s[1] (pair 1, slot 0) and s[0] (pair 0, slot 0) differ only by pair:
+     * pair 0's target answering for s[1] is stale */
+    const int32_t first = 40;
+    struct worker_msg_verify_done m = {
+        .seq = {.req = (int64_t)s[1]->req, .slot = s[1]->slot}, .round = 1, .n_accepted = 0,
+        .verify_ms = 1.0, .idle_ms = -1, .step = 1, .tokens = &first, .n_tokens = 1};
+    struct protocol_frame frame;
+    feed_msg(c, 0, worker_msg_verify_done_encode(&m, &frame), &frame, scheduler_on_verify_done);
+    assert_int_equal(s[1]->round_state, ROUND_PREFILLING);
+    no_more_commands();
+    /* from its own pair it moves on, and its round goes to pair 1 */
+    verify_done(c, s[1], 1, 0, &first, 1);
+    assert_int_equal(s[1]->generated, 1);
+    expect_draft();
+    assert_to_pair(1);
+    /* pair 1 ends s[1]: the queued request takes the freed slot there */
+    scheduler_cancel(c, s[1]);
+    next_command(ROLE_DRAFT, PROTOCOL_RELEASE);
+    assert_to_pair(1);
+    next_command(ROLE_TARGET, PROTOCOL_RELEASE);
+    assert_to_pair(1);
+    assert_int_equal(queued->state, SEQ_ACTIVE);
+    assert_int_equal(queued->pair, 1);
+    assert_int_equal(queued->slot, 0);
+}
+
+/* KV decides before the sequence counts: the pair whose target has the
+ * most free blocks takes the request; one whose pool is too small for it
+ * is passed over while another can hold it, and only when none can is the
+ * request refused. */
+static void test_scheduler_pairs_admit_by_free_kv(void **state)
+{
+    struct coordinator *c = &((struct fixture *)*state)->c;
+    c->n_pairs = 2;
+    c->cfg.coordinator.max_concurrency = 2;
+    worker_up(&c->pair[1].worker[ROLE_TARGET], "cuda");
+    c->pair[0].worker[ROLE_TARGET].max_seq_len = 1024;
+    c->pair[1].worker[ROLE_TARGET].max_seq_len = 1024;
+    c->pair[0].worker[ROLE_TARGET].kv_blocks = 4;
+    c->pair[0].worker[ROLE_TARGET].kv_block_size = 16;
+    c->pair[1].worker[ROLE_TARGET].kv_blocks = 16;
+    c->pair[1].worker[ROLE_TARGET].kv_block_size = 16;
+    const int32_t prompt[3] = {1, 2, 3};
+    /* 3 + 40 + 9 positions: 4 blocks; pair 1 has 16 free */
+    struct seq *a = request_from(c, prompt, 3, 40, 2, REQUEST_DRAFT_NONE);
+    assert_int_equal(a->pair, 1);
+    assert_int_equal(c->pair[1].kv_reserved[ROLE_TARGET], 4);
+    /* 3 + 60 + 9 positions: 5 blocks, more than pair 0's whole pool */
+    struct seq *b = request_from(c, prompt, 3, 60, 2, REQUEST_DRAFT_NONE);
+    assert_int_equal(b->state, SEQ_ACTIVE);
+    assert_int_equal(b->pair, 1);
+    assert_int_equal(rep.errors, 0);
+    /* pair 1's slots are full, pair 0's pool can never hold it: it waits
+     * for pair 1 rather than failing */
+    struct seq *d = request_from(c, prompt, 3, 60, 2, REQUEST_DRAFT_NONE);
+    assert_int_equal(d->state, SEQ_QUEUED);
+    assert_int_equal(rep.errors, 0);
+    scheduler_cancel(c, d);
+    /* a request no pool could ever hold is refused, naming the blocks */
+    struct seq *e = request_from(c, prompt, 3, 400, 2, REQUEST_DRAFT_NONE);
+    (void)e;
+    assert_int_equal(rep.errors, 1);
+    assert_int_equal(rep.last_error, METRICS_ERR_OVERLOADED);
+    assert_non_null(strstr(rep.last_error_message, "KV blocks"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1010,6 +1123,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_slow_client_is_cancelled_with_a_reason, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_cancel_in_every_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_pairs_spread_and_keep_to_their_own, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_pairs_admit_by_free_kv, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -489,6 +489,19 @@ static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
     assert_true(cpulist_has(&rg.cpu.set, 0) && cpulist_has(&rg.cpu.set, 1) && cpulist_has(&rg.cpu.set, 4));
     protocol_msg_free(&m);
 
+    /* the pair it serves: absent means 0, beyond the limit refused */
+    assert_int_equal(rg.pair, 0);
+    assert_null(cJSON_GetObjectItemCaseSensitive(m.header, "pair"));
+    protocol_msg_free(&m);
+    reg.pair = 3;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_int_equal(rg.pair, 3);
+    cJSON_ReplaceItemInObjectCaseSensitive(m.header, "pair", cJSON_CreateNumber(8));
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "pair"));
+    reg.pair = 0;
+
     /* a GPU worker says nothing of cores */
     reg.cpu.present = false;
     m = over_the_wire(worker_msg_register_encode(&reg), NULL);
