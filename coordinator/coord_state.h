@@ -76,6 +76,11 @@
 /* Seeds travel as JSON numbers between processes: exact up to 2^53. */
 #define COORD_SEED_MAX ((1ull << 53) - 1)
 #define COORD_PAIRS_MAX PROC_CONFIG_PAIRS_MAX
+/* The largest worker message taken over ZeroMQ: a draft_ready with a half
+ * of a draft that shares no memory with its target, q rows included (the
+ * workers' WORKER_LINK_HALF_MESSAGE_MAX). Workers are trusted peers; lanes
+ * keep coordinator.max_message_bytes. */
+#define COORD_WORKER_ZMQ_MESSAGE_MAX ((size_t)64 << 20)
 _Static_assert(COORD_PAIRS_MAX == METRICS_PAIRS_MAX, "metrics render every pair");
 
 enum worker_role { ROLE_DRAFT = 0, ROLE_TARGET = 1 };
@@ -96,8 +101,11 @@ struct worker {
     int bos_id;
     int kv_blocks, kv_block_size; /* paged KV pool; kv_blocks 0: not reported */
     cJSON *shm;              /* draft's shared-buffer descriptor (owned) */
+    cJSON *shm_frames;       /* draft: the same as a "frames" descriptor, for a target that
+                                shares no memory with it (owned; NULL until needed) */
     char shm_name[256];
     bool shm_posix;          /* the draft's buffer is POSIX shared memory (its "transport") */
+    char shm_domain[WORKER_MSG_SHM_DOMAIN_MAX + 1]; /* its register's: "" unknown */
     double last_seen_ms;
     uint64_t gen;            /* bumped at each registration */
     int drops;               /* the register's "drops": a repeat of one registration has the same */
@@ -136,6 +144,11 @@ struct pair {
      * slows the other, so the draft never works beside a verification of
      * its own sequence (no pre-drafts). */
     bool cores_shared;
+    /* Draft and target share no memory (their shm domains differ: other
+     * hosts, other /dev/shm): each published half comes with the draft's
+     * draft_ready, is kept in its sequence and goes with the verify that
+     * reads it (docs/scale-out.md). */
+    bool halves_as_frames;
     int n_active;            /* sequences admitted to this pair */
     int kv_reserved[2];      /* KV blocks reserved for them in each worker's pool */
     int target_outstanding;  /* verifies sent, not yet answered */
@@ -233,6 +246,10 @@ struct seq {
     int match_accepted[2], match_trials[2];
     int match_miss_run;      /* plain steps the next lookup that finds nothing sends (scheduler.c) */
     enum beside_draft beside_draft; /* VERIFY_BESIDE_DRAFT */
+    /* halves_as_frames: the bytes of each half as the draft last published
+     * it (malloc'd), for the verify that reads it */
+    void *half_bytes[2];
+    size_t half_len[2];
     /* While a fresh draft is awaited (DRAFTING, VERIFY_BESIDE_DRAFT): the
      * draft call in flight. */
     int draft_round, draft_k, draft_predraft_k;
@@ -352,6 +369,14 @@ static inline double coord_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The draft's buffer descriptor as pair p's target must see it: a "frames"
+ * copy where they share no memory. NULL when no draft buffer is known. */
+static inline const cJSON *coord_draft_descriptor(const struct pair *p)
+{
+    const struct worker *d = &p->worker[ROLE_DRAFT];
+    return p->halves_as_frames ? d->shm_frames : d->shm;
 }
 
 /* Whether s's draft source may draft with the draft worker's model. */

@@ -207,7 +207,10 @@ void coordinator_destroy(struct coordinator *c)
     free(c->seqs);
     for (int p = 0; p < COORD_PAIRS_MAX; p++)
         for (int r = 0; r < 2; r++)
+        {
             cJSON_Delete(c->pair[p].worker[r].shm);
+            cJSON_Delete(c->pair[p].worker[r].shm_frames);
+        }
     lanes_close(c);
     connections_destroy(c->conns);
     if (c->clients != NULL)

@@ -64,8 +64,10 @@ void registry_draft_lost(struct coordinator *c, int pair, const char *why)
         c->shm_orphans[i].since_ms = coord_now_ms();
     }
     cJSON_Delete(d->shm);
+    cJSON_Delete(d->shm_frames);
     lanes_close_worker(d);
     memset(d, 0, sizeof(*d));
+    c->pair[pair].halves_as_frames = false;
     c->pair[pair].draft_gen++;
     if (!was_up)
         return;
@@ -107,8 +109,12 @@ static void send_welcome(struct coordinator *c, int pair, enum worker_role role)
     cJSON_AddStringToObject(h, "role", coord_role_name(role));
     cJSON_AddNumberToObject(h, "heartbeat_ms", c->cfg.coordinator.heartbeat_ms);
     const struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
-    if (role == ROLE_TARGET && d->up && d->shm != NULL)
-        cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(d->shm, 1));
+    const cJSON *desc = coord_draft_descriptor(&c->pair[pair]);
+    if (role == ROLE_TARGET && d->up && desc != NULL)
+        cJSON_AddItemToObject(h, "shm", cJSON_Duplicate(desc, 1));
+    /* how the draft's halves reach the target (note_memory_sharing) */
+    if (role == ROLE_DRAFT && c->pair[pair].halves_as_frames)
+        cJSON_AddStringToObject(h, "halves", "frames");
     /* the lane offer (lanes.h): a worker already on it ignores a repeat */
     const struct worker *w = &c->pair[pair].worker[role];
     if (c->lane_listening && w->lane_key[0] != '\0') {
@@ -133,10 +139,11 @@ static void send_refused(struct coordinator *c, const uint8_t *identity, size_t 
 static void send_attach(struct coordinator *c, int pair)
 {
     struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
-    if (!c->pair[pair].worker[ROLE_TARGET].up || !d->up || d->shm == NULL)
+    const cJSON *desc = coord_draft_descriptor(&c->pair[pair]);
+    if (!c->pair[pair].worker[ROLE_TARGET].up || !d->up || desc == NULL)
         return;
     cJSON *h = protocol_header_new(PROTOCOL_ATTACH);
-    cJSON *shm = cJSON_Duplicate(d->shm, 1);
+    cJSON *shm = cJSON_Duplicate(desc, 1);
     if (h == NULL || shm == NULL) {
         cJSON_Delete(h);
         cJSON_Delete(shm);
@@ -196,6 +203,35 @@ static void note_core_sharing(struct coordinator *c, int pair)
                  strcmp(d->cpu_host, t->cpu_host) != 0 ? "run on different hosts" : "have cores enough");
 }
 
+/* Decides halves_as_frames for the pair just formed: the target maps the
+ * draft's buffer only where both name the same shm domain (an unknown one
+ * counts as the same: workers from before the field); elsewhere it gets a
+ * "frames" descriptor and each half in a message. Says so in the log. */
+static void note_memory_sharing(struct coordinator *c, int pair)
+{
+    struct pair *p = &c->pair[pair];
+    struct worker *d = &p->worker[ROLE_DRAFT], *t = &p->worker[ROLE_TARGET];
+    const bool frames = d->shm_domain[0] != '\0' && t->shm_domain[0] != '\0' &&
+                        strcmp(d->shm_domain, t->shm_domain) != 0;
+    if (frames && d->shm_frames == NULL && d->shm != NULL) {
+        cJSON *f = cJSON_Duplicate(d->shm, 1);
+        if (f == NULL || !cJSON_ReplaceItemInObjectCaseSensitive(f, "transport", cJSON_CreateString("frames"))) {
+            cJSON_Delete(f);
+            LOG_ERROR("pair %d: out of memory; the target will try to map the draft's buffer", pair);
+            p->halves_as_frames = false;
+            return;
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(f, "cuda");
+        d->shm_frames = f;
+    }
+    if (frames != p->halves_as_frames || frames)
+        LOG_INFO("pair %d: draft and target %s", pair,
+                 frames ? "share no memory (other hosts or /dev/shm mounts): each half of the draft goes in its "
+                          "messages, through here"
+                        : "share memory: the target maps the draft's buffer");
+    p->halves_as_frames = frames && d->shm_frames != NULL;
+}
+
 static void welcome_draft(struct coordinator *c, int pair)
 {
     struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
@@ -206,6 +242,7 @@ static void welcome_draft(struct coordinator *c, int pair)
         c->metrics.draft_refusals++;
         send_refused(c, d->identity, d->identity_size, why);
         cJSON_Delete(d->shm);
+        cJSON_Delete(d->shm_frames);
         lanes_close_worker(d);
         memset(d, 0, sizeof(*d));
         return;
@@ -219,6 +256,7 @@ static void welcome_draft(struct coordinator *c, int pair)
     LOG_INFO("draft worker pid %d (pair %d) registered: %s, %s, vocab %d, %d slots, max_seq_len %d", d->pid, pair,
              d->model, d->backend, d->vocab_size, d->n_slots, d->max_seq_len);
     note_core_sharing(c, pair);
+    note_memory_sharing(c, pair);
     send_welcome(c, pair, ROLE_DRAFT);
     send_attach(c, pair);
 }
@@ -268,6 +306,7 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         w.drops = r.drops;
         shm = r.shm;
         w.cpu_known = r.cpu.present;
+        snprintf(w.shm_domain, sizeof w.shm_domain, "%s", r.shm_domain);
         if (w.cpu_known) {
             snprintf(w.cpu_host, sizeof(w.cpu_host), "%s", r.cpu.host);
             w.cpu_threads = r.cpu.threads;
@@ -351,6 +390,10 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
                 registry_draft_lost(c, pair, "does not match the new target");
             } else {
                 note_core_sharing(c, pair);
+                const bool was_frames = c->pair[pair].halves_as_frames;
+                note_memory_sharing(c, pair);
+                if (was_frames != c->pair[pair].halves_as_frames)
+                    send_welcome(c, pair, ROLE_DRAFT); /* the draft learns how its halves travel */
                 send_attach(c, pair);
             }
         }
@@ -378,7 +421,9 @@ void registry_on_message(struct coordinator *c)
     char err[ERR_MSG_MAX] = "";
     struct protocol_msg msg;
     memset(&msg, 0, sizeof(msg));
-    int rc = protocol_recv(c->workers, true, c->max_message_bytes, PROTOCOL_DONTWAIT, &msg, err);
+    const size_t limit = c->max_message_bytes > COORD_WORKER_ZMQ_MESSAGE_MAX ? c->max_message_bytes
+                                                                            : COORD_WORKER_ZMQ_MESSAGE_MAX;
+    int rc = protocol_recv(c->workers, true, limit, PROTOCOL_DONTWAIT, &msg, err);
     if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
         protocol_msg_free(&msg);
         return;

@@ -99,6 +99,8 @@ void scheduler_seq_reset(struct seq *s)
 {
     output_destroy(s->out);
     free(s->hist);
+    free(s->half_bytes[0]);
+    free(s->half_bytes[1]);
     int slot = s->slot;
     memset(s, 0, sizeof(*s));
     s->slot = slot;
@@ -288,14 +290,24 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
      * the drafts start (after the guess in a pre-drafted half). */
     struct worker_msg_verify m = {
         .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
-        .sampling = msg_sampling(s), .shm = k > 0 && !inline_drafts ? coord_pair_of(c, s)->worker[ROLE_DRAFT].shm : NULL,
+        .sampling = msg_sampling(s), .shm = k > 0 && !inline_drafts ? coord_draft_descriptor(coord_pair_of(c, s)) : NULL,
         .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps, .await_draft = beside_draft,
         .n_drafts = inline_drafts ? k : 0,
     };
     if (inline_drafts)
         memcpy(m.drafts, inline_drafts, (size_t)k * sizeof(int32_t));
-    struct protocol_frame frame;
-    cJSON *h = worker_msg_verify_encode(&m, &frame);
+    struct protocol_frame frames[2];
+    int n_frames = 1;
+    if (k > 0 && !inline_drafts && coord_pair_of(c, s)->halves_as_frames) {
+        /* the half the draft sent with its draft_ready: kept until a verify reads it */
+        if (s->half_bytes[half] == NULL) {
+            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the draft's half did not come with its draft_ready");
+            return;
+        }
+        frames[1] = (struct protocol_frame){.data = s->half_bytes[half], .size_bytes = s->half_len[half]};
+        n_frames = 2;
+    }
+    cJSON *h = worker_msg_verify_encode(&m, &frames[0]);
     if (h == NULL) {
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
@@ -316,7 +328,7 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
         c->metrics.plain_runs_total++;
         c->metrics.plain_run_steps_total += (uint64_t)steps;
     }
-    worker_send(c, s->pair, ROLE_TARGET, h, &frame);
+    worker_send_frames(c, s->pair, ROLE_TARGET, h, frames, n_frames);
 }
 
 static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
@@ -359,7 +371,7 @@ static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
  * ordering, not tried so yet. */
 static bool verify_beside_draft(const struct pair *p)
 {
-    return !p->cores_shared && p->worker[ROLE_DRAFT].shm_posix;
+    return !p->cores_shared && p->worker[ROLE_DRAFT].shm_posix && !p->halves_as_frames;
 }
 
 /* Sends a fresh draft of k tokens (and asks for a pre-draft when useful). */
@@ -742,6 +754,16 @@ void scheduler_on_draft_ready(struct coordinator *c, int pair, const struct prot
     }
     const int round = (int)m.round, half = m.half, k = m.k;
     round_timing_draft_compute(c, s, m.draft_ms);
+    if (msg->n_frames >= 1 && coord_pair_of(c, s)->halves_as_frames && half >= 0 && half <= 1) {
+        /* the half's bytes (a draft without shared memory): the next verify
+         * of this half carries them; a newer publication replaces them */
+        void *copy = malloc(msg->frame_size_bytes[0] > 0 ? msg->frame_size_bytes[0] : 1);
+        free(s->half_bytes[half]);
+        s->half_bytes[half] = copy;
+        s->half_len[half] = copy != NULL ? msg->frame_size_bytes[0] : 0;
+        if (copy != NULL)
+            memcpy(copy, msg->frame_data[0], msg->frame_size_bytes[0]);
+    }
     /* the draft answers a slot's commands in order: any reply comes after
      * the abandoned pre-draft it made before */
     if (s->predraft == PREDRAFT_ABANDONED)

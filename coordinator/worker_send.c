@@ -10,18 +10,24 @@ static const char *type_of(const cJSON *hdr)
     return t != NULL ? t : "?";
 }
 
-int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
-                const struct protocol_frame *frame)
+int worker_send_frames(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                       const struct protocol_frame *frames, int n_frames)
 {
     char err[ERR_MSG_MAX];
     struct worker *w = &c->pair[pair].worker[role];
-    int rc = w->lane_sending ? lane_send(w->lane_fd, hdr, frame, frame ? 1 : 0, err)
-                             : protocol_send(c->workers, w->identity, w->identity_size, hdr, frame,
-                                             frame ? 1 : 0, PROTOCOL_DONTWAIT, err);
+    int rc = w->lane_sending ? lane_send(w->lane_fd, hdr, frames, n_frames, err)
+                             : protocol_send(c->workers, w->identity, w->identity_size, hdr, frames, n_frames,
+                                             PROTOCOL_DONTWAIT, err);
     if (rc != 0)
         LOG_WARN("%s worker of pair %d: send %s failed: %s", coord_role_name(role), pair, type_of(hdr), err);
     cJSON_Delete(hdr);
     return rc;
+}
+
+int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                const struct protocol_frame *frame)
+{
+    return worker_send_frames(c, pair, role, hdr, frame, frame ? 1 : 0);
 }
 
 int worker_send_to_identity(struct coordinator *c, const uint8_t *identity, size_t identity_size, cJSON *hdr)

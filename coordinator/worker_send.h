@@ -16,6 +16,10 @@
 int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
                 const struct protocol_frame *frame);
 
+/* The same with n_frames frames (a verify with the feed and a half). */
+int worker_send_frames(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                       const struct protocol_frame *frames, int n_frames);
+
 /* Sends hdr (deleted here) to the process with this routing id on the
  * worker socket. 0 or protocol_send's code (logged). */
 int worker_send_to_identity(struct coordinator *c, const uint8_t *identity, size_t identity_size, cJSON *hdr);

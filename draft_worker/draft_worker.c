@@ -63,6 +63,7 @@ struct draft_worker {
     struct xfer *buf;          /* the shared halves (host face + the transport's device side) */
     struct worker_link *link;
     struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
+    bool halves_as_frames;       /* the target reads no memory of ours (its welcome) */
     int k_max;
     struct queued_draft **queue; /* arrival order; one slot's jobs stay in order */
     struct specdec_draft_job **jobs; /* scratch: the queue's jobs for a step */
@@ -85,14 +86,49 @@ static cJSON *build_register(void *user)
     return h;
 }
 
+/* Nothing was published for the reply (a failed or empty draft). */
+#define NOT_PUBLISHED (-1)
+
+/* q_rows: the q rows published in the half (0: tokens alone), or
+ * NOT_PUBLISHED. A target that shares no memory with this draft (the
+ * welcome's "halves": "frames") gets the published half as the message's
+ * frame, through the coordinator. */
 static void send_draft_ready(struct draft_worker *w, const struct worker_msg_seq *seq, int half,
-                             int64_t round, int k, int guess, bool predraft, double ms)
+                             int64_t round, int k, int guess, bool predraft, double ms, int q_rows)
 {
     struct worker_msg_draft_ready r = {
         .seq = *seq, .half = half, .round = round, .k = k, .guess = guess,
         .predraft = predraft, .draft_ms = ms,
     };
+    if (w->halves_as_frames && q_rows != NOT_PUBLISHED) {
+        char err[ERR_MSG_MAX];
+        void *bytes = NULL;
+        size_t len = 0;
+        if (xfer_half_pack(w->buf, seq->slot, half, q_rows, &bytes, &len, err) == 0) {
+            const struct protocol_frame frame = {.data = bytes, .size_bytes = len};
+            worker_link_send(w->link, worker_msg_draft_ready_encode(&r), &frame, 1);
+            free(bytes);
+            return;
+        }
+        /* no target could read what it names: a draft that failed */
+        LOG_ERROR("req %lld slot %d half %d: %s; the round's drafts are dropped", (long long)seq->req, seq->slot,
+                  half, err);
+        r.k = 0;
+        r.guess = -1;
+    }
     worker_link_send(w->link, worker_msg_draft_ready_encode(&r), NULL, 0);
+}
+
+/* A welcome says how the target reads this draft's halves (registry.c). */
+static void on_welcome(void *user, const struct protocol_msg *m)
+{
+    struct draft_worker *w = user;
+    const char *halves = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m->header, "halves"));
+    const bool frames = halves != NULL && strcmp(halves, "frames") == 0;
+    if (frames != w->halves_as_frames)
+        LOG_INFO("the target %s: %s", frames ? "shares no memory with this draft" : "maps this draft's buffer",
+                 frames ? "each published half goes with its draft_ready" : "halves stay in the buffer");
+    w->halves_as_frames = frames;
 }
 
 static int queue_grow(struct draft_worker *w)
@@ -226,7 +262,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, rc, err);
         /* the coordinator waits for the pre-draft's reply too */
         if (d.seq.req >= 0 && d.seq.slot >= 0 && d.predraft_k > 0)
-            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return;
     }
     struct queued_draft *qd = queued_new(w, QD_DRAFT, &d.seq, d.feed, d.n_feed);
@@ -234,7 +270,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, ERR_NOMEM,
                                "draft: out of memory queueing the round");
         if (d.predraft_k > 0)
-            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return;
     }
     qd->half = d.half;
@@ -244,7 +280,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
         queued_free(qd);
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, rc, err);
         if (d.predraft_k > 0)
-            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return;
     }
     qd->job.keep_len = d.keep_len;
@@ -267,7 +303,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
     if (j->rc) {
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, j->rc, j->err);
         if (qd->predraft_k > 0)
-            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return NULL;
     }
     const struct shm_half_info info = {.req = (uint64_t)qd->seq.req, .round = (uint32_t)qd->round,
@@ -276,18 +312,18 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
     if (half_publish(w, slot, qd->half, &info, k, job_writes_q(j))) {
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, w->fatal.rc, w->fatal.err);
         if (qd->predraft_k > 0)
-            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return NULL;
     }
-    send_draft_ready(w, &qd->seq, qd->half, qd->round, k, -1, false, qd->compute_ms);
+    send_draft_ready(w, &qd->seq, qd->half, qd->round, k, -1, false, qd->compute_ms, job_writes_q(j) ? k : 0);
     if (qd->predraft_k <= 0)
         return NULL;
     if (half_begin_write(w, slot, other, err)) {
-        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return NULL;
     }
     if (k == 0) {
-        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return NULL;
     }
     const int32_t last = j->tokens_out[k - 1];
@@ -298,7 +334,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
         free(feed);
         LOG_DEBUG("pre-draft req %lld slot %d skipped: out of memory", (long long)qd->seq.req,
                   slot);
-        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0);
+        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
         return NULL;
     }
     feed[0] = last;
@@ -319,18 +355,18 @@ static void finish_predraft(struct draft_worker *w, struct queued_draft *qd)
     const int slot = qd->seq.slot;
     if (j->rc) {
         LOG_DEBUG("pre-draft req %lld slot %d skipped: %s", (long long)qd->seq.req, slot, j->err);
-        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms);
+        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms, NOT_PUBLISHED);
         return;
     }
     const struct shm_half_info info = {.req = (uint64_t)qd->seq.req, .round = (uint32_t)qd->round,
                                        .k = (uint32_t)qd->predraft_k, .first = 1,
                                        .guess = (uint32_t)j->tokens_out[0]};
     if (half_publish(w, slot, qd->half, &info, j->k, job_writes_q(j))) {
-        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms);
+        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms, NOT_PUBLISHED);
         return;
     }
     send_draft_ready(w, &qd->seq, qd->half, qd->round, qd->predraft_k, j->tokens_out[0], true,
-                     qd->compute_ms);
+                     qd->compute_ms, job_writes_q(j) ? j->k : 0);
 }
 
 /* worker_link_role.run_queued: one forward call for every queued prefill,
@@ -427,7 +463,7 @@ static const struct worker_link_command draft_commands[] = {
 static const struct worker_link_role draft_link_role = {
     .name = "draft",
     .build_register = build_register,
-    .on_welcome = NULL,
+    .on_welcome = on_welcome,
     .commands = draft_commands,
     .run_queued = run_queued,
     .on_coordinator_lost = on_coordinator_lost,

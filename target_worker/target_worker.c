@@ -307,6 +307,16 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
     }
+    /* A draft that shares no memory with us: the half rides as the second
+     * frame (the first is the feed), into our "frames" buffer. */
+    if (v.k > 0 && v.n_drafts == 0 && m->n_frames >= 2) {
+        rc = w->shm ? xfer_half_store(w->shm, v.seq.slot, v.half, m->frame_data[1], m->frame_size_bytes[1], err)
+                    : error_set(err, ERR_UNAVAILABLE, "verify: a half's bytes but no draft buffer attached");
+        if (rc) {
+            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+            return;
+        }
+    }
     struct queued_verify *qv = calloc(1, sizeof *qv);
     int32_t *feed = malloc((size_t)v.n_feed * sizeof(int32_t));
     if (!qv || !feed || (w->n_queued == w->queue_cap && queue_grow(w) != 0)) {

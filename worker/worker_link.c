@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -36,6 +37,7 @@ struct worker_link {
     int heartbeat_ms;
     int timeout_ms; /* coordinator.worker_timeout_ms */
     size_t max_message_bytes;
+    size_t max_zmq_message_bytes;
     void *zctx;
     void *sock;
     struct socket_monitor *monitor; /* the socket's connection drops */
@@ -112,6 +114,29 @@ void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
     worker_link_send(link, worker_msg_error_encode(seq, code, message, in_reply_to), NULL, 0);
 }
 
+/* "<boot id>:<dev>:<inode>" of /dev/shm: the same in two processes exactly
+ * when a segment one creates there is one the other can open (one kernel,
+ * one /dev/shm mount: not so across hosts, nor between containers with
+ * /dev/shm mounts of their own). "" when it cannot be read: the coordinator
+ * then assumes the memory is shared, as before the field existed. */
+static void shm_domain(char *out, size_t size)
+{
+    out[0] = '\0';
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (fgets(boot, sizeof boot, f) == NULL)
+            boot[0] = '\0';
+        if (fclose(f) != 0)
+            boot[0] = '\0';
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    struct stat st;
+    if (boot[0] == '\0' || stat("/dev/shm", &st) != 0)
+        return;
+    snprintf(out, size, "%s:%llu:%llu", boot, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+}
+
 cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
                                 const struct model_config *mc, int max_seq_len, int n_slots,
                                 int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu,
@@ -123,6 +148,9 @@ cJSON *worker_link_register_new(const char *role, const char *model, const char 
         .bos_id = mc->bos_token_id, .kv_blocks = kv_blocks, .kv_block_size = kv_block_size,
         .cpu = *cpu, .pair = pair,
     };
+    char domain[WORKER_MSG_SHM_DOMAIN_MAX];
+    shm_domain(domain, sizeof domain);
+    r.shm_domain = domain;
     for (int i = 0; i < mc->n_eos_token_ids && i < WORKER_MSG_EOS_MAX; i++)
         r.eos_ids[r.n_eos++] = mc->eos_token_ids[i];
     return worker_msg_register_encode(&r);
@@ -290,7 +318,7 @@ static int drain(struct worker_link *link, bool from_lane, volatile sig_atomic_t
         struct protocol_msg m;
         char merr[ERR_MSG_MAX];
         int rc = from_lane ? lane_recv(link->lane_fd, link->max_message_bytes, &m, merr)
-                           : protocol_recv(link->sock, false, link->max_message_bytes,
+                           : protocol_recv(link->sock, false, link->max_zmq_message_bytes,
                                            PROTOCOL_DONTWAIT, &m, merr);
         if (from_lane && rc != 0 && rc != ERR_TIMEOUT && rc != ERR_PROTOCOL) {
             LOG_WARN("%s", merr);
@@ -421,6 +449,13 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
     link->max_message_bytes = (size_t)cfg->coordinator.max_message_bytes > need
                                   ? (size_t)cfg->coordinator.max_message_bytes
                                   : need;
+    /* Over ZeroMQ a verify may also carry one of the draft's halves with
+     * its q rows (a draft without shared memory: docs/scale-out.md), up to
+     * SPECULATE_K_MAX + 2 rows of the vocabulary; a lane (local workers)
+     * never does, and keeps its socket buffers to the smaller limit. */
+    link->max_zmq_message_bytes = link->max_message_bytes > WORKER_LINK_HALF_MESSAGE_MAX
+                                      ? link->max_message_bytes
+                                      : WORKER_LINK_HALF_MESSAGE_MAX;
     link->send_failing = true; /* the first send may precede the connection: no warning */
     link->lane = LINK_LANE_NONE;
     link->lane_fd = -1;

@@ -50,6 +50,10 @@
 #include "protocol.h"
 #include "worker_msg.h"
 
+/* The largest message a worker takes over ZeroMQ: a verify with a half of
+ * a draft that shares no memory with it, q rows of the Llama 3 vocabulary
+ * included (18 rows x 128,256 x 4 bytes = 9.2 MB), with room. */
+#define WORKER_LINK_HALF_MESSAGE_MAX ((size_t)64 << 20)
 /* A register that could not be sent (socket not connected yet) is retried this often. */
 #define WORKER_LINK_REGISTER_RETRY_MS 50
 

@@ -461,7 +461,59 @@ static const struct shm_buffer_ops cuda_ipc_ops = {
     .close = cuda_close,
 };
 
-static const struct shm_buffer_ops *const transports[] = {&posix_ops, &cuda_ipc_ops};
+/* ---- frames: private memory laid out alike, filled from messages ---- */
+
+/* A reader whose draft shares no memory with it (another host, another
+ * /dev/shm) keeps the halves in memory of its own; each arrives as a frame
+ * beside the verification that reads it (shm_half_wire.h) and is stored
+ * through the same seqlock, so everything downstream reads it as it reads
+ * a mapped half. Created by the reader itself (import of a "frames"
+ * descriptor) or, in tests, by create. */
+static int frames_map(struct shm_buffer *buf, char *err)
+{
+    void *p = mmap(NULL, buf->layout.size_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return error_set_errno(err, ERR_NOMEM, errno, "mmap(%zu bytes of private memory for the draft's halves)",
+                               buf->layout.size_bytes);
+    buf->base = p;
+    buf->size_bytes = buf->layout.size_bytes;
+    return 0;
+}
+
+static int frames_create(struct shm_buffer *buf, const char *instance, const char *tag, char *err)
+{
+    snprintf(buf->name, sizeof buf->name, "frames-%.40s-%.40s", instance, tag);
+    return frames_map(buf, err);
+}
+
+static int frames_export_fields(const struct shm_buffer *buf, cJSON *desc)
+{
+    return cJSON_AddStringToObject(desc, "name", buf->name) ? 0 : ERR_NOMEM;
+}
+
+static int frames_import(struct shm_buffer *buf, const cJSON *desc, char *err)
+{
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(desc, "name");
+    snprintf(buf->name, sizeof buf->name, "%.100s", cJSON_IsString(name) ? name->valuestring : "frames");
+    return frames_map(buf, err);
+}
+
+static void frames_close(struct shm_buffer *buf)
+{
+    if (buf->base)
+        munmap(buf->base, buf->size_bytes);
+    buf->base = NULL;
+}
+
+static const struct shm_buffer_ops frames_ops = {
+    .transport = "frames",
+    .create = frames_create,
+    .export_fields = frames_export_fields,
+    .import = frames_import,
+    .close = frames_close,
+};
+
+static const struct shm_buffer_ops *const transports[] = {&posix_ops, &cuda_ipc_ops, &frames_ops};
 
 static const struct shm_buffer_ops *transport_find(const char *name)
 {

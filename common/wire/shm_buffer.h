@@ -17,6 +17,9 @@
  *            carries the data). This module only carries and checks that
  *            object (it sees no CUDA header); kernels/cuda/ipc.cu does the
  *            CUDA calls (kernels_cuda.h, kern_cuda_ipc_*).
+ *   "frames": private memory of the reader laid out alike, for a draft it
+ *            shares no memory with: each half arrives as bytes in a message
+ *            (shm_half_wire.h) and is stored through the same seqlock.
  *
  * Layout (identical in every transport): n_slots x 2 halves; each half is
  *   struct shm_half_header + int32 tokens[k_max + 1], padded to 64 bytes,

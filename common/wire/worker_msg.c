@@ -458,7 +458,9 @@ cJSON *worker_msg_register_encode(const struct worker_msg_register *m)
          (m->kv_blocks <= 0 || (cJSON_AddNumberToObject(h, "kv_blocks", m->kv_blocks) &&
                                 cJSON_AddNumberToObject(h, "kv_block_size", m->kv_block_size))) &&
          (m->drops <= 0 || cJSON_AddNumberToObject(h, "drops", m->drops)) &&
-         (m->pair <= 0 || cJSON_AddNumberToObject(h, "pair", m->pair));
+         (m->pair <= 0 || cJSON_AddNumberToObject(h, "pair", m->pair)) &&
+         (m->shm_domain == NULL || m->shm_domain[0] == '\0' ||
+          cJSON_AddStringToObject(h, "shm_domain", m->shm_domain));
     if (ok && m->cpu.present) {
         cJSON *cpu = cJSON_AddObjectToObject(h, "cpu");
         ok = cpu && cJSON_AddStringToObject(cpu, "host", m->cpu.host) &&
@@ -499,7 +501,8 @@ int worker_msg_register_decode(const struct protocol_msg *msg, struct worker_msg
         (rc = protocol_get_int_opt(h, "kv_block_size", m->kv_blocks > 0 ? 1 : 0, 1 << 20, 0,
                                    &m->kv_block_size, err)) ||
         (rc = protocol_get_int_opt(h, "drops", 0, INT32_MAX, 0, &m->drops, err)) ||
-        (rc = protocol_get_int_opt(h, "pair", 0, PROC_CONFIG_PAIRS_MAX - 1, 0, &m->pair, err)))
+        (rc = protocol_get_int_opt(h, "pair", 0, PROC_CONFIG_PAIRS_MAX - 1, 0, &m->pair, err)) ||
+        (rc = protocol_get_string_opt(h, "shm_domain", WORKER_MSG_SHM_DOMAIN_MAX, "", &m->shm_domain, err)))
         return rc;
     if (m->kv_blocks > 0 && m->kv_block_size < 1)
         return error_set(err, ERR_PROTOCOL, "kv_block_size: required with kv_blocks");

@@ -37,6 +37,7 @@
  * and "seed". */
 #define WORKER_MSG_JSON_INT_MAX 9007199254740992LL
 /* Most EOS ids a register may list. */
+#define WORKER_MSG_SHM_DOMAIN_MAX 128
 #define WORKER_MSG_EOS_MAX 8
 #define WORKER_MSG_NAME_MAX 1024
 
@@ -207,6 +208,10 @@ struct worker_msg_register {
     struct worker_msg_cpu cpu;
     int pair;                   /* the draft/target pair it serves (proc_config "pairs"), 0 when
                                    absent */
+    const char *shm_domain;     /* where its POSIX shared memory lives: "<boot id>:<dev>:<inode>"
+                                   of /dev/shm; two workers whose domains differ share none
+                                   (other hosts, containers): the draft's halves then travel in
+                                   messages ("" when absent or unknown) */
 };
 
 cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame);

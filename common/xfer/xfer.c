@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "logging.h"
+#include "shm_half_wire.h"
 #include "xfer_device.h"
 
 struct xfer {
@@ -127,6 +128,20 @@ const char *xfer_name(const struct xfer *x) { return shm_buffer_name(x->shm); }
 const char *xfer_transport(const struct xfer *x) { return shm_buffer_transport(x->shm); }
 
 /* ---- writer ---- */
+
+int xfer_half_pack(struct xfer *x, int slot, int half, int q_rows, void **out, size_t *out_len, char *err)
+{
+    if (q_rows > 0 && x->q_in_slab)
+        return error_set(err, ERR_UNAVAILABLE,
+                         "the q rows of %s live in its GPU slab alone: a target without shared memory needs "
+                         "them on the host (draft_worker.sampler \"host\", or shm_staging)", shm_buffer_name(x->shm));
+    return shm_half_pack(x->shm, slot, half, q_rows, out, out_len, err);
+}
+
+int xfer_half_store(struct xfer *x, int slot, int half, const void *bytes, size_t len, char *err)
+{
+    return shm_half_store(x->shm, slot, half, bytes, len, err);
+}
 
 int xfer_begin_write(struct xfer *x, int slot, int half, char *err)
 {

@@ -125,7 +125,17 @@ void xfer_q_dest(struct xfer *x, int slot, int half, float **host, float **dev);
 int xfer_publish(struct xfer *x, int slot, int half, const struct shm_half_info *info,
                  int q_rows, bool q_on_host, char *err);
 
+/* For a reader that shares no memory with this writer (the coordinator
+ * decides at registration: docs/scale-out.md): the bytes of slot/half as
+ * published, with q_rows q rows (shm_half_wire.h); *out malloc'd.
+ * ERR_UNAVAILABLE when q rows were asked for but live only in the slab. */
+int xfer_half_pack(struct xfer *x, int slot, int half, int q_rows, void **out, size_t *out_len, char *err);
+
 /* ---- reader ---- */
+
+/* A "frames" import: stores the bytes of a half that arrived in a message
+ * (xfer_half_pack's), then it reads as a mapped half does. */
+int xfer_half_store(struct xfer *x, int slot, int half, const void *bytes, size_t len, char *err);
 
 /* The seqlock of the host face (shm_buffer_half_read, _seq, _wait,
  * _unchanged) and the drafts in place. */

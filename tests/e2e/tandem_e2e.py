@@ -102,6 +102,7 @@ class Pipeline:
         self.procs = {}
         self.stopped = {}
         self.logs = {}
+        self.wrap = {}  # a process name's command prefix (e.g. ip netns exec ...)
         self.zctx = zmq.Context.instance()
         self.endpoint = "ipc://%s/client.sock" % self.dir
         self.config = {
@@ -193,7 +194,7 @@ class Pipeline:
         name = role if pair == 0 else "%s%d" % (role, pair)
         log = open(os.path.join(self.dir, "%s.log" % name), "a")
         self.logs[name] = log.name
-        args = [binary(role), "--config", cfg] + (["--pair", str(pair)] if pair else [])
+        args = self.wrap.get(name, []) + [binary(role), "--config", cfg] + (["--pair", str(pair)] if pair else [])
         self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self.procs[name]

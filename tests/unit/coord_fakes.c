@@ -45,17 +45,31 @@ struct protocol_msg over_the_wire(cJSON *h, const struct protocol_frame *frame)
     return m;
 }
 
-int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
-                const struct protocol_frame *frame)
+int worker_send_frames(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                       const struct protocol_frame *frames, int n_frames)
 {
     (void)c;
     assert_true(n_sent < COORD_FAKES_LOG_MAX);
     sent_log[n_sent].role = role;
     sent_log[n_sent].pair = pair;
-    sent_log[n_sent].msg = over_the_wire(hdr, frame);
+    sent_log[n_sent].msg = over_the_wire(hdr, n_frames > 0 ? &frames[0] : NULL);
+    for (int i = 1; i < n_frames && i < PROTOCOL_MAX_FRAMES; i++) {
+        struct protocol_msg *m = &sent_log[n_sent].msg;
+        m->frame_data[i] = malloc(frames[i].size_bytes ? frames[i].size_bytes : 1);
+        assert_non_null(m->frame_data[i]);
+        memcpy(m->frame_data[i], frames[i].data, frames[i].size_bytes);
+        m->frame_size_bytes[i] = frames[i].size_bytes;
+        m->n_frames = i + 1;
+    }
     n_sent++;
     cJSON_Delete(hdr);
     return 0;
+}
+
+int worker_send(struct coordinator *c, int pair, enum worker_role role, cJSON *hdr,
+                const struct protocol_frame *frame)
+{
+    return worker_send_frames(c, pair, role, hdr, frame, frame ? 1 : 0);
 }
 
 int worker_send_to_identity(struct coordinator *c, const uint8_t *identity, size_t identity_size, cJSON *hdr)
@@ -205,7 +219,10 @@ void coord_test_fini(struct coordinator *c)
     free(c->seqs);
     for (int p = 0; p < COORD_PAIRS_MAX; p++)
         for (int r = 0; r < 2; r++)
+        {
             cJSON_Delete(c->pair[p].worker[r].shm);
+            cJSON_Delete(c->pair[p].worker[r].shm_frames);
+        }
     suffix_cache_destroy(c->suffix);
     log_clear();
 }

@@ -78,6 +78,8 @@ static void dispatch(struct coordinator *c, const char *identity, cJSON *h,
 /* A registration as worker_link sends it; vocab and pid vary per test. A
  * draft's buffer is POSIX shared memory, or CUDA IPC with ipc true (no
  * verification then goes beside its draft: rounds go one step at a time). */
+static const char *next_domain = ""; /* the shm_domain the next registration names */
+
 static void register_worker_in(struct coordinator *c, const char *identity, const char *role, int pid,
                                int vocab, int drops, bool ipc, int pair)
 {
@@ -91,7 +93,7 @@ static void register_worker_in(struct coordinator *c, const char *identity, cons
     struct worker_msg_register r = {
         .role = role, .pid = pid, .model = "m", .backend = "cpu", .vocab_size = vocab,
         .eos_ids = {EOS}, .n_eos = 1, .max_seq_len = 64, .n_slots = N_SEQS, .bos_id = -1,
-        .shm = shm, .drops = drops, .pair = pair,
+        .shm = shm, .drops = drops, .pair = pair, .shm_domain = next_domain,
     };
     dispatch(c, identity, worker_msg_register_encode(&r), NULL);
     cJSON_Delete(shm);
@@ -400,6 +402,46 @@ static void test_registry_two_pairs(void **state)
     assert_int_equal(rep.errors, 3);
 }
 
+/* Draft and target in different shm domains (other hosts, other /dev/shm):
+ * the target gets the draft's descriptor as "frames" (no cuda object, the
+ * layout kept), the draft's welcome says "halves": "frames"; a target that
+ * comes back in the draft's domain maps the buffer again, and the draft is
+ * told. Unknown domains count as shared. */
+static void test_registry_draft_without_shared_memory(void **state)
+{
+    struct coordinator *c = &((struct fixture *)*state)->c;
+    next_domain = "boot-a:1:2";
+    register_worker(c, TARGET_ID, "target", 100, VOCAB, 0);
+    next_domain = "boot-b:1:2";
+    register_worker(c, DRAFT_ID, "draft", getpid(), VOCAB, 0);
+    assert_true(c->pair[0].halves_as_frames);
+    next_command(ROLE_TARGET, PROTOCOL_WELCOME);
+    struct protocol_msg *w = next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(w->header, "halves")), "frames");
+    struct protocol_msg *a = next_command(ROLE_TARGET, PROTOCOL_ATTACH);
+    const cJSON *shm = cJSON_GetObjectItemCaseSensitive(a->header, "shm");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(shm, "transport")), "frames");
+    assert_null(cJSON_GetObjectItemCaseSensitive(shm, "cuda"));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(shm, "name")), "/tandem-test-registry-none");
+    no_more_commands();
+    /* the target restarts in the draft's domain */
+    next_domain = "boot-b:1:2";
+    register_worker(c, "target-2", "target", 101, VOCAB, 0);
+    assert_false(c->pair[0].halves_as_frames);
+    next_command(ROLE_TARGET, PROTOCOL_WELCOME);
+    w = next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
+    assert_null(cJSON_GetObjectItemCaseSensitive(w->header, "halves"));
+    a = next_command(ROLE_TARGET, PROTOCOL_ATTACH);
+    shm = cJSON_GetObjectItemCaseSensitive(a->header, "shm");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(shm, "transport")), "cuda_ipc");
+    no_more_commands();
+    /* a target that names no domain: assumed shared */
+    next_domain = "";
+    register_worker(c, "target-3", "target", 102, VOCAB, 0);
+    assert_false(c->pair[0].halves_as_frames);
+    next_domain = "";
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,6 +455,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_registry_restarted_target_fails_old_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registry_counts_what_the_target_owes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registry_two_pairs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_registry_draft_without_shared_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

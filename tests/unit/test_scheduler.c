@@ -1095,6 +1095,41 @@ static void test_scheduler_pairs_admit_by_free_kv(void **state)
     assert_non_null(strstr(rep.last_error_message, "KV blocks"));
 }
 
+/* A pair whose draft shares no memory with its target: the half's bytes
+ * come with draft_ready (a fresh draft's and a pre-draft's), and the verify
+ * of that half carries them as its second frame, unchanged; a verify with
+ * no bytes for its half fails the request rather than have the target read
+ * memory that holds nothing. */
+static void test_scheduler_halves_travel_with_their_messages(void **state)
+{
+    struct coordinator *c = &((struct fixture *)*state)->c;
+    c->pair[0].halves_as_frames = true;
+    struct seq *s = prefilled(c, 20, 2, 40);
+    struct worker_msg_draft d = expect_draft();
+    const char bytes[] = "the half's bytes, as the draft packed them";
+    struct worker_msg_draft_ready m = {
+        .seq = {.req = (int64_t)s->req, .slot = s->slot}, .half = 0, .round = d.round, .k = d.k,
+        .guess = -1, .predraft = false, .draft_ms = 0.5};
+    const struct protocol_frame half = {.data = bytes, .size_bytes = sizeof bytes};
+    feed_msg(c, s->pair, worker_msg_draft_ready_encode(&m), &half, scheduler_on_draft_ready);
+    struct protocol_msg *v = next_command(ROLE_TARGET, PROTOCOL_VERIFY);
+    assert_int_equal(v->n_frames, 2);
+    assert_int_equal(v->frame_size_bytes[1], sizeof bytes);
+    assert_memory_equal(v->frame_data[1], bytes, sizeof bytes);
+    no_more_commands();
+    /* the next round's draft_ready comes without its bytes: no verify of
+     * memory the target never got */
+    const int32_t toks[3] = {41, 42, 43};
+    verify_done(c, s, d.round, 2, toks, 1);
+    d = expect_draft();
+    free(s->half_bytes[0]); /* as if the bytes never came */
+    s->half_bytes[0] = NULL;
+    draft_ready(c, s, d.round, 0, d.k, -1, false);
+    assert_int_equal(rep.errors, 1);
+    assert_int_equal(rep.last_error, METRICS_ERR_INTERNAL);
+    assert_non_null(strstr(rep.last_error_message, "half"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1125,6 +1160,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_cancel_in_every_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_pairs_spread_and_keep_to_their_own, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_pairs_admit_by_free_kv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_halves_travel_with_their_messages, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

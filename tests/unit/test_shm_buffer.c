@@ -25,6 +25,7 @@
 
 #include "error.h"
 #include "shm_buffer.h"
+#include "shm_half_wire.h"
 
 static char instance[64];
 
@@ -706,6 +707,91 @@ static void test_shm_buffer_owner_awaits_its_readers(void **state)
     cJSON_Delete(desc);
 }
 
+/* A half as bytes (shm_half_wire.h): packed from the owner's published
+ * half, stored into a "frames" buffer (private memory, no segment) made
+ * from a "frames" descriptor, it reads there as it reads in place: header,
+ * tokens and q rows bit for bit, with or without the q rows; bytes that do
+ * not fit the layout are refused naming why, and only a "frames" buffer
+ * takes them. */
+static void test_shm_half_bytes_round_trip_into_a_frames_buffer(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct shm_buffer *owner = NULL, *mirror = NULL;
+    const int vocab = 50, k_max = 4;
+    assert_int_equal(shm_buffer_create(&owner, "posix", instance, "wire", 2, k_max, vocab, err), 0);
+    cJSON *desc = shm_buffer_export(owner);
+    assert_non_null(desc);
+    cJSON_ReplaceItemInObjectCaseSensitive(desc, "transport", cJSON_CreateString("frames"));
+    const int before = count_instance_segments();
+    assert_int_equal(shm_buffer_import(&mirror, desc, err), 0);
+    assert_int_equal(count_instance_segments(), before); /* nothing mapped from /dev/shm */
+    assert_string_equal(shm_buffer_transport(mirror), "frames");
+
+    /* a pre-draft: the guess and 3 drafts, q rows for all four */
+    shm_buffer_half_begin_write(owner, 1, 1);
+    int32_t *tok = shm_buffer_half_tokens(owner, 1, 1);
+    float *q = shm_buffer_half_q(owner, 1, 1);
+    for (int i = 0; i < 4; i++) {
+        tok[i] = 10 + i;
+        for (int v = 0; v < vocab; v++)
+            q[(size_t)i * vocab + v] = (float)(i * 1000 + v) / 7.0f;
+    }
+    const struct shm_half_info info = {.req = 12345678901ull, .round = 9, .k = 3, .first = 1, .guess = 10};
+    shm_buffer_half_publish(owner, 1, 1, &info);
+    void *bytes = NULL;
+    size_t len = 0;
+    assert_int_equal(shm_half_pack(owner, 1, 1, 4, &bytes, &len, err), 0);
+    assert_int_equal(len, sizeof(struct shm_half_wire_header) + 4 * 4 + 4 * (size_t)vocab * 4);
+    assert_int_equal(shm_half_store(mirror, 1, 1, bytes, len, err), 0);
+    struct shm_half_info got;
+    uint64_t seq = 0;
+    assert_int_equal(shm_buffer_half_read(mirror, 1, 1, &got, &seq), 0);
+    assert_true(got.req == info.req && got.round == 9 && got.k == 3 && got.first == 1 && got.guess == 10);
+    assert_memory_equal(shm_buffer_half_tokens(mirror, 1, 1), tok, 4 * sizeof(int32_t));
+    assert_memory_equal(shm_buffer_half_q(mirror, 1, 1), q, 4 * (size_t)vocab * sizeof(float));
+    /* a store moves the seqlock on: a reader of the old one sees a change */
+    assert_int_equal(shm_half_store(mirror, 1, 1, bytes, len, err), 0);
+    assert_false(shm_buffer_half_unchanged(mirror, 1, 1, seq));
+
+    /* tokens alone (greedy) */
+    void *small = NULL;
+    size_t small_len = 0;
+    assert_int_equal(shm_half_pack(owner, 1, 1, 0, &small, &small_len, err), 0);
+    assert_int_equal(small_len, sizeof(struct shm_half_wire_header) + 4 * 4);
+    assert_int_equal(shm_half_store(mirror, 0, 0, small, small_len, err), 0);
+    assert_memory_equal(shm_buffer_half_tokens(mirror, 0, 0), tok, 4 * sizeof(int32_t));
+
+    /* what does not fit is refused, naming why */
+    assert_int_equal(shm_half_store(mirror, 1, 1, bytes, len - 4, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "the header says"));
+    assert_int_equal(shm_half_store(mirror, 1, 1, bytes, 8, err), ERR_PROTOCOL);
+    assert_int_equal(shm_half_store(mirror, 2, 0, bytes, len, err), ERR_PROTOCOL);
+    struct shm_half_wire_header h;
+    memcpy(&h, bytes, sizeof h);
+    h.k = (uint32_t)k_max + 1; /* first 1 + k past k_max + 1 */
+    memcpy(bytes, &h, sizeof h);
+    assert_int_equal(shm_half_store(mirror, 1, 1, bytes, len, err), ERR_PROTOCOL);
+    h.k = 3;
+    h.vocab = (uint32_t)vocab + 1;
+    memcpy(bytes, &h, sizeof h);
+    assert_int_equal(shm_half_store(mirror, 1, 1, bytes, len, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "q rows"));
+    /* a mapped buffer is the draft's: never written from bytes */
+    assert_int_equal(shm_half_store(owner, 0, 0, small, small_len, err), ERR_INVALID_ARG);
+    /* a half being rewritten is not packed */
+    shm_buffer_half_begin_write(owner, 0, 1);
+    void *none = NULL;
+    size_t none_len = 0;
+    assert_int_equal(shm_half_pack(owner, 0, 1, 0, &none, &none_len, err), ERR_UNAVAILABLE);
+    assert_null(none);
+    free(bytes);
+    free(small);
+    shm_buffer_close(mirror);
+    shm_buffer_close(owner);
+    cJSON_Delete(desc);
+}
+
 int main(void)
 {
     snprintf(instance, sizeof instance, "ut%ld", (long)getpid());
@@ -720,6 +806,7 @@ int main(void)
         cmocka_unit_test(test_shm_buffer_cuda_ipc_descriptor_round_trips),
         cmocka_unit_test(test_shm_buffer_cleanup_removes_only_dead_owners),
         cmocka_unit_test(test_shm_buffer_owner_awaits_its_readers),
+        cmocka_unit_test(test_shm_half_bytes_round_trip_into_a_frames_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

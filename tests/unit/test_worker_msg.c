@@ -501,6 +501,18 @@ static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
     assert_int_equal(worker_msg_register_decode(&m, &rg, err), ERR_PROTOCOL);
     assert_non_null(strstr(err, "pair"));
     reg.pair = 0;
+    protocol_msg_free(&m);
+
+    /* where its shared memory lives: carried as given, absent is "" */
+    reg.shm_domain = "0f2c9a52-5c4e-4b0e-9d1e-2a6e0c1b7f33:27:1";
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_string_equal(rg.shm_domain, reg.shm_domain);
+    protocol_msg_free(&m);
+    reg.shm_domain = NULL;
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_string_equal(rg.shm_domain, "");
 
     /* a GPU worker says nothing of cores */
     reg.cpu.present = false;
