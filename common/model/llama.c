@@ -121,7 +121,11 @@ static int map_quantized(struct llama_model *m, const char *name, const struct s
         return error_set(err, rc, "%s: %s", name, why);
     const enum kern_dtype dt = q4 ? KERN_DTYPE_Q4 : KERN_DTYPE_Q8;
     const void *dev;
-    if ((rc = m->be->ops->map_matrix(m->be, buf, dt, d0, d1, &dev, err))) {
+    const size_t bytes = q4 ? kern_q4_bytes(d0, d1) : kern_q8_bytes(d0, d1);
+    /* cuda has no map_matrix: its kernels read the layout as it is */
+    rc = m->be->ops->map_matrix ? m->be->ops->map_matrix(m->be, buf, dt, d0, d1, &dev, err)
+                                : m->be->ops->map_weights(m->be, buf, bytes, &dev, err);
+    if (rc) {
         free(buf);
         return rc;
     }
@@ -135,7 +139,7 @@ static int map_quantized(struct llama_model *m, const char *name, const struct s
     w->ptr = dev;
     w->dtype = dt;
     m->file_bytes += t->size_bytes;
-    m->held_bytes += q4 ? kern_q4_bytes(d0, d1) : kern_q8_bytes(d0, d1);
+    m->held_bytes += bytes;
     return 0;
 }
 
@@ -186,10 +190,10 @@ int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
 {
     int rc;
     *out = NULL;
-    if (quant != QUANTIZE_NONE && (strcmp(be->name, "cpu") != 0 || !be->ops->map_matrix))
+    if (quant != QUANTIZE_NONE && strcmp(be->name, "cpu") != 0 && strcmp(be->name, "cuda") != 0)
         return error_set(err, ERR_UNSUPPORTED,
-                         "quantize %s: the %s backend has no kernels for quantized weights (cpu "
-                         "only so far)",
+                         "quantize %s: the %s backend has no kernels for quantized weights (cpu and cuda "
+                         "have)",
                          quantize_mode_name(quant), be->name);
     struct llama_model *m = calloc(1, sizeof *m);
     if (!m)

@@ -83,7 +83,9 @@ int cuda_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
     case KERN_DTYPE_F32: return 0;
     case KERN_DTYPE_Q8:
     case KERN_DTYPE_Q4:
-        return error_set(err, ERR_UNSUPPORTED, "cuda %s: %s weights have no cuda kernels yet", what,
+        /* only matmul reads them (matmul_quant.cu): the embedding, the
+         * norms and the LM head keep the file's precision */
+        return error_set(err, ERR_UNSUPPORTED, "cuda %s: %s weights are read by matmul only", what,
                          dtype == KERN_DTYPE_Q8 ? "int8" : "int4");
     }
     return error_set(err, ERR_UNSUPPORTED, "cuda %s: unsupported weight dtype %d", what,

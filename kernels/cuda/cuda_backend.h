@@ -180,6 +180,13 @@ static __device__ __forceinline__ float cuda_load_weight(const void *w, int dtyp
     return ((const float *)w)[idx];
 }
 
+/* kern_q8_scales_offset on the device: the scales of a [rows][cols] int8
+ * matrix start at the next multiple of 64 bytes after its values. */
+static __device__ __forceinline__ size_t kern_q8_scales_offset_dev(int rows, int cols)
+{
+    return ((size_t)rows * (size_t)cols + 63) & ~(size_t)63;
+}
+
 /* Sum over the 32 lanes of a warp by the fixed xor butterfly 16, 8, 4, 2, 1.
  * Every lane ends with the same bits (a + b == b + a exactly). All 32 lanes
  * must call it. */
@@ -247,6 +254,10 @@ int cuda_embed(struct kern_backend *be, float *out, const void *table, enum kern
                const int32_t *ids, int n, int dim, char *err);
 int cuda_rmsnorm(struct kern_backend *be, float *out, const float *in, const void *weight,
                  enum kern_dtype dtype, int n, int dim, float eps, char *err);
+/* int8 and int4 weights (matmul_quant.cu): every path of cuda_matmul
+ * takes these, in the skinny order. */
+int cuda_matmul_quantized(struct cuda_backend *cb, float *out, const float *in, const void *w,
+                          enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cuda_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
                 enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cuda_rope(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,

@@ -452,7 +452,7 @@ static const void *mm_tiled_fn(enum mm_cfg cfg, enum kern_dtype dtype)
     case KERN_DTYPE_F16: return mm_tiled_fn_dt<KERN_DTYPE_F16>(cfg);
     case KERN_DTYPE_F32: return mm_tiled_fn_dt<KERN_DTYPE_F32>(cfg);
     case KERN_DTYPE_Q8:
-    case KERN_DTYPE_Q4: break; /* refused by cuda_backend_check_dtype */
+    case KERN_DTYPE_Q4: break; /* matmul_quant.cu, never tiled */
     }
     return NULL;
 }
@@ -512,7 +512,7 @@ static int mm_skinny_launch(struct cuda_backend *cb, float *out, const float *in
         break;
     case KERN_DTYPE_Q8:
     case KERN_DTYPE_Q4:
-        return error_set(err, ERR_UNSUPPORTED, "cuda matmul: quantized weights have no cuda kernels yet");
+        return error_set(err, ERR_INTERNAL, "cuda matmul: quantized weights go to matmul_quant.cu");
     }
     CUDA_CHECK_LAUNCH("mm_skinny_kernel");
     return 0;
@@ -666,7 +666,7 @@ static int mm_cublas(struct cuda_backend *cb, float *out, const float *in, const
 static int mm_check(struct cuda_backend *cb, float *out, const float *in, const void *w,
                     enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
 {
-    int rc = cuda_backend_check_dtype(dtype, "matmul", err);
+    int rc = dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4 ? 0 : cuda_backend_check_dtype(dtype, "matmul", err);
     if (rc < 0)
         return rc;
     if (n < 0 || d_in < 0 || d_out < 0)
@@ -685,6 +685,14 @@ static int mm_run(struct cuda_backend *cb, enum kern_cuda_mm_path path, float *o
                   const float *in, const void *w, enum kern_dtype dtype, int n, int d_in,
                   int d_out, char *err)
 {
+    /* int8 and int4: one kernel for every path (matmul_quant.cu); cuBLAS
+     * has no such weights */
+    if (dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4) {
+        if (path == KERN_CUDA_MM_CUBLAS)
+            return error_set(err, ERR_UNSUPPORTED, "cuda matmul: the cuBLAS path takes no %s weights",
+                             kern_dtype_name(dtype));
+        return cuda_matmul_quantized(cb, out, in, w, dtype, n, d_in, d_out, err);
+    }
     switch (path) {
     case KERN_CUDA_MM_AUTO:
     case KERN_CUDA_MM_TILED: {

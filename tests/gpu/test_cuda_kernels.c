@@ -1075,6 +1075,118 @@ static void test_cuda_paged_attention_equals_contiguous(void **state)
     free(one);
 }
 
+/* A random [d_out][d_in] int8 or int4 matrix (kernels.h layouts); wf gets
+ * each weight as widened ((float)q for int8, whose row scale `scale`
+ * multiplies the finished dot; (n - 8) * scale for int4, scale 1). */
+static void *make_quantized(struct rng *r, enum kern_dtype dt, int d_out, int d_in, float *wf, float *scale)
+{
+    if (dt == KERN_DTYPE_Q8) {
+        char *w = xmalloc(kern_q8_bytes(d_out, d_in));
+        float *sc = (float *)(void *)(w + kern_q8_scales_offset(d_out, d_in));
+        for (int o = 0; o < d_out; o++) {
+            sc[o] = scale[o] = 0.001f + fabsf(rng_float(r)) * 0.01f;
+            for (int k = 0; k < d_in; k++) {
+                const int v = (int)(rng_next(r) % 255) - 127;
+                ((int8_t *)w)[(size_t)o * d_in + k] = (int8_t)v;
+                wf[(size_t)o * d_in + k] = (float)v;
+            }
+        }
+        return w;
+    }
+    uint8_t *w = xmalloc(kern_q4_bytes(d_out, d_in));
+    memset(w, 0, kern_q4_bytes(d_out, d_in));
+    for (int o = 0; o < d_out; o++)
+        scale[o] = 1.0f;
+    for (size_t g = 0; g < (size_t)d_out * d_in / KERN_Q4_GROUP; g++) {
+        uint8_t *grp = w + g * KERN_Q4_GROUP_BYTES;
+        const float sc = 0.001f + fabsf(rng_float(r)) * 0.05f;
+        memcpy(grp + KERN_Q4_GROUP / 2, &sc, sizeof sc);
+        for (int j = 0; j < KERN_Q4_GROUP; j++) {
+            const int nib = (int)(rng_next(r) % 16);
+            if (j < KERN_Q4_GROUP / 2)
+                grp[j] = (uint8_t)nib;
+            else
+                grp[j - KERN_Q4_GROUP / 2] |= (uint8_t)(nib << 4);
+            wf[g * KERN_Q4_GROUP + (size_t)j] = (float)(nib - 8) * sc;
+        }
+    }
+    return w;
+}
+
+/* int8 and int4 weights (matmul_quant.cu): against the CPU's fixed order
+ * within the f32 bound (relative to sum_k |w x|, times the row scale for
+ * int8), and every row alone equal bit for bit to the same row in calls of
+ * every row count of the invariance test, through every path (one kernel
+ * takes them all). */
+static void test_cuda_matmul_quantized(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {11};
+    static const enum kern_dtype qdt[2] = {KERN_DTYPE_Q8, KERN_DTYPE_Q4};
+    static const int shapes[3][2] = {{256, 37}, {1024, 100}, {2080, 29}};
+    int ns[300];
+    const int n_ns = invariance_row_counts(ns);
+    for (int t = 0; t < 2; t++)
+        for (int si = 0; si < 3; si++) {
+            const enum kern_dtype dt = qdt[t];
+            const int d_in = shapes[si][0], d_out = shapes[si][1];
+            const size_t x_count = (size_t)INV_N_MAX * d_in, o_count = (size_t)INV_N_MAX * d_out;
+            float *wf = falloc((size_t)d_out * d_in), scale[100];
+            void *w = make_quantized(&r, dt, d_out, d_in, wf, scale);
+            const size_t w_bytes = dt == KERN_DTYPE_Q8 ? kern_q8_bytes(d_out, d_in) : kern_q4_bytes(d_out, d_in);
+            float *x = falloc(x_count);
+            fill(&r, x, x_count, 1.0f);
+            void *dw = dev_put(g, w, w_bytes);
+            float *dx = dev_put(g, x, x_count * sizeof(float));
+            float *dout = NULL;
+            OK(g->ops->alloc(g, o_count * sizeof(float), (void **)&dout, err));
+            float *single = falloc(o_count), *got = falloc(o_count), *ref = falloc(o_count);
+            const int n_alone = 40;
+            poison(g, dout, o_count);
+            for (int i = 0; i < n_alone; i++)
+                OK(g->ops->matmul(g, dout + (size_t)i * d_out, dx + (size_t)i * d_in, dw, dt, 1, d_in, d_out, err));
+            dev_get(g, single, dout, (size_t)n_alone * d_out * sizeof(float));
+            OK(f->cpu->ops->matmul(f->cpu, ref, x, w, dt, n_alone, d_in, d_out, err));
+            double *mag = matmul_scale(x, wf, n_alone, d_in, d_out);
+            for (int i = 0; i < n_alone; i++)
+                for (int o = 0; o < d_out; o++)
+                    mag[(size_t)i * d_out + o] *= scale[o];
+            char what[128];
+            snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d rows alone vs cpu", kern_dtype_name(dt), d_in,
+                     d_out);
+            assert_int_equal(count_mismatches(what, single, ref, (size_t)n_alone * d_out, 1e-6,
+                                              f32_rtol(d_in) + 0x1.0p-23, mag), 0);
+            free(mag);
+            /* every row count, every path: the rows alone's bits */
+            for (size_t pi = 0; pi < N_EXACT_PATHS; pi++)
+                for (int ni = 0; ni < n_ns; ni++) {
+                    const int n = ns[ni];
+                    if (n > n_alone)
+                        continue;
+                    poison(g, dout, (size_t)n * d_out);
+                    OK(kern_cuda_matmul_path(g, exact_paths[pi], dout, dx, dw, dt, n, d_in, d_out, err));
+                    dev_get(g, got, dout, (size_t)n * d_out * sizeof(float));
+                    snprintf(what, sizeof(what), "matmul %s d_in=%d n=%d path %s vs rows alone",
+                             kern_dtype_name(dt), d_in, n, exact_path_names[pi]);
+                    assert_int_equal(count_bit_diffs(what, got, single, (size_t)n * d_out), 0);
+                }
+            /* cuBLAS has no such weights: said, not computed */
+            assert_int_equal(kern_cuda_matmul_path(g, KERN_CUDA_MM_CUBLAS, dout, dx, dw, dt, 1, d_in, d_out, err),
+                             ERR_UNSUPPORTED);
+            g->ops->free(g, dout);
+            g->ops->free(g, dx);
+            g->ops->free(g, dw);
+            free(single);
+            free(got);
+            free(ref);
+            free(x);
+            free(w);
+            free(wf);
+        }
+}
+
 int main(void)
 {
     char err[ERR_MSG_MAX] = "";
@@ -1100,6 +1212,7 @@ int main(void)
         cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
         cmocka_unit_test(test_cuda_matmul_llama_rows_are_invariant),
         cmocka_unit_test(test_cuda_matmul_cublas_reference),
+        cmocka_unit_test(test_cuda_matmul_quantized),
         cmocka_unit_test(test_cuda_attention_matches_cpu),
         cmocka_unit_test(test_cuda_attention_is_batch_invariant),
         cmocka_unit_test(test_cuda_paged_attention_equals_contiguous),

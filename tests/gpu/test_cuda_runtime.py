@@ -577,6 +577,22 @@ def runtime_checks(d, draft, target):
                     check(got == ref, "%s K=%d %s %s: speculative ids differ from target-only at %d"
                           % (model_t, k, mode, ids, first_difference(got, ref)))
 
+    # quantized drafts (matmul_quant.cu) never change the output; an int8
+    # target's greedy ids on cuda equal its ids on the cpu for the first
+    # tokens at least (the orders differ; the argmax rarely does)
+    for q in ("int8", "int4"):
+        for ids in PROMPTS[:2]:
+            ref = gen(small_t, ids, 48, BACKEND)["ids"]
+            for k in (3, 0):
+                got = gen(small_t, ids, 48, BACKEND, ("--draft", small_d, "--draft-quantize", q, "--spec-k",
+                                                       str(k)))["ids"]
+                check(got == ref, "%s draft K=%d %s: speculative ids differ from target-only at %d"
+                      % (q, k, ids, first_difference(got, ref)))
+        cpu = gen(small_t, PROMPTS[0], 16, "cpu", ("--quantize", q))["ids"]
+        gpu = gen(small_t, PROMPTS[0], 16, BACKEND, ("--quantize", q))["ids"]
+        check(first_difference(cpu, gpu) >= 8, "%s target: cuda and cpu ids part at %d (%s / %s)"
+              % (q, first_difference(cpu, gpu), cpu, gpu))
+
     # the draft on "another" device: the same GPU named by UUID
     uuid = ""
     if BACKEND == "cuda" and shutil.which("nvidia-smi"):
@@ -586,7 +602,7 @@ def runtime_checks(d, draft, target):
         got = gen(target, PROMPTS[0], 48, BACKEND, ("--draft", draft, "--draft-device", uuid))["ids"]
         check(got == gen(target, PROMPTS[0], 48, BACKEND)["ids"], "--draft-device %s changed the ids" % uuid)
     print("runtime: cuda == cpu on tiny and small; speculative == target-only on cuda (K 1..8, adaptive, "
-          "both modes); --draft-device by UUID")
+          "both modes; int8 and int4 drafts); int8/int4 targets agree with cpu; --draft-device by UUID")
 
 
 # The parts run_gpu_tests.sh runs as steps of its stages; "all" (ctest) runs each.
