@@ -77,7 +77,7 @@ static void unlink_ipc(const char *endpoint)
  * or where to start the connection monitor, also before the bind so that
  * every connection is seen. */
 static int bind_router(struct coordinator *c, void **sock, const char *endpoint, const char *key, int max_msg,
-                       struct exposure *security, struct connections **conns, char *err)
+                       int (*secure)(struct exposure *, void *, char *), struct connections **conns, char *err)
 {
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (*sock == NULL)
@@ -87,7 +87,7 @@ static int bind_router(struct coordinator *c, void **sock, const char *endpoint,
     if (zmq_setsockopt(*sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
         (max_bytes > 0 && zmq_setsockopt(*sock, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes)) != 0))
         return error_set(err, ERR_SYSTEM, "%s: zmq_setsockopt: %s", key, zmq_strerror(zmq_errno()));
-    int rc = security ? exposure_apply(security, *sock, err) : 0;
+    int rc = secure(c->exposure, *sock, err);
     if (rc == 0 && conns != NULL)
         rc = connections_create(conns, c->zctx, *sock, err);
     if (rc != 0)
@@ -173,7 +173,7 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
     if ((rc = exposure_create(&c->exposure, c->zctx, cc, err)) != 0)
         goto fail;
     if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max,
-                          c->exposure, &c->conns, err)) != 0)
+                          exposure_apply, &c->conns, err)) != 0)
         goto fail;
     c->clients_bound = true;
     /* Replies to a vanished client fail (EHOSTUNREACH) instead of vanishing:
@@ -184,8 +184,8 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
                        zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0, NULL, NULL, err)) !=
-        0)
+    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0,
+                          exposure_apply_workers, NULL, err)) != 0)
         goto fail;
     c->workers_bound = true;
     lanes_open(c);

@@ -1,4 +1,6 @@
-/* exposure.h: who may talk to the coordinator's client endpoint.
+/* exposure.h: who may talk to the coordinator's client endpoint, and to
+ * its worker endpoint (coordinator.worker_curve_keys_file: workers on other
+ * hosts, docs/scale-out.md).
  *
  * With coordinator.curve_secret_key_file the client socket is a ZeroMQ CURVE
  * server: traffic is encrypted and a client must know the server's public
@@ -29,6 +31,11 @@ int exposure_create(struct exposure **out, void *zctx, const struct coordinator_
 /* Makes client_socket a CURVE server when configured; call before zmq_bind.
  * ERR_SYSTEM naming the option. */
 int exposure_apply(struct exposure *e, void *client_socket, char *err);
+
+/* Makes the worker socket a CURVE server admitting only the keys of
+ * coordinator.worker_curve_keys_file, when that is set; call before
+ * zmq_bind. ERR_SYSTEM naming the option. */
+int exposure_apply_workers(struct exposure *e, void *worker_socket, char *err);
 
 /* The ZAP socket to poll for input, or NULL when there is none. */
 void *exposure_zap_socket(const struct exposure *e);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "curve_keys.h"
 #include "error.h"
 #include "lane.h"
 #include "logging.h"
@@ -470,7 +471,18 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
         rc = error_set(err, ERR_SYSTEM, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if ((rc = protocol_dealer_connect(link->zctx, link->endpoint, &link->sock, err)))
+    char server_pub[CURVE_KEY_Z85_SIZE] = "", secret[CURVE_KEY_Z85_SIZE] = "", why[ERR_MSG_MAX];
+    if (wc->coordinator_curve_public_key_file[0] != '\0') {
+        if ((rc = curve_key_load(wc->coordinator_curve_public_key_file, false, server_pub, why)) ||
+            (rc = curve_key_load(wc->curve_secret_key_file, true, secret, why))) {
+            rc = error_set(err, rc, "%s worker: CURVE to the coordinator: %s", role->name, why);
+            goto fail;
+        }
+    }
+    rc = protocol_dealer_connect(link->zctx, link->endpoint, server_pub[0] ? server_pub : NULL,
+                                 server_pub[0] ? secret : NULL, &link->sock, err);
+    memset(secret, 0, sizeof secret);
+    if (rc)
         goto fail;
     /* Started after the connect: a drop before the first connection is up
      * cannot happen, and the monitor only needs drops. */

@@ -235,6 +235,8 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_STR(curve_client_keys_file, NULL, "public keys of the clients admitted [any]"),
     CKEY_INT(insecure, 0, 1, "1: non-loopback client endpoint without CURVE [0]"),
     CKEY_INT(external_workers, 0, 1, "1: worker endpoint may be non-local [0]"),
+    CKEY_STR(worker_curve_secret_key_file, NULL, "CURVE secret key of the worker endpoint [none]"),
+    CKEY_STR(worker_curve_keys_file, NULL, "public keys of the workers admitted [none]"),
     CKEY_INT(max_requests_per_client, 0, 1000000, "requests in flight per client, 0 = no limit [0]"),
     CKEY_INT(worker_lane, 0, 1, "1: an ipc:// worker's messages on a direct socket [1]"),
 };
@@ -249,6 +251,9 @@ static const struct key_desc worker_keys[] = {
     WKEY_INT(max_seq_len, 0, 1 << 20, "positions per slot, 0 = model limit [8192]"),
     WKEY_STR(coordinator_endpoint, check_endpoint_or_empty,
              "coordinator worker endpoint [coordinator.worker_endpoint]"),
+    WKEY_STR(coordinator_curve_public_key_file, NULL,
+             "the coordinator's CURVE public key (worker_curve_keys_file set there) [none]"),
+    WKEY_STR(curve_secret_key_file, NULL, "this worker's CURVE secret key [none]"),
     WKEY_INT(heartbeat_ms, 10, 600000, "heartbeat interval [500]"),
     WKEY_INT(prefill_chunk, 1, 65536,
              "tokens per forward call of a long prompt; heartbeats go out between two [32]"),
@@ -778,6 +783,11 @@ static int finalize_worker(struct proc_config *cfg, struct worker_config *w, con
     char inner[ERR_MSG_MAX];
     if (proc_config_check_endpoint(w->coordinator_endpoint, inner) != 0)
         return error_set(err, ERR_INVALID_ARG, "%s.coordinator_endpoint: %s", sec, inner);
+    if ((w->coordinator_curve_public_key_file[0] != '\0') != (w->curve_secret_key_file[0] != '\0'))
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s.%s: needs %s.%s too (CURVE to the coordinator takes both)", sec,
+                         w->curve_secret_key_file[0] ? "curve_secret_key_file" : "coordinator_curve_public_key_file",
+                         sec, w->curve_secret_key_file[0] ? "coordinator_curve_public_key_file" : "curve_secret_key_file");
     const int cuda = strcmp(w->backend, "cuda") == 0;
     if (strcmp(w->sampler, "device") == 0 && !cuda)
         return error_set(err, ERR_INVALID_ARG,
@@ -817,13 +827,20 @@ int proc_config_finalize(struct proc_config *cfg, unsigned sections, char *err)
     char inner[ERR_MSG_MAX];
     if (proc_config_check_endpoint(c->worker_endpoint, inner) != 0)
         return error_set(err, ERR_INVALID_ARG, "coordinator.worker_endpoint: %s", inner);
-    /* Workers are trusted peers (they name shared memory to map): their
-     * endpoint stays on this machine unless the operator says otherwise. */
+    /* Workers are trusted peers (they name shared memory to map, they see
+     * prompts): their endpoint stays on this machine unless the operator
+     * says otherwise, with the workers' keys or in the clear. */
     if (!curve_endpoint_is_local(c->worker_endpoint) && !c->external_workers)
         return error_set(err, ERR_INVALID_ARG,
                          "coordinator.worker_endpoint: %s can be reached from other machines: use "
-                         "ipc:// or a loopback address, or set coordinator.external_workers: 1",
+                         "ipc:// or a loopback address, or set coordinator.external_workers: 1 (with "
+                         "coordinator.worker_curve_keys_file to admit only the listed workers)",
                          c->worker_endpoint);
+    if ((c->worker_curve_keys_file[0] != '\0') != (c->worker_curve_secret_key_file[0] != '\0'))
+        return error_set(err, ERR_INVALID_ARG, "coordinator.%s: needs coordinator.%s (CURVE on the worker "
+                         "endpoint takes both: its key, and the workers' keys it admits)",
+                         c->worker_curve_keys_file[0] ? "worker_curve_keys_file" : "worker_curve_secret_key_file",
+                         c->worker_curve_keys_file[0] ? "worker_curve_secret_key_file" : "worker_curve_keys_file");
     if (c->tokenizer[0] == '\0')
         memcpy(c->tokenizer, cfg->target_worker.model, strlen(cfg->target_worker.model) + 1);
 

@@ -57,6 +57,11 @@ struct coordinator_config {
     char curve_client_keys_file[PROC_CONFIG_PATH_MAX]; /* "" = any client with the server key */
     int insecure;                /* 1: serve a non-loopback client endpoint in the clear */
     int external_workers;        /* 1: the worker endpoint may be reachable from elsewhere */
+    /* Workers on other hosts (docs/scale-out.md): the worker socket's
+     * CURVE secret key and the workers' public keys, one a line; it then
+     * admits only these. Both or neither; "" = no CURVE. */
+    char worker_curve_secret_key_file[PROC_CONFIG_PATH_MAX];
+    char worker_curve_keys_file[PROC_CONFIG_PATH_MAX];
     int max_requests_per_client; /* requests in flight per client connection, 0 = no limit */
     int worker_lane;             /* 1 (default): local workers' messages on a direct socket (lane.h) */
 };
@@ -69,6 +74,11 @@ struct worker_config {
     int threads;                           /* cpu threads, 0 = one per core */
     int max_seq_len;                       /* positions per slot, default 8192 (0 = model's limit) */
     char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.worker_endpoint */
+    /* CURVE to a coordinator with coordinator.worker_curve_keys_file: its
+     * public key (the .pub of its worker_curve_secret_key_file) and this worker's
+     * secret key (its .pub listed there). "" = plain ZeroMQ. */
+    char coordinator_curve_public_key_file[PROC_CONFIG_PATH_MAX];
+    char curve_secret_key_file[PROC_CONFIG_PATH_MAX];
     int heartbeat_ms;                      /* default 500 */
     int prefill_chunk;                     /* tokens per forward call of a long feed, default 32:
                                               a heartbeat can go out between two */

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "curve_keys.h"
 #include "error.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -439,7 +440,8 @@ int protocol_check_fields(const cJSON *obj, const char *const *allowed, const ch
     return 0;
 }
 
-int protocol_dealer_connect(void *zctx, const char *endpoint, void **out_socket, char *err)
+int protocol_dealer_connect(void *zctx, const char *endpoint, const char *curve_server_public,
+                            const char *curve_secret, void **out_socket, char *err)
 {
     *out_socket = NULL;
     void *s = zmq_socket(zctx, ZMQ_DEALER);
@@ -453,6 +455,11 @@ int protocol_dealer_connect(void *zctx, const char *endpoint, void **out_socket,
         int e = zmq_errno();
         zmq_close(s);
         return error_set(err, ERR_SYSTEM, "zmq_setsockopt(DEALER): %s", zmq_strerror(e));
+    }
+    int rc = curve_server_public ? curve_client_setup(s, curve_server_public, curve_secret, err) : 0;
+    if (rc) {
+        zmq_close(s);
+        return rc;
     }
     if (zmq_connect(s, endpoint) != 0) {
         int e = zmq_errno();

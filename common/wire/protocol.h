@@ -162,8 +162,11 @@ int protocol_check_fields(const cJSON *obj, const char *const *allowed, const ch
  * reconnect every 100 ms backing off to 250 ms (a coordinator restarted by
  * the supervisor is back within a second, and each 250 ms of backoff is
  * 250 ms more before its workers are: an attempt at a local endpoint costs
- * microseconds). ERR_SYSTEM naming the call. */
-int protocol_dealer_connect(void *zctx, const char *endpoint, void **out_socket, char *err);
+ * microseconds). With curve_server_public (Z85), a CURVE client of that
+ * server with the key pair of curve_secret (curve_client_setup). ERR_SYSTEM
+ * naming the call. */
+int protocol_dealer_connect(void *zctx, const char *endpoint, const char *curve_server_public,
+                            const char *curve_secret, void **out_socket, char *err);
 
 /* Monotonic clock in milliseconds (for heartbeats and timings). */
 double protocol_now_ms(void);

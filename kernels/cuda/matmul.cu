@@ -690,7 +690,7 @@ static int mm_run(struct cuda_backend *cb, enum kern_cuda_mm_path path, float *o
     if (dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4) {
         if (path == KERN_CUDA_MM_CUBLAS)
             return error_set(err, ERR_UNSUPPORTED, "cuda matmul: the cuBLAS path takes no %s weights",
-                             kern_dtype_name(dtype));
+                             (dtype == KERN_DTYPE_Q8 ? "int8" : "int4"));
         return cuda_matmul_quantized(cb, out, in, w, dtype, n, d_in, d_out, err);
     }
     switch (path) {

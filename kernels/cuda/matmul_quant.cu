@@ -132,10 +132,10 @@ int cuda_matmul_quantized(struct cuda_backend *cb, float *out, const float *in, 
     const int group = dtype == KERN_DTYPE_Q8 ? 8 : KERN_Q4_GROUP;
     if (d_in % group != 0)
         return error_set(err, ERR_UNSUPPORTED, "cuda matmul: %s weights need d_in %% %d == 0, got d_in %d",
-                         kern_dtype_name(dtype), group, d_in);
+                         (dtype == KERN_DTYPE_Q8 ? "int8" : "int4"), group, d_in);
     if ((uintptr_t)w % 16 != 0 || (uintptr_t)in % 16 != 0)
         return error_set(err, ERR_INVALID_ARG, "cuda matmul: %s weights and activations must be 16-byte "
-                         "aligned (w %p, in %p)", kern_dtype_name(dtype), w, (const void *)in);
+                         "aligned (w %p, in %p)", (dtype == KERN_DTYPE_Q8 ? "int8" : "int4"), w, (const void *)in);
     const unsigned int blocks = (unsigned int)((d_out + MM_Q_COLS_PER_BLOCK - 1) / MM_Q_COLS_PER_BLOCK);
     for (int r0 = 0; r0 < n; r0 += MM_Q_MAX) {
         const int rows = n - r0 < MM_Q_MAX ? n - r0 : MM_Q_MAX;

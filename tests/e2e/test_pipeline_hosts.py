@@ -4,11 +4,15 @@ namespace of its own (veth pairs to the coordinator's, made and removed
 here) with a /dev/shm of its own, talking over tcp. The workers' shm
 domains differ, so the coordinator has every published half travel in the
 draft's draft_ready and the target's verify ("frames", docs/scale-out.md).
-Checked: greedy output equals target-only; a seeded sampled request (q rows
+The worker endpoint is CURVE with the workers' keys listed
+(coordinator.worker_curve_keys_file); a worker with another key is refused
+in the handshake and never registers. Checked: greedy output equals
+target-only; a seeded sampled request (q rows
 crossing, K fixed) equals the same request on a pipeline sharing memory, bit
 for bit; the drafts were used (acceptance > 0); kill -9 of the draft's host
 process leaves the request finishing target-only with the same ids.
 Needs root, ip(8) and unshare(1): skipped with a line saying so otherwise."""
+import json
 import os
 import shutil
 import signal
@@ -16,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from tandem_e2e import Pipeline, check, collect, generate, main, next_event, reference
+from tandem_e2e import Pipeline, binary, check, collect, generate, main, next_event, reference, run as run_cmd
 
 PORT = 5601
 NET = {"draft": "10.77.1", "target": "10.77.2"}
@@ -99,12 +103,33 @@ def test():
         hosts.close()
 
 
+def keygen(d, name):
+    prefix = os.path.join(d, name)
+    run_cmd([binary("keygen"), prefix])
+    return prefix + ".key", prefix + ".pub"
+
+
+def curve_config(p):
+    """The worker endpoint as a CURVE server admitting the two workers' keys."""
+    server_key, server_pub = keygen(p.dir, "workers-endpoint")
+    listed = os.path.join(p.dir, "worker-keys")
+    with open(listed, "w") as f:
+        for role in ("draft", "target"):
+            key, pub = keygen(p.dir, role)
+            p.config["%s_worker" % role].update({"coordinator_curve_public_key_file": server_pub,
+                                                 "curve_secret_key_file": key})
+            f.write(open(pub).read())
+    p.config["coordinator"].update({"worker_curve_secret_key_file": server_key, "worker_curve_keys_file": listed})
+    return server_pub
+
+
 def run(hosts):
     p = Pipeline("hosts", worker_timeout_ms=1500)
     draft, target = p.make_pair()
     p.config["coordinator"].update({"worker_endpoint": "tcp://*:%d" % PORT, "external_workers": 1})
     for role in ("draft", "target"):
         p.config["%s_worker" % role]["coordinator_endpoint"] = "tcp://%s.1:%d" % (NET[role], PORT)
+    server_pub = curve_config(p)
     for role in ("coordinator", "draft", "target"):
         p.wrap[role] = hosts.wrap(role)
     p.start_all()
@@ -122,6 +147,28 @@ def run(hosts):
     spec = p.stats()["spec"]
     check(spec["num_draft_tokens"] > 0 and spec["num_accepted_tokens"] > 0,
           "the drafts were not used over three hosts: %s" % spec)
+
+    # a worker whose key is not listed: refused in the handshake, never registered
+    registrations = p.stats()["workers"]["draft"]["registrations"]
+    stranger_key, _ = keygen(p.dir, "stranger")
+    cfg = json.loads(json.dumps(p.config))
+    cfg["draft_worker"]["curve_secret_key_file"] = stranger_key
+    stranger_cfg = os.path.join(p.dir, "stranger.json")
+    with open(stranger_cfg, "w") as f:
+        json.dump(cfg, f)
+    stranger = subprocess.Popen(hosts.wrap("draft") + [binary("draft"), "--config", stranger_cfg],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 15
+    refused = False
+    while time.time() < deadline and not refused:
+        with open(p.logs["coordinator"]) as f:
+            refused = "refused a worker connection" in f.read()
+        time.sleep(0.2)
+    stranger.kill()
+    stranger.wait()
+    check(refused, "a worker with an unlisted key was not refused:\n%s" % open(p.logs["coordinator"]).read()[:3000])
+    check(p.stats()["workers"]["draft"]["registrations"] == registrations,
+          "a worker with an unlisted key registered")
 
     # kill -9 of the draft's host process: the request finishes target-only
     n = 3000

@@ -667,6 +667,35 @@ static void test_proc_config_pairs_override_per_worker(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* CURVE on the worker endpoint: the coordinator's two keys go together, so
+ * do a worker's two; a non-local worker endpoint still needs the
+ * operator's external_workers. */
+static void test_proc_config_worker_curve_keys_go_in_pairs(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    const unsigned all = PROC_CONFIG_COORDINATOR | PROC_CONFIG_DRAFT | PROC_CONFIG_TARGET;
+    assert_int_equal(load(&cfg, "{\"coordinator\": {\"worker_endpoint\": \"tcp://*:5601\", "
+                                "\"worker_curve_keys_file\": \"/k/workers\"}, "
+                                "\"draft_worker\": {\"model\": \"/d\"}, \"target_worker\": {\"model\": \"/t\"}}",
+                          err), 0);
+    assert_int_equal(proc_config_finalize(&cfg, all, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "external_workers"));
+    cfg.coordinator.external_workers = 1;
+    assert_int_equal(proc_config_finalize(&cfg, all, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.worker_curve_keys_file: needs coordinator.worker_curve_secret_key_file"));
+    snprintf(cfg.coordinator.worker_curve_secret_key_file, sizeof cfg.coordinator.worker_curve_secret_key_file,
+             "/k/server.key");
+    assert_int_equal(proc_config_finalize(&cfg, all, err), 0);
+    snprintf(cfg.draft_worker.curve_secret_key_file, sizeof cfg.draft_worker.curve_secret_key_file, "/k/d.key");
+    assert_int_equal(proc_config_finalize(&cfg, all, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker.curve_secret_key_file: needs draft_worker.coordinator_curve_public_key_file"));
+    snprintf(cfg.draft_worker.coordinator_curve_public_key_file,
+             sizeof cfg.draft_worker.coordinator_curve_public_key_file, "/k/server.pub");
+    assert_int_equal(proc_config_finalize(&cfg, all, err), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -680,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_set_parses_and_overrides),
         cmocka_unit_test(test_proc_config_parse_args_file_then_flags),
         cmocka_unit_test(test_proc_config_pairs_override_per_worker),
+        cmocka_unit_test(test_proc_config_worker_curve_keys_go_in_pairs),
         cmocka_unit_test(test_proc_config_malformed_json_is_a_format_error),
         cmocka_unit_test(test_proc_config_reachable_endpoints_need_an_explicit_choice),
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
