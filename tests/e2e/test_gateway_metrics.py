@@ -3,13 +3,26 @@
 HELP/TYPE lines, samples, labels, histogram buckets) holding the
 coordinator's figures and the gateway's, and its counters move with traffic;
 GET /health is 200 while the target is registered, 503 once it is killed
-(requests then get 503 too) and 200 again after it is restarted."""
+(requests then get 503 too) and 200 again after it is restarted.
+
+The engine gauges a balancer reads under vLLM's names (llm-d's inference
+scheduler: vllm:num_requests_waiting, vllm:num_requests_running,
+vllm:kv_cache_usage_perc and its old name vllm:gpu_cache_usage_perc, label
+model_name) are checked against real load: with more long streamed requests
+in flight than the coordinator has slots, running is the slot count, running
+plus waiting is the number in flight, and the KV usage is in (0, 1]; once
+they are gone (hung up: the gateway cancels them) all three are 0 again;
+without a coordinator the series are absent, not 0."""
+import http.client as http_client
 import json
 import math
 import re
+import socket
+import threading
 import time
+import urllib.parse
 
-from tandem_e2e import Fail, Pipeline, check, http, main, require_gateway, sse_events
+from tandem_e2e import Fail, Pipeline, check, http, main, reference, require_gateway, sse_events, time_scale
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?$')
 LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(,|$)')
@@ -60,14 +73,140 @@ def parse_prometheus(text):
     return samples
 
 
-def metrics(p):
+def metrics_text(p):
     st, h, raw = http("GET", p.base_url + "/metrics", None)
     check(st == 200 and h.get("content-type", "").startswith("text/plain"), "/metrics: %d %s" % (st, h))
-    return parse_prometheus(raw.decode())
+    return parse_prometheus(raw.decode()), raw.decode()
+
+
+def metrics(p):
+    return metrics_text(p)[0]
 
 
 def value(samples, name, **labels):
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+MODEL = "tiny"   # the served model name: the target directory's basename
+ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc")
+
+
+def engine(p):
+    """The vLLM-named gauges of one scrape, {name: value} (each checked to
+    be there, typed gauge, labelled model_name only), and the samples."""
+    samples, text = metrics_text(p)
+    got = {}
+    for name in ENGINE_GAUGES:
+        check("# TYPE %s gauge\n" % name in text, "no gauge TYPE line for %s" % name)
+        key = (name, frozenset({("model_name", MODEL)}))
+        check(key in samples, "%s{model_name=\"%s\"} missing from /metrics" % (name, MODEL))
+        check(sum(1 for nm, _ in samples if nm == name) == 1, "%s: more than one series" % name)
+        got[name] = samples[key]
+    check(got["vllm:kv_cache_usage_perc"] == got["vllm:gpu_cache_usage_perc"],
+          "kv_cache_usage_perc %s != gpu_cache_usage_perc %s" %
+          (got["vllm:kv_cache_usage_perc"], got["vllm:gpu_cache_usage_perc"]))
+    check(0.0 <= got["vllm:kv_cache_usage_perc"] <= 1.0, "KV usage out of [0, 1]: %s" % got)
+    # the same scrape's coordinator figures they are made of
+    check(got["vllm:num_requests_running"] == value(samples, "tandem_requests_active") and
+          got["vllm:num_requests_waiting"] == value(samples, "tandem_requests_queued"),
+          "running/waiting %s disagree with tandem_requests_active %s / queued %s" %
+          (got, value(samples, "tandem_requests_active"), value(samples, "tandem_requests_queued")))
+    total = value(samples, "tandem_kv_blocks_total_target")
+    check(total > 0 and abs(got["vllm:kv_cache_usage_perc"] - value(samples, "tandem_kv_blocks_reserved_target") /
+                            total) < 1e-6, "KV usage %s is not reserved/total of the target's pool (%s/%s)" %
+          (got["vllm:kv_cache_usage_perc"], value(samples, "tandem_kv_blocks_reserved_target"), total))
+    return got
+
+
+class HeldStream:
+    """A streamed completion read on a thread of its own until it ends or
+    hang_up() cuts it."""
+
+    def __init__(self, base_url, body):
+        u = urllib.parse.urlsplit(base_url)
+        self.conn = http_client.HTTPConnection(u.hostname, u.port, timeout=300)
+        self.body = body
+        self.status, self.events, self.error, self.ended_at = None, [], None, None
+        self.connected = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.conn.connect()
+            self.connected.set()
+            self.conn.request("POST", "/v1/completions", body=json.dumps(self.body),
+                              headers={"Content-Type": "application/json"})
+            r = self.conn.getresponse()
+            self.status = r.status
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                if line.startswith(b"data: "):
+                    self.events.append(line[6:].strip())
+        except (OSError, http_client.HTTPException) as e:
+            self.error = e
+        finally:
+            self.connected.set()
+            self.ended_at = time.time()
+
+    def hang_up(self):
+        try:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
+        self.thread.join(30)
+        self.conn.close()
+
+
+def check_engine_gauges_under_load(p, slots):
+    """More long streamed requests than slots: the gauges add up while they
+    run, and go back to 0 once they are gone."""
+    n = slots + 3
+    prompt, max_tokens = [64, 65, 66, 67], 2000
+    # the premise: this prompt's greedy output is long (no EOS before
+    # max_tokens), so no request ends while the gauges are read
+    ref = reference(p.config["target_worker"]["model"], prompt, max_tokens)
+    check(ref["finish_reason"] == "length", "prompt %s ends after %d tokens (%s): pick a longer-running one" %
+          (prompt, len(ref["ids"]), ref["finish_reason"]))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "draft": "none"}
+    held = [HeldStream(p.base_url, body) for _ in range(n)]
+    try:
+        deadline = time.time() + 30 * time_scale()
+        while True:
+            g = engine(p)
+            running, waiting = g["vllm:num_requests_running"], g["vllm:num_requests_waiting"]
+            check(running + waiting <= n and running <= slots,
+                  "%d requests in flight, %d slots: running %s, waiting %s" % (n, slots, running, waiting))
+            if running + waiting == n:
+                break
+            check(time.time() < deadline, "running %s + waiting %s never reached the %d requests in flight" %
+                  (running, waiting, n))
+            time.sleep(0.05)
+        ended = [h for h in held if h.ended_at is not None]
+        check(not ended, "%d stream(s) ended while the gauges were read (status %s, error %s): the premise of "
+              "long requests failed" % (len(ended), ended[0].status, ended[0].error) if ended else "")
+        check(running == slots and waiting == n - slots,
+              "%d requests in flight, %d slots: running %s (want %d), waiting %s (want %d)" %
+              (n, slots, running, slots, waiting, n - slots))
+        usage = g["vllm:kv_cache_usage_perc"]
+        check(0.0 < usage <= 1.0, "KV usage %s with %d sequences running" % (usage, running))
+        print("under load: %d in flight, %d slots: vllm:num_requests_running %g, vllm:num_requests_waiting %g, "
+              "vllm:kv_cache_usage_perc %.4f" % (n, slots, running, waiting, usage))
+    finally:
+        for h in held:
+            h.hang_up()   # the gateway cancels each at the coordinator
+    deadline = time.time() + 20 * time_scale()
+    while True:
+        g = engine(p)
+        if g["vllm:num_requests_running"] == 0 and g["vllm:num_requests_waiting"] == 0 and \
+                g["vllm:kv_cache_usage_perc"] == 0:
+            break
+        check(time.time() < deadline, "gauges not back to 0 after the requests were cancelled: %s" % g)
+        time.sleep(0.05)
 
 
 def wait_health(p, status, within_s):
@@ -91,6 +230,8 @@ def test():
     p.wait_http()
     check(json.loads(wait_health(p, 200, 5)) == {"status": "ok"}, "/health body")
 
+    idle = engine(p)
+    check(all(v == 0 for v in idle.values()), "engine gauges of an idle instance: %s" % idle)
     before = metrics(p)
     check(value(before, "tandem_gateway_coordinator_up") == 1, "coordinator_up")
     check(("tandem_spec_decode_num_draft_tokens_total", frozenset()) in before, "coordinator figures missing")
@@ -117,6 +258,9 @@ def test():
     check(delta("tandem_requests_total") == 4, "coordinator requests_total moved by %s" % delta("tandem_requests_total"))
     check(value(after, "tandem_gateway_requests_in_flight") == 0 and
           value(after, "tandem_gateway_requests_waiting") == 0, "gauges back to 0")
+    done = engine(p)
+    check(all(v == 0 for v in done.values()), "engine gauges after the requests finished: %s" % done)
+    check_engine_gauges_under_load(p, p.config["coordinator"]["max_concurrency"])
 
     # The target dies: /health and requests say 503; back after the restart.
     p.kill("target")
@@ -124,7 +268,8 @@ def test():
     st, _, raw = http("POST", p.base_url + "/v1/completions", comp)
     check(st == 503 and json.loads(raw)["error"]["code"] == "target_unavailable", "without a target: %d %s" %
           (st, raw[:200]))
-    check(value(metrics(p), "tandem_worker_up", role="target") == 0, "tandem_worker_up{role=target} while down")
+    up = metrics(p).get(("tandem_worker_up", frozenset({"worker": "target", "pair": "0"}.items())))
+    check(up == 0, "tandem_worker_up{worker=target,pair=0} while down: %s" % up)
     p.start("target")
     wait_health(p, 200, 30)
     check(http("POST", p.base_url + "/v1/completions", comp)[0] == 200, "after the restart")
@@ -134,6 +279,8 @@ def test():
     wait_health(p, 503, 5)
     m = metrics(p)
     check(value(m, "tandem_gateway_coordinator_up") == 0, "coordinator_up after its death")
+    left = [nm for nm, _ in m if nm in ENGINE_GAUGES]
+    check(not left, "engine gauges without a coordinator (must be absent, not stale or 0): %s" % left)
     st, _, raw = http("POST", p.base_url + "/v1/completions", comp, timeout_s=30)
     check(st == 503, "without a coordinator: %d %s" % (st, raw[:200]))
 

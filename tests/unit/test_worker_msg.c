@@ -490,8 +490,10 @@ static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
     protocol_msg_free(&m);
 
     /* the pair it serves: absent means 0, beyond the limit refused */
-    assert_int_equal(rg.pair, 0);
+    m = over_the_wire(worker_msg_register_encode(&reg), NULL);
     assert_null(cJSON_GetObjectItemCaseSensitive(m.header, "pair"));
+    assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
+    assert_int_equal(rg.pair, 0);
     protocol_msg_free(&m);
     reg.pair = 3;
     m = over_the_wire(worker_msg_register_encode(&reg), NULL);
@@ -513,6 +515,7 @@ static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
     m = over_the_wire(worker_msg_register_encode(&reg), NULL);
     assert_int_equal(worker_msg_register_decode(&m, &rg, err), 0);
     assert_string_equal(rg.shm_domain, "");
+    protocol_msg_free(&m);
 
     /* a GPU worker says nothing of cores */
     reg.cpu.present = false;
