@@ -397,6 +397,16 @@ static inline const struct worker *coord_target_of(const struct coordinator *c, 
     return &c->pair[s->pair].worker[ROLE_TARGET];
 }
 
+/* Whether id ends s (one of its target's EOS ids). */
+static inline bool coord_is_eos(const struct coordinator *c, const struct seq *s, int32_t id)
+{
+    const struct worker *t = coord_target_of(c, s);
+    for (int i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
 /* Its target's context length: the longest s may grow. */
 static inline int coord_context_len(const struct coordinator *c, const struct seq *s)
 {

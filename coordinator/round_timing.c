@@ -167,3 +167,28 @@ void round_timing_learn(struct coordinator *c, struct seq *s, const struct worke
               s->kc.wall_plain_ms, s->kc.wall_extra_ms,
               coord_pair_of(c, s)->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
 }
+
+void round_timing_count(struct coordinator *c, struct seq *s, int k, int n_acc)
+{
+    struct metrics *mt = &c->metrics;
+    s->rounds++;
+    mt->verify_rounds_total++;
+    if (k == 0)
+        return;
+    s->drafted += k;
+    s->accepted += n_acc;
+    mt->num_drafts_total++;
+    mt->num_draft_tokens_total += (uint64_t)k;
+    mt->num_accepted_tokens_total += (uint64_t)n_acc;
+    for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
+        mt->accepted_per_pos[i]++;
+    if (s->verify_source == REQUEST_DRAFT_NGRAM) {
+        mt->ngram_drafts_total++;
+        mt->ngram_draft_tokens_total += (uint64_t)k;
+        mt->ngram_accepted_tokens_total += (uint64_t)n_acc;
+    } else if (s->verify_source == REQUEST_DRAFT_SUFFIX) {
+        mt->suffix_drafts_total++;
+        mt->suffix_draft_tokens_total += (uint64_t)k;
+        mt->suffix_accepted_tokens_total += (uint64_t)n_acc;
+    }
+}

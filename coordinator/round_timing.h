@@ -51,4 +51,8 @@ double round_timing_verify_done(struct coordinator *c, struct seq *s, const stru
 void round_timing_learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m, int k,
                         double round_wall_ms, bool beside, bool draft_unknown, double now);
 
+/* Counts a verified round of k drafts, n_acc accepted, in the request's and
+ * the coordinator's figures (by draft source). */
+void round_timing_count(struct coordinator *c, struct seq *s, int k, int n_acc);
+
 #endif

@@ -258,15 +258,6 @@ static void seq_finish(struct coordinator *c, struct seq *s, enum metrics_finish
     scheduler_admit(c);
 }
 
-static bool is_eos(const struct coordinator *c, const struct seq *s, int32_t id)
-{
-    const struct worker *t = coord_target_of(c, s);
-    for (int i = 0; i < t->n_eos; i++)
-        if (t->eos_ids[i] == id)
-            return true;
-    return false;
-}
-
 /* Positions the sequence may still grow by (see adaptive_k_next). */
 static int seq_room(const struct coordinator *c, const struct seq *s)
 {
@@ -508,7 +499,7 @@ static bool seq_accept_tokens(struct coordinator *c, struct seq *s, const int32_
             *reason = METRICS_FINISH_STOP_STRING;
             return true;
         }
-        if (is_eos(c, s, tokens[i])) {
+        if (coord_is_eos(c, s, tokens[i])) {
             *reason = METRICS_FINISH_STOP;
             return true;
         }
@@ -587,34 +578,6 @@ static bool awaits_draft(const struct seq *s)
            (s->round_state == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_AWAITED);
 }
 
-/* Counts a verified round in the request's and the coordinator's figures. */
-static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
-{
-    struct metrics *mt = &c->metrics;
-    s->rounds++;
-    mt->verify_rounds_total++;
-    if (k == 0)
-        return;
-    s->drafted += k;
-    s->accepted += n_acc;
-    mt->num_drafts_total++;
-    mt->num_draft_tokens_total += (uint64_t)k;
-    mt->num_accepted_tokens_total += (uint64_t)n_acc;
-    for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
-        mt->accepted_per_pos[i]++;
-    if (s->verify_source != REQUEST_DRAFT_MODEL)
-        drafters_learn(s, s->verify_source, k, n_acc);
-    if (s->verify_source == REQUEST_DRAFT_NGRAM) {
-        mt->ngram_drafts_total++;
-        mt->ngram_draft_tokens_total += (uint64_t)k;
-        mt->ngram_accepted_tokens_total += (uint64_t)n_acc;
-    } else if (s->verify_source == REQUEST_DRAFT_SUFFIX) {
-        mt->suffix_drafts_total++;
-        mt->suffix_draft_tokens_total += (uint64_t)k;
-        mt->suffix_accepted_tokens_total += (uint64_t)n_acc;
-    }
-}
-
 void scheduler_on_verify_done(struct coordinator *c, int pair, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
@@ -657,7 +620,9 @@ void scheduler_on_verify_done(struct coordinator *c, int pair, const struct prot
         s->target_len = s->n_prompt;
     } else {
         s->target_len = s->verify_keep + s->verify_feed + n_acc;
-        count_round(c, s, k, n_acc);
+        round_timing_count(c, s, k, n_acc);
+        if (k > 0 && s->verify_source != REQUEST_DRAFT_MODEL)
+            drafters_learn(s, s->verify_source, k, n_acc);
         /* Beside its draft, the verification can come back before
          * draft_ready (two sockets, no order between them): the round's
          * draft cost is then unknown, and the late draft_ready is dropped
