@@ -79,9 +79,13 @@ def can_make_hosts():
         return "cannot create a network namespace here: %s" % r.stderr.strip()
     r = subprocess.run(["ip", "netns", "exec", probe, "unshare", "-m", "sh", "-c",
                         "mount -t tmpfs tmpfs /dev/shm"], stderr=subprocess.PIPE, text=True)
+    veth = subprocess.run(["ip", "-n", probe, "link", "add", "tndpa", "type", "veth", "peer", "name", "tndpb"],
+                          stderr=subprocess.PIPE, text=True)
     subprocess.run(["ip", "netns", "del", probe], stderr=subprocess.DEVNULL)
     if r.returncode != 0:
         return "cannot mount a /dev/shm of its own in a namespace: %s" % r.stderr.strip()
+    if veth.returncode != 0:
+        return "cannot create a veth pair: %s" % veth.stderr.strip()
     return None
 
 
