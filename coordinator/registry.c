@@ -153,27 +153,36 @@ static void send_attach(struct coordinator *c, int pair)
     worker_send(c, pair, ROLE_TARGET, h, NULL);
 }
 
-/* 0 when the draft matches the target; else the reason in why. */
-static int check_pair(const struct worker *t, const struct worker *d, char *why, size_t why_size)
+/* 0 when w has ref's vocabulary and EOS ids; else the reason in why, w
+ * named as w_name and ref as ref_poss ("the target's"). */
+static int check_same_model(const struct worker *ref, const char *ref_poss, const struct worker *w,
+                            const char *w_name, char *why, size_t why_size)
 {
-    if (d->vocab_size != t->vocab_size) {
-        snprintf(why, why_size, "draft vocab_size %d differs from the target's %d", d->vocab_size, t->vocab_size);
+    if (w->vocab_size != ref->vocab_size) {
+        snprintf(why, why_size, "%s vocab_size %d differs from %s %d", w_name, w->vocab_size, ref_poss,
+                 ref->vocab_size);
         return -1;
     }
-    bool same = d->n_eos == t->n_eos;
-    for (int i = 0; same && i < d->n_eos; i++)
-        same = d->eos_ids[i] == t->eos_ids[i];
+    bool same = w->n_eos == ref->n_eos;
+    for (int i = 0; same && i < w->n_eos; i++)
+        same = w->eos_ids[i] == ref->eos_ids[i];
     if (!same) {
         char a[128] = "", b[128] = "";
         size_t la = 0, lb = 0;
-        for (int i = 0; i < d->n_eos && la < sizeof(a) - 16; i++)
-            la += (size_t)snprintf(a + la, sizeof(a) - la, "%s%d", i ? "," : "", d->eos_ids[i]);
-        for (int i = 0; i < t->n_eos && lb < sizeof(b) - 16; i++)
-            lb += (size_t)snprintf(b + lb, sizeof(b) - lb, "%s%d", i ? "," : "", t->eos_ids[i]);
-        snprintf(why, why_size, "draft eos_ids [%s] differ from the target's [%s]", a, b);
+        for (int i = 0; i < w->n_eos && la < sizeof(a) - 16; i++)
+            la += (size_t)snprintf(a + la, sizeof(a) - la, "%s%d", i ? "," : "", w->eos_ids[i]);
+        for (int i = 0; i < ref->n_eos && lb < sizeof(b) - 16; i++)
+            lb += (size_t)snprintf(b + lb, sizeof(b) - lb, "%s%d", i ? "," : "", ref->eos_ids[i]);
+        snprintf(why, why_size, "%s eos_ids [%s] differ from %s [%s]", w_name, a, ref_poss, b);
         return -1;
     }
     return 0;
+}
+
+/* 0 when the draft matches the target; else the reason in why. */
+static int check_pair(const struct worker *t, const struct worker *d, char *why, size_t why_size)
+{
+    return check_same_model(t, "the target's", d, "draft", why, why_size);
 }
 
 /* Decides c->pair[pair].cores_shared for the pair just formed, and says so: the log
@@ -224,8 +233,7 @@ static void note_memory_sharing(struct coordinator *c, int pair)
         cJSON_DeleteItemFromObjectCaseSensitive(f, "cuda");
         d->shm_frames = f;
     }
-    if (frames != p->halves_as_frames || frames)
-        LOG_INFO("pair %d: draft and target %s", pair,
+    LOG_INFO("pair %d: draft and target %s", pair,
                  frames ? "share no memory (other hosts or /dev/shm mounts): each half of the draft goes in its "
                           "messages, through here"
                         : "share memory: the target maps the draft's buffer");
@@ -265,18 +273,13 @@ static void welcome_draft(struct coordinator *c, int pair)
  * other pair's registered target (a request may go to any of them). */
 static int check_other_targets(const struct coordinator *c, int pair, const struct worker *t, char *err)
 {
+    char why[400], w_name[40], ref_poss[40];
+    snprintf(w_name, sizeof w_name, "the target of pair %d:", pair);
     for (int p = 0; p < c->n_pairs; p++) {
         const struct worker *o = &c->pair[p].worker[ROLE_TARGET];
-        if (p == pair || !o->up)
-            continue;
-        bool same = o->vocab_size == t->vocab_size && o->n_eos == t->n_eos;
-        for (int i = 0; same && i < t->n_eos; i++)
-            same = o->eos_ids[i] == t->eos_ids[i];
-        if (!same)
-            return error_set(err, ERR_INVALID_ARG,
-                             "the target of pair %d (vocab_size %d, %d EOS ids) is not the model of pair %d's "
-                             "target (vocab_size %d, %d EOS ids): every pair must serve the same model",
-                             pair, t->vocab_size, t->n_eos, p, o->vocab_size, o->n_eos);
+        snprintf(ref_poss, sizeof ref_poss, "pair %d's target's", p);
+        if (p != pair && o->up && check_same_model(o, ref_poss, t, w_name, why, sizeof why) != 0)
+            return error_set(err, ERR_INVALID_ARG, "every pair must serve the same model: %s", why);
     }
     return 0;
 }

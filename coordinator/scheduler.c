@@ -722,12 +722,13 @@ void scheduler_on_draft_ready(struct coordinator *c, int pair, const struct prot
     if (msg->n_frames >= 1 && coord_pair_of(c, s)->halves_as_frames && half >= 0 && half <= 1) {
         /* the half's bytes (a draft without shared memory): the next verify
          * of this half carries them; a newer publication replaces them */
-        void *copy = malloc(msg->frame_size_bytes[0] > 0 ? msg->frame_size_bytes[0] : 1);
-        free(s->half_bytes[half]);
-        s->half_bytes[half] = copy;
-        s->half_len[half] = copy != NULL ? msg->frame_size_bytes[0] : 0;
+        void *copy = realloc(s->half_bytes[half], msg->frame_size_bytes[0] > 0 ? msg->frame_size_bytes[0] : 1);
         if (copy != NULL)
             memcpy(copy, msg->frame_data[0], msg->frame_size_bytes[0]);
+        else
+            free(s->half_bytes[half]); /* its verify fails the request: no bytes for the half */
+        s->half_bytes[half] = copy;
+        s->half_len[half] = copy != NULL ? msg->frame_size_bytes[0] : 0;
     }
     /* the draft answers a slot's commands in order: any reply comes after
      * the abandoned pre-draft it made before */

@@ -32,6 +32,7 @@
 #include "error.h"
 #include "kernels.h"
 #include "kernels_cuda.h"
+#include "quant_fixtures.h"
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -47,24 +48,6 @@ struct fixture {
         if (ok_rc_ != 0)                                                         \
             fail_msg("%s returned %d: %s", #call, ok_rc_, err);                  \
     } while (0)
-
-struct rng {
-    uint64_t s;
-};
-
-static uint64_t rng_next(struct rng *r)
-{
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-1, 1). */
-static float rng_float(struct rng *r)
-{
-    return (float)((double)(rng_next(r) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
 
 static void fill(struct rng *r, float *x, size_t count, float amplitude)
 {
@@ -1075,44 +1058,6 @@ static void test_cuda_paged_attention_equals_contiguous(void **state)
     free(one);
 }
 
-/* A random [d_out][d_in] int8 or int4 matrix (kernels.h layouts); wf gets
- * each weight as widened ((float)q for int8, whose row scale `scale`
- * multiplies the finished dot; (n - 8) * scale for int4, scale 1). */
-static void *make_quantized(struct rng *r, enum kern_dtype dt, int d_out, int d_in, float *wf, float *scale)
-{
-    if (dt == KERN_DTYPE_Q8) {
-        char *w = xmalloc(kern_q8_bytes(d_out, d_in));
-        float *sc = (float *)(void *)(w + kern_q8_scales_offset(d_out, d_in));
-        for (int o = 0; o < d_out; o++) {
-            sc[o] = scale[o] = 0.001f + fabsf(rng_float(r)) * 0.01f;
-            for (int k = 0; k < d_in; k++) {
-                const int v = (int)(rng_next(r) % 255) - 127;
-                ((int8_t *)w)[(size_t)o * d_in + k] = (int8_t)v;
-                wf[(size_t)o * d_in + k] = (float)v;
-            }
-        }
-        return w;
-    }
-    uint8_t *w = xmalloc(kern_q4_bytes(d_out, d_in));
-    memset(w, 0, kern_q4_bytes(d_out, d_in));
-    for (int o = 0; o < d_out; o++)
-        scale[o] = 1.0f;
-    for (size_t g = 0; g < (size_t)d_out * d_in / KERN_Q4_GROUP; g++) {
-        uint8_t *grp = w + g * KERN_Q4_GROUP_BYTES;
-        const float sc = 0.001f + fabsf(rng_float(r)) * 0.05f;
-        memcpy(grp + KERN_Q4_GROUP / 2, &sc, sizeof sc);
-        for (int j = 0; j < KERN_Q4_GROUP; j++) {
-            const int nib = (int)(rng_next(r) % 16);
-            if (j < KERN_Q4_GROUP / 2)
-                grp[j] = (uint8_t)nib;
-            else
-                grp[j - KERN_Q4_GROUP / 2] |= (uint8_t)(nib << 4);
-            wf[g * KERN_Q4_GROUP + (size_t)j] = (float)(nib - 8) * sc;
-        }
-    }
-    return w;
-}
-
 /* int8 and int4 weights (matmul_quant.cu): against the CPU's fixed order
  * within the f32 bound (relative to sum_k |w x|, times the row scale for
  * int8), and every row alone equal bit for bit to the same row in calls of
@@ -1152,7 +1097,7 @@ static void test_cuda_matmul_quantized(void **state)
             double *mag = matmul_scale(x, wf, n_alone, d_in, d_out);
             for (int i = 0; i < n_alone; i++)
                 for (int o = 0; o < d_out; o++)
-                    mag[(size_t)i * d_out + o] *= scale[o];
+                    mag[(size_t)i * d_out + o] *= fabs((double)scale[o]); /* int8 scales may be negative */
             char what[128];
             snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d rows alone vs cpu", kern_dtype_name(dt), d_in,
                      d_out);
