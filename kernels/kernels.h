@@ -90,6 +90,37 @@ struct kern_kv_layout {
  * Shared by the backends so that both refuse exactly the same calls. */
 int kern_kv_layout_check(const struct kern_kv_layout *kv, int n, const char *op, char *err);
 
+/* One forward step's small host inputs, handed to a backend at once
+ * (step_begin): a device backend copies them in one transfer, into memory
+ * whose address never changes, instead of one copy per op; a graph
+ * captured over the step's ops reads them there on every replay. */
+struct kern_step {
+    int n;                           /* rows of the step */
+    const int32_t *ids;              /* host [n]: embed's ids */
+    const int32_t *positions;        /* host [n]: rope's positions */
+    const float *inv_freq;           /* host [n_freq]: rope's frequencies */
+    int n_freq;
+    const struct kern_kv_layout *kv; /* kv_store's and attention's layout */
+    /* A bound above every row's position + 1: attention sizes its grid by
+     * it, not by the rows' positions, so the launches of two steps of the
+     * same shape are the same (the kernels read the positions on the
+     * device and skip what lies past them: no value changes). */
+    int max_positions;
+};
+
+/* The largest step a backend must take without allocating (step_reserve). */
+struct kern_step_limits {
+    int max_rows;      /* rows of a step */
+    int max_seqs;      /* sequences of its layout */
+    int table_stride;  /* largest table_stride of its layout */
+    int max_positions; /* largest kern_step.max_positions */
+    int max_freq;      /* largest n_freq */
+    int n_heads, head_dim; /* attention's query heads and head size */
+};
+
+/* A recorded sequence of ops (graph_capture_begin .. graph_capture_end). */
+struct kern_graph;
+
 struct kern_ops {
     /* Frees the backend and everything it allocated internally (not the
      * buffers handed out by alloc: the caller frees those first). */
@@ -203,6 +234,51 @@ struct kern_ops {
      * a vanishing chance of a competing row. Never for a target's head. */
     int (*prepare_argmax)(struct kern_backend *be, const void *w, enum kern_dtype dtype,
                           int64_t rows, int64_t cols, int draft, char *err);
+
+    /* Optional (NULL: one matmul per weight). matmul of count (1..4)
+     * weights that share one input, all of dtype with d_in columns:
+     * outs[j] = in x ws[j]^T, ws[j] of d_outs[j] rows (the q, k and v
+     * projections; gate and up). Each output holds exactly the bits matmul
+     * would give it; a backend may run the products as one pass (cuda: one
+     * launch, the small k and v products no longer a grid of their own). */
+    int (*matmul_multi)(struct kern_backend *be, int count, float *const *outs, const float *in,
+                        const void *const *ws, enum kern_dtype dtype, int n, int d_in,
+                        const int *d_outs, char *err);
+
+    /* Optional (NULL: add, then rmsnorm). x += y, then out = rmsnorm(x)
+     * (out, x, y: [n, dim] f32; out must not alias x or y): the residual
+     * add and the next norm of a layer, with exactly the bits of the two
+     * ops, in one pass. */
+    int (*add_rmsnorm)(struct kern_backend *be, float *out, float *x, const float *y,
+                       const void *weight, enum kern_dtype dtype, int n, int dim, float eps,
+                       char *err);
+
+    /* Optional, all four or none (NULL: every op reads its host arrays
+     * itself, as documented above). step_reserve sizes, once, everything a
+     * step up to lim needs (its inputs, attention's scratch), so that no op
+     * of a step allocates. step_begin copies the step's arrays to the
+     * backend and checks its layout once; until step_end, an op handed
+     * exactly the step's arrays (the same pointers, the same n) reads the
+     * copy, and the host arrays must not change. Results are the same bits
+     * as without a step. ERR_RANGE when the step exceeds the reservation. */
+    int (*step_reserve)(struct kern_backend *be, const struct kern_step_limits *lim, char *err);
+    int (*step_begin)(struct kern_backend *be, const struct kern_step *step, char *err);
+    void (*step_end)(struct kern_backend *be);
+
+    /* Optional, all four or none (NULL: no graphs). Between
+     * graph_capture_begin and graph_capture_end the ops are recorded, not
+     * run; graph_launch then runs the recording, with the very arguments
+     * and buffers it was recorded with: only what those buffers hold may
+     * differ (the step's inputs, copied by a step_begin before the launch).
+     * Only the ops of a step may be recorded (embed .. add with the step's
+     * arrays; no upload, download, sync or allocation). A replay computes
+     * the same bits as running the ops. graph_capture_end always ends the
+     * recording; on an error (an op failed while recording, or the
+     * recording was broken) *out is NULL. */
+    int (*graph_capture_begin)(struct kern_backend *be, char *err);
+    int (*graph_capture_end)(struct kern_backend *be, struct kern_graph **out, char *err);
+    int (*graph_launch)(struct kern_backend *be, struct kern_graph *g, char *err);
+    void (*graph_destroy)(struct kern_backend *be, struct kern_graph *g); /* NULL-safe */
 };
 
 /* Every backend starts with this header; the private state follows it. */

@@ -158,7 +158,8 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
                                   .max_seq_len = wc->max_seq_len, .max_rows = 0,
                                   .kv_block_size = LLAMA_DEFAULT_KV_BLOCK_SIZE,
                                   .prefix_cache = wc->prefix_cache != 0,
-                                  .prefix_cache_tokens = wc->prefix_cache_tokens};
+                                  .prefix_cache_tokens = wc->prefix_cache_tokens,
+                                  .no_graphs = wc->cuda_graphs == 0};
     if (wc->kv_tokens > 0) {
         /* at least one full sequence, at most every slot full */
         long blocks = ((long)wc->kv_tokens + cp.kv_block_size - 1) / cp.kv_block_size;

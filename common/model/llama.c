@@ -43,69 +43,9 @@
 
 #include "error.h"
 #include "kv_blocks.h"
+#include "llama_private.h"
 #include "quantize.h"
 #include "safetensors.h"
-
-/* Rows of logits computed per LM-head call: bounds the logits scratch to
- * LOGIT_ROWS x vocab floats while covering a whole verification (K+1 <= 17). */
-#define LOGIT_ROWS 17
-
-struct llama_weight {
-    const void *ptr; /* backend memory */
-    enum kern_dtype dtype;
-};
-
-struct llama_layer {
-    struct llama_weight attn_norm; /* [dim] */
-    struct llama_weight wq;        /* [n_heads*head_dim, dim] */
-    struct llama_weight wk;        /* [n_kv_heads*head_dim, dim] */
-    struct llama_weight wv;        /* [n_kv_heads*head_dim, dim] */
-    struct llama_weight wo;        /* [dim, n_heads*head_dim] */
-    struct llama_weight ffn_norm;  /* [dim] */
-    struct llama_weight w_gate;    /* [ff, dim] */
-    struct llama_weight w_up;      /* [ff, dim] */
-    struct llama_weight w_down;    /* [dim, ff] */
-};
-
-struct llama_model {
-    struct model_config cfg;
-    struct kern_backend *be;
-    struct safetensors *st;
-    struct llama_weight embed;   /* [vocab, dim] */
-    struct llama_weight norm;    /* [dim] */
-    struct llama_weight lm_head; /* [vocab, dim]; the embedding when tied */
-    struct llama_layer *layers;  /* [n_layers] */
-    float *inv_freq;             /* host [head_dim/2] */
-    size_t weight_bytes_per_token;
-    const void **mapped;         /* every map_weights result, to unmap */
-    int n_mapped;
-    enum quantize_mode quant;    /* of the layers' projections */
-    void **qbufs;                /* quantized host buffers the backend reads in place */
-    int n_qbufs;
-    size_t file_bytes, held_bytes; /* weights as in the files, as held */
-};
-
-struct llama_ctx {
-    struct llama_model *model;
-    struct kern_backend *be;
-    int n_slots, max_seq_len, max_rows;
-    int *slot_len;          /* host [n_slots] */
-    /* paged KV cache */
-    int block_size, n_blocks, table_stride; /* table_stride = blocks of a full slot */
-    float *kv_pool;         /* backend [n_layers][2][n_blocks * block_size][kv_dim] f32 */
-    size_t kv_plane;        /* floats per (layer, k|v) plane */
-    int32_t *tables;        /* host [n_slots][table_stride]; -1 = no block */
-    int *slot_blocks;       /* host [n_slots]: blocks held */
-    struct kv_blocks kb;    /* which blocks are free, held, published, cached */
-    int64_t prefix_queries, prefix_hits; /* prompt tokens looked up, found */
-    /* activations, backend memory, [max_rows, ...] */
-    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
-    float *logits;          /* [LOGIT_ROWS, vocab] */
-    /* one chunk's rows, host [max_rows]: tokens, positions, (seq, position) */
-    int32_t *tokens, *positions, *rows;
-    int32_t *chunk_tables;  /* host [max_rows][table_stride]: tables of a chunk's slots */
-    int32_t *chunk_seq_of;  /* host [n_slots]: a slot's sequence index in the chunk, or -1 */
-};
 
 /* The quantized copy of t (m->quant) mapped as a matrix: int4 where its
  * rows split into groups of 32, else int8. */
@@ -416,7 +356,8 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
         (rc = ctx_alloc(ctx, R * ff, &ctx->gate, err)) ||
         (rc = ctx_alloc(ctx, R * ff, &ctx->up, err)) ||
         (rc = ctx_alloc(ctx, (size_t)LOGIT_ROWS * (size_t)c->vocab_size, &ctx->logits, err)) ||
-        (rc = ctx_touch_logits(ctx, err)))
+        (rc = ctx_touch_logits(ctx, err)) ||
+        (rc = llama_step_init(ctx, params->no_graphs, err)))
         goto fail;
     *out = ctx;
     return 0;
@@ -430,6 +371,7 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
     if (!ctx)
         return;
     const struct kern_ops *ops = ctx->be->ops;
+    llama_step_release(ctx);
     float *bufs[] = {ctx->kv_pool, ctx->x, ctx->xn, ctx->q, ctx->k, ctx->v, ctx->att, ctx->proj,
                      ctx->gate, ctx->up, ctx->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -444,6 +386,13 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
     free(ctx->chunk_tables);
     free(ctx->chunk_seq_of);
     free(ctx);
+}
+
+void llama_ctx_graph_stats(const struct llama_ctx *ctx, struct llama_graph_stats *out)
+{
+    *out = (struct llama_graph_stats){.steps = ctx->steps, .graphs = ctx->graphs,
+                                      .held = ctx->n_graphs, .recorded = ctx->graphs_recorded,
+                                      .replayed = ctx->graphs_replayed};
 }
 
 struct llama_model *llama_ctx_model(const struct llama_ctx *ctx) { return ctx->model; }
@@ -605,53 +554,6 @@ static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const in
     }
 }
 
-/* Runs the n rows of one chunk (ctx->tokens, ctx->positions, kv: their
- * slots and positions), leaving the final hidden states in ctx->x. */
-static int forward_chunk(struct llama_ctx *ctx, int n, const struct kern_kv_layout *kv, char *err)
-{
-    const struct llama_model *m = ctx->model;
-    const struct model_config *c = &m->cfg;
-    struct kern_backend *be = ctx->be;
-    const struct kern_ops *ops = be->ops;
-    const int dim = c->hidden_size, n_heads = c->num_attention_heads,
-              n_kv = c->num_key_value_heads, hd = c->head_dim, ff = c->intermediate_size;
-    const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
-    const float eps = (float)c->rms_norm_eps;
-    const float scale = 1.0f / sqrtf((float)hd);
-    int rc;
-
-    if ((rc = ops->embed(be, ctx->x, m->embed.ptr, m->embed.dtype, ctx->tokens, n, dim, err)))
-        return rc;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const struct llama_layer *L = &m->layers[l];
-        float *k_pool = ctx->kv_pool + (size_t)l * 2 * ctx->kv_plane;
-        float *v_pool = k_pool + ctx->kv_plane;
-        if ((rc = ops->rmsnorm(be, ctx->xn, ctx->x, L->attn_norm.ptr, L->attn_norm.dtype, n, dim,
-                               eps, err)) ||
-            (rc = ops->matmul(be, ctx->q, ctx->xn, L->wq.ptr, L->wq.dtype, n, dim, q_dim, err)) ||
-            (rc = ops->matmul(be, ctx->k, ctx->xn, L->wk.ptr, L->wk.dtype, n, dim, kv_dim, err)) ||
-            (rc = ops->matmul(be, ctx->v, ctx->xn, L->wv.ptr, L->wv.dtype, n, dim, kv_dim, err)) ||
-            (rc = ops->rope(be, ctx->q, ctx->positions, n, n_heads, hd, m->inv_freq, err)) ||
-            (rc = ops->rope(be, ctx->k, ctx->positions, n, n_kv, hd, m->inv_freq, err)) ||
-            (rc = ops->kv_store(be, k_pool, v_pool, ctx->k, ctx->v, n, kv, kv_dim, err)) ||
-            (rc = ops->attention(be, ctx->att, ctx->q, k_pool, v_pool, n, kv, n_heads, n_kv, hd,
-                                 scale, err)) ||
-            (rc = ops->matmul(be, ctx->proj, ctx->att, L->wo.ptr, L->wo.dtype, n, q_dim, dim, err)) ||
-            (rc = ops->add(be, ctx->x, ctx->proj, (size_t)n * (size_t)dim, err)) ||
-            (rc = ops->rmsnorm(be, ctx->xn, ctx->x, L->ffn_norm.ptr, L->ffn_norm.dtype, n, dim, eps,
-                               err)) ||
-            (rc = ops->matmul(be, ctx->gate, ctx->xn, L->w_gate.ptr, L->w_gate.dtype, n, dim, ff,
-                              err)) ||
-            (rc = ops->matmul(be, ctx->up, ctx->xn, L->w_up.ptr, L->w_up.dtype, n, dim, ff, err)) ||
-            (rc = ops->swiglu(be, ctx->gate, ctx->gate, ctx->up, (size_t)n * (size_t)ff, err)) ||
-            (rc = ops->matmul(be, ctx->proj, ctx->gate, L->w_down.ptr, L->w_down.dtype, n, ff, dim,
-                              err)) ||
-            (rc = ops->add(be, ctx->x, ctx->proj, (size_t)n * (size_t)dim, err)))
-            return rc;
-    }
-    return 0;
-}
-
 /* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
  * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
 struct chunk_part {
@@ -805,6 +707,14 @@ int llama_ctx_warm_up(struct llama_ctx *ctx, char *err)
     for (int c = 0; c < n_calls && rc == 0; c++)
         if ((rc = llama_forward(ctx, &calls[c], 1, err)) == 0)
             rc = llama_ctx_truncate(ctx, 0, prefix, err);
+    /* with graphs, every verification's shape between (2 .. rows - 1 rows)
+     * recorded now rather than in a request's first rounds */
+    for (int r = 2; ctx->graphs && r < rows && rc == 0; r++) {
+        const struct llama_seq_batch v = {.slot = 0, .tokens = tokens + prefix, .n_tokens = r,
+                                          .n_logits = r, .logits_out = logits};
+        if ((rc = llama_forward(ctx, &v, 1, err)) == 0)
+            rc = llama_ctx_truncate(ctx, 0, prefix, err);
+    }
     free(logits);
     const int rc_empty = llama_ctx_truncate(ctx, 0, 0, err);
     /* the warm-up's tokens are no one's prefix */
@@ -848,15 +758,19 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
 /* Fills the chunk's host arrays and layout from its parts: each slot becomes
  * one sequence of the layout, with a copy of the blocks its rows reach. */
 static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                         const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv)
+                         const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv,
+                         int *max_positions)
 {
-    int n_seqs = 0, stride = 1;
+    int n_seqs = 0, pos_max = 1;
     for (int p = 0; p < n_parts; p++) {
         const struct llama_seq_batch *s = &seqs[parts[p].seq];
         const int pos_end = ctx->slot_len[s->slot] + parts[p].tok0 + parts[p].n;
-        const int blocks = blocks_for_len(ctx, pos_end);
-        stride = blocks > stride ? blocks : stride;
+        pos_max = pos_end > pos_max ? pos_end : pos_max;
     }
+    /* a device step's tables are as wide as its bound: a function of the
+     * chunk's shape, as a recorded graph needs (llama_step.c) */
+    *max_positions = ctx->steps ? llama_step_positions(ctx, pos_max) : pos_max;
+    const int stride = blocks_for_len(ctx, *max_positions);
     for (int p = 0; p < n_parts; p++) {
         const struct chunk_part *cp = &parts[p];
         const struct llama_seq_batch *s = &seqs[cp->seq];
@@ -937,8 +851,9 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
             }
         }
         struct kern_kv_layout kv;
-        chunk_layout(ctx, seqs, parts, n_parts, &kv);
-        if ((rc = forward_chunk(ctx, rows, &kv, err)) ||
+        int max_positions;
+        chunk_layout(ctx, seqs, parts, n_parts, &kv, &max_positions);
+        if ((rc = llama_step_run(ctx, rows, &kv, max_positions, err)) ||
             (rc = chunk_logits(ctx, seqs, parts, n_parts, err)))
             break;
     }

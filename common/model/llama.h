@@ -58,6 +58,9 @@ struct llama_ctx_params {
     int kv_blocks;    /* blocks in the pool; 0 = enough for every slot at max_seq_len */
     bool prefix_cache; /* keep filled blocks for later sequences (llama_ctx_prefix_map) */
     int prefix_cache_tokens; /* most positions kept in blocks no slot holds; 0 = the pool */
+    /* Run every chunk's ops one by one even where the backend records
+     * graphs (cuda): for comparisons; a replay gives the same bits. */
+    bool no_graphs;
 };
 
 /* Borrows model. KV memory: kv_blocks * kv_block_size * layers * 2 *
@@ -80,6 +83,20 @@ int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot);
  * slot shares copies that block first: ERR_OVERLOADED when the pool has
  * none for the copy (the slot then ends at the shared block's start). */
 int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err);
+
+/* How the context's forward chunks reach the backend: as device steps
+ * (one transfer of a chunk's small inputs, nothing allocated inside), and
+ * as graphs recorded once per chunk shape and replayed (common/model/
+ * llama_step.c). */
+struct llama_graph_stats {
+    bool steps;        /* the backend takes device steps */
+    bool graphs;       /* chunks of up to 64 rows run as graphs (off: no_graphs, a
+                          backend without them, or a recording that failed) */
+    int held;          /* graphs held now */
+    int64_t recorded;  /* recordings made */
+    int64_t replayed;  /* chunks run as a graph */
+};
+void llama_ctx_graph_stats(const struct llama_ctx *ctx, struct llama_graph_stats *out);
 
 struct llama_kv_stats {
     int block_size;   /* positions per block */
@@ -147,7 +164,9 @@ int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err);
  * touch; on a GPU, modules loaded): on the 2-core VM the small target's
  * first prefill took 132 ms against 14.5 later, its first decode step 17 ms
  * against 4.7. A worker calls it before it takes requests, so that the first
- * request does not pay. Slot 0 must be empty. */
+ * request does not pay. Where the context replays graphs it also records
+ * the verification shapes of 2..16 rows (llama_step.c). Slot 0 must be
+ * empty. */
 int llama_ctx_warm_up(struct llama_ctx *ctx, char *err);
 
 /* Runs the batch: the rows of all sequences go through the layers together,

@@ -280,6 +280,9 @@ static const struct key_desc worker_keys[] = {
     WKEY_INT(argmax_copy, 0, 1,
              "1: cpu greedy rows find their argmax from a one-byte copy of the LM head (same "
              "tokens; the copy's memory held); 0: they read the whole head [1]"),
+    WKEY_INT(cuda_graphs, 0, 1,
+             "1: on cuda, decode and verification steps replay a CUDA graph recorded once per "
+             "shape (same bits); 0: every kernel launched one by one [1]"),
     WKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -336,6 +339,7 @@ static void worker_defaults(struct worker_config *w)
     snprintf(w->sampler, sizeof w->sampler, "auto");
     snprintf(w->quantize, sizeof w->quantize, "none");
     w->argmax_copy = 1;
+    w->cuda_graphs = 1;
     w->prefix_cache = 1;
     snprintf(w->log_level, sizeof w->log_level, "info");
 }

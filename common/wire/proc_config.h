@@ -112,6 +112,8 @@ struct worker_config {
      * the Llama 3.2 1B shape, 394 MB at 3B). 0: no copy; greedy rows read
      * the whole head (a worker that only samples reads it anyway). */
     int argmax_copy;
+    int cuda_graphs;                       /* 1 (default): cuda forward chunks of up to 64
+                                              rows replay a graph recorded per shape */
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 

@@ -33,7 +33,12 @@
  * Partial results live in backend scratch: rows are processed in groups so
  * that the scratch stays under ATT_SCRATCH_BUDGET bytes for long contexts;
  * the grouping changes no value. The layout's tables and (sequence,
- * position) pairs travel to the device in one staged copy per call. out may
+ * position) pairs travel to the device in one staged copy per call, or are
+ * a step's (step.cu): then the grid's splits come from the step's bound on
+ * positions, not from the rows, so that every step of one shape launches
+ * the same grid (a recorded graph replays it); the splits past a row's
+ * position return at once and the combine reads only the row's own, so the
+ * values are the same either way. out may
  * alias q: a group's partial kernel
  * reads its rows of q before its combine kernel writes the same rows of out.
  * head_dim is at most ATT_HD_MAX.
@@ -85,14 +90,19 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
     __shared__ float qs[ATT_HD_MAX];
     __shared__ float sc[ATT_SPLIT];
+    /* each position's offset in the pool, found once per block: the loops
+     * below read it instead of dividing by block_size per element */
+    __shared__ size_t pool_off[ATT_SPLIT];
     const float *qrow = q + ((size_t)i * (size_t)dm.n_heads + (size_t)h) * (size_t)hd;
     for (int d = tid; d < hd; d += ATT_THREADS)
         qs[d] = qrow[d];
+    for (int t = tid; t < len; t += ATT_THREADS)
+        pool_off[t] = attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
     __syncthreads();
 
     const float *kb = k_pool + (size_t)g * (size_t)hd;
     for (int t = warp; t < len; t += ATT_WARPS) {
-        const float *kr = kb + attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
+        const float *kr = kb + pool_off[t];
         float a = 0.0f;
         for (int d = lane; d < hd; d += 32)
             a = __fmaf_rn(qs[d], kr[d], a);
@@ -120,11 +130,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const float *vb = v_pool + (size_t)g * (size_t)hd;
     for (int d = tid; d < hd; d += ATT_THREADS) {
         float acc = 0.0f;
+        /* the loads of several positions in flight, the FMAs in order */
+#pragma unroll 8
         for (int t = 0; t < len; t++)
-            acc = __fmaf_rn(sc[t],
-                            vb[attn_pool_row(table, dm.block_size, t0 + t) * kv_stride +
-                               (size_t)d],
-                            acc);
+            acc = __fmaf_rn(sc[t], vb[pool_off[t] + (size_t)d], acc);
         part_acc[part * (size_t)hd + (size_t)d] = acc;
     }
     if (tid == 0) {
@@ -161,6 +170,39 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
+static int attn_splits(int n_positions)
+{
+    return (int)(((long)n_positions + ATT_SPLIT - 1) / ATT_SPLIT);
+}
+
+/* Scratch bytes of one row's partial results. */
+static size_t attn_row_bytes(int n_heads, int head_dim, int max_splits)
+{
+    return (size_t)n_heads * (size_t)max_splits * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+/* Rows per group: the scratch stays under ATT_SCRATCH_BUDGET. */
+static size_t attn_group_rows(int n, int n_heads, int head_dim, int max_splits)
+{
+    size_t group = ATT_SCRATCH_BUDGET / attn_row_bytes(n_heads, head_dim, max_splits);
+    group = group < 1 ? 1 : group > 65535 ? 65535 : group;
+    return group > (size_t)n ? (size_t)n : group;
+}
+
+int cuda_attention_reserve(struct cuda_backend *cb, int max_rows, int n_heads, int head_dim,
+                           int max_positions, char *err)
+{
+    /* A call of n <= max_rows rows with at most these heads uses
+     * min(n, budget / row) rows of at most row bytes: never more than
+     * min(max_rows * row, budget), or one row where a row alone is more. */
+    const size_t row = attn_row_bytes(n_heads, head_dim, attn_splits(max_positions));
+    size_t bytes = (size_t)max_rows * row;
+    bytes = bytes < ATT_SCRATCH_BUDGET ? bytes : ATT_SCRATCH_BUDGET;
+    bytes = bytes > row ? bytes : row;
+    return cuda_backend_scratch(cb, &cb->attn_part, &cb->attn_part_bytes, bytes,
+                                "cuda attention scratch", err);
+}
+
 static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q,
                              const float *k_pool, const float *v_pool, int rows,
                              const struct attn_dims *dm, char *err)
@@ -180,16 +222,25 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
     return 0;
 }
 
-/* Stages the layout's tables and rows; *dev_rows and *dev_tables are valid
- * for the kernels queued next (see cuda_backend_stage2). */
+/* The layout's tables and rows on the device: the step's copies (checked
+ * by step_begin; *max_positions its bound), else checked here and staged
+ * (*max_positions 0), valid for the kernels queued next (see
+ * cuda_backend_stage2). */
 static int attn_stage_layout(struct cuda_backend *cb, const struct kern_kv_layout *kv, int n,
-                             const int32_t **dev_rows, const int32_t **dev_tables, char *err)
+                             const char *op, const int32_t **dev_rows, const int32_t **dev_tables,
+                             int *max_positions, char *err)
 {
+    *max_positions = 0;
+    if (cuda_step_layout(cb, kv, n, dev_rows, dev_tables, max_positions))
+        return 0;
+    int rc = kern_kv_layout_check(kv, n, op, err);
+    if (rc)
+        return rc;
     const void *dev = NULL;
     size_t tables_off = 0;
-    int rc = cuda_backend_stage2(cb, kv->rows, (size_t)n * 2 * sizeof(int32_t), kv->tables,
-                                 (size_t)kv->n_seqs * (size_t)kv->table_stride * sizeof(int32_t),
-                                 &dev, &tables_off, err);
+    rc = cuda_backend_stage2(cb, kv->rows, (size_t)n * 2 * sizeof(int32_t), kv->tables,
+                             (size_t)kv->n_seqs * (size_t)kv->table_stride * sizeof(int32_t), &dev,
+                             &tables_off, err);
     if (rc < 0)
         return rc;
     *dev_rows = (const int32_t *)dev;
@@ -222,15 +273,15 @@ int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const f
                          kv_dim);
     if (n == 0)
         return 0;
-    if (!k_pool || !v_pool || !k || !v)
+    if (!k_pool || !v_pool || !k || !v || !kv)
         return error_set(err, ERR_INVALID_ARG, "cuda kv_store: NULL tensor");
-    int rc = kern_kv_layout_check(kv, n, "cuda kv_store", err);
-    if (rc)
-        return rc;
-    if ((rc = cuda_backend_enter(cb, err)) < 0)
+    int rc = cuda_backend_enter(cb, err);
+    if (rc < 0)
         return rc;
     const int32_t *rows = NULL, *tables = NULL;
-    if ((rc = attn_stage_layout(cb, kv, n, &rows, &tables, err)) < 0)
+    int step_positions = 0;
+    if ((rc = attn_stage_layout(cb, kv, n, "cuda kv_store", &rows, &tables, &step_positions,
+                                err)))
         return rc;
     kv_store_kernel<<<(unsigned int)n, ATT_THREADS, 0, cb->stream>>>(
         k_pool, v_pool, k, v, rows, tables, kv->block_size, kv->table_stride, kv_dim);
@@ -257,35 +308,31 @@ int cuda_attention(struct kern_backend *be, float *out, const float *q, const fl
                          "n_heads <= 65535)", head_dim, n_heads, ATT_HD_MAX);
     if (n == 0)
         return 0;
-    if (!out || !q || !k_pool || !v_pool)
+    if (!out || !q || !k_pool || !v_pool || !kv)
         return error_set(err, ERR_INVALID_ARG, "cuda attention: NULL tensor");
-    int rc = kern_kv_layout_check(kv, n, "cuda attention", err);
-    if (rc)
+    int rc = cuda_backend_enter(cb, err);
+    if (rc < 0)
         return rc;
-    if ((rc = cuda_backend_enter(cb, err)) < 0)
-        return rc;
-    int max_pos = 0;
-    for (int i = 0; i < n; i++)
-        max_pos = kv->rows[2 * i + 1] > max_pos ? kv->rows[2 * i + 1] : max_pos;
-
     struct attn_dims dm;
     dm.row0 = 0;
-    if ((rc = attn_stage_layout(cb, kv, n, &dm.rows, &dm.tables, err)) < 0)
+    int n_positions = 0;
+    if ((rc = attn_stage_layout(cb, kv, n, "cuda attention", &dm.rows, &dm.tables, &n_positions,
+                                err)))
         return rc;
+    if (n_positions == 0) /* not a step: the grid follows the rows' positions */
+        for (int i = 0; i < n; i++)
+            n_positions = kv->rows[2 * i + 1] + 1 > n_positions ? kv->rows[2 * i + 1] + 1
+                                                                : n_positions;
     dm.block_size = kv->block_size;
     dm.table_stride = kv->table_stride;
     dm.n_heads = n_heads;
     dm.n_kv_heads = n_kv_heads;
     dm.head_dim = head_dim;
-    dm.max_splits = (int)(((long)max_pos + 1 + ATT_SPLIT - 1) / ATT_SPLIT);
+    dm.max_splits = attn_splits(n_positions);
     dm.scale = scale;
-    const size_t row_bytes = (size_t)n_heads * (size_t)dm.max_splits *
-                             ((size_t)head_dim + 2) * sizeof(float);
-    size_t group = ATT_SCRATCH_BUDGET / row_bytes;
-    group = group < 1 ? 1 : group > 65535 ? 65535 : group;
-    if (group > (size_t)n)
-        group = (size_t)n;
-    rc = cuda_backend_scratch(cb, &cb->attn_part, &cb->attn_part_bytes, group * row_bytes,
+    const size_t group = attn_group_rows(n, n_heads, head_dim, dm.max_splits);
+    rc = cuda_backend_scratch(cb, &cb->attn_part, &cb->attn_part_bytes,
+                              group * attn_row_bytes(n_heads, head_dim, dm.max_splits),
                               "cuda attention scratch", err);
     if (rc < 0)
         return rc;

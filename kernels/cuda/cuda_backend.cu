@@ -16,8 +16,8 @@
  * copy is queued without waiting; free and unmap_weights wait for the
  * stream before cudaFree (a queued kernel may still read the buffer).
  *
- * Not here: the ops (one .cu per family), IPC export of buffers (later, in
- * the shared-tensor module).
+ * Not here: the ops (one .cu per family), IPC export of buffers (ipc.cu),
+ * the step's device-resident inputs and graphs (step.cu).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -148,6 +148,9 @@ int cuda_backend_stage2(struct cuda_backend *cb, const void *a_host, size_t a_by
                         const void *b_host, size_t b_bytes, const void **dev_out,
                         size_t *b_offset_out, char *err)
 {
+    if (cb->capturing) /* its copy and its wait cannot be recorded */
+        return error_set(err, ERR_INVALID_ARG, "cuda: an op was handed host arrays that are not "
+                         "the step's while a graph was recorded");
     const size_t b_off = (a_bytes + 15) & ~(size_t)15;
     const size_t total = b_off + b_bytes;
     struct cuda_stage *s = &cb->stage[cb->stage_next];
@@ -196,6 +199,10 @@ int cuda_backend_scratch(struct cuda_backend *cb, void **buf, size_t *cap_bytes,
 {
     if (size_bytes <= *cap_bytes)
         return 0;
+    if (cb->capturing)
+        return error_set(err, ERR_RANGE, "%s: %zu bytes needed while a graph was recorded, %zu "
+                         "reserved (step_reserve)", what, size_bytes, *cap_bytes);
+    cb->memory_generation++;
     const size_t mib = (size_t)1 << 20;
     size_t want = *cap_bytes + *cap_bytes / 2;
     if (want < size_bytes)
@@ -233,6 +240,7 @@ static void cuda_destroy(struct kern_backend *be)
         if (s->done)
             CUDA_LOG(cudaEventDestroy(s->done));
     }
+    cuda_step_release(cb);
     CUDA_LOG(cudaFree(cb->mm_act));
     CUDA_LOG(cudaFree(cb->attn_part));
     if (cb->cublas) {
@@ -313,6 +321,8 @@ static int cuda_init(struct cuda_backend *cb, const char *device, char *err)
     for (int i = 0; i < CUDA_STAGE_SLOTS; i++)
         CUDA_CHECK(cudaEventCreateWithFlags(&cb->stage[i].done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cb->synced, cudaEventDisableTiming));
+    for (int i = 0; i < 2; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&cb->step.copied[i], cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&cb->cublas));
     CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));
     rc = cuda_malloc_reported(&cb->cublas_ws, CUDA_CUBLAS_WORKSPACE_BYTES, "cuda cuBLAS workspace",
@@ -331,6 +341,8 @@ static int cuda_alloc(struct kern_backend *be, size_t size_bytes, void **out, ch
 {
     struct cuda_backend *cb = cuda_backend_of(be);
     *out = NULL;
+    if (cb->capturing)
+        return error_set(err, ERR_INVALID_ARG, "cuda alloc: called while a graph was recorded");
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
@@ -367,6 +379,9 @@ static int cuda_memcpy_op(struct cuda_backend *cb, const char *what, void *dst, 
     if (!dst || !src)
         return error_set(err, ERR_INVALID_ARG, "cuda %s: NULL pointer for %zu bytes", what,
                          size_bytes);
+    if (cb->capturing && kind != cudaMemcpyDeviceToDevice)
+        return error_set(err, ERR_INVALID_ARG, "cuda %s: called while a graph was recorded (only "
+                         "device-to-device copies can be)", what);
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
@@ -433,6 +448,8 @@ static void cuda_unmap_weights(struct kern_backend *be, const void *ptr)
 static int cuda_sync(struct kern_backend *be, char *err)
 {
     struct cuda_backend *cb = cuda_backend_of(be);
+    if (cb->capturing)
+        return error_set(err, ERR_INVALID_ARG, "cuda sync: called while a graph was recorded");
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
@@ -460,6 +477,15 @@ static const struct kern_ops cuda_ops = {
     /* .map_matrix = */ NULL, /* map_weights: the device kernels read row-major */
     /* .matmul_argmax = */ NULL, /* a device draft picks on the device (specdec_device.c) */
     /* .prepare_argmax = */ NULL,
+    /* .matmul_multi = */ cuda_matmul_multi,
+    /* .add_rmsnorm = */ cuda_add_rmsnorm,
+    /* .step_reserve = */ cuda_step_reserve,
+    /* .step_begin = */ cuda_step_begin,
+    /* .step_end = */ cuda_step_end,
+    /* .graph_capture_begin = */ cuda_graph_capture_begin,
+    /* .graph_capture_end = */ cuda_graph_capture_end,
+    /* .graph_launch = */ cuda_graph_launch,
+    /* .graph_destroy = */ cuda_graph_destroy,
 };
 
 /* ---- public entry points ----------------------------------------------- */

@@ -49,6 +49,30 @@ struct cuda_stage {
     cudaEvent_t done;   /* recorded after the last copy from host */
 };
 
+/* A step's inputs on the device (step.cu): one pinned host buffer and one
+ * device buffer, each at a fixed address between reservations (graphs
+ * recorded over a step read the device one), filled by one copy per step. */
+struct cuda_step {
+    /* Two pinned buffers in turn: a step waits only for the copy out of the
+     * one two steps back, so the host can queue a step while the GPU has
+     * not yet reached the previous one's copy. One device buffer: its
+     * copies are ordered on the stream behind the kernels reading it. */
+    void *host[2];            /* pinned, cap_bytes each */
+    cudaEvent_t copied[2];    /* recorded after the copy out of host[i] */
+    int next;                 /* the host buffer the next step fills */
+    void *dev;                /* device, cap_bytes */
+    size_t cap_bytes;
+    struct kern_step_limits lim; /* the largest of every reservation so far */
+    int reserved;             /* step_reserve ran */
+    int active;               /* between step_begin and step_end */
+    /* The active step's host arrays (what the ops compare with) and their
+     * device copies. */
+    struct kern_step in;
+    struct kern_kv_layout kv; /* the layout's fields (in.kv points here) */
+    const int32_t *ids_dev, *positions_dev, *rows_dev, *tables_dev;
+    const float *freq_dev;
+};
+
 struct cuda_backend {
     struct kern_backend base; /* must stay first */
     int device;               /* ordinal in this process */
@@ -68,6 +92,11 @@ struct cuda_backend {
     void *attn_part;          /* attention: per-split partial results */
     size_t attn_part_bytes;
     cudaEvent_t synced;       /* recorded by cuda_backend_wait_stream */
+    struct cuda_step step;
+    int capturing;            /* between graph_capture_begin and _end */
+    /* Bumped whenever memory a recorded graph may read moves (the step
+     * buffers or a scratch buffer regrown): older graphs are refused. */
+    unsigned long memory_generation;
 };
 
 static inline struct cuda_backend *cuda_backend_of(struct kern_backend *be)
@@ -143,9 +172,37 @@ int cuda_backend_stage2(struct cuda_backend *cb, const void *a_host, size_t a_by
 
 /* Makes *buf (capacity *cap_bytes) hold at least size_bytes of device
  * memory. Growing waits for the stream (queued kernels may still use the
- * old buffer) and does not preserve contents. */
+ * old buffer), does not preserve contents, bumps memory_generation, and is
+ * refused while a graph is recorded. */
 int cuda_backend_scratch(struct cuda_backend *cb, void **buf, size_t *cap_bytes,
                          size_t size_bytes, const char *what, char *err);
+
+/* The device copies of a step's arrays (step.cu), for an op handed host
+ * arrays: NULL (or 0) where they are not the active step's, and the op
+ * stages them itself. cuda_step_layout also gives the step's attention
+ * bound (*max_positions). */
+const int32_t *cuda_step_ids(const struct cuda_backend *cb, const int32_t *ids, int n);
+int cuda_step_rope(const struct cuda_backend *cb, const int32_t *positions, int n,
+                   const float *inv_freq, int n_freq, const int32_t **positions_dev,
+                   const float **freq_dev);
+int cuda_step_layout(const struct cuda_backend *cb, const struct kern_kv_layout *kv, int n,
+                     const int32_t **rows_dev, const int32_t **tables_dev, int *max_positions);
+
+/* Grows attention's scratch (attention.cu) to what a call of max_rows rows
+ * of n_heads x head_dim over max_positions positions uses. */
+int cuda_attention_reserve(struct cuda_backend *cb, int max_rows, int n_heads, int head_dim,
+                           int max_positions, char *err);
+
+/* The step and graph ops of the table (step.cu). */
+int cuda_step_reserve(struct kern_backend *be, const struct kern_step_limits *lim, char *err);
+int cuda_step_begin(struct kern_backend *be, const struct kern_step *step, char *err);
+void cuda_step_end(struct kern_backend *be);
+int cuda_graph_capture_begin(struct kern_backend *be, char *err);
+int cuda_graph_capture_end(struct kern_backend *be, struct kern_graph **out, char *err);
+int cuda_graph_launch(struct kern_backend *be, struct kern_graph *g, char *err);
+void cuda_graph_destroy(struct kern_backend *be, struct kern_graph *g);
+/* Frees the step buffers (destroy). */
+void cuda_step_release(struct cuda_backend *cb);
 
 /* Weight dtype check: 0 or ERR_UNSUPPORTED naming `what`. */
 int cuda_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err);
@@ -254,12 +311,18 @@ int cuda_embed(struct kern_backend *be, float *out, const void *table, enum kern
                const int32_t *ids, int n, int dim, char *err);
 int cuda_rmsnorm(struct kern_backend *be, float *out, const float *in, const void *weight,
                  enum kern_dtype dtype, int n, int dim, float eps, char *err);
+int cuda_add_rmsnorm(struct kern_backend *be, float *out, float *x, const float *y,
+                     const void *weight, enum kern_dtype dtype, int n, int dim, float eps,
+                     char *err);
 /* int8 and int4 weights (matmul_quant.cu): every path of cuda_matmul
  * takes these, in the skinny order. */
 int cuda_matmul_quantized(struct cuda_backend *cb, float *out, const float *in, const void *w,
                           enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cuda_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
                 enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+int cuda_matmul_multi(struct kern_backend *be, int count, float *const *outs, const float *in,
+                      const void *const *ws, enum kern_dtype dtype, int n, int d_in,
+                      const int *d_outs, char *err);
 int cuda_rope(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
               int head_dim, const float *inv_freq, char *err);
 int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const float *k,

@@ -3,7 +3,8 @@
  * Pure conversion, no arithmetic: results cannot depend on n. One block per
  * row, threads stride over dim. ids are host memory: negative ids are
  * rejected on the host (vocab is not known here; the caller checks the upper
- * bound), then they reach the device through a pinned staging slot.
+ * bound), then they reach the device through a pinned staging slot; a
+ * step's ids (step.cu) are on the device already.
  */
 #include "cuda_backend.h"
 
@@ -39,14 +40,17 @@ int cuda_embed(struct kern_backend *be, float *out, const void *table, enum kern
         return 0;
     if (!out || !table || !ids)
         return error_set(err, ERR_INVALID_ARG, "cuda embed: NULL argument");
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0)
-            return error_set(err, ERR_INVALID_ARG, "cuda embed: ids[%d] = %d is negative", i,
-                             (int)ids[i]);
     if ((rc = cuda_backend_enter(cb, err)) < 0)
         return rc;
-    const void *ids_dev = NULL;
-    if ((rc = cuda_backend_stage(cb, ids, (size_t)n * sizeof(int32_t), &ids_dev, err)) < 0)
-        return rc;
+    /* the step's ids were checked and copied by step_begin */
+    const void *ids_dev = cuda_step_ids(cb, ids, n);
+    if (!ids_dev) {
+        for (int i = 0; i < n; i++)
+            if (ids[i] < 0)
+                return error_set(err, ERR_INVALID_ARG, "cuda embed: ids[%d] = %d is negative", i,
+                                 (int)ids[i]);
+        if ((rc = cuda_backend_stage(cb, ids, (size_t)n * sizeof(int32_t), &ids_dev, err)) < 0)
+            return rc;
+    }
     return embed_launch(cb, out, table, dtype, (const int32_t *)ids_dev, n, dim, err);
 }

@@ -23,7 +23,9 @@
  *
  * 1. Skinny kernel (mm_skinny_kernel), n < MM_TILED_MIN_ROWS (decode and
  *    small verifications), and the fallback: one warp per output column o,
- *    up to 17 rows per launch (more rows: groups of 17). Lane l is class l;
+ *    up to 17 rows per launch (more rows: groups of 17); the columns of up
+ *    to four weights sharing the input (cuda_matmul_multi: q, k, v; gate,
+ *    up) may share one launch, each column computed as alone. Lane l is class l;
  *    each lane reads its chunks with 16-byte loads when d_in % 8 == 0 and
  *    both pointers are 16-byte aligned, scalar loads otherwise; both feed
  *    the same FMAs, so alignment never changes a bit. The lane sums are
@@ -116,24 +118,92 @@ static __device__ __forceinline__ void mm_load8_vec(const void *w, size_t off, f
     }
 }
 
-/* out[i][o] for i < n <= MAXR, one warp per o (see the file header for the
- * order). vec: d_in % 8 == 0 and w, in 16-byte aligned. */
+/* One 8-element chunk of every row, in increasing k: acc[r] of row r < n
+ * takes the chunk's m valid products in order. */
+template <int MAXR>
+static __device__ __forceinline__ void mm_skinny_chunk(float acc[MAXR], const float *__restrict__ in,
+                                                       int n, int d_in, int c, int m, int vec,
+                                                       const float wv[8])
+{
+#pragma unroll
+    for (int r = 0; r < MAXR; r++) {
+        if (r < n) {
+            const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
+            float xv[8];
+            if (vec) {
+                const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+                xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    xv[e] = e < m ? xr[e] : 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (e < m)
+                    acc[r] = __fmaf_rn(wv[e], xv[e], acc[r]);
+        }
+    }
+}
+
+/* Chunks of a lane's class loaded ahead of their products: a warp keeps
+ * MM_SKINNY_AHEAD 16-byte weight loads in flight instead of one, which is
+ * what a memory-bound product with few warps (the k and v projections:
+ * 512-1024 columns) lacks. The products still run chunk by chunk in
+ * increasing k, so no bit changes. */
+#define MM_SKINNY_AHEAD 4
+
+/* The weights of one skinny launch: up to MM_PARTS_MAX matrices sharing
+ * the input (q, k and v; gate and up), their columns numbered one after
+ * the other: part j holds the columns [col_end[j-1], col_end[j]). */
+#define MM_PARTS_MAX 4
+struct mm_parts {
+    float *out[MM_PARTS_MAX];      /* [n, d_out_j] */
+    const void *w[MM_PARTS_MAX];   /* [d_out_j, d_in] */
+    int col_end[MM_PARTS_MAX];
+    int count;
+};
+
+/* out_j[i][o] for i < n <= MAXR, one warp per column of the parts (see the
+ * file header for the order: a column's bits do not depend on its part's
+ * neighbours). vec: d_in % 8 == 0 and every w and in 16-byte aligned (then
+ * every chunk that starts below d_in is whole). */
 template <int DT, int MAXR>
 __global__ void __launch_bounds__(MM_THREADS)
-    mm_skinny_kernel(float *__restrict__ out, const float *__restrict__ in,
-                     const void *__restrict__ w, int n, int d_in, int d_out, int vec)
+    mm_skinny_kernel(struct mm_parts parts, const float *__restrict__ in, int n, int d_in, int vec)
 {
-    const int o = (int)(((size_t)blockIdx.x * MM_THREADS + threadIdx.x) >> 5);
+    int o = (int)(((size_t)blockIdx.x * MM_THREADS + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
-    if (o >= d_out)
+    if (o >= parts.col_end[parts.count - 1])
         return; /* uniform over the warp */
+    int j = 0;
+    while (o >= parts.col_end[j])
+        j++;
+    const int col0 = j > 0 ? parts.col_end[j - 1] : 0;
+    const int d_out = parts.col_end[j] - col0;
+    o -= col0;
+    float *__restrict__ out = parts.out[j];
+    const void *__restrict__ w = parts.w[j];
     const size_t wrow = (size_t)o * (size_t)d_in;
     float acc[MAXR];
 #pragma unroll
     for (int r = 0; r < MAXR; r++)
         acc[r] = 0.0f;
 
-    for (int c = lane * 8; c < d_in; c += 256) {
+    int c = lane * 8;
+    if (vec) {
+        for (; c + (MM_SKINNY_AHEAD - 1) * 256 < d_in; c += MM_SKINNY_AHEAD * 256) {
+            float wv[MM_SKINNY_AHEAD][8];
+#pragma unroll
+            for (int u = 0; u < MM_SKINNY_AHEAD; u++)
+                mm_load8_vec<DT>(w, wrow + (size_t)(c + u * 256), wv[u]);
+#pragma unroll
+            for (int u = 0; u < MM_SKINNY_AHEAD; u++)
+                mm_skinny_chunk<MAXR>(acc, in, n, d_in, c + u * 256, 8, 1, wv[u]);
+        }
+    }
+    for (; c < d_in; c += 256) {
         const int m = d_in - c < 8 ? d_in - c : 8; /* valid elements in this chunk */
         float wv[8];
         if (vec) {
@@ -143,26 +213,7 @@ __global__ void __launch_bounds__(MM_THREADS)
             for (int e = 0; e < 8; e++)
                 wv[e] = e < m ? cuda_load_weight(w, DT, wrow + (size_t)(c + e)) : 0.0f;
         }
-#pragma unroll
-        for (int r = 0; r < MAXR; r++) {
-            if (r < n) {
-                const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
-                float xv[8];
-                if (vec) {
-                    const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
-                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
-                    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        xv[e] = e < m ? xr[e] : 0.0f;
-                }
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e < m)
-                        acc[r] = __fmaf_rn(wv[e], xv[e], acc[r]);
-            }
-        }
+        mm_skinny_chunk<MAXR>(acc, in, n, d_in, c, m, vec, wv);
     }
 #pragma unroll
     for (int r = 0; r < MAXR; r++) {
@@ -484,31 +535,34 @@ int cuda_matmul_prepare(struct cuda_backend *cb, char *err)
 
 /* Rows [0, n) with n <= MM_SKINNY_MAX. */
 template <int DT>
-static void mm_skinny_launch_dt(cudaStream_t stream, unsigned int blocks, float *out,
-                                const float *in, const void *w, int n, int d_in, int d_out, int vec)
+static void mm_skinny_launch_dt(cudaStream_t stream, unsigned int blocks,
+                                const struct mm_parts &parts, const float *in, int n, int d_in,
+                                int vec)
 {
     if (n == 1)
-        mm_skinny_kernel<DT, 1><<<blocks, MM_THREADS, 0, stream>>>(out, in, w, n, d_in, d_out, vec);
+        mm_skinny_kernel<DT, 1><<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);
     else
         mm_skinny_kernel<DT, MM_SKINNY_MAX>
-            <<<blocks, MM_THREADS, 0, stream>>>(out, in, w, n, d_in, d_out, vec);
+            <<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);
 }
 
-static int mm_skinny_launch(struct cuda_backend *cb, float *out, const float *in, const void *w,
-                            enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
+static int mm_skinny_launch(struct cuda_backend *cb, const struct mm_parts &parts, const float *in,
+                            enum kern_dtype dtype, int n, int d_in, char *err)
 {
-    const int vec = d_in % 8 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)in % 16 == 0;
-    const unsigned int blocks =
-        (unsigned int)((d_out + MM_ROWS_PER_BLOCK - 1) / MM_ROWS_PER_BLOCK);
+    int vec = d_in % 8 == 0 && (uintptr_t)in % 16 == 0;
+    for (int j = 0; j < parts.count; j++)
+        vec = vec && (uintptr_t)parts.w[j] % 16 == 0;
+    const int cols = parts.col_end[parts.count - 1];
+    const unsigned int blocks = (unsigned int)((cols + MM_ROWS_PER_BLOCK - 1) / MM_ROWS_PER_BLOCK);
     switch (dtype) {
     case KERN_DTYPE_BF16:
-        mm_skinny_launch_dt<KERN_DTYPE_BF16>(cb->stream, blocks, out, in, w, n, d_in, d_out, vec);
+        mm_skinny_launch_dt<KERN_DTYPE_BF16>(cb->stream, blocks, parts, in, n, d_in, vec);
         break;
     case KERN_DTYPE_F16:
-        mm_skinny_launch_dt<KERN_DTYPE_F16>(cb->stream, blocks, out, in, w, n, d_in, d_out, vec);
+        mm_skinny_launch_dt<KERN_DTYPE_F16>(cb->stream, blocks, parts, in, n, d_in, vec);
         break;
     case KERN_DTYPE_F32:
-        mm_skinny_launch_dt<KERN_DTYPE_F32>(cb->stream, blocks, out, in, w, n, d_in, d_out, vec);
+        mm_skinny_launch_dt<KERN_DTYPE_F32>(cb->stream, blocks, parts, in, n, d_in, vec);
         break;
     case KERN_DTYPE_Q8:
     case KERN_DTYPE_Q4:
@@ -518,18 +572,33 @@ static int mm_skinny_launch(struct cuda_backend *cb, float *out, const float *in
     return 0;
 }
 
-/* Any n, in launches of up to MM_SKINNY_MAX rows. */
-static int mm_skinny(struct cuda_backend *cb, float *out, const float *in, const void *w,
-                     enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
+/* Any n, in launches of up to MM_SKINNY_MAX rows, every part at once. */
+static int mm_skinny_parts(struct cuda_backend *cb, const struct mm_parts &parts, const float *in,
+                           enum kern_dtype dtype, int n, int d_in, char *err)
 {
     for (int r0 = 0; r0 < n; r0 += MM_SKINNY_MAX) {
         const int rows = n - r0 < MM_SKINNY_MAX ? n - r0 : MM_SKINNY_MAX;
-        int rc = mm_skinny_launch(cb, out + (size_t)r0 * (size_t)d_out,
-                                  in + (size_t)r0 * (size_t)d_in, w, dtype, rows, d_in, d_out, err);
+        struct mm_parts at = parts;
+        for (int j = 0; j < parts.count; j++) {
+            const int d_out = parts.col_end[j] - (j > 0 ? parts.col_end[j - 1] : 0);
+            at.out[j] = parts.out[j] + (size_t)r0 * (size_t)d_out;
+        }
+        int rc = mm_skinny_launch(cb, at, in + (size_t)r0 * (size_t)d_in, dtype, rows, d_in, err);
         if (rc < 0)
             return rc;
     }
     return 0;
+}
+
+static int mm_skinny(struct cuda_backend *cb, float *out, const float *in, const void *w,
+                     enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
+{
+    struct mm_parts parts = {};
+    parts.out[0] = out;
+    parts.w[0] = w;
+    parts.col_end[0] = d_out;
+    parts.count = 1;
+    return mm_skinny_parts(cb, parts, in, dtype, n, d_in, err);
 }
 
 static long mm_cfg_blocks(enum mm_cfg cfg, int n, int d_out)
@@ -721,6 +790,47 @@ int cuda_matmul(struct kern_backend *be, float *out, const float *in, const void
     if (rc != 0)
         return rc < 0 ? rc : 0;
     return mm_run(cb, KERN_CUDA_MM_AUTO, out, in, w, dtype, n, d_in, d_out, err);
+}
+
+int cuda_matmul_multi(struct kern_backend *be, int count, float *const *outs, const float *in,
+                      const void *const *ws, enum kern_dtype dtype, int n, int d_in,
+                      const int *d_outs, char *err)
+{
+    struct cuda_backend *cb = cuda_backend_of(be);
+    if (count < 1 || count > MM_PARTS_MAX || !outs || !ws || !d_outs)
+        return error_set(err, ERR_INVALID_ARG, "cuda matmul_multi: %d weights (1..%d)", count,
+                         MM_PARTS_MAX);
+    struct mm_parts parts = {};
+    long cols = 0;
+    for (int j = 0; j < count; j++) {
+        int rc = mm_check(cb, outs[j], in, ws[j], dtype, n, d_in, d_outs[j], err);
+        if (rc < 0)
+            return rc;
+        if (rc > 0) /* nothing to do for any part (n == 0) or for this one */
+            continue;
+        cols += d_outs[j];
+        parts.out[parts.count] = outs[j];
+        parts.w[parts.count] = ws[j];
+        parts.col_end[parts.count] = (int)cols;
+        parts.count++;
+    }
+    if (parts.count == 0)
+        return 0;
+    /* one launch where the skinny kernel takes the call (cuda_matmul's
+     * choice, the same bits), else one product per weight */
+    const bool skinny = dtype != KERN_DTYPE_Q8 && dtype != KERN_DTYPE_Q4 && cols <= INT32_MAX &&
+                        (n < MM_TILED_MIN_ROWS ||
+                         mm_pick_cfg(cb, dtype, n, d_outs[0]) == MM_CFG_COUNT);
+    if (skinny)
+        return mm_skinny_parts(cb, parts, in, dtype, n, d_in, err);
+    for (int j = 0; j < parts.count; j++) {
+        const int d_out = parts.col_end[j] - (j > 0 ? parts.col_end[j - 1] : 0);
+        int rc = mm_run(cb, KERN_CUDA_MM_AUTO, parts.out[j], in, parts.w[j], dtype, n, d_in,
+                        d_out, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 extern "C" int kern_cuda_matmul_path(struct kern_backend *be, enum kern_cuda_mm_path path,

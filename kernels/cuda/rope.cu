@@ -11,7 +11,8 @@
  * its row's position: no reduction, nothing depends on n.
  *
  * positions and inv_freq are host arrays: both travel in one staged copy per
- * call (a few hundred bytes). One block per row; threads stride over the
+ * call (a few hundred bytes), or are a step's (step.cu), on the device
+ * already. One block per row; threads stride over the
  * (head, j) pairs, each pair read and written by one thread.
  */
 #include "cuda_backend.h"
@@ -61,13 +62,17 @@ int cuda_rope(struct kern_backend *be, float *x, const int32_t *positions, int n
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
-    const void *dev = NULL;
-    size_t freq_off = 0;
-    rc = cuda_backend_stage2(cb, positions, (size_t)n * sizeof(int32_t), inv_freq,
-                             (size_t)(head_dim / 2) * sizeof(float), &dev, &freq_off, err);
-    if (rc < 0)
-        return rc;
-    return rope_launch(cb, x, (const int32_t *)dev,
-                       (const float *)(const void *)((const char *)dev + freq_off), n, n_heads,
-                       head_dim, err);
+    const int32_t *positions_dev = NULL;
+    const float *freq_dev = NULL;
+    if (!cuda_step_rope(cb, positions, n, inv_freq, head_dim / 2, &positions_dev, &freq_dev)) {
+        const void *dev = NULL;
+        size_t freq_off = 0;
+        rc = cuda_backend_stage2(cb, positions, (size_t)n * sizeof(int32_t), inv_freq,
+                                 (size_t)(head_dim / 2) * sizeof(float), &dev, &freq_off, err);
+        if (rc < 0)
+            return rc;
+        positions_dev = (const int32_t *)dev;
+        freq_dev = (const float *)(const void *)((const char *)dev + freq_off);
+    }
+    return rope_launch(cb, x, positions_dev, freq_dev, n, n_heads, head_dim, err);
 }

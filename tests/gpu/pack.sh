@@ -37,7 +37,8 @@ PROGRAMS="coordinator/tandem-coordinator draft_worker/tandem-draft-worker
 target_worker/tandem-target-worker client/tandem-client tools/generate/tandem-generate
 tools/make_model/tandem-make-model tools/bench/tandem-bench
 tools/bench_kernels/tandem-bench-kernels tools/cuda_probe/tandem-cuda-probe
-tests/gpu/test_cuda_kernels tests/gpu/test_cuda_sampling tests/gpu/test_cuda_xfer"
+tests/gpu/test_cuda_kernels tests/gpu/test_cuda_sampling tests/gpu/test_cuda_xfer
+tests/gpu/test_cuda_graphs"
 
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     cmake -S "$SRC_DIR" -B "$BUILD" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -304,6 +304,63 @@ static void test_cuda_map_weights_out_of_memory_names_sizes(void **state)
     g->ops->free(g, d);
 }
 
+/* add_rmsnorm = add, then rmsnorm, bit for bit: the sums written back to x
+ * and the norm in out, for each dtype and dims below, at and above the
+ * block's 256 threads. */
+static void test_cuda_add_rmsnorm_equals_add_then_rmsnorm(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {37};
+    const int dims[3] = {64, 1000, 3072};
+    const int n = 6;
+    const float eps = 1e-5f;
+    for (int di = 0; di < 3; di++)
+        for (int t = 0; t < 3; t++) {
+            const int dim = dims[di];
+            const enum kern_dtype dt = all_dtypes[t];
+            const size_t cnt = (size_t)n * dim;
+            float *values;
+            void *w = make_weights(&r, dt, (size_t)dim, &values);
+            float *x = falloc(cnt), *y = falloc(cnt);
+            fill(&r, x, cnt, 2.0f);
+            fill(&r, y, cnt, 1.0f);
+            void *dw = dev_put(g, w, (size_t)dim * kern_dtype_size(dt));
+            float *dx1 = dev_put(g, x, cnt * sizeof(float)), *dx2 = dev_put(g, x, cnt * sizeof(float));
+            float *dy = dev_put(g, y, cnt * sizeof(float));
+            float *d1 = NULL, *d2 = NULL;
+            OK(g->ops->alloc(g, cnt * sizeof(float), (void **)&d1, err));
+            OK(g->ops->alloc(g, cnt * sizeof(float), (void **)&d2, err));
+            poison(g, d1, cnt);
+            OK(g->ops->add(g, dx1, dy, cnt, err));
+            OK(g->ops->rmsnorm(g, d1, dx1, dw, dt, n, dim, eps, err));
+            OK(g->ops->add_rmsnorm(g, d2, dx2, dy, dw, dt, n, dim, eps, err));
+            float *a = falloc(cnt), *b = falloc(cnt);
+            char what[64];
+            snprintf(what, sizeof what, "add_rmsnorm dim %d %s: norm", dim, kern_dtype_name(dt));
+            dev_get(g, a, d1, cnt * sizeof(float));
+            dev_get(g, b, d2, cnt * sizeof(float));
+            assert_int_equal(count_bit_diffs(what, b, a, cnt), 0);
+            snprintf(what, sizeof what, "add_rmsnorm dim %d %s: sums", dim, kern_dtype_name(dt));
+            dev_get(g, a, dx1, cnt * sizeof(float));
+            dev_get(g, b, dx2, cnt * sizeof(float));
+            assert_int_equal(count_bit_diffs(what, b, a, cnt), 0);
+            /* out aliasing x is refused (the kernel reads x back) */
+            assert_int_equal(g->ops->add_rmsnorm(g, dx2, dx2, dy, dw, dt, n, dim, eps, err),
+                             ERR_INVALID_ARG);
+            float *bufs[6] = {dx1, dx2, dy, d1, d2, (float *)dw};
+            for (int k = 0; k < 6; k++)
+                g->ops->free(g, bufs[k]);
+            free(a);
+            free(b);
+            free(x);
+            free(y);
+            free(w);
+            free(values);
+        }
+}
+
 /* ---- ops against the CPU ------------------------------------------------ */
 
 static void test_cuda_embed_matches_cpu(void **state)
@@ -764,6 +821,69 @@ static void test_cuda_matmul_llama_rows_are_invariant(void **state)
     free(values);
 }
 
+/* matmul_multi (q, k, v in one launch; gate and up) gives every output the
+ * bits of its own matmul, for each dtype, row counts on both sides of the
+ * tiled kernel's threshold and the skinny groups of 17, an odd d_in (the
+ * scalar loads) and a d_in whose chunks run ahead in fours. */
+static void test_cuda_matmul_multi_equals_separate(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {29};
+    const int ns[7] = {1, 2, 5, 8, 9, 17, 40};
+    const int d_ins[2] = {1024, 200 + 3};
+    const int d_outs[3] = {96, 32, 33};
+    for (int di = 0; di < 2; di++)
+        for (int t = 0; t < 3; t++) {
+            const enum kern_dtype dt = all_dtypes[t];
+            const int d_in = d_ins[di], n_max = ns[6];
+            void *dw[3];
+            float *dout[3], *dsep[3];
+            for (int j = 0; j < 3; j++) {
+                float *values;
+                void *w = make_weights(&r, dt, (size_t)d_outs[j] * d_in, &values);
+                dw[j] = dev_put(g, w, (size_t)d_outs[j] * d_in * kern_dtype_size(dt));
+                free(w);
+                free(values);
+                OK(g->ops->alloc(g, (size_t)n_max * d_outs[j] * sizeof(float), (void **)&dout[j],
+                                 err));
+                OK(g->ops->alloc(g, (size_t)n_max * d_outs[j] * sizeof(float), (void **)&dsep[j],
+                                 err));
+            }
+            float *x = falloc((size_t)n_max * d_in);
+            fill(&r, x, (size_t)n_max * d_in, 1.0f);
+            float *dx = dev_put(g, x, (size_t)n_max * d_in * sizeof(float));
+            for (int ni = 0; ni < 7; ni++) {
+                const int n = ns[ni];
+                for (int j = 0; j < 3; j++) {
+                    poison(g, dout[j], (size_t)n * d_outs[j]);
+                    OK(g->ops->matmul(g, dsep[j], dx, dw[j], dt, n, d_in, d_outs[j], err));
+                }
+                const void *ws[3] = {dw[0], dw[1], dw[2]};
+                OK(g->ops->matmul_multi(g, 3, dout, dx, ws, dt, n, d_in, d_outs, err));
+                for (int j = 0; j < 3; j++) {
+                    float *a = falloc((size_t)n * d_outs[j]), *b = falloc((size_t)n * d_outs[j]);
+                    dev_get(g, a, dout[j], (size_t)n * d_outs[j] * sizeof(float));
+                    dev_get(g, b, dsep[j], (size_t)n * d_outs[j] * sizeof(float));
+                    char what[96];
+                    snprintf(what, sizeof what, "matmul_multi %s d_in=%d n=%d part %d",
+                             kern_dtype_name(dt), d_in, n, j);
+                    assert_int_equal(count_bit_diffs(what, a, b, (size_t)n * d_outs[j]), 0);
+                    free(a);
+                    free(b);
+                }
+            }
+            for (int j = 0; j < 3; j++) {
+                g->ops->free(g, dw[j]);
+                g->ops->free(g, dout[j]);
+                g->ops->free(g, dsep[j]);
+            }
+            g->ops->free(g, dx);
+            free(x);
+        }
+}
+
 /* The cuBLAS path (benchmark reference) computes the same product within
  * bf16 activation rounding; it refuses f16 weights and CPU backends. */
 static void test_cuda_matmul_cublas_reference(void **state)
@@ -1150,12 +1270,14 @@ int main(void)
         cmocka_unit_test(test_cuda_map_weights_out_of_memory_names_sizes),
         cmocka_unit_test(test_cuda_embed_matches_cpu),
         cmocka_unit_test(test_cuda_rmsnorm_matches_cpu),
+        cmocka_unit_test(test_cuda_add_rmsnorm_equals_add_then_rmsnorm),
         cmocka_unit_test(test_cuda_rope_matches_cpu),
         cmocka_unit_test(test_cuda_swiglu_and_add_match_cpu),
         cmocka_unit_test(test_cuda_matmul_small_matches_cpu),
         cmocka_unit_test(test_cuda_matmul_prefill_matches_cpu),
         cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
         cmocka_unit_test(test_cuda_matmul_llama_rows_are_invariant),
+        cmocka_unit_test(test_cuda_matmul_multi_equals_separate),
         cmocka_unit_test(test_cuda_matmul_cublas_reference),
         cmocka_unit_test(test_cuda_matmul_quantized),
         cmocka_unit_test(test_cuda_attention_matches_cpu),

@@ -54,6 +54,8 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_int_equal(cfg.draft_worker.shm_staging, 0);
     assert_int_equal(cfg.draft_worker.argmax_copy, 1);
     assert_int_equal(cfg.target_worker.argmax_copy, 1);
+    assert_int_equal(cfg.draft_worker.cuda_graphs, 1);
+    assert_int_equal(cfg.target_worker.cuda_graphs, 1);
     assert_string_equal(cfg.draft_worker.sampler, "host"); /* auto on the cpu backend */
     assert_int_equal(cfg.supervisor.mps, 0);
     assert_string_equal(cfg.draft_worker.backend, "cpu");
@@ -75,7 +77,7 @@ static void test_proc_config_file_values_are_loaded(void **state)
                        "\"draft_worker\":{\"model\":\"/d\",\"device\":0,\"threads\":2,"
                        "\"argmax_copy\":0},"
                        "\"target_worker\":{\"model\":\"/t\",\"backend\":\"cuda\","
-                       "\"device\":\"GPU-1234-abcd\"}}";
+                       "\"device\":\"GPU-1234-abcd\",\"cuda_graphs\":0}}";
     assert_int_equal(load(&cfg, json, err), 0);
     assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_COORDINATOR | PROC_CONFIG_DRAFT |
                                                     PROC_CONFIG_TARGET,
@@ -90,6 +92,8 @@ static void test_proc_config_file_values_are_loaded(void **state)
     assert_int_equal(cfg.draft_worker.threads, 2);
     assert_int_equal(cfg.draft_worker.argmax_copy, 0);
     assert_int_equal(cfg.target_worker.argmax_copy, 1);
+    assert_int_equal(cfg.target_worker.cuda_graphs, 0);
+    assert_int_equal(cfg.draft_worker.cuda_graphs, 1);
     assert_string_equal(cfg.target_worker.backend, "cuda");
     assert_string_equal(cfg.target_worker.device, "GPU-1234-abcd");
     assert_string_equal(cfg.coordinator.tokenizer, "/t");
@@ -201,6 +205,8 @@ static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
     assert_non_null(strstr(err, "draft_worker.shm_transport: must be"));
     assert_int_equal(load(&cfg, "{\"target_worker\":{\"argmax_copy\":2}}", err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "target_worker.argmax_copy: must be in 0..1, got 2"));
+    assert_int_equal(load(&cfg, "{\"draft_worker\":{\"cuda_graphs\":-1}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft_worker.cuda_graphs: must be in 0..1, got -1"));
     assert_int_equal(load(&cfg, "{\"supervisor\":{\"mps\":2}}", err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "supervisor.mps"));
     assert_int_equal(load(&cfg, "{\"instance\":\"a/b\"}", err), ERR_INVALID_ARG);

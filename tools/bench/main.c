@@ -21,13 +21,16 @@
  *       ms/token with device sampling and with host sampling, each against
  *       the floor (weight bytes / read bandwidth); the cost of verifying
  *       rows = 2..17 in one forward call relative to one row; prefill
- *       tokens/s of a 512-token prompt. Where no GPU can be used it prints
+ *       tokens/s of a 512-token prompt; each figure with graphs and with
+ *       every kernel launched one by one (runtime_cuda.c); decode at
+ *       positions 512 and 8000. Where no GPU can be used it prints
  *       one line, "no GPU: <reason>", and exits 77 (the skip code of the
  *       test suite).
  *   tandem-bench spec [--models DIR] [--threads N] [--tokens N] [--noise a,b,c] [--ks LIST]
- *       [--modes 0|1] [--pair small|1b] [--repeats N] [--full-head 0|1] [--prompt N]
+ *       [--modes 0|1] [--pair small|1b|3b] [--repeats N] [--full-head 0|1] [--prompt N]
  *       on the small pair, or (--pair 1b) a Llama-1B-shaped target over a
- *       2-layer draft of its width (targets derived from the draft at
+ *       2-layer draft of its width, or (--pair 3b, for a GPU) the Llama-3B
+ *       shape over llama-3.2-3b-draft (targets derived from the draft at
  *       several noise levels): tokens/s target-only vs speculative for
  *       K = 1..8 and adaptive, speedup, acceptance, measured c and
  *       Leviathan's predicted speedup, and each draft position's acceptance
@@ -54,41 +57,23 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "bench.h"
 #include "error.h"
 #include "llama.h"
-#ifdef TANDEM_HAVE_CUDA
-#include "kernels_cuda.h"
-#endif
 #include "modelgen.h"
 #include "prof.h"
 #include "read_bw.h"
 #include "specdec.h"
 
-struct bench_opts {
-    const char *models_dir;
-    int threads, tokens;
-    char presets[256];
-    char noise[128];
-    char ks[64]; /* K values to run; 0 = adaptive */
-    int modes;   /* also compare the sampled and point-mass draft modes */
-    int profile; /* runtime: also print where a decode token's time goes, per op */
-    int prefix;  /* runtime: tokens already in the sequence the verification rows extend */
-    int prompt;  /* spec: tokens of each request's prompt */
-    const char *pair; /* spec: "small", or "1b" (the Llama-1B shape, 2-layer draft) */
-    int repeats;      /* spec: turns of target-only and every K, alternating */
-    int full_head;    /* spec: every K also with the draft reading its whole LM head */
-    const char *backend, *device; /* "cpu" (default) or "cuda"; device: ordinal or UUID */
-    enum quantize_mode quantize, draft_quantize; /* runtime and spec targets; spec drafts */
-};
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int die(const char *what, const char *err)
+int die(const char *what, const char *err)
 {
     fprintf(stderr, "tandem-bench: %s: %s\n", what, err);
     return 1;
@@ -139,20 +124,16 @@ static int ensure_model_layers(const char *dir, const char *preset, int layers, 
     return 0;
 }
 
-static int ensure_model(const char *dir, const char *preset, uint64_t seed, const char *from_dir,
+int ensure_model(const char *dir, const char *preset, uint64_t seed, const char *from_dir,
                         double noise)
 {
     return ensure_model_layers(dir, preset, 0, seed, from_dir, noise);
 }
 
-struct bench_model {
-    struct llama_model *model;
-    struct llama_ctx *ctx;
-};
 
 /* The model at dir with one sequence of up to max_seq_len tokens, its
  * projections quantized as quant says. */
-static int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len,
+int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len,
                 enum quantize_mode quant)
 {
     char err[ERR_MSG_MAX] = "";
@@ -163,7 +144,7 @@ static int load(struct bench_model *m, const char *dir, struct kern_backend *be,
     return 0;
 }
 
-static void unload(struct bench_model *m)
+void unload(struct bench_model *m)
 {
     llama_ctx_destroy(m->ctx);
     llama_model_destroy(m->model);
@@ -184,7 +165,7 @@ static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
 
 /* Runs one request per prompt (prompt_len tokens each); returns decode
  * tokens/s over all of them. */
-static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts,
+int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts,
                         int prompt_len, int max_tokens, int k, const struct sampling_params *sp,
                         enum speculate_mode mode, struct specdec_stats *sum, double *tps)
 {
@@ -232,14 +213,13 @@ static int run_requests(struct specdec_draft *d, struct specdec_target *t, int n
     return 0;
 }
 
-static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be);
 
 /* ms per llama_forward of `rows` tokens of one sequence after a prefix of
  * `prefix` tokens, every row's logits kept (verification's shape: K + 1
  * rows, K + 1 logits rows): in logits_host, or with logits_host NULL left
  * on the device in logits_dev; or with argmax_out only each row's argmax
  * (greedy verification's shape); `calls` calls after one warm-up. */
-static int time_rows(struct bench_model *m, float *logits_host, float *logits_dev,
+int time_rows(struct bench_model *m, float *logits_host, float *logits_dev,
                      int32_t *argmax_out, int prefix, int rows, int calls, double *ms_out)
 {
     char err[ERR_MSG_MAX] = "";
@@ -463,129 +443,6 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
     return 0;
 }
 
-/* ---- runtime on the GPU ----
- * The CUDA backend queues its work and returns: every timing below ends
- * with the backend's sync (or with the download of a token, which waits). */
-
-#ifdef TANDEM_HAVE_CUDA
-static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
-{
-    enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512 };
-    char err[ERR_MSG_MAX] = "", uuid[KERN_CUDA_UUID_MAX] = "";
-    if (kern_cuda_device_uuid(be, uuid, err))
-        return die("cuda device", err);
-    struct kern_cuda_read_bw bw;
-    if (kern_cuda_read_bandwidth(be, (size_t)4 << 30, 5, &bw, err))
-        return die("read bandwidth", err);
-    printf("cuda backend: device %s (%s), %.1f of %.1f GiB free\n", o->device, uuid,
-           (double)bw.free_bytes / (1u << 30), (double)bw.total_bytes / (1u << 30));
-    printf("read bandwidth (one kernel reading %zu MiB, best of %d passes): %.1f GB/s\n",
-           bw.size_bytes >> 20, bw.passes, bw.read_gbs);
-    char list[256];
-    snprintf(list, sizeof list, "%s", o->presets);
-    for (char *save = NULL, *preset = strtok_r(list, ",", &save); preset;
-         preset = strtok_r(NULL, ",", &save)) {
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s/%s", o->models_dir, preset);
-        if (ensure_model(dir, preset, 1, NULL, 0))
-            return 1;
-        struct bench_model m;
-        if (load(&m, dir, be, 1024, o->quantize))
-            return 1;
-        const double bytes = (double)llama_model_weight_bytes_per_token(m.model);
-        const double floor_ms = bytes / (bw.read_gbs * 1e6);
-        printf("\n%s: %.1f MB of weights per token, floor %.3f ms/token at %.1f GB/s\n", preset,
-               bytes / 1e6, floor_ms, bw.read_gbs);
-        printf("  %-24s %10s %10s %12s\n", "decode (target only)", "tokens/s", "ms/token",
-               "% of floor");
-        struct specdec_target *t;
-        if (specdec_target_create(&t, m.ctx, err))
-            return die("target", err);
-        struct sampling_params greedy, sampled;
-        sampling_params_default(&greedy);
-        sampled = greedy;
-        sampled.temperature = 0.8f;
-        sampled.top_p = 0.95f;
-        static const char *const names[4] = {"device sampler, greedy", "device sampler, T=0.8",
-                                             "host sampler, greedy", "host sampler, T=0.8"};
-        for (int v = 0; v < 4; v++) {
-            if (specdec_target_use_device(t, v < 2, err))
-                return die("device sampling", err);
-            struct specdec_stats st;
-            double tps;
-            if (run_requests(NULL, t, 2, 16, o->tokens, 0, v % 2 ? &sampled : &greedy,
-                             SPECULATE_MODE_SAMPLED, &st, &tps))
-                return 1;
-            printf("  %-24s %10.1f %10.3f %11.1f%%\n", names[v], tps, 1000.0 / tps,
-                   100.0 * floor_ms * tps / 1000.0);
-        }
-        specdec_target_destroy(t);
-
-        /* verification: K + 1 rows in one call against one row */
-        const int vocab = llama_model_config(m.model)->vocab_size;
-        float *logits_dev = NULL;
-        if (be->ops->alloc(be, (size_t)ROWS_MAX * (size_t)vocab * sizeof(float),
-                           (void **)&logits_dev, err))
-            return die("logits buffer", err);
-        int32_t prefix[PREFIX];
-        for (int i = 0; i < PREFIX; i++)
-            prefix[i] = (int32_t)((1000 + 7919 * i) % vocab);
-        struct llama_seq_batch pb = {.slot = 0, .tokens = prefix, .n_tokens = PREFIX};
-        if (llama_ctx_truncate(m.ctx, 0, 0, err) || llama_forward(m.ctx, &pb, 1, err))
-            return die("prefix", err);
-        const int calls = o->tokens < 20 ? o->tokens : 20;
-        double one = 0;
-        printf("  verification rows (one sequence, %d-token prefix, every row's logits kept on "
-               "the device, %d calls each):\n    rows  ms/call  vs 1 row\n", PREFIX, calls);
-        for (int rows = 1; rows <= ROWS_MAX; rows++) {
-            double ms;
-            if (time_rows(&m, NULL, logits_dev, NULL, PREFIX, rows, calls, &ms))
-                return 1;
-            if (rows == 1)
-                one = ms;
-            printf("    %4d %8.3f %8.2fx\n", rows, ms, ms / one);
-        }
-
-        /* prefill: a 512-token prompt, the last row's logits */
-        int32_t *prompt = malloc(PREFILL * sizeof *prompt);
-        if (!prompt)
-            return die("prefill", "out of memory");
-        for (int i = 0; i < PREFILL; i++)
-            prompt[i] = (int32_t)((1000 + 7919 * i) % vocab);
-        struct llama_seq_batch fb = {.slot = 0, .tokens = prompt, .n_tokens = PREFILL,
-                                     .n_logits = 1, .logits_dev = logits_dev};
-        const int reps = 5;
-        double t0 = 0;
-        for (int r = 0; r <= reps; r++) {
-            if (r == 1) {
-                if (be->ops->sync(be, err))
-                    return die("sync", err);
-                t0 = now_s();
-            }
-            if (llama_ctx_truncate(m.ctx, 0, 0, err) || llama_forward(m.ctx, &fb, 1, err))
-                return die("prefill", err);
-        }
-        if (be->ops->sync(be, err))
-            return die("sync", err);
-        const double prefill_ms = (now_s() - t0) * 1e3 / reps;
-        printf("  prefill %d tokens: %.2f ms, %.0f tokens/s (%d runs)\n", PREFILL, prefill_ms,
-               PREFILL * 1000.0 / prefill_ms, reps);
-        free(prompt);
-        be->ops->free(be, logits_dev);
-        unload(&m);
-    }
-    return 0;
-}
-#else
-/* Unreachable: without the CUDA backend no "cuda" backend can be made. */
-static int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
-{
-    (void)o;
-    (void)be;
-    return die("runtime", "this build has no CUDA backend");
-}
-#endif
-
 /* Continuous batching's cost curve: one decode row for each of B sequences
  * (each already holding a 64-token prefix) in one llama_forward call, for
  * B = 1, 2, 4, 8, 16: ms per call, against B = 1, and the aggregate tokens/s
@@ -680,6 +537,8 @@ struct spec_pair {
 static const struct spec_pair spec_pairs[] = {
     {"small", "small-draft", "small", 0},
     {"1b", "llama-3.2-1b", "llama-3.2-1b", 2},
+    /* the real target shape over a draft of a third of its bytes (GPU) */
+    {"3b", "llama-3.2-3b-draft", "llama-3.2-3b", 0},
 };
 
 /* One row of the spec table (K, or adaptive with kk 0; full: both whole
@@ -761,7 +620,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         if (!strcmp(o->pair, spec_pairs[i].name))
             pair = &spec_pairs[i];
     if (!pair) {
-        fprintf(stderr, "tandem-bench: --pair %s: not a pair (small, 1b)\n", o->pair);
+        fprintf(stderr, "tandem-bench: --pair %s: not a pair (small, 1b, 3b)\n", o->pair);
         return 2;
     }
     char draft_dir[512];
@@ -888,7 +747,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: tandem-bench runtime|spec|batch [--models DIR] [--threads N] [--tokens N]\n"
                         "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
                         "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
-                        "                    [--pair small|1b] [--repeats N (spec: turns)]\n"
+                        "                    [--pair small|1b|3b] [--repeats N (spec: turns)]\n"
                         "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
                         "                    [--profile 0|1 (runtime: time per op)]\n"
                         "                    [--prefix N (runtime: tokens before the verification rows)]\n"

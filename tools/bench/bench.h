@@ -1,0 +1,62 @@
+/* bench.h: what tandem-bench's files share (main.c: the command line, the
+ * CPU runtime, batch and spec benchmarks; runtime_cuda.c: the runtime
+ * benchmark on a GPU). */
+#ifndef TANDEM_TOOLS_BENCH_H
+#define TANDEM_TOOLS_BENCH_H
+
+#include <stdint.h>
+
+#include "kernels.h"
+#include "llama.h"
+#include "quantize.h"
+#include "sampling.h"
+#include "specdec.h"
+
+struct bench_opts {
+    const char *models_dir;
+    int threads, tokens;
+    char presets[256];
+    char noise[128];
+    char ks[64]; /* K values to run; 0 = adaptive */
+    int modes;   /* also compare the sampled and point-mass draft modes */
+    int profile; /* runtime: also print where a decode token's time goes, per op */
+    int prefix;  /* runtime: tokens already in the sequence the verification rows extend */
+    int prompt;  /* spec: tokens of each request's prompt */
+    const char *pair; /* spec: "small", or "1b" (the Llama-1B shape, 2-layer draft) */
+    int repeats;      /* spec: turns of target-only and every K, alternating */
+    int full_head;    /* spec: every K also with the draft reading its whole LM head */
+    const char *backend, *device; /* "cpu" (default) or "cuda"; device: ordinal or UUID */
+    enum quantize_mode quantize, draft_quantize; /* runtime and spec targets; spec drafts */
+};
+struct bench_model {
+    struct llama_model *model;
+    struct llama_ctx *ctx;
+};
+/* Monotonic seconds. */
+double now_s(void);
+/* Prints "tandem-bench: what: err" and returns 1. */
+int die(const char *what, const char *err);
+/* The model of preset at dir, generated (deterministically) when missing;
+ * with from_dir, derived from it at noise. 0 or 1 (printed). */
+int ensure_model(const char *dir, const char *preset, uint64_t seed, const char *from_dir,
+                 double noise);
+/* The model at dir with one sequence of up to max_seq_len tokens, its
+ * projections quantized as quant says; no_graphs as llama_ctx_params. */
+int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len,
+         enum quantize_mode quant);
+void unload(struct bench_model *m);
+/* n_prompts requests of prompt_len tokens, max_tokens each: speculative
+ * with d (K = k, 0 adaptive), target-only without; the summed stats and
+ * tokens/s. */
+int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts, int prompt_len,
+                 int max_tokens, int k, const struct sampling_params *sp, enum speculate_mode mode,
+                 struct specdec_stats *sum, double *tps);
+/* ms per forward call of `rows` rows extending slot 0's `prefix` tokens,
+ * over `calls` calls (the rows' logits to logits_host, logits_dev or only
+ * their argmax to argmax_out). */
+int time_rows(struct bench_model *m, float *logits_host, float *logits_dev, int32_t *argmax_out,
+              int prefix, int rows, int calls, double *ms_out);
+/* The runtime benchmark on a GPU (runtime_cuda.c). */
+int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be);
+
+#endif
