@@ -224,12 +224,16 @@ stage_sanitize() {
 stage_bench() {
     # the figures issue 48 asks for first: decode against the floor with and
     # without graphs (small, 1B, 3B), then speculation on the derived 3B pair
-    step "bench runtime --backend cuda" 180 "$BUILD/tools/bench/tandem-bench" runtime --backend cuda --device "$DEV" \
+    step "bench runtime --backend cuda" 160 "$BUILD/tools/bench/tandem-bench" runtime --backend cuda --device "$DEV" \
         --presets small,llama-3.2-1b,llama-3.2-3b --tokens 64 --models "$LOGS/bench-models"
-    step "bench spec 3b pair --backend cuda" 120 "$BUILD/tools/bench/tandem-bench" spec --backend cuda --device "$DEV" \
+    step "bench spec 3b pair --backend cuda" 110 "$BUILD/tools/bench/tandem-bench" spec --backend cuda --device "$DEV" \
         --pair 3b --noise 0.03 --ks 2,4,6,0 --modes 0 --tokens 96 --models "$LOGS/bench-models"
-    step "bench-kernels --backend cuda" 60 "$BUILD/tools/bench_kernels/tandem-bench-kernels" --backend cuda --device "$DEV"
-    step "bench batch --backend cuda" 50 "$BUILD/tools/bench/tandem-bench" batch --backend cuda --device "$DEV" \
+    # the same pair's weights under HF transformers (the image's torch)
+    step "HF transformers beside tandem-generate, 3b pair" 70 python3 "$SRC_DIR/tools/bench/bench_hf.py" \
+        --build "$BUILD" --device "$DEV" --target "$LOGS/bench-models/3b-noise-0.03" \
+        --draft "$LOGS/bench-models/llama-3.2-3b-draft" --tokens 64
+    step "bench-kernels --backend cuda" 40 "$BUILD/tools/bench_kernels/tandem-bench-kernels" --backend cuda --device "$DEV"
+    step "bench batch --backend cuda" 35 "$BUILD/tools/bench/tandem-bench" batch --backend cuda --device "$DEV" \
         --presets small --tokens 32 --models "$LOGS/bench-models"
     if command -v nsys >/dev/null 2>&1; then
         step "nsys: one decode step" 60 nsys profile -o "$LOGS/decode" --force-overwrite true \
