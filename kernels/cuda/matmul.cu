@@ -22,8 +22,10 @@
  * (the choice is a speed choice only; tests compare them bit for bit):
  *
  * 1. Skinny kernel (mm_skinny_kernel), n < MM_TILED_MIN_ROWS (decode and
- *    small verifications), and the fallback: one warp per output column o,
- *    up to 17 rows per launch (more rows: groups of 17); the columns of up
+ *    small verifications), and the fallback: one warp per output column o
+ *    (several rows: mm_skinny_cols_kernel, a warp per two or four columns,
+ *    each column's order unchanged), up to 17 rows per launch (more rows:
+ *    groups of 17); the columns of up
  *    to four weights sharing the input (cuda_matmul_multi: q, k, v; gate,
  *    up) may share one launch, each column computed as alone. Lane l is class l;
  *    each lane reads its chunks with 16-byte loads when d_in % 8 == 0 and
@@ -221,6 +223,101 @@ __global__ void __launch_bounds__(MM_THREADS)
             const float v = cuda_warp_sum(acc[r]);
             if (lane == 0)
                 out[(size_t)r * (size_t)d_out + (size_t)o] = v;
+        }
+    }
+}
+
+/* Several rows (2 <= n <= MAXR): each warp computes COLS consecutive
+ * columns of the parts, so that every activation chunk it loads serves
+ * COLS weight chunks. With one column a warp, n rows of f32 activations
+ * were read from L1 per weight chunk: at 8 rows sixteen times the bytes of
+ * bf16 weights, more than L1 delivers at the rate HBM delivers the weights.
+ * Accumulator (q, r) takes column q's chunks of the lane's class in
+ * increasing k, as in mm_skinny_kernel: the same bits. */
+template <int DT, int MAXR, int COLS>
+__global__ void __launch_bounds__(MM_THREADS)
+    mm_skinny_cols_kernel(struct mm_parts parts, const float *__restrict__ in, int n, int d_in,
+                          int vec)
+{
+    const int c_first = (int)((((size_t)blockIdx.x * MM_THREADS + threadIdx.x) >> 5) * COLS);
+    const int lane = threadIdx.x & 31;
+    const int total = parts.col_end[parts.count - 1];
+    if (c_first >= total)
+        return; /* uniform over the warp */
+    float *outp[COLS];
+    const void *wp[COLS];
+    size_t wrow[COLS];
+    int o_of[COLS], d_out_of[COLS];
+    bool live[COLS];
+#pragma unroll
+    for (int q = 0; q < COLS; q++) {
+        const int col = c_first + q;
+        live[q] = col < total;
+        int j = 0;
+        while (j < parts.count - 1 && col >= parts.col_end[j])
+            j++;
+        const int col0 = j > 0 ? parts.col_end[j - 1] : 0;
+        o_of[q] = col - col0;
+        d_out_of[q] = parts.col_end[j] - col0;
+        outp[q] = parts.out[j];
+        wp[q] = parts.w[j];
+        wrow[q] = (size_t)(live[q] ? o_of[q] : 0) * (size_t)d_in;
+    }
+    float acc[COLS][MAXR];
+#pragma unroll
+    for (int q = 0; q < COLS; q++)
+#pragma unroll
+        for (int r = 0; r < MAXR; r++)
+            acc[q][r] = 0.0f;
+
+    for (int c = lane * 8; c < d_in; c += 256) {
+        const int m = d_in - c < 8 ? d_in - c : 8; /* valid elements in this chunk */
+        float wv[COLS][8];
+#pragma unroll
+        for (int q = 0; q < COLS; q++) {
+            if (vec && live[q]) {
+                mm_load8_vec<DT>(wp[q], wrow[q] + (size_t)c, wv[q]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    wv[q][e] = live[q] && e < m ? cuda_load_weight(wp[q], DT, wrow[q] + (size_t)(c + e))
+                                                : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MAXR; r++) {
+            if (r < n) {
+                const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
+                float xv[8];
+                if (vec) {
+                    const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+                    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        xv[e] = e < m ? xr[e] : 0.0f;
+                }
+#pragma unroll
+                for (int q = 0; q < COLS; q++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        if (e < m)
+                            acc[q][r] = __fmaf_rn(wv[q][e], xv[e], acc[q][r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < COLS; q++) {
+#pragma unroll
+        for (int r = 0; r < MAXR; r++) {
+            if (r < n) {
+                /* every lane runs the butterfly (all 32 must); dead columns
+                 * are summed and dropped */
+                const float v = cuda_warp_sum(acc[q][r]);
+                if (lane == 0 && live[q])
+                    outp[q][(size_t)r * (size_t)d_out_of[q] + (size_t)o_of[q]] = v;
+            }
         }
     }
 }
@@ -533,16 +630,27 @@ int cuda_matmul_prepare(struct cuda_backend *cb, char *err)
     return 0;
 }
 
-/* Rows [0, n) with n <= MM_SKINNY_MAX. */
+/* Columns per warp of the several-row kernels: rows 2..8 take four,
+ * 9..17 two (their accumulators must stay in registers). */
+#define MM_COLS_FEW 4
+#define MM_COLS_MANY 2
+#define MM_FEW_ROWS 8
+
+/* Rows [0, n) with n <= MM_SKINNY_MAX; cols: the launch's columns. */
 template <int DT>
-static void mm_skinny_launch_dt(cudaStream_t stream, unsigned int blocks,
-                                const struct mm_parts &parts, const float *in, int n, int d_in,
-                                int vec)
+static void mm_skinny_launch_dt(cudaStream_t stream, int cols, const struct mm_parts &parts,
+                                const float *in, int n, int d_in, int vec)
 {
+    const int per_warp = n == 1 ? 1 : n <= MM_FEW_ROWS ? MM_COLS_FEW : MM_COLS_MANY;
+    const int per_block = MM_ROWS_PER_BLOCK * per_warp;
+    const unsigned int blocks = (unsigned int)((cols + per_block - 1) / per_block);
     if (n == 1)
         mm_skinny_kernel<DT, 1><<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);
+    else if (n <= MM_FEW_ROWS)
+        mm_skinny_cols_kernel<DT, MM_FEW_ROWS, MM_COLS_FEW>
+            <<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);
     else
-        mm_skinny_kernel<DT, MM_SKINNY_MAX>
+        mm_skinny_cols_kernel<DT, MM_SKINNY_MAX, MM_COLS_MANY>
             <<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);
 }
 
@@ -553,16 +661,15 @@ static int mm_skinny_launch(struct cuda_backend *cb, const struct mm_parts &part
     for (int j = 0; j < parts.count; j++)
         vec = vec && (uintptr_t)parts.w[j] % 16 == 0;
     const int cols = parts.col_end[parts.count - 1];
-    const unsigned int blocks = (unsigned int)((cols + MM_ROWS_PER_BLOCK - 1) / MM_ROWS_PER_BLOCK);
     switch (dtype) {
     case KERN_DTYPE_BF16:
-        mm_skinny_launch_dt<KERN_DTYPE_BF16>(cb->stream, blocks, parts, in, n, d_in, vec);
+        mm_skinny_launch_dt<KERN_DTYPE_BF16>(cb->stream, cols, parts, in, n, d_in, vec);
         break;
     case KERN_DTYPE_F16:
-        mm_skinny_launch_dt<KERN_DTYPE_F16>(cb->stream, blocks, parts, in, n, d_in, vec);
+        mm_skinny_launch_dt<KERN_DTYPE_F16>(cb->stream, cols, parts, in, n, d_in, vec);
         break;
     case KERN_DTYPE_F32:
-        mm_skinny_launch_dt<KERN_DTYPE_F32>(cb->stream, blocks, parts, in, n, d_in, vec);
+        mm_skinny_launch_dt<KERN_DTYPE_F32>(cb->stream, cols, parts, in, n, d_in, vec);
         break;
     case KERN_DTYPE_Q8:
     case KERN_DTYPE_Q4:

@@ -68,36 +68,57 @@ int cuda_step_reserve(struct kern_backend *be, const struct kern_step_limits *li
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
-    struct kern_step_limits *l = &cb->step.lim;
-    l->max_rows = lim_max(l->max_rows, lim->max_rows);
-    l->max_seqs = lim_max(l->max_seqs, lim->max_seqs);
-    l->table_stride = lim_max(l->table_stride, lim->table_stride);
-    l->max_positions = lim_max(l->max_positions, lim->max_positions);
-    l->max_freq = lim_max(l->max_freq, lim->max_freq);
-    l->n_heads = lim_max(l->n_heads, lim->n_heads);
-    l->head_dim = lim_max(l->head_dim, lim->head_dim);
-    cb->step.reserved = 1;
+    /* the limits change only once everything they promise is allocated: a
+     * failure below leaves the reservation as it was (the step buffers are
+     * a few KiB: old and new may coexist) */
+    struct kern_step_limits l = cb->step.lim;
+    l.max_rows = lim_max(l.max_rows, lim->max_rows);
+    l.max_seqs = lim_max(l.max_seqs, lim->max_seqs);
+    l.table_stride = lim_max(l.table_stride, lim->table_stride);
+    l.max_positions = lim_max(l.max_positions, lim->max_positions);
+    l.max_freq = lim_max(l.max_freq, lim->max_freq);
+    l.n_heads = lim_max(l.n_heads, lim->n_heads);
+    l.head_dim = lim_max(l.head_dim, lim->head_dim);
 
-    const size_t need = step_layout(l->max_rows, l->max_seqs, l->table_stride, l->max_freq).total;
+    const size_t need = step_layout(l.max_rows, l.max_seqs, l.table_stride, l.max_freq).total;
     if (need > cb->step.cap_bytes) {
-        /* queued kernels and the last copy may still read the old buffers */
-        if ((rc = cuda_backend_wait_stream(cb, "cuda step_reserve", err)) < 0)
+        void *host[2] = {NULL, NULL}, *dev = NULL;
+        cudaError_t e = cudaMallocHost(&host[0], need);
+        if (e == cudaSuccess)
+            e = cudaMallocHost(&host[1], need);
+        if (e == cudaSuccess)
+            e = cudaMalloc(&dev, need);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError(); /* an allocation failure is not sticky */
+            for (int i = 0; i < 2; i++)
+                if (host[i])
+                    (void)cudaFreeHost(host[i]);
+            return cuda_backend_fail(err, e, __func__, "cudaMallocHost/cudaMalloc of the step");
+        }
+        /* queued kernels and the last copies may still read the old buffers */
+        if ((rc = cuda_backend_wait_stream(cb, "cuda step_reserve", err)) < 0) {
+            (void)cudaFreeHost(host[0]);
+            (void)cudaFreeHost(host[1]);
+            (void)cudaFree(dev);
             return rc;
+        }
         for (int i = 0; i < 2; i++) {
             if (cb->step.host[i])
                 CUDA_CHECK(cudaFreeHost(cb->step.host[i]));
-            cb->step.host[i] = NULL;
+            cb->step.host[i] = host[i];
         }
-        CUDA_CHECK(cudaFree(cb->step.dev));
-        cb->step.dev = NULL;
-        cb->step.cap_bytes = 0;
-        cb->memory_generation++;
-        for (int i = 0; i < 2; i++)
-            CUDA_CHECK(cudaMallocHost(&cb->step.host[i], need));
-        CUDA_CHECK(cudaMalloc(&cb->step.dev, need));
+        if (cb->step.dev)
+            CUDA_CHECK(cudaFree(cb->step.dev));
+        cb->step.dev = dev;
         cb->step.cap_bytes = need;
+        cb->memory_generation++;
     }
-    return cuda_attention_reserve(cb, l->max_rows, l->n_heads, l->head_dim, l->max_positions, err);
+    if ((rc = cuda_attention_reserve(cb, l.max_rows, l.n_heads, l.head_dim, l.max_positions,
+                                     err)) < 0)
+        return rc;
+    cb->step.lim = l;
+    cb->step.reserved = 1;
+    return 0;
 }
 
 static int step_check(const struct cuda_backend *cb, const struct kern_step *st, char *err)
