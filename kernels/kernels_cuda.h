@@ -54,6 +54,20 @@ int kern_cuda_device_count(int *count, char *err);
  * CUDA backend. */
 int kern_cuda_device_uuid(const struct kern_backend *be, char *uuid_out, char *err);
 
+/* ---- attention paths (tests and benchmarks) -----------------------------
+ * Both partial kernels compute every element in the same order: the same
+ * bits. AUTO takes the grouped one (a block per kv head, keys and values
+ * read once for its query heads) where its blocks fill the GPU. */
+enum kern_cuda_attn_path {
+    KERN_CUDA_ATTN_AUTO = 0,
+    KERN_CUDA_ATTN_PER_HEAD = 1, /* a block per (split, query head, row) */
+    KERN_CUDA_ATTN_GROUPED = 2,  /* a block per (split, kv head, row); up to 8 query
+                                    heads a kv head, else per head */
+};
+/* Sets the path ops->attention takes from now on; ERR_INVALID_ARG when be
+ * is not a CUDA backend or path unknown. */
+int kern_cuda_set_attention_path(struct kern_backend *be, enum kern_cuda_attn_path path, char *err);
+
 /* ---- matmul paths (tests and benchmarks) --------------------------------
  * The op table's matmul is KERN_CUDA_MM_AUTO. Every path but CUBLAS
  * computes each element in the same fixed order, so their results are bit

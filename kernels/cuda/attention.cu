@@ -21,6 +21,11 @@
  *              j + ATT_THREADS, ... in order, then the fixed block tree)
  *      a[d]  = sum_t e[t] * v[t][d]  (thread d, increasing t, one FMA per t)
  *    and stores m, l and a[] for the split.
+ *    attn_partial_grouped_kernel does the same for the n_heads / n_kv_heads
+ *    query heads of one kv head in one block (a key or value loaded once
+ *    for all of them), every head's sums in the order above: the same bits.
+ *    It takes a call where its blocks fill the GPU (long contexts, where
+ *    the cache is most of a step's reads), or kern_cuda_set_attention_path.
  * 2. attn_combine_kernel, one block per (head, row): over the row's splits
  *    s = 0, 1, ... in order, M = max m_s, f_s = expf(m_s - M),
  *    L = sum_s f_s * l_s, out[d] = (sum_s f_s * a_s[d]) / L (FMA chains).
@@ -44,6 +49,7 @@
  * head_dim is at most ATT_HD_MAX.
  */
 #include <math.h>
+#include <string.h>
 
 #include "cuda_backend.h"
 
@@ -52,6 +58,7 @@
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_HD_MAX 256
 #define ATT_SCRATCH_BUDGET ((size_t)64 << 20)
+#define ATT_GROUP_MAX 8 /* query heads per kv head the grouped kernel takes */
 
 struct attn_dims {
     int row0;        /* first row of this group within the call */
@@ -142,6 +149,111 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
+/* attn_partial_kernel for the G = n_heads / n_kv_heads query heads that
+ * read kv head g, in one block per (split, g, row): each key and value is
+ * loaded once for the G heads instead of once per head (at long contexts
+ * the f32 cache, not the weights, is most of what a step reads). Every
+ * head's sums run in exactly attn_partial_kernel's order (per head: the
+ * lane's d chain and the butterfly per position, the block max, the block
+ * sum, one FMA chain over t per d), so the two kernels give the same bits
+ * and either may take any call. */
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_partial_grouped_kernel(float *part_acc, float *part_ml, const float *q,
+                                const float *k_pool, const float *v_pool, struct attn_dims dm)
+{
+    const int s = blockIdx.x, g = blockIdx.y, r = blockIdx.z;
+    const int i = dm.row0 + r;
+    const int32_t *table = dm.tables + (size_t)dm.rows[2 * i] * (size_t)dm.table_stride;
+    const int n_pos = dm.rows[2 * i + 1] + 1;
+    const int t0 = s * ATT_SPLIT;
+    if (t0 >= n_pos)
+        return; /* past the causal limit: uniform over the block */
+    const int len = min(ATT_SPLIT, n_pos - t0);
+    const int hd = dm.head_dim;
+    const int G = dm.n_heads / dm.n_kv_heads; /* <= ATT_GROUP_MAX (checked at launch) */
+    const size_t kv_stride = (size_t)dm.n_kv_heads * (size_t)hd;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    __shared__ float qs[ATT_GROUP_MAX][ATT_HD_MAX];
+    __shared__ float sc[ATT_GROUP_MAX][ATT_SPLIT];
+    __shared__ size_t pool_off[ATT_SPLIT];
+    for (int gq = 0; gq < G; gq++) {
+        const float *qrow =
+            q + ((size_t)i * (size_t)dm.n_heads + (size_t)(g * G + gq)) * (size_t)hd;
+        for (int d = tid; d < hd; d += ATT_THREADS)
+            qs[gq][d] = qrow[d];
+    }
+    for (int t = tid; t < len; t += ATT_THREADS)
+        pool_off[t] = attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
+    __syncthreads();
+
+    const float *kb = k_pool + (size_t)g * (size_t)hd;
+    for (int t = warp; t < len; t += ATT_WARPS) {
+        const float *kr = kb + pool_off[t];
+        float kv[ATT_HD_MAX / 32];
+#pragma unroll
+        for (int c = 0; c < ATT_HD_MAX / 32; c++)
+            kv[c] = lane + 32 * c < hd ? kr[lane + 32 * c] : 0.0f;
+        for (int gq = 0; gq < G; gq++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int c = 0; c < ATT_HD_MAX / 32; c++)
+                if (lane + 32 * c < hd)
+                    a = __fmaf_rn(qs[gq][lane + 32 * c], kv[c], a);
+            a = cuda_warp_sum(a);
+            if (lane == 0)
+                sc[gq][t] = __fmul_rn(a, dm.scale);
+        }
+    }
+    __syncthreads();
+
+    for (int gq = 0; gq < G; gq++) {
+        float m = -INFINITY;
+        for (int t = tid; t < len; t += ATT_THREADS)
+            m = fmaxf(m, sc[gq][t]);
+        m = cuda_block_max<ATT_THREADS>(m);
+        float l = 0.0f;
+        for (int t = tid; t < len; t += ATT_THREADS) {
+            const float e = expf(__fsub_rn(sc[gq][t], m));
+            sc[gq][t] = e;
+            l = __fadd_rn(l, e);
+        }
+        l = cuda_block_sum<ATT_THREADS>(l); /* its barriers publish sc[gq][] */
+        if (tid == 0) {
+            const size_t part =
+                ((size_t)r * (size_t)dm.n_heads + (size_t)(g * G + gq)) * (size_t)dm.max_splits +
+                (size_t)s;
+            part_ml[part * 2] = m;
+            part_ml[part * 2 + 1] = l;
+        }
+    }
+
+    const float *vb = v_pool + (size_t)g * (size_t)hd;
+    for (int d = tid; d < hd; d += ATT_THREADS) {
+        float acc[ATT_GROUP_MAX];
+#pragma unroll
+        for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
+            acc[gq] = 0.0f;
+#pragma unroll 4
+        for (int t = 0; t < len; t++) {
+            const float v = vb[pool_off[t] + (size_t)d];
+#pragma unroll
+            for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
+                if (gq < G)
+                    acc[gq] = __fmaf_rn(sc[gq][t], v, acc[gq]);
+        }
+#pragma unroll
+        for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
+            if (gq < G) {
+                const size_t part =
+                    ((size_t)r * (size_t)dm.n_heads + (size_t)(g * G + gq)) *
+                        (size_t)dm.max_splits +
+                    (size_t)s;
+                part_acc[part * (size_t)hd + (size_t)d] = acc[gq];
+            }
+    }
+}
+
 __global__ void __launch_bounds__(ATT_THREADS)
     attn_combine_kernel(float *out, const float *part_acc, const float *part_ml,
                         struct attn_dims dm)
@@ -211,11 +323,27 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
         (size_t)rows * (size_t)dm->n_heads * (size_t)dm->max_splits * (size_t)dm->head_dim;
     float *part_acc = (float *)cb->attn_part;
     float *part_ml = part_acc + acc_floats;
-    const dim3 grid_p((unsigned int)dm->max_splits, (unsigned int)dm->n_heads,
-                      (unsigned int)rows);
-    attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_pool,
-                                                                v_pool, *dm);
-    CUDA_CHECK_LAUNCH("attn_partial_kernel");
+    /* grouped where its blocks alone fill the GPU (a speed choice: the
+     * same bits either way) */
+    const int group = dm->n_heads / dm->n_kv_heads;
+    const long grouped_blocks = (long)dm->max_splits * dm->n_kv_heads * rows;
+    const bool grouped =
+        group <= ATT_GROUP_MAX &&
+        (cb->attn_path == KERN_CUDA_ATTN_GROUPED ||
+         (cb->attn_path == KERN_CUDA_ATTN_AUTO && group > 1 && grouped_blocks >= cb->sm_count));
+    if (grouped) {
+        const dim3 grid_g((unsigned int)dm->max_splits, (unsigned int)dm->n_kv_heads,
+                          (unsigned int)rows);
+        attn_partial_grouped_kernel<<<grid_g, ATT_THREADS, 0, cb->stream>>>(
+            part_acc, part_ml, q, k_pool, v_pool, *dm);
+        CUDA_CHECK_LAUNCH("attn_partial_grouped_kernel");
+    } else {
+        const dim3 grid_p((unsigned int)dm->max_splits, (unsigned int)dm->n_heads,
+                          (unsigned int)rows);
+        attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_pool,
+                                                                    v_pool, *dm);
+        CUDA_CHECK_LAUNCH("attn_partial_kernel");
+    }
     const dim3 grid_c((unsigned int)dm->n_heads, (unsigned int)rows);
     attn_combine_kernel<<<grid_c, ATT_THREADS, 0, cb->stream>>>(out, part_acc, part_ml, *dm);
     CUDA_CHECK_LAUNCH("attn_combine_kernel");
@@ -342,5 +470,18 @@ int cuda_attention(struct kern_backend *be, float *out, const float *q, const fl
         if ((rc = attn_launch_group(cb, out, q, k_pool, v_pool, rows, &dm, err)) < 0)
             return rc;
     }
+    return 0;
+}
+
+extern "C" int kern_cuda_set_attention_path(struct kern_backend *be,
+                                            enum kern_cuda_attn_path path, char *err)
+{
+    if (!be || strcmp(be->name, "cuda") != 0)
+        return error_set(err, ERR_INVALID_ARG, "kern_cuda_set_attention_path: not a cuda backend");
+    if (path != KERN_CUDA_ATTN_AUTO && path != KERN_CUDA_ATTN_PER_HEAD &&
+        path != KERN_CUDA_ATTN_GROUPED)
+        return error_set(err, ERR_INVALID_ARG, "kern_cuda_set_attention_path: unknown path %d",
+                         (int)path);
+    cuda_backend_of(be)->attn_path = (int)path;
     return 0;
 }

@@ -92,6 +92,7 @@ struct cuda_backend {
     void *attn_part;          /* attention: per-split partial results */
     size_t attn_part_bytes;
     cudaEvent_t synced;       /* recorded by cuda_backend_wait_stream */
+    int attn_path;            /* enum kern_cuda_attn_path (tests and benchmarks) */
     struct cuda_step step;
     int capturing;            /* between graph_capture_begin and _end */
     /* Bumped whenever memory a recorded graph may read moves (the step

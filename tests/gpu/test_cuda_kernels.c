@@ -980,6 +980,7 @@ static void test_cuda_attention_matches_cpu(void **state)
         {4, 253, 6, 3, 96, 4.0f},   /* rows across the split boundary at 256 */
         {3, 1000, 4, 1, 64, 2.0f},  /* 4 splits, MQA */
         {1, 0, 2, 1, 32, 1.0f},     /* a single position */
+        {3, 700, 24, 8, 128, 1.0f}, /* the 3B shape's heads, GQA 3:1, 3 splits */
     };
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         const struct attn_shape *s = &shapes[si];
@@ -1007,6 +1008,20 @@ static void test_cuda_attention_matches_cpu(void **state)
                  s->n_heads, s->n_kv, s->hd);
         /* outputs are convex combinations of v in [-1, 1]: absolute error */
         assert_int_equal(count_mismatches(what, got, ref, qn, 5e-6, 1e-5, NULL), 0);
+        /* the per-head and the grouped kernel: the same bits as AUTO's */
+        const enum kern_cuda_attn_path paths[2] = {KERN_CUDA_ATTN_PER_HEAD,
+                                                   KERN_CUDA_ATTN_GROUPED};
+        for (int pi = 0; pi < 2; pi++) {
+            OK(kern_cuda_set_attention_path(g, paths[pi], err));
+            poison(g, dout, qn);
+            OK(g->ops->attention(g, dout, dq, dk, dv, s->n, &kv, s->n_heads, s->n_kv, s->hd,
+                                 scale, err));
+            dev_get(g, got2, dout, qn * sizeof(float));
+            char pwhat[128];
+            snprintf(pwhat, sizeof pwhat, "%s, %s kernel", what, pi ? "grouped" : "per-head");
+            assert_int_equal(count_bit_diffs(pwhat, got2, got, qn), 0);
+        }
+        OK(kern_cuda_set_attention_path(g, KERN_CUDA_ATTN_AUTO, err));
         /* out aliasing q: same bits */
         OK(g->ops->attention(g, dq, dq, dk, dv, s->n, &kv, s->n_heads, s->n_kv, s->hd, scale,
                              err));
