@@ -64,8 +64,9 @@ enum kern_cuda_attn_path {
     KERN_CUDA_ATTN_GROUPED = 2,  /* a block per (split, kv head, row); up to 8 query
                                     heads a kv head, else per head */
 };
-/* Sets the path ops->attention takes from now on; ERR_INVALID_ARG when be
- * is not a CUDA backend or path unknown. */
+/* Sets the path ops->attention takes from now on (graphs recorded before
+ * are refused at launch and recorded again); ERR_INVALID_ARG when be is not
+ * a CUDA backend or path unknown. */
 int kern_cuda_set_attention_path(struct kern_backend *be, enum kern_cuda_attn_path path, char *err);
 
 /* ---- matmul paths (tests and benchmarks) --------------------------------

@@ -482,6 +482,9 @@ extern "C" int kern_cuda_set_attention_path(struct kern_backend *be,
         path != KERN_CUDA_ATTN_GROUPED)
         return error_set(err, ERR_INVALID_ARG, "kern_cuda_set_attention_path: unknown path %d",
                          (int)path);
-    cuda_backend_of(be)->attn_path = (int)path;
+    struct cuda_backend *cb = cuda_backend_of(be);
+    if (cb->attn_path != (int)path)
+        cb->memory_generation++; /* recorded graphs hold the old choice: record again */
+    cb->attn_path = (int)path;
     return 0;
 }

@@ -140,6 +140,22 @@ static int long_context(const struct bench_opts *o, struct bench_model *m, float
         }
     printf("  decode one row at position %d: %.3f ms, at %d: %.3f ms (%.2fx)\n", at[0], ms[0],
            at[1], ms[1], ms[1] / ms[0]);
+    /* at LONG_POS, each attention kernel forced (the same bits) */
+    static const enum kern_cuda_attn_path paths[2] = {KERN_CUDA_ATTN_PER_HEAD,
+                                                      KERN_CUDA_ATTN_GROUPED};
+    double pms[2];
+    for (int p = 0; p < 2; p++)
+        if (kern_cuda_set_attention_path(llama_ctx_backend(lc.ctx), paths[p], err) ||
+            time_rows(&lc, NULL, logits_dev, NULL, at[1], 1, calls, &pms[p])) {
+            llama_ctx_destroy(lc.ctx);
+            return die("attention path", err);
+        }
+    if (kern_cuda_set_attention_path(llama_ctx_backend(lc.ctx), KERN_CUDA_ATTN_AUTO, err)) {
+        llama_ctx_destroy(lc.ctx);
+        return die("attention path", err);
+    }
+    printf("  decode at %d, attention per query head: %.3f ms, grouped per kv head: %.3f ms\n",
+           at[1], pms[0], pms[1]);
     llama_ctx_destroy(lc.ctx);
     return 0;
 }
