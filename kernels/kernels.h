@@ -245,6 +245,25 @@ struct kern_ops {
                         const void *const *ws, enum kern_dtype dtype, int n, int d_in,
                         const int *d_outs, char *err);
 
+    /* Optional (NULL: rope of q, rope of k, then kv_store). rope(q),
+     * rope(k) and kv_store(k, v) of a layer in one pass, the same bits: q
+     * and k are left rotated in place as rope leaves them, and the pools
+     * hold what kv_store writes. Shapes as those ops'; k, v: [n, kv_dim],
+     * kv_dim = n_kv_heads * head_dim. */
+    int (*rope_kv_store)(struct kern_backend *be, float *q, float *k, const float *v,
+                         const int32_t *positions, int n, int n_heads, int n_kv_heads,
+                         int head_dim, const float *inv_freq, float *k_pool, float *v_pool,
+                         const struct kern_kv_layout *kv, char *err);
+
+    /* Optional (NULL: matmul_multi or matmul of both, then swiglu).
+     * gate = silu(in x w_gate^T) * (in x w_up^T): the MLP's two products
+     * and its SwiGLU, exactly the bits of matmul, matmul and swiglu; up
+     * ([n, d_out]) is scratch the backend may write. gate, up: [n, d_out];
+     * in: [n, d_in]; both weights [d_out, d_in] of dtype. */
+    int (*matmul_swiglu)(struct kern_backend *be, float *gate, float *up, const float *in,
+                         const void *w_gate, const void *w_up, enum kern_dtype dtype, int n,
+                         int d_in, int d_out, char *err);
+
     /* Optional (NULL: add, then rmsnorm). x += y, then out = rmsnorm(x)
      * (out, x, y: [n, dim] f32; out must not alias x or y): the residual
      * add and the next norm of a layer, with exactly the bits of the two

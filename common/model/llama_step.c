@@ -62,13 +62,40 @@ static int qkv(struct llama_ctx *ctx, const struct llama_layer *L, int n, char *
     return products(ctx, 3, outs, ws, n, c->hidden_size, d_outs, err);
 }
 
+/* ctx->gate = silu(gate product) * up product: one matmul_swiglu where the
+ * backend has it (the same bits), else both products and swiglu. */
 static int gate_up(struct llama_ctx *ctx, const struct llama_layer *L, int n, char *err)
 {
     const struct model_config *c = &ctx->model->cfg;
+    struct kern_backend *be = ctx->be;
+    if (be->ops->matmul_swiglu && L->w_gate.dtype == L->w_up.dtype)
+        return be->ops->matmul_swiglu(be, ctx->gate, ctx->up, ctx->xn, L->w_gate.ptr,
+                                      L->w_up.ptr, L->w_gate.dtype, n, c->hidden_size,
+                                      c->intermediate_size, err);
     float *const outs[2] = {ctx->gate, ctx->up};
     const struct llama_weight *const ws[2] = {&L->w_gate, &L->w_up};
     const int d_outs[2] = {c->intermediate_size, c->intermediate_size};
-    return products(ctx, 2, outs, ws, n, c->hidden_size, d_outs, err);
+    int rc = products(ctx, 2, outs, ws, n, c->hidden_size, d_outs, err);
+    if (rc == 0)
+        rc = be->ops->swiglu(be, ctx->gate, ctx->gate, ctx->up,
+                             (size_t)n * (size_t)c->intermediate_size, err);
+    return rc;
+}
+
+/* rope of q and k, and k and v into the layer's pools, op by op. */
+static int rope_and_store(struct llama_ctx *ctx, float *k_pool, float *v_pool, int n,
+                          const struct kern_kv_layout *kv, char *err)
+{
+    const struct llama_model *m = ctx->model;
+    const struct model_config *c = &m->cfg;
+    struct kern_backend *be = ctx->be;
+    const int hd = c->head_dim, n_kv = c->num_key_value_heads;
+    int rc;
+    if ((rc = be->ops->rope(be, ctx->q, ctx->positions, n, c->num_attention_heads, hd,
+                            m->inv_freq, err)) ||
+        (rc = be->ops->rope(be, ctx->k, ctx->positions, n, n_kv, hd, m->inv_freq, err)))
+        return rc;
+    return be->ops->kv_store(be, k_pool, v_pool, ctx->k, ctx->v, n, kv, n_kv * hd, err);
 }
 
 /* The residual add and the norm after it: x += proj, then xn =
@@ -101,7 +128,7 @@ static int forward_chunk(struct llama_ctx *ctx, int n, const struct kern_kv_layo
     const struct kern_ops *ops = be->ops;
     const int dim = c->hidden_size, n_heads = c->num_attention_heads,
               n_kv = c->num_key_value_heads, hd = c->head_dim, ff = c->intermediate_size;
-    const int q_dim = n_heads * hd, kv_dim = n_kv * hd, n_layers = c->num_hidden_layers;
+    const int q_dim = n_heads * hd, n_layers = c->num_hidden_layers;
     const float eps = (float)c->rms_norm_eps;
     const float scale = 1.0f / sqrtf((float)hd);
     int rc;
@@ -115,15 +142,15 @@ static int forward_chunk(struct llama_ctx *ctx, int n, const struct kern_kv_layo
         float *k_pool = ctx->kv_pool + (size_t)l * 2 * ctx->kv_plane;
         float *v_pool = k_pool + ctx->kv_plane;
         if ((rc = qkv(ctx, L, n, err)) ||
-            (rc = ops->rope(be, ctx->q, ctx->positions, n, n_heads, hd, m->inv_freq, err)) ||
-            (rc = ops->rope(be, ctx->k, ctx->positions, n, n_kv, hd, m->inv_freq, err)) ||
-            (rc = ops->kv_store(be, k_pool, v_pool, ctx->k, ctx->v, n, kv, kv_dim, err)) ||
+            (rc = ops->rope_kv_store
+                      ? ops->rope_kv_store(be, ctx->q, ctx->k, ctx->v, ctx->positions, n, n_heads,
+                                           n_kv, hd, m->inv_freq, k_pool, v_pool, kv, err)
+                      : rope_and_store(ctx, k_pool, v_pool, n, kv, err)) ||
             (rc = ops->attention(be, ctx->att, ctx->q, k_pool, v_pool, n, kv, n_heads, n_kv, hd,
                                  scale, err)) ||
             (rc = ops->matmul(be, ctx->proj, ctx->att, L->wo.ptr, L->wo.dtype, n, q_dim, dim, err)) ||
             (rc = add_norm(ctx, &L->ffn_norm, n, err)) ||
             (rc = gate_up(ctx, L, n, err)) ||
-            (rc = ops->swiglu(be, ctx->gate, ctx->gate, ctx->up, (size_t)n * (size_t)ff, err)) ||
             (rc = ops->matmul(be, ctx->proj, ctx->gate, L->w_down.ptr, L->w_down.dtype, n, ff, dim,
                               err)) ||
             (rc = add_norm(ctx, l + 1 < n_layers ? &m->layers[l + 1].attn_norm : NULL, n, err)))

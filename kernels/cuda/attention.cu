@@ -1,6 +1,7 @@
 /* attention.cu: cuda_kv_store and cuda_attention, causal grouped-query
  * attention over a paged KV cache (struct kern_kv_layout), the twins of
- * kernels/cpu/attention.c.
+ * kernels/cpu/attention.c; cuda_rope_kv_store, the rope of q and k and the
+ * store of k and v in one launch (the bits of rope, rope, kv_store).
  *
  * Query row i (sequence s, position p) attends to the positions t = 0..p of
  * s; position t is read from pool row table_s[t / block_size] * block_size +
@@ -414,6 +415,87 @@ int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const f
     kv_store_kernel<<<(unsigned int)n, ATT_THREADS, 0, cb->stream>>>(
         k_pool, v_pool, k, v, rows, tables, kv->block_size, kv->table_stride, kv_dim);
     CUDA_CHECK_LAUNCH("kv_store_kernel");
+    return 0;
+}
+
+#define RKV_THREADS 256
+
+/* One block per row: rope of the row's query heads and key heads in place
+ * (cuda_rope_pair, rope.cu's arithmetic), the rotated keys and the values
+ * to the row's pool row (kv_store's copy). */
+__global__ void __launch_bounds__(RKV_THREADS)
+    rope_kv_store_kernel(float *q, float *k, const float *v, const int32_t *positions,
+                         const float *inv_freq, int n_heads, int n_kv_heads, int head_dim,
+                         float *k_pool, float *v_pool, const int32_t *rows, const int32_t *tables,
+                         int block_size, int table_stride)
+{
+    const int i = blockIdx.x;
+    const int half = head_dim / 2;
+    const size_t kv_dim = (size_t)n_kv_heads * (size_t)head_dim;
+    const float pos = (float)positions[i];
+    const int32_t *table = tables + (size_t)rows[2 * i] * (size_t)table_stride;
+    const size_t dst = attn_pool_row(table, block_size, rows[2 * i + 1]) * kv_dim;
+    float *qr = q + (size_t)i * (size_t)n_heads * (size_t)head_dim;
+    float *kr = k + (size_t)i * kv_dim;
+    for (int idx = threadIdx.x; idx < (n_heads + n_kv_heads) * half; idx += RKV_THREADS) {
+        const int h = idx / half, j = idx - h * half;
+        const bool is_q = h < n_heads;
+        float *x = is_q ? qr + (size_t)h * (size_t)head_dim
+                        : kr + (size_t)(h - n_heads) * (size_t)head_dim;
+        float x1 = x[j], x2 = x[j + half];
+        cuda_rope_pair(pos, inv_freq[j], &x1, &x2);
+        x[j] = x1;
+        x[j + half] = x2;
+        if (!is_q) {
+            float *kp = k_pool + dst + (size_t)(h - n_heads) * (size_t)head_dim;
+            kp[j] = x1;
+            kp[j + half] = x2;
+        }
+    }
+    const float *vr = v + (size_t)i * kv_dim;
+    for (size_t d = threadIdx.x; d < kv_dim; d += RKV_THREADS)
+        v_pool[dst + d] = vr[d];
+}
+
+int cuda_rope_kv_store(struct kern_backend *be, float *q, float *k, const float *v,
+                       const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
+                       const float *inv_freq, float *k_pool, float *v_pool,
+                       const struct kern_kv_layout *kv, char *err)
+{
+    struct cuda_backend *cb = cuda_backend_of(be);
+    if (n < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+        (long)(n_heads + n_kv_heads) * head_dim > (1L << 30))
+        return error_set(err, ERR_INVALID_ARG,
+                         "cuda rope_kv_store: bad shape n=%d n_heads=%d n_kv_heads=%d "
+                         "head_dim=%d (head_dim must be even)", n, n_heads, n_kv_heads, head_dim);
+    if (n == 0)
+        return 0;
+    if (!q || !k || !v || !positions || !inv_freq || !k_pool || !v_pool || !kv)
+        return error_set(err, ERR_INVALID_ARG, "cuda rope_kv_store: NULL argument");
+    int rc = cuda_backend_enter(cb, err);
+    if (rc < 0)
+        return rc;
+    const int32_t *pos_dev = NULL;
+    const float *freq_dev = NULL;
+    if (!cuda_step_rope(cb, positions, n, inv_freq, head_dim / 2, &pos_dev, &freq_dev)) {
+        const void *dev = NULL;
+        size_t freq_off = 0;
+        rc = cuda_backend_stage2(cb, positions, (size_t)n * sizeof(int32_t), inv_freq,
+                                 (size_t)(head_dim / 2) * sizeof(float), &dev, &freq_off, err);
+        if (rc < 0)
+            return rc;
+        pos_dev = (const int32_t *)dev;
+        freq_dev = (const float *)(const void *)((const char *)dev + freq_off);
+    }
+    const int32_t *rows = NULL, *tables = NULL;
+    int step_positions = 0;
+    if ((rc = attn_stage_layout(cb, kv, n, "cuda rope_kv_store", &rows, &tables, &step_positions,
+                                err)))
+        return rc;
+    rope_kv_store_kernel<<<(unsigned int)n, RKV_THREADS, 0, cb->stream>>>(
+        q, k, v, pos_dev, freq_dev, n_heads, n_kv_heads, head_dim, k_pool, v_pool, rows, tables,
+        kv->block_size, kv->table_stride);
+    CUDA_CHECK_LAUNCH("rope_kv_store_kernel");
     return 0;
 }
 

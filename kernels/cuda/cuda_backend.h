@@ -238,6 +238,19 @@ static __device__ __forceinline__ float cuda_load_weight(const void *w, int dtyp
     return ((const float *)w)[idx];
 }
 
+/* One rotary pair (rope.cu's header): angle = pos * inv_freq, one f32
+ * product; x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, every product and
+ * sum rounded separately. Shared by rope.cu and the fused rope_kv_store. */
+static __device__ __forceinline__ void cuda_rope_pair(float pos, float inv_freq, float *x1,
+                                                      float *x2)
+{
+    float s, c;
+    sincosf(__fmul_rn(pos, inv_freq), &s, &c);
+    const float a = *x1, b = *x2;
+    *x1 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 /* kern_q8_scales_offset on the device: the scales of a [rows][cols] int8
  * matrix start at the next multiple of 64 bytes after its values. */
 static __device__ __forceinline__ size_t kern_q8_scales_offset_dev(int rows, int cols)
@@ -321,6 +334,12 @@ int cuda_matmul_quantized(struct cuda_backend *cb, float *out, const float *in, 
                           enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cuda_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
                 enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+/* Whether cuda_matmul runs a call of n rows on the skinny kernels
+ * (matmul.cu; speed only: every path gives the same bits). */
+bool cuda_matmul_is_skinny(struct cuda_backend *cb, enum kern_dtype dtype, int n, int d_out);
+int cuda_matmul_swiglu(struct kern_backend *be, float *gate, float *up, const float *in,
+                       const void *w_gate, const void *w_up, enum kern_dtype dtype, int n,
+                       int d_in, int d_out, char *err);
 int cuda_matmul_multi(struct kern_backend *be, int count, float *const *outs, const float *in,
                       const void *const *ws, enum kern_dtype dtype, int n, int d_in,
                       const int *d_outs, char *err);
@@ -331,6 +350,10 @@ int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const f
 int cuda_attention(struct kern_backend *be, float *out, const float *q, const float *k_pool,
                    const float *v_pool, int n, const struct kern_kv_layout *kv, int n_heads,
                    int n_kv_heads, int head_dim, float scale, char *err);
+int cuda_rope_kv_store(struct kern_backend *be, float *q, float *k, const float *v,
+                       const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
+                       const float *inv_freq, float *k_pool, float *v_pool,
+                       const struct kern_kv_layout *kv, char *err);
 int cuda_swiglu(struct kern_backend *be, float *out, const float *gate, const float *up,
                 size_t count, char *err);
 int cuda_add(struct kern_backend *be, float *x, const float *y, size_t count, char *err);

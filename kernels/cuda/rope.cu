@@ -28,12 +28,11 @@ __global__ void __launch_bounds__(ROPE_THREADS)
     float *row = x + (size_t)blockIdx.x * (size_t)n_heads * (size_t)head_dim;
     for (int idx = threadIdx.x; idx < n_heads * half; idx += ROPE_THREADS) {
         const int h = idx / half, j = idx - h * half;
-        float s, c;
-        sincosf(__fmul_rn(pos, inv_freq[j]), &s, &c);
         float *v = row + (size_t)h * (size_t)head_dim;
-        const float x1 = v[j], x2 = v[j + half];
-        v[j] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-        v[j + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+        float x1 = v[j], x2 = v[j + half];
+        cuda_rope_pair(pos, inv_freq[j], &x1, &x2);
+        v[j] = x1;
+        v[j + half] = x2;
     }
 }
 

@@ -884,6 +884,64 @@ static void test_cuda_matmul_multi_equals_separate(void **state)
         }
 }
 
+/* matmul_swiglu = matmul, matmul, swiglu, bit for bit, for each dtype, on
+ * both sides of the tiled kernel's threshold (40 rows: the unfused ops), an
+ * odd d_in (scalar loads) and rows in groups of 17. */
+static void test_cuda_matmul_swiglu_equals_separate(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {41};
+    const int ns[7] = {1, 2, 5, 8, 9, 17, 40};
+    const int d_ins[2] = {1024, 203};
+    const int d_out = 77;
+    for (int di = 0; di < 2; di++)
+        for (int t = 0; t < 3; t++) {
+            const enum kern_dtype dt = all_dtypes[t];
+            const int d_in = d_ins[di], n_max = ns[6];
+            const size_t out_n = (size_t)n_max * d_out;
+            void *dw[2];
+            for (int j = 0; j < 2; j++) {
+                float *values;
+                void *w = make_weights(&r, dt, (size_t)d_out * d_in, &values);
+                dw[j] = dev_put(g, w, (size_t)d_out * d_in * kern_dtype_size(dt));
+                free(w);
+                free(values);
+            }
+            float *x = falloc((size_t)n_max * d_in);
+            fill(&r, x, (size_t)n_max * d_in, 1.0f);
+            float *dx = dev_put(g, x, (size_t)n_max * d_in * sizeof(float));
+            float *dg = NULL, *du = NULL, *fg = NULL, *fu = NULL;
+            OK(g->ops->alloc(g, out_n * sizeof(float), (void **)&dg, err));
+            OK(g->ops->alloc(g, out_n * sizeof(float), (void **)&du, err));
+            OK(g->ops->alloc(g, out_n * sizeof(float), (void **)&fg, err));
+            OK(g->ops->alloc(g, out_n * sizeof(float), (void **)&fu, err));
+            float *a = falloc(out_n), *b = falloc(out_n);
+            for (int ni = 0; ni < 7; ni++) {
+                const int n = ns[ni];
+                const size_t cnt = (size_t)n * d_out;
+                OK(g->ops->matmul(g, dg, dx, dw[0], dt, n, d_in, d_out, err));
+                OK(g->ops->matmul(g, du, dx, dw[1], dt, n, d_in, d_out, err));
+                OK(g->ops->swiglu(g, dg, dg, du, cnt, err));
+                poison(g, fg, cnt);
+                OK(g->ops->matmul_swiglu(g, fg, fu, dx, dw[0], dw[1], dt, n, d_in, d_out, err));
+                dev_get(g, a, dg, cnt * sizeof(float));
+                dev_get(g, b, fg, cnt * sizeof(float));
+                char what[96];
+                snprintf(what, sizeof what, "matmul_swiglu %s d_in=%d n=%d", kern_dtype_name(dt),
+                         d_in, n);
+                assert_int_equal(count_bit_diffs(what, b, a, cnt), 0);
+            }
+            float *bufs[7] = {dg, du, fg, fu, dx, (float *)dw[0], (float *)dw[1]};
+            for (int k = 0; k < 7; k++)
+                g->ops->free(g, bufs[k]);
+            free(a);
+            free(b);
+            free(x);
+        }
+}
+
 /* The cuBLAS path (benchmark reference) computes the same product within
  * bf16 activation rounding; it refuses f16 weights and CPU backends. */
 static void test_cuda_matmul_cublas_reference(void **state)
@@ -1094,6 +1152,71 @@ static void test_cuda_attention_is_batch_invariant(void **state)
     }
 }
 
+/* rope_kv_store = rope(q), rope(k), kv_store(k, v), bit for bit: the
+ * rotated q and k and both whole pools (untouched rows keep the poison). */
+static void test_cuda_rope_kv_store_equals_separate(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    struct rng r = {43};
+    enum { N = 5, BS = 4, N_BLOCKS = 16, HEADS = 6, N_KV = 2, HD = 32, STRIDE = 8 };
+    int32_t tables[2][STRIDE] = {{3, 9, 1, 12, -1, -1, -1, -1}, {5, 0, 7, -1, -1, -1, -1, -1}};
+    const int32_t rows[2 * N] = {0, 13, 0, 14, 1, 3, 1, 4, 1, 10};
+    const int32_t positions[N] = {13, 14, 3, 4, 10};
+    const struct kern_kv_layout kv = {.block_size = BS, .n_blocks = N_BLOCKS, .n_seqs = 2,
+                                      .table_stride = STRIDE, .tables = &tables[0][0],
+                                      .rows = rows};
+    float inv_freq[HD / 2];
+    for (int j = 0; j < HD / 2; j++)
+        inv_freq[j] = powf(500000.0f, -2.0f * (float)j / (float)HD);
+    const size_t qn = (size_t)N * HEADS * HD, kvn = (size_t)N * N_KV * HD,
+                 pool_n = (size_t)N_BLOCKS * BS * N_KV * HD;
+    float *q = falloc(qn), *k = falloc(kvn), *v = falloc(kvn);
+    fill(&r, q, qn, 2.0f);
+    fill(&r, k, kvn, 2.0f);
+    fill(&r, v, kvn, 1.0f);
+    float *dq[2], *dk[2], *dv, *kp[2], *vp[2];
+    for (int w = 0; w < 2; w++) {
+        dq[w] = dev_put(g, q, qn * sizeof(float));
+        dk[w] = dev_put(g, k, kvn * sizeof(float));
+        OK(g->ops->alloc(g, pool_n * sizeof(float), (void **)&kp[w], err));
+        OK(g->ops->alloc(g, pool_n * sizeof(float), (void **)&vp[w], err));
+        poison(g, kp[w], pool_n);
+        poison(g, vp[w], pool_n);
+    }
+    dv = dev_put(g, v, kvn * sizeof(float));
+    OK(g->ops->rope(g, dq[0], positions, N, HEADS, HD, inv_freq, err));
+    OK(g->ops->rope(g, dk[0], positions, N, N_KV, HD, inv_freq, err));
+    OK(g->ops->kv_store(g, kp[0], vp[0], dk[0], dv, N, &kv, N_KV * HD, err));
+    OK(g->ops->rope_kv_store(g, dq[1], dk[1], dv, positions, N, HEADS, N_KV, HD, inv_freq, kp[1],
+                             vp[1], &kv, err));
+    float *a = falloc(pool_n), *b = falloc(pool_n);
+    const struct {
+        const char *what;
+        float *const *bufs;
+        size_t count;
+    } cmp[4] = {{"rope_kv_store: q", dq, qn}, {"rope_kv_store: k", dk, kvn},
+                {"rope_kv_store: k pool", kp, pool_n}, {"rope_kv_store: v pool", vp, pool_n}};
+    for (int c = 0; c < 4; c++) {
+        dev_get(g, a, cmp[c].bufs[0], cmp[c].count * sizeof(float));
+        dev_get(g, b, cmp[c].bufs[1], cmp[c].count * sizeof(float));
+        assert_int_equal(count_bit_diffs(cmp[c].what, b, a, cmp[c].count), 0);
+    }
+    for (int w = 0; w < 2; w++) {
+        g->ops->free(g, dq[w]);
+        g->ops->free(g, dk[w]);
+        g->ops->free(g, kp[w]);
+        g->ops->free(g, vp[w]);
+    }
+    g->ops->free(g, dv);
+    free(a);
+    free(b);
+    free(q);
+    free(k);
+    free(v);
+}
+
 /* Sequences in scattered blocks of a pool that crosses the 256-position
  * split: kv_store on the GPU writes the same bits as on the CPU, and every
  * paged row is bit-identical to the same row over a contiguous copy of its
@@ -1293,11 +1416,13 @@ int main(void)
         cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
         cmocka_unit_test(test_cuda_matmul_llama_rows_are_invariant),
         cmocka_unit_test(test_cuda_matmul_multi_equals_separate),
+        cmocka_unit_test(test_cuda_matmul_swiglu_equals_separate),
         cmocka_unit_test(test_cuda_matmul_cublas_reference),
         cmocka_unit_test(test_cuda_matmul_quantized),
         cmocka_unit_test(test_cuda_attention_matches_cpu),
         cmocka_unit_test(test_cuda_attention_is_batch_invariant),
         cmocka_unit_test(test_cuda_paged_attention_equals_contiguous),
+        cmocka_unit_test(test_cuda_rope_kv_store_equals_separate),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,48 @@
+/* matmul_skinny.cuh: what the skinny matrix-vector kernels share
+ * (matmul.cu: the op and matmul_multi; matmul_swiglu.cu: gate and up with
+ * SwiGLU applied). Private to kernels/cuda; include after cuda_backend.h.
+ * The order every skinny kernel keeps is stated in matmul.cu's header. */
+#ifndef TANDEM_KERNELS_CUDA_MATMUL_SKINNY_CUH
+#define TANDEM_KERNELS_CUDA_MATMUL_SKINNY_CUH
+
+#define MM_SKINNY_MAX 17 /* rows per skinny launch */
+#define MM_THREADS 128   /* skinny: 4 warps = 4 output columns per block */
+#define MM_ROWS_PER_BLOCK (MM_THREADS / 32)
+
+/* Rows from which cuda_matmul takes the tiled kernel (a speed choice; both
+ * kernels give the same bits). The skinny kernel reads each weight once
+ * for all rows, but every warp re-reads all n activation rows: a 3B forward
+ * step on it took 2.1x one row's time at 9 rows and 3.2x at 17 (H100,
+ * issue 10), while the tiled kernel pads rows to 16 and reuses them from
+ * shared memory. 9 is a guess made without a GPU: set it from the
+ * crossover that tandem-bench-kernels --backend cuda prints. */
+#define MM_TILED_MIN_ROWS 9
+
+/* Eight consecutive weights w[off .. off+7] as f32; off % 8 == 0 and the
+ * address 16-byte aligned (the caller checked). */
+template <int DT>
+static __device__ __forceinline__ void mm_load8_vec(const void *w, size_t off, float v[8])
+{
+    if (DT == KERN_DTYPE_F32) {
+        const float4 *p = (const float4 *)((const float *)w + off);
+        const float4 a = __ldg(p), b = __ldg(p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        const uint4 u = __ldg((const uint4 *)((const uint16_t *)w + off));
+        const unsigned int words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            /* little endian: element 2q is the low half of word q */
+            if (DT == KERN_DTYPE_BF16) {
+                v[2 * q] = cuda_bf16_bits_to_f32(words[q] & 0xffffu);
+                v[2 * q + 1] = cuda_bf16_bits_to_f32(words[q] >> 16);
+            } else {
+                v[2 * q] = cuda_f16_bits_to_f32(words[q] & 0xffffu);
+                v[2 * q + 1] = cuda_f16_bits_to_f32(words[q] >> 16);
+            }
+        }
+    }
+}
+
+#endif
