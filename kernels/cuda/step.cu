@@ -327,12 +327,18 @@ void cuda_graph_destroy(struct kern_backend *be, struct kern_graph *g)
     if (!g)
         return;
     struct cuda_backend *cb = cuda_backend_of(be);
-    cudaError_t e = cudaSetDevice(cb->device);
-    if (e == cudaSuccess && !cb->capturing) /* a launch may still run it */
-        e = cudaStreamSynchronize(cb->stream);
-    if (e == cudaSuccess)
-        e = cudaGraphExecDestroy(g->exec);
+    char err[ERR_MSG_MAX] = "";
+    /* a launch may still run it: wait, bounded like every wait here */
+    int rc = cuda_backend_enter(cb, err);
+    if (rc == 0 && !cb->capturing)
+        rc = cuda_backend_wait_stream(cb, "cuda graph_destroy", err);
+    if (rc != 0) {
+        LOG_ERROR("cuda_graph_destroy: %s (the graph is left allocated)", err);
+        free(g);
+        return;
+    }
+    cudaError_t e = cudaGraphExecDestroy(g->exec);
     if (e != cudaSuccess)
-        LOG_ERROR("cuda_graph_destroy: %s", cudaGetErrorString(e));
+        LOG_ERROR("cuda_graph_destroy: cudaGraphExecDestroy failed: %s", cudaGetErrorString(e));
     free(g);
 }
