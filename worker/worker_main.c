@@ -205,8 +205,17 @@ int worker_main_model_warm_up(struct worker_main_model *m, char *err)
 {
     const double t0 = protocol_now_ms();
     const int rc = llama_ctx_warm_up(m->ctx, err);
-    if (rc == 0)
-        LOG_INFO("warm-up: %.0f ms", protocol_now_ms() - t0);
+    if (rc == 0) {
+        struct llama_graph_stats g;
+        llama_ctx_graph_stats(m->ctx, &g);
+        if (g.steps)
+            LOG_INFO("warm-up: %.0f ms; cuda graphs %s%s (%d shapes recorded)",
+                     protocol_now_ms() - t0, g.graphs ? "on" : "off",
+                     g.graphs ? "" : " (cuda_graphs 0, or a recording failed: see above)",
+                     g.held);
+        else
+            LOG_INFO("warm-up: %.0f ms", protocol_now_ms() - t0);
+    }
     return rc;
 }
 

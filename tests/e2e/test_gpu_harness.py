@@ -105,7 +105,7 @@ def test(d):
                 {"NVIDIA_SMI": listed})
     with open(os.path.join(out2, "smoke.json")) as f:
         res = json.load(f)
-    check(r.returncode == 1 and res["budget_s"] == 1 and len(res["steps"]) == 3 and
+    check(r.returncode == 1 and res["budget_s"] == 1 and len(res["steps"]) == 4 and
           all(s["status"] == "FAIL" and s["detail"].startswith("not run") for s in res["steps"]),
           "a spent budget: %s" % res)
     print("PASS: --plan; no GPU -> one line, exit 77; a listed GPU that fails -> FAIL rows, smoke.json, "

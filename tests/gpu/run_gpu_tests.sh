@@ -192,10 +192,10 @@ stage_smoke() {
         case "$out" in *"test kernel ran"*) ;; *) exit 1 ;; esac' _ "$SMI" "$BUILD"
     step "ops vs cpu, small shapes" 60 env TANDEM_GPU_TEST_SHORT=1 "$BUILD/tests/gpu/test_cuda_kernels"
     step "generate tiny: cuda == cpu" 45 python3 "$SRC_DIR/tests/gpu/test_cuda_runtime.py" --part smoke
+    step "graphs: replay == eager, bit for bit" 45 "$BUILD/tests/gpu/test_cuda_graphs"
 }
 
 stage_correctness() {
-    step "graphs: replay == eager, bit for bit" 60 "$BUILD/tests/gpu/test_cuda_graphs"
     step "kernels (batch invariance to 512 rows)" 180 "$BUILD/tests/gpu/test_cuda_kernels"
     step "sampling and accept/reject" 180 "$BUILD/tests/gpu/test_cuda_sampling"
     step "device sampling in the engine" 180 python3 "$SRC_DIR/tests/gpu/test_cuda_devsample.py"

@@ -577,6 +577,15 @@ def runtime_checks(d, draft, target):
                     check(got == ref, "%s K=%d %s %s: speculative ids differ from target-only at %d"
                           % (model_t, k, mode, ids, first_difference(got, ref)))
 
+    # graphs (docs/cuda-graphs.md) change no token: every kernel launched one
+    # by one gives the same ids, target-only and speculative
+    for model_d, model_t in ((draft, target), (small_d, small_t)):
+        for extra in ((), ("--draft", model_d, "--spec-k", "0")):
+            a = gen(model_t, PROMPTS[0], 48, BACKEND, extra)["ids"]
+            b = gen(model_t, PROMPTS[0], 48, BACKEND, extra + ("--no-graphs",))["ids"]
+            check(a == b, "%s %s: ids with graphs differ from --no-graphs at %d"
+                  % (model_t, " ".join(extra) or "target-only", first_difference(a, b)))
+
     # quantized drafts (matmul_quant.cu) never change the output; an int8
     # target's greedy ids on cuda equal its ids on the cpu for the first
     # tokens at least (the orders differ; the argmax rarely does)
@@ -602,7 +611,8 @@ def runtime_checks(d, draft, target):
         got = gen(target, PROMPTS[0], 48, BACKEND, ("--draft", draft, "--draft-device", uuid))["ids"]
         check(got == gen(target, PROMPTS[0], 48, BACKEND)["ids"], "--draft-device %s changed the ids" % uuid)
     print("runtime: cuda == cpu on tiny and small; speculative == target-only on cuda (K 1..8, adaptive, "
-          "both modes; int8 and int4 drafts); int8/int4 targets agree with cpu; --draft-device by UUID")
+          "both modes; int8 and int4 drafts); graphs == --no-graphs; int8/int4 targets agree with cpu; "
+          "--draft-device by UUID")
 
 
 # The parts run_gpu_tests.sh runs as steps of its stages; "all" (ctest) runs each.

@@ -5,6 +5,7 @@
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
  *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
+ *       [--no-graphs]
  *       [--quantize none|int8|int4] [--draft-quantize none|int8|int4]
  *
  * Prints the generated text (or, with --json, one JSON object with ids, text
@@ -29,6 +30,7 @@ struct options {
     const char *drafter; /* "model", "ngram", "none" or NULL: model with --draft, else none */
     enum quantize_mode quantize, draft_quantize; /* the target's and the draft's projections */
     int max_tokens, spec_k, threads, max_seq_len, json;
+    int no_graphs; /* every kernel launched one by one on cuda (the same bits) */
     enum speculate_mode mode;
     struct sampling_params sampling;
 };
@@ -43,7 +45,8 @@ static void usage(FILE *f)
             "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
             "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n"
             "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n"
-            "         [--quantize none|int8|int4] [--draft-quantize none|int8|int4]\n");
+            "         [--quantize none|int8|int4] [--draft-quantize none|int8|int4]\n"
+            "         [--no-graphs (cuda: every kernel launched one by one; the same tokens)]\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -87,6 +90,10 @@ static int parse_args(int argc, char **argv, struct options *o)
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-graphs")) {
+            o->no_graphs = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -281,12 +288,14 @@ static void print_json(const struct options *o, const int32_t *ids, int n, const
 
 /* Loads a model and a one-slot context; the caller destroys both. */
 static int load_model(const char *dir, struct kern_backend *be, enum quantize_mode quant,
-                      int max_seq_len, struct llama_model **model, struct llama_ctx **ctx, char *err)
+                      int max_seq_len, bool no_graphs, struct llama_model **model,
+                      struct llama_ctx **ctx, char *err)
 {
     int rc = llama_model_load_quantized(model, dir, be, quant, err);
     if (rc)
         return rc;
-    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len};
+    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len,
+                                 .no_graphs = no_graphs};
     return llama_ctx_create(ctx, *model, &p, err);
 }
 
@@ -329,7 +338,8 @@ int main(int argc, char **argv)
     if (!rc && o.draft_dir && o.draft_device)
         rc = kern_backend_create(&draft_be, o.backend, o.draft_device, o.threads, err);
     if (!rc)
-        rc = load_model(o.model_dir, be, o.quantize, o.max_seq_len, &target_model, &target_ctx, err);
+        rc = load_model(o.model_dir, be, o.quantize, o.max_seq_len, o.no_graphs, &target_model,
+                        &target_ctx, err);
     if (!rc && o.draft_dir) {
         struct model_config draft_cfg;
         rc = model_config_load(&draft_cfg, o.draft_dir, err);
@@ -337,7 +347,7 @@ int main(int argc, char **argv)
             rc = check_pair(llama_model_config(target_model), &draft_cfg, err);
         if (!rc)
             rc = load_model(o.draft_dir, draft_be ? draft_be : be, o.draft_quantize, o.max_seq_len,
-                            &draft_model, &draft_ctx, err);
+                            o.no_graphs, &draft_model, &draft_ctx, err);
         if (!rc && !(rc = specdec_draft_create(&draft, draft_ctx, err)))
             specdec_draft_prepare_argmax(draft); /* not fatal: see specdec.h */
     }
