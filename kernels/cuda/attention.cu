@@ -10,7 +10,8 @@
  * Decode (n = 1), verification (n = K+1) and prefill rows all take the same
  * path, in two kernels:
  *
- * 1. attn_partial_kernel, one block per (split s, head h, row i). Split s
+ * 1. attn_partial_kernel, one block per (split s, head h, row i) (or per kv
+ *    head, see below). Split s
  *    covers t in [s*ATT_SPLIT, min((s+1)*ATT_SPLIT, p+1)). ATT_SPLIT is a
  *    constant: the number of splits of a row is ceil((p+1)/ATT_SPLIT), a
  *    function of the row's position only, never of n. The block computes
@@ -22,11 +23,11 @@
  *              j + ATT_THREADS, ... in order, then the fixed block tree)
  *      a[d]  = sum_t e[t] * v[t][d]  (thread d, increasing t, one FMA per t)
  *    and stores m, l and a[] for the split.
- *    attn_partial_grouped_kernel does the same for the n_heads / n_kv_heads
- *    query heads of one kv head in one block (a key or value loaded once
- *    for all of them), every head's sums in the order above: the same bits.
- *    It takes a call where its blocks fill the GPU (long contexts, where
- *    the cache is most of a step's reads), or kern_cuda_set_attention_path.
+ *    A block may take every query head of one kv head instead (a key or
+ *    value loaded once for all of them), every head's sums in the order
+ *    above: the same bits. That is chosen where those blocks fill the GPU
+ *    (long contexts, where the cache is most of a step's reads), or by
+ *    kern_cuda_set_attention_path.
  * 2. attn_combine_kernel, one block per (head, row): over the row's splits
  *    s = 0, 1, ... in order, M = max m_s, f_s = expf(m_s - M),
  *    L = sum_s f_s * l_s, out[d] = (sum_s f_s * a_s[d]) / L (FMA chains).
@@ -77,13 +78,22 @@ static __device__ __forceinline__ size_t attn_pool_row(const int32_t *table, int
     return (size_t)table[t / block_size] * (size_t)block_size + (size_t)(t % block_size);
 }
 
-/* part_acc: [group_rows][n_heads][max_splits][head_dim];
+/* The partial results of hpb query heads of one row over one split, a
+ * block per (split, head group, row): hpb is 1 (a block per query head) or
+ * G = n_heads / n_kv_heads (every query head of kv head g, each key and
+ * value loaded once for all of them; at long contexts the f32 cache, not
+ * the weights, is most of what a step reads). Every head's sums run in the
+ * order of the file's header whatever hpb is (per head: the lane's d chain
+ * and the butterfly per position, the block max, the block sum, one FMA
+ * chain over t per d), so hpb is a speed choice that changes no bit.
+ * part_acc: [group_rows][n_heads][max_splits][head_dim];
  * part_ml:  [group_rows][n_heads][max_splits][2] (m, l). */
 __global__ void __launch_bounds__(ATT_THREADS)
     attn_partial_kernel(float *part_acc, float *part_ml, const float *q, const float *k_pool,
-                        const float *v_pool, struct attn_dims dm)
+                        const float *v_pool, struct attn_dims dm, int hpb)
 {
-    const int s = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+    const int s = blockIdx.x, r = blockIdx.z;
+    const int h0 = blockIdx.y * hpb; /* the block's first query head */
     const int i = dm.row0 + r;
     const int32_t *table = dm.tables + (size_t)dm.rows[2 * i] * (size_t)dm.table_stride;
     const int n_pos = dm.rows[2 * i + 1] + 1;
@@ -92,95 +102,16 @@ __global__ void __launch_bounds__(ATT_THREADS)
         return; /* past the causal limit: uniform over the block */
     const int len = min(ATT_SPLIT, n_pos - t0);
     const int hd = dm.head_dim;
-    const int g = h / (dm.n_heads / dm.n_kv_heads);
-    const size_t kv_stride = (size_t)dm.n_kv_heads * (size_t)hd;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    __shared__ float qs[ATT_HD_MAX];
-    __shared__ float sc[ATT_SPLIT];
-    /* each position's offset in the pool, found once per block: the loops
-     * below read it instead of dividing by block_size per element */
-    __shared__ size_t pool_off[ATT_SPLIT];
-    const float *qrow = q + ((size_t)i * (size_t)dm.n_heads + (size_t)h) * (size_t)hd;
-    for (int d = tid; d < hd; d += ATT_THREADS)
-        qs[d] = qrow[d];
-    for (int t = tid; t < len; t += ATT_THREADS)
-        pool_off[t] = attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
-    __syncthreads();
-
-    const float *kb = k_pool + (size_t)g * (size_t)hd;
-    for (int t = warp; t < len; t += ATT_WARPS) {
-        const float *kr = kb + pool_off[t];
-        float a = 0.0f;
-        for (int d = lane; d < hd; d += 32)
-            a = __fmaf_rn(qs[d], kr[d], a);
-        a = cuda_warp_sum(a);
-        if (lane == 0)
-            sc[t] = __fmul_rn(a, dm.scale);
-    }
-    __syncthreads();
-
-    float m = -INFINITY;
-    for (int t = tid; t < len; t += ATT_THREADS)
-        m = fmaxf(m, sc[t]);
-    m = cuda_block_max<ATT_THREADS>(m);
-
-    float l = 0.0f;
-    for (int t = tid; t < len; t += ATT_THREADS) {
-        const float e = expf(__fsub_rn(sc[t], m));
-        sc[t] = e;
-        l = __fadd_rn(l, e);
-    }
-    l = cuda_block_sum<ATT_THREADS>(l); /* its barriers publish sc[] */
-
-    const size_t part = ((size_t)r * (size_t)dm.n_heads + (size_t)h) * (size_t)dm.max_splits +
-                        (size_t)s;
-    const float *vb = v_pool + (size_t)g * (size_t)hd;
-    for (int d = tid; d < hd; d += ATT_THREADS) {
-        float acc = 0.0f;
-        /* the loads of several positions in flight, the FMAs in order */
-#pragma unroll 8
-        for (int t = 0; t < len; t++)
-            acc = __fmaf_rn(sc[t], vb[pool_off[t] + (size_t)d], acc);
-        part_acc[part * (size_t)hd + (size_t)d] = acc;
-    }
-    if (tid == 0) {
-        part_ml[part * 2] = m;
-        part_ml[part * 2 + 1] = l;
-    }
-}
-
-/* attn_partial_kernel for the G = n_heads / n_kv_heads query heads that
- * read kv head g, in one block per (split, g, row): each key and value is
- * loaded once for the G heads instead of once per head (at long contexts
- * the f32 cache, not the weights, is most of what a step reads). Every
- * head's sums run in exactly attn_partial_kernel's order (per head: the
- * lane's d chain and the butterfly per position, the block max, the block
- * sum, one FMA chain over t per d), so the two kernels give the same bits
- * and either may take any call. */
-__global__ void __launch_bounds__(ATT_THREADS)
-    attn_partial_grouped_kernel(float *part_acc, float *part_ml, const float *q,
-                                const float *k_pool, const float *v_pool, struct attn_dims dm)
-{
-    const int s = blockIdx.x, g = blockIdx.y, r = blockIdx.z;
-    const int i = dm.row0 + r;
-    const int32_t *table = dm.tables + (size_t)dm.rows[2 * i] * (size_t)dm.table_stride;
-    const int n_pos = dm.rows[2 * i + 1] + 1;
-    const int t0 = s * ATT_SPLIT;
-    if (t0 >= n_pos)
-        return; /* past the causal limit: uniform over the block */
-    const int len = min(ATT_SPLIT, n_pos - t0);
-    const int hd = dm.head_dim;
-    const int G = dm.n_heads / dm.n_kv_heads; /* <= ATT_GROUP_MAX (checked at launch) */
+    const int g = h0 / (dm.n_heads / dm.n_kv_heads); /* the kv head */
     const size_t kv_stride = (size_t)dm.n_kv_heads * (size_t)hd;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     __shared__ float qs[ATT_GROUP_MAX][ATT_HD_MAX];
     __shared__ float sc[ATT_GROUP_MAX][ATT_SPLIT];
     __shared__ size_t pool_off[ATT_SPLIT];
-    for (int gq = 0; gq < G; gq++) {
+    for (int gq = 0; gq < hpb; gq++) {
         const float *qrow =
-            q + ((size_t)i * (size_t)dm.n_heads + (size_t)(g * G + gq)) * (size_t)hd;
+            q + ((size_t)i * (size_t)dm.n_heads + (size_t)(h0 + gq)) * (size_t)hd;
         for (int d = tid; d < hd; d += ATT_THREADS)
             qs[gq][d] = qrow[d];
     }
@@ -195,7 +126,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int c = 0; c < ATT_HD_MAX / 32; c++)
             kv[c] = lane + 32 * c < hd ? kr[lane + 32 * c] : 0.0f;
-        for (int gq = 0; gq < G; gq++) {
+        for (int gq = 0; gq < hpb; gq++) {
             float a = 0.0f;
 #pragma unroll
             for (int c = 0; c < ATT_HD_MAX / 32; c++)
@@ -208,7 +139,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
     __syncthreads();
 
-    for (int gq = 0; gq < G; gq++) {
+    for (int gq = 0; gq < hpb; gq++) {
         float m = -INFINITY;
         for (int t = tid; t < len; t += ATT_THREADS)
             m = fmaxf(m, sc[gq][t]);
@@ -222,7 +153,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         l = cuda_block_sum<ATT_THREADS>(l); /* its barriers publish sc[gq][] */
         if (tid == 0) {
             const size_t part =
-                ((size_t)r * (size_t)dm.n_heads + (size_t)(g * G + gq)) * (size_t)dm.max_splits +
+                ((size_t)r * (size_t)dm.n_heads + (size_t)(h0 + gq)) * (size_t)dm.max_splits +
                 (size_t)s;
             part_ml[part * 2] = m;
             part_ml[part * 2 + 1] = l;
@@ -240,14 +171,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
             const float v = vb[pool_off[t] + (size_t)d];
 #pragma unroll
             for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
-                if (gq < G)
+                if (gq < hpb)
                     acc[gq] = __fmaf_rn(sc[gq][t], v, acc[gq]);
         }
 #pragma unroll
         for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
-            if (gq < G) {
+            if (gq < hpb) {
                 const size_t part =
-                    ((size_t)r * (size_t)dm.n_heads + (size_t)(g * G + gq)) *
+                    ((size_t)r * (size_t)dm.n_heads + (size_t)(h0 + gq)) *
                         (size_t)dm.max_splits +
                     (size_t)s;
                 part_acc[part * (size_t)hd + (size_t)d] = acc[gq];
@@ -324,27 +255,20 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
         (size_t)rows * (size_t)dm->n_heads * (size_t)dm->max_splits * (size_t)dm->head_dim;
     float *part_acc = (float *)cb->attn_part;
     float *part_ml = part_acc + acc_floats;
-    /* grouped where its blocks alone fill the GPU (a speed choice: the
-     * same bits either way) */
+    /* a kv head's query heads in one block where those blocks alone fill
+     * the GPU (a speed choice: the same bits either way) */
     const int group = dm->n_heads / dm->n_kv_heads;
     const long grouped_blocks = (long)dm->max_splits * dm->n_kv_heads * rows;
     const bool grouped =
         group <= ATT_GROUP_MAX &&
         (cb->attn_path == KERN_CUDA_ATTN_GROUPED ||
          (cb->attn_path == KERN_CUDA_ATTN_AUTO && group > 1 && grouped_blocks >= cb->sm_count));
-    if (grouped) {
-        const dim3 grid_g((unsigned int)dm->max_splits, (unsigned int)dm->n_kv_heads,
-                          (unsigned int)rows);
-        attn_partial_grouped_kernel<<<grid_g, ATT_THREADS, 0, cb->stream>>>(
-            part_acc, part_ml, q, k_pool, v_pool, *dm);
-        CUDA_CHECK_LAUNCH("attn_partial_grouped_kernel");
-    } else {
-        const dim3 grid_p((unsigned int)dm->max_splits, (unsigned int)dm->n_heads,
-                          (unsigned int)rows);
-        attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_pool,
-                                                                    v_pool, *dm);
-        CUDA_CHECK_LAUNCH("attn_partial_kernel");
-    }
+    const int hpb = grouped ? group : 1;
+    const dim3 grid_p((unsigned int)dm->max_splits, (unsigned int)(dm->n_heads / hpb),
+                      (unsigned int)rows);
+    attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_pool,
+                                                                v_pool, *dm, hpb);
+    CUDA_CHECK_LAUNCH("attn_partial_kernel");
     const dim3 grid_c((unsigned int)dm->n_heads, (unsigned int)rows);
     attn_combine_kernel<<<grid_c, ATT_THREADS, 0, cb->stream>>>(out, part_acc, part_ml, *dm);
     CUDA_CHECK_LAUNCH("attn_combine_kernel");
@@ -477,16 +401,9 @@ int cuda_rope_kv_store(struct kern_backend *be, float *q, float *k, const float 
         return rc;
     const int32_t *pos_dev = NULL;
     const float *freq_dev = NULL;
-    if (!cuda_step_rope(cb, positions, n, inv_freq, head_dim / 2, &pos_dev, &freq_dev)) {
-        const void *dev = NULL;
-        size_t freq_off = 0;
-        rc = cuda_backend_stage2(cb, positions, (size_t)n * sizeof(int32_t), inv_freq,
-                                 (size_t)(head_dim / 2) * sizeof(float), &dev, &freq_off, err);
-        if (rc < 0)
-            return rc;
-        pos_dev = (const int32_t *)dev;
-        freq_dev = (const float *)(const void *)((const char *)dev + freq_off);
-    }
+    if ((rc = cuda_rope_inputs(cb, positions, n, inv_freq, head_dim / 2, &pos_dev, &freq_dev,
+                               err)) < 0)
+        return rc;
     const int32_t *rows = NULL, *tables = NULL;
     int step_positions = 0;
     if ((rc = attn_stage_layout(cb, kv, n, "cuda rope_kv_store", &rows, &tables, &step_positions,

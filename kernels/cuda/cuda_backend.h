@@ -194,6 +194,12 @@ int cuda_step_layout(const struct cuda_backend *cb, const struct kern_kv_layout 
 int cuda_attention_reserve(struct cuda_backend *cb, int max_rows, int n_heads, int head_dim,
                            int max_positions, char *err);
 
+/* rope's positions and frequencies on the device (rope.cu): the step's
+ * copies, else staged (valid as cuda_backend_stage2 says). */
+int cuda_rope_inputs(struct cuda_backend *cb, const int32_t *positions, int n,
+                     const float *inv_freq, int n_freq, const int32_t **positions_dev,
+                     const float **freq_dev, char *err);
+
 /* The step and graph ops of the table (step.cu). */
 int cuda_step_reserve(struct kern_backend *be, const struct kern_step_limits *lim, char *err);
 int cuda_step_begin(struct kern_backend *be, const struct kern_step *step, char *err);

@@ -95,15 +95,7 @@ static __device__ __forceinline__ void mm_skinny_chunk(float acc[MAXR], const fl
         if (r < n) {
             const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
             float xv[8];
-            if (vec) {
-                const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
-                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
-                xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    xv[e] = e < m ? xr[e] : 0.0f;
-            }
+            mm_load_x8(xr, m, vec, xv);
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 if (e < m)
@@ -252,15 +244,7 @@ __global__ void __launch_bounds__(MM_THREADS)
             if (r < n) {
                 const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
                 float xv[8];
-                if (vec) {
-                    const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
-                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
-                    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        xv[e] = e < m ? xr[e] : 0.0f;
-                }
+                mm_load_x8(xr, m, vec, xv);
 #pragma unroll
                 for (int q = 0; q < COLS; q++)
 #pragma unroll

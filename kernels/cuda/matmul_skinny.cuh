@@ -45,4 +45,20 @@ static __device__ __forceinline__ void mm_load8_vec(const void *w, size_t off, f
     }
 }
 
+/* Eight activations in[c .. c+7] of one row as f32, the m < 8 past the
+ * row's end zero: 16-byte loads where vec (the row is whole and aligned). */
+static __device__ __forceinline__ void mm_load_x8(const float *__restrict__ xr, int m, int vec,
+                                                  float xv[8])
+{
+    if (vec) {
+        const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+        xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            xv[e] = e < m ? xr[e] : 0.0f;
+    }
+}
+
 #endif

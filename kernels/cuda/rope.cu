@@ -45,6 +45,23 @@ static int rope_launch(struct cuda_backend *cb, float *x, const int32_t *positio
     return 0;
 }
 
+int cuda_rope_inputs(struct cuda_backend *cb, const int32_t *positions, int n,
+                     const float *inv_freq, int n_freq, const int32_t **positions_dev,
+                     const float **freq_dev, char *err)
+{
+    if (cuda_step_rope(cb, positions, n, inv_freq, n_freq, positions_dev, freq_dev))
+        return 0;
+    const void *dev = NULL;
+    size_t freq_off = 0;
+    int rc = cuda_backend_stage2(cb, positions, (size_t)n * sizeof(int32_t), inv_freq,
+                                 (size_t)n_freq * sizeof(float), &dev, &freq_off, err);
+    if (rc < 0)
+        return rc;
+    *positions_dev = (const int32_t *)dev;
+    *freq_dev = (const float *)(const void *)((const char *)dev + freq_off);
+    return 0;
+}
+
 int cuda_rope(struct kern_backend *be, float *x, const int32_t *positions, int n, int n_heads,
               int head_dim, const float *inv_freq, char *err)
 {
@@ -63,15 +80,8 @@ int cuda_rope(struct kern_backend *be, float *x, const int32_t *positions, int n
         return rc;
     const int32_t *positions_dev = NULL;
     const float *freq_dev = NULL;
-    if (!cuda_step_rope(cb, positions, n, inv_freq, head_dim / 2, &positions_dev, &freq_dev)) {
-        const void *dev = NULL;
-        size_t freq_off = 0;
-        rc = cuda_backend_stage2(cb, positions, (size_t)n * sizeof(int32_t), inv_freq,
-                                 (size_t)(head_dim / 2) * sizeof(float), &dev, &freq_off, err);
-        if (rc < 0)
-            return rc;
-        positions_dev = (const int32_t *)dev;
-        freq_dev = (const float *)(const void *)((const char *)dev + freq_off);
-    }
+    if ((rc = cuda_rope_inputs(cb, positions, n, inv_freq, head_dim / 2, &positions_dev,
+                               &freq_dev, err)) < 0)
+        return rc;
     return rope_launch(cb, x, positions_dev, freq_dev, n, n_heads, head_dim, err);
 }
