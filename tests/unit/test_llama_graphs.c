@@ -16,7 +16,10 @@
  * shape differs from its recording therefore computes garbage, as on a
  * GPU, and the logits show it. Like the CUDA backend it refuses, while
  * recording, host arrays that are not the step's and any copy to or from
- * the host.
+ * the host. It offers the fused ops (matmul_multi, add_rmsnorm,
+ * matmul_swiglu, rope_kv_store) as their parts, so the forward pass's calls
+ * of them are checked here too; their CUDA kernels against their parts:
+ * tests/gpu/test_cuda_kernels.c.
  *
  * Checks: logits of a graph context equal a plain CPU context's bit for bit
  * over prefills, decode steps of one and three sequences, verifications of
@@ -238,6 +241,48 @@ static int radd(struct kern_backend *be, float *x, const float *y, size_t count,
     return rec_push(r, (struct rcall){.op = ROP_ADD, .out = x, .in = y, .count = count});
 }
 
+/* The fused ops of the table as their parts, through the wrappers above
+ * (so recorded as their parts): the forward pass's calls of them are then
+ * checked against the plain CPU context like the rest. */
+static int rmatmul_multi(struct kern_backend *be, int count, float *const *outs, const float *in,
+                         const void *const *ws, enum kern_dtype dt, int n, int d_in,
+                         const int *d_outs, char *err)
+{
+    for (int j = 0; j < count; j++) {
+        int rc = rmatmul(be, outs[j], in, ws[j], dt, n, d_in, d_outs[j], err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+static int radd_rmsnorm(struct kern_backend *be, float *out, float *x, const float *y,
+                        const void *w, enum kern_dtype dt, int n, int dim, float eps, char *err)
+{
+    if (out == x)
+        return error_set(err, ERR_INVALID_ARG, "replay add_rmsnorm: out aliases x");
+    int rc = radd(be, x, y, (size_t)n * (size_t)dim, err);
+    return rc ? rc : rrmsnorm(be, out, x, w, dt, n, dim, eps, err);
+}
+static int rmatmul_swiglu(struct kern_backend *be, float *gate, float *up, const float *in,
+                          const void *wg, const void *wu, enum kern_dtype dt, int n, int d_in,
+                          int d_out, char *err)
+{
+    int rc = rmatmul(be, gate, in, wg, dt, n, d_in, d_out, err);
+    if (!rc)
+        rc = rmatmul(be, up, in, wu, dt, n, d_in, d_out, err);
+    return rc ? rc : rswiglu(be, gate, gate, up, (size_t)n * (size_t)d_out, err);
+}
+static int rrope_kv_store(struct kern_backend *be, float *q, float *k, const float *v,
+                          const int32_t *pos, int n, int heads, int kv_heads, int hd,
+                          const float *freq, float *kp, float *vp, const struct kern_kv_layout *kv,
+                          char *err)
+{
+    int rc = rrope(be, q, pos, n, heads, hd, freq, err);
+    if (!rc)
+        rc = rrope(be, k, pos, n, kv_heads, hd, freq, err);
+    return rc ? rc : rkv_store(be, kp, vp, k, v, n, kv, kv_heads * hd, err);
+}
+
 static int rstep_reserve(struct kern_backend *be, const struct kern_step_limits *lim, char *err)
 {
     struct replay *r = rp(be);
@@ -367,6 +412,10 @@ static struct kern_backend *replay_create(void)
     r->ops.attention = rattention;
     r->ops.swiglu = rswiglu;
     r->ops.add = radd;
+    r->ops.matmul_multi = rmatmul_multi;
+    r->ops.add_rmsnorm = radd_rmsnorm;
+    r->ops.matmul_swiglu = rmatmul_swiglu;
+    r->ops.rope_kv_store = rrope_kv_store;
     r->ops.step_reserve = rstep_reserve;
     r->ops.step_begin = rstep_begin;
     r->ops.step_end = rstep_end;
