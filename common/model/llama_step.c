@@ -5,12 +5,13 @@
  * of once per op, and its ops allocate nothing. Where it also records
  * graphs, a chunk of up to LLAMA_GRAPH_MAX_ROWS rows runs as the graph
  * recorded for its shape (rows, sequences, attention bound), recorded the
- * first time that shape comes: one launch instead of ~15 a layer. A graph
+ * first time that shape comes: one launch instead of nine a layer. A graph
  * replays the very kernels of an eager run with the same arguments, and
  * the step makes every argument a function of the shape (the layout's
  * table stride and attention's grid follow the bound, not the rows'
  * positions; the arrays sit at fixed addresses), so a replay gives the
- * bits the eager run would (tests/gpu/test_cuda_graphs.c checks it).
+ * bits the eager run would (tests/gpu/test_cuda_graphs.c checks it; in CI,
+ * tests/unit/test_llama_graphs.c on a CPU backend that records).
  *
  * A recording that fails (a backend refusing an op inside it) turns graphs
  * off for the context with a warning and the chunk runs eagerly: graphs
