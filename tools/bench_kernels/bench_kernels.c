@@ -336,6 +336,20 @@ static int bench_cuda(const char *device, double min_s, int rounds)
             }
             printf("\n");
         }
+        /* where the skinny kernels beat every tiled shape (MM_TILED_MIN_ROWS,
+         * kernels/cuda/matmul_skinny.cuh, is set from these), and one row's
+         * read rate (its floor: the weights once) */
+        printf("  skinny faster than every tiled shape at n =");
+        for (int ni = 0; ni < n_ns; ni++) {
+            double tiled = 1e30;
+            for (int p = 2; p <= 4; p++) /* t32x32, t16x32, t16x16 */
+                if (ms_tab[si][ni][p] >= 0 && ms_tab[si][ni][p] < tiled)
+                    tiled = ms_tab[si][ni][p];
+            if (ms_tab[si][ni][1] >= 0 && ms_tab[si][ni][1] < tiled)
+                printf(" %d", ns[ni]);
+        }
+        const double w1 = (double)cb_shapes[si].d_in * cb_shapes[si].d_out * 2;
+        printf("\n  one row (auto): %.0f GB/s of weights\n", w1 / ms_tab[si][0][0] / 1e6);
     }
     be->ops->destroy(be);
     return 0;
