@@ -732,6 +732,15 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
             print_spec_row(ks[i], full[i], &st_sum[i], tps_of[i], base_tps, base_full_tps, repeats, target_ms);
         if (run_draft_modes(o, d, t, n_prompts, &greedy))
             return 1;
+        if (on_device) {
+            struct llama_graph_stats gd, gt;
+            llama_ctx_graph_stats(dm.ctx, &gd);
+            llama_ctx_graph_stats(tm.ctx, &gt);
+            printf("  cuda graphs: draft %s (%lld recorded, %lld replayed), target %s (%lld, "
+                   "%lld)\n", gd.graphs ? "on" : "off", (long long)gd.recorded,
+                   (long long)gd.replayed, gt.graphs ? "on" : "off", (long long)gt.recorded,
+                   (long long)gt.replayed);
+        }
         specdec_target_destroy(t);
         unload(&tm);
     }
