@@ -390,8 +390,11 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
 
 void llama_ctx_graph_stats(const struct llama_ctx *ctx, struct llama_graph_stats *out)
 {
-    *out = (struct llama_graph_stats){.steps = ctx->steps, .graphs = ctx->graphs,
-                                      .held = ctx->n_graphs, .recorded = ctx->graphs_recorded,
+    int held = 0;
+    for (int i = 0; i < ctx->n_graphs; i++)
+        held += ctx->graph[i].g != NULL;
+    *out = (struct llama_graph_stats){.steps = ctx->steps, .graphs = ctx->graphs, .held = held,
+                                      .recorded = ctx->graphs_recorded,
                                       .replayed = ctx->graphs_replayed};
 }
 
@@ -707,14 +710,16 @@ int llama_ctx_warm_up(struct llama_ctx *ctx, char *err)
     for (int c = 0; c < n_calls && rc == 0; c++)
         if ((rc = llama_forward(ctx, &calls[c], 1, err)) == 0)
             rc = llama_ctx_truncate(ctx, 0, prefix, err);
-    /* with graphs, every verification's shape between (2 .. rows - 1 rows)
-     * recorded now rather than in a request's first rounds */
-    for (int r = 2; ctx->graphs && r < rows && rc == 0; r++) {
-        const struct llama_seq_batch v = {.slot = 0, .tokens = tokens + prefix, .n_tokens = r,
-                                          .n_logits = r, .logits_out = logits};
-        if ((rc = llama_forward(ctx, &v, 1, err)) == 0)
-            rc = llama_ctx_truncate(ctx, 0, prefix, err);
-    }
+    /* with graphs, every decode and verification shape (1 .. rows rows)
+     * recorded now rather than in a request's first rounds: a shape is
+     * recorded the second time it comes */
+    for (int pass = 0; ctx->graphs && pass < 2; pass++)
+        for (int r = 1; ctx->graphs && r <= rows && rc == 0; r++) {
+            const struct llama_seq_batch v = {.slot = 0, .tokens = tokens + prefix, .n_tokens = r,
+                                              .n_logits = r, .logits_out = logits};
+            if ((rc = llama_forward(ctx, &v, 1, err)) == 0)
+                rc = llama_ctx_truncate(ctx, 0, prefix, err);
+        }
     free(logits);
     const int rc_empty = llama_ctx_truncate(ctx, 0, 0, err);
     /* the warm-up's tokens are no one's prefix */

@@ -165,8 +165,8 @@ int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err);
  * first prefill took 132 ms against 14.5 later, its first decode step 17 ms
  * against 4.7. A worker calls it before it takes requests, so that the first
  * request does not pay. Where the context replays graphs it also records
- * the verification shapes of 2..16 rows (llama_step.c). Slot 0 must be
- * empty. */
+ * the decode and verification shapes of 1..17 rows (llama_step.c). Slot 0
+ * must be empty. */
 int llama_ctx_warm_up(struct llama_ctx *ctx, char *err);
 
 /* Runs the batch: the rows of all sequences go through the layers together,

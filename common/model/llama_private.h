@@ -15,8 +15,9 @@
 #include "quantize.h"
 #include "safetensors.h"
 
-/* Graphs a context keeps (one per chunk shape it met: rows, sequences,
- * attention bound); the least recently used is dropped for a new one. */
+/* Shapes a context keeps (rows, sequences, attention bound), each with the
+ * graph recorded for it once it came twice; the least recently used is
+ * dropped for a new one. */
 #define LLAMA_GRAPHS_MAX 64
 
 /* Chunks of at most this many rows run as graphs: decode batches and
@@ -25,8 +26,8 @@
 #define LLAMA_GRAPH_MAX_ROWS 64
 
 struct llama_graph {
-    int n, n_seqs, max_positions; /* the shape it was recorded for */
-    struct kern_graph *g;
+    int n, n_seqs, max_positions; /* the shape */
+    struct kern_graph *g;         /* NULL: seen once, or stale */
     uint64_t last_use;
 };
 

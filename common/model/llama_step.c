@@ -5,7 +5,7 @@
  * of once per op, and its ops allocate nothing. Where it also records
  * graphs, a chunk of up to LLAMA_GRAPH_MAX_ROWS rows runs as the graph
  * recorded for its shape (rows, sequences, attention bound), recorded the
- * first time that shape comes: one launch instead of nine a layer. A graph
+ * second time that shape comes: one launch instead of nine a layer. A graph
  * replays the very kernels of an eager run with the same arguments, and
  * the step makes every argument a function of the shape (the layout's
  * table stride and attention's grid follow the bound, not the rows'
@@ -211,17 +211,34 @@ static struct llama_graph *find_graph(struct llama_ctx *ctx, int n, int n_seqs, 
     return NULL;
 }
 
-/* Records the chunk's ops as a graph for its shape: the new entry, or NULL
- * with graphs turned off (the warning says why). */
-static struct llama_graph *record_graph(struct llama_ctx *ctx, int n,
-                                        const struct kern_kv_layout *kv, int max_positions)
+/* A shape seen for the first time: an entry without a graph (the least
+ * recently used entry makes room). */
+static struct llama_graph *note_shape(struct llama_ctx *ctx, int n, int n_seqs, int max_positions)
+{
+    if (ctx->n_graphs == LLAMA_GRAPHS_MAX) {
+        int lru = 0;
+        for (int i = 1; i < ctx->n_graphs; i++)
+            if (ctx->graph[i].last_use < ctx->graph[lru].last_use)
+                lru = i;
+        ctx->be->ops->graph_destroy(ctx->be, ctx->graph[lru].g);
+        ctx->graph[lru] = ctx->graph[--ctx->n_graphs];
+    }
+    struct llama_graph *g = &ctx->graph[ctx->n_graphs++];
+    *g = (struct llama_graph){.n = n, .n_seqs = n_seqs, .max_positions = max_positions};
+    return g;
+}
+
+/* Records the chunk's ops into entry g: true, or false with graphs turned
+ * off and every entry gone (the warning says why). */
+static bool record_graph(struct llama_ctx *ctx, struct llama_graph *g,
+                         const struct kern_kv_layout *kv)
 {
     struct kern_backend *be = ctx->be;
     char why[ERR_MSG_MAX] = "", why_end[ERR_MSG_MAX] = "";
     struct kern_graph *kg = NULL;
     int rc = be->ops->graph_capture_begin(be, why);
     if (rc == 0) {
-        rc = forward_chunk(ctx, n, kv, why);
+        rc = forward_chunk(ctx, g->n, kv, why);
         /* the recording ends whatever happened inside it */
         const int rc_end = be->ops->graph_capture_end(be, &kg, why_end);
         if (rc == 0 && rc_end != 0) {
@@ -231,45 +248,43 @@ static struct llama_graph *record_graph(struct llama_ctx *ctx, int n,
     }
     if (rc != 0 || !kg) {
         be->ops->graph_destroy(be, kg);
-        LOG_WARN("forward: graphs off for this context, a recording of %d rows failed: %s", n,
+        LOG_WARN("forward: graphs off for this context, a recording of %d rows failed: %s", g->n,
                  why);
         ctx->graphs = false;
         drop_graphs(ctx);
-        return NULL;
+        return false;
     }
-    if (ctx->n_graphs == LLAMA_GRAPHS_MAX) {
-        int lru = 0;
-        for (int i = 1; i < ctx->n_graphs; i++)
-            if (ctx->graph[i].last_use < ctx->graph[lru].last_use)
-                lru = i;
-        be->ops->graph_destroy(be, ctx->graph[lru].g);
-        ctx->graph[lru] = ctx->graph[--ctx->n_graphs];
-    }
-    struct llama_graph *g = &ctx->graph[ctx->n_graphs++];
-    *g = (struct llama_graph){.n = n, .n_seqs = kv->n_seqs, .max_positions = max_positions,
-                              .g = kg};
+    g->g = kg;
     ctx->graphs_recorded++;
-    return g;
+    return true;
 }
 
-/* The chunk as a graph: false where it must run eagerly instead (graphs
- * turned off by a failed recording). */
+/* The chunk as a graph: false where it must run op by op instead. A shape
+ * is recorded the second time it comes, not the first: a shape that never
+ * comes back (a prompt of an odd length) costs no recording, and every
+ * kernel a recording holds has run once before it (modules loaded). */
 static bool run_graph(struct llama_ctx *ctx, int n, const struct kern_kv_layout *kv,
                       int max_positions, int *rc, char *err)
 {
     struct kern_backend *be = ctx->be;
     struct llama_graph *g = find_graph(ctx, n, kv->n_seqs, max_positions);
+    if (!g) {
+        note_shape(ctx, n, kv->n_seqs, max_positions)->last_use = ++ctx->graph_clock;
+        return false;
+    }
+    g->last_use = ++ctx->graph_clock;
     for (int attempt = 0; attempt < 2; attempt++) {
-        if (!g && !(g = record_graph(ctx, n, kv, max_positions)))
+        if (!g->g && !record_graph(ctx, g, kv))
             return false;
-        g->last_use = ++ctx->graph_clock;
         *rc = be->ops->graph_launch(be, g->g, err);
         if (*rc != ERR_NOT_FOUND)
             break;
         /* the memory the graphs read moved (a larger reservation on a
-         * shared backend): every one of them is stale */
-        drop_graphs(ctx);
-        g = NULL;
+         * shared backend): every graph is stale; the shapes stay known */
+        for (int i = 0; i < ctx->n_graphs; i++) {
+            be->ops->graph_destroy(be, ctx->graph[i].g);
+            ctx->graph[i].g = NULL;
+        }
     }
     if (*rc == 0)
         ctx->graphs_replayed++;
