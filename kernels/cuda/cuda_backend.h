@@ -49,7 +49,7 @@ struct cuda_stage {
     cudaEvent_t done;   /* recorded after the last copy from host */
 };
 
-/* A step's inputs on the device (step.cu): one pinned host buffer and one
+/* A step's inputs on the device (step.cu): pinned host buffers and one
  * device buffer, each at a fixed address between reservations (graphs
  * recorded over a step read the device one), filled by one copy per step. */
 struct cuda_step {

@@ -83,25 +83,18 @@
 
 /* MM_SKINNY_MAX, MM_THREADS, MM_TILED_MIN_ROWS, mm_load8_vec: matmul_skinny.cuh */
 
-/* One 8-element chunk of every row, in increasing k: acc[r] of row r < n
- * takes the chunk's m valid products in order. */
-template <int MAXR>
-static __device__ __forceinline__ void mm_skinny_chunk(float acc[MAXR], const float *__restrict__ in,
-                                                       int n, int d_in, int c, int m, int vec,
-                                                       const float wv[8])
+/* One 8-element chunk of the one input row, in increasing k: acc takes
+ * the chunk's m valid products in order. */
+static __device__ __forceinline__ float mm_row_chunk(float acc, const float *__restrict__ in,
+                                                     int c, int m, int vec, const float wv[8])
 {
+    float xv[8];
+    mm_load_x8(in + (size_t)c, m, vec, xv);
 #pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        if (r < n) {
-            const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
-            float xv[8];
-            mm_load_x8(xr, m, vec, xv);
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                if (e < m)
-                    acc[r] = __fmaf_rn(wv[e], xv[e], acc[r]);
-        }
-    }
+    for (int e = 0; e < 8; e++)
+        if (e < m)
+            acc = __fmaf_rn(wv[e], xv[e], acc);
+    return acc;
 }
 
 /* Chunks of a lane's class loaded ahead of their products: a warp keeps
@@ -122,31 +115,58 @@ struct mm_parts {
     int count;
 };
 
-/* out_j[i][o] for i < n <= MAXR, one warp per column of the parts (see the
- * file header for the order: a column's bits do not depend on its part's
- * neighbours). vec: d_in % 8 == 0 and every w and in 16-byte aligned (then
- * every chunk that starts below d_in is whole). */
-template <int DT, int MAXR>
-__global__ void __launch_bounds__(MM_THREADS)
-    mm_skinny_kernel(struct mm_parts parts, const float *__restrict__ in, int n, int d_in, int vec)
+/* Where column col of the parts lives: its weight matrix and output, its
+ * index o in them and the output's width. The loop's indices are constants,
+ * so the parameter struct stays in registers (an index computed at run time
+ * would copy it to local memory in every thread). A col past the last
+ * part resolves into the last. */
+struct mm_col {
+    float *out;
+    const void *w;
+    int o, d_out;
+};
+static __device__ __forceinline__ struct mm_col mm_col_of(const struct mm_parts &parts, int col)
 {
-    int o = (int)(((size_t)blockIdx.x * MM_THREADS + threadIdx.x) >> 5);
-    const int lane = threadIdx.x & 31;
-    if (o >= parts.col_end[parts.count - 1])
-        return; /* uniform over the warp */
-    int j = 0;
-    while (o >= parts.col_end[j])
-        j++;
-    const int col0 = j > 0 ? parts.col_end[j - 1] : 0;
-    const int d_out = parts.col_end[j] - col0;
-    o -= col0;
-    float *__restrict__ out = parts.out[j];
-    const void *__restrict__ w = parts.w[j];
-    const size_t wrow = (size_t)o * (size_t)d_in;
-    float acc[MAXR];
+    struct mm_col c = {parts.out[0], parts.w[0], col, parts.col_end[0]};
 #pragma unroll
-    for (int r = 0; r < MAXR; r++)
-        acc[r] = 0.0f;
+    for (int k = 1; k < MM_PARTS_MAX; k++)
+        if (k < parts.count && col >= parts.col_end[k - 1]) {
+            c.out = parts.out[k];
+            c.w = parts.w[k];
+            c.o = col - parts.col_end[k - 1];
+            c.d_out = parts.col_end[k] - parts.col_end[k - 1];
+        }
+    return c;
+}
+
+/* The parts' columns in all (col_end of the last), constant indices only. */
+static __device__ __forceinline__ int mm_parts_cols(const struct mm_parts &parts)
+{
+    int cols = parts.col_end[0];
+#pragma unroll
+    for (int k = 1; k < MM_PARTS_MAX; k++)
+        if (k < parts.count)
+            cols = parts.col_end[k];
+    return cols;
+}
+
+/* out_j[0][o] for one input row, one warp per column of the parts (see
+ * the file header for the order: a column's bits do not depend on its
+ * part's neighbours). vec: d_in % 8 == 0 and every w and in 16-byte
+ * aligned (then every chunk that starts below d_in is whole). Several rows:
+ * mm_skinny_cols_kernel. */
+template <int DT>
+__global__ void __launch_bounds__(MM_THREADS)
+    mm_skinny_kernel(struct mm_parts parts, const float *__restrict__ in, int d_in, int vec)
+{
+    const int col = (int)(((size_t)blockIdx.x * MM_THREADS + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (col >= mm_parts_cols(parts))
+        return; /* uniform over the warp */
+    const struct mm_col mc = mm_col_of(parts, col);
+    const void *__restrict__ w = mc.w;
+    const size_t wrow = (size_t)mc.o * (size_t)d_in;
+    float acc = 0.0f;
 
     int c = lane * 8;
     if (vec) {
@@ -157,7 +177,7 @@ __global__ void __launch_bounds__(MM_THREADS)
                 mm_load8_vec<DT>(w, wrow + (size_t)(c + u * 256), wv[u]);
 #pragma unroll
             for (int u = 0; u < MM_SKINNY_AHEAD; u++)
-                mm_skinny_chunk<MAXR>(acc, in, n, d_in, c + u * 256, 8, 1, wv[u]);
+                acc = mm_row_chunk(acc, in, c + u * 256, 8, 1, wv[u]);
         }
     }
     for (; c < d_in; c += 256) {
@@ -170,16 +190,11 @@ __global__ void __launch_bounds__(MM_THREADS)
             for (int e = 0; e < 8; e++)
                 wv[e] = e < m ? cuda_load_weight(w, DT, wrow + (size_t)(c + e)) : 0.0f;
         }
-        mm_skinny_chunk<MAXR>(acc, in, n, d_in, c, m, vec, wv);
+        acc = mm_row_chunk(acc, in, c, m, vec, wv);
     }
-#pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        if (r < n) {
-            const float v = cuda_warp_sum(acc[r]);
-            if (lane == 0)
-                out[(size_t)r * (size_t)d_out + (size_t)o] = v;
-        }
-    }
+    const float v = cuda_warp_sum(acc);
+    if (lane == 0)
+        mc.out[mc.o] = v;
 }
 
 /* Several rows (2 <= n <= MAXR): each warp computes COLS consecutive
@@ -196,7 +211,7 @@ __global__ void __launch_bounds__(MM_THREADS)
 {
     const int c_first = (int)((((size_t)blockIdx.x * MM_THREADS + threadIdx.x) >> 5) * COLS);
     const int lane = threadIdx.x & 31;
-    const int total = parts.col_end[parts.count - 1];
+    const int total = mm_parts_cols(parts);
     if (c_first >= total)
         return; /* uniform over the warp */
     float *outp[COLS];
@@ -208,14 +223,11 @@ __global__ void __launch_bounds__(MM_THREADS)
     for (int q = 0; q < COLS; q++) {
         const int col = c_first + q;
         live[q] = col < total;
-        int j = 0;
-        while (j < parts.count - 1 && col >= parts.col_end[j])
-            j++;
-        const int col0 = j > 0 ? parts.col_end[j - 1] : 0;
-        o_of[q] = col - col0;
-        d_out_of[q] = parts.col_end[j] - col0;
-        outp[q] = parts.out[j];
-        wp[q] = parts.w[j];
+        const struct mm_col mc = mm_col_of(parts, col);
+        o_of[q] = mc.o;
+        d_out_of[q] = mc.d_out;
+        outp[q] = mc.out;
+        wp[q] = mc.w;
         wrow[q] = (size_t)(live[q] ? o_of[q] : 0) * (size_t)d_in;
     }
     float acc[COLS][MAXR];
@@ -592,7 +604,7 @@ static void mm_skinny_launch_dt(cudaStream_t stream, int cols, const struct mm_p
     const int per_block = MM_ROWS_PER_BLOCK * per_warp;
     const unsigned int blocks = (unsigned int)((cols + per_block - 1) / per_block);
     if (n == 1)
-        mm_skinny_kernel<DT, 1><<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);
+        mm_skinny_kernel<DT><<<blocks, MM_THREADS, 0, stream>>>(parts, in, d_in, vec);
     else if (n <= MM_FEW_ROWS)
         mm_skinny_cols_kernel<DT, MM_FEW_ROWS, MM_COLS_FEW>
             <<<blocks, MM_THREADS, 0, stream>>>(parts, in, n, d_in, vec);

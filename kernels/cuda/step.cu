@@ -62,7 +62,8 @@ int cuda_step_reserve(struct kern_backend *be, const struct kern_step_limits *li
     struct cuda_backend *cb = cuda_backend_of(be);
     if (!lim || lim->max_rows < 1 || lim->max_seqs < 1 || lim->table_stride < 1 ||
         lim->max_positions < 1 || lim->max_freq < 0 || lim->n_heads < 1 || lim->head_dim < 1)
-        return error_set(err, ERR_INVALID_ARG, "cuda step_reserve: every limit must be >= 1");
+        return error_set(err, ERR_INVALID_ARG, "cuda step_reserve: every limit must be >= 1 "
+                         "(max_freq >= 0)");
     if (cb->step.active || cb->capturing)
         return error_set(err, ERR_INVALID_ARG, "cuda step_reserve: called inside a step");
     int rc = cuda_backend_enter(cb, err);
@@ -102,16 +103,19 @@ int cuda_step_reserve(struct kern_backend *be, const struct kern_step_limits *li
             (void)cudaFree(dev);
             return rc;
         }
-        for (int i = 0; i < 2; i++) {
-            if (cb->step.host[i])
-                CUDA_CHECK(cudaFreeHost(cb->step.host[i]));
-            cb->step.host[i] = host[i];
-        }
-        if (cb->step.dev)
-            CUDA_CHECK(cudaFree(cb->step.dev));
+        /* the new buffers in place first, then the old ones freed: a
+         * failing free is logged, never leaves the step half swapped */
+        void *old_host[2] = {cb->step.host[0], cb->step.host[1]}, *old_dev = cb->step.dev;
+        cb->step.host[0] = host[0];
+        cb->step.host[1] = host[1];
         cb->step.dev = dev;
         cb->step.cap_bytes = need;
         cb->memory_generation++;
+        for (int i = 0; i < 2; i++)
+            if (old_host[i] && (e = cudaFreeHost(old_host[i])) != cudaSuccess)
+                LOG_ERROR("cuda step_reserve: cudaFreeHost failed: %s", cudaGetErrorString(e));
+        if (old_dev && (e = cudaFree(old_dev)) != cudaSuccess)
+            LOG_ERROR("cuda step_reserve: cudaFree failed: %s", cudaGetErrorString(e));
     }
     if ((rc = cuda_attention_reserve(cb, l.max_rows, l.n_heads, l.head_dim, l.max_positions,
                                      err)) < 0)
@@ -275,9 +279,8 @@ int cuda_graph_capture_end(struct kern_backend *be, struct kern_graph **out, cha
     if (!cb->capturing)
         return error_set(err, ERR_INVALID_ARG, "cuda graph_capture_end: not recording");
     cb->capturing = 0;
-    int rc = cuda_backend_enter(cb, err);
-    if (rc < 0)
-        return rc;
+    /* the device is current: graph_capture_begin made it so on this thread,
+     * and the capture must end here whatever else fails */
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
     if (e != cudaSuccess) {

@@ -28,8 +28,10 @@
 #include "error.h"
 #include "kernels.h"
 #include "kernels_cuda.h"
+#include "gpu_skip.h"
 #include "llama.h"
 #include "modelgen.h"
+#include "ctx_pair.h"
 
 #define N_SLOTS 4
 #define MAX_SEQ 700
@@ -41,12 +43,6 @@ struct graphs_fixture {
     struct llama_ctx *graphs, *eager;
     int vocab;
 };
-
-static void check(int rc, const char *what, const char *err)
-{
-    if (rc)
-        fail_msg("%s returned %d: %s", what, rc, err);
-}
 
 static const char *device(void)
 {
@@ -62,13 +58,13 @@ static int setup(void **state)
     snprintf(f->dir, sizeof f->dir, "/tmp/tandem-test-graphs-XXXXXX");
     assert_non_null(mkdtemp(f->dir));
     struct modelgen_params p = {.preset = "tiny", .seed = 3, .force = 1};
-    check(modelgen_write(f->dir, &p, err), "modelgen_write", err);
-    check(kern_backend_create(&f->gpu, "cuda", device(), 0, err), "kern_backend_create", err);
-    check(llama_model_load(&f->model, f->dir, f->gpu, err), "llama_model_load", err);
+    ctx_pair_ok(modelgen_write(f->dir, &p, err), "modelgen_write", err);
+    ctx_pair_ok(kern_backend_create(&f->gpu, "cuda", device(), 0, err), "kern_backend_create", err);
+    ctx_pair_ok(llama_model_load(&f->model, f->dir, f->gpu, err), "llama_model_load", err);
     struct llama_ctx_params cp = {.n_slots = N_SLOTS, .max_seq_len = MAX_SEQ};
-    check(llama_ctx_create(&f->graphs, f->model, &cp, err), "llama_ctx_create (graphs)", err);
+    ctx_pair_ok(llama_ctx_create(&f->graphs, f->model, &cp, err), "llama_ctx_create (graphs)", err);
     cp.no_graphs = true;
-    check(llama_ctx_create(&f->eager, f->model, &cp, err), "llama_ctx_create (eager)", err);
+    ctx_pair_ok(llama_ctx_create(&f->eager, f->model, &cp, err), "llama_ctx_create (eager)", err);
     f->vocab = llama_model_config(f->model)->vocab_size;
     *state = f;
     return 0;
@@ -88,53 +84,18 @@ static int teardown(void **state)
     return 0;
 }
 
-static void ids_for(int32_t *ids, int n, int vocab, uint32_t seed)
-{
-    uint32_t x = seed * 2654435761u + 1;
-    for (int i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        ids[i] = (int32_t)(x % (uint32_t)vocab);
-    }
-}
-
-/* One call: sequences on slots[0..n_seqs), n_tokens each, every row's
- * logits; the same call on both contexts, compared bit for bit. */
+/* The eager context is the reference, the graph context under test. */
 static void same_call(struct graphs_fixture *f, const int *slots, int n_seqs, int n_tokens,
                       uint32_t seed)
 {
-    char err[ERR_MSG_MAX] = "";
-    const size_t per_seq = (size_t)n_tokens * (size_t)f->vocab;
-    float *a = malloc((size_t)n_seqs * per_seq * sizeof(float));
-    float *b = malloc((size_t)n_seqs * per_seq * sizeof(float));
-    int32_t *ids = malloc((size_t)n_seqs * (size_t)n_tokens * sizeof(int32_t));
-    assert_true(a && b && ids);
-    struct llama_seq_batch sa[N_SLOTS], sb[N_SLOTS];
-    for (int s = 0; s < n_seqs; s++) {
-        ids_for(ids + (size_t)s * (size_t)n_tokens, n_tokens, f->vocab, seed + (uint32_t)s);
-        sa[s] = (struct llama_seq_batch){.slot = slots[s],
-                                         .tokens = ids + (size_t)s * (size_t)n_tokens,
-                                         .n_tokens = n_tokens, .n_logits = n_tokens,
-                                         .logits_out = a + (size_t)s * per_seq};
-        sb[s] = sa[s];
-        sb[s].logits_out = b + (size_t)s * per_seq;
-    }
-    check(llama_forward(f->graphs, sa, n_seqs, err), "llama_forward (graphs)", err);
-    check(llama_forward(f->eager, sb, n_seqs, err), "llama_forward (eager)", err);
-    for (size_t i = 0; i < (size_t)n_seqs * per_seq; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fail_msg("%d sequences x %d rows (slot %d at length %d): logit %zu differs: graphs "
-                     "%.9g, eager %.9g", n_seqs, n_tokens, slots[0],
-                     llama_ctx_slot_len(f->graphs, slots[0]), i, (double)a[i], (double)b[i]);
-    free(a);
-    free(b);
-    free(ids);
+    const struct ctx_pair p = {f->eager, f->graphs, f->vocab};
+    ctx_pair_call(&p, slots, n_seqs, n_tokens, seed);
 }
 
 static void truncate_both(struct graphs_fixture *f, int slot, int len)
 {
-    char err[ERR_MSG_MAX] = "";
-    check(llama_ctx_truncate(f->graphs, slot, len, err), "truncate (graphs)", err);
-    check(llama_ctx_truncate(f->eager, slot, len, err), "truncate (eager)", err);
+    const struct ctx_pair p = {f->eager, f->graphs, f->vocab};
+    ctx_pair_truncate(&p, slot, len);
 }
 
 static void test_graph_replay_equals_eager(void **state)
@@ -185,7 +146,7 @@ static void test_graphs_recorded_again_after_the_memory_moved(void **state)
     llama_ctx_graph_stats(f->graphs, &before);
     struct llama_ctx *big;
     struct llama_ctx_params cp = {.n_slots = 64, .max_seq_len = 2048, .max_rows = 512};
-    check(llama_ctx_create(&big, f->model, &cp, err), "llama_ctx_create (big)", err);
+    ctx_pair_ok(llama_ctx_create(&big, f->model, &cp, err), "llama_ctx_create (big)", err);
     same_call(f, one, 1, 3, 8);
     same_call(f, one, 1, 1, 9);
     llama_ctx_graph_stats(f->graphs, &after);
@@ -203,39 +164,31 @@ static void test_recording_refuses_foreign_host_arrays(void **state)
     char err[ERR_MSG_MAX] = "";
     struct kern_backend *be = f->gpu;
     float *out = NULL;
-    check(be->ops->alloc(be, 4 * 64 * sizeof(float), (void **)&out, err), "alloc", err);
+    ctx_pair_ok(be->ops->alloc(be, 4 * 64 * sizeof(float), (void **)&out, err), "alloc", err);
     const uint16_t table[4 * 64] = {0};
     const void *table_dev = NULL;
-    check(be->ops->map_weights(be, table, sizeof table, &table_dev, err), "map_weights", err);
+    ctx_pair_ok(be->ops->map_weights(be, table, sizeof table, &table_dev, err), "map_weights", err);
     const int32_t ids[2] = {1, 2};
-    check(be->ops->graph_capture_begin(be, err), "graph_capture_begin", err);
+    ctx_pair_ok(be->ops->graph_capture_begin(be, err), "graph_capture_begin", err);
     const int rc = be->ops->embed(be, out, table_dev, KERN_DTYPE_BF16, ids, 2, 64, err);
     assert_int_equal(rc, ERR_INVALID_ARG);
     assert_non_null(strstr(err, "graph"));
     const int rc_sync = be->ops->sync(be, err);
     assert_int_equal(rc_sync, ERR_INVALID_ARG);
     struct kern_graph *g = NULL;
-    check(be->ops->graph_capture_end(be, &g, err), "graph_capture_end", err);
+    ctx_pair_ok(be->ops->graph_capture_end(be, &g, err), "graph_capture_end", err);
     be->ops->graph_destroy(be, g);
     /* outside a recording the same call runs */
-    check(be->ops->embed(be, out, table_dev, KERN_DTYPE_BF16, ids, 2, 64, err), "embed", err);
-    check(be->ops->sync(be, err), "sync", err);
+    ctx_pair_ok(be->ops->embed(be, out, table_dev, KERN_DTYPE_BF16, ids, 2, 64, err), "embed", err);
+    ctx_pair_ok(be->ops->sync(be, err), "sync", err);
     be->ops->unmap_weights(be, table_dev);
     be->ops->free(be, out);
 }
 
 int main(void)
 {
-    char err[ERR_MSG_MAX] = "";
-    int count = 0;
-    if (kern_cuda_device_count(&count, err) != 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", err);
+    if (gpu_skip_without_device())
         return 77;
-    }
-    if (count == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graph_replay_equals_eager),
         cmocka_unit_test(test_graphs_recorded_again_after_the_memory_moved),

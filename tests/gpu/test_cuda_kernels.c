@@ -32,6 +32,7 @@
 #include "error.h"
 #include "kernels.h"
 #include "kernels_cuda.h"
+#include "gpu_skip.h"
 #include "quant_fixtures.h"
 
 /* ---- helpers ---------------------------------------------------------- */
@@ -1392,16 +1393,8 @@ static void test_cuda_matmul_quantized(void **state)
 
 int main(void)
 {
-    char err[ERR_MSG_MAX] = "";
-    int count = 0;
-    if (kern_cuda_device_count(&count, err) != 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", err);
+    if (gpu_skip_without_device())
         return 77;
-    }
-    if (count == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_device_is_named_by_uuid),
         cmocka_unit_test(test_cuda_memory_ops_roundtrip),

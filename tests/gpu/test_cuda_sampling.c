@@ -58,6 +58,7 @@
 #include "error.h"
 #include "kernels.h"
 #include "kernels_cuda.h"
+#include "gpu_skip.h"
 #include "philox.h"
 #include "sampling.h"
 #include "speculate.h"
@@ -1514,16 +1515,8 @@ int main(void)
     }
     printf("philox: the host build of the device code equals philox.c (Random123 answers, "
            "%d uniforms)\n", 4 * 5 * 6 * 9 + PHILOX_RANDOM_ARGS);
-    char err[ERR_MSG_MAX] = "";
-    int count = 0;
-    if (kern_cuda_device_count(&count, err) != 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", err);
+    if (gpu_skip_without_device())
         return 77;
-    }
-    if (count == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_philox_host_build_equals_cpu),
         cmocka_unit_test(test_cuda_philox_device_bits_equal_cpu),

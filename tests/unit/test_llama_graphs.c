@@ -43,6 +43,7 @@
 #include "kernels.h"
 #include "llama.h"
 #include "modelgen.h"
+#include "ctx_pair.h"
 
 /* ---- the replaying backend ------------------------------------------------ */
 
@@ -442,12 +443,6 @@ struct fx {
     int vocab;
 };
 
-static void ok(int rc, const char *what, const char *err)
-{
-    if (rc)
-        fail_msg("%s returned %d: %s", what, rc, err);
-}
-
 static int setup(void **state)
 {
     char err[ERR_MSG_MAX] = "";
@@ -456,14 +451,14 @@ static int setup(void **state)
     snprintf(f->dir, sizeof f->dir, "/tmp/tandem-test-llama-graphs-XXXXXX");
     assert_non_null(mkdtemp(f->dir));
     struct modelgen_params p = {.preset = "tiny", .seed = 5, .force = 1};
-    ok(modelgen_write(f->dir, &p, err), "modelgen_write", err);
-    ok(kern_cpu_create(&f->cpu, 1, err), "kern_cpu_create", err);
+    ctx_pair_ok(modelgen_write(f->dir, &p, err), "modelgen_write", err);
+    ctx_pair_ok(kern_cpu_create(&f->cpu, 1, err), "kern_cpu_create", err);
     f->rep = replay_create();
-    ok(llama_model_load(&f->m_cpu, f->dir, f->cpu, err), "load (cpu)", err);
-    ok(llama_model_load(&f->m_rep, f->dir, f->rep, err), "load (replay)", err);
+    ctx_pair_ok(llama_model_load(&f->m_cpu, f->dir, f->cpu, err), "load (cpu)", err);
+    ctx_pair_ok(llama_model_load(&f->m_rep, f->dir, f->rep, err), "load (replay)", err);
     struct llama_ctx_params cp = {.n_slots = N_SLOTS, .max_seq_len = MAX_SEQ};
-    ok(llama_ctx_create(&f->plain, f->m_cpu, &cp, err), "ctx (cpu)", err);
-    ok(llama_ctx_create(&f->graphs, f->m_rep, &cp, err), "ctx (replay)", err);
+    ctx_pair_ok(llama_ctx_create(&f->plain, f->m_cpu, &cp, err), "ctx (cpu)", err);
+    ctx_pair_ok(llama_ctx_create(&f->graphs, f->m_rep, &cp, err), "ctx (replay)", err);
     f->vocab = llama_model_config(f->m_cpu)->vocab_size;
     *state = f;
     return 0;
@@ -485,45 +480,16 @@ static int teardown(void **state)
     return 0;
 }
 
-/* The same call on both contexts; every logit compared bit for bit. */
 static void same_call(struct fx *f, const int *slots, int n_seqs, int n_tokens, uint32_t seed)
 {
-    char err[ERR_MSG_MAX] = "";
-    const size_t per = (size_t)n_tokens * (size_t)f->vocab;
-    float *a = malloc((size_t)n_seqs * per * sizeof(float));
-    float *b = malloc((size_t)n_seqs * per * sizeof(float));
-    int32_t *ids = malloc((size_t)n_seqs * (size_t)n_tokens * sizeof(int32_t));
-    assert_true(a && b && ids);
-    struct llama_seq_batch sa[N_SLOTS], sb[N_SLOTS];
-    uint32_t x = seed * 2654435761u + 7;
-    for (int i = 0; i < n_seqs * n_tokens; i++) {
-        x = x * 1664525u + 1013904223u;
-        ids[i] = (int32_t)(x % (uint32_t)f->vocab);
-    }
-    for (int s = 0; s < n_seqs; s++) {
-        sa[s] = (struct llama_seq_batch){.slot = slots[s], .tokens = ids + (size_t)s * n_tokens,
-                                         .n_tokens = n_tokens, .n_logits = n_tokens,
-                                         .logits_out = a + (size_t)s * per};
-        sb[s] = sa[s];
-        sb[s].logits_out = b + (size_t)s * per;
-    }
-    ok(llama_forward(f->plain, sa, n_seqs, err), "forward (cpu)", err);
-    ok(llama_forward(f->graphs, sb, n_seqs, err), "forward (graphs)", err);
-    for (size_t i = 0; i < (size_t)n_seqs * per; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fail_msg("%d sequences x %d rows (slot %d at %d): logit %zu: cpu %.9g, graphs %.9g",
-                     n_seqs, n_tokens, slots[0], llama_ctx_slot_len(f->plain, slots[0]), i,
-                     (double)a[i], (double)b[i]);
-    free(a);
-    free(b);
-    free(ids);
+    const struct ctx_pair p = {f->plain, f->graphs, f->vocab};
+    ctx_pair_call(&p, slots, n_seqs, n_tokens, seed);
 }
 
 static void truncate_both(struct fx *f, int slot, int len)
 {
-    char err[ERR_MSG_MAX] = "";
-    ok(llama_ctx_truncate(f->plain, slot, len, err), "truncate (cpu)", err);
-    ok(llama_ctx_truncate(f->graphs, slot, len, err), "truncate (graphs)", err);
+    const struct ctx_pair p = {f->plain, f->graphs, f->vocab};
+    ctx_pair_truncate(&p, slot, len);
 }
 
 static void reset_all(struct fx *f)
