@@ -213,3 +213,122 @@ void kv_blocks_clear_cached(struct kv_blocks *kb)
         evict_oldest(kb);
     kb->evictions = evictions; /* a clear is not pressure on the pool */
 }
+
+/* Where each block was seen by kv_blocks_check's walks. */
+enum { SEEN_FREE = 1, SEEN_LRU = 2, SEEN_CHAIN = 4 };
+
+static int check_free_stack(const struct kv_blocks *kb, uint8_t *seen, char *err)
+{
+    if (kb->n_free < 0 || kb->n_free > kb->n_blocks)
+        return error_set(err, ERR_INTERNAL, "kv blocks: %d free of %d", kb->n_free, kb->n_blocks);
+    for (int i = 0; i < kb->n_free; i++) {
+        const int32_t b = kb->free_stack[i];
+        if (b < 0 || b >= kb->n_blocks)
+            return error_set(err, ERR_INTERNAL, "kv blocks: free stack entry %d is block %d", i, (int)b);
+        if (seen[b] & SEEN_FREE)
+            return error_set(err, ERR_INTERNAL, "kv blocks: block %d is on the free stack twice", (int)b);
+        seen[b] |= SEEN_FREE;
+    }
+    return 0;
+}
+
+static int check_lru(const struct kv_blocks *kb, uint8_t *seen, char *err)
+{
+    int n = 0;
+    int32_t prev = -1;
+    for (int32_t b = kb->lru_head; b >= 0; prev = b, b = kb->lru_next[b]) {
+        if (b >= kb->n_blocks || n >= kb->n_blocks || (seen[b] & SEEN_LRU))
+            return error_set(err, ERR_INTERNAL, "kv blocks: the LRU list loops or leaves the pool at "
+                             "block %d", (int)b);
+        if (kb->lru_prev[b] != prev)
+            return error_set(err, ERR_INTERNAL, "kv blocks: LRU block %d points back to %d, not %d",
+                             (int)b, (int)kb->lru_prev[b], (int)prev);
+        seen[b] |= SEEN_LRU;
+        n++;
+    }
+    if (kb->lru_tail != prev)
+        return error_set(err, ERR_INTERNAL, "kv blocks: LRU tail is %d, the list ends at %d",
+                         (int)kb->lru_tail, (int)prev);
+    if (n != kb->n_cached || n > kb->cache_cap)
+        return error_set(err, ERR_INTERNAL, "kv blocks: %d blocks in the LRU list, n_cached %d, cap %d",
+                         n, kb->n_cached, kb->cache_cap);
+    return 0;
+}
+
+static int check_chains(const struct kv_blocks *kb, uint8_t *seen, char *err)
+{
+    int chained = 0;
+    for (uint32_t h = 0; h < kb->n_buckets; h++) {
+        for (int32_t b = kb->bucket[h]; b >= 0; b = kb->chain[b]) {
+            if (b >= kb->n_blocks || (seen[b] & SEEN_CHAIN))
+                return error_set(err, ERR_INTERNAL, "kv blocks: bucket %u's chain loops or meets "
+                                 "block %d a second time", h, (int)b);
+            seen[b] |= SEEN_CHAIN;
+            chained++;
+            if (!kb->published[b])
+                return error_set(err, ERR_INTERNAL, "kv blocks: block %d is chained in bucket %u "
+                                 "but not published (a stale name)", (int)b, h);
+            const int32_t *tokens = kb->tokens + (size_t)b * (size_t)kb->block_size;
+            const uint32_t want = name_hash(kb, kb->parent[b], kb->parent_gen[b], tokens);
+            if (want != h)
+                return error_set(err, ERR_INTERNAL, "kv blocks: block %d is chained in bucket %u "
+                                 "but its name hashes to %u (its tokens changed while published)",
+                                 (int)b, h, want);
+            /* bounded: a loop further on is reported when the walk gets there */
+            int steps = 0;
+            for (int32_t o = kb->chain[b]; o >= 0 && o < kb->n_blocks && o != b && steps < kb->n_blocks;
+                 o = kb->chain[o], steps++)
+                if (name_is(kb, o, kb->parent[b], kb->parent_gen[b], tokens))
+                    return error_set(err, ERR_INTERNAL, "kv blocks: blocks %d and %d are published "
+                                     "under one name", (int)b, (int)o);
+        }
+    }
+    if (chained != kb->n_published)
+        return error_set(err, ERR_INTERNAL, "kv blocks: %d blocks chained, n_published %d", chained,
+                         kb->n_published);
+    if (!kb->cache_on && chained > 0)
+        return error_set(err, ERR_INTERNAL, "kv blocks: %d blocks published with the cache off",
+                         chained);
+    return 0;
+}
+
+/* Each block in exactly one state, its flags agreeing with the walks. */
+static int check_states(const struct kv_blocks *kb, const uint8_t *seen, char *err)
+{
+    for (int32_t b = 0; b < kb->n_blocks; b++) {
+        const bool free_ = seen[b] & SEEN_FREE, lru = seen[b] & SEEN_LRU,
+                   chained = seen[b] & SEEN_CHAIN;
+        if (kb->published[b] != chained)
+            return error_set(err, ERR_INTERNAL, "kv blocks: block %d is %spublished but %schained",
+                             (int)b, kb->published[b] ? "" : "not ", chained ? "" : "not ");
+        if (kb->refs[b] < 0)
+            return error_set(err, ERR_INTERNAL, "kv blocks: block %d has %d holders", (int)b,
+                             kb->refs[b]);
+        const bool is_free = free_ && kb->refs[b] == 0 && !kb->published[b] && !lru;
+        const bool is_cached = !free_ && kb->refs[b] == 0 && kb->published[b] && lru;
+        const bool is_held = !free_ && kb->refs[b] > 0 && !lru;
+        if (!is_free && !is_cached && !is_held)
+            return error_set(err, ERR_INTERNAL, "kv blocks: block %d is in no single state (free "
+                             "stack %d, holders %d, published %d, LRU %d)", (int)b, free_,
+                             kb->refs[b], kb->published[b], lru);
+    }
+    return 0;
+}
+
+int kv_blocks_check(const struct kv_blocks *kb, char *err)
+{
+    if (kb->n_blocks <= 0)
+        return 0;
+    uint8_t *seen = calloc((size_t)kb->n_blocks, 1);
+    if (!seen)
+        return error_set(err, ERR_NOMEM, "kv blocks: out of memory for the check");
+    int rc = check_free_stack(kb, seen, err);
+    if (!rc)
+        rc = check_lru(kb, seen, err);
+    if (!rc)
+        rc = check_chains(kb, seen, err);
+    if (!rc)
+        rc = check_states(kb, seen, err);
+    free(seen);
+    return rc;
+}

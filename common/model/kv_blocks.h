@@ -80,4 +80,16 @@ int32_t kv_blocks_find(struct kv_blocks *kb, int32_t parent, const int32_t *toke
 /* Frees every cached block (held ones stay). */
 void kv_blocks_clear_cached(struct kv_blocks *kb);
 
+/* Walks the whole ledger and checks the invariants above, those a bug
+ * would break silently (a stale name maps KV another slot overwrites):
+ * every block in exactly one state (free: on the free stack once, no
+ * holder, no name, not in the LRU list; cached: no holder, named, in the
+ * LRU list; held: refs > 0, off both); the LRU list linked both ways with
+ * n_cached entries and at most cache_cap; every bucket's chain free of
+ * cycles, holding only published blocks whose names hash to that bucket,
+ * no name twice, n_published of them in all. 0, or ERR_INTERNAL with the
+ * first broken invariant named in err. O(n_blocks * block_size): for
+ * tests, and after every operation in the sanitizer build (llama.c). */
+int kv_blocks_check(const struct kv_blocks *kb, char *err);
+
 #endif

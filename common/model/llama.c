@@ -425,6 +425,76 @@ static int blocks_for_len(const struct llama_ctx *ctx, int len)
     return (len + ctx->block_size - 1) / ctx->block_size;
 }
 
+/* One slot's table against its length and the ledger's names; counts each
+ * block's holders into holders[]. */
+static int kv_check_slot(const struct llama_ctx *ctx, int slot, int *holders, char *err)
+{
+    const struct kv_blocks *kb = &ctx->kb;
+    const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    const int n = ctx->slot_blocks[slot], len = ctx->slot_len[slot];
+    if (n != blocks_for_len(ctx, len) || n > ctx->table_stride)
+        return error_set(err, ERR_INTERNAL, "kv cache: slot %d holds %d blocks for %d positions", slot,
+                         n, len);
+    for (int i = 0; i < n; i++) {
+        const int32_t b = table[i];
+        if (b < 0 || b >= ctx->n_blocks)
+            return error_set(err, ERR_INTERNAL, "kv cache: slot %d's block %d is %d", slot, i, (int)b);
+        holders[b]++;
+        if (!kb->published[b])
+            continue;
+        /* the block written next (a part-filled last one) is never published */
+        if (i == n - 1 && len % ctx->block_size != 0)
+            return error_set(err, ERR_INTERNAL, "kv cache: slot %d writes into block %d (positions "
+                             "%d..%d) while it is published", slot, (int)b, i * ctx->block_size,
+                             len - 1);
+        const int32_t parent = i > 0 ? table[i - 1] : -1;
+        const uint32_t parent_gen = i > 0 ? kb->gen[parent] : 0;
+        if (kb->parent[b] != parent || kb->parent_gen[b] != parent_gen)
+            return error_set(err, ERR_INTERNAL, "kv cache: slot %d's block %d is published under "
+                             "parent %d gen %u, the slot holds %d gen %u before it", slot, (int)b,
+                             (int)kb->parent[b], kb->parent_gen[b], (int)parent, parent_gen);
+    }
+    return 0;
+}
+
+int llama_ctx_kv_check(const struct llama_ctx *ctx, char *err)
+{
+    int rc = kv_blocks_check(&ctx->kb, err);
+    if (rc)
+        return rc;
+    int *holders = calloc((size_t)ctx->n_blocks, sizeof *holders);
+    if (!holders)
+        return error_set(err, ERR_NOMEM, "kv cache: out of memory for the check");
+    for (int slot = 0; slot < ctx->n_slots && !rc; slot++)
+        rc = kv_check_slot(ctx, slot, holders, err);
+    for (int b = 0; b < ctx->n_blocks && !rc; b++)
+        if (holders[b] != ctx->kb.refs[b])
+            rc = error_set(err, ERR_INTERNAL, "kv cache: block %d is in %d tables, its count says %d",
+                           b, holders[b], ctx->kb.refs[b]);
+    free(holders);
+    return rc;
+}
+
+/* In the sanitizer build every operation on the cache is followed by the
+ * whole check: a bookkeeping slip shows where it happens, not as another
+ * request's wrong tokens later. */
+#ifdef TANDEM_KV_CHECK
+static void kv_check_after(const struct llama_ctx *ctx, const char *op)
+{
+    char err[ERR_MSG_MAX] = "";
+    if (llama_ctx_kv_check(ctx, err)) {
+        fprintf(stderr, "FATAL: kv cache invariant broken after %s: %s\n", op, err);
+        abort();
+    }
+}
+#else
+static void kv_check_after(const struct llama_ctx *ctx, const char *op)
+{
+    (void)ctx;
+    (void)op;
+}
+#endif
+
 int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len)
 {
     if (slot < 0 || slot >= ctx->n_slots || new_len < 0)
@@ -502,6 +572,7 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
                 /* the slot ends before the shared block, which it lets go */
                 ctx->slot_len[slot] = (keep - 1) * ctx->block_size;
                 release_blocks(ctx, slot, keep - 1);
+                kv_check_after(ctx, "truncate (copy refused)");
                 return rc;
             }
         } else {
@@ -509,6 +580,7 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
         }
     }
     ctx->slot_len[slot] = new_len;
+    kv_check_after(ctx, "truncate");
     return 0;
 }
 
@@ -536,10 +608,15 @@ int llama_ctx_prefix_map(struct llama_ctx *ctx, int slot, const int32_t *tokens,
     ctx->slot_len[slot] = len;
     ctx->prefix_queries += n_tokens;
     ctx->prefix_hits += mapped;
+    kv_check_after(ctx, "prefix map");
     return mapped;
 }
 
-void llama_ctx_prefix_clear(struct llama_ctx *ctx) { kv_blocks_clear_cached(&ctx->kb); }
+void llama_ctx_prefix_clear(struct llama_ctx *ctx)
+{
+    kv_blocks_clear_cached(&ctx->kb);
+    kv_check_after(ctx, "prefix clear");
+}
 
 /* Names the tokens slot just appended at positions old_len .. and
  * publishes every block they filled. */
@@ -872,11 +949,13 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
                           seqs[i].n_tokens);
         ctx->slot_len[seqs[i].slot] += seqs[i].n_tokens;
     }
+    kv_check_after(ctx, "forward");
     return 0;
 fail:
     /* A backend failure half-way: the slots keep their old lengths, and the
      * blocks taken for the call go back. */
     for (int i = 0; i < n_seqs; i++)
         release_blocks(ctx, seqs[i].slot, blocks_for_len(ctx, ctx->slot_len[seqs[i].slot]));
+    kv_check_after(ctx, "forward (failed)");
     return rc;
 }

@@ -125,6 +125,15 @@ int llama_ctx_prefix_map(struct llama_ctx *ctx, int slot, const int32_t *tokens,
                          int max_map);
 /* Drops every cached block no slot holds (a warm-up leaves none behind). */
 void llama_ctx_prefix_clear(struct llama_ctx *ctx);
+/* Checks the KV cache's bookkeeping against its invariants: the block
+ * ledger's own (kv_blocks_check), each slot holding exactly the blocks its
+ * length needs, every block's holder count equal to the tables that name
+ * it, no slot's partly written last block published, and every published
+ * block in a table named after the block before it there. 0, or
+ * ERR_INTERNAL naming the first broken one in err. A sanitizer build
+ * (TANDEM_KV_CHECK) runs it after every operation on the cache and aborts
+ * on a failure; tests call it after every step. */
+int llama_ctx_kv_check(const struct llama_ctx *ctx, char *err);
 
 /* One sequence's part of a forward call: tokens are appended at positions
  * slot_len .. slot_len + n_tokens - 1; logits of the last n_logits of those

@@ -910,6 +910,16 @@ static void test_llama_warm_up_leaves_no_trace(void **state)
 
 /* ---- prefix caching ---- */
 
+/* The cache's whole bookkeeping checked (llama_ctx_kv_check), failing with
+ * the test's line and the invariant broken. */
+#define assert_kv_clean(ctx, when) assert_kv_clean_at((ctx), (when), __LINE__)
+static void assert_kv_clean_at(const struct llama_ctx *ctx, const char *when, int line)
+{
+    char err[ERR_MSG_MAX] = "";
+    if (llama_ctx_kv_check(ctx, err))
+        fail_msg("line %d, kv cache after %s: %s", line, when, err);
+}
+
 /* Logits of tokens[from .. n - 1] on slot, fed after what the slot holds. */
 static float *forward_rest(struct llama_ctx *ctx, int slot, const int32_t *tokens, int from, int n, int V)
 {
@@ -963,6 +973,7 @@ static void test_llama_prefix_cache_gives_the_cold_bits(void **state)
     assert_int_equal(st.cached_blocks, 0);
     /* slot 1, while slot 0 still holds them: 32 tokens mapped, 5 computed */
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 1, t, 37, 36), 32);
+    assert_kv_clean(L.ctx, "the call above");
     assert_int_equal(llama_ctx_slot_len(L.ctx, 1), 32);
     float *warm = forward_rest(L.ctx, 1, t, 32, 40, V);
     assert_memory_equal(warm, cold + (size_t)32 * V, (size_t)8 * V * sizeof(float));
@@ -975,16 +986,20 @@ static void test_llama_prefix_cache_gives_the_cold_bits(void **state)
     /* both let go: the four full blocks stay, cached; 40 positions of slot
      * 1 published a fifth */
     assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     llama_ctx_kv_stats(L.ctx, &st);
     assert_int_equal(st.cached_blocks, 5);
     assert_int_equal(st.free_blocks, 8 * 3);
     /* a prompt entirely cached: its last token is still computed */
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, t, 40, 39), 32);
+    assert_kv_clean(L.ctx, "the call above");
     warm = forward_rest(L.ctx, 2, t, 32, 40, V);
     assert_memory_equal(warm, cold + (size_t)32 * V, (size_t)8 * V * sizeof(float));
     free(warm);
     assert_int_equal(llama_ctx_truncate(L.ctx, 2, 0, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     /* a prompt ending mid-block, with a different token in its last block */
     int32_t u[21];
     memcpy(u, t, sizeof u);
@@ -993,12 +1008,14 @@ static void test_llama_prefix_cache_gives_the_cold_bits(void **state)
     float *cold_u = forward_rest(ref, 0, u, 0, 0 + 21, V);
     assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 0, u, 21, 20), 16);
+    assert_kv_clean(L.ctx, "the call above");
     warm = forward_rest(L.ctx, 0, u, 16, 21, V);
     assert_memory_equal(warm, cold_u + (size_t)16 * V, (size_t)5 * V * sizeof(float));
     free(warm);
     free(cold_u);
     /* a slot not at a block boundary maps nothing */
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 0, t + 21, 16, 16), 0);
+    assert_kv_clean(L.ctx, "the call above");
     free(first);
     free(cold);
     llama_ctx_destroy(ref);
@@ -1032,10 +1049,12 @@ static void test_llama_prefix_cache_truncation_never_touches_a_shared_block(void
 
     free(forward_rest(L.ctx, 0, t, 0, 24, V)); /* blocks 0, 1, 2 published */
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 1, t, 24, 23), 16);
+    assert_kv_clean(L.ctx, "the call above");
     struct llama_kv_stats before, st;
     llama_ctx_kv_stats(L.ctx, &before);
     /* slot 0 rolls back into block 1, which slot 1 holds too: a copy */
     assert_int_equal(llama_ctx_truncate(L.ctx, 0, 12, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     llama_ctx_kv_stats(L.ctx, &st);
     assert_int_equal(st.free_blocks, before.free_blocks + 1 /* block 2 */ - 1 /* the copy */);
     float *got = forward_rest(L.ctx, 0, x, 12, 24, V);
@@ -1048,15 +1067,21 @@ static void test_llama_prefix_cache_truncation_never_touches_a_shared_block(void
     /* slot 1 alone holds its block 2 (slot 0's copy of t's block 2 went
      * back cached): rolled back into and written with x, it is unpublished */
     assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     assert_int_equal(llama_ctx_truncate(L.ctx, 1, 20, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     free(forward_rest(L.ctx, 1, x, 20, 24, V));
     /* t's chain: blocks 0 and 1 from slot 1, block 2 from slot 0's first
      * computation, cached: still t's bits */
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, t, 24, 24), 24);
+    assert_kv_clean(L.ctx, "the call above");
     assert_int_equal(llama_ctx_truncate(L.ctx, 2, 0, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+    assert_kv_clean(L.ctx, "the call above");
     /* a chain through x's first 16 tokens leads to x's blocks only */
     assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, x, 24, 23), 16);
+    assert_kv_clean(L.ctx, "the call above");
     got = forward_rest(L.ctx, 2, x, 16, 24, V);
     assert_memory_equal(got, cold_x + (size_t)16 * V, (size_t)8 * V * sizeof(float));
     free(got);
@@ -1064,6 +1089,91 @@ static void test_llama_prefix_cache_truncation_never_touches_a_shared_block(void
     free(cold_x);
     llama_ctx_destroy(ref);
     unload(&L);
+    free_model(&m);
+}
+
+/* The pipeline's common case: a verification fills a sequence's block with
+ * drafts, most are rejected (a rollback inside the block), other tokens
+ * are written there, the sequence ends, the cache is cleared, and both the
+ * old tokens and the new ones are computed and mapped again. The block's
+ * old name must be gone with its old content: nothing stale is found,
+ * every mapping gives the cold bits, the bookkeeping is clean at every
+ * step. First the sequence's first block (a name with no parent, which no
+ * generation protects), then a later one. */
+static void test_llama_prefix_cache_rejected_drafts_leave_no_stale_name(void **state)
+{
+    (void)state;
+    struct test_model m;
+    write_model(&m, &SHAPE_GQA_BF16, 87);
+    const int V = SHAPE_GQA_BF16.vocab;
+    char err[ERR_MSG_MAX] = "";
+    for (int first = 0; first <= 8; first += 8) {
+        struct loaded L;
+        struct llama_ctx_params p = {.n_slots = 3, .max_seq_len = 32, .kv_block_size = 8,
+                                     .prefix_cache = true};
+        load_params(&L, m.dir, 1, &p);
+        struct llama_ctx *ref = plain_ctx(L.model, 32);
+        /* old: the prompt and the drafts as verified; now: the prompt, the
+         * accepted draft and what was decoded after the rejection */
+        int32_t old[24], now[24];
+        random_tokens(old, 24, V, 11 + (uint64_t)first);
+        memcpy(now, old, sizeof now);
+        const int prompt = first + 3, kept = first + 5; /* 2 drafts accepted of 5 */
+        for (int i = kept; i < 24; i++)
+            now[i] = (old[i] + 1 + i) % V;
+        float *cold_old = forward_rest(ref, 0, old, 0, 24, V);
+        assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
+        float *cold_now = forward_rest(ref, 0, now, 0, 24, V);
+
+        free(forward_rest(L.ctx, 0, old, 0, prompt, V));
+        assert_kv_clean(L.ctx, "the prompt");
+        free(forward_rest(L.ctx, 0, old, prompt, first + 8, V)); /* the block filled by drafts */
+        assert_kv_clean(L.ctx, "the verification");
+        struct llama_kv_stats st;
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.published_blocks, first / 8 + 1);
+        assert_int_equal(llama_ctx_truncate(L.ctx, 0, kept, err), 0); /* the rejection */
+        assert_kv_clean(L.ctx, "the rollback inside the block");
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.published_blocks, first / 8);
+        free(forward_rest(L.ctx, 0, now, kept, 24, V)); /* other tokens written there */
+        assert_kv_clean(L.ctx, "writing other tokens");
+        assert_int_equal(llama_ctx_truncate(L.ctx, 0, 0, err), 0); /* the sequence ends */
+        assert_kv_clean(L.ctx, "the release");
+        /* before the clear: the old tokens find only the blocks they share */
+        assert_int_equal(llama_ctx_prefix_map(L.ctx, 1, old, 24, 23), first);
+        assert_kv_clean(L.ctx, "mapping the old tokens");
+        assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+        llama_ctx_prefix_clear(L.ctx);
+        assert_kv_clean(L.ctx, "the clear");
+        llama_ctx_kv_stats(L.ctx, &st);
+        assert_int_equal(st.published_blocks, 0);
+        /* after the clear nothing is found, then each computed once more is
+         * published (a stale name would refuse it as already taken) and
+         * found with its own bits */
+        for (int k = 0; k < 2; k++) {
+            const int32_t *t = k == 0 ? old : now;
+            const float *cold = k == 0 ? cold_old : cold_now;
+            assert_int_equal(llama_ctx_prefix_map(L.ctx, 1, t, 24, 23), 0);
+            free(forward_rest(L.ctx, 1, t, 0, 24, V));
+            assert_kv_clean(L.ctx, "computing again");
+            llama_ctx_kv_stats(L.ctx, &st);
+            assert_int_equal(st.published_blocks, 3);
+            assert_int_equal(llama_ctx_prefix_map(L.ctx, 2, t, 24, 23), 16);
+            assert_kv_clean(L.ctx, "mapping again");
+            float *warm = forward_rest(L.ctx, 2, t, 16, 24, V);
+            assert_memory_equal(warm, cold + (size_t)16 * V, (size_t)8 * V * sizeof(float));
+            free(warm);
+            assert_int_equal(llama_ctx_truncate(L.ctx, 2, 0, err), 0);
+            assert_int_equal(llama_ctx_truncate(L.ctx, 1, 0, err), 0);
+            llama_ctx_prefix_clear(L.ctx);
+            assert_kv_clean(L.ctx, "the second clear");
+        }
+        free(cold_old);
+        free(cold_now);
+        llama_ctx_destroy(ref);
+        unload(&L);
+    }
     free_model(&m);
 }
 
@@ -1107,8 +1217,11 @@ static void test_llama_prefix_cache_evicts_under_a_tiny_pool(void **state)
             free(got);
             free(want);
             assert_int_equal(llama_ctx_truncate(ref, 0, 0, err), 0);
+            assert_kv_clean(L.ctx, "a prompt");
             assert_int_equal(llama_ctx_truncate(L.ctx, slot, r % 3 == 0 ? 0 : n / 2, err), 0);
+            assert_kv_clean(L.ctx, "a rollback");
             assert_int_equal(llama_ctx_truncate(L.ctx, slot, 0, err), 0);
+            assert_kv_clean(L.ctx, "a release");
             struct llama_kv_stats st;
             llama_ctx_kv_stats(L.ctx, &st);
             if (cap > 0)
@@ -1327,6 +1440,7 @@ int main(void)
         cmocka_unit_test(test_llama_prefix_cache_gives_the_cold_bits),
         cmocka_unit_test(test_llama_prefix_cache_truncation_never_touches_a_shared_block),
         cmocka_unit_test(test_llama_prefix_cache_evicts_under_a_tiny_pool),
+        cmocka_unit_test(test_llama_prefix_cache_rejected_drafts_leave_no_stale_name),
         cmocka_unit_test(test_llama_int8_quantizer_round_trip),
         cmocka_unit_test(test_llama_int4_quantizer_round_trip),
         cmocka_unit_test(test_llama_int8_model_decodes_close_to_bf16),
