@@ -22,6 +22,7 @@ def test():
         check(done.get("ids") == ref, "int8 draft, prompt %d: %s != target-only %s" % (i, done.get("ids"), ref))
     st = p.stats()["spec"]
     check(st["num_accepted_tokens"] > 0, "the int8 draft had nothing accepted: %s" % st)
+    rate8 = st["num_accepted_tokens"] / st["num_draft_tokens"]
     s.close()
     log = open(p.logs["draft"]).read()
     check("weights quantized int8" in log, "the draft did not log its weight memory:\n%s" % log[-1500:])
@@ -35,10 +36,21 @@ def test():
     draft, target = p4.make_pair()
     p4.start_all()
     s = p4.client()
-    ids = [5, 6, 7, 8]
-    done, _ = generate(s, {"id": "d4", "prompt_ids": ids, "max_tokens": 40, "temperature": 0, "draft": "model",
-                           "spec_k": 4})
-    check(done.get("ids") == reference(target, ids, 40)["ids"], "int4 draft: %s" % done)
+    for i, ids in enumerate(([5, 6, 7, 8], [100, 3, 42, 42, 9, 17], [1])):
+        done, _ = generate(s, {"id": "d4-%d" % i, "prompt_ids": ids, "max_tokens": 40, "temperature": 0,
+                               "draft": "model", "spec_k": 4})
+        check(done.get("ids") == reference(target, ids, 40)["ids"], "int4 draft, prompt %d: %s" % (i, done))
+    # Exactness holds whatever the draft proposes (the target verifies every
+    # token), so only acceptance shows that the int4 draft still computes
+    # its model: scrambled int4 weights propose noise. Measured on these
+    # prompts: 64 of 191 accepted (0.34; the int8 draft 0.59; nibbles
+    # swapped within their groups: 0.05); asserted: half the measured.
+    st = p4.stats()["spec"]
+    rate4 = st["num_accepted_tokens"] / max(1, st["num_draft_tokens"])
+    print("int4 draft: %d of %d drafted tokens accepted (%.2f; int8 draft %.2f)" %
+          (st["num_accepted_tokens"], st["num_draft_tokens"], rate4, rate8))
+    check(rate4 >= 0.17, "the int4 draft's acceptance %.2f is below 0.17 (measured 0.34): are its weights "
+          "what the model holds? %s" % (rate4, st))
     s.close()
     p4.close()
 
