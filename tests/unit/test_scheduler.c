@@ -804,6 +804,66 @@ static void test_scheduler_suffix_and_auto(void **state)
     assert_true(c->metrics.num_drafts_total > c->metrics.suffix_drafts_total);
 }
 
+/* Which source "auto" takes for a greedy round (drafters_propose), one line
+ * a case. Beside a usable model a short coincidence must not displace the
+ * model's drafts: only an n-gram match of the longest context, or a long
+ * suffix-cache match, is taken; without a model any match is. The suffix
+ * cache holds one earlier request: 30..45. */
+static void test_scheduler_auto_picks_its_source(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    char err[ERR_MSG_MAX];
+    ngram_params_default(&c->ngram); /* 2- to 4-grams */
+    assert_int_equal(suffix_cache_create(&c->suffix, 1 << 20, err), 0);
+    int32_t earlier[16];
+    for (int i = 0; i < 16; i++)
+        earlier[i] = 30 + i;
+    assert_int_equal(suffix_cache_add(c->suffix, earlier, 16), 0);
+    enum { NONE = -1 };
+    static const struct {
+        const char *what;
+        int32_t hist[16];
+        int n_hist;
+        bool model_usable;
+        int source; /* enum request_draft, or NONE: the round is the model's */
+        int32_t first; /* the first draft, where there is one */
+    } cases[] = {
+        /* 7 8 came before, followed by 9; the 3- and 4-token contexts never did */
+        {"a 2-token repeat beside a model: the model drafts",
+         {1, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8}, 11, true, NONE, 0},
+        {"the same repeat with no model: the n-gram drafts it",
+         {1, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8}, 11, false, REQUEST_DRAFT_NGRAM, 9},
+        {"a sequence repeating its own 4-token context: n-grams even beside a model",
+         {61, 62, 63, 64, 65, 61, 62, 63, 64}, 9, true, REQUEST_DRAFT_NGRAM, 65},
+        {"an earlier request matched over 10 tokens: the suffix cache",
+         {5, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39}, 11, true, REQUEST_DRAFT_SUFFIX, 40},
+        {"an earlier request matched over 5 tokens beside a model: the model",
+         {5, 6, 9, 1, 2, 30, 31, 32, 33, 34}, 10, true, NONE, 0},
+        {"the same short match with no model: the suffix cache",
+         {5, 6, 9, 1, 2, 30, 31, 32, 33, 34}, 10, false, REQUEST_DRAFT_SUFFIX, 35},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct seq s = {.draft = REQUEST_DRAFT_AUTO, .pair = 0, .n_hist = cases[i].n_hist};
+        sampling_params_default(&s.sp);
+        s.sp.temperature = 0;
+        s.hist = (int32_t *)cases[i].hist;
+        snprintf(s.id, sizeof s.id, "case %zu", i);
+        int32_t drafts[8];
+        enum request_draft source = REQUEST_DRAFT_NONE;
+        const int k = drafters_propose(c, &s, cases[i].model_usable, 4, drafts, &source);
+        if (cases[i].source == NONE) {
+            if (k != 0)
+                fail_msg("%s: %d drafts from %s", cases[i].what, k, request_draft_name(source));
+            continue;
+        }
+        if (k < 1 || (int)source != cases[i].source || drafts[0] != cases[i].first)
+            fail_msg("%s: %d drafts from %s, the first %d; want %s, first %d", cases[i].what, k,
+                     request_draft_name(source), k > 0 ? drafts[0] : -1,
+                     request_draft_name((enum request_draft)cases[i].source), cases[i].first);
+    }
+}
+
 /* Matched drafts go to the target only where a verification row is worth
  * it: always where the cost was not measured; on a CPU-like cost (a row
  * as dear as a call) only drafts nearly sure to pass; where the call
@@ -1144,6 +1204,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_suffix_and_auto, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_auto_picks_its_source, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_matched_drafts_only_where_they_pay, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_drops_stale_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_fails_a_malformed_reply, setup, teardown),
