@@ -33,7 +33,7 @@ static void on_tick(struct coordinator *c)
     registry_tick(c);
     lanes_tick(c);
     scheduler_tick(c);
-    replies_retry_held(c);
+    replies_retry_held(c, coord_now_ms());
     readiness_publish(c);
 }
 

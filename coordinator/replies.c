@@ -111,9 +111,8 @@ static void send_final(struct coordinator *c, const uint8_t *identity, size_t id
     h->since_ms = coord_now_ms();
 }
 
-void replies_retry_held(struct coordinator *c)
+void replies_retry_held(struct coordinator *c, double now)
 {
-    const double now = coord_now_ms();
     for (int i = 0; i < c->n_held;) {
         struct held_reply *h = &c->held[i];
         enum reply_sent r = replies_send(c, h->identity, h->identity_size, h->msg);

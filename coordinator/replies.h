@@ -16,8 +16,10 @@ enum reply_sent {
 
 enum reply_sent replies_send(struct coordinator *c, const uint8_t *identity, size_t identity_size,
                              const cJSON *msg);
-/* Sends again the final replies a full queue held back (on every tick). */
-void replies_retry_held(struct coordinator *c);
+/* Sends again the final replies a full queue held back (on every tick);
+ * one held COORD_HELD_REPLY_MS by now_ms (coord_now_ms) is dropped, counted
+ * in replies_undelivered_total. */
+void replies_retry_held(struct coordinator *c, double now_ms);
 /* Frees what is still held (the coordinator is going away). */
 void replies_free_held(struct coordinator *c);
 /* Sends error {id, code, message}, counts it in the metrics and logs it. */

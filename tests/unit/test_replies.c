@@ -1,0 +1,253 @@
+/* test_replies.c: the coordinator's client replies (coordinator/replies.c)
+ * over a real ROUTER socket (ZMQ_ROUTER_MANDATORY, as the coordinator's)
+ * and a client DEALER that reads only when the test says: its queue fills
+ * after a few messages and the ROUTER answers EAGAIN, the case that used
+ * to be covered only by a multi-minute end-to-end script.
+ *
+ * Covered: a final reply refused by a full queue is held, not dropped; it
+ * is sent again on a later tick once the client reads, and only then; one
+ * held past COORD_HELD_REPLY_MS is dropped and counted; a reply to a client
+ * that is gone is not held and the client is noted as gone; past
+ * COORD_HELD_REPLIES_MAX held replies the next one is dropped and counted;
+ * a token event refused by a full queue marks the request stalled.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <zmq.h>
+
+#include "connections.h"
+#include "coord_state.h"
+#include "error.h"
+#include "protocol.h"
+#include "replies.h"
+
+#define CLIENT_ID "client-a"
+
+struct fixture {
+    struct coordinator c;
+    void *zctx, *client;
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    char err[ERR_MSG_MAX];
+    metrics_init(&f->c.metrics);
+    f->zctx = zmq_ctx_new();
+    f->c.clients = f->zctx ? zmq_socket(f->zctx, ZMQ_ROUTER) : NULL;
+    if (!f->c.clients)
+        return -1;
+    const int one = 1, hwm = 1;
+    if (zmq_setsockopt(f->c.clients, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
+        zmq_setsockopt(f->c.clients, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        connections_create(&f->c.conns, f->zctx, f->c.clients, err) != 0 ||
+        zmq_bind(f->c.clients, "inproc://test-replies") != 0)
+        return -1;
+    f->client = zmq_socket(f->zctx, ZMQ_DEALER);
+    if (!f->client || zmq_setsockopt(f->client, ZMQ_ROUTING_ID, CLIENT_ID, strlen(CLIENT_ID)) != 0 ||
+        zmq_setsockopt(f->client, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_connect(f->client, "inproc://test-replies") != 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    replies_free_held(&f->c);
+    connections_destroy(f->c.conns);
+    const int zero = 0;
+    zmq_setsockopt(f->client, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(f->c.clients, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(f->client);
+    zmq_close(f->c.clients);
+    zmq_ctx_term(f->zctx);
+    free(f);
+    return 0;
+}
+
+/* One pass of the coordinator's poll loop over the client socket, then a
+ * tick: zmq_poll reads the socket's events, which is when libzmq takes in
+ * a reader's notice that its queue has room again. */
+static void tick(struct coordinator *c, double now_ms)
+{
+    int events = 0;
+    size_t size = sizeof events;
+    assert_int_equal(zmq_getsockopt(c->clients, ZMQ_EVENTS, &events, &size), 0);
+    replies_retry_held(c, now_ms);
+}
+
+static enum reply_sent send_filler(struct coordinator *c)
+{
+    cJSON *m = protocol_header_new("token");
+    assert_non_null(m);
+    cJSON_AddStringToObject(m, "id", "filler");
+    const enum reply_sent r = replies_send(c, (const uint8_t *)CLIENT_ID, strlen(CLIENT_ID), m);
+    cJSON_Delete(m);
+    return r;
+}
+
+/* Sends fillers until the client's queue refuses one; returns how many went. */
+static int fill_queue(struct coordinator *c)
+{
+    int sent = 0;
+    for (;;) {
+        const enum reply_sent r = send_filler(c);
+        if (r == REPLY_FULL)
+            return sent;
+        assert_int_equal(r, REPLY_SENT);
+        assert_true(++sent < 1000);
+    }
+}
+
+/* What the client has: the ids of the messages it reads, fillers aside,
+ * into ids (up to max); returns how many messages it read in all. */
+static int client_reads(struct fixture *f, char ids[][32], int max, int *n_ids)
+{
+    int n = 0;
+    *n_ids = 0;
+    for (;;) {
+        char buf[4096];
+        const int len = zmq_recv(f->client, buf, sizeof buf - 1, ZMQ_DONTWAIT);
+        if (len < 0) {
+            assert_int_equal(zmq_errno(), EAGAIN);
+            return n;
+        }
+        assert_true(len < (int)sizeof buf);
+        buf[len] = '\0';
+        n++;
+        cJSON *m = cJSON_Parse(buf);
+        assert_non_null(m);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+        if (cJSON_IsString(id) && strcmp(id->valuestring, "filler") != 0 && *n_ids < max)
+            snprintf(ids[(*n_ids)++], 32, "%s", id->valuestring);
+        cJSON_Delete(m);
+    }
+}
+
+/* A final reply meeting a full queue is held, retried on each tick while
+ * the queue stays full, and delivered once the client reads: never
+ * dropped, nothing counted as undelivered. */
+static void test_replies_full_queue_holds_the_final_reply_until_read(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    assert_true(fill_queue(c) >= 1);
+    replies_error(c, (const uint8_t *)CLIENT_ID, strlen(CLIENT_ID), "r1", METRICS_ERR_INVALID_REQUEST,
+                  "a test's error");
+    assert_int_equal(c->n_held, 1);
+    assert_int_equal(c->metrics.requests_failed[METRICS_ERR_INVALID_REQUEST], 1);
+    const double since = c->held[0].since_ms;
+    for (int t = 1; t <= 3; t++) {
+        tick(c, since + t * 100.0);
+        assert_int_equal(c->n_held, 1);
+    }
+    char ids[4][32];
+    int n_ids;
+    assert_true(client_reads(f, ids, 4, &n_ids) >= 1);
+    assert_int_equal(n_ids, 0); /* the error was not sent meanwhile */
+    tick(c, since + 400.0);
+    assert_int_equal(c->n_held, 0);
+    assert_int_equal(client_reads(f, ids, 4, &n_ids), 1);
+    assert_int_equal(n_ids, 1);
+    assert_string_equal(ids[0], "r1");
+    assert_int_equal(c->metrics.replies_undelivered_total, 0);
+}
+
+/* A client that reads nothing for COORD_HELD_REPLY_MS loses its held
+ * reply, and the loss is counted. */
+static void test_replies_held_reply_dropped_after_the_limit_and_counted(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    fill_queue(c);
+    replies_error(c, (const uint8_t *)CLIENT_ID, strlen(CLIENT_ID), "r2", METRICS_ERR_INVALID_REQUEST,
+                  "a test's error");
+    assert_int_equal(c->n_held, 1);
+    const double since = c->held[0].since_ms;
+    tick(c, since + COORD_HELD_REPLY_MS - 1.0);
+    assert_int_equal(c->n_held, 1);
+    assert_int_equal(c->metrics.replies_undelivered_total, 0);
+    tick(c, since + COORD_HELD_REPLY_MS + 1.0);
+    assert_int_equal(c->n_held, 0);
+    assert_int_equal(c->metrics.replies_undelivered_total, 1);
+    char ids[4][32];
+    int n_ids;
+    client_reads(f, ids, 4, &n_ids);
+    assert_int_equal(n_ids, 0);
+}
+
+/* A reply to a routing id no client holds: gone, not held, the id noted
+ * once (its requests are cancelled by the poll loop). */
+static void test_replies_gone_client_is_noted_not_held(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    cJSON *m = protocol_header_new("done");
+    assert_non_null(m);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(replies_send(c, (const uint8_t *)"nobody", 6, m), REPLY_GONE);
+    cJSON_Delete(m);
+    assert_int_equal(c->n_gone, 1);
+    assert_int_equal(c->gone_size[0], 6);
+    assert_memory_equal(c->gone[0], "nobody", 6);
+    replies_error(c, (const uint8_t *)"nobody", 6, "r3", METRICS_ERR_INVALID_REQUEST, "gone");
+    assert_int_equal(c->n_held, 0);
+}
+
+/* Past COORD_HELD_REPLIES_MAX held replies, the next is dropped and
+ * counted; the held ones all arrive once the client reads. */
+static void test_replies_held_replies_are_bounded(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    fill_queue(c);
+    for (int i = 0; i <= COORD_HELD_REPLIES_MAX; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "h%d", i);
+        replies_error(c, (const uint8_t *)CLIENT_ID, strlen(CLIENT_ID), id, METRICS_ERR_INVALID_REQUEST,
+                      "held");
+    }
+    assert_int_equal(c->n_held, COORD_HELD_REPLIES_MAX);
+    assert_int_equal(c->metrics.replies_undelivered_total, 1);
+    /* the client reads, a tick sends what fits, again and again */
+    static char ids[COORD_HELD_REPLIES_MAX][32];
+    int got = 0;
+    const double since = c->held[0].since_ms;
+    for (int t = 0; t < 10 * COORD_HELD_REPLIES_MAX && c->n_held > 0; t++) {
+        int n_ids;
+        client_reads(f, ids + got, COORD_HELD_REPLIES_MAX - got, &n_ids);
+        got += n_ids;
+        tick(c, since + 1.0);
+    }
+    int n_ids;
+    client_reads(f, ids + got, COORD_HELD_REPLIES_MAX - got, &n_ids);
+    got += n_ids;
+    assert_int_equal(c->n_held, 0);
+    assert_int_equal(got, COORD_HELD_REPLIES_MAX);
+    assert_int_equal(c->metrics.replies_undelivered_total, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_replies_full_queue_holds_the_final_reply_until_read, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_replies_held_reply_dropped_after_the_limit_and_counted, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_replies_gone_client_is_noted_not_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replies_held_replies_are_bounded, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
