@@ -11,6 +11,8 @@
  * The CUDA backend queues its work and returns: every timing ends with the
  * backend's sync (or with the download of a token, which waits).
  */
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,29 @@
 
 #ifdef TANDEM_HAVE_CUDA
 enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512, LONG_POS = 8000 };
+
+/* One line per aim of the GPU step (docs/perf), MET or MISS, so that the
+ * stage's summary says which held without anyone reading the tables. */
+static void print_aim(bool met, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void print_aim(bool met, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  AIM %s: ", met ? "MET " : "MISS");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+/* The share of the read floor a preset's greedy decode aims at (0: none). */
+static double floor_aim(const char *preset)
+{
+    if (strcmp(preset, "llama-3.2-3b") == 0)
+        return 0.60;
+    if (strcmp(preset, "llama-3.2-1b") == 0)
+        return 0.50;
+    return 0;
+}
 
 /* A second context on m's model: graphs off, or a longer context. */
 static int second_ctx(struct bench_model *out, const struct bench_model *m, int max_seq_len,
@@ -47,9 +72,10 @@ static void print_graphs(const char *what, const struct llama_ctx *ctx)
 
 /* Target-only decode of the four sampler variants on m, and the device
  * greedy one on eager (graphs off). */
-static int decode_table(const struct bench_opts *o, struct bench_model *m,
+static int decode_table(const struct bench_opts *o, const char *preset, struct bench_model *m,
                         struct bench_model *eager, double floor_ms)
 {
+    double device_ms[2] = {0, 0}; /* device sampler: greedy, T=0.8 */
     char err[ERR_MSG_MAX] = "";
     printf("  %-34s %10s %10s %12s\n", "decode (target only)", "tokens/s", "ms/token",
            "% of floor");
@@ -57,7 +83,7 @@ static int decode_table(const struct bench_opts *o, struct bench_model *m,
     sampling_params_default(&greedy);
     sampled = greedy;
     sampled.temperature = 0.8f;
-    sampled.top_p = 0.95f;
+    sampled.top_p = 0.9f;
     static const char *const names[5] = {
         "device sampler, greedy", "device sampler, T=0.8", "host sampler, greedy",
         "host sampler, T=0.8", "device sampler, greedy, no graphs"};
@@ -76,7 +102,16 @@ static int decode_table(const struct bench_opts *o, struct bench_model *m,
             return 1;
         printf("  %-34s %10.1f %10.3f %11.1f%%\n", names[v], tps, 1000.0 / tps,
                100.0 * floor_ms * tps / 1000.0);
+        if (v < 2)
+            device_ms[v] = 1000.0 / tps;
     }
+    const double aim = floor_aim(preset), share = floor_ms / device_ms[0];
+    if (aim > 0)
+        print_aim(share >= aim, "greedy decode at %.1f%% of the read floor (aim %.0f%%)",
+                  100.0 * share, 100.0 * aim);
+    print_aim(device_ms[1] - device_ms[0] <= 0.15,
+              "sampled decode (T=0.8, top-p 0.9) %.3f ms a token over greedy (aim <= 0.15)",
+              device_ms[1] - device_ms[0]);
     return 0;
 }
 
@@ -99,8 +134,12 @@ static int fill(struct bench_model *m, int n, char *err)
 
 /* K + 1 rows in one call against one row, graphs and eager side by side. */
 static int verify_table(const struct bench_opts *o, struct bench_model *m,
-                        struct bench_model *eager, float *logits_dev)
+                        struct bench_model *eager, float *logits_dev, double *one_row_ms)
 {
+    static const struct {
+        int rows;
+        double aim; /* at most this many times one row, graphs on */
+    } aims[3] = {{5, 1.10}, {9, 1.35}, {17, 1.60}};
     char err[ERR_MSG_MAX] = "";
     if (fill(m, PREFIX, err) || fill(eager, PREFIX, err))
         return die("prefix", err);
@@ -118,13 +157,19 @@ static int verify_table(const struct bench_opts *o, struct bench_model *m,
             one[0] = ms[0], one[1] = ms[1];
         printf("    %4d %10.3f %8.2fx %9.3f %8.2fx %12.2fx\n", rows, ms[0], ms[0] / one[0], ms[1],
                ms[1] / one[1], ms[1] / ms[0]);
+        for (int a = 0; a < 3; a++)
+            if (aims[a].rows == rows)
+                print_aim(ms[0] / one[0] <= aims[a].aim, "%d verification rows %.2fx one row (aim <= %.2fx)",
+                          rows, ms[0] / one[0], aims[a].aim);
     }
+    *one_row_ms = one[0];
     return 0;
 }
 
 /* One-row decode calls at position 512 and at LONG_POS (a context of its
  * own), graphs on: what attention's length costs. */
-static int long_context(const struct bench_opts *o, struct bench_model *m, float *logits_dev)
+static int long_context(const struct bench_opts *o, struct bench_model *m, float *logits_dev,
+                        double at_prefix_ms)
 {
     char err[ERR_MSG_MAX] = "";
     struct bench_model lc;
@@ -140,6 +185,8 @@ static int long_context(const struct bench_opts *o, struct bench_model *m, float
         }
     printf("  decode one row at position %d: %.3f ms, at %d: %.3f ms (%.2fx)\n", at[0], ms[0],
            at[1], ms[1], ms[1] / ms[0]);
+    print_aim(ms[0] <= 1.15 * at_prefix_ms, "decode at position %d %.2fx position %d (aim <= 1.15x)", at[0],
+              ms[0] / at_prefix_ms, PREFIX);
     /* at LONG_POS, each attention kernel forced (the same bits) */
     static const enum kern_cuda_attn_path paths[2] = {KERN_CUDA_ATTN_PER_HEAD,
                                                       KERN_CUDA_ATTN_GROUPED};
@@ -219,12 +266,13 @@ static int bench_preset(const struct bench_opts *o, struct kern_backend *be, con
                             (void **)&logits_dev, err);
     if (rc)
         rc = die("logits buffer", err);
+    double one_row_ms = 0;
     if (!rc)
-        rc = decode_table(o, &m, &eager, floor_ms);
+        rc = decode_table(o, preset, &m, &eager, floor_ms);
     if (!rc)
-        rc = verify_table(o, &m, &eager, logits_dev);
+        rc = verify_table(o, &m, &eager, logits_dev, &one_row_ms);
     if (!rc)
-        rc = long_context(o, &m, logits_dev);
+        rc = long_context(o, &m, logits_dev, one_row_ms);
     if (!rc)
         rc = prefill(&m, logits_dev);
     if (!rc) {
