@@ -23,7 +23,7 @@ enum MHD_Result http_reply_text(struct MHD_Connection *conn, int status, const c
 }
 
 static enum MHD_Result reply_json_headers(struct MHD_Connection *conn, int status, cJSON *body, const char *hname,
-                                          const char *hvalue)
+                                          const char *hvalue, bool close)
 {
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     cJSON_Delete(body);
@@ -38,8 +38,15 @@ static enum MHD_Result reply_json_headers(struct MHD_Connection *conn, int statu
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    if (hname != NULL)
-        MHD_add_response_header(r, hname, hvalue);
+    if (hname != NULL && MHD_add_response_header(r, hname, hvalue) != MHD_YES) {
+        MHD_destroy_response(r);
+        return MHD_NO;
+    }
+    /* libmicrohttpd closes the connection after a response that says so */
+    if (close && MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close") != MHD_YES) {
+        MHD_destroy_response(r);
+        return MHD_NO;
+    }
     enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
     return rc;
@@ -47,16 +54,22 @@ static enum MHD_Result reply_json_headers(struct MHD_Connection *conn, int statu
 
 enum MHD_Result http_reply_json(struct MHD_Connection *conn, int status, cJSON *body)
 {
-    return reply_json_headers(conn, status, body, NULL, NULL);
+    return reply_json_headers(conn, status, body, NULL, NULL, false);
 }
 
 enum MHD_Result http_reply_error(struct MHD_Connection *conn, const struct openai_error *e, const char *allow)
 {
     if (e->status == 401)
-        return reply_json_headers(conn, e->status, openai_error_json(e), MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+        return reply_json_headers(conn, e->status, openai_error_json(e), MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer",
+                                  false);
     if (e->status == 405 && allow != NULL)
-        return reply_json_headers(conn, e->status, openai_error_json(e), MHD_HTTP_HEADER_ALLOW, allow);
-    return reply_json_headers(conn, e->status, openai_error_json(e), NULL, NULL);
+        return reply_json_headers(conn, e->status, openai_error_json(e), MHD_HTTP_HEADER_ALLOW, allow, false);
+    return reply_json_headers(conn, e->status, openai_error_json(e), NULL, NULL, false);
+}
+
+enum MHD_Result http_reply_error_close(struct MHD_Connection *conn, const struct openai_error *e)
+{
+    return reply_json_headers(conn, e->status, openai_error_json(e), NULL, NULL, true);
 }
 
 bool http_reply_client_gone(struct MHD_Connection *conn)

@@ -18,6 +18,10 @@ enum MHD_Result http_reply_json(struct MHD_Connection *conn, int status, cJSON *
 /* Queues e as {"error":{...}} with e->status (plus WWW-Authenticate on 401,
  * Allow on 405 when allow is not NULL). */
 enum MHD_Result http_reply_error(struct MHD_Connection *conn, const struct openai_error *e, const char *allow);
+/* Queues e like http_reply_error, with "Connection: close": libmicrohttpd
+ * closes the connection once it is sent. For a request whose framing is in
+ * doubt: whatever follows its headers cannot be trusted to be a request. */
+enum MHD_Result http_reply_error_close(struct MHD_Connection *conn, const struct openai_error *e);
 /* Queues len bytes of text (copied) with content_type. */
 enum MHD_Result http_reply_text(struct MHD_Connection *conn, int status, const char *content_type, const char *text,
                                 size_t len);

@@ -8,9 +8,10 @@
  * that waits for the coordinator parks its connection (watch.h) and returns;
  * the coordinator's reply wakes it and libmicrohttpd calls again.
  *
- * Per request, the access handler is called first with the headers (route,
- * method, key and Content-Length are checked there, so a refused request is
- * answered before its body is read), then with body pieces (kept up to
+ * Per request, the access handler is called first with the headers
+ * (framing, target, route, method, key and Content-Length are checked there,
+ * so a refused request is answered before its body is read; one whose
+ * framing or target is refused is closed after its answer), then with body pieces (kept up to
  * max_body_bytes; a chunked upload that crosses it is answered 413 at once,
  * see http_reply_error_early), then once more to answer, again after each
  * wake while it is parked. Every path answers with an OpenAI error object;
@@ -106,6 +107,130 @@ static enum http_metrics_endpoint endpoint_of(enum route r)
     default:
         return HTTP_METRICS_OTHER;
     }
+}
+
+/* The path of a request target: the target itself in origin form
+ * ("/health"); past the authority in absolute form ("http://host/health",
+ * which RFC 9112 3.2.2 says a server must accept; its Host header is then
+ * the authority's, and the gateway routes by path alone); NULL for any
+ * other form ("*", "host:443"), which the gateway does not serve. */
+static const char *path_of(const char *url)
+{
+    if (url[0] == '/')
+        return url;
+    size_t scheme = strncasecmp(url, "http://", 7) == 0 ? 7 : strncasecmp(url, "https://", 8) == 0 ? 8 : 0;
+    if (scheme == 0 || url[scheme] == '\0' || url[scheme] == '/')
+        return NULL;
+    const char *slash = strchr(url + scheme, '/');
+    return slash != NULL ? slash : "/";
+}
+
+/* libmicrohttpd's own percent-decoding writes a decoded %00 into the
+ * target, which then ends there ("/v1/models/ti%00ny" would be routed as
+ * "/v1/models/ti"). A target that decodes to a NUL becomes "" instead,
+ * which on_headers refuses (as it refuses an empty target). Query
+ * arguments go through here too; the gateway reads none. */
+static size_t unescape_target(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    size_t n = MHD_http_unescape(s);
+    if (strlen(s) != n) {
+        s[0] = '\0';
+        return 0;
+    }
+    return n;
+}
+
+/* What a request's headers say about where its body ends. */
+struct framing {
+    int n_content_length;   /* Content-Length headers */
+    int n_transfer_encoding;/* Transfer-Encoding headers */
+    int n_codings;          /* transfer codings over all of them */
+    int n_chunked;
+    char unknown[32];       /* the first coding other than chunked; "" = none */
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct framing *f = cls;
+    (void)kind;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        f->n_content_length++;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) != 0)
+        return MHD_YES;
+    f->n_transfer_encoding++;
+    /* a list of codings (RFC 9110 5.6.1: empty elements allowed), each a
+     * token with optional parameters, in any case */
+    for (const char *v = value != NULL ? value : ""; *v != '\0';) {
+        while (*v == ' ' || *v == '\t' || *v == ',')
+            v++;
+        size_t len = strcspn(v, ",; \t");
+        if (len > 0) {
+            f->n_codings++;
+            if (len == 7 && strncasecmp(v, "chunked", 7) == 0)
+                f->n_chunked++;
+            else if (f->unknown[0] == '\0')
+                snprintf(f->unknown, sizeof(f->unknown), "%.*s", (int)(len < 24 ? len : 24), v);
+        }
+        v += len;
+        v += strcspn(v, ",");
+    }
+    return MHD_YES;
+}
+
+/* Refuses (true, e set) a request whose headers do not say plainly where its
+ * body ends, or whose target the gateway does not serve. Decided before any
+ * body byte is read; the answer closes the connection (RFC 9112 6.3): a
+ * proxy in front that read the framing the other way would otherwise carry
+ * a hidden request in what the gateway takes for a body. */
+static bool framing_refused(struct MHD_Connection *conn, const char *url, const char *version,
+                            struct openai_error *e)
+{
+    struct framing f = {0};
+    if (MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f) < 0) {
+        openai_error_set(e, 500, "server_error", NULL, NULL, "cannot read the request's headers");
+        return true;
+    }
+    if (f.n_content_length > 1) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
+                         "Content-Length: given %d times; a request has at most one", f.n_content_length);
+        return true;
+    }
+    if (f.n_content_length > 0 && f.n_transfer_encoding > 0) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
+                         "Content-Length and Transfer-Encoding together: a request has one or the other");
+        return true;
+    }
+    if (f.unknown[0] != '\0') {
+        openai_error_set(e, 501, "invalid_request_error", "unsupported_transfer_coding", NULL,
+                         "Transfer-Encoding: \"%s\" is not supported (only chunked)", f.unknown);
+        return true;
+    }
+    if (f.n_transfer_encoding > 1 || f.n_chunked > 1) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
+                         "Transfer-Encoding: chunked given more than once");
+        return true;
+    }
+    if (f.n_transfer_encoding > 0 && (f.n_codings == 0 || strcmp(version, MHD_HTTP_VERSION_1_0) == 0)) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
+                         f.n_codings == 0 ? "Transfer-Encoding: empty"
+                                          : "Transfer-Encoding: not allowed in an HTTP/1.0 request");
+        return true;
+    }
+    if (url[0] == '\0') {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
+                         "request target: empty, or a NUL byte (%%00) in it");
+        return true;
+    }
+    if (path_of(url) == NULL) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
+                         "request target \"%.200s\": only a path (/v1/models) or an absolute URL "
+                         "(http://host/v1/models) is served",
+                         url);
+        return true;
+    }
+    return false;
 }
 
 /* The route of url and the method it takes ("GET" / "POST"). */
@@ -343,9 +468,20 @@ static enum MHD_Result refuse(struct MHD_Connection *conn, const struct openai_e
     return http_reply_error(conn, e, allow);
 }
 
-/* The first call, with the headers: route, method, key, Content-Length. */
+/* Like refuse, and the connection is closed once the answer is sent. */
+static enum MHD_Result refuse_close(struct MHD_Connection *conn, const struct openai_error *e, struct request_state *st,
+                                    const struct server_params *p)
+{
+    st->answered = true;
+    watch_conn_phase(st->wc, WATCH_SERVING);
+    http_metrics_request_done(p->metrics, endpoint_of(st->route), e->status);
+    return http_reply_error_close(conn, e);
+}
+
+/* The first call, with the headers: framing, target, route, method, key,
+ * Content-Length. */
 static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn, const char *url, const char *method,
-                                  void **con_cls)
+                                  const char *version, void **con_cls)
 {
     const struct server_params *p = &s->p;
     struct openai_error e;
@@ -357,6 +493,9 @@ static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn,
     if (st->wc == NULL)
         return MHD_NO; /* being shut down: its record could not be made */
     watch_conn_phase(st->wc, WATCH_BODY);
+    if (framing_refused(conn, url, version, &e))
+        return refuse_close(conn, &e, st, p);
+    url = path_of(url);
     const char *want = NULL;
     st->route = route_of(url, &want);
     if (st->route == ROUTE_NONE) {
@@ -459,9 +598,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 {
     struct server *s = cls;
     struct request_state *st = *con_cls;
-    (void)version;
     if (st == NULL)
-        return on_headers(s, conn, url, method, con_cls);
+        return on_headers(s, conn, url, method, version, con_cls);
     size_t n = *upload_data_size;
     *upload_data_size = 0;
     if (st->early) {
@@ -474,7 +612,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     if (n > 0)
         return on_body(conn, st, &s->p, upload_data, n);
-    return on_request(conn, url, st, &s->p);
+    return on_request(conn, path_of(url), st, &s->p); /* not NULL: on_headers refused those */
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -603,7 +741,7 @@ int server_start(struct server **out, const struct server_params *p, char *err)
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)p->cfg->max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVER_IDLE_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_target, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         MHD_OPTION_END);
     if (s->daemon == NULL) {
         watch_destroy(s->watch);
