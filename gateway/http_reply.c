@@ -42,6 +42,12 @@ static enum MHD_Result reply_json_headers(struct MHD_Connection *conn, int statu
         MHD_destroy_response(r);
         return MHD_NO;
     }
+    /* a client told to come back is told when (RFC 9110 10.2.3) */
+    if ((status == 429 || status == 503) &&
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, HTTP_REPLY_RETRY_AFTER_TEXT) != MHD_YES) {
+        MHD_destroy_response(r);
+        return MHD_NO;
+    }
     /* libmicrohttpd closes the connection after a response that says so */
     if (close && MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close") != MHD_YES) {
         MHD_destroy_response(r);
@@ -92,10 +98,12 @@ int http_reply_error_early(struct MHD_Connection *conn, const struct openai_erro
         return -1;
     }
     char head[256];
+    const bool retry = e->status == 429 || e->status == 503;
     int n = snprintf(head, sizeof(head),
                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n",
-                     e->status, MHD_get_reason_phrase_for((unsigned)e->status), strlen(body));
+                     "%s%s%sConnection: close\r\n\r\n",
+                     e->status, MHD_get_reason_phrase_for((unsigned)e->status), strlen(body),
+                     retry ? "Retry-After: " : "", retry ? HTTP_REPLY_RETRY_AFTER_TEXT : "", retry ? "\r\n" : "");
     int rc = -1;
     if (n > 0 && (size_t)n < sizeof(head)) {
         struct iovec iov[2] = {{head, (size_t)n}, {body, strlen(body)}};

@@ -13,6 +13,10 @@
 
 #include "openai.h"
 
+/* Retry-After of every 429 and 503, in seconds: the coordinator's queue and
+ * the connection limits drain in about that. */
+#define HTTP_REPLY_RETRY_AFTER_TEXT "1"
+
 /* Queues body (consumed: deleted here) with status; NULL body = out of memory (500). */
 enum MHD_Result http_reply_json(struct MHD_Connection *conn, int status, cJSON *body);
 /* Queues e as {"error":{...}} with e->status (plus WWW-Authenticate on 401,
@@ -31,7 +35,9 @@ enum MHD_Result http_reply_text(struct MHD_Connection *conn, int status, const c
 bool http_reply_client_gone(struct MHD_Connection *conn);
 /* Writes e as a whole response ("Connection: close") straight to the
  * connection's socket and ends the gateway's side of it (shutdown SHUT_WR).
- * Only for a refusal in the middle of a body, from the access handler:
+ * For a refusal in the middle of a body, from the access handler, and for
+ * a connection past the limits, from the connection notification (before
+ * libmicrohttpd has read or written anything on it):
  * libmicrohttpd 0.9 queues a response only before a body or after all of it,
  * and an upload over the limit must be answered without reading the rest.
  * libmicrohttpd writes nothing while it reads a body, so the bytes cannot

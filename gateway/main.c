@@ -42,7 +42,7 @@
 static void fit_open_files(const struct gateway_config *g)
 {
     struct rlimit rl;
-    const rlim_t need = (rlim_t)g->max_connections + GATEWAY_SPARE_FDS;
+    const rlim_t need = (rlim_t)server_socket_limit(g) + GATEWAY_SPARE_FDS;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
         LOG_WARN("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
         return;

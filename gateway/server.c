@@ -34,6 +34,7 @@
 
 #include <microhttpd.h>
 
+#include "admit.h"
 #include "error.h"
 #include "generation.h"
 #include "http_reply.h"
@@ -62,6 +63,7 @@ struct server {
     struct server_params p;
     struct MHD_Daemon *daemon;
     struct watch *watch;
+    struct admit *admit;
     pthread_mutex_t log_mu;
     struct mhd_log_kind log_kinds[SERVER_MHD_LOG_KINDS];
 };
@@ -490,8 +492,8 @@ static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn,
         return MHD_NO;
     *con_cls = st;
     st->wc = watch_conn_of(conn);
-    if (st->wc == NULL)
-        return MHD_NO; /* being shut down: its record could not be made */
+    if (st->wc == NULL || watch_conn_closing(st->wc))
+        return MHD_NO; /* being shut down (no record could be made), or answered at connect */
     watch_conn_phase(st->wc, WATCH_BODY);
     if (framing_refused(conn, url, version, &e))
         return refuse_close(conn, &e, st, p);
@@ -633,11 +635,48 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         watch_conn_phase(wc, WATCH_HEADERS);
 }
 
+/* The client's IPv4 address, network byte order; 0 when unknown. */
+static uint32_t client_address(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci == NULL || ci->client_addr == NULL || ci->client_addr->sa_family != AF_INET)
+        return 0;
+    return ((const struct sockaddr_in *)(const void *)ci->client_addr)->sin_addr.s_addr;
+}
+
+/* A connection past the limits is answered at once, before libmicrohttpd
+ * reads anything (a 503 or 429 written to its socket, whatever it asks),
+ * and closed once the client has read it or WATCH_LINGER_MS has passed:
+ * a close at accept would reach the client as a reset, with no word of
+ * why or when to come back. */
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
     struct server *s = cls;
     watch_on_connection(s->watch, conn, socket_context, code);
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        admit_leave(s->admit, client_address(conn));
+        return;
+    }
+    if (code != MHD_CONNECTION_NOTIFY_STARTED)
+        return;
+    enum admit_verdict v = admit_enter(s->admit, client_address(conn));
+    struct watch_conn *wc = *socket_context;
+    if (v == ADMIT_OK || wc == NULL) /* without a record it is being shut down already */
+        return;
+    struct openai_error e;
+    if (v == ADMIT_OVER_ADDRESS)
+        openai_error_set(&e, 429, "rate_limit_error", "too_many_connections", NULL,
+                         "%d connections are open from this address (gateway.max_connections_per_ip); "
+                         "close one or retry later",
+                         s->p.cfg->max_connections_per_ip);
+    else
+        openai_error_set(&e, 503, "server_error", "too_many_connections", NULL,
+                         "the gateway has %d connections open (gateway.max_connections); retry later",
+                         s->p.cfg->max_connections);
+    watch_conn_phase(wc, WATCH_CLOSING);
+    http_metrics_request_done(s->p.metrics, HTTP_METRICS_OTHER, e.status);
+    (void)http_reply_error_early(conn, &e); /* not taken whole: the client is gone, it closes anyway */
 }
 
 /* libmicrohttpd's own messages (a refused connection, a closed one), one
@@ -701,6 +740,11 @@ static int parse_listen(const char *listen, struct sockaddr_in *sa, char *err)
     return 0;
 }
 
+unsigned server_socket_limit(const struct gateway_config *cfg)
+{
+    return (unsigned)cfg->max_connections * SERVER_ANSWERED_PAST_LIMIT;
+}
+
 static unsigned event_threads(const struct gateway_config *cfg)
 {
     if (cfg->threads > 0)
@@ -733,27 +777,35 @@ int server_start(struct server **out, const struct server_params *p, char *err)
         free(s);
         return rc;
     }
+    if ((rc = admit_create(&s->admit, p->cfg->max_connections, p->cfg->max_connections_per_ip, err)) != 0) {
+        watch_destroy(s->watch);
+        pthread_mutex_destroy(&s->log_mu);
+        free(s);
+        return rc;
+    }
     const unsigned threads = event_threads(p->cfg);
     const unsigned flags =
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     s->daemon = MHD_start_daemon(
         flags, ntohs(sa.sin_port), NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        (unsigned)p->cfg->max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVER_IDLE_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_LIMIT, server_socket_limit(p->cfg), MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)SERVER_IDLE_TIMEOUT_S,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_target, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         MHD_OPTION_END);
     if (s->daemon == NULL) {
+        admit_destroy(s->admit);
         watch_destroy(s->watch);
         pthread_mutex_destroy(&s->log_mu);
         free(s);
         return error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve HTTP on %s (address in use?)",
                          p->cfg->listen);
     }
-    LOG_INFO("HTTP: %u event-loop thread(s), at most %d connections, %d per client address%s; headers within "
-             "%d ms, bodies within %d ms, bodies up to %d bytes",
+    LOG_INFO("HTTP: %u event-loop thread(s), at most %d connections, %d per client address%s (past them "
+             "answered 503/429 up to %u sockets); headers within %d ms, bodies within %d ms, bodies up to %d bytes",
              threads, p->cfg->max_connections, p->cfg->max_connections_per_ip,
-             p->cfg->max_connections_per_ip == 0 ? " (no limit)" : "", p->cfg->header_timeout_ms,
+             p->cfg->max_connections_per_ip == 0 ? " (no limit)" : "", server_socket_limit(p->cfg),
+             p->cfg->header_timeout_ms,
              p->cfg->body_timeout_ms, p->cfg->max_body_bytes);
     *out = s;
     return 0;
@@ -767,6 +819,7 @@ void server_stop(struct server *s)
     watch_stop(s->watch);
     MHD_stop_daemon(s->daemon);
     watch_destroy(s->watch);
+    admit_destroy(s->admit);
     pthread_mutex_destroy(&s->log_mu);
     free(s);
 }

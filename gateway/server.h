@@ -28,6 +28,15 @@ struct server_params {
 
 struct server;
 
+/* libmicrohttpd's own connection limit, this many times max_connections:
+ * connections past max_connections (or max_connections_per_ip) are still
+ * accepted, to be answered 503 (429) and closed; past this many sockets
+ * libmicrohttpd closes them at accept, as the last guard of the
+ * descriptors. */
+#define SERVER_ANSWERED_PAST_LIMIT 2
+/* The sockets the gateway may hold at once (for the open-files limit). */
+unsigned server_socket_limit(const struct gateway_config *cfg);
+
 /* Binds cfg->listen and starts serving. ERR_INVALID_ARG (bad address),
  * ERR_SYSTEM (cannot bind, no thread), ERR_NOMEM. */
 int server_start(struct server **out, const struct server_params *p, char *err);

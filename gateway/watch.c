@@ -339,6 +339,14 @@ void watch_conn_phase(struct watch_conn *c, enum watch_phase phase)
     pthread_mutex_unlock(&w->mu);
 }
 
+bool watch_conn_closing(struct watch_conn *c)
+{
+    pthread_mutex_lock(&c->w->mu);
+    bool closing = c->phase == WATCH_CLOSING;
+    pthread_mutex_unlock(&c->w->mu);
+    return closing;
+}
+
 void watch_conn_hold(struct watch_conn *c)
 {
     pthread_mutex_lock(&c->w->mu);

@@ -80,6 +80,9 @@ struct watch_conn *watch_conn_of(struct MHD_Connection *conn);
  * wake left over from the previous request. */
 void watch_conn_phase(struct watch_conn *c, enum watch_phase phase);
 
+/* True in WATCH_CLOSING: the connection was answered already, and what it
+ * still sends is not a request. */
+bool watch_conn_closing(struct watch_conn *c);
 /* A reference that keeps the record alive after its connection closed: held
  * by whoever registered watch_wake as a bridge notification, released after
  * that bridge call was closed. */

@@ -2,7 +2,8 @@
 """Slow and idle HTTP clients cannot starve the gateway (issue 49):
 1. 300 connections from 127.0.0.2 that send nothing or half a request, with
    the default limits: at most max_connections_per_ip (64) of them are kept,
-   the rest are closed at once; completions from 127.0.0.1 are answered
+   the rest are answered 429 (an OpenAI error object, not a reset) and
+   closed at once; completions from 127.0.0.1 are answered
    within a bound meanwhile; the kept ones are closed once
    header_timeout_ms has passed, a client trickling a byte at a time too (a
    deadline, not an idle timeout), and a body that stops is closed after
@@ -42,18 +43,26 @@ def open_from(p, source, first_bytes=b""):
     return s
 
 
+ANSWERS = {}  # id(socket): what the gateway sent on it before closing it
+
+
 def is_closed(s):
-    """True when the gateway closed (or reset) the connection: readable with
-    no bytes, or an error; False while it is open and silent."""
-    r, _, _ = select.select([s], [], [], 0)
-    if not r:
-        return False
-    try:
-        return s.recv(4096) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
+    """True when the gateway closed (or reset) the connection: readable to
+    its end, or an error; False while it is open. What it sent first goes
+    to ANSWERS."""
+    while True:
+        r, _, _ = select.select([s], [], [], 0)
+        if not r:
+            return False
+        try:
+            chunk = s.recv(4096)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        if not chunk:
+            return True
+        ANSWERS[id(s)] = ANSWERS.get(id(s), b"") + chunk
 
 
 def slow_crowd(p, n):
@@ -119,6 +128,11 @@ def deadlines_and_per_ip_limit(p):
     kept = [s for s in crowd if not is_closed(s)]
     check(0 < len(kept) <= 64, "max_connections_per_ip 64: %d of %d connections from 127.0.0.2 kept" %
           (len(kept), N_SLOW))
+    for s in crowd:
+        if s not in kept:
+            got = ANSWERS.get(id(s), b"")
+            check(got.startswith(b"HTTP/1.1 429 ") and b'"code":"too_many_connections"' in got,
+                  "a connection past max_connections_per_ip: %r" % got[:300])
     took = completions_answered(p)
     print("per-address limit: %d of %d slow connections kept; 4 completions answered in %.2f s" %
           (len(kept), N_SLOW, took))
