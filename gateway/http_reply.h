@@ -41,7 +41,7 @@ bool http_reply_client_gone(struct MHD_Connection *conn);
  * libmicrohttpd 0.9 queues a response only before a body or after all of it,
  * and an upload over the limit must be answered without reading the rest.
  * libmicrohttpd writes nothing while it reads a body, so the bytes cannot
- * mix; plain HTTP only (no TLS here). The caller then discards what still
+ * mix; plain HTTP only (over HTTPS server.c answers through libmicrohttpd). The caller then discards what still
  * arrives for a moment (WATCH_CLOSING) rather than closing at once: a close
  * with unread bytes resets the connection, and the reset can reach the
  * client before it has read the answer. 0, or -1 when the socket did not

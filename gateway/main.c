@@ -97,6 +97,11 @@ int main(int argc, char **argv)
         }
         gateway_key = gateway_secret;
     }
+    struct tls_files tls;
+    if (tls_files_load(&tls, &cfg.gateway, why) != 0) {
+        fprintf(stderr, "tandem-gateway: %s\n", why);
+        return PROC_START_EXIT_CONFIG;
+    }
     fit_open_files(&cfg.gateway);
     int brc = bridge_create(&bridge, cfg.gateway.coordinator_endpoint, server_key, gateway_key,
                             (size_t)cfg.coordinator.max_message_bytes, err);
@@ -114,10 +119,12 @@ int main(int argc, char **argv)
         .metrics = metrics,
         .started_s = (long)time(NULL),
         .stop = &proc_start_stop_requested,
+        .tls = &tls,
     };
     if (server_start(&server, &p, err) != 0)
         goto done;
-    LOG_INFO("serving HTTP on %s for model \"%s\", coordinator %s%s%s%s", cfg.gateway.listen,
+    LOG_INFO("serving %s on %s for model \"%s\", coordinator %s%s%s%s", tls.cert_pem ? "HTTPS" : "HTTP",
+             cfg.gateway.listen,
              cfg.gateway.served_model_name, cfg.gateway.coordinator_endpoint, server_key ? " (CURVE)" : "",
              api_key[0] ? ", API key required" : "", cfg.gateway.metrics_require_key ? " (on /metrics too)" : "");
     if (api_key[0] == '\0' && cfg.gateway.allow_unauthenticated)
@@ -133,5 +140,6 @@ done:
     server_stop(server);
     http_metrics_destroy(metrics);
     bridge_destroy(bridge);
+    tls_files_free(&tls);
     return status;
 }

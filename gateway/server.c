@@ -64,6 +64,7 @@ struct server {
     struct MHD_Daemon *daemon;
     struct watch *watch;
     struct admit *admit;
+    bool tls;         /* HTTPS: nothing may be written to a socket beside libmicrohttpd */
     pthread_mutex_t log_mu;
     struct mhd_log_kind log_kinds[SERVER_MHD_LOG_KINDS];
 };
@@ -82,6 +83,7 @@ struct request_state {
     enum route route;
     bool answered;    /* a response was queued (or written early) */
     bool early;       /* answered in the middle of its body: the rest is discarded, then closed */
+    bool too_large;   /* HTTPS: a body past the limit, discarded to its end, then answered 413 */
     bool serving;     /* the body is complete: the request is the gateway's */
     char *body;
     size_t len, cap;
@@ -492,9 +494,25 @@ static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn,
         return MHD_NO;
     *con_cls = st;
     st->wc = watch_conn_of(conn);
-    if (st->wc == NULL || watch_conn_closing(st->wc))
-        return MHD_NO; /* being shut down (no record could be made), or answered at connect */
+    if (st->wc == NULL)
+        return MHD_NO; /* being shut down: its record could not be made */
+    if (watch_conn_closing(st->wc)) {
+        if (!s->tls)
+            return MHD_NO; /* answered at connect */
+        /* past the limits at connect: a TLS connection is answered once its handshake is done */
+        openai_error_set(&e, 503, "server_error", "too_many_connections", NULL,
+                         "the gateway has too many connections open (gateway.max_connections or "
+                         "gateway.max_connections_per_ip); retry later");
+        return refuse_close(conn, &e, st, p);
+    }
     watch_conn_phase(st->wc, WATCH_BODY);
+    if (p->tls != NULL && p->tls->client_ca_pem != NULL) {
+        char why[256];
+        if (!tls_client_verified(conn, why, sizeof(why))) {
+            openai_error_set(&e, 401, "authentication_error", "invalid_client_certificate", NULL, "%s", why);
+            return refuse_close(conn, &e, st, p);
+        }
+    }
     if (framing_refused(conn, url, version, &e))
         return refuse_close(conn, &e, st, p);
     url = path_of(url);
@@ -533,6 +551,12 @@ static enum MHD_Result on_body(struct MHD_Connection *conn, struct request_state
                                const char *data, size_t n)
 {
     size_t limit = (size_t)p->cfg->max_body_bytes;
+    if (st->len + n > limit && p->tls != NULL) {
+        /* no answer can be written beside libmicrohttpd's TLS session: the
+         * rest is read and dropped (within body_timeout_ms), then answered */
+        st->too_large = true;
+        return MHD_YES;
+    }
     if (st->len + n > limit) {
         struct openai_error e;
         openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -610,6 +634,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         st->discarded += n;
         return n == 0 || st->discarded > (size_t)s->p.cfg->max_body_bytes ? MHD_NO : MHD_YES;
     }
+    if (st->too_large) {
+        if (n > 0)
+            return MHD_YES;
+        struct openai_error e;
+        openai_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                         "request body is larger than the limit of %d bytes (gateway.max_body_bytes)",
+                         s->p.cfg->max_body_bytes);
+        st->too_large = false;
+        return refuse_close(conn, &e, st, &s->p);
+    }
     if (st->answered) /* the body of a request refused with its headers */
         return MHD_YES;
     if (n > 0)
@@ -675,6 +709,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                          "the gateway has %d connections open (gateway.max_connections); retry later",
                          s->p.cfg->max_connections);
     watch_conn_phase(wc, WATCH_CLOSING);
+    if (s->tls)
+        return; /* answered by on_headers once the handshake is done */
     http_metrics_request_done(s->p.metrics, HTTP_METRICS_OTHER, e.status);
     (void)http_reply_error_early(conn, &e); /* not taken whole: the client is gone, it closes anyway */
 }
@@ -784,26 +820,38 @@ int server_start(struct server **out, const struct server_params *p, char *err)
         return rc;
     }
     const unsigned threads = event_threads(p->cfg);
-    const unsigned flags =
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    s->tls = p->tls != NULL && p->tls->cert_pem != NULL;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    struct MHD_OptionItem tls_opts[4];
+    int k = 0;
+    if (s->tls) {
+        flags |= MHD_USE_TLS;
+        tls_opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, p->tls->key_pem};
+        tls_opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, p->tls->cert_pem};
+        if (p->tls->client_ca_pem != NULL) /* libmicrohttpd then asks each client for a certificate */
+            tls_opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, p->tls->client_ca_pem};
+    }
+    tls_opts[k] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     s->daemon = MHD_start_daemon(
         flags, ntohs(sa.sin_port), NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
         MHD_OPTION_CONNECTION_LIMIT, server_socket_limit(p->cfg), MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)SERVER_IDLE_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_target, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-        MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_target, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     if (s->daemon == NULL) {
         admit_destroy(s->admit);
         watch_destroy(s->watch);
         pthread_mutex_destroy(&s->log_mu);
         free(s);
-        return error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve HTTP on %s (address in use?)",
-                         p->cfg->listen);
+        const bool tls = p->tls != NULL && p->tls->cert_pem != NULL;
+        return error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve %s on %s (address in use?%s)",
+                         tls ? "HTTPS" : "HTTP", p->cfg->listen,
+                         tls ? " or libmicrohttpd refused the certificate: see the log above" : "");
     }
-    LOG_INFO("HTTP: %u event-loop thread(s), at most %d connections, %d per client address%s (past them "
+    LOG_INFO("%s: %u event-loop thread(s), at most %d connections, %d per client address%s (past them "
              "answered 503/429 up to %u sockets); headers within %d ms, bodies within %d ms, bodies up to %d bytes",
-             threads, p->cfg->max_connections, p->cfg->max_connections_per_ip,
+             s->tls ? "HTTPS" : "HTTP", threads, p->cfg->max_connections, p->cfg->max_connections_per_ip,
              p->cfg->max_connections_per_ip == 0 ? " (no limit)" : "", server_socket_limit(p->cfg),
              p->cfg->header_timeout_ms,
              p->cfg->body_timeout_ms, p->cfg->max_body_bytes);

@@ -15,6 +15,7 @@
 #include "bridge.h"
 #include "http_metrics.h"
 #include "proc_config.h"
+#include "tls.h"
 
 /* What every handler needs; borrowed: must outlive the server. */
 struct server_params {
@@ -24,6 +25,7 @@ struct server_params {
     struct http_metrics *metrics;
     long started_s;               /* Unix time the gateway started (/v1/models "created") */
     volatile sig_atomic_t *stop;  /* set when the gateway stops: waits end, requests are cancelled */
+    const struct tls_files *tls;  /* HTTPS when tls->cert_pem is set; NULL = plain HTTP */
 };
 
 struct server;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Tandem needs on a fresh Debian machine, skipping what is there:
 #   Debian: compiler, CMake, libzmq, cJSON, CMocka, PCRE2, libmicrohttpd (the
-#           gateway's HTTP server), pyzmq (wire example), curl (gateway tests),
+#           gateway's HTTP server; GnuTLS, its TLS, checks the certificates),
+#           pyzmq (wire example), curl and openssl (gateway tests: openssl
+#           makes the HTTPS test's certificates),
 #           nginx-light (the balancer the replicas test puts in front of two
 #           instances, deploy/nginx; only the binary is used, not its service),
 #           clang and libclang-rt-dev (libFuzzer and the sanitizer runtimes for
@@ -15,7 +17,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 debian_packages=(build-essential cmake pkg-config libzmq3-dev libcjson-dev libcmocka-dev
-                 libpcre2-dev libmicrohttpd-dev curl nginx-light python3 python3-zmq nodejs npm clang
+                 libpcre2-dev libmicrohttpd-dev libgnutls28-dev openssl curl nginx-light python3 python3-zmq nodejs npm clang
                  libclang-rt-dev)
 missing=()
 for pkg in "${debian_packages[@]}"; do

@@ -193,6 +193,10 @@ static const struct key_desc gateway_keys[] = {
              "the coordinator's CURVE public key, when its client endpoint uses CURVE [none]"),
     GKEY_STR(curve_secret_key_file, NULL,
              "the gateway's CURVE secret key, for a coordinator that lists client keys [a fresh pair]"),
+    GKEY_STR(tls_cert_file, NULL, "PEM certificate (chain): serve HTTPS [\"\": plain HTTP]"),
+    GKEY_STR(tls_key_file, NULL, "the certificate's PEM private key, unencrypted [\"\"]"),
+    GKEY_STR(tls_client_ca_file, NULL,
+             "PEM CA(s): a client must present a certificate they signed (with tls_cert_file) [\"\"]"),
     GKEY_INT(max_body_bytes, 0, 1 << 30,
              "largest request body, at most coordinator.max_message_bytes less 512; 0 = that "
              "[coordinator.max_message_bytes - 512]"),
@@ -717,6 +721,13 @@ static int finalize_gateway_limits(struct proc_config *cfg, char *err)
     if (g->metrics_require_key && !keyed)
         return error_set(err, ERR_INVALID_ARG,
                          "gateway.metrics_require_key: needs a key: set gateway.api_key or gateway.api_key_env");
+    if ((g->tls_cert_file[0] == '\0') != (g->tls_key_file[0] == '\0'))
+        return error_set(err, ERR_INVALID_ARG, "gateway.%s: set without gateway.%s: HTTPS needs both",
+                         g->tls_cert_file[0] != '\0' ? "tls_cert_file" : "tls_key_file",
+                         g->tls_cert_file[0] != '\0' ? "tls_key_file" : "tls_cert_file");
+    if (g->tls_client_ca_file[0] != '\0' && g->tls_cert_file[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG,
+                         "gateway.tls_client_ca_file: needs HTTPS: set gateway.tls_cert_file and gateway.tls_key_file");
     return 0;
 }
 

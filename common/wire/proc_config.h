@@ -135,6 +135,10 @@ struct gateway_config {
     char api_key_env[PROC_CONFIG_NAME_MAX];/* environment variable holding the key */
     char coordinator_curve_public_key_file[PROC_CONFIG_PATH_MAX]; /* "" = plain ZeroMQ to the coordinator */
     char curve_secret_key_file[PROC_CONFIG_PATH_MAX]; /* the gateway's own; "" = a fresh pair per start */
+    char tls_cert_file[PROC_CONFIG_PATH_MAX];      /* PEM certificate (chain); "" = plain HTTP */
+    char tls_key_file[PROC_CONFIG_PATH_MAX];       /* its PEM private key, unencrypted */
+    char tls_client_ca_file[PROC_CONFIG_PATH_MAX]; /* PEM CA(s) a client certificate must chain to;
+                                                      "" = no client certificate asked */
     int max_body_bytes;                    /* largest request body; 0 (default) = derived in finalize:
                                               coordinator.max_message_bytes less
                                               PROC_CONFIG_GATEWAY_ENVELOPE_BYTES */
