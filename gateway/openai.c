@@ -78,7 +78,7 @@ enum field_rule {
     F_FALSE,          /* logprobs (chat), echo: false only */
     F_ZERO,           /* penalties: 0 only */
     F_EMPTY,          /* logit_bias: {} only */
-    F_IGNORED,        /* user: metadata with no effect on generation */
+    F_IGNORED,        /* user: a string of metadata with no effect on generation */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
 };
 
@@ -421,6 +421,8 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
             return bad(e, name, "%s: not supported by this server (only {})%s", name, "");
         return 0;
     case F_IGNORED:
+        if (!cJSON_IsString(v))
+            return bad(e, name, "%s: expected a string, got %s", name, json_type_name(v));
         return 0;
     case F_UNSUPPORTED:
         return bad(e, name, "%s: not supported by this server%s", name, "");

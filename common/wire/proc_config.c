@@ -423,6 +423,11 @@ static int key_set_int(void *sec_base, const char *sec_name, const struct key_de
     return 0;
 }
 
+static bool key_is_boolean(const struct key_desc *k)
+{
+    return k->kind == KEY_INT && k->min == 0 && k->max == 1;
+}
+
 /* Integral JSON number within long long range; 0 or -1. */
 static int json_integer(const cJSON *item, long long *out)
 {
@@ -446,9 +451,12 @@ static int key_set_json(void *sec_base, const char *sec_name, const struct key_d
                              k->name, json_type_name(item));
         return key_set_string(sec_base, sec_name, k, item->valuestring, err);
     case KEY_INT:
+        /* a 0/1 key is a boolean: true and false mean what they say */
+        if (key_is_boolean(k) && cJSON_IsBool(item))
+            return key_set_int(sec_base, sec_name, k, cJSON_IsTrue(item) ? 1 : 0, err);
         if (!cJSON_IsNumber(item))
-            return error_set(err, ERR_INVALID_ARG, "%s.%s: expected an integer, got %s",
-                             sec_name, k->name, json_type_name(item));
+            return error_set(err, ERR_INVALID_ARG, "%s.%s: expected %s, got %s", sec_name, k->name,
+                             key_is_boolean(k) ? "true, false, 1 or 0" : "an integer", json_type_name(item));
         if (json_integer(item, &iv) != 0)
             return error_set(err, ERR_INVALID_ARG, "%s.%s: expected an integer, got %g",
                              sec_name, k->name, item->valuedouble);
@@ -678,6 +686,8 @@ int proc_config_set(struct proc_config *cfg, const char *key, const char *value,
     if (!k)
         return error_set(err, ERR_INVALID_ARG, "%s: unknown key", name);
     void *base = (char *)cfg + sec->offset;
+    if (key_is_boolean(k) && (strcmp(value, "true") == 0 || strcmp(value, "false") == 0))
+        return key_set_int(base, sec->name, k, value[0] == 't', err);
     if (k->kind == KEY_INT) {
         char *end = NULL;
         errno = 0;

@@ -101,6 +101,11 @@ static void test_openai_refusals_name_the_field(void **state)
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":\"3\"}", 400, "max_tokens"},
         {OPENAI_COMPLETION, "{\"prompt\":\"x\"}", 400, "model"},
         {OPENAI_COMPLETION, "[]", 400, ""},
+        /* user is a string (docs/http.md), not any JSON value */
+        {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"user\":7}", 400, "user"},
+        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":{}}", 400,
+         "user"},
+        {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"user\":true}", 400, "user"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct openai_request r;

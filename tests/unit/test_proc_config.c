@@ -162,6 +162,39 @@ static void test_proc_config_wrong_type_names_key_and_type(void **state)
     assert_non_null(strstr(err, "draft_worker: expected an object, got array"));
 }
 
+/* Every 0/1 key takes JSON true and false too, in every section, and
+ * "true"/"false" on the command line; other types are still refused. */
+static void test_proc_config_boolean_keys_take_json_booleans(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg,
+                          "{\"gateway\":{\"allow_unauthenticated\":true,\"metrics_require_key\":false},"
+                          "\"coordinator\":{\"insecure\":true,\"worker_lane\":false},"
+                          "\"target_worker\":{\"model\":\"/m/t\",\"prefix_cache\":false,\"cuda_graphs\":true},"
+                          "\"supervisor\":{\"mps\":true}}",
+                          err),
+                     0);
+    assert_int_equal(cfg.gateway.allow_unauthenticated, 1);
+    assert_int_equal(cfg.gateway.metrics_require_key, 0);
+    assert_int_equal(cfg.coordinator.insecure, 1);
+    assert_int_equal(cfg.coordinator.worker_lane, 0);
+    assert_int_equal(cfg.target_worker.prefix_cache, 0);
+    assert_int_equal(cfg.target_worker.cuda_graphs, 1);
+    assert_int_equal(cfg.supervisor.mps, 1);
+    assert_int_equal(proc_config_set(&cfg, "gateway.allow_unauthenticated", "false", err), 0);
+    assert_int_equal(cfg.gateway.allow_unauthenticated, 0);
+    assert_int_equal(proc_config_set(&cfg, "coordinator.insecure", "false", err), 0);
+    assert_int_equal(cfg.coordinator.insecure, 0);
+    assert_int_equal(load(&cfg, "{\"gateway\":{\"allow_unauthenticated\":\"yes\"}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "gateway.allow_unauthenticated: expected true, false, 1 or 0, got string"));
+    /* a key with a wider range is no boolean */
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max_queue\":true}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.max_queue: expected an integer"));
+    assert_int_equal(proc_config_set(&cfg, "coordinator.max_queue", "true", err), ERR_INVALID_ARG);
+}
+
 static void test_proc_config_unknown_keys_are_rejected(void **state)
 {
     (void)state;
@@ -709,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_file_values_are_loaded),
         cmocka_unit_test(test_proc_config_missing_model_names_the_key),
         cmocka_unit_test(test_proc_config_wrong_type_names_key_and_type),
+        cmocka_unit_test(test_proc_config_boolean_keys_take_json_booleans),
         cmocka_unit_test(test_proc_config_unknown_keys_are_rejected),
         cmocka_unit_test(test_proc_config_enum_and_range_errors_name_the_key),
         cmocka_unit_test(test_proc_config_bad_endpoints_are_rejected),
