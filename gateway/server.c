@@ -94,6 +94,12 @@ struct request_state {
     double stats_deadline_s;
 };
 
+/* p->tls is set whether or not a certificate was configured. */
+static bool serves_tls(const struct server_params *p)
+{
+    return p->tls != NULL && p->tls->cert_pem != NULL;
+}
+
 static enum http_metrics_endpoint endpoint_of(enum route r)
 {
     switch (r) {
@@ -551,7 +557,7 @@ static enum MHD_Result on_body(struct MHD_Connection *conn, struct request_state
                                const char *data, size_t n)
 {
     size_t limit = (size_t)p->cfg->max_body_bytes;
-    if (st->len + n > limit && p->tls != NULL) {
+    if (st->len + n > limit && serves_tls(p)) {
         /* no answer can be written beside libmicrohttpd's TLS session: the
          * rest is read and dropped (within body_timeout_ms), then answered */
         st->too_large = true;
@@ -820,7 +826,7 @@ int server_start(struct server **out, const struct server_params *p, char *err)
         return rc;
     }
     const unsigned threads = event_threads(p->cfg);
-    s->tls = p->tls != NULL && p->tls->cert_pem != NULL;
+    s->tls = serves_tls(p);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     struct MHD_OptionItem tls_opts[4];
     int k = 0;
@@ -844,7 +850,7 @@ int server_start(struct server **out, const struct server_params *p, char *err)
         watch_destroy(s->watch);
         pthread_mutex_destroy(&s->log_mu);
         free(s);
-        const bool tls = p->tls != NULL && p->tls->cert_pem != NULL;
+        const bool tls = serves_tls(p);
         return error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve %s on %s (address in use?%s)",
                          tls ? "HTTPS" : "HTTP", p->cfg->listen,
                          tls ? " or libmicrohttpd refused the certificate: see the log above" : "");
