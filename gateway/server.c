@@ -159,6 +159,7 @@ struct framing {
     int n_codings;          /* transfer codings over all of them */
     int n_chunked;
     char unknown[32];       /* the first coding other than chunked; "" = none */
+    int n_host;             /* Host headers */
 };
 
 static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
@@ -167,6 +168,8 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     (void)kind;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
         f->n_content_length++;
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
+        f->n_host++;
     if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) != 0)
         return MHD_YES;
     f->n_transfer_encoding++;
@@ -226,6 +229,18 @@ static bool framing_refused(struct MHD_Connection *conn, const char *url, const 
         openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
                          f.n_codings == 0 ? "Transfer-Encoding: empty"
                                           : "Transfer-Encoding: not allowed in an HTTP/1.0 request");
+        return true;
+    }
+    /* RFC 9112 3.2: an HTTP/1.1 request has exactly one Host; a proxy and
+     * the gateway could otherwise disagree on whose request it is */
+    if (f.n_host > 1) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
+                         "Host: given %d times; a request has one", f.n_host);
+        return true;
+    }
+    if (f.n_host == 0 && strcmp(version, MHD_HTTP_VERSION_1_1) == 0) {
+        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
+                         "Host: missing; an HTTP/1.1 request has one");
         return true;
     }
     if (url[0] == '\0') {

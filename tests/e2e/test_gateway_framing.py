@@ -4,7 +4,8 @@ over raw sockets:
 1. A request whose headers do not say plainly where its body ends
    (repeated or conflicting Content-Length, Content-Length with
    Transfer-Encoding, an unknown or repeated transfer coding) or whose target
-   the gateway does not serve ("*", authority form, a decoded NUL) gets its
+   the gateway does not serve ("*", authority form, a decoded NUL, no or two
+   Host headers in HTTP/1.1) gets its
    RFC 9112 status (400, 501 for an unknown coding) with an OpenAI error
    object, "Connection: close", and the connection closed: exactly one
    response, also when the bytes after the headers hold a second request.
@@ -44,6 +45,8 @@ REFUSED = [
      POST + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "invalid_framing"),
     ("Transfer-Encoding in an HTTP/1.0 request",
      b"POST /v1/completions HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "invalid_framing"),
+    ("HTTP/1.1 without Host", b"GET /v1/models HTTP/1.1\r\n\r\n", 400, "invalid_request_target"),
+    ("two Host headers", b"GET /v1/models HTTP/1.1\r\n" + H + b"Host: y\r\n\r\n", 400, "invalid_request_target"),
     ("asterisk form", b"OPTIONS * HTTP/1.1\r\n" + H + b"\r\n", 400, "invalid_request_target"),
     ("authority form", b"GET x:443 HTTP/1.1\r\n" + H + b"\r\n", 400, "invalid_request_target"),
     ("a decoded NUL in the model name", b"GET /v1/models/ti%00ny HTTP/1.1\r\n" + H + b"\r\n", 400,
