@@ -12,7 +12,9 @@ made here (openssl):
 4. With tls_client_ca_file: a client without a certificate gets a 401
    invalid_client_certificate (an OpenAI error object); one with a
    certificate the CA signed is served; one signed by another CA is
-   refused (401 or at the handshake)."""
+   refused (401 or at the handshake).
+5. Past max_connections, a TLS connection gets its 503 (Retry-After, an
+   OpenAI error object) once its handshake is done."""
 import json
 import os
 import socket
@@ -228,6 +230,40 @@ def client_certificates(p, d):
     print("client certificates: none 401, the CA's served, another CA's refused (rc %d, status %d)" % (rc, st))
 
 
+def overload(p, d):
+    """Past max_connections a TLS connection is answered 503 once its
+    handshake is done (nothing can be written before it)."""
+    p.kill("gateway", sig=15)
+    p.config["gateway"].update(max_connections=2, tls_client_ca_file="")
+    p.start("gateway")
+    wait_https(p, os.path.join(d, "server.pem"))
+    time.sleep(0.3)  # the probe's connection is gone
+    ctx = ssl.create_default_context(cafile=os.path.join(d, "server.pem"))
+    port = int(p.base_url.rsplit(":", 1)[1])
+    held = []
+    for _ in range(2):
+        held.append(ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                                    server_hostname="127.0.0.1"))
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n")
+    got = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    except (ssl.SSLError, OSError):
+        pass
+    for c in held + [s]:
+        c.close()
+    check(got.startswith(b"HTTP/1.1 503"), "HTTPS past max_connections: %r" % got[:300])
+    head, _, body = got.partition(b"\r\n\r\n")
+    check(b"Retry-After: 1" in head and json.loads(body)["error"]["code"] == "too_many_connections",
+          "HTTPS 503: %r" % got[:400])
+    print("HTTPS past max_connections 2: 503 too_many_connections after the handshake")
+
+
 def test():
     require_gateway()
     import shutil
@@ -249,6 +285,7 @@ def test():
     plain_refused(p)
     refused_at_start(p, d)
     client_certificates(p, d)
+    overload(p, d)
 
 
 if __name__ == "__main__":
