@@ -9,12 +9,13 @@
  * the coordinator's reply wakes it and libmicrohttpd calls again.
  *
  * Per request, the access handler is called first with the headers
- * (framing, target, route, method, key and Content-Length are checked there,
- * so a refused request is answered before its body is read; one whose
- * framing or target is refused is closed after its answer), then with body pieces (kept up to
- * max_body_bytes; a chunked upload that crosses it is answered 413 at once,
- * see http_reply_error_early), then once more to answer, again after each
- * wake while it is parked. Every path answers with an OpenAI error object;
+ * (framing and target, framing.h; route, method, key and Content-Length:
+ * a refused request is answered before its body is read, and one whose
+ * framing or target is refused is closed after its answer), then with body
+ * pieces (kept up to max_body_bytes; a chunked upload that crosses it is
+ * answered 413 at once, see http_reply_error_early; over HTTPS at its end),
+ * then once more to answer, again after each wake while it is parked. A
+ * connection past the limits (admit.h) is answered as it opens. Every path answers with an OpenAI error object;
  * nothing a client sends can crash the gateway. What libmicrohttpd answers
  * itself (malformed HTTP) is listed in docs/http.md.
  */
@@ -36,6 +37,7 @@
 
 #include "admit.h"
 #include "error.h"
+#include "framing.h"
 #include "generation.h"
 #include "http_reply.h"
 #include "logging.h"
@@ -117,145 +119,6 @@ static enum http_metrics_endpoint endpoint_of(enum route r)
     default:
         return HTTP_METRICS_OTHER;
     }
-}
-
-/* The path of a request target: the target itself in origin form
- * ("/health"); past the authority in absolute form ("http://host/health",
- * which RFC 9112 3.2.2 says a server must accept; its Host header is then
- * the authority's, and the gateway routes by path alone); NULL for any
- * other form ("*", "host:443"), which the gateway does not serve. */
-static const char *path_of(const char *url)
-{
-    if (url[0] == '/')
-        return url;
-    size_t scheme = strncasecmp(url, "http://", 7) == 0 ? 7 : strncasecmp(url, "https://", 8) == 0 ? 8 : 0;
-    if (scheme == 0 || url[scheme] == '\0' || url[scheme] == '/')
-        return NULL;
-    const char *slash = strchr(url + scheme, '/');
-    return slash != NULL ? slash : "/";
-}
-
-/* libmicrohttpd's own percent-decoding writes a decoded %00 into the
- * target, which then ends there ("/v1/models/ti%00ny" would be routed as
- * "/v1/models/ti"). A target that decodes to a NUL becomes "" instead,
- * which on_headers refuses (as it refuses an empty target). Query
- * arguments go through here too; the gateway reads none. */
-static size_t unescape_target(void *cls, struct MHD_Connection *conn, char *s)
-{
-    (void)cls;
-    (void)conn;
-    size_t n = MHD_http_unescape(s);
-    if (strlen(s) != n) {
-        s[0] = '\0';
-        return 0;
-    }
-    return n;
-}
-
-/* What a request's headers say about where its body ends. */
-struct framing {
-    int n_content_length;   /* Content-Length headers */
-    int n_transfer_encoding;/* Transfer-Encoding headers */
-    int n_codings;          /* transfer codings over all of them */
-    int n_chunked;
-    char unknown[32];       /* the first coding other than chunked; "" = none */
-    int n_host;             /* Host headers */
-};
-
-static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
-{
-    struct framing *f = cls;
-    (void)kind;
-    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
-        f->n_content_length++;
-    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
-        f->n_host++;
-    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) != 0)
-        return MHD_YES;
-    f->n_transfer_encoding++;
-    /* a list of codings (RFC 9110 5.6.1: empty elements allowed), each a
-     * token with optional parameters, in any case */
-    for (const char *v = value != NULL ? value : ""; *v != '\0';) {
-        while (*v == ' ' || *v == '\t' || *v == ',')
-            v++;
-        size_t len = strcspn(v, ",; \t");
-        if (len > 0) {
-            f->n_codings++;
-            if (len == 7 && strncasecmp(v, "chunked", 7) == 0)
-                f->n_chunked++;
-            else if (f->unknown[0] == '\0')
-                snprintf(f->unknown, sizeof(f->unknown), "%.*s", (int)(len < 24 ? len : 24), v);
-        }
-        v += len;
-        v += strcspn(v, ",");
-    }
-    return MHD_YES;
-}
-
-/* Refuses (true, e set) a request whose headers do not say plainly where its
- * body ends, or whose target the gateway does not serve. Decided before any
- * body byte is read; the answer closes the connection (RFC 9112 6.3): a
- * proxy in front that read the framing the other way would otherwise carry
- * a hidden request in what the gateway takes for a body. */
-static bool framing_refused(struct MHD_Connection *conn, const char *url, const char *version,
-                            struct openai_error *e)
-{
-    struct framing f = {0};
-    if (MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f) < 0) {
-        openai_error_set(e, 500, "server_error", NULL, NULL, "cannot read the request's headers");
-        return true;
-    }
-    if (f.n_content_length > 1) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
-                         "Content-Length: given %d times; a request has at most one", f.n_content_length);
-        return true;
-    }
-    if (f.n_content_length > 0 && f.n_transfer_encoding > 0) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
-                         "Content-Length and Transfer-Encoding together: a request has one or the other");
-        return true;
-    }
-    if (f.unknown[0] != '\0') {
-        openai_error_set(e, 501, "invalid_request_error", "unsupported_transfer_coding", NULL,
-                         "Transfer-Encoding: \"%s\" is not supported (only chunked)", f.unknown);
-        return true;
-    }
-    if (f.n_transfer_encoding > 1 || f.n_chunked > 1) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
-                         "Transfer-Encoding: chunked given more than once");
-        return true;
-    }
-    if (f.n_transfer_encoding > 0 && (f.n_codings == 0 || strcmp(version, MHD_HTTP_VERSION_1_0) == 0)) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_framing", NULL,
-                         f.n_codings == 0 ? "Transfer-Encoding: empty"
-                                          : "Transfer-Encoding: not allowed in an HTTP/1.0 request");
-        return true;
-    }
-    /* RFC 9112 3.2: an HTTP/1.1 request has exactly one Host; a proxy and
-     * the gateway could otherwise disagree on whose request it is */
-    if (f.n_host > 1) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
-                         "Host: given %d times; a request has one", f.n_host);
-        return true;
-    }
-    if (f.n_host == 0 && strcmp(version, MHD_HTTP_VERSION_1_1) == 0) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
-                         "Host: missing; an HTTP/1.1 request has one");
-        return true;
-    }
-    if (url[0] == '\0') {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
-                         "request target: empty, or a NUL byte (%%00) in it");
-        return true;
-    }
-    if (path_of(url) == NULL) {
-        openai_error_set(e, 400, "invalid_request_error", "invalid_request_target", NULL,
-                         "request target \"%.200s\": only a path (/v1/models) or an absolute URL "
-                         "(http://host/v1/models) is served",
-                         url);
-        return true;
-    }
-    return false;
 }
 
 /* The route of url and the method it takes ("GET" / "POST"). */
@@ -536,7 +399,7 @@ static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn,
     }
     if (framing_refused(conn, url, version, &e))
         return refuse_close(conn, &e, st, p);
-    url = path_of(url);
+    url = framing_path_of(url);
     const char *want = NULL;
     st->route = route_of(url, &want);
     if (st->route == ROUTE_NONE) {
@@ -669,7 +532,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     if (n > 0)
         return on_body(conn, st, &s->p, upload_data, n);
-    return on_request(conn, path_of(url), st, &s->p); /* not NULL: on_headers refused those */
+    return on_request(conn, framing_path_of(url), st, &s->p); /* not NULL: on_headers refused those */
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -858,7 +721,7 @@ int server_start(struct server **out, const struct server_params *p, char *err)
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
         MHD_OPTION_CONNECTION_LIMIT, server_socket_limit(p->cfg), MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)SERVER_IDLE_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_target, s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, framing_unescape, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     if (s->daemon == NULL) {
         admit_destroy(s->admit);
