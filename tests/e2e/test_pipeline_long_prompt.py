@@ -32,16 +32,27 @@ def pipeline(name, chunk, timeout_ms, models=None):
     return p, models
 
 
-def test():
-    ids = [3 + (i * 7) % 500 for i in range(N_PROMPT)]
+def prompt(n, step=7):
+    return [3 + (i * step) % 500 for i in range(n)]
 
+
+def test():
     # The timeout is set from this build's measured prefill time, so that the
-    # prefill takes several timeouts whether the build is fast or slow. The
-    # models live in a pipeline of their own, which is never started.
+    # prefill takes several timeouts whether the build is fast or slow; below
+    # the 40 ms floor (a fast build: a Release build prefills 1800 tiny
+    # tokens in well under 200 ms) the prompt grows instead, up to the
+    # workers' 8192 positions. The models live in a pipeline of their own,
+    # which is never started.
     holder = Pipeline("models")
     models = holder.make_pair()
     target = models[1]
+    n_prompt = N_PROMPT
+    ids = prompt(n_prompt)
     ref = reference(target, ids, 8)
+    if ref["prefill_ms"] < 8 * 40:
+        n_prompt = min(8000, int(n_prompt * 8 * 40 * 1.25 / max(1.0, ref["prefill_ms"])))
+        ids = prompt(n_prompt)
+        ref = reference(target, ids, 8)
     TIMEOUT_MS = int(min(200, max(40, ref["prefill_ms"] / 5)))
     p, _ = pipeline("long", 8, TIMEOUT_MS, models)
     s = p.client()
@@ -49,17 +60,18 @@ def test():
     check(done["type"] == "done", "long prompt with chunked prefill: %s" % done)
     check(done["ids"] == ref["ids"], "ids %s differ from target-only %s" % (done["ids"], ref["ids"]))
     prefill_ms = done["timing"]["prefill_ms"]
-    print("prefill of %d tokens: %.0f ms (worker_timeout_ms %d)" % (N_PROMPT, prefill_ms, TIMEOUT_MS))
+    print("prefill of %d tokens: %.0f ms (reference %.0f ms; worker_timeout_ms %d)" %
+          (n_prompt, prefill_ms, ref["prefill_ms"], TIMEOUT_MS))
     check(prefill_ms > 3 * TIMEOUT_MS, "prefill took %.0f ms: too fast to prove anything" % prefill_ms)
     st = p.stats()["workers"]
     check(st["target"]["losses"] == 0 and st["draft"]["losses"] == 0, "a worker was declared lost: %s" % st)
 
     # A truly hung target: SIGSTOP during the prefill, lost within the bound
     # (a prompt of its own: the first one's blocks are in the prefix cache).
-    other = [3 + (i * 11) % 500 for i in range(N_PROMPT)]
+    other = prompt(n_prompt, 11)
     s.send_json({"v": 1, "type": "generate", "id": "hung", "prompt_ids": other, "max_tokens": 8,
                  "temperature": 0})
-    time.sleep(0.2)
+    time.sleep(min(0.2, ref["prefill_ms"] / 4000.0))  # inside its prefill, however fast the build
     p.procs["target"].send_signal(signal.SIGSTOP)
     t0 = time.time()
     m, _ = collect(s, "hung", 30)
@@ -76,7 +88,7 @@ def test():
     s = p.client()
     m, _ = generate(s, {"id": "whole", "prompt_ids": ids, "max_tokens": 8, "temperature": 0}, 120)
     check(m["type"] == "error" and m["code"] == "target_unavailable",
-          "control: an unchunked prefill of %d tokens should outlast worker_timeout_ms: %s" % (N_PROMPT, m))
+          "control: an unchunked prefill of %d tokens should outlast worker_timeout_ms: %s" % (n_prompt, m))
     s.close()
     p.close()
 
