@@ -2,12 +2,8 @@
  * worker records, the sequence records and the coordinator itself.
  *
  * Private to coordinator/: no other room includes it. Each module owns a
- * part of these records (see the opening comment of each .c file):
- *   intake.c     turns client messages into queued sequences
- *   registry.c   the two worker records: registration, pairing, liveness
- *   scheduler.c  the sequences: admission, rounds, accepted tokens, endings
- *   replies.c    what goes back to clients (token, done and error replies)
- *   coordinator.c  creation, the poll loop and the timer
+ * part of these records (the opening comment of each .c file says which;
+ * docs/architecture.md, "The coordinator, by job", lists them all).
  * Single-threaded: every function runs on the thread of coordinator_run.
  */
 #ifndef TANDEM_COORD_STATE_H
