@@ -38,7 +38,8 @@ extern "C" {
  * scratch space; every op is queued on that stream in call order. One
  * thread at a time may call a backend; several backends (also on several
  * GPUs) may live in one process.
- * Returns 0, ERR_INVALID_ARG (malformed device string), ERR_NOT_FOUND (no
+ * Returns 0, ERR_INVALID_ARG (malformed device string, or a malformed
+ * TANDEM_CUDA_MM_TILED_MIN_ROWS: kern_cuda_matmul_tiled_min_rows), ERR_NOT_FOUND (no
  * such ordinal or UUID) or ERR_CUDA (no driver or device, or a CUDA/cuBLAS
  * call failed), the reason in err. On failure *out is NULL. */
 int kern_cuda_create(struct kern_backend **out, const char *device, char *err);
@@ -92,6 +93,16 @@ enum kern_cuda_mm_path {
 int kern_cuda_matmul_path(struct kern_backend *be, enum kern_cuda_mm_path path, float *out,
                           const float *in, const void *w, enum kern_dtype dtype, int n, int d_in,
                           int d_out, char *err);
+
+/* Rows from which this backend's KERN_CUDA_MM_AUTO (ops->matmul, and
+ * matmul_multi and matmul_swiglu, which follow it) takes the tiled kernel
+ * instead of the skinny ones: 18 (every verification of K + 1 <= 17 rows
+ * skinny), or the environment variable TANDEM_CUDA_MM_TILED_MIN_ROWS
+ * (an integer in 1..1000000) as kern_cuda_create read it; create fails
+ * with ERR_INVALID_ARG on any other value. A speed choice only: every
+ * kernel gives the same bits. Returns the count, or ERR_INVALID_ARG when
+ * be is not a CUDA backend. */
+int kern_cuda_matmul_tiled_min_rows(const struct kern_backend *be);
 
 /* Queues `calls` matmuls through a path back to back on the backend's
  * stream, call i with weights w[i % n_w] (device buffers of one shape,

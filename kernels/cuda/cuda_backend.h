@@ -85,6 +85,10 @@ struct cuda_backend {
     /* Device limits read at create (matmul.cu picks its tiles by them). */
     int sm_count;             /* multiprocessors */
     size_t smem_optin_bytes;  /* dynamic shared memory a block may opt in to */
+    /* Rows from which matmul takes the tiled kernel (speed only, the same
+     * bits): MM_TILED_MIN_ROWS, or TANDEM_CUDA_MM_TILED_MIN_ROWS read once
+     * at create (matmul_skinny.cuh). */
+    int mm_tiled_min_rows;
     /* Scratch, grown on demand (never shrunk), freed by destroy. */
     void *mm_act;             /* matmul: [n, d_in] bf16 activations for the cuBLAS
                                  path (benchmarks only, see matmul.cu) */
@@ -322,7 +326,10 @@ static __device__ __forceinline__ float cuda_block_max(float v)
 
 /* Called once by create, device current: reads the device limits above and
  * lets the tiled matmul kernels use more than 48 KiB of shared memory
- * (cudaFuncSetAttribute), so that no launch makes host calls of its own. */
+ * (cudaFuncSetAttribute), so that no launch makes host calls of its own.
+ * Reads TANDEM_CUDA_MM_TILED_MIN_ROWS into mm_tiled_min_rows: a value that
+ * is not an integer in 1..1000000 fails create (ERR_INVALID_ARG, naming
+ * the variable and the value). */
 int cuda_matmul_prepare(struct cuda_backend *cb, char *err);
 
 /* ---- ops (signatures of struct kern_ops) ------------------------------- */

@@ -21,10 +21,11 @@
  * Two kernels compute exactly that order, so either may take any call
  * (the choice is a speed choice only; tests compare them bit for bit):
  *
- * 1. Skinny kernel (mm_skinny_kernel), n < MM_TILED_MIN_ROWS (decode and
- *    small verifications), and the fallback: one warp per output column o
- *    (several rows: mm_skinny_cols_kernel, a warp per two or four columns,
- *    each column's order unchanged), up to 17 rows per launch (more rows:
+ * 1. Skinny kernel (mm_skinny_kernel), n below the backend's threshold
+ *    (MM_TILED_MIN_ROWS = 18 or the environment's, matmul_skinny.cuh:
+ *    decode and every verification), and the fallback: one warp per output
+ *    column o (several rows: mm_skinny_cols_kernel, a warp per four
+ *    columns, each column's order unchanged), up to 17 rows per launch (more rows:
  *    groups of 17); the columns of up
  *    to four weights sharing the input (cuda_matmul_multi: q, k, v; gate,
  *    up) may share one launch, each column computed as alone. Lane l is class l;
@@ -33,8 +34,8 @@
  *    the same FMAs, so alignment never changes a bit. The lane sums are
  *    folded by cuda_warp_sum and lane 0 stores S1(0).
  *
- * 2. Tiled kernel (mm_tiled_kernel), n >= MM_TILED_MIN_ROWS (verification,
- *    prefill, LM head over many rows): a block computes BM rows x BN
+ * 2. Tiled kernel (mm_tiled_kernel), n at or above the threshold (prefill,
+ *    LM head over many rows): a block computes BM rows x BN
  *    columns, warps of 16 rows x 8 columns, and walks k in tiles of 256
  *    (one chunk per class). A k-tile of the block's input rows (f32) and
  *    weight rows (as stored: bf16, f16 or f32) is copied to shared memory
@@ -74,6 +75,8 @@
  */
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_backend.h"
@@ -569,8 +572,34 @@ static int mm_cfg_fits(const struct cuda_backend *cb, enum mm_cfg cfg, enum kern
     return mm_cfg_smem(cfg, dtype) <= cb->smem_optin_bytes;
 }
 
+/* The tiled kernel's threshold: MM_TILED_MIN_ROWS, or the environment's
+ * (matmul_skinny.cuh), read once so that every call of a backend, and every
+ * graph recorded on it, takes the same kernels. */
+static int mm_read_tiled_min_rows(struct cuda_backend *cb, char *err)
+{
+    cb->mm_tiled_min_rows = MM_TILED_MIN_ROWS;
+    const char *s = getenv(MM_TILED_MIN_ROWS_ENV);
+    if (!s || !*s)
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < 1 || v > 1000000)
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s: must be an integer in 1..1000000 (rows from which matmul takes "
+                         "the tiled kernel), got \"%s\"", MM_TILED_MIN_ROWS_ENV, s);
+    cb->mm_tiled_min_rows = (int)v;
+    if (v != MM_TILED_MIN_ROWS)
+        LOG_INFO("cuda matmul: the tiled kernel from %ld rows (%s; default %d)", v,
+                 MM_TILED_MIN_ROWS_ENV, MM_TILED_MIN_ROWS);
+    return 0;
+}
+
 int cuda_matmul_prepare(struct cuda_backend *cb, char *err)
 {
+    int rc = mm_read_tiled_min_rows(cb, err);
+    if (rc < 0)
+        return rc;
     int v = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, cb->device));
     cb->sm_count = v;
@@ -589,10 +618,11 @@ int cuda_matmul_prepare(struct cuda_backend *cb, char *err)
     return 0;
 }
 
-/* Columns per warp of the several-row kernels: rows 2..8 take four,
- * 9..17 two (their accumulators must stay in registers). */
+/* Columns per warp of the several-row kernels: four for rows 2..8 and for
+ * 9..17 (acc[4][17], 68 accumulators, stays in registers: ptxas -v shows no
+ * spills on sm_90; check again when changing either). */
 #define MM_COLS_FEW 4
-#define MM_COLS_MANY 2
+#define MM_COLS_MANY 4
 #define MM_FEW_ROWS 8
 
 /* Rows [0, n) with n <= MM_SKINNY_MAX; cols: the launch's columns. */
@@ -832,7 +862,7 @@ static int mm_run(struct cuda_backend *cb, enum kern_cuda_mm_path path, float *o
     case KERN_CUDA_MM_AUTO:
     case KERN_CUDA_MM_TILED: {
         const enum mm_cfg cfg = mm_pick_cfg(cb, dtype, n, d_out);
-        if (path == KERN_CUDA_MM_AUTO && (n < MM_TILED_MIN_ROWS || cfg == MM_CFG_COUNT))
+        if (path == KERN_CUDA_MM_AUTO && (n < cb->mm_tiled_min_rows || cfg == MM_CFG_COUNT))
             return mm_skinny(cb, out, in, w, dtype, n, d_in, d_out, err);
         return mm_tiled(cb, cfg, out, in, w, dtype, n, d_in, d_out, err);
     }
@@ -861,7 +891,7 @@ int cuda_matmul(struct kern_backend *be, float *out, const float *in, const void
 bool cuda_matmul_is_skinny(struct cuda_backend *cb, enum kern_dtype dtype, int n, int d_out)
 {
     return dtype != KERN_DTYPE_Q8 && dtype != KERN_DTYPE_Q4 &&
-           (n < MM_TILED_MIN_ROWS || mm_pick_cfg(cb, dtype, n, d_out) == MM_CFG_COUNT);
+           (n < cb->mm_tiled_min_rows || mm_pick_cfg(cb, dtype, n, d_out) == MM_CFG_COUNT);
 }
 
 int cuda_matmul_multi(struct kern_backend *be, int count, float *const *outs, const float *in,
@@ -914,6 +944,13 @@ extern "C" int kern_cuda_matmul_path(struct kern_backend *be, enum kern_cuda_mm_
     if (rc != 0)
         return rc < 0 ? rc : 0;
     return mm_run(cb, path, out, in, w, dtype, n, d_in, d_out, err);
+}
+
+extern "C" int kern_cuda_matmul_tiled_min_rows(const struct kern_backend *be)
+{
+    if (!be || strcmp(be->name, "cuda") != 0)
+        return ERR_INVALID_ARG;
+    return ((const struct cuda_backend *)be)->mm_tiled_min_rows;
 }
 
 extern "C" int kern_cuda_matmul_time(struct kern_backend *be, enum kern_cuda_mm_path path,

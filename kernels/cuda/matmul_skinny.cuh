@@ -9,14 +9,17 @@
 #define MM_THREADS 128   /* skinny: 4 warps = 4 output columns per block */
 #define MM_ROWS_PER_BLOCK (MM_THREADS / 32)
 
-/* Rows from which cuda_matmul takes the tiled kernel (a speed choice; both
- * kernels give the same bits). The skinny kernel reads each weight once
- * for all rows, but every warp re-reads all n activation rows: a 3B forward
- * step on it took 2.1x one row's time at 9 rows and 3.2x at 17 (H100,
- * issue 10), while the tiled kernel pads rows to 16 and reuses them from
- * shared memory. 9 is a guess made without a GPU: set it from the
- * crossover that tandem-bench-kernels --backend cuda prints. */
-#define MM_TILED_MIN_ROWS 9
+/* Rows from which cuda_matmul takes the tiled kernel by default (a speed
+ * choice; both kernels give the same bits). The skinny kernels read each
+ * weight once for all rows; the tiled kernel pads rows to 16 and is built
+ * for prefill. 18: every verification (K + 1 <= 17 rows) takes the skinny
+ * kernels (issue 56 item 3). A guess made without a GPU: the backend reads
+ * TANDEM_CUDA_MM_TILED_MIN_ROWS once at create (cuda_backend's
+ * mm_tiled_min_rows), so a GPU window compares thresholds without a
+ * rebuild (tests/gpu/README.md); tandem-bench-kernels --backend cuda
+ * prints the crossover. */
+#define MM_TILED_MIN_ROWS 18
+#define MM_TILED_MIN_ROWS_ENV "TANDEM_CUDA_MM_TILED_MIN_ROWS"
 
 /* Eight consecutive weights w[off .. off+7] as f32; off % 8 == 0 and the
  * address 16-byte aligned (the caller checked). */

@@ -822,6 +822,85 @@ static void test_cuda_matmul_llama_rows_are_invariant(void **state)
     free(values);
 }
 
+/* TANDEM_CUDA_MM_TILED_MIN_ROWS, read once at create, moves the rows from
+ * which matmul, matmul_multi and matmul_swiglu take the tiled kernel (what
+ * a GPU window compares without a rebuild): a backend created with 9 takes
+ * it from 9 rows, and its results are the default backend's bits at every
+ * row count around both thresholds; create refuses a malformed value,
+ * naming the variable; the CPU backend has no threshold. */
+static void test_cuda_matmul_tiled_threshold_from_env(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    static const char env[] = "TANDEM_CUDA_MM_TILED_MIN_ROWS";
+    const char *was = getenv(env);
+    char *saved = was ? strdup(was) : NULL;
+    assert_true(!was || saved);
+    assert_int_equal(kern_cuda_matmul_tiled_min_rows(f->cpu), ERR_INVALID_ARG);
+    if (!was || !*was)
+        assert_int_equal(kern_cuda_matmul_tiled_min_rows(g), 18);
+
+    static const char *const bad[] = {"0", "-3", "abc", "18x", "1000001"};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        struct kern_backend *none = NULL;
+        assert_int_equal(setenv(env, bad[b], 1), 0);
+        assert_int_equal(kern_cuda_create(&none, f->device, err), ERR_INVALID_ARG);
+        assert_null(none);
+        assert_non_null(strstr(err, env));
+    }
+    struct kern_backend *g9 = NULL;
+    assert_int_equal(setenv(env, "9", 1), 0);
+    OK(kern_cuda_create(&g9, f->device, err));
+    if (saved)
+        assert_int_equal(setenv(env, saved, 1), 0);
+    else
+        assert_int_equal(unsetenv(env), 0);
+    free(saved);
+    assert_int_equal(kern_cuda_matmul_tiled_min_rows(g9), 9);
+
+    struct rng r = {53};
+    const int ns[8] = {1, 8, 9, 12, 16, 17, 18, 33};
+    const int d_in = 1024, d_out = 67, n_max = 33;
+    for (int t = 0; t < 3; t++) {
+        const enum kern_dtype dt = all_dtypes[t];
+        float *values;
+        void *w = make_weights(&r, dt, (size_t)d_out * d_in, &values);
+        float *x = falloc((size_t)n_max * d_in);
+        fill(&r, x, (size_t)n_max * d_in, 1.0f);
+        struct kern_backend *bes[2] = {g, g9};
+        void *dw[2];
+        float *dx[2], *dout[2], *got[2];
+        for (int b = 0; b < 2; b++) {
+            dw[b] = dev_put(bes[b], w, (size_t)d_out * d_in * kern_dtype_size(dt));
+            dx[b] = dev_put(bes[b], x, (size_t)n_max * d_in * sizeof(float));
+            OK(bes[b]->ops->alloc(bes[b], (size_t)n_max * d_out * sizeof(float),
+                                  (void **)&dout[b], err));
+            got[b] = falloc((size_t)n_max * d_out);
+        }
+        for (int ni = 0; ni < 8; ni++) {
+            const int n = ns[ni];
+            for (int b = 0; b < 2; b++)
+                run_path(bes[b], KERN_CUDA_MM_AUTO, dout[b], dx[b], dw[b], dt, n, d_in, d_out,
+                         got[b]);
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s n=%d: tiled from 9 rows vs from 18",
+                     kern_dtype_name(dt), n);
+            assert_int_equal(count_bit_diffs(what, got[1], got[0], (size_t)n * d_out), 0);
+        }
+        for (int b = 0; b < 2; b++) {
+            bes[b]->ops->free(bes[b], dout[b]);
+            bes[b]->ops->free(bes[b], dx[b]);
+            bes[b]->ops->free(bes[b], dw[b]);
+            free(got[b]);
+        }
+        free(x);
+        free(w);
+        free(values);
+    }
+    g9->ops->destroy(g9);
+}
+
 /* matmul_multi (q, k, v in one launch; gate and up) gives every output the
  * bits of its own matmul, for each dtype, row counts on both sides of the
  * tiled kernel's threshold and the skinny groups of 17, an odd d_in (the
@@ -1408,6 +1487,7 @@ int main(void)
         cmocka_unit_test(test_cuda_matmul_prefill_matches_cpu),
         cmocka_unit_test(test_cuda_matmul_is_batch_invariant),
         cmocka_unit_test(test_cuda_matmul_llama_rows_are_invariant),
+        cmocka_unit_test(test_cuda_matmul_tiled_threshold_from_env),
         cmocka_unit_test(test_cuda_matmul_multi_equals_separate),
         cmocka_unit_test(test_cuda_matmul_swiglu_equals_separate),
         cmocka_unit_test(test_cuda_matmul_cublas_reference),

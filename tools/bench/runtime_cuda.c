@@ -297,6 +297,8 @@ int bench_runtime_cuda(const struct bench_opts *o, struct kern_backend *be)
            (double)bw.free_bytes / (1u << 30), (double)bw.total_bytes / (1u << 30));
     printf("read bandwidth (one kernel reading %zu MiB, best of %d passes): %.1f GB/s\n",
            bw.size_bytes >> 20, bw.passes, bw.read_gbs);
+    printf("matmul: the tiled kernel from %d rows (TANDEM_CUDA_MM_TILED_MIN_ROWS; fewer rows: "
+           "the skinny kernels)\n", kern_cuda_matmul_tiled_min_rows(be));
     char list[256];
     snprintf(list, sizeof list, "%s", o->presets);
     for (char *save = NULL, *preset = strtok_r(list, ",", &save); preset;
