@@ -61,6 +61,13 @@
 #define ATT_HD_MAX 256
 #define ATT_SCRATCH_BUDGET ((size_t)64 << 20)
 #define ATT_GROUP_MAX 8 /* query heads per kv head the grouped kernel takes */
+/* Loads in flight per thread in the partial kernel (speed only: no
+ * operation or its order depends on them). Keys: a lane holds
+ * ATT_KEY_REGS key elements, ATT_KEY_REGS / KC positions of KC each (8
+ * positions at head_dim <= 128, 4 up to 256). Values: ATT_VAL_AHEAD
+ * positions. */
+#define ATT_KEY_REGS 32
+#define ATT_VAL_AHEAD 16
 
 struct attn_dims {
     int row0;        /* first row of this group within the call */
@@ -86,8 +93,11 @@ static __device__ __forceinline__ size_t attn_pool_row(const int32_t *table, int
  * order of the file's header whatever hpb is (per head: the lane's d chain
  * and the butterfly per position, the block max, the block sum, one FMA
  * chain over t per d), so hpb is a speed choice that changes no bit.
+ * KC: key elements per lane, ceil(head_dim / 32) rounded up to 4 or 8
+ * (registers only: elements past head_dim are neither loaded nor used).
  * part_acc: [group_rows][n_heads][max_splits][head_dim];
  * part_ml:  [group_rows][n_heads][max_splits][2] (m, l). */
+template <int KC>
 __global__ void __launch_bounds__(ATT_THREADS)
     attn_partial_kernel(float *part_acc, float *part_ml, const float *q, const float *k_pool,
                         const float *v_pool, struct attn_dims dm, int hpb)
@@ -119,22 +129,39 @@ __global__ void __launch_bounds__(ATT_THREADS)
         pool_off[t] = attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
     __syncthreads();
 
+    /* Scores: warp w takes the positions t = w, w + ATT_WARPS, ...; it
+     * loads KA of them (every lane's KC key elements each) before the
+     * first dot product, so KA row loads are in flight instead of one
+     * round trip per position. Each position's score is still its own
+     * chain (lane's d in increasing order, butterfly, scale): loading
+     * ahead moves loads, never an operation. A position past len loads
+     * row len - 1 again (a valid address, no branch) and is not scored. */
+    constexpr int KA = ATT_KEY_REGS / KC;
     const float *kb = k_pool + (size_t)g * (size_t)hd;
-    for (int t = warp; t < len; t += ATT_WARPS) {
-        const float *kr = kb + pool_off[t];
-        float kv[ATT_HD_MAX / 32];
+    for (int t = warp; t < len; t += ATT_WARPS * KA) {
+        float kv[KA][KC];
 #pragma unroll
-        for (int c = 0; c < ATT_HD_MAX / 32; c++)
-            kv[c] = lane + 32 * c < hd ? kr[lane + 32 * c] : 0.0f;
+        for (int u = 0; u < KA; u++) {
+            const float *kr = kb + pool_off[min(t + u * ATT_WARPS, len - 1)];
+#pragma unroll
+            for (int c = 0; c < KC; c++)
+                kv[u][c] = lane + 32 * c < hd ? kr[lane + 32 * c] : 0.0f;
+        }
         for (int gq = 0; gq < hpb; gq++) {
-            float a = 0.0f;
 #pragma unroll
-            for (int c = 0; c < ATT_HD_MAX / 32; c++)
-                if (lane + 32 * c < hd)
-                    a = __fmaf_rn(qs[gq][lane + 32 * c], kv[c], a);
-            a = cuda_warp_sum(a);
-            if (lane == 0)
-                sc[gq][t] = __fmul_rn(a, dm.scale);
+            for (int u = 0; u < KA; u++) {
+                const int tu = t + u * ATT_WARPS;
+                if (tu < len) { /* uniform over the warp */
+                    float a = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < KC; c++)
+                        if (lane + 32 * c < hd)
+                            a = __fmaf_rn(qs[gq][lane + 32 * c], kv[u][c], a);
+                    a = cuda_warp_sum(a);
+                    if (lane == 0)
+                        sc[gq][tu] = __fmul_rn(a, dm.scale);
+                }
+            }
         }
     }
     __syncthreads();
@@ -160,19 +187,29 @@ __global__ void __launch_bounds__(ATT_THREADS)
         }
     }
 
+    /* Values: thread d loads ATT_VAL_AHEAD positions' v[t][d] before their
+     * FMAs, which then run in increasing t as before (one chain per head,
+     * the same operands in the same order). Positions past len load row
+     * len - 1 again and are skipped. */
     const float *vb = v_pool + (size_t)g * (size_t)hd;
     for (int d = tid; d < hd; d += ATT_THREADS) {
         float acc[ATT_GROUP_MAX];
 #pragma unroll
         for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
             acc[gq] = 0.0f;
-#pragma unroll 4
-        for (int t = 0; t < len; t++) {
-            const float v = vb[pool_off[t] + (size_t)d];
+        for (int t = 0; t < len; t += ATT_VAL_AHEAD) {
+            float v[ATT_VAL_AHEAD];
 #pragma unroll
-            for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
-                if (gq < hpb)
-                    acc[gq] = __fmaf_rn(sc[gq][t], v, acc[gq]);
+            for (int u = 0; u < ATT_VAL_AHEAD; u++)
+                v[u] = vb[pool_off[min(t + u, len - 1)] + (size_t)d];
+#pragma unroll
+            for (int u = 0; u < ATT_VAL_AHEAD; u++)
+                if (t + u < len) {
+#pragma unroll
+                    for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
+                        if (gq < hpb)
+                            acc[gq] = __fmaf_rn(sc[gq][t + u], v[u], acc[gq]);
+                }
         }
 #pragma unroll
         for (int gq = 0; gq < ATT_GROUP_MAX; gq++)
@@ -266,8 +303,12 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
     const int hpb = grouped ? group : 1;
     const dim3 grid_p((unsigned int)dm->max_splits, (unsigned int)(dm->n_heads / hpb),
                       (unsigned int)rows);
-    attn_partial_kernel<<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q, k_pool,
-                                                                v_pool, *dm, hpb);
+    if (dm->head_dim <= 128)
+        attn_partial_kernel<4><<<grid_p, ATT_THREADS, 0, cb->stream>>>(part_acc, part_ml, q,
+                                                                       k_pool, v_pool, *dm, hpb);
+    else
+        attn_partial_kernel<ATT_HD_MAX / 32><<<grid_p, ATT_THREADS, 0, cb->stream>>>(
+            part_acc, part_ml, q, k_pool, v_pool, *dm, hpb);
     CUDA_CHECK_LAUNCH("attn_partial_kernel");
     const dim3 grid_c((unsigned int)dm->n_heads, (unsigned int)rows);
     attn_combine_kernel<<<grid_c, ATT_THREADS, 0, cb->stream>>>(out, part_acc, part_ml, *dm);

@@ -1119,6 +1119,8 @@ static void test_cuda_attention_matches_cpu(void **state)
         {3, 1000, 4, 1, 64, 2.0f},  /* 4 splits, MQA */
         {1, 0, 2, 1, 32, 1.0f},     /* a single position */
         {3, 700, 24, 8, 128, 1.0f}, /* the 3B shape's heads, GQA 3:1, 3 splits */
+        {4, 270, 4, 2, 256, 1.0f},  /* head_dim 256: 8 key elements a lane, 4 rows ahead */
+        {2, 40, 2, 1, 160, 1.0f},   /* head_dim 160: lanes with 5 of 8 elements */
     };
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         const struct attn_shape *s = &shapes[si];
@@ -1188,6 +1190,7 @@ static void test_cuda_attention_is_batch_invariant(void **state)
         {17, 245, 4, 2, 64, 2.0f}, /* positions 245..261 cross the split at 256 */
         {17, 0, 8, 2, 128, 1.0f},  /* prefill-like start */
         {3, 700, 4, 4, 64, 1.0f},  /* three splits */
+        {9, 250, 4, 2, 256, 1.0f}, /* head_dim 256 (the wider key registers) */
     };
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         const struct attn_shape *s = &shapes[si];
