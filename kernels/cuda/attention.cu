@@ -386,8 +386,13 @@ int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const f
 #define RKV_THREADS 256
 
 /* One block per row: rope of the row's query heads and key heads in place
- * (cuda_rope_pair, rope.cu's arithmetic), the rotated keys and the values
- * to the row's pool row (kv_store's copy). */
+ * (rope.cu's arithmetic), the rotated keys and the values to the row's
+ * pool row (kv_store's copy). A thread owns one frequency j and a stride of
+ * heads: it takes sincosf of the row's angle j once (cuda_rope_angle)
+ * and rotates the pair j of each of its heads with it (cuda_rope_rotate),
+ * instead of once per (head, j): the same operations on the same operands,
+ * so the bits of cuda_rope_pair. Consecutive threads still take
+ * consecutive j of one head (coalesced). */
 __global__ void __launch_bounds__(RKV_THREADS)
     rope_kv_store_kernel(float *q, float *k, const float *v, const int32_t *positions,
                          const float *inv_freq, int n_heads, int n_kv_heads, int head_dim,
@@ -402,19 +407,27 @@ __global__ void __launch_bounds__(RKV_THREADS)
     const size_t dst = attn_pool_row(table, block_size, rows[2 * i + 1]) * kv_dim;
     float *qr = q + (size_t)i * (size_t)n_heads * (size_t)head_dim;
     float *kr = k + (size_t)i * kv_dim;
-    for (int idx = threadIdx.x; idx < (n_heads + n_kv_heads) * half; idx += RKV_THREADS) {
-        const int h = idx / half, j = idx - h * half;
-        const bool is_q = h < n_heads;
-        float *x = is_q ? qr + (size_t)h * (size_t)head_dim
-                        : kr + (size_t)(h - n_heads) * (size_t)head_dim;
-        float x1 = x[j], x2 = x[j + half];
-        cuda_rope_pair(pos, inv_freq[j], &x1, &x2);
-        x[j] = x1;
-        x[j + half] = x2;
-        if (!is_q) {
-            float *kp = k_pool + dst + (size_t)(h - n_heads) * (size_t)head_dim;
-            kp[j] = x1;
-            kp[j + half] = x2;
+    /* heads in parallel: RKV_THREADS / half of them (one when half is
+     * larger, then a thread takes several j) */
+    const int h_step = half < RKV_THREADS ? RKV_THREADS / half : 1;
+    const int n_all = n_heads + n_kv_heads;
+    for (int idx = threadIdx.x; idx < h_step * half; idx += RKV_THREADS) {
+        const int h_first = idx / half, j = idx - h_first * half;
+        float sn, cs;
+        cuda_rope_angle(pos, inv_freq[j], &sn, &cs);
+        for (int h = h_first; h < n_all; h += h_step) {
+            const bool is_q = h < n_heads;
+            float *x = is_q ? qr + (size_t)h * (size_t)head_dim
+                            : kr + (size_t)(h - n_heads) * (size_t)head_dim;
+            float x1 = x[j], x2 = x[j + half];
+            cuda_rope_rotate(sn, cs, &x1, &x2);
+            x[j] = x1;
+            x[j + half] = x2;
+            if (!is_q) {
+                float *kp = k_pool + dst + (size_t)(h - n_heads) * (size_t)head_dim;
+                kp[j] = x1;
+                kp[j + half] = x2;
+            }
         }
     }
     const float *vr = v + (size_t)i * kv_dim;

@@ -250,15 +250,29 @@ static __device__ __forceinline__ float cuda_load_weight(const void *w, int dtyp
 
 /* One rotary pair (rope.cu's header): angle = pos * inv_freq, one f32
  * product; x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, every product and
- * sum rounded separately. Shared by rope.cu and the fused rope_kv_store. */
+ * sum rounded separately. Shared by rope.cu and the fused rope_kv_store,
+ * which takes the angle's sine and cosine once for all heads
+ * (cuda_rope_angle, cuda_rope_rotate: the same operations, so the same
+ * bits). */
+static __device__ __forceinline__ void cuda_rope_angle(float pos, float inv_freq, float *s,
+                                                       float *c)
+{
+    sincosf(__fmul_rn(pos, inv_freq), s, c);
+}
+
+static __device__ __forceinline__ void cuda_rope_rotate(float s, float c, float *x1, float *x2)
+{
+    const float a = *x1, b = *x2;
+    *x1 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 static __device__ __forceinline__ void cuda_rope_pair(float pos, float inv_freq, float *x1,
                                                       float *x2)
 {
     float s, c;
-    sincosf(__fmul_rn(pos, inv_freq), &s, &c);
-    const float a = *x1, b = *x2;
-    *x1 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    *x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    cuda_rope_angle(pos, inv_freq, &s, &c);
+    cuda_rope_rotate(s, c, x1, x2);
 }
 
 /* kern_q8_scales_offset on the device: the scales of a [rows][cols] int8

@@ -1236,29 +1236,29 @@ static void test_cuda_attention_is_batch_invariant(void **state)
 }
 
 /* rope_kv_store = rope(q), rope(k), kv_store(k, v), bit for bit: the
- * rotated q and k and both whole pools (untouched rows keep the poison). */
-static void test_cuda_rope_kv_store_equals_separate(void **state)
+ * rotated q and k and both whole pools (untouched rows keep the poison).
+ * The kernel takes each angle's sincosf once for a stride of heads: shapes
+ * with one head a thread, several (the 3B shape), a stride that leaves
+ * threads idle (half = 48) and more pairs than threads (half = 320). */
+static void rope_kv_store_case(struct kern_backend *g, struct rng *r, int heads, int n_kv, int hd)
 {
-    struct fixture *f = *state;
-    struct kern_backend *g = f->gpu;
     char err[ERR_MSG_MAX] = "";
-    struct rng r = {43};
-    enum { N = 5, BS = 4, N_BLOCKS = 16, HEADS = 6, N_KV = 2, HD = 32, STRIDE = 8 };
+    enum { N = 5, BS = 4, N_BLOCKS = 16, STRIDE = 8 };
     int32_t tables[2][STRIDE] = {{3, 9, 1, 12, -1, -1, -1, -1}, {5, 0, 7, -1, -1, -1, -1, -1}};
     const int32_t rows[2 * N] = {0, 13, 0, 14, 1, 3, 1, 4, 1, 10};
     const int32_t positions[N] = {13, 14, 3, 4, 10};
     const struct kern_kv_layout kv = {.block_size = BS, .n_blocks = N_BLOCKS, .n_seqs = 2,
                                       .table_stride = STRIDE, .tables = &tables[0][0],
                                       .rows = rows};
-    float inv_freq[HD / 2];
-    for (int j = 0; j < HD / 2; j++)
-        inv_freq[j] = powf(500000.0f, -2.0f * (float)j / (float)HD);
-    const size_t qn = (size_t)N * HEADS * HD, kvn = (size_t)N * N_KV * HD,
-                 pool_n = (size_t)N_BLOCKS * BS * N_KV * HD;
+    float *inv_freq = falloc((size_t)hd / 2);
+    for (int j = 0; j < hd / 2; j++)
+        inv_freq[j] = powf(500000.0f, -2.0f * (float)j / (float)hd);
+    const size_t qn = (size_t)N * heads * hd, kvn = (size_t)N * n_kv * hd,
+                 pool_n = (size_t)N_BLOCKS * BS * n_kv * hd;
     float *q = falloc(qn), *k = falloc(kvn), *v = falloc(kvn);
-    fill(&r, q, qn, 2.0f);
-    fill(&r, k, kvn, 2.0f);
-    fill(&r, v, kvn, 1.0f);
+    fill(r, q, qn, 2.0f);
+    fill(r, k, kvn, 2.0f);
+    fill(r, v, kvn, 1.0f);
     float *dq[2], *dk[2], *dv, *kp[2], *vp[2];
     for (int w = 0; w < 2; w++) {
         dq[w] = dev_put(g, q, qn * sizeof(float));
@@ -1269,22 +1269,24 @@ static void test_cuda_rope_kv_store_equals_separate(void **state)
         poison(g, vp[w], pool_n);
     }
     dv = dev_put(g, v, kvn * sizeof(float));
-    OK(g->ops->rope(g, dq[0], positions, N, HEADS, HD, inv_freq, err));
-    OK(g->ops->rope(g, dk[0], positions, N, N_KV, HD, inv_freq, err));
-    OK(g->ops->kv_store(g, kp[0], vp[0], dk[0], dv, N, &kv, N_KV * HD, err));
-    OK(g->ops->rope_kv_store(g, dq[1], dk[1], dv, positions, N, HEADS, N_KV, HD, inv_freq, kp[1],
+    OK(g->ops->rope(g, dq[0], positions, N, heads, hd, inv_freq, err));
+    OK(g->ops->rope(g, dk[0], positions, N, n_kv, hd, inv_freq, err));
+    OK(g->ops->kv_store(g, kp[0], vp[0], dk[0], dv, N, &kv, n_kv * hd, err));
+    OK(g->ops->rope_kv_store(g, dq[1], dk[1], dv, positions, N, heads, n_kv, hd, inv_freq, kp[1],
                              vp[1], &kv, err));
-    float *a = falloc(pool_n), *b = falloc(pool_n);
+    float *a = falloc(pool_n > qn ? pool_n : qn), *b = falloc(pool_n > qn ? pool_n : qn);
     const struct {
         const char *what;
         float *const *bufs;
         size_t count;
-    } cmp[4] = {{"rope_kv_store: q", dq, qn}, {"rope_kv_store: k", dk, kvn},
-                {"rope_kv_store: k pool", kp, pool_n}, {"rope_kv_store: v pool", vp, pool_n}};
+    } cmp[4] = {{"q", dq, qn}, {"k", dk, kvn}, {"k pool", kp, pool_n}, {"v pool", vp, pool_n}};
     for (int c = 0; c < 4; c++) {
+        char what[96];
+        snprintf(what, sizeof what, "rope_kv_store heads=%d kv=%d hd=%d: %s", heads, n_kv, hd,
+                 cmp[c].what);
         dev_get(g, a, cmp[c].bufs[0], cmp[c].count * sizeof(float));
         dev_get(g, b, cmp[c].bufs[1], cmp[c].count * sizeof(float));
-        assert_int_equal(count_bit_diffs(cmp[c].what, b, a, cmp[c].count), 0);
+        assert_int_equal(count_bit_diffs(what, b, a, cmp[c].count), 0);
     }
     for (int w = 0; w < 2; w++) {
         g->ops->free(g, dq[w]);
@@ -1298,6 +1300,21 @@ static void test_cuda_rope_kv_store_equals_separate(void **state)
     free(q);
     free(k);
     free(v);
+    free(inv_freq);
+}
+
+static void test_cuda_rope_kv_store_equals_separate(void **state)
+{
+    struct fixture *f = *state;
+    struct rng r = {43};
+    const int shapes[][3] = {
+        {6, 2, 32},   /* half 16: 16 heads in parallel, one head a thread */
+        {24, 8, 128}, /* the 3B shape: half 64, 4 in parallel, 8 heads a thread */
+        {6, 3, 96},   /* half 48: 5 in parallel, 16 threads idle */
+        {2, 1, 640},  /* half 320 > 256 threads: a thread takes two j */
+    };
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++)
+        rope_kv_store_case(f->gpu, &r, shapes[c][0], shapes[c][1], shapes[c][2]);
 }
 
 /* Sequences in scattered blocks of a pool that crosses the 256-position
