@@ -55,6 +55,18 @@ int kern_cuda_device_count(int *count, char *err);
  * CUDA backend. */
 int kern_cuda_device_uuid(const struct kern_backend *be, char *uuid_out, char *err);
 
+/* Copies size_bytes of host memory to dst_dev (device memory of this
+ * backend) without waiting, where ops->upload waits for the stream: the
+ * bytes go through one of the backend's pinned staging slots, so src_host
+ * may be reused as soon as this returns, and reach dst_dev in stream order,
+ * before any op queued after this call reads them. For small arrays (a
+ * round's draft ids): a slot holds what it is given until it is reused
+ * (CUDA_STAGE_SLOTS calls later). Refused while a graph is recorded.
+ * Returns 0, ERR_INVALID_ARG (not a CUDA backend, a NULL pointer, or
+ * recording) or ERR_CUDA. */
+int kern_cuda_upload_staged(struct kern_backend *be, void *dst_dev, const void *src_host,
+                            size_t size_bytes, char *err);
+
 /* ---- attention paths (tests and benchmarks) -----------------------------
  * Both partial kernels compute every element in the same order: the same
  * bits. AUTO takes the grouped one (a block per kv head, keys and values

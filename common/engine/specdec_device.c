@@ -2,8 +2,9 @@
  * in specdec_device.h). Buffers grow and never shrink; each call fills what
  * it reads, so nothing carries over between calls but capacity.
  *
- * Per call the host uploads small things (parameters and positions through
- * the backend's staging slots, draft ids: k int32) and downloads one block:
+ * Per call the host uploads small things through the backend's staging
+ * slots without waiting (parameters, positions, draft ids: k int32) and
+ * downloads one block:
  * token ids, counts and status words. Logits, adjusted rows and q rows stay
  * in device memory (a q row crosses only when the draft's caller asked for
  * it in host memory: the three-process pipeline's shared buffer, or a draft
@@ -274,8 +275,12 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
             q_at += r->k;
         }
     }
-    if (n_ids && (rc = be->ops->upload(be, dv->ids, dv->ids_host,
-                                       (size_t)n_ids * sizeof(int32_t), err)))
+    /* staged, not waited for: the host queues the adjust and verify
+     * kernels while the GPU still runs the forward pass before them (the
+     * ids are copied out of ids_host before this returns; on the stream
+     * they land ahead of the verify kernel that reads them) */
+    if (n_ids && (rc = kern_cuda_upload_staged(be, dv->ids, dv->ids_host,
+                                               (size_t)n_ids * sizeof(int32_t), err)))
         return rc;
     /* Every row of a sampling call is adjusted (greedy rows become one-hot
      * at their argmax, which is all the greedy rule reads); the host path

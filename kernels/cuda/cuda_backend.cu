@@ -398,6 +398,30 @@ static int cuda_upload(struct kern_backend *be, void *dst, const void *src_host,
                           cudaMemcpyHostToDevice, 1, err);
 }
 
+extern "C" int kern_cuda_upload_staged(struct kern_backend *be, void *dst_dev,
+                                       const void *src_host, size_t size_bytes, char *err)
+{
+    if (!be || strcmp(be->name, "cuda") != 0)
+        return error_set(err, ERR_INVALID_ARG, "kern_cuda_upload_staged: not a cuda backend");
+    if (size_bytes == 0)
+        return 0;
+    if (!dst_dev || !src_host)
+        return error_set(err, ERR_INVALID_ARG,
+                         "kern_cuda_upload_staged: NULL pointer for %zu bytes", size_bytes);
+    struct cuda_backend *cb = cuda_backend_of(be);
+    int rc = cuda_backend_enter(cb, err);
+    if (rc < 0)
+        return rc;
+    const void *staged = NULL;
+    if ((rc = cuda_backend_stage(cb, src_host, size_bytes, &staged, err)) < 0)
+        return rc;
+    /* behind the staging copy on the stream: the slot's device bytes are
+     * whole when this copy reads them */
+    CUDA_CHECK(cudaMemcpyAsync(dst_dev, staged, size_bytes, cudaMemcpyDeviceToDevice,
+                               cb->stream));
+    return 0;
+}
+
 static int cuda_download(struct kern_backend *be, void *dst_host, const void *src,
                          size_t size_bytes, char *err)
 {

@@ -279,6 +279,40 @@ static void test_cuda_memory_ops_roundtrip(void **state)
     free(back);
 }
 
+/* kern_cuda_upload_staged (the engine's draft ids): the host buffer is
+ * reused at once, more times than there are staging slots, each upload into
+ * the same device array, read by a device copy queued after it: every copy
+ * sees its own upload's bytes, in stream order. A CPU backend is refused. */
+static void test_cuda_upload_staged_is_stream_ordered(void **state)
+{
+    struct fixture *f = *state;
+    struct kern_backend *g = f->gpu;
+    char err[ERR_MSG_MAX] = "";
+    enum { IDS = 9, ROUNDS = 20 };
+    int32_t host[IDS], back[ROUNDS][IDS];
+    int32_t *ids = NULL, *seen = NULL;
+    OK(g->ops->alloc(g, IDS * sizeof(int32_t), (void **)&ids, err));
+    OK(g->ops->alloc(g, (size_t)ROUNDS * IDS * sizeof(int32_t), (void **)&seen, err));
+    for (int k = 0; k < ROUNDS; k++) {
+        for (int i = 0; i < IDS; i++)
+            host[i] = 1000 * k + i;
+        OK(kern_cuda_upload_staged(g, ids, host, sizeof host, err));
+        memset(host, 0xff, sizeof host); /* reused before the copy ran */
+        OK(g->ops->copy(g, seen + (size_t)k * IDS, ids, sizeof host, err));
+    }
+    dev_get(g, back, seen, sizeof back);
+    for (int k = 0; k < ROUNDS; k++)
+        for (int i = 0; i < IDS; i++)
+            if (back[k][i] != 1000 * k + i)
+                fail_msg("upload %d: id %d is %d, not %d", k, i, (int)back[k][i], 1000 * k + i);
+    OK(kern_cuda_upload_staged(g, ids, host, 0, err));
+    assert_int_equal(kern_cuda_upload_staged(f->cpu, ids, host, sizeof host, err),
+                     ERR_INVALID_ARG);
+    assert_int_equal(kern_cuda_upload_staged(g, NULL, host, sizeof host, err), ERR_INVALID_ARG);
+    g->ops->free(g, ids);
+    g->ops->free(g, seen);
+}
+
 static void test_cuda_map_weights_out_of_memory_names_sizes(void **state)
 {
     struct fixture *f = *state;
@@ -1497,6 +1531,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_device_is_named_by_uuid),
         cmocka_unit_test(test_cuda_memory_ops_roundtrip),
+        cmocka_unit_test(test_cuda_upload_staged_is_stream_ordered),
         cmocka_unit_test(test_cuda_map_weights_out_of_memory_names_sizes),
         cmocka_unit_test(test_cuda_embed_matches_cpu),
         cmocka_unit_test(test_cuda_rmsnorm_matches_cpu),
