@@ -200,13 +200,42 @@ __global__ void __launch_bounds__(MM_THREADS)
         mc.out[mc.o] = v;
 }
 
+/* One 8-element chunk (m valid) of every row r < n against COLS columns'
+ * weights wv: accumulator (q, r) takes the chunk's products in increasing
+ * k. */
+template <int MAXR, int COLS>
+static __device__ __forceinline__ void mm_cols_chunk(float (&acc)[COLS][MAXR],
+                                                     const float (&wv)[COLS][8],
+                                                     const float *__restrict__ in, int n,
+                                                     int d_in, int c, int m, int vec)
+{
+#pragma unroll
+    for (int r = 0; r < MAXR; r++) {
+        if (r < n) {
+            const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
+            float xv[8];
+            mm_load_x8(xr, m, vec, xv);
+#pragma unroll
+            for (int q = 0; q < COLS; q++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e < m)
+                        acc[q][r] = __fmaf_rn(wv[q][e], xv[e], acc[q][r]);
+        }
+    }
+}
+
 /* Several rows (2 <= n <= MAXR): each warp computes COLS consecutive
  * columns of the parts, so that every activation chunk it loads serves
  * COLS weight chunks. With one column a warp, n rows of f32 activations
  * were read from L1 per weight chunk: at 8 rows sixteen times the bytes of
  * bf16 weights, more than L1 delivers at the rate HBM delivers the weights.
  * Accumulator (q, r) takes column q's chunks of the lane's class in
- * increasing k, as in mm_skinny_kernel: the same bits. */
+ * increasing k, as in mm_skinny_kernel: the same bits. Where the chunks
+ * are whole and aligned (vec), a lane loads the weights of two chunks
+ * (k and k + 256) before the products of the first, so that two 16-byte
+ * loads a column are in flight (MM_COLS_AHEAD); the products still run
+ * chunk by chunk in increasing k. */
 template <int DT, int MAXR, int COLS>
 __global__ void __launch_bounds__(MM_THREADS)
     mm_skinny_cols_kernel(struct mm_parts parts, const float *__restrict__ in, int n, int d_in,
@@ -240,7 +269,28 @@ __global__ void __launch_bounds__(MM_THREADS)
         for (int r = 0; r < MAXR; r++)
             acc[q][r] = 0.0f;
 
-    for (int c = lane * 8; c < d_in; c += 256) {
+    int c = lane * 8;
+    if (vec) {
+        for (; c + (MM_COLS_AHEAD - 1) * 256 < d_in; c += MM_COLS_AHEAD * 256) {
+            float wv[MM_COLS_AHEAD][COLS][8];
+#pragma unroll
+            for (int u = 0; u < MM_COLS_AHEAD; u++)
+#pragma unroll
+                for (int q = 0; q < COLS; q++) {
+                    if (live[q]) {
+                        mm_load8_vec<DT>(wp[q], wrow[q] + (size_t)(c + u * 256), wv[u][q]);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            wv[u][q][e] = 0.0f;
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < MM_COLS_AHEAD; u++)
+                mm_cols_chunk<MAXR, COLS>(acc, wv[u], in, n, d_in, c + u * 256, 8, 1);
+        }
+    }
+    for (; c < d_in; c += 256) {
         const int m = d_in - c < 8 ? d_in - c : 8; /* valid elements in this chunk */
         float wv[COLS][8];
 #pragma unroll
@@ -254,20 +304,7 @@ __global__ void __launch_bounds__(MM_THREADS)
                                                 : 0.0f;
             }
         }
-#pragma unroll
-        for (int r = 0; r < MAXR; r++) {
-            if (r < n) {
-                const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
-                float xv[8];
-                mm_load_x8(xr, m, vec, xv);
-#pragma unroll
-                for (int q = 0; q < COLS; q++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (e < m)
-                            acc[q][r] = __fmaf_rn(wv[q][e], xv[e], acc[q][r]);
-            }
-        }
+        mm_cols_chunk<MAXR, COLS>(acc, wv, in, n, d_in, c, m, vec);
     }
 #pragma unroll
     for (int q = 0; q < COLS; q++) {

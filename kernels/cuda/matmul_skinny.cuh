@@ -21,6 +21,15 @@
 #define MM_TILED_MIN_ROWS 18
 #define MM_TILED_MIN_ROWS_ENV "TANDEM_CUDA_MM_TILED_MIN_ROWS"
 
+/* Chunks of a lane's class whose weights the several-row kernels
+ * (mm_skinny_cols_kernel, mm_swiglu_kernel) load before the first one's
+ * products, where the chunks are whole and aligned: two 16-byte loads a
+ * column in flight instead of one (the one-row kernel keeps four,
+ * MM_SKINNY_AHEAD; these kernels' accumulators, up to 4 x 17 or 2 x 17,
+ * already hold most of a thread's registers). The products still run
+ * chunk by chunk in increasing k: no bit changes. */
+#define MM_COLS_AHEAD 2
+
 /* Eight consecutive weights w[off .. off+7] as f32; off % 8 == 0 and the
  * address 16-byte aligned (the caller checked). */
 template <int DT>

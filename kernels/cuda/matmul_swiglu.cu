@@ -15,6 +15,30 @@
 #include "cuda_backend.h"
 #include "matmul_skinny.cuh"
 
+/* One 8-element chunk (m valid) of every row r < n: acc_g[r] and
+ * acc_u[r] take the chunk's products in increasing k. */
+template <int MAXR>
+static __device__ __forceinline__ void mm_swiglu_chunk(float (&acc_g)[MAXR], float (&acc_u)[MAXR],
+                                                       const float (&gv)[8], const float (&uv)[8],
+                                                       const float *__restrict__ in, int n,
+                                                       int d_in, int c, int m, int vec)
+{
+#pragma unroll
+    for (int r = 0; r < MAXR; r++) {
+        if (r < n) {
+            const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
+            float xv[8];
+            mm_load_x8(xr, m, vec, xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (e < m) {
+                    acc_g[r] = __fmaf_rn(gv[e], xv[e], acc_g[r]);
+                    acc_u[r] = __fmaf_rn(uv[e], xv[e], acc_u[r]);
+                }
+        }
+    }
+}
+
 /* gate[i][o] for i < n <= MAXR; vec as in mm_skinny_kernel. */
 template <int DT, int MAXR>
 __global__ void __launch_bounds__(MM_THREADS)
@@ -32,7 +56,25 @@ __global__ void __launch_bounds__(MM_THREADS)
     for (int r = 0; r < MAXR; r++)
         acc_g[r] = acc_u[r] = 0.0f;
 
-    for (int c = lane * 8; c < d_in; c += 256) {
+    /* AHEAD chunks' weights loaded before their products; not above 8
+     * rows, where ptxas spilled the 17-row kernel with two */
+    constexpr int AHEAD = MAXR <= 8 ? MM_COLS_AHEAD : 1;
+    int c = lane * 8;
+    if (vec) {
+        for (; c + (AHEAD - 1) * 256 < d_in; c += AHEAD * 256) {
+            float gv[AHEAD][8], uv[AHEAD][8];
+#pragma unroll
+            for (int u = 0; u < AHEAD; u++) {
+                mm_load8_vec<DT>(wg, wrow + (size_t)(c + u * 256), gv[u]);
+                mm_load8_vec<DT>(wu, wrow + (size_t)(c + u * 256), uv[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < AHEAD; u++)
+                mm_swiglu_chunk<MAXR>(acc_g, acc_u, gv[u], uv[u], in, n, d_in, c + u * 256, 8,
+                                      1);
+        }
+    }
+    for (; c < d_in; c += 256) {
         const int m = d_in - c < 8 ? d_in - c : 8; /* valid elements in this chunk */
         float gv[8], uv[8];
         if (vec) {
@@ -45,20 +87,7 @@ __global__ void __launch_bounds__(MM_THREADS)
                 uv[e] = e < m ? cuda_load_weight(wu, DT, wrow + (size_t)(c + e)) : 0.0f;
             }
         }
-#pragma unroll
-        for (int r = 0; r < MAXR; r++) {
-            if (r < n) {
-                const float *xr = in + (size_t)r * (size_t)d_in + (size_t)c;
-                float xv[8];
-                mm_load_x8(xr, m, vec, xv);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e < m) {
-                        acc_g[r] = __fmaf_rn(gv[e], xv[e], acc_g[r]);
-                        acc_u[r] = __fmaf_rn(uv[e], xv[e], acc_u[r]);
-                    }
-            }
-        }
+        mm_swiglu_chunk<MAXR>(acc_g, acc_u, gv, uv, in, n, d_in, c, m, vec);
     }
 #pragma unroll
     for (int r = 0; r < MAXR; r++) {

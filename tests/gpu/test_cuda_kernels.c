@@ -706,19 +706,21 @@ static void run_path(struct kern_backend *g, enum kern_cuda_mm_path path, float 
  * row-offset input pointers; and the n = 1 rows agree with the CPU. Shapes:
  * d_in % 8 == 0 over 4 tiles of 256; odd d_in with a 5-element tail (scalar
  * loads everywhere); d_in % 8 == 4 (the tiled kernel's 16-byte copies end
- * in half a chunk); d_in < 256 (a single, partial tile). No d_out is a
- * multiple of 8. The comparison itself is checked to catch one ulp. */
+ * in half a chunk); d_in < 256 (a single, partial tile); d_in % 256 == 64
+ * (the first 8 lanes take one more chunk than the others, after the
+ * skinny kernels' chunks loaded ahead). No d_out is a multiple of 8. The
+ * comparison itself is checked to catch one ulp. */
 static void test_cuda_matmul_is_batch_invariant(void **state)
 {
     struct fixture *f = *state;
     struct kern_backend *g = f->gpu;
     char err[ERR_MSG_MAX] = "";
     struct rng r = {8};
-    const int shapes[4][2] = {{1024, 67}, {517, 100}, {300, 33}, {100, 45}};
+    const int shapes[5][2] = {{1024, 67}, {517, 100}, {300, 33}, {100, 45}, {1088, 37}};
     int ns[300];
     const int n_ns = invariance_row_counts(ns);
     for (int t = 0; t < 3; t++)
-        for (int si = 0; si < 4; si++) {
+        for (int si = 0; si < 5; si++) {
             const enum kern_dtype dt = all_dtypes[t];
             const int d_in = shapes[si][0], d_out = shapes[si][1];
             const size_t x_count = (size_t)INV_N_MAX * d_in, o_count = (size_t)INV_N_MAX * d_out;
@@ -938,7 +940,8 @@ static void test_cuda_matmul_tiled_threshold_from_env(void **state)
 /* matmul_multi (q, k, v in one launch; gate and up) gives every output the
  * bits of its own matmul, for each dtype, row counts on both sides of the
  * tiled kernel's threshold and the skinny groups of 17, an odd d_in (the
- * scalar loads) and a d_in whose chunks run ahead in fours. */
+ * scalar loads), a d_in whose chunks run ahead in fours and one (1088) where
+ * 8 lanes take a chunk past those loaded ahead. */
 static void test_cuda_matmul_multi_equals_separate(void **state)
 {
     struct fixture *f = *state;
@@ -946,9 +949,9 @@ static void test_cuda_matmul_multi_equals_separate(void **state)
     char err[ERR_MSG_MAX] = "";
     struct rng r = {29};
     const int ns[7] = {1, 2, 5, 8, 9, 17, 40};
-    const int d_ins[2] = {1024, 200 + 3};
+    const int d_ins[3] = {1024, 1088, 200 + 3};
     const int d_outs[3] = {95, 34, 33}; /* a warp's columns straddle the parts */
-    for (int di = 0; di < 2; di++)
+    for (int di = 0; di < 3; di++)
         for (int t = 0; t < 3; t++) {
             const enum kern_dtype dt = all_dtypes[t];
             const int d_in = d_ins[di], n_max = ns[6];
@@ -1000,7 +1003,8 @@ static void test_cuda_matmul_multi_equals_separate(void **state)
 
 /* matmul_swiglu = matmul, matmul, swiglu, bit for bit, for each dtype, on
  * both sides of the tiled kernel's threshold (40 rows: the unfused ops), an
- * odd d_in (scalar loads) and rows in groups of 17. */
+ * odd d_in (scalar loads), 1088 (8 lanes take a chunk past the pairs
+ * loaded ahead) and rows in groups of 17. */
 static void test_cuda_matmul_swiglu_equals_separate(void **state)
 {
     struct fixture *f = *state;
@@ -1008,9 +1012,9 @@ static void test_cuda_matmul_swiglu_equals_separate(void **state)
     char err[ERR_MSG_MAX] = "";
     struct rng r = {41};
     const int ns[7] = {1, 2, 5, 8, 9, 17, 40};
-    const int d_ins[2] = {1024, 203};
+    const int d_ins[3] = {1024, 1088, 203};
     const int d_out = 77;
-    for (int di = 0; di < 2; di++)
+    for (int di = 0; di < 3; di++)
         for (int t = 0; t < 3; t++) {
             const enum kern_dtype dt = all_dtypes[t];
             const int d_in = d_ins[di], n_max = ns[6];
