@@ -92,8 +92,14 @@ static int bind_router(struct coordinator *c, void **sock, const char *endpoint,
         rc = connections_create(conns, c->zctx, *sock, err);
     if (rc != 0)
         return rc;
-    if (zmq_bind(*sock, endpoint) != 0)
-        return error_set(err, ERR_SYSTEM, "%s: cannot bind %s: %s", key, endpoint, zmq_strerror(zmq_errno()));
+    /* An address in use or not ours is a configuration error: a restart
+     * would fail the same way, so it is not ERR_SYSTEM (exit 1, restarted). */
+    if (zmq_bind(*sock, endpoint) != 0) {
+        const int e = zmq_errno();
+        return error_set(err, ERR_INVALID_ARG, "%s: cannot bind %s: %s%s", key, endpoint, zmq_strerror(e),
+                         e == EADDRINUSE ? " (another process listens there: stop it or choose another port)"
+                                                   : "");
+    }
     return 0;
 }
 

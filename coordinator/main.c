@@ -4,8 +4,8 @@
  *
  * Keys are those of the "coordinator" section (common/wire/proc_config.h), plus
  * "instance" and qualified keys of other sections. Exits 78 (EX_CONFIG) on a
- * config error or an unusable key or tokenizer file, before doing any work;
- * 1 when a socket cannot be bound. SIGTERM/SIGINT stop it cleanly (the
+ * config error, an unusable key or tokenizer file or an endpoint it cannot
+ * bind (in use), before doing any work; 1 on a system failure. SIGTERM/SIGINT stop it cleanly (the
  * supervisor stops the workers; the coordinator does not).
  */
 #include <signal.h>
@@ -14,6 +14,7 @@
 
 #include "coordinator.h"
 #include "error.h"
+#include "logging.h"
 #include "proc_start.h"
 
 int main(int argc, char **argv)
@@ -27,7 +28,7 @@ int main(int argc, char **argv)
     struct coordinator *c = NULL;
     int crc = coordinator_create(&c, &cfg, err);
     if (crc != 0) {
-        fprintf(stderr, "tandem-coordinator: %s\n", err);
+        LOG_ERROR("%s", err);
         /* A configuration problem (a bad key file, tokenizer or run_dir) will
          * not go away on a restart. */
         return crc == ERR_SYSTEM || crc == ERR_NOMEM ? 1 : PROC_START_EXIT_CONFIG;

@@ -6,8 +6,8 @@
  *
  * Keys are those of the "gateway" section (common/wire/proc_config.h), plus
  * "instance" and qualified keys of other sections. Exit status 78 on a
- * configuration error (the supervisor does not restart it), 1 on another
- * failure to start.
+ * configuration error or a listen address it cannot serve (in use; the
+ * supervisor does not restart it), 1 on another failure to start.
  */
 #include <errno.h>
 #include <signal.h>
@@ -121,8 +121,13 @@ int main(int argc, char **argv)
         .stop = &proc_start_stop_requested,
         .tls = &tls,
     };
-    if (server_start(&server, &p, err) != 0)
+    /* Not serving the configured address (in use, not ours) will not
+     * change on a restart: a config error, so the supervisor gives up. */
+    int src = server_start(&server, &p, err);
+    if (src != 0) {
+        status = src == ERR_NOMEM ? 1 : PROC_START_EXIT_CONFIG;
         goto done;
+    }
     LOG_INFO("serving %s on %s for model \"%s\", coordinator %s%s%s%s", tls.cert_pem ? "HTTPS" : "HTTP",
              cfg.gateway.listen,
              cfg.gateway.served_model_name, cfg.gateway.coordinator_endpoint, server_key ? " (CURVE)" : "",
@@ -136,7 +141,7 @@ int main(int argc, char **argv)
     status = 0;
 done:
     if (status != 0)
-        fprintf(stderr, "tandem-gateway: %s\n", err);
+        LOG_ERROR("%s", err);
     server_stop(server);
     http_metrics_destroy(metrics);
     bridge_destroy(bridge);

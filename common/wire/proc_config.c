@@ -331,6 +331,61 @@ static const struct key_desc *key_find(const struct section_desc *sec, const cha
     return NULL;
 }
 
+/* Edit distance (insert, delete, substitute, swap of neighbours) between a
+ * and b, stopping at cap + 1: the "did you mean" of an unknown key only
+ * cares about near misses. */
+static size_t edit_distance(const char *a, const char *b, size_t cap)
+{
+    enum { N = 64 };
+    size_t la = strlen(a), lb = strlen(b);
+    if (la >= N || lb >= N || (la > lb ? la - lb : lb - la) > cap)
+        return cap + 1;
+    size_t d[N][N];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb];
+}
+
+/* " (did you mean \"KEY\"?)" for the key of sec nearest to name (dashes read
+ * as underscores), or "" when none is near: at most 2 edits, fewer for
+ * short names. Returns out, of KEY_SUGGESTION_SIZE bytes. */
+#define KEY_SUGGESTION_SIZE 96
+static const char *key_suggestion(const struct section_desc *sec, const char *name, char *out)
+{
+    char norm[64];
+    size_t i;
+    for (i = 0; name[i] && i + 1 < sizeof norm; i++)
+        norm[i] = name[i] == '-' ? '_' : name[i];
+    norm[i] = '\0';
+    const size_t cap = strlen(norm) <= 4 ? 1 : 2;
+    const char *best = NULL;
+    size_t best_d = cap + 1;
+    for (size_t k = 0; k < sec->n_keys; k++) {
+        size_t dist = edit_distance(norm, sec->keys[k].name, cap);
+        if (dist < best_d) {
+            best_d = dist;
+            best = sec->keys[k].name;
+        }
+    }
+    out[0] = '\0';
+    if (best != NULL)
+        snprintf(out, KEY_SUGGESTION_SIZE, " (did you mean \"%s\"?)", best);
+    return out;
+}
+
 static void worker_defaults(struct worker_config *w)
 {
     memset(w, 0, sizeof *w);
@@ -504,9 +559,10 @@ static int apply_section(void *base, const struct section_desc *sec, const cJSON
             return error_set(err, ERR_INVALID_ARG, "%s: %s%s.%s: duplicate key", source, prefix,
                              sec->name, kname);
         const struct key_desc *k = key_find(sec, kname);
+        char hint[KEY_SUGGESTION_SIZE];
         if (!k)
-            return error_set(err, ERR_INVALID_ARG, "%s: %s%s.%s: unknown key", source, prefix,
-                             sec->name, kname);
+            return error_set(err, ERR_INVALID_ARG, "%s: %s%s.%s: unknown key%s", source, prefix,
+                             sec->name, kname, key_suggestion(sec, kname, hint));
         int rc = key_set_json(base, sec->name, k, kv, inner);
         if (rc != 0)
             return error_set(err, rc, "%s: %s%s", source, prefix, inner);
@@ -683,8 +739,9 @@ int proc_config_set(struct proc_config *cfg, const char *key, const char *value,
     if (!sec)
         return error_set(err, ERR_INVALID_ARG, "%s: unknown key", name);
     const struct key_desc *k = key_find(sec, dot + 1);
+    char hint[KEY_SUGGESTION_SIZE];
     if (!k)
-        return error_set(err, ERR_INVALID_ARG, "%s: unknown key", name);
+        return error_set(err, ERR_INVALID_ARG, "%s: unknown key%s", name, key_suggestion(sec, dot + 1, hint));
     void *base = (char *)cfg + sec->offset;
     if (key_is_boolean(k) && (strcmp(value, "true") == 0 || strcmp(value, "false") == 0))
         return key_set_int(base, sec->name, k, value[0] == 't', err);

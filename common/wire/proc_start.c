@@ -28,7 +28,8 @@ int proc_start(int argc, char **argv, const char *name, unsigned sections, struc
     logging_set_tag(name);
     char err[ERR_MSG_MAX] = "";
     if (proc_config_parse_args(cfg, argc, argv, name, sections, err) != 0) {
-        fprintf(stderr, "tandem-%s: %s\n", name, err);
+        /* with time and level: it ends up in a log file beside other lines */
+        LOG_ERROR("%s", err);
         return PROC_START_EXIT_CONFIG;
     }
     const char *level_name = strcmp(name, "gateway") == 0 ? cfg->gateway.log_level : cfg->coordinator.log_level;

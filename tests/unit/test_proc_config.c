@@ -210,6 +210,11 @@ static void test_proc_config_unknown_keys_are_rejected(void **state)
     proc_config_defaults(&cfg);
     assert_int_equal(proc_config_set(&cfg, "draft_worker.nope", "1", err), ERR_INVALID_ARG);
     assert_string_equal(err, "draft_worker.nope: unknown key");
+    /* a near miss names the key meant */
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"max_seqlen\":64}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "target_worker.max_seqlen: unknown key (did you mean \"max_seq_len\"?)"));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"max-queue\":1}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.max-queue: unknown key (did you mean \"max_queue\"?)"));
 }
 
 static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
@@ -669,7 +674,7 @@ static void test_proc_config_pairs_override_per_worker(void **state)
 
     /* another pair's mistake is everyone's */
     assert_int_equal(load(&cfg, "{\"pairs\": [{}, {\"target_worker\": {\"devise\": 1}}]}", err), ERR_INVALID_ARG);
-    assert_string_equal(err, "test.json: pairs[1].target_worker.devise: unknown key");
+    assert_string_equal(err, "test.json: pairs[1].target_worker.devise: unknown key (did you mean \"device\"?)");
     assert_int_equal(load(&cfg, "{\"pairs\": [{}, {\"coordinator\": {}}]}", err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "pairs[1].coordinator: unknown key"));
     assert_int_equal(load(&cfg, "{\"pairs\": [{\"target_worker\": {\"threads\": \"x\"}}]}", err), ERR_INVALID_ARG);
