@@ -69,6 +69,18 @@ def default_run_dir(instance):
     return os.path.join(xdg, "tandem-" + instance) if xdg.startswith("/") else "/tmp/tandem-" + instance
 
 
+def supervisor_env(**extra):
+    """The environment for deploy/tandem-supervisor: the build's binaries,
+    and this interpreter's python3 first on PATH. The supervisor runs
+    python3 a dozen times as it starts; a version manager's shim (pyenv:
+    over a second each on a loaded machine) would make it take longer than
+    the bounds of the tests that time it."""
+    env = dict(os.environ, TANDEM_BIN_DIR=BUILD)
+    env.update(extra)
+    env["PATH"] = os.path.dirname(os.path.realpath(sys.executable)) + os.pathsep + env.get("PATH", "")
+    return env
+
+
 def binary(name):
     return os.path.join(BUILD, BIN[name])
 

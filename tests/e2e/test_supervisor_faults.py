@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from tandem_e2e import BUILD, Fail, Pipeline, binary, check, http, main, require_gateway, time_scale
+from tandem_e2e import Fail, Pipeline, binary, check, http, main, require_gateway, supervisor_env, time_scale
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get("TANDEM_SOURCE_DIR", os.path.join(HERE, "..", ".."))
@@ -48,6 +48,14 @@ LOST_WITHIN_S = 2.0 * time_scale()
 # workers that waited for its silence (the old way) fail here.
 SERVED_WITHIN_S = 2.0 * time_scale()
 WORKER_TIMEOUT_MS = int(6000 * time_scale())
+# The coordinator is killed KILL_AFTER_S into a load sized, from the
+# throughput this build measured just before (a Release build serves several
+# times the requests a sanitizer build does), to last LOAD_S: the kill falls
+# with requests in flight on any build, neither after the load is over nor
+# so late that the run takes minutes.
+KILL_AFTER_S = 0.3
+LOAD_S = 3.0
+BASELINE_REQUESTS = 64
 
 
 def no_eos(*models):
@@ -69,7 +77,7 @@ class Supervised:
     def __init__(self, p):
         self.p = p
         self.run_dir = os.path.join(p.dir, "run")
-        self.env = dict(os.environ, TANDEM_BIN_DIR=BUILD, TANDEM_RUN_DIR=self.run_dir)
+        self.env = supervisor_env(TANDEM_RUN_DIR=self.run_dir)
         # The default worker socket: inside the run dir, where the stop check looks.
         p.config["coordinator"].pop("worker_endpoint", None)
         self.config = p.write_config()
@@ -181,10 +189,25 @@ def first_served(p, sup, old_pid, t_kill, timeout_s=30):
     raise Fail("no request served within %d s of the coordinator's restart\n%s" % (timeout_s, sup.logs()))
 
 
+def baseline_rate(p, sup, target):
+    """Requests a second this build serves under the fault run's load shape."""
+    r = subprocess.run(loadgen(p, sup, target, BASELINE_REQUESTS, ("--seed", "2")), capture_output=True, text=True,
+                       timeout=600)
+    check(r.returncode == 0, "baseline load failed:\n%s" % r.stderr[-3000:])
+    out = last_json(r.stdout)
+    check(out["unexpected_errors"] == {} and out["hangs"] == 0 and out["requests_per_s"] > 0,
+          "baseline load: %s" % out)
+    return out["requests_per_s"]
+
+
 def coordinator_under_load(p, sup, target):
+    rate = baseline_rate(p, sup, target)
+    requests = max(100, int(rate * LOAD_S))
+    print("baseline: %.1f requests/s; the fault run sends %d (%.1f s of load), the kill %.1f s in" %
+          (rate, requests, LOAD_S, KILL_AFTER_S))
     workers = (sup.pid("draft"), sup.pid("target"))
     old = sup.pid("coordinator")
-    lg = subprocess.Popen(loadgen(p, sup, target, 600, ("--expect-faults", "--seed", "3")),
+    lg = subprocess.Popen(loadgen(p, sup, target, requests, ("--expect-faults", "--seed", "3")),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first_err = []
     for line in lg.stderr:
@@ -192,7 +215,7 @@ def coordinator_under_load(p, sup, target):
             break
         first_err.append(line)
     check(lg.poll() is None, "the load generator ended before its load: %s" % "".join(first_err))
-    time.sleep(0.3)
+    time.sleep(KILL_AFTER_S)
     t_kill = time.time()
     os.kill(old, signal.SIGKILL)
     timing = {}
@@ -212,7 +235,8 @@ def coordinator_under_load(p, sup, target):
     check(out["hangs"] == 0 and out["mismatches"] == 0 and out["unexpected_errors"] == {},
           "coordinator fault run: %s" % out)
     check(out["expected_errors"].get("coordinator_lost", 0) > 0,
-          "no request saw the coordinator go: the kill came too late? %s" % out)
+          "no request saw the coordinator go: the kill came too late? (%d requests at a measured %.1f/s) %s" %
+          (requests, rate, out))
     new = sup.wait_restarted("coordinator", old)
     w = wait_workers(p, sup)
     check((sup.pid("draft"), sup.pid("target")) == workers,

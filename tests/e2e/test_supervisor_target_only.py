@@ -12,7 +12,7 @@ import time
 
 import zmq
 
-from tandem_e2e import BUILD, Pipeline, check, default_run_dir, generate, main, reference
+from tandem_e2e import Pipeline, check, default_run_dir, generate, main, reference, supervisor_env
 from test_pipeline_ngram import prompts
 
 SUPERVISOR = os.path.join(os.environ.get("TANDEM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
@@ -20,7 +20,7 @@ SUPERVISOR = os.path.join(os.environ.get("TANDEM_SOURCE_DIR", os.path.join(os.pa
 
 
 def supervisor(*args, timeout=60):
-    env = dict(os.environ, TANDEM_BIN_DIR=BUILD)
+    env = supervisor_env()
     env.pop("TANDEM_RUN_DIR", None)
     return subprocess.run([SUPERVISOR] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=env, timeout=timeout)
