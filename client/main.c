@@ -13,9 +13,12 @@
  * (ids, text, prompt_tokens, generated_tokens, prefill_ms, decode_ms,
  * tokens_per_s, acceptance_rate, rounds, mean_accepted_per_round, draft_ms,
  * verify_ms) plus the coordinator's timing and speculation counters.
- * Cancellation: --cancel-after-ms N sends a "cancel" N ms after the request,
- * and SIGINT / SIGTERM send one too; the request then ends with the
- * coordinator's "cancelled" error (exit status 1).
+ * Cancellation: --cancel-after-ms N sends a "cancel" N ms after the request;
+ * the request then ends with the coordinator's "cancelled" error (exit
+ * status 1). SIGINT / SIGTERM (Ctrl-C) send one too and exit 130 once it is
+ * answered, or after 1 s, or at a second signal, or at once when no
+ * coordinator was ever reached. Nothing answering at the endpoint within
+ * 2 s is "no coordinator at E" (exit status 3).
  */
 #include <errno.h>
 #include <signal.h>
@@ -31,6 +34,14 @@
 #define CLIENT_IDS_MAX 1000000
 /* How often the receive loop looks at the cancel triggers. */
 #define CLIENT_POLL_SLICE_MS 50
+/* With no handshake by then, nothing listens at the endpoint: a coordinator
+ * on the same host or network answers in milliseconds. */
+#define CLIENT_CONNECT_WAIT_MS 2000
+/* After Ctrl-C (or SIGTERM), how long the cancelled reply is waited for
+ * before the client exits anyway; a second signal exits at once. */
+#define CLIENT_CANCEL_WAIT_MS 1000
+/* Exit status after an interrupt: 128 + SIGINT, as shells report it. */
+#define CLIENT_EXIT_INTERRUPTED 130
 
 static double monotonic_ms(void)
 {
@@ -39,12 +50,33 @@ static double monotonic_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static volatile sig_atomic_t g_interrupted;
+static volatile sig_atomic_t g_interrupted; /* how many SIGINT / SIGTERM came */
 
 static void on_signal(int signo)
 {
     (void)signo;
-    g_interrupted = 1;
+    if (g_interrupted < 2)
+        g_interrupted++;
+}
+
+/* 0 while the client has reached a coordinator or may still; otherwise
+ * says "no coordinator at E" and returns 3. t_start: when the first
+ * message was sent. */
+static int check_connected(struct tandem_client *client, const char *endpoint, double t_start)
+{
+    char err[ERR_MSG_MAX];
+    bool connected = false;
+    if (tandem_client_has_connected(client, &connected, err) != 0) {
+        fprintf(stderr, "tandem-client: %s\n", err);
+        return 3;
+    }
+    if (connected || monotonic_ms() - t_start < CLIENT_CONNECT_WAIT_MS)
+        return 0;
+    fprintf(stderr,
+            "tandem-client: no coordinator at %s: nothing answered within %d ms (is it running? is the "
+            "endpoint right? --endpoint, default %s)\n",
+            endpoint, CLIENT_CONNECT_WAIT_MS, TANDEM_CLIENT_DEFAULT_ENDPOINT);
+    return 3;
 }
 
 static void usage(FILE *out)
@@ -173,11 +205,28 @@ static int print_json_summary(const cJSON *done)
     return 0;
 }
 
-static int run_stats(struct tandem_client *client, int timeout_ms, int prometheus)
+static int run_stats(struct tandem_client *client, const char *endpoint, int timeout_ms, int prometheus)
 {
     char err[ERR_MSG_MAX];
     cJSON *stats = NULL;
-    int rc = tandem_client_stats(client, timeout_ms, &stats, err);
+    const double t_start = monotonic_ms();
+    int first_ms = timeout_ms < CLIENT_CONNECT_WAIT_MS ? timeout_ms : CLIENT_CONNECT_WAIT_MS;
+    int rc = tandem_client_stats(client, first_ms, &stats, err);
+    if (rc == ERR_TIMEOUT && first_ms < timeout_ms) {
+        int status = check_connected(client, endpoint, t_start - CLIENT_CONNECT_WAIT_MS);
+        if (status != 0)
+            return status;
+        /* connected, slow to answer: the rest of the timeout */
+        struct tandem_client_event ev;
+        for (;;) {
+            rc = tandem_client_recv(client, timeout_ms - first_ms, &ev, err);
+            if (rc != 0 || ev.type == TANDEM_CLIENT_EVENT_STATS)
+                break;
+            tandem_client_event_free(&ev);
+        }
+        if (rc == 0)
+            stats = ev.json;
+    }
     if (rc != 0) {
         fprintf(stderr, "tandem-client: %s\n", err);
         return 3;
@@ -197,8 +246,8 @@ static int run_stats(struct tandem_client *client, int timeout_ms, int prometheu
     return 0;
 }
 
-static int run_generate(struct tandem_client *client, const struct tandem_client_request *req, int timeout_ms,
-                        int json, long cancel_after_ms)
+static int run_generate(struct tandem_client *client, const char *endpoint, const struct tandem_client_request *req,
+                        int timeout_ms, int json, long cancel_after_ms)
 {
     char err[ERR_MSG_MAX];
     int rc = tandem_client_generate(client, req, err);
@@ -212,15 +261,38 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
     const double t_sent = monotonic_ms();
     long since_event_ms = 0;
     bool cancel_sent = false;
+    double interrupted_ms = -1; /* when the interrupt's cancel was sent */
     for (;;) {
-        if (!cancel_sent &&
-            (g_interrupted || (cancel_after_ms >= 0 && monotonic_ms() - t_sent >= (double)cancel_after_ms))) {
+        if (g_interrupted && interrupted_ms < 0) {
+            bool connected = false;
+            /* nobody to cancel with, or a second signal: exit now */
+            if (tandem_client_has_connected(client, &connected, err) != 0 || !connected || g_interrupted > 1) {
+                fprintf(stderr, "tandem-client: interrupted\n");
+                return CLIENT_EXIT_INTERRUPTED;
+            }
+            if (!cancel_sent && tandem_client_cancel(client, req->id, err) != 0) {
+                fprintf(stderr, "tandem-client: %s\n", err);
+                return 3;
+            }
+            cancel_sent = true;
+            interrupted_ms = monotonic_ms();
+        }
+        if (interrupted_ms >= 0 &&
+            (g_interrupted > 1 || monotonic_ms() - interrupted_ms >= CLIENT_CANCEL_WAIT_MS)) {
+            fprintf(stderr, "tandem-client: interrupted (cancel sent, no answer within %d ms)\n",
+                    CLIENT_CANCEL_WAIT_MS);
+            return CLIENT_EXIT_INTERRUPTED;
+        }
+        if (!cancel_sent && cancel_after_ms >= 0 && monotonic_ms() - t_sent >= (double)cancel_after_ms) {
             if (tandem_client_cancel(client, req->id, err) != 0) {
                 fprintf(stderr, "tandem-client: %s\n", err);
                 return 3;
             }
             cancel_sent = true;
         }
+        int unreached = check_connected(client, endpoint, t_sent);
+        if (unreached != 0)
+            return unreached;
         struct tandem_client_event ev;
         rc = tandem_client_recv(client, CLIENT_POLL_SLICE_MS, &ev, err);
         if (rc == ERR_TIMEOUT || rc == ERR_CANCELLED) {
@@ -257,6 +329,11 @@ static int run_generate(struct tandem_client *client, const struct tandem_client
             }
             break;
         case TANDEM_CLIENT_EVENT_ERROR:
+            if (interrupted_ms >= 0 && strcmp(ev.code, "cancelled") == 0) {
+                fprintf(stderr, "tandem-client: interrupted; the request was cancelled\n");
+                status = CLIENT_EXIT_INTERRUPTED;
+                break;
+            }
             fprintf(stderr, "tandem-client: error %s: %s\n", ev.code, ev.message);
             if (json) {
                 char *s = cJSON_PrintUnformatted(ev.json);
@@ -429,13 +506,13 @@ int main(int argc, char **argv)
     if (open_client(endpoint, server_key_file, client_key_file, &client) != 0)
         goto done;
     if (stats)
-        status = run_stats(client, (int)timeout_ms, prometheus);
+        status = run_stats(client, endpoint, (int)timeout_ms, prometheus);
     else {
         struct sigaction sa = {.sa_handler = on_signal};
         sigemptyset(&sa.sa_mask);
         if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
             perror("tandem-client: sigaction"); /* a signal then ends it without a cancel */
-        status = run_generate(client, &req, (int)timeout_ms, json, cancel_after_ms);
+        status = run_generate(client, endpoint, &req, (int)timeout_ms, json, cancel_after_ms);
     }
     tandem_client_destroy(client);
 done:

@@ -66,6 +66,7 @@ struct tandem_client {
     bool lost;           /* a drop while requests were pending, not reported yet */
     uint16_t refusal;    /* the last failed handshake's ZMQ_EVENT_HANDSHAKE_FAILED_*, 0 when none */
     uint32_t refusal_value;
+    bool handshaken;     /* a handshake succeeded since the client was created */
     char *endpoint;      /* to connect again after a refusal */
     double reconnect_ms; /* when the last one was asked for */
 };
@@ -260,6 +261,7 @@ static int read_monitor(struct tandem_client *client, char *err)
             return got;
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             client->refusal = 0;
+            client->handshaken = true;
             continue;
         }
         if (socket_monitor_is_refusal(event)) {
@@ -483,6 +485,13 @@ void tandem_client_event_free(struct tandem_client_event *ev)
         return;
     cJSON_Delete(ev->json);
     memset(ev, 0, sizeof(*ev));
+}
+
+int tandem_client_has_connected(struct tandem_client *client, bool *connected, char *err)
+{
+    int rc = read_monitor(client, err);
+    *connected = client->handshaken;
+    return rc;
 }
 
 int tandem_client_stats(struct tandem_client *client, int timeout_ms, cJSON **stats_out, char *err)

@@ -127,6 +127,13 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
                        char *err);
 void tandem_client_event_free(struct tandem_client_event *ev);
 
+/* *connected: whether a connection to the coordinator has completed its
+ * handshake since the client was created (as far as the events read so far
+ * tell). A client whose requests wait with this false after a second or two
+ * is talking to no coordinator (none runs there, or the endpoint is wrong):
+ * ZeroMQ retries in silence. 0, or ERR_SYSTEM when the monitor cannot be read. */
+int tandem_client_has_connected(struct tandem_client *client, bool *connected, char *err);
+
 /* Sends {"type":"stats"} and waits for the reply (skipping replies of other
  * kinds). *stats_out is the whole reply (caller cJSON_Deletes it). */
 int tandem_client_stats(struct tandem_client *client, int timeout_ms, cJSON **stats_out, char *err);
