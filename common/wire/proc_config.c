@@ -276,8 +276,8 @@ static const struct key_desc worker_keys[] = {
              "1: cuda_ipc through pinned host memory instead of device memory (the path "
              "without peer access) [0]"),
     WKEY_STR(quantize, check_quantize,
-             "the layers' projections quantized as they load: none, int8 or int4 (cpu; the "
-             "embedding and the LM head keep the files' precision) [none]"),
+             "the layers' projections quantized as they load: none, int8 or int4 (cpu and cuda; "
+             "the embedding and the LM head keep the files' precision) [none]"),
     WKEY_STR(sampler, check_sampler,
              "sampling and accept/reject: device (logits and q rows stay on the GPU), host, "
              "or auto (device with backend cuda, host with cpu) [auto]"),
