@@ -66,6 +66,9 @@ def late_draft(p, args, run_dir):
             raise Fail("start --wait returned (%d) %.2f s after the start, while the coordinator held the target "
                        "registered and not the draft, which runs but waits: coordinator.state %s\n%s%s" %
                        (proc.returncode, time.time() - t0, read_state(run_dir), out, err))
+        st = supervisor("status", "--instance", os.path.basename(run_dir)[len("tandem-"):])
+        check("state       loading or not ready: draft: not registered" in st.stdout,
+              "status while the draft has not registered:\n%s" % st.stdout)
         with open(go, "w"):
             pass
         out, err = proc.communicate(timeout=60)
@@ -97,6 +100,10 @@ def test():
         r = supervisor("start", "--wait", "60", *args, timeout=120)
         waited = time.time() - t0
         check(r.returncode == 0 and "ready" in r.stdout, "start --wait failed:\n%s%s" % (r.stdout, r.stderr))
+        st = supervisor("status", "--instance", instance)
+        for want in ("state       ready", "model       %s (target %s, draft %s)" % (os.path.basename(target), target, draft),
+                     "endpoints   %s (ZeroMQ), http://%s (OpenAI API)" % (p.endpoint, p.config["gateway"]["listen"])):
+            check(want in st.stdout, "status does not say %r:\n%s" % (want, st.stdout))
         # no polling: the first request is served
         s = p.zctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
