@@ -1,4 +1,6 @@
-/* logging.c: timestamped log lines on stderr. */
+/* logging.c: timestamped log lines on stderr. The time is ISO 8601 in UTC
+ * with its date and zone (2026-12-02T03:06:01.123Z): a line read days later,
+ * or beside another host's, says when it was written. */
 #include "logging.h"
 
 #include <stdarg.h>
@@ -33,8 +35,9 @@ void logging_write(enum logging_level level, const char *fmt, ...)
     struct tm tm_utc;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm_utc);
-    int n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %s %s: ", tm_utc.tm_hour,
-                     tm_utc.tm_min, tm_utc.tm_sec, now.tv_nsec / 1000000L, logging_tag,
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ", tm_utc.tm_year + 1900,
+                     tm_utc.tm_mon + 1, tm_utc.tm_mday, tm_utc.tm_hour, tm_utc.tm_min, tm_utc.tm_sec,
+                     now.tv_nsec / 1000000L, logging_tag,
                      level_names[level < 0 || level > 3 ? 0 : level]);
     va_list ap;
     va_start(ap, fmt);
