@@ -14,6 +14,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -368,6 +370,18 @@ done:
     return rc;
 }
 
+/* Whether buf, a file's first len bytes, begins as a safetensors file does:
+ * an 8-byte little-endian header length, then the header's JSON object. */
+static bool looks_like_safetensors(const char *buf, size_t len)
+{
+    if (len < 9 || buf[8] != '{')
+        return false;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | (unsigned char)buf[i];
+    return n >= 2;
+}
+
 int model_config_load(struct model_config *out, const char *path, char *err)
 {
     if (!path || !path[0])
@@ -398,6 +412,19 @@ int model_config_load(struct model_config *out, const char *path, char *err)
                        MODEL_CONFIG_FILE_MAX_BYTES);
     if (fclose(fp) != 0 && rc == 0)
         rc = error_set_errno(err, ERR_IO, errno, "%s: close", file);
+    /* a model file given for its directory: say what is expected, not "not valid JSON" */
+    if (rc == 0 && len >= 4 && memcmp(buf, "GGUF", 4) == 0)
+        rc = error_set(err, ERR_FORMAT,
+                       "%s is a GGUF file; Tandem loads a HuggingFace model directory (config.json, "
+                       "*.safetensors, tokenizer.json). Convert it with transformers "
+                       "(AutoModelForCausalLM.from_pretrained(DIR, gguf_file=FILE).save_pretrained(OUT), the "
+                       "same with AutoTokenizer) or use the original safetensors release",
+                       file);
+    else if (rc == 0 && !S_ISDIR(sb.st_mode) && looks_like_safetensors(buf, len))
+        rc = error_set(err, ERR_FORMAT,
+                       "%s is a safetensors weights file: give the model directory that holds it (with "
+                       "config.json and tokenizer.json)",
+                       file);
     if (rc == 0)
         rc = model_config_parse(out, buf, len, file, err);
     free(buf);

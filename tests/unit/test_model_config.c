@@ -510,6 +510,24 @@ static void test_model_config_load_missing_file_is_not_found(void **state)
     assert_non_null(strstr(err, "config.json"));
 }
 
+/* A model file where the directory belongs says what is expected (issue 64:
+ * both used to be "not valid JSON"). */
+static void test_model_config_load_of_a_model_file_says_what_is_expected(void **state)
+{
+    struct tmpdir_fixture *f = *state;
+    struct model_config c;
+    char err[ERR_MSG_MAX] = "", path[600];
+    write_text(f->dir, "model.gguf", "GGUF\x03\x00\x00\x00 rest of a GGUF file");
+    snprintf(path, sizeof path, "%s/model.gguf", f->dir);
+    assert_int_equal(model_config_load(&c, path, err), ERR_FORMAT);
+    assert_non_null(strstr(err, "is a GGUF file"));
+    assert_non_null(strstr(err, "gguf_file="));
+    write_tiny_model(f->dir, 1, NULL, NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", f->dir);
+    assert_int_equal(model_config_load(&c, path, err), ERR_FORMAT);
+    assert_non_null(strstr(err, "is a safetensors weights file: give the model directory"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -529,6 +547,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_model_config_check_weights_reports_missing_and_misshapen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_model_config_load_missing_file_is_not_found, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_model_config_load_of_a_model_file_says_what_is_expected, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
