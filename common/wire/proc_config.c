@@ -1040,7 +1040,8 @@ int proc_config_parse_args(struct proc_config *cfg, int argc, char **argv, const
 void proc_config_print_usage(FILE *out, const char *section)
 {
     fprintf(out, "  --config FILE              JSON config (sections coordinator, draft_worker, "
-                 "target_worker, gateway, supervisor)\n");
+                 "target_worker, gateway, supervisor); the flags below override it, and take "
+                 "underscores too (--max_seq_len)\n");
     fprintf(out, "  --instance NAME            instance name (shm segments, ipc endpoints) [tandem]\n");
     fprintf(out, "  --pair N                   workers: the pair served, an index into the config's "
                  "\"pairs\" [0]\n");
@@ -1056,6 +1057,11 @@ void proc_config_print_usage(FILE *out, const char *section)
                 snprintf(flag, sizeof flag, "--%s", sec->keys[i].name);
             else
                 snprintf(flag, sizeof flag, "--%s.%s", sec->name, sec->keys[i].name);
+            /* one vocabulary with the other tools: hyphens on the command line
+             * (underscores, the JSON keys' spelling, are accepted too) */
+            for (char *c = flag; *c; c++)
+                if (*c == '_')
+                    *c = '-';
             fprintf(out, "  %-26s %s\n", flag, sec->keys[i].help);
         }
     }
