@@ -52,6 +52,12 @@ int worker_main(int argc, char **argv, const struct worker_main_role *role)
         return WORKER_MAIN_EXIT_CONFIG;
     }
     const struct worker_config *wc = draft ? &cfg.draft_worker : &cfg.target_worker;
+    if (cfg.pair > 0) {
+        /* pair N's workers: "target1", as the supervisor names them */
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s%d", role->name, cfg.pair);
+        logging_set_tag(tag);
+    }
     logging_set_level((enum logging_level)logging_level_parse(wc->log_level));
     /* The default worker socket is in the instance's private directory: never
      * connect through one someone else planted. */
