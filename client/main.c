@@ -3,7 +3,7 @@
  *   tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)
  *                 [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
- *                 [--spec-mode sampled|point_mass] [--draft SOURCE] [--stream] [--json]
+ *                 [--spec-mode sampled|point_mass] [--draft-source SOURCE] [--stream] [--json]
  *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
  *
@@ -85,7 +85,7 @@ static void usage(FILE *out)
             "usage: tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
-            "                     [--draft auto|model|ngram|suffix|none]\n"
+            "                     [--draft-source auto|model|ngram|suffix|none] (--draft: the old spelling)\n"
             "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
@@ -475,7 +475,9 @@ int main(int argc, char **argv)
             req.spec_k = (int)l;
         } else if (strcmp(a, "--spec-mode") == 0) {
             req.spec_mode = v;
-        } else if (strcmp(a, "--draft") == 0) {
+        } else if (strcmp(a, "--draft-source") == 0 || strcmp(a, "--draft") == 0) {
+            /* --draft-source: --draft names a model directory in the supervisor and
+             * tandem-generate; the old spelling is still accepted */
             req.draft = v; /* checked by the coordinator, which names it when it is wrong */
         } else if (strcmp(a, "--timeout-ms") == 0) {
             if (parse_long(a, v, 1, INT32_MAX, &l) != 0)

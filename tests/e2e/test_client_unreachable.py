@@ -3,7 +3,8 @@
 listens (a closed TCP port, an ipc path with no socket) it exits 3 within
 3 s naming the endpoint, for a request and for --stats, and Ctrl-C there
 exits at once; SIGINT during a long request sends a cancel and exits 130
-within a second or so, the coordinator's request cancelled."""
+within a second or so, the coordinator's request cancelled. --draft-source
+names the request's draft source (--draft, its old spelling, still works)."""
 import json
 import os
 import signal
@@ -96,6 +97,15 @@ def test():
     while p.stats()["requests"]["active"] > 0:
         check(time.time() < deadline, "the interrupted request still runs 10 s later: %s" % p.stats()["requests"])
         time.sleep(0.05)
+    # one vocabulary: --draft-source (a draft source, not a model directory), --draft still accepted
+    for flag in ("--draft-source", "--draft"):
+        r = subprocess.run([binary("client"), "--endpoint", p.endpoint, "--ids", "5,6,7", "--max-tokens", "4",
+                            "--temperature", "0", flag, "ngram"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, "tandem-client %s ngram: exit %d: %s" % (flag, r.returncode, r.stderr))
+    r = subprocess.run([binary("client"), "--endpoint", p.endpoint, "--ids", "5,6,7", "--draft-source", "bogus"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "bogus" in r.stderr, "tandem-client --draft-source bogus: %d %s" %
+          (r.returncode, r.stderr))
     p.close()
 
 
