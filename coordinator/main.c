@@ -9,7 +9,6 @@
  * supervisor stops the workers; the coordinator does not).
  */
 #include <signal.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "coordinator.h"
@@ -35,7 +34,7 @@ int main(int argc, char **argv)
     }
     int rc = coordinator_run(c, &proc_start_stop_requested, err);
     if (rc != 0)
-        fprintf(stderr, "tandem-coordinator: %s\n", err);
+        LOG_ERROR("%s", err);
     coordinator_destroy(c);
     return rc == 0 ? 0 : 1;
 }
