@@ -32,6 +32,7 @@ struct generation {
     bool stream, include_usage;
     double t0, deadline_s;
     long created;
+    char ignored[OPENAI_IGNORED_MAX]; /* openai_request.ignored: the 200's Tandem-Ignored-Fields */
 };
 
 static const char *type_of(const cJSON *m)
@@ -68,6 +69,7 @@ struct stream {
     bool finished;               /* "data: [DONE]" is in pending */
     double t0, t_first, t_last;
     int n_tokens;
+    char ignored[OPENAI_IGNORED_MAX];
 };
 
 static void pending_add(struct stream *st, const char *data, size_t n)
@@ -232,7 +234,9 @@ static enum MHD_Result generation_begin(struct generation **out, struct MHD_Conn
     struct openai_error e;
     struct openai_request req;
     *out = NULL;
-    if (openai_parse_request(kind, body, len, p->cfg->served_model_name, &req, &e) != 0)
+    const struct openai_policy policy = {.served_model = p->cfg->served_model_name,
+                                         .strict_fields = p->cfg->strict_fields != 0};
+    if (openai_parse_request(kind, body, len, &policy, &req, &e) != 0)
         return answer_error(conn, &e, status);
     struct generation *g = calloc(1, sizeof(*g));
     if (g == NULL || bridge_call_open(p->bridge, "gw", &g->call, err) != 0) {
@@ -247,6 +251,10 @@ static enum MHD_Result generation_begin(struct generation **out, struct MHD_Conn
     int rc = bridge_call_send(g->call, req.generate, err);
     g->stream = req.stream;
     g->include_usage = req.include_usage;
+    snprintf(g->ignored, sizeof(g->ignored), "%s", req.ignored);
+    if (req.ignored[0] != '\0') /* one line a request; the list is cleaned in openai.c */
+        LOG_WARN("%s: fields accepted without effect: %s (gateway.strict_fields: 1 refuses them)",
+                 bridge_call_id(g->call), req.ignored);
     openai_request_free(&req);
     if (rc != 0) {
         generation_end(g, p, false, false);
@@ -284,6 +292,7 @@ static enum MHD_Result start_stream(struct generation *g, struct MHD_Connection 
     st->include_usage = g->include_usage;
     st->created = g->created;
     st->t0 = g->t0;
+    snprintf(st->ignored, sizeof(st->ignored), "%s", g->ignored);
     st->deadline_s = watch_now_s() + p->cfg->request_timeout_ms / 1000.0;
     free(g);
     snprintf(st->resp_id, sizeof(st->resp_id), "%s%s", kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-",
@@ -301,7 +310,8 @@ static enum MHD_Result start_stream(struct generation *g, struct MHD_Connection 
         return MHD_NO;
     }
     if (MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream") != MHD_YES ||
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache") != MHD_YES)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache") != MHD_YES ||
+        (st->ignored[0] != '\0' && MHD_add_response_header(r, HTTP_REPLY_IGNORED_FIELDS_HEADER, st->ignored) != MHD_YES))
         LOG_WARN("%s: could not add the event stream's headers", bridge_call_id(st->call));
     enum MHD_Result rc = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r); /* MHD keeps its reference; stream_free runs when it is done */
@@ -331,9 +341,12 @@ static enum MHD_Result generation_answer(struct generation *g, struct MHD_Connec
     cJSON *out = openai_response_json(kind, resp_id, g->created, p->cfg->served_model_name, reply);
     http_metrics_generation_end(p->metrics, 1, count_ids(reply), decode_s, t - g->t0);
     cJSON_Delete(reply);
-    generation_end(g, p, false, false);
+    char g_ignored[OPENAI_IGNORED_MAX];
+    snprintf(g_ignored, sizeof(g_ignored), "%s", g->ignored);
+    generation_end(g, p, false, false); /* frees g */
     *status = 200;
-    return http_reply_json(conn, 200, out);
+    return http_reply_json_header(conn, 200, out, g_ignored[0] != '\0' ? HTTP_REPLY_IGNORED_FIELDS_HEADER : NULL,
+                                  g_ignored);
 }
 
 enum MHD_Result generation_step(struct generation **gp, struct MHD_Connection *conn, const struct server_params *p,

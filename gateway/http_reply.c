@@ -63,6 +63,12 @@ enum MHD_Result http_reply_json(struct MHD_Connection *conn, int status, cJSON *
     return reply_json_headers(conn, status, body, NULL, NULL, false);
 }
 
+enum MHD_Result http_reply_json_header(struct MHD_Connection *conn, int status, cJSON *body, const char *hname,
+                                       const char *hvalue)
+{
+    return reply_json_headers(conn, status, body, hname, hvalue, false);
+}
+
 enum MHD_Result http_reply_error(struct MHD_Connection *conn, const struct openai_error *e, const char *allow)
 {
     if (e->status == 401)

@@ -19,6 +19,13 @@
 
 /* Queues body (consumed: deleted here) with status; NULL body = out of memory (500). */
 enum MHD_Result http_reply_json(struct MHD_Connection *conn, int status, cJSON *body);
+/* The same with one more header, hname: hvalue (none when hname is NULL). */
+enum MHD_Result http_reply_json_header(struct MHD_Connection *conn, int status, cJSON *body, const char *hname,
+                                       const char *hvalue);
+
+/* The header that names the request fields the gateway accepted without
+ * effect (openai_request.ignored), on a completion's 200 response. */
+#define HTTP_REPLY_IGNORED_FIELDS_HEADER "Tandem-Ignored-Fields"
 /* Queues e as {"error":{...}} with e->status (plus WWW-Authenticate on 401,
  * Allow on 405 when allow is not NULL). */
 enum MHD_Result http_reply_error(struct MHD_Connection *conn, const struct openai_error *e, const char *allow);

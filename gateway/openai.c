@@ -4,10 +4,15 @@
  * becomes. Fields Tandem implements are translated (max_completion_tokens
  * and max_tokens -> max_tokens, stop as a string -> a list); fields that
  * change nothing at their neutral value (n = 1, logprobs = false,
- * presence_penalty = 0, echo = false, ...) are accepted only at that value;
- * fields Tandem cannot honour (tools, response_format, ...) and unknown
- * fields are a 400 naming them. JSON null means "not given", as in
- * OpenAI's API.
+ * presence_penalty = 0, repetition_penalty = 1, echo = false, ...) are
+ * accepted only at that value; fields Tandem cannot honour (tools,
+ * response_format, ...) are a 400 naming them. Unknown fields are accepted
+ * and listed in openai_request.ignored (frontends and evaluation harnesses
+ * send vendor extras written for vLLM's server, which accepts unknown fields
+ * and logs them), or a 400 naming them under policy->strict_fields (what
+ * OpenAI's own API does). JSON
+ * null means "not given", as in OpenAI's API; so does an absent "model"
+ * (the served one).
  */
 #include "openai.h"
 
@@ -77,6 +82,8 @@ enum field_rule {
     F_ONE,            /* n, best_of: 1 only */
     F_FALSE,          /* logprobs (chat), echo: false only */
     F_ZERO,           /* penalties: 0 only */
+    F_UNIT,           /* repetition_penalty (vLLM's extension): 1 only, until penalties exist */
+    F_IGNORE_EOS,     /* vLLM's extension: false, or true listed as ignored (400 when strict) */
     F_EMPTY,          /* logit_bias: {} only */
     F_IGNORED,        /* user: a string of metadata with no effect on generation */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
@@ -116,6 +123,8 @@ static const struct field fields[] = {
     {"suffix", F_UNSUPPORTED, COMP},
     {"presence_penalty", F_ZERO, CHAT | COMP},
     {"frequency_penalty", F_ZERO, CHAT | COMP},
+    {"repetition_penalty", F_UNIT, CHAT | COMP},
+    {"ignore_eos", F_IGNORE_EOS, CHAT | COMP},
     {"logit_bias", F_EMPTY, CHAT | COMP},
     {"user", F_IGNORED, CHAT | COMP},
     {"tools", F_UNSUPPORTED, CHAT},
@@ -319,6 +328,31 @@ static int translate_stop(const cJSON *v, cJSON *gen, struct openai_error *e)
     return 0;
 }
 
+/* Appends name to out->ignored (see openai.h: bytes outside [A-Za-z0-9_.-]
+ * become '?', names cut at 64 bytes, ",..." once the list is full). */
+static void ignored_add(struct openai_request *out, const char *name)
+{
+    char *list = out->ignored;
+    size_t n = strlen(list);
+    if (n >= 4 && strcmp(list + n - 4, ",...") == 0)
+        return;
+    char clean[65];
+    size_t k = 0;
+    for (; name[k] != '\0' && k < sizeof(clean) - 1; k++) {
+        char ch = name[k];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                  ch == '.' || ch == '-';
+        clean[k] = ok ? ch : '?';
+    }
+    clean[k] = '\0';
+    const size_t need = (n > 0 ? 1 : 0) + k;
+    if (n + need + 4 >= sizeof(out->ignored)) { /* keep room for ",..." */
+        snprintf(list + n, sizeof(out->ignored) - n, "%s...", n > 0 ? "," : "");
+        return;
+    }
+    snprintf(list + n, sizeof(out->ignored) - n, "%s%s", n > 0 ? "," : "", clean);
+}
+
 static const struct field *field_find(enum openai_kind kind, const char *name)
 {
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
@@ -327,10 +361,12 @@ static const struct field *field_find(enum openai_kind kind, const char *name)
     return NULL;
 }
 
-static int apply_field(enum openai_kind kind, const struct field *f, const cJSON *v, const char *served_model,
-                       cJSON *gen, struct openai_request *out, struct openai_error *e)
+static int apply_field(enum openai_kind kind, const struct field *f, const cJSON *v,
+                       const struct openai_policy *policy, cJSON *gen, struct openai_request *out,
+                       struct openai_error *e)
 {
     const char *name = f->name;
+    const char *served_model = policy->served_model;
     switch (f->rule) {
     case F_MODEL:
         if (!cJSON_IsString(v))
@@ -416,6 +452,21 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (v->valuedouble != 0)
             return bad(e, name, "%s: not supported by this server (only 0)%s", name, "");
         return 0;
+    case F_UNIT:
+        if (expect_number(v, name, e) != 0)
+            return -1;
+        if (v->valuedouble != 1)
+            return bad(e, name, "%s: not supported yet (only 1.0, no penalty)%s", name, "");
+        return 0;
+    case F_IGNORE_EOS:
+        if (!cJSON_IsBool(v))
+            return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
+        if (cJSON_IsTrue(v)) {
+            if (policy->strict_fields)
+                return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
+            ignored_add(out, name);
+        }
+        return 0;
     case F_EMPTY:
         if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) != 0)
             return bad(e, name, "%s: not supported by this server (only {})%s", name, "");
@@ -431,7 +482,7 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
     return bad(e, name, "%s: unexpected field%s", name, "");
 }
 
-int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const char *served_model,
+int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const struct openai_policy *policy,
                          struct openai_request *out, struct openai_error *e)
 {
     memset(out, 0, sizeof(*out));
@@ -479,10 +530,6 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
     }
     out->generate = gen;
     const char *required = kind == OPENAI_CHAT ? "messages" : "prompt";
-    if (cJSON_GetObjectItemCaseSensitive(root, "model") == NULL) {
-        bad(e, "model", "model: required%s%s", "", "");
-        goto done;
-    }
     if (cJSON_GetObjectItemCaseSensitive(root, required) == NULL) {
         bad(e, required, "%s: required%s", required, "");
         goto done;
@@ -490,20 +537,24 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
     /* max_completion_tokens first, so it wins over max_tokens whatever the order. */
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens");
     if (kind == OPENAI_CHAT && mct != NULL && !cJSON_IsNull(mct) &&
-        apply_field(kind, field_find(kind, "max_completion_tokens"), mct, served_model, gen, out, e) != 0)
+        apply_field(kind, field_find(kind, "max_completion_tokens"), mct, policy, gen, out, e) != 0)
         goto done;
     const cJSON *f = NULL;
     cJSON_ArrayForEach(f, root) {
         const struct field *fd = field_find(kind, f->string);
         if (fd == NULL) {
-            bad(e, f->string, "%.64s: unknown field%s", f->string, "");
-            goto done;
+            if (policy->strict_fields) {
+                bad(e, f->string, "%.64s: unknown field (gateway.strict_fields is on)%s", f->string, "");
+                goto done;
+            }
+            ignored_add(out, f->string);
+            continue;
         }
-        if (cJSON_IsNull(f) && fd->rule != F_MODEL && fd->rule != F_MESSAGES && fd->rule != F_PROMPT)
+        if (cJSON_IsNull(f) && fd->rule != F_MESSAGES && fd->rule != F_PROMPT)
             continue;
         if (fd->rule == F_MAX_TOKENS && strcmp(fd->name, "max_completion_tokens") == 0)
             continue;
-        if (apply_field(kind, fd, f, served_model, gen, out, e) != 0)
+        if (apply_field(kind, fd, f, policy, gen, out, e) != 0)
             goto done;
     }
     if (out->include_usage && !out->stream) {

@@ -5,8 +5,11 @@
  * /v1/chat/completions or /v1/completions body and builds the coordinator's
  * "generate" message; the openai_*_json functions build responses, stream
  * chunks and error objects from the coordinator's replies. A field this
- * server cannot honour (n > 1, logprobs, tools, response_format, ...) is a
- * 400 naming it, never silently ignored; range checks of the sampling fields
+ * server knows and cannot honour (n > 1, logprobs, tools, response_format,
+ * repetition_penalty other than 1, ...) is a 400 naming it, never silently
+ * ignored; a field it does not know is accepted and listed (the vendor
+ * extras of frontends and harnesses), or a 400 under strict_fields; range
+ * checks of the sampling fields
  * are left to the coordinator, whose message names the field too.
  * What it is not: an HTTP server (server.c) or a client of the coordinator
  * (generation.c).
@@ -21,6 +24,7 @@
 
 #define OPENAI_MESSAGE_MAX 512
 #define OPENAI_PARAM_MAX 96
+#define OPENAI_IGNORED_MAX 256   /* the list of fields a request had ignored */
 
 enum openai_kind {
     OPENAI_CHAT = 0,         /* /v1/chat/completions */
@@ -37,22 +41,37 @@ struct openai_error {
     char message[OPENAI_MESSAGE_MAX];
 };
 
+/* What a parse checks a request against: the served model's name (what an
+ * absent "model" means; another name is a 404) and whether fields this
+ * server does not know are a 400 (strict_fields, gateway.strict_fields) or
+ * accepted, listed in openai_request.ignored. */
+struct openai_policy {
+    const char *served_model;
+    bool strict_fields;
+};
+
 /* A validated request. generate is the coordinator's message without "id"
- * (owned: openai_request_free). */
+ * (owned: openai_request_free). ignored: the fields accepted without
+ * effect (unknown fields when not strict, ignore_eos: true), comma
+ * separated, "" when none; each name kept to [A-Za-z0-9_.-] (any other byte
+ * is '?', so the list can go in a header and a log line as it is), the list
+ * cut with ",..." when it does not fit. */
 struct openai_request {
     enum openai_kind kind;
     bool stream;
     bool include_usage;      /* stream_options.include_usage */
     cJSON *generate;
+    char ignored[OPENAI_IGNORED_MAX];
 };
 
 /* Fills e (status, type, code, param, printf-style message); returns e->status. */
 int openai_error_set(struct openai_error *e, int status, const char *type, const char *code, const char *param,
                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-/* Parses len bytes of body for kind; model must equal served_model. 0, or
+/* Parses len bytes of body for kind under policy: "model", when given and
+ * not null, must equal policy->served_model (404 model_not_found). 0, or
  * -1 with e filled (400 for every malformed or unsupported request). */
-int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const char *served_model,
+int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const struct openai_policy *policy,
                          struct openai_request *out, struct openai_error *e);
 void openai_request_free(struct openai_request *r);
 

@@ -14,7 +14,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,7 +188,9 @@ static int check_env_name(const char *value, char *msg, size_t msg_size)
 static const struct key_desc gateway_keys[] = {
     GKEY_STR(listen, check_listen, "HTTP listen address host:port [127.0.0.1:8000]"),
     GKEY_STR(coordinator_endpoint, check_endpoint_or_empty, "coordinator client endpoint [coordinator.client_endpoint]"),
-    GKEY_STR(served_model_name, NULL, "model name clients must send [basename of target_worker.model]"),
+    GKEY_STR(served_model_name, NULL,
+             "model name clients send (or leave out) [target_worker.model's basename; ORG/NAME for a "
+             "HuggingFace cache snapshot]"),
     GKEY_STR(api_key, NULL, "required Bearer key, \"\" = none [\"\"]"),
     GKEY_STR(api_key_env, check_env_name, "environment variable holding the key [\"\"]"),
     GKEY_STR(coordinator_curve_public_key_file, NULL,
@@ -215,6 +219,9 @@ static const struct key_desc gateway_keys[] = {
     GKEY_INT(allow_unauthenticated, 0, 1,
              "1: listen on an address other machines reach without an API key [0]"),
     GKEY_INT(metrics_require_key, 0, 1, "1: GET /metrics needs the API key too [0]"),
+    GKEY_INT(strict_fields, 0, 1,
+             "1: a request field the gateway does not know is a 400; 0: accepted, named in the "
+             "Tandem-Ignored-Fields header and the log [0]"),
     GKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
 };
 
@@ -798,6 +805,44 @@ static int finalize_gateway_limits(struct proc_config *cfg, char *err)
     return 0;
 }
 
+/* A HuggingFace cache snapshot, model[0..n) ending in
+ * .../models--ORG--NAME/snapshots/<40 hex> (the last component starting at
+ * start): its repository's name, "ORG/NAME", into out. False for any other
+ * path (out untouched). The hub writes the repository id with "/" as "--"
+ * (the hub refuses "--" inside a name, so the first one is the separator). */
+static bool hf_snapshot_name(const char *model, size_t start, size_t n, char *out, size_t out_size)
+{
+    static const char snap[] = "/snapshots/", repo[] = "models--";
+    if (n - start != 40 || start < sizeof snap - 1)
+        return false;
+    for (size_t i = start; i < n; i++)
+        if (!((model[i] >= '0' && model[i] <= '9') || (model[i] >= 'a' && model[i] <= 'f')))
+            return false;
+    size_t end = start - (sizeof snap - 1); /* the repository folder is model[begin..end) */
+    if (strncmp(model + end, snap, sizeof snap - 1) != 0)
+        return false;
+    size_t begin = end;
+    while (begin > 0 && model[begin - 1] != '/')
+        begin--;
+    if (end - begin <= sizeof repo - 1 || strncmp(model + begin, repo, sizeof repo - 1) != 0)
+        return false;
+    const char *id = model + begin + sizeof repo - 1;
+    const size_t id_len = end - begin - (sizeof repo - 1);
+    const char *sep = NULL;
+    for (size_t i = 0; i + 1 < id_len; i++)
+        if (id[i] == '-' && id[i + 1] == '-') {
+            sep = id + i;
+            break;
+        }
+    if (sep == NULL) /* a repository without an organisation ("gpt2") */
+        return snprintf(out, out_size, "%.*s", (int)id_len, id) > 0;
+    const int org_len = (int)(sep - id), name_len = (int)(id_len - (size_t)org_len - 2);
+    if (org_len == 0 || name_len <= 0)
+        return false;
+    snprintf(out, out_size, "%.*s/%.*s", org_len, id, name_len, sep + 2);
+    return true;
+}
+
 /* Derived gateway keys: the coordinator endpoint (a wildcard bind address
  * is not something to connect to: it becomes loopback) and the served name. */
 static int finalize_gateway(struct proc_config *cfg, char *err)
@@ -843,6 +888,8 @@ static int finalize_gateway(struct proc_config *cfg, char *err)
         size_t start = n;
         while (start > 0 && model[start - 1] != '/')
             start--;
+        if (hf_snapshot_name(model, start, n, g->served_model_name, sizeof g->served_model_name))
+            return 0;
         if (n == 0 || n == start)
             snprintf(g->served_model_name, sizeof g->served_model_name, "tandem");
         else

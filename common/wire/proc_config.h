@@ -130,7 +130,9 @@ struct gateway_config {
     char listen[PROC_CONFIG_NAME_MAX];     /* HTTP host:port, default 127.0.0.1:8000 */
     char coordinator_endpoint[PROC_CONFIG_PATH_MAX]; /* default coordinator.client_endpoint
                                               (a wildcard host becomes 127.0.0.1) */
-    char served_model_name[PROC_CONFIG_PATH_MAX]; /* default basename of target_worker.model */
+    char served_model_name[PROC_CONFIG_PATH_MAX]; /* default basename of target_worker.model, or
+                                              ORG/NAME when it is a HuggingFace cache snapshot
+                                              (.../models--ORG--NAME/snapshots/<40 hex>) */
     char api_key[PROC_CONFIG_KEY_MAX];     /* "" = no key (unless api_key_env names one) */
     char api_key_env[PROC_CONFIG_NAME_MAX];/* environment variable holding the key */
     char coordinator_curve_public_key_file[PROC_CONFIG_PATH_MAX]; /* "" = plain ZeroMQ to the coordinator */
@@ -152,6 +154,8 @@ struct gateway_config {
     int request_timeout_ms;                /* silence from the coordinator before a 504, default 600000 */
     int allow_unauthenticated;             /* 1: listen beyond loopback without an API key */
     int metrics_require_key;               /* 1: /metrics needs the API key too */
+    int strict_fields;                     /* 1: an unknown request field is a 400; 0 (default):
+                                              accepted and named in Tandem-Ignored-Fields */
     char log_level[PROC_CONFIG_NAME_MAX];  /* default "info" */
 };
 

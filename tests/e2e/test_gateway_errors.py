@@ -3,10 +3,15 @@
 error object naming the problem, and the gateway and the coordinator keep
 serving: 401 without the API key (any case of "Bearer" is accepted), 404
 unknown path or model, 405 wrong method, 413 body too large, 400 for bad
-JSON, missing or unknown fields, wrong types, numbers beyond a double's range
+JSON, missing fields, wrong types, numbers beyond a double's range
 (named "not finite"), out-of-range values, n > 1, logprobs, tools,
-response_format and a prompt longer than the context, 429 when the
-coordinator is full."""
+response_format, repetition_penalty other than 1 and a prompt longer than
+the context, 429 when the coordinator is full.
+
+Lenient where the clients are: no "model" is the served one; an unknown
+field (and ignore_eos: true) is answered 200 and named in the
+Tandem-Ignored-Fields header and one gateway log line; restarted with
+gateway.strict_fields: true, the same unknown field is a 400 naming it."""
 import json
 import signal
 import socket
@@ -72,7 +77,7 @@ def test():
     expect(p, "POST", "/v1/chat/completions", b"", 400, needle="empty")
     expect(p, "POST", "/v1/chat/completions", b"[1,2]", 400, needle="JSON object")
     expect(p, "POST", "/v1/chat/completions", b'{"model":"tiny","messages":[', 400, needle="not valid JSON")
-    expect(p, "POST", "/v1/chat/completions", {"messages": chat["messages"]}, 400, param="model")
+    expect(p, "POST", "/v1/chat/completions", {"messages": chat["messages"], "model": 7}, 400, param="model")
     expect(p, "POST", "/v1/chat/completions", dict(chat, model="gpt-4"), 404, param="model", code="model_not_found")
     expect(p, "POST", "/v1/chat/completions", {"model": "tiny"}, 400, param="messages")
     expect(p, "POST", "/v1/completions", {"model": "tiny"}, 400, param="prompt")
@@ -94,7 +99,9 @@ def test():
            param="response_format")
     expect(p, "POST", "/v1/chat/completions", dict(chat, presence_penalty=0.5), 400, param="presence_penalty")
     expect(p, "POST", "/v1/chat/completions", dict(chat, logit_bias={"1": 5}), 400, param="logit_bias")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, colour="red"), 400, param="colour", needle="unknown field")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, repetition_penalty=1.3), 400, param="repetition_penalty",
+           needle="not supported yet")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, ignore_eos="yes"), 400, param="ignore_eos")
     expect(p, "POST", "/v1/chat/completions", b'{"model":"tiny","model":"tiny","messages":[]}', 400, param="model",
            needle="more than once")
     # Nested repeats too, and bytes that are not UTF-8 (json.loads of the
@@ -162,6 +169,27 @@ def test():
               KEY.encode() + b"\r\n\r\n{\"model\":")
     s.close()
 
+    # Lenient by default: no model is the served one; unknown fields and
+    # ignore_eos: true are accepted, named in a header and a log line.
+    lenient = [
+        # (path, body, Tandem-Ignored-Fields or None)
+        ("/v1/chat/completions", {"messages": chat["messages"], "max_tokens": 2}, None),
+        ("/v1/completions", dict(comp, model=None, repetition_penalty=1.0, ignore_eos=False), None),
+        ("/v1/chat/completions", dict(chat, colour="red", chat_template_kwargs={"x": 1}), "colour,chat_template_kwargs"),
+        ("/v1/completions", dict(comp, ignore_eos=True, stream=True), "ignore_eos"),
+    ]
+    for path, body, listed in lenient:
+        st, h, raw = http("POST", p.base_url + path, body, headers=AUTH, timeout_s=30)
+        check(st == 200, "lenient %s %r: %d %s" % (path, body, st, raw[:300]))
+        check(h.get("tandem-ignored-fields") == listed, "%s %r: Tandem-Ignored-Fields %r, want %r" %
+              (path, body, h.get("tandem-ignored-fields"), listed))
+        if not body.get("stream"):
+            check(json.loads(raw)["model"] == "tiny", "%s %r: model %s" % (path, body, json.loads(raw)["model"]))
+    deadline = time.time() + 5
+    while "fields accepted without effect: colour,chat_template_kwargs" not in p.log_tail("gateway", 400):
+        check(time.time() < deadline, "no log line for the ignored fields:\n%s" % p.log_tail("gateway"))
+        time.sleep(0.05)
+
     # Still serving, and correctly; the coordinator is fine too.
     ref = reference(target, [5, 6, 7], 8)
     st, _, raw = http("POST", p.base_url + "/v1/completions", dict(comp, prompt=[5, 6, 7], max_tokens=8,
@@ -173,6 +201,16 @@ def test():
     check(p.procs["gateway"].poll() is None and p.procs["coordinator"].poll() is None, "a process died")
     s = p.stats()["requests"]
     check(s["active"] == 0 and s["queued"] == 0, "coordinator: %s" % s)
+
+    # gateway.strict_fields: true gives back the 400 naming the field.
+    p.kill("gateway", signal.SIGTERM)
+    p.config["gateway"]["strict_fields"] = True
+    p.start("gateway")
+    p.wait_http("/health")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, colour="red"), 400, param="colour", needle="unknown field")
+    expect(p, "POST", "/v1/completions", dict(comp, ignore_eos=True), 400, param="ignore_eos")
+    st, h, _ = http("POST", p.base_url + "/v1/completions", dict(comp, repetition_penalty=1), headers=AUTH)
+    check(st == 200 and "tandem-ignored-fields" not in h, "strict, repetition_penalty 1: %d %s" % (st, h))
 
 
 if __name__ == "__main__":

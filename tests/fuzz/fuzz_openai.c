@@ -65,13 +65,22 @@ static void check_refused(const struct openai_error *e)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const enum openai_kind kinds[] = {OPENAI_CHAT, OPENAI_COMPLETION};
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < 4; k++) {
         struct openai_request r;
         struct openai_error e;
         memset(&r, 0, sizeof r);
         memset(&e, 0, sizeof e);
-        if (openai_parse_request(kinds[k], (const char *)data, size, FUZZ_MODEL, &r, &e) == 0) {
-            if (r.kind != kinds[k])
+        /* lenient (unknown fields listed) and strict (gateway.strict_fields) */
+        const struct openai_policy policy = {.served_model = FUZZ_MODEL, .strict_fields = k >= 2};
+        if (openai_parse_request(kinds[k % 2], (const char *)data, size, &policy, &r, &e) == 0) {
+            if (r.kind != kinds[k % 2])
+                abort();
+            /* the ignored list goes into a response header as it is */
+            for (const char *c = r.ignored; *c; c++)
+                if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                      *c == '_' || *c == '.' || *c == '-' || *c == '?' || *c == ','))
+                    abort();
+            if (policy.strict_fields && r.ignored[0] != '\0')
                 abort();
             check_accepted(&r);
             openai_request_free(&r);

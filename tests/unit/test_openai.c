@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -12,7 +13,14 @@
 
 static int parse(enum openai_kind kind, const char *body, struct openai_request *r, struct openai_error *e)
 {
-    return openai_parse_request(kind, body, strlen(body), "tiny", r, e);
+    const struct openai_policy policy = {.served_model = "tiny", .strict_fields = false};
+    return openai_parse_request(kind, body, strlen(body), &policy, r, e);
+}
+
+static int parse_strict(enum openai_kind kind, const char *body, struct openai_request *r, struct openai_error *e)
+{
+    const struct openai_policy policy = {.served_model = "tiny", .strict_fields = true};
+    return openai_parse_request(kind, body, strlen(body), &policy, r, e);
 }
 
 static void test_openai_chat_translates_to_a_generate_message(void **state)
@@ -93,13 +101,19 @@ static void test_openai_refusals_name_the_field(void **state)
         {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
         {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400,
          "tools"},
-        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"zz\":1}", 400, "zz"},
         {OPENAI_CHAT, "{\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "model"},
         {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"name\":\"x\"}]}", 400,
          "messages[0].name"},
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}", 400, "echo"},
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":\"3\"}", 400, "max_tokens"},
-        {OPENAI_COMPLETION, "{\"prompt\":\"x\"}", 400, "model"},
+        {OPENAI_COMPLETION, "{\"model\":7,\"prompt\":\"x\"}", 400, "model"},
+        /* repetition_penalty: only the neutral 1 until penalties exist */
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"repetition_penalty\":1.1}", 400, "repetition_penalty"},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":\"1\"}", 400,
+         "repetition_penalty"},
+        /* known fields keep their types, lenient or not */
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":1}", 400, "ignore_eos"},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature"},
         {OPENAI_COMPLETION, "[]", 400, ""},
         /* user is a string (docs/http.md), not any JSON value */
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"user\":7}", 400, "user"},
@@ -115,6 +129,78 @@ static void test_openai_refusals_name_the_field(void **state)
         assert_int_equal(e.status, cases[i].status);
         assert_string_equal(e.param, cases[i].param);
     }
+}
+
+/* The clients people use: no model means the served one, null too; a
+ * field the gateway does not know is accepted and listed (cleaned for a
+ * header), or refused naming it when strict; ignore_eos: true is listed
+ * (refused when strict); repetition_penalty 1 is accepted. */
+static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        enum openai_kind kind;
+        const char *body;
+        const char *ignored;     /* lenient: the list; strict: NULL = accepted too */
+        const char *strict_param;
+    } cases[] = {
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\"}", "", NULL},
+        {OPENAI_COMPLETION, "{\"model\":null,\"prompt\":\"x\"}", "", NULL},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"zz\":1}", "zz", "zz"},
+        {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"chat_template_kwargs\":{},\"a\\r\\nX: y\":1}",
+         "chat_template_kwargs,a??X??y", "chat_template_kwargs"},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":true}", "ignore_eos", "ignore_eos"},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":false,\"repetition_penalty\":1}", "", NULL},
+        {OPENAI_CHAT,
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":1.0,\"ignore_eos\":null}", "",
+         NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct openai_request r;
+        struct openai_error e;
+        if (parse(cases[i].kind, cases[i].body, &r, &e) != 0)
+            fail_msg("case %zu: refused (%d %s) when lenient", i, e.status, e.message);
+        assert_non_null(r.generate);
+        if (strcmp(r.ignored, cases[i].ignored) != 0)
+            fail_msg("case %zu: ignored \"%s\", want \"%s\"", i, r.ignored, cases[i].ignored);
+        assert_null(cJSON_GetObjectItem(r.generate, "ignore_eos"));
+        assert_null(cJSON_GetObjectItem(r.generate, "zz"));
+        openai_request_free(&r);
+        int rc = parse_strict(cases[i].kind, cases[i].body, &r, &e);
+        if (cases[i].strict_param == NULL) {
+            assert_int_equal(rc, 0);
+            assert_string_equal(r.ignored, "");
+            openai_request_free(&r);
+        } else {
+            if (rc == 0)
+                fail_msg("case %zu: accepted when strict", i);
+            assert_int_equal(e.status, 400);
+            assert_string_equal(e.param, cases[i].strict_param);
+        }
+    }
+    /* a long list is cut with ",..." and stays within its buffer */
+    char body[4096] = "{\"prompt\":\"x\"";
+    for (int i = 0; i < 40; i++) {
+        char f[64];
+        snprintf(f, sizeof f, ",\"vendor_extra_field_%02d\":%d", i, i);
+        strcat(body, f);
+    }
+    strcat(body, "}");
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_COMPLETION, body, &r, &e), 0);
+    size_t n = strlen(r.ignored);
+    assert_true(n < sizeof(r.ignored));
+    assert_string_equal(r.ignored + n - 4, ",...");
+    assert_non_null(strstr(r.ignored, "vendor_extra_field_00,vendor_extra_field_01"));
+    openai_request_free(&r);
+    /* a model that is not the served one stays a 404, lenient or not */
+    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"model\":\"gpt-4\",\"prompt\":\"x\"}", &r, &e), 0);
+    assert_int_equal(e.status, 404);
+    assert_string_equal(e.code, "model_not_found");
+    /* repetition_penalty's refusal says why */
+    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"prompt\":\"x\",\"repetition_penalty\":1.2}", &r, &e), 0);
+    assert_non_null(strstr(e.message, "not supported yet"));
 }
 
 static void test_openai_coordinator_errors_map_to_statuses(void **state)
@@ -184,6 +270,7 @@ int main(void)
         cmocka_unit_test(test_openai_completion_prompt_forms),
         cmocka_unit_test(test_openai_draft_source_extension),
         cmocka_unit_test(test_openai_refusals_name_the_field),
+        cmocka_unit_test(test_openai_lenient_fields_are_listed_strict_refused),
         cmocka_unit_test(test_openai_coordinator_errors_map_to_statuses),
         cmocka_unit_test(test_openai_response_and_chunks_have_openai_shapes),
     };

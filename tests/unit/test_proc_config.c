@@ -532,6 +532,59 @@ static void test_proc_config_gateway_section_defaults_and_derived_keys(void **st
     assert_non_null(strstr(err, "gateway.colour: unknown key"));
 }
 
+/* The served name a gateway derives from target_worker.model: a HuggingFace
+ * cache snapshot is served under its repository's name, not its commit. */
+static void test_proc_config_gateway_served_name_of_hf_snapshot(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *model, *served;
+    } cases[] = {
+        /* a snapshot: ORG/NAME, trailing slash or not */
+        {"/h/hub/models--meta-llama--Llama-3.2-1B-Instruct/snapshots/"
+         "9213176726f574b556790deb65791e0c5aa438b6",
+         "meta-llama/Llama-3.2-1B-Instruct"},
+        {"/h/hub/models--Qwen--Qwen2.5-0.5B/snapshots/0123456789abcdef0123456789abcdef01234567/",
+         "Qwen/Qwen2.5-0.5B"},
+        /* a repository without an organisation */
+        {"hub/models--gpt2/snapshots/0123456789abcdef0123456789abcdef01234567", "gpt2"},
+        /* not a snapshot: the basename as before (39 hex, capitals, another parent) */
+        {"/h/hub/models--a--b/snapshots/0123456789abcdef0123456789abcdef0123456",
+         "0123456789abcdef0123456789abcdef0123456"},
+        {"/h/hub/models--a--b/snapshots/0123456789ABCDEF0123456789abcdef01234567",
+         "0123456789ABCDEF0123456789abcdef01234567"},
+        {"/h/hub/models--a--b/refs/0123456789abcdef0123456789abcdef01234567",
+         "0123456789abcdef0123456789abcdef01234567"},
+        {"/h/hub/datasets--a--b/snapshots/0123456789abcdef0123456789abcdef01234567",
+         "0123456789abcdef0123456789abcdef01234567"},
+        {"/m/llama-3b", "llama-3b"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct proc_config cfg;
+        char err[ERR_MSG_MAX] = "";
+        char json[512];
+        snprintf(json, sizeof json, "{\"target_worker\":{\"model\":\"%s\"},\"gateway\":{}}", cases[i].model);
+        assert_int_equal(load(&cfg, json, err), 0);
+        assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+        if (strcmp(cfg.gateway.served_model_name, cases[i].served) != 0)
+            fail_msg("case %zu: %s served as \"%s\", want \"%s\"", i, cases[i].model, cfg.gateway.served_model_name,
+                     cases[i].served);
+        assert_int_equal(cfg.gateway.strict_fields, 0);
+    }
+    /* an explicit name wins, and strict_fields is a 0/1 key */
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg,
+                          "{\"target_worker\":{\"model\":\"/h/models--a--b/snapshots/"
+                          "0123456789abcdef0123456789abcdef01234567\"},\"gateway\":{\"served_model_name\":\"mine\","
+                          "\"strict_fields\":true}}",
+                          err),
+                     0);
+    assert_int_equal(proc_config_finalize(&cfg, PROC_CONFIG_GATEWAY, err), 0);
+    assert_string_equal(cfg.gateway.served_model_name, "mine");
+    assert_int_equal(cfg.gateway.strict_fields, 1);
+}
+
 /* A gateway in front of a CURVE coordinator of the same config needs its
  * public key, and its own key pair where the coordinator lists clients:
  * told at start, not by a refused first request. */
@@ -760,6 +813,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_deploy_examples_are_valid),
         cmocka_unit_test(test_proc_config_run_dir_is_private),
         cmocka_unit_test(test_proc_config_gateway_section_defaults_and_derived_keys),
+        cmocka_unit_test(test_proc_config_gateway_served_name_of_hf_snapshot),
         cmocka_unit_test(test_proc_config_gateway_to_a_curve_coordinator_needs_its_keys),
         cmocka_unit_test(test_proc_config_gateway_body_limit_fits_the_coordinator),
         cmocka_unit_test(test_proc_config_gateway_exposure_needs_a_key_or_a_choice),
