@@ -167,6 +167,7 @@ static void stats_gauges(const struct coordinator *c, struct metrics_gauges *g)
         .uptime_s = (coord_now_ms() - c->t_start_ms) / 1000.0,
         .busy_ms = c->metrics.busy_ms_total + (c->busy_since_ms >= 0 ? coord_now_ms() - c->busy_since_ms : 0.0),
         .n_pairs = c->n_pairs,
+        .draft_configured = c->cfg.draft_configured,
     };
     bool brief[2] = {false, false}; /* the brief fields name a worker already */
     for (int p = 0; p < c->n_pairs && p < METRICS_PAIRS_MAX; p++) {

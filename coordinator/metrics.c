@@ -283,7 +283,9 @@ static void gauge(struct textbuf *tb, const char *name, const char *help, double
 }
 
 /* The series of each worker, labelled worker="draft"|"target" and
- * pair="N" (its index in the config's "pairs"). */
+ * pair="N" (its index in the config's "pairs"). The draft's only where a
+ * draft is configured or has registered: a worker that is not part of the
+ * deployment is not "down". */
 static void per_worker_series(struct textbuf *tb, const struct metrics *m, const struct metrics_gauges *g)
 {
     static const char *const roles[2] = {"draft", "target"};
@@ -299,11 +301,12 @@ static void per_worker_series(struct textbuf *tb, const struct metrics *m, const
         {"tandem_worker_kv_blocks_reserved", "gauge", "KV blocks reserved in a worker's pool."},
     };
     const int n_pairs = g->n_pairs < METRICS_PAIRS_MAX ? g->n_pairs : METRICS_PAIRS_MAX;
+    const int first_role = g->draft_configured || m->worker_registrations[0] > 0 ? 0 : 1;
     for (size_t i = 0; i < sizeof series / sizeof series[0]; i++) {
         tb_printf(tb, "# HELP %s %s\n# TYPE %s %s\n", series[i].name, series[i].help, series[i].name,
                   series[i].type);
         for (int p = 0; p < n_pairs; p++)
-            for (int r = 0; r < 2; r++) {
+            for (int r = first_role; r < 2; r++) {
                 const struct metrics_pair_gauges *pg = &g->pairs[p];
                 const double v = i == 0   ? (double)(pg->up[r] ? 1 : 0)
                                  : i == 1 ? (double)m->prefix_queries[p][r]

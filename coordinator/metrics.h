@@ -138,6 +138,11 @@ struct metrics_gauges {
                                          not reported */
     int n_pairs;
     struct metrics_pair_gauges pairs[METRICS_PAIRS_MAX];
+    /* the config has a draft_worker section (proc_config.draft_configured):
+     * without it, and while no draft ever registered, the Prometheus text
+     * has no per-worker draft series (a target-only deployment would
+     * otherwise show tandem_worker_up{worker="draft"} 0 forever) */
+    int draft_configured;
 };
 
 /* Counts one target forward call of seqs sequences and rows rows. */

@@ -184,8 +184,29 @@ static void put_histogram(struct text *t, const char *name, const char *help, co
     put(t, "%s_sum %.6f\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
-int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *err)
+static char *label_value(const char *v);
+
+/* The histogram h again under a vLLM name, with its model_name label. */
+static void put_histogram_labelled(struct text *t, const char *name, const char *help, const char *model,
+                                   const struct histogram *h)
 {
+    put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n_bounds; i++) {
+        cum += h->counts[i];
+        put(t, "%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", name, model, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n_bounds];
+    put(t, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", name, model, (unsigned long long)cum);
+    put(t, "%s_sum{model_name=\"%s\"} %.6f\n%s_count{model_name=\"%s\"} %llu\n", name, model, h->sum, name, model,
+        (unsigned long long)h->count);
+}
+
+int http_metrics_render(struct http_metrics *m, const char *model_name, char **buf, size_t *len, char *err)
+{
+    char *model = label_value(model_name);
+    if (model == NULL)
+        return error_set(err, ERR_NOMEM, "metrics: out of memory");
     struct text t = {.buf = *buf, .len = *len, .cap = *buf ? *len + 1 : 0};
     pthread_mutex_lock(&m->mu);
     put(&t, "# HELP tandem_gateway_requests_total HTTP requests answered by the gateway, by endpoint and status.\n"
@@ -209,7 +230,16 @@ int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *e
                   "Decode time per output token after the first, per request.", &m->tpot);
     put_histogram(&t, "tandem_gateway_e2e_request_latency_seconds", "From the HTTP request to its last byte.",
                   &m->e2e);
+    /* The same observations under vLLM's names: its dashboards and alerts
+     * read these (the buckets are vLLM's too). */
+    put_histogram_labelled(&t, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                           model, &m->ttft);
+    put_histogram_labelled(&t, "vllm:time_per_output_token_seconds",
+                           "Histogram of time per output token in seconds.", model, &m->tpot);
+    put_histogram_labelled(&t, "vllm:e2e_request_latency_seconds",
+                           "Histogram of end to end request latency in seconds.", model, &m->e2e);
     pthread_mutex_unlock(&m->mu);
+    free(model);
     *buf = t.buf;
     *len = t.len;
     if (t.failed)
@@ -245,6 +275,43 @@ static void put_engine_gauge(struct text *t, const char *name, const char *help,
     put(t, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"%s\"} %.9g\n", name, help, name, name, model, v);
 }
 
+static void put_engine_counter(struct text *t, const char *name, const char *help, const char *model, const cJSON *v)
+{
+    if (v != NULL)
+        put(t, "# HELP %s %s\n# TYPE %s counter\n%s{model_name=\"%s\"} %.17g\n", name, help, name, name, model,
+            v->valuedouble);
+}
+
+/* The token and speculation counters of the stats reply, under vLLM's
+ * names; each left out when the reply lacks it. */
+static void put_engine_counters(struct text *t, const cJSON *stats, const char *model)
+{
+    put_engine_counter(t, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", model,
+                       stats_number(stats, "tokens", "prompt"));
+    put_engine_counter(t, "vllm:generation_tokens_total", "Number of generation tokens processed.", model,
+                       stats_number(stats, "tokens", "generated"));
+    put_engine_counter(t, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", model,
+                       stats_number(stats, "spec", "num_drafts"));
+    put_engine_counter(t, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", model,
+                       stats_number(stats, "spec", "num_draft_tokens"));
+    put_engine_counter(t, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", model,
+                       stats_number(stats, "spec", "num_accepted_tokens"));
+    const cJSON *pos = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(stats, "spec"),
+                                                        "accepted_per_pos");
+    if (!cJSON_IsArray(pos))
+        return;
+    put(t, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.\n"
+           "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+    int i = 0;
+    const cJSON *v = NULL;
+    cJSON_ArrayForEach(v, pos) {
+        if (cJSON_IsNumber(v))
+            put(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %.17g\n",
+                model, i, v->valuedouble);
+        i++;
+    }
+}
+
 int http_metrics_render_engine(const cJSON *stats, const char *model_name, char **buf, size_t *len, char *err)
 {
     if (stats == NULL)
@@ -274,6 +341,7 @@ int http_metrics_render_engine(const cJSON *stats, const char *model_name, char 
         put_engine_gauge(&t, "vllm:gpu_cache_usage_perc", "Deprecated: the same as vllm:kv_cache_usage_perc.", model,
                          usage);
     }
+    put_engine_counters(&t, stats, model);
     free(model);
     *buf = t.buf;
     *len = t.len;

@@ -4,9 +4,12 @@
  * time to first token, time per output token and request latency, and the
  * gauges of requests in flight and requests waiting for their first token
  * (the gateway's queue). Rendered in the Prometheus text format after the
- * coordinator's own text on GET /metrics. Beside them, the engine gauges a
- * balancer reads under vLLM's names (http_metrics_render_engine), taken from
- * the coordinator's stats reply of the same scrape.
+ * coordinator's own text on GET /metrics, the three histograms twice: as
+ * tandem_gateway_* and under vLLM's names with its model_name label, so
+ * dashboards made for vLLM read them. Beside them, the engine gauges a
+ * balancer reads and the token and speculation counters, under vLLM's names
+ * (http_metrics_render_engine), taken from the coordinator's stats reply of
+ * the same scrape.
  * Threads: every function takes the object's mutex; any thread may call.
  */
 #ifndef TANDEM_GATEWAY_HTTP_METRICS_H
@@ -42,8 +45,11 @@ void http_metrics_generation_end(struct http_metrics *m, int got_first, int n_to
                                  double e2e_s);
 
 /* Appends the Prometheus text to *buf (malloc'd, grown as needed; *len its
- * length). 0 or ERR_NOMEM. */
-int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *err);
+ * length): the tandem_gateway_* series, then the same three histograms as
+ *   vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
+ *   vllm:e2e_request_latency_seconds    {model_name=model_name} (escaped here)
+ * 0 or ERR_NOMEM. */
+int http_metrics_render(struct http_metrics *m, const char *model_name, char **buf, size_t *len, char *err);
 
 /* Appends, under vLLM's exact names and with vLLM's model_name label, the
  * gauges llm-d's inference scheduler (Gateway API Inference Extension) reads
@@ -54,6 +60,14 @@ int http_metrics_render(struct http_metrics *m, char **buf, size_t *len, char *e
  *   vllm:kv_cache_usage_perc    kv_blocks.target_reserved / target_total, 0..1
  *   vllm:gpu_cache_usage_perc   the same (vLLM's deprecated name, which older
  *                               schedulers read)
+ * and the counters vLLM's dashboards read, from the same reply:
+ *   vllm:prompt_tokens_total                   tokens.prompt
+ *   vllm:generation_tokens_total               tokens.generated
+ *   vllm:spec_decode_num_drafts_total          spec.num_drafts (rounds with drafts)
+ *   vllm:spec_decode_num_draft_tokens_total    spec.num_draft_tokens
+ *   vllm:spec_decode_num_accepted_tokens_total spec.num_accepted_tokens
+ *   vllm:spec_decode_num_accepted_tokens_per_pos_total{position}
+ *                                              spec.accepted_per_pos
  * stats NULL (the coordinator did not answer): nothing is appended, so the
  * series are absent rather than zero (a zero would call an unknown replica
  * idle). A field missing or not a number leaves its gauge out; so does a

@@ -300,7 +300,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *conn, struct reques
     /* the engine gauges only from an answer of this scrape: absent, not stale, when there is none */
     bool failed = buf == NULL || http_metrics_render_engine(stats, p->cfg->served_model_name, &buf, &len, err) != 0;
     cJSON_Delete(stats);
-    if (failed || http_metrics_render(p->metrics, &buf, &len, err) != 0) {
+    if (failed || http_metrics_render(p->metrics, p->cfg->served_model_name, &buf, &len, err) != 0) {
         free(buf);
         struct openai_error e;
         openai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");

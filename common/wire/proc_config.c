@@ -675,6 +675,8 @@ int proc_config_load_json(struct proc_config *cfg, const char *json_text, const 
         }
         if ((rc = apply_section((char *)cfg + sec->offset, sec, item, source, "", err)) != 0)
             goto done;
+        if (strcmp(sec->name, "draft_worker") == 0)
+            cfg->draft_configured = true;
     }
     if (pairs != NULL)
         rc = apply_pairs(cfg, pairs, source, err);
@@ -749,6 +751,8 @@ int proc_config_set(struct proc_config *cfg, const char *key, const char *value,
     char hint[KEY_SUGGESTION_SIZE];
     if (!k)
         return error_set(err, ERR_INVALID_ARG, "%s: unknown key%s", name, key_suggestion(sec, dot + 1, hint));
+    if (strcmp(sec->name, "draft_worker") == 0)
+        cfg->draft_configured = true;
     void *base = (char *)cfg + sec->offset;
     if (key_is_boolean(k) && (strcmp(value, "true") == 0 || strcmp(value, "false") == 0))
         return key_set_int(base, sec->name, k, value[0] == 't', err);

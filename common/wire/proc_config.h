@@ -24,6 +24,7 @@
 #ifndef TANDEM_PROC_CONFIG_H
 #define TANDEM_PROC_CONFIG_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "speculate.h"
@@ -185,6 +186,11 @@ struct proc_config {
                                               the supervisor's pid files and logs); default
                                               $XDG_RUNTIME_DIR/tandem-<instance>, else
                                               /tmp/tandem-<instance>; absolute */
+    /* A "draft_worker" section is in the file (or a draft_worker.* key was
+     * set): the deployment has draft workers. Without one it is target-only
+     * (the supervisor starts no draft) and the coordinator exports no draft
+     * series that would read "down" forever. */
+    bool draft_configured;
     struct coordinator_config coordinator;
     struct worker_config draft_worker, target_worker;
     struct gateway_config gateway;

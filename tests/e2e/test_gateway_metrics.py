@@ -12,10 +12,21 @@ model_name) are checked against real load: with more long streamed requests
 in flight than the coordinator has slots, running is the slot count, running
 plus waiting is the number in flight, and the KV usage is in (0, 1]; once
 they are gone (hung up: the gateway cancels them) all three are 0 again;
-without a coordinator the series are absent, not 0."""
+without a coordinator the series are absent, not 0.
+
+vLLM's names for what its dashboards chart, label model_name, beside
+Tandem's own: the histograms vllm:time_to_first_token_seconds,
+vllm:time_per_output_token_seconds and vllm:e2e_request_latency_seconds
+move with the tandem_gateway_* ones, and vllm:prompt_tokens_total,
+vllm:generation_tokens_total and vllm:spec_decode_num_{drafts,draft_tokens,
+accepted_tokens}_total equal the coordinator's tandem_* counters of the
+same scrape. A target-only instance (no draft_worker section) exports no
+series labelled worker="draft": no tandem_worker_up{worker="draft"} 0 that
+would never clear."""
 import http.client as http_client
 import json
 import math
+import os
 import re
 import socket
 import threading
@@ -61,15 +72,23 @@ def parse_prometheus(text):
         base = re.sub(r"_(bucket|sum|count|total)$", "", name)
         check(name in types or base in types or name.rsplit("_", 1)[0] in types,
               "line %d: %s has no TYPE line" % (n, name))
-    # Histograms: cumulative buckets, +Inf equal to _count.
+    # Histograms: per label set (less le), cumulative buckets, +Inf equal to _count.
     for name, kind in types.items():
         if kind != "histogram":
             continue
-        buckets = sorted(((float(dict(l)["le"]), v) for (nm, l), v in samples.items() if nm == name + "_bucket"),
-                         key=lambda b: b[0])
-        check(buckets and math.isinf(buckets[-1][0]), "%s: no +Inf bucket" % name)
-        check(all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), "%s: buckets not cumulative" % name)
-        check(buckets[-1][1] == samples[(name + "_count", frozenset())], "%s: +Inf != _count" % name)
+        series = {}
+        for (nm, l), v in samples.items():
+            if nm == name + "_bucket":
+                d = dict(l)
+                series.setdefault(frozenset((k, x) for k, x in d.items() if k != "le"), []).append((float(d["le"]), v))
+        check(series, "%s: no buckets" % name)
+        for labels, buckets in series.items():
+            buckets.sort(key=lambda b: b[0])
+            check(math.isinf(buckets[-1][0]), "%s%s: no +Inf bucket" % (name, dict(labels)))
+            check(all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), "%s: buckets not cumulative" % name)
+            check(buckets[-1][1] == samples.get((name + "_count", labels)), "%s%s: +Inf != _count" %
+                  (name, dict(labels)))
+            check((name + "_sum", labels) in samples, "%s%s: no _sum" % (name, dict(labels)))
     return samples
 
 
@@ -209,6 +228,84 @@ def check_engine_gauges_under_load(p, slots):
         time.sleep(0.05)
 
 
+# vLLM's name -> the Tandem series it must equal in the same scrape
+VLLM_HISTOGRAMS = {"vllm:time_to_first_token_seconds": "tandem_gateway_time_to_first_token_seconds",
+                   "vllm:time_per_output_token_seconds": "tandem_gateway_time_per_output_token_seconds",
+                   "vllm:e2e_request_latency_seconds": "tandem_gateway_e2e_request_latency_seconds"}
+VLLM_COUNTERS = {"vllm:prompt_tokens_total": "tandem_prompt_tokens_total",
+                 "vllm:generation_tokens_total": "tandem_generated_tokens_total",
+                 "vllm:spec_decode_num_drafts_total": "tandem_spec_decode_num_drafts_total",
+                 "vllm:spec_decode_num_draft_tokens_total": "tandem_spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total": "tandem_spec_decode_num_accepted_tokens_total"}
+
+
+def check_vllm_series(samples, text):
+    """Every vLLM-named histogram and counter is there, typed, labelled
+    model_name, and equal to its Tandem twin of the same scrape."""
+    mn = frozenset({("model_name", MODEL)})
+    for name, twin in VLLM_HISTOGRAMS.items():
+        check("# TYPE %s histogram\n" % name in text, "no histogram TYPE line for %s" % name)
+        for part in ("_count", "_sum"):
+            check((name + part, mn) in samples, "%s%s{model_name=\"%s\"} missing" % (name, part, MODEL))
+            check(abs(samples[(name + part, mn)] - value(samples, twin + part)) < 1e-6,
+                  "%s%s %s != %s%s %s" % (name, part, samples[(name + part, mn)], twin, part,
+                                          value(samples, twin + part)))
+        buckets = [(dict(l)["le"], v) for (nm, l), v in samples.items() if nm == name + "_bucket"]
+        check(all(dict(l).get("model_name") == MODEL for (nm, l), _ in samples.items() if nm == name + "_bucket"),
+              "%s buckets without model_name" % name)
+        check(len(buckets) > 5, "%s: %d buckets" % (name, len(buckets)))
+    for name, twin in VLLM_COUNTERS.items():
+        check("# TYPE %s counter\n" % name in text, "no counter TYPE line for %s" % name)
+        check((name, mn) in samples, "%s{model_name=\"%s\"} missing" % (name, MODEL))
+        check(samples[(name, mn)] == value(samples, twin), "%s %s != %s %s" %
+              (name, samples[(name, mn)], twin, value(samples, twin)))
+    pos0 = frozenset({("model_name", MODEL), ("position", "0")})
+    check(samples.get(("vllm:spec_decode_num_accepted_tokens_per_pos_total", pos0)) ==
+          value(samples, "tandem_spec_decode_num_accepted_tokens_per_pos", position="0"),
+          "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=0} missing or != Tandem's")
+
+
+def check_dashboard_series(samples):
+    """Every series deploy/grafana/tandem-vllm.json queries is exported."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "grafana",
+                        "tandem-vllm.json")
+    with open(path) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
+    names = set(re.findall(r"\b(vllm:[a-z0-9_]+|tandem_[a-z0-9_]+)", " ".join(exprs)))
+    exported = {nm for nm, _ in samples}
+    missing = sorted(n for n in names if n not in exported)
+    check(len(names) >= 8 and not missing, "the dashboard queries series /metrics lacks: %s" % missing)
+
+
+def check_target_only_has_no_draft_series():
+    """An instance without a draft_worker section: no series says a draft
+    is down, the target's say it is up, and the vLLM series are there."""
+    p = Pipeline("gwmetricsto")
+    p.make_pair()
+    del p.config["draft_worker"]
+    p.enable_gateway()
+    p.start("coordinator")
+    p.start("target")
+    p.wait_workers(draft=False, target=True)
+    p.start("gateway")
+    p.wait_http()
+    comp = {"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0}
+    check(http("POST", p.base_url + "/v1/completions", comp)[0] == 200, "target-only completion")
+    samples, text = metrics_text(p)
+    up = samples.get(("tandem_worker_up", frozenset({"worker": "draft", "pair": "0"}.items())))
+    check(up is None, "a target-only instance exports tandem_worker_up{worker=\"draft\",pair=\"0\"} %s "
+          "(a 'down' that never clears)" % up)
+    draft = sorted("%s%s" % (nm, dict(l)) for nm, l in samples if dict(l).get("worker") == "draft")
+    check(not draft, "a target-only instance exports draft series (a permanent 'down'): %s" % draft[:5])
+    check(value(samples, "tandem_worker_up", worker="target", pair="0") == 1, "target-only: target not up")
+    check_vllm_series(samples, text)
+    check(samples[("vllm:generation_tokens_total", frozenset({("model_name", MODEL)}))] >= 1,
+          "target-only: vllm:generation_tokens_total did not move")
+    print("target-only: no worker=\"draft\" series; vLLM-named series present")
+    p.close()
+
+
 def wait_health(p, status, within_s):
     t0 = time.time()
     while True:
@@ -256,6 +353,14 @@ def test():
     check(delta("tandem_gateway_time_per_output_token_seconds_count") >= 1, "tpot count")
     check(delta("tandem_gateway_generated_tokens_total") >= 4, "generated tokens")
     check(delta("tandem_requests_total") == 4, "coordinator requests_total moved by %s" % delta("tandem_requests_total"))
+    check(delta("vllm:time_to_first_token_seconds_count", model_name=MODEL) == 4, "vllm ttft count")
+    check(delta("vllm:e2e_request_latency_seconds_count", model_name=MODEL) == 4, "vllm e2e count")
+    check(delta("vllm:generation_tokens_total", model_name=MODEL) >= 4, "vllm generation tokens")
+    check(delta("vllm:prompt_tokens_total", model_name=MODEL) >= 4, "vllm prompt tokens")
+    check_vllm_series(after, metrics_text(p)[1])
+    check_dashboard_series(after)
+    # a draft is configured here: its series are there, and up
+    check(value(after, "tandem_worker_up", worker="draft", pair="0") == 1, "draft not up in a draft deployment")
     check(value(after, "tandem_gateway_requests_in_flight") == 0 and
           value(after, "tandem_gateway_requests_waiting") == 0, "gauges back to 0")
     done = engine(p)
@@ -283,6 +388,9 @@ def test():
     check(not left, "engine gauges without a coordinator (must be absent, not stale or 0): %s" % left)
     st, _, raw = http("POST", p.base_url + "/v1/completions", comp, timeout_s=30)
     check(st == 503, "without a coordinator: %d %s" % (st, raw[:200]))
+    p.close()
+
+    check_target_only_has_no_draft_series()
 
 
 if __name__ == "__main__":

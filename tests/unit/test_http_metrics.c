@@ -1,8 +1,10 @@
-/* test_http_metrics.c: the engine gauges under vLLM's names
+/* test_http_metrics.c: the engine gauges and counters under vLLM's names
  * (http_metrics_render_engine) from a coordinator stats reply, without any
  * process: names, types, the model_name label and its escaping, and the
- * series left out (not zeroed) when a figure is unknown. The gateway's own
- * counters are checked end to end (tests/e2e/test_gateway_metrics.py). */
+ * series left out (not zeroed) when a figure is unknown; the gateway's
+ * histograms under vLLM's names beside Tandem's (http_metrics_render). The
+ * gateway's own counters are checked end to end
+ * (tests/e2e/test_gateway_metrics.py). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,6 +92,71 @@ static void test_http_metrics_engine_unknown_figures_are_left_out(void **state)
     free(t);
 }
 
+/* The token and speculation counters, named as vLLM names them, each with
+ * model_name; the acceptance per position with its position too. */
+static void test_http_metrics_engine_counters_use_vllm_names(void **state)
+{
+    (void)state;
+    char *t = render("{\"tokens\":{\"prompt\":120,\"generated\":64},\"spec\":{\"num_drafts\":10,"
+                     "\"num_draft_tokens\":40,\"num_accepted_tokens\":25,\"accepted_per_pos\":[9,7,5,4]}}",
+                     "tiny", NULL);
+    static const char *const want[] = {
+        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"tiny\"} 120\n",
+        "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model_name=\"tiny\"} 64\n",
+        "# TYPE vllm:spec_decode_num_drafts_total counter\nvllm:spec_decode_num_drafts_total{model_name=\"tiny\"} 10\n",
+        "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+        "vllm:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 40\n",
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+        "vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 25\n",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"0\"} 9\n",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"3\"} 4\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (strstr(t, want[i]) == NULL)
+            fail_msg("missing:\n%s\nin:\n%s", want[i], t);
+    free(t);
+    /* a reply without them: left out, not 0 */
+    t = render(busy, "tiny", NULL);
+    assert_null(strstr(t, "vllm:prompt_tokens_total"));
+    assert_null(strstr(t, "vllm:spec_decode"));
+    free(t);
+}
+
+/* The gateway's three histograms appear twice: tandem_gateway_* as before
+ * (unlabelled) and under vLLM's names with model_name, the same counts. */
+static void test_http_metrics_histograms_under_vllm_names(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX];
+    struct http_metrics *m = NULL;
+    assert_int_equal(http_metrics_create(&m, err), 0);
+    http_metrics_generation_start(m);
+    http_metrics_generation_first(m, 0.03);
+    http_metrics_generation_end(m, 1, 11, 0.5, 0.6);
+    char *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(http_metrics_render(m, "tiny", &buf, &len, err), 0);
+    assert_int_equal(strlen(buf), len);
+    static const char *const want[] = {
+        "tandem_gateway_time_to_first_token_seconds_count 1\n",
+        "# TYPE vllm:time_to_first_token_seconds histogram\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.02\"} 0\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.04\"} 1\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"} 1\n",
+        "vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 1\n",
+        "# TYPE vllm:time_per_output_token_seconds histogram\n",
+        "vllm:time_per_output_token_seconds_bucket{model_name=\"tiny\",le=\"0.05\"} 1\n", /* 0.5 s / 10 */
+        "vllm:time_per_output_token_seconds_sum{model_name=\"tiny\"} 0.050000\n",
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"tiny\"} 1\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (strstr(buf, want[i]) == NULL)
+            fail_msg("missing:\n%s\nin:\n%s", want[i], buf);
+    free(buf);
+    http_metrics_destroy(m);
+}
+
 /* The served model name is a label value: \ " and line feed escaped. */
 static void test_http_metrics_engine_escapes_the_model_name(void **state)
 {
@@ -106,6 +173,8 @@ int main(void)
         cmocka_unit_test(test_http_metrics_engine_no_reply_leaves_them_out),
         cmocka_unit_test(test_http_metrics_engine_unknown_figures_are_left_out),
         cmocka_unit_test(test_http_metrics_engine_escapes_the_model_name),
+        cmocka_unit_test(test_http_metrics_engine_counters_use_vllm_names),
+        cmocka_unit_test(test_http_metrics_histograms_under_vllm_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -585,6 +585,23 @@ static void test_proc_config_gateway_served_name_of_hf_snapshot(void **state)
     assert_int_equal(cfg.gateway.strict_fields, 1);
 }
 
+/* draft_configured: a draft_worker section (or key) makes the deployment
+ * one with drafts; without one it is target-only (no draft series). */
+static void test_proc_config_draft_configured_by_its_section(void **state)
+{
+    (void)state;
+    struct proc_config cfg;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"model\":\"/m/t\"}}", err), 0);
+    assert_false(cfg.draft_configured);
+    assert_int_equal(load(&cfg, "{\"target_worker\":{\"model\":\"/m/t\"},\"draft_worker\":{}}", err), 0);
+    assert_true(cfg.draft_configured);
+    proc_config_defaults(&cfg);
+    assert_false(cfg.draft_configured);
+    assert_int_equal(proc_config_set(&cfg, "draft_worker.model", "/m/d", err), 0);
+    assert_true(cfg.draft_configured);
+}
+
 /* A gateway in front of a CURVE coordinator of the same config needs its
  * public key, and its own key pair where the coordinator lists clients:
  * told at start, not by a refused first request. */
@@ -814,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_proc_config_run_dir_is_private),
         cmocka_unit_test(test_proc_config_gateway_section_defaults_and_derived_keys),
         cmocka_unit_test(test_proc_config_gateway_served_name_of_hf_snapshot),
+        cmocka_unit_test(test_proc_config_draft_configured_by_its_section),
         cmocka_unit_test(test_proc_config_gateway_to_a_curve_coordinator_needs_its_keys),
         cmocka_unit_test(test_proc_config_gateway_body_limit_fits_the_coordinator),
         cmocka_unit_test(test_proc_config_gateway_exposure_needs_a_key_or_a_choice),
