@@ -205,6 +205,7 @@ struct seq {
     struct conn_ref conn;    /* the connection the request came on: replies go to it only */
     char id[REQUEST_ID_MAX + 1];
     bool stream;
+    bool ignore_eos;         /* an EOS id does not end it (the request's ignore_eos) */
     int max_tokens;
     struct sampling_params sp;
     enum speculate_mode mode;

@@ -499,7 +499,7 @@ static bool seq_accept_tokens(struct coordinator *c, struct seq *s, const int32_
             *reason = METRICS_FINISH_STOP_STRING;
             return true;
         }
-        if (coord_is_eos(c, s, tokens[i])) {
+        if (!s->ignore_eos && coord_is_eos(c, s, tokens[i])) {
             *reason = METRICS_FINISH_STOP;
             return true;
         }

@@ -83,7 +83,7 @@ enum field_rule {
     F_FALSE,          /* logprobs (chat), echo: false only */
     F_ZERO,           /* penalties: 0 only */
     F_UNIT,           /* repetition_penalty (vLLM's extension): 1 only, until penalties exist */
-    F_IGNORE_EOS,     /* vLLM's extension: false, or true listed as ignored (400 when strict) */
+    F_BOOL,           /* passed through when true (ignore_eos, vLLM's extension) */
     F_EMPTY,          /* logit_bias: {} only */
     F_IGNORED,        /* user: a string of metadata with no effect on generation */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
@@ -124,7 +124,7 @@ static const struct field fields[] = {
     {"presence_penalty", F_ZERO, CHAT | COMP},
     {"frequency_penalty", F_ZERO, CHAT | COMP},
     {"repetition_penalty", F_UNIT, CHAT | COMP},
-    {"ignore_eos", F_IGNORE_EOS, CHAT | COMP},
+    {"ignore_eos", F_BOOL, CHAT | COMP},
     {"logit_bias", F_EMPTY, CHAT | COMP},
     {"user", F_IGNORED, CHAT | COMP},
     {"tools", F_UNSUPPORTED, CHAT},
@@ -458,15 +458,10 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (v->valuedouble != 1)
             return bad(e, name, "%s: not supported yet (only 1.0, no penalty)%s", name, "");
         return 0;
-    case F_IGNORE_EOS:
+    case F_BOOL:
         if (!cJSON_IsBool(v))
             return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
-        if (cJSON_IsTrue(v)) {
-            if (policy->strict_fields)
-                return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
-            ignored_add(out, name);
-        }
-        return 0;
+        return !cJSON_IsTrue(v) || cJSON_AddBoolToObject(gen, name, true) ? 0 : -1;
     case F_EMPTY:
         if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) != 0)
             return bad(e, name, "%s: not supported by this server (only {})%s", name, "");

@@ -52,7 +52,7 @@ struct openai_policy {
 
 /* A validated request. generate is the coordinator's message without "id"
  * (owned: openai_request_free). ignored: the fields accepted without
- * effect (unknown fields when not strict, ignore_eos: true), comma
+ * effect (unknown fields when not strict), comma
  * separated, "" when none; each name kept to [A-Za-z0-9_.-] (any other byte
  * is '?', so the list can go in a header and a log line as it is), the list
  * cut with ",..." when it does not fit. */

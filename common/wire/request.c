@@ -366,7 +366,7 @@ static int parse_stop(struct request *r, const cJSON *item, char *err)
 
 static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
-    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft",
+    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -502,6 +502,12 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
         if (!cJSON_IsBool(item))
             return error_set(err, ERR_INVALID_ARG, "stream: expected a boolean, got %s", json_type_name(item));
         r->stream = cJSON_IsTrue(item);
+    }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "ignore_eos")) != NULL) {
+        if (!cJSON_IsBool(item))
+            return error_set(err, ERR_INVALID_ARG, "ignore_eos: expected a boolean, got %s",
+                             json_type_name(item));
+        r->ignore_eos = cJSON_IsTrue(item);
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_k")) != NULL) {
         int k_max = limits->spec_k_max > 0 ? limits->spec_k_max : REQUEST_SPEC_K_MAX;

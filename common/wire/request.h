@@ -87,6 +87,8 @@ struct request {
     char **stop;                   /* n_stop non-empty strings */
     int n_stop;                    /* 0 .. REQUEST_STOP_MAX */
     bool stream;                   /* default false */
+    bool ignore_eos;               /* default false; true: an EOS id does not end the request
+                                      (max_tokens or the context does) */
     int spec_k;                    /* -1 = not given, else 0 .. limits.spec_k_max (0 = adaptive) */
     enum request_spec_mode spec_mode;
     enum request_draft draft;

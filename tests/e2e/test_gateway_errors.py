@@ -9,9 +9,10 @@ response_format, repetition_penalty other than 1 and a prompt longer than
 the context, 429 when the coordinator is full.
 
 Lenient where the clients are: no "model" is the served one; an unknown
-field (and ignore_eos: true) is answered 200 and named in the
-Tandem-Ignored-Fields header and one gateway log line; restarted with
-gateway.strict_fields: true, the same unknown field is a 400 naming it."""
+field is answered 200 and named in the Tandem-Ignored-Fields header and
+one gateway log line; restarted with gateway.strict_fields: true, the same
+unknown field is a 400 naming it. ignore_eos: true generates past EOS up to
+max_tokens: the same ids as without it up to the EOS, then more."""
 import json
 import signal
 import socket
@@ -170,13 +171,13 @@ def test():
     s.close()
 
     # Lenient by default: no model is the served one; unknown fields and
-    # ignore_eos: true are accepted, named in a header and a log line.
+    # are accepted, named in a header and a log line.
     lenient = [
         # (path, body, Tandem-Ignored-Fields or None)
         ("/v1/chat/completions", {"messages": chat["messages"], "max_tokens": 2}, None),
         ("/v1/completions", dict(comp, model=None, repetition_penalty=1.0, ignore_eos=False), None),
         ("/v1/chat/completions", dict(chat, colour="red", chat_template_kwargs={"x": 1}), "colour,chat_template_kwargs"),
-        ("/v1/completions", dict(comp, ignore_eos=True, stream=True), "ignore_eos"),
+        ("/v1/completions", dict(comp, ignore_eos=True, stream=True), None),
     ]
     for path, body, listed in lenient:
         st, h, raw = http("POST", p.base_url + path, body, headers=AUTH, timeout_s=30)
@@ -189,6 +190,24 @@ def test():
     while "fields accepted without effect: colour,chat_template_kwargs" not in p.log_tail("gateway", 400):
         check(time.time() < deadline, "no log line for the ignored fields:\n%s" % p.log_tail("gateway"))
         time.sleep(0.05)
+
+    # ignore_eos: the same ids up to the EOS, then on to max_tokens.
+    eos_prompt = [33, 3]
+    ref = reference(target, eos_prompt, 20)
+    check(ref["finish_reason"] == "stop" and len(ref["ids"]) < 20,
+          "premise: %s should end at an EOS before 20 tokens: %s" % (eos_prompt, ref))
+    body = dict(comp, prompt=eos_prompt, max_tokens=20, temperature=0)
+    st, _, raw = http("POST", p.base_url + "/v1/completions", body, headers=AUTH)
+    out = json.loads(raw)
+    check(st == 200 and out["tandem"]["ids"] == ref["ids"] and out["choices"][0]["finish_reason"] == "stop",
+          "without ignore_eos: %d %s (reference %s)" % (st, raw[:300], ref["ids"]))
+    st, _, raw = http("POST", p.base_url + "/v1/completions", dict(body, ignore_eos=True), headers=AUTH)
+    out = json.loads(raw)
+    ids = out["tandem"]["ids"]
+    check(st == 200 and len(ids) == 20 and ids[:len(ref["ids"])] == ref["ids"] and
+          out["choices"][0]["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 20,
+          "ignore_eos: %d %s (reference %s)" % (st, raw[:400], ref["ids"]))
+    print("ignore_eos: %d ids past the EOS at %d" % (len(ids) - len(ref["ids"]), len(ref["ids"]) - 1))
 
     # Still serving, and correctly; the coordinator is fine too.
     ref = reference(target, [5, 6, 7], 8)
@@ -208,7 +227,8 @@ def test():
     p.start("gateway")
     p.wait_http("/health")
     expect(p, "POST", "/v1/chat/completions", dict(chat, colour="red"), 400, param="colour", needle="unknown field")
-    expect(p, "POST", "/v1/completions", dict(comp, ignore_eos=True), 400, param="ignore_eos")
+    st, h, _ = http("POST", p.base_url + "/v1/completions", dict(comp, ignore_eos=True), headers=AUTH)
+    check(st == 200 and "tandem-ignored-fields" not in h, "strict, ignore_eos: %d %s" % (st, h))
     st, h, _ = http("POST", p.base_url + "/v1/completions", dict(comp, repetition_penalty=1), headers=AUTH)
     check(st == 200 and "tandem-ignored-fields" not in h, "strict, repetition_penalty 1: %d %s" % (st, h))
 

@@ -133,8 +133,8 @@ static void test_openai_refusals_name_the_field(void **state)
 
 /* The clients people use: no model means the served one, null too; a
  * field the gateway does not know is accepted and listed (cleaned for a
- * header), or refused naming it when strict; ignore_eos: true is listed
- * (refused when strict); repetition_penalty 1 is accepted. */
+ * header), or refused naming it when strict; ignore_eos is a known field
+ * (passed on when true, below); repetition_penalty 1 is accepted. */
 static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
 {
     (void)state;
@@ -149,7 +149,6 @@ static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
         {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"zz\":1}", "zz", "zz"},
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"chat_template_kwargs\":{},\"a\\r\\nX: y\":1}",
          "chat_template_kwargs,a??X??y", "chat_template_kwargs"},
-        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":true}", "ignore_eos", "ignore_eos"},
         {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":false,\"repetition_penalty\":1}", "", NULL},
         {OPENAI_CHAT,
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":1.0,\"ignore_eos\":null}", "",
@@ -177,6 +176,16 @@ static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
             assert_int_equal(e.status, 400);
             assert_string_equal(e.param, cases[i].strict_param);
         }
+    }
+    /* ignore_eos: true reaches the coordinator, lenient or strict */
+    for (int strict = 0; strict < 2; strict++) {
+        struct openai_request r;
+        struct openai_error e;
+        const char *b = "{\"prompt\":\"x\",\"ignore_eos\":true}";
+        assert_int_equal(strict ? parse_strict(OPENAI_COMPLETION, b, &r, &e) : parse(OPENAI_COMPLETION, b, &r, &e), 0);
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(r.generate, "ignore_eos")));
+        assert_string_equal(r.ignored, "");
+        openai_request_free(&r);
     }
     /* a long list is cut with ",..." and stays within its buffer */
     char body[4096] = "{\"prompt\":\"x\"";

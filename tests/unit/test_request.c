@@ -60,6 +60,7 @@ static void test_request_prompt_gets_defaults(void **state)
     assert_false(r->has_seed);
     assert_int_equal(r->n_stop, 0);
     assert_false(r->stream);
+    assert_false(r->ignore_eos);
     assert_int_equal(r->spec_k, -1);
     assert_int_equal(r->spec_mode, REQUEST_SPEC_MODE_DEFAULT);
     assert_int_equal(r->draft, REQUEST_DRAFT_DEFAULT);
@@ -72,7 +73,7 @@ static void test_request_all_fields_are_read(void **state)
     struct request *r = parse_ok(
         "{\"v\":1,\"type\":\"generate\",\"id\":\"x\",\"prompt_ids\":[1,2,300],\"max_tokens\":7,"
         "\"temperature\":0.5,\"top_k\":40,\"top_p\":0.9,\"min_p\":0.05,\"seed\":42,"
-        "\"stop\":[\"\\n\\n\",\"END\"],\"stream\":true,\"spec_k\":4,\"spec_mode\":\"point_mass\"}");
+        "\"stop\":[\"\\n\\n\",\"END\"],\"stream\":true,\"spec_k\":4,\"spec_mode\":\"point_mass\",\"ignore_eos\":true}");
     assert_int_equal(r->input, REQUEST_INPUT_IDS);
     assert_int_equal(r->n_prompt_ids, 3);
     assert_int_equal(r->prompt_ids[0], 1);
@@ -88,6 +89,7 @@ static void test_request_all_fields_are_read(void **state)
     assert_string_equal(r->stop[0], "\n\n");
     assert_string_equal(r->stop[1], "END");
     assert_true(r->stream);
+    assert_true(r->ignore_eos);
     assert_int_equal(r->spec_k, 4);
     assert_int_equal(r->spec_mode, REQUEST_SPEC_MODE_POINT_MASS);
     request_destroy(r);
@@ -183,6 +185,8 @@ static void test_request_wrong_types_are_named(void **state)
               "max_tokens: expected an integer");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stream\":1}", ERR_INVALID_ARG,
               "stream: expected a boolean, got number");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", ERR_INVALID_ARG,
+              "ignore_eos: expected a boolean, got string");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":\"END\"}", ERR_INVALID_ARG,
               "stop: expected an array of strings, got string");
     parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"stop\":[3]}", ERR_INVALID_ARG,

@@ -957,6 +957,35 @@ static void test_scheduler_endings_release_and_admit(void **state)
     assert_int_equal(rep.n_done_ids, 5);
 }
 
+/* ignore_eos: an EOS id is one more token, the request goes on until
+ * max_tokens (the EOS among its ids). */
+static void test_scheduler_ignore_eos_runs_to_max_tokens(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    struct seq *s = prefilled(c, 4, 2, 40);
+    s->ignore_eos = true;
+    struct worker_msg_draft d = expect_draft();
+    draft_ready(c, s, d.round, 0, 2, -1, false);
+    struct worker_msg_verify v = expect_verify();
+    const int32_t t[2] = {41, EOS};
+    verify_done(c, s, v.round, 1, t, 1);
+    assert_int_equal(rep.dones, 0);
+    assert_int_equal(s->state, SEQ_ACTIVE);
+    assert_int_equal(s->generated, 3);
+    /* the next round ends it at max_tokens, not at an EOS */
+    v = sent_log[next_sent].role == ROLE_DRAFT ? (draft_ready(c, s, expect_draft().round, 0, 0, -1, false),
+                                                  expect_verify())
+                                               : expect_verify();
+    const int32_t last = EOS;
+    verify_done(c, s, v.round, 0, &last, 1);
+    assert_int_equal(rep.dones, 1);
+    assert_int_equal(rep.last_finish, METRICS_FINISH_LENGTH);
+    const int32_t want[4] = {40, 41, EOS, EOS};
+    assert_int_equal(rep.n_done_ids, 4);
+    assert_memory_equal(rep.done_ids, want, sizeof want);
+}
+
 /* A target error fails the request with the error's meaning. */
 static void test_scheduler_target_error_fails_the_request(void **state)
 {
@@ -1214,6 +1243,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_verify_beside_draft_and_its_timeout, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_ignore_eos_runs_to_max_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_endings_release_and_admit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_target_error_fails_the_request, setup,
                                         teardown),
