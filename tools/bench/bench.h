@@ -22,7 +22,10 @@ struct bench_opts {
     int profile; /* runtime: also print where a decode token's time goes, per op */
     int prefix;  /* runtime: tokens already in the sequence the verification rows extend */
     int prompt;  /* spec: tokens of each request's prompt */
-    const char *pair; /* spec: "small", or "1b" (the Llama-1B shape, 2-layer draft) */
+    const char *pair; /* spec: "small", "1b" (the Llama-1B shape, 2-layer draft), "trained" */
+    const char *trained_dir; /* spec --pair trained: holds target/ and draft/ (models/trained) */
+    const char *model, *text; /* ppl: the model directory and the text file */
+    int context;              /* ppl: tokens per window (256, the trained context) */
     int repeats;      /* spec: turns of target-only and every K, alternating */
     int full_head;    /* spec: every K also with the draft reading its whole LM head */
     const char *backend, *device; /* "cpu" (default) or "cuda"; device: ordinal or UUID */
@@ -45,12 +48,26 @@ int ensure_model(const char *dir, const char *preset, uint64_t seed, const char 
 int load(struct bench_model *m, const char *dir, struct kern_backend *be, int max_seq_len,
          enum quantize_mode quant);
 void unload(struct bench_model *m);
+/* Fixed prompts (ids) for a run of requests; owned, freed by bench_prompts_free. */
+enum { BENCH_PROMPTS_MAX = 6 };
+struct bench_prompts {
+    int n;
+    int32_t *ids[BENCH_PROMPTS_MAX];
+    int len[BENCH_PROMPTS_MAX];
+};
 /* n_prompts requests of prompt_len tokens, max_tokens each: speculative
  * with d (K = k, 0 adaptive), target-only without; the summed stats and
- * tokens/s. */
+ * tokens/s. With prompts (non-NULL) the requests are those prompts instead
+ * of synthetic ids (n_prompts and prompt_len unused). */
 int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts, int prompt_len,
                  int max_tokens, int k, const struct sampling_params *sp, enum speculate_mode mode,
-                 struct specdec_stats *sum, double *tps);
+                 struct specdec_stats *sum, double *tps, const struct bench_prompts *prompts);
+/* The first n (1..BENCH_PROMPTS_MAX) of trained.c's chat questions, rendered
+ * with the chat template of the tokenizer in model_dir. 0 or 1 (printed). */
+int bench_prompts_chat(struct bench_prompts *p, const char *model_dir, int n);
+void bench_prompts_free(struct bench_prompts *p);
+/* tandem-bench ppl (trained.c): perplexity of o->model on o->text. */
+int bench_ppl(const struct bench_opts *o, struct kern_backend *be);
 /* ms per forward call of `rows` rows extending slot 0's `prefix` tokens,
  * over `calls` calls (the rows' logits to logits_host, logits_dev or only
  * their argmax to argmax_out). */

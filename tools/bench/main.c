@@ -44,6 +44,12 @@
  *       request's prompt is --prompt tokens (16): a long one shows what the
  *       context costs a verification's rows against one decode step.
  *
+ *       --pair trained: the pair trained by tools/train (--trained DIR,
+ *       default models/trained: DIR/target, DIR/draft), on six chat
+ *       questions of the kinds it was trained on, one pass (no noise).
+ *   tandem-bench ppl --model DIR --text FILE [--context N]
+ *       the model's perplexity on the text (trained.c), as one JSON line.
+ *
  * Models are generated (deterministically) into --models (default
  * ./bench-models) when missing. Everything is measured side by side in one
  * run: this machine is noisy, so compare ratios, not absolute figures.
@@ -167,9 +173,16 @@ static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
  * tokens/s over all of them. */
 int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts,
                         int prompt_len, int max_tokens, int k, const struct sampling_params *sp,
-                        enum speculate_mode mode, struct specdec_stats *sum, double *tps)
+                        enum speculate_mode mode, struct specdec_stats *sum, double *tps,
+                        const struct bench_prompts *prompts)
 {
     char err[ERR_MSG_MAX] = "";
+    if (prompts) {
+        n_prompts = prompts->n;
+        prompt_len = 1;
+        for (int i = 0; i < prompts->n; i++)
+            prompt_len = prompts->len[i] > prompt_len ? prompts->len[i] : prompt_len;
+    }
     int32_t *out = malloc((size_t)max_tokens * sizeof(int32_t));
     int32_t *prompt = malloc((size_t)prompt_len * sizeof(int32_t));
     if (!out || !prompt) {
@@ -189,9 +202,15 @@ int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompt
     const int vocab = llama_model_config(llama_ctx_model(specdec_target_ctx(t)))->vocab_size;
     const int id_mod = vocab < 120000 ? vocab : 120000;
     for (int i = 0; i < n_prompts; i++) {
-        for (int j = 0; j < prompt_len; j++)
-            prompt[j] = (int32_t)((1000 + 7919 * (i * prompt_len + j)) % id_mod);
-        struct specdec_request req = {.prompt = prompt, .n_prompt = prompt_len,
+        int n_prompt = prompt_len;
+        if (prompts) {
+            n_prompt = prompts->len[i];
+            memcpy(prompt, prompts->ids[i], (size_t)n_prompt * sizeof(int32_t));
+        } else {
+            for (int j = 0; j < prompt_len; j++)
+                prompt[j] = (int32_t)((1000 + 7919 * (i * prompt_len + j)) % id_mod);
+        }
+        struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt,
                                       .max_tokens = max_tokens,
                                       .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0,
                                       .k_history = &history};
@@ -370,7 +389,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         sampling_params_default(&sp);
         struct specdec_stats st;
         double tps;
-        if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
+        if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps, NULL))
             return 1;
         const double read_before = bw.read_gbs;
         if (read_bw_measure(&bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
@@ -408,7 +427,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
                                                         n_copies, 3, err, sizeof err))
                 return die("read bandwidth of the weights", err);
             if (run_requests(NULL, t, 1, 16, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS, 0, &sp,
-                             SPECULATE_MODE_SAMPLED, &st, &turn_tps))
+                             SPECULATE_MODE_SAMPLED, &st, &turn_tps, NULL))
                 return 1;
             fresh[r] = rb.read_gbs;
             weights[r] = rw.read_gbs;
@@ -433,7 +452,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             /* a second run, now profiled from its start (the first warmed up) */
             prof_init(&prof, be);
             double t0 = now_s();
-            if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps))
+            if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps, NULL))
                 return 1;
             prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
                         "generated tokens, prefill included");
@@ -542,6 +561,8 @@ static const struct spec_pair spec_pairs[] = {
     {"1b", "llama-3.2-1b", "llama-3.2-1b", 2},
     /* the real target shape over a draft of a third of its bytes (GPU) */
     {"3b", "llama-3.2-3b-draft", "llama-3.2-3b", 0},
+    /* the trained pair (tools/train): read from --trained, never generated */
+    {"trained", NULL, NULL, 0},
 };
 
 /* One row of the spec table (K, or adaptive with kk 0; full: both whole
@@ -596,7 +617,8 @@ static void print_spec_row(int kk, bool full, const struct specdec_stats *sk, co
 /* The draft modes side by side: acceptance at T = 0.7 and 1.0 with K = 4
  * (--modes). */
 static int run_draft_modes(const struct bench_opts *o, struct specdec_draft *d, struct specdec_target *t,
-                           int n_prompts, const struct sampling_params *greedy)
+                           int n_prompts, const struct sampling_params *greedy,
+                           const struct bench_prompts *prompts)
 {
     for (int ti = 0; ti < 2 * o->modes; ti++) {
         struct sampling_params sp = *greedy;
@@ -605,7 +627,7 @@ static int run_draft_modes(const struct bench_opts *o, struct specdec_draft *d, 
             struct specdec_stats st;
             double tps;
             if (run_requests(d, t, n_prompts, o->prompt, o->tokens, 4, &sp,
-                             (enum speculate_mode)mode, &st, &tps))
+                             (enum speculate_mode)mode, &st, &tps, prompts))
                 return 1;
             printf("  T=%.1f K=4 %-10s acceptance %.3f, %.2f accepted/round, %.2f tokens/s\n",
                    sp.temperature, mode ? "point-mass" : "sampled",
@@ -623,17 +645,29 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         if (!strcmp(o->pair, spec_pairs[i].name))
             pair = &spec_pairs[i];
     if (!pair) {
-        fprintf(stderr, "tandem-bench: --pair %s: not a pair (small, 1b, 3b)\n", o->pair);
+        fprintf(stderr, "tandem-bench: --pair %s: not a pair (small, 1b, 3b, trained)\n", o->pair);
         return 2;
     }
+    const bool trained = pair->draft_preset == NULL;
     char draft_dir[512];
-    if (pair->draft_layers)
+    if (trained)
+        snprintf(draft_dir, sizeof draft_dir, "%s/draft", o->trained_dir);
+    else if (pair->draft_layers)
         snprintf(draft_dir, sizeof draft_dir, "%s/%s-draft-%dl", o->models_dir, pair->name,
                  pair->draft_layers);
     else
         snprintf(draft_dir, sizeof draft_dir, "%s/%s", o->models_dir, pair->draft_preset);
-    if (ensure_model_layers(draft_dir, pair->draft_preset, pair->draft_layers, 1, NULL, 0))
+    if (!trained && ensure_model_layers(draft_dir, pair->draft_preset, pair->draft_layers, 1, NULL, 0))
         return 1;
+    /* The trained pair answers real questions (its chat data's kinds);
+     * random ids would measure agreement on noise. */
+    struct bench_prompts chat_prompts = {0};
+    const struct bench_prompts *prompts = NULL;
+    if (trained) {
+        if (bench_prompts_chat(&chat_prompts, draft_dir, BENCH_PROMPTS_MAX))
+            return 1;
+        prompts = &chat_prompts;
+    }
     struct bench_model dm;
     /* the requests' prompts and tokens, and the drafts of a last round */
     const int room = o->prompt + o->tokens + 64 > 1024 ? o->prompt + o->tokens + 64 : 1024;
@@ -650,14 +684,18 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         return die("draft device sampling", err);
     struct sampling_params greedy;
     sampling_params_default(&greedy);
-    const int n_prompts = 3;
+    const int n_prompts = trained ? chat_prompts.n : 3;
     char list[128];
-    snprintf(list, sizeof list, "%s", o->noise);
+    /* the trained pair has one target, no noise levels */
+    snprintf(list, sizeof list, "%s", trained ? "none" : o->noise);
     for (char *save = NULL, *ns = strtok_r(list, ",", &save); ns; ns = strtok_r(NULL, ",", &save)) {
         double noise = atof(ns);
         char dir[512];
-        snprintf(dir, sizeof dir, "%s/%s-noise-%s", o->models_dir, pair->name, ns);
-        if (ensure_model(dir, pair->target_preset, 2, draft_dir, noise))
+        if (trained)
+            snprintf(dir, sizeof dir, "%s/target", o->trained_dir);
+        else
+            snprintf(dir, sizeof dir, "%s/%s-noise-%s", o->models_dir, pair->name, ns);
+        if (!trained && ensure_model(dir, pair->target_preset, 2, draft_dir, noise))
             return 1;
         struct bench_model tm;
         if (load(&tm, dir, be, room, o->quantize))
@@ -701,19 +739,19 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
             struct specdec_stats st;
             specdec_target_set_argmax(t, true);
             if (run_requests(NULL, t, n_prompts, o->prompt, o->tokens, 0, &greedy,
-                             SPECULATE_MODE_SAMPLED, &st, &base_tps[r]))
+                             SPECULATE_MODE_SAMPLED, &st, &base_tps[r], prompts))
                 return 1;
             stats_add(&base_st, &st);
             /* whole heads: target-only decoding as it was before the screen */
             specdec_target_set_argmax(t, false);
             if (o->full_head && run_requests(NULL, t, n_prompts, o->prompt, o->tokens, 0, &greedy,
-                                             SPECULATE_MODE_SAMPLED, &st, &base_full_tps[r]))
+                                             SPECULATE_MODE_SAMPLED, &st, &base_full_tps[r], prompts))
                 return 1;
             for (int i = 0; i < n_ks; i++) {
                 specdec_draft_set_argmax(d, !full[i]);
                 specdec_target_set_argmax(t, !full[i]);
                 if (run_requests(d, t, n_prompts, o->prompt, o->tokens, ks[i], &greedy,
-                                 SPECULATE_MODE_SAMPLED, &st, &tps_of[i][r]))
+                                 SPECULATE_MODE_SAMPLED, &st, &tps_of[i][r], prompts))
                     return 1;
                 stats_add(&st_sum[i], &st);
             }
@@ -721,10 +759,21 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         specdec_draft_set_argmax(d, true);
         specdec_target_set_argmax(t, true);
         double target_ms = base_st.verify_ms / (base_st.rounds ? base_st.rounds : 1);
-        printf("\n%s pair, draft noise %s, greedy, %d prompts of %d tokens x %d tokens, %d turn%s: "
-               "target-only %.2f tokens/s (median; %.2f ms/token)\n",
-               pair->name, ns, n_prompts, o->prompt, o->tokens, repeats, repeats > 1 ? "s" : "",
-               median(base_tps, repeats), target_ms);
+        if (trained) {
+            int shortest = chat_prompts.len[0], longest = chat_prompts.len[0];
+            for (int i = 1; i < chat_prompts.n; i++) {
+                shortest = chat_prompts.len[i] < shortest ? chat_prompts.len[i] : shortest;
+                longest = chat_prompts.len[i] > longest ? chat_prompts.len[i] : longest;
+            }
+            printf("\ntrained pair (%s), greedy, %d chat prompts of %d..%d tokens x %d tokens, %d turn%s: "
+                   "target-only %.2f tokens/s (median; %.2f ms/token)\n",
+                   o->trained_dir, n_prompts, shortest, longest, o->tokens, repeats,
+                   repeats > 1 ? "s" : "", median(base_tps, repeats), target_ms);
+        } else
+            printf("\n%s pair, draft noise %s, greedy, %d prompts of %d tokens x %d tokens, %d turn%s: "
+                   "target-only %.2f tokens/s (median; %.2f ms/token)\n",
+                   pair->name, ns, n_prompts, o->prompt, o->tokens, repeats, repeats > 1 ? "s" : "",
+                   median(base_tps, repeats), target_ms);
         if (o->full_head)
             printf("  target-only reading its whole LM head: %.2f tokens/s (median); the \"full\" "
                    "rows read both whole heads and are compared with it\n",
@@ -733,7 +782,7 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
                "alpha", "c", "acc/round", "predicted");
         for (int i = 0; i < n_ks; i++)
             print_spec_row(ks[i], full[i], &st_sum[i], tps_of[i], base_tps, base_full_tps, repeats, target_ms);
-        if (run_draft_modes(o, d, t, n_prompts, &greedy))
+        if (run_draft_modes(o, d, t, n_prompts, &greedy, prompts))
             return 1;
         if (on_device) {
             struct llama_graph_stats gd, gt;
@@ -749,17 +798,20 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
     }
     specdec_draft_destroy(d);
     unload(&dm);
+    bench_prompts_free(&chat_prompts);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec") &&
-                     strcmp(argv[1], "batch"))) {
-        fprintf(stderr, "usage: tandem-bench runtime|spec|batch [--models DIR] [--threads N] [--tokens N]\n"
+                     strcmp(argv[1], "batch") && strcmp(argv[1], "ppl"))) {
+        fprintf(stderr, "usage: tandem-bench runtime|spec|batch|ppl [--models DIR] [--threads N] [--tokens N]\n"
                         "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
                         "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
-                        "                    [--pair small|1b|3b] [--repeats N (spec: turns)]\n"
+                        "                    [--pair small|1b|3b|trained] [--repeats N (spec: turns)]\n"
+                        "                    [--trained DIR (spec --pair trained: models/trained)]\n"
+                        "                    [--model DIR --text FILE [--context N] (ppl)]\n"
                         "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
                         "                    [--profile 0|1 (runtime: time per op)]\n"
                         "                    [--prefix N (runtime: tokens before the verification rows)]\n"
@@ -776,6 +828,8 @@ int main(int argc, char **argv)
     snprintf(o.ks, sizeof o.ks, "1,2,3,4,5,6,7,8,0");
     o.modes = 1;
     o.pair = "small";
+    o.trained_dir = "models/trained";
+    o.context = 256;
     o.repeats = 1;
     o.backend = "cpu";
     o.device = "0";
@@ -793,6 +847,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i - 1], "--ks")) snprintf(o.ks, sizeof o.ks, "%s", v);
         else if (!strcmp(argv[i - 1], "--modes")) o.modes = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--pair")) o.pair = v;
+        else if (!strcmp(argv[i - 1], "--trained")) o.trained_dir = v;
+        else if (!strcmp(argv[i - 1], "--model")) o.model = v;
+        else if (!strcmp(argv[i - 1], "--text")) o.text = v;
+        else if (!strcmp(argv[i - 1], "--context")) o.context = atoi(v);
         else if (!strcmp(argv[i - 1], "--repeats")) o.repeats = atoi(v);
         else if (!strcmp(argv[i - 1], "--full-head")) o.full_head = atoi(v) != 0;
         else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
@@ -825,6 +883,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "tandem-bench: --prefix: must be 1..65536\n");
         return 2;
     }
+    if (o.context < 2 || o.context > 65536) {
+        fprintf(stderr, "tandem-bench: --context: must be 2..65536\n");
+        return 2;
+    }
     if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
         fprintf(stderr, "tandem-bench: --backend: expected cpu or cuda, got \"%s\"\n", o.backend);
         return 2;
@@ -854,6 +916,7 @@ int main(int argc, char **argv)
         printf("cpu backend: %d threads\n", kern_cpu_threads(be));
     int rc = !strcmp(argv[1], "runtime") ? bench_runtime(&o, be)
              : !strcmp(argv[1], "batch") ? bench_batch(&o, be)
+             : !strcmp(argv[1], "ppl")   ? bench_ppl(&o, be)
                                          : bench_spec(&o, be);
     be->ops->destroy(be);
     return rc;

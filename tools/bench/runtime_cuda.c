@@ -96,7 +96,7 @@ static int decode_table(const struct bench_opts *o, const char *preset, struct b
         struct specdec_stats st;
         double tps;
         int rc = run_requests(NULL, t, 2, 16, o->tokens, 0, v % 2 ? &sampled : &greedy,
-                              SPECULATE_MODE_SAMPLED, &st, &tps);
+                              SPECULATE_MODE_SAMPLED, &st, &tps, NULL);
         specdec_target_destroy(t);
         if (rc)
             return 1;
