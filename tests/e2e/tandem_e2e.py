@@ -171,10 +171,17 @@ class Pipeline:
         raise Fail("gateway not answering within %d s\n%s" % (timeout_s, self.log_tail("gateway")))
 
     def use_pair(self, pair):
-        """pair "small": the demo's models/small and models/small-draft when
-        they are there; otherwise (or "tiny") a tiny pair made here."""
+        """pair "trained": the trained pair committed in models/trained
+        (tools/train); "small": the demo's models/small and models/small-draft
+        when they are there; otherwise (or "tiny") a tiny pair made here."""
         src = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-        if pair == "small" and os.path.exists(os.path.join(src, "models", "small", "model.safetensors")):
+        if pair == "trained":
+            trained = os.path.join(src, "models", "trained")
+            if not os.path.exists(os.path.join(trained, "target", "model.safetensors")):
+                raise Fail("%s: the trained pair is missing (it is committed; see tools/train)" % trained)
+            self.config["target_worker"]["model"] = os.path.join(trained, "target")
+            self.config["draft_worker"]["model"] = os.path.join(trained, "draft")
+        elif pair == "small" and os.path.exists(os.path.join(src, "models", "small", "model.safetensors")):
             self.config["target_worker"]["model"] = os.path.join(src, "models", "small")
             self.config["draft_worker"]["model"] = os.path.join(src, "models", "small-draft")
         else:
@@ -301,6 +308,20 @@ def require_llama3_tokenizer():
     path = os.path.join(deps, "npm", "node_modules", "@lenml", "tokenizer-llama3_1", "models", "tokenizer.json")
     if not os.path.isfile(path):
         skip("the Llama 3 tokenizer is not installed (%s is missing): run scripts/install-deps.sh" % path)
+
+
+# Questions of the kinds the trained pair's chat data holds (verse and
+# sayings, Python), for benchmarks that run it on real requests.
+TRAINED_QUESTIONS = [
+    "Write a short poem about two bicycles riding in tandem.",
+    "Write a Python function named read_config.",
+    "Say something wise about time.",
+    "Show me the Python code of parse_args.",
+    "Give me a quote about love.",
+    "How would you write copy_file in Python?",
+    "Tell me something about the sea.",
+    "Write a Python function named split_lines.",
+]
 
 
 def run(cmd, timeout=300):

@@ -2,7 +2,7 @@
 """bench_drafters.py: the draft sources side by side through the three-process
 pipeline, greedy, in one run.
 
-    bench_drafters.py [--build DIR] [--pair tiny|small] [--target DIR --draft DIR] [--max-tokens N]
+    bench_drafters.py [--build DIR] [--pair trained|tiny|small] [--target DIR --draft DIR] [--max-tokens N]
                       [--threads N] [--repeat N] [--candidates N] [--spec-k-max K]
 
 Sources: none (target-only through the pipeline), model, ngram, suffix, auto.
@@ -19,9 +19,12 @@ once per source does not turn (b) and (c) into (a): there `suffix` finds
 nothing and `auto` is the model's. Runs are interleaved, in a new random
 order each repeat; medians. Prints tokens/s and its ratio to target-only,
 the acceptance (accepted / drafted) and the mean accepted tokens per round.
-Models: --target/--draft, else (--pair small, the default) models/small and
-models/small-draft (the demo's pair) when present, else a tiny pair made in a
-temporary directory.
+Models: --target/--draft, else (--pair trained, the default) the trained pair
+of models/trained, whose prompts are chat questions of the kinds it was
+trained on (tandem_e2e.TRAINED_QUESTIONS: (a) the first, (b) and (c) chosen
+among the rest); or (--pair small) models/small and models/small-draft (the
+demo's random pair) when present, else a tiny pair made in a temporary
+directory, whose prompts are random ids.
 Needs python3-zmq (run with /usr/bin/python3); uses tests/e2e/tandem_e2e.py.
 """
 import argparse
@@ -50,8 +53,9 @@ def repeat_share(ids):
 def main():
     ap = argparse.ArgumentParser(description="Tandem draft sources benchmark")
     ap.add_argument("--build", default=os.environ.get("TANDEM_BUILD_DIR", os.path.join(SRC, "build")))
-    ap.add_argument("--pair", default="small", choices=["tiny", "small"],
-                    help="small: models/small and models/small-draft (the demo's) when present; tiny: made here")
+    ap.add_argument("--pair", default="trained", choices=["trained", "tiny", "small"],
+                    help="trained: models/trained; small: models/small and models/small-draft (the demo's "
+                         "random pair) when present; tiny: made here")
     ap.add_argument("--target")
     ap.add_argument("--draft")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -62,7 +66,8 @@ def main():
     args = ap.parse_args()
     os.environ["TANDEM_BUILD_DIR"] = os.path.abspath(args.build)
     import tandem_e2e
-    from tandem_e2e import Pipeline, check, generate
+    from tandem_e2e import TRAINED_QUESTIONS, Pipeline, check, generate
+    chat = args.pair == "trained" and not args.target
 
     def pipeline(name, suffix_mib):
         p = Pipeline(name, max_concurrency=1, extra={"coordinator": {"suffix_cache_mib": suffix_mib,
@@ -80,8 +85,10 @@ def main():
         return p
 
     def run(p, sock, ids, source, tag):
-        done, _ = generate(sock, {"id": tag, "prompt_ids": ids, "max_tokens": args.max_tokens, "temperature": 0,
-                                  "draft": source}, timeout_s=600)
+        # ids: prompt ids, or (trained pair) a question asked as a chat
+        prompt = {"messages": [{"role": "user", "content": ids}]} if isinstance(ids, str) else {"prompt_ids": ids}
+        done, _ = generate(sock, dict(prompt, id=tag, max_tokens=args.max_tokens, temperature=0, draft=source),
+                           timeout_s=600)
         check(done.get("type") == "done", "%s: %s" % (tag, done))
         return done
 
@@ -105,7 +112,7 @@ def main():
     # (a) on a pipeline with the suffix cache
     p = pipeline("drafters-a", 64)
     s = p.client()
-    prompt_a = [rng.randrange(1, 500) for _ in range(24)]
+    prompt_a = TRAINED_QUESTIONS[0] if chat else [rng.randrange(1, 500) for _ in range(24)]
     first = run(p, s, prompt_a, "none", "a-first")
     measure(p, s, prompt_a, "(a) repeated", results, first["ids"])
     s.close()
@@ -114,8 +121,8 @@ def main():
     p = pipeline("drafters-bc", 0)
     s = p.client()
     cands = []
-    for i in range(args.candidates):
-        ids = [rng.randrange(1, 500) for _ in range(24)]
+    for i in range(len(TRAINED_QUESTIONS) - 1 if chat else args.candidates):
+        ids = TRAINED_QUESTIONS[1 + i] if chat else [rng.randrange(1, 500) for _ in range(24)]
         out = run(p, s, ids, "none", "cand-%d" % i)["ids"]
         if len(out) >= args.max_tokens // 2:
             cands.append((repeat_share(out), ids, out))

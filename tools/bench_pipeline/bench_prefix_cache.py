@@ -2,7 +2,7 @@
 """bench_prefix_cache.py: what the workers' prefix cache buys through the
 three-process pipeline, in one run.
 
-    bench_prefix_cache.py [--build DIR] [--pair tiny|small] [--threads N] [--prefix N] [--suffix N]
+    bench_prefix_cache.py [--build DIR] [--pair trained|tiny|small] [--threads N] [--prefix N] [--suffix N]
                           [--repeat N] [--clients N] [--system N] [--max-tokens N]
 
 (1) Time to first token of a request whose --prefix tokens (1000) an
@@ -17,7 +17,9 @@ three-process pipeline, in one run.
     send to the last reply) and the mean time to first token, with the cache
     (the system prompt computed once by an earlier request) and without it.
     The replies of both must be equal.
-Models: models/small and models/small-draft (the demo's pair, --pair small)
+Models: the trained pair of models/trained (--pair trained, the default; the
+prompts are random ids all the same: what is timed is the prefix's compute),
+or models/small and models/small-draft (the demo's random pair, --pair small)
 when present, else a tiny pair made in a temporary directory.
 Needs python3-zmq (run with /usr/bin/python3); uses tests/e2e/tandem_e2e.py.
 """
@@ -78,7 +80,7 @@ def burst(e2e, p, reqs):
 def main():
     ap = argparse.ArgumentParser(description="Tandem prefix cache benchmark")
     ap.add_argument("--build", default=os.environ.get("TANDEM_BUILD_DIR", os.path.join(SRC, "build")))
-    ap.add_argument("--pair", default="small", choices=["tiny", "small"])
+    ap.add_argument("--pair", default="trained", choices=["trained", "tiny", "small"])
     ap.add_argument("--threads", type=int, default=1, help="threads per worker")
     ap.add_argument("--prefix", type=int, default=1000)
     ap.add_argument("--suffix", type=int, default=20)
