@@ -124,7 +124,8 @@ def main():
     for i in range(len(TRAINED_QUESTIONS) - 1 if chat else args.candidates):
         ids = TRAINED_QUESTIONS[1 + i] if chat else [rng.randrange(1, 500) for _ in range(24)]
         out = run(p, s, ids, "none", "cand-%d" % i)["ids"]
-        if len(out) >= args.max_tokens // 2:
+        # the trained pair's answers end (<|eot_id|>) well before max_tokens
+        if len(out) >= (8 if chat else args.max_tokens // 2):
             cands.append((repeat_share(out), ids, out))
     check(len(cands) >= 2, "too few candidates ran long enough")
     cands.sort(key=lambda c: c[0])
