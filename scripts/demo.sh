@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The main job: builds Tandem, generates the `small` model pair (a derived
-# draft a third of the target's size, real Llama 3 tokenizer), starts the
-# three processes under the supervisor, sends one streamed chat request,
-# prints the text, then compares the same request through the pipeline,
-# in-process speculative and target-only (interleaved runs, medians), serves
-# it once more drafted from the suffix cache, and stops everything.
+# The main job: builds Tandem, takes the trained model pair committed in
+# models/trained (tools/train: a 3.1M-parameter target and a draft distilled
+# from it, with their own byte-level BPE tokenizer), starts the three
+# processes under the supervisor, sends one streamed chat request, prints the
+# text, then compares the same request through the pipeline (drafted by the
+# draft model, and by n-grams of the request alone), in-process speculative
+# and target-only (interleaved runs, medians), serves it once more drafted
+# from the suffix cache, and stops everything.
+# TANDEM_DEMO_PAIR=small runs the random `small` pair instead (generated:
+# Llama 3's vocabulary and a draft a third of the target's size, the speed
+# figures at a larger size; its text is noise and its agreement is set by
+# --noise).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
@@ -13,19 +19,38 @@ build="$root/build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=AUTO >/dev/null
 cmake --build "$build" -j"$(nproc)" >/dev/null
 bin="$build"
-models="${TANDEM_DEMO_MODELS:-$root/models}"
-draft="$models/small-draft"
-target="$models/small"
-# The noise that separates target from draft sets the acceptance rate; 0.01
-# gives an agreement in the range of a real 1B/3B pair.
-noise="${TANDEM_DEMO_NOISE:-0.01}"
-if [[ ! -f $draft/model.safetensors ]]; then
-  "$bin/tools/make_model/tandem-make-model" --preset small-draft --seed 1 --out "$draft" --force
-fi
-if [[ ! -f $target/model.safetensors ]]; then
-  "$bin/tools/make_model/tandem-make-model" --preset small --derive-from "$draft" --noise "$noise" \
-    --seed 2 --out "$target" --force
-fi
+pair="${TANDEM_DEMO_PAIR:-trained}"
+case "$pair" in
+trained)
+  draft="$root/models/trained/draft"
+  target="$root/models/trained/target"
+  for m in "$draft" "$target"; do
+    if [[ ! -f $m/model.safetensors ]]; then
+      echo "demo: $m/model.safetensors missing (the trained pair is committed; see tools/train)" >&2
+      exit 1
+    fi
+  done
+  ;;
+small)
+  models="${TANDEM_DEMO_MODELS:-$root/models}"
+  draft="$models/small-draft"
+  target="$models/small"
+  # The noise that separates target from draft sets the acceptance rate; 0.01
+  # gives an agreement in the range of a real 1B/3B pair.
+  noise="${TANDEM_DEMO_NOISE:-0.01}"
+  if [[ ! -f $draft/model.safetensors ]]; then
+    "$bin/tools/make_model/tandem-make-model" --preset small-draft --seed 1 --out "$draft" --force
+  fi
+  if [[ ! -f $target/model.safetensors ]]; then
+    "$bin/tools/make_model/tandem-make-model" --preset small --derive-from "$draft" --noise "$noise" \
+      --seed 2 --out "$target" --force
+  fi
+  ;;
+*)
+  echo "demo: TANDEM_DEMO_PAIR: expected trained or small, got '$pair'" >&2
+  exit 2
+  ;;
+esac
 
 instance="demo$$"
 port="${TANDEM_DEMO_PORT:-5555}"
@@ -54,7 +79,7 @@ client="$bin/client/tandem-client"
 question="${TANDEM_DEMO_PROMPT:-Write a short poem about two bicycles riding in tandem.}"
 max_tokens="${TANDEM_DEMO_MAX_TOKENS:-96}"
 echo
-echo "== request (greedy, streamed through coordinator, draft worker, target worker) =="
+echo "== request to the $pair pair (greedy, streamed through coordinator, draft worker, target worker) =="
 echo "user: $question"
 echo -n "assistant: "
 "$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 --stream
@@ -66,6 +91,8 @@ rounds="${TANDEM_DEMO_ROUNDS:-3}"
 for i in $(seq 1 "$rounds"); do
   "$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 \
     --draft model --json > "$run_dir/pipeline-$i.json"
+  "$client" --endpoint "$endpoint" --chat "$question" --max-tokens "$max_tokens" --temperature 0 \
+    --draft ngram --json > "$run_dir/ngram-$i.json"
   "$bin/tools/generate/tandem-generate" --model "$target" --chat "$question" --max-tokens "$max_tokens" \
     --threads 2 --temperature 0 --json > "$run_dir/target-only-$i.json"
   "$bin/tools/generate/tandem-generate" --model "$target" --draft "$draft" --chat "$question" \
@@ -80,7 +107,7 @@ python3 - "$run_dir" "$rounds" <<'PY'
 import json, statistics, sys
 d, n = sys.argv[1], int(sys.argv[2])
 load = lambda name: [json.load(open(f"{d}/{name}-{i}.json")) for i in range(1, n + 1)]
-ps, ts, ss = load("pipeline"), load("target-only"), load("in-process")
+ps, ts, ss, ns = load("pipeline"), load("target-only"), load("in-process"), load("ngram")
 st = json.load(open(d + "/stats.json"))
 med = lambda runs, key: statistics.median(r[key] for r in runs)
 rates = lambda runs: " ".join(f"{r['tokens_per_s']:.1f}" for r in runs)
@@ -100,12 +127,15 @@ print(f"                          draft and target "
       f"{'share the cores (more threads than cores): no pre-drafts' if wk.get('cores_shared') else 'have cores enough'}; "
       f"{sp.get('plain_run_steps', 0)} plain rounds went to the target in {sp.get('plain_runs', 0)} runs "
       f"(one trip through the coordinator a run); {sp.get('verify_beside_draft', 0)} verifications sent with their drafts")
+print(f"pipeline drafted by n-grams of the request alone (draft ngram, no draft model):")
+print(f"                          {med(ns, 'tokens_per_s'):8.2f} tokens/s  acceptance "
+      f"{med(ns, 'acceptance_rate'):.3f}  {med(ns, 'mean_accepted_per_round'):.2f} accepted/round")
 print(f"speculative, in-process (1 process, 2 threads):")
 print(f"                          {s_tps:8.2f} tokens/s  (runs: {rates(ss)})  acceptance "
       f"{med(ss, 'acceptance_rate'):.3f}")
 print(f"target-only (1 process, 2 threads):")
 print(f"                          {t_tps:8.2f} tokens/s  (runs: {rates(ts)})")
-same = all(p["ids"] == t["ids"] for p in ps for t in ts)
+same = all(p["ids"] == t["ids"] for p in ps + ns for t in ts)
 print(f"pipeline output vs target-only output: {'identical' if same else 'DIFFERENT'} "
       f"({len(ps[0]['ids'])} tokens, every run)")
 print(f"speedup vs target-only (medians): pipeline {p_tps / t_tps:.2f}x, in-process {s_tps / t_tps:.2f}x")
