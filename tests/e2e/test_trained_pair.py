@@ -36,7 +36,9 @@ def generate_chat(prompt, max_tokens, draft=None):
     cmd = [binary("generate"), "--model", TARGET, "--chat", prompt, "--max-tokens", str(max_tokens),
            "--temperature", "0", "--threads", "1", "--json"]
     if draft:
-        cmd += ["--draft", draft]
+        # a fixed K: adaptive K may stop drafting where the draft looks dear
+        # (under a sanitizer), and then nothing would be checked
+        cmd += ["--draft", draft, "--spec-k", "3"]
     return json.loads(run(cmd))
 
 
