@@ -94,7 +94,21 @@ struct request_state {
     struct generation *gen;         /* a completion parked before its response */
     struct bridge_call *stats_call; /* /health, /metrics: the stats request in flight (holds wc) */
     double stats_deadline_s;
+    /* the access log's line (on_completed): never the body, the query, a
+     * header or the key */
+    char method[16], path[96];
+    double t0_s;
 };
+
+/* src into dst (size bytes), every byte outside printable ASCII as '?': a
+ * log line never carries a client's control characters. */
+static void printable_copy(char *dst, size_t size, const char *src)
+{
+    size_t i = 0;
+    for (; src != NULL && src[i] != '\0' && i + 1 < size; i++)
+        dst[i] = src[i] >= 0x20 && src[i] < 0x7f ? src[i] : '?';
+    dst[i] = '\0';
+}
 
 /* p->tls is set whether or not a certificate was configured. */
 static bool serves_tls(const struct server_params *p)
@@ -377,6 +391,9 @@ static enum MHD_Result on_headers(struct server *s, struct MHD_Connection *conn,
     if (st == NULL)
         return MHD_NO;
     *con_cls = st;
+    st->t0_s = watch_now_s();
+    printable_copy(st->method, sizeof st->method, method);
+    printable_copy(st->path, sizeof st->path, url);
     st->wc = watch_conn_of(conn);
     if (st->wc == NULL)
         return MHD_NO; /* being shut down: its record could not be made */
@@ -535,12 +552,42 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return on_request(conn, framing_path_of(url), st, &s->p); /* not NULL: on_headers refused those */
 }
 
+/* The client's address as text ("-" when unknown). */
+static void client_address_text(struct MHD_Connection *conn, char *out, size_t size)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, size, "-");
+    if (ci == NULL || ci->client_addr == NULL)
+        return;
+    const struct sockaddr *sa = ci->client_addr;
+    const void *a = sa->sa_family == AF_INET    ? (const void *)&((const struct sockaddr_in *)(const void *)sa)->sin_addr
+                    : sa->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr
+                                                : NULL;
+    if (a == NULL || inet_ntop(sa->sa_family, a, out, (socklen_t)size) == NULL)
+        snprintf(out, size, "-");
+}
+
+/* One line per request at INFO, when it ends: who, what, the status
+ * queued (0: none, the client left first), how long from its headers. */
+static void access_log(struct MHD_Connection *conn, const struct request_state *st,
+                       enum MHD_RequestTerminationCode toe)
+{
+    if ((int)LOGGING_INFO > logging_level_current)
+        return;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    char addr[64];
+    client_address_text(conn, addr, sizeof addr);
+    LOG_INFO("access: %s \"%s %s\" %u %.1f ms%s", addr, st->method, st->path, ci ? ci->http_status : 0u,
+             (watch_now_s() - st->t0_s) * 1e3,
+             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (the connection ended first)");
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     struct server *s = cls;
     struct request_state *st = *con_cls;
-    (void)toe;
     if (st != NULL) {
+        access_log(conn, st, toe);
         generation_abort(st->gen, &s->p); /* the connection ended while it was parked */
         stats_end(st);
         free(st->body);

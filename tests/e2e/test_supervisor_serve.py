@@ -102,6 +102,13 @@ def test():
         check(got["models"] == ["tiny-served"], "models: %s" % got["models"])
         print("openai client: completion %r, models %s" % (got["comp"]["choices"][0]["text"], got["models"]))
 
+        # one access line per request, at INFO on serve's stdout
+        with open(out_path) as f:
+            text = f.read()
+        for what in ('"POST /v1/completions" 200', '"POST /v1/chat/completions" 200', '"GET /v1/models" 200'):
+            check(any(("access: 127.0.0.1 " + what) in l and l.startswith("gateway") for l in text.splitlines()),
+                  "no access line %s on serve's stdout:\n%s" % (what, text[-3000:]))
+
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
         with open(out_path) as f:
