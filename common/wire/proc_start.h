@@ -17,11 +17,16 @@
 /* proc_start's answer when main goes on. */
 #define PROC_START_GO (-1)
 
+/* Most command-line arguments a process takes. */
+#define PROC_START_ARGS_MAX 256
+
 /* name: "coordinator" or "gateway" (the section, the log tag, and
  * "tandem-<name>" in messages); sections: what to finalize (PROC_CONFIG_*).
  * Returns PROC_START_GO with *cfg filled and the handlers installed, or the
- * status main returns now: 0 after --help, PROC_START_EXIT_CONFIG after a
- * config error (said on stderr), 1 when a handler cannot be installed. */
+ * status main returns now: 0 after --help, or after --check-config with a
+ * config that parses and finalizes (every key of every section of the file
+ * is checked; nothing is started), PROC_START_EXIT_CONFIG after a config
+ * error (said on stderr), 1 when a handler cannot be installed. */
 int proc_start(int argc, char **argv, const char *name, unsigned sections, struct proc_config *cfg);
 
 /* Set (to 1) by SIGTERM and SIGINT once proc_start installed the handlers:

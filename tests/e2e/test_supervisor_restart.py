@@ -3,10 +3,11 @@
 (issue 64): started with --target/--draft/--endpoint and a config file,
 `restart --config FILE` and a bare `restart` serve again on the same
 client endpoint and gateway port. A new configuration is checked before
-anything stops (a draft directory that does not exist: refused, the
-instance untouched, same supervisor), and one that passes the checks but
-that the processes refuse (a misspelled key) is replaced by the previous
-one: the instance serves again, the command exits non-zero saying why."""
+anything stops (a draft directory that does not exist, a misspelled key:
+refused, the instance untouched, same supervisor), and one that passes the
+checks but that a process refuses (weights that do not load) is replaced
+by the previous one: the instance serves again, the command exits non-zero
+saying why."""
 import json
 import os
 import shutil
@@ -77,16 +78,31 @@ def test():
         serves(p, endpoint, base_url, "after a refused restart")
         print("restart with a missing draft directory: refused, still serving: %s" % r.stderr.strip())
 
-        # refused by the processes: the previous configuration comes back
+        # a misspelled key (any section's: the coordinator reads them all)
+        # is refused before anything stops, too
         typo = os.path.join(p.dir, "typo.json")
         with open(typo, "w") as f:
-            json.dump({"gateway": p.config["gateway"], "coordinator": {"max_queu": 3}}, f)
+            json.dump({"gateway": p.config["gateway"], "target_worker": {"max_seq_lne": 512}}, f)
         r = supervisor("restart", "--wait", "60", "--instance", instance, "--config", typo, timeout=120)
         check(r.returncode != 0, "restart with a misspelled key returned 0: %s%s" % (r.stdout, r.stderr))
-        check('did you mean "max_queue"' in r.stderr and "starting the previous one again" in r.stderr,
+        check('did you mean "max_seq_len"' in r.stderr and "keeps running" in r.stderr,
               "restart with a misspelled key says: %s" % r.stderr)
+        check(sup_pid(run_dir) == before, "restart with a misspelled key stopped the instance")
+        serves(p, endpoint, base_url, "after a restart refused for a misspelled key")
+        print("restart with a misspelled key: refused, still serving: %s" % r.stderr.strip()[-160:])
+
+        # refused by a process (weights that do not load pass every check
+        # before it): the previous configuration comes back
+        broken = os.path.join(p.dir, "broken")
+        shutil.copytree(target, broken)
+        with open(os.path.join(broken, "model.safetensors"), "r+b") as f:
+            f.truncate(100)
+        r = supervisor("restart", "--wait", "60", "--instance", instance, "--target", broken, timeout=120)
+        check(r.returncode != 0, "restart with weights that do not load returned 0: %s%s" % (r.stdout, r.stderr))
+        check("starting the previous one again" in r.stderr,
+              "restart with weights that do not load says: %s" % r.stderr)
         serves(p, endpoint, base_url, "after a restart rolled back")
-        print("restart with a misspelled key: rolled back, serving again")
+        print("restart with weights that do not load: rolled back, serving again")
         # and the instance's start arguments are still the first ones
         r = supervisor("restart", "--wait", "60", "--instance", instance, timeout=120)
         check(r.returncode == 0, "bare restart after a rollback: %s%s" % (r.stdout, r.stderr))
