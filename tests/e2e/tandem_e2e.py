@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -297,6 +298,26 @@ class Pipeline:
         if self.dir and os.path.isdir(self.dir):
             shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def no_eos(*models):
+    """Drops the models' EOS ids (config.json): generation runs until
+    max_tokens, so a random tiny model's stream lasts as long as a test
+    needs it to."""
+    for m in models:
+        path = os.path.join(m, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["eos_token_id"] = []
+        with open(path, "w") as f:
+            json.dump(cfg, f)
 
 
 def require_llama3_tokenizer():

@@ -5,32 +5,13 @@ listens (a closed TCP port, an ipc path with no socket) it exits 3 within
 exits at once; SIGINT during a long request sends a cancel and exits 130
 within a second or so, the coordinator's request cancelled. --draft-source
 names the request's draft source (--draft, its old spelling, still works)."""
-import json
-import os
 import signal
-import socket
 import subprocess
 import time
 
-from tandem_e2e import Fail, Pipeline, binary, check, main, time_scale
+from tandem_e2e import Fail, Pipeline, binary, check, free_port, main, no_eos, time_scale
 
 EXIT_WITHIN_S = 3.0 * time_scale()
-
-
-def closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def no_eos(*models):
-    for m in models:
-        path = os.path.join(m, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["eos_token_id"] = []
-        with open(path, "w") as f:
-            json.dump(cfg, f)
 
 
 def unreachable(endpoint, extra):
@@ -74,7 +55,7 @@ def interrupted(cmd, what, bound_s, wait_running=None):
 
 
 def test():
-    port = closed_port()
+    port = free_port()
     p = Pipeline("unreach")
     unreachable("tcp://127.0.0.1:%d" % port, ["--ids", "1,2,3"])
     unreachable("tcp://127.0.0.1:%d" % port, ["--stats"])

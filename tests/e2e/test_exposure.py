@@ -17,21 +17,12 @@
 """
 import json
 import os
-import socket
 import subprocess
 import time
 
 import zmq
 
-from tandem_e2e import Pipeline, binary, check, collect, http, main, reference, run
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from tandem_e2e import Pipeline, binary, check, collect, free_port, http, main, reference, run
 
 
 def keygen(d, name):

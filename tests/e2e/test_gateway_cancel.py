@@ -7,7 +7,6 @@ message ends the request with code "cancelled"; a DEALER that vanishes
 mid-stream is cancelled too (ZMQ_ROUTER_MANDATORY); tandem-client
 --cancel-after-ms cancels."""
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -15,22 +14,9 @@ import time
 
 import zmq
 
-from tandem_e2e import Pipeline, binary, check, http, main, next_event, reference, require_gateway
+from tandem_e2e import Pipeline, binary, check, http, main, next_event, no_eos, reference, require_gateway
 
 MAX_TOKENS = 8000  # never reached: every request here is cancelled long before
-
-
-def no_eos(*models):
-    """Drops the models' EOS ids so that generation runs until max_tokens:
-    a random tiny model would otherwise stop at an EOS after some hundred
-    tokens, before the test could hang up."""
-    for m in models:
-        path = os.path.join(m, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["eos_token_id"] = []
-        with open(path, "w") as f:
-            json.dump(cfg, f)
 
 
 def cancelled(p):

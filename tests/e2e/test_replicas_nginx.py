@@ -41,7 +41,8 @@ import tempfile
 import threading
 import time
 
-from tandem_e2e import Fail, Pipeline, check, http, main, require_gateway, skip, sse_events, time_scale
+from tandem_e2e import (Fail, Pipeline, check, free_port, http, main, require_gateway, skip, sse_events,
+                        time_scale)
 
 SOURCE = os.environ.get("TANDEM_SOURCE_DIR") or os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -51,12 +52,6 @@ PROMPTS = [[64, 65, 66, 67], [7], [8], [20, 21, 22], [30, 31], [40, 41, 42], [50
 MAX_TOKENS = 300
 CLIENTS = 8
 AFTER_KILL_PER_CLIENT = 3
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def find_nginx():

@@ -10,28 +10,15 @@ with other requests running so that each round of A's request takes long
 enough for B to get in before A's next token. Then B's own request under
 that id is served normally.
 """
-import json
-import os
 import time
 
 import zmq
 
-from tandem_e2e import Pipeline, check, collect, main, next_event
+from tandem_e2e import Pipeline, check, collect, main, next_event, no_eos
 
 ROUNDS = 12
 ROUNDS_MAX = 48
 LISTEN_S = 1.0
-
-
-def no_eos(*models):
-    """Generation runs until max_tokens: A's request would stream for minutes."""
-    for m in models:
-        path = os.path.join(m, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["eos_token_id"] = []
-        with open(path, "w") as f:
-            json.dump(cfg, f)
 
 
 def dealer(p, routing_id=None):

@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 
-from tandem_e2e import Fail, Pipeline, binary, check, http, main, require_gateway, supervisor_env, time_scale
+from tandem_e2e import (Fail, Pipeline, binary, check, http, main, no_eos, require_gateway, supervisor_env,
+                        time_scale)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get("TANDEM_SOURCE_DIR", os.path.join(HERE, "..", ".."))
@@ -56,18 +57,6 @@ WORKER_TIMEOUT_MS = int(6000 * time_scale())
 KILL_AFTER_S = 0.3
 LOAD_S = 3.0
 BASELINE_REQUESTS = 64
-
-
-def no_eos(*models):
-    """Drops the models' EOS ids: generation runs until max_tokens, so the
-    long HTTP streams are still running when the gateway is killed."""
-    for m in models:
-        path = os.path.join(m, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["eos_token_id"] = []
-        with open(path, "w") as f:
-            json.dump(cfg, f)
 
 
 class Supervised:

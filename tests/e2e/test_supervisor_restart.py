@@ -11,18 +11,11 @@ saying why."""
 import json
 import os
 import shutil
-import socket
 
 import zmq
 
-from tandem_e2e import Pipeline, check, default_run_dir, generate, http, main, require_gateway
+from tandem_e2e import Pipeline, check, default_run_dir, free_port, generate, http, main, require_gateway
 from test_supervisor_target_only import supervisor
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serves(p, endpoint, base_url, what):

@@ -13,8 +13,8 @@ import socket
 import subprocess
 import time
 
-from tandem_e2e import (Fail, Pipeline, check, default_run_dir, main, require_gateway, skip, supervisor_env,
-                        time_scale)
+from tandem_e2e import (Fail, Pipeline, check, default_run_dir, free_port, main, require_gateway, skip,
+                        supervisor_env, time_scale)
 from test_gateway_openai import generate_ref
 from test_supervisor_target_only import SUPERVISOR
 
@@ -32,12 +32,6 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL + "/v1", apiKey: "unus
   console.log(JSON.stringify({ comp, chat, models: models.data.map((m) => m.id) }));
 })().catch((e) => { console.error(e); process.exit(1); });
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def openai_module():
