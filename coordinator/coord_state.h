@@ -26,6 +26,7 @@
 #include "proc_config.h"
 #include "protocol.h"
 #include "request.h"
+#include "round.h"
 #include "sampling.h"
 #include "speculate.h"
 #include "suffix_cache.h"
@@ -165,36 +166,6 @@ enum seq_state {
     SEQ_ACTIVE,
 };
 
-/* Where an active sequence's round stands: what it waits for. A worker's
- * reply is used only in a state that awaits it; any other is stale
- * (scheduler.c has the transitions). */
-enum round_state {
-    ROUND_IDLE = 0,            /* waits for nothing: the next round is decided at once */
-    ROUND_PREFILLING,          /* the target's prefill (a verification of k = 0, the prompt as feed) */
-    ROUND_DRAFTING,            /* a fresh draft asked for: its draft_ready sends the verification */
-    ROUND_VERIFYING,           /* a verification of k >= 1 drafts, fresh or pre-drafted */
-    ROUND_VERIFY_BESIDE_DRAFT, /* a verification sent with its draft (verify "await_draft"): its
-                                * reply and the draft's come in either order */
-    ROUND_AWAIT_PREDRAFT,      /* every draft accepted: the pre-draft on its way decides the next round */
-    ROUND_PLAIN_RUN,           /* k = 0: a run of plain steps (verify "steps"), each answered */
-};
-
-/* VERIFY_BESIDE_DRAFT's payload: what became of the draft the target waits on. */
-enum beside_draft {
-    BESIDE_DRAFT_AWAITED = 0,
-    BESIDE_DRAFT_IN,           /* its draft_ready came: the round's draft is in half 0 */
-    BESIDE_DRAFT_LOST,         /* it failed or the draft was lost: never to be verified */
-};
-
-/* The pre-draft the draft worker makes beside a verification: the next
- * round's drafts, on the guess that every draft of this one is accepted. */
-enum predraft_state {
-    PREDRAFT_NONE = 0,         /* none asked for, used, or back unusable */
-    PREDRAFT_PENDING,          /* asked for with the round's draft, its reply not back */
-    PREDRAFT_READY,            /* back with a guess and drafts: used if the guess is the bonus */
-    PREDRAFT_ABANDONED,        /* its round did not accept every draft: still being made, never used */
-};
-
 struct seq {
     enum seq_state state;
     uint64_t req;            /* coordinator-wide request number */
@@ -226,52 +197,18 @@ struct seq {
     struct output *out;
     int stream_from;         /* first generated index not yet streamed */
 
-    /* the round */
-    enum round_state round_state;
-    int round_counter;       /* the last round number given out */
-    /* While the target is awaited (PREFILLING, VERIFYING, VERIFY_BESIDE_DRAFT,
-     * PLAIN_RUN): the verification in flight. */
-    int verify_round, verify_k, verify_L, verify_cached, verify_keep, verify_feed;
-    int run_steps, run_done; /* PLAIN_RUN: steps asked for, answered */
-    /* VERIFYING: where its drafts came from; an n-gram or suffix-cache
-     * match travels in the message (verify "drafts"), not in the draft's
-     * buffer */
-    enum request_draft verify_source;
+    /* the round: its state, the calls in flight, the pre-draft beside it
+     * and its timing (round.h) */
+    struct round round;
     /* what matched drafts were worth to this request (drafters.c), per
      * source ([0] n-gram, [1] suffix cache): drafts accepted, drafts put to
      * the test (each accepted one and the first rejected) */
     int match_accepted[2], match_trials[2];
     int match_miss_run;      /* plain steps the next lookup that finds nothing sends (scheduler.c) */
-    enum beside_draft beside_draft; /* VERIFY_BESIDE_DRAFT */
     /* halves_as_frames: the bytes of each half as the draft last published
      * it (malloc'd), for the verify that reads it */
     void *half_bytes[2];
     size_t half_len[2];
-    /* While a fresh draft is awaited (DRAFTING, VERIFY_BESIDE_DRAFT): the
-     * draft call in flight. */
-    int draft_round, draft_k, draft_predraft_k;
-    int draft_n_feed;        /* tokens the draft call catches up on */
-    /* The pre-draft, beside the round. */
-    enum predraft_state predraft;
-    int predraft_round, predraft_k, predraft_half;
-    int32_t predraft_guess;
-    int32_t pending_bonus;   /* AWAIT_PREDRAFT: the round's bonus token (in hist) */
-
-    /* What round_timing.c measures for the K controller and the stats. The
-     * round as the request experiences it starts when the previous
-     * verification's reply arrives (or the prefill's) and ends with this
-     * one's; the target waits for the draft from the start until the
-     * verification is sent. */
-    double verify_sent_ms;
-    double draft_sent_ms;
-    double last_draft_ms;    /* the draft's cost the controller is charged for the round */
-    double verify_done_ms;   /* when the target last finished a verification of this sequence */
-    double round_start_ms;
-    double draft_ready_ms;   /* when the fresh draft of the round arrived (< 0: none) */
-    double last_draft_raw_ms; /* the draft's compute for the round, catch-up included */
-    bool verify_plain_alone; /* the verification in flight ran with no pre-draft beside it */
-    bool round_predrafted;   /* the round's draft asked for a pre-draft (or is one) */
-    bool round_with_prefill; /* the round's draft was queued while the draft prefilled */
 
     /* stats */
     double t_arrival_ms, t_admit_ms, t_first_ms;

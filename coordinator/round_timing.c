@@ -12,9 +12,9 @@
 
 void round_timing_draft_wait(struct coordinator *c, const struct seq *s, double until_ms)
 {
-    if (s->round_start_ms <= 0)
+    if (s->round.times.start_ms <= 0)
         return;
-    const double wait = until_ms - s->round_start_ms;
+    const double wait = until_ms - s->round.times.start_ms;
     c->metrics.draft_wait_rounds++;
     c->metrics.draft_wait_ms_total += wait;
     if (wait > c->metrics.draft_wait_ms_max)
@@ -23,16 +23,16 @@ void round_timing_draft_wait(struct coordinator *c, const struct seq *s, double 
 
 void round_timing_verify_sent(struct coordinator *c, struct seq *s, int k, bool beside_draft)
 {
-    s->verify_sent_ms = coord_now_ms();
+    s->round.times.verify_sent_ms = coord_now_ms();
     /* a plain round's wall is the request's own only with no unused
      * pre-draft still being made beside it */
-    s->verify_plain_alone = s->predraft != PREDRAFT_ABANDONED;
+    s->round.times.plain_alone = s->round.predraft.state != PREDRAFT_ABANDONED;
     /* beside its draft, the round's wait ends with draft_ready */
     if (k > 0 && !beside_draft)
-        round_timing_draft_wait(c, s, s->verify_sent_ms);
+        round_timing_draft_wait(c, s, s->round.times.verify_sent_ms);
     struct pair *p = coord_pair_of(c, s);
     if (p->target_outstanding == 0 && p->target_idle_since_ms >= 0) {
-        double gap = s->verify_sent_ms - p->target_idle_since_ms;
+        double gap = s->round.times.verify_sent_ms - p->target_idle_since_ms;
         c->metrics.target_gap_samples++;
         c->metrics.target_gap_ms_total += gap;
         if (gap > c->metrics.target_gap_ms_max)
@@ -41,9 +41,16 @@ void round_timing_verify_sent(struct coordinator *c, struct seq *s, int k, bool 
     p->target_idle_since_ms = -1;
 }
 
+void round_timing_draft_sent(struct seq *s, bool with_prefill)
+{
+    s->round.times.draft_sent_ms = coord_now_ms();
+    s->round.times.predrafted = s->round.draft.predraft_k > 0;
+    s->round.times.with_prefill = with_prefill;
+}
+
 void round_timing_prefill_sent(struct coordinator *c, struct seq *s)
 {
-    s->verify_sent_ms = coord_now_ms();
+    s->round.times.verify_sent_ms = coord_now_ms();
     coord_pair_of(c, s)->target_idle_since_ms = -1;
 }
 
@@ -57,25 +64,25 @@ void round_timing_draft_compute(struct coordinator *c, struct seq *s, double dra
 
 void round_timing_draft_ready(struct seq *s, int k, double draft_ms)
 {
-    s->draft_ready_ms = coord_now_ms();
-    s->last_draft_ms = draft_ms >= 0 ? draft_ms : s->draft_ready_ms - s->draft_sent_ms;
-    s->last_draft_raw_ms = s->last_draft_ms;
+    s->round.times.draft_ready_ms = coord_now_ms();
+    s->round.times.last_draft_ms = draft_ms >= 0 ? draft_ms : s->round.times.draft_ready_ms - s->round.times.draft_sent_ms;
+    s->round.times.last_draft_raw_ms = s->round.times.last_draft_ms;
     /* Catching up on tokens the draft skipped (rounds at K = 0, a restart)
      * is a one-off: the K controller wants the cost of drafting itself. The
      * feed every drafting round brings (SPECULATE_ROUND_FEED_MAX) is part
      * of that cost. */
-    if (s->draft_n_feed > SPECULATE_ROUND_FEED_MAX)
-        s->last_draft_ms *= (double)k / (double)(k + s->draft_n_feed - SPECULATE_ROUND_FEED_MAX);
+    if (s->round.draft.n_feed > SPECULATE_ROUND_FEED_MAX)
+        s->round.times.last_draft_ms *= (double)k / (double)(k + s->round.draft.n_feed - SPECULATE_ROUND_FEED_MAX);
 }
 
 void round_timing_predraft_used(struct seq *s)
 {
     /* a pre-draft made during the verification cost the target nothing */
     const double now = coord_now_ms();
-    s->last_draft_ms = s->verify_done_ms > 0 && now > s->verify_done_ms ? now - s->verify_done_ms : 0.0;
-    s->last_draft_raw_ms = s->last_draft_ms;
-    s->draft_ready_ms = -1.0;
-    s->round_with_prefill = false;
+    s->round.times.last_draft_ms = s->round.times.verify_done_ms > 0 && now > s->round.times.verify_done_ms ? now - s->round.times.verify_done_ms : 0.0;
+    s->round.times.last_draft_raw_ms = s->round.times.last_draft_ms;
+    s->round.times.draft_ready_ms = -1.0;
+    s->round.times.with_prefill = false;
 }
 
 /* A target call seen for the first time: counted, and its cost fitted as
@@ -106,12 +113,14 @@ static void note_target_call(struct coordinator *c, struct pair *p, const struct
     }
 }
 
-double round_timing_verify_done(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
+/* The target's side of a verification's reply: its call, idle and compute
+ * time. Returns the round's wall time (< 0 for the prefill's reply). */
+static double note_verify_reply(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
                                 bool prefill, double now)
 {
-    const double round_wall_ms = !prefill && s->round_start_ms > 0 ? now - s->round_start_ms : -1.0;
-    s->verify_done_ms = now;
-    s->round_start_ms = now;
+    const double round_wall_ms = !prefill && s->round.times.start_ms > 0 ? now - s->round.times.start_ms : -1.0;
+    s->round.times.verify_done_ms = now;
+    s->round.times.start_ms = now;
     /* one call answers several sequences' rounds: each call is fitted once */
     struct pair *p = coord_pair_of(c, s);
     if (m->call > p->last_target_call) {
@@ -130,8 +139,8 @@ double round_timing_verify_done(struct coordinator *c, struct seq *s, const stru
     return round_wall_ms;
 }
 
-void round_timing_learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m, int k,
-                        double round_wall_ms, bool beside, bool draft_unknown, double now)
+static void learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m, int k,
+                  double round_wall_ms, bool beside, bool draft_unknown, double now)
 {
     const int n_acc = m->n_accepted, n_tok = m->n_tokens;
     if (draft_unknown)
@@ -142,33 +151,33 @@ void round_timing_learn(struct coordinator *c, struct seq *s, const struct worke
      * skipped tokens left out (a one-off, as in last_draft_ms), and for a
      * plain round, no unused pre-draft still running beside it. */
     double wall_ms = coord_pair_of(c, s)->n_active == 1 ? round_wall_ms : -1.0;
-    if (k > 0 && s->last_draft_raw_ms > s->last_draft_ms)
-        wall_ms -= s->last_draft_raw_ms - s->last_draft_ms;
-    if (k == 0 && !s->verify_plain_alone)
+    if (k > 0 && s->round.times.last_draft_raw_ms > s->round.times.last_draft_ms)
+        wall_ms -= s->round.times.last_draft_raw_ms - s->round.times.last_draft_ms;
+    if (k == 0 && !s->round.times.plain_alone)
         wall_ms = -1.0;
     /* a draft that shared its forward calls with the prompt's prefill
      * (the first round, admitted while the draft still prefills) says
      * nothing of drafting's cost */
-    double draft_ms = k == 0 ? 0.0 : s->round_with_prefill || draft_unknown ? -1.0 : s->last_draft_ms;
-    if (k > 0 && (s->round_with_prefill || draft_unknown))
+    double draft_ms = k == 0 ? 0.0 : s->round.times.with_prefill || draft_unknown ? -1.0 : s->round.times.last_draft_ms;
+    if (k > 0 && (s->round.times.with_prefill || draft_unknown))
         wall_ms = -1.0;
     adaptive_k_update_wall(&s->kc, k, n_acc, draft_ms, m->verify_ms, wall_ms);
     if (k > 0)
-        adaptive_k_note_predraft(&s->kc, s->round_predrafted, n_tok, wall_ms);
+        adaptive_k_note_predraft(&s->kc, s->round.times.predrafted, n_tok, wall_ms);
     LOG_DEBUG("round \"%s\" #%d: k %d accepted %d %s; wall %.2f ms: draft wait %.2f (draft compute %.2f), "
               "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
               "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
-              s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->draft_ready_ms < 0 ? "pre-draft" : "fresh",
+              s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->round.times.draft_ready_ms < 0 ? "pre-draft" : "fresh",
               round_wall_ms,
-              k > 0 ? (beside && !draft_unknown ? s->draft_ready_ms : s->verify_sent_ms) - (now - round_wall_ms)
+              k > 0 ? (beside && !draft_unknown ? s->round.times.draft_ready_ms : s->round.times.verify_sent_ms) - (now - round_wall_ms)
                     : 0.0,
-              k > 0 ? s->last_draft_raw_ms : 0.0, now - s->verify_sent_ms, m->verify_ms, m->idle_ms,
+              k > 0 ? s->round.times.last_draft_raw_ms : 0.0, now - s->round.times.verify_sent_ms, m->verify_ms, m->idle_ms,
               s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
               s->kc.wall_plain_ms, s->kc.wall_extra_ms,
               coord_pair_of(c, s)->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
 }
 
-void round_timing_count(struct coordinator *c, struct seq *s, int k, int n_acc)
+static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
 {
     struct metrics *mt = &c->metrics;
     s->rounds++;
@@ -182,13 +191,37 @@ void round_timing_count(struct coordinator *c, struct seq *s, int k, int n_acc)
     mt->num_accepted_tokens_total += (uint64_t)n_acc;
     for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
         mt->accepted_per_pos[i]++;
-    if (s->verify_source == REQUEST_DRAFT_NGRAM) {
+    if (s->round.verify.source == REQUEST_DRAFT_NGRAM) {
         mt->ngram_drafts_total++;
         mt->ngram_draft_tokens_total += (uint64_t)k;
         mt->ngram_accepted_tokens_total += (uint64_t)n_acc;
-    } else if (s->verify_source == REQUEST_DRAFT_SUFFIX) {
+    } else if (s->round.verify.source == REQUEST_DRAFT_SUFFIX) {
         mt->suffix_drafts_total++;
         mt->suffix_draft_tokens_total += (uint64_t)k;
         mt->suffix_accepted_tokens_total += (uint64_t)n_acc;
     }
+}
+
+void round_timing_verify_done(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
+                              double now)
+{
+    const enum round_state st = s->round.state;
+    const double round_wall_ms = note_verify_reply(c, s, m, st == ROUND_PREFILLING, now);
+    if (st == ROUND_PREFILLING)
+        return;
+    const int k = s->round.verify.k;
+    count_round(c, s, k, m->n_accepted);
+    /* the K controller prices the draft model's rounds (a matched source's
+     * K is the cap: its drafts cost nothing to make). Beside its draft, the
+     * verification can come back before draft_ready (two sockets, no order
+     * between them): the round's draft cost is then unknown, and the late
+     * draft_ready is dropped as stale. */
+    const bool beside = st == ROUND_VERIFY_BESIDE_DRAFT;
+    if (s->round.verify.source == REQUEST_DRAFT_MODEL)
+        learn(c, s, m, k, round_wall_ms, beside, beside && s->round.verify.beside != BESIDE_DRAFT_IN, now);
+}
+
+void round_timing_step_sent(struct seq *s, double now)
+{
+    s->round.times.verify_sent_ms = now;
 }

@@ -3,7 +3,9 @@
  * between verifications, the target's forward-call cost fitted over its
  * calls (adaptive K under load), and each finished round's costs handed to
  * the sequence's K controller (docs/adaptive-k.md). It measures and
- * decides nothing: the scheduler calls it at each step of a round.
+ * decides nothing: the scheduler calls it at each step of a round. It owns
+ * the round's times (struct round_times, round.h) and only reads the rest
+ * of the record.
  */
 #ifndef TANDEM_ROUND_TIMING_H
 #define TANDEM_ROUND_TIMING_H
@@ -16,6 +18,10 @@
  * prefill): the round's wait for its draft ends here unless it went beside
  * its draft, and the target's idle gap since its last reply is counted. */
 void round_timing_verify_sent(struct coordinator *c, struct seq *s, int k, bool beside_draft);
+
+/* s's fresh draft call (s->round.draft) goes out now; with_prefill: the
+ * draft still prefills the prompt, so its cost says nothing of drafting. */
+void round_timing_draft_sent(struct seq *s, bool with_prefill);
 
 /* The prefill goes out: a first verification, but not a round (no gap). */
 void round_timing_prefill_sent(struct coordinator *c, struct seq *s);
@@ -37,22 +43,16 @@ void round_timing_draft_ready(struct seq *s, int k, double draft_ms);
  * drafting the target waited for since its last reply. */
 void round_timing_predraft_used(struct seq *s);
 
-/* A verification's reply for s arrived now: notes the target's call (its
- * cost fit), idle and compute time. Returns the round's wall time, from the
- * previous reply to this one; < 0 for the prefill's reply (prefill true),
- * which starts the first round. */
-double round_timing_verify_done(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
-                                bool prefill, double now);
+/* A verification's reply m for s (in the state that awaited it) arrived
+ * now: notes the target's call (its cost fit), idle and compute time; past
+ * the prefill, counts the round in the request's and the coordinator's
+ * figures (by draft source) and teaches the K controller the round of the
+ * draft model. The round's wall time runs from the previous reply to this
+ * one (the prefill's reply starts the first round). */
+void round_timing_verify_done(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
+                              double now);
 
-/* Teaches s's K controller the round just verified: k drafts, n_acc
- * accepted, n_tok tokens; beside: it went out beside its draft, and
- * draft_unknown: its reply came before the draft's (the draft's cost is
- * then unknown, and the wait for it ends now). */
-void round_timing_learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m, int k,
-                        double round_wall_ms, bool beside, bool draft_unknown, double now);
-
-/* Counts a verified round of k drafts, n_acc accepted, in the request's and
- * the coordinator's figures (by draft source). */
-void round_timing_count(struct coordinator *c, struct seq *s, int k, int n_acc);
+/* A plain run's next step starts at the target now (it goes on by itself). */
+void round_timing_step_sent(struct seq *s, double now);
 
 #endif

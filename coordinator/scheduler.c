@@ -21,25 +21,11 @@
  * another. A reply is used only if it matches what the sequence waits for
  * (request id, slot, round); anything else is stale and dropped.
  *
- * Round states (enum round_state, coord_state.h), per active sequence:
- *   PREFILLING -> IDLE                 the prefill's reply (its token accepted)
- *   IDLE -> DRAFTING                   a fresh draft is sent (K >= 1)
- *   IDLE -> VERIFY_BESIDE_DRAFT        ... with its verification beside it
- *   IDLE -> PLAIN_RUN                  K = 0, no draft, or no n-gram match: plain steps
- *   IDLE -> VERIFYING                  a ready pre-draft whose guess is the bonus, or
- *                                      n-gram drafts made here (draft "ngram")
- *   DRAFTING -> VERIFYING              draft_ready
- *   DRAFTING -> IDLE                   the draft failed or was lost
- *   VERIFY_BESIDE_DRAFT -> IDLE        verify_done (the draft's reply before or after)
- *   VERIFY_BESIDE_DRAFT -> DRAFTING    the target gave up waiting, the draft not in yet
- *   VERIFY_BESIDE_DRAFT -> VERIFYING   ... the draft in: verified again the usual way
- *   VERIFYING -> AWAIT_PREDRAFT        every draft accepted, the pre-draft not back
- *   VERIFYING, PLAIN_RUN -> IDLE       verify_done (a plain run: its last step)
- *   AWAIT_PREDRAFT -> IDLE             the pre-draft's reply (used or not) or the draft lost
- *   any -> (freed)                     the end of the sequence, a failure, a cancel
- * IDLE lasts no longer than a call: seq_advance decides the next round at
- * once. A reply is used only in a state that awaits it, for the awaited
- * round; the pre-draft has a state of its own (enum predraft_state).
+ * Round states: coordinator/round.h has them and their transitions; every
+ * change of state goes through seq_move (round_move), checked against the
+ * table in round.c. A reply is used only in a state that awaits it, for
+ * the awaited round; the pre-draft has a state of its own (enum
+ * predraft_state).
  *
  * Halves: fresh drafts always go to half 0 and pre-drafts to half 1. A
  * fresh draft is sent only when no verification of that sequence is in
@@ -59,6 +45,7 @@
 #include "error.h"
 #include "logging.h"
 #include "replies.h"
+#include "round.h"
 #include "round_timing.h"
 #include "worker_msg.h"
 #include "worker_send.h"
@@ -159,8 +146,8 @@ static void seq_leave_slot(struct coordinator *c, struct seq *s)
     struct pair *p = coord_pair_of(c, s);
     /* the release ends a run of plain steps: the steps after the one in
      * flight will not be answered */
-    if (s->round_state == ROUND_PLAIN_RUN && s->run_steps - s->run_done > 1) {
-        p->target_outstanding -= s->run_steps - s->run_done - 1;
+    if (s->round.state == ROUND_PLAIN_RUN && s->round.verify.steps - s->round.verify.done > 1) {
+        p->target_outstanding -= s->round.verify.steps - s->round.verify.done - 1;
         if (p->target_outstanding < 0)
             p->target_outstanding = 0;
     }
@@ -192,6 +179,19 @@ void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error cod
 {
     replies_error(c, s->client, s->client_size, s->id, code, message);
     seq_drop(c, s);
+}
+
+/* Moves s's round by ev. The scheduler decides its events, so one the
+ * table refuses is a bug here: the request fails (internal) rather than
+ * go on in a state nothing expects. false: s was failed and freed. */
+static bool seq_move(struct coordinator *c, struct seq *s, enum round_event ev)
+{
+    char err[ERR_MSG_MAX];
+    if (round_move(&s->round, ev, err) == 0)
+        return true;
+    LOG_ERROR("request \"%s\" (#%llu): %s", s->id, (unsigned long long)s->req, err);
+    scheduler_fail(c, s, METRICS_ERR_INTERNAL, "internal error: the speculation round went astray");
+    return false;
 }
 
 void scheduler_cancel(struct coordinator *c, struct seq *s)
@@ -266,36 +266,48 @@ static int seq_room(const struct coordinator *c, const struct seq *s)
     return by_tokens < by_ctx ? by_tokens : by_ctx;
 }
 
-/* Sends a verification of k drafts (0: plain steps) from half, past
- * cached_drafts the draft's cache will hold once they are accepted, or of
- * the k drafts in inline_drafts (made here: not the draft's, no half);
- * the round waits for it from now. */
-static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
-                           int steps, bool beside_draft, const int32_t *inline_drafts,
-                           enum request_draft source)
+/* A verification to send: k drafts (0: plain steps) read from half, of
+ * which `cached` are in the draft's cache once accepted; or the k drafts
+ * in inline_drafts, made here from `source` (not the draft's: no half). */
+struct verify_call {
+    int k, half, round, cached, steps;
+    bool beside_draft;          /* sent with its draft: the target waits on the buffer */
+    const int32_t *inline_drafts;
+    enum request_draft source;  /* inline_drafts only */
+};
+
+/* The round event a verification's sending is. */
+static enum round_event verify_event(const struct verify_call *v)
 {
-    s->verify_keep = s->n_hist - 1;
-    s->verify_feed = 1;
+    return v->beside_draft ? ROUND_VERIFY_BESIDE_SENT : v->k > 0 ? ROUND_VERIFY_SENT : ROUND_RUN_SENT;
+}
+
+/* Sends the verification v of s; the round waits for it from now. */
+static void send_verify(struct coordinator *c, struct seq *s, const struct verify_call *v)
+{
+    const int k = v->k;
+    const bool matched = v->inline_drafts != NULL;
+    struct pair *p = coord_pair_of(c, s);
     /* The draft's buffer rides along, so a target that missed an attach
      * (or restarted) can import it. The half's header tells the target where
      * the drafts start (after the guess in a pre-drafted half). */
     struct worker_msg_verify m = {
-        .seq = msg_seq(s), .round = round, .keep_len = s->verify_keep, .k = k, .half = half,
-        .sampling = msg_sampling(s), .shm = k > 0 && !inline_drafts ? coord_draft_descriptor(coord_pair_of(c, s)) : NULL,
-        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = steps, .await_draft = beside_draft,
-        .n_drafts = inline_drafts ? k : 0,
+        .seq = msg_seq(s), .round = v->round, .keep_len = s->n_hist - 1, .k = k, .half = v->half,
+        .sampling = msg_sampling(s), .shm = k > 0 && !matched ? coord_draft_descriptor(p) : NULL,
+        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = v->steps, .await_draft = v->beside_draft,
+        .n_drafts = matched ? k : 0,
     };
-    if (inline_drafts)
-        memcpy(m.drafts, inline_drafts, (size_t)k * sizeof(int32_t));
+    if (matched)
+        memcpy(m.drafts, v->inline_drafts, (size_t)k * sizeof(int32_t));
     struct protocol_frame frames[2];
     int n_frames = 1;
-    if (k > 0 && !inline_drafts && coord_pair_of(c, s)->halves_as_frames) {
+    if (k > 0 && !matched && p->halves_as_frames) {
         /* the half the draft sent with its draft_ready: kept until a verify reads it */
-        if (s->half_bytes[half] == NULL) {
+        if (s->half_bytes[v->half] == NULL) {
             scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the draft's half did not come with its draft_ready");
             return;
         }
-        frames[1] = (struct protocol_frame){.data = s->half_bytes[half], .size_bytes = s->half_len[half]};
+        frames[1] = (struct protocol_frame){.data = s->half_bytes[v->half], .size_bytes = s->half_len[v->half]};
         n_frames = 2;
     }
     cJSON *h = worker_msg_verify_encode(&m, &frames[0]);
@@ -303,29 +315,31 @@ static void send_verify_of(struct coordinator *c, struct seq *s, int k, int half
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->round_state = beside_draft ? ROUND_VERIFY_BESIDE_DRAFT : k > 0 ? ROUND_VERIFYING : ROUND_PLAIN_RUN;
-    s->beside_draft = BESIDE_DRAFT_AWAITED;
-    s->run_steps = steps;
-    s->run_done = 0;
-    s->verify_round = round;
-    s->verify_k = k;
-    s->verify_L = s->n_hist;
-    s->verify_cached = cached_drafts;
-    s->verify_source = inline_drafts != NULL ? source : REQUEST_DRAFT_MODEL;
-    c->metrics.beside_draft_total += beside_draft;
-    round_timing_verify_sent(c, s, k, beside_draft);
-    coord_pair_of(c, s)->target_outstanding += steps; /* each step is answered */
-    if (steps > 1) {
+    if (!seq_move(c, s, verify_event(v))) {
+        cJSON_Delete(h);
+        return;
+    }
+    struct round_verify *rv = &s->round.verify;
+    *rv = (struct round_verify){
+        .round = v->round, .k = k, .L = s->n_hist, .cached = v->cached, .keep = m.keep_len, .feed = 1,
+        .steps = v->steps, .done = 0, .source = matched ? v->source : REQUEST_DRAFT_MODEL,
+        .beside = BESIDE_DRAFT_AWAITED,
+    };
+    c->metrics.beside_draft_total += v->beside_draft;
+    round_timing_verify_sent(c, s, k, v->beside_draft);
+    p->target_outstanding += v->steps; /* each step is answered */
+    if (v->steps > 1) {
         c->metrics.plain_runs_total++;
-        c->metrics.plain_run_steps_total += (uint64_t)steps;
+        c->metrics.plain_run_steps_total += (uint64_t)v->steps;
     }
     worker_send_frames(c, s->pair, ROLE_TARGET, h, frames, n_frames);
 }
 
-static void send_verify(struct coordinator *c, struct seq *s, int k, int half, int round, int cached_drafts,
-                        int steps, bool beside_draft)
+/* A verification of the k drafts of the draft's half, cached of them in
+ * the draft's cache once accepted. */
+static void send_verify_of_half(struct coordinator *c, struct seq *s, int k, int half, int round, int cached)
 {
-    send_verify_of(c, s, k, half, round, cached_drafts, steps, beside_draft, NULL, REQUEST_DRAFT_MODEL);
+    send_verify(c, s, &(struct verify_call){.k = k, .half = half, .round = round, .cached = cached, .steps = 1});
 }
 
 /* Sends the drafts a match made here predicts (at most K, as many as
@@ -344,7 +358,8 @@ static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
     const int k = drafters_propose(c, s, draft_usable(c, s), k_cap, drafts, &source);
     if (k == 0)
         return false;
-    send_verify_of(c, s, k, COORD_HALF_FRESH, ++s->round_counter, 0, 1, false, drafts, source);
+    send_verify(c, s, &(struct verify_call){.k = k, .half = COORD_HALF_FRESH, .round = ++s->round.counter,
+                                            .steps = 1, .inline_drafts = drafts, .source = source});
     s->match_miss_run = MATCH_MISS_RUN;
     return true;
 }
@@ -390,9 +405,9 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
         int busy = 0;
         for (int i = 0; i < c->n_seqs; i++)
             busy += c->seqs[i].state == SEQ_ACTIVE && c->seqs[i].pair == s->pair &&
-                    (c->seqs[i].round_state == ROUND_DRAFTING ||
-                                                       (c->seqs[i].round_state == ROUND_VERIFY_BESIDE_DRAFT &&
-                                                        c->seqs[i].beside_draft == BESIDE_DRAFT_AWAITED));
+                    (c->seqs[i].round.state == ROUND_DRAFTING ||
+                                                       (c->seqs[i].round.state == ROUND_VERIFY_BESIDE_DRAFT &&
+                                                        c->seqs[i].round.verify.beside == BESIDE_DRAFT_AWAITED));
         /* On cores the draft shares with the target a pre-draft slows the
          * verification beside it by more than it can save (small pair on 2
          * cores, 2 + 2 threads: rounds with pre-drafts took 2-4x as long,
@@ -402,7 +417,7 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
             predraft_k = 0;
     }
     struct worker_msg_draft m = {
-        .seq = msg_seq(s), .half = COORD_HALF_FRESH, .round = s->round_counter + 1,
+        .seq = msg_seq(s), .half = COORD_HALF_FRESH, .round = s->round.counter + 1,
         .keep_len = s->draft_valid, .k = k, .predraft_k = predraft_k, .sampling = msg_sampling(s),
         .feed = &s->hist[s->draft_valid], .n_feed = s->n_hist - s->draft_valid,
     };
@@ -412,29 +427,29 @@ static void send_draft(struct coordinator *c, struct seq *s, int k, int room)
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->round_counter += 2;  /* round r for the draft, r + 1 for its pre-draft */
-    s->draft_round = s->round_counter - 1;
-    s->draft_k = k;
-    s->draft_predraft_k = predraft_k;
-    s->round_predrafted = predraft_k > 0;
-    s->round_with_prefill = s->draft_prefilling;
-    s->round_state = ROUND_DRAFTING;
+    if (!seq_move(c, s, ROUND_DRAFT_SENT)) {
+        cJSON_Delete(h);
+        return;
+    }
+    s->round.counter += 2;  /* round r for the draft, r + 1 for its pre-draft */
+    s->round.draft = (struct round_draft){
+        .round = s->round.counter - 1, .k = k, .predraft_k = predraft_k, .n_feed = m.n_feed};
     /* an abandoned pre-draft still being made keeps its state until its
      * reply: the new one's reply comes after it */
     if (predraft_k > 0)
-        s->predraft = PREDRAFT_PENDING;
-    s->draft_sent_ms = coord_now_ms();
-    s->draft_n_feed = s->n_hist - s->draft_valid;
+        s->round.predraft.state = PREDRAFT_PENDING;
+    round_timing_draft_sent(s, s->draft_prefilling);
     s->draft_gen = p->draft_gen;
     if (worker_send(c, s->pair, ROLE_DRAFT, h, &frame) == 0 && verify_beside_draft(p))
-        send_verify(c, s, k, COORD_HALF_FRESH, s->draft_round, k - 1, 1, true);
+        send_verify(c, s, &(struct verify_call){.k = k, .half = COORD_HALF_FRESH, .round = s->round.draft.round,
+                                                .cached = k - 1, .steps = 1, .beside_draft = true});
 }
 
 /* Decides and sends the next round of an active sequence that waits for
  * nothing. */
 static void seq_advance(struct coordinator *c, struct seq *s)
 {
-    if (s->state != SEQ_ACTIVE || s->round_state != ROUND_IDLE)
+    if (s->state != SEQ_ACTIVE || s->round.state != ROUND_IDLE)
         return;
     int room = seq_room(c, s);
     if (room <= 0) {
@@ -468,7 +483,8 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         c->metrics.target_only_rounds_total += (uint64_t)steps;
     }
     if (k <= 0) {
-        send_verify(c, s, 0, COORD_HALF_FRESH, ++s->round_counter, 0, steps, false);
+        send_verify(c, s, &(struct verify_call){.half = COORD_HALF_FRESH, .round = ++s->round.counter,
+                                                .steps = steps});
         return;
     }
     send_draft(c, s, k, room);
@@ -512,13 +528,14 @@ static bool seq_accept_tokens(struct coordinator *c, struct seq *s, const int32_
 }
 
 /* Uses or drops the pre-draft after a fully accepted round whose bonus is
- * s->pending_bonus (already in the history); the sequence waits for
+ * s->round.predraft.bonus (already in the history); the sequence waits for
  * nothing else. */
 static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
 {
-    s->round_state = ROUND_IDLE;
-    const bool ready = s->predraft == PREDRAFT_READY;
-    s->predraft = PREDRAFT_NONE;
+    if (s->round.state == ROUND_AWAIT_PREDRAFT && !seq_move(c, s, ROUND_PREDRAFT_RESOLVED))
+        return;
+    const bool ready = s->round.predraft.state == PREDRAFT_READY;
+    s->round.predraft.state = PREDRAFT_NONE;
     if (!ready || s->draft_gen != coord_pair_of(c, s)->draft_gen || !draft_usable(c, s)) {
         seq_advance(c, s);
         return;
@@ -526,13 +543,13 @@ static void seq_resolve_predraft(struct coordinator *c, struct seq *s)
     /* The pre-draft fed t_k: the draft now holds everything but the bonus. */
     s->draft_valid = s->n_hist - 1;
     int room = seq_room(c, s);
-    if (s->predraft_guess == s->pending_bonus && room > 1) {
-        int k = s->predraft_k < room - 1 ? s->predraft_k : room - 1;
+    if (s->round.predraft.guess == s->round.predraft.bonus && room > 1) {
+        int k = s->round.predraft.k < room - 1 ? s->round.predraft.k : room - 1;
         s->predraft_used++;
         c->metrics.predraft_used_total++;
         round_timing_predraft_used(s);
         /* The draft cached the guess and predraft_k - 1 drafts after it. */
-        send_verify(c, s, k, s->predraft_half, s->predraft_round, s->predraft_k - 1, 1, false);
+        send_verify_of_half(c, s, k, s->round.predraft.half, s->round.predraft.round, s->round.predraft.k - 1);
         s->draft_valid = s->n_hist; /* the guess equals the bonus: cached too */
         return;
     }
@@ -564,82 +581,101 @@ static struct seq *seq_for(struct coordinator *c, int pair, const struct worker_
     return NULL;
 }
 
-/* Whether s awaits the target's reply to a verification (or the prefill). */
-static bool awaits_target(const struct seq *s)
+/* After a verification that did not end s: the pre-draft decides the next
+ * round when every draft was accepted and one is on its way or back (bonus:
+ * the round's bonus token), the next round is decided here otherwise. */
+static void seq_after_verify(struct coordinator *c, struct seq *s, int k, int n_acc, int32_t bonus)
 {
-    return s->round_state == ROUND_PREFILLING || s->round_state == ROUND_VERIFYING ||
-           s->round_state == ROUND_VERIFY_BESIDE_DRAFT || s->round_state == ROUND_PLAIN_RUN;
+    struct round_predraft *pd = &s->round.predraft;
+    if (k > 0 && n_acc == k && (pd->state == PREDRAFT_PENDING || pd->state == PREDRAFT_READY)) {
+        pd->bonus = bonus;
+        if (pd->state == PREDRAFT_READY) {
+            if (seq_move(c, s, ROUND_TARGET_DONE))
+                seq_resolve_predraft(c, s);
+        } else {
+            /* it is on its way: the draft handles messages in order */
+            seq_move(c, s, ROUND_PREDRAFT_AWAITED);
+        }
+        return;
+    }
+    /* a pre-draft not back yet is still being made: the draft works beside
+     * whatever the target does next */
+    pd->state = pd->state == PREDRAFT_PENDING || pd->state == PREDRAFT_ABANDONED ? PREDRAFT_ABANDONED
+                                                                                 : PREDRAFT_NONE;
+    if (seq_move(c, s, ROUND_TARGET_DONE))
+        seq_advance(c, s);
 }
 
-/* Whether s awaits its round's fresh draft_ready. */
-static bool awaits_draft(const struct seq *s)
+/* The verify_done in msg, decoded into *m, when it is the reply s awaits
+ * (its sequence returned); NULL when it was dropped (stale) or failed s
+ * (malformed). */
+static struct seq *awaited_verify_done(struct coordinator *c, int pair, const struct protocol_msg *msg,
+                                       struct worker_msg_verify_done *m)
 {
-    return s->round_state == ROUND_DRAFTING ||
-           (s->round_state == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_AWAITED);
+    char err[ERR_MSG_MAX] = "";
+    struct worker_msg_limits lim = reply_limits(c, pair);
+    int rc = worker_msg_verify_done_decode(msg, &lim, m, err);
+    struct seq *s = seq_for(c, pair, &m->seq);
+    if (s == NULL) {
+        LOG_DEBUG("target verify_done dropped: %s", rc ? err : "no such active request (finished or stale)");
+        return NULL;
+    }
+    /* Only a reply to the awaited round can fail the request; anything
+     * older is dropped, well formed or not. */
+    const struct round_verify *v = &s->round.verify;
+    if (!round_awaits_target(&s->round) || m->round != v->round || (rc == 0 && m->step != v->done + 1)) {
+        LOG_DEBUG("target verify_done for \"%s\" dropped: not the awaited round", s->id);
+        return NULL;
+    }
+    if (rc == 0 && m->n_accepted > v->k)
+        rc = error_set(err, ERR_PROTOCOL, "n_accepted: must be in 0..%d, got %d", v->k, m->n_accepted);
+    if (rc != 0) {
+        LOG_ERROR("target verify_done for \"%s\" is malformed: %s", s->id, err);
+        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a malformed reply");
+        return NULL;
+    }
+    return s;
+}
+
+/* What the draft's cache holds after the verification of s accepted n_acc
+ * of its drafts: the round's drafts it cached, unless the draft failed or
+ * was lost meanwhile. */
+static void draft_cache_after_verify(struct coordinator *c, struct seq *s, int n_acc)
+{
+    const struct round_verify *v = &s->round.verify;
+    if (v->k > 0 && s->draft_gen == coord_pair_of(c, s)->draft_gen && v->source == REQUEST_DRAFT_MODEL &&
+        !(s->round.state == ROUND_VERIFY_BESIDE_DRAFT && v->beside == BESIDE_DRAFT_LOST)) {
+        int cached = v->cached < n_acc ? v->cached : n_acc;
+        s->draft_valid = v->L + cached;
+    }
 }
 
 void scheduler_on_verify_done(struct coordinator *c, int pair, const struct protocol_msg *msg)
 {
-    char err[ERR_MSG_MAX] = "";
-    struct worker_msg_limits lim = reply_limits(c, pair);
     struct worker_msg_verify_done m;
-    int rc = worker_msg_verify_done_decode(msg, &lim, &m, err);
-    struct seq *s = seq_for(c, pair, &m.seq);
-    if (s == NULL) {
-        LOG_DEBUG("target verify_done dropped: %s", rc ? err : "no such active request (finished or stale)");
+    struct seq *s = awaited_verify_done(c, pair, msg, &m);
+    if (s == NULL)
         return;
-    }
-    /* Only a reply to the awaited round can fail the request; anything
-     * older is dropped, well formed or not. */
-    if (!awaits_target(s) || m.round != s->verify_round || (rc == 0 && m.step != s->run_done + 1)) {
-        LOG_DEBUG("target verify_done for \"%s\" dropped: not the awaited round", s->id);
-        return;
-    }
-    if (rc == 0 && m.n_accepted > s->verify_k)
-        rc = error_set(err, ERR_PROTOCOL, "n_accepted: must be in 0..%d, got %d", s->verify_k, m.n_accepted);
-    if (rc != 0) {
-        LOG_ERROR("target verify_done for \"%s\" is malformed: %s", s->id, err);
-        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a malformed reply");
-        return;
-    }
     const double now = coord_now_ms();
-    const enum round_state was = s->round_state;
     if (m.prefix.present) {
         metrics_prefix_report(&c->metrics, pair, ROLE_TARGET, m.prefix.looked_up, m.prefix.cached,
                               m.prefix.cached_blocks, m.prefix.evictions);
         s->prompt_cached = m.prefix.cached;
     }
-    const double round_wall_ms = round_timing_verify_done(c, s, &m, was == ROUND_PREFILLING, now);
-    const int k = s->verify_k, n_acc = m.n_accepted;
+    round_timing_verify_done(c, s, &m, now);
+    struct round_verify *v = &s->round.verify;
+    const int k = v->k, n_acc = m.n_accepted;
     /* a run of plain steps goes on at the target by itself */
-    const bool run_goes_on = ++s->run_done < s->run_steps;
-    if (!run_goes_on)
-        s->round_state = ROUND_IDLE;
-    if (was == ROUND_PREFILLING) {
+    const bool run_goes_on = ++v->done < v->steps;
+    if (s->round.state == ROUND_PREFILLING) {
         s->t_first_ms = now;
         s->target_len = s->n_prompt;
     } else {
-        s->target_len = s->verify_keep + s->verify_feed + n_acc;
-        round_timing_count(c, s, k, n_acc);
-        if (k > 0 && s->verify_source != REQUEST_DRAFT_MODEL)
-            drafters_learn(s, s->verify_source, k, n_acc);
-        /* Beside its draft, the verification can come back before
-         * draft_ready (two sockets, no order between them): the round's
-         * draft cost is then unknown, and the late draft_ready is dropped
-         * as stale. */
-        /* the K controller prices the draft model's rounds (an n-gram
-         * source's K is the cap: its drafts cost nothing to make) */
-        const bool beside = was == ROUND_VERIFY_BESIDE_DRAFT;
-        if (s->verify_source == REQUEST_DRAFT_MODEL)
-            round_timing_learn(c, s, &m, k, round_wall_ms, beside, beside && s->beside_draft != BESIDE_DRAFT_IN,
-                               now);
+        s->target_len = v->keep + v->feed + n_acc;
+        if (k > 0 && v->source != REQUEST_DRAFT_MODEL)
+            drafters_learn(s, v->source, k, n_acc);
     }
-    /* what the draft cached of the round, unless it failed or was lost */
-    if (k > 0 && s->draft_gen == coord_pair_of(c, s)->draft_gen && s->verify_source == REQUEST_DRAFT_MODEL &&
-        !(was == ROUND_VERIFY_BESIDE_DRAFT && s->beside_draft == BESIDE_DRAFT_LOST)) {
-        int cached = s->verify_cached < n_acc ? s->verify_cached : n_acc;
-        s->draft_valid = s->verify_L + cached;
-    }
+    draft_cache_after_verify(c, s, n_acc);
     enum metrics_finish reason = METRICS_FINISH_STOP;
     bool ended = seq_accept_tokens(c, s, m.tokens, m.n_tokens, &reason);
     replies_stream(c, s, false);
@@ -658,47 +694,35 @@ void scheduler_on_verify_done(struct coordinator *c, int pair, const struct prot
     }
     if (run_goes_on) {
         /* the next step feeds the token just accepted */
-        s->verify_keep = s->n_hist - 1;
-        s->verify_sent_ms = now;
-        return;
-    }
-    if (k > 0 && n_acc == k && (s->predraft == PREDRAFT_PENDING || s->predraft == PREDRAFT_READY)) {
-        s->pending_bonus = m.tokens[n_acc];
-        if (s->predraft == PREDRAFT_READY) {
-            seq_resolve_predraft(c, s);
-        } else {
-            /* it is on its way: the draft handles messages in order */
-            s->round_state = ROUND_AWAIT_PREDRAFT;
+        if (seq_move(c, s, ROUND_STEP_DONE)) {
+            v->keep = s->n_hist - 1;
+            round_timing_step_sent(s, now);
         }
         return;
     }
-    /* a pre-draft not back yet is still being made: the draft works beside
-     * whatever the target does next */
-    s->predraft = s->predraft == PREDRAFT_PENDING ? PREDRAFT_ABANDONED
-                  : s->predraft == PREDRAFT_ABANDONED ? PREDRAFT_ABANDONED : PREDRAFT_NONE;
-    seq_advance(c, s);
+    seq_after_verify(c, s, k, n_acc, m.tokens[n_acc]);
 }
 
 /* A pre-draft's reply for s (k drafts after the guess). */
 static void on_predraft(struct coordinator *c, struct seq *s, int round, int half, int k, int guess)
 {
-    if (s->predraft != PREDRAFT_PENDING || round <= s->draft_round || round > s->round_counter) {
+    if (s->round.predraft.state != PREDRAFT_PENDING || round <= s->round.draft.round || round > s->round.counter) {
         LOG_DEBUG("draft pre-draft for \"%s\" round %d dropped (stale)", s->id, round);
         return;
     }
     /* k counts the drafts after the guess; tolerate workers that count the guess too. */
     int pk = k;
-    if (pk > s->draft_predraft_k)
-        pk = s->draft_predraft_k;
+    if (pk > s->round.draft.predraft_k)
+        pk = s->round.draft.predraft_k;
     s->predraft_offered++;
     c->metrics.predraft_offered_total++;
     /* one the draft could not make (k 0, guess -1) is no more on its way */
-    s->predraft = pk > 0 && guess >= 0 ? PREDRAFT_READY : PREDRAFT_NONE;
-    s->predraft_round = round;
-    s->predraft_k = pk;
-    s->predraft_half = half;
-    s->predraft_guess = guess;
-    if (s->round_state == ROUND_AWAIT_PREDRAFT)
+    s->round.predraft.state = pk > 0 && guess >= 0 ? PREDRAFT_READY : PREDRAFT_NONE;
+    s->round.predraft.round = round;
+    s->round.predraft.k = pk;
+    s->round.predraft.half = half;
+    s->round.predraft.guess = guess;
+    if (s->round.state == ROUND_AWAIT_PREDRAFT)
         seq_resolve_predraft(c, s);
 }
 
@@ -732,36 +756,36 @@ void scheduler_on_draft_ready(struct coordinator *c, int pair, const struct prot
     }
     /* the draft answers a slot's commands in order: any reply comes after
      * the abandoned pre-draft it made before */
-    if (s->predraft == PREDRAFT_ABANDONED)
-        s->predraft = PREDRAFT_NONE;
+    if (s->round.predraft.state == PREDRAFT_ABANDONED)
+        s->round.predraft.state = PREDRAFT_NONE;
     if (m.predraft) {
         on_predraft(c, s, round, half, k, m.guess);
         return;
     }
-    if (!awaits_draft(s) || round != s->draft_round) {
+    if (!round_awaits_draft(&s->round) || round != s->round.draft.round) {
         LOG_DEBUG("draft draft_ready for \"%s\" round %d dropped (stale)", s->id, round);
         return;
     }
-    if (k != s->draft_k) {
-        LOG_ERROR("draft draft_ready for \"%s\": k %d, asked for %d", s->id, k, s->draft_k);
+    if (k != s->round.draft.k) {
+        LOG_ERROR("draft draft_ready for \"%s\": k %d, asked for %d", s->id, k, s->round.draft.k);
         s->draft_valid = 0;
-        s->predraft = PREDRAFT_NONE;
-        if (s->round_state == ROUND_VERIFY_BESIDE_DRAFT) {
-            s->beside_draft = BESIDE_DRAFT_LOST; /* the target's reply moves it on */
+        s->round.predraft.state = PREDRAFT_NONE;
+        if (s->round.state == ROUND_VERIFY_BESIDE_DRAFT) {
+            s->round.verify.beside = BESIDE_DRAFT_LOST; /* the target's reply moves it on */
             return;
         }
-        s->round_state = ROUND_IDLE;
-        seq_advance(c, s);
+        if (seq_move(c, s, ROUND_DRAFT_LOST))
+            seq_advance(c, s);
         return;
     }
     round_timing_draft_ready(s, k, m.draft_ms);
     s->draft_valid = s->n_hist + k - 1;
-    if (s->round_state == ROUND_VERIFY_BESIDE_DRAFT) {
-        round_timing_draft_wait(c, s, s->draft_ready_ms);
-        s->beside_draft = BESIDE_DRAFT_IN;
+    if (s->round.state == ROUND_VERIFY_BESIDE_DRAFT) {
+        round_timing_draft_wait(c, s, s->round.times.draft_ready_ms);
+        s->round.verify.beside = BESIDE_DRAFT_IN;
         return;
     }
-    send_verify(c, s, k, half, round, k - 1, 1, false);
+    send_verify_of_half(c, s, k, half, round, k - 1);
 }
 
 void scheduler_on_prefill_done(struct coordinator *c, int pair, const struct protocol_msg *msg)
@@ -789,17 +813,17 @@ void scheduler_forget_draft(struct coordinator *c, struct seq *s)
 {
     s->draft_valid = 0;
     s->draft_prefilling = false;
-    s->predraft = PREDRAFT_NONE;
-    switch (s->round_state) {
+    s->round.predraft.state = PREDRAFT_NONE;
+    switch (s->round.state) {
     case ROUND_DRAFTING:
     case ROUND_AWAIT_PREDRAFT:
-        s->round_state = ROUND_IDLE;
-        seq_advance(c, s);
+        if (seq_move(c, s, ROUND_DRAFT_LOST))
+            seq_advance(c, s);
         break;
     case ROUND_VERIFY_BESIDE_DRAFT:
         /* the target's reply (or its giving up) moves it on */
-        if (s->beside_draft == BESIDE_DRAFT_AWAITED)
-            s->beside_draft = BESIDE_DRAFT_LOST;
+        if (s->round.verify.beside == BESIDE_DRAFT_AWAITED)
+            s->round.verify.beside = BESIDE_DRAFT_LOST;
         break;
     default:
         break;
@@ -814,20 +838,21 @@ static void on_beside_draft_failed(struct coordinator *c, struct seq *s)
 {
     c->metrics.beside_draft_failed_total++;
     const bool draft_same = s->draft_gen == coord_pair_of(c, s)->draft_gen && draft_usable(c, s);
-    if (draft_same && s->beside_draft == BESIDE_DRAFT_AWAITED) {
-        s->round_state = ROUND_DRAFTING; /* draft_ready sends the verification */
+    if (draft_same && s->round.verify.beside == BESIDE_DRAFT_AWAITED) {
+        seq_move(c, s, ROUND_TARGET_GAVE_UP); /* draft_ready sends the verification */
         return;
     }
-    if (draft_same && s->beside_draft == BESIDE_DRAFT_IN) {
-        send_verify(c, s, s->verify_k, COORD_HALF_FRESH, s->verify_round, s->verify_k - 1, 1, false);
+    if (draft_same && s->round.verify.beside == BESIDE_DRAFT_IN) {
+        send_verify_of_half(c, s, s->round.verify.k, COORD_HALF_FRESH, s->round.verify.round,
+                            s->round.verify.k - 1);
         return;
     }
-    if (s->predraft == PREDRAFT_PENDING)
-        s->predraft = PREDRAFT_ABANDONED;
-    else if (s->predraft == PREDRAFT_READY)
-        s->predraft = PREDRAFT_NONE;
-    s->round_state = ROUND_IDLE;
-    seq_advance(c, s);
+    if (s->round.predraft.state == PREDRAFT_PENDING)
+        s->round.predraft.state = PREDRAFT_ABANDONED;
+    else if (s->round.predraft.state == PREDRAFT_READY)
+        s->round.predraft.state = PREDRAFT_NONE;
+    if (seq_move(c, s, ROUND_BESIDE_ABANDONED))
+        seq_advance(c, s);
 }
 
 void scheduler_on_worker_error(struct coordinator *c, int pair, enum worker_role role,
@@ -843,7 +868,7 @@ void scheduler_on_worker_error(struct coordinator *c, int pair, enum worker_role
         return;
     }
     LOG_WARN("%s worker error for request \"%s\": %s: %s", coord_role_name(role), s->id, code, message);
-    if (role == ROLE_TARGET && s->round_state == ROUND_VERIFY_BESIDE_DRAFT &&
+    if (role == ROLE_TARGET && s->round.state == ROUND_VERIFY_BESIDE_DRAFT &&
         (strcmp(code, "timeout") == 0 || strcmp(code, "unavailable") == 0)) {
         on_beside_draft_failed(c, s);
         return;
@@ -892,9 +917,9 @@ static void seq_start(struct coordinator *c, struct seq *s)
         }
     }
     /* The target's prefill is a verification with k = 0 and the prompt as feed. */
-    s->round_counter = 1;
+    s->round.counter = 1;
     struct worker_msg_verify m = {
-        .seq = msg_seq(s), .round = s->round_counter, .keep_len = 0, .k = 0, .half = COORD_HALF_FRESH,
+        .seq = msg_seq(s), .round = s->round.counter, .keep_len = 0, .k = 0, .half = COORD_HALF_FRESH,
         .sampling = msg_sampling(s), .feed = s->hist, .n_feed = s->n_prompt,
     };
     struct protocol_frame frame;
@@ -903,13 +928,13 @@ static void seq_start(struct coordinator *c, struct seq *s)
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
-    s->round_state = ROUND_PREFILLING;
-    s->run_steps = 1;
-    s->run_done = 0;
-    s->verify_round = s->round_counter;
-    s->verify_k = 0;
-    s->verify_keep = 0;
-    s->verify_feed = s->n_prompt;
+    if (!seq_move(c, s, ROUND_PREFILL_SENT)) {
+        cJSON_Delete(h);
+        return;
+    }
+    s->round.verify = (struct round_verify){
+        .round = s->round.counter, .k = 0, .keep = 0, .feed = s->n_prompt, .steps = 1, .done = 0,
+        .source = REQUEST_DRAFT_MODEL};
     round_timing_prefill_sent(c, s);
     coord_pair_of(c, s)->target_outstanding++;
     worker_send(c, s->pair, ROLE_TARGET, h, &frame);

@@ -138,13 +138,13 @@ static struct seq *drafting(struct coordinator *c)
     next_command(ROLE_TARGET, PROTOCOL_VERIFY);
     const int32_t first = 40;
     struct worker_msg_verify_done m = {
-        .seq = {.req = (int64_t)s->req, .slot = s->slot}, .round = s->verify_round, .n_accepted = 0,
+        .seq = {.req = (int64_t)s->req, .slot = s->slot}, .round = s->round.verify.round, .n_accepted = 0,
         .verify_ms = 1.0, .idle_ms = -1, .step = 1, .tokens = &first, .n_tokens = 1};
     struct protocol_frame frame;
     c->pair[0].target_outstanding = 1;
     dispatch(c, TARGET_ID, worker_msg_verify_done_encode(&m, &frame), &frame);
     next_command(ROLE_DRAFT, PROTOCOL_DRAFT);
-    assert_int_equal(s->round_state, ROUND_DRAFTING);
+    assert_int_equal(s->round.state, ROUND_DRAFTING);
     return s;
 }
 
@@ -230,7 +230,7 @@ static void test_registry_repeat_registration_and_restart(void **state)
     next_command(ROLE_TARGET, PROTOCOL_ATTACH);
     no_more_commands();
     assert_int_equal(c->pair[0].draft_gen, gen);
-    assert_int_equal(s->round_state, ROUND_DRAFTING);
+    assert_int_equal(s->round.state, ROUND_DRAFTING);
     /* the same process after a drop: its draft is gone */
     register_worker(c, DRAFT_ID, "draft", getpid(), VOCAB, 1);
     assert_true(c->pair[0].draft_gen > gen);
@@ -257,14 +257,14 @@ static void test_registry_drops_unknown_senders(void **state)
     const int n_hist = s->n_hist;
     /* a draft_ready for the awaited round, from a stranger */
     struct worker_msg_draft_ready m = {.seq = {.req = (int64_t)s->req, .slot = s->slot},
-                                       .round = s->draft_round, .k = 2, .guess = -1};
+                                       .round = s->round.draft.round, .k = 2, .guess = -1};
     dispatch(c, "stranger", worker_msg_draft_ready_encode(&m), NULL);
     no_more_commands();
-    assert_int_equal(s->round_state, ROUND_DRAFTING);
+    assert_int_equal(s->round.state, ROUND_DRAFTING);
     /* the same from the draft moves the round on */
     dispatch(c, DRAFT_ID, worker_msg_draft_ready_encode(&m), NULL);
     next_command(ROLE_TARGET, PROTOCOL_VERIFY);
-    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    assert_int_equal(s->round.state, ROUND_VERIFYING);
     assert_int_equal(s->n_hist, n_hist);
 }
 
@@ -289,7 +289,7 @@ static void test_registry_silent_workers_are_lost(void **state)
     assert_false(c->pair[0].worker[ROLE_DRAFT].up);
     assert_int_equal(c->metrics.worker_losses[ROLE_DRAFT], 1);
     next_command(ROLE_TARGET, PROTOCOL_VERIFY); /* plain steps, no draft */
-    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    assert_int_equal(s->round.state, ROUND_PLAIN_RUN);
     assert_int_equal(rep.errors, 0);
     c->pair[0].worker[ROLE_TARGET].last_seen_ms -= 2 * c->cfg.coordinator.worker_timeout_ms;
     registry_tick(c);

@@ -223,7 +223,7 @@ static int run_to_end(struct coordinator *c, struct seq *s)
     for (int guard = 0; s->state == SEQ_ACTIVE && s->req == req; guard++) {
         assert_true(guard < 200);
         if (next_sent >= n_sent)
-            fail_msg("request stalled in round state %d", (int)s->round_state);
+            fail_msg("request stalled in round state %d", (int)s->round.state);
         const struct sent *e = &sent_log[next_sent];
         if (e->role == ROLE_DRAFT && strcmp(e->msg.type, PROTOCOL_DRAFT) == 0) {
             struct worker_msg_draft d = expect_draft();
@@ -538,41 +538,334 @@ static void test_scheduler_round_states(void **state)
     c->pair[0].cores_shared = false;
     const int32_t prompt[3] = {1, 2, 3};
     struct seq *s = request(c, prompt, 3, 30, 2);
-    assert_int_equal(s->round_state, ROUND_PREFILLING);
+    assert_int_equal(s->round.state, ROUND_PREFILLING);
     next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
     struct worker_msg_verify v = expect_verify();
     const int32_t first = 40;
     verify_done(c, s, v.round, 0, &first, 1);
-    assert_int_equal(s->round_state, ROUND_DRAFTING);
+    assert_int_equal(s->round.state, ROUND_DRAFTING);
     struct worker_msg_draft d = expect_draft();
-    assert_int_equal(s->predraft, PREDRAFT_PENDING);
+    assert_int_equal(s->round.predraft.state, PREDRAFT_PENDING);
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    assert_int_equal(s->round.state, ROUND_VERIFYING);
     v = expect_verify();
     const int32_t t1[3] = {60, 61, 62};
     verify_done(c, s, v.round, 2, t1, 1);
-    assert_int_equal(s->round_state, ROUND_AWAIT_PREDRAFT);
+    assert_int_equal(s->round.state, ROUND_AWAIT_PREDRAFT);
     no_more_commands();
     draft_ready(c, s, d.round + 1, 1, 2, 62, true);
-    assert_int_equal(s->round_state, ROUND_VERIFYING);
-    assert_int_equal(s->predraft, PREDRAFT_NONE);
+    assert_int_equal(s->round.state, ROUND_VERIFYING);
+    assert_int_equal(s->round.predraft.state, PREDRAFT_NONE);
     v = expect_verify();
     assert_int_equal(v.half, 1);
     /* the draft is lost while the target verifies: nothing changes until
      * its reply, then plain steps */
     lose_draft(c);
-    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    assert_int_equal(s->round.state, ROUND_VERIFYING);
     no_more_commands();
     const int32_t t2[2] = {63, 70};
     verify_done(c, s, v.round, 1, t2, 1);
-    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    assert_int_equal(s->round.state, ROUND_PLAIN_RUN);
     v = expect_verify();
     assert_true(v.k == 0 && v.steps > 1);
     /* a step answered: the run goes on at the target */
     const int32_t t3 = 71;
     verify_done(c, s, v.round, 0, &t3, 1);
-    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    assert_int_equal(s->round.state, ROUND_PLAIN_RUN);
     no_more_commands();
+}
+
+/* ---- the round's transitions as a table: (state, event) -> (state, commands) ----
+ *
+ * Each line brings a fresh sequence into a state (reach), makes one event
+ * happen through the scheduler's own entry points (fire), and states the
+ * round's state when the scheduler returns and the commands it sent, in
+ * order ("role:type", space-separated). IDLE never lasts past a call: a
+ * transition to IDLE shows as the next round's state and commands. Every
+ * transition round.h allows is some line's; test_round.c checks that the
+ * table allows no other. */
+
+struct at {
+    struct seq *s;
+    struct worker_msg_draft d;   /* the round's draft command, where there is one */
+    struct worker_msg_verify v;  /* the verification (or prefill) in flight */
+};
+
+static const int32_t at_prompt[3] = {1, 2, 3};
+/* a fully accepted round of 2 drafts: the bonus is its last token */
+static const int32_t all_accepted[3] = {60, 61, 62};
+#define AT_BONUS 62
+
+/* the pair's draft on hardware of its own: pre-drafts */
+static void own_cores(struct coordinator *c)
+{
+    c->pair[0].cores_shared = false;
+}
+
+/* ... and over POSIX shared memory: verifications beside their drafts */
+static void beside_capable(struct coordinator *c)
+{
+    own_cores(c);
+    c->pair[0].worker[ROLE_DRAFT].shm_posix = true;
+}
+
+static void at_nothing(struct coordinator *c, struct at *a)
+{
+    (void)c;
+    a->s = NULL;
+}
+
+static void at_prefilling(struct coordinator *c, struct at *a)
+{
+    a->s = request(c, at_prompt, 3, 30, 2);
+    next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
+    a->v = expect_verify();
+}
+
+static void at_prefilling_beside(struct coordinator *c, struct at *a)
+{
+    beside_capable(c);
+    at_prefilling(c, a);
+}
+
+static void at_drafting(struct coordinator *c, struct at *a)
+{
+    a->s = prefilled(c, 30, 2, 40);
+    a->d = expect_draft();
+}
+
+static void at_verifying(struct coordinator *c, struct at *a)
+{
+    at_drafting(c, a);
+    draft_ready(c, a->s, a->d.round, 0, a->d.k, -1, false);
+    a->v = expect_verify();
+}
+
+static void at_verifying_with_predraft(struct coordinator *c, struct at *a)
+{
+    own_cores(c);
+    at_verifying(c, a);
+    assert_true(a->d.predraft_k > 0);
+}
+
+static void at_await_predraft(struct coordinator *c, struct at *a)
+{
+    at_verifying_with_predraft(c, a);
+    verify_done(c, a->s, a->v.round, 2, all_accepted, 1);
+}
+
+static void at_beside(struct coordinator *c, struct at *a)
+{
+    beside_capable(c);
+    a->s = prefilled(c, 30, 2, 40);
+    a->d = expect_draft();
+    a->v = expect_verify();
+    assert_true(a->v.await_draft && a->d.predraft_k > 0);
+}
+
+static void at_beside_draft_in(struct coordinator *c, struct at *a)
+{
+    at_beside(c, a);
+    draft_ready(c, a->s, a->d.round, 0, a->d.k, -1, false);
+}
+
+static void at_beside_draft_lost(struct coordinator *c, struct at *a)
+{
+    at_beside(c, a);
+    lose_draft(c);
+}
+
+/* plain steps: no draft worker up when the request comes (room for more
+ * than one run) */
+static void at_plain_run(struct coordinator *c, struct at *a)
+{
+    c->pair[0].worker[ROLE_DRAFT].up = false;
+    a->s = request(c, at_prompt, 3, 60, 2);
+    a->v = expect_verify();
+    const int32_t first = 40;
+    verify_done(c, a->s, a->v.round, 0, &first, 1);
+    a->v = expect_verify();
+    assert_true(a->v.k == 0 && a->v.steps > 2);
+}
+
+/* ... its last step the next reply */
+static void at_plain_run_last_step(struct coordinator *c, struct at *a)
+{
+    at_plain_run(c, a);
+    for (int step = 1; step < a->v.steps; step++) {
+        const int32_t t = 50 + step;
+        verify_done(c, a->s, a->v.round, 0, &t, step);
+    }
+}
+
+static void fire_admit(struct coordinator *c, struct at *a)
+{
+    a->s = request(c, at_prompt, 3, 30, 2);
+}
+
+/* the target's reply, one draft rejected (a prefill's or a step's: its token) */
+static void fire_target_done(struct coordinator *c, struct at *a)
+{
+    const int32_t t[2] = {41, 42};
+    const int n_acc = a->v.k > 0 ? 1 : 0;
+    verify_done(c, a->s, a->v.round, n_acc, t, a->s->round.verify.done + 1);
+}
+
+static void fire_target_done_all(struct coordinator *c, struct at *a)
+{
+    verify_done(c, a->s, a->v.round, 2, all_accepted, 1);
+}
+
+static void fire_draft_ready(struct coordinator *c, struct at *a)
+{
+    draft_ready(c, a->s, a->d.round, 0, a->d.k, -1, false);
+}
+
+static void fire_draft_ready_wrong_k(struct coordinator *c, struct at *a)
+{
+    draft_ready(c, a->s, a->d.round, 0, a->d.k - 1, -1, false);
+}
+
+static void fire_draft_lost(struct coordinator *c, struct at *a)
+{
+    (void)a;
+    lose_draft(c);
+}
+
+static void fire_predraft_hit(struct coordinator *c, struct at *a)
+{
+    draft_ready(c, a->s, a->d.round + 1, 1, a->d.predraft_k, AT_BONUS, true);
+}
+
+static void fire_predraft_miss(struct coordinator *c, struct at *a)
+{
+    draft_ready(c, a->s, a->d.round + 1, 1, a->d.predraft_k, AT_BONUS + 1, true);
+}
+
+static void fire_target_timeout(struct coordinator *c, struct at *a)
+{
+    worker_error(c, ROLE_TARGET, a->s, ERR_TIMEOUT, PROTOCOL_VERIFY);
+}
+
+struct round_case {
+    const char *name;
+    void (*reach)(struct coordinator *, struct at *);
+    enum round_state from;
+    void (*fire)(struct coordinator *, struct at *);
+    enum round_state to;
+    const char *commands;
+};
+
+static const struct round_case round_cases[] = {
+    /* admission: the draft prefills beside the target's prefill */
+    {"admitted", at_nothing, ROUND_IDLE, fire_admit, ROUND_PREFILLING, "draft:prefill target:verify"},
+    /* prefill_sent, then target_done: the first round drafts */
+    {"prefill answered", at_prefilling, ROUND_PREFILLING, fire_target_done, ROUND_DRAFTING, "draft:draft"},
+    /* ... and where the pair allows, its verification goes beside the draft */
+    {"prefill answered, beside", at_prefilling_beside, ROUND_PREFILLING, fire_target_done,
+     ROUND_VERIFY_BESIDE_DRAFT, "draft:draft target:verify"},
+    /* verify_sent from DRAFTING */
+    {"draft ready", at_drafting, ROUND_DRAFTING, fire_draft_ready, ROUND_VERIFYING, "target:verify"},
+    /* draft_lost from DRAFTING: plain steps without a draft */
+    {"draft lost while drafting", at_drafting, ROUND_DRAFTING, fire_draft_lost, ROUND_PLAIN_RUN, "target:verify"},
+    /* draft_lost from DRAFTING (a reply not what was asked): drafted again from scratch */
+    {"draft of the wrong k", at_drafting, ROUND_DRAFTING, fire_draft_ready_wrong_k, ROUND_DRAFTING, "draft:draft"},
+    /* target_done from VERIFYING: the next round */
+    {"verified, one rejected", at_verifying, ROUND_VERIFYING, fire_target_done, ROUND_DRAFTING, "draft:draft"},
+    /* ... a pre-draft on its way was abandoned: a fresh draft */
+    {"verified, pre-draft abandoned", at_verifying_with_predraft, ROUND_VERIFYING, fire_target_done,
+     ROUND_DRAFTING, "draft:draft"},
+    /* predraft_awaited from VERIFYING */
+    {"all accepted, pre-draft coming", at_verifying_with_predraft, ROUND_VERIFYING, fire_target_done_all,
+     ROUND_AWAIT_PREDRAFT, ""},
+    /* predraft_resolved: its guess is the bonus, verified at once (verify_sent from IDLE) */
+    {"pre-draft hit", at_await_predraft, ROUND_AWAIT_PREDRAFT, fire_predraft_hit, ROUND_VERIFYING,
+     "target:verify"},
+    /* predraft_resolved: a wrong guess, a fresh draft */
+    {"pre-draft miss", at_await_predraft, ROUND_AWAIT_PREDRAFT, fire_predraft_miss, ROUND_DRAFTING, "draft:draft"},
+    /* draft_lost from AWAIT_PREDRAFT */
+    {"draft lost awaiting the pre-draft", at_await_predraft, ROUND_AWAIT_PREDRAFT, fire_draft_lost,
+     ROUND_PLAIN_RUN, "target:verify"},
+    /* target_done from VERIFY_BESIDE_DRAFT (its draft in): the next round, beside again */
+    {"beside, verified", at_beside_draft_in, ROUND_VERIFY_BESIDE_DRAFT, fire_target_done,
+     ROUND_VERIFY_BESIDE_DRAFT, "draft:draft target:verify"},
+    /* predraft_awaited from VERIFY_BESIDE_DRAFT */
+    {"beside, all accepted, pre-draft coming", at_beside_draft_in, ROUND_VERIFY_BESIDE_DRAFT,
+     fire_target_done_all, ROUND_AWAIT_PREDRAFT, ""},
+    /* target_gave_up: the draft not in, draft_ready will send the verification */
+    {"beside, target gave up, draft awaited", at_beside, ROUND_VERIFY_BESIDE_DRAFT, fire_target_timeout,
+     ROUND_DRAFTING, ""},
+    /* verify_sent from VERIFY_BESIDE_DRAFT: the draft in, verified again the usual way */
+    {"beside, target gave up, draft in", at_beside_draft_in, ROUND_VERIFY_BESIDE_DRAFT, fire_target_timeout,
+     ROUND_VERIFYING, "target:verify"},
+    /* beside_abandoned: the draft lost too */
+    {"beside, target gave up, draft lost", at_beside_draft_lost, ROUND_VERIFY_BESIDE_DRAFT, fire_target_timeout,
+     ROUND_PLAIN_RUN, "target:verify"},
+    /* step_done: the run goes on at the target by itself */
+    {"plain step", at_plain_run, ROUND_PLAIN_RUN, fire_target_done, ROUND_PLAIN_RUN, ""},
+    /* target_done from PLAIN_RUN: its last step, the next run */
+    {"plain run's last step", at_plain_run_last_step, ROUND_PLAIN_RUN, fire_target_done, ROUND_PLAIN_RUN,
+     "target:verify"},
+};
+
+/* The commands recorded from index `from` on, as "role:type ...". */
+static void commands_since(int from, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = from; i < n_sent && used < size; i++)
+        used += (size_t)snprintf(out + used, size - used, "%s%s:%s", i > from ? " " : "",
+                                 coord_role_name((enum worker_role)sent_log[i].role), sent_log[i].msg.type);
+}
+
+static void test_scheduler_round_transitions_table(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof round_cases / sizeof round_cases[0]; i++) {
+        const struct round_case *rc = &round_cases[i];
+        void *fixture = NULL;
+        assert_int_equal(setup(&fixture), 0);
+        struct coordinator *c = &((struct fixture *)fixture)->c;
+        log_clear();
+        struct at a = {0};
+        rc->reach(c, &a);
+        if (a.s != NULL && a.s->round.state != rc->from)
+            fail_msg("\"%s\": reached %s, not %s", rc->name, round_state_name(a.s->round.state),
+                     round_state_name(rc->from));
+        const int mark = n_sent;
+        rc->fire(c, &a);
+        char got[512];
+        commands_since(mark, got, sizeof got);
+        if (a.s->state != SEQ_ACTIVE || a.s->round.state != rc->to || strcmp(got, rc->commands) != 0)
+            fail_msg("\"%s\": %s with [%s], want %s with [%s]", rc->name,
+                     a.s->state == SEQ_ACTIVE ? round_state_name(a.s->round.state) : "(freed)", got,
+                     round_state_name(rc->to), rc->commands);
+        assert_int_equal(rep.errors, 0);
+        teardown(&fixture);
+        log_clear();
+    }
+}
+
+/* A transition the table refuses fails the request (an internal error,
+ * the slot released) instead of going on: a plain run's record corrupted to
+ * say it verified drafts with a pre-draft on its way, so that its last
+ * step's reply asks for predraft_awaited in PLAIN_RUN. */
+static void test_scheduler_refused_transition_fails_the_request(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    struct at a = {0};
+    at_plain_run_last_step(c, &a);
+    a.s->round.verify.k = 2;
+    a.s->round.predraft.state = PREDRAFT_PENDING;
+    const int mark = n_sent;
+    verify_done(c, a.s, a.v.round, 2, all_accepted, a.s->round.verify.done + 1);
+    assert_int_equal(rep.errors, 1);
+    assert_int_equal(rep.last_error, METRICS_ERR_INTERNAL);
+    assert_int_equal(a.s->state, SEQ_FREE);
+    char got[512];
+    commands_since(mark, got, sizeof got);
+    assert_string_equal(got, "target:release");
 }
 
 /* The draft lost in each state a round can wait in: the sequence never
@@ -620,7 +913,7 @@ static void test_scheduler_draft_lost_in_every_state(void **state)
             verify_done(c, s, v.round, 1, t, 1);
             want = ROUND_PLAIN_RUN;
         }
-        assert_int_equal(s->round_state, want);
+        assert_int_equal(s->round.state, want);
         lose_draft(c);
         if (where == 2) {
             /* the target gives up on the draft that will never come */
@@ -647,7 +940,7 @@ static void test_scheduler_beside_draft_error_then_timeout(void **state)
     struct worker_msg_verify v = expect_verify();
     assert_true(v.await_draft);
     worker_error(c, ROLE_DRAFT, s, ERR_INTERNAL, PROTOCOL_DRAFT);
-    assert_int_equal(s->round_state, ROUND_VERIFY_BESIDE_DRAFT);
+    assert_int_equal(s->round.state, ROUND_VERIFY_BESIDE_DRAFT);
     no_more_commands();
     worker_error(c, ROLE_TARGET, s, ERR_TIMEOUT, PROTOCOL_VERIFY);
     /* the next round re-feeds the draft from scratch */
@@ -685,7 +978,7 @@ static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
     const int32_t want[3] = {6, 7, 8};
     assert_memory_equal(v.drafts, want, sizeof want);
     assert_null(v.shm);
-    assert_int_equal(s->round_state, ROUND_VERIFYING);
+    assert_int_equal(s->round.state, ROUND_VERIFYING);
     no_more_commands();
     /* two accepted, then the correction 40: "7 40" never came before, so
      * no match: plain steps */
@@ -698,7 +991,7 @@ static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
     v = expect_verify();
     assert_int_equal(v.k, 0);
     assert_int_equal(v.steps, 4);
-    assert_int_equal(s->round_state, ROUND_PLAIN_RUN);
+    assert_int_equal(s->round.state, ROUND_PLAIN_RUN);
     no_more_commands();
     /* still nothing to match after the run: the next run is twice as long */
     for (int step = 1; step <= 4; step++) {
@@ -719,7 +1012,7 @@ static int inline_rounds_to_end(struct coordinator *c, struct seq *s, const int3
     for (int guard = 0; s->state == SEQ_ACTIVE && s->req == req; guard++) {
         assert_true(guard < 200);
         if (next_sent >= n_sent)
-            fail_msg("request stalled in round state %d", (int)s->round_state);
+            fail_msg("request stalled in round state %d", (int)s->round.state);
         const struct sent *e = &sent_log[next_sent];
         if (e->role == ROLE_DRAFT && strcmp(e->msg.type, PROTOCOL_DRAFT) == 0) {
             struct worker_msg_draft d = expect_draft();
@@ -1126,7 +1419,7 @@ static void test_scheduler_pairs_spread_and_keep_to_their_own(void **state)
         .verify_ms = 1.0, .idle_ms = -1, .step = 1, .tokens = &first, .n_tokens = 1};
     struct protocol_frame frame;
     feed_msg(c, 0, worker_msg_verify_done_encode(&m, &frame), &frame, scheduler_on_verify_done);
-    assert_int_equal(s[1]->round_state, ROUND_PREFILLING);
+    assert_int_equal(s[1]->round.state, ROUND_PREFILLING);
     no_more_commands();
     /* from its own pair it moves on, and its round goes to pair 1 */
     verify_done(c, s[1], 1, 0, &first, 1);
@@ -1229,6 +1522,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_predraft_hit_and_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_failed_predraft_does_not_stall, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_round_states, setup, teardown),
+        cmocka_unit_test(test_scheduler_round_transitions_table),
+        cmocka_unit_test_setup_teardown(test_scheduler_refused_transition_fails_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_draft_lost_in_every_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
