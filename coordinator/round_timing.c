@@ -139,10 +139,17 @@ static double note_verify_reply(struct coordinator *c, struct seq *s, const stru
     return round_wall_ms;
 }
 
-static void learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m, int k,
-                  double round_wall_ms, bool beside, bool draft_unknown, double now)
+/* Teaches s's K controller the round its reply m just ended (a round of
+ * the draft model, in the state that awaited the reply). Beside its draft,
+ * the verification can come back before draft_ready (two sockets, no order
+ * between them): the round's draft cost is then unknown, and the late
+ * draft_ready is dropped as stale. */
+static void learn(struct coordinator *c, struct seq *s, const struct worker_msg_verify_done *m,
+                  double round_wall_ms, double now)
 {
-    const int n_acc = m->n_accepted, n_tok = m->n_tokens;
+    const int k = s->round.verify.k, n_acc = m->n_accepted, n_tok = m->n_tokens;
+    const bool beside = s->round.state == ROUND_VERIFY_BESIDE_DRAFT;
+    const bool draft_unknown = beside && s->round.verify.beside != BESIDE_DRAFT_IN;
     if (draft_unknown)
         round_timing_draft_wait(c, s, now);
     /* Every round teaches the controller, plain ones included (they are
@@ -209,16 +216,11 @@ void round_timing_verify_done(struct coordinator *c, struct seq *s, const struct
     const double round_wall_ms = note_verify_reply(c, s, m, st == ROUND_PREFILLING, now);
     if (st == ROUND_PREFILLING)
         return;
-    const int k = s->round.verify.k;
-    count_round(c, s, k, m->n_accepted);
+    count_round(c, s, s->round.verify.k, m->n_accepted);
     /* the K controller prices the draft model's rounds (a matched source's
-     * K is the cap: its drafts cost nothing to make). Beside its draft, the
-     * verification can come back before draft_ready (two sockets, no order
-     * between them): the round's draft cost is then unknown, and the late
-     * draft_ready is dropped as stale. */
-    const bool beside = st == ROUND_VERIFY_BESIDE_DRAFT;
+     * K is the cap: its drafts cost nothing to make) */
     if (s->round.verify.source == REQUEST_DRAFT_MODEL)
-        learn(c, s, m, k, round_wall_ms, beside, beside && s->round.verify.beside != BESIDE_DRAFT_IN, now);
+        learn(c, s, m, round_wall_ms, now);
 }
 
 void round_timing_step_sent(struct seq *s, double now)

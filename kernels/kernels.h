@@ -211,7 +211,7 @@ struct kern_ops {
     /* Optional (NULL: the caller runs matmul and scans the logits).
      * idx_out[i] = the index of the largest of the d_out values matmul(in, w)
      * writes for row i, bit for bit those values: the lowest such index,
-     * NaN values skipped, -1 when all are NaN (sampling_argmax's rule). A
+     * NaN values skipped, -1 when all are NaN (argmax_f32's rule, base/argmax.h). A
      * greedy draft, and greedy verification, need nothing else of the LM
      * head. Where prepare_argmax
      * readied w, the backend may find the few rows that can hold the largest

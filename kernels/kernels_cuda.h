@@ -328,7 +328,7 @@ int kern_cuda_debug_count_mismatches(struct kern_backend *be, const float *in_de
 
 /* ---- sampling and speculative accept/reject on the device ----------------
  * kernels/cuda/sampling.cu and speculate.cu: the device twins of common/speculation/sampling.c
- * (sampling_adjust, sampling_argmax, sampling_draw, sampling_sample) and
+ * (sampling_adjust, argmax_f32 (base/argmax.h), sampling_draw, sampling_sample) and
  * common/speculation/speculate.c (speculate_verify), with the rules stated in
  * sampling.h and speculate.h, so that per token only ids and a few scalars
  * cross between host and device: logits and probability rows stay in device
@@ -432,7 +432,7 @@ const char *kern_cuda_sample_status_str(int32_t status);
  * naming the first bad row: "<what>[3]: every logit is -inf". Host memory. */
 int kern_cuda_sample_status_check(const int32_t *status, int n, const char *what, char *err);
 
-/* out_dev[r] = sampling_argmax of row r of x_dev [n_rows, n] (the lowest
+/* out_dev[r] = argmax_f32 (base/argmax.h) of row r of x_dev [n_rows, n] (the lowest
  * index among equal maxima, NaN never chosen, -1 for a row of NaN). */
 int kern_cuda_argmax(struct kern_backend *be, int32_t *out_dev, const float *x_dev, int n_rows,
                      int n, char *err);

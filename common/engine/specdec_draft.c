@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "argmax.h"
 #include "error.h"
 #include "philox.h"
 #include "specdec_internal.h"
@@ -137,7 +138,7 @@ static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, cons
         /* The argmax of the adjusted distribution is the argmax of the logits:
          * temperature, top-k, top-p and min-p all keep the most likely token.
          * No q row: the target never reads one in these modes. */
-        j->tokens_out[i] = sampling_argmax(logits, d->vocab);
+        j->tokens_out[i] = argmax_f32(logits, d->vocab);
         return 0;
     }
     float *row = j->q_rows_out ? j->q_rows_out + (size_t)i * (size_t)d->vocab : d->probs;

@@ -142,7 +142,7 @@ int llama_ctx_kv_check(const struct llama_ctx *ctx, char *err);
  * context's backend's alloc), filled by a copy queued on the backend, never
  * downloaded, so a caller that samples on the device moves no logits
  * across the bus. Or, with argmax_out (host [n_logits]), only the index of
- * each row's largest logit, as sampling_argmax would take it from logits_out
+ * each row's largest logit, as argmax_f32 (base/argmax.h) would take it from logits_out
  * (a greedy draft; needs llama_ctx_has_argmax). Set exactly one of the three
  * when n_logits > 0. */
 struct llama_seq_batch {

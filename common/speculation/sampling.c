@@ -12,6 +12,7 @@
  * never by the algorithm that found it, so results do not depend on
  * thresholds, pivots or sort stability.
  */
+#include "argmax.h"
 #include "sampling.h"
 
 #include <float.h>
@@ -365,18 +366,6 @@ int sampling_adjust(struct sampling_workspace *ws, const struct sampling_params 
     return 0;
 }
 
-int sampling_argmax(const float *x, int n)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++) {
-        if (isnan(x[i]))
-            continue;
-        if (best < 0 || x[i] > x[best])
-            best = i;
-    }
-    return best;
-}
-
 int sampling_draw(const float *probs, int n, float u)
 {
     double total = 0.0;
@@ -409,7 +398,7 @@ int sampling_sample(struct sampling_workspace *ws, const struct sampling_params 
         return rc;
     int tok;
     if (sampling_params_is_greedy(p)) {
-        tok = sampling_argmax(probs_out, vocab);
+        tok = argmax_f32(probs_out, vocab);
     } else {
         tok = sampling_draw(probs_out, vocab, philox_uniform(p->seed, stream, position, 0));
     }

@@ -92,10 +92,6 @@ void sampling_workspace_destroy(struct sampling_workspace *ws); /* NULL-safe */
 int sampling_adjust(struct sampling_workspace *ws, const struct sampling_params *p,
                     const float *logits, int vocab, float *probs_out, char *err);
 
-/* Index of the largest element of x [n]; the lowest index among equal maxima;
- * NaN is never chosen. -1 when n < 1 or every element is NaN. */
-int sampling_argmax(const float *x, int n);
-
 /* Inverse-CDF draw: with S = sum of probs (double, index order), the smallest
  * index i whose running sum (double, index order) exceeds u * S, u in [0, 1).
  * Entries <= 0 or NaN count as 0 and are never returned; if rounding carries

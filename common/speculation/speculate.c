@@ -5,6 +5,7 @@
  * row is read in full only where a token is drawn from it (the rejected
  * position or the bonus); accepted positions read one p and one q value.
  */
+#include "argmax.h"
 #include "speculate.h"
 
 #include <math.h>
@@ -93,7 +94,7 @@ static int verify_greedy(const struct speculate_input *in, int32_t *tokens_out, 
 {
     for (int i = 0; i <= in->k; i++) {
         const float *row = in->p_argmax ? NULL : row_of(in->p_rows, i, in->vocab);
-        const int best = in->p_argmax ? in->p_argmax[i] : sampling_argmax(row, in->vocab);
+        const int best = in->p_argmax ? in->p_argmax[i] : argmax_f32(row, in->vocab);
         if (best < 0 || best >= in->vocab)
             return error_set(err, ERR_INVALID_ARG,
                              "p_rows[%d]: argmax %d outside 0..%d (a row whose every entry is NaN "

@@ -10,7 +10,7 @@
  * only the few rows whose upper bound reaches the best lower bound can be
  * the argmax, and those are computed exactly from the real weights, in the
  * fixed order of cpu_simd.h. The index returned is bit for bit the one the
- * full matmul and sampling_argmax give (the lowest index of the largest
+ * full matmul and argmax_f32 (base/argmax.h) give (the lowest index of the largest
  * value), whatever the bounds: they only decide how many rows are redone.
  *
  * The bound, per row v of W (input row h, d = d_in):
@@ -73,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "argmax.h"
 #include "argmax_internal.h"
 #include "cpu_simd.h"
 #include "error.h"
@@ -725,21 +726,6 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
     return 0;
 }
 
-/* The argmax of a whole row of logits as sampling_argmax takes it. The
- * kernels sit below common/speculation and cannot call it; the unit tests check
- * every answer of matmul_argmax against sampling_argmax itself. */
-static int32_t argmax_of(const float *x, int n)
-{
-    int32_t best = -1;
-    for (int i = 0; i < n; i++) {
-        if (isnan(x[i]))
-            continue;
-        if (best < 0 || x[i] > x[best])
-            best = i;
-    }
-    return best;
-}
-
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
                       enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
 {
@@ -798,7 +784,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
                 (rc = cpu_matmul(be, a->logits, in + (size_t)i * (size_t)d_in, w, dtype, 1, d_in,
                                  d_out, err)))
                 return rc;
-            idx_out[i] = argmax_of(a->logits, d_out);
+            idx_out[i] = argmax_f32(a->logits, d_out);
         }
         a->last_candidates = served[n - 1];
         return 0;
@@ -810,7 +796,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
         (rc = cpu_matmul(be, a->logits, in, w, dtype, n, d_in, d_out, err)))
         return rc;
     for (int i = 0; i < n; i++)
-        idx_out[i] = argmax_of(a->logits + (size_t)i * (size_t)d_out, d_out);
+        idx_out[i] = argmax_f32(a->logits + (size_t)i * (size_t)d_out, d_out);
     return 0;
 }
 

@@ -7,7 +7,7 @@
  *     random inputs): run by main() before it looks for a device, so a build
  *     without a GPU still proves the restated constants; on the device, the
  *     same inputs give the same bits.
- *   - argmax: equal to sampling_argmax on random rows, ties, NaN, +-inf, -0.
+ *   - argmax: equal to argmax_f32 (base/argmax.h) on random rows, ties, NaN, +-inf, -0.
  *   - adjust: every row within |gpu - cpu| <= 1e-6 * cpu + 2^-126 of
  *     sampling_adjust (the bound sampling.cu derives is 6e-7), with the same
  *     support (kept set), for 29 parameter sets x 9 logit patterns x vocab
@@ -55,6 +55,7 @@
 
 #include <cmocka.h>
 
+#include "argmax.h"
 #include "error.h"
 #include "kernels.h"
 #include "kernels_cuda.h"
@@ -349,7 +350,7 @@ static void test_cuda_argmax_equals_cpu(void **state)
         OK(kern_cuda_argmax(g, d_out, d_x, R, n, err));
         dev_get(g, got, d_out, sizeof(got));
         for (int row = 0; row < R; row++) {
-            int want = sampling_argmax(x + (size_t)row * n, n);
+            int want = argmax_f32(x + (size_t)row * n, n);
             if (got[row] != want)
                 fail_msg("argmax vocab %d row %d: device %d, cpu %d", n, row, (int)got[row], want);
         }
@@ -872,7 +873,7 @@ static void test_cuda_sample_equals_cpu(void **state)
                                    pos[c], cpu, &want, err));
                 const float u = philox_uniform(p.seed, PHILOX_STREAM_TARGET_SAMPLE, pos[c], 0);
                 /* The device follows the CPU's rule on its own row. */
-                const int own = p.temperature == 0.0f ? sampling_argmax(grow, n)
+                const int own = p.temperature == 0.0f ? argmax_f32(grow, n)
                                                       : sampling_draw(grow, n, u);
                 if (tok[c] != own)
                     fail_msg("sample vocab %d case %d position %llu: device token %d, "
@@ -961,7 +962,7 @@ static void run_gof_gpu(struct fixture *f, int k, enum speculate_mode mode,
                                    philox_uniform(seed, PHILOX_STREAM_DRAFT_SAMPLE,
                                                   pos0 + (uint64_t)i, 0));
             else
-                *t = sampling_argmax(q_rows[i], GV);
+                *t = argmax_f32(q_rows[i], GV);
             assert_true(*t >= 0);
         }
         seqs[r] = (struct kern_cuda_spec_seq){.k = k, .greedy = 0, .mode = (int32_t)mode,
@@ -1168,9 +1169,9 @@ static void check_verify_random(struct fixture *f, int n, int n_seqs, uint64_t s
             int32_t *t = &drafts[q->draft0 + i];
             const double u = rng_unit(&r);
             if (q->greedy)
-                *t = u < 0.8 ? sampling_argmax(prow, n) : (int32_t)(rng_next(&r) % (uint64_t)n);
+                *t = u < 0.8 ? argmax_f32(prow, n) : (int32_t)(rng_next(&r) % (uint64_t)n);
             else if (q->mode == KERN_CUDA_SPEC_MODE_POINT_MASS)
-                *t = sampling_argmax(qrow, n);
+                *t = argmax_f32(qrow, n);
             else
                 *t = sampling_draw(qrow, n, philox_uniform(q->seed, PHILOX_STREAM_DRAFT_SAMPLE,
                                                            q->position0 + (uint64_t)i, 0));

@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "argmax.h"
 #include "error.h"
 #include "kernels.h"
 #include "quant_fixtures.h"
@@ -1414,7 +1415,7 @@ static int32_t product_argmax(struct kern_backend *be, const float *h, const voi
 {
     char err[ERR_MSG_MAX];
     assert_int_equal(be->ops->matmul(be, logits, h, w, dt, 1, d_in, d_out, err), 0);
-    return sampling_argmax(logits, d_out); /* the rule the screen must keep */
+    return argmax_f32(logits, d_out); /* the rule the screen must keep */
 }
 
 /* A prepared matrix: over inputs of every scale, with outliers, the screen

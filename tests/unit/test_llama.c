@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "argmax.h"
 #include "error.h"
 #include "kernels.h"
 #include "llama.h"
@@ -520,7 +521,7 @@ static void test_llama_logits_dev_equal_logits_out(void **state)
     free_model(&m);
 }
 
-/* argmax_out: each row's index of the largest logit, as sampling_argmax
+/* argmax_out: each row's index of the largest logit, as argmax_f32 (base/argmax.h)
  * takes it from logits_out's row, in a call mixed with a sequence that asks
  * for logits; a one-row call is answered by the backend's screen over its
  * prepared copy of the LM head (kernels/cpu/argmax.c). An entry naming two
@@ -561,13 +562,13 @@ static void test_llama_argmax_out_is_the_logits_argmax(void **state)
     const float *expect = ref + (size_t)(T - N_LOGITS) * V;
     assert_memory_equal(host, expect, (size_t)N_LOGITS * V * sizeof(float));
     for (int i = 0; i < N_LOGITS - 1; i++)
-        assert_int_equal(idx[i], sampling_argmax(expect + (size_t)i * V, V));
+        assert_int_equal(idx[i], argmax_f32(expect + (size_t)i * V, V));
     /* the last position alone: one row, the screen's */
     struct llama_seq_batch one = {.slot = 0, .tokens = tokens + T - 1, .n_tokens = 1,
                                   .n_logits = 1, .argmax_out = idx};
     if (llama_forward(L.ctx, &one, 1, err))
         fail_msg("llama_forward: %s", err);
-    assert_int_equal(idx[0], sampling_argmax(ref + (size_t)(T - 1) * V, V));
+    assert_int_equal(idx[0], argmax_f32(ref + (size_t)(T - 1) * V, V));
     const int candidates = kern_cpu_argmax_candidates(L.be);
     assert_true(candidates >= 1 && candidates < V);
     free(host);
@@ -639,7 +640,7 @@ static void test_llama_a_head_the_screen_refuses_still_decodes(void **state)
     if (specdec_draft_propose(d, 0, 0, prompt, T, 1, &sp, SPECULATE_MODE_SAMPLED, drafted, NULL,
                               err))
         fail_msg("specdec_draft_propose: %s", err);
-    assert_int_equal(drafted[0], sampling_argmax(last, shape.vocab));
+    assert_int_equal(drafted[0], argmax_f32(last, shape.vocab));
     free(logits);
     specdec_target_destroy(t);
     specdec_draft_destroy(d);

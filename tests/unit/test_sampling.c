@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "argmax.h"
 #include "error.h"
 #include "philox.h"
 #include "sampling.h"
@@ -174,18 +175,18 @@ static void test_sampling_validate_names_the_bad_field(void **state)
 
 /* ---- argmax and draw ---- */
 
-static void test_sampling_argmax_picks_lowest_index_and_skips_nan(void **state)
+static void test_argmax_f32_picks_lowest_index_and_skips_nan(void **state)
 {
     (void)state;
     float a[6] = {1, 3, 2, 3, 3, -1};
-    assert_int_equal(sampling_argmax(a, 6), 1);
+    assert_int_equal(argmax_f32(a, 6), 1);
     float b[4] = {NAN, -INFINITY, NAN, -INFINITY};
-    assert_int_equal(sampling_argmax(b, 4), 1);
+    assert_int_equal(argmax_f32(b, 4), 1);
     float c[3] = {NAN, 0.5f, NAN};
-    assert_int_equal(sampling_argmax(c, 3), 1);
+    assert_int_equal(argmax_f32(c, 3), 1);
     float d[2] = {NAN, NAN};
-    assert_int_equal(sampling_argmax(d, 2), -1);
-    assert_int_equal(sampling_argmax(a, 0), -1);
+    assert_int_equal(argmax_f32(d, 2), -1);
+    assert_int_equal(argmax_f32(a, 0), -1);
 }
 
 static void test_sampling_draw_inverts_the_cdf_and_skips_zeros(void **state)
@@ -453,7 +454,7 @@ static void test_sampling_sample_is_keyed_and_reproducible(void **state)
     /* Greedy ignores the uniform. */
     p.temperature = 0.0f;
     assert_int_equal(sampling_sample(ws, &p, logits, V, 1, 3, probs, &a, NULL), 0);
-    assert_int_equal(a, sampling_argmax(logits, V));
+    assert_int_equal(a, argmax_f32(logits, V));
     sampling_workspace_destroy(ws);
 }
 
@@ -541,7 +542,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampling_defaults_are_greedy_and_valid),
         cmocka_unit_test(test_sampling_validate_names_the_bad_field),
-        cmocka_unit_test(test_sampling_argmax_picks_lowest_index_and_skips_nan),
+        cmocka_unit_test(test_argmax_f32_picks_lowest_index_and_skips_nan),
         cmocka_unit_test(test_sampling_draw_inverts_the_cdf_and_skips_zeros),
         cmocka_unit_test(test_sampling_greedy_is_one_hot_at_first_max),
         cmocka_unit_test(test_sampling_temperature_scales_softmax),

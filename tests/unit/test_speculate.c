@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "argmax.h"
 #include "error.h"
 #include "adaptive_k.h"
 #include "philox.h"
@@ -98,7 +99,7 @@ static void run_gof_with(int k, enum speculate_mode mode, enum speculate_debug_f
             else if (proposer == GOF_FOREIGN)
                 draft[i] = (int32_t)((7u * (unsigned)r + 3u * (unsigned)i) % V);
             else
-                draft[i] = sampling_argmax(q_rows[i], V);
+                draft[i] = argmax_f32(q_rows[i], V);
             assert_true(draft[i] >= 0);
         }
         struct speculate_input in = {
