@@ -5,13 +5,13 @@
  */
 #include "metrics.h"
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
+#include "prom_text.h"
 
 static const char *const error_names[METRICS_ERR_COUNT] = {
     "invalid_request", "overloaded", "target_unavailable", "context_full", "internal", "cancelled",
@@ -236,57 +236,21 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     return 0;
 }
 
-struct textbuf {
-    char *s;
-    size_t len, cap;
-    int failed;
-};
-
-static void tb_printf(struct textbuf *tb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void tb_printf(struct textbuf *tb, const char *fmt, ...)
+static void counter(struct prom_text *tb, const char *name, const char *help, double v)
 {
-    if (tb->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(tb->s + tb->len, tb->cap - tb->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            tb->failed = 1;
-            return;
-        }
-        if ((size_t)n < tb->cap - tb->len) {
-            tb->len += (size_t)n;
-            return;
-        }
-        size_t cap = tb->cap * 2 + (size_t)n;
-        char *s = realloc(tb->s, cap);
-        if (s == NULL) {
-            tb->failed = 1;
-            return;
-        }
-        tb->s = s;
-        tb->cap = cap;
-    }
+    prom_single(tb, name, "counter", help, v);
 }
 
-static void counter(struct textbuf *tb, const char *name, const char *help, double v)
+static void gauge(struct prom_text *tb, const char *name, const char *help, double v)
 {
-    tb_printf(tb, "# HELP %s %s\n# TYPE %s counter\n%s %.17g\n", name, help, name, name, v);
-}
-
-static void gauge(struct textbuf *tb, const char *name, const char *help, double v)
-{
-    tb_printf(tb, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+    prom_single(tb, name, "gauge", help, v);
 }
 
 /* The series of each worker, labelled worker="draft"|"target" and
  * pair="N" (its index in the config's "pairs"). The draft's only where a
  * draft is configured or has registered: a worker that is not part of the
  * deployment is not "down". */
-static void per_worker_series(struct textbuf *tb, const struct metrics *m, const struct metrics_gauges *g)
+static void per_worker_series(struct prom_text *tb, const struct metrics *m, const struct metrics_gauges *g)
 {
     static const char *const roles[2] = {"draft", "target"};
     static const struct {
@@ -303,8 +267,7 @@ static void per_worker_series(struct textbuf *tb, const struct metrics *m, const
     const int n_pairs = g->n_pairs < METRICS_PAIRS_MAX ? g->n_pairs : METRICS_PAIRS_MAX;
     const int first_role = g->draft_configured || m->worker_registrations[0] > 0 ? 0 : 1;
     for (size_t i = 0; i < sizeof series / sizeof series[0]; i++) {
-        tb_printf(tb, "# HELP %s %s\n# TYPE %s %s\n", series[i].name, series[i].help, series[i].name,
-                  series[i].type);
+        prom_family(tb, series[i].name, series[i].type, series[i].help);
         for (int p = 0; p < n_pairs; p++)
             for (int r = first_role; r < 2; r++) {
                 const struct metrics_pair_gauges *pg = &g->pairs[p];
@@ -315,119 +278,128 @@ static void per_worker_series(struct textbuf *tb, const struct metrics *m, const
                                  : i == 4 ? (double)m->prefix_evictions[p][r]
                                  : i == 5 ? (double)pg->kv_blocks[r]
                                           : (double)pg->kv_reserved[r];
-                tb_printf(tb, "%s{worker=\"%s\",pair=\"%d\"} %.17g\n", series[i].name, roles[r], p, v);
+                prom_printf(tb, "%s{worker=\"%s\",pair=\"%d\"} %.17g\n", series[i].name, roles[r], p, v);
             }
     }
-    tb_printf(tb, "# HELP tandem_pair_target_calls_total Forward calls a pair's target reported.\n"
+    prom_printf(tb, "# HELP tandem_pair_target_calls_total Forward calls a pair's target reported.\n"
                   "# TYPE tandem_pair_target_calls_total counter\n");
     for (int p = 0; p < n_pairs; p++)
-        tb_printf(tb, "tandem_pair_target_calls_total{pair=\"%d\"} %llu\n", p,
+        prom_printf(tb, "tandem_pair_target_calls_total{pair=\"%d\"} %llu\n", p,
                   (unsigned long long)g->pairs[p].target_calls);
-    tb_printf(tb, "# HELP tandem_pair_requests_active Sequences being generated on a pair.\n"
+    prom_printf(tb, "# HELP tandem_pair_requests_active Sequences being generated on a pair.\n"
                   "# TYPE tandem_pair_requests_active gauge\n");
     for (int p = 0; p < n_pairs; p++)
-        tb_printf(tb, "tandem_pair_requests_active{pair=\"%d\"} %d\n", p, g->pairs[p].active);
+        prom_printf(tb, "tandem_pair_requests_active{pair=\"%d\"} %d\n", p, g->pairs[p].active);
+}
+
+/* Requests by outcome. */
+static void put_request_series(struct prom_text *tb, const struct metrics *m)
+{
+    counter(tb, "tandem_requests_total", "Generate requests received.", (double)m->requests_total);
+    prom_printf(tb, "# HELP tandem_requests_finished_total Requests that finished, by reason.\n"
+                   "# TYPE tandem_requests_finished_total counter\n");
+    for (int i = 0; i < METRICS_FINISH_COUNT; i++)
+        prom_printf(tb, "tandem_requests_finished_total{finish_reason=\"%s\"} %llu\n", finish_names[i],
+                  (unsigned long long)m->requests_finished[i]);
+    prom_printf(tb, "# HELP tandem_request_errors_total Requests answered with an error, by code.\n"
+                   "# TYPE tandem_request_errors_total counter\n");
+    for (int i = 0; i < METRICS_ERR_COUNT; i++)
+        prom_printf(tb, "tandem_request_errors_total{code=\"%s\"} %llu\n", error_names[i],
+                  (unsigned long long)m->requests_failed[i]);
+    counter(tb, "tandem_slow_client_cancels_total",
+            "Requests cancelled because their client did not read its replies (queue full).",
+            (double)m->slow_client_cancels_total);
+    counter(tb, "tandem_replies_undelivered_total",
+            "Final replies dropped: the client read nothing for 60 s or went away.",
+            (double)m->replies_undelivered_total);
+}
+
+/* Tokens and speculation: drafts, sources, pre-drafts, plain runs. */
+static void put_spec_series(struct prom_text *tb, const struct metrics *m)
+{
+    counter(tb, "tandem_prompt_tokens_total", "Prompt tokens prefilled.", (double)m->prompt_tokens_total);
+    counter(tb, "tandem_generated_tokens_total", "Tokens generated.", (double)m->generated_tokens_total);
+    counter(tb, "tandem_spec_decode_num_drafts_total", "Speculation rounds with at least one drafted token.",
+            (double)m->num_drafts_total);
+    counter(tb, "tandem_spec_decode_num_draft_tokens_total", "Draft tokens proposed.",
+            (double)m->num_draft_tokens_total);
+    counter(tb, "tandem_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+            (double)m->num_accepted_tokens_total);
+    prom_printf(tb, "# HELP tandem_spec_decode_num_accepted_tokens_per_pos Accepted draft tokens by position.\n"
+                   "# TYPE tandem_spec_decode_num_accepted_tokens_per_pos counter\n");
+    for (int i = 0; i < METRICS_POS_MAX; i++)
+        prom_printf(tb, "tandem_spec_decode_num_accepted_tokens_per_pos{position=\"%d\"} %llu\n", i,
+                  (unsigned long long)m->accepted_per_pos[i]);
+    counter(tb, "tandem_ngram_drafts_total", "Rounds whose drafts were n-gram matches.",
+            (double)m->ngram_drafts_total);
+    counter(tb, "tandem_ngram_draft_tokens_total", "Tokens drafted by n-gram matches.",
+            (double)m->ngram_draft_tokens_total);
+    counter(tb, "tandem_ngram_accepted_tokens_total", "N-gram drafted tokens accepted.",
+            (double)m->ngram_accepted_tokens_total);
+    counter(tb, "tandem_suffix_drafts_total", "Rounds whose drafts were suffix-cache matches.",
+            (double)m->suffix_drafts_total);
+    counter(tb, "tandem_suffix_draft_tokens_total", "Tokens drafted by suffix-cache matches.",
+            (double)m->suffix_draft_tokens_total);
+    counter(tb, "tandem_suffix_accepted_tokens_total", "Suffix-cache drafted tokens accepted.",
+            (double)m->suffix_accepted_tokens_total);
+    counter(tb, "tandem_verify_rounds_total", "Target calls after prefill (plain decoding included).",
+            (double)m->verify_rounds_total);
+    counter(tb, "tandem_target_only_rounds_total", "Rounds decoded without a draft (no draft worker).",
+            (double)m->target_only_rounds_total);
+    counter(tb, "tandem_predraft_offered_total", "Pre-drafted rounds offered by the draft worker.",
+            (double)m->predraft_offered_total);
+    counter(tb, "tandem_predraft_used_total", "Pre-drafted rounds used as they were.",
+            (double)m->predraft_used_total);
+    counter(tb, "tandem_plain_runs_total", "Runs of plain steps the target decoded without a round trip.",
+            (double)m->plain_runs_total);
+    counter(tb, "tandem_plain_run_steps_total", "Plain steps asked for in runs.",
+            (double)m->plain_run_steps_total);
+    counter(tb, "tandem_verify_beside_draft_total", "Verifications sent together with their drafts.",
+            (double)m->beside_draft_total);
+    counter(tb, "tandem_verify_beside_draft_failed_total",
+            "Verifications sent with their drafts that the target stopped waiting for.",
+            (double)m->beside_draft_failed_total);
+}
+
+/* Where the time went: queue, prefill, decode, the workers, the gaps between them. */
+static void put_time_series(struct prom_text *tb, const struct metrics *m)
+{
+    counter(tb, "tandem_queue_seconds_total", "Time requests waited for a slot.", m->queue_ms_total / 1000.0);
+    counter(tb, "tandem_prefill_seconds_total", "Time to first token after admission.",
+            m->prefill_ms_total / 1000.0);
+    counter(tb, "tandem_decode_seconds_total", "Time from first to last token.", m->decode_ms_total / 1000.0);
+    counter(tb, "tandem_draft_seconds_total", "Draft worker compute time reported.", m->draft_ms_total / 1000.0);
+    counter(tb, "tandem_verify_seconds_total", "Target worker verification time reported.",
+            m->verify_ms_total / 1000.0);
+    counter(tb, "tandem_target_idle_seconds_total",
+            "Target idle time between finishing one verification and starting the next.",
+            m->target_idle_ms_total / 1000.0);
+    counter(tb, "tandem_target_idle_samples_total", "Verifications that reported their idle gap.",
+            (double)m->target_idle_samples);
+    counter(tb, "tandem_target_gap_seconds_total",
+            "Coordinator-measured time the target had no verification queued between rounds.",
+            m->target_gap_ms_total / 1000.0);
+    counter(tb, "tandem_target_gap_samples_total", "Rounds whose gap was measured.", (double)m->target_gap_samples);
+    counter(tb, "tandem_draft_wait_seconds_total",
+            "Time rounds with drafts waited for the draft before their verification was sent.",
+            m->draft_wait_ms_total / 1000.0);
+    counter(tb, "tandem_draft_wait_rounds_total", "Rounds with drafts whose wait for the draft was measured.",
+            (double)m->draft_wait_rounds);
 }
 
 int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, char **text_out,
                        char *err)
 {
     *text_out = NULL;
-    struct textbuf tb = {.cap = 4096};
-    tb.s = malloc(tb.cap);
-    if (tb.s == NULL)
-        return error_set(err, ERR_NOMEM, "prometheus: out of memory");
-    tb.s[0] = '\0';
-    counter(&tb, "tandem_requests_total", "Generate requests received.", (double)m->requests_total);
-    tb_printf(&tb, "# HELP tandem_requests_finished_total Requests that finished, by reason.\n"
-                   "# TYPE tandem_requests_finished_total counter\n");
-    for (int i = 0; i < METRICS_FINISH_COUNT; i++)
-        tb_printf(&tb, "tandem_requests_finished_total{finish_reason=\"%s\"} %llu\n", finish_names[i],
-                  (unsigned long long)m->requests_finished[i]);
-    tb_printf(&tb, "# HELP tandem_request_errors_total Requests answered with an error, by code.\n"
-                   "# TYPE tandem_request_errors_total counter\n");
-    for (int i = 0; i < METRICS_ERR_COUNT; i++)
-        tb_printf(&tb, "tandem_request_errors_total{code=\"%s\"} %llu\n", error_names[i],
-                  (unsigned long long)m->requests_failed[i]);
-    counter(&tb, "tandem_slow_client_cancels_total",
-            "Requests cancelled because their client did not read its replies (queue full).",
-            (double)m->slow_client_cancels_total);
-    counter(&tb, "tandem_replies_undelivered_total",
-            "Final replies dropped: the client read nothing for 60 s or went away.",
-            (double)m->replies_undelivered_total);
-    counter(&tb, "tandem_prompt_tokens_total", "Prompt tokens prefilled.", (double)m->prompt_tokens_total);
-    counter(&tb, "tandem_generated_tokens_total", "Tokens generated.", (double)m->generated_tokens_total);
-    counter(&tb, "tandem_spec_decode_num_drafts_total", "Speculation rounds with at least one drafted token.",
-            (double)m->num_drafts_total);
-    counter(&tb, "tandem_spec_decode_num_draft_tokens_total", "Draft tokens proposed.",
-            (double)m->num_draft_tokens_total);
-    counter(&tb, "tandem_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
-            (double)m->num_accepted_tokens_total);
-    tb_printf(&tb, "# HELP tandem_spec_decode_num_accepted_tokens_per_pos Accepted draft tokens by position.\n"
-                   "# TYPE tandem_spec_decode_num_accepted_tokens_per_pos counter\n");
-    for (int i = 0; i < METRICS_POS_MAX; i++)
-        tb_printf(&tb, "tandem_spec_decode_num_accepted_tokens_per_pos{position=\"%d\"} %llu\n", i,
-                  (unsigned long long)m->accepted_per_pos[i]);
-    counter(&tb, "tandem_ngram_drafts_total", "Rounds whose drafts were n-gram matches.",
-            (double)m->ngram_drafts_total);
-    counter(&tb, "tandem_ngram_draft_tokens_total", "Tokens drafted by n-gram matches.",
-            (double)m->ngram_draft_tokens_total);
-    counter(&tb, "tandem_ngram_accepted_tokens_total", "N-gram drafted tokens accepted.",
-            (double)m->ngram_accepted_tokens_total);
-    counter(&tb, "tandem_suffix_drafts_total", "Rounds whose drafts were suffix-cache matches.",
-            (double)m->suffix_drafts_total);
-    counter(&tb, "tandem_suffix_draft_tokens_total", "Tokens drafted by suffix-cache matches.",
-            (double)m->suffix_draft_tokens_total);
-    counter(&tb, "tandem_suffix_accepted_tokens_total", "Suffix-cache drafted tokens accepted.",
-            (double)m->suffix_accepted_tokens_total);
-    counter(&tb, "tandem_verify_rounds_total", "Target calls after prefill (plain decoding included).",
-            (double)m->verify_rounds_total);
-    counter(&tb, "tandem_target_only_rounds_total", "Rounds decoded without a draft (no draft worker).",
-            (double)m->target_only_rounds_total);
-    counter(&tb, "tandem_predraft_offered_total", "Pre-drafted rounds offered by the draft worker.",
-            (double)m->predraft_offered_total);
-    counter(&tb, "tandem_predraft_used_total", "Pre-drafted rounds used as they were.",
-            (double)m->predraft_used_total);
-    counter(&tb, "tandem_plain_runs_total", "Runs of plain steps the target decoded without a round trip.",
-            (double)m->plain_runs_total);
-    counter(&tb, "tandem_plain_run_steps_total", "Plain steps asked for in runs.",
-            (double)m->plain_run_steps_total);
-    counter(&tb, "tandem_verify_beside_draft_total", "Verifications sent together with their drafts.",
-            (double)m->beside_draft_total);
-    counter(&tb, "tandem_verify_beside_draft_failed_total",
-            "Verifications sent with their drafts that the target stopped waiting for.",
-            (double)m->beside_draft_failed_total);
-    counter(&tb, "tandem_queue_seconds_total", "Time requests waited for a slot.", m->queue_ms_total / 1000.0);
-    counter(&tb, "tandem_prefill_seconds_total", "Time to first token after admission.",
-            m->prefill_ms_total / 1000.0);
-    counter(&tb, "tandem_decode_seconds_total", "Time from first to last token.", m->decode_ms_total / 1000.0);
-    counter(&tb, "tandem_draft_seconds_total", "Draft worker compute time reported.", m->draft_ms_total / 1000.0);
-    counter(&tb, "tandem_verify_seconds_total", "Target worker verification time reported.",
-            m->verify_ms_total / 1000.0);
-    counter(&tb, "tandem_target_idle_seconds_total",
-            "Target idle time between finishing one verification and starting the next.",
-            m->target_idle_ms_total / 1000.0);
-    counter(&tb, "tandem_target_idle_samples_total", "Verifications that reported their idle gap.",
-            (double)m->target_idle_samples);
-    counter(&tb, "tandem_target_gap_seconds_total",
-            "Coordinator-measured time the target had no verification queued between rounds.",
-            m->target_gap_ms_total / 1000.0);
-    counter(&tb, "tandem_target_gap_samples_total", "Rounds whose gap was measured.", (double)m->target_gap_samples);
-    counter(&tb, "tandem_draft_wait_seconds_total",
-            "Time rounds with drafts waited for the draft before their verification was sent.",
-            m->draft_wait_ms_total / 1000.0);
-    counter(&tb, "tandem_draft_wait_rounds_total", "Rounds with drafts whose wait for the draft was measured.",
-            (double)m->draft_wait_rounds);
-    tb_printf(&tb, "# HELP tandem_target_batch_size Sequences per target forward call.\n"
-                   "# TYPE tandem_target_batch_size histogram\n");
-    uint64_t cum = 0;
-    for (int i = 0; i < METRICS_BATCH_BUCKETS; i++) {
-        cum += m->target_call_batch[i];
-        tb_printf(&tb, "tandem_target_batch_size_bucket{le=\"%s\"} %llu\n", batch_le[i],
-                  (unsigned long long)cum);
-    }
-    tb_printf(&tb, "tandem_target_batch_size_sum %llu\ntandem_target_batch_size_count %llu\n",
-              (unsigned long long)m->target_call_seqs_total, (unsigned long long)m->target_calls_total);
+    struct prom_text tb;
+    prom_text_init(&tb, NULL, 0);
+    put_request_series(&tb, m);
+    put_spec_series(&tb, m);
+    put_time_series(&tb, m);
+    const struct prom_histogram batch = {
+        .le_text = batch_le, .counts = m->target_call_batch, .n_bounds = METRICS_BATCH_BUCKETS - 1,
+        .sum = (double)m->target_call_seqs_total, .count = m->target_calls_total};
+    prom_histogram(&tb, "tandem_target_batch_size", "Sequences per target forward call.", NULL, &batch);
     counter(&tb, "tandem_target_call_rows_total", "Rows in target forward calls.",
             (double)m->target_call_rows_total);
     counter(&tb, "tandem_busy_seconds_total", "Wall time with at least one active sequence.",
@@ -438,22 +410,18 @@ int metrics_prometheus(const struct metrics *m, const struct metrics_gauges *g, 
     gauge(&tb, "tandem_requests_active", "Sequences being generated.", g->active);
     gauge(&tb, "tandem_requests_queued", "Requests waiting for a slot.", g->queued);
     per_worker_series(&tb, m, g);
-    tb_printf(&tb, "# HELP tandem_worker_registrations_total Worker registrations accepted.\n"
+    prom_printf(&tb, "# HELP tandem_worker_registrations_total Worker registrations accepted.\n"
                    "# TYPE tandem_worker_registrations_total counter\n"
                    "tandem_worker_registrations_total{role=\"draft\"} %llu\n"
                    "tandem_worker_registrations_total{role=\"target\"} %llu\n",
               (unsigned long long)m->worker_registrations[0], (unsigned long long)m->worker_registrations[1]);
-    tb_printf(&tb, "# HELP tandem_worker_losses_total Workers declared dead (no heartbeat).\n"
+    prom_printf(&tb, "# HELP tandem_worker_losses_total Workers declared dead (no heartbeat).\n"
                    "# TYPE tandem_worker_losses_total counter\n"
                    "tandem_worker_losses_total{role=\"draft\"} %llu\n"
                    "tandem_worker_losses_total{role=\"target\"} %llu\n",
               (unsigned long long)m->worker_losses[0], (unsigned long long)m->worker_losses[1]);
-    if (tb.failed) {
-        free(tb.s);
-        return error_set(err, ERR_NOMEM, "prometheus: out of memory");
-    }
-    *text_out = tb.s;
-    return 0;
+    size_t len = 0;
+    return prom_text_finish(&tb, text_out, &len, err);
 }
 
 void metrics_prefix_report(struct metrics *m, int pair, int role, int looked_up, int cached, int cached_blocks,

@@ -6,13 +6,13 @@
 #include "http_metrics.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
+#include "prom_text.h"
 
 #define STATUS_MAX 8   /* distinct statuses per endpoint */
 #define BUCKETS_MAX 20
@@ -136,115 +136,73 @@ void http_metrics_generation_end(struct http_metrics *m, int got_first, int n_to
     pthread_mutex_unlock(&m->mu);
 }
 
-struct text {
-    char *buf;
-    size_t len, cap;
-    int failed;
-};
-
-static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(struct text *t, const char *fmt, ...)
+/* h as the text format's histogram. */
+static struct prom_histogram prom_of(const struct histogram *h)
 {
-    if (t->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = 1;
-            return;
-        }
-        if (t->buf != NULL && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = (t->cap ? t->cap * 2 : 4096) + (size_t)n;
-        char *b = realloc(t->buf, cap);
-        if (b == NULL) {
-            t->failed = 1;
-            return;
-        }
-        t->buf = b;
-        t->cap = cap;
-    }
+    return (struct prom_histogram){
+        .bounds = h->bounds, .counts = h->counts, .n_bounds = h->n_bounds, .sum = h->sum, .count = h->count};
 }
 
-static void put_histogram(struct text *t, const char *name, const char *help, const struct histogram *h)
+/* The gateway's own series (m->mu held). */
+static void put_gateway_series(struct prom_text *t, const struct http_metrics *m, const char *model_labels)
 {
-    put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (int i = 0; i < h->n_bounds; i++) {
-        cum += h->counts[i];
-        put(t, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
-    }
-    cum += h->counts[h->n_bounds];
-    put(t, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
-    put(t, "%s_sum %.6f\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+    prom_family(t, "tandem_gateway_requests_total", "counter",
+                "HTTP requests answered by the gateway, by endpoint and status.");
+    for (int e = 0; e < HTTP_METRICS_ENDPOINT_COUNT; e++)
+        for (int i = 0; i < STATUS_MAX && m->requests[e][i].count > 0; i++)
+            prom_printf(t, "tandem_gateway_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", endpoint_names[e],
+                        m->requests[e][i].status, (unsigned long long)m->requests[e][i].count);
+    prom_single(t, "tandem_gateway_requests_in_flight", "gauge", "Generations the gateway is serving.",
+                (double)m->in_flight);
+    prom_single(t, "tandem_gateway_requests_waiting", "gauge",
+                "Generations waiting for their first token (queue length).", (double)m->waiting);
+    prom_single(t, "tandem_gateway_generated_tokens_total", "counter", "Tokens returned through the gateway.",
+                (double)m->generated_tokens);
+    const struct prom_histogram ttft = prom_of(&m->ttft), tpot = prom_of(&m->tpot), e2e = prom_of(&m->e2e);
+    prom_histogram(t, "tandem_gateway_time_to_first_token_seconds",
+                   "From the HTTP request to its first token (or its whole answer when not streamed).", NULL, &ttft);
+    prom_histogram(t, "tandem_gateway_time_per_output_token_seconds",
+                   "Decode time per output token after the first, per request.", NULL, &tpot);
+    prom_histogram(t, "tandem_gateway_e2e_request_latency_seconds", "From the HTTP request to its last byte.", NULL,
+                   &e2e);
+    /* The same observations under vLLM's names: its dashboards and alerts
+     * read these (the buckets are vLLM's too). */
+    prom_histogram(t, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                   model_labels, &ttft);
+    prom_histogram(t, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                   model_labels, &tpot);
+    prom_histogram(t, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                   model_labels, &e2e);
 }
 
-static char *label_value(const char *v);
-
-/* The histogram h again under a vLLM name, with its model_name label. */
-static void put_histogram_labelled(struct text *t, const char *name, const char *help, const char *model,
-                                   const struct histogram *h)
+/* `model_name="<escaped name>"`: NULL when out of memory; the caller frees. */
+static char *model_labels_of(const char *model_name)
 {
-    put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (int i = 0; i < h->n_bounds; i++) {
-        cum += h->counts[i];
-        put(t, "%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", name, model, h->bounds[i], (unsigned long long)cum);
-    }
-    cum += h->counts[h->n_bounds];
-    put(t, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", name, model, (unsigned long long)cum);
-    put(t, "%s_sum{model_name=\"%s\"} %.6f\n%s_count{model_name=\"%s\"} %llu\n", name, model, h->sum, name, model,
-        (unsigned long long)h->count);
+    char *model = prom_label_value(model_name);
+    if (model == NULL)
+        return NULL;
+    const size_t n = strlen(model) + sizeof "model_name=\"\"";
+    char *labels = malloc(n);
+    if (labels != NULL)
+        snprintf(labels, n, "model_name=\"%s\"", model);
+    free(model);
+    return labels;
 }
 
 int http_metrics_render(struct http_metrics *m, const char *model_name, char **buf, size_t *len, char *err)
 {
-    char *model = label_value(model_name);
-    if (model == NULL)
+    char *labels = model_labels_of(model_name);
+    if (labels == NULL)
         return error_set(err, ERR_NOMEM, "metrics: out of memory");
-    struct text t = {.buf = *buf, .len = *len, .cap = *buf ? *len + 1 : 0};
+    struct prom_text t;
+    prom_text_init(&t, *buf, *len);
     pthread_mutex_lock(&m->mu);
-    put(&t, "# HELP tandem_gateway_requests_total HTTP requests answered by the gateway, by endpoint and status.\n"
-            "# TYPE tandem_gateway_requests_total counter\n");
-    for (int e = 0; e < HTTP_METRICS_ENDPOINT_COUNT; e++)
-        for (int i = 0; i < STATUS_MAX && m->requests[e][i].count > 0; i++)
-            put(&t, "tandem_gateway_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", endpoint_names[e],
-                m->requests[e][i].status, (unsigned long long)m->requests[e][i].count);
-    put(&t, "# HELP tandem_gateway_requests_in_flight Generations the gateway is serving.\n"
-            "# TYPE tandem_gateway_requests_in_flight gauge\ntandem_gateway_requests_in_flight %lld\n",
-        (long long)m->in_flight);
-    put(&t, "# HELP tandem_gateway_requests_waiting Generations waiting for their first token (queue length).\n"
-            "# TYPE tandem_gateway_requests_waiting gauge\ntandem_gateway_requests_waiting %lld\n",
-        (long long)m->waiting);
-    put(&t, "# HELP tandem_gateway_generated_tokens_total Tokens returned through the gateway.\n"
-            "# TYPE tandem_gateway_generated_tokens_total counter\ntandem_gateway_generated_tokens_total %llu\n",
-        (unsigned long long)m->generated_tokens);
-    put_histogram(&t, "tandem_gateway_time_to_first_token_seconds",
-                  "From the HTTP request to its first token (or its whole answer when not streamed).", &m->ttft);
-    put_histogram(&t, "tandem_gateway_time_per_output_token_seconds",
-                  "Decode time per output token after the first, per request.", &m->tpot);
-    put_histogram(&t, "tandem_gateway_e2e_request_latency_seconds", "From the HTTP request to its last byte.",
-                  &m->e2e);
-    /* The same observations under vLLM's names: its dashboards and alerts
-     * read these (the buckets are vLLM's too). */
-    put_histogram_labelled(&t, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                           model, &m->ttft);
-    put_histogram_labelled(&t, "vllm:time_per_output_token_seconds",
-                           "Histogram of time per output token in seconds.", model, &m->tpot);
-    put_histogram_labelled(&t, "vllm:e2e_request_latency_seconds",
-                           "Histogram of end to end request latency in seconds.", model, &m->e2e);
+    put_gateway_series(&t, m, labels);
     pthread_mutex_unlock(&m->mu);
-    free(model);
-    *buf = t.buf;
-    *len = t.len;
-    if (t.failed)
-        return error_set(err, ERR_NOMEM, "metrics: out of memory");
-    return 0;
+    free(labels);
+    *buf = NULL;
+    *len = 0;
+    return prom_text_finish(&t, buf, len, err);
 }
 
 /* The stats reply's number obj.key, or NULL. */
@@ -254,61 +212,66 @@ static const cJSON *stats_number(const cJSON *stats, const char *obj, const char
     return cJSON_IsNumber(v) ? v : NULL;
 }
 
-/* A label value in the text format: backslash, double quote and line feed
- * escaped. NULL when out of memory; the caller frees. */
-static char *label_value(const char *v)
+/* One series of the engine's under its vLLM name, labelled with the model;
+ * left out when the stats reply lacks it (v NULL). */
+static void put_engine_value(struct prom_text *t, const char *name, const char *type, const char *help,
+                             const char *labels, const cJSON *v)
 {
-    char *out = malloc(2 * strlen(v) + 1), *o = out;
-    if (out == NULL)
-        return NULL;
-    for (; *v != '\0'; v++) {
-        if (*v == '\\' || *v == '"' || *v == '\n')
-            *o++ = '\\';
-        *o++ = *v == '\n' ? 'n' : *v;
-    }
-    *o = '\0';
-    return out;
-}
-
-static void put_engine_gauge(struct text *t, const char *name, const char *help, const char *model, double v)
-{
-    put(t, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"%s\"} %.9g\n", name, help, name, name, model, v);
-}
-
-static void put_engine_counter(struct text *t, const char *name, const char *help, const char *model, const cJSON *v)
-{
-    if (v != NULL)
-        put(t, "# HELP %s %s\n# TYPE %s counter\n%s{model_name=\"%s\"} %.17g\n", name, help, name, name, model,
-            v->valuedouble);
+    if (v == NULL)
+        return;
+    prom_family(t, name, type, help);
+    prom_sample(t, name, labels, v->valuedouble);
 }
 
 /* The token and speculation counters of the stats reply, under vLLM's
  * names; each left out when the reply lacks it. */
-static void put_engine_counters(struct text *t, const cJSON *stats, const char *model)
+static void put_engine_counters(struct prom_text *t, const cJSON *stats, const char *labels)
 {
-    put_engine_counter(t, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", model,
-                       stats_number(stats, "tokens", "prompt"));
-    put_engine_counter(t, "vllm:generation_tokens_total", "Number of generation tokens processed.", model,
-                       stats_number(stats, "tokens", "generated"));
-    put_engine_counter(t, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", model,
-                       stats_number(stats, "spec", "num_drafts"));
-    put_engine_counter(t, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", model,
-                       stats_number(stats, "spec", "num_draft_tokens"));
-    put_engine_counter(t, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", model,
-                       stats_number(stats, "spec", "num_accepted_tokens"));
+    put_engine_value(t, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", labels,
+                     stats_number(stats, "tokens", "prompt"));
+    put_engine_value(t, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", labels,
+                     stats_number(stats, "tokens", "generated"));
+    put_engine_value(t, "vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", labels,
+                     stats_number(stats, "spec", "num_drafts"));
+    put_engine_value(t, "vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", labels,
+                     stats_number(stats, "spec", "num_draft_tokens"));
+    put_engine_value(t, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+                     labels, stats_number(stats, "spec", "num_accepted_tokens"));
     const cJSON *pos = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(stats, "spec"),
                                                         "accepted_per_pos");
     if (!cJSON_IsArray(pos))
         return;
-    put(t, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.\n"
-           "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+    prom_family(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                "Accepted tokens per draft position.");
     int i = 0;
     const cJSON *v = NULL;
     cJSON_ArrayForEach(v, pos) {
         if (cJSON_IsNumber(v))
-            put(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %.17g\n",
-                model, i, v->valuedouble);
+            prom_printf(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %.17g\n",
+                        labels, i, v->valuedouble);
         i++;
+    }
+}
+
+/* The engine's gauges: queue, running, KV usage. */
+static void put_engine_gauges(struct prom_text *t, const cJSON *stats, const char *labels)
+{
+    put_engine_value(t, "vllm:num_requests_waiting", "gauge", "Requests queued in the coordinator, waiting for a slot.",
+                     labels, stats_number(stats, "requests", "queued"));
+    put_engine_value(t, "vllm:num_requests_running", "gauge", "Sequences being generated (holding a slot).", labels,
+                     stats_number(stats, "requests", "active"));
+    /* Reserved, not written: admission reserves a sequence's prompt and
+     * max_tokens up front (docs/batching.md), so this is what decides
+     * whether the next request waits, the figure a balancer wants. */
+    const cJSON *kv_total = stats_number(stats, "kv_blocks", "target_total");
+    const cJSON *kv_reserved = stats_number(stats, "kv_blocks", "target_reserved");
+    if (kv_total != NULL && kv_reserved != NULL && kv_total->valuedouble > 0) {
+        const double usage = kv_reserved->valuedouble / kv_total->valuedouble;
+        prom_single_labelled(t, "vllm:kv_cache_usage_perc", "gauge",
+                             "Fraction of the target's KV blocks reserved by admitted sequences. 1 means 100 percent.",
+                             labels, usage);
+        prom_single_labelled(t, "vllm:gpu_cache_usage_perc", "gauge",
+                             "Deprecated: the same as vllm:kv_cache_usage_perc.", labels, usage);
     }
 }
 
@@ -316,36 +279,15 @@ int http_metrics_render_engine(const cJSON *stats, const char *model_name, char 
 {
     if (stats == NULL)
         return 0;
-    const cJSON *queued = stats_number(stats, "requests", "queued");
-    const cJSON *active = stats_number(stats, "requests", "active");
-    const cJSON *kv_total = stats_number(stats, "kv_blocks", "target_total");
-    const cJSON *kv_reserved = stats_number(stats, "kv_blocks", "target_reserved");
-    char *model = label_value(model_name);
-    if (model == NULL)
+    char *labels = model_labels_of(model_name);
+    if (labels == NULL)
         return error_set(err, ERR_NOMEM, "metrics: out of memory");
-    struct text t = {.buf = *buf, .len = *len, .cap = *buf ? *len + 1 : 0};
-    if (queued != NULL)
-        put_engine_gauge(&t, "vllm:num_requests_waiting", "Requests queued in the coordinator, waiting for a slot.",
-                         model, queued->valuedouble);
-    if (active != NULL)
-        put_engine_gauge(&t, "vllm:num_requests_running", "Sequences being generated (holding a slot).", model,
-                         active->valuedouble);
-    /* Reserved, not written: admission reserves a sequence's prompt and
-     * max_tokens up front (docs/batching.md), so this is what decides
-     * whether the next request waits, the figure a balancer wants. */
-    if (kv_total != NULL && kv_reserved != NULL && kv_total->valuedouble > 0) {
-        double usage = kv_reserved->valuedouble / kv_total->valuedouble;
-        put_engine_gauge(&t, "vllm:kv_cache_usage_perc",
-                         "Fraction of the target's KV blocks reserved by admitted sequences. 1 means 100 percent.",
-                         model, usage);
-        put_engine_gauge(&t, "vllm:gpu_cache_usage_perc", "Deprecated: the same as vllm:kv_cache_usage_perc.", model,
-                         usage);
-    }
-    put_engine_counters(&t, stats, model);
-    free(model);
-    *buf = t.buf;
-    *len = t.len;
-    if (t.failed)
-        return error_set(err, ERR_NOMEM, "metrics: out of memory");
-    return 0;
+    struct prom_text t;
+    prom_text_init(&t, *buf, *len);
+    put_engine_gauges(&t, stats, labels);
+    put_engine_counters(&t, stats, labels);
+    free(labels);
+    *buf = NULL;
+    *len = 0;
+    return prom_text_finish(&t, buf, len, err);
 }
