@@ -284,6 +284,120 @@ static int check_other_targets(const struct coordinator *c, int pair, const stru
     return 0;
 }
 
+/* Whether w comes from the process already registered as known (or held). */
+static bool same_process(const struct worker *known, const struct worker *w)
+{
+    return (known->up || known->held) && known->pid == w->pid && strcmp(known->shm_name, w->shm_name) == 0;
+}
+
+/* The worker record a register message describes (its facts only: the
+ * routing id, times and lane are the registration's). */
+static void worker_of_register(const struct worker_msg_register *r, struct worker *w)
+{
+    memset(w, 0, sizeof *w);
+    w->pid = r->pid;
+    w->vocab_size = r->vocab_size;
+    memcpy(w->eos_ids, r->eos_ids, sizeof(w->eos_ids));
+    w->n_eos = r->n_eos;
+    w->max_seq_len = r->max_seq_len;
+    w->n_slots = r->n_slots;
+    w->bos_id = r->bos_id;
+    w->kv_blocks = r->kv_blocks;
+    w->kv_block_size = r->kv_block_size;
+    w->drops = r->drops;
+    w->cpu_known = r->cpu.present;
+    snprintf(w->shm_domain, sizeof w->shm_domain, "%s", r->shm_domain);
+    snprintf(w->model, sizeof(w->model), "%s", r->model);
+    snprintf(w->backend, sizeof(w->backend), "%s", r->backend);
+    if (w->cpu_known) {
+        snprintf(w->cpu_host, sizeof(w->cpu_host), "%s", r->cpu.host);
+        w->cpu_threads = r->cpu.threads;
+        w->cpus = r->cpu.set;
+    }
+    if (r->shm != NULL) {
+        char err[ERR_MSG_MAX];
+        const char *name = "";
+        if (protocol_get_string_opt(r->shm, "shm.name", sizeof(w->shm_name) - 1, "", &name, err) == 0)
+            snprintf(w->shm_name, sizeof(w->shm_name), "%s", name);
+        const char *transport = "";
+        w->shm_posix = protocol_get_string_opt(r->shm, "shm.transport", 32, "", &transport, err) == 0 &&
+                       strcmp(transport, "posix") == 0;
+    }
+}
+
+/* A repeat of a registration already taken (the same process, no
+ * connection lost since): answered again, never taken for a restart.
+ * True when w was one. */
+static bool answered_again(struct coordinator *c, const struct protocol_msg *msg, int pair, enum worker_role role,
+                           const struct worker *w)
+{
+    struct worker *known = &c->pair[pair].worker[role];
+    if (!same_process(known, w) || known->drops != w->drops)
+        return false;
+    memcpy(known->identity, msg->identity, msg->identity_size);
+    known->identity_size = msg->identity_size;
+    known->last_seen_ms = coord_now_ms();
+    if (known->up) {
+        send_welcome(c, pair, role);
+        if (role == ROLE_DRAFT)
+            send_attach(c, pair);
+    }
+    return true;
+}
+
+/* A target takes pair's place: the one before it lost, the draft held for
+ * it welcomed, or the draft already up checked against it again. */
+static void target_registered(struct coordinator *c, int pair, const struct worker *w, bool same)
+{
+    if (c->pair[pair].worker[ROLE_TARGET].up)
+        registry_target_lost(c, pair, same ? "registered again after a connection drop (its sequences are gone)"
+                                           : "registered again (restarted)");
+    c->pair[pair].worker[ROLE_TARGET] = *w;
+    c->pair[pair].worker[ROLE_TARGET].up = true;
+    c->metrics.worker_registrations[ROLE_TARGET]++;
+    LOG_INFO("target worker pid %d (pair %d) registered: %s, %s, vocab %d, %d slots, max_seq_len %d", w->pid, pair,
+             w->model, w->backend, w->vocab_size, w->n_slots, w->max_seq_len);
+    send_welcome(c, pair, ROLE_TARGET);
+    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
+    if (d->held) {
+        welcome_draft(c, pair);
+        return;
+    }
+    if (!d->up)
+        return;
+    char why[400];
+    if (check_pair(&c->pair[pair].worker[ROLE_TARGET], d, why, sizeof(why)) != 0) {
+        LOG_ERROR("dropping draft worker pid %d (%s): %s", d->pid, d->model, why);
+        send_refused(c, d->identity, d->identity_size, why);
+        c->metrics.draft_refusals++;
+        registry_draft_lost(c, pair, "does not match the new target");
+        return;
+    }
+    note_core_sharing(c, pair);
+    const bool was_frames = c->pair[pair].halves_as_frames;
+    note_memory_sharing(c, pair);
+    if (was_frames != c->pair[pair].halves_as_frames)
+        send_welcome(c, pair, ROLE_DRAFT); /* the draft learns how its halves travel */
+    send_attach(c, pair);
+}
+
+/* A draft takes pair's place: welcomed, or held until its target registers. */
+static void draft_registered(struct coordinator *c, int pair, const struct worker *w, bool same)
+{
+    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
+    if (d->up || d->held)
+        registry_draft_lost(c, pair, same ? "registered again after a connection drop (its sequences are gone)"
+                                          : "registered again (restarted)");
+    *d = *w;
+    if (!c->pair[pair].worker[ROLE_TARGET].up) {
+        d->held = true;
+        LOG_INFO("draft worker pid %d (%s) registered before the target: held until the target registers", w->pid,
+                 w->model);
+        return;
+    }
+    welcome_draft(c, pair);
+}
+
 static void on_register(struct coordinator *c, const struct protocol_msg *msg)
 {
     char err[ERR_MSG_MAX] = "";
@@ -292,38 +406,8 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
     memset(&w, 0, sizeof(w));
     int rc = worker_msg_register_decode(msg, &r, err);
     enum worker_role role = rc == 0 && strcmp(r.role, "target") == 0 ? ROLE_TARGET : ROLE_DRAFT;
-    const char *model = "", *backend = "";
-    const cJSON *shm = NULL;
-    if (rc == 0) {
-        w.pid = r.pid;
-        model = r.model;
-        backend = r.backend;
-        w.vocab_size = r.vocab_size;
-        memcpy(w.eos_ids, r.eos_ids, sizeof(w.eos_ids));
-        w.n_eos = r.n_eos;
-        w.max_seq_len = r.max_seq_len;
-        w.n_slots = r.n_slots;
-        w.bos_id = r.bos_id;
-        w.kv_blocks = r.kv_blocks;
-        w.kv_block_size = r.kv_block_size;
-        w.drops = r.drops;
-        shm = r.shm;
-        w.cpu_known = r.cpu.present;
-        snprintf(w.shm_domain, sizeof w.shm_domain, "%s", r.shm_domain);
-        if (w.cpu_known) {
-            snprintf(w.cpu_host, sizeof(w.cpu_host), "%s", r.cpu.host);
-            w.cpu_threads = r.cpu.threads;
-            w.cpus = r.cpu.set;
-        }
-    }
-    if (rc == 0 && shm != NULL) {
-        const char *name = "";
-        if (protocol_get_string_opt(shm, "shm.name", sizeof(w.shm_name) - 1, "", &name, err) == 0)
-            snprintf(w.shm_name, sizeof(w.shm_name), "%s", name);
-        const char *transport = "";
-        w.shm_posix = protocol_get_string_opt(shm, "shm.transport", 32, "", &transport, err) == 0 &&
-                      strcmp(transport, "posix") == 0;
-    }
+    if (rc == 0)
+        worker_of_register(&r, &w);
     if (rc == 0 && r.pair >= c->n_pairs)
         rc = error_set(err, ERR_INVALID_ARG,
                        "pair %d: this coordinator serves %d pair%s (pairs 0..%d, its config's \"pairs\"); "
@@ -339,29 +423,15 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
     }
     /* A worker repeats register until it is welcomed (its first one may
      * leave before the connection is up): a repeat from the same process is
-     * answered again, never taken for a restart. One that lost its
-     * connection meanwhile (more drops) emptied its slots: for the requests
-     * it served that is a restart. */
-    struct worker *known = &c->pair[pair].worker[role];
-    bool same_process = (known->up || known->held) && known->pid == w.pid &&
-                        strcmp(known->shm_name, w.shm_name) == 0;
-    if (same_process && known->drops == w.drops) {
-        memcpy(known->identity, msg->identity, msg->identity_size);
-        known->identity_size = msg->identity_size;
-        known->last_seen_ms = coord_now_ms();
-        if (known->up) {
-            send_welcome(c, pair, role);
-            if (role == ROLE_DRAFT)
-                send_attach(c, pair);
-        }
+     * answered again. One that lost its connection meanwhile (more drops)
+     * emptied its slots: for the requests it served that is a restart. */
+    if (answered_again(c, msg, pair, role, &w))
         return;
-    }
-    snprintf(w.model, sizeof(w.model), "%s", model);
-    snprintf(w.backend, sizeof(w.backend), "%s", backend);
+    const bool same = same_process(&c->pair[pair].worker[role], &w);
     memcpy(w.identity, msg->identity, msg->identity_size);
     w.identity_size = msg->identity_size;
     w.last_seen_ms = coord_now_ms();
-    if (shm != NULL && (w.shm = cJSON_Duplicate(shm, 1)) == NULL) {
+    if (r.shm != NULL && (w.shm = cJSON_Duplicate(r.shm, 1)) == NULL) {
         LOG_ERROR("draft registration: out of memory");
         return;
     }
@@ -370,50 +440,10 @@ static void on_register(struct coordinator *c, const struct protocol_msg *msg)
         LOG_WARN("%s: no lane offered to this worker", err);
         w.lane_key[0] = '\0';
     }
-
-    if (role == ROLE_TARGET) {
-        if (c->pair[pair].worker[ROLE_TARGET].up)
-            registry_target_lost(c, pair, same_process ? "registered again after a connection drop (its sequences are gone)"
-                                                 : "registered again (restarted)");
-        w.up = true;
-        c->pair[pair].worker[ROLE_TARGET] = w;
-        c->metrics.worker_registrations[ROLE_TARGET]++;
-        LOG_INFO("target worker pid %d (pair %d) registered: %s, %s, vocab %d, %d slots, max_seq_len %d", w.pid,
-                 pair, w.model, w.backend, w.vocab_size, w.n_slots, w.max_seq_len);
-        send_welcome(c, pair, ROLE_TARGET);
-        struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
-        if (d->held) {
-            welcome_draft(c, pair);
-        } else if (d->up) {
-            char why[400];
-            if (check_pair(&c->pair[pair].worker[ROLE_TARGET], d, why, sizeof(why)) != 0) {
-                LOG_ERROR("dropping draft worker pid %d (%s): %s", d->pid, d->model, why);
-                send_refused(c, d->identity, d->identity_size, why);
-                c->metrics.draft_refusals++;
-                registry_draft_lost(c, pair, "does not match the new target");
-            } else {
-                note_core_sharing(c, pair);
-                const bool was_frames = c->pair[pair].halves_as_frames;
-                note_memory_sharing(c, pair);
-                if (was_frames != c->pair[pair].halves_as_frames)
-                    send_welcome(c, pair, ROLE_DRAFT); /* the draft learns how its halves travel */
-                send_attach(c, pair);
-            }
-        }
-        return;
-    }
-    struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
-    if (d->up || d->held)
-        registry_draft_lost(c, pair, same_process ? "registered again after a connection drop (its sequences are gone)"
-                                            : "registered again (restarted)");
-    *d = w;
-    if (!c->pair[pair].worker[ROLE_TARGET].up) {
-        d->held = true;
-        LOG_INFO("draft worker pid %d (%s) registered before the target: held until the target registers", w.pid,
-                 w.model);
-        return;
-    }
-    welcome_draft(c, pair);
+    if (role == ROLE_TARGET)
+        target_registered(c, pair, &w, same);
+    else
+        draft_registered(c, pair, &w, same);
 }
 
 static void on_worker_message(struct coordinator *c, int pair, enum worker_role role,

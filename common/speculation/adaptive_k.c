@@ -476,59 +476,67 @@ int adaptive_k_next(struct adaptive_k *kc, int room)
     return adaptive_k_next_under_load(kc, room, NULL);
 }
 
-int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load)
+/* What a round is priced by: plain decoding's cost, and what a drafting
+ * round costs beyond its compute. */
+struct k_prices {
+    bool loaded;       /* the shared call's cost under load (every sequence adds its rows) */
+    bool wall;         /* in wall time, plain rounds timed so (the pipeline) */
+    double plain_ms;   /* one plain round */
+    double extra_ms;   /* a drafting round's excess over its compute */
+};
+
+/* Plain decoding as measured in plain rounds when there were any: the
+ * fit's base is taken while drafts run, which may slow the target. In wall
+ * time where plain rounds were timed so (the pipeline): then a drafting
+ * round is charged its own measured excess over its compute, or until one
+ * is measured, the excess a plain round has over its compute (the hop
+ * through the coordinator a drafting round makes too). Under load the
+ * verification cost is the shared call's, every sequence adding its rows. */
+static struct k_prices k_prices_of(const struct adaptive_k *kc, const struct adaptive_k_load *load)
 {
-    int cap = room - 1;
-    if (cap <= 0)
-        return 0;
-    if (kc->k_fixed > 0)
-        return kc->k_fixed < cap ? kc->k_fixed : cap;
-    int limit = kc->k_max < cap ? kc->k_max : cap;
-    if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0) {
-        /* nothing measured yet: a first round at the initial K */
-        return kc->k_current < limit ? kc->k_current : limit;
-    }
-    /* Throughput of plain decoding against each k: expected tokens per round
-     * over the round's modelled cost (Leviathan et al. 2023, section 3.5,
-     * with the measured costs in place of the ratio c alone). Under load the
-     * verification cost is the shared call's, every sequence adding its rows. */
-    const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 &&
-                        load->call_ms_per_row >= 0;
-    /* plain decoding as measured in plain rounds when there were any: the
-     * fit's base is taken while drafts run, which may slow the target. In
-     * wall time where plain rounds were timed so (the pipeline): then a
-     * drafting round is charged its own measured excess over its compute,
-     * or until one is measured, the excess a plain round has over its
-     * compute (the hop through the coordinator a drafting round makes too). */
-    const bool wall = !loaded && kc->wall_plain_ms > 0;
-    const double plain_ms = loaded             ? load->call_ms_base + load->call_ms_per_row * load->batch
-                            : wall             ? kc->wall_plain_ms
-                            : kc->plain_ms > 0 ? kc->plain_ms
-                                               : kc->verify_ms_base;
-    double extra_ms = 0;
-    if (wall && kc->wall_spec_rounds > 0)
-        extra_ms = kc->wall_extra_ms;
-    else if (wall && kc->plain_ms > 0 && kc->wall_plain_ms > kc->plain_ms)
-        extra_ms = kc->wall_plain_ms - kc->plain_ms;
-    /* The best K >= 1, then against plain decoding with a margin that keeps
-     * noise from choosing speculation. Between two K the better rate wins
-     * outright: the margin there (as before) held the 1B-shaped pair at
-     * K = 1 where K = 2 was as good or better (a = 0.65-0.75, c = 0.3). */
-    double best_rate = 0, best_cost = 0;
+    struct k_prices p = {0};
+    p.loaded = load && load->batch > 1 && load->call_ms_base > 0 && load->call_ms_per_row >= 0;
+    p.wall = !p.loaded && kc->wall_plain_ms > 0;
+    p.plain_ms = p.loaded            ? load->call_ms_base + load->call_ms_per_row * load->batch
+                 : p.wall            ? kc->wall_plain_ms
+                 : kc->plain_ms > 0 ? kc->plain_ms
+                                     : kc->verify_ms_base;
+    if (p.wall && kc->wall_spec_rounds > 0)
+        p.extra_ms = kc->wall_extra_ms;
+    else if (p.wall && kc->plain_ms > 0 && kc->wall_plain_ms > kc->plain_ms)
+        p.extra_ms = kc->wall_plain_ms - kc->plain_ms;
+    return p;
+}
+
+/* The K >= 1 (up to limit) with the best expected tokens per modelled
+ * millisecond (Leviathan et al. 2023, section 3.5, with the measured costs
+ * in place of the ratio c alone), its round's cost in *cost. Between two K
+ * the better rate wins outright: a margin there held the 1B-shaped pair at
+ * K = 1 where K = 2 was as good or better (a = 0.65-0.75, c = 0.3). */
+static int k_best_by_model(const struct adaptive_k *kc, int limit, const struct k_prices *p,
+                           const struct adaptive_k_load *load, double *cost)
+{
+    double best_rate = 0;
     int best_k = 0;
+    *cost = 0;
     for (int k = 1; k <= limit; k++) {
-        double tokens = speculate_expected_tokens(kc->accept_rate, k);
-        double verify_ms = loaded ? load->call_ms_base +
-                                        load->call_ms_per_row * load->batch * (double)(k + 1)
-                                  : k_verify_ms(kc, k);
-        double cost = k * kc->draft_ms_per_token + verify_ms + extra_ms;
-        double rate = tokens / cost;
-        if (rate > best_rate) {
-            best_rate = rate;
-            best_cost = cost;
+        const double tokens = speculate_expected_tokens(kc->accept_rate, k);
+        const double verify_ms = p->loaded ? load->call_ms_base + load->call_ms_per_row * load->batch * (double)(k + 1)
+                                           : k_verify_ms(kc, k);
+        const double round_ms = k * kc->draft_ms_per_token + verify_ms + p->extra_ms;
+        if (tokens / round_ms > best_rate) {
+            best_rate = tokens / round_ms;
+            *cost = round_ms;
             best_k = k;
         }
     }
+    return best_k;
+}
+
+/* best_k (its round costing best_cost) against plain decoding: 0 where
+ * plain decoding wins, with the margins below. */
+static int k_against_plain(const struct adaptive_k *kc, int best_k, double best_cost, const struct k_prices *p)
+{
     /* Plain decoding only where it wins even at an acceptance one standard
      * error above the estimate, until K_EARLY_TRIALS tests are seen: on a
      * few the estimate is mostly luck, and giving up is sticky (the next
@@ -538,39 +546,44 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
      * a run: 0.92x. From K_EARLY_TRIALS on the estimate alone decides, with
      * the margin, so a badly matched pair still ends at K = 0: a draft never
      * accepted by its 3rd or 4th test (at the 1B pair's costs, its 2nd). */
-    const int model_k = best_k;
     const double n_tests = (double)kc->trials_seen + K_PRIOR_WEIGHT;
     const bool early = kc->trials_seen < K_EARLY_TRIALS &&
                        (kc->accepted_sum > 0 || kc->trials_seen < K_NEVER_ACCEPTED_TRIALS);
     const double a_high =
-        early ? kc->accept_rate + sqrt(kc->accept_rate * (1.0 - kc->accept_rate) / n_tests)
-              : kc->accept_rate;
+        early ? kc->accept_rate + sqrt(kc->accept_rate * (1.0 - kc->accept_rate) / n_tests) : kc->accept_rate;
     if (best_k > 0 &&
-        speculate_expected_tokens(a_high < 1.0 ? a_high : 1.0, best_k) / best_cost <= 1.03 / plain_ms)
+        speculate_expected_tokens(a_high < 1.0 ? a_high : 1.0, best_k) / best_cost <= 1.03 / p->plain_ms)
         best_k = 0;
     /* A draft that has been accepted gets a few acceptance tests before the
      * model may give up on it: on two the estimate is still the luck of the
      * first rounds (see warm_up in k_update). One never accepted is judged
      * by the model at once: on the badly matched 1B-shaped pair the four
      * rounds at K = 1 (0.68x each) took 1-2% of a 3 x 48-token run. */
-    if (best_k == 0 && !loaded && kc->trials_seen < K_MIN_TRIALS && kc->accepted_sum > 0)
+    if (best_k == 0 && !p->loaded && kc->trials_seen < K_MIN_TRIALS && kc->accepted_sum > 0)
         best_k = 1;
     /* What drafting rounds actually cost per token overrules the model: when
      * they were slower than plain rounds the model's prices are off (the
      * acceptance is not the independent draws E(a, k) assumes, costs moved)
      * and plain decoding is the safe choice; probes measure again. */
-    if (best_k > 0 && wall && kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS && kc->wall_spec_tokens_sum > 0 &&
-        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > plain_ms * K_WALL_VETO_MARGIN)
+    if (best_k > 0 && p->wall && kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS && kc->wall_spec_tokens_sum > 0 &&
+        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > p->plain_ms * K_WALL_VETO_MARGIN)
         best_k = 0;
+    return best_k;
+}
+
+/* The K of the round after the decision best_k (model_k: the model's own
+ * best): now and then a probe of speculation while plain decoding wins, or
+ * a plain round while speculation does, to keep both measured. */
+static int k_with_probes(struct adaptive_k *kc, int best_k, int model_k, int limit, bool wall)
+{
     if (best_k == 0) {
         kc->plain_interval_wall = K_PLAIN_PROBE_INTERVAL_WALL;
         if (kc->k_current != 0)
             kc->rounds_since_probe = 0;
         if (++kc->rounds_since_probe >= kc->probe_interval) {
             kc->rounds_since_probe = 0;
-            kc->probe_interval = kc->probe_interval * 2 > K_PROBE_INTERVAL_MAX
-                                     ? K_PROBE_INTERVAL_MAX
-                                     : kc->probe_interval * 2;
+            kc->probe_interval = kc->probe_interval * 2 > K_PROBE_INTERVAL_MAX ? K_PROBE_INTERVAL_MAX
+                                                                               : kc->probe_interval * 2;
             /* in wall time, at the K the model ranks best, at least
              * K_PROBE_K_WALL; in-process one draft */
             int probe_k = !wall ? 1 : model_k > K_PROBE_K_WALL ? model_k : K_PROBE_K_WALL;
@@ -593,5 +606,24 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
     }
     kc->k_current = best_k;
     return best_k;
+}
+
+int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load)
+{
+    int cap = room - 1;
+    if (cap <= 0)
+        return 0;
+    if (kc->k_fixed > 0)
+        return kc->k_fixed < cap ? kc->k_fixed : cap;
+    int limit = kc->k_max < cap ? kc->k_max : cap;
+    if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0) {
+        /* nothing measured yet: a first round at the initial K */
+        return kc->k_current < limit ? kc->k_current : limit;
+    }
+    const struct k_prices prices = k_prices_of(kc, load);
+    double best_cost = 0;
+    const int model_k = k_best_by_model(kc, limit, &prices, load, &best_cost);
+    const int best_k = k_against_plain(kc, model_k, best_cost, &prices);
+    return k_with_probes(kc, best_k, model_k, limit, prices.wall);
 }
 
