@@ -103,7 +103,10 @@ static bool add_pair_json(const struct metrics *m, const struct metrics_pair_gau
     return ok;
 }
 
-int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj, char *err)
+/* A number under key in o; ok stays false once one could not be added. */
+#define NUM(o, k, v) ok = ok && cJSON_AddNumberToObject((o), (k), (double)(v)) != NULL
+
+static bool add_requests_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj)
 {
     uint64_t finished = 0, failed = 0;
     for (int i = 0; i < METRICS_FINISH_COUNT; i++)
@@ -111,23 +114,9 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     for (int i = 0; i < METRICS_ERR_COUNT; i++)
         failed += m->requests_failed[i];
     cJSON *req = cJSON_AddObjectToObject(obj, "requests");
-    cJSON *tok = cJSON_AddObjectToObject(obj, "tokens");
-    cJSON *spec = cJSON_AddObjectToObject(obj, "spec");
-    cJSON *time = cJSON_AddObjectToObject(obj, "time_ms");
-    cJSON *workers = cJSON_AddObjectToObject(obj, "workers");
-    cJSON *draft = workers ? cJSON_AddObjectToObject(workers, "draft") : NULL;
-    cJSON *target = workers ? cJSON_AddObjectToObject(workers, "target") : NULL;
     cJSON *errors = req ? cJSON_AddObjectToObject(req, "errors") : NULL;
     cJSON *fin = req ? cJSON_AddObjectToObject(req, "finished_by") : NULL;
-    cJSON *pos = spec ? cJSON_AddArrayToObject(spec, "accepted_per_pos") : NULL;
-    cJSON *batch = cJSON_AddObjectToObject(obj, "batch");
-    cJSON *hist = batch ? cJSON_AddObjectToObject(batch, "seqs_per_call") : NULL;
-    cJSON *kv = cJSON_AddObjectToObject(obj, "kv_blocks");
-    if (!req || !tok || !spec || !time || !draft || !target || !errors || !fin || !pos || !batch ||
-        !hist || !kv)
-        return error_set(err, ERR_NOMEM, "stats: out of memory");
-    int ok = 1;
-#define NUM(o, k, v) ok = ok && cJSON_AddNumberToObject((o), (k), (double)(v)) != NULL
+    bool ok = errors != NULL && fin != NULL;
     NUM(req, "total", m->requests_total);
     NUM(req, "finished", finished);
     NUM(req, "failed", failed);
@@ -142,6 +131,17 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
         NUM(errors, error_names[i], m->requests_failed[i]);
     for (int i = 0; i < METRICS_FINISH_COUNT; i++)
         NUM(fin, finish_names[i], m->requests_finished[i]);
+    return ok;
+}
+
+/* Tokens, and the target's forward calls and KV blocks. */
+static bool add_tokens_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj)
+{
+    cJSON *tok = cJSON_AddObjectToObject(obj, "tokens");
+    cJSON *batch = cJSON_AddObjectToObject(obj, "batch");
+    cJSON *hist = batch ? cJSON_AddObjectToObject(batch, "seqs_per_call") : NULL;
+    cJSON *kv = cJSON_AddObjectToObject(obj, "kv_blocks");
+    bool ok = tok != NULL && hist != NULL && kv != NULL;
     NUM(tok, "prompt", m->prompt_tokens_total);
     NUM(tok, "generated", m->generated_tokens_total);
     double decode_s = m->decode_ms_total / 1000.0;
@@ -161,6 +161,14 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(kv, "target_total", g->kv_blocks[1]);
     NUM(kv, "target_reserved", g->kv_reserved[1]);
     NUM(kv, "admissions_waited", m->kv_waits_total);
+    return ok;
+}
+
+static bool add_spec_json(const struct metrics *m, cJSON *obj)
+{
+    cJSON *spec = cJSON_AddObjectToObject(obj, "spec");
+    cJSON *pos = spec ? cJSON_AddArrayToObject(spec, "accepted_per_pos") : NULL;
+    bool ok = pos != NULL;
     NUM(spec, "rounds", m->verify_rounds_total);
     NUM(spec, "num_drafts", m->num_drafts_total);
     NUM(spec, "num_draft_tokens", m->num_draft_tokens_total);
@@ -185,8 +193,20 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
         cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
         ok = n != NULL && cJSON_AddItemToArray(pos, n);
     }
+    return ok;
+}
+
+static bool add_time_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj)
+{
+    uint64_t ended = 0;
+    for (int i = 0; i < METRICS_FINISH_COUNT; i++)
+        ended += m->requests_finished[i];
+    for (int i = 0; i < METRICS_ERR_COUNT; i++)
+        ended += m->requests_failed[i];
+    cJSON *time = cJSON_AddObjectToObject(obj, "time_ms");
+    bool ok = time != NULL;
     NUM(time, "queue", m->queue_ms_total);
-    NUM(time, "queue_per_request", ratio(m->queue_ms_total, (double)(finished + failed)));
+    NUM(time, "queue_per_request", ratio(m->queue_ms_total, (double)ended));
     NUM(time, "busy", g->busy_ms);
     NUM(time, "prefill", m->prefill_ms_total);
     NUM(time, "decode", m->decode_ms_total);
@@ -204,7 +224,15 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     NUM(time, "draft_wait_per_round", ratio(m->draft_wait_ms_total, (double)m->draft_wait_rounds));
     NUM(time, "draft_wait_max", m->draft_wait_ms_max);
     NUM(time, "draft_wait_rounds", m->draft_wait_rounds);
-    NUM(obj, "uptime_s", g->uptime_s);
+    return ok;
+}
+
+static bool add_workers_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj)
+{
+    cJSON *workers = cJSON_AddObjectToObject(obj, "workers");
+    cJSON *draft = workers ? cJSON_AddObjectToObject(workers, "draft") : NULL;
+    cJSON *target = workers ? cJSON_AddObjectToObject(workers, "target") : NULL;
+    bool ok = draft != NULL && target != NULL;
     ok = ok && cJSON_AddBoolToObject(workers, "cores_shared", g->cores_shared) != NULL;
     ok = ok && cJSON_AddBoolToObject(draft, "up", g->draft_up) != NULL;
     NUM(draft, "pid", g->draft_pid);
@@ -230,11 +258,20 @@ int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJ
     ok = ok && pairs != NULL;
     for (int p = 0; ok && p < g->n_pairs && p < METRICS_PAIRS_MAX; p++)
         ok = add_pair_json(m, &g->pairs[p], p, pairs);
-#undef NUM
+    return ok;
+}
+
+int metrics_add_json(const struct metrics *m, const struct metrics_gauges *g, cJSON *obj, char *err)
+{
+    bool ok = add_requests_json(m, g, obj) && add_tokens_json(m, g, obj) && add_spec_json(m, obj) &&
+              add_time_json(m, g, obj);
+    NUM(obj, "uptime_s", g->uptime_s);
+    ok = ok && add_workers_json(m, g, obj);
     if (!ok)
         return error_set(err, ERR_NOMEM, "stats: out of memory");
     return 0;
 }
+#undef NUM
 
 static void counter(struct prom_text *tb, const char *name, const char *help, double v)
 {

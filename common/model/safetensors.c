@@ -279,17 +279,15 @@ static int st_check_no_overlap(struct safetensors *st, size_t first, const char 
     return 0;
 }
 
-static int st_load_file(struct safetensors *st, const char *path, char *err)
+/* Maps path whole (read-only, private) into st's files: 0, or the error.
+ * Once added, the mapping is st's (safetensors_close unmaps it). */
+static int st_map_file(struct safetensors *st, const char *path, char *err)
 {
     struct st_file f = {0};
-    cJSON *root = NULL;
-    size_t first = st->n_tensors;
     int rc;
-
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return error_set_errno(err, errno == ENOENT ? ERR_NOT_FOUND : ERR_IO, errno, "%s: open",
-                               path);
+        return error_set_errno(err, errno == ENOENT ? ERR_NOT_FOUND : ERR_IO, errno, "%s: open", path);
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         rc = error_set_errno(err, ERR_IO, errno, "%s: fstat", path);
@@ -302,8 +300,7 @@ static int st_load_file(struct safetensors *st, const char *path, char *err)
     }
     if (sb.st_size < 8) {
         close(fd);
-        return error_set(err, ERR_FORMAT,
-                         "%s: truncated: %lld bytes, shorter than the 8-byte header length", path,
+        return error_set(err, ERR_FORMAT, "%s: truncated: %lld bytes, shorter than the 8-byte header length", path,
                          (long long)sb.st_size);
     }
     f.size_bytes = (size_t)sb.st_size;
@@ -317,12 +314,7 @@ static int st_load_file(struct safetensors *st, const char *path, char *err)
     if (f.map == MAP_FAILED)
         return error_set_errno(err, ERR_SYSTEM, mmap_errno, "%s: mmap", path);
     f.path = st_strdup(path);
-    if (!f.path) {
-        munmap(f.map, f.size_bytes);
-        return error_set(err, ERR_NOMEM, "%s: out of memory", path);
-    }
-    /* Owned by st from here on: safetensors_close unmaps it on any failure. */
-    struct st_file *grown = realloc(st->files, (st->n_files + 1) * sizeof(*grown));
+    struct st_file *grown = f.path ? realloc(st->files, (st->n_files + 1) * sizeof(*grown)) : NULL;
     if (!grown) {
         munmap(f.map, f.size_bytes);
         free(f.path);
@@ -330,88 +322,101 @@ static int st_load_file(struct safetensors *st, const char *path, char *err)
     }
     st->files = grown;
     st->files[st->n_files++] = f;
-    const char *fpath = st->files[st->n_files - 1].path;
+    return 0;
+}
 
-    const unsigned char *bytes = f.map;
-    uint64_t header_len = 0;
+/* The JSON header of the mapped file f: its object in *root (the caller
+ * deletes it) and its length in *header_len; 0, or the error. */
+static int st_parse_header(const struct st_file *f, cJSON **root, uint64_t *header_len, char *err)
+{
+    *root = NULL;
+    const unsigned char *bytes = f->map;
+    uint64_t len = 0;
     for (int i = 7; i >= 0; i--)
-        header_len = (header_len << 8) | bytes[i];
-    uint64_t after_len = (uint64_t)f.size_bytes - 8;
-    if (header_len > SAFETENSORS_HEADER_MAX_BYTES)
+        len = (len << 8) | bytes[i];
+    const uint64_t after_len = (uint64_t)f->size_bytes - 8;
+    if (len > SAFETENSORS_HEADER_MAX_BYTES)
+        return error_set(err, ERR_FORMAT, "%s: header length %" PRIu64 " is absurd (limit %u bytes); corrupt file?",
+                         f->path, len, SAFETENSORS_HEADER_MAX_BYTES);
+    if (len > after_len)
         return error_set(err, ERR_FORMAT,
-                         "%s: header length %" PRIu64 " is absurd (limit %u bytes); corrupt file?",
-                         path, header_len, SAFETENSORS_HEADER_MAX_BYTES);
-    if (header_len > after_len)
-        return error_set(err, ERR_FORMAT,
-                         "%s: truncated: header length %" PRIu64
-                         " exceeds the %" PRIu64 " bytes after it",
-                         path, header_len, after_len);
+                         "%s: truncated: header length %" PRIu64 " exceeds the %" PRIu64 " bytes after it", f->path,
+                         len, after_len);
     const char *header = (const char *)bytes + 8;
-    if (header_len < 2 || header[0] != '{')
-        return error_set(err, ERR_FORMAT, "%s: header does not start with a JSON object", path);
-
+    if (len < 2 || header[0] != '{')
+        return error_set(err, ERR_FORMAT, "%s: header does not start with a JSON object", f->path);
     const char *parse_end = NULL;
-    root = cJSON_ParseWithLengthOpts(header, (size_t)header_len, &parse_end, 0);
-    if (!root) {
+    cJSON *json = cJSON_ParseWithLengthOpts(header, (size_t)len, &parse_end, 0);
+    if (!json) {
         size_t at = parse_end ? (size_t)(parse_end - header) : 0;
-        return error_set(err, ERR_FORMAT, "%s: header is not valid JSON (near byte %zu of %" PRIu64
-                         ")", path, at, header_len);
+        return error_set(err, ERR_FORMAT, "%s: header is not valid JSON (near byte %zu of %" PRIu64 ")", f->path,
+                         at, len);
     }
-    for (const char *p = parse_end; p < header + header_len; p++) {
+    for (const char *p = parse_end; p < header + len; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            rc = error_set(err, ERR_FORMAT,
-                           "%s: header has trailing bytes after its JSON object (byte %zu)", path,
-                           (size_t)(p - header));
-            goto fail;
+            cJSON_Delete(json);
+            return error_set(err, ERR_FORMAT, "%s: header has trailing bytes after its JSON object (byte %zu)",
+                             f->path, (size_t)(p - header));
         }
     }
-    if (!cJSON_IsObject(root)) {
-        rc = error_set(err, ERR_FORMAT, "%s: header is not a JSON object", path);
-        goto fail;
+    if (!cJSON_IsObject(json)) {
+        cJSON_Delete(json);
+        return error_set(err, ERR_FORMAT, "%s: header is not a JSON object", f->path);
     }
+    *root = json;
+    *header_len = len;
+    return 0;
+}
 
-    const unsigned char *data = bytes + 8 + header_len;
-    uint64_t data_size = after_len - header_len;
+/* One header entry (name: item) of file f, its data data_size bytes at
+ * data: a tensor added to st, or __metadata__ checked and skipped. */
+static int st_add_entry(struct safetensors *st, const struct st_file *f, const cJSON *item,
+                        const unsigned char *data, uint64_t data_size, char *err)
+{
+    const char *name = item->string;
+    if (!name || name[0] == '\0')
+        return error_set(err, ERR_FORMAT, "%s: header has a tensor with an empty name", f->path);
+    if (strcmp(name, "__metadata__") == 0) {
+        if (!cJSON_IsObject(item) && !cJSON_IsNull(item))
+            return error_set(err, ERR_FORMAT, "%s: __metadata__ is not an object", f->path);
+        return 0;
+    }
+    struct st_tensor t;
+    memset(&t, 0, sizeof(t));
+    int rc = st_parse_entry(f->path, name, item, data, data_size, &t, err);
+    if (rc != 0)
+        return rc;
+    t.pub.name = st_strdup(name);
+    if (!t.pub.name)
+        return error_set(err, ERR_NOMEM, "%s: out of memory", f->path);
+    t.pub.file_path = f->path;
+    rc = st_push_tensor(st, &t, err);
+    if (rc != 0)
+        free((char *)t.pub.name);
+    return rc;
+}
+
+static int st_load_file(struct safetensors *st, const char *path, char *err)
+{
+    const size_t first = st->n_tensors;
+    int rc = st_map_file(st, path, err);
+    if (rc != 0)
+        return rc;
+    const struct st_file *f = &st->files[st->n_files - 1];
+    cJSON *root = NULL;
+    uint64_t header_len = 0;
+    if ((rc = st_parse_header(f, &root, &header_len, err)) != 0)
+        return rc;
+    const unsigned char *data = (const unsigned char *)f->map + 8 + header_len;
+    const uint64_t data_size = (uint64_t)f->size_bytes - 8 - header_len;
     const cJSON *item;
     cJSON_ArrayForEach(item, root)
     {
-        const char *name = item->string;
-        if (!name || name[0] == '\0') {
-            rc = error_set(err, ERR_FORMAT, "%s: header has a tensor with an empty name", path);
-            goto fail;
-        }
-        if (strcmp(name, "__metadata__") == 0) {
-            if (!cJSON_IsObject(item) && !cJSON_IsNull(item)) {
-                rc = error_set(err, ERR_FORMAT, "%s: __metadata__ is not an object", path);
-                goto fail;
-            }
-            continue;
-        }
-        struct st_tensor t;
-        memset(&t, 0, sizeof(t));
-        rc = st_parse_entry(path, name, item, data, data_size, &t, err);
-        if (rc != 0)
-            goto fail;
-        t.pub.name = st_strdup(name);
-        if (!t.pub.name) {
-            rc = error_set(err, ERR_NOMEM, "%s: out of memory", path);
-            goto fail;
-        }
-        t.pub.file_path = fpath;
-        rc = st_push_tensor(st, &t, err);
-        if (rc != 0) {
-            free((char *)t.pub.name);
-            goto fail;
-        }
+        if ((rc = st_add_entry(st, f, item, data, data_size, err)) != 0)
+            break;
     }
-
-    rc = st_check_no_overlap(st, first, path, err);
-    if (rc != 0)
-        goto fail;
-    cJSON_Delete(root);
-    return 0;
-
-fail:
+    if (rc == 0)
+        rc = st_check_no_overlap(st, first, path, err);
     cJSON_Delete(root);
     return rc;
 }
