@@ -841,12 +841,120 @@ int modelgen_presets_derivable(const char *draft_preset, const char *target_pres
     return check_derivable(&d->shape, &t->shape, draft_preset, target_preset, err);
 }
 
-int modelgen_derive(const char *out_dir, const char *from_dir,
-                    const struct modelgen_params *target, double noise, char *err)
-{
+/* What a derivation starts from: the target's preset and shape, the
+ * draft's shape and config. */
+struct derive_plan {
     const struct mg_preset *pr;
     struct modelgen_shape ts, ds;
     struct model_config dc;
+};
+
+/* Checks the derivation's arguments and the draft in from_dir, and fills
+ * the plan: 0, or the error. */
+static int derive_plan_make(struct derive_plan *pl, const char *out_dir, const char *from_dir,
+                            const struct modelgen_params *target, double noise, char *err)
+{
+    if (!out_dir || !from_dir)
+        return error_set(err, ERR_INVALID_ARG, "derive: NULL directory");
+    if (!(noise >= 0.0 && noise <= 100.0))
+        return error_set(err, ERR_INVALID_ARG, "noise: must be in 0..100, got %g", noise);
+    int rc = resolve_shape(target, &pl->pr, &pl->ts, err);
+    if (rc)
+        return rc;
+    if (target->vocab_size_override != 0)
+        return error_set(err, ERR_INVALID_ARG, "vocab: a derived model takes the draft's vocabulary; no override");
+    if ((rc = model_config_load(&pl->dc, from_dir, err)))
+        return rc;
+    const struct model_config *dc = &pl->dc;
+    if (!dc->tie_word_embeddings)
+        return error_set(err, ERR_UNSUPPORTED, "derive from %s: the draft's embeddings are not tied", from_dir);
+    pl->ds = (struct modelgen_shape){dc->vocab_size,          dc->hidden_size,         dc->intermediate_size,
+                                     dc->num_hidden_layers,   dc->num_attention_heads, dc->num_key_value_heads,
+                                     dc->head_dim};
+    pl->ts.vocab_size = pl->ds.vocab_size;
+    if ((rc = check_derivable(&pl->ds, &pl->ts, from_dir, pl->pr->name, err)))
+        return rc;
+    /* writing over the draft would pull the weights from under the mapping */
+    char *ra = realpath(out_dir, NULL), *rb = realpath(from_dir, NULL);
+    const int same = ra && rb && strcmp(ra, rb) == 0;
+    free(ra);
+    free(rb);
+    if (same)
+        return error_set(err, ERR_INVALID_ARG, "derive: output directory %s is the draft's directory", out_dir);
+    return 0;
+}
+
+/* The derived target's config: its shape, everything else the draft's
+ * (the norm's epsilon scaled by rho, as the widened norms are). */
+static void derive_config(const struct derive_plan *pl, double rho, struct mg_config *cfg)
+{
+    const struct model_config *dc = &pl->dc;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->shape = pl->ts;
+    cfg->rms_norm_eps = dc->rms_norm_eps * rho;
+    cfg->rope_theta = dc->rope_theta;
+    cfg->rope_llama3 = dc->rope_scaling_llama3;
+    cfg->rope_factor = dc->rope_factor;
+    cfg->rope_low = dc->rope_low_freq_factor;
+    cfg->rope_high = dc->rope_high_freq_factor;
+    cfg->rope_original_max = dc->rope_original_max_position_embeddings;
+    cfg->max_position_embeddings = dc->max_position_embeddings;
+    cfg->bos_token_id = dc->bos_token_id;
+    cfg->n_eos = dc->n_eos_token_ids;
+    memcpy(cfg->eos, dc->eos_token_ids, sizeof cfg->eos);
+}
+
+/* What every derived tensor is made from. */
+struct derive_inputs {
+    const struct safetensors *st;   /* the draft's weights */
+    const struct mg_maps *maps;
+    const double *kind_ms;          /* [MG_N_KINDS]: mean square per kind over the draft's layers */
+    int draft_layers;
+    float norm_scale;
+    uint64_t seed;
+    double noise;
+};
+
+/* How target tensor tt is filled (fill_derived's context): from the
+ * draft's tensor where the draft has the layer, fresh where it does not,
+ * noise on both. */
+static void derive_ctx(const struct mg_tensor *tt, const struct derive_inputs *in, struct mg_derive_ctx *c)
+{
+    char noise_name[128];
+    memset(c, 0, sizeof *c);
+    const int new_layer = tt->layer >= in->draft_layers;
+    const struct safetensors_tensor *dt = new_layer ? NULL : safetensors_find(in->st, tt->name);
+    c->rows = tt->rows;
+    c->cols = tt->cols;
+    c->scale = is_norm(tt->kind) ? in->norm_scale : 1.0f;
+    init_dist(tt, &c->fresh_mean, &c->fresh_std);
+    c->fresh_key = genrand_key(in->seed, tt->name);
+    snprintf(noise_name, sizeof noise_name, "noise/%s", tt->name);
+    c->noise_key = genrand_key(in->seed, noise_name);
+    const double ref_ms = dt ? tensor_mean_square(dt) : in->kind_ms[tt->kind];
+    c->noise_std = (float)(in->noise * sqrt(ref_ms) * c->scale);
+    c->zero_new_rows = tt->kind == MG_O || tt->kind == MG_DOWN;
+    if (!dt)
+        return;
+    const struct mg_maps *maps = in->maps;
+    c->draft = dt->data;
+    c->draft_dtype = dt->dtype;
+    c->draft_cols = dt->n_dims == 2 ? dt->shape[1] : 1;
+    switch (tt->kind) {
+    case MG_EMBED: c->rowmap = maps->vocab; c->colmap = maps->hidden; break;
+    case MG_Q: c->rowmap = maps->qdim; c->colmap = maps->hidden; break;
+    case MG_K: case MG_V: c->rowmap = maps->kvdim; c->colmap = maps->hidden; break;
+    case MG_O: c->rowmap = maps->hidden; c->colmap = maps->qdim; break;
+    case MG_GATE: case MG_UP: c->rowmap = maps->mlp; c->colmap = maps->hidden; break;
+    case MG_DOWN: c->rowmap = maps->hidden; c->colmap = maps->mlp; break;
+    default: c->rowmap = maps->hidden; c->colmap = maps->one; break; /* norms */
+    }
+}
+
+int modelgen_derive(const char *out_dir, const char *from_dir,
+                    const struct modelgen_params *target, double noise, char *err)
+{
+    struct derive_plan pl;
     struct mg_config cfg;
     struct mg_maps maps;
     struct safetensors *st = NULL;
@@ -858,125 +966,50 @@ int modelgen_derive(const char *out_dir, const char *from_dir,
 
     memset(&em, 0, sizeof em);
     memset(&maps, 0, sizeof maps);
-    if (!out_dir || !from_dir)
-        return error_set(err, ERR_INVALID_ARG, "derive: NULL directory");
-    if (!(noise >= 0.0 && noise <= 100.0))
-        return error_set(err, ERR_INVALID_ARG, "noise: must be in 0..100, got %g", noise);
-    rc = resolve_shape(target, &pr, &ts, err);
-    if (rc)
+    if ((rc = derive_plan_make(&pl, out_dir, from_dir, target, noise, err)))
         return rc;
-    if (target->vocab_size_override != 0)
-        return error_set(err, ERR_INVALID_ARG,
-                         "vocab: a derived model takes the draft's vocabulary; no override");
-    rc = model_config_load(&dc, from_dir, err);
-    if (rc)
-        return rc;
-    if (!dc.tie_word_embeddings)
-        return error_set(err, ERR_UNSUPPORTED,
-                         "derive from %s: the draft's embeddings are not tied", from_dir);
-    ds = (struct modelgen_shape){dc.vocab_size, dc.hidden_size, dc.intermediate_size,
-                                 dc.num_hidden_layers, dc.num_attention_heads,
-                                 dc.num_key_value_heads, dc.head_dim};
-    ts.vocab_size = ds.vocab_size;
-    rc = check_derivable(&ds, &ts, from_dir, pr->name, err);
-    if (rc)
-        return rc;
-    {
-        /* writing over the draft would pull the weights from under the mapping */
-        char *a = realpath(out_dir, NULL), *b = realpath(from_dir, NULL);
-        int same = a && b && strcmp(a, b) == 0;
-        free(a);
-        free(b);
-        if (same)
-            return error_set(err, ERR_INVALID_ARG,
-                             "derive: output directory %s is the draft's directory", out_dir);
-    }
+    const struct modelgen_shape *ds = &pl.ds, *ts = &pl.ts;
     rc = safetensors_open(&st, from_dir, err);
     if (rc)
         return rc;
-    rc = model_config_check_weights(&dc, st, err);
+    rc = model_config_check_weights(&pl.dc, st, err);
     if (rc)
         goto done;
 
-    int r = ts.hidden_size / ds.hidden_size;
-    double rho = (double)r * ds.hidden_size / ts.hidden_size;
-    float norm_scale = (float)(sqrt(rho) / r);
-
-    /* config: target shape, everything else from the draft */
-    memset(&cfg, 0, sizeof cfg);
-    cfg.shape = ts;
-    cfg.rms_norm_eps = dc.rms_norm_eps * rho;
-    cfg.rope_theta = dc.rope_theta;
-    cfg.rope_llama3 = dc.rope_scaling_llama3;
-    cfg.rope_factor = dc.rope_factor;
-    cfg.rope_low = dc.rope_low_freq_factor;
-    cfg.rope_high = dc.rope_high_freq_factor;
-    cfg.rope_original_max = dc.rope_original_max_position_embeddings;
-    cfg.max_position_embeddings = dc.max_position_embeddings;
-    cfg.bos_token_id = dc.bos_token_id;
-    cfg.n_eos = dc.n_eos_token_ids;
-    memcpy(cfg.eos, dc.eos_token_ids, sizeof cfg.eos);
-
-    rc = maps_build(&maps, &ds, &ts, r, err);
+    int r = ts->hidden_size / ds->hidden_size;
+    double rho = (double)r * ds->hidden_size / ts->hidden_size;
+    derive_config(&pl, rho, &cfg);
+    rc = maps_build(&maps, ds, ts, r, err);
     if (rc)
         goto done;
     /* Mean square of each per-layer kind across the draft's layers: the noise
      * reference for the target's new layers. */
-    for (int l = 0; l < ds.num_hidden_layers; l++)
+    for (int l = 0; l < ds->num_hidden_layers; l++)
         for (int k = MG_ATTN_NORM; k <= MG_DOWN; k++) {
             char name[96];
             snprintf(name, sizeof name, "model.layers.%d.%s", l, mg_layer_suffix[k]);
-            kind_ms[k] += tensor_mean_square(safetensors_find(st, name)) / ds.num_hidden_layers;
+            kind_ms[k] += tensor_mean_square(safetensors_find(st, name)) / ds->num_hidden_layers;
         }
 
     rc = mg_prepare_out_dir(out_dir, target->force, err);
-    if (rc)
-        goto done;
-    rc = mg_copy_tokenizer(from_dir, out_dir, 0, err);
-    if (rc)
-        goto done;
-    rc = write_config(out_dir, &cfg, err);
-    if (rc)
-        goto done;
-
-    uint64_t max_elems;
-    rc = build_tensor_list(&ts, &t, &n, err);
+    if (!rc)
+        rc = mg_copy_tokenizer(from_dir, out_dir, 0, err);
+    if (!rc)
+        rc = write_config(out_dir, &cfg, err);
+    uint64_t max_elems = 0;
+    if (!rc)
+        rc = build_tensor_list(ts, &t, &n, err);
     if (!rc)
         rc = open_writer(out_dir, t, n, &w, &max_elems, err);
     if (!rc)
         rc = emitter_init(&em, w, default_threads(target->n_threads), max_elems, err);
+    const struct derive_inputs in = {
+        .st = st, .maps = &maps, .kind_ms = kind_ms, .draft_layers = ds->num_hidden_layers,
+        .norm_scale = (float)(sqrt(rho) / r), .seed = target->seed, .noise = noise};
     for (int i = 0; !rc && i < n; i++) {
-        const struct mg_tensor *tt = &t[i];
         struct mg_derive_ctx c;
-        char noise_name[128];
-        memset(&c, 0, sizeof c);
-        int new_layer = tt->layer >= ds.num_hidden_layers;
-        const struct safetensors_tensor *dt = new_layer ? NULL : safetensors_find(st, tt->name);
-        c.rows = tt->rows;
-        c.cols = tt->cols;
-        c.scale = is_norm(tt->kind) ? norm_scale : 1.0f;
-        init_dist(tt, &c.fresh_mean, &c.fresh_std);
-        c.fresh_key = genrand_key(target->seed, tt->name);
-        snprintf(noise_name, sizeof noise_name, "noise/%s", tt->name);
-        c.noise_key = genrand_key(target->seed, noise_name);
-        double ref_ms = dt ? tensor_mean_square(dt) : kind_ms[tt->kind];
-        c.noise_std = (float)(noise * sqrt(ref_ms) * c.scale);
-        c.zero_new_rows = tt->kind == MG_O || tt->kind == MG_DOWN;
-        if (dt) {
-            c.draft = dt->data;
-            c.draft_dtype = dt->dtype;
-            c.draft_cols = dt->n_dims == 2 ? dt->shape[1] : 1;
-            switch (tt->kind) {
-            case MG_EMBED: c.rowmap = maps.vocab; c.colmap = maps.hidden; break;
-            case MG_Q: c.rowmap = maps.qdim; c.colmap = maps.hidden; break;
-            case MG_K: case MG_V: c.rowmap = maps.kvdim; c.colmap = maps.hidden; break;
-            case MG_O: c.rowmap = maps.hidden; c.colmap = maps.qdim; break;
-            case MG_GATE: case MG_UP: c.rowmap = maps.mlp; c.colmap = maps.hidden; break;
-            case MG_DOWN: c.rowmap = maps.hidden; c.colmap = maps.mlp; break;
-            default: c.rowmap = maps.hidden; c.colmap = maps.one; break; /* norms */
-            }
-        }
-        rc = emit(&em, (uint64_t)tt->rows * (uint64_t)tt->cols, fill_derived, &c, tt->name, err);
+        derive_ctx(&t[i], &in, &c);
+        rc = emit(&em, (uint64_t)t[i].rows * (uint64_t)t[i].cols, fill_derived, &c, t[i].name, err);
     }
     if (!rc)
         rc = stwriter_finish(w, err);
