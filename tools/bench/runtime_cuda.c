@@ -6,17 +6,20 @@
  * (llama_ctx_params.no_graphs: the same bits, so only the time differs);
  * the cost of verifying 1..17 rows in one call, both ways; decode at
  * positions 512 and 8000 (what attention adds with the context); prefill
- * tokens/s of a 512-token prompt.
+ * tokens/s of a 512-token prompt; first, one verification's logits with
+ * graphs, eager and on the CPU backend (bits_check).
  *
  * The CUDA backend queues its work and returns: every timing ends with the
  * backend's sync (or with the download of a token, which waits).
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "argmax.h"
 #include "bench.h"
 #include "error.h"
 #ifdef TANDEM_HAVE_CUDA
@@ -24,7 +27,7 @@
 #endif
 
 #ifdef TANDEM_HAVE_CUDA
-enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512, LONG_POS = 8000 };
+enum { PREFIX = 64, ROWS_MAX = 17, PREFILL = 512, LONG_POS = 8000, BITS_ROWS = 5 };
 
 /* One line per aim of the GPU step (docs/perf), MET or MISS, so that the
  * stage's summary says which held without anyone reading the tables. */
@@ -241,6 +244,97 @@ static int prefill(struct bench_model *m, float *logits_dev)
     return 0;
 }
 
+/* The logits of one verification (BITS_ROWS rows after a PREFIX-token
+ * prefix, the tokens fill writes) on m, into host logits [BITS_ROWS][vocab]. */
+static int verification_logits(struct bench_model *m, float *logits, char *err)
+{
+    const int vocab = llama_model_config(m->model)->vocab_size;
+    int32_t ids[PREFIX + BITS_ROWS];
+    for (int i = 0; i < PREFIX + BITS_ROWS; i++)
+        ids[i] = (int32_t)((1000 + 7919 * (int64_t)i) % vocab);
+    struct llama_seq_batch prefix = {.slot = 0, .tokens = ids, .n_tokens = PREFIX};
+    struct llama_seq_batch rows = {.slot = 0, .tokens = ids + PREFIX, .n_tokens = BITS_ROWS,
+                                   .n_logits = BITS_ROWS, .logits_out = logits};
+    int rc = llama_ctx_truncate(m->ctx, 0, 0, err);
+    if (!rc)
+        rc = llama_forward(m->ctx, &prefix, 1, err);
+    if (!rc)
+        rc = llama_forward(m->ctx, &rows, 1, err);
+    return rc;
+}
+
+/* Whether rows of a and b have the same argmax; *max_rel: the largest
+ * |a - b| over the row's largest |logit|. */
+static int agreeing_rows(const float *a, const float *b, int n_rows, int vocab, double *max_rel)
+{
+    int agree = 0;
+    *max_rel = 0;
+    for (int r = 0; r < n_rows; r++) {
+        const float *ra = a + (size_t)r * vocab, *rb = b + (size_t)r * vocab;
+        double scale = 0, diff = 0;
+        for (int v = 0; v < vocab; v++) {
+            scale = fabs(ra[v]) > scale ? fabs(ra[v]) : scale;
+            diff = fabs(ra[v] - rb[v]) > diff ? fabs(ra[v] - rb[v]) : diff;
+        }
+        if (scale > 0 && diff / scale > *max_rel)
+            *max_rel = diff / scale;
+        agree += argmax_f32(ra, vocab) == argmax_f32(rb, vocab);
+    }
+    return agree;
+}
+
+/* One verification's logits three ways: graphs replayed (m), every kernel
+ * launched one by one (eager), and the CPU backend, the reference the CUDA
+ * kernels are checked against. Graphs and eager must agree bit for bit (the
+ * same kernels); the CPU, in its own fixed order, within rounding: its
+ * argmax on every row, and the largest difference printed. Skipped under
+ * TANDEM_GPU_TEST_SHORT (the sanitizers' runs), where a CPU forward of the
+ * 3B shape costs minutes. */
+static int bits_check(const struct bench_opts *o, const char *dir, struct bench_model *m,
+                      struct bench_model *eager)
+{
+    if (getenv("TANDEM_GPU_TEST_SHORT") != NULL) {
+        printf("  bits: skipped (TANDEM_GPU_TEST_SHORT)\n");
+        return 0;
+    }
+    char err[ERR_MSG_MAX] = "";
+    const int vocab = llama_model_config(m->model)->vocab_size;
+    const size_t n = (size_t)BITS_ROWS * (size_t)vocab;
+    float *graphs = malloc(n * sizeof *graphs), *eager_l = malloc(n * sizeof *eager_l),
+          *cpu_l = malloc(n * sizeof *cpu_l);
+    struct kern_backend *cpu = NULL;
+    struct bench_model cm = {0};
+    int rc = graphs && eager_l && cpu_l ? 0 : error_set(err, ERR_NOMEM, "out of memory");
+    if (!rc)
+        rc = verification_logits(m, graphs, err);
+    if (!rc)
+        rc = verification_logits(eager, eager_l, err);
+    if (!rc)
+        rc = kern_cpu_create(&cpu, 0, err);
+    if (!rc && load(&cm, dir, cpu, 1024, o->quantize))
+        rc = error_set(err, ERR_INTERNAL, "the model on the cpu backend did not load");
+    if (!rc)
+        rc = verification_logits(&cm, cpu_l, err);
+    if (!rc) {
+        const bool same = memcmp(graphs, eager_l, n * sizeof *graphs) == 0;
+        double rel = 0;
+        const int agree = agreeing_rows(graphs, cpu_l, BITS_ROWS, vocab, &rel);
+        printf("  bits, one verification of %d rows after %d tokens: graphs %s eager; cpu argmax on %d of "
+               "%d rows, largest |cuda - cpu| %.2e of the row's largest logit\n",
+               BITS_ROWS, PREFIX, same ? "==" : "!=", agree, BITS_ROWS, rel);
+        print_aim(same, "graphs == eager, bit for bit");
+        print_aim(agree == BITS_ROWS, "cuda argmax == cpu argmax on every row");
+    }
+    if (cm.model != NULL)
+        unload(&cm);
+    if (cpu != NULL)
+        cpu->ops->destroy(cpu);
+    free(graphs);
+    free(eager_l);
+    free(cpu_l);
+    return rc ? die("bits", err) : 0;
+}
+
 static int bench_preset(const struct bench_opts *o, struct kern_backend *be, const char *preset,
                         double read_gbs)
 {
@@ -267,6 +361,8 @@ static int bench_preset(const struct bench_opts *o, struct kern_backend *be, con
     if (rc)
         rc = die("logits buffer", err);
     double one_row_ms = 0;
+    if (!rc)
+        rc = bits_check(o, dir, &m, &eager);
     if (!rc)
         rc = decode_table(o, preset, &m, &eager, floor_ms);
     if (!rc)
