@@ -262,19 +262,17 @@ static int ctx_touch_logits(struct llama_ctx *ctx, char *err)
     return rc;
 }
 
-int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
-                     const struct llama_ctx_params *params, char *err)
+/* The shape a context's params ask for, defaults filled in and checked
+ * against the model: 0 with ctx's shape fields set, or the error. */
+static int ctx_shape(struct llama_ctx *ctx, const struct model_config *c, const struct llama_ctx_params *params,
+                     char *err)
 {
-    *out = NULL;
-    const struct model_config *c = &model->cfg;
     if (params->n_slots < 1 || params->n_slots > 4096)
-        return error_set(err, ERR_INVALID_ARG, "n_slots: must be in 1..4096, got %d",
-                         params->n_slots);
+        return error_set(err, ERR_INVALID_ARG, "n_slots: must be in 1..4096, got %d", params->n_slots);
     int max_seq = params->max_seq_len;
     if (max_seq == 0)
-        max_seq = c->max_position_embeddings < LLAMA_DEFAULT_MAX_SEQ_LEN
-                      ? c->max_position_embeddings
-                      : LLAMA_DEFAULT_MAX_SEQ_LEN;
+        max_seq = c->max_position_embeddings < LLAMA_DEFAULT_MAX_SEQ_LEN ? c->max_position_embeddings
+                                                                         : LLAMA_DEFAULT_MAX_SEQ_LEN;
     if (max_seq < 2 || max_seq > c->max_position_embeddings)
         return error_set(err, ERR_INVALID_ARG,
                          "max_seq_len: must be in 2..%d (the model's max_position_embeddings), got %d",
@@ -284,86 +282,95 @@ int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
         return error_set(err, ERR_INVALID_ARG, "max_rows: must be in 1..65536, got %d", max_rows);
     int block_size = params->kv_block_size ? params->kv_block_size : LLAMA_DEFAULT_KV_BLOCK_SIZE;
     if (block_size < 1 || block_size > 4096)
-        return error_set(err, ERR_INVALID_ARG, "kv_block_size: must be in 1..4096, got %d",
-                         block_size);
+        return error_set(err, ERR_INVALID_ARG, "kv_block_size: must be in 1..4096, got %d", block_size);
     const int table_stride = (max_seq + block_size - 1) / block_size;
     const long full_blocks = (long)params->n_slots * table_stride;
     long n_blocks = params->kv_blocks ? params->kv_blocks : full_blocks;
     if (n_blocks < 1 || n_blocks > full_blocks || n_blocks > INT32_MAX / block_size)
-        return error_set(err, ERR_INVALID_ARG,
-                         "kv_blocks: must be in 1..%ld (every slot at its full context), got %ld",
+        return error_set(err, ERR_INVALID_ARG, "kv_blocks: must be in 1..%ld (every slot at its full context), got %ld",
                          full_blocks, n_blocks);
-
-    struct llama_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx)
-        return error_set(err, ERR_NOMEM, "llama context: out of memory");
-    ctx->model = model;
-    ctx->be = model->be;
     ctx->n_slots = params->n_slots;
     ctx->max_seq_len = max_seq;
     ctx->max_rows = max_rows;
     ctx->block_size = block_size;
     ctx->n_blocks = (int)n_blocks;
     ctx->table_stride = table_stride;
-    int rc = ERR_NOMEM;
+    return 0;
+}
+
+/* The host-side bookkeeping of ctx: slots, block tables (all empty), a
+ * step's rows, the block ledger. */
+static int ctx_host_tables(struct llama_ctx *ctx, const struct llama_ctx_params *params, char *err)
+{
+    const size_t max_rows = (size_t)ctx->max_rows, table_stride = (size_t)ctx->table_stride;
     ctx->slot_len = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_len);
     ctx->slot_blocks = calloc((size_t)ctx->n_slots, sizeof *ctx->slot_blocks);
-    ctx->tables = malloc((size_t)ctx->n_slots * (size_t)table_stride * sizeof *ctx->tables);
-    ctx->tokens = calloc((size_t)max_rows, sizeof *ctx->tokens);
-    ctx->positions = calloc((size_t)max_rows, sizeof *ctx->positions);
-    ctx->rows = calloc((size_t)max_rows * 2, sizeof *ctx->rows);
-    ctx->chunk_tables = malloc((size_t)max_rows * (size_t)table_stride * sizeof *ctx->chunk_tables);
+    ctx->tables = malloc((size_t)ctx->n_slots * table_stride * sizeof *ctx->tables);
+    ctx->tokens = calloc(max_rows, sizeof *ctx->tokens);
+    ctx->positions = calloc(max_rows, sizeof *ctx->positions);
+    ctx->rows = calloc(max_rows * 2, sizeof *ctx->rows);
+    ctx->chunk_tables = malloc(max_rows * table_stride * sizeof *ctx->chunk_tables);
     ctx->chunk_seq_of = malloc((size_t)ctx->n_slots * sizeof *ctx->chunk_seq_of);
-    if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->tokens ||
-        !ctx->positions || !ctx->rows || !ctx->chunk_tables || !ctx->chunk_seq_of) {
-        error_set(err, rc, "llama context: out of memory");
-        goto fail;
-    }
-    for (size_t i = 0; i < (size_t)ctx->n_slots * (size_t)table_stride; i++)
+    if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->tokens || !ctx->positions || !ctx->rows ||
+        !ctx->chunk_tables || !ctx->chunk_seq_of)
+        return error_set(err, ERR_NOMEM, "llama context: out of memory");
+    for (size_t i = 0; i < (size_t)ctx->n_slots * table_stride; i++)
         ctx->tables[i] = -1;
     for (int s = 0; s < ctx->n_slots; s++)
         ctx->chunk_seq_of[s] = -1;
     const int cap_blocks = params->prefix_cache_tokens > 0
-                               ? (params->prefix_cache_tokens + block_size - 1) / block_size
+                               ? (params->prefix_cache_tokens + ctx->block_size - 1) / ctx->block_size
                                : 0;
-    if ((rc = kv_blocks_init(&ctx->kb, ctx->n_blocks, block_size, params->prefix_cache, cap_blocks,
-                             err)))
-        goto fail;
+    return kv_blocks_init(&ctx->kb, ctx->n_blocks, ctx->block_size, params->prefix_cache, cap_blocks, err);
+}
+
+/* The backend's buffers of ctx: the KV pool, a step's activations and the
+ * logits rows. */
+static int ctx_backend_buffers(struct llama_ctx *ctx, const struct model_config *c, char *err)
+{
     const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    ctx->kv_plane = (size_t)n_blocks * (size_t)block_size * kv_dim;
+    ctx->kv_plane = (size_t)ctx->n_blocks * (size_t)ctx->block_size * kv_dim;
     const size_t kv_bytes = ctx->kv_plane * 2 * (size_t)c->num_hidden_layers * sizeof(float);
     char why[ERR_MSG_MAX] = "";
-    if ((rc = ctx_alloc(ctx, kv_bytes / sizeof(float), &ctx->kv_pool, why))) {
+    int rc = ctx_alloc(ctx, kv_bytes / sizeof(float), &ctx->kv_pool, why);
+    if (rc)
         /* Say what the bytes are for and which settings size them: on a GPU
          * the backend's reason carries the device's free and total memory. */
-        error_set(err, rc,
-                  "kv cache: %d blocks of %d positions (%d slots x max_seq_len %d) need %zu "
-                  "bytes on the %s backend: %s; lower max_seq_len, n_slots or kv_blocks",
-                  ctx->n_blocks, block_size, ctx->n_slots, ctx->max_seq_len, kv_bytes,
-                  ctx->be->name, why);
-        goto fail;
-    }
-    const size_t R = (size_t)max_rows, dim = (size_t)c->hidden_size,
-                 q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim,
-                 ff = (size_t)c->intermediate_size;
-    if ((rc = ctx_alloc(ctx, R * dim, &ctx->x, err)) ||
-        (rc = ctx_alloc(ctx, R * dim, &ctx->xn, err)) ||
-        (rc = ctx_alloc(ctx, R * q_dim, &ctx->q, err)) ||
-        (rc = ctx_alloc(ctx, R * kv_dim, &ctx->k, err)) ||
-        (rc = ctx_alloc(ctx, R * kv_dim, &ctx->v, err)) ||
-        (rc = ctx_alloc(ctx, R * q_dim, &ctx->att, err)) ||
-        (rc = ctx_alloc(ctx, R * dim, &ctx->proj, err)) ||
-        (rc = ctx_alloc(ctx, R * ff, &ctx->gate, err)) ||
+        return error_set(err, rc,
+                         "kv cache: %d blocks of %d positions (%d slots x max_seq_len %d) need %zu "
+                         "bytes on the %s backend: %s; lower max_seq_len, n_slots or kv_blocks",
+                         ctx->n_blocks, ctx->block_size, ctx->n_slots, ctx->max_seq_len, kv_bytes, ctx->be->name,
+                         why);
+    const size_t R = (size_t)ctx->max_rows, dim = (size_t)c->hidden_size,
+                 q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim, ff = (size_t)c->intermediate_size;
+    if ((rc = ctx_alloc(ctx, R * dim, &ctx->x, err)) || (rc = ctx_alloc(ctx, R * dim, &ctx->xn, err)) ||
+        (rc = ctx_alloc(ctx, R * q_dim, &ctx->q, err)) || (rc = ctx_alloc(ctx, R * kv_dim, &ctx->k, err)) ||
+        (rc = ctx_alloc(ctx, R * kv_dim, &ctx->v, err)) || (rc = ctx_alloc(ctx, R * q_dim, &ctx->att, err)) ||
+        (rc = ctx_alloc(ctx, R * dim, &ctx->proj, err)) || (rc = ctx_alloc(ctx, R * ff, &ctx->gate, err)) ||
         (rc = ctx_alloc(ctx, R * ff, &ctx->up, err)) ||
-        (rc = ctx_alloc(ctx, (size_t)LOGIT_ROWS * (size_t)c->vocab_size, &ctx->logits, err)) ||
-        (rc = ctx_touch_logits(ctx, err)) ||
-        (rc = llama_step_init(ctx, params->no_graphs, err)))
-        goto fail;
+        (rc = ctx_alloc(ctx, (size_t)LOGIT_ROWS * (size_t)c->vocab_size, &ctx->logits, err)))
+        return rc;
+    return 0;
+}
+
+int llama_ctx_create(struct llama_ctx **out, struct llama_model *model,
+                     const struct llama_ctx_params *params, char *err)
+{
+    *out = NULL;
+    struct llama_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return error_set(err, ERR_NOMEM, "llama context: out of memory");
+    ctx->model = model;
+    ctx->be = model->be;
+    int rc;
+    if ((rc = ctx_shape(ctx, &model->cfg, params, err)) || (rc = ctx_host_tables(ctx, params, err)) ||
+        (rc = ctx_backend_buffers(ctx, &model->cfg, err)) || (rc = ctx_touch_logits(ctx, err)) ||
+        (rc = llama_step_init(ctx, params->no_graphs, err))) {
+        llama_ctx_destroy(ctx);
+        return rc;
+    }
     *out = ctx;
     return 0;
-fail:
-    llama_ctx_destroy(ctx);
-    return rc;
 }
 
 void llama_ctx_destroy(struct llama_ctx *ctx)
