@@ -1,0 +1,65 @@
+/* token_mask.h: which vocabulary tokens a grammar state allows.
+ *
+ * What it is: the vocabulary's byte strings as a trie laid out in preorder
+ * (struct token_mask_vocab, built once per tokenizer and shared read-only),
+ * and a per-engine mask cache (struct token_mask) that computes, for a
+ * matcher state, the bitset of tokens whose bytes the grammar accepts from
+ * it. The computation walks the trie in order and skips a subtree as soon as
+ * the state it reaches is dead; the transitions come from the engine's
+ * memoized rows (grammar_match.h), so after warm-up a walk is array lookups
+ * over contiguous memory. Finished masks are cached per state.
+ *
+ * What it is not: aware of special tokens. Tokens given without bytes (the
+ * tokenizer's special tokens) are never allowed; whether an end-of-sequence
+ * token may be sampled is the caller's decision from grammar_engine_can_end.
+ *
+ * Threads: a token_mask is used by one thread at a time, like its engine.
+ */
+#ifndef TANDEM_TOKEN_MASK_H
+#define TANDEM_TOKEN_MASK_H
+
+#include "grammar_match.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Longest token the trie takes, in bytes. */
+#define TOKEN_MASK_TOKEN_BYTES_MAX 1024
+
+struct token_mask_vocab;
+
+/* bytes[i], lens[i]: token i's bytes (bytes[i] NULL or lens[i] 0: a token
+ * the mask never allows). The bytes are copied. ERR_INVALID_ARG naming the
+ * token when one is longer than TOKEN_MASK_TOKEN_BYTES_MAX; ERR_NOMEM. */
+int token_mask_vocab_create(struct token_mask_vocab **out, const uint8_t *const *bytes,
+                            const size_t *lens, int32_t n_tokens, char *err);
+void token_mask_vocab_destroy(struct token_mask_vocab *v); /* NULL-safe */
+int32_t token_mask_vocab_n_tokens(const struct token_mask_vocab *v);
+int32_t token_mask_vocab_n_nodes(const struct token_mask_vocab *v);
+
+/* Bytes of token id (NULL, *len 0 for a token without bytes). */
+const uint8_t *token_mask_vocab_bytes(const struct token_mask_vocab *v, int32_t id, size_t *len);
+
+struct token_mask;
+
+/* Borrows e and v: both must outlive m. cache_max_bytes bounds the cached
+ * masks (0: 64 MiB; less than one mask: nothing is cached); past it the
+ * cache is emptied and refilled. */
+int token_mask_create(struct token_mask **out, struct grammar_engine *e,
+                      const struct token_mask_vocab *v, size_t cache_max_bytes, char *err);
+void token_mask_destroy(struct token_mask *m); /* NULL-safe */
+
+/* Number of uint64_t words of a mask: ceil(n_tokens / 64). */
+size_t token_mask_words(const struct token_mask *m);
+
+/* Writes the allowed-token bitset of `state` to bits[0..token_mask_words):
+ * bit i of bits[i / 64] set when token i's bytes are accepted from state.
+ * Returns 0 or ERR_NOMEM (the engine's cap). */
+int token_mask_compute(struct token_mask *m, int32_t state, uint64_t *bits, char *err);
+
+static inline int token_mask_test(const uint64_t *bits, int32_t id)
+{
+    return (int)((bits[id >> 6] >> (id & 63)) & 1);
+}
+
+#endif
