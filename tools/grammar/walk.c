@@ -117,6 +117,8 @@ int walk_one(struct walk_ctx *w, int free_steps, int max_tokens, char **text, si
         if (w->times && (rc = record_time(w, now_s() - t0)))
             break;
         int32_t id = pick(w, closing);
+        if (id < 0 && grammar_engine_can_end(w->engine, state))
+            break;
         if (id < 0) {
             rc = error_set(err, ERR_INTERNAL, "no token allowed and the grammar cannot end after %.200s",
                            buf);
