@@ -7,7 +7,8 @@
 #   -t SECONDS  time per target (default $FUZZ_TIME or 60), libFuzzer's
 #               -max_total_time
 #   TARGET      safetensors safetensors_index model_config tokenizer_json
-#               tokenizer_encode request worker_msg proc_config openai (default: all)
+#               tokenizer_encode request worker_msg proc_config openai lane
+#               grammar_schema grammar_gbnf (default: all)
 #
 # Builds build-fuzz with clang (TANDEM_FUZZ=ON: ASan + UBSan + coverage) if
 # needed. Each target starts from its seeds and regressions (tests/fuzz/corpus/
@@ -20,7 +21,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all_targets=(safetensors safetensors_index model_config tokenizer_json tokenizer_encode request
-             worker_msg proc_config openai lane)
+             worker_msg proc_config openai lane grammar_schema grammar_gbnf)
 time_s=${FUZZ_TIME:-60}
 while getopts "t:h" opt; do
   case $opt in
