@@ -23,6 +23,8 @@ struct trie_node {
 
 struct token_mask_vocab {
     int32_t n_tokens;
+    uint32_t *tok_before;   /* by node (and n_nodes): tokens at nodes before it */
+    uint64_t (*sub_bytes)[4]; /* by node: the bytes in its subtree, itself included */
     uint8_t *bytes;   /* all tokens' bytes */
     size_t *offsets;  /* token i: bytes[offsets[i] .. offsets[i + 1]) */
     int32_t *ids;     /* tokens with bytes, sorted by bytes */
@@ -35,6 +37,9 @@ struct token_mask {
     struct grammar_engine *e;
     const struct token_mask_vocab *v;
     size_t words, cache_max, cached_bytes;
+    uint64_t (*loops)[4]; /* by state: the bytes that lead back to it */
+    uint8_t *loops_known;
+    int32_t n_loops;
     uint64_t **cache; /* by state id */
     int32_t n_cache;
     int32_t *walk_state;        /* by depth */
@@ -107,6 +112,41 @@ static int copy_bytes(struct token_mask_vocab *v, const uint8_t *const *bytes, c
     return 0;
 }
 
+/* The per-node summaries the walk's shortcut reads: tokens before each node
+ * (a subtree's tokens are ids[tok_before[i] .. tok_before[end])) and the
+ * bytes in each subtree. */
+static int summarize(struct token_mask_vocab *v, char *err)
+{
+    uint32_t n = (uint32_t)v->n_nodes;
+    v->tok_before = malloc(((size_t)n + 1) * sizeof *v->tok_before);
+    v->sub_bytes = calloc(n, sizeof *v->sub_bytes);
+    uint32_t *parent = malloc((size_t)n * sizeof *parent);
+    uint32_t *open = malloc(((size_t)v->depth_max + 1) * sizeof *open);
+    if (!v->tok_before || !v->sub_bytes || !parent || !open) {
+        free(parent);
+        free(open);
+        return error_set(err, ERR_NOMEM, "token mask: out of memory");
+    }
+    uint32_t count = 0;
+    open[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        v->tok_before[i] = count;
+        count += v->nodes[i].n_tok;
+        open[v->nodes[i].depth] = i;
+        parent[i] = i ? open[v->nodes[i].depth - 1] : 0;
+    }
+    v->tok_before[n] = count;
+    for (uint32_t i = n - 1; i >= 1; i--) {
+        uint8_t b = v->nodes[i].byte;
+        v->sub_bytes[i][b >> 6] |= 1ull << (b & 63);
+        for (int k = 0; k < 4; k++)
+            v->sub_bytes[parent[i]][k] |= v->sub_bytes[i][k];
+    }
+    free(parent);
+    free(open);
+    return 0;
+}
+
 /* Builds the preorder trie from the sorted ids. */
 static int build_trie(struct token_mask_vocab *v, int32_t n_with, char *err)
 {
@@ -148,7 +188,7 @@ static int build_trie(struct token_mask_vocab *v, int32_t n_with, char *err)
     v->nodes[0].end = n;
     v->n_nodes = (int32_t)n;
     free(path);
-    return 0;
+    return summarize(v, err);
 }
 
 int token_mask_vocab_create(struct token_mask_vocab **out, const uint8_t *const *bytes,
@@ -182,6 +222,8 @@ void token_mask_vocab_destroy(struct token_mask_vocab *v)
     free(v->offsets);
     free(v->ids);
     free(v->nodes);
+    free(v->tok_before);
+    free(v->sub_bytes);
     free(v);
 }
 
@@ -239,6 +281,8 @@ void token_mask_destroy(struct token_mask *m)
         return;
     cache_clear(m);
     free(m->cache);
+    free(m->loops);
+    free(m->loops_known);
     free(m->walk_state);
     free(m->walk_row);
     free(m);
@@ -249,7 +293,44 @@ size_t token_mask_words(const struct token_mask *m)
     return m->words;
 }
 
-/* The trie walk: bits must be zeroed by the caller. */
+/* The bytes that lead from `state` back to itself (computed once per state);
+ * NULL when out of memory, which only costs the shortcut. */
+static const uint64_t *loop_bytes(struct token_mask *m, int32_t state, const int32_t *row)
+{
+    if (state >= m->n_loops) {
+        int32_t n = m->n_loops ? m->n_loops : 256;
+        while (n <= state)
+            n *= 2;
+        uint64_t(*l)[4] = realloc(m->loops, (size_t)n * sizeof *l);
+        if (!l)
+            return NULL;
+        m->loops = l;
+        uint8_t *k = realloc(m->loops_known, (size_t)n);
+        if (!k)
+            return NULL;
+        memset(k + m->n_loops, 0, (size_t)(n - m->n_loops));
+        m->loops_known = k;
+        m->n_loops = n;
+    }
+    if (!m->loops_known[state]) {
+        memset(m->loops[state], 0, sizeof m->loops[state]);
+        for (unsigned b = 0; b < 256; b++)
+            if (row[b] == state)
+                m->loops[state][b >> 6] |= 1ull << (b & 63);
+        m->loops_known[state] = 1;
+    }
+    return m->loops[state];
+}
+
+static int subset(const uint64_t *a, const uint64_t *b)
+{
+    return !(a[0] & ~b[0]) && !(a[1] & ~b[1]) && !(a[2] & ~b[2]) && !(a[3] & ~b[3]);
+}
+
+/* The trie walk: bits must be zeroed by the caller. A node whose byte leads
+ * from state s back to s, and whose subtree holds only such bytes, admits
+ * every token below it without a step: inside a JSON string that skips most
+ * of the vocabulary. */
 static int walk(struct token_mask *m, int32_t state, uint64_t *bits, char *err)
 {
     const struct token_mask_vocab *v = m->v;
@@ -261,10 +342,20 @@ static int walk(struct token_mask *m, int32_t state, uint64_t *bits, char *err)
     uint32_t i = 1, n = (uint32_t)v->n_nodes;
     while (i < n) {
         const struct trie_node *node = &nodes[i];
+        int32_t from = m->walk_state[node->depth - 1];
         int32_t next = m->walk_row[node->depth - 1][node->byte];
         if (next == GRAMMAR_STATE_DEAD) {
             i = node->end;
             continue;
+        }
+        if (next == from && node->end > i + 1) {
+            const uint64_t *loops = loop_bytes(m, from, m->walk_row[node->depth - 1]);
+            if (loops && subset(v->sub_bytes[i], loops)) {
+                for (uint32_t k = v->tok_before[i]; k < v->tok_before[node->end]; k++)
+                    bits[v->ids[k] >> 6] |= 1ull << (v->ids[k] & 63);
+                i = node->end;
+                continue;
+            }
         }
         for (uint32_t k = node->first; k < node->first + node->n_tok; k++) {
             int32_t id = v->ids[k];
