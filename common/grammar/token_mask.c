@@ -19,27 +19,47 @@ struct trie_node {
     uint16_t n_tok;
     uint16_t depth;
     uint8_t byte;
+    uint8_t utf8; /* NODE_* flags: the UTF-8 shape of the path to this node */
 };
+
+/* The path from the root to a node, read as UTF-8 from a character boundary:
+ * NODE_AT_BOUNDARY: it ends at a character boundary; NODE_SUB_VALID: no path
+ * in this node's subtree is ill-formed (a path may end inside a character). */
+enum { NODE_AT_BOUNDARY = 1, NODE_SUB_VALID = 2, NODE_PARENT_AT_BOUNDARY = 4 };
 
 struct token_mask_vocab {
     int32_t n_tokens;
     uint32_t *tok_before;   /* by node (and n_nodes): tokens at nodes before it */
     uint64_t (*sub_bytes)[4]; /* by node: the bytes in its subtree, itself included */
+    uint16_t *sub_depth;      /* by node: the deepest depth in its subtree */
+    uint16_t *sorted_len;     /* by position in ids: that token's length */
     uint8_t *bytes;   /* all tokens' bytes */
     size_t *offsets;  /* token i: bytes[offsets[i] .. offsets[i + 1]) */
     int32_t *ids;     /* tokens with bytes, sorted by bytes */
     struct trie_node *nodes;
     int32_t n_nodes;
+    int32_t tok_count; /* tokens with bytes */
     int depth_max;
+};
+
+/* A state's bytes grouped by the state they lead to: bytes of one group are
+ * interchangeable from that state. */
+struct partition {
+    const int32_t *row;
+    int text_loop;  /* every well-formed multi-byte character leads back here:
+                       1 yes, 0 no, -1 not known yet */
+    int loop_group; /* the group of bytes leading back here, -1 none */
+    uint8_t group[256];
+    uint64_t bits[][4];
 };
 
 struct token_mask {
     struct grammar_engine *e;
     const struct token_mask_vocab *v;
     size_t words, cache_max, cached_bytes;
-    uint64_t (*loops)[4]; /* by state: the bytes that lead back to it */
-    uint8_t *loops_known;
-    int32_t n_loops;
+    struct partition **parts; /* by state, made on first use */
+    uint64_t nodes_walked, subtrees_admitted, walks;
+    int32_t n_parts;
     uint64_t **cache; /* by state id */
     int32_t n_cache;
     int32_t *walk_state;        /* by depth */
@@ -112,6 +132,40 @@ static int copy_bytes(struct token_mask_vocab *v, const uint8_t *const *bytes, c
     return 0;
 }
 
+/* One byte of UTF-8 after a path that still needs `need` continuation bytes
+ * (-1: already ill-formed); `prev` is the path's last byte, which decides the
+ * range of the second byte after E0, ED, F0, F4 (RFC 3629). */
+static int8_t utf8_step(int8_t need, uint8_t b, uint8_t prev)
+{
+    if (need < 0)
+        return -1;
+    if (need > 0) {
+        unsigned lo = 0x80, hi = 0xBF;
+        if (prev == 0xE0)
+            lo = 0xA0;
+        else if (prev == 0xED)
+            hi = 0x9F;
+        else if (prev == 0xF0)
+            lo = 0x90;
+        else if (prev == 0xF4)
+            hi = 0x8F;
+        /* the special ranges apply to the byte right after the lead only */
+        int after_lead = (prev >= 0xC2 && prev <= 0xF4);
+        if (!after_lead)
+            lo = 0x80, hi = 0xBF;
+        return b >= lo && b <= hi ? (int8_t)(need - 1) : -1;
+    }
+    if (b < 0x80)
+        return 0;
+    if (b >= 0xC2 && b <= 0xDF)
+        return 1;
+    if (b >= 0xE0 && b <= 0xEF)
+        return 2;
+    if (b >= 0xF0 && b <= 0xF4)
+        return 3;
+    return -1;
+}
+
 /* The per-node summaries the walk's shortcut reads: tokens before each node
  * (a subtree's tokens are ids[tok_before[i] .. tok_before[end])) and the
  * bytes in each subtree. */
@@ -120,27 +174,48 @@ static int summarize(struct token_mask_vocab *v, char *err)
     uint32_t n = (uint32_t)v->n_nodes;
     v->tok_before = malloc(((size_t)n + 1) * sizeof *v->tok_before);
     v->sub_bytes = calloc(n, sizeof *v->sub_bytes);
+    v->sub_depth = malloc((size_t)n * sizeof *v->sub_depth);
+    v->sorted_len = malloc(((size_t)v->tok_count + 1) * sizeof *v->sorted_len);
     uint32_t *parent = malloc((size_t)n * sizeof *parent);
     uint32_t *open = malloc(((size_t)v->depth_max + 1) * sizeof *open);
-    if (!v->tok_before || !v->sub_bytes || !parent || !open) {
+    if (!v->tok_before || !v->sub_bytes || !v->sub_depth || !v->sorted_len || !parent || !open) {
         free(parent);
         free(open);
         return error_set(err, ERR_NOMEM, "token mask: out of memory");
     }
     uint32_t count = 0;
     open[0] = 0;
+    /* need[i]: continuation bytes still expected after node i's path; -1 ill-formed */
+    int8_t *need = malloc(n);
+    if (!need) {
+        free(parent);
+        free(open);
+        return error_set(err, ERR_NOMEM, "token mask: out of memory");
+    }
     for (uint32_t i = 0; i < n; i++) {
         v->tok_before[i] = count;
         count += v->nodes[i].n_tok;
         open[v->nodes[i].depth] = i;
+        v->sub_depth[i] = v->nodes[i].depth;
         parent[i] = i ? open[v->nodes[i].depth - 1] : 0;
+        need[i] = i ? utf8_step(need[parent[i]], v->nodes[i].byte, v->nodes[parent[i]].byte) : 0;
+        v->nodes[i].utf8 = (uint8_t)((need[i] == 0 ? NODE_AT_BOUNDARY : 0) |
+                                     (need[i] >= 0 ? NODE_SUB_VALID : 0) |
+                                     (need[parent[i]] == 0 ? NODE_PARENT_AT_BOUNDARY : 0));
     }
+    free(need);
     v->tok_before[n] = count;
+    for (uint32_t k = 0; k < count; k++)
+        v->sorted_len[k] = (uint16_t)(v->offsets[v->ids[k] + 1] - v->offsets[v->ids[k]]);
     for (uint32_t i = n - 1; i >= 1; i--) {
         uint8_t b = v->nodes[i].byte;
         v->sub_bytes[i][b >> 6] |= 1ull << (b & 63);
         for (int k = 0; k < 4; k++)
             v->sub_bytes[parent[i]][k] |= v->sub_bytes[i][k];
+        if (v->sub_depth[i] > v->sub_depth[parent[i]])
+            v->sub_depth[parent[i]] = v->sub_depth[i];
+        if (!(v->nodes[i].utf8 & NODE_SUB_VALID))
+            v->nodes[parent[i]].utf8 &= (uint8_t)~NODE_SUB_VALID;
     }
     free(parent);
     free(open);
@@ -157,7 +232,7 @@ static int build_trie(struct token_mask_vocab *v, int32_t n_with, char *err)
         free(path);
         return error_set(err, ERR_NOMEM, "token mask: out of memory");
     }
-    v->nodes[0] = (struct trie_node){0, 0, 0, 0, 0};
+    v->nodes[0] = (struct trie_node){0, 0, 0, 0, 0, 0};
     path[0] = 0;
     uint32_t n = 1;
     size_t depth = 0;
@@ -172,7 +247,7 @@ static int build_trie(struct token_mask_vocab *v, int32_t n_with, char *err)
         for (; depth > lcp; depth--)
             v->nodes[path[depth]].end = n;
         for (size_t d = lcp + 1; d <= len; d++) {
-            v->nodes[n] = (struct trie_node){0, 0, 0, (uint16_t)d, b[d - 1]};
+            v->nodes[n] = (struct trie_node){0, 0, 0, (uint16_t)d, b[d - 1], 0};
             path[d] = n++;
         }
         depth = len;
@@ -203,6 +278,7 @@ int token_mask_vocab_create(struct token_mask_vocab **out, const uint8_t *const 
     int32_t n_with;
     int rc = copy_bytes(v, bytes, lens, &n_with, err);
     if (rc == 0) {
+        v->tok_count = n_with;
         rc = sort_ids(v, n_with) ? error_set(err, ERR_NOMEM, "token mask: out of memory")
                                  : build_trie(v, n_with, err);
     }
@@ -224,6 +300,8 @@ void token_mask_vocab_destroy(struct token_mask_vocab *v)
     free(v->nodes);
     free(v->tok_before);
     free(v->sub_bytes);
+    free(v->sub_depth);
+    free(v->sorted_len);
     free(v);
 }
 
@@ -281,8 +359,9 @@ void token_mask_destroy(struct token_mask *m)
         return;
     cache_clear(m);
     free(m->cache);
-    free(m->loops);
-    free(m->loops_known);
+    for (int32_t k = 0; k < m->n_parts; k++)
+        free(m->parts[k]);
+    free(m->parts);
     free(m->walk_state);
     free(m->walk_row);
     free(m);
@@ -293,33 +372,54 @@ size_t token_mask_words(const struct token_mask *m)
     return m->words;
 }
 
-/* The bytes that lead from `state` back to itself (computed once per state);
- * NULL when out of memory, which only costs the shortcut. */
-static const uint64_t *loop_bytes(struct token_mask *m, int32_t state, const int32_t *row)
+/* The partition of `state` (made on first use); NULL when out of memory or
+ * past the engine's cap, which only costs the shortcut (the walk then meets
+ * the error itself). */
+static const struct partition *partition_of(struct token_mask *m, int32_t state)
 {
-    if (state >= m->n_loops) {
-        int32_t n = m->n_loops ? m->n_loops : 256;
+    if (state >= m->n_parts) {
+        int32_t n = m->n_parts ? m->n_parts : 256;
         while (n <= state)
             n *= 2;
-        uint64_t(*l)[4] = realloc(m->loops, (size_t)n * sizeof *l);
-        if (!l)
+        struct partition **p = realloc(m->parts, (size_t)n * sizeof *p);
+        if (!p)
             return NULL;
-        m->loops = l;
-        uint8_t *k = realloc(m->loops_known, (size_t)n);
-        if (!k)
-            return NULL;
-        memset(k + m->n_loops, 0, (size_t)(n - m->n_loops));
-        m->loops_known = k;
-        m->n_loops = n;
+        memset(p + m->n_parts, 0, (size_t)(n - m->n_parts) * sizeof *p);
+        m->parts = p;
+        m->n_parts = n;
     }
-    if (!m->loops_known[state]) {
-        memset(m->loops[state], 0, sizeof m->loops[state]);
-        for (unsigned b = 0; b < 256; b++)
-            if (row[b] == state)
-                m->loops[state][b >> 6] |= 1ull << (b & 63);
-        m->loops_known[state] = 1;
+    if (m->parts[state])
+        return m->parts[state];
+    int rc;
+    char err[ERR_MSG_MAX];
+    const int32_t *row = grammar_engine_row(m->e, state, &rc, err);
+    if (!row)
+        return NULL;
+    int32_t first_of[256]; /* the first byte of each group */
+    uint8_t group[256];
+    int n_groups = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        int g = 0;
+        while (g < n_groups && row[first_of[g]] != row[b])
+            g++;
+        if (g == n_groups)
+            first_of[n_groups++] = (int32_t)b;
+        group[b] = (uint8_t)g;
     }
-    return m->loops[state];
+    struct partition *p = calloc(1, sizeof *p + (size_t)n_groups * sizeof p->bits[0]);
+    if (!p)
+        return NULL;
+    p->row = row;
+    p->text_loop = -1;
+    p->loop_group = -1;
+    for (int g = 0; g < n_groups; g++)
+        if (row[first_of[g]] == state)
+            p->loop_group = g;
+    memcpy(p->group, group, sizeof group);
+    for (unsigned b = 0; b < 256; b++)
+        p->bits[group[b]][b >> 6] |= 1ull << (b & 63);
+    m->parts[state] = p;
+    return p;
 }
 
 static int subset(const uint64_t *a, const uint64_t *b)
@@ -327,10 +427,96 @@ static int subset(const uint64_t *a, const uint64_t *b)
     return !(a[0] & ~b[0]) && !(a[1] & ~b[1]) && !(a[2] & ~b[2]) && !(a[3] & ~b[3]);
 }
 
-/* The trie walk: bits must be zeroed by the caller. A node whose byte leads
- * from state s back to s, and whose subtree holds only such bytes, admits
- * every token below it without a step: inside a JSON string that skips most
- * of the vocabulary. */
+/* 1 when every well-formed multi-byte UTF-8 character leads `state` back to
+ * itself, each byte range of each form (RFC 3629) moving as one. */
+static int text_loop(struct token_mask *m, int32_t state, struct partition *p)
+{
+    static const uint8_t forms[][2][4] = {
+        {{0xC2, 0x80}, {0xDF, 0xBF}},             {{0xE0, 0xA0, 0x80}, {0xE0, 0xBF, 0xBF}},
+        {{0xE1, 0x80, 0x80}, {0xEC, 0xBF, 0xBF}}, {{0xED, 0x80, 0x80}, {0xED, 0x9F, 0xBF}},
+        {{0xEE, 0x80, 0x80}, {0xEF, 0xBF, 0xBF}}, {{0xF0, 0x90, 0x80, 0x80}, {0xF0, 0xBF, 0xBF, 0xBF}},
+        {{0xF1, 0x80, 0x80, 0x80}, {0xF3, 0xBF, 0xBF, 0xBF}},
+        {{0xF4, 0x80, 0x80, 0x80}, {0xF4, 0x8F, 0xBF, 0xBF}},
+    };
+    if (p->text_loop >= 0)
+        return p->text_loop;
+    p->text_loop = 0;
+    for (size_t f = 0; f < sizeof forms / sizeof *forms; f++) {
+        int32_t t = state;
+        for (int k = 0; k < 4 && forms[f][0][k]; k++) {
+            const struct partition *q = partition_of(m, t);
+            if (!q)
+                return 0;
+            uint64_t range[4] = {0};
+            for (unsigned b = forms[f][0][k]; b <= forms[f][1][k]; b++)
+                range[b >> 6] |= 1ull << (b & 63);
+            if (!subset(range, q->bits[q->group[forms[f][0][k]]]))
+                return 0;
+            if ((t = q->row[forms[f][0][k]]) == GRAMMAR_STATE_DEAD)
+                return 0;
+        }
+        if (t != state)
+            return 0;
+    }
+    p->text_loop = 1;
+    return 1;
+}
+
+/* The text shortcut: from a state where text loops (every safe ASCII byte and
+ * every well-formed character leads back to it), a subtree whose paths are
+ * well-formed UTF-8 (possibly ending inside a character) from a character
+ * boundary, with only looping ASCII bytes, is admitted whole: inside a JSON
+ * string that is most of a multilingual vocabulary. Returns 1 when it
+ * applied. */
+static int admit_text(struct token_mask *m, int32_t from, uint32_t i, uint64_t *bits)
+{
+    const struct token_mask_vocab *v = m->v;
+    const struct trie_node *node = &v->nodes[i];
+    if ((node->utf8 & (NODE_PARENT_AT_BOUNDARY | NODE_SUB_VALID)) !=
+        (NODE_PARENT_AT_BOUNDARY | NODE_SUB_VALID))
+        return 0;
+    struct partition *p = (struct partition *)partition_of(m, from);
+    if (!p || p->loop_group < 0)
+        return 0;
+    const uint64_t *loop = p->bits[p->loop_group], *sub = v->sub_bytes[i];
+    if ((sub[0] & ~loop[0]) || (sub[1] & ~loop[1]) || !text_loop(m, from, p))
+        return 0;
+    for (uint32_t k = v->tok_before[i]; k < v->tok_before[node->end]; k++)
+        bits[v->ids[k] >> 6] |= 1ull << (v->ids[k] & 63);
+    return 1;
+}
+
+/* The shortcut: when every byte in node i's subtree leads, from each state
+ * of the chain `from` -> row[byte] -> ..., to one same state, every token
+ * below i meets the same states and only its length decides: the tokens no
+ * longer than the chain's live part are admitted, without walking. That
+ * covers the body of a JSON string (a chain of one state looping to itself)
+ * and bounded counts (maxLength, whitespace: a chain of states). Returns 1
+ * when it applied. */
+static int admit_uniform(struct token_mask *m, int32_t from, uint32_t i, uint64_t *bits)
+{
+    const struct token_mask_vocab *v = m->v;
+    const struct trie_node *node = &v->nodes[i];
+    int depth0 = node->depth - 1, live = 0, span = v->sub_depth[i] - depth0;
+    int32_t t = from;
+    for (int j = 0; j < span; j++) {
+        const struct partition *p = partition_of(m, t);
+        if (!p || !subset(v->sub_bytes[i], p->bits[p->group[node->byte]]))
+            return 0;
+        t = p->row[node->byte];
+        if (t == GRAMMAR_STATE_DEAD)
+            break;
+        live = j + 1;
+    }
+    for (uint32_t k = v->tok_before[i]; k < v->tok_before[node->end]; k++) {
+        int32_t id = v->ids[k];
+        if (live == span || v->sorted_len[k] - depth0 <= live)
+            bits[id >> 6] |= 1ull << (id & 63);
+    }
+    return 1;
+}
+
+/* The trie walk: bits must be zeroed by the caller. */
 static int walk(struct token_mask *m, int32_t state, uint64_t *bits, char *err)
 {
     const struct token_mask_vocab *v = m->v;
@@ -348,14 +534,11 @@ static int walk(struct token_mask *m, int32_t state, uint64_t *bits, char *err)
             i = node->end;
             continue;
         }
-        if (next == from && node->end > i + 1) {
-            const uint64_t *loops = loop_bytes(m, from, m->walk_row[node->depth - 1]);
-            if (loops && subset(v->sub_bytes[i], loops)) {
-                for (uint32_t k = v->tok_before[i]; k < v->tok_before[node->end]; k++)
-                    bits[v->ids[k] >> 6] |= 1ull << (v->ids[k] & 63);
-                i = node->end;
-                continue;
-            }
+        m->nodes_walked++;
+        if (node->end > i + 1 && (admit_text(m, from, i, bits) || admit_uniform(m, from, i, bits))) {
+            m->subtrees_admitted++;
+            i = node->end;
+            continue;
         }
         for (uint32_t k = node->first; k < node->first + node->n_tok; k++) {
             int32_t id = v->ids[k];
@@ -408,9 +591,18 @@ int token_mask_compute(struct token_mask *m, int32_t state, uint64_t *bits, char
     memset(bits, 0, bytes);
     if (state == GRAMMAR_STATE_DEAD)
         return 0;
+    m->walks++;
     int rc = walk(m, state, bits, err);
     if (rc)
         return rc;
     cache_store(m, state, bits);
     return 0;
+}
+
+void token_mask_counts(const struct token_mask *m, uint64_t *walks, uint64_t *nodes_walked,
+                       uint64_t *subtrees_admitted)
+{
+    *walks = m->walks;
+    *nodes_walked = m->nodes_walked;
+    *subtrees_admitted = m->subtrees_admitted;
 }

