@@ -33,6 +33,8 @@ struct token_mask_vocab {
     uint64_t (*sub_bytes)[4]; /* by node: the bytes in its subtree, itself included */
     uint16_t *sub_depth;      /* by node: the deepest depth in its subtree */
     uint16_t *sorted_len;     /* by position in ids: that token's length */
+    uint16_t *path_chars;     /* by node: complete UTF-8 characters on its path */
+    uint16_t *sorted_chars;   /* by position in ids: characters << 1 | ends inside one */
     uint8_t *bytes;   /* all tokens' bytes */
     size_t *offsets;  /* token i: bytes[offsets[i] .. offsets[i + 1]) */
     int32_t *ids;     /* tokens with bytes, sorted by bytes */
@@ -42,6 +44,8 @@ struct token_mask_vocab {
     int depth_max;
 };
 
+enum { CHAR_MIXED = -2, CHAR_UNKNOWN = -3 };
+
 /* A state's bytes grouped by the state they lead to: bytes of one group are
  * interchangeable from that state. */
 struct partition {
@@ -49,6 +53,8 @@ struct partition {
     int text_loop;  /* every well-formed multi-byte character leads back here:
                        1 yes, 0 no, -1 not known yet */
     int loop_group; /* the group of bytes leading back here, -1 none */
+    int32_t char_next; /* where every multi-byte character leads: a state, DEAD,
+                          CHAR_MIXED (not all to one), CHAR_UNKNOWN (not yet) */
     uint8_t group[256];
     uint64_t bits[][4];
 };
@@ -176,9 +182,12 @@ static int summarize(struct token_mask_vocab *v, char *err)
     v->sub_bytes = calloc(n, sizeof *v->sub_bytes);
     v->sub_depth = malloc((size_t)n * sizeof *v->sub_depth);
     v->sorted_len = malloc(((size_t)v->tok_count + 1) * sizeof *v->sorted_len);
+    v->path_chars = malloc((size_t)n * sizeof *v->path_chars);
+    v->sorted_chars = malloc(((size_t)v->tok_count + 1) * sizeof *v->sorted_chars);
     uint32_t *parent = malloc((size_t)n * sizeof *parent);
     uint32_t *open = malloc(((size_t)v->depth_max + 1) * sizeof *open);
-    if (!v->tok_before || !v->sub_bytes || !v->sub_depth || !v->sorted_len || !parent || !open) {
+    if (!v->tok_before || !v->sub_bytes || !v->sub_depth || !v->sorted_len || !v->path_chars ||
+        !v->sorted_chars || !parent || !open) {
         free(parent);
         free(open);
         return error_set(err, ERR_NOMEM, "token mask: out of memory");
@@ -199,6 +208,9 @@ static int summarize(struct token_mask_vocab *v, char *err)
         v->sub_depth[i] = v->nodes[i].depth;
         parent[i] = i ? open[v->nodes[i].depth - 1] : 0;
         need[i] = i ? utf8_step(need[parent[i]], v->nodes[i].byte, v->nodes[parent[i]].byte) : 0;
+        v->path_chars[i] = (uint16_t)(i ? v->path_chars[parent[i]] + (need[i] == 0) : 0);
+        for (uint32_t k = v->nodes[i].first; k < v->nodes[i].first + v->nodes[i].n_tok; k++)
+            v->sorted_chars[k] = (uint16_t)(v->path_chars[i] << 1 | (need[i] > 0));
         v->nodes[i].utf8 = (uint8_t)((need[i] == 0 ? NODE_AT_BOUNDARY : 0) |
                                      (need[i] >= 0 ? NODE_SUB_VALID : 0) |
                                      (need[parent[i]] == 0 ? NODE_PARENT_AT_BOUNDARY : 0));
@@ -302,6 +314,8 @@ void token_mask_vocab_destroy(struct token_mask_vocab *v)
     free(v->sub_bytes);
     free(v->sub_depth);
     free(v->sorted_len);
+    free(v->path_chars);
+    free(v->sorted_chars);
     free(v);
 }
 
@@ -412,6 +426,7 @@ static const struct partition *partition_of(struct token_mask *m, int32_t state)
     p->row = row;
     p->text_loop = -1;
     p->loop_group = -1;
+    p->char_next = CHAR_UNKNOWN;
     for (int g = 0; g < n_groups; g++)
         if (row[first_of[g]] == state)
             p->loop_group = g;
@@ -427,9 +442,10 @@ static int subset(const uint64_t *a, const uint64_t *b)
     return !(a[0] & ~b[0]) && !(a[1] & ~b[1]) && !(a[2] & ~b[2]) && !(a[3] & ~b[3]);
 }
 
-/* 1 when every well-formed multi-byte UTF-8 character leads `state` back to
- * itself, each byte range of each form (RFC 3629) moving as one. */
-static int text_loop(struct token_mask *m, int32_t state, struct partition *p)
+/* Where every well-formed multi-byte UTF-8 character leads `state` (each
+ * byte range of each form of RFC 3629 moving as one, no character dying
+ * half-way): a state, DEAD (every lead byte refused), or CHAR_MIXED. */
+static int32_t char_next(struct token_mask *m, int32_t state, struct partition *p)
 {
     static const uint8_t forms[][2][4] = {
         {{0xC2, 0x80}, {0xDF, 0xBF}},             {{0xE0, 0xA0, 0x80}, {0xE0, 0xBF, 0xBF}},
@@ -438,27 +454,86 @@ static int text_loop(struct token_mask *m, int32_t state, struct partition *p)
         {{0xF1, 0x80, 0x80, 0x80}, {0xF3, 0xBF, 0xBF, 0xBF}},
         {{0xF4, 0x80, 0x80, 0x80}, {0xF4, 0x8F, 0xBF, 0xBF}},
     };
-    if (p->text_loop >= 0)
-        return p->text_loop;
-    p->text_loop = 0;
-    for (size_t f = 0; f < sizeof forms / sizeof *forms; f++) {
+    if (p->char_next != CHAR_UNKNOWN)
+        return p->char_next;
+    int32_t target = CHAR_UNKNOWN;
+    for (size_t f = 0; f < sizeof forms / sizeof *forms && target != CHAR_MIXED; f++) {
         int32_t t = state;
-        for (int k = 0; k < 4 && forms[f][0][k]; k++) {
+        for (int k = 0; k < 4 && forms[f][0][k] && t != GRAMMAR_STATE_DEAD; k++) {
             const struct partition *q = partition_of(m, t);
-            if (!q)
-                return 0;
             uint64_t range[4] = {0};
             for (unsigned b = forms[f][0][k]; b <= forms[f][1][k]; b++)
                 range[b >> 6] |= 1ull << (b & 63);
-            if (!subset(range, q->bits[q->group[forms[f][0][k]]]))
-                return 0;
-            if ((t = q->row[forms[f][0][k]]) == GRAMMAR_STATE_DEAD)
-                return 0;
+            if (!q || !subset(range, q->bits[q->group[forms[f][0][k]]])) {
+                t = CHAR_MIXED;
+                break;
+            }
+            t = q->row[forms[f][0][k]];
+            if (t == GRAMMAR_STATE_DEAD && k > 0)
+                t = CHAR_MIXED; /* a character that dies half-way */
         }
-        if (t != state)
-            return 0;
+        target = target == CHAR_UNKNOWN || target == t ? t : CHAR_MIXED;
     }
-    p->text_loop = 1;
+    p->char_next = target;
+    return target;
+}
+
+static int text_loop(struct token_mask *m, int32_t state, struct partition *p)
+{
+    return char_next(m, state, p) == state;
+}
+
+/* Where every character of node i's subtree leads `t` (its ASCII bytes and,
+ * if it has any, every multi-byte character), or CHAR_MIXED. */
+static int32_t char_step(struct token_mask *m, int32_t t, uint32_t i)
+{
+    const uint64_t *sub = m->v->sub_bytes[i];
+    struct partition *p = (struct partition *)partition_of(m, t);
+    if (!p)
+        return CHAR_MIXED;
+    int32_t u = CHAR_UNKNOWN;
+    if (sub[0] | sub[1]) {
+        unsigned b = sub[0] ? (unsigned)__builtin_ctzll(sub[0]) : 64 + (unsigned)__builtin_ctzll(sub[1]);
+        const uint64_t *g = p->bits[p->group[b]];
+        if ((sub[0] & ~g[0]) || (sub[1] & ~g[1]))
+            return CHAR_MIXED;
+        u = p->row[b];
+    }
+    if (sub[2] | sub[3]) {
+        int32_t c = char_next(m, t, p);
+        u = u == CHAR_UNKNOWN || u == c ? c : CHAR_MIXED;
+    }
+    return u;
+}
+
+/* The bounded-text shortcut: from a character boundary, when every
+ * character of the subtree moves alike along the chain from `from` (a
+ * string's maxLength counts), a token is admitted by its number of
+ * characters alone: c whole characters (plus one begun) need the chain to
+ * live c (c + 1) steps. Returns 1 when it applied. */
+static int admit_text_chain(struct token_mask *m, int32_t from, uint32_t i, uint64_t *bits)
+{
+    const struct token_mask_vocab *v = m->v;
+    const struct trie_node *node = &v->nodes[i];
+    if ((node->utf8 & (NODE_PARENT_AT_BOUNDARY | NODE_SUB_VALID)) !=
+        (NODE_PARENT_AT_BOUNDARY | NODE_SUB_VALID))
+        return 0;
+    int base = v->path_chars[i] - (node->utf8 & NODE_AT_BOUNDARY ? 1 : 0);
+    int span = v->sub_depth[i] - node->depth + 1, live = 0;
+    int32_t t = from;
+    for (int j = 0; j < span; j++) {
+        t = char_step(m, t, i);
+        if (t == CHAR_MIXED || t == CHAR_UNKNOWN)
+            return 0;
+        if (t == GRAMMAR_STATE_DEAD)
+            break;
+        live = j + 1;
+    }
+    for (uint32_t k = v->tok_before[i]; k < v->tok_before[node->end]; k++) {
+        int need = (v->sorted_chars[k] >> 1) - base + (v->sorted_chars[k] & 1);
+        if (need <= live)
+            bits[v->ids[k] >> 6] |= 1ull << (v->ids[k] & 63);
+    }
     return 1;
 }
 
@@ -535,7 +610,8 @@ static int walk(struct token_mask *m, int32_t state, uint64_t *bits, char *err)
             continue;
         }
         m->nodes_walked++;
-        if (node->end > i + 1 && (admit_text(m, from, i, bits) || admit_uniform(m, from, i, bits))) {
+        if (node->end > i + 1 && (admit_text(m, from, i, bits) || admit_uniform(m, from, i, bits) ||
+                                  admit_text_chain(m, from, i, bits))) {
             m->subtrees_admitted++;
             i = node->end;
             continue;
