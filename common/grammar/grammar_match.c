@@ -46,6 +46,8 @@ struct grammar_engine {
     size_t n_out, cap_out;
     uint32_t stamp;
     int accepted;
+    int depth;   /* of expand's recursion */
+    int fail_rc; /* why the last expansion failed: ERR_NOMEM or ERR_RANGE */
     int32_t start;
 };
 
@@ -122,7 +124,24 @@ static int32_t node_intern(struct grammar_engine *e, int32_t pos, int32_t parent
 }
 
 /* Adds to e->out the class-topped stacks node `id` expands to. */
+static int expand_node(struct grammar_engine *e, int32_t id);
+
+/* expand_node, with its recursion bounded: a grammar whose rules nest deeper
+ * than GRAMMAR_EXPAND_DEPTH_MAX at one position (a chain of thousands of
+ * rules) is refused rather than run off the thread's stack. */
 static int expand(struct grammar_engine *e, int32_t id)
+{
+    if (e->depth >= GRAMMAR_EXPAND_DEPTH_MAX)
+        return e->fail_rc = ERR_RANGE;
+    e->depth++;
+    int rc = expand_node(e, id);
+    e->depth--;
+    if (rc && !e->fail_rc)
+        e->fail_rc = rc;
+    return rc;
+}
+
+static int expand_node(struct grammar_engine *e, int32_t id)
 {
     if (e->node_stamp[id] == e->stamp)
         return 0;
@@ -238,6 +257,8 @@ static void begin_set(struct grammar_engine *e)
 {
     e->n_out = 0;
     e->accepted = 0;
+    e->depth = 0;
+    e->fail_rc = 0;
     if (++e->stamp == 0) { /* wrapped: old stamps could collide */
         memset(e->node_stamp, 0, (size_t)e->n_nodes * sizeof *e->node_stamp);
         e->stamp = 1;
@@ -288,7 +309,11 @@ int grammar_engine_create(struct grammar_engine **out, struct grammar *g, size_t
         }
     }
     if (root < 0 || (e->start = finish_set(e)) < 0) {
+        int range = e->fail_rc == ERR_RANGE;
         grammar_engine_destroy(e);
+        if (range)
+            return error_set(err, ERR_RANGE, "grammar: rules nest more than %d deep",
+                             GRAMMAR_EXPAND_DEPTH_MAX);
         return error_set(err, ERR_NOMEM, "grammar: out of memory");
     }
     *out = e;
@@ -346,8 +371,13 @@ const int32_t *grammar_engine_row(struct grammar_engine *e, int32_t state, int *
     e->rows[state] = row;
     return row;
 full:
-    *rc = error_set(err, ERR_NOMEM, "grammar: the matcher's state cache is over its cap of %zu MiB",
-                    e->memory_max >> 20);
+    if (e->fail_rc == ERR_RANGE)
+        *rc = error_set(err, ERR_RANGE, "grammar: rules nest more than %d deep",
+                        GRAMMAR_EXPAND_DEPTH_MAX);
+    else
+        *rc = error_set(err, ERR_NOMEM,
+                        "grammar: the matcher's state cache is over its cap of %zu MiB",
+                        e->memory_max >> 20);
     return NULL;
 }
 

@@ -28,13 +28,16 @@
 #include <stdint.h>
 
 #define GRAMMAR_STATE_DEAD 0
+/* Rules nested at one position of the input, at most (deeper: ERR_RANGE). */
+#define GRAMMAR_EXPAND_DEPTH_MAX 2048
 /* Default cap on an engine's memory (interned stacks, sets and rows). */
 #define GRAMMAR_ENGINE_MEMORY_DEFAULT ((size_t)256 << 20)
 
 struct grammar_engine;
 
 /* Takes ownership of g (freed by destroy, also on failure). memory_max_bytes:
- * the cap described above (0: the default). ERR_NOMEM. */
+ * the cap described above (0: the default). ERR_NOMEM, ERR_RANGE (rules
+ * nested past GRAMMAR_EXPAND_DEPTH_MAX). */
 int grammar_engine_create(struct grammar_engine **out, struct grammar *g, size_t memory_max_bytes,
                           char *err);
 void grammar_engine_destroy(struct grammar_engine *e); /* NULL-safe */
@@ -48,7 +51,8 @@ int grammar_engine_can_end(const struct grammar_engine *e, int32_t state);
 
 /* The transitions of `state` on all 256 bytes (GRAMMAR_STATE_DEAD where the
  * byte is refused), computed on first use. The row lives as long as e.
- * NULL with ERR_NOMEM in *rc (and the reason in err) past the memory cap. */
+ * NULL with ERR_NOMEM in *rc (and the reason in err) past the memory cap,
+ * ERR_RANGE past GRAMMAR_EXPAND_DEPTH_MAX. */
 const int32_t *grammar_engine_row(struct grammar_engine *e, int32_t state, int *rc, char *err);
 
 /* Feeds bytes[0..len) from `state`; *next is the state after them, DEAD as

@@ -388,6 +388,27 @@ static struct token_mask_vocab *vocab_of(const char *path)
     return v;
 }
 
+/* A chain of thousands of rules is refused by the engine, not run off the
+ * stack. */
+static void test_engine_refuses_rules_nested_too_deep(void **state)
+{
+    (void)state;
+    size_t cap = 64 << 10, len = 0;
+    char *text = malloc(cap), err[ERR_MSG_MAX] = "";
+    assert_non_null(text);
+    len += (size_t)snprintf(text + len, cap - len, "root ::= r0\n");
+    for (int i = 0; i < 3000; i++)
+        len += (size_t)snprintf(text + len, cap - len, "r%d ::= r%d\n", i, i + 1);
+    len += (size_t)snprintf(text + len, cap - len, "r3000 ::= \"x\"\n");
+    struct grammar *g;
+    assert_int_equal(grammar_gbnf_parse(text, len, &g, err), 0);
+    struct grammar_engine *e = NULL;
+    assert_int_equal(grammar_engine_create(&e, g, 0, err), ERR_RANGE);
+    assert_non_null(strstr(err, "nest more than"));
+    assert_null(e);
+    free(text);
+}
+
 /* The trained pair's tokenizer as the mask's vocabulary. */
 static struct token_mask_vocab *test_vocab(void)
 {
@@ -513,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_schema_depth_is_bounded),
         cmocka_unit_test(test_matcher_rolls_back_tokens),
         cmocka_unit_test(test_engine_memory_cap_is_an_error),
+        cmocka_unit_test(test_engine_refuses_rules_nested_too_deep),
         cmocka_unit_test(test_mask_equals_matcher_on_every_token),
         cmocka_unit_test(test_mask_equals_matcher_on_llama3),
         cmocka_unit_test(test_mask_vocab_refuses_long_tokens),
