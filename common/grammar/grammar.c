@@ -156,6 +156,11 @@ const char *grammar_builder_rule_name(const struct grammar_builder *b, int32_t i
     return id >= 0 && id < b->n_rules ? b->rules[id].name : "?";
 }
 
+size_t grammar_builder_alt_count(const struct grammar_builder *b, int32_t id)
+{
+    return id >= 0 && id < b->n_rules ? b->rules[id].n_alts : 0;
+}
+
 int grammar_builder_rule_defined(const struct grammar_builder *b, int32_t id)
 {
     return id >= 0 && id < b->n_rules && b->rules[id].n_alts > 0;

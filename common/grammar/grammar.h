@@ -78,6 +78,9 @@ int grammar_builder_rule_fresh(struct grammar_builder *b, const char *base, int3
 /* The name of a rule (valid while the builder lives). */
 const char *grammar_builder_rule_name(const struct grammar_builder *b, int32_t id);
 
+/* Number of alternatives of rule id so far. */
+size_t grammar_builder_alt_count(const struct grammar_builder *b, int32_t id);
+
 /* 1 when rule id has at least one alternative. */
 int grammar_builder_rule_defined(const struct grammar_builder *b, int32_t id);
 

@@ -11,6 +11,7 @@
 #include "grammar_schema.h"
 
 #include "error.h"
+#include "grammar_regex.h"
 #include "json_check.h"
 
 #include <math.h>
@@ -40,7 +41,8 @@ static const char *const annotations[] = {"title", "description", "default", "ex
                                           "readOnly", "writeOnly", "$defs", "definitions"};
 static const char *const structural[] = {"type", "properties", "required", "additionalProperties",
                                          "items", "minItems", "maxItems", "minLength",
-                                         "maxLength", "enum", "const", "anyOf", "$ref"};
+                                         "maxLength", "pattern", "enum", "const", "anyOf",
+                                         "$ref"};
 
 static int in_list(const char *key, const char *const *list, size_t n)
 {
@@ -396,8 +398,44 @@ static int new_rule(struct compiler *c, const char *base, int32_t *rule)
     return rc ? nomem(c, rc) : 0;
 }
 
+/* "pattern": a string whose contents the regular expression finds a match in
+ * (grammar_regex.h). */
+static int compile_pattern(struct compiler *c, const cJSON *node, const cJSON *pattern,
+                           int32_t rule)
+{
+    size_t old = path_push(c, ".pattern");
+    int rc = 0;
+    if (!cJSON_IsString(pattern))
+        rc = bad(c, ERR_INVALID_ARG, "must be a string");
+    else if (cJSON_GetObjectItemCaseSensitive(node, "minLength") ||
+             cJSON_GetObjectItemCaseSensitive(node, "maxLength"))
+        rc = bad(c, ERR_UNSUPPORTED, "pattern beside minLength or maxLength is not supported");
+    int32_t ch, body;
+    char why[ERR_MSG_MAX];
+    int named = 1; /* whether err already says what failed */
+    if (rc == 0 && (rc = shared(c, "<char>", define_char, &ch)))
+        named = 0;
+    if (rc == 0 && (rc = grammar_regex_compile(c->b, pattern->valuestring, ch, &body, why)))
+        rc = error_set(c->err, rc, "%s: %.300s", c->path, why);
+    if (rc && !named)
+        rc = nomem(c, rc);
+    path_pop(c, old);
+    if (rc)
+        return rc;
+    struct grammar_seq s = {0};
+    rc = lit(c, &s, "\"");
+    rc = rc ? rc : grammar_seq_push(&s, R(body));
+    rc = rc ? rc : lit(c, &s, "\"");
+    rc = rc ? rc : alt(c, rule, &s);
+    grammar_seq_free(&s);
+    return rc ? nomem(c, rc) : 0;
+}
+
 static int compile_string(struct compiler *c, const cJSON *node, int32_t rule)
 {
+    const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(node, "pattern");
+    if (pattern)
+        return compile_pattern(c, node, pattern, rule);
     long min, max;
     int rc = get_count(c, node, "minLength", 0, &min);
     rc = rc ? rc : get_count(c, node, "maxLength", -1, &max);
@@ -868,7 +906,8 @@ static int compile(struct compiler *c, const cJSON *node, int32_t *rule)
              cJSON_GetObjectItemCaseSensitive(node, "maxItems"))
         rc = compile_array(c, node, *rule);
     else if (cJSON_GetObjectItemCaseSensitive(node, "minLength") ||
-             cJSON_GetObjectItemCaseSensitive(node, "maxLength"))
+             cJSON_GetObjectItemCaseSensitive(node, "maxLength") ||
+             cJSON_GetObjectItemCaseSensitive(node, "pattern"))
         rc = compile_string(c, node, *rule);
     else {
         int32_t any;

@@ -6,7 +6,8 @@
  * object, array, string, number, integer, boolean, null), properties,
  * required, additionalProperties (false or absent: only the listed
  * properties, in the listed order), items (one schema), minItems, maxItems,
- * minLength, maxLength, enum, const, anyOf, $ref to "#" or into $defs /
+ * minLength, maxLength, pattern (grammar_regex.h; not beside the lengths),
+ * enum, const, anyOf, $ref to "#" or into $defs /
  * definitions (recursion allowed), and the annotations title, description,
  * default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly.
  * Anything else is refused with ERR_UNSUPPORTED naming the keyword and its

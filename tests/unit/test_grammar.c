@@ -212,6 +212,20 @@ static void test_schema_matches_only_valid_json(void **state)
         {"{\"type\":\"object\",\"additionalProperties\":false}", "{\"a\":1}", DEAD},
         {"{\"type\":\"array\",\"maxItems\":0}", "[]", COMPLETE},
         {"{\"description\":\"annotated\",\"title\":\"t\",\"type\":\"null\"}", "null", COMPLETE},
+        /* patterns: searched, anchors honoured, characters spelled as JSON */
+        {"{\"type\":\"string\",\"pattern\":\"^[a-c]{2}$\"}", "\"ab\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-c]{2}$\"}", "\"abc", DEAD},
+        {"{\"type\":\"string\",\"pattern\":\"b+\"}", "\"xxbbyy\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"b+\"}", "\"xy\"", DEAD},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\d+(\\\\.\\\\d+)?$\"}", "\"12.5\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^(foo|bar)+$\"}", "\"foobarfoo\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^(foo|bar)+$\"}", "\"fooba\"", DEAD},
+        {"{\"type\":\"string\",\"pattern\":\"^a\\\"b$\"}", "\"a\\\"b\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^a\\\"b$\"}", "\"a\"", DEAD},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\n$\"}", "\"\\n\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", "\"\xc3\xa9\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^\xc3\xa9.$\"}", "\"\xc3\xa9z\"", COMPLETE},
+        {"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\\n\"", DEAD}, /* . is not \n */
     };
     run_cases(cases, sizeof cases / sizeof *cases, 1);
 }
@@ -243,7 +257,7 @@ static void test_schema_refuses_each_unsupported_keyword(void **state)
 {
     (void)state;
     static const char *const keywords[] = {
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
         "format", "oneOf", "allOf", "not", "if", "then", "else", "patternProperties",
         "propertyNames", "minProperties", "maxProperties", "dependentRequired",
         "dependentSchemas", "uniqueItems", "contains", "minContains", "maxContains",
@@ -268,6 +282,20 @@ static void test_schema_refuses_what_it_cannot_honour(void **state)
         int code;
         const char *message;
     } cases[] = {
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", ERR_UNSUPPORTED,
+         "schema.pattern: at 1: lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", ERR_UNSUPPORTED, "backreference"},
+        {"{\"type\":\"string\",\"pattern\":\"a|b$\"}", ERR_UNSUPPORTED, "anchor a group"},
+        {"{\"type\":\"string\",\"pattern\":\"a^b\"}", ERR_UNSUPPORTED, "only at the start"},
+        {"{\"type\":\"string\",\"pattern\":\"[\xc3\xa9]\"}", ERR_UNSUPPORTED, "non-ASCII"},
+        {"{\"type\":\"string\",\"pattern\":\"*a\"}", ERR_INVALID_ARG, "nothing to repeat"},
+        {"{\"type\":\"string\",\"pattern\":\"(a\"}", ERR_INVALID_ARG, "missing ')'"},
+        {"{\"type\":\"string\",\"pattern\":\"a)\"}", ERR_INVALID_ARG, "unmatched ')'"},
+        {"{\"type\":\"string\",\"pattern\":\"[a\"}", ERR_INVALID_ARG, "unterminated class"},
+        {"{\"type\":\"string\",\"pattern\":\"a{2\"}", ERR_UNSUPPORTED, "not a quantifier"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", ERR_UNSUPPORTED,
+         "pattern beside minLength"},
+        {"{\"type\":\"string\",\"pattern\":3}", ERR_INVALID_ARG, "schema.pattern: must be a string"},
         {"{\"type\":\"object\",\"additionalProperties\":true}", ERR_UNSUPPORTED,
          "schema.additionalProperties: only false"},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"}}", ERR_UNSUPPORTED,

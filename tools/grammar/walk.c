@@ -55,9 +55,63 @@ static int32_t nth_allowed(const uint64_t *bits, size_t words, uint64_t k)
     return -1;
 }
 
-static int32_t pick(struct walk_ctx *w, int closing)
+/* The first byte of a shortest byte path from `state` to a state where the
+ * grammar can end (a breadth-first search over the engine's rows, at most
+ * 20,000 states); -1 when none is found. */
+static int shortest_first_byte(struct walk_ctx *w, int32_t state)
+{
+    enum { LIMIT = 20000 };
+    int32_t *queue = malloc(LIMIT * sizeof *queue);
+    int16_t *first = malloc(LIMIT * sizeof *first);
+    size_t n_seen = 0, cap_seen = 1024, head = 0, tail = 0;
+    int32_t *seen = calloc(cap_seen, sizeof *seen); /* sorted would be faster; small here */
+    int found = -1;
+    char err[ERR_MSG_MAX];
+    if (!queue || !first || !seen)
+        goto done;
+    queue[tail] = state, first[tail++] = -1, seen[n_seen++] = state;
+    while (head < tail && found < 0) {
+        int32_t s = queue[head];
+        int f = first[head++], rc;
+        const int32_t *row = grammar_engine_row(w->engine, s, &rc, err);
+        for (int b = 0; row && b < 256 && found < 0; b++) {
+            int32_t t = row[b];
+            if (t == GRAMMAR_STATE_DEAD)
+                continue;
+            if (grammar_engine_can_end(w->engine, t)) {
+                found = f < 0 ? b : f;
+                break;
+            }
+            size_t k = 0;
+            while (k < n_seen && seen[k] != t)
+                k++;
+            if (k < n_seen || tail >= LIMIT)
+                continue;
+            if (n_seen == cap_seen) {
+                int32_t *g = realloc(seen, (cap_seen *= 2) * sizeof *g);
+                if (!g)
+                    goto done;
+                seen = g;
+            }
+            seen[n_seen++] = t;
+            queue[tail] = t, first[tail++] = (int16_t)(f < 0 ? b : f);
+        }
+    }
+done:
+    free(queue);
+    free(first);
+    free(seen);
+    return found;
+}
+
+static int32_t pick(struct walk_ctx *w, int32_t state, int closing)
 {
     size_t words = token_mask_words(w->mask);
+    if (closing && walk_rand(w) % 2) {
+        int b = shortest_first_byte(w, state);
+        if (b >= 0 && w->single_byte[b] >= 0 && token_mask_test(w->bits, w->single_byte[b]))
+            return w->single_byte[b];
+    }
     if (closing) {
         static const char prefer[] = "\"}]0ntf";
         /* now and then another byte, so a loop over a preferred one (digits)
@@ -118,7 +172,7 @@ int walk_one(struct walk_ctx *w, int free_steps, int max_tokens, char **text, si
             break;
         if (w->times && (rc = record_time(w, now_s() - t0)))
             break;
-        int32_t id = pick(w, closing);
+        int32_t id = pick(w, state, closing);
         if (id < 0 && grammar_engine_can_end(w->engine, state))
             break;
         if (id < 0) {

@@ -2,8 +2,11 @@
  * (tandem-grammar's sample and bench).
  *
  * A walk first draws uniformly among the allowed tokens for a random number
- * of steps, then "closes": it prefers one-byte tokens that end things
- * (" } ] 0 n t f) so that it reaches a state where the grammar can end. Any
+ * of steps, then "closes": half of its steps take the one-byte token of the
+ * first byte of a shortest path to a state where the grammar can end (a
+ * search over the engine's rows), the others prefer one-byte tokens that end
+ * things (" } ] 0 n t f), so that it ends without always taking the same
+ * way. Any
  * allowed token whose bytes the matcher then refuses, or a state with no
  * allowed token and no end, is reported as an inconsistency: the walk is
  * also a check of the mask against the matcher.
