@@ -103,7 +103,12 @@ static int class_escape(unsigned c, struct charset *cs)
     struct charset k = {{0, 0}, 0};
     switch (c | 0x20) {
     case 'd': cs_add(&k, '0', '9'); break;
-    case 'w': cs_add(&k, '0', '9'), cs_add(&k, 'A', 'Z'), cs_add(&k, 'a', 'z'), cs_add(&k, '_', '_'); break;
+    case 'w':
+        cs_add(&k, '0', '9');
+        cs_add(&k, 'A', 'Z');
+        cs_add(&k, 'a', 'z');
+        cs_add(&k, '_', '_');
+        break;
     case 's': cs_add(&k, '\t', '\r'), cs_add(&k, ' ', ' '); break;
     default: return 0;
     }
@@ -120,8 +125,12 @@ static int hex4(const char *p, size_t n, unsigned *out)
 {
     *out = 0;
     for (size_t i = 0; i < n; i++) {
-        char c = p[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+        char c = p[i], lower = (char)(c | 0x20);
+        int v = -1;
+        if (c >= '0' && c <= '9')
+            v = c - '0';
+        else if (lower >= 'a' && lower <= 'f')
+            v = lower - 'a' + 10;
         if (v < 0)
             return -1;
         *out = *out * 16 + (unsigned)v;

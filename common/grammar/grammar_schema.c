@@ -85,7 +85,7 @@ static int nomem(struct compiler *c, int rc)
     return error_set(c->err, rc, "%s: out of memory", c->path);
 }
 
-static int32_t R(int32_t rule)
+static int32_t rule_elem(int32_t rule)
 {
     return GRAMMAR_ELEM(GRAMMAR_KIND_RULE, rule);
 }
@@ -147,7 +147,7 @@ static int ws(struct compiler *c, struct grammar_seq *s)
 {
     int32_t r;
     int rc = shared(c, "<ws>", define_ws, &r);
-    return rc ? rc : grammar_seq_push(s, R(r));
+    return rc ? rc : grammar_seq_push(s, rule_elem(r));
 }
 
 static int define_char(struct compiler *c, int32_t rule)
@@ -172,7 +172,7 @@ static int define_char(struct compiler *c, int32_t rule)
         rc = cls(c, &s, "09afAF");
     rc = rc ? rc : alt(c, rule, &s);
     rc = rc ? rc : grammar_builder_utf8_multi(c->b, &utf8);
-    rc = rc ? rc : grammar_seq_push(&s, R(utf8));
+    rc = rc ? rc : grammar_seq_push(&s, rule_elem(utf8));
     rc = rc ? rc : alt(c, rule, &s);
     grammar_seq_free(&s);
     return rc;
@@ -184,7 +184,7 @@ static int string_of(struct compiler *c, long min, long max, struct grammar_seq 
     int32_t ch;
     struct grammar_seq one = {0};
     int rc = shared(c, "<char>", define_char, &ch);
-    rc = rc ? rc : grammar_seq_push(&one, R(ch));
+    rc = rc ? rc : grammar_seq_push(&one, rule_elem(ch));
     rc = rc ? rc : lit(c, s, "\"");
     rc = rc ? rc : repeat(c, &one, min, max, s);
     rc = rc ? rc : lit(c, s, "\"");
@@ -245,12 +245,12 @@ static int define_number(struct compiler *c, int32_t rule)
     rc = rc ? rc : digits(c, NULL, 1, 3, &s);
     rc = rc ? rc : alt(c, exp, &s);
     /* number ::= integer frac? exp? */
-    rc = rc ? rc : grammar_seq_push(&s, R(integer));
+    rc = rc ? rc : grammar_seq_push(&s, rule_elem(integer));
     sub.n = 0;
-    rc = rc ? rc : grammar_seq_push(&sub, R(frac));
+    rc = rc ? rc : grammar_seq_push(&sub, rule_elem(frac));
     rc = rc ? rc : repeat(c, &sub, 0, 1, &s);
     sub.n = 0;
-    rc = rc ? rc : grammar_seq_push(&sub, R(exp));
+    rc = rc ? rc : grammar_seq_push(&sub, rule_elem(exp));
     rc = rc ? rc : repeat(c, &sub, 0, 1, &s);
     rc = rc ? rc : alt(c, rule, &s);
     grammar_seq_free(&s);
@@ -267,11 +267,11 @@ static int array_of(struct compiler *c, int32_t item, long min, long max, struct
     int rc = lit(c, s, "[");
     rc = rc ? rc : ws(c, s);
     if (max != 0) {
-        rc = rc ? rc : grammar_seq_push(&first, R(item));
+        rc = rc ? rc : grammar_seq_push(&first, rule_elem(item));
         rc = rc ? rc : ws(c, &first);
         rc = rc ? rc : lit(c, &rest, ",");
         rc = rc ? rc : ws(c, &rest);
-        rc = rc ? rc : grammar_seq_push(&rest, R(item));
+        rc = rc ? rc : grammar_seq_push(&rest, rule_elem(item));
         rc = rc ? rc : ws(c, &rest);
         for (size_t i = 0; i < first.n && rc == 0; i++)
             rc = grammar_seq_push(&body, first.elems[i]);
@@ -304,17 +304,17 @@ static int define_object(struct compiler *c, int32_t rule)
     int rc = shared(c, "<string>", define_string, &str);
     rc = rc ? rc : grammar_builder_rule(c->b, "<value>", &value);
     rc = rc ? rc : grammar_builder_rule(c->b, "<member>", &kv);
-    rc = rc ? rc : grammar_seq_push(&s, R(str));
+    rc = rc ? rc : grammar_seq_push(&s, rule_elem(str));
     rc = rc ? rc : ws(c, &s);
     rc = rc ? rc : lit(c, &s, ":");
     rc = rc ? rc : ws(c, &s);
-    rc = rc ? rc : grammar_seq_push(&s, R(value));
+    rc = rc ? rc : grammar_seq_push(&s, rule_elem(value));
     rc = rc ? rc : ws(c, &s);
     rc = rc ? rc : alt(c, kv, &s);
     rc = rc ? rc : lit(c, &rest, ",");
     rc = rc ? rc : ws(c, &rest);
-    rc = rc ? rc : grammar_seq_push(&rest, R(kv));
-    rc = rc ? rc : grammar_seq_push(&body, R(kv));
+    rc = rc ? rc : grammar_seq_push(&rest, rule_elem(kv));
+    rc = rc ? rc : grammar_seq_push(&body, rule_elem(kv));
     rc = rc ? rc : repeat(c, &rest, 0, -1, &body);
     rc = rc ? rc : lit(c, &s, "{");
     rc = rc ? rc : ws(c, &s);
@@ -339,7 +339,7 @@ static int define_value(struct compiler *c, int32_t rule)
     int32_t r;
     for (int i = 0; i < 4 && rc == 0; i++) {
         rc = grammar_builder_rule(c->b, names[i], &r);
-        rc = rc ? rc : grammar_seq_push(&s, R(r));
+        rc = rc ? rc : grammar_seq_push(&s, rule_elem(r));
         rc = rc ? rc : alt(c, rule, &s);
     }
     static const char *const words[] = {"true", "false", "null"};
@@ -424,7 +424,7 @@ static int compile_pattern(struct compiler *c, const cJSON *node, const cJSON *p
         return rc;
     struct grammar_seq s = {0};
     rc = lit(c, &s, "\"");
-    rc = rc ? rc : grammar_seq_push(&s, R(body));
+    rc = rc ? rc : grammar_seq_push(&s, rule_elem(body));
     rc = rc ? rc : lit(c, &s, "\"");
     rc = rc ? rc : alt(c, rule, &s);
     grammar_seq_free(&s);
@@ -491,7 +491,7 @@ static int member(struct compiler *c, const cJSON *prop, struct grammar_seq *s)
     rc = rc ? rc : ws(c, s);
     rc = rc ? rc : lit(c, s, ":");
     rc = rc ? rc : ws(c, s);
-    rc = rc ? rc : grammar_seq_push(s, R(value));
+    rc = rc ? rc : grammar_seq_push(s, rule_elem(value));
     rc = rc ? rc : ws(c, s);
     return rc ? nomem(c, rc) : 0;
 }
@@ -556,10 +556,10 @@ static int members_chain(struct compiler *c, const cJSON *props, const cJSON *re
             rc = rc ? rc : (with_comma ? ws(c, &s) : 0);
             for (size_t k = 0; k < kv.n && rc == 0; k++)
                 rc = grammar_seq_push(&s, kv.elems[k]);
-            rc = rc ? rc : grammar_seq_push(&s, R(b_next));
+            rc = rc ? rc : grammar_seq_push(&s, rule_elem(b_next));
             rc = rc ? rc : alt(c, with_comma ? b : a, &s);
             if (rc == 0 && !req) { /* skipped: on to the next with the same "written" */
-                rc = grammar_seq_push(&s, R(with_comma ? b_next : a_next));
+                rc = grammar_seq_push(&s, rule_elem(with_comma ? b_next : a_next));
                 rc = rc ? rc : alt(c, with_comma ? b : a, &s);
             }
         }
@@ -597,7 +597,7 @@ static int compile_object(struct compiler *c, const cJSON *node, int32_t rule)
     if (!props && !extra) { /* any object */
         int32_t any;
         rc = shared(c, "<object>", define_object, &any);
-        rc = rc ? rc : grammar_seq_push(&s, R(any));
+        rc = rc ? rc : grammar_seq_push(&s, rule_elem(any));
     } else {
         int32_t first = -1;
         rc = props ? members_chain(c, props, required, &first) : 0;
@@ -607,7 +607,7 @@ static int compile_object(struct compiler *c, const cJSON *node, int32_t rule)
         }
         rc = lit(c, &s, "{");
         rc = rc ? rc : ws(c, &s);
-        rc = rc ? rc : (first >= 0 ? grammar_seq_push(&s, R(first)) : 0);
+        rc = rc ? rc : (first >= 0 ? grammar_seq_push(&s, rule_elem(first)) : 0);
         rc = rc ? rc : lit(c, &s, "}");
     }
     rc = rc ? rc : alt(c, rule, &s);
@@ -698,7 +698,7 @@ static int compile_anyof(struct compiler *c, const cJSON *node, int32_t rule)
         rc = compile(c, sub, &r);
         path_pop(c, at);
         if (rc == 0)
-            rc = grammar_builder_alt1(c->b, rule, R(r)) ? nomem(c, ERR_NOMEM) : 0;
+            rc = grammar_builder_alt1(c->b, rule, rule_elem(r)) ? nomem(c, ERR_NOMEM) : 0;
     }
     path_pop(c, old);
     return rc;
@@ -742,7 +742,7 @@ static int compile_ref(struct compiler *c, const cJSON *node, int32_t rule)
     path_pop(c, old);
     for (size_t i = 0; i < c->n_refs && rc == 0; i++)
         if (strcmp(c->refs[i].ref, ref->valuestring) == 0)
-            return grammar_builder_alt1(c->b, rule, R(c->refs[i].rule)) ? nomem(c, ERR_NOMEM) : 0;
+            return grammar_builder_alt1(c->b, rule, rule_elem(c->refs[i].rule)) ? nomem(c, ERR_NOMEM) : 0;
     if (rc)
         return rc;
     if (c->n_refs == c->cap_refs) {
@@ -768,7 +768,7 @@ static int compile_ref(struct compiler *c, const cJSON *node, int32_t rule)
     rc = compile(c, target, &body);
     memcpy(c->path, saved, sizeof saved);
     c->path_len = saved_len;
-    if (rc == 0 && grammar_builder_alt1(c->b, rule, R(body)))
+    if (rc == 0 && grammar_builder_alt1(c->b, rule, rule_elem(body)))
         rc = nomem(c, ERR_NOMEM);
     return rc;
 }
@@ -789,7 +789,7 @@ static int compile_type(struct compiler *c, const cJSON *node, const char *type,
         int is_int = type[0] == 'i';
         rc = shared(c, is_int ? "<integer>" : "<number>", is_int ? define_integer : define_number,
                     &r);
-        rc = rc ? rc : grammar_builder_alt1(c->b, rule, R(r));
+        rc = rc ? rc : grammar_builder_alt1(c->b, rule, rule_elem(r));
         return rc ? nomem(c, rc) : 0;
     }
     for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
@@ -879,7 +879,7 @@ static int compile(struct compiler *c, const cJSON *node, int32_t *rule)
     if (cJSON_IsTrue(node)) {
         int32_t any;
         rc = shared(c, "<value>", define_value, &any);
-        rc = rc ? rc : grammar_builder_alt1(c->b, *rule, R(any));
+        rc = rc ? rc : grammar_builder_alt1(c->b, *rule, rule_elem(any));
         return rc ? nomem(c, rc) : 0;
     }
     if (!cJSON_IsObject(node))
@@ -912,7 +912,7 @@ static int compile(struct compiler *c, const cJSON *node, int32_t *rule)
     else {
         int32_t any;
         rc = shared(c, "<value>", define_value, &any);
-        rc = rc ? rc : grammar_builder_alt1(c->b, *rule, R(any));
+        rc = rc ? rc : grammar_builder_alt1(c->b, *rule, rule_elem(any));
         rc = rc ? nomem(c, rc) : 0;
     }
     c->depth--;
