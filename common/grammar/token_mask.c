@@ -10,6 +10,7 @@
 
 #include "error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -681,4 +682,54 @@ void token_mask_counts(const struct token_mask *m, uint64_t *walks, uint64_t *no
     *walks = m->walks;
     *nodes_walked = m->nodes_walked;
     *subtrees_admitted = m->subtrees_admitted;
+}
+
+static int is_eos(const struct token_mask_eos *eos, int32_t id)
+{
+    for (int i = 0; eos && i < eos->n; i++)
+        if (eos->ids[i] == id)
+            return 1;
+    return 0;
+}
+
+int32_t token_mask_apply(const uint64_t *bits, float *logits, int32_t n_vocab,
+                         const struct token_mask_eos *eos, int can_end)
+{
+    int32_t allowed = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        if (token_mask_test(bits, i) || (can_end && is_eos(eos, i)))
+            allowed++;
+        else
+            logits[i] = -INFINITY;
+    }
+    return allowed;
+}
+
+int token_mask_accept_tokens(struct grammar_matcher *m, const struct token_mask_vocab *v,
+                             const int32_t *tokens, int n, const struct token_mask_eos *eos,
+                             int *n_ok, char *err)
+{
+    *n_ok = 0;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= v->n_tokens)
+            return error_set(err, ERR_RANGE, "token %d outside the vocabulary", tokens[i]);
+        int32_t state = grammar_matcher_state(m);
+        if (is_eos(eos, tokens[i])) {
+            if (grammar_engine_can_end(m->engine, state))
+                ++*n_ok;
+            return 0;
+        }
+        size_t len;
+        const uint8_t *b = token_mask_vocab_bytes(v, tokens[i], &len);
+        int32_t next = GRAMMAR_STATE_DEAD;
+        int rc = b ? grammar_engine_feed(m->engine, state, b, len, &next, err) : 0;
+        if (rc)
+            return rc;
+        if (next == GRAMMAR_STATE_DEAD)
+            return 0;
+        if ((rc = grammar_matcher_accept(m, b, len, err)))
+            return rc;
+        ++*n_ok;
+    }
+    return 0;
 }

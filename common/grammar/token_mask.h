@@ -62,6 +62,31 @@ int token_mask_compute(struct token_mask *m, int32_t state, uint64_t *bits, char
 void token_mask_counts(const struct token_mask *m, uint64_t *walks, uint64_t *nodes_walked,
                        uint64_t *subtrees_admitted);
 
+/* ---- for the samplers: what the wiring into requests needs ----
+ * An end-of-sequence token has no bytes: it is allowed exactly where the
+ * grammar can end. */
+struct token_mask_eos {
+    const int32_t *ids;
+    int n;
+};
+
+/* Sets logits[i] to -INFINITY for every token i (of n_vocab) that bits does
+ * not allow, the EOS ids excepted where can_end. Returns the number of
+ * tokens left allowed: 0 only for a dead state or a vocabulary without a
+ * token for any continuation (a byte-level one has every single byte), and
+ * then the caller must end the sequence itself. */
+int32_t token_mask_apply(const uint64_t *bits, float *logits, int32_t n_vocab,
+                         const struct token_mask_eos *eos, int can_end);
+
+/* Advances m over tokens[0..n) while the grammar accepts them (an EOS id
+ * where the grammar can end is accepted and ends the run); *n_ok is how many
+ * it took, so drafts past a refusal are cut there. The matcher keeps one
+ * state per token taken (grammar_matcher_rollback undoes them). Returns 0,
+ * ERR_RANGE (a token outside the vocabulary), ERR_NOMEM. */
+int token_mask_accept_tokens(struct grammar_matcher *m, const struct token_mask_vocab *v,
+                             const int32_t *tokens, int n, const struct token_mask_eos *eos,
+                             int *n_ok, char *err);
+
 static inline int token_mask_test(const uint64_t *bits, int32_t id)
 {
     return (int)((bits[id >> 6] >> (id & 63)) & 1);

@@ -17,6 +17,7 @@
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -536,6 +537,54 @@ static void test_mask_equals_matcher_on_llama3(void **state)
     token_mask_vocab_destroy(v);
 }
 
+/* The samplers' helpers: masked logits, EOS only where the grammar can end,
+ * and drafts cut at the first token the grammar refuses. */
+static void test_mask_apply_and_draft_cut(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX];
+    static const char *const toks[] = {"{", "}", "\"a", "\":", "1", "x"};
+    const uint8_t *bytes[7];
+    size_t lens[7];
+    for (int i = 0; i < 6; i++)
+        bytes[i] = (const uint8_t *)toks[i], lens[i] = strlen(toks[i]);
+    bytes[6] = NULL, lens[6] = 0; /* 6: EOS */
+    struct token_mask_vocab *v;
+    assert_int_equal(token_mask_vocab_create(&v, bytes, lens, 7, err), 0);
+    struct grammar_engine *e = schema_engine("{\"type\":\"object\",\"properties\":{\"a\":"
+                                             "{\"type\":\"integer\"}}}");
+    struct token_mask *m;
+    assert_int_equal(token_mask_create(&m, e, v, 0, err), 0);
+    const int32_t eos_id = 6;
+    const struct token_mask_eos eos = {&eos_id, 1};
+    uint64_t bits[1];
+    float logits[7];
+    assert_int_equal(token_mask_compute(m, grammar_engine_start(e), bits, err), 0);
+    for (int i = 0; i < 7; i++)
+        logits[i] = 1.0f;
+    assert_int_equal(token_mask_apply(bits, logits, 7, &eos, 0), 1); /* only "{" */
+    assert_true(logits[0] == 1.0f && isinf(logits[1]) && isinf(logits[6]));
+    struct grammar_matcher gm;
+    assert_int_equal(grammar_matcher_init(&gm, e), 0);
+    const int32_t drafts[] = {0, 2, 3, 4, 4, 5, 1}; /* {"a": 1 1 x: refused at x */
+    int n_ok;
+    assert_int_equal(token_mask_accept_tokens(&gm, v, drafts, 7, &eos, &n_ok, err), 0);
+    assert_int_equal(n_ok, 5);
+    const int32_t close[] = {1, 6, 1}; /* } then EOS: the run ends at EOS */
+    assert_int_equal(token_mask_accept_tokens(&gm, v, close, 3, &eos, &n_ok, err), 0);
+    assert_int_equal(n_ok, 2);
+    assert_int_equal(gm.n_tokens, 6); /* EOS takes no state */
+    assert_int_equal(grammar_matcher_rollback(&gm, 6), 0);
+    assert_int_equal(token_mask_accept_tokens(&gm, v, close + 1, 1, &eos, &n_ok, err), 0);
+    assert_int_equal(n_ok, 0); /* EOS before the object: refused */
+    const int32_t bad = 7;
+    assert_int_equal(token_mask_accept_tokens(&gm, v, &bad, 1, &eos, &n_ok, err), ERR_RANGE);
+    grammar_matcher_free(&gm);
+    token_mask_destroy(m);
+    grammar_engine_destroy(e);
+    token_mask_vocab_destroy(v);
+}
+
 static void test_mask_vocab_refuses_long_tokens(void **state)
 {
     (void)state;
@@ -565,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_engine_refuses_rules_nested_too_deep),
         cmocka_unit_test(test_mask_equals_matcher_on_every_token),
         cmocka_unit_test(test_mask_equals_matcher_on_llama3),
+        cmocka_unit_test(test_mask_apply_and_draft_cut),
         cmocka_unit_test(test_mask_vocab_refuses_long_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
