@@ -63,13 +63,13 @@ static int shortest_first_byte(struct walk_ctx *w, int32_t state)
     enum { LIMIT = 20000 };
     int32_t *queue = malloc(LIMIT * sizeof *queue);
     int16_t *first = malloc(LIMIT * sizeof *first);
-    size_t n_seen = 0, cap_seen = 1024, head = 0, tail = 0;
-    int32_t *seen = calloc(cap_seen, sizeof *seen); /* sorted would be faster; small here */
+    size_t cap_seen = (size_t)grammar_engine_n_states(w->engine) + 4096, head = 0, tail = 0;
+    uint8_t *seen = calloc(cap_seen, 1); /* by state id */
     int found = -1;
     char err[ERR_MSG_MAX];
     if (!queue || !first || !seen)
         goto done;
-    queue[tail] = state, first[tail++] = -1, seen[n_seen++] = state;
+    queue[tail] = state, first[tail++] = -1, seen[state] = 1;
     while (head < tail && found < 0) {
         int32_t s = queue[head];
         int f = first[head++], rc;
@@ -82,18 +82,17 @@ static int shortest_first_byte(struct walk_ctx *w, int32_t state)
                 found = f < 0 ? b : f;
                 break;
             }
-            size_t k = 0;
-            while (k < n_seen && seen[k] != t)
-                k++;
-            if (k < n_seen || tail >= LIMIT)
-                continue;
-            if (n_seen == cap_seen) {
-                int32_t *g = realloc(seen, (cap_seen *= 2) * sizeof *g);
+            if ((size_t)t >= cap_seen) { /* rows made new states */
+                size_t n = (size_t)t * 2 + 1;
+                uint8_t *g = realloc(seen, n);
                 if (!g)
                     goto done;
-                seen = g;
+                memset(g + cap_seen, 0, n - cap_seen);
+                seen = g, cap_seen = n;
             }
-            seen[n_seen++] = t;
+            if (seen[t] || tail >= LIMIT)
+                continue;
+            seen[t] = 1;
             queue[tail] = t, first[tail++] = (int16_t)(f < 0 ? b : f);
         }
     }
