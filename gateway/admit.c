@@ -102,3 +102,15 @@ void admit_leave(struct admit *a, uint32_t address)
     }
     pthread_mutex_unlock(&a->mu);
 }
+
+void admit_refusal(const struct admit *a, enum admit_verdict v, struct openai_error *e)
+{
+    if (v == ADMIT_OVER_ADDRESS)
+        openai_error_set(e, 429, "rate_limit_error", "too_many_connections", NULL,
+                         "%d connections are open from this address (gateway.max_connections_per_ip); "
+                         "close one or retry later",
+                         a->max_per_address);
+    else
+        openai_error_set(e, 503, "server_error", "too_many_connections", NULL,
+                         "the gateway has %d connections open (gateway.max_connections); retry later", a->max_total);
+}

@@ -17,6 +17,8 @@
 
 #include <stdint.h>
 
+#include "openai.h"
+
 enum admit_verdict {
     ADMIT_OK = 0,
     ADMIT_OVER_TOTAL,     /* gateway.max_connections open already */
@@ -34,5 +36,8 @@ void admit_destroy(struct admit *a);   /* NULL-safe */
  * counted is refused. */
 enum admit_verdict admit_enter(struct admit *a, uint32_t address);
 void admit_leave(struct admit *a, uint32_t address);
+/* The answer to a connection refused with v (not ADMIT_OK): 503 or 429
+ * too_many_connections naming the limit it is past. */
+void admit_refusal(const struct admit *a, enum admit_verdict v, struct openai_error *e);
 
 #endif

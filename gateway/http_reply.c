@@ -93,16 +93,13 @@ bool http_reply_client_gone(struct MHD_Connection *conn)
     return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-int http_reply_error_early(struct MHD_Connection *conn, const struct openai_error *e)
+int http_reply_error_to_socket(int fd, const struct openai_error *e)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     cJSON *obj = openai_error_json(e);
     char *body = obj ? cJSON_PrintUnformatted(obj) : NULL;
     cJSON_Delete(obj);
-    if (ci == NULL || body == NULL) {
-        cJSON_free(body);
+    if (body == NULL)
         return -1;
-    }
     char head[256];
     const bool retry = e->status == 429 || e->status == 503;
     int n = snprintf(head, sizeof(head),
@@ -119,7 +116,7 @@ int http_reply_error_early(struct MHD_Connection *conn, const struct openai_erro
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
         ssize_t w;
         do
-            w = sendmsg(ci->connect_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         while (w < 0 && errno == EINTR);
         if (w > 0)
             sent = (size_t)w;
@@ -128,7 +125,15 @@ int http_reply_error_early(struct MHD_Connection *conn, const struct openai_erro
     }
     cJSON_free(body);
     /* the end of the answer: the client reads it to the end of the stream */
-    if (shutdown(ci->connect_fd, SHUT_WR) != 0 && errno != ENOTCONN)
+    if (shutdown(fd, SHUT_WR) != 0 && errno != ENOTCONN)
         rc = -1;
     return rc;
+}
+
+int http_reply_error_early(struct MHD_Connection *conn, const struct openai_error *e)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL)
+        return -1;
+    return http_reply_error_to_socket(ci->connect_fd, e);
 }

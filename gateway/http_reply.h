@@ -54,5 +54,9 @@ bool http_reply_client_gone(struct MHD_Connection *conn);
  * client before it has read the answer. 0, or -1 when the socket did not
  * take all of it (the connection is then just closed). */
 int http_reply_error_early(struct MHD_Connection *conn, const struct openai_error *e);
+/* The same on a socket libmicrohttpd does not hold (front.h: a connection
+ * refused before it is handed over): e as a whole response with
+ * "Connection: close", then shutdown(SHUT_WR). 0, or -1 as above. */
+int http_reply_error_to_socket(int fd, const struct openai_error *e);
 
 #endif

@@ -16,8 +16,10 @@
  * answered 413 at once, see http_reply_error_early; over HTTPS at its end),
  * then once more to answer, again after each wake while it is parked. A
  * connection past the limits (admit.h) is answered as it opens. Every path answers with an OpenAI error object;
- * nothing a client sends can crash the gateway. What libmicrohttpd answers
- * itself (malformed HTTP) is listed in docs/http.md.
+ * nothing a client sends can crash the gateway. Over plain HTTP a
+ * connection reaches libmicrohttpd through the front (front.h), which
+ * answers a malformed first head itself; what libmicrohttpd still answers
+ * itself is listed in docs/http.md.
  */
 #include "server.h"
 
@@ -38,6 +40,7 @@
 #include "admit.h"
 #include "error.h"
 #include "framing.h"
+#include "front.h"
 #include "generation.h"
 #include "http_reply.h"
 #include "logging.h"
@@ -54,6 +57,10 @@
  * one) are logged at most this often: a flood must not flood the log. */
 #define SERVER_MHD_LOG_EVERY_S 10.0
 #define SERVER_MHD_LOG_KINDS 16
+/* libmicrohttpd's memory per connection: a head of HEAD_CHECK_MAX_BYTES,
+ * a record per header and the response's headers fit with room to spare
+ * (its default, 32 KiB, answered a 16 KiB head 431 itself). */
+#define SERVER_CONNECTION_MEMORY_BYTES (64 * 1024)
 
 struct mhd_log_kind {
     const char *fmt;      /* libmicrohttpd's format string: one per kind of message */
@@ -66,6 +73,7 @@ struct server {
     struct MHD_Daemon *daemon;
     struct watch *watch;
     struct admit *admit;
+    struct front *front; /* plain HTTP: accepts and judges each first head (NULL over HTTPS) */
     bool tls;         /* HTTPS: nothing may be written to a socket beside libmicrohttpd */
     pthread_mutex_t log_mu;
     struct mhd_log_kind log_kinds[SERVER_MHD_LOG_KINDS];
@@ -621,24 +629,17 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     watch_on_connection(s->watch, conn, socket_context, code);
     if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         admit_leave(s->admit, client_address(conn));
+        front_handed_closed(s->front);
         return;
     }
-    if (code != MHD_CONNECTION_NOTIFY_STARTED)
+    if (code != MHD_CONNECTION_NOTIFY_STARTED || s->front != NULL) /* the front admitted it */
         return;
     enum admit_verdict v = admit_enter(s->admit, client_address(conn));
     struct watch_conn *wc = *socket_context;
     if (v == ADMIT_OK || wc == NULL) /* without a record it is being shut down already */
         return;
     struct openai_error e;
-    if (v == ADMIT_OVER_ADDRESS)
-        openai_error_set(&e, 429, "rate_limit_error", "too_many_connections", NULL,
-                         "%d connections are open from this address (gateway.max_connections_per_ip); "
-                         "close one or retry later",
-                         s->p.cfg->max_connections_per_ip);
-    else
-        openai_error_set(&e, 503, "server_error", "too_many_connections", NULL,
-                         "the gateway has %d connections open (gateway.max_connections); retry later",
-                         s->p.cfg->max_connections);
+    admit_refusal(s->admit, v, &e);
     watch_conn_phase(wc, WATCH_CLOSING);
     if (s->tls)
         return; /* answered by on_headers once the handshake is done */
@@ -722,6 +723,44 @@ static unsigned event_threads(const struct gateway_config *cfg)
     return (unsigned)(n < SERVER_THREADS_AUTO_MAX ? n : SERVER_THREADS_AUTO_MAX);
 }
 
+/* libmicrohttpd's event loops. Over plain HTTP it listens on nothing: the
+ * front accepts and hands it the connections (front.h). NULL on failure. */
+static struct MHD_Daemon *start_daemon(struct server *s, const struct sockaddr_in *sa, unsigned threads)
+{
+    const struct server_params *p = &s->p;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    struct MHD_OptionItem opts[5];
+    int k = 0;
+    if (s->tls) {
+        flags |= MHD_USE_TLS;
+        opts[k++] = (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, (void *)sa};
+        opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)p->tls->key_pem};
+        opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)p->tls->cert_pem};
+        if (p->tls->client_ca_pem != NULL) /* libmicrohttpd then asks each client for a certificate */
+            opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)p->tls->client_ca_pem};
+    } else {
+        flags |= MHD_USE_NO_LISTEN_SOCKET;
+    }
+    opts[k] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    return MHD_start_daemon(
+        flags, ntohs(sa->sin_port), NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_LIMIT, server_socket_limit(p->cfg),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVER_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)SERVER_CONNECTION_MEMORY_BYTES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_UNESCAPE_CALLBACK, framing_unescape, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+}
+
+/* Frees what server_start made; the daemon is stopped already or was not started. */
+static void server_free(struct server *s)
+{
+    front_destroy(s->front);
+    admit_destroy(s->admit);
+    watch_destroy(s->watch);
+    pthread_mutex_destroy(&s->log_mu);
+    free(s);
+}
+
 int server_start(struct server **out, const struct server_params *p, char *err)
 {
     *out = NULL;
@@ -733,52 +772,38 @@ int server_start(struct server **out, const struct server_params *p, char *err)
     if (s == NULL)
         return error_set(err, ERR_NOMEM, "server: out of memory");
     s->p = *p;
+    s->tls = serves_tls(p);
     if (pthread_mutex_init(&s->log_mu, NULL) != 0) {
         free(s);
         return error_set(err, ERR_SYSTEM, "server: pthread_mutex_init failed");
     }
     const struct watch_params wp = {.header_timeout_ms = p->cfg->header_timeout_ms,
                                     .body_timeout_ms = p->cfg->body_timeout_ms};
-    if ((rc = watch_create(&s->watch, &wp, err)) != 0) {
-        pthread_mutex_destroy(&s->log_mu);
-        free(s);
-        return rc;
-    }
-    if ((rc = admit_create(&s->admit, p->cfg->max_connections, p->cfg->max_connections_per_ip, err)) != 0) {
-        watch_destroy(s->watch);
-        pthread_mutex_destroy(&s->log_mu);
-        free(s);
-        return rc;
+    if ((rc = watch_create(&s->watch, &wp, err)) != 0 ||
+        (rc = admit_create(&s->admit, p->cfg->max_connections, p->cfg->max_connections_per_ip, err)) != 0)
+        goto fail;
+    if (!s->tls) {
+        const struct front_params fp = {.addr = sa, .max_sockets = server_socket_limit(p->cfg),
+                                        .header_timeout_ms = p->cfg->header_timeout_ms, .admit = s->admit,
+                                        .metrics = p->metrics};
+        char why[ERR_MSG_MAX];
+        if ((rc = front_create(&s->front, &fp, why)) != 0) {
+            rc = error_set(err, rc, "gateway.listen: cannot serve HTTP on %s (%s)", p->cfg->listen, why);
+            goto fail;
+        }
     }
     const unsigned threads = event_threads(p->cfg);
-    s->tls = serves_tls(p);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    struct MHD_OptionItem tls_opts[4];
-    int k = 0;
-    if (s->tls) {
-        flags |= MHD_USE_TLS;
-        tls_opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, p->tls->key_pem};
-        tls_opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, p->tls->cert_pem};
-        if (p->tls->client_ca_pem != NULL) /* libmicrohttpd then asks each client for a certificate */
-            tls_opts[k++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, p->tls->client_ca_pem};
-    }
-    tls_opts[k] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-    s->daemon = MHD_start_daemon(
-        flags, ntohs(sa.sin_port), NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
-        MHD_OPTION_CONNECTION_LIMIT, server_socket_limit(p->cfg), MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)SERVER_IDLE_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, framing_unescape, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+    s->daemon = start_daemon(s, &sa, threads);
     if (s->daemon == NULL) {
-        admit_destroy(s->admit);
-        watch_destroy(s->watch);
-        pthread_mutex_destroy(&s->log_mu);
-        free(s);
-        const bool tls = serves_tls(p);
-        return error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve %s on %s (address in use?%s)",
-                         tls ? "HTTPS" : "HTTP", p->cfg->listen,
-                         tls ? " or libmicrohttpd refused the certificate: see the log above" : "");
+        rc = error_set(err, ERR_SYSTEM, "gateway.listen: cannot serve %s on %s (%s)", s->tls ? "HTTPS" : "HTTP",
+                       p->cfg->listen,
+                       s->tls ? "address in use? or libmicrohttpd refused the certificate: see the log above"
+                              : "libmicrohttpd did not start: see the log above");
+        goto fail;
+    }
+    if (s->front != NULL && (rc = front_start(s->front, s->daemon, err)) != 0) {
+        MHD_stop_daemon(s->daemon);
+        goto fail;
     }
     LOG_INFO("%s: %u event-loop thread(s), at most %d connections, %d per client address%s (past them "
              "answered 503/429 up to %u sockets); headers within %d ms, bodies within %d ms, bodies up to %d bytes",
@@ -788,17 +813,19 @@ int server_start(struct server **out, const struct server_params *p, char *err)
              p->cfg->body_timeout_ms, p->cfg->max_body_bytes);
     *out = s;
     return 0;
+fail:
+    server_free(s);
+    return rc;
 }
 
 void server_stop(struct server *s)
 {
     if (s == NULL)
         return;
+    /* nothing is handed to libmicrohttpd once it stops */
+    front_stop(s->front);
     /* libmicrohttpd must find no suspended connection when it stops */
     watch_stop(s->watch);
     MHD_stop_daemon(s->daemon);
-    watch_destroy(s->watch);
-    admit_destroy(s->admit);
-    pthread_mutex_destroy(&s->log_mu);
-    free(s);
+    server_free(s);
 }
