@@ -52,6 +52,16 @@ static double timing_ms(const cJSON *done, const char *key)
     return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
 }
 
+/* A finished request's tokens (the done reply's usage) for its access line. */
+static void note_usage(struct watch_conn *wc, const cJSON *done)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(done, "usage");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *gt = cJSON_GetObjectItemCaseSensitive(u, "generated_tokens");
+    if (cJSON_IsNumber(pt) && cJSON_IsNumber(gt))
+        watch_conn_set_usage(wc, pt->valueint, gt->valueint);
+}
+
 struct stream {
     const struct server_params *p;
     struct MHD_Connection *conn;
@@ -122,10 +132,12 @@ static void stream_on_reply(struct stream *st, cJSON *reply)
     }
     if (strcmp(type, "token") == 0) {
         st->n_tokens += count_ids(reply);
+        watch_conn_set_usage(st->wc, -1, st->n_tokens); /* what a stream cut short had */
         pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, reply, false, NULL,
                                             st->include_usage));
     } else if (strcmp(type, "done") == 0) {
         st->ended = true;
+        note_usage(st->wc, reply);
         pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, reply,
                                             st->include_usage));
         if (st->include_usage)
@@ -340,6 +352,7 @@ static enum MHD_Result generation_answer(struct generation *g, struct MHD_Connec
     snprintf(resp_id, sizeof(resp_id), "%s%s", kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-", bridge_call_id(g->call));
     cJSON *out = openai_response_json(kind, resp_id, g->created, p->cfg->served_model_name, reply);
     http_metrics_generation_end(p->metrics, 1, count_ids(reply), decode_s, t - g->t0);
+    note_usage(g->wc, reply);
     cJSON_Delete(reply);
     char g_ignored[OPENAI_IGNORED_MAX];
     snprintf(g_ignored, sizeof(g_ignored), "%s", g->ignored);

@@ -576,17 +576,26 @@ static void client_address_text(struct MHD_Connection *conn, char *out, size_t s
 }
 
 /* One line per request at INFO, when it ends: who, what, the status
- * queued (0: none, the client left first), how long from its headers. */
+ * queued (0: none, the client left first), how long from its headers, and
+ * a completion's tokens (prompt and completion from its usage; completion
+ * only, as far as it got, for a stream cut short). */
 static void access_log(struct MHD_Connection *conn, const struct request_state *st,
                        enum MHD_RequestTerminationCode toe)
 {
     if ((int)LOGGING_INFO > logging_level_current)
         return;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
-    char addr[64];
+    char addr[64], tokens[64] = "";
     client_address_text(conn, addr, sizeof addr);
-    LOG_INFO("access: %s \"%s %s\" %u %.1f ms%s", addr, st->method, st->path, ci ? ci->http_status : 0u,
-             (watch_now_s() - st->t0_s) * 1e3,
+    int prompt, completion;
+    if (st->wc != NULL && watch_conn_usage(st->wc, &prompt, &completion)) {
+        if (prompt >= 0)
+            snprintf(tokens, sizeof tokens, " prompt_tokens=%d completion_tokens=%d", prompt, completion);
+        else
+            snprintf(tokens, sizeof tokens, " completion_tokens=%d", completion);
+    }
+    LOG_INFO("access: %s \"%s %s\" %u %.1f ms%s%s", addr, st->method, st->path, ci ? ci->http_status : 0u,
+             (watch_now_s() - st->t0_s) * 1e3, tokens,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (the connection ended first)");
 }
 

@@ -43,6 +43,7 @@ struct watch_conn {
     enum watch_phase phase;
     double deadline_s;           /* the client's deadline in this phase, 0 = none */
     double park_deadline_s;      /* while parked */
+    int usage_prompt, usage_completion; /* the request's tokens; completion -1: none (watch_conn_set_usage) */
     struct watch_conn *prev, *next;
 };
 
@@ -267,6 +268,7 @@ static void conn_started(struct watch *w, struct MHD_Connection *conn, void **so
     c->fd = ci->connect_fd;
     c->refs = 1;
     c->phase = WATCH_HEADERS;
+    c->usage_prompt = c->usage_completion = -1;
     c->deadline_s = watch_now_s() + w->p.header_timeout_ms / 1000.0;
     pthread_mutex_lock(&w->mu);
     c->next = w->head;
@@ -325,6 +327,7 @@ void watch_conn_phase(struct watch_conn *c, enum watch_phase phase)
     case WATCH_HEADERS:
         c->deadline_s = now + w->p.header_timeout_ms / 1000.0;
         c->wake = false;
+        c->usage_prompt = c->usage_completion = -1;
         break;
     case WATCH_BODY:
         c->deadline_s = now + w->p.body_timeout_ms / 1000.0;
@@ -396,4 +399,21 @@ void watch_wake(void *conn)
             c->wake = true;
     }
     pthread_mutex_unlock(&w->mu);
+}
+
+void watch_conn_set_usage(struct watch_conn *c, int prompt_tokens, int completion_tokens)
+{
+    pthread_mutex_lock(&c->w->mu);
+    c->usage_prompt = prompt_tokens;
+    c->usage_completion = completion_tokens;
+    pthread_mutex_unlock(&c->w->mu);
+}
+
+bool watch_conn_usage(struct watch_conn *c, int *prompt_tokens, int *completion_tokens)
+{
+    pthread_mutex_lock(&c->w->mu);
+    *prompt_tokens = c->usage_prompt;
+    *completion_tokens = c->usage_completion;
+    pthread_mutex_unlock(&c->w->mu);
+    return *completion_tokens >= 0;
 }

@@ -83,6 +83,14 @@ void watch_conn_phase(struct watch_conn *c, enum watch_phase phase);
 /* True in WATCH_CLOSING: the connection was answered already, and what it
  * still sends is not a request. */
 bool watch_conn_closing(struct watch_conn *c);
+/* The tokens of the connection's current request, for its access line
+ * (server.c): set by the generation as they become known (prompt -1: not
+ * known, a stream cut before its end), read when the request ends,
+ * cleared by WATCH_HEADERS. The record is the one both see, and it
+ * outlives the stream (held) and the access line. watch_conn_usage is
+ * false when none was set. */
+void watch_conn_set_usage(struct watch_conn *c, int prompt_tokens, int completion_tokens);
+bool watch_conn_usage(struct watch_conn *c, int *prompt_tokens, int *completion_tokens);
 /* A reference that keeps the record alive after its connection closed: held
  * by whoever registered watch_wake as a bridge notification, released after
  * that bridge call was closed. */

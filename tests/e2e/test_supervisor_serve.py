@@ -102,6 +102,12 @@ def test():
         for what in ('"POST /v1/completions" 200', '"POST /v1/chat/completions" 200', '"GET /v1/models" 200'):
             check(any(("access: 127.0.0.1 " + what) in l and l.startswith("gateway") for l in text.splitlines()),
                   "no access line %s on serve's stdout:\n%s" % (what, text[-3000:]))
+        # the completion's line carries its usage
+        u = got["comp"]["usage"]
+        tokens = "prompt_tokens=%d completion_tokens=%d" % (u["prompt_tokens"], u["completion_tokens"])
+        check(any('"POST /v1/completions" 200' in l and tokens in l for l in text.splitlines()),
+              "no access line with %s:\n%s" % (tokens, text[-3000:]))
+        print("access line: ... %s" % tokens)
 
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
