@@ -40,10 +40,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "error.h"
 #include "kv_blocks.h"
 #include "llama_private.h"
+#include "logging.h"
 #include "quantize.h"
 #include "safetensors.h"
 
@@ -83,6 +85,46 @@ static int map_quantized(struct llama_model *m, const char *name, const struct s
     return 0;
 }
 
+/* Loads of a few seconds or more say how far they are (a model of tens of
+ * GB is minutes of reading, copying to the device or quantizing, and
+ * silence looks like a hang): the first line after LLAMA_LOAD_QUIET_S,
+ * then one per tenth of the bytes or per LLAMA_LOAD_EVERY_S, whichever
+ * comes first. A quick load says nothing until its summary. */
+#define LLAMA_LOAD_QUIET_S 2.0
+#define LLAMA_LOAD_EVERY_S 2.0
+
+static double load_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void load_begin(struct llama_model *m)
+{
+    m->n_tensors = (int)safetensors_count(m->st);
+    for (size_t i = 0; i < safetensors_count(m->st); i++)
+        m->load_total_bytes += safetensors_at(m->st, i)->size_bytes;
+    m->load_t0_s = m->load_logged_s = load_now_s();
+}
+
+/* One tensor more is mapped (its bytes counted in m->file_bytes). */
+static void load_progress(struct llama_model *m)
+{
+    m->n_loaded++;
+    double now = load_now_s();
+    int decile = m->load_total_bytes ? (int)(10 * m->file_bytes / m->load_total_bytes) : 10;
+    if (now - m->load_t0_s < LLAMA_LOAD_QUIET_S ||
+        (decile == m->load_logged_decile && now - m->load_logged_s < LLAMA_LOAD_EVERY_S))
+        return;
+    m->load_logged_decile = decile;
+    m->load_logged_s = now;
+    LOG_INFO("loading weights: %.0f%%, %.2f of %.2f GiB, %d of %d tensors, %.1f s",
+             m->load_total_bytes ? 100.0 * (double)m->file_bytes / (double)m->load_total_bytes : 100.0,
+             (double)m->file_bytes / (1 << 30), (double)m->load_total_bytes / (1 << 30), m->n_loaded, m->n_tensors,
+             now - m->load_t0_s);
+}
+
 /* quantizable: a layer's projection, which m->quant applies to (the
  * embedding, the LM head and the norms keep the files' precision). */
 static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64_t d0, int64_t d1,
@@ -93,8 +135,11 @@ static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64
     int rc = safetensors_expect(m->st, name, n_dims, shape, &t, err);
     if (rc)
         return rc;
-    if (quantizable && n_dims == 2 && m->quant != QUANTIZE_NONE)
-        return map_quantized(m, name, t, d0, d1, w, err);
+    if (quantizable && n_dims == 2 && m->quant != QUANTIZE_NONE) {
+        if ((rc = map_quantized(m, name, t, d0, d1, w, err)) == 0)
+            load_progress(m);
+        return rc;
+    }
     m->file_bytes += t->size_bytes;
     m->held_bytes += t->size_bytes;
     const void *dev;
@@ -109,6 +154,7 @@ static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64
     m->mapped[m->n_mapped++] = dev;
     w->ptr = dev;
     w->dtype = t->dtype;
+    load_progress(m);
     return 0;
 }
 
@@ -149,6 +195,7 @@ int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
     rc = model_config_check_weights(&m->cfg, m->st, err);
     if (rc)
         goto fail;
+    load_begin(m);
 
     const struct model_config *c = &m->cfg;
     const int64_t dim = c->hidden_size, ff = c->intermediate_size;
@@ -197,6 +244,8 @@ int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
 #undef LAYER_TENSOR
     }
     m->weight_bytes_per_token = per_token;
+    LOG_INFO("weights loaded: %d tensors, %.2f GiB from %s in %.2f s", m->n_loaded,
+             (double)m->file_bytes / (1 << 30), model_dir, load_now_s() - m->load_t0_s);
     *out = m;
     return 0;
 fail:

@@ -68,6 +68,11 @@ struct llama_model {
     void **qbufs;                /* quantized host buffers the backend reads in place */
     int n_qbufs;
     size_t file_bytes, held_bytes; /* weights as in the files, as held */
+    /* while loading only: what load_progress reports */
+    size_t load_total_bytes;     /* every tensor of the files */
+    int n_loaded, n_tensors;
+    double load_t0_s, load_logged_s;
+    int load_logged_decile;
 };
 
 struct llama_ctx {
