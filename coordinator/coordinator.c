@@ -21,6 +21,7 @@
 #include "intake.h"
 #include "lanes.h"
 #include "logging.h"
+#include "metrics_http.h"
 #include "readiness.h"
 #include "registry.h"
 #include "replies.h"
@@ -245,23 +246,34 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
     if (tick_ms < 10)
         tick_ms = 10;
     double next_tick = coord_now_ms();
+    struct metrics_http *mh = NULL;
+    if (c->cfg.coordinator.metrics_listen[0] != '\0') {
+        int rc = metrics_http_create(&mh, c->cfg.coordinator.metrics_listen, err);
+        if (rc != 0)
+            return rc;
+        LOG_INFO("Prometheus text at http://%s/metrics", c->cfg.coordinator.metrics_listen);
+    }
     while (!*stop) {
         void *zap = exposure_zap_socket(c->exposure);
-        zmq_pollitem_t items[3 + LANES_POLL_MAX] = {
+        zmq_pollitem_t items[3 + LANES_POLL_MAX + METRICS_HTTP_POLL_MAX] = {
             {.socket = c->workers, .events = ZMQ_POLLIN},
             {.socket = c->clients, .events = ZMQ_POLLIN},
             {.socket = zap, .events = ZMQ_POLLIN},
         };
         const int n_zmq = zap ? 3 : 2;
         struct lanes_polled polled;
-        const int n_items = n_zmq + lanes_poll_items(c, items + n_zmq, &polled);
+        const int n_lanes_end = n_zmq + lanes_poll_items(c, items + n_zmq, &polled);
+        const int n_items = n_lanes_end + (mh != NULL ? metrics_http_poll_items(mh, items + n_lanes_end) : 0);
         double wait = next_tick - coord_now_ms();
         int n = zmq_poll(items, n_items, wait > 0 ? (long)wait : 0);
         if (n < 0) {
             if (zmq_errno() == EINTR)
                 continue;
+            metrics_http_destroy(mh);
             return error_set(err, ERR_SYSTEM, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         }
+        if (mh != NULL)
+            metrics_http_on_poll(mh, items + n_lanes_end, n_items - n_lanes_end, coord_now_ms(), intake_prometheus, c);
         /* Workers first: their replies free slots and move rounds along.
          * Bounded batches keep one busy socket from starving the other. */
         for (int p = 0; p < c->n_pairs; p++)
@@ -300,5 +312,6 @@ int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *er
         }
     }
     LOG_INFO("coordinator stopping");
+    metrics_http_destroy(mh);
     return 0;
 }

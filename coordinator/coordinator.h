@@ -35,7 +35,9 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
 void coordinator_destroy(struct coordinator *c);  /* NULL-safe */
 
 /* Serves until *stop becomes nonzero (set by a signal handler). Returns 0
- * on a requested stop, ERR_SYSTEM when polling fails for good. */
+ * on a requested stop, ERR_SYSTEM when polling fails for good, the error of
+ * metrics_http_create when coordinator.metrics_listen cannot be served
+ * (ERR_INVALID_ARG: in use, not this host's). */
 int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *err);
 
 #endif

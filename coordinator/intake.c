@@ -200,6 +200,14 @@ static void stats_gauges(const struct coordinator *c, struct metrics_gauges *g)
     }
 }
 
+int intake_prometheus(void *cls, char **text, char *err)
+{
+    const struct coordinator *c = cls;
+    struct metrics_gauges g;
+    stats_gauges(c, &g);
+    return metrics_prometheus(&c->metrics, &g, text, err);
+}
+
 static void on_stats(struct coordinator *c, const uint8_t *identity, size_t identity_size, const cJSON *root)
 {
     char err[ERR_MSG_MAX];

@@ -21,4 +21,9 @@ void intake_dispatch(struct coordinator *c, const uint8_t *identity, size_t iden
  * inside a scheduler call. */
 void intake_watch_connections(struct coordinator *c);
 
+/* The Prometheus text a stats request carries (*text malloc'd: the caller
+ * frees it), for the coordinator's own /metrics (metrics_http.h). 0 or
+ * ERR_NOMEM. cls is the coordinator. */
+int intake_prometheus(void *cls, char **text, char *err);
+
 #endif

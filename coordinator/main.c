@@ -36,5 +36,6 @@ int main(int argc, char **argv)
     if (rc != 0)
         LOG_ERROR("%s", err);
     coordinator_destroy(c);
-    return rc == 0 ? 0 : 1;
+    /* coordinator.metrics_listen not served (in use, not ours): as above */
+    return rc == 0 ? 0 : rc == ERR_INVALID_ARG ? PROC_START_EXIT_CONFIG : 1;
 }

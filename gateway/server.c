@@ -699,22 +699,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 static int parse_listen(const char *listen, struct sockaddr_in *sa, char *err)
 {
-    char host[PROC_CONFIG_NAME_MAX];
-    const char *colon = strrchr(listen, ':');
-    if (colon == NULL || (size_t)(colon - listen) >= sizeof(host))
-        return error_set(err, ERR_INVALID_ARG, "gateway.listen: expected host:port, got \"%s\"", listen);
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    memset(sa, 0, sizeof(*sa));
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)atoi(colon + 1));
-    if (strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0)
-        sa->sin_addr.s_addr = htonl(INADDR_ANY);
-    else if (strcmp(host, "localhost") == 0)
-        sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    else if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-        return error_set(err, ERR_INVALID_ARG, "gateway.listen: \"%s\" is not an IPv4 address", host);
-    return 0;
+    char why[ERR_MSG_MAX];
+    int rc = proc_config_listen_addr(listen, sa, why);
+    return rc == 0 ? 0 : error_set(err, rc, "gateway.listen: %s", why);
 }
 
 unsigned server_socket_limit(const struct gateway_config *cfg)

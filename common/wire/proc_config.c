@@ -155,6 +155,11 @@ static int check_listen(const char *value, char *msg, size_t msg_size)
     return 0;
 }
 
+static int check_listen_or_empty(const char *value, char *msg, size_t msg_size)
+{
+    return value[0] == '\0' ? 0 : check_listen(value, msg, msg_size);
+}
+
 static int check_env_name(const char *value, char *msg, size_t msg_size)
 {
     for (const char *p = value; *p; p++) {
@@ -242,6 +247,8 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_STR(draft, check_draft, "drafts of requests that name none: auto|model|ngram|suffix|none [auto]"),
     CKEY_INT(suffix_cache_mib, 0, 65536, "the suffix cache's budget in MiB (earlier requests' tokens), 0 = off [64]"),
     CKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
+    CKEY_STR(metrics_listen, check_listen_or_empty,
+             "host:port serving the Prometheus text at GET /metrics, without a gateway [none]"),
     CKEY_STR(curve_secret_key_file, NULL, "CURVE secret key of the client endpoint [none]"),
     CKEY_STR(curve_client_keys_file, NULL, "public keys of the clients admitted [any]"),
     CKEY_INT(insecure, 0, 1, "1: non-loopback client endpoint without CURVE [0]"),

@@ -65,6 +65,7 @@ struct coordinator_config {
     char worker_curve_keys_file[PROC_CONFIG_PATH_MAX];
     int max_requests_per_client; /* requests in flight per client connection, 0 = no limit */
     int worker_lane;             /* 1 (default): local workers' messages on a direct socket (lane.h) */
+    char metrics_listen[PROC_CONFIG_NAME_MAX]; /* host:port of GET /metrics (metrics_http.h); "" = none (default) */
 };
 
 struct worker_config {
@@ -245,6 +246,10 @@ int proc_config_prepare_run_dir(const struct proc_config *cfg, char *err);
 /* Checks an HTTP listen address "host:port" (port 1..65535; host an IPv4
  * address, "localhost" or "*"/"0.0.0.0" for every interface). */
 int proc_config_check_listen(const char *listen, char *err);
+/* The IPv4 address to bind of a checked listen address ("*", "0.0.0.0":
+ * every interface; "localhost": 127.0.0.1). ERR_INVALID_ARG naming it. */
+struct sockaddr_in;
+int proc_config_listen_addr(const char *listen, struct sockaddr_in *sa, char *err);
 
 /* Checks a ZeroMQ endpoint: tcp://host:port (port 1..65535 or "*"),
  * ipc://path (path at most 107 bytes), inproc://name. ERR_INVALID_ARG with

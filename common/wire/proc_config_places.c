@@ -3,7 +3,9 @@
  * directory; see proc_config.h. */
 #include "proc_config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -106,5 +108,29 @@ int proc_config_prepare_run_dir(const struct proc_config *cfg, char *err)
         return error_set(err, ERR_INVALID_ARG, "run_dir %s: mode %04o, must be 0700 (others could "
                          "reach the worker socket); refusing to use it", dir,
                          (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+int proc_config_listen_addr(const char *listen, struct sockaddr_in *sa, char *err)
+{
+    int rc = proc_config_check_listen(listen, err);
+    if (rc != 0)
+        return rc;
+    const char *colon = strrchr(listen, ':');
+    char host[PROC_CONFIG_NAME_MAX];
+    if ((size_t)(colon - listen) >= sizeof host)
+        return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": host too long", listen);
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = '\0';
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)atoi(colon + 1));
+    if (strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0)
+        sa->sin_addr.s_addr = htonl(INADDR_ANY);
+    else if (strcmp(host, "localhost") == 0)
+        sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    else if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+        return error_set(err, ERR_INVALID_ARG, "bad listen address \"%s\": \"%s\" is not an IPv4 address", listen,
+                         host);
     return 0;
 }
