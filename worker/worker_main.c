@@ -70,7 +70,8 @@ int worker_main(int argc, char **argv, const struct worker_main_role *role)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
+        logging_reopen_on_sighup() != 0) {
         LOG_ERROR("sigaction failed");
         return 1;
     }

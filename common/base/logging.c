@@ -3,10 +3,16 @@
  * or beside another host's, says when it was written. */
 #include "logging.h"
 
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int logging_level_current = LOGGING_INFO;
 static char logging_tag[32] = "tandem";
@@ -25,6 +31,42 @@ int logging_level_parse(const char *name)
 void logging_set_tag(const char *tag)
 {
     snprintf(logging_tag, sizeof logging_tag, "%s", tag ? tag : "tandem");
+}
+
+/* What the SIGHUP handler reopens: set once before the handler is
+ * installed, only read after (a handler can reach nothing else). */
+static char logging_path[PATH_MAX];
+static bool logging_stdout_too;
+
+/* open and dup2 are async-signal-safe; a failure leaves the old file in
+ * place, which is all a handler can do about it. */
+static void on_sighup(int signo)
+{
+    (void)signo;
+    int fd = open(logging_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return;
+    (void)dup2(fd, STDERR_FILENO);
+    if (logging_stdout_too)
+        (void)dup2(fd, STDOUT_FILENO);
+    (void)close(fd);
+}
+
+int logging_reopen_on_sighup(void)
+{
+    struct stat se, so;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sa.sa_handler = SIG_IGN;
+    ssize_t n = readlink("/proc/self/fd/2", logging_path, sizeof logging_path - 1);
+    if (fstat(STDERR_FILENO, &se) == 0 && S_ISREG(se.st_mode) && n > 0 && logging_path[0] == '/') {
+        logging_path[n] = '\0';
+        logging_stdout_too = fstat(STDOUT_FILENO, &so) == 0 && so.st_dev == se.st_dev && so.st_ino == se.st_ino;
+        sa.sa_handler = on_sighup;
+    }
+    return sigaction(SIGHUP, &sa, NULL) == 0 ? 0 : -1;
 }
 
 void logging_write(enum logging_level level, const char *fmt, ...)

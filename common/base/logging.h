@@ -23,6 +23,15 @@ int logging_level_parse(const char *name);
 void logging_set_tag(const char *tag);
 void logging_write(enum logging_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Log rotation without copytruncate: when stderr is a regular file (the
+ * supervisor's `>>NAME.log 2>&1`), remembers its path and installs a
+ * SIGHUP handler that opens that path again (appending, created if a
+ * rotation moved it away) onto stderr, and onto stdout when stdout was the
+ * same file. logrotate's postrotate sends the SIGHUP (deploy/logrotate).
+ * Elsewhere (a terminal, a pipe to tee or journald) SIGHUP is ignored, so
+ * it never stops a process. 0, or -1 when sigaction failed. Call once, from
+ * main, before threads start. */
+int logging_reopen_on_sighup(void);
 
 #define LOGGING_AT(level, ...)                        \
     do {                                              \

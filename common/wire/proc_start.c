@@ -62,7 +62,8 @@ int proc_start(int argc, char **argv, const char *name, unsigned sections, struc
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0) {
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
+        logging_reopen_on_sighup() != 0) {
         fprintf(stderr, "tandem-%s: sigaction: %s\n", name, strerror(errno));
         return 1;
     }
