@@ -88,10 +88,30 @@ static enum head_check_verdict content_length(const unsigned char *v, size_t len
     return HEAD_CHECK_MORE;
 }
 
+/* What the fields say about the body: chunked_only when Transfer-Encoding
+ * is exactly "chunked" and there is no Content-Length (any other mix is
+ * framing.c's to refuse, and then no byte after the head is a chunk). */
+struct head_framing {
+    int n_content_length, n_chunked_only, n_transfer_encoding;
+};
+
+/* A value without its surrounding OWS equals word, in any case. */
+static bool value_is(const unsigned char *v, size_t len, const char *word)
+{
+    while (len > 0 && (v[0] == ' ' || v[0] == '\t')) {
+        v++;
+        len--;
+    }
+    while (len > 0 && (v[len - 1] == ' ' || v[len - 1] == '\t'))
+        len--;
+    return len == strlen(word) && strncasecmp((const char *)v, word, len) == 0;
+}
+
 /* RFC 9112 5: field-name ":" OWS field-value OWS; no whitespace before the
  * colon (5.1: must be refused), no line folding (5.2), no control byte
  * but HTAB in the value (RFC 9110 5.5: a bare CR or a NUL included). */
-static enum head_check_verdict field_line(const unsigned char *s, size_t len, struct openai_error *e)
+static enum head_check_verdict field_line(const unsigned char *s, size_t len, struct head_framing *f,
+                                          struct openai_error *e)
 {
     if (s[0] == ' ' || s[0] == '\t')
         return refuse(e, 400, "invalid_header", "a header line starts with whitespace (obs-fold is not accepted)");
@@ -103,13 +123,65 @@ static enum head_check_verdict field_line(const unsigned char *s, size_t len, st
     for (size_t i = j + 1; i < len; i++)
         if ((s[i] < 0x20 && s[i] != '\t') || s[i] == 0x7f)
             return refuse(e, 400, "invalid_header", "a header value holds a control character");
-    if (j == 14 && strncasecmp((const char *)s, "Content-Length", 14) == 0)
+    if (j == 17 && strncasecmp((const char *)s, "Transfer-Encoding", 17) == 0) {
+        f->n_transfer_encoding++;
+        f->n_chunked_only += value_is(s + j + 1, len - j - 1, "chunked");
+    }
+    if (j == 14 && strncasecmp((const char *)s, "Content-Length", 14) == 0) {
+        f->n_content_length++;
         return content_length(s + j + 1, len - j - 1, e);
+    }
     return HEAD_CHECK_MORE;
+}
+
+/* RFC 9112 7.1: chunk-size [ chunk-ext ] CRLF chunk-data CRLF, as far as
+ * the bytes received go (the rest is libmicrohttpd's to parse: a client
+ * that sends its body in one write with its head has all of it judged). */
+static enum head_check_verdict chunks(const unsigned char *b, size_t n, struct openai_error *e)
+{
+    static const char bad[] = "malformed chunked body: expected a hexadecimal chunk size, then CRLF";
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n && ((b[j] >= '0' && b[j] <= '9') || ((b[j] | 0x20) >= 'a' && (b[j] | 0x20) <= 'f')))
+            j++;
+        const size_t digits = j - i;
+        if (digits > 15)
+            return refuse(e, 413, "request_too_large", "a chunk size larger than any body this server accepts");
+        if (j == n)
+            return HEAD_CHECK_OK; /* the size line goes on past what came */
+        size_t ext = j;
+        while (ext < n && (b[ext] == ' ' || b[ext] == '\t'))
+            ext++;
+        if (ext < n && b[ext] == ';') /* an extension: any visible bytes to the line end */
+            while (ext < n && (b[ext] >= 0x20 || b[ext] == '\t') && b[ext] != 0x7f)
+                ext++;
+        if (ext == n || (b[ext] == '\r' && ext + 1 == n))
+            return HEAD_CHECK_OK;
+        if (digits == 0 || (b[ext] != '\n' && !(b[ext] == '\r' && b[ext + 1] == '\n')))
+            return refuse(e, 400, "invalid_chunk", bad);
+        size_t size = 0;
+        for (size_t k = i; k < j; k++)
+            size = size * 16 + (size_t)(b[k] <= '9' ? b[k] - '0' : (b[k] | 0x20) - 'a' + 10);
+        if (size == 0)
+            return HEAD_CHECK_OK; /* the last chunk: trailers follow */
+        i = ext + (b[ext] == '\r' ? 2 : 1);
+        if (size >= n - i)
+            return HEAD_CHECK_OK;
+        i += size;
+        if (b[i] == '\n')
+            i++;
+        else if (b[i] == '\r' && (i + 1 == n || b[i + 1] == '\n'))
+            i += 2;
+        else
+            return refuse(e, 400, "invalid_chunk", "malformed chunked body: a chunk's data is not followed by CRLF");
+    }
+    return HEAD_CHECK_OK;
 }
 
 enum head_check_verdict head_check(const char *buf, size_t n, struct openai_error *e)
 {
+    struct head_framing f = {0};
     const bool past_limit = n > HEAD_CHECK_MAX_BYTES;
     if (past_limit)
         n = HEAD_CHECK_MAX_BYTES;
@@ -135,11 +207,14 @@ enum head_check_verdict head_check(const char *buf, size_t n, struct openai_erro
         i = next;
         if (!line_at(buf, n, i, &len, &next))
             break;
-        if (len == 0)
+        if (len == 0) {
+            if (f.n_chunked_only == 1 && f.n_transfer_encoding == 1 && f.n_content_length == 0)
+                return chunks((const unsigned char *)buf + next, n - next, e);
             return HEAD_CHECK_OK;
+        }
         if (fields == HEAD_CHECK_MAX_FIELDS)
             return refuse(e, 431, "request_header_fields_too_large", "more than 100 header fields");
-        if ((v = field_line((const unsigned char *)buf + i, len, e)) != HEAD_CHECK_MORE)
+        if ((v = field_line((const unsigned char *)buf + i, len, &f, e)) != HEAD_CHECK_MORE)
             return v;
     }
     return past_limit ? refuse(e, 431, "request_header_fields_too_large", "the request head is longer than 16384 bytes")

@@ -7,7 +7,9 @@
  * an OpenAI error object instead. What it refuses is what libmicrohttpd
  * would refuse (so that libmicrohttpd never does) plus what RFC 9112 says a
  * server must reject (whitespace before a header's colon, line folding, a
- * bare CR). What it passes, framing.h judges once libmicrohttpd has parsed
+ * bare CR). A chunked body's framing (RFC 9112 7.1) is judged as far as it
+ * came with the head: a client that writes its request at once has all of
+ * it judged here. What it passes, framing.h judges once libmicrohttpd has parsed
  * it: repeated or conflicting framing headers, Host, the target's form.
  *
  * Pure: no state, no I/O, callable from any thread.

@@ -5,7 +5,8 @@
    port, a Content-Length that is not a number or is past 2^64, a request
    line or head too large, too many header fields) and those RFC 9112 says a
    server must refuse (whitespace before a colon, line folding, a control
-   byte in a value, a bare CR) get exactly one response: the status, an
+   byte in a value, a bare CR), and a malformed chunked body sent with its
+   head, get exactly one response: the status, an
    OpenAI error object, "Connection: close", and the connection closed.
 2. Bytes that are no HTTP at all (a TLS hello on the plain port) are
    answered 400 at once, without waiting for a line end that never comes.
@@ -21,6 +22,7 @@ from test_gateway_framing import exchange, one_error, port_of, responses
 
 H = b"Host: x\r\n"
 GET = b"GET /v1/models HTTP/1.1\r\n" + H
+CHUNKED = b"POST /v1/completions HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n"
 TLS_HELLO = bytes.fromhex("16030100a5010000a10303") + bytes(range(32))
 
 # (what it proves, request bytes, status, error code)
@@ -49,6 +51,10 @@ CASES = [
     ("a 20 KiB header", GET + b"X-A: " + b"a" * 20480 + b"\r\n\r\n", 431, "request_header_fields_too_large"),
     ("101 header fields", GET + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431,
      "request_header_fields_too_large"),
+    ("a malformed chunk size (sent with the head)", CHUNKED + b"zz\r\nhello\r\n0\r\n\r\n", 400, "invalid_chunk"),
+    ("a chunk size past 2^64 (sent with the head)", CHUNKED + b"fffffffffffffffffffff\r\n", 413,
+     "request_too_large"),
+    ("chunk data longer than its size", CHUNKED + b"2\r\n{}}\r\n0\r\n\r\n", 400, "invalid_chunk"),
 ]
 
 

@@ -15,6 +15,7 @@
 #include "head_check.h"
 
 #define HOST "Host: x\r\n"
+#define CHUNKED "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 struct head_case {
     const char *head;
@@ -49,6 +50,14 @@ static const struct head_case cases[] = {
     {"GET / HTTP/1.1\r\ncontent-length: 5, 5\r\n\r\n", HEAD_CHECK_REFUSED, 400},   /* a list, any case */
     {"GET / HTTP/1.1\r\nContent-Length:\r\n\r\n", HEAD_CHECK_REFUSED, 400},        /* empty */
     {"GET / HTTP/1.1\r\nContent-Length: 1234567890123456789\r\n\r\n", HEAD_CHECK_REFUSED, 413}, /* 19 digits */
+    {CHUNKED "5\r\nhello\r\n0\r\n\r\n", HEAD_CHECK_OK, 0},                /* a whole chunked body */
+    {CHUNKED "5;ext=1\r\nhello\r\n0\r\n\r\n", HEAD_CHECK_OK, 0},          /* a chunk extension */
+    {CHUNKED "A\nhellohello\n0\n\n", HEAD_CHECK_OK, 0},                      /* bare LF, upper-case hex */
+    {CHUNKED "zz\r\n", HEAD_CHECK_REFUSED, 400},                              /* not hexadecimal */
+    {CHUNKED "\r\n", HEAD_CHECK_REFUSED, 400},                                /* no size at all */
+    {CHUNKED "5\r\nhelloXX0\r\n\r\n", HEAD_CHECK_REFUSED, 400},              /* data longer than its size */
+    {CHUNKED "1000000000000000\r\n", HEAD_CHECK_REFUSED, 413},                /* 16 hex digits: past 2^60 */
+    {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\nzz\r\n", HEAD_CHECK_OK, 0}, /* framing.c's */
 };
 
 static void test_head_check_table(void **state)
