@@ -407,3 +407,63 @@ int sampling_sample(struct sampling_workspace *ws, const struct sampling_params 
     *token_out = tok;
     return 0;
 }
+
+/* Inserts candidate c into top[0..*n-1], kept in canonical order and at
+ * most cap long. */
+static void top_insert(struct sampling_cand *top, int *n, int cap, struct sampling_cand c)
+{
+    if (*n == cap && !cand_before(c, top[cap - 1]))
+        return;
+    int i = *n < cap ? (*n)++ : cap - 1;
+    while (i > 0 && cand_before(c, top[i - 1])) {
+        top[i] = top[i - 1];
+        i--;
+    }
+    top[i] = c;
+}
+
+static float logprob_of(float logit, float m, double log_total)
+{
+    double lp = ((double)logit - (double)m) - log_total;
+    return lp < (double)SAMPLING_LOGPROB_MIN ? SAMPLING_LOGPROB_MIN : (float)lp;
+}
+
+int sampling_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct sampling_logprobs *out, char *err)
+{
+    if (vocab < 1)
+        return error_set(err, ERR_INVALID_ARG, "logprobs: vocab must be >= 1, got %d", vocab);
+    if (token < 0 || token >= vocab)
+        return error_set(err, ERR_INVALID_ARG, "logprobs: token %d outside 0..%d", (int)token,
+                         vocab - 1);
+    int cap = n_top < 0 ? 0 : n_top;
+    if (cap > SAMPLING_TOP_LOGPROBS_MAX)
+        cap = SAMPLING_TOP_LOGPROBS_MAX;
+    if (cap > vocab)
+        cap = vocab;
+    float m = -INFINITY;
+    for (int v = 0; v < vocab; v++) {
+        if (isnan(logits[v]) || logits[v] == INFINITY)
+            return error_set(err, ERR_INVALID_ARG, "logprobs: logit %d is %g", v, (double)logits[v]);
+        if (logits[v] > m)
+            m = logits[v];
+    }
+    if (m == -INFINITY)
+        return error_set(err, ERR_INVALID_ARG, "logprobs: every logit is -inf");
+    struct sampling_cand top[SAMPLING_TOP_LOGPROBS_MAX];
+    int n = 0;
+    double total = 0.0;
+    for (int v = 0; v < vocab; v++) {
+        total += exp((double)logits[v] - (double)m);
+        if (cap > 0)
+            top_insert(top, &n, cap, (struct sampling_cand){.logit = logits[v], .index = v});
+    }
+    const double log_total = log(total);
+    out->logprob = logprob_of(logits[token], m, log_total);
+    out->n_top = n;
+    for (int i = 0; i < n; i++) {
+        out->top_ids[i] = top[i].index;
+        out->top_logprobs[i] = logprob_of(top[i].logit, m, log_total);
+    }
+    return 0;
+}

@@ -107,4 +107,32 @@ int sampling_sample(struct sampling_workspace *ws, const struct sampling_params 
                     const float *logits, int vocab, uint32_t stream, uint64_t position,
                     float *probs_out, int32_t *token_out, char *err);
 
+/* ---- log-probabilities (the client's `logprobs`) ----
+ *
+ * What a request reports is the raw log-softmax of the target's logits at
+ * the position, before any sampling transform (temperature, top-k/p, min-p):
+ * vLLM's default ("raw_logprobs"), so a number does not depend on the
+ * sampling settings and equals what target-only decoding reports:
+ *   logprob[v] = (logit[v] - m) - log(sum_w exp(logit[w] - m)), m = max logit,
+ * the sum and the logarithm in double, in index order, the result rounded
+ * to float. The top entries are the first n_top tokens in the canonical
+ * order (logit descending, then index ascending). A logprob below
+ * SAMPLING_LOGPROB_MIN (a masked or underflowing token) is reported as it. */
+#define SAMPLING_TOP_LOGPROBS_MAX 20
+#define SAMPLING_LOGPROB_MIN (-9999.0f)
+
+struct sampling_logprobs {
+    float logprob;                            /* the emitted token's */
+    int n_top;                                /* 0..SAMPLING_TOP_LOGPROBS_MAX */
+    int32_t top_ids[SAMPLING_TOP_LOGPROBS_MAX];
+    float top_logprobs[SAMPLING_TOP_LOGPROBS_MAX];
+};
+
+/* Fills out for token (in 0..vocab-1) with the n_top (clamped to
+ * 0..SAMPLING_TOP_LOGPROBS_MAX and vocab) most likely tokens of logits
+ * [vocab]. ERR_INVALID_ARG: vocab < 1, token out of range, a NaN or +inf
+ * logit, or every logit -inf. */
+int sampling_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct sampling_logprobs *out, char *err);
+
 #endif

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -537,6 +538,41 @@ static void test_sampling_adjust_at_llama3_vocab(void **state)
     free(want);
 }
 
+/* Raw log-softmax against a plain reference in long double, ties in the
+ * top list toward the lower index, the count clamped to the vocabulary. */
+static void test_sampling_logprobs_are_raw_log_softmax(void **state)
+{
+    (void)state;
+    const float logits[6] = {2.0f, -1.0f, 3.5f, 3.5f, 0.25f, -40.0f};
+    long double m = 3.5L, total = 0;
+    for (int v = 0; v < 6; v++)
+        total += expl((long double)logits[v] - m);
+    struct sampling_logprobs lp;
+    char err[ERR_MSG_MAX] = "";
+    assert_int_equal(sampling_logprobs(logits, 6, 4, 4, &lp, err), 0);
+    const double want4 = (double)(((long double)logits[4] - m) - logl(total));
+    assert_true(fabs(lp.logprob - want4) <= 1e-6 * fabs(want4));
+    assert_int_equal(lp.n_top, 4);
+    const int32_t order[4] = {2, 3, 0, 4};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(lp.top_ids[i], order[i]);
+        const double want = (double)(((long double)logits[order[i]] - m) - logl(total));
+        assert_true(fabs(lp.top_logprobs[i] - want) <= 1e-6 * (1 + fabs(want)));
+    }
+    assert_true(lp.top_logprobs[0] == lp.top_logprobs[1]); /* a tie, the same number */
+    assert_int_equal(sampling_logprobs(logits, 6, 0, 99, &lp, err), 0);
+    assert_int_equal(lp.n_top, 6);                         /* clamped to the vocabulary */
+    assert_int_equal(lp.top_ids[5], 5);
+    assert_int_equal(sampling_logprobs(logits, 6, 0, 0, &lp, err), 0);
+    assert_int_equal(lp.n_top, 0);
+    const float masked[3] = {0.0f, -INFINITY, 1.0f};
+    assert_int_equal(sampling_logprobs(masked, 3, 1, 3, &lp, err), 0);
+    assert_true(lp.logprob == SAMPLING_LOGPROB_MIN);       /* -inf reported as vLLM does */
+    const float bad[2] = {0.0f, NAN};
+    assert_int_equal(sampling_logprobs(bad, 2, 0, 1, &lp, err), ERR_INVALID_ARG);
+    assert_int_equal(sampling_logprobs(logits, 6, 6, 1, &lp, err), ERR_INVALID_ARG);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -554,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_sampling_sample_is_keyed_and_reproducible),
         cmocka_unit_test(test_sampling_sample_distribution_passes_chi_square),
         cmocka_unit_test(test_sampling_adjust_at_llama3_vocab),
+        cmocka_unit_test(test_sampling_logprobs_are_raw_log_softmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
