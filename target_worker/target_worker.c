@@ -334,7 +334,8 @@ static void handle_verify(void *user, const struct protocol_msg *m)
                                  .step = 1, .steps = v.steps, .draft_deadline_ms = now + DRAFT_AWAIT_MAX_MS};
     qv->job = (struct specdec_verify_job){
         .slot = v.seq.slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .k = v.k,
-        .sp = v.sampling.sp, .mode = v.sampling.mode};
+        .sp = v.sampling.sp, .mode = v.sampling.mode, .logprobs = v.logprobs,
+        .top_logprobs = v.top_logprobs};
     if (inline_drafts) {
         /* no draft distribution exists for them: each is a point mass, so
          * the output stays the target's (speculate.h) */
@@ -398,6 +399,10 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
     };
     if (j->keep_len == 0) /* a prompt */
         done.prefix = worker_main_prefix(&w->m, j->n_feed, j->cached);
+    if (j->logprobs) {
+        done.has_logprobs = true;
+        memcpy(done.logprobs, j->logprobs_out, (size_t)done.n_tokens * sizeof done.logprobs[0]);
+    }
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_done_encode(&done, &frame);
     worker_link_send(w->link, h, &frame, 1);

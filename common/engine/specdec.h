@@ -171,9 +171,18 @@ struct specdec_verify_job {
                                 used instead of q_rows */
     struct sampling_params sp;
     enum speculate_mode mode;
+    /* The client's logprobs (false: none, and the job costs nothing more):
+     * each emitted token's raw log-softmax and the top_logprobs
+     * (0..SAMPLING_TOP_LOGPROBS_MAX) most likely tokens of its row,
+     * sampling.h's sampling_logprobs, from this verification's logits: a
+     * token accepted from a draft reports what target-only decoding of it
+     * reports. Greedy jobs then read whole logits rows (no argmax screen). */
+    bool logprobs;
+    int top_logprobs;
     /* result: the accepted drafts, then the correction or bonus token */
     int32_t tokens_out[SPECULATE_K_MAX + 1];
     int n_accepted;
+    struct sampling_logprobs logprobs_out[SPECULATE_K_MAX + 1]; /* with logprobs */
     /* progress (specdec_verify_job_init) */
     int fed;
     int cached;           /* feed tokens found in the prefix cache (a prompt) */

@@ -93,6 +93,12 @@ struct specdec_dev_outcome {
 int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *rounds, int n,
                        int n_rows, struct specdec_dev_outcome *out, char *err);
 
+/* Copies n_rows logits rows from row `row` of the logits buffer to host
+ * [n_rows, vocab] (the client's logprobs, which the host computes).
+ * Waits for the stream. */
+int specdec_dev_download_logits(struct specdec_dev *dv, int row, int n_rows, float *host,
+                                char *err);
+
 /* Text of a nonzero status ("a logit is NaN or +inf"); never NULL. */
 const char *specdec_dev_status_str(int32_t status);
 

@@ -51,6 +51,10 @@ struct specdec_target {
     float *logits;      /* [logits_cap, vocab]: the k + 1 rows of each finishing job */
     int logits_cap;
     float *scratch;     /* [vocab] */
+    float *lp_rows;     /* [lp_cap, vocab]: a job's logits kept for its logprobs (the
+                           accept/reject step adjusts rows in place; the device
+                           path downloads them here) */
+    int lp_cap;
     int32_t *tokens;    /* [tokens_cap]: feed tail + drafts of each finishing job */
     int tokens_cap;
     struct llama_seq_batch *entries;

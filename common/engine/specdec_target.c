@@ -46,6 +46,7 @@ void specdec_target_destroy(struct specdec_target *t)
     free(t->outcomes);
     free(t->argmax_rows);
     free(t->logits);
+    free(t->lp_rows);
     free(t->scratch);
     free(t->tokens);
     free(t->entries);
@@ -156,6 +157,35 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
     return rc;
 }
 
+/* The client's logprobs of j's n_accepted + 1 emitted tokens from rows
+ * [n_accepted + 1, vocab] of its logits. */
+static int job_logprobs(const struct specdec_target *t, struct specdec_verify_job *j,
+                        const float *rows, char *err)
+{
+    for (int i = 0; i <= j->n_accepted; i++) {
+        int rc = sampling_logprobs(rows + (size_t)i * (size_t)t->vocab, t->vocab, j->tokens_out[i],
+                                   j->top_logprobs, &j->logprobs_out[i], err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Where j's logits survive the accept/reject step: greedy reads them as they
+ * are; otherwise rows are adjusted in place, so a job with logprobs keeps a
+ * copy (k + 1 rows, only then). NULL on error. */
+static const float *keep_logits(struct specdec_target *t, const struct specdec_verify_job *j,
+                                const float *p_rows, char *err)
+{
+    if (sampling_params_is_greedy(&j->sp))
+        return p_rows;
+    if (specdec_grow((void **)&t->lp_rows, &t->lp_cap, j->k + 1, (size_t)t->vocab * sizeof(float),
+                     err))
+        return NULL;
+    memcpy(t->lp_rows, p_rows, (size_t)(j->k + 1) * (size_t)t->vocab * sizeof(float));
+    return t->lp_rows;
+}
+
 /* Accept/reject for a job whose final entry ran: p_rows holds its k + 1
  * logits rows, or (greedy) p_argmax their k + 1 argmaxes. */
 static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows,
@@ -181,7 +211,15 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
         .position0 = (uint64_t)j->keep_len + (uint64_t)j->n_feed,
     };
     int n_accepted = 0;
-    int rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
+    const float *lp_rows = NULL;
+    int rc = 0;
+    if (j->logprobs && !(lp_rows = keep_logits(t, j, p_rows, err)))
+        rc = ERR_NOMEM;
+    if (!rc)
+        rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
+    j->n_accepted = n_accepted;
+    if (!rc && lp_rows)
+        rc = job_logprobs(t, j, lp_rows, err);
     if (!rc)
         rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len + j->n_feed + n_accepted, err);
     if (rc) {
@@ -190,6 +228,18 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
     }
     j->n_accepted = n_accepted;
     j->done = true;
+}
+
+/* Device path: the logprobs of a job whose rows start at row0 of the
+ * device logits, computed on the host from a copy of the emitted rows. */
+static int dev_job_logprobs(struct specdec_target *t, struct specdec_verify_job *j, int row0,
+                            char *err)
+{
+    int rc = specdec_grow((void **)&t->lp_rows, &t->lp_cap, j->n_accepted + 1,
+                          (size_t)t->vocab * sizeof(float), err);
+    if (!rc)
+        rc = specdec_dev_download_logits(t->dev, row0, j->n_accepted + 1, t->lp_rows, err);
+    return rc ? rc : job_logprobs(t, j, t->lp_rows, err);
 }
 
 /* Device path: accept/reject for every job of the step whose final entry
@@ -251,6 +301,10 @@ static int verify_finish_dev(struct specdec_target *t, int n, char *err)
         }
         memcpy(j->tokens_out, o->tokens, (size_t)(o->n_accepted + 1) * sizeof(int32_t));
         j->n_accepted = o->n_accepted;
+        if (j->logprobs && (rc = dev_job_logprobs(t, j, t->rounds[r - 1].p_row0, j_err))) {
+            specdec_job_fail(&j->rc, j->err, &j->done, rc, j_err);
+            continue;
+        }
         j->done = true;
     }
     return 0;
@@ -333,7 +387,7 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                                           .n_tokens = rest + j->k, .n_logits = j->k + 1};
             if (dev_logits)
                 e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
-            else if (t->host_argmax && sampling_params_is_greedy(&j->sp))
+            else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs)
                 e->argmax_out = t->argmax_rows + used_rows;
             else
                 e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;

@@ -292,7 +292,8 @@ cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protoc
               cJSON_AddNumberToObject(h, "k", m->k) &&
               cJSON_AddNumberToObject(h, "half", m->half) &&
               (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps)) &&
-              (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true));
+              (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true)) &&
+              (!m->logprobs || cJSON_AddNumberToObject(h, "logprobs", m->top_logprobs));
     if (ok && m->n_drafts > 0) {
         cJSON *d = cJSON_CreateIntArray(m->drafts, m->n_drafts);
         ok = d && cJSON_AddItemToObject(h, "drafts", d);
@@ -323,8 +324,13 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
         (rc = get_sampling(h, &m->sampling, err)) ||
         (rc = protocol_get_object_opt(h, "shm", &m->shm, err)) ||
         (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)) ||
-        (rc = protocol_get_bool_opt(h, "await_draft", false, &m->await_draft, err)))
+        (rc = protocol_get_bool_opt(h, "await_draft", false, &m->await_draft, err)) ||
+        (rc = protocol_get_int_opt(h, "logprobs", 0, SAMPLING_TOP_LOGPROBS_MAX, -1,
+                                   &m->top_logprobs, err)))
         return rc;
+    m->logprobs = m->top_logprobs >= 0;
+    if (!m->logprobs)
+        m->top_logprobs = 0;
     if (m->await_draft && m->k == 0)
         return error_set(err, ERR_PROTOCOL, "await_draft: only with k > 0 (a verification of drafts)");
     if (m->steps > 1 && m->k > 0)
@@ -341,6 +347,80 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
     }
     return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &m->feed,
                                  &m->n_feed, err);
+}
+
+/* "logprobs" of verify_done (worker_msg.h): [[lp, id, lp, id, lp...], ...]. */
+static bool add_logprobs(cJSON *h, const struct worker_msg_verify_done *m)
+{
+    if (!m->has_logprobs)
+        return true;
+    cJSON *a = cJSON_AddArrayToObject(h, "logprobs");
+    if (!a)
+        return false;
+    for (int i = 0; i < m->n_tokens; i++) {
+        const struct sampling_logprobs *lp = &m->logprobs[i];
+        cJSON *e = cJSON_CreateArray();
+        if (!e || !cJSON_AddItemToArray(a, e)) {
+            cJSON_Delete(e);
+            return false;
+        }
+        bool ok = cJSON_AddItemToArray(e, cJSON_CreateNumber(lp->logprob));
+        for (int t = 0; ok && t < lp->n_top; t++)
+            ok = cJSON_AddItemToArray(e, cJSON_CreateNumber(lp->top_ids[t])) &&
+                 cJSON_AddItemToArray(e, cJSON_CreateNumber(lp->top_logprobs[t]));
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+static int get_logprob_value(const cJSON *v, int i, float *out, char *err)
+{
+    if (!cJSON_IsNumber(v) || !(v->valuedouble <= 0.0) || v->valuedouble < -1e30)
+        return error_set(err, ERR_PROTOCOL, "logprobs[%d]: a logprob must be a number <= 0", i);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+/* One token's entry of "logprobs", ids checked against the vocabulary. */
+static int get_logprob_entry(const cJSON *e, int i, const struct worker_msg_limits *lim,
+                             struct sampling_logprobs *lp, char *err)
+{
+    const int n = cJSON_IsArray(e) ? cJSON_GetArraySize(e) : 0;
+    if (n < 1 || n % 2 == 0 || n > 1 + 2 * SAMPLING_TOP_LOGPROBS_MAX)
+        return error_set(err, ERR_PROTOCOL,
+                         "logprobs[%d]: must be [logprob, id, logprob, ...] with at most %d ids", i,
+                         SAMPLING_TOP_LOGPROBS_MAX);
+    const cJSON *v = e->child;
+    int rc = get_logprob_value(v, i, &lp->logprob, err);
+    lp->n_top = 0;
+    for (v = v->next; !rc && v; v = v->next->next) {
+        const double id = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (id < 0 || id != (double)(int32_t)id || (lim->vocab_size > 0 && id >= lim->vocab_size))
+            return error_set(err, ERR_PROTOCOL, "logprobs[%d]: a top id outside the vocabulary", i);
+        lp->top_ids[lp->n_top] = (int32_t)id;
+        rc = get_logprob_value(v->next, i, &lp->top_logprobs[lp->n_top++], err);
+    }
+    return rc;
+}
+
+static int get_logprobs(const cJSON *h, const struct worker_msg_limits *lim,
+                        struct worker_msg_verify_done *m, char *err)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(h, "logprobs");
+    if (!a)
+        return 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != m->n_tokens)
+        return error_set(err, ERR_PROTOCOL, "logprobs: must be an array of %d entries, one a token",
+                         m->n_tokens);
+    m->has_logprobs = true;
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        int rc = get_logprob_entry(e, i, lim, &m->logprobs[i], err);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
@@ -360,7 +440,7 @@ cJSON *worker_msg_verify_done_encode(const struct worker_msg_verify_done *m,
                            cJSON_AddNumberToObject(h, "call_seqs", m->call_seqs) &&
                            cJSON_AddNumberToObject(h, "call_rows", m->call_rows) &&
                            cJSON_AddNumberToObject(h, "call_ms", m->call_ms))) &&
-                         add_prefix(h, &m->prefix));
+                         add_prefix(h, &m->prefix) && add_logprobs(h, m));
 }
 
 int worker_msg_verify_done_decode(const struct protocol_msg *msg,
@@ -383,7 +463,8 @@ int worker_msg_verify_done_decode(const struct protocol_msg *msg,
         (rc = protocol_get_double_opt(h, "call_ms", 0, 1e12, 0, &m->call_ms, err)) ||
         (rc = get_prefix(h, lim, &m->prefix, err)) ||
         (rc = protocol_frame_tokens(msg, 0, "tokens", m->n_accepted + 1, m->n_accepted + 1,
-                                    &m->tokens, &m->n_tokens, err)))
+                                    &m->tokens, &m->n_tokens, err)) ||
+        (rc = get_logprobs(h, lim, m, err)))
         return rc;
     for (int i = 0; lim->vocab_size > 0 && i < m->n_tokens; i++)
         if (m->tokens[i] < 0 || m->tokens[i] >= lim->vocab_size)

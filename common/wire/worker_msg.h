@@ -139,6 +139,11 @@ struct worker_msg_verify {
      * masses (no q rows exist). n_drafts 0: none (absent). */
     int32_t drafts[SPECULATE_K_MAX];
     int n_drafts;
+    /* The client's logprobs (false when absent): "logprobs": N asks for each
+     * emitted token's and the N (0..SAMPLING_TOP_LOGPROBS_MAX) most likely
+     * tokens' raw log-probabilities in verify_done. */
+    bool logprobs;
+    int top_logprobs;
 };
 
 /* Most plain steps one verify may ask for. */
@@ -162,6 +167,11 @@ struct worker_msg_verify_done {
     int call_seqs, call_rows;
     double call_ms;
     struct worker_msg_prefix prefix;
+    /* "logprobs" (absent unless the verify asked): one entry per token,
+     * [logprob, id, logprob, id, logprob, ...], the token's then its row's
+     * top tokens', floats printed exactly (17 digits). */
+    bool has_logprobs;
+    struct sampling_logprobs logprobs[SPECULATE_K_MAX + 1];
 };
 
 /* error (worker -> coordinator). */

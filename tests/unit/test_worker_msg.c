@@ -142,6 +142,55 @@ static void test_worker_msg_verify_and_verify_done_round_trip(void **state)
     assert_int_equal(dout.draft_k, 4);
     assert_int_equal(dout.n_tokens, 3);
     assert_memory_equal(dout.tokens, tokens, sizeof tokens);
+    assert_false(dout.has_logprobs);
+    protocol_msg_free(&m);
+}
+
+/* logprobs cross both ways exactly (floats printed with every digit), and
+ * a malformed entry is a protocol error naming it. */
+static void test_worker_msg_logprobs_round_trip(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    int32_t feed[1] = {42};
+    struct worker_msg_verify in = {
+        .seq = {.req = 5, .slot = 0}, .round = 9, .keep_len = 30, .k = 0, .sampling = some_sampling(),
+        .feed = feed, .n_feed = 1, .logprobs = true, .top_logprobs = 0,
+    };
+    struct protocol_frame frame;
+    struct protocol_msg m = over_the_wire(worker_msg_verify_encode(&in, &frame), &frame);
+    struct worker_msg_verify out;
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &out, err), 0);
+    assert_true(out.logprobs);
+    assert_int_equal(out.top_logprobs, 0);
+    protocol_msg_free(&m);
+
+    int32_t tokens[2] = {1, 99};
+    struct worker_msg_verify_done done = {
+        .seq = {.req = 5, .slot = 0}, .round = 9, .n_accepted = 1, .idle_ms = -1, .draft_k = 1,
+        .tokens = tokens, .n_tokens = 2, .has_logprobs = true,
+    };
+    done.logprobs[0] = (struct sampling_logprobs){.logprob = -0.1f, .n_top = 2, .top_ids = {1, 7},
+                                                  .top_logprobs = {-0.1f, -2.3456789f}};
+    done.logprobs[1] = (struct sampling_logprobs){.logprob = -1e-7f};
+    m = over_the_wire(worker_msg_verify_done_encode(&done, &frame), &frame);
+    struct worker_msg_verify_done dout;
+    assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), 0);
+    assert_true(dout.has_logprobs);
+    assert_true(dout.logprobs[0].logprob == -0.1f);
+    assert_int_equal(dout.logprobs[0].n_top, 2);
+    assert_int_equal(dout.logprobs[0].top_ids[1], 7);
+    assert_true(dout.logprobs[0].top_logprobs[1] == -2.3456789f);
+    assert_true(dout.logprobs[1].logprob == -1e-7f);
+    assert_int_equal(dout.logprobs[1].n_top, 0);
+    /* one entry short, a positive logprob, an id pair cut in half */
+    const char *bad[] = {"[[-1]]", "[[-1],[0.5]]", "[[-1],[-1,3]]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON_DeleteItemFromObjectCaseSensitive(m.header, "logprobs");
+        cJSON_AddItemToObject(m.header, "logprobs", cJSON_Parse(bad[i]));
+        assert_int_equal(worker_msg_verify_done_decode(&m, &limits, &dout, err), ERR_PROTOCOL);
+        assert_non_null(strstr(err, "logprobs"));
+    }
     protocol_msg_free(&m);
 }
 
@@ -554,6 +603,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_msg_draft_round_trips),
         cmocka_unit_test(test_worker_msg_verify_and_verify_done_round_trip),
+        cmocka_unit_test(test_worker_msg_logprobs_round_trip),
         cmocka_unit_test(test_worker_msg_small_messages_round_trip),
         cmocka_unit_test(test_worker_msg_decoders_refuse_out_of_range_fields),
         cmocka_unit_test(test_worker_msg_plain_run_steps_round_trip),
