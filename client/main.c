@@ -3,7 +3,8 @@
  *   tandem-client [--endpoint E] (--prompt TEXT | --chat TEXT | --ids 1,2,3)
  *                 [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
- *                 [--spec-mode sampled|point_mass] [--draft-source SOURCE] [--stream] [--json]
+ *                 [--spec-mode sampled|point_mass] [--draft-source SOURCE] [--logprobs N]
+ *                 [--stream] [--json]
  *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
  *
@@ -12,7 +13,8 @@
  * --json prints one JSON object with the fields of `tandem-generate --json`
  * (ids, text, prompt_tokens, generated_tokens, prefill_ms, decode_ms,
  * tokens_per_s, acceptance_rate, rounds, mean_accepted_per_round, draft_ms,
- * verify_ms) plus the coordinator's timing and speculation counters.
+ * verify_ms) plus the coordinator's timing and speculation counters, and
+ * with --logprobs N the done reply's "logprobs" entries.
  * Cancellation: --cancel-after-ms N sends a "cancel" N ms after the request;
  * the request then ends with the coordinator's "cancelled" error (exit
  * status 1). SIGINT / SIGTERM (Ctrl-C) send one too and exit 130 once it is
@@ -86,6 +88,7 @@ static void usage(FILE *out)
             "                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
             "                     [--draft-source auto|model|ngram|suffix|none] (--draft: the old spelling)\n"
+            "                     [--logprobs N (0..20 top alternatives; printed with --json)]\n"
             "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
@@ -196,6 +199,9 @@ static int print_json_summary(const cJSON *done)
     ok = ok && cJSON_AddNumberToObject(o, "accepted", num_at(done, "spec", "accepted")) != NULL;
     ok = ok && cJSON_AddNumberToObject(o, "predraft_offered", num_at(done, "spec", "predraft_offered")) != NULL;
     ok = ok && cJSON_AddNumberToObject(o, "predraft_used", num_at(done, "spec", "predraft_used")) != NULL;
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(done, "logprobs");
+    if (lp != NULL) /* with --logprobs: the done reply's entries as they are */
+        ok = ok && cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(lp, 1));
     char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (s == NULL)
@@ -473,6 +479,10 @@ int main(int argc, char **argv)
             if (parse_long(a, v, 0, 16, &l) != 0)
                 goto done;
             req.spec_k = (int)l;
+        } else if (strcmp(a, "--logprobs") == 0) {
+            if (parse_long(a, v, 0, 20, &l) != 0)
+                goto done;
+            req.logprobs = (int)l;
         } else if (strcmp(a, "--spec-mode") == 0) {
             req.spec_mode = v;
         } else if (strcmp(a, "--draft-source") == 0 || strcmp(a, "--draft") == 0) {

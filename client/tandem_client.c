@@ -159,6 +159,7 @@ void tandem_client_request_init(struct tandem_client_request *req)
     req->top_p = NAN;
     req->min_p = NAN;
     req->spec_k = -1;
+    req->logprobs = -1;
 }
 
 int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON **out, char *err)
@@ -232,6 +233,8 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
         ok = ok && cJSON_AddStringToObject(m, "spec_mode", req->spec_mode) != NULL;
     if (req->draft != NULL)
         ok = ok && cJSON_AddStringToObject(m, "draft", req->draft) != NULL;
+    if (req->logprobs >= 0)
+        ok = ok && cJSON_AddNumberToObject(m, "logprobs", req->logprobs) != NULL;
     if (!ok) {
         cJSON_Delete(m);
         return error_set(err, ERR_NOMEM, "request: out of memory");

@@ -61,6 +61,8 @@ struct tandem_client_request {
     int spec_k;                /* < 0: default */
     const char *spec_mode;     /* NULL: default */
     const char *draft;         /* the draft source (auto|model|ngram|suffix|none); NULL: default */
+    int logprobs;              /* < 0: none; 0..20: each token's logprob and that many top
+                                  alternatives ("logprobs" in the token and done replies) */
 };
 
 void tandem_client_request_init(struct tandem_client_request *req);

@@ -31,6 +31,7 @@
 #include "speculate.h"
 #include "suffix_cache.h"
 #include "tokenizer.h"
+#include "logprobs.h"
 #include "worker_msg.h"
 
 #define COORD_EOS_MAX WORKER_MSG_EOS_MAX
@@ -195,6 +196,7 @@ struct seq {
     uint64_t draft_gen;      /* draft registration the draft_valid refers to */
     bool draft_prefilling;   /* the draft's prefill of the prompt is not done yet */
     struct output *out;
+    struct seq_logprobs lp;  /* the request's logprobs, per generated token */
     int stream_from;         /* first generated index not yet streamed */
 
     /* the round: its state, the calls in flight, the pre-draft beside it

@@ -146,6 +146,8 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
                                                            : c->default_mode;
     s->draft = r->draft != REQUEST_DRAFT_DEFAULT ? r->draft : c->default_draft;
     s->ignore_eos = r->ignore_eos;
+    s->lp.on = r->logprobs >= 0;
+    s->lp.top = r->logprobs >= 0 ? r->logprobs : 0;
     int k_fixed = r->spec_k > 0 ? r->spec_k : c->cfg.coordinator.spec_k;
     int k_max = c->cfg.coordinator.spec_k_max;
     if (k_fixed > k_max)

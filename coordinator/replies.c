@@ -196,6 +196,8 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
     cJSON *ids = ids_array(s->hist + s->n_prompt + s->stream_from, s->generated - s->stream_from);
     if (ids != NULL)
         cJSON_AddItemToObject(m, "ids", ids);
+    logprobs_add_json(m, c->tk, &s->lp, s->hist + s->n_prompt, s->stream_from,
+                      s->generated - s->stream_from);
     if (replies_send(c, s->client, s->client_size, m) == REPLY_FULL)
         s->replies_stalled = true;
     cJSON_Delete(m);
@@ -218,6 +220,7 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
         cJSON *ids = ids_array(s->hist + s->n_prompt, s->generated);
         if (ids != NULL)
             cJSON_AddItemToObject(m, "ids", ids);
+        logprobs_add_json(m, c->tk, &s->lp, s->hist + s->n_prompt, 0, s->generated);
         cJSON_AddStringToObject(m, "finish_reason", metrics_finish_name(reason));
         cJSON *u = cJSON_AddObjectToObject(m, "usage");
         if (u != NULL) {

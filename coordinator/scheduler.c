@@ -85,6 +85,7 @@ static bool draft_usable(const struct coordinator *c, const struct seq *s)
 void scheduler_seq_reset(struct seq *s)
 {
     output_destroy(s->out);
+    logprobs_free(&s->lp);
     free(s->hist);
     free(s->half_bytes[0]);
     free(s->half_bytes[1]);
@@ -299,6 +300,7 @@ static void send_verify(struct coordinator *c, struct seq *s, const struct verif
     };
     if (matched)
         memcpy(m.drafts, v->inline_drafts, (size_t)k * sizeof(int32_t));
+    logprobs_ask(&s->lp, &m);
     struct protocol_frame frames[2];
     int n_frames = 1;
     if (k > 0 && !matched && p->halves_as_frames) {
@@ -629,6 +631,8 @@ static struct seq *awaited_verify_done(struct coordinator *c, int pair, const st
     }
     if (rc == 0 && m->n_accepted > v->k)
         rc = error_set(err, ERR_PROTOCOL, "n_accepted: must be in 0..%d, got %d", v->k, m->n_accepted);
+    if (rc == 0)
+        rc = logprobs_keep(&s->lp, s->generated, m, err);
     if (rc != 0) {
         LOG_ERROR("target verify_done for \"%s\" is malformed: %s", s->id, err);
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the target worker sent a malformed reply");
@@ -922,6 +926,7 @@ static void seq_start(struct coordinator *c, struct seq *s)
         .seq = msg_seq(s), .round = s->round.counter, .keep_len = 0, .k = 0, .half = COORD_HALF_FRESH,
         .sampling = msg_sampling(s), .feed = s->hist, .n_feed = s->n_prompt,
     };
+    logprobs_ask(&s->lp, &m);
     struct protocol_frame frame;
     cJSON *h = worker_msg_verify_encode(&m, &frame);
     if (h == NULL) {

@@ -367,6 +367,7 @@ static int parse_stop(struct request *r, const cJSON *item, char *err)
 static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
     "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
+    "logprobs",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -541,6 +542,20 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
     return 0;
 }
 
+/* The fields fill_request leaves to others (it is long enough). */
+static int fill_outputs(struct request *r, const cJSON *root, char *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (item != NULL) {
+        long long v = 0;
+        int rc = expect_int(item, "logprobs", 0, SAMPLING_TOP_LOGPROBS_MAX, &v, err);
+        if (rc != 0)
+            return rc;
+        r->logprobs = (int)v;
+    }
+    return 0;
+}
+
 int request_from_json(struct request **out, const cJSON *root, const struct request_limits *limits,
                       char *err)
 {
@@ -560,7 +575,10 @@ int request_from_json(struct request **out, const cJSON *root, const struct requ
     r->min_p = 0.0;
     r->spec_k = -1;
     r->spec_mode = REQUEST_SPEC_MODE_DEFAULT;
+    r->logprobs = -1;
     int rc = fill_request(r, root, limits, err);
+    if (rc == 0)
+        rc = fill_outputs(r, root, err);
     if (rc != 0) {
         request_destroy(r);
         return rc;

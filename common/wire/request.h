@@ -92,6 +92,8 @@ struct request {
     int spec_k;                    /* -1 = not given, else 0 .. limits.spec_k_max (0 = adaptive) */
     enum request_spec_mode spec_mode;
     enum request_draft draft;
+    int logprobs;                  /* -1 = not given; else 0 .. SAMPLING_TOP_LOGPROBS_MAX: each
+                                      emitted token's logprob and that many top alternatives */
 };
 
 /* Kind of a client message, from its "type" field. */
