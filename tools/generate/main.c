@@ -7,9 +7,14 @@
  *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
  *       [--no-graphs]
  *       [--quantize none|int8|int4] [--draft-quantize none|int8|int4]
+ *       [--dump-logits FILE]
  *
  * Prints the generated text (or, with --json, one JSON object with ids, text
- * and figures). Thin: parse, create, run, destroy.
+ * and figures). Thin: parse, create, run, destroy. --dump-logits writes the
+ * target's raw logits after every token of the prompt and the output but the
+ * last (float32, [n_prompt + n_out - 1, vocab]: row n_prompt - 1 + i holds
+ * the logits output token i was chosen from), recomputed by one forward call:
+ * what tests compute log-probabilities from on their own.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,6 +33,7 @@ struct options {
     const char *backend, *device, *draft_device; /* draft_device NULL: the target's backend */
     const char *sampler; /* "host", "device" or NULL: device on cuda, host on cpu */
     const char *drafter; /* "model", "ngram", "none" or NULL: model with --draft, else none */
+    const char *dump_logits; /* NULL, or the file of the output's logits rows */
     enum quantize_mode quantize, draft_quantize; /* the target's and the draft's projections */
     int max_tokens, spec_k, threads, max_seq_len, json;
     int no_graphs; /* every kernel launched one by one on cuda (the same bits) */
@@ -46,6 +52,7 @@ static void usage(FILE *f)
             "         [--backend cpu|cuda] [--device ORDINAL|GPU-UUID] [--draft-device ORDINAL|GPU-UUID]\n"
             "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n"
             "         [--quantize none|int8|int4] [--draft-quantize none|int8|int4]\n"
+            "         [--dump-logits FILE (the output's raw logits, float32 rows)]\n"
             "         [--no-graphs (cuda: every kernel launched one by one; the same tokens)]\n");
 }
 
@@ -103,6 +110,7 @@ static int parse_args(int argc, char **argv, struct options *o)
         const char *v = argv[++i];
         long n;
         if (!strcmp(a, "--model")) o->model_dir = v;
+        else if (!strcmp(a, "--dump-logits")) o->dump_logits = v;
         else if (!strcmp(a, "--draft")) o->draft_dir = v;
         else if (!strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--chat")) o->chat = v;
@@ -301,6 +309,36 @@ static int load_model(const char *dir, struct kern_backend *be, enum quantize_mo
 
 /* The draft must share the target's vocabulary and EOS ids, or its tokens
  * mean something else. */
+/* --dump-logits: slot 0 emptied, then prompt + out[0..n_out-2] in one
+ * forward call whose every row keeps its logits, written to path. */
+static int dump_logits(struct llama_ctx *ctx, const int32_t *prompt, int n_prompt,
+                       const int32_t *out, int n_out, const char *path, char *err)
+{
+    const int vocab = llama_model_config(llama_ctx_model(ctx))->vocab_size;
+    const int n = n_prompt + n_out - 1;
+    int32_t *seq = malloc((size_t)(n > 0 ? n : 1) * sizeof *seq);
+    float *rows = malloc((size_t)(n > 0 ? n : 1) * (size_t)vocab * sizeof *rows);
+    int rc = !seq || !rows ? error_set(err, ERR_NOMEM, "--dump-logits: out of memory") : 0;
+    if (!rc && n_out > 0) {
+        memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+        memcpy(seq + n_prompt, out, (size_t)(n_out - 1) * sizeof *seq);
+        struct llama_seq_batch b = {.slot = 0, .tokens = seq, .n_tokens = n, .n_logits = n,
+                                    .logits_out = rows};
+        if (!(rc = llama_ctx_truncate(ctx, 0, 0, err)))
+            rc = llama_forward(ctx, &b, 1, err);
+    }
+    FILE *f = rc ? NULL : fopen(path, "wb");
+    if (!rc && !f)
+        rc = error_set(err, ERR_IO, "--dump-logits: cannot create %s", path);
+    if (f && n_out > 0 && fwrite(rows, sizeof *rows, (size_t)n * (size_t)vocab, f) != (size_t)n * (size_t)vocab)
+        rc = error_set(err, ERR_IO, "--dump-logits: cannot write %s", path);
+    if (f && fclose(f) != 0 && !rc)
+        rc = error_set(err, ERR_IO, "--dump-logits: cannot write %s", path);
+    free(seq);
+    free(rows);
+    return rc;
+}
+
 static int check_pair(const struct model_config *t, const struct model_config *d, char *err)
 {
     if (t->vocab_size != d->vocab_size)
@@ -403,6 +441,9 @@ int main(int argc, char **argv)
         req.ngram = &ngram;
     struct specdec_stats stats;
     if ((rc = specdec_generate(draft, target, &req, out, &n_out, &stats, NULL, NULL, err)))
+        goto done;
+    if (o.dump_logits &&
+        (rc = dump_logits(target_ctx, prompt, n_prompt, out, n_out, o.dump_logits, err)))
         goto done;
     size_t text_len = 0;
     if (tk && (rc = tokenizer_decode(tk, out, (size_t)n_out, 1, &text, &text_len, err)))
