@@ -27,6 +27,7 @@
 #include "json_check.h"
 #include "json_type.h"
 #include "request.h"
+#include "sampling.h"
 #include "utf8.h"
 
 #define E400 400
@@ -80,7 +81,9 @@ enum field_rule {
     F_STREAM,
     F_STREAM_OPTIONS,
     F_ONE,            /* n, best_of: 1 only */
-    F_FALSE,          /* logprobs (chat), echo: false only */
+    F_FALSE,          /* echo: false only */
+    F_LOGPROBS,       /* chat: a boolean; completions: the top count 0..20 */
+    F_TOP_LOGPROBS,   /* chat: the top count 0..20, with logprobs true */
     F_ZERO,           /* penalties: 0 only */
     F_UNIT,           /* repetition_penalty (vLLM's extension): 1 only, until penalties exist */
     F_BOOL,           /* passed through when true (ignore_eos, vLLM's extension) */
@@ -116,9 +119,8 @@ static const struct field fields[] = {
     {"stream_options", F_STREAM_OPTIONS, CHAT | COMP},
     {"n", F_ONE, CHAT | COMP},
     {"best_of", F_ONE, COMP},
-    {"logprobs", F_FALSE, CHAT},
-    {"logprobs", F_UNSUPPORTED, COMP},
-    {"top_logprobs", F_UNSUPPORTED, CHAT},
+    {"logprobs", F_LOGPROBS, CHAT | COMP},
+    {"top_logprobs", F_TOP_LOGPROBS, CHAT},
     {"echo", F_FALSE, COMP},
     {"suffix", F_UNSUPPORTED, COMP},
     {"presence_penalty", F_ZERO, CHAT | COMP},
@@ -165,6 +167,18 @@ static int expect_number(const cJSON *v, const char *name, struct openai_error *
     if (!cJSON_IsNumber(v))
         return bad(e, name, "%s: expected a number, got %s", name, json_type_name(v));
     return expect_finite(v, name, e);
+}
+
+static int expect_integer(const cJSON *v, const char *name, struct openai_error *e);
+
+/* logprobs (completions), top_logprobs (chat): 0..SAMPLING_TOP_LOGPROBS_MAX. */
+static int expect_top_count(const cJSON *v, const char *name, struct openai_error *e)
+{
+    if (expect_integer(v, name, e) != 0)
+        return -1;
+    if (v->valuedouble < 0 || v->valuedouble > SAMPLING_TOP_LOGPROBS_MAX)
+        return bad(e, name, "%s: must be in 0..20, got %s", name, v->valuedouble < 0 ? "less" : "more");
+    return 0;
 }
 
 static int expect_integer(const cJSON *v, const char *name, struct openai_error *e)
@@ -446,6 +460,24 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (cJSON_IsTrue(v))
             return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
         return 0;
+    case F_LOGPROBS:
+        if (kind == OPENAI_CHAT) {
+            if (!cJSON_IsBool(v))
+                return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
+            out->logprobs = cJSON_IsTrue(v);
+            return 0;
+        }
+        if (expect_top_count(v, name, e) != 0)
+            return -1;
+        out->logprobs = true;
+        out->top_logprobs = (int)v->valuedouble;
+        return 0;
+    case F_TOP_LOGPROBS:
+        if (expect_top_count(v, name, e) != 0)
+            return -1;
+        out->top_logprobs = (int)v->valuedouble;
+        out->top_given = true;
+        return 0;
     case F_ZERO:
         if (expect_number(v, name, e) != 0)
             return -1;
@@ -551,6 +583,14 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
             continue;
         if (apply_field(kind, fd, f, policy, gen, out, e) != 0)
             goto done;
+    }
+    if (out->top_given && !out->logprobs) {
+        bad(e, "top_logprobs", "top_logprobs: only with logprobs true%s%s", "", "");
+        goto done;
+    }
+    if (out->logprobs && cJSON_AddNumberToObject(gen, "logprobs", out->top_logprobs) == NULL) {
+        openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
     }
     if (out->include_usage && !out->stream) {
         bad(e, "stream_options", "stream_options: only allowed when stream is true%s%s", "", "");
@@ -687,6 +727,108 @@ static cJSON *tandem_json(const cJSON *ids_from, const cJSON *done)
     return t;
 }
 
+/* A chat entry {token, logprob, bytes} from a coordinator entry. */
+static cJSON *chat_entry(const cJSON *src)
+{
+    cJSON *o = cJSON_CreateObject();
+    const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(src, "bytes");
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(src, "logprob");
+    if (o == NULL || cJSON_AddStringToObject(o, "token", string_of(src, "token")) == NULL ||
+        cJSON_AddNumberToObject(o, "logprob", cJSON_IsNumber(lp) ? lp->valuedouble : 0) == NULL ||
+        !cJSON_AddItemToObject(o, "bytes", bytes ? cJSON_Duplicate(bytes, 1) : cJSON_CreateArray())) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null} */
+static cJSON *chat_logprobs(const cJSON *entries)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(r, "content");
+    if (content == NULL || cJSON_AddNullToObject(r, "refusal") == NULL) {
+        cJSON_Delete(r);
+        return NULL;
+    }
+    const cJSON *src = NULL;
+    cJSON_ArrayForEach(src, entries) {
+        cJSON *o = chat_entry(src);
+        cJSON *top = o ? cJSON_AddArrayToObject(o, "top_logprobs") : NULL;
+        if (top == NULL || !cJSON_AddItemToArray(content, o)) {
+            cJSON_Delete(o);
+            cJSON_Delete(r);
+            return NULL;
+        }
+        const cJSON *alt = NULL;
+        cJSON_ArrayForEach(alt, cJSON_GetObjectItemCaseSensitive(src, "top_logprobs")) {
+            cJSON *a = chat_entry(alt);
+            if (a == NULL || !cJSON_AddItemToArray(top, a)) {
+                cJSON_Delete(a);
+                cJSON_Delete(r);
+                return NULL;
+            }
+        }
+    }
+    return r;
+}
+
+static double number_of(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+/* completions (the legacy layout): {tokens, token_logprobs, top_logprobs:
+ * [{token: logprob}], text_offset}. Two alternatives with the same text
+ * keep the likelier (an object's keys are unique). */
+static cJSON *completion_logprobs(const cJSON *entries)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(r, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(r, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(r, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(r, "text_offset");
+    if (offs == NULL) {
+        cJSON_Delete(r);
+        return NULL;
+    }
+    const cJSON *src = NULL;
+    cJSON_ArrayForEach(src, entries) {
+        cJSON *top = cJSON_CreateObject();
+        bool ok = top && cJSON_AddItemToArray(tops, top);
+        if (!ok)
+            cJSON_Delete(top);
+        ok = ok && cJSON_AddItemToArray(tokens, cJSON_CreateString(string_of(src, "token"))) &&
+             cJSON_AddItemToArray(lps, cJSON_CreateNumber(number_of(src, "logprob"))) &&
+             cJSON_AddItemToArray(offs, cJSON_CreateNumber(number_of(src, "text_offset")));
+        const cJSON *alt = NULL;
+        cJSON_ArrayForEach(alt, cJSON_GetObjectItemCaseSensitive(src, "top_logprobs")) {
+            const char *t = string_of(alt, "token");
+            if (ok && !cJSON_HasObjectItem(top, t))
+                ok = cJSON_AddNumberToObject(top, t, number_of(alt, "logprob")) != NULL;
+        }
+        if (!ok) {
+            cJSON_Delete(r);
+            return NULL;
+        }
+    }
+    return r;
+}
+
+/* choices[].logprobs of a coordinator reply: null when it carries none. */
+static void add_logprobs(cJSON *choice, enum openai_kind kind, const cJSON *reply)
+{
+    const cJSON *entries = reply ? cJSON_GetObjectItemCaseSensitive(reply, "logprobs") : NULL;
+    cJSON *lp = !cJSON_IsArray(entries)     ? NULL
+                : kind == OPENAI_CHAT       ? chat_logprobs(entries)
+                                            : completion_logprobs(entries);
+    if (lp == NULL || !cJSON_AddItemToObject(choice, "logprobs", lp)) {
+        cJSON_Delete(lp);
+        cJSON_AddNullToObject(choice, "logprobs");
+    }
+}
+
 static cJSON *envelope(enum openai_kind kind, const char *id, long created, const char *model, bool chunk)
 {
     cJSON *r = cJSON_CreateObject();
@@ -723,7 +865,7 @@ cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    add_logprobs(c, kind, done);
     cJSON_AddStringToObject(c, "finish_reason", openai_finish_reason(string_of(done, "finish_reason")));
     cJSON_AddItemToObject(r, "usage", usage_json(done));
     cJSON_AddItemToObject(r, "tandem", tandem_json(done, done));
@@ -753,7 +895,7 @@ cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long cr
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    add_logprobs(c, kind, token);
     if (done != NULL)
         cJSON_AddStringToObject(c, "finish_reason", openai_finish_reason(string_of(done, "finish_reason")));
     else

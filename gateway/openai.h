@@ -60,6 +60,9 @@ struct openai_request {
     enum openai_kind kind;
     bool stream;
     bool include_usage;      /* stream_options.include_usage */
+    bool logprobs;           /* chat logprobs true, or completions logprobs N */
+    int top_logprobs;        /* chat top_logprobs, completions logprobs: 0..20 */
+    bool top_given;          /* chat top_logprobs was given (needs logprobs true) */
     cJSON *generate;
     char ignored[OPENAI_IGNORED_MAX];
 };

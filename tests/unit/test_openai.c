@@ -212,6 +212,88 @@ static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
     assert_non_null(strstr(e.message, "not supported yet"));
 }
 
+/* logprobs: chat's boolean and top_logprobs, completions' count, become the
+ * coordinator's "logprobs": N; out of range or top_logprobs alone: a 400
+ * naming the field. */
+static void test_openai_logprobs_fields_translate(void **state)
+{
+    (void)state;
+    static const struct {
+        enum openai_kind kind;
+        const char *body;
+        int want;           /* the coordinator's logprobs; -1: absent; -2: refused */
+        const char *param;
+    } cases[] = {
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", 0, NULL},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20}", 20, NULL},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":null}", -1, NULL},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", -2, "top_logprobs"},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", -2, "top_logprobs"},
+        {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", -2, "logprobs"},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":3}", 3, NULL},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":null}", -1, NULL},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":-1}", -2, "logprobs"},
+        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", -2, "logprobs"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct openai_request r;
+        struct openai_error e;
+        int rc = parse(cases[i].kind, cases[i].body, &r, &e);
+        if (cases[i].want == -2) {
+            if (rc == 0)
+                fail_msg("case %zu: accepted", i);
+            assert_int_equal(e.status, 400);
+            assert_string_equal(e.param, cases[i].param);
+            continue;
+        }
+        if (rc != 0)
+            fail_msg("case %zu: refused: %s", i, e.message);
+        const cJSON *lp = cJSON_GetObjectItem(r.generate, "logprobs");
+        if (cases[i].want == -1)
+            assert_null(lp);
+        else
+            assert_int_equal(lp->valueint, cases[i].want);
+        openai_request_free(&r);
+    }
+}
+
+/* A done reply's logprobs entries in both OpenAI layouts. */
+static void test_openai_logprobs_layouts(void **state)
+{
+    (void)state;
+    cJSON *done = cJSON_Parse(
+        "{\"type\":\"done\",\"text\":\"ab\",\"ids\":[1,2],\"finish_reason\":\"length\",\"logprobs\":["
+        "{\"id\":1,\"token\":\"a\",\"bytes\":[97],\"logprob\":-0.5,\"text_offset\":0,"
+        "\"top_logprobs\":[{\"id\":1,\"token\":\"a\",\"bytes\":[97],\"logprob\":-0.5},"
+        "{\"id\":9,\"token\":\"z\",\"bytes\":[122],\"logprob\":-1.5}]},"
+        "{\"id\":2,\"token\":\"b\",\"bytes\":[98],\"logprob\":-0.25,\"text_offset\":1,\"top_logprobs\":[]}]}");
+    cJSON *r = openai_response_json(OPENAI_CHAT, "chatcmpl-1", 5, "tiny", done);
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    const cJSON *content = cJSON_GetObjectItem(lp, "content");
+    assert_int_equal(cJSON_GetArraySize(content), 2);
+    const cJSON *e0 = cJSON_GetArrayItem(content, 0);
+    assert_string_equal(cJSON_GetObjectItem(e0, "token")->valuestring, "a");
+    assert_true(cJSON_GetObjectItem(e0, "logprob")->valuedouble == -0.5);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(e0, "bytes"), 0)->valueint, 97);
+    const cJSON *alt = cJSON_GetArrayItem(cJSON_GetObjectItem(e0, "top_logprobs"), 1);
+    assert_string_equal(cJSON_GetObjectItem(alt, "token")->valuestring, "z");
+    assert_null(cJSON_GetObjectItem(alt, "top_logprobs"));
+    cJSON_Delete(r);
+    r = openai_response_json(OPENAI_COMPLETION, "cmpl-1", 5, "tiny", done);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 1)->valuestring, "b");
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 1)->valuedouble == -0.25);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 1)->valueint, 1);
+    const cJSON *top0 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
+    assert_true(cJSON_GetObjectItem(top0, "z")->valuedouble == -1.5);
+    cJSON_Delete(r);
+    cJSON_DeleteItemFromObject(done, "logprobs");
+    r = openai_response_json(OPENAI_COMPLETION, "cmpl-1", 5, "tiny", done);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs")));
+    cJSON_Delete(r);
+    cJSON_Delete(done);
+}
+
 static void test_openai_coordinator_errors_map_to_statuses(void **state)
 {
     (void)state;
@@ -282,6 +364,8 @@ int main(void)
         cmocka_unit_test(test_openai_lenient_fields_are_listed_strict_refused),
         cmocka_unit_test(test_openai_coordinator_errors_map_to_statuses),
         cmocka_unit_test(test_openai_response_and_chunks_have_openai_shapes),
+        cmocka_unit_test(test_openai_logprobs_fields_translate),
+        cmocka_unit_test(test_openai_logprobs_layouts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
