@@ -467,3 +467,83 @@ int sampling_logprobs(const float *logits, int vocab, int32_t token, int n_top,
     }
     return 0;
 }
+
+int sampling_controls_active(const struct sampling_controls *c)
+{
+    return c->presence_penalty != 0.0f || c->frequency_penalty != 0.0f ||
+           (c->repetition_penalty != 0.0f && c->repetition_penalty != 1.0f) || c->n_bias > 0;
+}
+
+int sampling_controls_validate(const struct sampling_controls *c, char *err)
+{
+    const double pmax = SAMPLING_PENALTY_ABS_MAX;
+    if (!(fabsf(c->presence_penalty) <= pmax))
+        return error_set(err, ERR_INVALID_ARG, "presence_penalty: must be in [-2, 2], got %g",
+                         (double)c->presence_penalty);
+    if (!(fabsf(c->frequency_penalty) <= pmax))
+        return error_set(err, ERR_INVALID_ARG, "frequency_penalty: must be in [-2, 2], got %g",
+                         (double)c->frequency_penalty);
+    if (!(c->repetition_penalty >= 0.0f && c->repetition_penalty <= SAMPLING_REPETITION_MAX))
+        return error_set(err, ERR_INVALID_ARG, "repetition_penalty: must be in (0, 10], got %g",
+                         (double)c->repetition_penalty);
+    if (c->n_bias < 0 || c->n_bias > SAMPLING_BIAS_MAX)
+        return error_set(err, ERR_INVALID_ARG, "logit_bias: at most %d entries, got %d",
+                         SAMPLING_BIAS_MAX, c->n_bias);
+    for (int i = 0; i < c->n_bias; i++)
+        if (!(fabsf(c->bias[i]) <= SAMPLING_BIAS_ABS_MAX) || c->bias_ids[i] < 0)
+            return error_set(err, ERR_INVALID_ARG,
+                             "logit_bias: token %d: a bias in [-100, 100] for a token id >= 0",
+                             (int)c->bias_ids[i]);
+    return 0;
+}
+
+/* Step 2 of the rules: every token of the whole history, once. */
+static void apply_repetition(float r, const struct sampling_history *h, int32_t *counts,
+                             float *logits)
+{
+    for (int i = 0; i < h->n_tokens; i++) {
+        const int32_t t = h->tokens[i];
+        if (counts[t])
+            continue;
+        counts[t] = 1;
+        logits[t] = logits[t] > 0.0f ? logits[t] / r : logits[t] * r;
+    }
+    for (int i = 0; i < h->n_tokens; i++)
+        counts[h->tokens[i]] = 0;
+}
+
+/* Step 3: the output's tokens, by their counts. */
+static void apply_frequency_presence(const struct sampling_controls *c,
+                                     const struct sampling_history *h, int32_t *counts,
+                                     float *logits)
+{
+    for (int i = h->n_prompt; i < h->n_tokens; i++)
+        counts[h->tokens[i]]++;
+    for (int i = h->n_prompt; i < h->n_tokens; i++) {
+        const int32_t t = h->tokens[i];
+        if (!counts[t])
+            continue;
+        logits[t] = (logits[t] - c->frequency_penalty * (float)counts[t]) - c->presence_penalty;
+        counts[t] = 0;
+    }
+}
+
+int sampling_controls_apply(const struct sampling_controls *c, const struct sampling_history *h,
+                            int32_t *counts, float *logits, int vocab, char *err)
+{
+    for (int i = 0; i < c->n_bias; i++) {
+        if (c->bias_ids[i] < 0 || c->bias_ids[i] >= vocab)
+            return error_set(err, ERR_INVALID_ARG, "logit_bias: token %d outside the vocabulary (0..%d)",
+                             (int)c->bias_ids[i], vocab - 1);
+        logits[c->bias_ids[i]] += c->bias[i];
+    }
+    for (int i = 0; i < h->n_tokens; i++)
+        if (h->tokens[i] < 0 || h->tokens[i] >= vocab)
+            return error_set(err, ERR_INVALID_ARG, "sampling history: token %d outside 0..%d",
+                             (int)h->tokens[i], vocab - 1);
+    if (c->repetition_penalty != 0.0f && c->repetition_penalty != 1.0f)
+        apply_repetition(c->repetition_penalty, h, counts, logits);
+    if (c->frequency_penalty != 0.0f || c->presence_penalty != 0.0f)
+        apply_frequency_presence(c, h, counts, logits);
+    return 0;
+}

@@ -107,6 +107,56 @@ int sampling_sample(struct sampling_workspace *ws, const struct sampling_params 
                     const float *logits, int vocab, uint32_t stream, uint64_t position,
                     float *probs_out, int32_t *token_out, char *err);
 
+/* ---- sampling controls: logit bias and penalties ----
+ *
+ * Transforms of a position's raw logits that depend on the sequence's
+ * tokens before it, applied before sampling_adjust (and before the argmax
+ * of greedy decoding), in this order, as vLLM's sampler does:
+ *   1. logit_bias: logit[id] += bias (OpenAI: -100..100).
+ *   2. repetition_penalty r (vLLM's and llama.cpp's; 1 = off): for every
+ *      token that occurs in the prompt or the output so far, a positive
+ *      logit is divided by r, a negative or zero one multiplied by r.
+ *   3. frequency_penalty f and presence_penalty pr (OpenAI's; 0 = off): for
+ *      every token that occurs c > 0 times in the output so far (not the
+ *      prompt), logit = (logit - f * c) - pr, in float.
+ * A speculative verification applies them per row: row i's "so far" is the
+ * output before it plus the drafts 1..i-1 (sampling_history holds them), so
+ * every row sees what target-only decoding of that position sees. */
+#define SAMPLING_BIAS_MAX 300          /* logit_bias entries (OpenAI's limit) */
+#define SAMPLING_BIAS_ABS_MAX 100.0
+#define SAMPLING_PENALTY_ABS_MAX 2.0   /* presence_penalty, frequency_penalty */
+#define SAMPLING_REPETITION_MAX 10.0   /* repetition_penalty in (0, 10] */
+
+/* Zeroed: no control (a repetition_penalty of 0 counts as 1). */
+struct sampling_controls {
+    float presence_penalty;
+    float frequency_penalty;
+    float repetition_penalty;
+    int n_bias;                             /* 0..SAMPLING_BIAS_MAX */
+    int32_t bias_ids[SAMPLING_BIAS_MAX];    /* distinct token ids */
+    float bias[SAMPLING_BIAS_MAX];
+};
+
+/* The tokens a position follows: tokens [0, n_prompt) are the prompt,
+ * [n_prompt, n_tokens) the output so far (drafts before a row included). */
+struct sampling_history {
+    const int32_t *tokens;
+    int n_prompt, n_tokens;
+};
+
+/* 1 when c changes any logit. */
+int sampling_controls_active(const struct sampling_controls *c);
+
+/* ERR_INVALID_ARG naming the field ("presence_penalty: must be in [-2, 2],
+ * got 3"; "logit_bias: ..."), or 0. Token ids are checked by apply. */
+int sampling_controls_validate(const struct sampling_controls *c, char *err);
+
+/* Applies c (rules above) to logits [vocab] in place for a position after
+ * h. counts [vocab] is scratch that must be all zero and is left so.
+ * ERR_INVALID_ARG: a bias id or a history token outside 0..vocab-1. */
+int sampling_controls_apply(const struct sampling_controls *c, const struct sampling_history *h,
+                            int32_t *counts, float *logits, int vocab, char *err);
+
 /* ---- log-probabilities (the client's `logprobs`) ----
  *
  * What a request reports is the raw log-softmax of the target's logits at

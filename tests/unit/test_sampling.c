@@ -573,6 +573,40 @@ static void test_sampling_logprobs_are_raw_log_softmax(void **state)
     assert_int_equal(sampling_logprobs(logits, 6, 6, 1, &lp, err), ERR_INVALID_ARG);
 }
 
+/* The controls on a hand example: bias, then repetition over prompt and
+ * output, then frequency and presence over the output only; counts left
+ * zero; bad ids refused. */
+static void test_sampling_controls_follow_vllm_rules(void **state)
+{
+    (void)state;
+    float logits[6] = {1.0f, -1.0f, 2.0f, 0.5f, -2.0f, 4.0f};
+    const int32_t toks[5] = {0, 1, 2, 2, 1}; /* prompt 0, 1; output 2, 2, 1 */
+    const struct sampling_history h = {.tokens = toks, .n_prompt = 2, .n_tokens = 5};
+    struct sampling_controls c = {.presence_penalty = 0.5f, .frequency_penalty = 0.25f,
+                                  .repetition_penalty = 2.0f, .n_bias = 1, .bias_ids = {5},
+                                  .bias = {-3.0f}};
+    int32_t counts[6] = {0};
+    char err[ERR_MSG_MAX] = "";
+    assert_true(sampling_controls_active(&c));
+    assert_int_equal(sampling_controls_validate(&c, err), 0);
+    assert_int_equal(sampling_controls_apply(&c, &h, counts, logits, 6, err), 0);
+    assert_true(logits[0] == 0.5f);                        /* prompt only: repetition */
+    assert_true(logits[1] == (-2.0f - 0.25f) - 0.5f);      /* x r, then once in the output */
+    assert_true(logits[2] == (1.0f - 0.5f) - 0.5f);        /* / r, then twice */
+    assert_true(logits[3] == 0.5f && logits[4] == -2.0f);  /* untouched */
+    assert_true(logits[5] == 1.0f);                        /* biased */
+    for (int v = 0; v < 6; v++)
+        assert_int_equal(counts[v], 0);
+    const struct sampling_controls none = {0};
+    assert_false(sampling_controls_active(&none));
+    c.bias_ids[0] = 6;
+    assert_int_equal(sampling_controls_apply(&c, &h, counts, logits, 6, err), ERR_INVALID_ARG);
+    c.bias_ids[0] = 5;
+    c.presence_penalty = 2.5f;
+    assert_int_equal(sampling_controls_validate(&c, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "presence_penalty"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -591,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_sampling_sample_distribution_passes_chi_square),
         cmocka_unit_test(test_sampling_adjust_at_llama3_vocab),
         cmocka_unit_test(test_sampling_logprobs_are_raw_log_softmax),
+        cmocka_unit_test(test_sampling_controls_follow_vllm_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
