@@ -69,6 +69,7 @@ struct queued_verify {
     /* drafts the coordinator made (verify "drafts"), verified as point
      * masses: they are the job's drafts instead of the half's */
     int32_t inline_drafts[SPECULATE_K_MAX];
+    struct sampling_controls ctl; /* the job's controls (job.ctl points here when set) */
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
     int step, steps;            /* a run of plain steps (verify "steps"): the one running, of */
@@ -343,6 +344,9 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         qv->job.draft = qv->inline_drafts;
         qv->job.mode = SPECULATE_MODE_POINT_MASS;
     }
+    qv->ctl = v.sampling.ctl;
+    if (sampling_controls_active(&qv->ctl))
+        qv->job.ctl = &qv->ctl;
     specdec_verify_job_init(&qv->job);
     if (v.k > 0 && !inline_drafts) {
         bool not_yet = false;

@@ -179,6 +179,13 @@ struct specdec_verify_job {
      * reports. Greedy jobs then read whole logits rows (no argmax screen). */
     bool logprobs;
     int top_logprobs;
+    /* Logit bias and penalties (sampling.h; NULL: none; borrowed until the
+     * job is done). Applied to every row after the drafts before it, so the
+     * output is target-only decoding's with the same controls; the slot's
+     * sequence must have started (keep_len 0) with them. Greedy jobs then
+     * read whole rows. A draft makes its proposals without them: the caller
+     * verifies them as point masses (speculate.h) when sampling. */
+    const struct sampling_controls *ctl;
     /* result: the accepted drafts, then the correction or bonus token */
     int32_t tokens_out[SPECULATE_K_MAX + 1];
     int n_accepted;

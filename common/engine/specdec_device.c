@@ -330,6 +330,16 @@ int specdec_dev_download_logits(struct specdec_dev *dv, int row, int n_rows, flo
                                  row_bytes(dv, n_rows), err);
 }
 
+int specdec_dev_upload_logits(struct specdec_dev *dv, int row, int n_rows, const float *host,
+                              char *err)
+{
+    if (row < 0 || n_rows < 0 || row + n_rows > dv->logits_rows)
+        return error_set(err, ERR_INVALID_ARG, "logits rows %d..%d outside the buffer's %d", row,
+                         row + n_rows - 1, dv->logits_rows);
+    return dv->be->ops->upload(dv->be, dv->logits + (size_t)row * (size_t)dv->vocab, host,
+                               row_bytes(dv, n_rows), err);
+}
+
 const char *specdec_dev_status_str(int32_t status)
 {
     return kern_cuda_sample_status_str(status);
@@ -381,6 +391,13 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
 
 int specdec_dev_download_logits(struct specdec_dev *dv, int row, int n_rows, float *host,
                                 char *err)
+{
+    (void)dv, (void)row, (void)n_rows, (void)host;
+    return error_set(err, ERR_UNSUPPORTED, "device sampling: no CUDA backend in this build");
+}
+
+int specdec_dev_upload_logits(struct specdec_dev *dv, int row, int n_rows, const float *host,
+                              char *err)
 {
     (void)dv, (void)row, (void)n_rows, (void)host;
     return error_set(err, ERR_UNSUPPORTED, "device sampling: no CUDA backend in this build");

@@ -99,6 +99,11 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
 int specdec_dev_download_logits(struct specdec_dev *dv, int row, int n_rows, float *host,
                                 char *err);
 
+/* The other way: host [n_rows, vocab] into the logits buffer from row
+ * `row` (rows the host changed: the sampling controls). */
+int specdec_dev_upload_logits(struct specdec_dev *dv, int row, int n_rows, const float *host,
+                              char *err);
+
 /* Text of a nonzero status ("a logit is NaN or +inf"); never NULL. */
 const char *specdec_dev_status_str(int32_t status);
 

@@ -44,6 +44,13 @@ struct specdec_draft {
     int argmax_cap;
 };
 
+/* A slot's tokens, for the sampling controls (specdec_controls.c). */
+struct specdec_slot_hist {
+    int32_t *tokens;   /* [cap]: prompt, output, then a verification's drafts */
+    int len, cap, n_prompt;
+    bool known;        /* len tokens mirror the slot's KV */
+};
+
 struct specdec_target {
     struct llama_ctx *ctx;
     struct specdec_progress progress;
@@ -73,7 +80,25 @@ struct specdec_target {
     bool argmax_ready;      /* the backend offers it and the head is prepared */
     int32_t *argmax_rows;   /* [argmax_cap]: the k + 1 argmaxes of each finishing job */
     int argmax_cap;
+    /* sampling controls (specdec_controls.c): each slot's tokens, made on
+     * first use, and the counts scratch [vocab] */
+    struct specdec_slot_hist *hist; /* [n_hist_slots] */
+    int n_hist_slots;
+    int32_t *counts;
 };
+
+/* The sampling controls of the target half (specdec_controls.c): a job's
+ * start brings its slot's history up to its feed (every job: a prompt
+ * without controls forgets the slot's); rows [k + 1, vocab] of a finishing
+ * job get the controls row by row; its accepted drafts stay in the history;
+ * the device path does the rows in its logits buffer (downloaded, changed,
+ * uploaded back). 0 or an error naming what failed. */
+int specdec_hist_start(struct specdec_target *t, const struct specdec_verify_job *j, char *err);
+int specdec_controls_rows(struct specdec_target *t, const struct specdec_verify_job *j, float *rows,
+                          char *err);
+void specdec_hist_accept(struct specdec_target *t, const struct specdec_verify_job *j);
+int specdec_controls_dev(struct specdec_target *t, int n, char *err);
+void specdec_controls_free(struct specdec_target *t);
 
 /* Monotonic milliseconds. */
 double specdec_now_ms(void);

@@ -47,6 +47,7 @@ void specdec_target_destroy(struct specdec_target *t)
     free(t->argmax_rows);
     free(t->logits);
     free(t->lp_rows);
+    specdec_controls_free(t);
     free(t->scratch);
     free(t->tokens);
     free(t->entries);
@@ -149,7 +150,9 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
     if (j->q_rows_dev && !t->dev)
         return error_set(err, ERR_INVALID_ARG,
                          "verify: q rows in device memory need device sampling");
-    int rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
+    int rc = specdec_hist_start(t, j, err);
+    if (!rc)
+        rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
     /* a prompt: the cached blocks it starts with are mapped, not computed;
      * its last token is, whose logits are wanted */
     if (rc == 0 && j->keep_len == 0)
@@ -171,13 +174,14 @@ static int job_logprobs(const struct specdec_target *t, struct specdec_verify_jo
     return 0;
 }
 
-/* Where j's logits survive the accept/reject step: greedy reads them as they
- * are; otherwise rows are adjusted in place, so a job with logprobs keeps a
- * copy (k + 1 rows, only then). NULL on error. */
+/* Where j's raw logits survive the accept/reject step: greedy reads them as
+ * they are; otherwise rows are adjusted in place, and the controls change
+ * them first, so a job with logprobs keeps a copy (k + 1 rows, only then).
+ * NULL on error. */
 static const float *keep_logits(struct specdec_target *t, const struct specdec_verify_job *j,
                                 const float *p_rows, char *err)
 {
-    if (sampling_params_is_greedy(&j->sp))
+    if (sampling_params_is_greedy(&j->sp) && !j->ctl)
         return p_rows;
     if (specdec_grow((void **)&t->lp_rows, &t->lp_cap, j->k + 1, (size_t)t->vocab * sizeof(float),
                      err))
@@ -215,9 +219,13 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
     int rc = 0;
     if (j->logprobs && !(lp_rows = keep_logits(t, j, p_rows, err)))
         rc = ERR_NOMEM;
+    if (!rc && j->ctl)
+        rc = specdec_controls_rows(t, j, p_rows, err);
     if (!rc)
         rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
     j->n_accepted = n_accepted;
+    if (!rc)
+        specdec_hist_accept(t, j);
     if (!rc && lp_rows)
         rc = job_logprobs(t, j, lp_rows, err);
     if (!rc)
@@ -301,6 +309,7 @@ static int verify_finish_dev(struct specdec_target *t, int n, char *err)
         }
         memcpy(j->tokens_out, o->tokens, (size_t)(o->n_accepted + 1) * sizeof(int32_t));
         j->n_accepted = o->n_accepted;
+        specdec_hist_accept(t, j);
         if (j->logprobs && (rc = dev_job_logprobs(t, j, t->rounds[r - 1].p_row0, j_err))) {
             specdec_job_fail(&j->rc, j->err, &j->done, rc, j_err);
             continue;
@@ -387,7 +396,7 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                                           .n_tokens = rest + j->k, .n_logits = j->k + 1};
             if (dev_logits)
                 e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
-            else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs)
+            else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs && !j->ctl)
                 e->argmax_out = t->argmax_rows + used_rows;
             else
                 e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
@@ -421,6 +430,8 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
     rc = llama_forward(t->ctx, t->entries, n, f_err);
     /* the device path accepts/rejects every finishing job at once; the
      * loop below then only advances the others */
+    if (!rc && t->dev)
+        rc = specdec_controls_dev(t, n, f_err);
     if (!rc && t->dev)
         rc = verify_finish_dev(t, n, f_err);
     info->ms = specdec_now_ms() - t0;

@@ -74,10 +74,74 @@ static int get_seed(const cJSON *s, uint64_t *out, char *err)
     return 0;
 }
 
+/* The controls of a "sampling" object, those that are set. */
+static bool add_controls(cJSON *o, const struct sampling_controls *c)
+{
+    bool ok = (c->presence_penalty == 0.0f ||
+               cJSON_AddNumberToObject(o, "presence_penalty", c->presence_penalty)) &&
+              (c->frequency_penalty == 0.0f ||
+               cJSON_AddNumberToObject(o, "frequency_penalty", c->frequency_penalty)) &&
+              (c->repetition_penalty == 0.0f || c->repetition_penalty == 1.0f ||
+               cJSON_AddNumberToObject(o, "repetition_penalty", c->repetition_penalty));
+    cJSON *a = ok && c->n_bias > 0 ? cJSON_AddArrayToObject(o, "logit_bias") : NULL;
+    for (int i = 0; a && ok && i < c->n_bias; i++) {
+        cJSON *e = cJSON_CreateArray();
+        if (!e || !cJSON_AddItemToArray(a, e)) {
+            cJSON_Delete(e);
+            return false;
+        }
+        ok = cJSON_AddItemToArray(e, cJSON_CreateNumber(c->bias_ids[i])) &&
+             cJSON_AddItemToArray(e, cJSON_CreateNumber(c->bias[i]));
+    }
+    return ok && (c->n_bias == 0 || a);
+}
+
+static int get_bias(const cJSON *s, struct sampling_controls *c, char *err)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, "logit_bias");
+    if (!a)
+        return 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > SAMPLING_BIAS_MAX)
+        return error_set(err, ERR_PROTOCOL, "sampling.logit_bias: an array of at most %d [id, bias]",
+                         SAMPLING_BIAS_MAX);
+    const cJSON *e = NULL;
+    cJSON_ArrayForEach(e, a) {
+        const cJSON *id = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
+        if (cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(id) || !cJSON_IsNumber(b) ||
+            id->valuedouble < 0 || id->valuedouble > INT32_MAX || id->valuedouble != (int32_t)id->valuedouble)
+            return error_set(err, ERR_PROTOCOL, "sampling.logit_bias[%d]: must be [id, bias]", c->n_bias);
+        c->bias_ids[c->n_bias] = (int32_t)id->valuedouble;
+        c->bias[c->n_bias++] = (float)b->valuedouble;
+    }
+    return 0;
+}
+
+/* The controls of a "sampling" object; validated as the coordinator does. */
+static int get_controls(const cJSON *s, struct sampling_controls *c, char *err)
+{
+    double pr, fr, rep;
+    char inner[ERR_MSG_MAX];
+    int rc;
+    if ((rc = protocol_get_double_opt(s, "sampling.presence_penalty", -SAMPLING_PENALTY_ABS_MAX,
+                                      SAMPLING_PENALTY_ABS_MAX, 0.0, &pr, err)) ||
+        (rc = protocol_get_double_opt(s, "sampling.frequency_penalty", -SAMPLING_PENALTY_ABS_MAX,
+                                      SAMPLING_PENALTY_ABS_MAX, 0.0, &fr, err)) ||
+        (rc = protocol_get_double_opt(s, "sampling.repetition_penalty", 0.0, SAMPLING_REPETITION_MAX,
+                                      1.0, &rep, err)) ||
+        (rc = get_bias(s, c, err)))
+        return rc;
+    c->presence_penalty = (float)pr;
+    c->frequency_penalty = (float)fr;
+    c->repetition_penalty = (float)rep;
+    if (sampling_controls_validate(c, inner) != 0)
+        return error_set(err, ERR_PROTOCOL, "sampling.%s", inner);
+    return 0;
+}
+
 static bool add_sampling(cJSON *h, const struct worker_msg_sampling *s)
 {
     cJSON *o = cJSON_AddObjectToObject(h, "sampling");
-    return o && cJSON_AddNumberToObject(o, "temperature", s->sp.temperature) &&
+    return o && add_controls(o, &s->ctl) && cJSON_AddNumberToObject(o, "temperature", s->sp.temperature) &&
            cJSON_AddNumberToObject(o, "top_k", s->sp.top_k) &&
            cJSON_AddNumberToObject(o, "top_p", s->sp.top_p) &&
            cJSON_AddNumberToObject(o, "min_p", s->sp.min_p) &&
@@ -106,7 +170,7 @@ static int get_sampling(const cJSON *h, struct worker_msg_sampling *out, char *e
             (rc = protocol_get_int_opt(s, "sampling.top_k", 0, SAMPLING_TOP_K_MAX, 0, &top_k, err)) ||
             (rc = protocol_get_double_opt(s, "sampling.top_p", 0.0, 1.0, 1.0, &p, err)) ||
             (rc = protocol_get_double_opt(s, "sampling.min_p", 0.0, 1.0, 0.0, &mp, err)) ||
-            (rc = get_seed(s, &sp->seed, err)))
+            (rc = get_seed(s, &sp->seed, err)) || (rc = get_controls(s, &out->ctl, err)))
             return rc;
         /* the same check as the coordinator's on client requests (request.c) */
         if (sampling_params_set(sp, t, top_k, p, mp, inner) != 0)

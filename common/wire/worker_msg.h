@@ -55,10 +55,14 @@ struct worker_msg_seq {
     int slot;    /* -1 until decoded */
 };
 
-/* sampling {temperature, top_k, top_p, min_p, seed} and mode. */
+/* sampling {temperature, top_k, top_p, min_p, seed, presence_penalty?,
+ * frequency_penalty?, repetition_penalty?, logit_bias?} and mode. The
+ * controls (sampling.h) travel only when set; logit_bias as [[id, bias],
+ * ...]. */
 struct worker_msg_sampling {
     struct sampling_params sp;
     enum speculate_mode mode;
+    struct sampling_controls ctl;
 };
 
 /* prefill (coordinator -> draft) + frame prompt. */
