@@ -181,6 +181,7 @@ struct seq {
     int max_tokens;
     struct sampling_params sp;
     enum speculate_mode mode;
+    struct sampling_controls ctl; /* logit bias, penalties: the target applies them per row */
     struct adaptive_k kc;
     enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */
     bool spec_off;           /* draft errors: target-only for this sequence */

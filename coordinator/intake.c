@@ -145,6 +145,11 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
               : r->spec_mode == REQUEST_SPEC_MODE_SAMPLED  ? SPECULATE_MODE_SAMPLED
                                                            : c->default_mode;
     s->draft = r->draft != REQUEST_DRAFT_DEFAULT ? r->draft : c->default_draft;
+    /* The draft proposes without the controls: its proposals are checked as
+     * point masses, which keeps sampled output the target's (speculate.h) */
+    s->ctl = r->ctl;
+    if (sampling_controls_active(&s->ctl))
+        s->mode = SPECULATE_MODE_POINT_MASS;
     s->ignore_eos = r->ignore_eos;
     s->lp.on = r->logprobs >= 0;
     s->lp.top = r->logprobs >= 0 ? r->logprobs : 0;

@@ -69,6 +69,13 @@ int prompt_build(const struct tokenizer *tk, const struct prompt_limits *lim,
     int32_t *ids = NULL;
     size_t n = 0;
     *ids_out = NULL;
+    for (int i = 0; i < r->ctl.n_bias; i++) {
+        if (r->ctl.bias_ids[i] >= lim->vocab) {
+            snprintf(msg, msg_size, "logit_bias: token id %d is outside the vocabulary (0..%d)",
+                     (int)r->ctl.bias_ids[i], lim->vocab - 1);
+            return ERR_INVALID_ARG;
+        }
+    }
     int rc = prompt_ids(tk, lim, r, &ids, &n, msg, msg_size);
     if (rc != 0) {
         free(ids);

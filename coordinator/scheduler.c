@@ -72,7 +72,7 @@ static struct worker_msg_seq msg_seq(const struct seq *s)
 
 static struct worker_msg_sampling msg_sampling(const struct seq *s)
 {
-    return (struct worker_msg_sampling){.sp = s->sp, .mode = s->mode};
+    return (struct worker_msg_sampling){.sp = s->sp, .mode = s->mode, .ctl = s->ctl};
 }
 
 /* Whether s drafts with the draft worker's model now. */

@@ -84,10 +84,8 @@ enum field_rule {
     F_FALSE,          /* echo: false only */
     F_LOGPROBS,       /* chat: a boolean; completions: the top count 0..20 */
     F_TOP_LOGPROBS,   /* chat: the top count 0..20, with logprobs true */
-    F_ZERO,           /* penalties: 0 only */
-    F_UNIT,           /* repetition_penalty (vLLM's extension): 1 only, until penalties exist */
+    F_LOGIT_BIAS,     /* an object, passed through (the coordinator checks it) */
     F_BOOL,           /* passed through when true (ignore_eos, vLLM's extension) */
-    F_EMPTY,          /* logit_bias: {} only */
     F_IGNORED,        /* user: a string of metadata with no effect on generation */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
 };
@@ -123,11 +121,11 @@ static const struct field fields[] = {
     {"top_logprobs", F_TOP_LOGPROBS, CHAT},
     {"echo", F_FALSE, COMP},
     {"suffix", F_UNSUPPORTED, COMP},
-    {"presence_penalty", F_ZERO, CHAT | COMP},
-    {"frequency_penalty", F_ZERO, CHAT | COMP},
-    {"repetition_penalty", F_UNIT, CHAT | COMP},
+    {"presence_penalty", F_NUMBER, CHAT | COMP},
+    {"frequency_penalty", F_NUMBER, CHAT | COMP},
+    {"repetition_penalty", F_NUMBER, CHAT | COMP},
     {"ignore_eos", F_BOOL, CHAT | COMP},
-    {"logit_bias", F_EMPTY, CHAT | COMP},
+    {"logit_bias", F_LOGIT_BIAS, CHAT | COMP},
     {"user", F_IGNORED, CHAT | COMP},
     {"tools", F_UNSUPPORTED, CHAT},
     {"tool_choice", F_UNSUPPORTED, CHAT},
@@ -478,26 +476,20 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         out->top_logprobs = (int)v->valuedouble;
         out->top_given = true;
         return 0;
-    case F_ZERO:
-        if (expect_number(v, name, e) != 0)
+    case F_LOGIT_BIAS: {
+        if (!cJSON_IsObject(v))
+            return bad(e, name, "%s: expected an object, got %s", name, json_type_name(v));
+        cJSON *copy = cJSON_Duplicate(v, 1);
+        if (copy == NULL || !cJSON_AddItemToObject(gen, name, copy)) {
+            cJSON_Delete(copy);
             return -1;
-        if (v->valuedouble != 0)
-            return bad(e, name, "%s: not supported by this server (only 0)%s", name, "");
+        }
         return 0;
-    case F_UNIT:
-        if (expect_number(v, name, e) != 0)
-            return -1;
-        if (v->valuedouble != 1)
-            return bad(e, name, "%s: not supported yet (only 1.0, no penalty)%s", name, "");
-        return 0;
+    }
     case F_BOOL:
         if (!cJSON_IsBool(v))
             return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
         return !cJSON_IsTrue(v) || cJSON_AddBoolToObject(gen, name, true) ? 0 : -1;
-    case F_EMPTY:
-        if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) != 0)
-            return bad(e, name, "%s: not supported by this server (only {})%s", name, "");
-        return 0;
     case F_IGNORED:
         if (!cJSON_IsString(v))
             return bad(e, name, "%s: expected a string, got %s", name, json_type_name(v));

@@ -367,7 +367,7 @@ static int parse_stop(struct request *r, const cJSON *item, char *err)
 static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
     "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
-    "logprobs",
+    "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -542,9 +542,57 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
     return 0;
 }
 
+/* logit_bias: {"<token id>": bias, ...}, OpenAI's shape. */
+static int parse_logit_bias(struct sampling_controls *c, const cJSON *item, char *err)
+{
+    if (!cJSON_IsObject(item))
+        return error_set(err, ERR_INVALID_ARG, "logit_bias: expected an object, got %s", json_type_name(item));
+    const cJSON *e = NULL;
+    cJSON_ArrayForEach(e, item) {
+        if (c->n_bias == SAMPLING_BIAS_MAX)
+            return error_set(err, ERR_INVALID_ARG, "logit_bias: at most %d entries", SAMPLING_BIAS_MAX);
+        char *end = NULL;
+        long id = strtol(e->string, &end, 10);
+        if (e->string[0] < '0' || e->string[0] > '9' || *end != '\0' || id > INT32_MAX)
+            return error_set(err, ERR_INVALID_ARG, "logit_bias: keys are token ids, got \"%.*s\"",
+                             quote_len(e->string), e->string);
+        if (!cJSON_IsNumber(e) || !(fabs(e->valuedouble) <= SAMPLING_BIAS_ABS_MAX))
+            return error_set(err, ERR_INVALID_ARG, "logit_bias: the bias of token %ld must be a number in "
+                             "[-100, 100]", id);
+        c->bias_ids[c->n_bias] = (int32_t)id;
+        c->bias[c->n_bias++] = (float)e->valuedouble;
+    }
+    return 0;
+}
+
+/* The penalties (sampling.h's ranges, named as given). */
+static int parse_penalties(struct sampling_controls *c, const cJSON *root, char *err)
+{
+    static const char *const names[3] = {"presence_penalty", "frequency_penalty", "repetition_penalty"};
+    float *dst[3] = {&c->presence_penalty, &c->frequency_penalty, &c->repetition_penalty};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, names[i]);
+        double d = 0;
+        int rc = item ? expect_number(item, names[i], &d, err) : 0;
+        if (rc != 0)
+            return rc;
+        if (item)
+            *dst[i] = (float)d;
+        if (i == 2 && item && !(d > 0))
+            return error_set(err, ERR_INVALID_ARG, "repetition_penalty: must be in (0, 10], got %g", d);
+    }
+    return sampling_controls_validate(c, err);
+}
+
 /* The fields fill_request leaves to others (it is long enough). */
 static int fill_outputs(struct request *r, const cJSON *root, char *err)
 {
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    int brc = bias ? parse_logit_bias(&r->ctl, bias, err) : 0;
+    if (brc == 0)
+        brc = parse_penalties(&r->ctl, root, err);
+    if (brc != 0)
+        return brc;
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
     if (item != NULL) {
         long long v = 0;

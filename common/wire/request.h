@@ -22,6 +22,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "sampling.h"
+
 #define REQUEST_PROTOCOL_VERSION 1
 #define REQUEST_ID_MAX 128           /* bytes of the client's "id" string */
 #define REQUEST_STOP_MAX 8           /* stop strings per request */
@@ -94,6 +96,9 @@ struct request {
     enum request_draft draft;
     int logprobs;                  /* -1 = not given; else 0 .. SAMPLING_TOP_LOGPROBS_MAX: each
                                       emitted token's logprob and that many top alternatives */
+    struct sampling_controls ctl;  /* logit_bias and penalties (sampling.h), zero when not given;
+                                      bias ids >= 0, checked against the vocabulary by the
+                                      coordinator */
 };
 
 /* Kind of a client message, from its "type" field. */

@@ -107,8 +107,7 @@ static void test_openai_refusals_name_the_field(void **state)
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}", 400, "echo"},
         {OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":\"3\"}", 400, "max_tokens"},
         {OPENAI_COMPLETION, "{\"model\":7,\"prompt\":\"x\"}", 400, "model"},
-        /* repetition_penalty: only the neutral 1 until penalties exist */
-        {OPENAI_COMPLETION, "{\"prompt\":\"x\",\"repetition_penalty\":1.1}", 400, "repetition_penalty"},
+        /* the penalties are numbers (their ranges are the coordinator's) */
         {OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":\"1\"}", 400,
          "repetition_penalty"},
         /* known fields keep their types, lenient or not */
@@ -207,9 +206,14 @@ static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
     assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"model\":\"gpt-4\",\"prompt\":\"x\"}", &r, &e), 0);
     assert_int_equal(e.status, 404);
     assert_string_equal(e.code, "model_not_found");
-    /* repetition_penalty's refusal says why */
-    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"prompt\":\"x\",\"repetition_penalty\":1.2}", &r, &e), 0);
-    assert_non_null(strstr(e.message, "not supported yet"));
+    /* penalties and logit_bias reach the coordinator, which checks their ranges */
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\":\"x\",\"repetition_penalty\":1.2,"
+                                              "\"presence_penalty\":0.5,\"logit_bias\":{\"7\":-100}}", &r, &e), 0);
+    assert_true(cJSON_GetObjectItem(r.generate, "repetition_penalty")->valuedouble == 1.2);
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(r.generate, "logit_bias"), "7")->valuedouble == -100);
+    openai_request_free(&r);
+    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":[1]}", &r, &e), 0);
+    assert_string_equal(e.param, "logit_bias");
 }
 
 /* logprobs: chat's boolean and top_logprobs, completions' count, become the
