@@ -3,8 +3,7 @@
  * Field policy, per endpoint: a table of known fields says what each one
  * becomes. Fields Tandem implements are translated (max_completion_tokens
  * and max_tokens -> max_tokens, stop as a string -> a list); fields that
- * change nothing at their neutral value (n = 1, logprobs = false,
- * presence_penalty = 0, repetition_penalty = 1, echo = false, ...) are
+ * change nothing at their neutral value (n = 1, echo = false, ...) are
  * accepted only at that value; fields Tandem cannot honour (tools,
  * response_format, ...) are a 400 naming them. Unknown fields are accepted
  * and listed in openai_request.ignored (frontends and evaluation harnesses

@@ -5,8 +5,8 @@
  * /v1/chat/completions or /v1/completions body and builds the coordinator's
  * "generate" message; the openai_*_json functions build responses, stream
  * chunks and error objects from the coordinator's replies. A field this
- * server knows and cannot honour (n > 1, logprobs, tools, response_format,
- * repetition_penalty other than 1, ...) is a 400 naming it, never silently
+ * server knows and cannot honour (n > 1, tools, response_format, ...) is a
+ * 400 naming it, never silently
  * ignored; a field it does not know is accepted and listed (the vendor
  * extras of frontends and harnesses), or a 400 under strict_fields; range
  * checks of the sampling fields
