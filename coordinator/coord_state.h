@@ -176,6 +176,7 @@ struct seq {
     size_t client_size;
     struct conn_ref conn;    /* the connection the request came on: replies go to it only */
     char id[REQUEST_ID_MAX + 1];
+    int index, n_choices;    /* which of the request's n choices it is ("index" in replies when n > 1) */
     bool stream;
     bool ignore_eos;         /* an EOS id does not end it (the request's ignore_eos) */
     int max_tokens;

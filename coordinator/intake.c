@@ -58,6 +58,84 @@ static int build_prompt(struct coordinator *c, const struct request *r, struct s
     return rc;
 }
 
+/* Who a request came from. */
+struct choice_ref {
+    const uint8_t *identity;
+    size_t identity_size;
+    struct conn_ref conn;
+};
+
+/* Queues choice `index` of r as a sequence of its own, with seed. 0, or -1
+ * with the client's error sent. */
+static int start_choice(struct coordinator *c, const struct choice_ref *who, const struct request *r,
+                        int index, uint64_t seed)
+{
+    const uint8_t *identity = who->identity;
+    const size_t identity_size = who->identity_size;
+    const struct conn_ref conn = who->conn;
+    char err[ERR_MSG_MAX] = "";
+    struct seq *s = NULL;
+    for (int i = 0; i < c->n_seqs && s == NULL; i++)
+        if (c->seqs[i].state == SEQ_FREE)
+            s = &c->seqs[i];
+    if (s == NULL) {
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, "no free request record");
+        return -1;
+    }
+    char msg[ERR_MSG_MAX + 64];
+    int rc = build_prompt(c, r, s, msg, sizeof(msg));
+    if (rc != 0) {
+        replies_error(c, identity, identity_size, r->id,
+                     rc == ERR_CONTEXT_FULL ? METRICS_ERR_CONTEXT_FULL
+                     : rc == ERR_NOMEM      ? METRICS_ERR_INTERNAL
+                                            : METRICS_ERR_INVALID_REQUEST,
+                     msg);
+        return -1;
+    }
+    if (output_create(&s->out, c->tk, r->stop, r->n_stop, err) != 0) {
+        free(s->hist);
+        s->hist = NULL;
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, err);
+        return -1;
+    }
+    s->req = ++c->next_req;
+    memcpy(s->client, identity, identity_size);
+    s->client_size = identity_size;
+    s->conn = conn;
+    snprintf(s->id, sizeof(s->id), "%s", r->id);
+    s->stream = r->stream;
+    s->max_tokens = r->max_tokens;
+    sampling_params_default(&s->sp);
+    s->sp.temperature = (float)r->temperature;
+    s->sp.top_k = r->top_k;
+    s->sp.top_p = (float)r->top_p;
+    s->sp.min_p = (float)r->min_p;
+    s->sp.seed = seed;
+    s->index = index;
+    s->n_choices = r->n;
+    s->mode = r->spec_mode == REQUEST_SPEC_MODE_POINT_MASS ? SPECULATE_MODE_POINT_MASS
+              : r->spec_mode == REQUEST_SPEC_MODE_SAMPLED  ? SPECULATE_MODE_SAMPLED
+                                                           : c->default_mode;
+    s->draft = r->draft != REQUEST_DRAFT_DEFAULT ? r->draft : c->default_draft;
+    /* The draft proposes without the controls: its proposals are checked as
+     * point masses, which keeps sampled output the target's (speculate.h) */
+    s->ctl = r->ctl;
+    if (sampling_controls_active(&s->ctl))
+        s->mode = SPECULATE_MODE_POINT_MASS;
+    s->ignore_eos = r->ignore_eos;
+    s->lp.on = r->logprobs >= 0;
+    s->lp.top = r->logprobs >= 0 ? r->logprobs : 0;
+    int k_fixed = r->spec_k > 0 ? r->spec_k : c->cfg.coordinator.spec_k;
+    int k_max = c->cfg.coordinator.spec_k_max;
+    if (k_fixed > k_max)
+        k_max = k_fixed;
+    /* the pair's history replaces this at admission (scheduler.c) */
+    adaptive_k_init_wall(&s->kc, k_fixed, k_max);
+    s->t_arrival_ms = coord_now_ms();
+    scheduler_enqueue(c, s);
+    return 0;
+}
+
 static void on_generate(struct coordinator *c, const uint8_t *identity, size_t identity_size, struct conn_ref conn,
                         const cJSON *root)
 {
@@ -101,67 +179,23 @@ static void on_generate(struct coordinator *c, const uint8_t *identity, size_t i
         request_destroy(r);
         return;
     }
-    struct seq *s = NULL;
-    for (int i = 0; i < c->n_seqs && s == NULL; i++)
-        if (c->seqs[i].state == SEQ_FREE)
-            s = &c->seqs[i];
-    if (s == NULL) {
-        replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, "no free request record");
+    int n_free = 0;
+    for (int i = 0; i < c->n_seqs; i++)
+        n_free += c->seqs[i].state == SEQ_FREE;
+    if (n_free < r->n) {
+        char m[160];
+        snprintf(m, sizeof(m), "n: %d choices need as many request records, %d are free", r->n, n_free);
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_OVERLOADED, m);
         request_destroy(r);
         return;
     }
-    char msg[ERR_MSG_MAX + 64];
-    int rc = build_prompt(c, r, s, msg, sizeof(msg));
-    if (rc != 0) {
-        replies_error(c, identity, identity_size, r->id,
-                     rc == ERR_CONTEXT_FULL ? METRICS_ERR_CONTEXT_FULL
-                     : rc == ERR_NOMEM      ? METRICS_ERR_INTERNAL
-                                            : METRICS_ERR_INVALID_REQUEST,
-                     msg);
-        request_destroy(r);
-        return;
-    }
-    if (output_create(&s->out, c->tk, r->stop, r->n_stop, err) != 0) {
-        free(s->hist);
-        s->hist = NULL;
-        replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, err);
-        request_destroy(r);
-        return;
-    }
-    s->req = ++c->next_req;
-    memcpy(s->client, identity, identity_size);
-    s->client_size = identity_size;
-    s->conn = conn;
-    snprintf(s->id, sizeof(s->id), "%s", r->id);
-    s->stream = r->stream;
-    s->max_tokens = r->max_tokens;
-    sampling_params_default(&s->sp);
-    s->sp.temperature = (float)r->temperature;
-    s->sp.top_k = r->top_k;
-    s->sp.top_p = (float)r->top_p;
-    s->sp.min_p = (float)r->min_p;
-    s->sp.seed = r->has_seed ? r->seed : splitmix64(&c->rng_state) & COORD_SEED_MAX;
-    s->mode = r->spec_mode == REQUEST_SPEC_MODE_POINT_MASS ? SPECULATE_MODE_POINT_MASS
-              : r->spec_mode == REQUEST_SPEC_MODE_SAMPLED  ? SPECULATE_MODE_SAMPLED
-                                                           : c->default_mode;
-    s->draft = r->draft != REQUEST_DRAFT_DEFAULT ? r->draft : c->default_draft;
-    /* The draft proposes without the controls: its proposals are checked as
-     * point masses, which keeps sampled output the target's (speculate.h) */
-    s->ctl = r->ctl;
-    if (sampling_controls_active(&s->ctl))
-        s->mode = SPECULATE_MODE_POINT_MASS;
-    s->ignore_eos = r->ignore_eos;
-    s->lp.on = r->logprobs >= 0;
-    s->lp.top = r->logprobs >= 0 ? r->logprobs : 0;
-    int k_fixed = r->spec_k > 0 ? r->spec_k : c->cfg.coordinator.spec_k;
-    int k_max = c->cfg.coordinator.spec_k_max;
-    if (k_fixed > k_max)
-        k_max = k_fixed;
-    /* the pair's history replaces this at admission (scheduler.c) */
-    adaptive_k_init_wall(&s->kc, k_fixed, k_max);
-    s->t_arrival_ms = coord_now_ms();
+    /* one sequence per choice, each with its own seed (docs/protocol.md, n) */
+    const struct choice_ref who = {.identity = identity, .identity_size = identity_size, .conn = conn};
+    const uint64_t seed = r->has_seed ? r->seed : splitmix64(&c->rng_state) & COORD_SEED_MAX;
+    for (int i = 0; i < r->n; i++)
+        if (start_choice(c, &who, r, i, seed + (uint64_t)i) != 0)
+            break;
     request_destroy(r);
-    scheduler_enqueue(c, s);
 }
 
 /* What the stats render of the coordinator's state now. */

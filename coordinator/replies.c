@@ -192,6 +192,8 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
         return;
     cJSON_AddStringToObject(m, "type", "token");
     add_client_string(m, "id", s->id);
+    if (s->n_choices > 1)
+        cJSON_AddNumberToObject(m, "index", s->index);
     add_text(m, "text", piece, n);
     cJSON *ids = ids_array(s->hist + s->n_prompt + s->stream_from, s->generated - s->stream_from);
     if (ids != NULL)
@@ -216,6 +218,8 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
     if (m != NULL) {
         cJSON_AddStringToObject(m, "type", "done");
         add_client_string(m, "id", s->id);
+        if (s->n_choices > 1)
+            cJSON_AddNumberToObject(m, "index", s->index);
         add_text(m, "text", text, text_len);
         cJSON *ids = ids_array(s->hist + s->n_prompt, s->generated);
         if (ids != NULL)

@@ -23,6 +23,7 @@
 #include "error.h"
 #include "http_reply.h"
 #include "logging.h"
+#include "request.h"
 
 #define GENERATION_BLOCK_BYTES 4096
 
@@ -33,7 +34,31 @@ struct generation {
     double t0, deadline_s;
     long created;
     char ignored[OPENAI_IGNORED_MAX]; /* openai_request.ignored: the 200's Tandem-Ignored-Fields */
+    int n, n_done;               /* choices asked for, and ended (their done replies below) */
+    cJSON *dones[REQUEST_N_MAX];
 };
+
+/* Keeps a done reply of choice "index" (taken); returns how many of the n
+ * have ended. A repeated or out-of-range index is dropped. */
+static int done_keep(cJSON **dones, int n, int *n_done, cJSON *done)
+{
+    const cJSON *i = cJSON_GetObjectItemCaseSensitive(done, "index");
+    const int index = cJSON_IsNumber(i) ? i->valueint : 0;
+    if (index < 0 || index >= n || dones[index] != NULL) {
+        cJSON_Delete(done);
+        return *n_done;
+    }
+    dones[index] = done;
+    return ++*n_done;
+}
+
+static void dones_free(cJSON **dones, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cJSON_Delete(dones[i]);
+        dones[i] = NULL;
+    }
+}
 
 static const char *type_of(const cJSON *m)
 {
@@ -80,6 +105,8 @@ struct stream {
     double t0, t_first, t_last;
     int n_tokens;
     char ignored[OPENAI_IGNORED_MAX];
+    int n, n_done;               /* as in struct generation */
+    cJSON *dones[REQUEST_N_MAX];
 };
 
 static void pending_add(struct stream *st, const char *data, size_t n)
@@ -136,16 +163,23 @@ static void stream_on_reply(struct stream *st, cJSON *reply)
         pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, reply, false, NULL,
                                             st->include_usage));
     } else if (strcmp(type, "done") == 0) {
-        st->ended = true;
-        note_usage(st->wc, reply);
+        /* each choice's last chunk; the usage and [DONE] after the last choice */
         pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, reply,
                                             st->include_usage));
-        if (st->include_usage)
-            pending_event(st, openai_usage_chunk_json(st->kind, st->resp_id, st->created, st->model, reply));
-        pending_done_marker(st);
-    } else if (strcmp(type, "error") == 0) {
-        /* After the 200 is out, an error can only travel in the stream. */
+        if (done_keep(st->dones, st->n, &st->n_done, reply) < st->n)
+            return;
         st->ended = true;
+        cJSON *all = openai_merge_dones(st->dones, st->n);
+        note_usage(st->wc, all != NULL ? all : reply);
+        if (st->include_usage && all)
+            pending_event(st, openai_usage_chunk_json(st->kind, st->resp_id, st->created, st->model, all));
+        cJSON_Delete(all);
+        pending_done_marker(st);
+        return;
+    } else if (strcmp(type, "error") == 0) {
+        /* After the 200 is out, an error can only travel in the stream; the
+         * other choices are cancelled (stream_free) */
+        st->ended = st->n == 1;
         struct openai_error e;
         openai_error_from_reply(reply, &e);
         pending_event(st, openai_error_json(&e));
@@ -205,6 +239,7 @@ static void stream_free(void *cls)
     http_metrics_generation_end(st->p->metrics, st->t_first > 0, st->n_tokens, st->t_last - st->t_first, t - st->t0);
     bridge_call_close(st->call); /* no notification after this: the hold can go */
     watch_conn_release(st->wc);
+    dones_free(st->dones, st->n);
     free(st->pending);
     free(st);
 }
@@ -219,6 +254,7 @@ static void generation_end(struct generation *g, const struct server_params *p, 
         http_metrics_generation_end(p->metrics, 0, 0, 0, watch_now_s() - g->t0);
     bridge_call_close(g->call);
     watch_conn_release(g->wc);
+    dones_free(g->dones, g->n);
     free(g);
 }
 
@@ -263,6 +299,7 @@ static enum MHD_Result generation_begin(struct generation **out, struct MHD_Conn
     int rc = bridge_call_send(g->call, req.generate, err);
     g->stream = req.stream;
     g->include_usage = req.include_usage;
+    g->n = req.n;
     snprintf(g->ignored, sizeof(g->ignored), "%s", req.ignored);
     if (req.ignored[0] != '\0') /* one line a request; the list is cleaned in openai.c */
         LOG_WARN("%s: fields accepted without effect: %s (gateway.strict_fields: 1 refuses them)",
@@ -303,6 +340,10 @@ static enum MHD_Result start_stream(struct generation *g, struct MHD_Connection 
     st->kind = kind;
     st->include_usage = g->include_usage;
     st->created = g->created;
+    st->n = g->n;
+    st->n_done = g->n_done;
+    memcpy(st->dones, g->dones, sizeof st->dones);
+    memset(g->dones, 0, sizeof g->dones);
     st->t0 = g->t0;
     snprintf(st->ignored, sizeof(st->ignored), "%s", g->ignored);
     st->deadline_s = watch_now_s() + p->cfg->request_timeout_ms / 1000.0;
@@ -340,11 +381,22 @@ static enum MHD_Result generation_answer(struct generation *g, struct MHD_Connec
         struct openai_error e;
         openai_error_from_reply(reply, &e);
         cJSON_Delete(reply);
-        generation_end(g, p, false, true);
+        generation_end(g, p, g->n > 1, true); /* the other choices stop too */
         return answer_error(conn, &e, status);
     }
     if (g->stream)
         return start_stream(g, conn, p, kind, reply, status);
+    if (g->n > 1) { /* every choice has ended: one reply for them all */
+        cJSON *all = openai_merge_dones(g->dones, g->n);
+        cJSON_Delete(reply);
+        if (all == NULL) {
+            struct openai_error e;
+            openai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+            generation_end(g, p, false, true);
+            return answer_error(conn, &e, status);
+        }
+        reply = all;
+    }
     double t = watch_now_s();
     double decode_s = timing_ms(reply, "decode_ms") / 1000.0;
     http_metrics_generation_first(p->metrics, (t - g->t0) - decode_s);
@@ -382,7 +434,18 @@ enum MHD_Result generation_step(struct generation **gp, struct MHD_Connection *c
         cJSON *reply = NULL;
         if (bridge_call_next(g->call, 0, &reply, err) == 0) {
             const char *type = type_of(reply);
-            if (strcmp(type, "error") == 0 || strcmp(type, "done") == 0 || (g->stream && strcmp(type, "token") == 0)) {
+            if (!g->stream && g->n > 1 && strcmp(type, "done") == 0) {
+                /* wait for every choice; the last one answers */
+                if (done_keep(g->dones, g->n, &g->n_done, reply) < g->n)
+                    continue;
+                reply = cJSON_CreateObject(); /* generation_answer uses the kept ones */
+                if (reply == NULL || !cJSON_AddStringToObject(reply, "type", "done")) {
+                    cJSON_Delete(reply);
+                    break;
+                }
+            }
+            if (strcmp(type_of(reply), "error") == 0 || strcmp(type_of(reply), "done") == 0 ||
+                (g->stream && strcmp(type_of(reply), "token") == 0)) {
                 *gp = NULL;
                 return generation_answer(g, conn, p, kind, reply, status);
             }

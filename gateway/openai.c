@@ -79,7 +79,8 @@ enum field_rule {
     F_STOP,
     F_STREAM,
     F_STREAM_OPTIONS,
-    F_ONE,            /* n, best_of: 1 only */
+    F_ONE,            /* best_of: 1 only */
+    F_N,              /* n: 1..16 choices, passed through */
     F_FALSE,          /* echo: false only */
     F_LOGPROBS,       /* chat: a boolean; completions: the top count 0..20 */
     F_TOP_LOGPROBS,   /* chat: the top count 0..20, with logprobs true */
@@ -114,7 +115,7 @@ static const struct field fields[] = {
     {"stop", F_STOP, CHAT | COMP},
     {"stream", F_STREAM, CHAT | COMP},
     {"stream_options", F_STREAM_OPTIONS, CHAT | COMP},
-    {"n", F_ONE, CHAT | COMP},
+    {"n", F_N, CHAT | COMP},
     {"best_of", F_ONE, COMP},
     {"logprobs", F_LOGPROBS, CHAT | COMP},
     {"top_logprobs", F_TOP_LOGPROBS, CHAT},
@@ -445,6 +446,13 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         }
         return 0;
     }
+    case F_N:
+        if (expect_integer(v, name, e) != 0)
+            return -1;
+        if (v->valuedouble < 1 || v->valuedouble > REQUEST_N_MAX)
+            return bad(e, name, "n: must be in 1..16, got %s%s", v->valuedouble < 1 ? "less" : "more", "");
+        out->n = (int)v->valuedouble;
+        return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
     case F_ONE:
         if (expect_integer(v, name, e) != 0)
             return -1;
@@ -505,6 +513,7 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
 {
     memset(out, 0, sizeof(*out));
     out->kind = kind;
+    out->n = 1;
     if (body == NULL || len == 0)
         return bad(e, "", "request body is empty: expected a JSON object%s%s", "", "");
     /* The coordinator's strict pass, here first: cJSON alone takes invalid
@@ -664,12 +673,45 @@ const char *openai_finish_reason(const char *coordinator_reason)
     return strcmp(coordinator_reason, "length") == 0 ? "length" : "stop";
 }
 
+/* A number at obj.section.name summed over the done replies a response
+ * covers: its "choices" (n > 1: openai_merge_dones) or itself; *all says
+ * whether every one had it. */
+static double sum_over_choices(const cJSON *done, const char *section, const char *name, bool *all)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(done, "choices");
+    const cJSON *one = cJSON_IsArray(list) ? list->child : done;
+    double total = 0;
+    *all = true;
+    for (; one != NULL; one = cJSON_IsArray(list) ? one->next : NULL) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(one, section), name);
+        *all = *all && cJSON_IsNumber(v);
+        total += cJSON_IsNumber(v) ? v->valuedouble : 0;
+    }
+    return total;
+}
+
+cJSON *openai_merge_dones(cJSON *const *dones, int n)
+{
+    cJSON *merged = cJSON_Duplicate(dones[0], 1);
+    cJSON *list = n > 1 && merged ? cJSON_AddArrayToObject(merged, "choices") : NULL;
+    for (int i = 0; list && i < n; i++) {
+        cJSON *d = cJSON_Duplicate(dones[i], 1);
+        if (d == NULL || !cJSON_AddItemToArray(list, d)) {
+            cJSON_Delete(d);
+            cJSON_Delete(merged);
+            return NULL;
+        }
+    }
+    return n > 1 && !list ? (cJSON_Delete(merged), NULL) : merged;
+}
+
 static cJSON *usage_json(const cJSON *done)
 {
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(done, "usage");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(u, "generated_tokens");
-    double pt = cJSON_IsNumber(p) ? p->valuedouble : 0, gt = cJSON_IsNumber(g) ? g->valuedouble : 0;
+    bool all = true;
+    double pt = cJSON_IsNumber(p) ? p->valuedouble : 0;
+    double gt = sum_over_choices(done, "usage", "generated_tokens", &all);
     cJSON *o = cJSON_CreateObject();
     if (o == NULL)
         return NULL;
@@ -685,14 +727,14 @@ static cJSON *usage_json(const cJSON *done)
     }
     /* drafted tokens the target accepted and rejected, in OpenAI's own
      * words for predicted tokens (its "predicted outputs" are drafts too) */
-    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(done, "spec");
-    const cJSON *drafted = cJSON_GetObjectItemCaseSensitive(spec, "drafted");
-    const cJSON *accepted = cJSON_GetObjectItemCaseSensitive(spec, "accepted");
-    if (cJSON_IsNumber(drafted) && cJSON_IsNumber(accepted)) {
+    bool have_d = true, have_a = true;
+    const double drafted = sum_over_choices(done, "spec", "drafted", &have_d);
+    const double accepted = sum_over_choices(done, "spec", "accepted", &have_a);
+    if (have_d && have_a) {
         cJSON *d = cJSON_AddObjectToObject(o, "completion_tokens_details");
         if (d != NULL) {
-            cJSON_AddNumberToObject(d, "accepted_prediction_tokens", accepted->valuedouble);
-            cJSON_AddNumberToObject(d, "rejected_prediction_tokens", drafted->valuedouble - accepted->valuedouble);
+            cJSON_AddNumberToObject(d, "accepted_prediction_tokens", accepted);
+            cJSON_AddNumberToObject(d, "rejected_prediction_tokens", drafted - accepted);
         }
     }
     return o;
@@ -835,19 +877,20 @@ static cJSON *envelope(enum openai_kind kind, const char *id, long created, cons
     return r;
 }
 
-cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long created, const char *model,
-                            const cJSON *done)
+/* "index" of a coordinator reply: 0 unless the request had n > 1. */
+static int index_of(const cJSON *reply)
 {
-    cJSON *r = envelope(kind, response_id, created, model, false);
-    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    const cJSON *i = reply ? cJSON_GetObjectItemCaseSensitive(reply, "index") : NULL;
+    return cJSON_IsNumber(i) ? i->valueint : 0;
+}
+
+/* One choice of a whole response from its done reply. */
+static cJSON *choice_json(enum openai_kind kind, const cJSON *done)
+{
     cJSON *c = cJSON_CreateObject();
-    if (choices == NULL || c == NULL) {
-        cJSON_Delete(c);
-        cJSON_Delete(r);
+    if (c == NULL)
         return NULL;
-    }
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index_of(done));
     const char *text = string_of(done, "text");
     if (kind == OPENAI_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
@@ -858,6 +901,28 @@ cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long
     }
     add_logprobs(c, kind, done);
     cJSON_AddStringToObject(c, "finish_reason", openai_finish_reason(string_of(done, "finish_reason")));
+    return c;
+}
+
+cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long created, const char *model,
+                            const cJSON *done)
+{
+    cJSON *r = envelope(kind, response_id, created, model, false);
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    if (choices == NULL) {
+        cJSON_Delete(r);
+        return NULL;
+    }
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(done, "choices");
+    for (const cJSON *one = cJSON_IsArray(list) ? list->child : done; one != NULL;
+         one = cJSON_IsArray(list) ? one->next : NULL) {
+        cJSON *c = choice_json(kind, one);
+        if (c == NULL || !cJSON_AddItemToArray(choices, c)) {
+            cJSON_Delete(c);
+            cJSON_Delete(r);
+            return NULL;
+        }
+    }
     cJSON_AddItemToObject(r, "usage", usage_json(done));
     cJSON_AddItemToObject(r, "tandem", tandem_json(done, done));
     return r;
@@ -875,7 +940,7 @@ cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long cr
         return NULL;
     }
     cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index_of(token ? token : done));
     const char *text = token ? string_of(token, "text") : "";
     if (kind == OPENAI_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");

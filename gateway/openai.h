@@ -63,6 +63,7 @@ struct openai_request {
     bool logprobs;           /* chat logprobs true, or completions logprobs N */
     int top_logprobs;        /* chat top_logprobs, completions logprobs: 0..20 */
     bool top_given;          /* chat top_logprobs was given (needs logprobs true) */
+    int n;                   /* choices, 1..16 (the coordinator's "n") */
     cJSON *generate;
     char ignored[OPENAI_IGNORED_MAX];
 };
@@ -90,7 +91,14 @@ void openai_error_from_reply(const cJSON *reply, struct openai_error *e);
 /* "stop" or "length" for the coordinator's finish_reason. */
 const char *openai_finish_reason(const char *coordinator_reason);
 
-/* The whole non-streamed response for a coordinator "done" reply. */
+/* The done replies of a request's n > 1 choices (in index order) as one
+ * reply for the functions below: the first, with "choices" holding them
+ * all (the response's choices; usage sums over them). n == 1: a copy of
+ * dones[0]. New (caller deletes), NULL when out of memory. */
+cJSON *openai_merge_dones(cJSON *const *dones, int n);
+
+/* The whole non-streamed response for a coordinator "done" reply (or
+ * openai_merge_dones' of several). */
 cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long created, const char *model,
                             const cJSON *done);
 

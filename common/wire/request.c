@@ -367,7 +367,7 @@ static int parse_stop(struct request *r, const cJSON *item, char *err)
 static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
     "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
-    "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+    "logprobs", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -587,6 +587,14 @@ static int parse_penalties(struct sampling_controls *c, const cJSON *root, char 
 /* The fields fill_request leaves to others (it is long enough). */
 static int fill_outputs(struct request *r, const cJSON *root, char *err)
 {
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "n");
+    if (n != NULL) {
+        long long v = 0;
+        int rc = expect_int(n, "n", 1, REQUEST_N_MAX, &v, err);
+        if (rc != 0)
+            return rc;
+        r->n = (int)v;
+    }
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     int brc = bias ? parse_logit_bias(&r->ctl, bias, err) : 0;
     if (brc == 0)
@@ -624,6 +632,7 @@ int request_from_json(struct request **out, const cJSON *root, const struct requ
     r->spec_k = -1;
     r->spec_mode = REQUEST_SPEC_MODE_DEFAULT;
     r->logprobs = -1;
+    r->n = 1;
     int rc = fill_request(r, root, limits, err);
     if (rc == 0)
         rc = fill_outputs(r, root, err);

@@ -30,6 +30,7 @@
 #define REQUEST_STOP_BYTES_MAX 256   /* bytes per stop string */
 #define REQUEST_SPEC_K_MAX 16        /* largest spec_k a client may ask for */
 #define REQUEST_MAX_TOKENS_DEFAULT 128
+#define REQUEST_N_MAX 16             /* choices per request */
 #define REQUEST_ERROR_CODE "invalid_request"
 
 enum request_input {
@@ -96,6 +97,7 @@ struct request {
     enum request_draft draft;
     int logprobs;                  /* -1 = not given; else 0 .. SAMPLING_TOP_LOGPROBS_MAX: each
                                       emitted token's logprob and that many top alternatives */
+    int n;                         /* choices sampled from the prompt: 1 .. REQUEST_N_MAX, default 1 */
     struct sampling_controls ctl;  /* logit_bias and penalties (sampling.h), zero when not given;
                                       bias ids >= 0, checked against the vocabulary by the
                                       coordinator */

@@ -4,9 +4,9 @@ error object naming the problem, and the gateway and the coordinator keep
 serving: 401 without the API key (any case of "Bearer" is accepted), 404
 unknown path or model, 405 wrong method, 413 body too large, 400 for bad
 JSON, missing fields, wrong types, numbers beyond a double's range
-(named "not finite"), out-of-range values, n > 1, logprobs, tools,
-response_format, repetition_penalty other than 1 and a prompt longer than
-the context, 429 when the coordinator is full.
+(named "not finite"), out-of-range values (n > 16, logprobs beyond 20,
+penalties, a logit_bias for no token), top_logprobs without logprobs, tools,
+response_format and a prompt longer than the context, 429 when the coordinator is full.
 
 Lenient where the clients are: no "model" is the served one; an unknown
 field is answered 200 and named in the Tandem-Ignored-Fields header and
@@ -91,17 +91,16 @@ def test():
     expect(p, "POST", "/v1/chat/completions",
            dict(chat, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
            param="messages[0].content[0]")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, n=2), 400, param="n")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, logprobs=True), 400, param="logprobs")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, n=17), 400, param="n")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, logprobs=1), 400, param="logprobs")
     expect(p, "POST", "/v1/chat/completions", dict(chat, top_logprobs=2), 400, param="top_logprobs")
     expect(p, "POST", "/v1/chat/completions", dict(chat, tools=[{"type": "function"}]), 400, param="tools")
     expect(p, "POST", "/v1/chat/completions", dict(chat, tool_choice="auto"), 400, param="tool_choice")
     expect(p, "POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_object"}), 400,
            param="response_format")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, presence_penalty=0.5), 400, param="presence_penalty")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, logit_bias={"1": 5}), 400, param="logit_bias")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, repetition_penalty=1.3), 400, param="repetition_penalty",
-           needle="not supported yet")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, presence_penalty=2.5), 400, param="presence_penalty")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 5}), 400, param="logit_bias")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, repetition_penalty=0), 400, param="repetition_penalty")
     expect(p, "POST", "/v1/chat/completions", dict(chat, ignore_eos="yes"), 400, param="ignore_eos")
     expect(p, "POST", "/v1/chat/completions", b'{"model":"tiny","model":"tiny","messages":[]}', 400, param="model",
            needle="more than once")
@@ -116,7 +115,7 @@ def test():
            needle="UTF-8")
     expect(p, "POST", "/v1/completions", dict(comp, echo=True), 400, param="echo")
     expect(p, "POST", "/v1/completions", dict(comp, suffix="x"), 400, param="suffix")
-    expect(p, "POST", "/v1/completions", dict(comp, logprobs=1), 400, param="logprobs")
+    expect(p, "POST", "/v1/completions", dict(comp, logprobs=21), 400, param="logprobs")
     expect(p, "POST", "/v1/completions", dict(comp, best_of=3), 400, param="best_of")
     expect(p, "POST", "/v1/completions", dict(comp, prompt=["a", "b"]), 400, param="prompt")
     expect(p, "POST", "/v1/completions", dict(comp, prompt=[1, -2]), 400, param="prompt")

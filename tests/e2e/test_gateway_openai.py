@@ -107,7 +107,7 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL + "/v1", apiKey: "unus
   for await (const c of s2) out.comp_stream.push(JSON.stringify(c));
   out.models = await client.models.list();
   try {
-    await client.chat.completions.create({ ...common, n: 2, messages: [{ role: "user", content: "x" }] });
+    await client.chat.completions.create({ ...common, n: 17, messages: [{ role: "user", content: "x" }] });
     out.n2 = "accepted";
   } catch (e) { out.n2 = { status: e.status, param: e.param, message: e.message }; }
   console.log(JSON.stringify(out));
@@ -170,7 +170,7 @@ def test():
     check_stream("openai completion stream", out["comp_stream"] + ["[DONE]"], ref_p, False, False)
     check([m["id"] for m in out["models"]["data"]] == ["tiny"], "models: %s" % out["models"])
     check(isinstance(out["n2"], dict) and out["n2"]["status"] == 400 and out["n2"]["param"] == "n",
-          "n = 2 through the client: %s" % out["n2"])
+          "n = 17 through the client: %s" % out["n2"])
 
 
 if __name__ == "__main__":

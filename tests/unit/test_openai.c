@@ -98,7 +98,7 @@ static void test_openai_refusals_name_the_field(void **state)
         int status;
         const char *param;
     } cases[] = {
-        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
+        {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":17}", 400, "n"},
         {OPENAI_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400,
          "tools"},
         {OPENAI_CHAT, "{\"model\":\"big\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "model"},
