@@ -959,10 +959,27 @@ static int free_slot(const struct coordinator *c, int p)
     return -1;
 }
 
+/* Whether s is a later choice of a request (n > 1) whose first choice has
+ * not finished its prefill: it waits, so that its prompt is mapped from
+ * the target's prefix cache instead of computed again. */
+static bool first_choice_prefilling(const struct coordinator *c, const struct seq *s)
+{
+    for (int i = 0; s->index > 0 && i < c->n_seqs; i++) {
+        const struct seq *f = &c->seqs[i];
+        if (f->state != SEQ_FREE && f->index == 0 && f->n_choices == s->n_choices &&
+            f->client_size == s->client_size && memcmp(f->client, s->client, s->client_size) == 0 &&
+            strcmp(f->id, s->id) == 0)
+            return f->state == SEQ_QUEUED || f->round_state == ROUND_PREFILLING;
+    }
+    return false;
+}
+
 void scheduler_admit(struct coordinator *c)
 {
     while (c->queue_head != NULL && coord_any_target(c) != NULL) {
         struct seq *s = c->queue_head;
+        if (first_choice_prefilling(c, s))
+            return; /* first come, first served: the queue waits a prefill */
         int need = 0;
         const int pair = admission_choose_pair(c, s, &need);
         if (pair == ADMISSION_NEVER) {

@@ -4,7 +4,8 @@ together, choice i seeded with seed + i, so it equals a request of n = 1
 with that seed (and the same fixed spec_k), through the native protocol
 (done and token replies with "index") and over HTTP (choices[i].index, usage
 summed, streamed chunks with their index and one [DONE]); greedy choices are
-all the target-only output."""
+all the target-only output; the prompt is computed once (the later choices
+map it from the target's prefix cache)."""
 import json
 import time
 
@@ -52,6 +53,13 @@ def test():
     greedy, _ = generate(s, dict(base, id="g1", temperature=0))
     dones, _ = native_n(s, dict(base, id="gn", temperature=0, n=3))
     check(all(dones[i]["ids"] == greedy["ids"] for i in range(3)), "greedy choices differ from target-only")
+    # The prompt is computed once: the later choices wait for the first's
+    # prefill and map its blocks from the target's prefix cache.
+    long_prompt = [(7 * i + 3) % 500 + 1 for i in range(70)]
+    dones, _ = native_n(s, dict(base, id="pc", prompt_ids=long_prompt, n=3, seed=9))
+    check(dones[0]["usage"]["cached_prompt_tokens"] == 0, "first choice: %s" % dones[0]["usage"])
+    check(all(dones[i]["usage"]["cached_prompt_tokens"] >= 64 for i in (1, 2)),
+          "later choices computed the prompt again: %s" % [dones[i]["usage"] for i in range(3)])
 
     comp = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "spec_k": 3, "draft": "model",
             "seed": 77, "n": N}
