@@ -4,6 +4,7 @@
  *                 [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
  *                 [--spec-mode sampled|point_mass] [--draft-source SOURCE] [--logprobs N]
+ *                 [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
  *                 [--stream] [--json]
  *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
@@ -89,6 +90,7 @@ static void usage(FILE *out)
             "                     [--seed S] [--stop STR]... [--spec-k K] [--spec-mode sampled|point_mass]\n"
             "                     [--draft-source auto|model|ngram|suffix|none] (--draft: the old spelling)\n"
             "                     [--logprobs N (0..20 top alternatives; printed with --json)]\n"
+            "                     [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]\n"
             "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
@@ -455,6 +457,12 @@ int main(int argc, char **argv)
             if (parse_double(a, v, &d) != 0)
                 goto done;
             req.top_p = d;
+        } else if (strcmp(a, "--presence-penalty") == 0 || strcmp(a, "--frequency-penalty") == 0 ||
+                   strcmp(a, "--repetition-penalty") == 0) {
+            if (parse_double(a, v, &d) != 0) /* the coordinator checks the range and names it */
+                goto done;
+            *(a[2] == 'p' ? &req.presence_penalty : a[2] == 'f' ? &req.frequency_penalty
+                                                                : &req.repetition_penalty) = d;
         } else if (strcmp(a, "--min-p") == 0) {
             if (parse_double(a, v, &d) != 0)
                 goto done;

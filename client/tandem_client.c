@@ -160,6 +160,9 @@ void tandem_client_request_init(struct tandem_client_request *req)
     req->min_p = NAN;
     req->spec_k = -1;
     req->logprobs = -1;
+    req->presence_penalty = NAN;
+    req->frequency_penalty = NAN;
+    req->repetition_penalty = NAN;
 }
 
 int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON **out, char *err)
@@ -235,6 +238,12 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
         ok = ok && cJSON_AddStringToObject(m, "draft", req->draft) != NULL;
     if (req->logprobs >= 0)
         ok = ok && cJSON_AddNumberToObject(m, "logprobs", req->logprobs) != NULL;
+    if (!isnan(req->presence_penalty))
+        ok = ok && cJSON_AddNumberToObject(m, "presence_penalty", req->presence_penalty) != NULL;
+    if (!isnan(req->frequency_penalty))
+        ok = ok && cJSON_AddNumberToObject(m, "frequency_penalty", req->frequency_penalty) != NULL;
+    if (!isnan(req->repetition_penalty))
+        ok = ok && cJSON_AddNumberToObject(m, "repetition_penalty", req->repetition_penalty) != NULL;
     if (!ok) {
         cJSON_Delete(m);
         return error_set(err, ERR_NOMEM, "request: out of memory");

@@ -61,6 +61,9 @@ struct tandem_client_request {
     int spec_k;                /* < 0: default */
     const char *spec_mode;     /* NULL: default */
     const char *draft;         /* the draft source (auto|model|ngram|suffix|none); NULL: default */
+    double presence_penalty;   /* NAN: default (0) */
+    double frequency_penalty;  /* NAN: default (0) */
+    double repetition_penalty; /* NAN: default (1) */
     int logprobs;              /* < 0: none; 0..20: each token's logprob and that many top
                                   alternatives ("logprobs" in the token and done replies) */
 };

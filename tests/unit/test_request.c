@@ -173,6 +173,48 @@ static void test_request_unknown_field_is_rejected(void **state)
               "max_tokens: given more than once");
 }
 
+/* logprobs, n and the sampling controls: defaults, values read, and every
+ * refusal naming its field. */
+static void test_request_outputs_and_controls(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\"}");
+    assert_int_equal(r->logprobs, -1);
+    assert_int_equal(r->n, 1);
+    assert_false(sampling_controls_active(&r->ctl));
+    request_destroy(r);
+    r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"logprobs\":0,\"n\":16,"
+                 "\"presence_penalty\":-2,\"frequency_penalty\":0.5,\"repetition_penalty\":1.3,"
+                 "\"logit_bias\":{\"7\":-100,\"0\":2.5}}");
+    assert_int_equal(r->logprobs, 0);
+    assert_int_equal(r->n, 16);
+    assert_true(r->ctl.presence_penalty == -2.0f && r->ctl.frequency_penalty == 0.5f);
+    assert_true(r->ctl.repetition_penalty == 1.3f);
+    assert_int_equal(r->ctl.n_bias, 2);
+    assert_int_equal(r->ctl.bias_ids[0], 7);
+    assert_true(r->ctl.bias[1] == 2.5f);
+    request_destroy(r);
+    static const char *const bad[][2] = {
+        {"\"logprobs\":21", "logprobs:"},
+        {"\"logprobs\":true", "logprobs:"},
+        {"\"n\":0", "n:"},
+        {"\"n\":17", "n:"},
+        {"\"presence_penalty\":2.01", "presence_penalty:"},
+        {"\"frequency_penalty\":\"1\"", "frequency_penalty:"},
+        {"\"repetition_penalty\":0", "repetition_penalty:"},
+        {"\"repetition_penalty\":11", "repetition_penalty:"},
+        {"\"logit_bias\":[]", "logit_bias:"},
+        {"\"logit_bias\":{\"-1\":1}", "logit_bias:"},
+        {"\"logit_bias\":{\"1x\":1}", "logit_bias:"},
+        {"\"logit_bias\":{\"3\":100.5}", "logit_bias:"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char json[256];
+        snprintf(json, sizeof json, "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",%s}", bad[i][0]);
+        parse_bad(json, ERR_INVALID_ARG, bad[i][1]);
+    }
+}
+
 static void test_request_wrong_types_are_named(void **state)
 {
     (void)state;
@@ -442,6 +484,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_prompt_gets_defaults),
         cmocka_unit_test(test_request_all_fields_are_read),
+        cmocka_unit_test(test_request_outputs_and_controls),
         cmocka_unit_test(test_request_messages_are_read),
         cmocka_unit_test(test_request_seed_as_decimal_string_keeps_all_64_bits),
         cmocka_unit_test(test_request_not_json_is_rejected),
