@@ -77,6 +77,8 @@ static int get_seed(const cJSON *s, uint64_t *out, char *err)
 /* The controls of a "sampling" object, those that are set. */
 static bool add_controls(cJSON *o, const struct sampling_controls *c)
 {
+    if (c->n_bias < 0 || c->n_bias > SAMPLING_BIAS_MAX)
+        return false; /* never built so: encoding fails rather than read past the arrays */
     bool ok = (c->presence_penalty == 0.0f ||
                cJSON_AddNumberToObject(o, "presence_penalty", c->presence_penalty)) &&
               (c->frequency_penalty == 0.0f ||

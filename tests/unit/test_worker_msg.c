@@ -46,7 +46,7 @@ static struct protocol_msg over_the_wire(cJSON *h, const struct protocol_frame *
 
 static struct worker_msg_sampling some_sampling(void)
 {
-    struct worker_msg_sampling s;
+    struct worker_msg_sampling s = {0}; /* no controls */
     sampling_params_default(&s.sp);
     s.sp.temperature = 0.75f;
     s.sp.top_k = 40;
