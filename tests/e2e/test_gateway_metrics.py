@@ -339,7 +339,7 @@ def test():
                       {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
                        "stream": True})
     check(st == 200 and sse_events(raw)[-1] == "[DONE]", "stream")
-    check(http("POST", p.base_url + "/v1/completions", dict(comp, n=3))[0] == 400, "n=3")
+    check(http("POST", p.base_url + "/v1/completions", dict(comp, n=17))[0] == 400, "n=17")
     after = metrics(p)
 
     def delta(name, **labels):
