@@ -969,7 +969,7 @@ static bool first_choice_prefilling(const struct coordinator *c, const struct se
         if (f->state != SEQ_FREE && f->index == 0 && f->n_choices == s->n_choices &&
             f->client_size == s->client_size && memcmp(f->client, s->client, s->client_size) == 0 &&
             strcmp(f->id, s->id) == 0)
-            return f->state == SEQ_QUEUED || f->round_state == ROUND_PREFILLING;
+            return f->state == SEQ_QUEUED || f->round.state == ROUND_PREFILLING;
     }
     return false;
 }
