@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: builds Tandem, takes the trained model pair committed in
-# models/trained (tools/train: a 1.3M-parameter target and a draft distilled
+# models/trained (tools/train: a 4.07M-parameter target and a draft distilled
 # from it, with their own byte-level BPE tokenizer), starts the three
 # processes under the supervisor, sends one streamed chat request, prints the
 # text, then compares the same request through the pipeline (drafted by the

@@ -6,8 +6,11 @@
 # (build/), the committed greedy answer (expected.json).
 #   tools/train/run.sh [WORK_DIR]     (default /tmp/tandem-train)
 # Needs Debian's python3-torch, python3-numpy, python3-regex, fortunes,
-# fortunes-min and libopenblas0-pthread; about 45 minutes on 2 cores shared at a
-# load average of 15 (the committed run).
+# fortunes-min and libopenblas0-pthread; about 85 minutes on 2 cores shared at a
+# load average of 7 to 14 (the committed run: target 61 min, distillation 19).
+# The learning rates hold their peak, then decay (warm-up-stable-decay); the
+# committed run chose each decay's start while it ran (train.py: <out>/NAME.decay),
+# the steps below repeat it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work="${1:-/tmp/tandem-train}"
@@ -21,14 +24,18 @@ start=$(date +%s)
 args=(--corpus "$work/corpus" --work "$work" --out "$out")
 "$py" "$t/train.py" tokenizer "${args[@]}"
 # The draft's pretraining needs nothing from the target: it runs beside it.
-"$py" "$t/train.py" draft-pretrain --threads 1 "${args[@]}" > "$work/draft-pretrain.out" 2>&1 &
+"$py" "$t/train.py" draft-pretrain --threads 1 --draft-pretrain-steps 5000 --draft-pretrain-lr 3e-3 \
+  --draft-pretrain-decay-steps 100 --draft-pretrain-decay-start 148 --eval-every 50 \
+  "${args[@]}" > "$work/draft-pretrain.out" 2>&1 &
 pre=$!
-"$py" "$t/train.py" target "${args[@]}"
+"$py" "$t/train.py" target --target-steps 3000 --target-lr 1.5e-3 --target-decay-steps 120 \
+  --target-decay-start 318 --eval-every 50 "${args[@]}"
 if ! wait "$pre"; then
   echo "run.sh: draft pretraining failed; see $work/draft-pretrain.out" >&2
   exit 1
 fi
-"$py" "$t/train.py" draft --draft-steps 60 --warmup 10 "${args[@]}"
+"$py" "$t/train.py" draft --draft-steps 2000 --draft-lr 1e-3 --warmup 10 --draft-decay-steps 40 \
+  --draft-decay-start 166 --eval-every 40 "${args[@]}"
 echo "training: $(( $(date +%s) - start )) s"
 
 mkdir -p "$dest/target" "$dest/draft"

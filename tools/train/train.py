@@ -30,16 +30,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
 import llama  # noqa: E402
 
-# Shapes, chosen for what 2 shared cores train in about 40 minutes: the VM
-# was shared with three other agents (load 7 to 14), which left a 3M-parameter
-# target at 10-17 s a step; these train about 2.5x faster. The target has
-# ~1.3M parameters, the draft ~0.36M; per token the draft does about 3.6x
-# fewer multiply-adds than the target (the embedding counts: it is also the
-# output head).
-TARGET = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
-          "num_attention_heads": 4, "num_key_value_heads": 2}
-DRAFT = {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
-         "num_attention_heads": 2, "num_key_value_heads": 1}
+# Shapes, chosen by measured throughput on 2 cores shared with four other
+# agents (load average 7 to 14, training at nice 19): the target, ~4.07M
+# parameters, trained at 6-14 s a step of 2,048 tokens, so an hour bought under
+# a million tokens, and larger shapes (5.6M, 7.8M, 11M: 320-520 tokens/s when
+# measured) would have seen fewer still; the draft, ~0.92M, is 4.4x smaller and per
+# token does about 4.4x fewer multiply-adds than the target (the embedding
+# counts: it is also the output head). The first committed pair (target
+# hidden 128, 4 layers, 1.31M; draft hidden 64, 2 layers, 0.36M) was too small
+# to write readable text, and its draft too cheap to gain from on the CPU.
+TARGET = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+          "num_attention_heads": 8, "num_key_value_heads": 2}
+DRAFT = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2}
 CONTEXT = 256
 MAX_POSITIONS = 8192
 # Llama 3.1's scaling keys; with original_max_position_embeddings at the
@@ -117,9 +120,17 @@ def evaluate(model, vx, vy, bs=8):
     return tot / n
 
 
-def lr_at(step, steps, peak, warmup):
+def lr_at(step, steps, peak, warmup, decay_start=None, decay_steps=None):
+    """Linear warm-up, then either cosine decay to a tenth over the whole
+    schedule, or (decay_steps given) warm-up-stable-decay: the peak held until
+    decay_start, then cosine to a tenth over decay_steps."""
     if step < warmup:
         return peak * (step + 1) / warmup
+    if decay_steps is not None:
+        if decay_start is None or step < decay_start:
+            return peak
+        p = min(1.0, (step - decay_start) / max(1, decay_steps))
+        return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
     p = (step - warmup) / max(1, steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
@@ -141,10 +152,17 @@ def write_model(model, cfg, out_dir, a):
 
 
 def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, seed_offset=0,
-                 stop_after=None):
+                 stop_after=None, decay_start=None, decay_steps=None):
     """Trains a model of shape for `steps` steps of the learning-rate schedule;
     with stop_after (a multiple of --eval-every), it stops after that step's
-    update: the checkpoint written there, the schedule's rest never run."""
+    update: the checkpoint written there, the schedule's rest never run.
+
+    With decay_steps (warm-up-stable-decay) the learning rate stays at its
+    peak until decay_start, then decays over decay_steps, and training ends
+    there: `steps` is only an upper bound. decay_start may be left open and
+    chosen while it runs, by writing a step number (or nothing: the next
+    step) into <out>/<name>.decay; the log records the step it began, which
+    passed as decay_start on a later run repeats the same schedule."""
     torch.manual_seed(a.seed + seed_offset)
     gen = torch.Generator().manual_seed(a.seed + 10 + seed_offset)
     cfg = config_for(shape, a)
@@ -162,7 +180,7 @@ def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, s
                "batch": a.batch, "context": CONTEXT, "peak_lr": peak_lr,
                "train_tokens": len(train_ids), "valid_tokens_evaluated": vy.numel(),
                "distilled_from": "target" if teacher is not None else None, "init_from": init_from,
-               "stop_after": stop_after,
+               "stop_after": stop_after, "decay_start": decay_start, "decay_steps": decay_steps,
                "threads": torch.get_num_threads(), "seed": a.seed})
     decay = [p for p in model.parameters() if p.dim() == 2]
     other = [p for p in model.parameters() if p.dim() < 2]
@@ -170,9 +188,18 @@ def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, s
                              {"params": other, "weight_decay": 0.0}],
                             lr=peak_lr, betas=(0.9, 0.95), eps=1e-8)
     t0 = time.time()
+    decay_file = os.path.join(a.out, f"{name}.decay")
+    if os.path.exists(decay_file):
+        os.remove(decay_file)
     for step in range(steps):
+        if decay_steps is not None and decay_start is None and os.path.exists(decay_file):
+            txt = open(decay_file).read().strip()
+            decay_start = max(step, int(txt)) if txt else step
+            log(logf, {"decay_start": decay_start, "decay_steps": decay_steps, "at_step": step})
+        if decay_steps is not None and decay_start is not None and step >= decay_start + decay_steps:
+            break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, peak_lr, a.warmup)
+            g["lr"] = lr_at(step, steps, peak_lr, a.warmup, decay_start, decay_steps)
         x, y = batch(train_ids, gen, a.batch)
         logits = model(x)
         if teacher is None:
@@ -187,11 +214,14 @@ def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, s
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % a.log_every == 0 or step == steps - 1:
+        if (step % a.log_every == 0 or step == steps - 1
+                or (decay_steps is not None and decay_start is not None and step == decay_start + decay_steps - 1)):
             row = {"step": step, "train_loss": round(loss.item(), 4),
                    "lr": round(opt.param_groups[0]["lr"], 6),
                    "tokens": (step + 1) * a.batch * CONTEXT, "elapsed_s": round(time.time() - t0, 1)}
-            if step % a.eval_every == 0 or step == steps - 1:
+            last = step == steps - 1 or (decay_steps is not None and decay_start is not None
+                                         and step == decay_start + decay_steps - 1)
+            if step % a.eval_every == 0 or last:
                 row["valid_loss"] = round(evaluate(model, vx, vy), 4)
                 write_model(model, cfg, out_dir, a)  # a checkpoint one can load meanwhile
             log(logf, row)
@@ -220,8 +250,16 @@ def main():
     ap.add_argument("--target-steps", type=int, default=320)
     ap.add_argument("--target-stop-after", type=int, default=None,
                     help="stop the target after this step (a multiple of --eval-every), mid-schedule")
+    ap.add_argument("--target-decay-steps", type=int, default=None,
+                    help="warm-up-stable-decay: decay over this many steps (else cosine over --target-steps)")
+    ap.add_argument("--target-decay-start", type=int, default=None,
+                    help="the step the decay begins (else chosen while it runs: <out>/target.decay)")
     ap.add_argument("--draft-pretrain-steps", type=int, default=320)
+    ap.add_argument("--draft-pretrain-decay-steps", type=int, default=None)
+    ap.add_argument("--draft-pretrain-decay-start", type=int, default=None)
     ap.add_argument("--draft-steps", type=int, default=150)
+    ap.add_argument("--draft-decay-steps", type=int, default=None)
+    ap.add_argument("--draft-decay-start", type=int, default=None)
     ap.add_argument("--target-lr", type=float, default=2e-3)
     ap.add_argument("--draft-pretrain-lr", type=float, default=3e-3)
     ap.add_argument("--draft-lr", type=float, default=1e-3)
@@ -238,16 +276,19 @@ def main():
     # is trained, learns the target's output distribution (forward KL): what
     # it is scored on is agreeing with the target, not with the corpus.
     if a.stage in ("target", "all"):
-        run_training(a, "target", TARGET, a.target_steps, a.target_lr, stop_after=a.target_stop_after)
+        run_training(a, "target", TARGET, a.target_steps, a.target_lr, stop_after=a.target_stop_after,
+                     decay_start=a.target_decay_start, decay_steps=a.target_decay_steps)
     if a.stage in ("draft-pretrain", "all"):
         run_training(a, "draft-pretrain", DRAFT, a.draft_pretrain_steps, a.draft_pretrain_lr,
-                     seed_offset=2)
+                     seed_offset=2, decay_start=a.draft_pretrain_decay_start,
+                     decay_steps=a.draft_pretrain_decay_steps)
     if a.stage in ("draft", "all"):
         teacher = llama.load(os.path.join(a.out, "target"))
         for p in teacher.parameters():
             p.requires_grad_(False)
         run_training(a, "draft", DRAFT, a.draft_steps, a.draft_lr, teacher,
-                     init_from=os.path.join(a.out, "draft-pretrain"), seed_offset=1)
+                     init_from=os.path.join(a.out, "draft-pretrain"), seed_offset=1,
+                     decay_start=a.draft_decay_start, decay_steps=a.draft_decay_steps)
 
 
 if __name__ == "__main__":
