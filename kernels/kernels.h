@@ -331,6 +331,16 @@ int kern_cpu_argmax_candidates(const struct kern_backend *be);
  * (or be is not the CPU backend). */
 int kern_cpu_argmax_copy_bits(const struct kern_backend *be, const void *w);
 
+/* The integer dot product a CPU backend's int8/int4 matmul runs on: 0
+ * scalar, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI (kernels/cpu/qdot.h). Every one
+ * gives the same bits; a backend starts on the fastest this CPU has.
+ * kern_cpu_int_dot: the current one (-1: not the CPU backend);
+ * kern_cpu_set_int_dot: 0, or ERR_UNSUPPORTED where this CPU or build lacks
+ * it (for tests and benchmarks). */
+int kern_cpu_int_dot(const struct kern_backend *be);
+int kern_cpu_set_int_dot(struct kern_backend *be, int isa, char *err);
+const char *kern_cpu_int_dot_name(int isa);
+
 /* The backend a user named: "cpu" (n_threads as kern_cpu_create; device
  * ignored) or "cuda" (device as kern_cuda_create: an ordinal or a GPU UUID,
  * "" = "0"; n_threads ignored). Refuses, with one line naming the reason in

@@ -30,6 +30,7 @@
 
 #include "cpu_backend.h"
 #include "packed.h"
+#include "qdot.h"
 #include "error.h"
 
 #define CPU_ALIGN 64
@@ -41,6 +42,8 @@ struct cpu_weight_copy {
     void *base;
     size_t len;
     int packed_rows, d_in; /* map_matrix packed it (packed.h): rows in octets; else 0 */
+    int qrows, qd_in;      /* map_matrix's int8/int4 panels (qdot.h): the matrix's shape */
+    enum kern_dtype qdtype;
 };
 
 int cpu_backend_check_dtype(enum kern_dtype dtype, const char *what, char *err)
@@ -238,8 +241,8 @@ static int cpu_thp_available(void)
 /* Copies size_bytes from host_ptr into a fresh 2 MiB-aligned anonymous
  * mapping advised for huge pages, made read-only after the copy, and records
  * it for unmap_weights. *out = the copy. Returns 0, ERR_NOMEM or ERR_SYSTEM. */
-static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, size_t size_bytes,
-                                int pack_rows, int pack_d_in, const void **out, char *err)
+/* Room for one more weight copy's record: 0 or ERR_NOMEM. */
+static int cpu_copies_reserve(struct cpu_backend *cb, char *err)
 {
     if (cb->n_copies == cb->cap_copies) {
         int cap = cb->cap_copies ? 2 * cb->cap_copies : 64;
@@ -249,6 +252,15 @@ static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, si
         cb->copies = grown;
         cb->cap_copies = cap;
     }
+    return 0;
+}
+
+static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, size_t size_bytes,
+                                int pack_rows, int pack_d_in, const void **out, char *err)
+{
+    int rc = cpu_copies_reserve(cb, err);
+    if (rc < 0)
+        return rc;
     if (size_bytes > SIZE_MAX - 2 * CPU_HUGE_PAGE)
         return error_set(err, ERR_NOMEM, "cpu map_weights: %zu bytes is too large", size_bytes);
     const size_t len = (size_bytes + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
@@ -303,6 +315,40 @@ static int cpu_map_weights(struct kern_backend *be, const void *host_ptr, size_t
     return cpu_map(cpu_backend_of(be), "map_weights", host_ptr, size_bytes, 0, 0, out, err);
 }
 
+/* int8 and int4 matrices are always copied, into the panels of qdot.h,
+ * whatever their size and whether huge pages exist: the product reads that
+ * layout (a caller's own bytes are repacked at every call). */
+static int cpu_map_quantized(struct cpu_backend *cb, const void *host_ptr, enum kern_dtype dtype,
+                             int rows, int cols, const void **out, char *err)
+{
+    if (rows == 0 || cols == 0) {
+        *out = host_ptr;
+        return 0;
+    }
+    if (!host_ptr)
+        return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: NULL pointer for a [%d, %d] matrix",
+                         rows, cols);
+    const size_t bytes = qd_packed_bytes(dtype, rows, cols);
+    int rc = cpu_copies_reserve(cb, err);
+    if (rc < 0)
+        return rc;
+    const size_t len = (bytes + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
+    const char *failed;
+    char *base = cpu_huge_mapping(len, &failed);
+    if (!base)
+        return error_set_errno(err, ERR_NOMEM, errno, "cpu map_matrix: %s (%zu bytes)", failed, len);
+    qd_pack(dtype, host_ptr, rows, cols, base);
+    if (mprotect(base, len, PROT_READ) != 0) {
+        int e = errno;
+        munmap(base, len);
+        return error_set_errno(err, ERR_SYSTEM, e, "cpu map_matrix: mprotect(PROT_READ)");
+    }
+    cb->copies[cb->n_copies++] = (struct cpu_weight_copy){
+        .base = base, .len = len, .qrows = rows, .qd_in = cols, .qdtype = dtype};
+    *out = base;
+    return 0;
+}
+
 /* A matrix is packed when it is copied at all (a tensor used in place is the
  * caller's, read-only, bytes: cpu_map) and its dtype and shape have the
  * packed kernels (cpu_packed_supported). */
@@ -317,14 +363,14 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     int rc = dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4 ? 0 : cpu_backend_check_dtype(dtype, "map_matrix", err);
     if (rc < 0)
         return rc;
-    /* values and scales, as they are: matmul's direct path reads them */
-    if (dtype == KERN_DTYPE_Q8)
-        return cpu_map(cb, "map_matrix", host_ptr, kern_q8_bytes(rows, cols), 0, 0, out, err);
-    if (dtype == KERN_DTYPE_Q4) {
-        if (cols % KERN_Q4_GROUP != 0)
+    if (dtype == KERN_DTYPE_Q8 || dtype == KERN_DTYPE_Q4) {
+        if (dtype == KERN_DTYPE_Q4 && cols % KERN_Q4_GROUP != 0)
             return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: int4 rows of %lld columns, not a multiple of %d",
                              (long long)cols, KERN_Q4_GROUP);
-        return cpu_map(cb, "map_matrix", host_ptr, kern_q4_bytes(rows, cols), 0, 0, out, err);
+        if (rows > INT32_MAX - QD_ROWS || cols > INT32_MAX - QD_BLOCK)
+            return error_set(err, ERR_INVALID_ARG, "cpu map_matrix: [%lld, %lld] is too large",
+                             (long long)rows, (long long)cols);
+        return cpu_map_quantized(cb, host_ptr, dtype, (int)rows, (int)cols, out, err);
     }
     const uint64_t bytes = (uint64_t)rows * (uint64_t)cols * kern_dtype_size(dtype);
     if (bytes > SIZE_MAX)
@@ -333,6 +379,16 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     const int pack = cpu_packed_supported(dtype, (long)rows, (long)cols) && rows <= INT32_MAX;
     return cpu_map(cb, "map_matrix", host_ptr, (size_t)bytes, pack ? (int)rows : 0,
                    pack ? (int)cols : 0, out, err);
+}
+
+int cpu_backend_qpanels(const struct cpu_backend *cb, const void *w, enum kern_dtype dtype, int rows,
+                        int d_in)
+{
+    for (int i = 0; i < cb->n_copies; i++)
+        if (cb->copies[i].base == w)
+            return cb->copies[i].qrows == rows && cb->copies[i].qd_in == d_in &&
+                   cb->copies[i].qdtype == dtype && rows > 0;
+    return 0;
 }
 
 int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_rows, int *d_in)
@@ -406,6 +462,7 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     cb->base.name = "cpu";
     cb->n_threads = n_threads;
     cb->weight_copy = cpu_thp_available();
+    cb->qdot_isa = qd_isa_best();
     cb->scratch = calloc((size_t)n_threads, sizeof(*cb->scratch));
     if (!cb->scratch) {
         free(cb);
@@ -451,4 +508,27 @@ int kern_cpu_weight_copies(const struct kern_backend *be, const void **ptrs, siz
         bytes[i] = cb->copies[i].len;
     }
     return cb->n_copies;
+}
+
+int kern_cpu_int_dot(const struct kern_backend *be)
+{
+    if (!be || be->ops != &cpu_ops)
+        return -1;
+    return ((const struct cpu_backend *)be)->qdot_isa;
+}
+
+int kern_cpu_set_int_dot(struct kern_backend *be, int isa, char *err)
+{
+    if (!be || be->ops != &cpu_ops)
+        return error_set(err, ERR_INVALID_ARG, "kern_cpu_set_int_dot: not a CPU backend");
+    if (isa < 0 || isa >= QD_ISA_COUNT || !qd_isa_supported(isa))
+        return error_set(err, ERR_UNSUPPORTED, "kern_cpu_set_int_dot: %s (%d) is not available on this CPU",
+                         qd_isa_name(isa), isa);
+    cpu_backend_of(be)->qdot_isa = isa;
+    return 0;
+}
+
+const char *kern_cpu_int_dot_name(int isa)
+{
+    return qd_isa_name(isa);
 }

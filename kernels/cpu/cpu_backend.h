@@ -28,7 +28,13 @@ struct cpu_backend {
     struct cpu_weight_copy *copies;  /* [n_copies], capacity cap_copies */
     int n_copies, cap_copies;
     struct cpu_argmax *argmax;       /* matmul_argmax's shadows and buffers (argmax_internal.h) */
+    int qdot_isa;                    /* int8/int4 matmul's integer dot (enum qd_isa, qdot.h) */
 };
+
+/* Whether w is a [rows][d_in] matrix of dtype that map_matrix copied into
+ * the int8/int4 panels of qdot.h. */
+int cpu_backend_qpanels(const struct cpu_backend *cb, const void *w, enum kern_dtype dtype, int rows,
+                        int d_in);
 
 /* Whether w is a matrix map_matrix packed (kernels/cpu/packed.h): returns 1
  * and its packed rows (a multiple of 8) and row length, or 0. */
@@ -63,6 +69,9 @@ int cpu_attention(struct kern_backend *be, float *out, const float *q, const flo
 int cpu_swiglu(struct kern_backend *be, float *out, const float *gate, const float *up,
                size_t count, char *err);
 int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, char *err);
+/* cpu_matmul for KERN_DTYPE_Q8 and Q4 weights (qdot.c), arguments checked. */
+int cpu_matmul_int(struct cpu_backend *cb, float *out, const float *in, const void *w,
+                   enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
                       enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,

@@ -50,6 +50,10 @@
  * The input rows are never split across threads; the pool's threads claim
  * output blocks/panels.
  *
+ * int8 and int4 weights are not here: they take the integer product of
+ * qdot.c (int8 activations, its own contract in qdot.h), to which
+ * cpu_matmul hands them after checking the arguments.
+ *
  * Files: this one holds the contract, the choice of path and the dispatch
  * (cpu_matmul, the pool's claims, the per-block choice among the row-block
  * paths); each path has its own file: matmul_packed.c, matmul_opairs.c,
@@ -176,33 +180,6 @@ static void mm_run_jobs(struct cpu_backend *cb, struct mm_job *job, int job_rows
 }
 #endif
 
-/* int8 and int4 weights (KERN_DTYPE_Q8, Q4): the direct path in every
- * build, whose tiles widen each weight to f32 (int8 exactly; int4 as
- * (n - 8) * its group's scale, the same f32 multiply in every path) and
- * keep the fixed order; then, for int8, each output times its row's scale,
- * one multiply after the reduction. The pair, packed and panel paths are
- * bf16 layouts of their own. */
-static void mm_run_quantized(struct cpu_backend *cb, struct mm_job *job)
-{
-    const int n = job->n;
-    float *out = job->out;
-#ifdef __AVX2__
-    if (n > MM_DIRECT_JOB_ROWS)
-        mm_run_jobs(cb, job, MM_DIRECT_JOB_ROWS, MM_RO, mm_task_direct);
-    else
-#endif
-        mm_run(cb, job, MM_RO, mm_task_direct);
-    if (job->dtype != KERN_DTYPE_Q8)
-        return;
-    const float *scale = (const float *)(const void *)((const char *)job->w +
-                                                       kern_q8_scales_offset(job->d_out, job->d_in));
-    for (int i = 0; i < n; i++) {
-        float *row = out + (size_t)i * (size_t)job->d_out;
-        for (int o = 0; o < job->d_out; o++)
-            row[o] *= scale[o];
-    }
-}
-
 int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void *w,
                enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
 {
@@ -226,10 +203,8 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
         .out = out, .in = in, .w = w, .dtype = dtype,
         .n = n, .d_in = d_in, .d_out = d_out, .scratch = cb->scratch,
     };
-    if (quantized) {
-        mm_run_quantized(cb, &job);
-        return 0;
-    }
+    if (quantized)
+        return cpu_matmul_int(cb, out, in, w, dtype, n, d_in, d_out, err);
     int packed_d_in = 0;
     if (cpu_backend_packed(cb, w, &job.packed_rows, &packed_d_in) &&
         (packed_d_in != d_in || dtype != KERN_DTYPE_BF16 || d_out < job.packed_rows))

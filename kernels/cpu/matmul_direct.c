@@ -53,72 +53,12 @@ CPU_SIMD_INLINE void mm_prefetch_ahead(enum kern_dtype dt, const void *w, size_t
 }
 #endif
 
-#ifdef __AVX2__
-/* The four 8-weight vectors of one int4 group (kernels.h: 16 bytes of
- * nibbles, then the scale), each weight (n - 8) * scale by one FMA as
- * mm_load8 computes it: one load and one broadcast for 32 weights instead
- * of four of each. */
-CPU_SIMD_INLINE void mm_q4_group(const uint8_t *g, __m256 wv[4])
-{
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)g);
-    const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
-    const __m256 scale = _mm256_broadcast_ss((const float *)(const void *)(g + KERN_Q4_GROUP / 2));
-    const __m256 bias = _mm256_mul_ps(_mm256_set1_ps(-8.0f), scale);
-    wv[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), scale, bias);
-    wv[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), scale, bias);
-    wv[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), scale, bias);
-    wv[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), scale, bias);
-}
-
-/* mm_tile for int4 weights (d_in a multiple of 32, so no tail): a group of
- * each row per step, its four vectors applied in turn, so every output
- * keeps the fixed order's FMAs exactly. */
-CPU_SIMD_INLINE void mm_tile_q4(int ro, int ri, int pf, const void *w, size_t ldw, const float *x, size_t ldx,
-                                int d_in, float *out, size_t ldo)
-{
-    __m256 acc[MM_RO_ONE][MM_RI];
-#pragma GCC unroll 8
-    for (int a = 0; a < ro; a++)
-#pragma GCC unroll 3
-        for (int b = 0; b < ri; b++)
-            acc[a][b] = _mm256_setzero_ps();
-    const size_t row_bytes = mm_bytes(KERN_DTYPE_Q4, ldw);
-    for (int k = 0; k < d_in; k += KERN_Q4_GROUP) {
-        if (pf)
-            mm_prefetch_ahead(KERN_DTYPE_Q4, w, ldw, ro, ro, k);
-        const size_t goff = (size_t)k / KERN_Q4_GROUP * KERN_Q4_GROUP_BYTES;
-#pragma GCC unroll 8
-        for (int a = 0; a < ro; a++) {
-            __m256 wv[4];
-            mm_q4_group((const uint8_t *)w + (size_t)a * row_bytes + goff, wv);
-#pragma GCC unroll 3
-            for (int b = 0; b < ri; b++) {
-                const float *xr = x + (size_t)b * ldx + (size_t)k;
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++)
-                    acc[a][b] = _mm256_fmadd_ps(wv[q], _mm256_loadu_ps(xr + 8 * q), acc[a][b]);
-            }
-        }
-    }
-    for (int a = 0; a < ro; a++)
-        for (int b = 0; b < ri; b++)
-            out[(size_t)b * ldo + a] = cpu_simd_hsum8(acc[a][b]);
-}
-#endif
-
 /* One tile: out[b*ldo + a] = dot(w row a, x row b) for a < ro, b < ri; with
  * pf (AVX2) it prefetches the ro rows after its own (mm_prefetch_ahead).
  * ro, ri, pf and dt are compile-time constants at every call site. */
 CPU_SIMD_INLINE void mm_tile(enum kern_dtype dt, int ro, int ri, int pf, const void *w, size_t ldw,
                              const float *x, size_t ldx, int d_in, float *out, size_t ldo)
 {
-#ifdef __AVX2__
-    if (dt == KERN_DTYPE_Q4) {
-        mm_tile_q4(ro, ri, pf, w, ldw, x, ldx, d_in, out, ldo);
-        return;
-    }
-#endif
     const int len8 = d_in & ~7;
     float sums[MM_RO_ONE][MM_RI];
 #ifdef __AVX2__
@@ -193,8 +133,6 @@ typedef void (*mm_tile_fn)(const void *w, size_t ldw, const float *x, size_t ldx
 MM_DEFINE_TILES(bf16, KERN_DTYPE_BF16)
 MM_DEFINE_TILES(f16, KERN_DTYPE_F16)
 MM_DEFINE_TILES(f32, KERN_DTYPE_F32)
-MM_DEFINE_TILES(q8, KERN_DTYPE_Q8)
-MM_DEFINE_TILES(q4, KERN_DTYPE_Q4)
 
 /* mm_tiles[dtype][0: one row, 1: MM_RO rows, 2: MM_RO rows prefetching the
  * next MM_RO][ri - 1] */
@@ -206,8 +144,6 @@ static const mm_tile_fn mm_tiles[KERN_DTYPE_COUNT][3][MM_RI] = {
     [KERN_DTYPE_BF16] = MM_TILE_ROW(bf16),
     [KERN_DTYPE_F16] = MM_TILE_ROW(f16),
     [KERN_DTYPE_F32] = MM_TILE_ROW(f32),
-    [KERN_DTYPE_Q8] = MM_TILE_ROW(q8),
-    [KERN_DTYPE_Q4] = MM_TILE_ROW(q4),
 };
 
 #ifdef __AVX2__
@@ -219,14 +155,10 @@ static const mm_tile_fn mm_tiles[KERN_DTYPE_COUNT][3][MM_RI] = {
 MM_DEFINE_TILE(mm_tile_bf16_one, KERN_DTYPE_BF16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f16_one, KERN_DTYPE_F16, MM_RO_ONE, 1, 0)
 MM_DEFINE_TILE(mm_tile_f32_one, KERN_DTYPE_F32, MM_RO_ONE, 1, 0)
-MM_DEFINE_TILE(mm_tile_q8_one, KERN_DTYPE_Q8, MM_RO_ONE, 1, 0)
-MM_DEFINE_TILE(mm_tile_q4_one, KERN_DTYPE_Q4, MM_RO_ONE, 1, 0)
 static const mm_tile_fn mm_tiles_one[KERN_DTYPE_COUNT] = {
     [KERN_DTYPE_BF16] = mm_tile_bf16_one,
     [KERN_DTYPE_F16] = mm_tile_f16_one,
     [KERN_DTYPE_F32] = mm_tile_f32_one,
-    [KERN_DTYPE_Q8] = mm_tile_q8_one,
-    [KERN_DTYPE_Q4] = mm_tile_q4_one,
 };
 
 /* Two weight rows against MM_W2_MIN..MM_W2_MAX input rows in one pass over
@@ -330,8 +262,6 @@ CPU_SIMD_INLINE void mm_tile_w2_kb(enum kern_dtype dt, int ri, int pf, const voi
 MM_W2_KINDS(MM_DEFINE_TILE_W2, bf16, KERN_DTYPE_BF16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, f16, KERN_DTYPE_F16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2, f32, KERN_DTYPE_F32)
-MM_W2_KINDS(MM_DEFINE_TILE_W2, q8, KERN_DTYPE_Q8)
-MM_W2_KINDS(MM_DEFINE_TILE_W2, q4, KERN_DTYPE_Q4)
 
 /* A table of 2 x n tiles named prefix<dtname>_<ri>[p]:
  * [dtype][prefetching][ri - MM_W2_MIN] */
@@ -340,8 +270,7 @@ MM_W2_KINDS(MM_DEFINE_TILE_W2, q4, KERN_DTYPE_Q4)
      {prefix##dtname##_3p, prefix##dtname##_4p, prefix##dtname##_5p, prefix##dtname##_6p}}
 #define MM_W2_TABLE(prefix)                                                                  \
     {[KERN_DTYPE_BF16] = MM_W2_ROW(prefix, bf16), [KERN_DTYPE_F16] = MM_W2_ROW(prefix, f16),  \
-     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32), [KERN_DTYPE_Q8] = MM_W2_ROW(prefix, q8),          \
-     [KERN_DTYPE_Q4] = MM_W2_ROW(prefix, q4)}
+     [KERN_DTYPE_F32] = MM_W2_ROW(prefix, f32)}
 static const mm_tile_fn mm_tiles_w2[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2_MIN + 1] =
     MM_W2_TABLE(mm_tile_w2_);
 
@@ -357,8 +286,6 @@ typedef void (*mm_tile_kb_fn)(const void *w, size_t ldw, const float *x, size_t 
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, bf16, KERN_DTYPE_BF16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f16, KERN_DTYPE_F16)
 MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, f32, KERN_DTYPE_F32)
-MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, q8, KERN_DTYPE_Q8)
-MM_W2_KINDS(MM_DEFINE_TILE_W2_KB, q4, KERN_DTYPE_Q4)
 static const mm_tile_kb_fn mm_tiles_w2_kb[KERN_DTYPE_COUNT][2][MM_W2_MAX - MM_W2_MIN + 1] =
     MM_W2_TABLE(mm_tile_w2kb_);
 #endif

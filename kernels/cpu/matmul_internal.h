@@ -77,14 +77,14 @@ struct mm_job {
     int pk_task_octets; /* packed path: octets per pool task (mm_task_packed) */
 };
 
-/* Bytes of elems weights of a row (elems a multiple of the int4 group where
- * dt is KERN_DTYPE_Q4: whole rows, blocks of rows, k-blocks). */
+/* Bytes of elems weights of a row (bf16, f16, f32: int8 and int4 take
+ * qdot.c's integer product instead). */
 CPU_SIMD_INLINE size_t mm_bytes(enum kern_dtype dt, size_t elems)
 {
     switch (dt) {
     case KERN_DTYPE_F32: return elems * 4;
-    case KERN_DTYPE_Q8: return elems;
-    case KERN_DTYPE_Q4: return elems / KERN_Q4_GROUP * KERN_Q4_GROUP_BYTES;
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: /* never here */
     case KERN_DTYPE_BF16:
     case KERN_DTYPE_F16: break;
     }
@@ -97,16 +97,8 @@ CPU_SIMD_INLINE float mm_load1(enum kern_dtype dt, const void *w, size_t idx)
     case KERN_DTYPE_BF16: return cpu_simd_bf16_to_f32(((const uint16_t *)w)[idx]);
     case KERN_DTYPE_F16: return cpu_simd_f16_to_f32(((const uint16_t *)w)[idx]);
     case KERN_DTYPE_F32: break;
-    case KERN_DTYPE_Q8: return (float)((const int8_t *)w)[idx];
-    case KERN_DTYPE_Q4: {
-        const uint8_t *g = (const uint8_t *)w + idx / KERN_Q4_GROUP * KERN_Q4_GROUP_BYTES;
-        const size_t j = idx % KERN_Q4_GROUP;
-        const uint8_t b = g[j % (KERN_Q4_GROUP / 2)];
-        float scale;
-        memcpy(&scale, g + KERN_Q4_GROUP / 2, sizeof scale);
-        /* (n - 8) * scale, rounded once: as fmaf(n, scale, -8 * scale) */
-        return (float)((j < KERN_Q4_GROUP / 2 ? b & 15 : b >> 4) - 8) * scale;
-    }
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* never here: int8/int4 take qdot.c's integer product */
     }
     return ((const float *)w)[idx];
 }
@@ -118,24 +110,8 @@ CPU_SIMD_INLINE __m256 mm_load8(enum kern_dtype dt, const void *w, size_t idx)
     case KERN_DTYPE_BF16: return cpu_simd_load8_bf16((const uint16_t *)w + idx);
     case KERN_DTYPE_F16: return cpu_simd_load8_f16((const uint16_t *)w + idx);
     case KERN_DTYPE_F32: break;
-    case KERN_DTYPE_Q8: {
-        /* int8 -> int32 -> f32: exact, as the other widenings */
-        const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)w + idx));
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-    }
-    case KERN_DTYPE_Q4: {
-        /* idx is a multiple of 8: its eight nibbles are the low or the high
-         * halves of eight consecutive bytes of its group. (n - 8) * scale
-         * is n * scale - 8 * scale exactly, rounded once: one FMA gives the
-         * bits mm_load1's multiply gives. */
-        const uint8_t *g = (const uint8_t *)w + idx / KERN_Q4_GROUP * KERN_Q4_GROUP_BYTES;
-        const size_t j = idx % KERN_Q4_GROUP;
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(g + j % (KERN_Q4_GROUP / 2)));
-        __m256i v = _mm256_cvtepu8_epi32(b);
-        v = j < KERN_Q4_GROUP / 2 ? _mm256_and_si256(v, _mm256_set1_epi32(15)) : _mm256_srli_epi32(v, 4);
-        const __m256 scale = _mm256_broadcast_ss((const float *)(const void *)(g + KERN_Q4_GROUP / 2));
-        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, _mm256_mul_ps(_mm256_set1_ps(-8.0f), scale));
-    }
+    case KERN_DTYPE_Q8:
+    case KERN_DTYPE_Q4: break; /* never here: int8/int4 take qdot.c's integer product */
     }
     return _mm256_loadu_ps((const float *)w + idx);
 }

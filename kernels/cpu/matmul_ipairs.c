@@ -48,7 +48,7 @@ CPU_SIMD_INLINE __m512 mm_load8x2(enum kern_dtype dt, const void *w, size_t idx)
     }
     case KERN_DTYPE_F32: break;
     case KERN_DTYPE_Q8:
-    case KERN_DTYPE_Q4: break; /* never here: quantized weights take the direct path (cpu_matmul) */
+    case KERN_DTYPE_Q4: break; /* never here: int8/int4 take qdot.c's integer product */
     }
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(
         _mm256_castps_pd(_mm256_loadu_ps((const float *)w + idx))));

@@ -12,6 +12,7 @@
  * The reference decodes bf16 as bits << 16 and f16 with ldexp, independently
  * of the kernel's conversion code.
  */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -464,62 +465,149 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
     be->ops->destroy(be);
 }
 
-/* Quantized weights: every output is the fixed-order dot of the weights
- * as make_quantized widens them and the input (times the row's scale for
- * int8), bit for bit, at every n from decode to prefill (1..40, then 64,
- * 65 and 256: several jobs), for each d_in given, rows left after the
- * 4-row blocks; and the same through map_matrix (the backend's copy). A
- * row computed alone equals it computed in any batch, since both equal
- * the reference. */
+/* ---- int8 / int4 weights: integer products (kernels/cpu/qdot.h) -------- */
+
+/* The contract's reference, written here from kernels.h's layouts and
+ * qdot.h's rules (not from the kernel's code): each input row quantized
+ * alone in blocks of 32, the integer sum of each block in plain int, and
+ * the float epilogue in block order. */
+static void ref_quantize_row(const float *x, int d_in, int8_t *q, float *s, int nb)
+{
+    memset(q, 0, (size_t)nb * 32);
+    for (int b = 0; b < nb; b++) {
+        const int len = d_in - 32 * b < 32 ? d_in - 32 * b : 32;
+        float amax = 0.0f;
+        int bad = 0;
+        for (int k = 0; k < len; k++) {
+            const float v = fabsf(x[32 * b + k]);
+            bad |= !(v <= FLT_MAX);
+            amax = v > amax ? v : amax;
+        }
+        s[b] = bad ? NAN : amax < 0x1p-96f ? 0.0f : amax / 127.0f;
+        if (bad || amax < 0x1p-96f)
+            continue;
+        const float inv = 127.0f / amax;
+        for (int k = 0; k < len; k++)
+            q[32 * b + k] = (int8_t)lrintf(x[32 * b + k] * inv);
+    }
+}
+
+static float ref_int_dot(enum kern_dtype dt, const void *w, int d_out, int d_in, int o, const int8_t *q,
+                         const float *s)
+{
+    const int nb = (d_in + 31) / 32;
+    float acc = 0.0f, wsc;
+    for (int b = 0; b < nb; b++) {
+        int32_t isum = 0;
+        for (int k = 32 * b; k < d_in && k < 32 * b + 32; k++) {
+            int wv;
+            if (dt == KERN_DTYPE_Q8) {
+                wv = ((const int8_t *)w)[(size_t)o * d_in + k];
+            } else {
+                const uint8_t *g = (const uint8_t *)w + ((size_t)o * d_in + k) / 32 * KERN_Q4_GROUP_BYTES;
+                wv = (k % 32 < 16 ? g[k % 32] & 15 : g[k % 32 - 16] >> 4) - 8;
+            }
+            isum += wv * q[k];
+        }
+        if (dt == KERN_DTYPE_Q8) {
+            acc = fmaf((float)isum, s[b], acc);
+        } else {
+            memcpy(&wsc, (const uint8_t *)w + ((size_t)o * (d_in / 32) + b) * KERN_Q4_GROUP_BYTES + 16, 4);
+            acc = fmaf((float)isum, wsc * s[b], acc);
+        }
+    }
+    if (dt == KERN_DTYPE_Q8) {
+        memcpy(&wsc, (const char *)w + kern_q8_scales_offset(d_out, d_in) + 4 * (size_t)o, 4);
+        acc *= wsc;
+    }
+    return acc;
+}
+
+/* ref[n][d_out] by the reference. */
+static void ref_int_matmul(enum kern_dtype dt, const void *w, int d_out, int d_in, const float *in, int n,
+                           float *ref)
+{
+    const int nb = (d_in + 31) / 32;
+    int8_t *q = malloc((size_t)nb * 32);
+    float *s = falloc((size_t)nb);
+    assert_non_null(q);
+    for (int i = 0; i < n; i++) {
+        ref_quantize_row(in + (size_t)i * d_in, d_in, q, s, nb);
+        for (int o = 0; o < d_out; o++)
+            ref[(size_t)i * d_out + o] = ref_int_dot(dt, w, d_out, d_in, o, q, s);
+    }
+    free(q);
+    free(s);
+}
+
+/* Runs matmul on every integer dot this CPU has (kern_cpu_set_int_dot) and
+ * checks each against ref, bit for bit; returns how many it ran. */
+static int check_int_dots(struct kern_backend *be, enum kern_dtype dt, const void *w, const float *in, int n,
+                          int d_in, int d_out, const float *ref, float *out, const char *what)
+{
+    char err[ERR_MSG_MAX];
+    const int best = kern_cpu_int_dot(be);
+    int ran = 0;
+    for (int isa = 0; isa < 4; isa++) {
+        if (kern_cpu_set_int_dot(be, isa, err) != 0)
+            continue;
+        memset(out, 0xff, (size_t)n * d_out * sizeof(float));
+        assert_int_equal(be->ops->matmul(be, out, in, w, dt, n, d_in, d_out, err), 0);
+        char msg[160];
+        snprintf(msg, sizeof msg, "matmul %s d_in=%d d_out=%d n=%d %s on %s vs reference", kern_dtype_name(dt),
+                 d_in, d_out, n, what, kern_cpu_int_dot_name(isa));
+        assert_int_equal(count_bit_diffs(msg, ref, out, (size_t)n * d_out), 0);
+        ran++;
+    }
+    assert_int_equal(kern_cpu_set_int_dot(be, best, err), 0);
+    return ran;
+}
+
+/* Every output equals the reference bit for bit, on every integer dot this
+ * CPU has, at every n from decode through verification to prefill (1..40,
+ * then 64, 65, 100, 255 and 256), 1 to 3 threads, d_out with every tail of
+ * the 16-row panels, d_in with every tail of the 32-column blocks (int8),
+ * the weights mapped (the backend's panels) and the caller's own. So a row
+ * alone equals the same row in any batch: both equal the reference. */
 static void check_quantized_matmul(enum kern_dtype dt, const int *d_ins, size_t n_d_ins, uint64_t seed)
 {
-    static const int d_outs[] = {29, 6, 7, 1};
-    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 18, 25, 40, 64, 65, 256};
+    static const int d_outs[] = {29, 6, 67, 1, 133, 16};
     const int n_max = 256;
-    struct kern_backend *be = make_backend(2);
     struct rng r = {seed};
     char err[ERR_MSG_MAX];
     for (size_t si = 0; si < n_d_ins; si++) {
-        const int d_in = d_ins[si], d_out = d_outs[si % 4];
-        float scale[29];
+        struct kern_backend *be = make_backend(1 + (int)(si % 3));
+        const int d_in = d_ins[si], d_out = d_outs[si % 6];
+        float scale[133];
         float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
         float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
         void *w = make_quantized(&r, dt, d_out, d_in, wf, scale);
         fill(&r, in, (size_t)n_max * d_in);
-        for (int i = 0; i < n_max; i++)
-            for (int o = 0; o < d_out; o++) {
-                const float dot = fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
-                ref[(size_t)i * d_out + o] = dt == KERN_DTYPE_Q8 ? dot * scale[o] : dot;
-            }
+        ref_int_matmul(dt, w, d_out, d_in, in, n_max, ref);
         const void *mapped = NULL;
         assert_int_equal(be->ops->map_matrix(be, w, dt, d_out, d_in, &mapped, err), 0);
-        for (int pass = 0; pass < 2; pass++) {
-            const void *wp = pass == 0 ? (const void *)w : mapped;
-            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
-                const int n = ns[ni];
-                memset(out, 0xff, (size_t)n * d_out * sizeof(float));
-                assert_int_equal(be->ops->matmul(be, out, in, wp, dt, n, d_in, d_out, err), 0);
-                char what[96];
-                snprintf(what, sizeof(what), "matmul %s d_in=%d d_out=%d n=%d (%s) vs fixed order",
-                         kern_dtype_name(dt), d_in, d_out, n, pass ? "mapped" : "caller's");
-                assert_int_equal(count_bit_diffs(what, ref, out, (size_t)n * d_out), 0);
-            }
+        for (int n = 1; n <= n_max; n = n < 40 ? n + 1 : n == 40 ? 64 : n == 64 ? 65 : n == 65 ? 100 : n == 100 ? 255 : 256) {
+            assert_true(check_int_dots(be, dt, mapped, in, n, d_in, d_out, ref, out, "mapped") >= 1);
+            if (n <= 6 || n == 17 || n == 65)
+                check_int_dots(be, dt, w, in, n, d_in, d_out, ref, out, "caller's");
+            if (n == n_max)
+                break;
         }
         be->ops->unmap_weights(be, mapped);
+        be->ops->destroy(be);
         free(w);
         free(wf);
         free(in);
         free(ref);
         free(out);
     }
-    be->ops->destroy(be);
 }
 
 /* int8: every tail of d_in; the ops that do not take int8 say so. */
-static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
+static void test_kernels_cpu_matmul_int8_matches_the_integer_reference(void **state)
 {
     (void)state;
-    static const int d_ins[] = {5, 8, 67, 123, 1000, 2051};
+    static const int d_ins[] = {5, 8, 67, 123, 1000, 2051, 32, 96};
     check_quantized_matmul(KERN_DTYPE_Q8, d_ins, sizeof d_ins / sizeof d_ins[0], 29);
     struct kern_backend *be = make_backend(1);
     char err[ERR_MSG_MAX];
@@ -529,13 +617,12 @@ static void test_kernels_cpu_matmul_int8_follows_the_fixed_order(void **state)
     be->ops->destroy(be);
 }
 
-/* int4: d_in a multiple of 32 from one group to many (the group-wise tiles
- * up to 3 rows, the 8-at-a-time ones from 4); a d_in off the group is
- * refused. */
-static void test_kernels_cpu_matmul_int4_follows_the_fixed_order(void **state)
+/* int4: d_in a multiple of 32 from one group to many; a d_in off the group
+ * is refused. */
+static void test_kernels_cpu_matmul_int4_matches_the_integer_reference(void **state)
 {
     (void)state;
-    static const int d_ins[] = {32, 64, 96, 1024, 2080};
+    static const int d_ins[] = {32, 64, 96, 1024, 2080, 160};
     check_quantized_matmul(KERN_DTYPE_Q4, d_ins, sizeof d_ins / sizeof d_ins[0], 31);
     struct kern_backend *be = make_backend(1);
     char err[ERR_MSG_MAX];
@@ -543,6 +630,114 @@ static void test_kernels_cpu_matmul_int4_follows_the_fixed_order(void **state)
     uint8_t q[64] = {0};
     assert_int_equal(be->ops->matmul(be, y, x, q, KERN_DTYPE_Q4, 1, 40, 1, err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "multiple of 32"));
+    be->ops->destroy(be);
+}
+
+/* The activations' scales are each row's and each block's own. Rows of
+ * very different sizes in one batch (a row a million times larger beside
+ * small ones, a row whose first block is large and the rest small): every
+ * row equals itself computed alone and the reference, on every integer
+ * dot. A scale taken over the batch, over two rows, or over a whole row
+ * would round the small rows' or blocks' codes to zero and differ. */
+static void test_kernels_cpu_matmul_int_scales_are_per_row_and_block(void **state)
+{
+    (void)state;
+    const int d_in = 96, d_out = 40, n = 4;
+    struct rng r = {41};
+    char err[ERR_MSG_MAX];
+    struct kern_backend *be = make_backend(2);
+    float wf[96 * 40], scale[40];
+    float in[4 * 96], ref[4 * 40], out[4 * 40], one[40];
+    for (int di = 0; di < 2; di++) {
+        const enum kern_dtype dt = di ? KERN_DTYPE_Q4 : KERN_DTYPE_Q8;
+        void *w = make_quantized(&r, dt, d_out, d_in, wf, scale);
+        fill(&r, in, (size_t)n * d_in);
+        for (int k = 0; k < d_in; k++) {
+            in[d_in + k] *= 1e6f;              /* row 1: huge */
+            in[3 * d_in + k] *= k < 32 ? 1e4f : 1e-3f; /* row 3: one large block */
+        }
+        ref_int_matmul(dt, w, d_out, d_in, in, n, ref);
+        /* the small rows are not all zero: their own scale kept them */
+        int nonzero = 0;
+        for (int o = 0; o < d_out; o++)
+            nonzero += ref[o] != 0.0f && ref[2 * d_out + o] != 0.0f;
+        assert_true(nonzero > d_out / 2);
+        check_int_dots(be, dt, w, in, n, d_in, d_out, ref, out, "rows of different sizes");
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(be->ops->matmul(be, one, in + (size_t)i * d_in, w, dt, 1, d_in, d_out, err), 0);
+            assert_int_equal(count_bit_diffs("row alone vs in its batch", one, ref + (size_t)i * d_out, d_out), 0);
+        }
+        free(w);
+    }
+    be->ops->destroy(be);
+}
+
+/* Inputs that would saturate a 16-bit intermediate: int8 weights of +-127
+ * (stored as 255 and 1) against codes of +-127, where a pair of products
+ * is 255 * 127 * 2 = 64770 > 32767 (vpmaddubsw's saturating sum), and the
+ * int4 extremes (nibbles 15 and 0). Every integer dot gives the reference,
+ * whose value is worked out here too: 32 * 127 * 127 per block. */
+static void test_kernels_cpu_matmul_int_never_saturates(void **state)
+{
+    (void)state;
+    const int d_in = 64, d_out = 16, n = 3;
+    char err[ERR_MSG_MAX];
+    struct kern_backend *be = make_backend(1);
+    float in[3 * 64], ref[3 * 16], out[3 * 16];
+    for (int k = 0; k < d_in; k++) {
+        in[k] = 1.0f;                      /* codes 127 */
+        in[d_in + k] = -1.0f;              /* codes -127 */
+        in[2 * d_in + k] = k % 2 ? 1.0f : -1.0f;
+    }
+    char *w8 = calloc(1, kern_q8_bytes(d_out, d_in));
+    assert_non_null(w8);
+    for (int o = 0; o < d_out; o++) {
+        for (int k = 0; k < d_in; k++)
+            ((int8_t *)w8)[o * d_in + k] = (int8_t)(o % 2 ? -127 : 127);
+        const float one = 1.0f;
+        memcpy(w8 + kern_q8_scales_offset(d_out, d_in) + 4 * o, &one, 4);
+    }
+    ref_int_matmul(KERN_DTYPE_Q8, w8, d_out, d_in, in, n, ref);
+    /* 2 blocks x 32 x 127 x 127, times the code scale 1/127 */
+    const float want = fmaf(32.0f * 127 * 127, 1.0f / 127, 32.0f * 127 * 127 * (1.0f / 127));
+    assert_true(ref[0] == want && ref[1] == -want && ref[d_out] == -want);
+    const void *mapped = NULL;
+    assert_int_equal(be->ops->map_matrix(be, w8, KERN_DTYPE_Q8, d_out, d_in, &mapped, err), 0);
+    assert_true(check_int_dots(be, KERN_DTYPE_Q8, mapped, in, n, d_in, d_out, ref, out, "saturating") >= 1);
+    be->ops->unmap_weights(be, mapped);
+    uint8_t *w4 = calloc(1, kern_q4_bytes(d_out, d_in));
+    assert_non_null(w4);
+    for (int g = 0; g < d_out * d_in / 32; g++) {
+        memset(w4 + g * KERN_Q4_GROUP_BYTES, g % 2 ? 0x00 : 0xff, 16);
+        const float one = 1.0f;
+        memcpy(w4 + g * KERN_Q4_GROUP_BYTES + 16, &one, 4);
+    }
+    ref_int_matmul(KERN_DTYPE_Q4, w4, d_out, d_in, in, n, ref);
+    assert_true(check_int_dots(be, KERN_DTYPE_Q4, w4, in, n, d_in, d_out, ref, out, "extremes") >= 1);
+    free(w8);
+    free(w4);
+    be->ops->destroy(be);
+}
+
+/* Non-finite inputs come out NaN (the block's scale is NaN), tiny blocks
+ * as zeros, as the reference says, on every integer dot. */
+static void test_kernels_cpu_matmul_int_non_finite_and_tiny_inputs(void **state)
+{
+    (void)state;
+    const int d_in = 64, d_out = 20, n = 3;
+    struct rng r = {43};
+    struct kern_backend *be = make_backend(2);
+    float wf[64 * 20], scale[20], in[3 * 64], ref[3 * 20], out[3 * 20];
+    void *w = make_quantized(&r, KERN_DTYPE_Q8, d_out, d_in, wf, scale);
+    fill(&r, in, (size_t)n * d_in);
+    in[5] = INFINITY;
+    in[d_in + 40] = NAN;
+    for (int k = 0; k < 32; k++)
+        in[2 * d_in + k] = 1e-30f;
+    ref_int_matmul(KERN_DTYPE_Q8, w, d_out, d_in, in, n, ref);
+    assert_true(isnan(ref[0]) && isnan(ref[d_out]) && !isnan(ref[2 * d_out]));
+    check_int_dots(be, KERN_DTYPE_Q8, w, in, n, d_in, d_out, ref, out, "non-finite");
+    free(w);
     be->ops->destroy(be);
 }
 
@@ -1715,8 +1910,11 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
         cmocka_unit_test(test_kernels_cpu_matmul_every_path_follows_the_fixed_order),
-        cmocka_unit_test(test_kernels_cpu_matmul_int8_follows_the_fixed_order),
-        cmocka_unit_test(test_kernels_cpu_matmul_int4_follows_the_fixed_order),
+        cmocka_unit_test(test_kernels_cpu_matmul_int8_matches_the_integer_reference),
+        cmocka_unit_test(test_kernels_cpu_matmul_int4_matches_the_integer_reference),
+        cmocka_unit_test(test_kernels_cpu_matmul_int_scales_are_per_row_and_block),
+        cmocka_unit_test(test_kernels_cpu_matmul_int_never_saturates),
+        cmocka_unit_test(test_kernels_cpu_matmul_int_non_finite_and_tiny_inputs),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_matches_reference_and_works_in_place),
         cmocka_unit_test(test_kernels_cpu_rmsnorm_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_rope_matches_reference_and_is_batch_invariant),

@@ -1461,20 +1461,22 @@ static const struct test_shape SHAPE_Q4_BF16 = {.vocab = 97, .dim = 64, .layers 
                                                 .kv_heads = 2, .head_dim = 16, .ff = 96, .tied = 0,
                                                 .dtype = KERN_DTYPE_BF16, .llama3_rope = 1};
 
-/* Bounds at about twice what was measured: int8 141 of 144 steps agree,
- * worst difference 0.0095 of the range (with truncation instead of
- * rounding: 0.019). */
+/* Bounds at about twice what was measured: int8 weights with int8
+ * activations (the integer product, kernels/cpu/qdot.h) 142 of 144 steps
+ * agree, worst difference 0.0178 of the range; with f32 activations it was
+ * 141 and 0.0095 (with truncation instead of rounding: 0.019). */
 static void test_llama_int8_model_decodes_close_to_bf16(void **state)
 {
     (void)state;
     const struct quant_drift d = decode_drift(&SHAPE_GQA_BF16, 87, QUANTIZE_INT8);
     assert_true(d.total - d.agree <= 6);
-    assert_true(d.worst < 0.018);
+    assert_true(d.worst < 0.036);
 }
 
-/* int4 (groups of 32): 120 of 144 steps agree, worst difference 0.146 of
- * the range (truncation: 96, 0.32); bounds at about twice the measured
- * disagreement and difference. */
+/* int4 (groups of 32) with int8 activations: 119 of 144 steps agree,
+ * worst difference 0.147 of the range (f32 activations: 120, 0.146;
+ * truncation: 96, 0.32); bounds at about twice the measured disagreement
+ * and difference. */
 static void test_llama_int4_model_decodes_close_to_bf16(void **state)
 {
     (void)state;
