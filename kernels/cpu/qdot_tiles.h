@@ -28,10 +28,10 @@ QD_TGT static inline __attribute__((always_inline)) qd_vi QD_FN(qd_bcast)(const 
 }
 
 QD_TGT static inline __attribute__((always_inline)) void
-QD_FN(qd_tile)(const struct qd_job *job, const int T, const int R, int p, int i0)
+QD_FN(qd_tile)(const struct qd_job *job, const int q8, const int T, const int R, int p, int i0)
 {
     const struct qd_act *a = job->a;
-    const int nb = a->nb, q8 = job->dtype == KERN_DTYPE_Q8;
+    const int nb = a->nb;
     const size_t pb = job->panel_bytes;
     const uint8_t *w = job->w + (size_t)p * pb;
     qd_vf acc[QD_TMAX * QD_V][QD_R];
@@ -54,32 +54,46 @@ QD_FN(qd_tile)(const struct qd_job *job, const int T, const int R, int p, int i0
         const int8_t *xb = x + (size_t)b * QD_BLOCK;
         if (q8) {
             const uint8_t *wb = w + QD_LINE + (size_t)b * 8 * QD_LINE;
+            /* each line's vectors loaded once, each row's codes broadcast once */
 #pragma GCC unroll 8
-            for (int l = 0; l < 8; l++)
+            for (int l = 0; l < 8; l++) {
+                qd_vi wv[QD_TMAX * QD_V];
 #pragma GCC unroll 8
-                for (int v = 0; v < T * QD_V; v++) {
-                    const qd_vi wv = QD_LOADI(wb + (size_t)(v / QD_V) * pb + (size_t)l * QD_LINE +
-                                              (size_t)(v % QD_V) * QD_VB);
+                for (int v = 0; v < T * QD_V; v++)
+                    wv[v] = QD_LOADI(wb + (size_t)(v / QD_V) * pb + (size_t)l * QD_LINE +
+                                     (size_t)(v % QD_V) * QD_VB);
 #pragma GCC unroll 6
-                    for (int r = 0; r < R; r++)
-                        is[v][r] = QD_DP(is[v][r], wv, QD_FN(qd_bcast)(xb + (size_t)r * ldx + 4 * l));
+                for (int r = 0; r < R; r++) {
+                    const qd_vi xv = QD_FN(qd_bcast)(xb + (size_t)r * ldx + 4 * l);
+#pragma GCC unroll 8
+                    for (int v = 0; v < T * QD_V; v++)
+                        is[v][r] = QD_DP(is[v][r], wv[v], xv);
                 }
+            }
         } else {
             const uint8_t *wb = w + (size_t)b * 5 * QD_LINE;
             const qd_vi lo4 = QD_SET1I(0x0f0f0f0f);
 #pragma GCC unroll 4
-            for (int l = 0; l < 4; l++)
+            for (int l = 0; l < 4; l++) {
+                qd_vi wlo[QD_TMAX * QD_V], whi[QD_TMAX * QD_V];
 #pragma GCC unroll 8
                 for (int v = 0; v < T * QD_V; v++) {
                     const qd_vi raw = QD_LOADI(wb + (size_t)(v / QD_V) * pb + (size_t)l * QD_LINE +
                                                (size_t)(v % QD_V) * QD_VB);
-                    const qd_vi wlo = QD_ANDI(raw, lo4), whi = QD_ANDI(QD_SRLI16(raw, 4), lo4);
+                    wlo[v] = QD_ANDI(raw, lo4);
+                    whi[v] = QD_ANDI(QD_SRLI16(raw, 4), lo4);
+                }
 #pragma GCC unroll 6
-                    for (int r = 0; r < R; r++) {
-                        is[v][r] = QD_DP(is[v][r], wlo, QD_FN(qd_bcast)(xb + (size_t)r * ldx + 8 * l));
-                        is[v][r] = QD_DP(is[v][r], whi, QD_FN(qd_bcast)(xb + (size_t)r * ldx + 8 * l + 4));
+                for (int r = 0; r < R; r++) {
+                    const qd_vi x0 = QD_FN(qd_bcast)(xb + (size_t)r * ldx + 8 * l);
+                    const qd_vi x1 = QD_FN(qd_bcast)(xb + (size_t)r * ldx + 8 * l + 4);
+#pragma GCC unroll 8
+                    for (int v = 0; v < T * QD_V; v++) {
+                        is[v][r] = QD_DP(is[v][r], wlo[v], x0);
+                        is[v][r] = QD_DP(is[v][r], whi[v], x1);
                     }
                 }
+            }
         }
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
@@ -97,11 +111,14 @@ QD_FN(qd_tile)(const struct qd_job *job, const int T, const int R, int p, int i0
             }
         }
     }
+    /* every index constant (the loops unrolled), or the accumulators would
+     * live in memory */
+#pragma GCC unroll 8
     for (int v = 0; v < T * QD_V; v++) {
         const int o0 = (p + v / QD_V) * QD_ROWS + (v % QD_V) * QD_VL;
-        if (o0 >= job->d_out)
-            break;
-        const int live = job->d_out - o0 < QD_VL ? job->d_out - o0 : QD_VL;
+        const int left = job->d_out - o0;
+        const int live = left < 0 ? 0 : left < QD_VL ? left : QD_VL;
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             qd_vf y = acc[v][r];
             if (q8)
@@ -120,7 +137,12 @@ QD_FN(qd_tile)(const struct qd_job *job, const int T, const int R, int p, int i0
 QD_TGT static void QD_FN(qd_tile_any)(const struct qd_job *job, int T, int R, int p, int i0)
 {
 #define QD_CASE(t, r)                                                                              \
-    case (t) * 8 + (r): QD_FN(qd_tile)(job, t, r, p, i0); return;
+    case (t) * 8 + (r):                                                                            \
+        if (job->dtype == KERN_DTYPE_Q8)                                                           \
+            QD_FN(qd_tile)(job, 1, t, r, p, i0);                                                   \
+        else                                                                                       \
+            QD_FN(qd_tile)(job, 0, t, r, p, i0);                                                   \
+        return;
     switch (T * 8 + R) {
         QD_CASE(1, 1)
         QD_CASE(QD_TMAX, 1)

@@ -270,6 +270,42 @@ int time_rows(struct bench_model *m, float *logits_host, float *logits_dev,
     return 0;
 }
 
+/* Prefill on the CPU: a prompt of `tokens` tokens in one llama_forward
+ * call, the last row's logits, after one untimed call; the best of
+ * `reps` runs, tokens per second. */
+static int cpu_prefill(struct bench_model *m, int tokens, int reps)
+{
+    char err[ERR_MSG_MAX] = "";
+    const int vocab = llama_model_config(m->model)->vocab_size;
+    int32_t *prompt = malloc((size_t)tokens * sizeof *prompt);
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    if (!prompt || !logits) {
+        free(prompt);
+        free(logits);
+        return die("prefill", "out of memory");
+    }
+    for (int i = 0; i < tokens; i++)
+        prompt[i] = (int32_t)((1000 + 7919 * i) % vocab);
+    struct llama_seq_batch fb = {.slot = 0, .tokens = prompt, .n_tokens = tokens, .n_logits = 1,
+                                 .logits_out = logits};
+    double best = 0;
+    int rc = 0;
+    for (int r = 0; r <= reps && !rc; r++) {
+        const double t0 = now_s();
+        rc = llama_ctx_truncate(m->ctx, 0, 0, err) || llama_forward(m->ctx, &fb, 1, err);
+        const double s = now_s() - t0;
+        if (r > 0 && (best == 0 || s < best))
+            best = s;
+    }
+    free(prompt);
+    free(logits);
+    if (rc || llama_ctx_truncate(m->ctx, 0, 0, err))
+        return die("prefill", err);
+    printf("  prefill %d tokens: %.1f ms, %.1f tokens/s (best of %d)\n", tokens, best * 1e3,
+           tokens / best, reps);
+    return 0;
+}
+
 /* The CPU's verification table: a forward call of K + 1 rows against one
  * of a single row, the two measured one right after the other and the pair
  * repeated, best of each (on this noisy machine only side-by-side figures
@@ -363,6 +399,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
     printf("read bandwidth (%d threads, %zu MiB, best pass): %.2f GB/s\n", bw.n_threads,
            bw.size_bytes >> 20, bw.read_gbs);
     printf("memcpy (read+write counted, for reference only): %.2f GB/s\n", bw.memcpy_gbs);
+    printf("int8/int4 integer dot: %s\n", kern_cpu_int_dot_name(kern_cpu_int_dot(be)));
     /* This VM's read bandwidth swings by 2x from minute to minute: it is
      * measured again after each decode, and the decode is set against the
      * higher of the two figures around it (never the flattering one). */
@@ -458,6 +495,8 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
                         "generated tokens, prefill included");
         }
         if (cpu_verify_rows(&m, o->prefix, o->tokens < 10 ? o->tokens : 10, o->profile ? &prof : NULL))
+            return 1;
+        if (cpu_prefill(&m, 512, 2))
             return 1;
         specdec_target_destroy(t);
         unload(&m);
