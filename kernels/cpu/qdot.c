@@ -110,13 +110,21 @@ static void qd_quantize_block_avx2(const float *x, int8_t *q, float *s, int32_t 
 }
 #endif
 
-void qd_act_quantize(const float *in, int n, int d_in, void *buf, struct qd_act *a)
+void qd_act_layout(void *buf, int n, int d_in, struct qd_act *a)
 {
     const int nb = (d_in + QD_BLOCK - 1) / QD_BLOCK;
-    int8_t *q = buf;
     float *s = (float *)(void *)((char *)buf + QD_ALIGN((size_t)n * (size_t)nb * QD_BLOCK));
     int32_t *sum = (int32_t *)(void *)((char *)s + QD_ALIGN((size_t)n * (size_t)nb * 4));
-    for (int i = 0; i < n; i++)
+    *a = (struct qd_act){.q = buf, .s = s, .sum = sum, .nb = nb};
+}
+
+void qd_act_quantize_rows(const float *in, int d_in, const struct qd_act *a, int i0, int i1)
+{
+    const int nb = a->nb;
+    int8_t *q = (int8_t *)(uintptr_t)a->q;
+    float *s = (float *)(uintptr_t)a->s;
+    int32_t *sum = (int32_t *)(uintptr_t)a->sum;
+    for (int i = i0; i < i1; i++)
         for (int b = 0; b < nb; b++) {
             const float *x = in + (size_t)i * (size_t)d_in + (size_t)b * QD_BLOCK;
             const size_t at = (size_t)i * (size_t)nb + (size_t)b;
@@ -129,7 +137,6 @@ void qd_act_quantize(const float *in, int n, int d_in, void *buf, struct qd_act 
 #endif
             qd_quantize_block_scalar(x, len, q + at * QD_BLOCK, s + at, sum + at);
         }
-    *a = (struct qd_act){.q = q, .s = s, .sum = sum, .nb = nb};
 }
 
 size_t qd_panel_bytes(enum kern_dtype dt, int d_in)
@@ -302,6 +309,19 @@ void qd_panels_avx512vnni(const struct qd_job *job, int p0, int np) { qd_panels_
 #define QD_DECODE_TASK 4 /* panels per task at one input row: QD_TMAX of AVX-512 */
 #define QD_TASK 2        /* ... from two rows: QD_PAIR */
 
+struct qd_quant_job {
+    const float *in;
+    int d_in;
+    const struct qd_act *a;
+};
+
+static void qd_quant_task(void *ctx, long begin, long end, int thread_idx)
+{
+    const struct qd_quant_job *qj = ctx;
+    (void)thread_idx;
+    qd_act_quantize_rows(qj->in, qj->d_in, qj->a, (int)begin, (int)end);
+}
+
 static void qd_task(void *ctx, long begin, long end, int thread_idx)
 {
     static const qd_panels_fn panels[QD_ISA_COUNT] = {
@@ -337,7 +357,10 @@ int cpu_matmul_int(struct cpu_backend *cb, float *out, const float *in, const vo
         return rc;
     }
     struct qd_act act;
-    qd_act_quantize(in, n, d_in, cb->scratch[0], &act);
+    qd_act_layout(cb->scratch[0], n, d_in, &act);
+    struct qd_quant_job qj = {.in = in, .d_in = d_in, .a = &act};
+    /* rows are quantized independently: a prompt's on all threads */
+    cpu_pool_run(cb->pool, n, (long)n * d_in < 65536 ? n : 1, qd_quant_task, &qj);
     const long n_panels = (d_out + QD_ROWS - 1) / QD_ROWS;
     struct qd_job job = {
         .a = &act, .w = w, .dtype = dtype, .d_out = d_out,

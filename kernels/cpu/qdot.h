@@ -86,11 +86,13 @@ struct qd_job {
     int task_panels;       /* panels per pool task */
 };
 
-/* Bytes qd_act_quantize needs for n rows of d_in (64-byte aligned parts). */
+/* Bytes the quantized activations of n rows of d_in take (64-aligned parts). */
 size_t qd_act_bytes(int n, int d_in);
-/* Quantizes n rows of d_in floats into buf (qd_act_bytes, 64-aligned) by
- * rule 1 above; a describes them. */
-void qd_act_quantize(const float *in, int n, int d_in, void *buf, struct qd_act *a);
+/* a describes n rows of d_in in buf (qd_act_bytes, 64-aligned). */
+void qd_act_layout(void *buf, int n, int d_in, struct qd_act *a);
+/* Quantizes rows [i0, i1) of in ([n][d_in] floats) into a, by rule 1 above:
+ * each row alone, so any split of the rows gives the same codes. */
+void qd_act_quantize_rows(const float *in, int d_in, const struct qd_act *a, int i0, int i1);
 
 size_t qd_panel_bytes(enum kern_dtype dt, int d_in);
 size_t qd_packed_bytes(enum kern_dtype dt, int rows, int d_in);

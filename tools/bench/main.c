@@ -48,6 +48,7 @@
  *       default models/trained: DIR/target, DIR/draft), on six chat
  *       questions of the kinds it was trained on, one pass (no noise).
  *   tandem-bench ppl --model DIR --text FILE [--context N]
+ *       [--quantize none|int8|int4]
  *       the model's perplexity on the text (trained.c), as one JSON line.
  *
  * Models are generated (deterministically) into --models (default

@@ -142,7 +142,7 @@ int bench_ppl(const struct bench_opts *o, struct kern_backend *be)
         return die(o->text, err);
     const int ctx_len = o->context;
     struct bench_model m;
-    if (n_ids < 2 || load(&m, o->model, be, ctx_len, QUANTIZE_NONE)) {
+    if (n_ids < 2 || load(&m, o->model, be, ctx_len, o->quantize)) {
         if (n_ids < 2)
             fprintf(stderr, "tandem-bench ppl: %s: fewer than 2 tokens\n", o->text);
         free(ids);
