@@ -365,7 +365,7 @@ int cpu_matmul_int(struct cpu_backend *cb, float *out, const float *in, const vo
     struct qd_job job = {
         .a = &act, .w = w, .dtype = dtype, .d_out = d_out,
         .panel_bytes = qd_panel_bytes(dtype, d_in), .isa = cb->qdot_isa,
-        .task_panels = n == 1 ? QD_DECODE_TASK : QD_TASK,
+        .task_panels = n <= QD_WIDE_ROWS ? QD_DECODE_TASK : QD_TASK,
     };
     const size_t row_bytes = (size_t)act.nb * QD_BLOCK;
     int job_rows = (int)(QD_JOB_BYTES / row_bytes);

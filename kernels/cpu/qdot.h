@@ -55,6 +55,7 @@
 #define QD_LINE 64  /* bytes of one line: QD_ROWS x 4 columns */
 #define QD_TINY 0x1p-96f /* blocks with a smaller amax quantize to zero */
 #define QD_RMAX 6   /* most input rows one tile takes (AVX-512) */
+#define QD_WIDE_ROWS 6 /* AVX-512: up to this many rows, 4 panels a tile in groups of 3 rows */
 
 /* Which integer dot product a backend runs; every one gives the same bits. */
 enum qd_isa {

@@ -15,6 +15,7 @@
 #define QD_TMAX 4
 #define QD_R QD_RMAX
 #define QD_PAIR 2
+#define QD_WIDE_MAX QD_WIDE_ROWS
 typedef __m512i qd_vi;
 typedef __m512 qd_vf;
 #define QD_LOADI(p) _mm512_loadu_si512((const void *)(p))

@@ -14,6 +14,7 @@
 #define QD_TMAX 2
 #define QD_R 3
 #define QD_PAIR 1
+#define QD_WIDE_MAX 0
 typedef __m256i qd_vi;
 typedef __m256 qd_vf;
 #define QD_LOADI(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))

@@ -149,6 +149,8 @@ QD_TGT static void QD_FN(qd_tile_any)(const struct qd_job *job, int T, int R, in
         QD_CASE(1, 2)
         QD_CASE(1, 3)
 #if QD_R > 3
+        QD_CASE(QD_TMAX, 2)
+        QD_CASE(QD_TMAX, 3)
         QD_CASE(1, 4)
         QD_CASE(1, 5)
         QD_CASE(1, 6)
@@ -177,9 +179,12 @@ QD_TGT void QD_FN(qd_panels)(const struct qd_job *job, int p0, int np)
             QD_FN(qd_tile_any)(job, 1, 1, p, 0);
         return;
     }
-    const int groups = (n + QD_R - 1) / QD_R;
-    for (int p = p0; p < p0 + np; p += QD_PAIR) {
-        const int t = p0 + np - p < QD_PAIR ? p0 + np - p : QD_PAIR;
+    /* up to QD_WIDE_MAX rows: QD_TMAX panels (streams) in groups of 3 */
+    const int wide = QD_R > 3 && n <= QD_WIDE_MAX;
+    const int rmax = wide ? 3 : QD_R, tmax = wide ? QD_TMAX : QD_PAIR;
+    const int groups = (n + rmax - 1) / rmax;
+    for (int p = p0, t; p < p0 + np; p += t) {
+        t = p0 + np - p < tmax ? 1 : tmax;
         for (int g = 0, i = 0; g < groups; g++) {
             const int ri = n / groups + (g < n % groups ? 1 : 0);
             QD_FN(qd_tile_any)(job, t, ri, p, i);
