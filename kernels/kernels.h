@@ -37,11 +37,12 @@ enum kern_dtype {
     KERN_DTYPE_BF16 = 0,
     KERN_DTYPE_F16 = 1,
     KERN_DTYPE_F32 = 2,
-    /* int8 weights, one f32 scale per row (weight-only quantization: the
-     * activations stay f32). A [rows][cols] matrix is rows * cols int8
-     * values, then, from the next multiple of 64 bytes, rows f32 scales
-     * (kern_q8_bytes, kern_q8_scales); w[o][k] stands for q[o][k] * scale[o].
-     * Only map_matrix and matmul take it (cpu; cuda: matmul, matmul_quant.cu). */
+    /* int8 weights, one f32 scale per row. A [rows][cols] matrix is
+     * rows * cols int8 values, then, from the next multiple of 64 bytes,
+     * rows f32 scales (kern_q8_bytes, kern_q8_scales); w[o][k] stands for
+     * q[o][k] * scale[o]. Only map_matrix and matmul take it (cpu: against
+     * int8 activations, per row and block of 32, kernels/cpu/qdot.h, so its
+     * bits are not the f32 product's; cuda: f32 activations, matmul_quant.cu). */
     KERN_DTYPE_Q8 = 3,
     /* 4-bit weights in groups of 32 along a row, each group 16 bytes of
      * nibbles (element j < 16 in the low half of byte j, element 16 + j in
@@ -49,7 +50,7 @@ enum kern_dtype {
      * a nibble n stands for n - 8) and then its f32 scale: 20 bytes per 32
      * weights, rows back to back (kern_q4_bytes). w = (n - 8) * scale, in
      * f32. cols must be a multiple of 32. Only map_matrix and matmul take it
-     * (cpu; cuda: matmul, matmul_quant.cu). */
+     * (cpu: int8 activations as for KERN_DTYPE_Q8; cuda: matmul_quant.cu). */
     KERN_DTYPE_Q4 = 4,
 };
 #define KERN_DTYPE_COUNT 5
