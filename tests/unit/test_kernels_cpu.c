@@ -492,9 +492,18 @@ static void ref_quantize_row(const float *x, int d_in, int8_t *q, float *s, int 
     }
 }
 
-static float ref_int_dot(enum kern_dtype dt, const void *w, int d_out, int d_in, int o, const int8_t *q,
-                         const float *s)
+/* A quantized matrix: dt, its bytes (kernels.h's layout) and shape. */
+struct qmat {
+    enum kern_dtype dt;
+    const void *w;
+    int d_out, d_in;
+};
+
+static float ref_int_dot(const struct qmat *m, int o, const int8_t *q, const float *s)
 {
+    const enum kern_dtype dt = m->dt;
+    const void *w = m->w;
+    const int d_in = m->d_in, d_out = m->d_out;
     const int nb = (d_in + 31) / 32;
     float acc = 0.0f, wsc;
     for (int b = 0; b < nb; b++) {
@@ -524,9 +533,9 @@ static float ref_int_dot(enum kern_dtype dt, const void *w, int d_out, int d_in,
 }
 
 /* ref[n][d_out] by the reference. */
-static void ref_int_matmul(enum kern_dtype dt, const void *w, int d_out, int d_in, const float *in, int n,
-                           float *ref)
+static void ref_int_matmul(const struct qmat *m, const float *in, int n, float *ref)
 {
+    const int d_in = m->d_in, d_out = m->d_out;
     const int nb = (d_in + 31) / 32;
     int8_t *q = malloc((size_t)nb * 32);
     float *s = falloc((size_t)nb);
@@ -534,7 +543,7 @@ static void ref_int_matmul(enum kern_dtype dt, const void *w, int d_out, int d_i
     for (int i = 0; i < n; i++) {
         ref_quantize_row(in + (size_t)i * d_in, d_in, q, s, nb);
         for (int o = 0; o < d_out; o++)
-            ref[(size_t)i * d_out + o] = ref_int_dot(dt, w, d_out, d_in, o, q, s);
+            ref[(size_t)i * d_out + o] = ref_int_dot(m, o, q, s);
     }
     free(q);
     free(s);
@@ -542,9 +551,12 @@ static void ref_int_matmul(enum kern_dtype dt, const void *w, int d_out, int d_i
 
 /* Runs matmul on every integer dot this CPU has (kern_cpu_set_int_dot) and
  * checks each against ref, bit for bit; returns how many it ran. */
-static int check_int_dots(struct kern_backend *be, enum kern_dtype dt, const void *w, const float *in, int n,
-                          int d_in, int d_out, const float *ref, float *out, const char *what)
+static int check_int_dots(struct kern_backend *be, const struct qmat *m, const float *in, int n,
+                          const float *ref, const char *what)
 {
+    const enum kern_dtype dt = m->dt;
+    const int d_in = m->d_in, d_out = m->d_out;
+    float *out = falloc((size_t)n * d_out);
     char err[ERR_MSG_MAX];
     const int best = kern_cpu_int_dot(be);
     int ran = 0;
@@ -552,7 +564,7 @@ static int check_int_dots(struct kern_backend *be, enum kern_dtype dt, const voi
         if (kern_cpu_set_int_dot(be, isa, err) != 0)
             continue;
         memset(out, 0xff, (size_t)n * d_out * sizeof(float));
-        assert_int_equal(be->ops->matmul(be, out, in, w, dt, n, d_in, d_out, err), 0);
+        assert_int_equal(be->ops->matmul(be, out, in, m->w, dt, n, d_in, d_out, err), 0);
         char msg[160];
         snprintf(msg, sizeof msg, "matmul %s d_in=%d d_out=%d n=%d %s on %s vs reference", kern_dtype_name(dt),
                  d_in, d_out, n, what, kern_cpu_int_dot_name(isa));
@@ -560,6 +572,7 @@ static int check_int_dots(struct kern_backend *be, enum kern_dtype dt, const voi
         ran++;
     }
     assert_int_equal(kern_cpu_set_int_dot(be, best, err), 0);
+    free(out);
     return ran;
 }
 
@@ -580,26 +593,26 @@ static void check_quantized_matmul(enum kern_dtype dt, const int *d_ins, size_t 
         const int d_in = d_ins[si], d_out = d_outs[si % 6];
         float scale[133];
         float *wf = falloc((size_t)d_in * d_out), *in = falloc((size_t)n_max * d_in);
-        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+        float *ref = falloc((size_t)n_max * d_out);
         void *w = make_quantized(&r, dt, d_out, d_in, wf, scale);
         fill(&r, in, (size_t)n_max * d_in);
-        ref_int_matmul(dt, w, d_out, d_in, in, n_max, ref);
-        const void *mapped = NULL;
-        assert_int_equal(be->ops->map_matrix(be, w, dt, d_out, d_in, &mapped, err), 0);
+        const struct qmat caller = {dt, w, d_out, d_in};
+        ref_int_matmul(&caller, in, n_max, ref);
+        struct qmat mapped = caller;
+        assert_int_equal(be->ops->map_matrix(be, w, dt, d_out, d_in, &mapped.w, err), 0);
         for (int n = 1; n <= n_max; n = n < 40 ? n + 1 : n == 40 ? 64 : n == 64 ? 65 : n == 65 ? 100 : n == 100 ? 255 : 256) {
-            assert_true(check_int_dots(be, dt, mapped, in, n, d_in, d_out, ref, out, "mapped") >= 1);
+            assert_true(check_int_dots(be, &mapped, in, n, ref, "mapped") >= 1);
             if (n <= 6 || n == 17 || n == 65)
-                check_int_dots(be, dt, w, in, n, d_in, d_out, ref, out, "caller's");
+                check_int_dots(be, &caller, in, n, ref, "caller's");
             if (n == n_max)
                 break;
         }
-        be->ops->unmap_weights(be, mapped);
+        be->ops->unmap_weights(be, mapped.w);
         be->ops->destroy(be);
         free(w);
         free(wf);
         free(in);
         free(ref);
-        free(out);
     }
 }
 
@@ -647,7 +660,7 @@ static void test_kernels_cpu_matmul_int_scales_are_per_row_and_block(void **stat
     char err[ERR_MSG_MAX];
     struct kern_backend *be = make_backend(2);
     float wf[96 * 40], scale[40];
-    float in[4 * 96], ref[4 * 40], out[4 * 40], one[40];
+    float in[4 * 96], ref[4 * 40], one[40];
     for (int di = 0; di < 2; di++) {
         const enum kern_dtype dt = di ? KERN_DTYPE_Q4 : KERN_DTYPE_Q8;
         void *w = make_quantized(&r, dt, d_out, d_in, wf, scale);
@@ -656,13 +669,14 @@ static void test_kernels_cpu_matmul_int_scales_are_per_row_and_block(void **stat
             in[d_in + k] *= 1e6f;              /* row 1: huge */
             in[3 * d_in + k] *= k < 32 ? 1e4f : 1e-3f; /* row 3: one large block */
         }
-        ref_int_matmul(dt, w, d_out, d_in, in, n, ref);
+        const struct qmat m = {dt, w, d_out, d_in};
+        ref_int_matmul(&m, in, n, ref);
         /* the small rows are not all zero: their own scale kept them */
         int nonzero = 0;
         for (int o = 0; o < d_out; o++)
             nonzero += ref[o] != 0.0f && ref[2 * d_out + o] != 0.0f;
         assert_true(nonzero > d_out / 2);
-        check_int_dots(be, dt, w, in, n, d_in, d_out, ref, out, "rows of different sizes");
+        check_int_dots(be, &m, in, n, ref, "rows of different sizes");
         for (int i = 0; i < n; i++) {
             assert_int_equal(be->ops->matmul(be, one, in + (size_t)i * d_in, w, dt, 1, d_in, d_out, err), 0);
             assert_int_equal(count_bit_diffs("row alone vs in its batch", one, ref + (size_t)i * d_out, d_out), 0);
@@ -683,7 +697,7 @@ static void test_kernels_cpu_matmul_int_never_saturates(void **state)
     const int d_in = 64, d_out = 16, n = 3;
     char err[ERR_MSG_MAX];
     struct kern_backend *be = make_backend(1);
-    float in[3 * 64], ref[3 * 16], out[3 * 16];
+    float in[3 * 64], ref[3 * 16];
     for (int k = 0; k < d_in; k++) {
         in[k] = 1.0f;                      /* codes 127 */
         in[d_in + k] = -1.0f;              /* codes -127 */
@@ -697,14 +711,14 @@ static void test_kernels_cpu_matmul_int_never_saturates(void **state)
         const float one = 1.0f;
         memcpy(w8 + kern_q8_scales_offset(d_out, d_in) + 4 * o, &one, 4);
     }
-    ref_int_matmul(KERN_DTYPE_Q8, w8, d_out, d_in, in, n, ref);
+    struct qmat m8 = {KERN_DTYPE_Q8, w8, d_out, d_in};
+    ref_int_matmul(&m8, in, n, ref);
     /* 2 blocks x 32 x 127 x 127, times the code scale 1/127 */
     const float want = fmaf(32.0f * 127 * 127, 1.0f / 127, 32.0f * 127 * 127 * (1.0f / 127));
     assert_true(ref[0] == want && ref[1] == -want && ref[d_out] == -want);
-    const void *mapped = NULL;
-    assert_int_equal(be->ops->map_matrix(be, w8, KERN_DTYPE_Q8, d_out, d_in, &mapped, err), 0);
-    assert_true(check_int_dots(be, KERN_DTYPE_Q8, mapped, in, n, d_in, d_out, ref, out, "saturating") >= 1);
-    be->ops->unmap_weights(be, mapped);
+    assert_int_equal(be->ops->map_matrix(be, w8, KERN_DTYPE_Q8, d_out, d_in, &m8.w, err), 0);
+    assert_true(check_int_dots(be, &m8, in, n, ref, "saturating") >= 1);
+    be->ops->unmap_weights(be, m8.w);
     uint8_t *w4 = calloc(1, kern_q4_bytes(d_out, d_in));
     assert_non_null(w4);
     for (int g = 0; g < d_out * d_in / 32; g++) {
@@ -712,8 +726,9 @@ static void test_kernels_cpu_matmul_int_never_saturates(void **state)
         const float one = 1.0f;
         memcpy(w4 + g * KERN_Q4_GROUP_BYTES + 16, &one, 4);
     }
-    ref_int_matmul(KERN_DTYPE_Q4, w4, d_out, d_in, in, n, ref);
-    assert_true(check_int_dots(be, KERN_DTYPE_Q4, w4, in, n, d_in, d_out, ref, out, "extremes") >= 1);
+    const struct qmat m4 = {KERN_DTYPE_Q4, w4, d_out, d_in};
+    ref_int_matmul(&m4, in, n, ref);
+    assert_true(check_int_dots(be, &m4, in, n, ref, "extremes") >= 1);
     free(w8);
     free(w4);
     be->ops->destroy(be);
@@ -727,16 +742,17 @@ static void test_kernels_cpu_matmul_int_non_finite_and_tiny_inputs(void **state)
     const int d_in = 64, d_out = 20, n = 3;
     struct rng r = {43};
     struct kern_backend *be = make_backend(2);
-    float wf[64 * 20], scale[20], in[3 * 64], ref[3 * 20], out[3 * 20];
+    float wf[64 * 20], scale[20], in[3 * 64], ref[3 * 20];
     void *w = make_quantized(&r, KERN_DTYPE_Q8, d_out, d_in, wf, scale);
     fill(&r, in, (size_t)n * d_in);
     in[5] = INFINITY;
     in[d_in + 40] = NAN;
     for (int k = 0; k < 32; k++)
         in[2 * d_in + k] = 1e-30f;
-    ref_int_matmul(KERN_DTYPE_Q8, w, d_out, d_in, in, n, ref);
+    const struct qmat m = {KERN_DTYPE_Q8, w, d_out, d_in};
+    ref_int_matmul(&m, in, n, ref);
     assert_true(isnan(ref[0]) && isnan(ref[d_out]) && !isnan(ref[2 * d_out]));
-    check_int_dots(be, KERN_DTYPE_Q8, w, in, n, d_in, d_out, ref, out, "non-finite");
+    check_int_dots(be, &m, in, n, ref, "non-finite");
     free(w);
     be->ops->destroy(be);
 }
