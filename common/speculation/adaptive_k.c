@@ -224,6 +224,80 @@ void adaptive_k_update(struct adaptive_k *kc, int k, int n_accepted, double draf
     kc->probing = false;
 }
 
+/* A drafting round of k drafts, n_accepted accepted, the draft's cost
+ * draft_ms (< 0: unknown): the acceptance estimate and the draft's cost
+ * per token. */
+static void k_learn_draft(struct adaptive_k *kc, int k, int n_accepted, double draft_ms)
+{
+    kc->trials_seen += n_accepted + (n_accepted < k ? 1 : 0);
+    /* A round is a truncated geometric observation: n_accepted successes,
+     * then one failure unless every draft was accepted. */
+    kc->accepted_sum = kc->accepted_sum * K_DECAY + n_accepted;
+    kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
+    kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
+                      (kc->trials_sum + K_PRIOR_WEIGHT);
+    if (draft_ms >= 0 && !kc->draft_warm) {
+        /* The first drafting round of a fresh controller is not learnt
+         * from: it is the draft's first decode call, which touches what
+         * its prefill did not (the LM head's product among it) and took
+         * 5-20 ms against 2.2 ms later (small pair, 2 threads). Priced
+         * at that, K = 0 won and the draft was not tried again for 16
+         * rounds, then, still averaged with it, for 32 more: most of a
+         * first request decoded without speculation. Committing the
+         * engine's row buffers at creation took away only part of it
+         * (K = 2: 16.1 against 6.6 ms later in one run of two). */
+        kc->draft_warm = true;
+    } else if (draft_ms >= 0) {
+        /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
+        double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
+        const double alpha =
+            kc->probing ? K_PROBE_ALPHA : k_alpha(per_token, kc->draft_ms_per_token);
+        kc->draft_ms_per_token = kc->draft_ms_per_token > 0
+                                     ? kc->draft_ms_per_token + alpha * (per_token - kc->draft_ms_per_token)
+                                     : per_token;
+    }
+}
+
+/* A verification of k drafts cost verify_ms (> 0, a sample that counts):
+ * the cost of k rows, and the base + per-row fit over every k. */
+static void k_learn_verify(struct adaptive_k *kc, int k, double verify_ms)
+{
+    if (k >= 0 && k <= SPECULATE_K_MAX) {
+        /* A k's first sample (or first after going stale) is met halfway by
+         * what the other k's say it costs: a sample alone swings by 10% on
+         * a shared machine, and a dear one would keep its k from being run
+         * and measured again. */
+        const double priced = k > 0 && !k_verify_at_fresh(kc, k) ? k_verify_ms(kc, k) : 0;
+        kc->verify_at_ms[k] = k_verify_at_fresh(kc, k)
+                                  ? kc->verify_at_ms[k] + k_alpha(verify_ms, kc->verify_at_ms[k]) *
+                                                              (verify_ms - kc->verify_at_ms[k])
+                              : priced > 0 ? 0.5 * (verify_ms + priced)
+                                           : verify_ms;
+        kc->verify_at_round[k] = kc->rounds_observed;
+    }
+    kc->fit_w = kc->fit_w * K_COST_DECAY + 1;
+    kc->fit_k = kc->fit_k * K_COST_DECAY + k;
+    kc->fit_kk = kc->fit_kk * K_COST_DECAY + (double)k * k;
+    kc->fit_v = kc->fit_v * K_COST_DECAY + verify_ms;
+    kc->fit_kv = kc->fit_kv * K_COST_DECAY + k * verify_ms;
+    double mk = kc->fit_k / kc->fit_w, mv = kc->fit_v / kc->fit_w;
+    double var = kc->fit_kk / kc->fit_w - mk * mk;
+    double slope = var > 0.25 ? (kc->fit_kv / kc->fit_w - mk * mv) / var : -1;
+    if (slope < 0) {
+        /* k has not varied enough to separate the two costs: assume
+         * the prior share per row around the mean */
+        kc->verify_ms_base = mv / (1.0 + K_PRIOR_ROW_SHARE * mk);
+        kc->verify_ms_per_row = K_PRIOR_ROW_SHARE * kc->verify_ms_base;
+    } else {
+        kc->verify_ms_per_row = slope;
+        kc->verify_ms_base = mv - slope * mk;
+        if (kc->verify_ms_base <= 0) {
+            kc->verify_ms_base = mv / (1.0 + K_PRIOR_ROW_SHARE * mk);
+            kc->verify_ms_per_row = K_PRIOR_ROW_SHARE * kc->verify_ms_base;
+        }
+    }
+}
+
 /* adaptive_k_update but for the probe flag, which the caller clears once
  * the round is fully fed. */
 static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_ms, double verify_ms)
@@ -249,35 +323,8 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     if (k > 0 && draft_ms > 0 && kc->draft_ms_per_token > 0 &&
         draft_ms > K_SAMPLE_CAP * kc->draft_ms_per_token * k)
         draft_ms = K_SAMPLE_CAP * kc->draft_ms_per_token * k;
-    if (k > 0) {
-        kc->trials_seen += n_accepted + (n_accepted < k ? 1 : 0);
-        /* A round is a truncated geometric observation: n_accepted successes,
-         * then one failure unless every draft was accepted. */
-        kc->accepted_sum = kc->accepted_sum * K_DECAY + n_accepted;
-        kc->trials_sum = kc->trials_sum * K_DECAY + n_accepted + (n_accepted < k ? 1 : 0);
-        kc->accept_rate = (kc->accepted_sum + K_PRIOR_A * K_PRIOR_WEIGHT) /
-                          (kc->trials_sum + K_PRIOR_WEIGHT);
-        if (draft_ms >= 0 && !kc->draft_warm) {
-            /* The first drafting round of a fresh controller is not learnt
-             * from: it is the draft's first decode call, which touches what
-             * its prefill did not (the LM head's product among it) and took
-             * 5-20 ms against 2.2 ms later (small pair, 2 threads). Priced
-             * at that, K = 0 won and the draft was not tried again for 16
-             * rounds, then, still averaged with it, for 32 more: most of a
-             * first request decoded without speculation. Committing the
-             * engine's row buffers at creation took away only part of it
-             * (K = 2: 16.1 against 6.6 ms later in one run of two). */
-            kc->draft_warm = true;
-        } else if (draft_ms >= 0) {
-            /* a floor keeps a fully hidden draft (pipelined, cost 0) measurable */
-            double per_token = draft_ms / k > 1e-3 ? draft_ms / k : 1e-3;
-            const double alpha =
-                kc->probing ? K_PROBE_ALPHA : k_alpha(per_token, kc->draft_ms_per_token);
-            kc->draft_ms_per_token = kc->draft_ms_per_token > 0
-                                         ? kc->draft_ms_per_token + alpha * (per_token - kc->draft_ms_per_token)
-                                         : per_token;
-        }
-    }
+    if (k > 0)
+        k_learn_draft(kc, k, n_accepted, draft_ms);
     if (k == 0) {
         kc->rounds_since_plain = 0;
         if (verify_ms > 0)
@@ -289,42 +336,8 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     }
     if (warm_up || first_at_k)
         verify_ms = 0;
-    if (verify_ms > 0 && k >= 0 && k <= SPECULATE_K_MAX) {
-        /* A k's first sample (or first after going stale) is met halfway by
-         * what the other k's say it costs: a sample alone swings by 10% on
-         * a shared machine, and a dear one would keep its k from being run
-         * and measured again. */
-        const double priced = k > 0 && !k_verify_at_fresh(kc, k) ? k_verify_ms(kc, k) : 0;
-        kc->verify_at_ms[k] = k_verify_at_fresh(kc, k)
-                                  ? kc->verify_at_ms[k] + k_alpha(verify_ms, kc->verify_at_ms[k]) *
-                                                              (verify_ms - kc->verify_at_ms[k])
-                              : priced > 0 ? 0.5 * (verify_ms + priced)
-                                           : verify_ms;
-        kc->verify_at_round[k] = kc->rounds_observed;
-    }
-    if (verify_ms > 0) {
-        kc->fit_w = kc->fit_w * K_COST_DECAY + 1;
-        kc->fit_k = kc->fit_k * K_COST_DECAY + k;
-        kc->fit_kk = kc->fit_kk * K_COST_DECAY + (double)k * k;
-        kc->fit_v = kc->fit_v * K_COST_DECAY + verify_ms;
-        kc->fit_kv = kc->fit_kv * K_COST_DECAY + k * verify_ms;
-        double mk = kc->fit_k / kc->fit_w, mv = kc->fit_v / kc->fit_w;
-        double var = kc->fit_kk / kc->fit_w - mk * mk;
-        double slope = var > 0.25 ? (kc->fit_kv / kc->fit_w - mk * mv) / var : -1;
-        if (slope < 0) {
-            /* k has not varied enough to separate the two costs: assume
-             * the prior share per row around the mean */
-            kc->verify_ms_base = mv / (1.0 + K_PRIOR_ROW_SHARE * mk);
-            kc->verify_ms_per_row = K_PRIOR_ROW_SHARE * kc->verify_ms_base;
-        } else {
-            kc->verify_ms_per_row = slope;
-            kc->verify_ms_base = mv - slope * mk;
-            if (kc->verify_ms_base <= 0) {
-                kc->verify_ms_base = mv / (1.0 + K_PRIOR_ROW_SHARE * mk);
-                kc->verify_ms_per_row = K_PRIOR_ROW_SHARE * kc->verify_ms_base;
-            }
-        }
-    }
+    if (verify_ms > 0)
+        k_learn_verify(kc, k, verify_ms);
     kc->rounds_observed++;
 }
 
