@@ -456,7 +456,9 @@ static int load_merges(struct tokenizer *tk, const cJSON *merges, char *err)
     return rc;
 }
 
-static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *added, int16_t *cp_to_byte, char *err)
+/* model's settings that are not vocabulary: only BPE, every option this
+ * tokenizer does not implement off; ignore_merges kept. */
+static int check_model_settings(struct tokenizer *tk, const cJSON *model, char *err)
 {
     const char *p = tk->path;
     if (!cJSON_IsObject(model))
@@ -473,7 +475,108 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
     if (im && !cJSON_IsBool(im) && !cJSON_IsNull(im))
         return error_set(err, ERR_FORMAT, "%s: model.ignore_merges: expected a boolean", p);
     tk->ignore_merges = cJSON_IsTrue(im);
+    return 0;
+}
 
+/* What the tables must hold: the largest id over vocab and added tokens,
+ * the bytes of their keys, and how many of each. */
+struct vocab_sizes {
+    int32_t max_id;
+    size_t key_bytes, n_vocab_entries, n_added;
+};
+
+/* Counts vocab and the added tokens into *sz, checking each id and added
+ * token as it goes. */
+static int count_vocab(const char *p, const cJSON *vocab, const cJSON *added, struct vocab_sizes *sz, char *err)
+{
+    *sz = (struct vocab_sizes){.max_id = -1};
+    const cJSON *it;
+    cJSON_ArrayForEach(it, vocab) {
+        int32_t id;
+        if (!json_id(it, &id))
+            return error_set(err, ERR_FORMAT, "%s: model.vocab[\"%.64s\"]: id must be an integer in 0..%d", p,
+                             it->string ? it->string : "", TOK_MAX_IDS - 1);
+        if (id > sz->max_id)
+            sz->max_id = id;
+        sz->key_bytes += strlen(it->string);
+        sz->n_vocab_entries++;
+    }
+    if (!cJSON_IsArray(added))
+        return 0;
+    cJSON_ArrayForEach(it, added) {
+        int32_t id;
+        const size_t i = sz->n_added;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &id))
+            return error_set(err, ERR_FORMAT, "%s: added_tokens[%zu].id: expected an integer id", p, i);
+        if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
+            return error_set(err, ERR_FORMAT, "%s: added_tokens[%zu].content: expected a non-empty string", p, i);
+        static const char *flags[] = {"single_word", "lstrip", "rstrip"};
+        for (size_t f = 0; f < 3; f++)
+            if (!is_off(cJSON_GetObjectItemCaseSensitive(it, flags[f])))
+                return error_set(err, ERR_UNSUPPORTED, "%s: added_tokens[%zu].%s is not supported", p, i, flags[f]);
+        if (id > sz->max_id)
+            sz->max_id = id;
+        sz->key_bytes += strlen(content->valuestring);
+        sz->n_added++;
+    }
+    return 0;
+}
+
+/* tk's tables for the ids 0..max_id, every id absent until filled. */
+static int alloc_tables(struct tokenizer *tk, const struct vocab_sizes *sz, char *err)
+{
+    const int32_t n = sz->max_id + 1;
+    tk->n_vocab = n;
+    tk->key_arena = malloc(sz->key_bytes + 1);
+    tk->key_off = calloc((size_t)n, sizeof *tk->key_off);
+    tk->key_len = malloc((size_t)n * sizeof *tk->key_len);
+    tk->dec_arena = malloc(sz->key_bytes + 1);
+    tk->dec_off = calloc((size_t)n, sizeof *tk->dec_off);
+    tk->dec_len = malloc((size_t)n * sizeof *tk->dec_len);
+    tk->is_special = calloc((size_t)n, 1);
+    tk->vocab_mask = tokenizer_table_size_for(sz->n_vocab_entries) - 1;
+    tk->vocab_slots = calloc(tk->vocab_mask + 1, sizeof *tk->vocab_slots);
+    tk->added = calloc(sz->n_added ? sz->n_added : 1, sizeof *tk->added);
+    if (!tk->key_arena || !tk->key_off || !tk->key_len || !tk->dec_arena || !tk->dec_off || !tk->dec_len ||
+        !tk->is_special || !tk->vocab_slots || !tk->added)
+        return error_set(err, ERR_NOMEM, "%s: out of memory for %d ids", tk->path, n);
+    for (int32_t i = 0; i < n; i++)
+        tk->key_len[i] = tk->dec_len[i] = -1;
+    return 0;
+}
+
+/* The vocab's keys and their decoded bytes into the tables (*dko: bytes
+ * of the decode arena used). */
+static int fill_vocab(struct tokenizer *tk, const cJSON *vocab, int16_t *cp_to_byte, size_t *dko, char *err)
+{
+    size_t ko = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, vocab) {
+        int32_t id = 0;
+        json_id(it, &id);
+        size_t len = strlen(it->string);
+        if (tk->key_len[id] >= 0)
+            return error_set(err, ERR_FORMAT, "%s: model.vocab: id %d appears twice", tk->path, id);
+        memcpy(tk->key_arena + ko, it->string, len);
+        tk->key_off[id] = (uint32_t)ko;
+        tk->key_len[id] = (int32_t)len;
+        ko += len;
+        size_t dl = byte_level_decode(it->string, len, cp_to_byte, tk->dec_arena + *dko);
+        tk->dec_off[id] = (uint32_t)*dko;
+        tk->dec_len[id] = (int32_t)dl;
+        *dko += dl;
+        tokenizer_vocab_insert(tk, id);
+    }
+    return 0;
+}
+
+static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *added, int16_t *cp_to_byte, char *err)
+{
+    const char *p = tk->path;
+    int rc = check_model_settings(tk, model, err);
+    if (rc)
+        return rc;
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (!cJSON_IsObject(vocab))
@@ -482,79 +585,14 @@ static int load_model(struct tokenizer *tk, const cJSON *model, const cJSON *add
         return error_set(err, ERR_FORMAT, "%s: model.merges: expected an array", p);
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
         return error_set(err, ERR_FORMAT, "%s: added_tokens: expected an array", p);
-
-    /* Sizes first: the largest id over vocab and added tokens, key bytes. */
-    int32_t max_id = -1;
-    size_t key_bytes = 0, n_vocab_entries = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, vocab) {
-        int32_t id;
-        if (!json_id(it, &id))
-            return error_set(err, ERR_FORMAT, "%s: model.vocab[\"%.64s\"]: id must be an integer in 0..%d", p,
-                             it->string ? it->string : "", TOK_MAX_IDS - 1);
-        if (id > max_id)
-            max_id = id;
-        key_bytes += strlen(it->string);
-        n_vocab_entries++;
-    }
-    size_t n_added = 0;
-    if (cJSON_IsArray(added)) {
-        cJSON_ArrayForEach(it, added) {
-            int32_t id;
-            const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-            if (!json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &id))
-                return error_set(err, ERR_FORMAT, "%s: added_tokens[%zu].id: expected an integer id", p, n_added);
-            if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-                return error_set(err, ERR_FORMAT, "%s: added_tokens[%zu].content: expected a non-empty string", p, n_added);
-            static const char *flags[] = {"single_word", "lstrip", "rstrip"};
-            for (size_t f = 0; f < 3; f++)
-                if (!is_off(cJSON_GetObjectItemCaseSensitive(it, flags[f])))
-                    return error_set(err, ERR_UNSUPPORTED, "%s: added_tokens[%zu].%s is not supported", p, n_added, flags[f]);
-            if (id > max_id)
-                max_id = id;
-            key_bytes += strlen(content->valuestring);
-            n_added++;
-        }
-    }
-    if (max_id < 0)
+    struct vocab_sizes sz;
+    if ((rc = count_vocab(p, vocab, added, &sz, err)))
+        return rc;
+    if (sz.max_id < 0)
         return error_set(err, ERR_FORMAT, "%s: model.vocab is empty", p);
-    int32_t n = max_id + 1;
-    tk->n_vocab = n;
-    tk->key_arena = malloc(key_bytes + 1);
-    tk->key_off = calloc((size_t)n, sizeof *tk->key_off);
-    tk->key_len = malloc((size_t)n * sizeof *tk->key_len);
-    tk->dec_arena = malloc(key_bytes + 1);
-    tk->dec_off = calloc((size_t)n, sizeof *tk->dec_off);
-    tk->dec_len = malloc((size_t)n * sizeof *tk->dec_len);
-    tk->is_special = calloc((size_t)n, 1);
-    tk->vocab_mask = tokenizer_table_size_for(n_vocab_entries) - 1;
-    tk->vocab_slots = calloc(tk->vocab_mask + 1, sizeof *tk->vocab_slots);
-    tk->added = calloc(n_added ? n_added : 1, sizeof *tk->added);
-    if (!tk->key_arena || !tk->key_off || !tk->key_len || !tk->dec_arena || !tk->dec_off || !tk->dec_len ||
-        !tk->is_special || !tk->vocab_slots || !tk->added)
-        return error_set(err, ERR_NOMEM, "%s: out of memory for %d ids", p, n);
-    for (int32_t i = 0; i < n; i++)
-        tk->key_len[i] = tk->dec_len[i] = -1;
-
-    size_t ko = 0, dko = 0;
-    cJSON_ArrayForEach(it, vocab) {
-        int32_t id = 0;
-        json_id(it, &id);
-        size_t len = strlen(it->string);
-        if (tk->key_len[id] >= 0)
-            return error_set(err, ERR_FORMAT, "%s: model.vocab: id %d appears twice", p, id);
-        memcpy(tk->key_arena + ko, it->string, len);
-        tk->key_off[id] = (uint32_t)ko;
-        tk->key_len[id] = (int32_t)len;
-        ko += len;
-        size_t dl = byte_level_decode(it->string, len, cp_to_byte, tk->dec_arena + dko);
-        tk->dec_off[id] = (uint32_t)dko;
-        tk->dec_len[id] = (int32_t)dl;
-        dko += dl;
-        tokenizer_vocab_insert(tk, id);
-    }
-    int rc = load_added_tokens(tk, added, n_vocab_entries, cp_to_byte, &dko, err);
-    if (rc)
+    size_t dko = 0;
+    if ((rc = alloc_tables(tk, &sz, err)) || (rc = fill_vocab(tk, vocab, cp_to_byte, &dko, err)) ||
+        (rc = load_added_tokens(tk, added, sz.n_vocab_entries, cp_to_byte, &dko, err)))
         return rc;
     load_byte_symbols(tk, cp_to_byte);
     return load_merges(tk, merges, err);
