@@ -100,6 +100,21 @@ def check(cond, what):
     if not cond:
         raise Fail(what)
 
+def run_openai_client(script, base_url):
+    """Runs script with Node against base_url, the official npm `openai`
+    client at OPENAI_MODULE: what it printed, parsed as JSON; None where
+    the package is not installed (the caller skips or says so)."""
+    deps = os.environ.get("TANDEM_DEPS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".deps"))
+    module = os.path.join(deps, "npm", "node_modules", "openai")
+    if not os.path.isdir(module):
+        return None
+    env = dict(os.environ, OPENAI_MODULE=module, BASE_URL=base_url)
+    r = subprocess.run(["node", "-e", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       timeout=300)
+    check(r.returncode == 0, "node openai client failed: %s" % r.stderr[-3000:])
+    return json.loads(r.stdout)
+
+
 
 PIPELINES = []
 

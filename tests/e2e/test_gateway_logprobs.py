@@ -7,10 +7,9 @@ official Node client (npm `openai`), carry exactly the entries the native
 protocol reports for the same request; top_logprobs without logprobs and a
 count beyond 20 are 400s naming the field."""
 import json
-import os
-import subprocess
 
-from tandem_e2e import Pipeline, check, generate, http, main, require_gateway, skip, sse_events
+from tandem_e2e import (Pipeline, check, generate, http, main, require_gateway, run_openai_client, skip,
+                        sse_events)
 
 PROMPT = "Once upon a time"
 CHAT = "Hello there, who are you?"
@@ -69,16 +68,8 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL + "/v1", apiKey: "unus
 
 
 def run_node(url):
-    deps = os.environ.get("TANDEM_DEPS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".deps"))
-    module = os.path.join(deps, "npm", "node_modules", "openai")
-    if not os.path.isdir(module):
-        return None
     script = NODE_SCRIPT % {"n": N, "top": TOP, "chat": json.dumps(CHAT), "prompt": json.dumps(PROMPT)}
-    env = dict(os.environ, OPENAI_MODULE=module, BASE_URL=url)
-    r = subprocess.run(["node", "-e", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                       timeout=300)
-    check(r.returncode == 0, "node openai client failed: %s" % r.stderr[-3000:])
-    return json.loads(r.stdout)
+    return run_openai_client(script, url)
 
 
 def test():

@@ -5,10 +5,10 @@ streamed and not, whose greedy text and token ids equal the target-only output
 of tandem-generate, with the right usage counts; /v1/models lists the served
 model."""
 import json
-import os
 import subprocess
 
-from tandem_e2e import (Pipeline, binary, check, main, reference, require_gateway, run, skip, sse_events)
+from tandem_e2e import (Pipeline, binary, check, main, reference, require_gateway, run, run_openai_client, skip,
+                        sse_events)
 
 PROMPT = "Once upon a time"
 CHAT = "Hello there, who are you?"
@@ -116,16 +116,11 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL + "/v1", apiKey: "unus
 
 
 def run_node(base_url):
-    deps = os.environ.get("TANDEM_DEPS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".deps"))
-    module = os.path.join(deps, "npm", "node_modules", "openai")
-    if not os.path.isdir(module):
-        skip("npm package openai is not installed in %s (scripts/install-deps.sh)" % module)
     script = NODE_SCRIPT % {"n": N, "chat": json.dumps(CHAT), "prompt": json.dumps(PROMPT)}
-    env = dict(os.environ, OPENAI_MODULE=module, BASE_URL=base_url)
-    r = subprocess.run(["node", "-e", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                       timeout=300)
-    check(r.returncode == 0, "node openai client failed: %s" % r.stderr[-3000:])
-    return json.loads(r.stdout)
+    out = run_openai_client(script, base_url)
+    if out is None:
+        skip("npm package openai is not installed (scripts/install-deps.sh)")
+    return out
 
 
 def test():
