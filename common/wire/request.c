@@ -368,6 +368,7 @@ static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
     "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
     "logprobs", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+    "grammar",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -609,6 +610,16 @@ static int fill_outputs(struct request *r, const cJSON *root, char *err)
             return rc;
         r->logprobs = (int)v;
     }
+    /* Compiled here, engine and all, so that a grammar a worker would fail
+     * on is the client's error, named, before anything is scheduled. */
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(root, "grammar");
+    if (g != NULL && !cJSON_IsNull(g)) {
+        int rc = grammar_spec_from_json(&r->grammar, g, "grammar", 0, err);
+        if (rc == 0)
+            rc = grammar_spec_check(&r->grammar, "grammar", err);
+        if (rc != 0)
+            return rc == ERR_NOMEM ? rc : ERR_INVALID_ARG;
+    }
     return 0;
 }
 
@@ -673,6 +684,7 @@ void request_destroy(struct request *req)
     for (int i = 0; i < req->n_stop; i++)
         free(req->stop[i]);
     free(req->stop);
+    grammar_spec_free(&req->grammar);
     free(req);
 }
 

@@ -22,6 +22,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "grammar_spec.h"
 #include "sampling.h"
 
 #define REQUEST_PROTOCOL_VERSION 1
@@ -101,6 +102,8 @@ struct request {
     struct sampling_controls ctl;  /* logit_bias and penalties (sampling.h), zero when not given;
                                       bias ids >= 0, checked against the vocabulary by the
                                       coordinator */
+    struct grammar_spec grammar;   /* structured output ("grammar"): kind NONE when not given;
+                                      compiled once by request_from_json, so it is valid */
 };
 
 /* Kind of a client message, from its "type" field. */

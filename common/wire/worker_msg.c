@@ -215,11 +215,23 @@ static int max_int(int a, int b)
 
 /* ---- prefill ---- */
 
+static bool add_grammar(cJSON *h, const cJSON *grammar)
+{
+    if (!grammar)
+        return true;
+    cJSON *g = cJSON_Duplicate(grammar, 1);
+    if (g && cJSON_AddItemToObject(h, "grammar", g))
+        return true;
+    cJSON_Delete(g);
+    return false;
+}
+
 cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct protocol_frame *frame)
 {
     cJSON *h = protocol_header_new(PROTOCOL_PREFILL);
     set_frame(frame, m->prompt, m->n_prompt);
-    return finish(h, h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling));
+    return finish(h, h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling) &&
+                         add_grammar(h, m->grammar));
 }
 
 int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
@@ -228,7 +240,8 @@ int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worke
     memset(m, 0, sizeof *m);
     int rc;
     if ((rc = get_seq(msg->header, lim, &m->seq, err)) ||
-        (rc = get_sampling(msg->header, &m->sampling, err)))
+        (rc = get_sampling(msg->header, &m->sampling, err)) ||
+        (rc = protocol_get_object_opt(msg->header, "grammar", &m->grammar, err)))
         return rc;
     return protocol_frame_tokens(msg, 0, "prompt", 1, max_int(lim->max_seq_len, 1), &m->prompt,
                                  &m->n_prompt, err);
@@ -359,7 +372,8 @@ cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protoc
               cJSON_AddNumberToObject(h, "half", m->half) &&
               (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps)) &&
               (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true)) &&
-              (!m->logprobs || cJSON_AddNumberToObject(h, "logprobs", m->top_logprobs));
+              (!m->logprobs || cJSON_AddNumberToObject(h, "logprobs", m->top_logprobs)) &&
+              add_grammar(h, m->grammar);
     if (ok && m->n_drafts > 0) {
         cJSON *d = cJSON_CreateIntArray(m->drafts, m->n_drafts);
         ok = d && cJSON_AddItemToObject(h, "drafts", d);
@@ -392,8 +406,11 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
         (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)) ||
         (rc = protocol_get_bool_opt(h, "await_draft", false, &m->await_draft, err)) ||
         (rc = protocol_get_int_opt(h, "logprobs", 0, SAMPLING_TOP_LOGPROBS_MAX, -1,
-                                   &m->top_logprobs, err)))
+                                   &m->top_logprobs, err)) ||
+        (rc = protocol_get_object_opt(h, "grammar", &m->grammar, err)))
         return rc;
+    if (m->grammar && m->keep_len != 0)
+        return error_set(err, ERR_PROTOCOL, "grammar: only with keep_len 0 (a prompt)");
     m->logprobs = m->top_logprobs >= 0;
     if (!m->logprobs)
         m->top_logprobs = 0;

@@ -71,6 +71,9 @@ struct worker_msg_prefill {
     struct worker_msg_sampling sampling;
     const int32_t *prompt;
     int n_prompt;
+    /* The request's grammar (optional, borrowed; grammar_spec.h's wire
+     * form): the draft masks its proposals with it for the slot's life. */
+    const cJSON *grammar;
 };
 
 /* What a worker's prefix cache did for a prompt (optional object "prefix"
@@ -148,6 +151,10 @@ struct worker_msg_verify {
      * tokens' raw log-probabilities in verify_done. */
     bool logprobs;
     int top_logprobs;
+    /* The request's grammar (optional, borrowed; grammar_spec.h's wire
+     * form), sent with keep_len 0 only: the target masks every row of the
+     * slot's verifications with it until the slot's next prompt. */
+    const cJSON *grammar;
 };
 
 /* Most plain steps one verify may ask for. */

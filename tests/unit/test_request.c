@@ -215,6 +215,59 @@ static void test_request_outputs_and_controls(void **state)
     }
 }
 
+/* grammar: each form read into the spec the workers compile (a schema as
+ * its JSON text); each refusal names the field, and for a schema or a
+ * grammar text the keyword or the place, as the compiler says it. */
+static void test_request_grammar_is_compiled_and_named(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\"}");
+    assert_int_equal(r->grammar.kind, GRAMMAR_SPEC_NONE);
+    request_destroy(r);
+    r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"grammar\":{\"type\":\"json_schema\","
+                 "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"b\"]}}}}}");
+    assert_int_equal(r->grammar.kind, GRAMMAR_SPEC_JSON_SCHEMA);
+    assert_string_equal(r->grammar.text, "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"b\"]}}}");
+    request_destroy(r);
+    r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"grammar\":{\"type\":\"gbnf\","
+                 "\"text\":\"root ::= [a-z]+\"}}");
+    assert_int_equal(r->grammar.kind, GRAMMAR_SPEC_GBNF);
+    assert_string_equal(r->grammar.text, "root ::= [a-z]+");
+    request_destroy(r);
+    r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"grammar\":{\"type\":\"json_object\"}}");
+    assert_int_equal(r->grammar.kind, GRAMMAR_SPEC_JSON_OBJECT);
+    assert_null(r->grammar.text);
+    request_destroy(r);
+    static const char *const bad[][2] = {
+        /* the field's own shape */
+        {"\"grammar\":\"root ::= x\"", "grammar: expected an object, got string"},
+        {"\"grammar\":{}", "grammar.type: required"},
+        {"\"grammar\":{\"type\":\"regex\"}", "grammar.type: must be"},
+        {"\"grammar\":{\"type\":\"gbnf\"}", "grammar.text: required"},
+        {"\"grammar\":{\"type\":\"gbnf\",\"text\":\"a\",\"x\":1}", "grammar.x: unknown field"},
+        {"\"grammar\":{\"type\":\"json_schema\"}", "grammar.schema: required"},
+        {"\"grammar\":{\"type\":\"json_schema\",\"schema\":\"{}\"}", "grammar.schema: required"},
+        /* a schema's text travels only between processes */
+        {"\"grammar\":{\"type\":\"json_schema\",\"text\":\"{}\"}", "grammar.text: unknown field"},
+        {"\"grammar\":{\"type\":\"json_object\",\"schema\":{}}", "grammar.schema: unknown field"},
+        /* what the compilers refuse, with the keyword and where */
+        {"\"grammar\":{\"type\":\"json_schema\",\"schema\":{\"properties\":{\"age\":{\"minimum\":0}}}}",
+         "grammar.schema.properties.age: unsupported keyword 'minimum'"},
+        {"\"grammar\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"array\",\"prefixItems\":[]}}",
+         "'prefixItems'"},
+        {"\"grammar\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"object\",\"required\":[\"a\"]}}", "'a'"},
+        {"\"grammar\":{\"type\":\"json_schema\",\"schema\":false}", "grammar.schema"},
+        {"\"grammar\":{\"type\":\"gbnf\",\"text\":\"root ::= \\\"a\"}", "grammar"},
+        {"\"grammar\":{\"type\":\"gbnf\",\"text\":\"item ::= [a-z]\"}", "root"},
+        {"\"grammar\":{\"type\":\"gbnf\",\"text\":\"root ::= root \\\"a\\\"\"}", "root"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",%s}", bad[i][0]);
+        parse_bad(json, ERR_INVALID_ARG, bad[i][1]);
+    }
+}
+
 static void test_request_wrong_types_are_named(void **state)
 {
     (void)state;
@@ -493,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_request_two_prompts_are_rejected),
         cmocka_unit_test(test_request_unknown_field_is_rejected),
         cmocka_unit_test(test_request_wrong_types_are_named),
+        cmocka_unit_test(test_request_grammar_is_compiled_and_named),
         cmocka_unit_test(test_request_max_tokens_out_of_range_is_rejected),
         cmocka_unit_test(test_request_bad_sampling_values_are_rejected),
         cmocka_unit_test(test_request_stop_limits_are_enforced),
