@@ -29,10 +29,33 @@
 #include "adaptive_k.h"
 #include "ngram.h"
 #include "speculate.h"
+#include "token_mask.h"
 
 
 struct specdec_draft;
 struct specdec_target;
+
+/* ---- structured output: a sequence's grammar as one half sees it ----
+ * The owner (a worker, the in-process loop) fills engine-side fields and
+ * n_prompt and initializes matcher over the engine (grammar_matcher_init);
+ * the half keeps the matcher on what its slot's KV holds: each job's start
+ * rolls it back to keep_len and steps it over the feed, the target steps it
+ * over the accepted drafts, the draft over the tokens it drafts. Masks
+ * (token_mask_apply) go on each row a job reads, so that a refused token
+ * never gets probability. Borrowed by a job until it is done; one thread
+ * at a time, like the engine. */
+struct specdec_grammar {
+    struct grammar_matcher matcher;        /* states of the output tokens the slot holds */
+    struct token_mask *mask;               /* the engine's mask cache (borrowed) */
+    const struct token_mask_vocab *vocab;  /* the tokenizer's bytes (borrowed) */
+    struct token_mask_eos eos;             /* allowed where the grammar can end */
+    int n_prompt;                          /* positions before the output */
+    uint64_t *bits;                        /* [token_mask_words]: scratch, owned by the owner */
+    /* Set by a half when a feed token was refused (a draft fed a guess the
+     * grammar refuses): masks are off until a start rolls back to a known
+     * position. A target fails the job instead. */
+    bool lost;
+};
 
 /* Long feeds (a prompt) are run in chunks so that a caller can stay alive
  * between them: a worker sends its heartbeat from on_chunk, on its own thread
@@ -137,6 +160,11 @@ struct specdec_draft_job {
     struct sampling_params sp;
     enum speculate_mode mode;
     int32_t *tokens_out;  /* [k] */
+    /* The sequence's grammar (NULL: none): each drafted token is drawn from
+     * the masked row (the q rows are the masked draft's). The host path;
+     * the device path drafts unmasked (the target's mask keeps the output
+     * exact; only acceptance suffers). */
+    struct specdec_grammar *gram;
     float *q_rows_out;    /* [k, vocab] or NULL */
     float *q_rows_dev;    /* [k, vocab] in the draft's backend memory, or NULL:
                              device sampling only; written like q_rows_out */
@@ -186,6 +214,11 @@ struct specdec_verify_job {
      * read whole rows. A draft makes its proposals without them: the caller
      * verifies them as point masses (speculate.h) when sampling. */
     const struct sampling_controls *ctl;
+    /* The sequence's grammar (NULL: none): row i is masked with the state
+     * after the first i drafts, so a draft the grammar refuses is rejected
+     * at its row; after the controls, before the accept/reject. Greedy jobs
+     * then read whole rows. */
+    struct specdec_grammar *gram;
     /* result: the accepted drafts, then the correction or bonus token */
     int32_t tokens_out[SPECULATE_K_MAX + 1];
     int n_accepted;
@@ -241,6 +274,11 @@ struct specdec_request {
      * (ngram.h), k_fixed of them at most (8 when 0), verified as point
      * masses. NULL: target-only. */
     const struct ngram_params *ngram;
+    /* Structured output (NULL: none): the target's and the draft's views
+     * of the sequence's grammar (two matchers over one engine and mask is
+     * fine: a call uses one at a time). n_prompt is set here. N-gram drafts
+     * are cut at the first token the grammar refuses. */
+    struct specdec_grammar *gram_target, *gram_draft;
 };
 
 struct specdec_stats {

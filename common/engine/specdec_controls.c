@@ -109,14 +109,16 @@ int specdec_controls_dev(struct specdec_target *t, int n, char *err)
             continue;
         const int row0 = row;
         row += j->k + 1;
-        if (!j->ctl)
+        if (!j->ctl && !j->gram)
             continue;
         int rc = specdec_grow((void **)&t->lp_rows, &t->lp_cap, j->k + 1,
                               (size_t)t->vocab * sizeof(float), err);
         if (!rc)
             rc = specdec_dev_download_logits(t->dev, row0, j->k + 1, t->lp_rows, err);
-        if (!rc)
+        if (!rc && j->ctl)
             rc = specdec_controls_rows(t, j, t->lp_rows, err);
+        if (!rc && j->gram)
+            rc = specdec_grammar_mask_rows(j->gram, j->draft, j->k, t->lp_rows, t->vocab, err);
         if (!rc)
             rc = specdec_dev_upload_logits(t->dev, row0, j->k + 1, t->lp_rows, err);
         if (rc)

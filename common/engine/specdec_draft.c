@@ -134,6 +134,12 @@ static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, cons
     }
     const struct sampling_params *sp = &j->sp;
     const uint64_t position = (uint64_t)j->keep_len + (uint64_t)j->n_feed + (uint64_t)i;
+    if (j->gram) {
+        /* the row is the step's own (d->logits): masked in place */
+        int rc = specdec_grammar_mask_row(j->gram, (float *)logits, d->vocab, false, err);
+        if (rc)
+            return rc;
+    }
     if (draft_takes_argmax(j)) {
         /* The argmax of the adjusted distribution is the argmax of the logits:
          * temperature, top-k, top-p and min-p all keep the most likely token.
@@ -171,6 +177,8 @@ static void draft_next_entry(struct specdec_draft *d, struct specdec_draft_job *
                            "draft: q rows in device memory need device sampling");
         else
             rc = llama_ctx_truncate(d->ctx, j->slot, j->keep_len, err);
+        if (rc == 0 && j->gram && !d->dev)
+            rc = specdec_grammar_start(j->gram, j->keep_len, j->feed, j->n_feed, false, err);
         /* a prompt: the cached blocks it starts with are mapped, not
          * computed; its last token is, whose logits are wanted */
         if (rc == 0 && j->keep_len == 0)
@@ -216,6 +224,8 @@ static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job 
         }
     }
     int rc = draft_pick(d, j, logits, j->drafted, dev_pick, argmax_pick, err);
+    if (!rc && j->gram && !dev_pick)
+        rc = specdec_grammar_take(j->gram, j->tokens_out + j->drafted, 1, false, err);
     if (rc) {
         specdec_job_fail(&j->rc, j->err, &j->done, rc, err);
         return;
@@ -324,7 +334,7 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
             continue;
         if (dev_logits)
             e->logits_dev = dev_logits + (size_t)n * (size_t)d->vocab;
-        else if (d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j)) {
+        else if (d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j) && !j->gram) {
             e->logits_out = NULL;
             e->argmax_out = d->argmax_picks + n;
         }
@@ -374,10 +384,20 @@ int specdec_draft_propose_to(struct specdec_draft *d, int slot, int keep_len, co
                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
                          float *q_rows_dev, char *err)
 {
+    return specdec_draft_propose_gram(d, slot, keep_len, feed, n_feed, k, sp, mode, tokens_out,
+                                      q_rows_out, q_rows_dev, NULL, err);
+}
+
+int specdec_draft_propose_gram(struct specdec_draft *d, int slot, int keep_len,
+                               const int32_t *feed, int n_feed, int k,
+                               const struct sampling_params *sp, enum speculate_mode mode,
+                               int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
+                               struct specdec_grammar *gram, char *err)
+{
     struct specdec_draft_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
                                   .n_feed = n_feed, .k = k, .sp = *sp, .mode = mode,
                                   .tokens_out = tokens_out, .q_rows_out = q_rows_out,
-                                  .q_rows_dev = q_rows_dev};
+                                  .q_rows_dev = q_rows_dev, .gram = gram};
     specdec_draft_job_init(&j);
     struct specdec_draft_job *const jobs[1] = {&j};
     while (!j.done) {

@@ -84,6 +84,24 @@ static int ngram_round(const struct specdec_request *req, const int32_t *seq, in
     return cap > 0 ? ngram_draft(req->ngram, seq, len, cap, drafted) : 0;
 }
 
+/* How many of drafts[0..k) the grammar takes after `last` (the accepted
+ * token the target's slot does not hold yet): n-gram drafts are cut at
+ * the first refused one, so the target never verifies what it must refuse.
+ * The matcher is left as it was. */
+static int grammar_cut(struct specdec_grammar *g, int32_t last, const int32_t *drafts, int k)
+{
+    int32_t run[SPECULATE_K_MAX + 1];
+    char err[ERR_MSG_MAX];
+    run[0] = last;
+    memcpy(run + 1, drafts, (size_t)k * sizeof *run);
+    const size_t base = g->matcher.n_tokens;
+    const int rc = specdec_grammar_take(g, run, k + 1, false, err);
+    const int taken = (int)(g->matcher.n_tokens - base);
+    g->lost = false;
+    grammar_matcher_rollback(&g->matcher, (size_t)taken);
+    return rc || taken < 1 ? 0 : taken - 1;
+}
+
 int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
                      const struct specdec_request *req, int32_t *out_tokens, int *n_out,
                      struct specdec_stats *stats, specdec_emit_fn emit, void *user, char *err)
@@ -140,11 +158,17 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
 
     /* Prefill: the target's call samples the first token; the draft only
      * fills its cache. */
-    rc = specdec_target_verify(target, req->slot, 0, req->prompt, req->n_prompt, NULL, 0, NULL,
-                               &req->sampling, req->mode, emitted, &n_acc, err);
+    struct specdec_grammar *gram_d = draft ? req->gram_draft : NULL;
+    if (req->gram_target)
+        req->gram_target->n_prompt = req->n_prompt;
+    if (gram_d)
+        gram_d->n_prompt = req->n_prompt;
+    rc = specdec_target_verify_gram(target, req->slot, 0, req->prompt, req->n_prompt, NULL, 0, NULL,
+                                    NULL, &req->sampling, req->mode, req->gram_target, emitted,
+                                    &n_acc, err);
     if (!rc && draft)
-        rc = specdec_draft_propose(draft, req->slot, 0, req->prompt, req->n_prompt, 0,
-                                   &req->sampling, req->mode, drafted, NULL, err);
+        rc = specdec_draft_propose_gram(draft, req->slot, 0, req->prompt, req->n_prompt, 0,
+                                        &req->sampling, req->mode, drafted, NULL, NULL, gram_d, err);
     if (rc)
         goto done;
     stats->prefill_ms = specdec_now_ms() - t_start;
@@ -169,16 +193,18 @@ int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
         enum speculate_mode mode = req->mode;
         if (!draft && req->ngram) {
             k = ngram_round(req, seq, len, room, drafted);
+            if (req->gram_target)
+                k = grammar_cut(req->gram_target, seq[len - 1], drafted, k);
             mode = SPECULATE_MODE_POINT_MASS; /* no draft distribution exists */
         }
         double t0 = specdec_now_ms();
-        if (k > 0 && draft && (rc = specdec_draft_propose_to(draft, req->slot, draft_valid, seq + draft_valid,
+        if (k > 0 && draft && (rc = specdec_draft_propose_gram(draft, req->slot, draft_valid, seq + draft_valid,
                                          len - draft_valid, k, &req->sampling, req->mode, drafted,
-                                         q_rows, q_dev, err)))
+                                         q_rows, q_dev, gram_d, err)))
             break;
         double t1 = specdec_now_ms();
-        if ((rc = specdec_target_verify_from(target, req->slot, len - 1, seq + len - 1, 1, drafted, k, q_rows,
-                                q_dev, &req->sampling, mode, emitted, &n_acc, err)))
+        if ((rc = specdec_target_verify_gram(target, req->slot, len - 1, seq + len - 1, 1, drafted, k, q_rows,
+                                q_dev, &req->sampling, mode, req->gram_target, emitted, &n_acc, err)))
             break;
         double t2 = specdec_now_ms();
         stats->rounds++;

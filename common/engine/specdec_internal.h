@@ -100,6 +100,26 @@ void specdec_hist_accept(struct specdec_target *t, const struct specdec_verify_j
 int specdec_controls_dev(struct specdec_target *t, int n, char *err);
 void specdec_controls_free(struct specdec_target *t);
 
+/* Structured output in the halves (specdec_grammar.c; struct
+ * specdec_grammar in specdec.h). strict (the target): a refused token is an
+ * error; otherwise (the draft) it sets g->lost and masks stop until the
+ * next start.
+ *   start:     the matcher rolled back to keep_len, stepped over the feed
+ *   take:      stepped over tokens now in the slot
+ *   mask_row:  one row masked with the matcher's state (n == 0 allowed:
+ *              strict's error, else lost)
+ *   mask_rows: a verification's rows [k + 1, vocab], row i with the state
+ *              after drafts 0..i-1, up to the first refused draft's row;
+ *              the matcher as it was */
+int specdec_grammar_start(struct specdec_grammar *g, int keep_len, const int32_t *feed, int n_feed,
+                          bool strict, char *err);
+int specdec_grammar_take(struct specdec_grammar *g, const int32_t *tokens, int n, bool strict,
+                         char *err);
+int specdec_grammar_mask_row(struct specdec_grammar *g, float *row, int vocab, bool strict,
+                             char *err);
+int specdec_grammar_mask_rows(struct specdec_grammar *g, const int32_t *drafts, int k, float *rows,
+                              int vocab, char *err);
+
 /* Monotonic milliseconds. */
 double specdec_now_ms(void);
 
@@ -150,6 +170,12 @@ int specdec_draft_propose_to(struct specdec_draft *d, int slot, int keep_len,
                              const struct sampling_params *sp, enum speculate_mode mode,
                              int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
                              char *err);
+/* The same with the sequence's grammar (NULL: none). */
+int specdec_draft_propose_gram(struct specdec_draft *d, int slot, int keep_len,
+                               const int32_t *feed, int n_feed, int k,
+                               const struct sampling_params *sp, enum speculate_mode mode,
+                               int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
+                               struct specdec_grammar *gram, char *err);
 
 /* specdec_target_verify with the q rows in host (q_rows) or device
  * (q_rows_dev) memory. */
@@ -158,5 +184,12 @@ int specdec_target_verify_from(struct specdec_target *t, int slot, int keep_len,
                                const float *q_rows, const float *q_rows_dev,
                                const struct sampling_params *sp, enum speculate_mode mode,
                                int32_t *tokens_out, int *n_accepted_out, char *err);
+/* The same with the sequence's grammar (NULL: none). */
+int specdec_target_verify_gram(struct specdec_target *t, int slot, int keep_len,
+                               const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                               const float *q_rows, const float *q_rows_dev,
+                               const struct sampling_params *sp, enum speculate_mode mode,
+                               struct specdec_grammar *gram, int32_t *tokens_out,
+                               int *n_accepted_out, char *err);
 
 #endif

@@ -151,6 +151,8 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
         return error_set(err, ERR_INVALID_ARG,
                          "verify: q rows in device memory need device sampling");
     int rc = specdec_hist_start(t, j, err);
+    if (!rc && j->gram)
+        rc = specdec_grammar_start(j->gram, j->keep_len, j->feed, j->n_feed, true, err);
     if (!rc)
         rc = llama_ctx_truncate(t->ctx, j->slot, j->keep_len, err);
     /* a prompt: the cached blocks it starts with are mapped, not computed;
@@ -181,7 +183,7 @@ static int job_logprobs(const struct specdec_target *t, struct specdec_verify_jo
 static const float *keep_logits(struct specdec_target *t, const struct specdec_verify_job *j,
                                 const float *p_rows, char *err)
 {
-    if (sampling_params_is_greedy(&j->sp) && !j->ctl)
+    if (sampling_params_is_greedy(&j->sp) && !j->ctl && !j->gram)
         return p_rows;
     if (specdec_grow((void **)&t->lp_rows, &t->lp_cap, j->k + 1, (size_t)t->vocab * sizeof(float),
                      err))
@@ -221,11 +223,15 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
         rc = ERR_NOMEM;
     if (!rc && j->ctl)
         rc = specdec_controls_rows(t, j, p_rows, err);
+    if (!rc && j->gram)
+        rc = specdec_grammar_mask_rows(j->gram, j->draft, j->k, p_rows, t->vocab, err);
     if (!rc)
         rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
     j->n_accepted = n_accepted;
     if (!rc)
         specdec_hist_accept(t, j);
+    if (!rc && j->gram)
+        rc = specdec_grammar_take(j->gram, j->draft, n_accepted, true, err);
     if (!rc && lp_rows)
         rc = job_logprobs(t, j, lp_rows, err);
     if (!rc)
@@ -310,6 +316,10 @@ static int verify_finish_dev(struct specdec_target *t, int n, char *err)
         memcpy(j->tokens_out, o->tokens, (size_t)(o->n_accepted + 1) * sizeof(int32_t));
         j->n_accepted = o->n_accepted;
         specdec_hist_accept(t, j);
+        if (j->gram && (rc = specdec_grammar_take(j->gram, j->draft, j->n_accepted, true, j_err))) {
+            specdec_job_fail(&j->rc, j->err, &j->done, rc, j_err);
+            continue;
+        }
         if (j->logprobs && (rc = dev_job_logprobs(t, j, t->rounds[r - 1].p_row0, j_err))) {
             specdec_job_fail(&j->rc, j->err, &j->done, rc, j_err);
             continue;
@@ -396,7 +406,8 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                                           .n_tokens = rest + j->k, .n_logits = j->k + 1};
             if (dev_logits)
                 e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
-            else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs && !j->ctl)
+            else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs && !j->ctl &&
+                     !j->gram)
                 e->argmax_out = t->argmax_rows + used_rows;
             else
                 e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
@@ -459,10 +470,22 @@ int specdec_target_verify_from(struct specdec_target *t, int slot, int keep_len,
                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
                          char *err)
 {
+    return specdec_target_verify_gram(t, slot, keep_len, feed, n_feed, draft, k, q_rows, q_rows_dev,
+                                      sp, mode, NULL, tokens_out, n_accepted_out, err);
+}
+
+int specdec_target_verify_gram(struct specdec_target *t, int slot, int keep_len,
+                               const int32_t *feed, int n_feed, const int32_t *draft, int k,
+                               const float *q_rows, const float *q_rows_dev,
+                               const struct sampling_params *sp, enum speculate_mode mode,
+                               struct specdec_grammar *gram, int32_t *tokens_out,
+                               int *n_accepted_out, char *err)
+{
     *n_accepted_out = 0;
     struct specdec_verify_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
                                    .n_feed = n_feed, .draft = draft, .k = k, .q_rows = q_rows,
-                                   .q_rows_dev = q_rows_dev, .sp = *sp, .mode = mode};
+                                   .q_rows_dev = q_rows_dev, .sp = *sp, .mode = mode,
+                                   .gram = gram};
     specdec_verify_job_init(&j);
     struct specdec_verify_job *const jobs[1] = {&j};
     while (!j.done) {

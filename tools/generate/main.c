@@ -24,6 +24,7 @@
 
 #include "chat_template.h"
 #include "error.h"
+#include "grammar_spec.h"
 #include "llama.h"
 #include "specdec.h"
 #include "tokenizer.h"
@@ -34,6 +35,7 @@ struct options {
     const char *sampler; /* "host", "device" or NULL: device on cuda, host on cpu */
     const char *drafter; /* "model", "ngram", "none" or NULL: model with --draft, else none */
     const char *dump_logits; /* NULL, or the file of the output's logits rows */
+    const char *grammar_file, *schema_file; /* structured output: GBNF text or a JSON schema */
     enum quantize_mode quantize, draft_quantize; /* the target's and the draft's projections */
     int max_tokens, spec_k, threads, max_seq_len, json;
     int no_graphs; /* every kernel launched one by one on cuda (the same bits) */
@@ -53,7 +55,8 @@ static void usage(FILE *f)
             "         [--sampler host|device (default: device on cuda: logits stay on the GPU)]\n"
             "         [--quantize none|int8|int4] [--draft-quantize none|int8|int4]\n"
             "         [--dump-logits FILE (the output's raw logits, float32 rows)]\n"
-            "         [--no-graphs (cuda: every kernel launched one by one; the same tokens)]\n");
+            "         [--no-graphs (cuda: every kernel launched one by one; the same tokens)]\n"
+            "         [--grammar-file FILE (GBNF) | --json-schema FILE (structured output)]\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -81,6 +84,102 @@ static int parse_float(const char *flag, const char *s, float *out)
     }
     *out = v;
     return 0;
+}
+
+/* Structured output for one run: the engine and mask of --grammar-file or
+ * --json-schema over the tokenizer's bytes, and the target's and the
+ * draft's views of the sequence (specdec.h). */
+struct gen_grammar {
+    struct token_mask_vocab *vocab;
+    struct grammar_engine *engine;
+    struct token_mask *mask;
+    struct specdec_grammar half[2]; /* target, draft */
+};
+
+static int read_file(const char *path, char **out, size_t *len, char *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set_errno(err, ERR_IO, errno, "%s", path);
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 8192;
+            char *p = realloc(buf, cap);
+            if (!p) {
+                free(buf);
+                fclose(f);
+                return error_set(err, ERR_NOMEM, "out of memory");
+            }
+            buf = p;
+        }
+        size_t got = fread(buf + n, 1, 4096, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int gen_grammar_open(struct gen_grammar *gg, const struct options *o,
+                            const struct tokenizer *tk, const struct model_config *cfg,
+                            struct specdec_request *req, char *err)
+{
+    if (!tk)
+        return error_set(err, ERR_NOT_FOUND, "--grammar-file/--json-schema: the model has no tokenizer");
+    struct grammar_spec spec = {.kind = o->grammar_file ? GRAMMAR_SPEC_GBNF : GRAMMAR_SPEC_JSON_SCHEMA};
+    int rc = read_file(o->grammar_file ? o->grammar_file : o->schema_file, &spec.text, &spec.len, err);
+    struct grammar *g = NULL;
+    if (!rc)
+        rc = grammar_spec_compile(&spec, o->grammar_file ? "--grammar-file" : "--json-schema", &g, err);
+    grammar_spec_free(&spec);
+    if (!rc)
+        rc = grammar_engine_create(&gg->engine, g, 0, err);
+    const int32_t n = tokenizer_vocab_size(tk);
+    const uint8_t **bytes = rc ? NULL : calloc((size_t)n, sizeof *bytes);
+    size_t *lens = rc ? NULL : calloc((size_t)n, sizeof *lens);
+    if (!rc && (!bytes || !lens))
+        rc = error_set(err, ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; !rc && i < n; i++)
+        if (!tokenizer_is_special(tk, i))
+            bytes[i] = tokenizer_token_bytes(tk, i, &lens[i]);
+    if (!rc)
+        rc = token_mask_vocab_create(&gg->vocab, bytes, lens, n, err);
+    free(bytes);
+    free(lens);
+    if (!rc)
+        rc = token_mask_create(&gg->mask, gg->engine, gg->vocab, 0, err);
+    for (int h = 0; !rc && h < 2; h++) {
+        struct specdec_grammar *s = &gg->half[h];
+        s->mask = gg->mask;
+        s->vocab = gg->vocab;
+        s->eos = (struct token_mask_eos){.ids = cfg->eos_token_ids, .n = cfg->n_eos_token_ids};
+        s->bits = malloc(token_mask_words(gg->mask) * sizeof(uint64_t));
+        if (!s->bits || grammar_matcher_init(&s->matcher, gg->engine))
+            rc = error_set(err, ERR_NOMEM, "out of memory");
+    }
+    if (!rc) {
+        req->gram_target = &gg->half[0];
+        req->gram_draft = &gg->half[1];
+    }
+    return rc;
+}
+
+static void gen_grammar_close(struct gen_grammar *gg)
+{
+    for (int h = 0; h < 2; h++) {
+        if (gg->half[h].matcher.states)
+            grammar_matcher_free(&gg->half[h].matcher);
+        free(gg->half[h].bits);
+    }
+    token_mask_destroy(gg->mask);
+    grammar_engine_destroy(gg->engine);
+    token_mask_vocab_destroy(gg->vocab);
 }
 
 static int parse_args(int argc, char **argv, struct options *o)
@@ -111,6 +210,8 @@ static int parse_args(int argc, char **argv, struct options *o)
         long n;
         if (!strcmp(a, "--model")) o->model_dir = v;
         else if (!strcmp(a, "--dump-logits")) o->dump_logits = v;
+        else if (!strcmp(a, "--grammar-file")) o->grammar_file = v;
+        else if (!strcmp(a, "--json-schema")) o->schema_file = v;
         else if (!strcmp(a, "--draft")) o->draft_dir = v;
         else if (!strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--chat")) o->chat = v;
@@ -188,6 +289,10 @@ static int parse_args(int argc, char **argv, struct options *o)
     }
     if (!!o->prompt + !!o->chat + !!o->ids != 1) {
         fprintf(stderr, "tandem-generate: give exactly one of --prompt, --chat, --ids\n");
+        return -1;
+    }
+    if (o->grammar_file && o->schema_file) {
+        fprintf(stderr, "tandem-generate: give at most one of --grammar-file, --json-schema\n");
         return -1;
     }
     if (!o->drafter)
@@ -367,6 +472,7 @@ int main(int argc, char **argv)
     int32_t *prompt = NULL, *out = NULL;
     char *text = NULL;
     int n_prompt = 0, n_out = 0, status = 1;
+    struct gen_grammar gg = {0};
 
     int rc = sampling_params_validate(&o.sampling, err);
     if (!rc)
@@ -439,6 +545,9 @@ int main(int argc, char **argv)
     ngram_params_default(&ngram);
     if (!strcmp(o.drafter, "ngram"))
         req.ngram = &ngram;
+    if ((o.grammar_file || o.schema_file) &&
+        (rc = gen_grammar_open(&gg, &o, tk, cfg, &req, err)))
+        goto done;
     struct specdec_stats stats;
     if ((rc = specdec_generate(draft, target, &req, out, &n_out, &stats, NULL, NULL, err)))
         goto done;
@@ -474,6 +583,7 @@ done:
     free(text);
     free(out);
     free(prompt);
+    gen_grammar_close(&gg);
     tokenizer_destroy(tk);
     specdec_target_destroy(target);
     specdec_draft_destroy(draft);

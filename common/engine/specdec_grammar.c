@@ -1,0 +1,160 @@
+/* specdec_grammar.c: structured output in the two halves (struct
+ * specdec_grammar in specdec.h): the matcher kept on what the slot's KV
+ * holds, and the masks on the rows a job reads.
+ *
+ * Invariant: at a job's start the matcher holds one state per output token
+ * at positions n_prompt .. keep_len + n_feed - 1 (the rollback is O(1):
+ * grammar_matcher keeps every state). An end-of-sequence token holds the
+ * state it was taken in, so positions and states stay one to one.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "error.h"
+#include "specdec_internal.h"
+
+static bool is_eos(const struct token_mask_eos *eos, int32_t id)
+{
+    for (int i = 0; i < eos->n; i++)
+        if (eos->ids[i] == id)
+            return true;
+    return false;
+}
+
+/* Steps the matcher over one token: 0, or ERR_INVALID_ARG when the grammar
+ * refuses it (the matcher unchanged), ERR_NOMEM. */
+static int take_one(struct specdec_grammar *g, int32_t id, char *err)
+{
+    struct grammar_matcher *m = &g->matcher;
+    if (is_eos(&g->eos, id)) {
+        if (!grammar_engine_can_end(m->engine, grammar_matcher_state(m)))
+            return error_set(err, ERR_INVALID_ARG, "grammar: the end of the output at token %d "
+                             "comes before the grammar is complete", (int)id);
+        return grammar_matcher_accept(m, "", 0, err);
+    }
+    size_t len = 0;
+    const uint8_t *b = id >= 0 && id < token_mask_vocab_n_tokens(g->vocab)
+                           ? token_mask_vocab_bytes(g->vocab, id, &len) : NULL;
+    if (!b || len == 0)
+        return error_set(err, ERR_INVALID_ARG, "grammar: token %d has no text the grammar allows",
+                         (int)id);
+    int rc = grammar_matcher_accept(m, b, len, err);
+    if (rc == ERR_INVALID_ARG)
+        error_set(err, rc, "grammar: token %d does not match the grammar", (int)id);
+    return rc;
+}
+
+int specdec_grammar_take(struct specdec_grammar *g, const int32_t *tokens, int n, bool strict,
+                         char *err)
+{
+    for (int i = 0; i < n && !g->lost; i++) {
+        int rc = take_one(g, tokens[i], err);
+        if (rc == ERR_INVALID_ARG && !strict)
+            g->lost = true;
+        else if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int specdec_grammar_start(struct specdec_grammar *g, int keep_len, const int32_t *feed, int n_feed,
+                          bool strict, char *err)
+{
+    int out_len = keep_len - g->n_prompt, skip = 0;
+    if (out_len < 0) {
+        skip = -out_len;
+        out_len = 0;
+    }
+    g->lost = false;
+    if ((size_t)out_len > g->matcher.n_tokens) {
+        if (strict)
+            return error_set(err, ERR_INVALID_ARG, "grammar: the slot's tokens before position %d "
+                             "were not matched", keep_len);
+        g->lost = true;
+        return 0;
+    }
+    grammar_matcher_rollback(&g->matcher, g->matcher.n_tokens - (size_t)out_len);
+    return skip < n_feed ? specdec_grammar_take(g, feed + skip, n_feed - skip, strict, err) : 0;
+}
+
+/* Most EOS ids a mask keeps apart (a model lists a few). */
+#define EOS_KEEP_MAX 16
+
+/* Masks row with `state`: -inf wherever the grammar refuses the token (ids
+ * past the tokenizer's vocabulary included); an EOS id keeps its logit
+ * where the grammar can end. Returns the number of tokens left (>= 0) or
+ * an error. */
+static int mask_state(struct specdec_grammar *g, int32_t state, float *row, int vocab, char *err)
+{
+    int rc = token_mask_compute(g->mask, state, g->bits, err);
+    if (rc)
+        return rc;
+    const int can_end = grammar_engine_can_end(g->matcher.engine, state);
+    float eos_logit[EOS_KEEP_MAX];
+    const int n_eos = g->eos.n < EOS_KEEP_MAX ? g->eos.n : EOS_KEEP_MAX;
+    for (int e = 0; e < n_eos; e++)
+        eos_logit[e] = g->eos.ids[e] >= 0 && g->eos.ids[e] < vocab ? row[g->eos.ids[e]] : 0.0f;
+    int n_mask = token_mask_vocab_n_tokens(g->vocab);
+    if (n_mask > vocab)
+        n_mask = vocab;
+    int allowed = 0;
+    for (int w = 0; w * 64 < n_mask; w++) {
+        const uint64_t bits = g->bits[w];
+        const int lo = w * 64, hi = lo + 64 < n_mask ? lo + 64 : n_mask;
+        if (bits == ~0ULL && hi - lo == 64) {
+            allowed += 64;
+            continue;
+        }
+        for (int i = lo; i < hi; i++) {
+            if ((bits >> (i - lo)) & 1)
+                allowed++;
+            else
+                row[i] = -INFINITY;
+        }
+    }
+    for (int i = n_mask; i < vocab; i++)
+        row[i] = -INFINITY;
+    for (int e = 0; can_end && e < n_eos; e++) {
+        if (g->eos.ids[e] >= 0 && g->eos.ids[e] < vocab) {
+            row[g->eos.ids[e]] = eos_logit[e];
+            allowed++;
+        }
+    }
+    return allowed;
+}
+
+int specdec_grammar_mask_row(struct specdec_grammar *g, float *row, int vocab, bool strict,
+                             char *err)
+{
+    if (g->lost)
+        return 0;
+    int n = mask_state(g, grammar_matcher_state(&g->matcher), row, vocab, err);
+    if (n < 0)
+        return n;
+    if (n == 0) {
+        if (strict)
+            return error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
+                             "model has no end-of-sequence token");
+        g->lost = true;
+    }
+    return 0;
+}
+
+int specdec_grammar_mask_rows(struct specdec_grammar *g, const int32_t *drafts, int k, float *rows,
+                              int vocab, char *err)
+{
+    const size_t base = g->matcher.n_tokens;
+    /* the states after 0..n_ok drafts: a refused draft's own row is the
+     * last one read (its token has no probability there) */
+    int rc = specdec_grammar_take(g, drafts, k, false, err);
+    const int n_ok = (int)(g->matcher.n_tokens - base);
+    g->lost = false;
+    for (int i = 0; !rc && i <= n_ok && i <= k; i++) {
+        const size_t keep = g->matcher.n_tokens;
+        g->matcher.n_tokens = base + (size_t)i;
+        rc = specdec_grammar_mask_row(g, rows + (size_t)i * (size_t)vocab, vocab, true, err);
+        g->matcher.n_tokens = keep;
+    }
+    grammar_matcher_rollback(&g->matcher, (size_t)n_ok);
+    return rc;
+}
