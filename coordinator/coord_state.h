@@ -183,6 +183,8 @@ struct seq {
     struct sampling_params sp;
     enum speculate_mode mode;
     struct sampling_controls ctl; /* logit bias, penalties: the target applies them per row */
+    cJSON *grammar;          /* structured output: the grammar's wire form (grammar_spec.h), sent
+                                with the prompt to both workers; NULL: none */
     struct adaptive_k kc;
     enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */
     bool spec_off;           /* draft errors: target-only for this sequence */

@@ -98,6 +98,15 @@ static int start_choice(struct coordinator *c, const struct choice_ref *who, con
         replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, err);
         return -1;
     }
+    /* the workers compile it from this text; request_from_json compiled it once already */
+    if (r->grammar.kind != GRAMMAR_SPEC_NONE && !(s->grammar = grammar_spec_to_json(&r->grammar))) {
+        output_destroy(s->out);
+        s->out = NULL;
+        free(s->hist);
+        s->hist = NULL;
+        replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, "grammar: out of memory");
+        return -1;
+    }
     s->req = ++c->next_req;
     memcpy(s->client, identity, identity_size);
     s->client_size = identity_size;

@@ -89,6 +89,7 @@ void scheduler_seq_reset(struct seq *s)
     free(s->hist);
     free(s->half_bytes[0]);
     free(s->half_bytes[1]);
+    cJSON_Delete(s->grammar);
     int slot = s->slot;
     memset(s, 0, sizeof(*s));
     s->slot = slot;
@@ -912,6 +913,7 @@ static void seq_start(struct coordinator *c, struct seq *s)
     if (draft_usable(c, s) && s->n_prompt < coord_pair_of(c, s)->worker[ROLE_DRAFT].max_seq_len) {
         struct worker_msg_prefill pm = {
             .seq = msg_seq(s), .sampling = msg_sampling(s), .prompt = s->hist, .n_prompt = s->n_prompt,
+            .grammar = s->grammar,
         };
         struct protocol_frame pf;
         cJSON *h = worker_msg_prefill_encode(&pm, &pf);
@@ -924,7 +926,7 @@ static void seq_start(struct coordinator *c, struct seq *s)
     s->round.counter = 1;
     struct worker_msg_verify m = {
         .seq = msg_seq(s), .round = s->round.counter, .keep_len = 0, .k = 0, .half = COORD_HALF_FRESH,
-        .sampling = msg_sampling(s), .feed = s->hist, .n_feed = s->n_prompt,
+        .sampling = msg_sampling(s), .feed = s->hist, .n_feed = s->n_prompt, .grammar = s->grammar,
     };
     logprobs_ask(&s->lp, &m);
     struct protocol_frame frame;

@@ -38,6 +38,7 @@
 #include "protocol.h"
 #include "sampling.h"
 #include "specdec.h"
+#include "worker_grammar.h"
 #include "worker_link.h"
 #include "worker_msg.h"
 #include "xfer.h"
@@ -60,6 +61,7 @@ struct draft_worker {
     struct proc_config cfg;
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_draft *spec;
+    struct worker_grammar *grammar; /* the slots' grammars (structured output) */
     struct xfer *buf;          /* the shared halves (host face + the transport's device side) */
     struct worker_link *link;
     struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
@@ -182,6 +184,7 @@ static struct queued_draft *queued_new(struct draft_worker *w, enum draft_kind k
     qd->job.feed = copy;
     qd->job.n_feed = n_feed;
     qd->job.slot = seq->slot;
+    qd->job.gram = worker_grammar_slot(w->grammar, seq->slot);
     return qd;
 }
 
@@ -237,6 +240,11 @@ static void handle_prefill(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
         return;
     }
+    /* the slot's grammar (or none) for the sequence's life; a draft that
+     * cannot mask drafts unmasked (the target's masks keep the output) */
+    if ((rc = worker_grammar_set(w->grammar, p.seq.slot, p.grammar, p.n_prompt, err)))
+        LOG_WARN("req %lld slot %d: drafting without the grammar: %s", (long long)p.seq.req,
+                 p.seq.slot, err);
     struct queued_draft *qd = queued_new(w, QD_PREFILL, &p.seq, p.prompt, p.n_prompt);
     if (!qd) {
         worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, ERR_NOMEM,
@@ -343,7 +351,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
                                  .feed = feed};
     pre->job = (struct specdec_draft_job){
         .slot = slot, .keep_len = j->keep_len + j->n_feed + k - 1, .feed = feed, .n_feed = 1,
-        .k = qd->predraft_k + 1, .sp = j->sp, .mode = j->mode};
+        .k = qd->predraft_k + 1, .sp = j->sp, .mode = j->mode, .gram = j->gram};
     job_dest(w, &pre->job, slot, other);
     specdec_draft_job_init(&pre->job);
     return pre;
@@ -512,7 +520,9 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
     int rc;
     if ((rc = worker_main_model_load(&w->m, cfg, wc, err)))
         goto fail;
-    if ((rc = specdec_draft_create(&w->spec, w->m.ctx, err)))
+    if ((rc = specdec_draft_create(&w->spec, w->m.ctx, err)) ||
+        (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
+                                    w->m.n_slots, err)))
         goto fail;
     LOG_INFO("draft argmax screen: %s",
              !wc->argmax_copy                       ? "off (argmax_copy 0)"
@@ -575,6 +585,7 @@ static void draft_worker_destroy(void *worker)
      * process's exit rather than freed under it */
     xfer_close(w->buf, DRAFT_RELEASE_WAIT_MS + 2.0 * w->cfg.target_worker.heartbeat_ms);
     specdec_draft_destroy(w->spec);
+    worker_grammar_destroy(w->grammar);
     worker_main_model_free(&w->m);
     free(w);
 }

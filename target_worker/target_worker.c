@@ -52,6 +52,7 @@
 #include "protocol.h"
 #include "sampling.h"
 #include "specdec.h"
+#include "worker_grammar.h"
 #include "worker_link.h"
 #include "worker_msg.h"
 #include "xfer.h"
@@ -83,6 +84,7 @@ struct target_worker {
     struct proc_config cfg;
     struct worker_main_model m; /* backend, weights, KV slots */
     struct specdec_target *spec;
+    struct worker_grammar *grammar; /* the slots' grammars (structured output) */
     struct xfer *shm; /* the draft's buffer, imported read-only; NULL until attached */
     struct worker_link *link;
     struct worker_fatal fatal;   /* a sticky CUDA failure stops the worker */
@@ -304,6 +306,11 @@ static void handle_verify(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
     }
+    /* a prompt sets the slot's grammar (or none) for the sequence's life */
+    if (v.keep_len == 0 && (rc = worker_grammar_set(w->grammar, v.seq.slot, v.grammar, v.n_feed, err))) {
+        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+        return;
+    }
     if (v.k > 0 && v.shm && (rc = attach(w, v.shm, err))) {
         worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
@@ -347,6 +354,7 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     qv->ctl = v.sampling.ctl;
     if (sampling_controls_active(&qv->ctl))
         qv->job.ctl = &qv->ctl;
+    qv->job.gram = worker_grammar_slot(w->grammar, v.seq.slot);
     specdec_verify_job_init(&qv->job);
     if (v.k > 0 && !inline_drafts) {
         bool not_yet = false;
@@ -666,7 +674,9 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
     int rc;
     if ((rc = worker_main_model_load(&w->m, cfg, wc, err)))
         goto fail;
-    if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)))
+    if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)) ||
+        (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
+                                    w->m.n_slots, err)))
         goto fail;
     LOG_INFO("target argmax screen: %s",
              !wc->argmax_copy                        ? "off (argmax_copy 0)"
@@ -719,6 +729,7 @@ static void target_worker_destroy(void *worker)
     free(w->awaiting);
     detach(w);
     specdec_target_destroy(w->spec);
+    worker_grammar_destroy(w->grammar);
     worker_main_model_free(&w->m);
     free(w);
 }
