@@ -5,6 +5,7 @@
  *                 [--min-p P] [--seed S] [--stop STR]... [--spec-k K]
  *                 [--spec-mode sampled|point_mass] [--draft-source SOURCE] [--logprobs N]
  *                 [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
+ *                 [--grammar-file FILE | --json-schema FILE | --json-object]
  *                 [--stream] [--json]
  *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
@@ -82,6 +83,56 @@ static int check_connected(struct tandem_client *client, const char *endpoint, d
     return 3;
 }
 
+/* The request's "grammar" (one of --grammar-file, --json-schema,
+ * --json-object): the file's text as the grammar or, parsed, as the
+ * schema. The coordinator compiles it and names what is wrong. */
+static int set_grammar(cJSON **grammar, const char *type, const char *flag, const char *path)
+{
+    if (*grammar != NULL) {
+        fprintf(stderr, "tandem-client: give at most one of --grammar-file, --json-schema, --json-object\n");
+        return -1;
+    }
+    char *text = NULL;
+    if (path != NULL) {
+        FILE *f = fopen(path, "rb");
+        long n = -1;
+        if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+            (text = malloc((size_t)n + 1)) != NULL && fread(text, 1, (size_t)n, f) == (size_t)n)
+            text[n] = '\0';
+        else {
+            fprintf(stderr, "tandem-client: %s: cannot read %s: %s\n", flag, path, strerror(errno));
+            free(text);
+            text = NULL;
+        }
+        if (f != NULL)
+            fclose(f);
+        if (text == NULL)
+            return -1;
+    }
+    cJSON *g = cJSON_CreateObject();
+    int ok = g != NULL && cJSON_AddStringToObject(g, "type", type) != NULL;
+    if (ok && text != NULL && strcmp(type, "gbnf") == 0) {
+        ok = cJSON_AddStringToObject(g, "text", text) != NULL;
+    } else if (ok && text != NULL) {
+        cJSON *schema = cJSON_Parse(text);
+        if (schema == NULL) {
+            fprintf(stderr, "tandem-client: %s: %s is not JSON\n", flag, path);
+            free(text);
+            cJSON_Delete(g);
+            return -1;
+        }
+        ok = cJSON_AddItemToObject(g, "schema", schema);
+    }
+    free(text);
+    if (!ok) {
+        fprintf(stderr, "tandem-client: out of memory\n");
+        cJSON_Delete(g);
+        return -1;
+    }
+    *grammar = g;
+    return 0;
+}
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -91,6 +142,7 @@ static void usage(FILE *out)
             "                     [--draft-source auto|model|ngram|suffix|none] (--draft: the old spelling)\n"
             "                     [--logprobs N (0..20 top alternatives; printed with --json)]\n"
             "                     [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]\n"
+            "                     [--grammar-file FILE (GBNF) | --json-schema FILE | --json-object]\n"
             "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
@@ -398,6 +450,7 @@ int main(int argc, char **argv)
     tandem_client_request_init(&req);
     req.id = "cli";
     int32_t *ids = NULL;
+    cJSON *grammar = NULL; /* --grammar-file, --json-schema, --json-object */
     int stats = 0, prometheus = 0, json = 0;
     long timeout_ms = 600000;
     long cancel_after_ms = -1;
@@ -421,6 +474,10 @@ int main(int argc, char **argv)
             req.stream = true, takes_value = 0;
         } else if (strcmp(a, "--json") == 0) {
             json = 1, takes_value = 0;
+        } else if (strcmp(a, "--json-object") == 0) {
+            takes_value = 0;
+            if (set_grammar(&grammar, "json_object", NULL, NULL) != 0)
+                goto done;
         } else if (v == NULL) {
             fprintf(stderr, "tandem-client: %s: unknown option or missing value\n", a);
             usage(stderr);
@@ -507,6 +564,9 @@ int main(int argc, char **argv)
             cancel_after_ms = l;
         } else if (strcmp(a, "--id") == 0) {
             req.id = v;
+        } else if (strcmp(a, "--grammar-file") == 0 || strcmp(a, "--json-schema") == 0) {
+            if (set_grammar(&grammar, a[2] == 'g' ? "gbnf" : "json_schema", a, v) != 0)
+                goto done;
         } else {
             fprintf(stderr, "tandem-client: %s: unknown option\n", a);
             usage(stderr);
@@ -516,6 +576,7 @@ int main(int argc, char **argv)
             i++;
     }
     int n_inputs = (req.prompt != NULL) + (req.chat != NULL) + (req.ids != NULL);
+    req.grammar = grammar;
     if (!stats && n_inputs != 1) {
         fprintf(stderr, "tandem-client: give exactly one of --prompt, --chat, --ids (or --stats)\n");
         usage(stderr);
@@ -537,5 +598,6 @@ int main(int argc, char **argv)
     tandem_client_destroy(client);
 done:
     free(ids);
+    cJSON_Delete(grammar);
     return status;
 }

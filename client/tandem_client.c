@@ -244,6 +244,12 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
         ok = ok && cJSON_AddNumberToObject(m, "frequency_penalty", req->frequency_penalty) != NULL;
     if (!isnan(req->repetition_penalty))
         ok = ok && cJSON_AddNumberToObject(m, "repetition_penalty", req->repetition_penalty) != NULL;
+    if (ok && req->grammar != NULL) {
+        cJSON *g = cJSON_Duplicate(req->grammar, 1);
+        ok = g != NULL && cJSON_AddItemToObject(m, "grammar", g);
+        if (!ok)
+            cJSON_Delete(g);
+    }
     if (!ok) {
         cJSON_Delete(m);
         return error_set(err, ERR_NOMEM, "request: out of memory");

@@ -66,6 +66,8 @@ struct tandem_client_request {
     double repetition_penalty; /* NAN: default (1) */
     int logprobs;              /* < 0: none; 0..20: each token's logprob and that many top
                                   alternatives ("logprobs" in the token and done replies) */
+    const cJSON *grammar;      /* structured output: the "grammar" object (docs/protocol.md),
+                                  copied into the request; NULL: none */
 };
 
 void tandem_client_request_init(struct tandem_client_request *req);

@@ -5,7 +5,9 @@
  * and max_tokens -> max_tokens, stop as a string -> a list); fields that
  * change nothing at their neutral value (n = 1, echo = false, ...) are
  * accepted only at that value; fields Tandem cannot honour (tools,
- * response_format, ...) are a 400 naming them. Unknown fields are accepted
+ * prediction, ...) are a 400 naming them. response_format becomes the
+ * native "grammar", compiled here so that an unsupported schema keyword is
+ * a 400 naming it under response_format. Unknown fields are accepted
  * and listed in openai_request.ignored (frontends and evaluation harnesses
  * send vendor extras written for vLLM's server, which accepts unknown fields
  * and logs them), or a 400 naming them under policy->strict_fields (what
@@ -25,6 +27,7 @@
 #include "error.h"
 #include "json_check.h"
 #include "json_type.h"
+#include "grammar_spec.h"
 #include "request.h"
 #include "sampling.h"
 #include "utf8.h"
@@ -87,6 +90,7 @@ enum field_rule {
     F_LOGIT_BIAS,     /* an object, passed through (the coordinator checks it) */
     F_BOOL,           /* passed through when true (ignore_eos, vLLM's extension) */
     F_IGNORED,        /* user: a string of metadata with no effect on generation */
+    F_RESPONSE_FORMAT, /* text, json_object, json_schema -> the native "grammar" (compiled here) */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
 };
 
@@ -132,7 +136,7 @@ static const struct field fields[] = {
     {"parallel_tool_calls", F_UNSUPPORTED, CHAT},
     {"functions", F_UNSUPPORTED, CHAT},
     {"function_call", F_UNSUPPORTED, CHAT},
-    {"response_format", F_UNSUPPORTED, CHAT},
+    {"response_format", F_RESPONSE_FORMAT, CHAT | COMP},
     {"modalities", F_UNSUPPORTED, CHAT},
     {"audio", F_UNSUPPORTED, CHAT},
     {"prediction", F_UNSUPPORTED, CHAT},
@@ -365,6 +369,79 @@ static void ignored_add(struct openai_request *out, const char *name)
     snprintf(list + n, sizeof(out->ignored) - n, "%s%s", n > 0 ? "," : "", clean);
 }
 
+/* response_format: {"type": "text"} (nothing), {"type": "json_object"},
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}} -> "grammar". The output always follows the schema,
+ * strict or not (a schema without "schema" is any JSON value). */
+static int translate_response_format(const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (!cJSON_IsObject(v))
+        return bad(e, "response_format", "response_format: expected an object, got %s%s", json_type_name(v), "");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (!cJSON_IsString(type))
+        return bad(e, "response_format", "response_format.type: required, one of \"text\", \"json_object\", "
+                   "\"json_schema\"%s%s", "", "");
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, v) {
+        if (strcmp(f->string, "type") != 0 && strcmp(f->string, "json_schema") != 0)
+            return bad(e, "response_format", "response_format.%.64s: unknown field%s", f->string, "");
+    }
+    if (strcmp(type->valuestring, "text") == 0)
+        return 0;
+    cJSON *g = cJSON_CreateObject();
+    if (g == NULL || !cJSON_AddItemToObject(gen, "grammar", g)) {
+        cJSON_Delete(g);
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    }
+    struct grammar_spec spec = {0};
+    char why[ERR_MSG_MAX];
+    if (strcmp(type->valuestring, "json_object") == 0) {
+        spec.kind = GRAMMAR_SPEC_JSON_OBJECT;
+        if (!cJSON_AddStringToObject(g, "type", "json_object"))
+            return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    } else if (strcmp(type->valuestring, "json_schema") == 0) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+        if (!cJSON_IsObject(js))
+            return bad(e, "response_format", "response_format.json_schema: required, an object with \"name\" "
+                       "and \"schema\"%s%s", "", "");
+        cJSON_ArrayForEach(f, js) {
+            if (strcmp(f->string, "name") != 0 && strcmp(f->string, "schema") != 0 &&
+                strcmp(f->string, "strict") != 0 && strcmp(f->string, "description") != 0)
+                return bad(e, "response_format", "response_format.json_schema.%.64s: unknown field%s", f->string,
+                           "");
+        }
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+        if (name != NULL && !cJSON_IsString(name))
+            return bad(e, "response_format", "response_format.json_schema.name: expected a string, got %s%s",
+                       json_type_name(name), "");
+        if (strict != NULL && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+            return bad(e, "response_format", "response_format.json_schema.strict: expected a boolean, got %s%s",
+                       json_type_name(strict), "");
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+        cJSON *copy = schema != NULL ? cJSON_Duplicate(schema, 1) : cJSON_CreateTrue();
+        if (copy == NULL || !cJSON_AddStringToObject(g, "type", "json_schema") ||
+            !cJSON_AddItemToObject(g, "schema", copy)) {
+            cJSON_Delete(copy);
+            return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+        }
+        int rc = grammar_spec_from_json(&spec, g, "response_format.json_schema", 0, why);
+        if (rc != 0)
+            return bad(e, "response_format", "%s%s", why, "");
+    } else {
+        return bad(e, "response_format", "response_format.type: must be \"text\", \"json_object\" or "
+                   "\"json_schema\", got \"%.64s\"%s", type->valuestring, "");
+    }
+    /* compiled here: what the coordinator would refuse is named as the client wrote it */
+    int rc = grammar_spec_check(&spec, "response_format.json_schema", why);
+    grammar_spec_free(&spec);
+    if (rc == ERR_NOMEM)
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    if (rc != 0)
+        return bad(e, "response_format", "%s%s", why, "");
+    return 0;
+}
+
 static const struct field *field_find(enum openai_kind kind, const char *name)
 {
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
@@ -501,6 +578,8 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (!cJSON_IsString(v))
             return bad(e, name, "%s: expected a string, got %s", name, json_type_name(v));
         return 0;
+    case F_RESPONSE_FORMAT:
+        return translate_response_format(v, gen, e);
     case F_UNSUPPORTED:
         return bad(e, name, "%s: not supported by this server%s", name, "");
     }

@@ -6,7 +6,8 @@ unknown path or model, 405 wrong method, 413 body too large, 400 for bad
 JSON, missing fields, wrong types, numbers beyond a double's range
 (named "not finite"), out-of-range values (n > 16, logprobs beyond 20,
 penalties, a logit_bias for no token), top_logprobs without logprobs, tools,
-response_format and a prompt longer than the context, 429 when the coordinator is full.
+a response_format of an unknown type or with a schema keyword the grammar
+engine cannot honour (named) and a prompt longer than the context, 429 when the coordinator is full.
 
 Lenient where the clients are: no "model" is the served one; an unknown
 field is answered 200 and named in the Tandem-Ignored-Fields header and
@@ -96,7 +97,10 @@ def test():
     expect(p, "POST", "/v1/chat/completions", dict(chat, top_logprobs=2), 400, param="top_logprobs")
     expect(p, "POST", "/v1/chat/completions", dict(chat, tools=[{"type": "function"}]), 400, param="tools")
     expect(p, "POST", "/v1/chat/completions", dict(chat, tool_choice="auto"), 400, param="tool_choice")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_object"}), 400,
+    expect(p, "POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "integer", "minimum": 0}}}), 400, param="response_format",
+           needle="unsupported keyword 'minimum'")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, response_format={"type": "xml"}), 400,
            param="response_format")
     expect(p, "POST", "/v1/chat/completions", dict(chat, presence_penalty=2.5), 400, param="presence_penalty")
     expect(p, "POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 5}), 400, param="logit_bias")

@@ -216,6 +216,57 @@ static void test_openai_lenient_fields_are_listed_strict_refused(void **state)
     assert_string_equal(e.param, "logit_bias");
 }
 
+/* response_format: text is nothing; json_object and json_schema become the
+ * native "grammar" (the schema passed as written, strict or not); an
+ * unsupported keyword or an unknown type is a 400 on response_format whose
+ * message names the keyword and where it is. */
+static void test_openai_response_format_becomes_grammar(void **state)
+{
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                        "\"response_format\":{\"type\":\"text\"}}", &r, &e), 0);
+    assert_null(cJSON_GetObjectItem(r.generate, "grammar"));
+    openai_request_free(&r);
+    assert_int_equal(parse(OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                        "\"response_format\":{\"type\":\"json_object\"}}", &r, &e), 0);
+    const cJSON *g = cJSON_GetObjectItem(r.generate, "grammar");
+    assert_string_equal(cJSON_GetObjectItem(g, "type")->valuestring, "json_object");
+    openai_request_free(&r);
+    assert_int_equal(parse(OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                                        "\"name\":\"n\",\"strict\":true,\"schema\":{\"type\":\"integer\"}}}}",
+                           &r, &e), 0);
+    g = cJSON_GetObjectItem(r.generate, "grammar");
+    assert_string_equal(cJSON_GetObjectItem(g, "type")->valuestring, "json_schema");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(g, "schema"), "type")->valuestring, "integer");
+    openai_request_free(&r);
+    static const char *const bad[][2] = {
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"integer\","
+         "\"minimum\":0}}}", "response_format.json_schema.schema: unsupported keyword 'minimum'"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"properties\":{\"a\":"
+         "{\"format\":\"date\"}}}}}", "response_format.json_schema.schema.properties.a: unsupported keyword 'format'"},
+        {"{\"type\":\"json_schema\"}", "response_format.json_schema: required"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":\"yes\"}}", "strict"},
+        {"{\"type\":\"yaml\"}", "response_format.type: must be"},
+        {"{\"type\":\"json_object\",\"extra\":1}", "response_format.extra: unknown field"},
+        {"\"json\"", "response_format: expected an object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":%s}",
+                 bad[i][0]);
+        int rc = parse(OPENAI_CHAT, body, &r, &e);
+        if (rc == 0 || strstr(e.message, bad[i][1]) == NULL)
+            print_error("%s: rc %d, message \"%s\", expected \"%s\"\n", body, rc, rc ? e.message : "", bad[i][1]);
+        assert_int_not_equal(rc, 0);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, "response_format");
+        assert_non_null(strstr(e.message, bad[i][1]));
+    }
+}
+
 /* logprobs: chat's boolean and top_logprobs, completions' count, become the
  * coordinator's "logprobs": N; out of range or top_logprobs alone: a 400
  * naming the field. */
@@ -369,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_openai_coordinator_errors_map_to_statuses),
         cmocka_unit_test(test_openai_response_and_chunks_have_openai_shapes),
         cmocka_unit_test(test_openai_logprobs_fields_translate),
+        cmocka_unit_test(test_openai_response_format_becomes_grammar),
         cmocka_unit_test(test_openai_logprobs_layouts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
