@@ -185,6 +185,8 @@ struct seq {
     struct sampling_controls ctl; /* logit bias, penalties: the target applies them per row */
     cJSON *grammar;          /* structured output: the grammar's wire form (grammar_spec.h), sent
                                 with the prompt to both workers; NULL: none */
+    struct seq_grammar *gram; /* its matcher here (constraint.c), made at the first cut */
+    bool gram_failed;        /* the matcher could not be made: drafts go uncut */
     struct adaptive_k kc;
     enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */
     bool spec_off;           /* draft errors: target-only for this sequence */
@@ -278,6 +280,8 @@ struct coordinator {
     enum request_draft default_draft; /* coordinator.draft: requests that name no source */
     struct ngram_params ngram;
     struct suffix_cache *suffix;      /* finished requests' tokens; NULL: off (suffix_cache_mib 0) */
+    struct coord_grammar *grammar;    /* the tokenizer's bytes and the engines of requests' grammars
+                                         (constraint.c); NULL until the first grammar's cut */
     struct metrics metrics;
     double t_start_ms;
     double last_heartbeat_ms;

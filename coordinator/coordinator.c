@@ -3,6 +3,7 @@
  * and the timer. The work is done by the modules listed in coord_state.h.
  */
 #include "coordinator.h"
+#include "constraint.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -235,6 +236,7 @@ void coordinator_destroy(struct coordinator *c)
         zmq_ctx_term(c->zctx);
     tokenizer_destroy(c->tk);
     suffix_cache_destroy(c->suffix);
+    constraint_free(c);
     free(c);
 }
 

@@ -1,4 +1,5 @@
 /* drafters.c: see drafters.h. */
+#include "constraint.h"
 #include "drafters.h"
 
 #include "logging.h"
@@ -84,6 +85,8 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
         k = ngram_draft(&np, s->hist, s->n_hist, k_cap, drafts);
         *source = REQUEST_DRAFT_NGRAM;
     }
+    /* a draft the grammar refuses is rejected at its row: not worth one */
+    k = constraint_cut(c, s, drafts, k);
     if (k == 0)
         return 0;
     int worth = drafters_worth_k(accept_of(s, *source), k, coord_pair_of(c, s)->call_ms_base,

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "admission.h"
+#include "constraint.h"
 #include "drafters.h"
 #include "error.h"
 #include "logging.h"
@@ -90,6 +91,7 @@ void scheduler_seq_reset(struct seq *s)
     free(s->half_bytes[0]);
     free(s->half_bytes[1]);
     cJSON_Delete(s->grammar);
+    constraint_seq_free(s->gram);
     int slot = s->slot;
     memset(s, 0, sizeof(*s));
     s->slot = slot;
