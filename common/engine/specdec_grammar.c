@@ -77,49 +77,21 @@ int specdec_grammar_start(struct specdec_grammar *g, int keep_len, const int32_t
     return skip < n_feed ? specdec_grammar_take(g, feed + skip, n_feed - skip, strict, err) : 0;
 }
 
-/* Most EOS ids a mask keeps apart (a model lists a few). */
-#define EOS_KEEP_MAX 16
-
-/* Masks row with `state`: -inf wherever the grammar refuses the token (ids
- * past the tokenizer's vocabulary included); an EOS id keeps its logit
- * where the grammar can end. Returns the number of tokens left (>= 0) or
- * an error. */
+/* Masks row with `state` (token_mask_apply: EOS kept where the grammar can
+ * end); ids past the tokenizer's vocabulary are refused. Returns the
+ * number of tokens left (>= 0) or an error. */
 static int mask_state(struct specdec_grammar *g, int32_t state, float *row, int vocab, char *err)
 {
     int rc = token_mask_compute(g->mask, state, g->bits, err);
     if (rc)
         return rc;
-    const int can_end = grammar_engine_can_end(g->matcher.engine, state);
-    float eos_logit[EOS_KEEP_MAX];
-    const int n_eos = g->eos.n < EOS_KEEP_MAX ? g->eos.n : EOS_KEEP_MAX;
-    for (int e = 0; e < n_eos; e++)
-        eos_logit[e] = g->eos.ids[e] >= 0 && g->eos.ids[e] < vocab ? row[g->eos.ids[e]] : 0.0f;
     int n_mask = token_mask_vocab_n_tokens(g->vocab);
     if (n_mask > vocab)
         n_mask = vocab;
-    int allowed = 0;
-    for (int w = 0; w * 64 < n_mask; w++) {
-        const uint64_t bits = g->bits[w];
-        const int lo = w * 64, hi = lo + 64 < n_mask ? lo + 64 : n_mask;
-        if (bits == ~0ULL && hi - lo == 64) {
-            allowed += 64;
-            continue;
-        }
-        for (int i = lo; i < hi; i++) {
-            if ((bits >> (i - lo)) & 1)
-                allowed++;
-            else
-                row[i] = -INFINITY;
-        }
-    }
+    const int allowed = token_mask_apply(g->bits, row, n_mask, &g->eos,
+                                         grammar_engine_can_end(g->matcher.engine, state));
     for (int i = n_mask; i < vocab; i++)
         row[i] = -INFINITY;
-    for (int e = 0; can_end && e < n_eos; e++) {
-        if (g->eos.ids[e] >= 0 && g->eos.ids[e] < vocab) {
-            row[g->eos.ids[e]] = eos_logit[e];
-            allowed++;
-        }
-    }
     return allowed;
 }
 

@@ -313,6 +313,15 @@ static int cmd_bench(const struct opts *o, char *err)
     rc = rc ? rc : walker_open(&w, g, v, 0, err);
     rc = rc ? rc : bench_pass(o, &w, "cold (fresh engine and cache)", err);
     rc = rc ? rc : bench_pass(o, &w, "warm (same engine, new outputs)", err);
+    /* a request's cost per token: the mask, then the row of logits it masks */
+    if (rc == 0) {
+        w.n_logits = token_mask_vocab_n_tokens(v);
+        w.logits = calloc((size_t)w.n_logits, sizeof *w.logits);
+        rc = w.logits ? 0 : error_set(err, ERR_NOMEM, "out of memory");
+    }
+    rc = rc ? rc : bench_pass(o, &w, "warm + applied to a row of logits", err);
+    free(w.logits);
+    w.logits = NULL;
     if (rc == 0)
         printf("engine: %d states, %.1f MiB\n", grammar_engine_n_states(w.engine),
                (double)grammar_engine_memory(w.engine) / (1 << 20));

@@ -169,6 +169,8 @@ int walk_one(struct walk_ctx *w, int free_steps, int max_tokens, char **text, si
         double t0 = now_s();
         if ((rc = token_mask_compute(w->mask, state, w->bits, err)))
             break;
+        if (w->logits) /* what a request pays on top: the mask onto a row of logits */
+            token_mask_apply(w->bits, w->logits, w->n_logits, &(struct token_mask_eos){0}, 0);
         if (w->times && (rc = record_time(w, now_s() - t0)))
             break;
         int32_t id = pick(w, state, closing);

@@ -29,6 +29,9 @@ struct walk_ctx {
     /* when set, each mask computation's time in seconds is appended here */
     double *times;
     size_t n_times, cap_times;
+    /* when set, each timed mask is also applied to this row (token_mask_apply) */
+    float *logits;
+    int32_t n_logits;
 };
 
 /* One output; *text malloc'd (NUL-terminated, *len bytes). max_tokens bounds
