@@ -186,6 +186,10 @@ struct seq {
     cJSON *grammar;          /* structured output: the grammar's wire form (grammar_spec.h), sent
                                 with the prompt to both workers; NULL: none */
     struct seq_grammar *gram; /* its matcher here (constraint.c), made at the first cut */
+    int32_t *pred;           /* the request's prediction as tokens (a draft source, drafters.c); NULL: none */
+    int n_pred;
+    int pred_at;             /* where in pred the last prediction draft started (the next search's hint) */
+    int pred_accepted, pred_rejected; /* prediction drafts accepted and rejected (usage) */
     bool gram_failed;        /* the matcher could not be made: drafts go uncut */
     struct adaptive_k kc;
     enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */

@@ -1,4 +1,7 @@
 /* drafters.c: see drafters.h. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "constraint.h"
 #include "drafters.h"
 
@@ -57,9 +60,52 @@ void drafters_learn(struct seq *s, enum request_draft source, int k, int n_acc)
     s->match_trials[i] += n_acc + (n_acc < k);
 }
 
+/* The prediction's tokens after the output so far: where the output is
+ * still the prediction's start, what follows it; else what follows the
+ * latest PREDICTION_MATCH_MIN or more output tokens found in the
+ * prediction, the occurrence nearest the last one used (an edit shifts
+ * the rest of the text, it does not reorder it). 0: no match. */
+#define PREDICTION_MATCH_MIN 3
+#define PREDICTION_MATCH_MAX 16
+static int prediction_draft(const struct seq *s, int k_cap, int32_t *drafts)
+{
+    const int32_t *out = s->hist + s->n_prompt, *pred = s->pred;
+    const int n_out = s->n_hist - s->n_prompt, n_pred = s->n_pred;
+    int start = -1;
+    if (n_out <= n_pred && memcmp(out, pred, (size_t)n_out * sizeof *out) == 0)
+        start = n_out;
+    for (int m = n_out < PREDICTION_MATCH_MAX ? n_out : PREDICTION_MATCH_MAX; start < 0 && m >= PREDICTION_MATCH_MIN;
+         m--) {
+        int best = -1;
+        for (int j = 0; j + m <= n_pred; j++) {
+            if (memcmp(pred + j, out + n_out - m, (size_t)m * sizeof *out) != 0)
+                continue;
+            if (best < 0 || abs(j + m - s->pred_at) < abs(best - s->pred_at))
+                best = j + m;
+        }
+        start = best;
+    }
+    if (start < 0 || start >= n_pred)
+        return 0;
+    ((struct seq *)s)->pred_at = start; /* the search's hint, not the round's state */
+    const int k = n_pred - start < k_cap ? n_pred - start : k_cap;
+    memcpy(drafts, pred + start, (size_t)k * sizeof *drafts);
+    return k;
+}
+
 int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usable, int k_cap, int32_t *drafts,
                      enum request_draft *source)
 {
+    /* the request's own prediction first, whatever its source: it is what
+     * the client expects the output to be (edits of a given text), and the
+     * target keeps the output exact whatever it drafts */
+    if (s->n_pred > 0) {
+        int k = prediction_draft(s, k_cap, drafts);
+        if (k > 0 && (k = constraint_cut(c, s, drafts, k)) > 0) {
+            *source = REQUEST_DRAFT_PREDICTION;
+            return k;
+        }
+    }
     const bool greedy = sampling_params_is_greedy(&s->sp);
     /* sampled requests under "auto" keep the model: a point-mass draft
      * spends other random draws, and a seed should reproduce its output

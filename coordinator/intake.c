@@ -98,8 +98,29 @@ static int start_choice(struct coordinator *c, const struct choice_ref *who, con
         replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, err);
         return -1;
     }
+    /* the prediction as tokens, as the output would spell it (no BOS) */
+    if (r->prediction != NULL) {
+        size_t n = 0;
+        int prc = c->tk == NULL ? ERR_UNAVAILABLE
+                                : tokenizer_encode(c->tk, r->prediction, r->prediction_len, 0, &s->pred, &n, err);
+        if (prc != 0) {
+            free(s->pred);
+            s->pred = NULL;
+            output_destroy(s->out);
+            s->out = NULL;
+            free(s->hist);
+            s->hist = NULL;
+            replies_error(c, identity, identity_size, r->id,
+                          prc == ERR_NOMEM ? METRICS_ERR_INTERNAL : METRICS_ERR_INVALID_REQUEST,
+                          c->tk == NULL ? "prediction: the coordinator has no tokenizer" : err);
+            return -1;
+        }
+        s->n_pred = (int)n;
+    }
     /* the workers compile it from this text; request_from_json compiled it once already */
     if (r->grammar.kind != GRAMMAR_SPEC_NONE && !(s->grammar = grammar_spec_to_json(&r->grammar))) {
+        free(s->pred);
+        s->pred = NULL;
         output_destroy(s->out);
         s->out = NULL;
         free(s->hist);

@@ -231,6 +231,10 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
             cJSON_AddNumberToObject(u, "prompt_tokens", s->n_prompt);
             cJSON_AddNumberToObject(u, "cached_prompt_tokens", s->prompt_cached);
             cJSON_AddNumberToObject(u, "generated_tokens", s->generated);
+            if (s->pred != NULL) { /* OpenAI's names: prediction drafts the target took and refused */
+                cJSON_AddNumberToObject(u, "accepted_prediction_tokens", s->pred_accepted);
+                cJSON_AddNumberToObject(u, "rejected_prediction_tokens", s->pred_rejected);
+            }
         }
         cJSON *tm = cJSON_AddObjectToObject(m, "timing");
         if (tm != NULL) {

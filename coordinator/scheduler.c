@@ -92,6 +92,7 @@ void scheduler_seq_reset(struct seq *s)
     free(s->half_bytes[1]);
     cJSON_Delete(s->grammar);
     constraint_seq_free(s->gram);
+    free(s->pred);
     int slot = s->slot;
     memset(s, 0, sizeof(*s));
     s->slot = slot;
@@ -679,8 +680,12 @@ void scheduler_on_verify_done(struct coordinator *c, int pair, const struct prot
         s->target_len = s->n_prompt;
     } else {
         s->target_len = v->keep + v->feed + n_acc;
-        if (k > 0 && v->source != REQUEST_DRAFT_MODEL)
+        if (k > 0 && v->source == REQUEST_DRAFT_PREDICTION) {
+            s->pred_accepted += n_acc;
+            s->pred_rejected += k - n_acc;
+        } else if (k > 0 && v->source != REQUEST_DRAFT_MODEL) {
             drafters_learn(s, v->source, k, n_acc);
+        }
     }
     draft_cache_after_verify(c, s, n_acc);
     enum metrics_finish reason = METRICS_FINISH_STOP;

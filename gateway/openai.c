@@ -91,6 +91,7 @@ enum field_rule {
     F_BOOL,           /* passed through when true (ignore_eos, vLLM's extension) */
     F_IGNORED,        /* user: a string of metadata with no effect on generation */
     F_RESPONSE_FORMAT, /* text, json_object, json_schema -> the native "grammar" (compiled here) */
+    F_PREDICTION,     /* {"type": "content", "content": text or text parts} -> the native "prediction" */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
 };
 
@@ -139,7 +140,7 @@ static const struct field fields[] = {
     {"response_format", F_RESPONSE_FORMAT, CHAT | COMP},
     {"modalities", F_UNSUPPORTED, CHAT},
     {"audio", F_UNSUPPORTED, CHAT},
-    {"prediction", F_UNSUPPORTED, CHAT},
+    {"prediction", F_PREDICTION, CHAT | COMP},
     {"reasoning_effort", F_UNSUPPORTED, CHAT},
     {"web_search_options", F_UNSUPPORTED, CHAT},
     {"store", F_UNSUPPORTED, CHAT},
@@ -442,6 +443,51 @@ static int translate_response_format(const cJSON *v, cJSON *gen, struct openai_e
     return 0;
 }
 
+/* prediction: {"type": "content", "content": a string or an array of
+ * {"type": "text", "text"} parts (joined)} -> the native "prediction". */
+static int translate_prediction(const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    const cJSON *type = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "content") != 0)
+        return bad(e, "prediction", "prediction: expected {\"type\": \"content\", \"content\": ...}%s%s", "", "");
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, v) {
+        if (strcmp(f->string, "type") != 0 && strcmp(f->string, "content") != 0)
+            return bad(e, "prediction", "prediction.%.64s: unknown field%s", f->string, "");
+    }
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(v, "content");
+    size_t len = 0;
+    const cJSON *part = NULL;
+    if (cJSON_IsArray(content)) {
+        cJSON_ArrayForEach(part, content) {
+            const cJSON *pt = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "text") != 0 || !cJSON_IsString(tx))
+                return bad(e, "prediction", "prediction.content: only {\"type\": \"text\", \"text\": ...} "
+                           "parts are supported%s%s", "", "");
+            len += strlen(tx->valuestring);
+        }
+    } else if (!cJSON_IsString(content)) {
+        return bad(e, "prediction", "prediction.content: expected a string or an array of text parts, got %s%s",
+                   json_type_name(content), "");
+    }
+    char *text = cJSON_IsString(content) ? strdup(content->valuestring) : malloc(len + 1);
+    if (text == NULL)
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    if (cJSON_IsArray(content)) {
+        size_t at = 0;
+        cJSON_ArrayForEach(part, content) {
+            const char *tx = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+            memcpy(text + at, tx, strlen(tx));
+            at += strlen(tx);
+        }
+        text[at] = '\0';
+    }
+    const bool ok = cJSON_AddStringToObject(gen, "prediction", text) != NULL;
+    free(text);
+    return ok ? 0 : (openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1);
+}
+
 static const struct field *field_find(enum openai_kind kind, const char *name)
 {
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
@@ -580,6 +626,8 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         return 0;
     case F_RESPONSE_FORMAT:
         return translate_response_format(v, gen, e);
+    case F_PREDICTION:
+        return translate_prediction(v, gen, e);
     case F_UNSUPPORTED:
         return bad(e, name, "%s: not supported by this server%s", name, "");
     }
@@ -805,10 +853,18 @@ static cJSON *usage_json(const cJSON *done)
             cJSON_AddNumberToObject(d, "cached_tokens", cached->valuedouble);
     }
     /* drafted tokens the target accepted and rejected, in OpenAI's own
-     * words for predicted tokens (its "predicted outputs" are drafts too) */
-    bool have_d = true, have_a = true;
-    const double drafted = sum_over_choices(done, "spec", "drafted", &have_d);
-    const double accepted = sum_over_choices(done, "spec", "accepted", &have_a);
+     * words for predicted tokens (its "predicted outputs" are drafts too);
+     * with a prediction, its own drafts only, as OpenAI counts them */
+    bool have_d = true, have_a = true, have_pa = true, have_pr = true;
+    double drafted = sum_over_choices(done, "spec", "drafted", &have_d);
+    double accepted = sum_over_choices(done, "spec", "accepted", &have_a);
+    const double pred_a = sum_over_choices(done, "usage", "accepted_prediction_tokens", &have_pa);
+    const double pred_r = sum_over_choices(done, "usage", "rejected_prediction_tokens", &have_pr);
+    if (have_pa && have_pr) {
+        have_d = have_a = true;
+        accepted = pred_a;
+        drafted = pred_a + pred_r;
+    }
     if (have_d && have_a) {
         cJSON *d = cJSON_AddObjectToObject(o, "completion_tokens_details");
         if (d != NULL) {

@@ -368,7 +368,7 @@ static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
     "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
     "logprobs", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-    "grammar",
+    "grammar", "prediction",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -610,6 +610,29 @@ static int fill_outputs(struct request *r, const cJSON *root, char *err)
             return rc;
         r->logprobs = (int)v;
     }
+    /* prediction: the text, or OpenAI's {"type": "content", "content": text} */
+    const cJSON *pred = cJSON_GetObjectItemCaseSensitive(root, "prediction");
+    if (pred != NULL && !cJSON_IsNull(pred)) {
+        const cJSON *text = pred;
+        if (cJSON_IsObject(pred)) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(pred, "type");
+            text = cJSON_GetObjectItemCaseSensitive(pred, "content");
+            const cJSON *f = NULL;
+            cJSON_ArrayForEach(f, pred) {
+                if (strcmp(f->string, "type") != 0 && strcmp(f->string, "content") != 0)
+                    return error_set(err, ERR_INVALID_ARG, "prediction.%.*s: unknown field", quote_len(f->string),
+                                     f->string);
+            }
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "content") != 0)
+                return error_set(err, ERR_INVALID_ARG, "prediction.type: must be \"content\"");
+        }
+        if (!cJSON_IsString(text))
+            return error_set(err, ERR_INVALID_ARG, "prediction: expected a string or {\"type\": \"content\", "
+                             "\"content\": string}, got %s", json_type_name(text));
+        r->prediction_len = strlen(text->valuestring);
+        if (!(r->prediction = strdup(text->valuestring)))
+            return error_set(err, ERR_NOMEM, "prediction: out of memory");
+    }
     /* Compiled here, engine and all, so that a grammar a worker would fail
      * on is the client's error, named, before anything is scheduled. */
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(root, "grammar");
@@ -685,6 +708,7 @@ void request_destroy(struct request *req)
         free(req->stop[i]);
     free(req->stop);
     grammar_spec_free(&req->grammar);
+    free(req->prediction);
     free(req);
 }
 
@@ -701,6 +725,8 @@ const char *request_draft_name(enum request_draft draft)
         return "suffix";
     case REQUEST_DRAFT_AUTO:
         return "auto";
+    case REQUEST_DRAFT_PREDICTION:
+        return "prediction";
     default:
         return "default";
     }

@@ -56,6 +56,8 @@ enum request_draft {
     REQUEST_DRAFT_AUTO = 5,      /* greedy: a long suffix-cache match, else a longest-context n-gram
                                     match, else the model (any n-gram match without one); sampled: the
                                     model (a seed then reproduces its output) */
+    REQUEST_DRAFT_PREDICTION = 6, /* not a client's value: the request's "prediction", a source the
+                                     coordinator takes before the others when it matches */
 };
 
 struct request_message {
@@ -102,6 +104,9 @@ struct request {
     struct sampling_controls ctl;  /* logit_bias and penalties (sampling.h), zero when not given;
                                       bias ids >= 0, checked against the vocabulary by the
                                       coordinator */
+    char *prediction;              /* "prediction": the expected output's text (a draft source),
+                                      NULL when not given */
+    size_t prediction_len;
     struct grammar_spec grammar;   /* structured output ("grammar"): kind NONE when not given;
                                       compiled once by request_from_json, so it is valid */
 };

@@ -267,6 +267,35 @@ static void test_openai_response_format_becomes_grammar(void **state)
     }
 }
 
+/* prediction: OpenAI's content (a string, or text parts joined) becomes
+ * the native "prediction" text; another shape is a 400 naming it. */
+static void test_openai_prediction_becomes_text(void **state)
+{
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse(OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                        "\"prediction\":{\"type\":\"content\",\"content\":[{\"type\":\"text\","
+                                        "\"text\":\"ab\"},{\"type\":\"text\",\"text\":\"c\"}]}}", &r, &e), 0);
+    assert_string_equal(cJSON_GetObjectItem(r.generate, "prediction")->valuestring, "abc");
+    openai_request_free(&r);
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\","
+                                              "\"content\":\"def\"}}", &r, &e), 0);
+    assert_string_equal(cJSON_GetObjectItem(r.generate, "prediction")->valuestring, "def");
+    openai_request_free(&r);
+    static const char *const bad[] = {"\"abc\"", "{\"type\":\"text\",\"content\":\"a\"}",
+                                      "{\"type\":\"content\",\"content\":5}",
+                                      "{\"type\":\"content\",\"content\":[{\"type\":\"image_url\"}]}",
+                                      "{\"type\":\"content\",\"content\":\"a\",\"x\":1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"prediction\":%s}", bad[i]);
+        assert_int_not_equal(parse(OPENAI_COMPLETION, body, &r, &e), 0);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, "prediction");
+    }
+}
+
 /* logprobs: chat's boolean and top_logprobs, completions' count, become the
  * coordinator's "logprobs": N; out of range or top_logprobs alone: a 400
  * naming the field. */
@@ -421,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_openai_response_and_chunks_have_openai_shapes),
         cmocka_unit_test(test_openai_logprobs_fields_translate),
         cmocka_unit_test(test_openai_response_format_becomes_grammar),
+        cmocka_unit_test(test_openai_prediction_becomes_text),
         cmocka_unit_test(test_openai_logprobs_layouts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

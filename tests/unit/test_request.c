@@ -268,6 +268,27 @@ static void test_request_grammar_is_compiled_and_named(void **state)
     }
 }
 
+/* prediction: the text, as a string or OpenAI's {"type": "content",
+ * "content": text}; other shapes named. */
+static void test_request_prediction_forms(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"prediction\":\"abc\"}");
+    assert_string_equal(r->prediction, "abc");
+    assert_int_equal(r->prediction_len, 3);
+    request_destroy(r);
+    r = parse_ok("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"prediction\":{\"type\":\"content\","
+                 "\"content\":\"de\"}}");
+    assert_string_equal(r->prediction, "de");
+    request_destroy(r);
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"prediction\":5}", ERR_INVALID_ARG,
+              "prediction: expected a string");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"prediction\":{\"type\":\"text\","
+              "\"content\":\"a\"}}", ERR_INVALID_ARG, "prediction.type: must be \"content\"");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"prediction\":{\"type\":\"content\","
+              "\"content\":\"a\",\"z\":1}}", ERR_INVALID_ARG, "prediction.z: unknown field");
+}
+
 static void test_request_wrong_types_are_named(void **state)
 {
     (void)state;
@@ -547,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_request_unknown_field_is_rejected),
         cmocka_unit_test(test_request_wrong_types_are_named),
         cmocka_unit_test(test_request_grammar_is_compiled_and_named),
+        cmocka_unit_test(test_request_prediction_forms),
         cmocka_unit_test(test_request_max_tokens_out_of_range_is_rejected),
         cmocka_unit_test(test_request_bad_sampling_values_are_rejected),
         cmocka_unit_test(test_request_stop_limits_are_enforced),
