@@ -137,8 +137,10 @@ void replies_free_held(struct coordinator *c)
     c->n_held = 0;
 }
 
-void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
-                         enum metrics_error code, const char *message)
+/* error {id, code, message} and, for one choice of several, its index
+ * (< 0: none); counted and logged. */
+static void send_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
+                       int index, enum metrics_error code, const char *message)
 {
     c->metrics.requests_failed[code]++;
     cJSON *m = cJSON_CreateObject();
@@ -146,10 +148,24 @@ void replies_error(struct coordinator *c, const uint8_t *identity, size_t identi
         return;
     cJSON_AddStringToObject(m, "type", "error");
     add_client_string(m, "id", id ? id : "");
+    if (index >= 0)
+        cJSON_AddNumberToObject(m, "index", index);
     cJSON_AddStringToObject(m, "code", metrics_error_name(code));
     add_client_string(m, "message", message);
     send_final(c, identity, identity_size, m);
-    LOG_INFO("request \"%s\": %s: %s", id ? id : "", metrics_error_name(code), message);
+    LOG_INFO("request \"%s\"%s: %s: %s", id ? id : "", index >= 0 ? " (a choice)" : "",
+             metrics_error_name(code), message);
+}
+
+void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
+                         enum metrics_error code, const char *message)
+{
+    send_error(c, identity, identity_size, id, -1, code, message);
+}
+
+void replies_error_of(struct coordinator *c, const struct seq *s, enum metrics_error code, const char *message)
+{
+    send_error(c, s->client, s->client_size, s->id, s->n_choices > 1 ? s->index : -1, code, message);
 }
 
 static cJSON *ids_array(const int32_t *ids, int n)

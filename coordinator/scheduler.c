@@ -179,7 +179,7 @@ static void seq_drop(struct coordinator *c, struct seq *s)
 /* Ends a sequence with an error reply (code) and frees its slot. */
 void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error code, const char *message)
 {
-    replies_error(c, s->client, s->client_size, s->id, code, message);
+    replies_error_of(c, s, code, message);
     seq_drop(c, s);
 }
 
