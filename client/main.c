@@ -6,7 +6,7 @@
  *                 [--spec-mode sampled|point_mass] [--draft-source SOURCE] [--logprobs N]
  *                 [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
  *                 [--grammar-file FILE | --json-schema FILE | --json-object]
- *                 [--stream] [--json]
+ *                 [--n N] [--stream] [--json]
  *                 [--timeout-ms N] [--cancel-after-ms N]
  *   tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]
  *
@@ -17,6 +17,9 @@
  * tokens_per_s, acceptance_rate, rounds, mean_accepted_per_round, draft_ms,
  * verify_ms) plus the coordinator's timing and speculation counters, and
  * with --logprobs N the done reply's "logprobs" entries.
+ * --n N (2..16) asks for N choices from the one prompt (not with --stream):
+ * their texts are printed in index order once all have ended, each after a
+ * "[choice I]" line (with --json: one object per choice, with "index").
  * Cancellation: --cancel-after-ms N sends a "cancel" N ms after the request;
  * the request then ends with the coordinator's "cancelled" error (exit
  * status 1). SIGINT / SIGTERM (Ctrl-C) send one too and exit 130 once it is
@@ -143,6 +146,7 @@ static void usage(FILE *out)
             "                     [--logprobs N (0..20 top alternatives; printed with --json)]\n"
             "                     [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]\n"
             "                     [--grammar-file FILE (GBNF) | --json-schema FILE | --json-object]\n"
+            "                     [--n N (choices, 1..16; not with --stream)]\n"
             "                     [--stream] [--json] [--timeout-ms N] [--cancel-after-ms N]\n"
             "       tandem-client [--endpoint E] --stats [--prometheus] [--timeout-ms N]\n"
             "CURVE (a coordinator with curve_secret_key_file): --curve-server-key FILE (its public\n"
@@ -253,6 +257,9 @@ static int print_json_summary(const cJSON *done)
     ok = ok && cJSON_AddNumberToObject(o, "accepted", num_at(done, "spec", "accepted")) != NULL;
     ok = ok && cJSON_AddNumberToObject(o, "predraft_offered", num_at(done, "spec", "predraft_offered")) != NULL;
     ok = ok && cJSON_AddNumberToObject(o, "predraft_used", num_at(done, "spec", "predraft_used")) != NULL;
+    const cJSON *index = cJSON_GetObjectItemCaseSensitive(done, "index");
+    if (cJSON_IsNumber(index)) /* one of several choices */
+        ok = ok && cJSON_AddNumberToObject(o, "index", index->valuedouble) != NULL;
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(done, "logprobs");
     if (lp != NULL) /* with --logprobs: the done reply's entries as they are */
         ok = ok && cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(lp, 1));
@@ -306,19 +313,72 @@ static int run_stats(struct tandem_client *client, const char *endpoint, int tim
     return 0;
 }
 
-static int run_generate(struct tandem_client *client, const char *endpoint, const struct tandem_client_request *req,
-                        int timeout_ms, int json, long cancel_after_ms)
+/* The final replies of a request of n > 1 choices, kept until all came
+ * (done: the reply; a failed choice: NULL, counted in failed). */
+struct choices {
+    int n, ended, failed;
+    cJSON *done[16];
+    bool seen[16];
+};
+
+/* Prints the choices in index order; the exit status. */
+static int choices_print(struct choices *ch, int json)
 {
-    char err[ERR_MSG_MAX];
-    int rc = tandem_client_generate(client, req, err);
-    if (rc != 0) {
-        fprintf(stderr, "tandem-client: %s\n", err);
+    int status = ch->failed > 0 ? 1 : 0;
+    for (int i = 0; i < ch->n; i++) {
+        if (ch->done[i] == NULL)
+            continue;
+        if (json) {
+            if (print_json_summary(ch->done[i]) != 0)
+                status = 3;
+        } else {
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch->done[i], "text");
+            printf("[choice %d]\n%s\n", i, cJSON_IsString(text) ? text->valuestring : "");
+        }
+    }
+    return status;
+}
+
+/* A final reply of one choice (its "index"); takes ev's JSON for a done.
+ * Returns the exit status once every choice has ended, else -1. */
+static int choices_end(struct choices *ch, struct tandem_client_event *ev, int json)
+{
+    const cJSON *index = cJSON_GetObjectItemCaseSensitive(ev->json, "index");
+    const int i = cJSON_IsNumber(index) ? (int)index->valuedouble : -1;
+    if (i < 0 || i >= ch->n || ch->seen[i]) {
+        fprintf(stderr, "tandem-client: a reply names choice %d of %d twice or out of range\n", i, ch->n);
         return 3;
     }
-    /* The cancel is timed on the clock: a stream whose tokens keep coming
-     * never lets a receive time out, so counting timed-out slices would
-     * never reach it. */
-    const double t_sent = monotonic_ms();
+    ch->seen[i] = true;
+    if (ev->type == TANDEM_CLIENT_EVENT_DONE) {
+        ch->done[i] = ev->json;
+        ev->json = NULL;
+    } else {
+        fprintf(stderr, "tandem-client: choice %d: error %s: %s\n", i, ev->code, ev->message);
+        ch->failed++;
+    }
+    return ++ch->ended == ch->n ? choices_print(ch, json) : -1;
+}
+
+/* A generate request sent, its replies awaited. */
+struct generate_run {
+    struct tandem_client *client;
+    const char *endpoint;
+    const struct tandem_client_request *req;
+    int timeout_ms, json;
+    long cancel_after_ms;
+    double t_sent;
+};
+
+static int generate_loop(const struct generate_run *g, struct choices *ch)
+{
+    struct tandem_client *client = g->client;
+    const struct tandem_client_request *req = g->req;
+    const int timeout_ms = g->timeout_ms, json = g->json;
+    const long cancel_after_ms = g->cancel_after_ms;
+    const double t_sent = g->t_sent;
+    char err[ERR_MSG_MAX];
+    int rc = 0;
     long since_event_ms = 0;
     bool cancel_sent = false;
     double interrupted_ms = -1; /* when the interrupt's cancel was sent */
@@ -350,7 +410,7 @@ static int run_generate(struct tandem_client *client, const char *endpoint, cons
             }
             cancel_sent = true;
         }
-        int unreached = check_connected(client, endpoint, t_sent);
+        int unreached = check_connected(client, g->endpoint, t_sent);
         if (unreached != 0)
             return unreached;
         struct tandem_client_event ev;
@@ -379,7 +439,9 @@ static int run_generate(struct tandem_client *client, const char *endpoint, cons
             }
             break;
         case TANDEM_CLIENT_EVENT_DONE:
-            if (json)
+            if (ch->n > 1)
+                status = choices_end(ch, &ev, json);
+            else if (json)
                 status = print_json_summary(ev.json) == 0 ? 0 : 3;
             else {
                 if (!req->stream)
@@ -392,6 +454,10 @@ static int run_generate(struct tandem_client *client, const char *endpoint, cons
             if (interrupted_ms >= 0 && strcmp(ev.code, "cancelled") == 0) {
                 fprintf(stderr, "tandem-client: interrupted; the request was cancelled\n");
                 status = CLIENT_EXIT_INTERRUPTED;
+                break;
+            }
+            if (ch->n > 1 && cJSON_GetObjectItemCaseSensitive(ev.json, "index") != NULL) {
+                status = choices_end(ch, &ev, json);
                 break;
             }
             fprintf(stderr, "tandem-client: error %s: %s\n", ev.code, ev.message);
@@ -412,6 +478,29 @@ static int run_generate(struct tandem_client *client, const char *endpoint, cons
             return status;
     }
 }
+
+static int run_generate(struct tandem_client *client, const char *endpoint, const struct tandem_client_request *req,
+                        int timeout_ms, int json, long cancel_after_ms)
+{
+    char err[ERR_MSG_MAX];
+    int rc = tandem_client_generate(client, req, err);
+    if (rc != 0) {
+        fprintf(stderr, "tandem-client: %s\n", err);
+        return 3;
+    }
+    /* The cancel is timed on the clock: a stream whose tokens keep coming
+     * never lets a receive time out, so counting timed-out slices would
+     * never reach it. */
+    const double t_sent = monotonic_ms();
+    struct choices ch = {.n = req->n > 1 ? req->n : 1};
+    const struct generate_run g = {.client = client, .endpoint = endpoint, .req = req, .timeout_ms = timeout_ms,
+                                   .json = json, .cancel_after_ms = cancel_after_ms, .t_sent = t_sent};
+    int status = generate_loop(&g, &ch);
+    for (int i = 0; i < ch.n; i++)
+        cJSON_Delete(ch.done[i]);
+    return status;
+}
+
 
 /* Connects to endpoint, over CURVE when server_key_file is given (with the
  * client's own key from client_key_file, or an ephemeral one). 0, or -1
@@ -548,6 +637,10 @@ int main(int argc, char **argv)
             if (parse_long(a, v, 0, 20, &l) != 0)
                 goto done;
             req.logprobs = (int)l;
+        } else if (strcmp(a, "--n") == 0) {
+            if (parse_long(a, v, 1, 16, &l) != 0)
+                goto done;
+            req.n = (int)l;
         } else if (strcmp(a, "--spec-mode") == 0) {
             req.spec_mode = v;
         } else if (strcmp(a, "--draft-source") == 0 || strcmp(a, "--draft") == 0) {
@@ -577,6 +670,10 @@ int main(int argc, char **argv)
     }
     int n_inputs = (req.prompt != NULL) + (req.chat != NULL) + (req.ids != NULL);
     req.grammar = grammar;
+    if (req.n > 1 && req.stream) {
+        fprintf(stderr, "tandem-client: --stream takes one choice (--n 1): the choices' tokens would interleave\n");
+        goto done;
+    }
     if (!stats && n_inputs != 1) {
         fprintf(stderr, "tandem-client: give exactly one of --prompt, --chat, --ids (or --stats)\n");
         usage(stderr);

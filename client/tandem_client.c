@@ -62,7 +62,14 @@ struct tandem_client {
     void *zctx;
     void *sock;
     struct socket_monitor *monitor; /* the DEALER's drops */
-    int pending;         /* requests sent whose final reply was not read */
+    int pending;         /* final replies expected and not read (a request of n choices: n) */
+    /* Requests of several choices whose final replies are not all read: an
+     * error without "index" ends the whole request, choices left included. */
+    struct multi_choice {
+        char *id;
+        int left;
+    } *multi;
+    int n_multi, cap_multi;
     bool lost;           /* a drop while requests were pending, not reported yet */
     uint16_t refusal;    /* the last failed handshake's ZMQ_EVENT_HANDSHAKE_FAILED_*, 0 when none */
     uint32_t refusal_value;
@@ -138,10 +145,60 @@ int tandem_client_create_curve(struct tandem_client **out, const char *endpoint,
     return client_create(out, endpoint, server_public, client_secret, err);
 }
 
+static const char *string_field(const cJSON *obj, const char *name);
+
+static void multi_clear(struct tandem_client *client)
+{
+    for (int i = 0; i < client->n_multi; i++)
+        free(client->multi[i].id);
+    client->n_multi = 0;
+}
+
+/* Remembers a request of n > 1 choices just sent; 0 or ERR_NOMEM. */
+static int multi_add(struct tandem_client *client, const char *id, int n, char *err)
+{
+    if (client->n_multi == client->cap_multi) {
+        int cap = client->cap_multi ? 2 * client->cap_multi : 8;
+        struct multi_choice *m = realloc(client->multi, (size_t)cap * sizeof *m);
+        if (m == NULL)
+            return error_set(err, ERR_NOMEM, "request: out of memory");
+        client->multi = m;
+        client->cap_multi = cap;
+    }
+    char *copy = strdup(id);
+    if (copy == NULL)
+        return error_set(err, ERR_NOMEM, "request: out of memory");
+    client->multi[client->n_multi++] = (struct multi_choice){.id = copy, .left = n};
+    client->pending += n - 1; /* the send counted one */
+    return 0;
+}
+
+/* A final reply (done or error) read: how many expected replies it ends. */
+static int finals_ended(struct tandem_client *client, const cJSON *root, bool is_error)
+{
+    const char *id = string_field(root, "id");
+    for (int i = 0; i < client->n_multi; i++) {
+        struct multi_choice *m = &client->multi[i];
+        if (strcmp(m->id, id) != 0)
+            continue;
+        const bool whole = is_error && cJSON_GetObjectItemCaseSensitive(root, "index") == NULL;
+        const int ended = whole ? m->left : 1;
+        m->left -= ended;
+        if (m->left <= 0) {
+            free(m->id);
+            *m = client->multi[--client->n_multi];
+        }
+        return ended;
+    }
+    return 1;
+}
+
 void tandem_client_destroy(struct tandem_client *client)
 {
     if (client == NULL)
         return;
+    multi_clear(client);
+    free(client->multi);
     socket_monitor_close(client->monitor);
     if (client->sock != NULL)
         zmq_close(client->sock);
@@ -238,6 +295,8 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
         ok = ok && cJSON_AddStringToObject(m, "draft", req->draft) != NULL;
     if (req->logprobs >= 0)
         ok = ok && cJSON_AddNumberToObject(m, "logprobs", req->logprobs) != NULL;
+    if (req->n > 1)
+        ok = ok && cJSON_AddNumberToObject(m, "n", req->n) != NULL;
     if (!isnan(req->presence_penalty))
         ok = ok && cJSON_AddNumberToObject(m, "presence_penalty", req->presence_penalty) != NULL;
     if (!isnan(req->frequency_penalty))
@@ -290,6 +349,7 @@ static int read_monitor(struct tandem_client *client, char *err)
             client->lost = true;
             client->pending = 0;
         }
+        multi_clear(client);
     }
 }
 
@@ -389,6 +449,8 @@ int tandem_client_generate(struct tandem_client *client, const struct tandem_cli
         return rc;
     rc = tandem_client_send_json(client, m, err);
     cJSON_Delete(m);
+    if (rc == 0 && req->n > 1)
+        rc = multi_add(client, req->id != NULL ? req->id : "", req->n, err);
     return rc;
 }
 
@@ -487,8 +549,12 @@ int tandem_client_recv(struct tandem_client *client, int timeout_ms, struct tand
         ev->type = TANDEM_CLIENT_EVENT_STATS;
     else
         ev->type = TANDEM_CLIENT_EVENT_OTHER;
-    if (ev->type != TANDEM_CLIENT_EVENT_TOKEN && ev->type != TANDEM_CLIENT_EVENT_OTHER && client->pending > 0)
+    if (ev->type == TANDEM_CLIENT_EVENT_DONE || ev->type == TANDEM_CLIENT_EVENT_ERROR) {
+        const int ended = finals_ended(client, root, ev->type == TANDEM_CLIENT_EVENT_ERROR);
+        client->pending = client->pending > ended ? client->pending - ended : 0;
+    } else if (ev->type == TANDEM_CLIENT_EVENT_STATS && client->pending > 0) {
         client->pending--;
+    }
     ev->id = string_field(root, "id");
     ev->text = string_field(root, "text");
     ev->code = string_field(root, "code");

@@ -66,6 +66,8 @@ struct tandem_client_request {
     double repetition_penalty; /* NAN: default (1) */
     int logprobs;              /* < 0: none; 0..20: each token's logprob and that many top
                                   alternatives ("logprobs" in the token and done replies) */
+    int n;                     /* <= 1: one choice (not sent); 2..16 choices, each ending with
+                                  its own done (or error) carrying "index" */
     const cJSON *grammar;      /* structured output: the "grammar" object (docs/protocol.md),
                                   copied into the request; NULL: none */
 };
@@ -86,7 +88,9 @@ int tandem_client_request_to_json(const struct tandem_client_request *req, cJSON
 int tandem_client_send_json(struct tandem_client *client, const cJSON *msg, char *err);
 int tandem_client_send_raw(struct tandem_client *client, const void *data, size_t len, char *err);
 
-/* Sends a generate request. */
+/* Sends a generate request. With n > 1 the request is pending until each
+ * choice's final reply was read (a done or error with its "index"), or an
+ * error without an index (the whole request failed). */
 int tandem_client_generate(struct tandem_client *client, const struct tandem_client_request *req,
                            char *err);
 

@@ -7,10 +7,9 @@
 #include "error.h"
 #include "utf8.h"
 
-void logprobs_ask(const struct seq_logprobs *lp, struct worker_msg_verify *m)
+struct worker_msg_logprobs logprobs_ask(const struct seq_logprobs *lp)
 {
-    m->logprobs = lp->on;
-    m->top_logprobs = lp->on ? lp->top : 0;
+    return (struct worker_msg_logprobs){.on = lp->on, .top = lp->on ? lp->top : 0};
 }
 
 int logprobs_keep(struct seq_logprobs *lp, int at, const struct worker_msg_verify_done *m,

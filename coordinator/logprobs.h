@@ -29,8 +29,8 @@ struct seq_logprobs {
     int off_index, off_chars;
 };
 
-/* The verify command's logprobs fields. */
-void logprobs_ask(const struct seq_logprobs *lp, struct worker_msg_verify *m);
+/* What a target command asks for (worker_msg.h). */
+struct worker_msg_logprobs logprobs_ask(const struct seq_logprobs *lp);
 
 /* Keeps the n entries of a verify_done at generated index at. 0; ERR_PROTOCOL
  * when they were asked for and the reply has none; ERR_NOMEM. Nothing when

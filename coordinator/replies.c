@@ -137,19 +137,47 @@ void replies_free_held(struct coordinator *c)
     c->n_held = 0;
 }
 
-void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
-                         enum metrics_error code, const char *message)
+/* error {id, code, message} and, for one choice of several, its index
+ * (< 0: none). */
+struct error_reply {
+    const char *id;
+    int index;
+    enum metrics_error code;
+    const char *message;
+};
+
+/* Sends e to the client with this routing id, counts and logs it. */
+static void send_error(struct coordinator *c, const uint8_t *identity, size_t identity_size,
+                       const struct error_reply *e)
 {
-    c->metrics.requests_failed[code]++;
+    c->metrics.requests_failed[e->code]++;
     cJSON *m = cJSON_CreateObject();
     if (m == NULL)
         return;
+    const char *id = e->id ? e->id : "";
     cJSON_AddStringToObject(m, "type", "error");
-    add_client_string(m, "id", id ? id : "");
-    cJSON_AddStringToObject(m, "code", metrics_error_name(code));
-    add_client_string(m, "message", message);
+    add_client_string(m, "id", id);
+    if (e->index >= 0)
+        cJSON_AddNumberToObject(m, "index", e->index);
+    cJSON_AddStringToObject(m, "code", metrics_error_name(e->code));
+    add_client_string(m, "message", e->message);
     send_final(c, identity, identity_size, m);
-    LOG_INFO("request \"%s\": %s: %s", id ? id : "", metrics_error_name(code), message);
+    LOG_INFO("request \"%s\"%s: %s: %s", id, e->index >= 0 ? " (a choice)" : "", metrics_error_name(e->code),
+             e->message);
+}
+
+void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
+                         enum metrics_error code, const char *message)
+{
+    send_error(c, identity, identity_size,
+               &(struct error_reply){.id = id, .index = -1, .code = code, .message = message});
+}
+
+void replies_error_of(struct coordinator *c, const struct seq *s, enum metrics_error code, const char *message)
+{
+    send_error(c, s->client, s->client_size,
+               &(struct error_reply){.id = s->id, .index = s->n_choices > 1 ? s->index : -1, .code = code,
+                                     .message = message});
 }
 
 static cJSON *ids_array(const int32_t *ids, int n)

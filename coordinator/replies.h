@@ -25,6 +25,9 @@ void replies_free_held(struct coordinator *c);
 /* Sends error {id, code, message}, counts it in the metrics and logs it. */
 void replies_error(struct coordinator *c, const uint8_t *identity, size_t identity_size, const char *id,
                    enum metrics_error code, const char *message);
+/* The same for sequence s, to its client: with "index" when s is one
+ * choice of several (n > 1), so the client knows which one failed. */
+void replies_error_of(struct coordinator *c, const struct seq *s, enum metrics_error code, const char *message);
 /* Streams the tokens accepted since the last event (streaming requests
  * only). final: the request ended, flush the detokenizer's held bytes. */
 void replies_stream(struct coordinator *c, struct seq *s, bool final);

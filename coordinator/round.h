@@ -51,7 +51,7 @@ enum round_state {
     ROUND_VERIFY_BESIDE_DRAFT, /* a verification sent with its draft (verify "await_draft"): its
                                 * reply and the draft's come in either order */
     ROUND_AWAIT_PREDRAFT,      /* every draft accepted: the pre-draft on its way decides the next round */
-    ROUND_PLAIN_RUN,           /* k = 0: a run of plain steps (verify "steps"), each answered */
+    ROUND_PLAIN_RUN,           /* k = 0: a run of plain steps (a "run" with "steps"), each answered */
 };
 #define ROUND_STATES 7
 

@@ -4,10 +4,11 @@
  *
  * Scheduling, per sequence (H = history, n tokens; see coordinator.h for the
  * cache invariants):
- *   admit:   prefill {prompt} to the draft and verify {k=0, feed=prompt} to
- *            the target at the same time.
+ *   admit:   prefill {prompt} to the draft and to the target at the same
+ *            time (the target's also chooses the first token).
  *   round:   K from the sequence's controller (fixed when the request or the
- *            config sets it). K = 0 or no draft: verify {k=0, feed=[H[n-1]]}.
+ *            config sets it). K = 0 or no draft: run {feed=[H[n-1]], steps};
+ *            drafts matched here: verify_matched {feed=[H[n-1]], drafts}.
  *            Otherwise draft {keep=draft_valid, feed=H[draft_valid..n), k,
  *            predraft_k} into half 0; on draft_ready, verify {keep=n-1,
  *            feed=[H[n-1]], k, half 0}. Meanwhile the draft worker pre-drafts
@@ -182,7 +183,7 @@ static void seq_drop(struct coordinator *c, struct seq *s)
 /* Ends a sequence with an error reply (code) and frees its slot. */
 void scheduler_fail(struct coordinator *c, struct seq *s, enum metrics_error code, const char *message)
 {
-    replies_error(c, s->client, s->client_size, s->id, code, message);
+    replies_error_of(c, s, code, message);
     seq_drop(c, s);
 }
 
@@ -287,38 +288,55 @@ static enum round_event verify_event(const struct verify_call *v)
     return v->beside_draft ? ROUND_VERIFY_BESIDE_SENT : v->k > 0 ? ROUND_VERIFY_SENT : ROUND_RUN_SENT;
 }
 
+/* The target command that carries v, by meaning: a run of plain steps
+ * (k 0), drafts matched here (verify_matched) or the draft's half (verify,
+ * with the half's bytes as a second frame where the two share no memory).
+ * NULL when out of memory, or after failing s (a half that did not come). */
+static cJSON *verify_message(struct coordinator *c, struct seq *s, const struct verify_call *v,
+                             struct protocol_frame *frames, int *n_frames)
+{
+    struct pair *p = coord_pair_of(c, s);
+    const struct worker_msg_target_call call = {
+        .seq = msg_seq(s), .round = v->round, .keep_len = s->n_hist - 1, .sampling = msg_sampling(s),
+        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .logprobs = logprobs_ask(&s->lp)};
+    *n_frames = 1;
+    if (v->k == 0)
+        return worker_msg_run_encode(&(struct worker_msg_run){.call = call, .steps = v->steps}, &frames[0]);
+    if (v->inline_drafts != NULL) {
+        struct worker_msg_verify_matched m = {.call = call, .n_drafts = v->k};
+        memcpy(m.drafts, v->inline_drafts, (size_t)v->k * sizeof(int32_t));
+        return worker_msg_verify_matched_encode(&m, &frames[0]);
+    }
+    if (p->halves_as_frames) {
+        /* the half the draft sent with its draft_ready: kept until a verify reads it */
+        if (s->half_bytes[v->half] == NULL) {
+            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the draft's half did not come with its draft_ready");
+            return NULL;
+        }
+        frames[1] = (struct protocol_frame){.data = s->half_bytes[v->half], .size_bytes = s->half_len[v->half]};
+        *n_frames = 2;
+    }
+    /* The draft's buffer rides along, so a target that missed an attach
+     * (or restarted) can import it. The half's header tells the target where
+     * the drafts start (after the guess in a pre-drafted half). */
+    return worker_msg_verify_encode(&(struct worker_msg_verify){.call = call, .k = v->k, .half = v->half,
+                                                                .shm = coord_draft_descriptor(p),
+                                                                .await_draft = v->beside_draft},
+                                    &frames[0]);
+}
+
 /* Sends the verification v of s; the round waits for it from now. */
 static void send_verify(struct coordinator *c, struct seq *s, const struct verify_call *v)
 {
     const int k = v->k;
     const bool matched = v->inline_drafts != NULL;
     struct pair *p = coord_pair_of(c, s);
-    /* The draft's buffer rides along, so a target that missed an attach
-     * (or restarted) can import it. The half's header tells the target where
-     * the drafts start (after the guess in a pre-drafted half). */
-    struct worker_msg_verify m = {
-        .seq = msg_seq(s), .round = v->round, .keep_len = s->n_hist - 1, .k = k, .half = v->half,
-        .sampling = msg_sampling(s), .shm = k > 0 && !matched ? coord_draft_descriptor(p) : NULL,
-        .feed = &s->hist[s->n_hist - 1], .n_feed = 1, .steps = v->steps, .await_draft = v->beside_draft,
-        .n_drafts = matched ? k : 0,
-    };
-    if (matched)
-        memcpy(m.drafts, v->inline_drafts, (size_t)k * sizeof(int32_t));
-    logprobs_ask(&s->lp, &m);
     struct protocol_frame frames[2];
     int n_frames = 1;
-    if (k > 0 && !matched && p->halves_as_frames) {
-        /* the half the draft sent with its draft_ready: kept until a verify reads it */
-        if (s->half_bytes[v->half] == NULL) {
-            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "the draft's half did not come with its draft_ready");
-            return;
-        }
-        frames[1] = (struct protocol_frame){.data = s->half_bytes[v->half], .size_bytes = s->half_len[v->half]};
-        n_frames = 2;
-    }
-    cJSON *h = worker_msg_verify_encode(&m, &frames[0]);
+    cJSON *h = verify_message(c, s, v, frames, &n_frames);
     if (h == NULL) {
-        scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
+        if (s->state == SEQ_ACTIVE) /* not failed already: out of memory */
+            scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;
     }
     if (!seq_move(c, s, verify_event(v))) {
@@ -327,7 +345,7 @@ static void send_verify(struct coordinator *c, struct seq *s, const struct verif
     }
     struct round_verify *rv = &s->round.verify;
     *rv = (struct round_verify){
-        .round = v->round, .k = k, .L = s->n_hist, .cached = v->cached, .keep = m.keep_len, .feed = 1,
+        .round = v->round, .k = k, .L = s->n_hist, .cached = v->cached, .keep = s->n_hist - 1, .feed = 1,
         .steps = v->steps, .done = 0, .source = matched ? v->source : REQUEST_DRAFT_MODEL,
         .beside = BESIDE_DRAFT_AWAITED,
     };
@@ -929,15 +947,14 @@ static void seq_start(struct coordinator *c, struct seq *s)
             s->draft_prefilling = true;
         }
     }
-    /* The target's prefill is a verification with k = 0 and the prompt as feed. */
+    /* The target's prefill also chooses the first token: round 1. */
     s->round.counter = 1;
-    struct worker_msg_verify m = {
-        .seq = msg_seq(s), .round = s->round.counter, .keep_len = 0, .k = 0, .half = COORD_HALF_FRESH,
-        .sampling = msg_sampling(s), .feed = s->hist, .n_feed = s->n_prompt, .grammar = s->grammar,
+    struct worker_msg_prefill m = {
+        .seq = msg_seq(s), .sampling = msg_sampling(s), .prompt = s->hist, .n_prompt = s->n_prompt,
+        .round = s->round.counter, .logprobs = logprobs_ask(&s->lp), .grammar = s->grammar,
     };
-    logprobs_ask(&s->lp, &m);
     struct protocol_frame frame;
-    cJSON *h = worker_msg_verify_encode(&m, &frame);
+    cJSON *h = worker_msg_prefill_encode(&m, &frame);
     if (h == NULL) {
         scheduler_fail(c, s, METRICS_ERR_INTERNAL, "out of memory");
         return;

@@ -1,14 +1,21 @@
 /* target_worker.c: the target worker: model, KV slots, the imported draft
  * buffer, and the message loop with the coordinator.
  *
- * Continuous batching: a verify is checked and queued when it arrives; the
- * link then runs one step of all queued verifications at a time
- * (specdec_target_step: one forward call for every sequence, a long prompt
- * a chunk per step beside them), and answers each verification as it
- * finishes. Commands arriving meanwhile join the next step.
+ * Its commands, one per meaning (docs/protocol-notes.md): prefill (the
+ * prompt, the first token), run (plain steps), verify_matched (the
+ * coordinator's drafts, in the message) and verify (the draft's half). Each
+ * becomes the same kind of queued job (specdec_verify_job), so all of them
+ * batch together.
  *
- * Invariants: every step of a verify gets exactly one reply (verify_done
- * or error; a verify has one step unless it asks for a run of plain ones);
+ * Continuous batching: a command is checked and queued when it arrives; the
+ * link then runs one step of all queued jobs at a time
+ * (specdec_target_step: one forward call for every sequence, a long prompt
+ * a chunk per step beside them), and answers each job as it finishes.
+ * Commands arriving meanwhile join the next step.
+ *
+ * Invariants: every step of a command gets exactly one reply (verify_done
+ * or error, naming the command; a run has as many steps as it asks for,
+ * every other command one);
  * drafts and q rows are read in place from the draft's buffer only after
  * the half's published header (xfer_half_read, acquire) matched the
  * verify's req and round, and the half's seq is re-checked after the step
@@ -60,6 +67,7 @@
 /* A verification waiting or in progress, with what its reply needs. */
 struct queued_verify {
     struct specdec_verify_job job;
+    const char *type;           /* the command (prefill, run, verify_matched, verify): errors name it */
     struct worker_msg_seq seq;
     int64_t round;
     int half;
@@ -67,13 +75,13 @@ struct queued_verify {
     uint64_t shm_seq;           /* the half's publication it read (xfer_half_read) */
     bool staging_pending;       /* cuda_ipc: its q rows are being copied (xfer_q_rows staged) */
     int32_t *feed;              /* owned copy: the message is gone */
-    /* drafts the coordinator made (verify "drafts"), verified as point
+    /* drafts the coordinator made (verify_matched), verified as point
      * masses: they are the job's drafts instead of the half's */
     int32_t inline_drafts[SPECULATE_K_MAX];
     struct sampling_controls ctl; /* the job's controls (job.ctl points here when set) */
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
-    int step, steps;            /* a run of plain steps (verify "steps"): the one running, of */
+    int step, steps;            /* a run of plain steps (run "steps"): the one running, of */
     /* sent beside its draft (verify "await_draft"): the half does not hold
      * the round yet; the verification waits for it until the deadline */
     bool draft_pending;
@@ -175,7 +183,7 @@ static void fail_queued_readers(struct target_worker *w, const char *why)
     for (int i = w->n_queued - 1; i >= 0; i--) {
         if (!w->queue[i]->reads_shm)
             continue;
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, &w->queue[i]->seq, ERR_UNAVAILABLE, why);
+        worker_link_send_error(w->link, w->queue[i]->type, &w->queue[i]->seq, ERR_UNAVAILABLE, why);
         queue_remove(w, i);
     }
 }
@@ -294,6 +302,111 @@ static int bind_drafts(struct target_worker *w, struct queued_verify *qv, bool m
     return 0;
 }
 
+/* Queues the job of a target command: the call's feed (copied) after its
+ * keep_len, then k drafts (none for prefill and run; bound below for a
+ * verify, copied here for a verify_matched). The caller finishes the job's
+ * fields its command sets, then queue_push. NULL (after an error reply)
+ * when out of memory. */
+static struct queued_verify *queued_new(struct target_worker *w, const char *type,
+                                        const struct worker_msg_target_call *call, int k, int steps)
+{
+    struct queued_verify *qv = calloc(1, sizeof *qv);
+    int32_t *feed = malloc((size_t)call->n_feed * sizeof(int32_t));
+    if (!qv || !feed || (w->n_queued == w->queue_cap && queue_grow(w) != 0)) {
+        free(qv);
+        free(feed);
+        worker_link_send_error(w->link, type, &call->seq, ERR_NOMEM, "out of memory queueing the verification");
+        return NULL;
+    }
+    memcpy(feed, call->feed, (size_t)call->n_feed * sizeof(int32_t));
+    const double now = protocol_now_ms();
+    *qv = (struct queued_verify){.type = type, .seq = call->seq, .round = call->round, .feed = feed,
+                                 .queued_ms = now, .step = 1, .steps = steps,
+                                 .draft_deadline_ms = now + DRAFT_AWAIT_MAX_MS};
+    qv->job = (struct specdec_verify_job){
+        .slot = call->seq.slot, .keep_len = call->keep_len, .feed = feed, .n_feed = call->n_feed, .k = k,
+        .sp = call->sampling.sp, .mode = call->sampling.mode, .logprobs = call->logprobs.on,
+        .top_logprobs = call->logprobs.top};
+    qv->ctl = call->sampling.ctl;
+    if (sampling_controls_active(&qv->ctl))
+        qv->job.ctl = &qv->ctl;
+    qv->job.gram = worker_grammar_slot(w->grammar, call->seq.slot);
+    return qv;
+}
+
+static void queue_push(struct target_worker *w, struct queued_verify *qv)
+{
+    specdec_verify_job_init(&qv->job);
+    w->queue[w->n_queued++] = qv;
+    awaiting_clear(w, qv->seq.slot);
+}
+
+/* prefill: the prompt from position 0, the first token chosen. */
+static void handle_prefill(void *user, const struct protocol_msg *m)
+{
+    struct target_worker *w = user;
+    char err[ERR_MSG_MAX];
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, SPECULATE_K_MAX);
+    struct worker_msg_prefill p;
+    int rc = worker_msg_prefill_decode(m, &lim, &p, err);
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
+        return;
+    }
+    /* the prompt sets the slot's grammar (or none) for the sequence's life */
+    if ((rc = worker_grammar_set(w->grammar, p.seq.slot, p.grammar, p.n_prompt, err))) {
+        worker_link_send_error(w->link, PROTOCOL_PREFILL, &p.seq, rc, err);
+        return;
+    }
+    const struct worker_msg_target_call call = {
+        .seq = p.seq, .round = p.round, .keep_len = 0, .sampling = p.sampling, .feed = p.prompt,
+        .n_feed = p.n_prompt, .logprobs = p.logprobs};
+    struct queued_verify *qv = queued_new(w, PROTOCOL_PREFILL, &call, 0, 1);
+    if (qv)
+        queue_push(w, qv);
+}
+
+/* run: plain decoding steps, no drafts. */
+static void handle_run(void *user, const struct protocol_msg *m)
+{
+    struct target_worker *w = user;
+    char err[ERR_MSG_MAX];
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, SPECULATE_K_MAX);
+    struct worker_msg_run r;
+    int rc = worker_msg_run_decode(m, &lim, &r, err);
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_RUN, &r.call.seq, rc, err);
+        return;
+    }
+    struct queued_verify *qv = queued_new(w, PROTOCOL_RUN, &r.call, 0, r.steps);
+    if (qv)
+        queue_push(w, qv);
+}
+
+/* verify_matched: the coordinator's drafts, in the message. */
+static void handle_verify_matched(void *user, const struct protocol_msg *m)
+{
+    struct target_worker *w = user;
+    char err[ERR_MSG_MAX];
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, SPECULATE_K_MAX);
+    struct worker_msg_verify_matched v;
+    int rc = worker_msg_verify_matched_decode(m, &lim, &v, err);
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_VERIFY_MATCHED, &v.call.seq, rc, err);
+        return;
+    }
+    struct queued_verify *qv = queued_new(w, PROTOCOL_VERIFY_MATCHED, &v.call, v.n_drafts, 1);
+    if (!qv)
+        return;
+    /* no draft distribution exists for them: each is a point mass, so the
+     * output stays the target's (speculate.h) */
+    memcpy(qv->inline_drafts, v.drafts, (size_t)v.n_drafts * sizeof(int32_t));
+    qv->job.draft = qv->inline_drafts;
+    qv->job.mode = SPECULATE_MODE_POINT_MASS;
+    queue_push(w, qv);
+}
+
+/* verify: the drafts (and q rows) of the draft's half. */
 static void handle_verify(void *user, const struct protocol_msg *m)
 {
     struct target_worker *w = user;
@@ -301,74 +414,33 @@ static void handle_verify(void *user, const struct protocol_msg *m)
     struct worker_msg_limits lim = worker_main_model_limits(&w->m, SPECULATE_K_MAX);
     struct worker_msg_verify v;
     int rc = worker_msg_verify_decode(m, &lim, &v, err);
-    const struct worker_msg_seq *seq = &v.seq;
+    const struct worker_msg_seq *seq = &v.call.seq;
+    if (!rc && v.shm)
+        rc = attach(w, v.shm, err);
+    /* A draft that shares no memory with us: the half rides as the second
+     * frame (the first is the feed), into our "frames" buffer. */
+    if (!rc && m->n_frames >= 2)
+        rc = w->shm ? xfer_half_store(w->shm, seq->slot, v.half, m->frame_data[1], m->frame_size_bytes[1], err)
+                    : error_set(err, ERR_UNAVAILABLE, "verify: a half's bytes but no draft buffer attached");
     if (rc) {
         worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
         return;
     }
-    /* a prompt sets the slot's grammar (or none) for the sequence's life */
-    if (v.keep_len == 0 && (rc = worker_grammar_set(w->grammar, v.seq.slot, v.grammar, v.n_feed, err))) {
+    struct queued_verify *qv = queued_new(w, PROTOCOL_VERIFY, &v.call, v.k, 1);
+    if (!qv)
+        return;
+    qv->half = v.half;
+    qv->reads_shm = true;
+    bool not_yet = false;
+    rc = bind_drafts(w, qv, v.await_draft, &not_yet, err);
+    if (not_yet) {
+        qv->draft_pending = true;
+    } else if (rc) {
         worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
+        queued_free(qv);
         return;
     }
-    if (v.k > 0 && v.shm && (rc = attach(w, v.shm, err))) {
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-        return;
-    }
-    /* A draft that shares no memory with us: the half rides as the second
-     * frame (the first is the feed), into our "frames" buffer. */
-    if (v.k > 0 && v.n_drafts == 0 && m->n_frames >= 2) {
-        rc = w->shm ? xfer_half_store(w->shm, v.seq.slot, v.half, m->frame_data[1], m->frame_size_bytes[1], err)
-                    : error_set(err, ERR_UNAVAILABLE, "verify: a half's bytes but no draft buffer attached");
-        if (rc) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-            return;
-        }
-    }
-    struct queued_verify *qv = calloc(1, sizeof *qv);
-    int32_t *feed = malloc((size_t)v.n_feed * sizeof(int32_t));
-    if (!qv || !feed || (w->n_queued == w->queue_cap && queue_grow(w) != 0)) {
-        free(qv);
-        free(feed);
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, ERR_NOMEM,
-                               "verify: out of memory queueing the verification");
-        return;
-    }
-    memcpy(feed, v.feed, (size_t)v.n_feed * sizeof(int32_t));
-    const double now = protocol_now_ms();
-    const bool inline_drafts = v.n_drafts > 0;
-    *qv = (struct queued_verify){.seq = *seq, .round = v.round, .half = v.half,
-                                 .reads_shm = v.k > 0 && !inline_drafts, .feed = feed, .queued_ms = now,
-                                 .step = 1, .steps = v.steps, .draft_deadline_ms = now + DRAFT_AWAIT_MAX_MS};
-    qv->job = (struct specdec_verify_job){
-        .slot = v.seq.slot, .keep_len = v.keep_len, .feed = feed, .n_feed = v.n_feed, .k = v.k,
-        .sp = v.sampling.sp, .mode = v.sampling.mode, .logprobs = v.logprobs,
-        .top_logprobs = v.top_logprobs};
-    if (inline_drafts) {
-        /* no draft distribution exists for them: each is a point mass, so
-         * the output stays the target's (speculate.h) */
-        memcpy(qv->inline_drafts, v.drafts, (size_t)v.n_drafts * sizeof(int32_t));
-        qv->job.draft = qv->inline_drafts;
-        qv->job.mode = SPECULATE_MODE_POINT_MASS;
-    }
-    qv->ctl = v.sampling.ctl;
-    if (sampling_controls_active(&qv->ctl))
-        qv->job.ctl = &qv->ctl;
-    qv->job.gram = worker_grammar_slot(w->grammar, v.seq.slot);
-    specdec_verify_job_init(&qv->job);
-    if (v.k > 0 && !inline_drafts) {
-        bool not_yet = false;
-        rc = bind_drafts(w, qv, v.await_draft, &not_yet, err);
-        if (not_yet) {
-            qv->draft_pending = true;
-        } else if (rc) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, seq, rc, err);
-            queued_free(qv);
-            return;
-        }
-    }
-    w->queue[w->n_queued++] = qv;
-    awaiting_clear(w, v.seq.slot);
+    queue_push(w, qv);
 }
 
 /* The reply of a finished verification. */
@@ -383,12 +455,12 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
         int rc = xfer_end_read(w->shm, qv->seq.slot, qv->half, err);
         if (rc) {
             worker_fatal_set(&w->fatal, rc, err);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, rc, err);
+            worker_link_send_error(w->link, qv->type, &qv->seq, rc, err);
             return;
         }
     }
     if (j->rc) {
-        worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, j->rc, j->err);
+        worker_link_send_error(w->link, qv->type, &qv->seq, j->rc, j->err);
         return;
     }
     if (qv->reads_shm) {
@@ -396,7 +468,7 @@ static void reply_verify(struct target_worker *w, struct queued_verify *qv,
             snprintf(err, sizeof err,
                      "verify: shm slot %d half %d was rewritten by the draft during the verify",
                      qv->seq.slot, qv->half);
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, ERR_PROTOCOL, err);
+            worker_link_send_error(w->link, qv->type, &qv->seq, ERR_PROTOCOL, err);
             return;
         }
     }
@@ -480,7 +552,7 @@ static int bind_pending(struct target_worker *w, struct queued_verify **wait_on,
                            "verify: the draft did not publish round %lld in slot %d half %d within %.0f ms",
                            (long long)qv->round, qv->seq.slot, qv->half, DRAFT_AWAIT_MAX_MS);
         if (rc) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, &qv->seq, rc, err);
+            worker_link_send_error(w->link, qv->type, &qv->seq, rc, err);
             queue_remove(w, i);
             continue;
         }
@@ -553,7 +625,7 @@ static long run_queued(void *user)
     if (rc) {
         /* nothing could run (out of memory): every queued verification fails */
         for (int i = w->n_queued - 1; i >= 0; i--) {
-            worker_link_send_error(w->link, PROTOCOL_VERIFY, &w->queue[i]->seq, rc, err);
+            worker_link_send_error(w->link, w->queue[i]->type, &w->queue[i]->seq, rc, err);
             queue_remove(w, i);
         }
         return -1;
@@ -622,6 +694,9 @@ static void on_coordinator_lost(void *user)
 }
 
 static const struct worker_link_command target_commands[] = {
+    {PROTOCOL_PREFILL, handle_prefill},
+    {PROTOCOL_RUN, handle_run},
+    {PROTOCOL_VERIFY_MATCHED, handle_verify_matched},
     {PROTOCOL_VERIFY, handle_verify},
     {PROTOCOL_ATTACH, handle_attach_cmd},
     {PROTOCOL_RELEASE, handle_release},

@@ -3,9 +3,10 @@
  * It holds the target model and one KV cache slot per sequence, imports the
  * draft's shared buffer (from the descriptor the coordinator forwards in
  * "welcome" or "attach", or in a verify) and serves the coordinator over a
- * DEALER socket: register, heartbeats, "verify" (k = 0: prefill / plain
- * decoding; k > 0: verification of drafts read in place from the shared
- * buffer), "release", "shutdown". See docs/protocol-notes.md.
+ * DEALER socket: register, heartbeats, "prefill" (the prompt and the first
+ * token), "run" (plain decoding steps), "verify_matched" (drafts the
+ * coordinator made, in the message), "verify" (drafts read in place from the
+ * shared buffer), "release", "shutdown". See docs/protocol-notes.md.
  *
  * What it is not: it schedules nothing. Single-threaded: messages are
  * handled in arrival order on the thread that calls run.

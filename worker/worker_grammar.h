@@ -1,8 +1,8 @@
 /* worker_grammar.h: structured output in a worker: the grammars of the
  * sequences it holds, one struct specdec_grammar per slot.
  *
- * A sequence's grammar comes with its prompt (the draft's prefill, the
- * target's first verify: grammar_spec.h's wire form) and lasts until the
+ * A sequence's grammar comes with its prompt (the prefill each worker
+ * gets: grammar_spec.h's wire form) and lasts until the
  * slot's next prompt. Engines are compiled once per grammar text and kept
  * in a small cache keyed by its hash, shared by the slots with the same
  * grammar, so the masks a schema needs stay warm across requests. The

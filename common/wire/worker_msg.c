@@ -213,6 +213,21 @@ static int max_int(int a, int b)
     return a > b ? a : b;
 }
 
+/* "logprobs": N of a target command, absent when off. */
+static bool add_logprobs_ask(cJSON *h, const struct worker_msg_logprobs *lp)
+{
+    return !lp->on || cJSON_AddNumberToObject(h, "logprobs", lp->top);
+}
+
+static int get_logprobs_ask(const cJSON *h, struct worker_msg_logprobs *lp, char *err)
+{
+    int top = -1;
+    int rc = protocol_get_int_opt(h, "logprobs", 0, SAMPLING_TOP_LOGPROBS_MAX, -1, &top, err);
+    lp->on = rc == 0 && top >= 0;
+    lp->top = lp->on ? top : 0;
+    return rc;
+}
+
 /* ---- prefill ---- */
 
 static bool add_grammar(cJSON *h, const cJSON *grammar)
@@ -231,7 +246,8 @@ cJSON *worker_msg_prefill_encode(const struct worker_msg_prefill *m, struct prot
     cJSON *h = protocol_header_new(PROTOCOL_PREFILL);
     set_frame(frame, m->prompt, m->n_prompt);
     return finish(h, h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling) &&
-                         add_grammar(h, m->grammar));
+                         (m->round == 0 || cJSON_AddNumberToObject(h, "round", (double)m->round)) &&
+                         add_logprobs_ask(h, &m->logprobs) && add_grammar(h, m->grammar));
 }
 
 int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
@@ -241,6 +257,8 @@ int worker_msg_prefill_decode(const struct protocol_msg *msg, const struct worke
     int rc;
     if ((rc = get_seq(msg->header, lim, &m->seq, err)) ||
         (rc = get_sampling(msg->header, &m->sampling, err)) ||
+        (rc = protocol_get_i64_opt(msg->header, "round", 0, UINT32_MAX, 0, &m->round, err)) ||
+        (rc = get_logprobs_ask(msg->header, &m->logprobs, err)) ||
         (rc = protocol_get_object_opt(msg->header, "grammar", &m->grammar, err)))
         return rc;
     return protocol_frame_tokens(msg, 0, "prompt", 1, max_int(lim->max_seq_len, 1), &m->prompt,
@@ -359,27 +377,108 @@ int worker_msg_draft_ready_decode(const struct protocol_msg *msg,
     return protocol_get_double_opt(h, "draft_ms", -1, 1e12, -1, &m->draft_ms, err);
 }
 
-/* ---- verify ---- */
+/* ---- the target's calls: run, verify_matched, verify ---- */
+
+static bool add_target_call(cJSON *h, const struct worker_msg_target_call *c, struct protocol_frame *frame)
+{
+    set_frame(frame, c->feed, c->n_feed);
+    return h && add_seq(h, &c->seq) && add_sampling(h, &c->sampling) &&
+           cJSON_AddNumberToObject(h, "round", (double)c->round) &&
+           cJSON_AddNumberToObject(h, "keep_len", c->keep_len) && add_logprobs_ask(h, &c->logprobs);
+}
+
+/* The fields every call has, in declaration order; the feed frame last
+ * (after the command's own fields, so that an error names the first bad
+ * field as before). */
+static int get_target_call(const cJSON *h, const struct worker_msg_limits *lim, struct worker_msg_target_call *c,
+                           char *err)
+{
+    int rc;
+    if ((rc = get_seq(h, lim, &c->seq, err)) ||
+        (rc = protocol_get_i64(h, "round", 0, UINT32_MAX, &c->round, err)) ||
+        (rc = protocol_get_int(h, "keep_len", 0, lim->max_seq_len, &c->keep_len, err)) ||
+        (rc = get_sampling(h, &c->sampling, err)))
+        return rc;
+    return get_logprobs_ask(h, &c->logprobs, err);
+}
+
+static int get_feed(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                    struct worker_msg_target_call *c, char *err)
+{
+    return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &c->feed, &c->n_feed, err);
+}
+
+/* A field that belongs to another of the target's commands: refused by
+ * name, so a sender that mixes two meanings learns which. */
+static int refuse_field(const cJSON *h, const char *field, const char *type, const char *belongs, char *err)
+{
+    if (cJSON_GetObjectItemCaseSensitive(h, field) == NULL)
+        return 0;
+    return error_set(err, ERR_PROTOCOL, "%s: not a field of %s (it belongs to %s)", field, type, belongs);
+}
+
+static int k_limit(const struct worker_msg_limits *lim)
+{
+    return lim->k_max < SPECULATE_K_MAX ? lim->k_max : SPECULATE_K_MAX;
+}
+
+cJSON *worker_msg_run_encode(const struct worker_msg_run *m, struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_RUN);
+    return finish(h, add_target_call(h, &m->call, frame) &&
+                         (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps)));
+}
+
+int worker_msg_run_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                          struct worker_msg_run *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    int rc;
+    if ((rc = get_target_call(h, lim, &m->call, err)) ||
+        (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)) ||
+        (rc = refuse_field(h, "k", PROTOCOL_RUN, "verify", err)) ||
+        (rc = refuse_field(h, "drafts", PROTOCOL_RUN, "verify_matched", err)))
+        return rc;
+    return get_feed(msg, lim, &m->call, err);
+}
+
+cJSON *worker_msg_verify_matched_encode(const struct worker_msg_verify_matched *m,
+                                        struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_VERIFY_MATCHED);
+    bool ok = add_target_call(h, &m->call, frame);
+    cJSON *d = ok ? cJSON_CreateIntArray(m->drafts, m->n_drafts) : NULL;
+    ok = d && cJSON_AddItemToObject(h, "drafts", d);
+    if (!ok)
+        cJSON_Delete(d);
+    return finish(h, ok);
+}
+
+int worker_msg_verify_matched_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                                     struct worker_msg_verify_matched *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    const int vocab_max = lim->vocab_size > 0 ? lim->vocab_size - 1 : INT32_MAX;
+    int rc;
+    if ((rc = get_target_call(h, lim, &m->call, err)) ||
+        (rc = protocol_get_int_array(h, "drafts", 0, vocab_max, m->drafts, SPECULATE_K_MAX, &m->n_drafts,
+                                     err)) ||
+        (rc = refuse_field(h, "k", PROTOCOL_VERIFY_MATCHED, "verify: the drafts' count is theirs", err)) ||
+        (rc = refuse_field(h, "steps", PROTOCOL_VERIFY_MATCHED, "run", err)))
+        return rc;
+    if (m->n_drafts < 1 || m->n_drafts > k_limit(lim))
+        return error_set(err, ERR_PROTOCOL, "drafts: %d of them, must be 1..%d", m->n_drafts, k_limit(lim));
+    return get_feed(msg, lim, &m->call, err);
+}
 
 cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protocol_frame *frame)
 {
     cJSON *h = protocol_header_new(PROTOCOL_VERIFY);
-    set_frame(frame, m->feed, m->n_feed);
-    bool ok = h && add_seq(h, &m->seq) && add_sampling(h, &m->sampling) &&
-              cJSON_AddNumberToObject(h, "round", (double)m->round) &&
-              cJSON_AddNumberToObject(h, "keep_len", m->keep_len) &&
-              cJSON_AddNumberToObject(h, "k", m->k) &&
+    bool ok = add_target_call(h, &m->call, frame) && cJSON_AddNumberToObject(h, "k", m->k) &&
               cJSON_AddNumberToObject(h, "half", m->half) &&
-              (m->steps <= 1 || cJSON_AddNumberToObject(h, "steps", m->steps)) &&
-              (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true)) &&
-              (!m->logprobs || cJSON_AddNumberToObject(h, "logprobs", m->top_logprobs)) &&
-              add_grammar(h, m->grammar);
-    if (ok && m->n_drafts > 0) {
-        cJSON *d = cJSON_CreateIntArray(m->drafts, m->n_drafts);
-        ok = d && cJSON_AddItemToObject(h, "drafts", d);
-        if (!ok)
-            cJSON_Delete(d);
-    }
+              (!m->await_draft || cJSON_AddBoolToObject(h, "await_draft", true));
     if (ok && m->shm) {
         cJSON *shm = cJSON_Duplicate(m->shm, 1);
         ok = shm && cJSON_AddItemToObject(h, "shm", shm);
@@ -394,42 +493,16 @@ int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker
 {
     memset(m, 0, sizeof *m);
     const cJSON *h = msg->header;
-    int k_limit = lim->k_max < SPECULATE_K_MAX ? lim->k_max : SPECULATE_K_MAX;
     int rc;
-    if ((rc = get_seq(h, lim, &m->seq, err)) ||
-        (rc = protocol_get_i64(h, "round", 0, UINT32_MAX, &m->round, err)) ||
-        (rc = protocol_get_int(h, "keep_len", 0, lim->max_seq_len, &m->keep_len, err)) ||
-        (rc = protocol_get_int(h, "k", 0, k_limit, &m->k, err)) ||
-        (m->k > 0 && (rc = protocol_get_int(h, "half", 0, 1, &m->half, err))) ||
-        (rc = get_sampling(h, &m->sampling, err)) ||
+    if ((rc = get_target_call(h, lim, &m->call, err)) ||
+        (rc = protocol_get_int(h, "k", 1, k_limit(lim), &m->k, err)) ||
+        (rc = protocol_get_int(h, "half", 0, 1, &m->half, err)) ||
         (rc = protocol_get_object_opt(h, "shm", &m->shm, err)) ||
-        (rc = protocol_get_int_opt(h, "steps", 1, WORKER_MSG_STEPS_MAX, 1, &m->steps, err)) ||
         (rc = protocol_get_bool_opt(h, "await_draft", false, &m->await_draft, err)) ||
-        (rc = protocol_get_int_opt(h, "logprobs", 0, SAMPLING_TOP_LOGPROBS_MAX, -1,
-                                   &m->top_logprobs, err)) ||
-        (rc = protocol_get_object_opt(h, "grammar", &m->grammar, err)))
+        (rc = refuse_field(h, "steps", PROTOCOL_VERIFY, "run", err)) ||
+        (rc = refuse_field(h, "drafts", PROTOCOL_VERIFY, "verify_matched", err)))
         return rc;
-    if (m->grammar && m->keep_len != 0)
-        return error_set(err, ERR_PROTOCOL, "grammar: only with keep_len 0 (a prompt)");
-    m->logprobs = m->top_logprobs >= 0;
-    if (!m->logprobs)
-        m->top_logprobs = 0;
-    if (m->await_draft && m->k == 0)
-        return error_set(err, ERR_PROTOCOL, "await_draft: only with k > 0 (a verification of drafts)");
-    if (m->steps > 1 && m->k > 0)
-        return error_set(err, ERR_PROTOCOL, "steps: must be 1 with k > 0 (got %d with k %d)", m->steps,
-                         m->k);
-    if (cJSON_GetObjectItemCaseSensitive(h, "drafts") != NULL) {
-        int vocab_max = lim->vocab_size > 0 ? lim->vocab_size - 1 : INT32_MAX;
-        if ((rc = protocol_get_int_array(h, "drafts", 0, vocab_max, m->drafts, SPECULATE_K_MAX, &m->n_drafts,
-                                         err)))
-            return rc;
-        if (m->n_drafts != m->k || m->await_draft)
-            return error_set(err, ERR_PROTOCOL, "drafts: %d of them with k %d%s: must be k (>= 1), not beside "
-                             "a draft", m->n_drafts, m->k, m->await_draft ? " and await_draft" : "");
-    }
-    return protocol_frame_tokens(msg, 0, "feed", 1, max_int(lim->max_seq_len, 1), &m->feed,
-                                 &m->n_feed, err);
+    return get_feed(msg, lim, &m->call, err);
 }
 
 /* "logprobs" of verify_done (worker_msg.h): [[lp, id, lp, id, lp...], ...]. */

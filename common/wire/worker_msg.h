@@ -65,14 +65,28 @@ struct worker_msg_sampling {
     struct sampling_controls ctl;
 };
 
-/* prefill (coordinator -> draft) + frame prompt. */
+/* The client's logprobs, asked of a target command (false when absent):
+ * "logprobs": N asks for each emitted token's and the N
+ * (0..SAMPLING_TOP_LOGPROBS_MAX) most likely tokens' raw log-probabilities
+ * in verify_done. */
+struct worker_msg_logprobs {
+    bool on;
+    int top;
+};
+
+/* prefill (coordinator -> draft or target) + frame prompt: the slot starts
+ * over with the prompt. The draft fills its cache (prefill_done); the
+ * target also chooses the first token (verify_done of `round`). */
 struct worker_msg_prefill {
     struct worker_msg_seq seq;
     struct worker_msg_sampling sampling;
     const int32_t *prompt;
     int n_prompt;
+    int64_t round;                 /* the target's: its verify_done names it (0 when absent) */
+    struct worker_msg_logprobs logprobs; /* the target's */
     /* The request's grammar (optional, borrowed; grammar_spec.h's wire
-     * form): the draft masks its proposals with it for the slot's life. */
+     * form): both workers mask the slot's rows with it until its next
+     * prompt. */
     const cJSON *grammar;
 };
 
@@ -118,46 +132,56 @@ struct worker_msg_draft_ready {
     double draft_ms; /* -1: not measured */
 };
 
-/* verify (coordinator -> target) + frame feed. */
-struct worker_msg_verify {
+/* What the target's commands after the prompt share: the slot keeps
+ * keep_len positions, then the feed runs (with the drafts, if any), and the
+ * tokens chosen come back in verify_done(s) naming `round`. */
+struct worker_msg_target_call {
     struct worker_msg_seq seq;
     int64_t round;
     int keep_len;
-    int k;
-    int half;          /* read (and required) only when k > 0 */
     struct worker_msg_sampling sampling;
-    const cJSON *shm;  /* optional draft buffer descriptor (borrowed) */
     const int32_t *feed;
     int n_feed;
-    /* Plain decoding steps (k 0 only; 1 when absent): after the first, each
-     * step feeds the token the one before it chose, and each answers with a
-     * verify_done of its own (its "step"), so a run of plain rounds crosses
-     * the coordinator once instead of once a token. The target stops early
-     * after an end-of-sequence token; a release ends the run. */
-    int steps;
-    /* Sent beside its draft (k > 0 only; false when absent): the half may
-     * not hold the round yet, and the target waits for the draft to
-     * publish it (shm_buffer_half_wait) instead of refusing the verify, so
-     * the round skips the trip of draft_ready through the coordinator. A
-     * draft that does not publish in time fails it with "timeout". */
-    bool await_draft;
-    /* Drafts made by the coordinator (an n-gram match), carried here
-     * instead of in the draft's buffer: k of them, verified as point
-     * masses (no q rows exist). n_drafts 0: none (absent). */
-    int32_t drafts[SPECULATE_K_MAX];
-    int n_drafts;
-    /* The client's logprobs (false when absent): "logprobs": N asks for each
-     * emitted token's and the N (0..SAMPLING_TOP_LOGPROBS_MAX) most likely
-     * tokens' raw log-probabilities in verify_done. */
-    bool logprobs;
-    int top_logprobs;
-    /* The request's grammar (optional, borrowed; grammar_spec.h's wire
-     * form), sent with keep_len 0 only: the target masks every row of the
-     * slot's verifications with it until the slot's next prompt. */
-    const cJSON *grammar;
+    struct worker_msg_logprobs logprobs;
 };
 
-/* Most plain steps one verify may ask for. */
+/* run (coordinator -> target) + frame feed: plain decoding, no drafts.
+ * After the first step each feeds the token the one before it chose, and
+ * each answers with a verify_done of its own (its "step"), so a run of
+ * plain rounds crosses the coordinator once instead of once a token. The
+ * target stops early after an end-of-sequence token; a release ends the
+ * run. */
+struct worker_msg_run {
+    struct worker_msg_target_call call;
+    int steps;         /* 1..WORKER_MSG_STEPS_MAX; 1 when absent */
+};
+
+/* verify_matched (coordinator -> target) + frame feed: drafts the
+ * coordinator made (an n-gram or suffix-cache match), carried in the
+ * message instead of the draft's buffer, verified as point masses (no q
+ * rows exist). */
+struct worker_msg_verify_matched {
+    struct worker_msg_target_call call;
+    int32_t drafts[SPECULATE_K_MAX];
+    int n_drafts;      /* 1..k_max */
+};
+
+/* verify (coordinator -> target) + frame feed [+ frame half]: the k drafts
+ * (and q rows) the draft published in its buffer's half for this round. */
+struct worker_msg_verify {
+    struct worker_msg_target_call call;
+    int k;             /* 1..k_max */
+    int half;
+    const cJSON *shm;  /* optional draft buffer descriptor (borrowed) */
+    /* Sent beside its draft (false when absent): the half may not hold the
+     * round yet, and the target waits for the draft to publish it
+     * (shm_buffer_half_wait) instead of refusing the verify, so the round
+     * skips the trip of draft_ready through the coordinator. A draft that
+     * does not publish in time fails it with "timeout". */
+    bool await_draft;
+};
+
+/* Most plain steps one run may ask for. */
 #define WORKER_MSG_STEPS_MAX 256
 
 /* verify_done (target -> coordinator) + frame tokens (n_accepted + 1). */
@@ -255,7 +279,18 @@ int worker_msg_draft_ready_decode(const struct protocol_msg *msg,
                                   const struct worker_msg_limits *lim,
                                   struct worker_msg_draft_ready *m, char *err);
 
-/* shm (borrowed) is duplicated into the header. */
+cJSON *worker_msg_run_encode(const struct worker_msg_run *m, struct protocol_frame *frame);
+int worker_msg_run_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                          struct worker_msg_run *m, char *err);
+
+cJSON *worker_msg_verify_matched_encode(const struct worker_msg_verify_matched *m,
+                                        struct protocol_frame *frame);
+/* Each draft a vocabulary id (when lim->vocab_size > 0). */
+int worker_msg_verify_matched_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                                     struct worker_msg_verify_matched *m, char *err);
+
+/* shm (borrowed) is duplicated into the header. A half's bytes, when they
+ * travel (docs/scale-out.md), are the sender's second frame. */
 cJSON *worker_msg_verify_encode(const struct worker_msg_verify *m, struct protocol_frame *frame);
 int worker_msg_verify_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
                              struct worker_msg_verify *m, char *err);

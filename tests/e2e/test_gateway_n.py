@@ -7,9 +7,10 @@ summed, streamed chunks with their index and one [DONE]); greedy choices are
 all the target-only output; the prompt is computed once (the later choices
 map it from the target's prefix cache)."""
 import json
+import subprocess
 import time
 
-from tandem_e2e import Pipeline, _next_reply, check, generate, http, main, require_gateway, sse_events
+from tandem_e2e import Pipeline, _next_reply, binary, check, generate, http, main, require_gateway, sse_events
 
 PROMPT = [11, 42, 7, 300, 5]
 N = 4
@@ -49,6 +50,19 @@ def test():
                                                                                     singles[i]))
         streamed = sum((t["ids"] for t in tokens if t["index"] == i), [])
         check(streamed == dones[i]["ids"], "choice %d: token events do not add up" % i)
+
+    # tandem-client --n: each choice's summary (with its index), in index order
+    cli = [binary("client"), "--endpoint", p.endpoint, "--timeout-ms", "60000", "--ids", ",".join(map(str, PROMPT)),
+           "--max-tokens", "12", "--temperature", "1", "--spec-k", "3", "--draft-source", "model", "--seed", "77"]
+    r = subprocess.run(cli + ["--n", str(N), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=120)
+    check(r.returncode == 0, "tandem-client --n: %d %s" % (r.returncode, r.stderr))
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    check([x["index"] for x in lines] == list(range(N)), "tandem-client --n indexes: %s" % r.stdout)
+    check([x["ids"] for x in lines] == singles, "tandem-client --n ids differ from the seeds alone")
+    r = subprocess.run(cli + ["--n", "2", "--stream"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=60)
+    check(r.returncode == 2 and "--stream" in r.stderr, "--n 2 --stream: %d %s" % (r.returncode, r.stderr))
 
     greedy, _ = generate(s, dict(base, id="g1", temperature=0))
     dones, _ = native_n(s, dict(base, id="gn", temperature=0, n=3))

@@ -52,9 +52,19 @@ static void decode_all(const struct protocol_msg *msg, const struct worker_msg_l
         check_tokens(d.feed, d.n_feed);
     struct worker_msg_draft_ready dr;
     (void)worker_msg_draft_ready_decode(msg, lim, &dr, err);
+    struct worker_msg_run r;
+    if (worker_msg_run_decode(msg, lim, &r, err) == 0)
+        check_tokens(r.call.feed, r.call.n_feed);
+    struct worker_msg_verify_matched vm;
+    if (worker_msg_verify_matched_decode(msg, lim, &vm, err) == 0) {
+        if (vm.n_drafts < 1 || vm.n_drafts > SPECULATE_K_MAX)
+            abort();
+        check_tokens(vm.drafts, vm.n_drafts);
+        check_tokens(vm.call.feed, vm.call.n_feed);
+    }
     struct worker_msg_verify v;
     if (worker_msg_verify_decode(msg, lim, &v, err) == 0)
-        check_tokens(v.feed, v.n_feed);
+        check_tokens(v.call.feed, v.call.n_feed);
     struct worker_msg_verify_done vd;
     if (worker_msg_verify_done_decode(msg, lim, &vd, err) == 0) {
         if (vd.n_tokens != vd.n_accepted + 1)

@@ -137,8 +137,12 @@ wmsg("error", {"type": "error", "req": 7, "slot": 1, "code": "invalid_arg", "mes
 wmsg("register", {"type": "register", "role": "draft", "pid": 4242, "model": "/m/d", "backend": "cpu",
                   "vocab_size": 512, "eos_ids": [497, 504], "max_seq_len": 64, "n_slots": 4,
                   "bos_id": 496, "shm": {"name": "/tandem-x-4242-draft"}})
-wmsg("verify_steps", {"type": "verify", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "k": 0,
-                      "sampling": S, "steps": 17}, [5])
+wmsg("run", {"type": "run", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "sampling": S, "steps": 17,
+             "logprobs": 2}, [5])
+wmsg("verify_matched", {"type": "verify_matched", "req": 7, "slot": 1, "round": 3, "keep_len": 4,
+                        "sampling": S, "drafts": [8, 9, 10]}, [5])
+wmsg("prefill_target", {"type": "prefill", "req": 7, "slot": 1, "round": 1, "sampling": S, "logprobs": 0},
+     [1, 2, 3])
 wmsg("verify_beside", {"type": "verify", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "k": 2, "half": 0,
                        "sampling": S, "await_draft": True}, [5])
 wmsg("verify_done_step", {"type": "verify_done", "req": 7, "slot": 1, "round": 3, "n_accepted": 0,

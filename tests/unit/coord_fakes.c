@@ -111,6 +111,11 @@ void replies_error(struct coordinator *c, const uint8_t *identity, size_t identi
     snprintf(rep.last_error_message, sizeof rep.last_error_message, "%s", message);
 }
 
+void replies_error_of(struct coordinator *c, const struct seq *s, enum metrics_error code, const char *message)
+{
+    replies_error(c, s->client, s->client_size, s->id, code, message);
+}
+
 void replies_stream(struct coordinator *c, struct seq *s, bool final)
 {
     (void)c, (void)final;

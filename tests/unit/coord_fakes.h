@@ -31,7 +31,7 @@ struct replies {
     int errors, dones, streams, sends;
     bool queue_full;         /* set by a test: token events meet the client's full queue */
     enum metrics_error last_error;
-    char last_error_id[128], last_error_message[512];
+    char last_error_id[REQUEST_ID_MAX + 1], last_error_message[512];
     char last_sent[65536];   /* replies_send's last message, printed (truncated) */
     enum metrics_finish last_finish;
     int32_t done_ids[256];   /* the done reply's generated ids */

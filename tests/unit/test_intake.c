@@ -111,7 +111,7 @@ static void test_intake_generate_admits_a_sequence(void **state)
     assert_int_equal(s->draft, REQUEST_DRAFT_MODEL); /* the coordinator's, as the fixture sets it */
     assert_int_equal(c->metrics.requests_total, 1);
     /* admitted at once: the target prefills it (no draft is up) */
-    next_command(ROLE_TARGET, PROTOCOL_VERIFY);
+    next_command(ROLE_TARGET, PROTOCOL_PREFILL);
     no_more_commands();
     /* a seed is drawn when none is given, within what JSON carries exactly */
     from(c, "A", "{\"v\":1,\"type\":\"generate\",\"id\":\"g2\",\"prompt_ids\":[5],\"max_tokens\":2}");

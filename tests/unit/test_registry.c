@@ -135,7 +135,7 @@ static struct seq *drafting(struct coordinator *c)
     struct seq *s = request(c, prompt, 3, 20, 2);
     assert_int_equal(s->state, SEQ_ACTIVE);
     next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
-    next_command(ROLE_TARGET, PROTOCOL_VERIFY);
+    next_command(ROLE_TARGET, PROTOCOL_PREFILL);
     const int32_t first = 40;
     struct worker_msg_verify_done m = {
         .seq = {.req = (int64_t)s->req, .slot = s->slot}, .round = s->round.verify.round, .n_accepted = 0,
@@ -236,12 +236,12 @@ static void test_registry_repeat_registration_and_restart(void **state)
     assert_true(c->pair[0].draft_gen > gen);
     assert_int_equal(c->metrics.worker_losses[ROLE_DRAFT], 1);
     /* the sequence stopped waiting for the lost draft: a plain run */
-    struct worker_msg_verify v;
+    struct worker_msg_run run;
     char err[ERR_MSG_MAX];
     const struct worker_msg_limits lim = {.n_slots = N_SEQS, .max_seq_len = 64, .k_max = SPECULATE_K_MAX,
                                           .vocab_size = VOCAB};
-    assert_int_equal(worker_msg_verify_decode(next_command(ROLE_TARGET, PROTOCOL_VERIFY), &lim, &v, err), 0);
-    assert_int_equal(v.k, 0);
+    assert_int_equal(worker_msg_run_decode(next_command(ROLE_TARGET, PROTOCOL_RUN), &lim, &run, err), 0);
+    assert_true(run.steps >= 1);
     next_command(ROLE_DRAFT, PROTOCOL_WELCOME);
     next_command(ROLE_TARGET, PROTOCOL_ATTACH);
     no_more_commands();
@@ -288,7 +288,7 @@ static void test_registry_silent_workers_are_lost(void **state)
     registry_tick(c);
     assert_false(c->pair[0].worker[ROLE_DRAFT].up);
     assert_int_equal(c->metrics.worker_losses[ROLE_DRAFT], 1);
-    next_command(ROLE_TARGET, PROTOCOL_VERIFY); /* plain steps, no draft */
+    next_command(ROLE_TARGET, PROTOCOL_RUN); /* plain steps, no draft */
     assert_int_equal(s->round.state, ROUND_PLAIN_RUN);
     assert_int_equal(rep.errors, 0);
     c->pair[0].worker[ROLE_TARGET].last_seen_ms -= 2 * c->cfg.coordinator.worker_timeout_ms;

@@ -239,6 +239,43 @@ static void test_replies_held_replies_are_bounded(void **state)
     assert_int_equal(c->metrics.replies_undelivered_total, 1);
 }
 
+/* The client's next message, parsed (the test frees it). */
+static cJSON *client_next(struct fixture *f)
+{
+    char buf[4096];
+    const int len = zmq_recv(f->client, buf, sizeof buf - 1, 0);
+    assert_true(len > 0 && len < (int)sizeof buf);
+    buf[len] = '\0';
+    cJSON *m = cJSON_Parse(buf);
+    assert_non_null(m);
+    return m;
+}
+
+/* A failed choice of a request of several says which one ("index"); the
+ * error of a request of one choice carries none, as before n existed. */
+static void test_replies_error_of_a_choice_names_its_index(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    struct seq s = {.index = 2, .n_choices = 3, .client_size = strlen(CLIENT_ID)};
+    memcpy(s.client, CLIENT_ID, s.client_size);
+    snprintf(s.id, sizeof s.id, "multi");
+    replies_error_of(c, &s, METRICS_ERR_CONTEXT_FULL, "a choice ran out of context");
+    cJSON *m = client_next(f);
+    const cJSON *index = cJSON_GetObjectItemCaseSensitive(m, "index");
+    assert_true(cJSON_IsNumber(index) && index->valueint == 2);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "id")), "multi");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "code")), "context_full");
+    cJSON_Delete(m);
+    s.index = 0;
+    s.n_choices = 1;
+    replies_error_of(c, &s, METRICS_ERR_CONTEXT_FULL, "one choice");
+    m = client_next(f);
+    assert_null(cJSON_GetObjectItemCaseSensitive(m, "index"));
+    cJSON_Delete(m);
+    assert_int_equal(c->metrics.requests_failed[METRICS_ERR_CONTEXT_FULL], 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +285,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_replies_gone_client_is_noted_not_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replies_held_replies_are_bounded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replies_error_of_a_choice_names_its_index, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

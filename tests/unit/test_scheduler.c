@@ -102,13 +102,76 @@ static struct worker_msg_draft expect_draft(void)
     return d;
 }
 
-static struct worker_msg_verify expect_verify(void)
+/* A target command as a test reads it: whichever of prefill, run,
+ * verify_matched and verify came, decoded by its own decoder, flattened
+ * (k 0 for a prefill and a run, steps 1 but for a run). */
+struct target_cmd {
+    const char *type;
+    int64_t round;
+    int keep_len, k, half, steps;
+    const int32_t *feed;
+    int n_feed;
+    int32_t drafts[SPECULATE_K_MAX];
+    int n_drafts;           /* verify_matched only */
+    bool await_draft;
+    const cJSON *shm;
+};
+
+/* Whether e is one of the target's commands (expect_verify reads it). */
+static bool is_target_cmd(const struct sent *e)
 {
-    struct worker_msg_verify v;
-    char err[ERR_MSG_MAX];
-    assert_int_equal(worker_msg_verify_decode(next_command(ROLE_TARGET, PROTOCOL_VERIFY),
-                                              &worker_limits, &v, err), 0);
-    return v;
+    const char *t = e->msg.type;
+    return e->role == ROLE_TARGET && (strcmp(t, PROTOCOL_PREFILL) == 0 || strcmp(t, PROTOCOL_RUN) == 0 ||
+                                      strcmp(t, PROTOCOL_VERIFY_MATCHED) == 0 || strcmp(t, PROTOCOL_VERIFY) == 0);
+}
+
+static void take_call(struct target_cmd *t, const struct worker_msg_target_call *call)
+{
+    t->round = call->round;
+    t->keep_len = call->keep_len;
+    t->feed = call->feed;
+    t->n_feed = call->n_feed;
+}
+
+static struct target_cmd expect_verify(void)
+{
+    assert_true(next_sent < n_sent);
+    const char *type = sent_log[next_sent].msg.type;
+    struct protocol_msg *m = next_command(ROLE_TARGET, type);
+    struct target_cmd t = {.type = type, .steps = 1};
+    char err[ERR_MSG_MAX] = "";
+    int rc = ERR_PROTOCOL;
+    if (strcmp(type, PROTOCOL_PREFILL) == 0) {
+        struct worker_msg_prefill p;
+        rc = worker_msg_prefill_decode(m, &worker_limits, &p, err);
+        t.round = p.round;
+        t.feed = p.prompt;
+        t.n_feed = p.n_prompt;
+    } else if (strcmp(type, PROTOCOL_RUN) == 0) {
+        struct worker_msg_run r;
+        rc = worker_msg_run_decode(m, &worker_limits, &r, err);
+        take_call(&t, &r.call);
+        t.steps = r.steps;
+    } else if (strcmp(type, PROTOCOL_VERIFY_MATCHED) == 0) {
+        struct worker_msg_verify_matched vm;
+        rc = worker_msg_verify_matched_decode(m, &worker_limits, &vm, err);
+        take_call(&t, &vm.call);
+        t.k = t.n_drafts = vm.n_drafts;
+        memcpy(t.drafts, vm.drafts, sizeof t.drafts);
+    } else if (strcmp(type, PROTOCOL_VERIFY) == 0) {
+        struct worker_msg_verify v;
+        rc = worker_msg_verify_decode(m, &worker_limits, &v, err);
+        take_call(&t, &v.call);
+        t.k = v.k;
+        t.half = v.half;
+        t.await_draft = v.await_draft;
+        t.shm = v.shm;
+    } else {
+        fail_msg("expected a target command, got %s", type);
+    }
+    if (rc != 0)
+        fail_msg("%s: %s", type, err);
+    return t;
 }
 
 static void expect_releases(void)
@@ -181,7 +244,8 @@ static struct seq *prefilled(struct coordinator *c, int max_tokens, int k_fixed,
     assert_int_equal(worker_msg_prefill_decode(next_command(ROLE_DRAFT, PROTOCOL_PREFILL),
                                                &worker_limits, &p, err), 0);
     assert_feed(p.prompt, p.n_prompt, prompt, 3);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
+    assert_string_equal(v.type, PROTOCOL_PREFILL);
     assert_true(v.k == 0 && v.keep_len == 0 && v.round == 1);
     assert_feed(v.feed, v.n_feed, prompt, 3);
     no_more_commands();
@@ -192,7 +256,7 @@ static struct seq *prefilled(struct coordinator *c, int max_tokens, int k_fixed,
 /* prefilled, then its first round up to the verification: returns the
  * sequence, the draft and the verify commands in *d and *v. */
 static struct seq *verifying(struct coordinator *c, int max_tokens, struct worker_msg_draft *d,
-                             struct worker_msg_verify *v)
+                             struct target_cmd *v)
 {
     struct seq *s = prefilled(c, max_tokens, 2, 40);
     *d = expect_draft();
@@ -231,8 +295,8 @@ static int run_to_end(struct coordinator *c, struct seq *s)
             draft_ready(c, s, d.round, 0, d.k, -1, false);
             if (d.predraft_k > 0)
                 draft_ready(c, s, d.round + 1, 1, 0, -1, true);
-        } else if (e->role == ROLE_TARGET && strcmp(e->msg.type, PROTOCOL_VERIFY) == 0) {
-            struct worker_msg_verify v = expect_verify();
+        } else if (is_target_cmd(e)) {
+            struct target_cmd v = expect_verify();
             for (int step = 1; step <= v.steps && s->state == SEQ_ACTIVE && s->req == req; step++) {
                 int32_t t[SPECULATE_K_MAX + 1];
                 for (int i = 0; i <= v.k; i++)
@@ -288,7 +352,7 @@ static void test_scheduler_round_keeps_the_draft_cache_right(void **state)
     assert_int_equal(d.predraft_k, 0);
     no_more_commands();
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     assert_true(v.k == 2 && v.half == 0 && v.round == d.round && v.keep_len == 3);
     assert_feed(v.feed, v.n_feed, hist1, 1);
     /* one of two accepted, then the correction */
@@ -327,7 +391,7 @@ static void test_scheduler_predraft_hit_and_miss(void **state)
     struct worker_msg_draft d = expect_draft();
     assert_int_equal(d.predraft_k, 2);
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     /* the pre-draft arrives first, guessing 62 */
     draft_ready(c, s, d.round + 1, 1, 2, 62, true);
     no_more_commands();
@@ -380,7 +444,7 @@ static void test_scheduler_failed_predraft_does_not_stall(void **state)
     struct worker_msg_draft d = expect_draft();
     assert_int_equal(d.predraft_k, 2);
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     draft_ready(c, s, d.round + 1, 1, 0, -1, true);
     no_more_commands();
     const int32_t t1[3] = {60, 61, 62};
@@ -412,7 +476,7 @@ static void test_scheduler_drops_stale_replies(void **state)
     no_more_commands();
     assert_int_equal(s->n_hist, n_hist);
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     /* the same draft_ready again, and the previous round's verify_done */
     draft_ready(c, s, d.round, 0, 2, -1, false);
     verify_done(c, s, 1, 0, t, 1);
@@ -433,7 +497,7 @@ static void test_scheduler_fails_a_malformed_reply(void **state)
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
     struct worker_msg_draft d;
-    struct worker_msg_verify v;
+    struct target_cmd v;
     struct seq *s = verifying(c, 20, &d, &v);
     const int32_t t[4] = {41, 42, 43, 44};
     verify_done(c, s, v.round, 3, t, 1);
@@ -455,7 +519,7 @@ static void test_scheduler_lost_draft_falls_back_to_plain_steps(void **state)
     c->pair[0].worker[ROLE_DRAFT].up = false;
     c->pair[0].draft_gen++;
     scheduler_forget_draft(c, s);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     assert_int_equal(v.k, 0);
     const int room = s->max_tokens - s->generated;
     assert_int_equal(v.steps, room);
@@ -490,14 +554,14 @@ static void test_scheduler_draft_errors_turn_speculation_off(void **state)
         assert_int_equal(d.keep_len, 0);
         assert_int_equal(d.n_feed, s->n_hist);
         draft_ready(c, s, d.round, 0, d.k, -1, false);
-        struct worker_msg_verify v = expect_verify();
+        struct target_cmd v = expect_verify();
         const int32_t t[3] = {41, 42, 43};
         verify_done(c, s, v.round, 0, t, 1);
     }
     (void)expect_draft();
     worker_error(c, ROLE_DRAFT, s, ERR_INTERNAL, PROTOCOL_DRAFT);
     assert_true(s->spec_off);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     assert_int_equal(v.k, 0);
     assert_true(v.steps > 1);
     assert_int_equal(rep.errors, 0);
@@ -514,7 +578,7 @@ static void test_scheduler_verify_beside_draft_and_its_timeout(void **state)
     c->pair[0].worker[ROLE_DRAFT].shm_posix = true;
     struct seq *s = prefilled(c, 20, 2, 40);
     struct worker_msg_draft d = expect_draft();
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     assert_true(v.await_draft && v.k == 2 && v.round == d.round);
     no_more_commands();
     worker_error(c, ROLE_TARGET, s, ERR_TIMEOUT, PROTOCOL_VERIFY);
@@ -540,7 +604,7 @@ static void test_scheduler_round_states(void **state)
     struct seq *s = request(c, prompt, 3, 30, 2);
     assert_int_equal(s->round.state, ROUND_PREFILLING);
     next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     const int32_t first = 40;
     verify_done(c, s, v.round, 0, &first, 1);
     assert_int_equal(s->round.state, ROUND_DRAFTING);
@@ -588,7 +652,7 @@ static void test_scheduler_round_states(void **state)
 struct at {
     struct seq *s;
     struct worker_msg_draft d;   /* the round's draft command, where there is one */
-    struct worker_msg_verify v;  /* the verification (or prefill) in flight */
+    struct target_cmd v;  /* the verification (or prefill) in flight */
 };
 
 static const int32_t at_prompt[3] = {1, 2, 3};
@@ -758,7 +822,7 @@ struct round_case {
 
 static const struct round_case round_cases[] = {
     /* admission: the draft prefills beside the target's prefill */
-    {"admitted", at_nothing, ROUND_IDLE, fire_admit, ROUND_PREFILLING, "draft:prefill target:verify"},
+    {"admitted", at_nothing, ROUND_IDLE, fire_admit, ROUND_PREFILLING, "draft:prefill target:prefill"},
     /* prefill_sent, then target_done: the first round drafts */
     {"prefill answered", at_prefilling, ROUND_PREFILLING, fire_target_done, ROUND_DRAFTING, "draft:draft"},
     /* ... and where the pair allows, its verification goes beside the draft */
@@ -767,7 +831,7 @@ static const struct round_case round_cases[] = {
     /* verify_sent from DRAFTING */
     {"draft ready", at_drafting, ROUND_DRAFTING, fire_draft_ready, ROUND_VERIFYING, "target:verify"},
     /* draft_lost from DRAFTING: plain steps without a draft */
-    {"draft lost while drafting", at_drafting, ROUND_DRAFTING, fire_draft_lost, ROUND_PLAIN_RUN, "target:verify"},
+    {"draft lost while drafting", at_drafting, ROUND_DRAFTING, fire_draft_lost, ROUND_PLAIN_RUN, "target:run"},
     /* draft_lost from DRAFTING (a reply not what was asked): drafted again from scratch */
     {"draft of the wrong k", at_drafting, ROUND_DRAFTING, fire_draft_ready_wrong_k, ROUND_DRAFTING, "draft:draft"},
     /* target_done from VERIFYING: the next round */
@@ -785,7 +849,7 @@ static const struct round_case round_cases[] = {
     {"pre-draft miss", at_await_predraft, ROUND_AWAIT_PREDRAFT, fire_predraft_miss, ROUND_DRAFTING, "draft:draft"},
     /* draft_lost from AWAIT_PREDRAFT */
     {"draft lost awaiting the pre-draft", at_await_predraft, ROUND_AWAIT_PREDRAFT, fire_draft_lost,
-     ROUND_PLAIN_RUN, "target:verify"},
+     ROUND_PLAIN_RUN, "target:run"},
     /* target_done from VERIFY_BESIDE_DRAFT (its draft in): the next round, beside again */
     {"beside, verified", at_beside_draft_in, ROUND_VERIFY_BESIDE_DRAFT, fire_target_done,
      ROUND_VERIFY_BESIDE_DRAFT, "draft:draft target:verify"},
@@ -800,12 +864,12 @@ static const struct round_case round_cases[] = {
      ROUND_VERIFYING, "target:verify"},
     /* beside_abandoned: the draft lost too */
     {"beside, target gave up, draft lost", at_beside_draft_lost, ROUND_VERIFY_BESIDE_DRAFT, fire_target_timeout,
-     ROUND_PLAIN_RUN, "target:verify"},
+     ROUND_PLAIN_RUN, "target:run"},
     /* step_done: the run goes on at the target by itself */
     {"plain step", at_plain_run, ROUND_PLAIN_RUN, fire_target_done, ROUND_PLAIN_RUN, ""},
     /* target_done from PLAIN_RUN: its last step, the next run */
     {"plain run's last step", at_plain_run_last_step, ROUND_PLAIN_RUN, fire_target_done, ROUND_PLAIN_RUN,
-     "target:verify"},
+     "target:run"},
 };
 
 /* The commands recorded from index `from` on, as "role:type ...". */
@@ -899,7 +963,7 @@ static void test_scheduler_draft_lost_in_every_state(void **state)
             struct worker_msg_draft d = expect_draft();
             assert_true(d.predraft_k > 0);
             draft_ready(c, s, d.round, 0, d.k, -1, false);
-            struct worker_msg_verify v = expect_verify();
+            struct target_cmd v = expect_verify();
             const int32_t t[3] = {41, 42, 43};
             verify_done(c, s, v.round, 2, t, 1);
             want = ROUND_AWAIT_PREDRAFT;
@@ -908,7 +972,7 @@ static void test_scheduler_draft_lost_in_every_state(void **state)
             s->spec_off = true;
             struct worker_msg_draft d = expect_draft();
             draft_ready(c, s, d.round, 0, d.k, -1, false);
-            struct worker_msg_verify v = expect_verify();
+            struct target_cmd v = expect_verify();
             const int32_t t[2] = {41, 42};
             verify_done(c, s, v.round, 1, t, 1);
             want = ROUND_PLAIN_RUN;
@@ -937,7 +1001,7 @@ static void test_scheduler_beside_draft_error_then_timeout(void **state)
     c->pair[0].worker[ROLE_DRAFT].shm_posix = true;
     struct seq *s = prefilled(c, 12, 2, 40);
     (void)expect_draft();
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     assert_true(v.await_draft);
     worker_error(c, ROLE_DRAFT, s, ERR_INTERNAL, PROTOCOL_DRAFT);
     assert_int_equal(s->round.state, ROUND_VERIFY_BESIDE_DRAFT);
@@ -966,7 +1030,7 @@ static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
     const int32_t prompt[8] = {5, 6, 7, 8, 5, 6, 7, 8};
     struct seq *s = request_from(c, prompt, 8, 20, 0, REQUEST_DRAFT_NGRAM);
     /* no prefill for the draft worker: only the target's */
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     assert_int_equal(v.k, 0);
     no_more_commands();
     const int32_t first = 5;
@@ -1019,8 +1083,8 @@ static int inline_rounds_to_end(struct coordinator *c, struct seq *s, const int3
             draft_ready(c, s, d.round, 0, d.k, -1, false);
             if (d.predraft_k > 0)
                 draft_ready(c, s, d.round + 1, 1, 0, -1, true);
-        } else if (e->role == ROLE_TARGET && strcmp(e->msg.type, PROTOCOL_VERIFY) == 0) {
-            struct worker_msg_verify v = expect_verify();
+        } else if (is_target_cmd(e)) {
+            struct target_cmd v = expect_verify();
             inline_rounds += v.n_drafts > 0;
             for (int step = 1; step <= v.steps && s->state == SEQ_ACTIVE && s->req == req; step++) {
                 /* the target's choice is the script's next tokens: drafts that
@@ -1081,7 +1145,7 @@ static void test_scheduler_suffix_and_auto(void **state)
     const int32_t looping[12] = {61, 62, 63, 64, 65, 61, 62, 63, 64, 65, 61, 62};
     s = request_from(c, looping, 12, 6, 0, REQUEST_DRAFT_AUTO);
     (void)next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
-    struct worker_msg_verify pv = expect_verify();
+    struct target_cmd pv = expect_verify();
     const int32_t t63 = 63;
     verify_done(c, s, pv.round, 0, &t63, 1);
     pv = expect_verify();
@@ -1179,7 +1243,7 @@ static void test_scheduler_matched_drafts_only_where_they_pay(void **state)
     c->pair[0].call_ms_per_row = 28.6;
     const int32_t prompt[8] = {5, 6, 7, 8, 5, 6, 7, 8};
     struct seq *s = request_from(c, prompt, 8, 40, 0, REQUEST_DRAFT_NGRAM);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     int32_t tok = 5;
     verify_done(c, s, v.round, 0, &tok, 1);
     int probes = 0;
@@ -1212,7 +1276,7 @@ static void test_scheduler_endings_release_and_admit(void **state)
     struct seq *queued = request(c, prompt, 2, 5, 2);
     assert_int_equal(queued->state, SEQ_QUEUED);
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     const int32_t t[2] = {41, EOS};
     verify_done(c, s, v.round, 1, t, 1);
     assert_int_equal(rep.dones, 1);
@@ -1260,7 +1324,7 @@ static void test_scheduler_ignore_eos_runs_to_max_tokens(void **state)
     s->ignore_eos = true;
     struct worker_msg_draft d = expect_draft();
     draft_ready(c, s, d.round, 0, 2, -1, false);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     const int32_t t[2] = {41, EOS};
     verify_done(c, s, v.round, 1, t, 1);
     assert_int_equal(rep.dones, 0);
@@ -1285,7 +1349,7 @@ static void test_scheduler_target_error_fails_the_request(void **state)
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
     struct worker_msg_draft d;
-    struct worker_msg_verify v;
+    struct target_cmd v;
     struct seq *s = verifying(c, 20, &d, &v);
     worker_error(c, ROLE_TARGET, s, ERR_CONTEXT_FULL, PROTOCOL_VERIFY);
     assert_int_equal(rep.errors, 1);
@@ -1302,7 +1366,7 @@ static void test_scheduler_slow_client_is_cancelled_with_a_reason(void **state)
     struct fixture *f = *state;
     struct coordinator *c = &f->c;
     struct worker_msg_draft d;
-    struct worker_msg_verify v;
+    struct target_cmd v;
     struct seq *s = verifying(c, 20, &d, &v);
     assert_int_equal(s->state, SEQ_ACTIVE);
     assert_int_equal(rep.errors, 0); /* its first token went out: a queue with room */
@@ -1330,7 +1394,7 @@ static void test_scheduler_cancel_in_every_state(void **state)
     struct seq *b = request(c, prompt, 3, 10, 2);
     assert_int_equal(b->state, SEQ_QUEUED);
     next_command(ROLE_DRAFT, PROTOCOL_PREFILL);
-    struct worker_msg_verify v = expect_verify();
+    struct target_cmd v = expect_verify();
     /* queued */
     scheduler_cancel(c, b);
     assert_int_equal(b->state, SEQ_FREE);

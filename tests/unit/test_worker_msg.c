@@ -103,25 +103,28 @@ static void test_worker_msg_verify_and_verify_done_round_trip(void **state)
     cJSON *shm = cJSON_CreateObject();
     cJSON_AddStringToObject(shm, "name", "/tandem-x-1-draft");
     struct worker_msg_verify in = {
-        .seq = {.req = 5, .slot = 0}, .round = 9, .keep_len = 30, .k = 4, .half = 1,
-        .sampling = some_sampling(), .shm = shm, .feed = feed, .n_feed = 1,
+        .call = {.seq = {.req = 5, .slot = 0}, .round = 9, .keep_len = 30, .sampling = some_sampling(),
+                 .feed = feed, .n_feed = 1},
+        .k = 4, .half = 1, .shm = shm,
     };
     struct protocol_frame frame;
     struct protocol_msg m = over_the_wire(worker_msg_verify_encode(&in, &frame), &frame);
     cJSON_Delete(shm);
+    assert_string_equal(m.type, PROTOCOL_VERIFY);
     struct worker_msg_verify out;
     char err[ERR_MSG_MAX] = "";
     assert_int_equal(worker_msg_verify_decode(&m, &limits, &out, err), 0);
-    assert_int_equal(out.seq.req, 5);
-    assert_int_equal(out.round, 9);
-    assert_int_equal(out.keep_len, 30);
+    assert_int_equal(out.call.seq.req, 5);
+    assert_int_equal(out.call.round, 9);
+    assert_int_equal(out.call.keep_len, 30);
     assert_int_equal(out.k, 4);
     assert_int_equal(out.half, 1);
-    assert_sampling_equal(&out.sampling, &in.sampling);
+    assert_sampling_equal(&out.call.sampling, &in.call.sampling);
     assert_non_null(out.shm);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(out.shm, "name")),
                         "/tandem-x-1-draft");
-    assert_int_equal(out.feed[0], 42);
+    assert_int_equal(out.call.feed[0], 42);
+    assert_false(out.call.logprobs.on);
     protocol_msg_free(&m);
 
     int32_t tokens[3] = {1, 2, 99};
@@ -153,16 +156,29 @@ static void test_worker_msg_logprobs_round_trip(void **state)
     (void)state;
     char err[ERR_MSG_MAX] = "";
     int32_t feed[1] = {42};
-    struct worker_msg_verify in = {
-        .seq = {.req = 5, .slot = 0}, .round = 9, .keep_len = 30, .k = 0, .sampling = some_sampling(),
-        .feed = feed, .n_feed = 1, .logprobs = true, .top_logprobs = 0,
+    struct worker_msg_run in = {
+        .call = {.seq = {.req = 5, .slot = 0}, .round = 9, .keep_len = 30, .sampling = some_sampling(),
+                 .feed = feed, .n_feed = 1, .logprobs = {.on = true, .top = 0}},
     };
     struct protocol_frame frame;
-    struct protocol_msg m = over_the_wire(worker_msg_verify_encode(&in, &frame), &frame);
-    struct worker_msg_verify out;
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &out, err), 0);
-    assert_true(out.logprobs);
-    assert_int_equal(out.top_logprobs, 0);
+    struct protocol_msg m = over_the_wire(worker_msg_run_encode(&in, &frame), &frame);
+    struct worker_msg_run out;
+    assert_int_equal(worker_msg_run_decode(&m, &limits, &out, err), 0);
+    assert_true(out.call.logprobs.on);
+    assert_int_equal(out.call.logprobs.top, 0);
+    protocol_msg_free(&m);
+    /* the target's prefill asks the same way, and names its round */
+    struct worker_msg_prefill pin = {
+        .seq = {.req = 5, .slot = 0}, .sampling = some_sampling(), .prompt = feed, .n_prompt = 1,
+        .round = 1, .logprobs = {.on = true, .top = SAMPLING_TOP_LOGPROBS_MAX}};
+    m = over_the_wire(worker_msg_prefill_encode(&pin, &frame), &frame);
+    struct worker_msg_prefill pout;
+    assert_int_equal(worker_msg_prefill_decode(&m, &limits, &pout, err), 0);
+    assert_true(pout.logprobs.on && pout.logprobs.top == SAMPLING_TOP_LOGPROBS_MAX && pout.round == 1);
+    cJSON_ReplaceItemInObjectCaseSensitive(m.header, "logprobs",
+                                           cJSON_CreateNumber(SAMPLING_TOP_LOGPROBS_MAX + 1));
+    assert_int_equal(worker_msg_prefill_decode(&m, &limits, &pout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "logprobs"));
     protocol_msg_free(&m);
 
     int32_t tokens[2] = {1, 99};
@@ -330,10 +346,10 @@ static void test_worker_msg_decoders_refuse_out_of_range_fields(void **state)
     assert_int_equal(dout.seq.slot, 0);
     protocol_msg_free(&m);
 
-    /* a verify with drafts must say which half holds them */
+    /* a verify must say which half holds its drafts */
     struct worker_msg_verify v = {
-        .seq = {.req = 1, .slot = 0}, .k = 2, .half = 0, .sampling = some_sampling(),
-        .feed = feed, .n_feed = 1,
+        .call = {.seq = {.req = 1, .slot = 0}, .sampling = some_sampling(), .feed = feed, .n_feed = 1},
+        .k = 2, .half = 0,
     };
     cJSON *h = worker_msg_verify_encode(&v, &frame);
     cJSON_DeleteItemFromObject(h, "half");
@@ -341,14 +357,15 @@ static void test_worker_msg_decoders_refuse_out_of_range_fields(void **state)
     struct worker_msg_verify vout;
     assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
     assert_non_null(strstr(err, "half"));
+    assert_int_equal(vout.call.seq.req, 1); /* still named for the error reply */
     protocol_msg_free(&m);
 
     /* an unknown draft mode */
-    v.k = 0;
-    h = worker_msg_verify_encode(&v, &frame);
+    h = worker_msg_run_encode(&(struct worker_msg_run){.call = v.call}, &frame);
     cJSON_ReplaceItemInObject(h, "mode", cJSON_CreateString("lucky"));
     m = over_the_wire(h, &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    struct worker_msg_run rout;
+    assert_int_equal(worker_msg_run_decode(&m, &limits, &rout, err), ERR_PROTOCOL);
     assert_non_null(strstr(err, "mode"));
     protocol_msg_free(&m);
 
@@ -390,58 +407,59 @@ static void test_worker_msg_decoders_refuse_out_of_range_fields(void **state)
     protocol_msg_free(&m);
 }
 
-/* A run of plain steps: "steps" on the verify (plain rounds only) and
- * "step" on each answer; both absent mean one, as before runs existed. */
-static void test_worker_msg_plain_run_steps_round_trip(void **state)
+/* One message per meaning of a target command: a run of plain steps
+ * ("steps"; "step" on each answer, both absent meaning one), drafts matched
+ * by the coordinator (verify_matched), the draft's half (verify, beside its
+ * draft or not). A field of another meaning is refused by name. */
+static void test_worker_msg_target_commands_one_per_meaning(void **state)
 {
     (void)state;
     char err[ERR_MSG_MAX] = "";
     int32_t feed[1] = {42};
-    struct worker_msg_verify v = {
-        .seq = {.req = 5, .slot = 1}, .round = 3, .keep_len = 20, .k = 0, .sampling = some_sampling(),
-        .feed = feed, .n_feed = 1, .steps = 17,
-    };
+    const struct worker_msg_target_call call = {
+        .seq = {.req = 5, .slot = 1}, .round = 3, .keep_len = 20, .sampling = some_sampling(), .feed = feed,
+        .n_feed = 1};
+    struct worker_msg_run r = {.call = call, .steps = 17};
     struct protocol_frame frame;
-    struct protocol_msg m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
-    struct worker_msg_verify vout;
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
-    assert_int_equal(vout.steps, 17);
+    struct protocol_msg m = over_the_wire(worker_msg_run_encode(&r, &frame), &frame);
+    assert_string_equal(m.type, PROTOCOL_RUN);
+    struct worker_msg_run rout;
+    assert_int_equal(worker_msg_run_decode(&m, &limits, &rout, err), 0);
+    assert_int_equal(rout.steps, 17);
+    assert_int_equal(rout.call.keep_len, 20);
+    assert_int_equal(rout.call.round, 3);
+    assert_int_equal(rout.call.feed[0], 42);
     protocol_msg_free(&m);
 
-    v.steps = 1;
-    cJSON *h = worker_msg_verify_encode(&v, &frame);
-    assert_null(cJSON_GetObjectItemCaseSensitive(h, "steps")); /* one step: as before runs */
+    r.steps = 1;
+    cJSON *h = worker_msg_run_encode(&r, &frame);
+    assert_null(cJSON_GetObjectItemCaseSensitive(h, "steps")); /* one step: absent */
     m = over_the_wire(h, &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
-    assert_int_equal(vout.steps, 1);
+    assert_int_equal(worker_msg_run_decode(&m, &limits, &rout, err), 0);
+    assert_int_equal(rout.steps, 1);
     protocol_msg_free(&m);
 
-    /* a run holds plain steps only, and is bounded */
-    v.k = 2;
-    v.half = 0;
-    h = worker_msg_verify_encode(&v, &frame);
-    cJSON_AddNumberToObject(h, "steps", 2);
-    m = over_the_wire(h, &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
-    assert_non_null(strstr(err, "steps: must be 1 with k > 0"));
-    protocol_msg_free(&m);
-    v.k = 0;
+    /* a run is bounded and carries no drafts */
     const int bad_steps[] = {0, -1, WORKER_MSG_STEPS_MAX + 1};
     for (size_t i = 0; i < sizeof bad_steps / sizeof bad_steps[0]; i++) {
-        h = worker_msg_verify_encode(&v, &frame);
+        h = worker_msg_run_encode(&r, &frame);
         cJSON_AddNumberToObject(h, "steps", bad_steps[i]);
         m = over_the_wire(h, &frame);
-        assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+        assert_int_equal(worker_msg_run_decode(&m, &limits, &rout, err), ERR_PROTOCOL);
         assert_non_null(strstr(err, "steps"));
         protocol_msg_free(&m);
     }
+    h = worker_msg_run_encode(&r, &frame);
+    cJSON_AddNumberToObject(h, "k", 2);
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_run_decode(&m, &limits, &rout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "k: not a field of run"));
+    protocol_msg_free(&m);
 
-    /* a verification sent beside its drafts, and only with drafts */
-    v.k = 2;
-    v.half = 1;
-    v.steps = 1;
-    v.await_draft = true;
+    /* the draft's half: beside its draft or not; never steps, never drafts */
+    struct worker_msg_verify v = {.call = call, .k = 2, .half = 1, .await_draft = true};
     m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+    struct worker_msg_verify vout;
     assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
     assert_true(vout.await_draft);
     protocol_msg_free(&m);
@@ -452,48 +470,64 @@ static void test_worker_msg_plain_run_steps_round_trip(void **state)
     assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
     assert_false(vout.await_draft);
     protocol_msg_free(&m);
-    v.k = 0;
+    const int bad_k[] = {0, limits.k_max + 1};
+    for (size_t i = 0; i < sizeof bad_k / sizeof bad_k[0]; i++) {
+        v.k = bad_k[i];
+        m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
+        assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+        assert_non_null(strstr(err, "k:"));
+        protocol_msg_free(&m);
+    }
+    v.k = 2;
     h = worker_msg_verify_encode(&v, &frame);
-    cJSON_AddBoolToObject(h, "await_draft", true);
+    cJSON_AddNumberToObject(h, "steps", 2);
     m = over_the_wire(h, &frame);
     assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
-    assert_non_null(strstr(err, "await_draft"));
+    assert_non_null(strstr(err, "steps: not a field of verify"));
+    protocol_msg_free(&m);
+    h = worker_msg_verify_encode(&v, &frame);
+    cJSON_AddItemToObject(h, "drafts", cJSON_CreateIntArray((const int[]){1, 2}, 2));
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "drafts: not a field of verify"));
     protocol_msg_free(&m);
 
-    /* drafts made by the coordinator travel in the message: k of them,
-     * ids within the vocabulary, never beside a draft */
-    v.k = 3;
-    v.n_drafts = 3;
-    v.drafts[0] = 4, v.drafts[1] = 0, v.drafts[2] = limits.vocab_size - 1;
-    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
-    assert_int_equal(vout.n_drafts, 3);
-    assert_memory_equal(vout.drafts, v.drafts, 3 * sizeof(int32_t));
+    /* drafts made by the coordinator travel in the message: 1..k_max of
+     * them, ids within the vocabulary, no half and no steps */
+    struct worker_msg_verify_matched vm = {.call = call, .n_drafts = 3,
+                                           .drafts = {4, 0, limits.vocab_size - 1}};
+    m = over_the_wire(worker_msg_verify_matched_encode(&vm, &frame), &frame);
+    assert_string_equal(m.type, PROTOCOL_VERIFY_MATCHED);
+    struct worker_msg_verify_matched vmout;
+    assert_int_equal(worker_msg_verify_matched_decode(&m, &limits, &vmout, err), 0);
+    assert_int_equal(vmout.n_drafts, 3);
+    assert_memory_equal(vmout.drafts, vm.drafts, 3 * sizeof(int32_t));
+    assert_int_equal(vmout.call.keep_len, 20);
     protocol_msg_free(&m);
-    v.n_drafts = 0;
-    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), 0);
-    assert_int_equal(vout.n_drafts, 0);
+    vm.n_drafts = 0;
+    m = over_the_wire(worker_msg_verify_matched_encode(&vm, &frame), &frame);
+    assert_int_equal(worker_msg_verify_matched_decode(&m, &limits, &vmout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "drafts: 0 of them"));
     protocol_msg_free(&m);
-    v.n_drafts = 2; /* k is 3 */
-    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
-    assert_non_null(strstr(err, "drafts: 2 of them with k 3"));
-    protocol_msg_free(&m);
-    v.n_drafts = 3;
-    v.drafts[1] = limits.vocab_size;
-    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    vm.n_drafts = 3;
+    vm.drafts[1] = limits.vocab_size;
+    m = over_the_wire(worker_msg_verify_matched_encode(&vm, &frame), &frame);
+    assert_int_equal(worker_msg_verify_matched_decode(&m, &limits, &vmout, err), ERR_PROTOCOL);
     assert_non_null(strstr(err, "drafts[1]"));
     protocol_msg_free(&m);
-    v.drafts[1] = 0;
-    v.await_draft = true;
-    m = over_the_wire(worker_msg_verify_encode(&v, &frame), &frame);
-    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
-    assert_non_null(strstr(err, "await_draft"));
+    vm.drafts[1] = 0;
+    h = worker_msg_verify_matched_encode(&vm, &frame);
+    cJSON_AddNumberToObject(h, "k", 3);
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_matched_decode(&m, &limits, &vmout, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "k: not a field of verify_matched"));
     protocol_msg_free(&m);
-    v.await_draft = false;
-    v.n_drafts = 0;
+
+    /* each decoder refuses the others' messages */
+    m = over_the_wire(worker_msg_verify_matched_encode(&vm, &frame), &frame);
+    assert_int_equal(worker_msg_verify_decode(&m, &limits, &vout, err), ERR_PROTOCOL);
+    assert_int_equal(worker_msg_run_decode(&m, &limits, &rout, err), ERR_PROTOCOL);
+    protocol_msg_free(&m);
 
     int32_t tokens[1] = {7};
     struct worker_msg_verify_done done = {
@@ -606,7 +640,7 @@ int main(void)
         cmocka_unit_test(test_worker_msg_logprobs_round_trip),
         cmocka_unit_test(test_worker_msg_small_messages_round_trip),
         cmocka_unit_test(test_worker_msg_decoders_refuse_out_of_range_fields),
-        cmocka_unit_test(test_worker_msg_plain_run_steps_round_trip),
+        cmocka_unit_test(test_worker_msg_target_commands_one_per_meaning),
         cmocka_unit_test(test_worker_msg_register_carries_the_cores_it_uses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
