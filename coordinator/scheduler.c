@@ -691,8 +691,18 @@ void scheduler_on_verify_done(struct coordinator *c, int pair, const struct prot
     round_timing_verify_done(c, s, &m, now);
     struct round_verify *v = &s->round.verify;
     const int k = v->k, n_acc = m.n_accepted;
-    /* a run of plain steps goes on at the target by itself */
-    const bool run_goes_on = ++v->done < v->steps;
+    /* a run of plain steps goes on at the target by itself, but never past
+     * an end-of-sequence token (the target's rule: it knows nothing of
+     * ignore_eos), so a request that ignores it must not wait for the rest */
+    const bool at_eos = v->steps > 1 && m.n_tokens > 0 && coord_is_eos(c, s, m.tokens[m.n_tokens - 1]);
+    const bool run_goes_on = ++v->done < v->steps && !at_eos;
+    if (at_eos && v->done < v->steps) {
+        struct pair *p = coord_pair_of(c, s);
+        p->target_outstanding -= v->steps - v->done;
+        if (p->target_outstanding < 0)
+            p->target_outstanding = 0;
+        v->steps = v->done;
+    }
     if (s->round.state == ROUND_PREFILLING) {
         s->t_first_ms = now;
         s->target_len = s->n_prompt;

@@ -211,6 +211,11 @@ def test():
           out["choices"][0]["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 20,
           "ignore_eos: %d %s (reference %s)" % (st, raw[:400], ref["ids"]))
     print("ignore_eos: %d ids past the EOS at %d" % (len(ids) - len(ref["ids"]), len(ref["ids"]) - 1))
+    # target-only decoding runs plain steps, which the target stops at an EOS: the
+    # coordinator must not wait for the rest of the run
+    st, _, raw = http("POST", p.base_url + "/v1/completions", dict(body, ignore_eos=True, draft="none"), headers=AUTH,
+                      timeout_s=30)
+    check(st == 200 and json.loads(raw)["tandem"]["ids"] == ids, "ignore_eos, draft none: %d %s" % (st, raw[:300]))
 
     # Still serving, and correctly; the coordinator is fine too.
     ref = reference(target, [5, 6, 7], 8)
