@@ -360,8 +360,15 @@ static int ctx_host_tables(struct llama_ctx *ctx, const struct llama_ctx_params 
     ctx->rows = calloc(max_rows * 2, sizeof *ctx->rows);
     ctx->chunk_tables = malloc(max_rows * table_stride * sizeof *ctx->chunk_tables);
     ctx->chunk_seq_of = malloc((size_t)ctx->n_slots * sizeof *ctx->chunk_seq_of);
+    ctx->path_offset = calloc(max_rows + 1, sizeof *ctx->path_offset);
+    ctx->path_phys = calloc(max_rows * LLAMA_TREE_MAX, sizeof *ctx->path_phys);
+    ctx->tree_base = calloc((size_t)ctx->n_slots, sizeof *ctx->tree_base);
+    ctx->tree_n = calloc((size_t)ctx->n_slots, sizeof *ctx->tree_n);
+    ctx->tree_tokens = calloc((size_t)ctx->n_slots * LLAMA_TREE_MAX, sizeof *ctx->tree_tokens);
+    ctx->tree_parents = calloc((size_t)ctx->n_slots * LLAMA_TREE_MAX, sizeof *ctx->tree_parents);
     if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->tokens || !ctx->positions || !ctx->rows ||
-        !ctx->chunk_tables || !ctx->chunk_seq_of)
+        !ctx->chunk_tables || !ctx->chunk_seq_of || !ctx->path_offset || !ctx->path_phys ||
+        !ctx->tree_base || !ctx->tree_n || !ctx->tree_tokens || !ctx->tree_parents)
         return error_set(err, ERR_NOMEM, "llama context: out of memory");
     for (size_t i = 0; i < (size_t)ctx->n_slots * table_stride; i++)
         ctx->tables[i] = -1;
@@ -441,6 +448,12 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
     free(ctx->rows);
     free(ctx->chunk_tables);
     free(ctx->chunk_seq_of);
+    free(ctx->path_offset);
+    free(ctx->path_phys);
+    free(ctx->tree_base);
+    free(ctx->tree_n);
+    free(ctx->tree_tokens);
+    free(ctx->tree_parents);
     free(ctx);
 }
 
@@ -491,6 +504,17 @@ static int kv_check_slot(const struct llama_ctx *ctx, int slot, int *holders, ch
     if (n != blocks_for_len(ctx, len) || n > ctx->table_stride)
         return error_set(err, ERR_INTERNAL, "kv cache: slot %d holds %d blocks for %d positions", slot,
                          n, len);
+    /* an unaccepted tree: its nodes (positions tree_base ..) are no one's
+     * prefix, so no block holding one is published */
+    const int tree_n = ctx->tree_n[slot], tree_base = ctx->tree_base[slot];
+    if (tree_n > 0 && len != tree_base + tree_n)
+        return error_set(err, ERR_INTERNAL, "kv cache: slot %d holds %d positions, its tree %d "
+                         "nodes from %d", slot, len, tree_n, tree_base);
+    for (int i = tree_n > 0 ? tree_base / ctx->block_size : n; i < n; i++)
+        if (kb->published[table[i]])
+            return error_set(err, ERR_INTERNAL, "kv cache: slot %d's block %d (pool %d) holds "
+                             "nodes of an unaccepted tree (positions %d..) and is published",
+                             slot, i, (int)table[i], tree_base);
     for (int i = 0; i < n; i++) {
         const int32_t b = table[i];
         if (b < 0 || b >= ctx->n_blocks)
@@ -617,6 +641,16 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
     if (new_len < 0 || new_len > ctx->slot_len[slot])
         return error_set(err, ERR_RANGE, "truncate slot %d: new length %d outside 0..%d", slot,
                          new_len, ctx->slot_len[slot]);
+    if (ctx->tree_n[slot] > 0) {
+        /* positions past the base hold nodes, not a chain: only
+         * llama_ctx_tree_accept knows which of them to keep */
+        if (new_len > ctx->tree_base[slot])
+            return error_set(err, ERR_INVALID_ARG,
+                             "truncate slot %d: new length %d inside its unaccepted tree (%d nodes "
+                             "from %d); accept a path or cut to %d", slot, new_len,
+                             ctx->tree_n[slot], ctx->tree_base[slot], ctx->tree_base[slot]);
+        ctx->tree_n[slot] = 0;
+    }
     const int keep = blocks_for_len(ctx, new_len);
     release_blocks(ctx, slot, keep);
     if (new_len % ctx->block_size != 0) {
@@ -637,6 +671,79 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
     }
     ctx->slot_len[slot] = new_len;
     kv_check_after(ctx, "truncate");
+    return 0;
+}
+
+static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens,
+                          int n);
+
+int llama_ctx_tree_nodes(const struct llama_ctx *ctx, int slot)
+{
+    return slot >= 0 && slot < ctx->n_slots ? ctx->tree_n[slot] : 0;
+}
+
+/* Copies the keys and values of every layer at pool position `from` of slot
+ * to position `to` (to < from: the path moves down, never onto a node it
+ * still has to read). */
+static int copy_kv_position(struct llama_ctx *ctx, int slot, int from, int to, char *err)
+{
+    const struct model_config *c = &ctx->model->cfg;
+    const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
+    const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    const int bs = ctx->block_size;
+    const size_t src = ((size_t)table[from / bs] * (size_t)bs + (size_t)(from % bs)) * kv_dim;
+    const size_t dst = ((size_t)table[to / bs] * (size_t)bs + (size_t)(to % bs)) * kv_dim;
+    for (size_t plane = 0; plane < 2 * (size_t)c->num_hidden_layers; plane++) {
+        float *base = ctx->kv_pool + plane * ctx->kv_plane;
+        int rc = ctx->be->ops->copy(ctx->be, base + dst, base + src, kv_dim * sizeof(float), err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int llama_ctx_tree_accept(struct llama_ctx *ctx, int slot, const int32_t *path, int m, char *err)
+{
+    if (slot < 0 || slot >= ctx->n_slots)
+        return error_set(err, ERR_RANGE, "slot: must be in 0..%d, got %d", ctx->n_slots - 1, slot);
+    const int n = ctx->tree_n[slot], L = ctx->tree_base[slot];
+    if (n == 0)
+        return error_set(err, ERR_INVALID_ARG, "tree accept: slot %d holds no unaccepted tree",
+                         slot);
+    if (m < 0 || m > n || (m > 0 && !path))
+        return error_set(err, ERR_INVALID_ARG, "tree accept: a path of %d nodes in a tree of %d",
+                         m, n);
+    const int32_t *parents = ctx->tree_parents + (size_t)slot * LLAMA_TREE_MAX;
+    const int32_t *tree_tokens = ctx->tree_tokens + (size_t)slot * LLAMA_TREE_MAX;
+    int32_t tokens[LLAMA_TREE_MAX];
+    for (int j = 0; j < m; j++) {
+        if (path[j] < 0 || path[j] >= n || parents[path[j]] != (j > 0 ? path[j - 1] : -1))
+            return error_set(err, ERR_INVALID_ARG,
+                             "tree accept: path[%d] = %d is not a child of %d in slot %d's tree",
+                             j, path[j], j > 0 ? path[j - 1] : -1, slot);
+        tokens[j] = tree_tokens[path[j]];
+    }
+    /* path[j] >= j (parents come first), so each copy reads a node no
+     * earlier copy wrote */
+    for (int j = 0; j < m; j++) {
+        if (path[j] == j)
+            continue;
+        int rc = copy_kv_position(ctx, slot, L + path[j], L + j, err);
+        if (rc) {
+            /* half moved: the tree is gone either way */
+            ctx->tree_n[slot] = 0;
+            ctx->slot_len[slot] = L;
+            release_blocks(ctx, slot, blocks_for_len(ctx, L));
+            kv_check_after(ctx, "tree accept (copy failed)");
+            return rc;
+        }
+    }
+    ctx->tree_n[slot] = 0;
+    ctx->slot_len[slot] = L + m;
+    release_blocks(ctx, slot, blocks_for_len(ctx, L + m));
+    if (ctx->kb.cache_on)
+        note_appended(ctx, slot, L, tokens, m);
+    kv_check_after(ctx, "tree accept");
     return 0;
 }
 
@@ -881,6 +988,21 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
         return error_set(err, ERR_UNSUPPORTED,
                          "forward: argmax_out needs a backend with matmul_argmax (%s has none)",
                          ctx->be->name);
+    if (ctx->tree_n[s->slot] > 0)
+        return error_set(err, ERR_INVALID_ARG,
+                         "forward: slot %d holds an unaccepted tree of %d nodes; accept a path "
+                         "(llama_ctx_tree_accept) or truncate to %d first", s->slot,
+                         ctx->tree_n[s->slot], ctx->tree_base[s->slot]);
+    if (s->parents) {
+        if (s->n_tokens > LLAMA_TREE_MAX)
+            return error_set(err, ERR_INVALID_ARG, "forward: a tree of %d nodes, at most %d",
+                             s->n_tokens, LLAMA_TREE_MAX);
+        for (int i = 0; i < s->n_tokens; i++)
+            if (s->parents[i] < -1 || s->parents[i] >= i)
+                return error_set(err, ERR_INVALID_ARG,
+                                 "forward: tree node %d has parent %d; a parent must come before "
+                                 "its child (-1..%d)", i, s->parents[i], i - 1);
+    }
     const int len = ctx->slot_len[s->slot];
     if (s->n_tokens > ctx->max_seq_len - len)
         return error_set(err, ERR_CONTEXT_FULL,
@@ -891,6 +1013,38 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
             return error_set(err, ERR_RANGE, "token id %d at index %d outside the vocabulary 0..%d",
                              s->tokens[i], i, vocab - 1);
     return 0;
+}
+
+/* The paths of the chunk's tree nodes (struct kern_kv_layout): node i of a
+ * tree over a slot of length L moves to its logical position L + depth - 1
+ * (ctx->positions: RoPE; rows: attention's bound) and reads its ancestors
+ * and itself at their slots L + index. Chains' rows get empty paths. */
+static void chunk_paths(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
+                        const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv)
+{
+    int32_t off = 0;
+    ctx->path_offset[0] = 0;
+    for (int p = 0; p < n_parts; p++) {
+        const struct chunk_part *cp = &parts[p];
+        const struct llama_seq_batch *s = &seqs[cp->seq];
+        const int L = ctx->slot_len[s->slot];
+        for (int i = 0; i < cp->n; i++) {
+            const int r = cp->chunk_row + i;
+            if (s->parents) {
+                int32_t up[LLAMA_TREE_MAX];
+                int depth = 0;
+                for (int32_t node = cp->tok0 + i; node >= 0; node = s->parents[node])
+                    up[depth++] = node;
+                for (int d = 0; d < depth; d++)
+                    ctx->path_phys[off++] = L + up[depth - 1 - d];
+                ctx->positions[r] = L + depth - 1;
+                ctx->rows[2 * r + 1] = L + depth - 1;
+            }
+            ctx->path_offset[r + 1] = off;
+        }
+    }
+    kv->path_offset = ctx->path_offset;
+    kv->path_phys = ctx->path_phys;
 }
 
 /* Fills the chunk's host arrays and layout from its parts: each slot becomes
@@ -933,6 +1087,11 @@ static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *se
     *kv = (struct kern_kv_layout){.block_size = ctx->block_size, .n_blocks = ctx->n_blocks,
                                   .n_seqs = n_seqs, .table_stride = stride,
                                   .tables = ctx->chunk_tables, .rows = ctx->rows};
+    for (int p = 0; p < n_parts; p++)
+        if (seqs[parts[p].seq].parents) {
+            chunk_paths(ctx, seqs, parts, n_parts, kv);
+            break;
+        }
 }
 
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs, char *err)
@@ -1000,10 +1159,19 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
     if (rc)
         goto fail;
     for (int i = 0; i < n_seqs; i++) {
-        if (ctx->kb.cache_on)
-            note_appended(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot], seqs[i].tokens,
-                          seqs[i].n_tokens);
-        ctx->slot_len[seqs[i].slot] += seqs[i].n_tokens;
+        const int slot = seqs[i].slot;
+        if (seqs[i].parents) {
+            /* no name for a node until its path is accepted */
+            ctx->tree_base[slot] = ctx->slot_len[slot];
+            ctx->tree_n[slot] = seqs[i].n_tokens;
+            memcpy(ctx->tree_tokens + (size_t)slot * LLAMA_TREE_MAX, seqs[i].tokens,
+                   (size_t)seqs[i].n_tokens * sizeof(int32_t));
+            memcpy(ctx->tree_parents + (size_t)slot * LLAMA_TREE_MAX, seqs[i].parents,
+                   (size_t)seqs[i].n_tokens * sizeof(int32_t));
+        } else if (ctx->kb.cache_on) {
+            note_appended(ctx, slot, ctx->slot_len[slot], seqs[i].tokens, seqs[i].n_tokens);
+        }
+        ctx->slot_len[slot] += seqs[i].n_tokens;
     }
     kv_check_after(ctx, "forward");
     return 0;

@@ -95,6 +95,13 @@ struct llama_ctx {
     int32_t *tokens, *positions, *rows;
     int32_t *chunk_tables;  /* host [max_rows][table_stride]: tables of a chunk's slots */
     int32_t *chunk_seq_of;  /* host [n_slots]: a slot's sequence index in the chunk, or -1 */
+    /* token trees: a chunk's paths (kern_kv_layout), host [max_rows + 1]
+     * and [max_rows][LLAMA_TREE_MAX]; and each slot's unaccepted tree:
+     * tree_n[s] nodes (0: none) from position tree_base[s], their tokens
+     * and parents, host [n_slots][LLAMA_TREE_MAX] */
+    int32_t *path_offset, *path_phys;
+    int *tree_base, *tree_n;
+    int32_t *tree_tokens, *tree_parents;
     /* steps and graphs (llama_step.c) */
     bool steps;             /* the backend takes device steps (step_reserve ran) */
     bool graphs;            /* record and replay chunks of up to LLAMA_GRAPH_MAX_ROWS rows */

@@ -304,8 +304,9 @@ int llama_step_run(struct llama_ctx *ctx, int n, const struct kern_kv_layout *kv
     int rc = be->ops->step_begin(be, &step, err);
     if (rc)
         return rc;
-    if (!(ctx->graphs && n <= LLAMA_GRAPH_MAX_ROWS && run_graph(ctx, n, kv, max_positions, &rc,
-                                                                 err)))
+    /* a tree's paths are not part of a graph's shape: trees run op by op */
+    if (!(ctx->graphs && n <= LLAMA_GRAPH_MAX_ROWS && !kv->path_offset &&
+          run_graph(ctx, n, kv, max_positions, &rc, err)))
         rc = forward_chunk(ctx, n, kv, err);
     be->ops->step_end(be);
     return rc;

@@ -330,6 +330,9 @@ static int attn_stage_layout(struct cuda_backend *cb, const struct kern_kv_layou
     int rc = kern_kv_layout_check(kv, n, op, err);
     if (rc)
         return rc;
+    if (kv->path_offset) /* token trees: the cpu backend's alone for now */
+        return error_set(err, ERR_UNSUPPORTED, "%s: token-tree paths are not supported on cuda",
+                         op);
     const void *dev = NULL;
     size_t tables_off = 0;
     rc = cuda_backend_stage2(cb, kv->rows, (size_t)n * 2 * sizeof(int32_t), kv->tables,
