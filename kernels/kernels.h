@@ -213,8 +213,8 @@ struct kern_ops {
      * its q and its sequence's cached values only: not on n, the other rows,
      * or which blocks were allocated. A tree node (kv->path_offset) attends
      * its logical positions 0..p, those of its path read at their slots, and
-     * gets the bits the chain of its path would. cpu only for now: cuda
-     * refuses a layout with paths (ERR_UNSUPPORTED).
+     * gets the bits the chain of its path would (cuda: outside a step
+     * only; step_begin refuses paths with ERR_UNSUPPORTED).
      * out: [n, n_heads, head_dim] f32 (may alias q); q: [n, n_heads, head_dim];
      * k_pool, v_pool: [n_blocks * block_size, n_kv_heads, head_dim] f32;
      * scale: usually 1/sqrt(head_dim). */

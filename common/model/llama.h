@@ -169,7 +169,7 @@ struct llama_seq_batch {
      * length becomes L + n_tokens, its tree unaccepted: nothing of it is
      * published to the prefix cache, and the slot takes no other forward
      * until llama_ctx_tree_accept (or a truncate to L or below) settles it.
-     * The cpu backend alone runs trees (cuda: ERR_UNSUPPORTED). */
+     * cuda runs the same indirection (compiled, not yet checked on a GPU). */
     const int32_t *parents;
 };
 
