@@ -489,7 +489,7 @@ void llama_ctx_kv_stats(const struct llama_ctx *ctx, struct llama_kv_stats *out)
     out->prefix_hits = ctx->prefix_hits;
 }
 
-static int blocks_for_len(const struct llama_ctx *ctx, int len)
+int llama_kv_blocks_for_len(const struct llama_ctx *ctx, int len)
 {
     return (len + ctx->block_size - 1) / ctx->block_size;
 }
@@ -501,7 +501,7 @@ static int kv_check_slot(const struct llama_ctx *ctx, int slot, int *holders, ch
     const struct kv_blocks *kb = &ctx->kb;
     const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
     const int n = ctx->slot_blocks[slot], len = ctx->slot_len[slot];
-    if (n != blocks_for_len(ctx, len) || n > ctx->table_stride)
+    if (n != llama_kv_blocks_for_len(ctx, len) || n > ctx->table_stride)
         return error_set(err, ERR_INTERNAL, "kv cache: slot %d holds %d blocks for %d positions", slot,
                          n, len);
     /* an unaccepted tree: its nodes (positions tree_base ..) are no one's
@@ -559,7 +559,7 @@ int llama_ctx_kv_check(const struct llama_ctx *ctx, char *err)
  * whole check: a bookkeeping slip shows where it happens, not as another
  * request's wrong tokens later. */
 #ifdef TANDEM_KV_CHECK
-static void kv_check_after(const struct llama_ctx *ctx, const char *op)
+void llama_kv_check_after(const struct llama_ctx *ctx, const char *op)
 {
     char err[ERR_MSG_MAX] = "";
     if (llama_ctx_kv_check(ctx, err)) {
@@ -568,7 +568,7 @@ static void kv_check_after(const struct llama_ctx *ctx, const char *op)
     }
 }
 #else
-static void kv_check_after(const struct llama_ctx *ctx, const char *op)
+void llama_kv_check_after(const struct llama_ctx *ctx, const char *op)
 {
     (void)ctx;
     (void)op;
@@ -579,12 +579,12 @@ int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len)
 {
     if (slot < 0 || slot >= ctx->n_slots || new_len < 0)
         return 0;
-    int more = blocks_for_len(ctx, new_len) - ctx->slot_blocks[slot];
+    int more = llama_kv_blocks_for_len(ctx, new_len) - ctx->slot_blocks[slot];
     return more > 0 ? more : 0;
 }
 
 /* Gives back every block of slot past the first `keep` blocks. */
-static void release_blocks(struct llama_ctx *ctx, int slot, int keep)
+void llama_kv_release_blocks(struct llama_ctx *ctx, int slot, int keep)
 {
     int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
     while (ctx->slot_blocks[slot] > keep) {
@@ -599,7 +599,7 @@ static void release_blocks(struct llama_ctx *ctx, int slot, int keep)
 static void take_blocks(struct llama_ctx *ctx, int slot, int new_len)
 {
     int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
-    const int want = blocks_for_len(ctx, new_len);
+    const int want = llama_kv_blocks_for_len(ctx, new_len);
     while (ctx->slot_blocks[slot] < want)
         table[ctx->slot_blocks[slot]++] = kv_blocks_take(&ctx->kb);
 }
@@ -651,8 +651,8 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
                              ctx->tree_n[slot], ctx->tree_base[slot], ctx->tree_base[slot]);
         ctx->tree_n[slot] = 0;
     }
-    const int keep = blocks_for_len(ctx, new_len);
-    release_blocks(ctx, slot, keep);
+    const int keep = llama_kv_blocks_for_len(ctx, new_len);
+    llama_kv_release_blocks(ctx, slot, keep);
     if (new_len % ctx->block_size != 0) {
         /* the slot will write into its last block again: it must be its own */
         const int32_t last = ctx->tables[(size_t)slot * (size_t)ctx->table_stride + (size_t)keep - 1];
@@ -661,8 +661,8 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
             if (rc) {
                 /* the slot ends before the shared block, which it lets go */
                 ctx->slot_len[slot] = (keep - 1) * ctx->block_size;
-                release_blocks(ctx, slot, keep - 1);
-                kv_check_after(ctx, "truncate (copy refused)");
+                llama_kv_release_blocks(ctx, slot, keep - 1);
+                llama_kv_check_after(ctx, "truncate (copy refused)");
                 return rc;
             }
         } else {
@@ -670,80 +670,7 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
         }
     }
     ctx->slot_len[slot] = new_len;
-    kv_check_after(ctx, "truncate");
-    return 0;
-}
-
-static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens,
-                          int n);
-
-int llama_ctx_tree_nodes(const struct llama_ctx *ctx, int slot)
-{
-    return slot >= 0 && slot < ctx->n_slots ? ctx->tree_n[slot] : 0;
-}
-
-/* Copies the keys and values of every layer at pool position `from` of slot
- * to position `to` (to < from: the path moves down, never onto a node it
- * still has to read). */
-static int copy_kv_position(struct llama_ctx *ctx, int slot, int from, int to, char *err)
-{
-    const struct model_config *c = &ctx->model->cfg;
-    const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
-    const size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    const int bs = ctx->block_size;
-    const size_t src = ((size_t)table[from / bs] * (size_t)bs + (size_t)(from % bs)) * kv_dim;
-    const size_t dst = ((size_t)table[to / bs] * (size_t)bs + (size_t)(to % bs)) * kv_dim;
-    for (size_t plane = 0; plane < 2 * (size_t)c->num_hidden_layers; plane++) {
-        float *base = ctx->kv_pool + plane * ctx->kv_plane;
-        int rc = ctx->be->ops->copy(ctx->be, base + dst, base + src, kv_dim * sizeof(float), err);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-int llama_ctx_tree_accept(struct llama_ctx *ctx, int slot, const int32_t *path, int m, char *err)
-{
-    if (slot < 0 || slot >= ctx->n_slots)
-        return error_set(err, ERR_RANGE, "slot: must be in 0..%d, got %d", ctx->n_slots - 1, slot);
-    const int n = ctx->tree_n[slot], L = ctx->tree_base[slot];
-    if (n == 0)
-        return error_set(err, ERR_INVALID_ARG, "tree accept: slot %d holds no unaccepted tree",
-                         slot);
-    if (m < 0 || m > n || (m > 0 && !path))
-        return error_set(err, ERR_INVALID_ARG, "tree accept: a path of %d nodes in a tree of %d",
-                         m, n);
-    const int32_t *parents = ctx->tree_parents + (size_t)slot * LLAMA_TREE_MAX;
-    const int32_t *tree_tokens = ctx->tree_tokens + (size_t)slot * LLAMA_TREE_MAX;
-    int32_t tokens[LLAMA_TREE_MAX];
-    for (int j = 0; j < m; j++) {
-        if (path[j] < 0 || path[j] >= n || parents[path[j]] != (j > 0 ? path[j - 1] : -1))
-            return error_set(err, ERR_INVALID_ARG,
-                             "tree accept: path[%d] = %d is not a child of %d in slot %d's tree",
-                             j, path[j], j > 0 ? path[j - 1] : -1, slot);
-        tokens[j] = tree_tokens[path[j]];
-    }
-    /* path[j] >= j (parents come first), so each copy reads a node no
-     * earlier copy wrote */
-    for (int j = 0; j < m; j++) {
-        if (path[j] == j)
-            continue;
-        int rc = copy_kv_position(ctx, slot, L + path[j], L + j, err);
-        if (rc) {
-            /* half moved: the tree is gone either way */
-            ctx->tree_n[slot] = 0;
-            ctx->slot_len[slot] = L;
-            release_blocks(ctx, slot, blocks_for_len(ctx, L));
-            kv_check_after(ctx, "tree accept (copy failed)");
-            return rc;
-        }
-    }
-    ctx->tree_n[slot] = 0;
-    ctx->slot_len[slot] = L + m;
-    release_blocks(ctx, slot, blocks_for_len(ctx, L + m));
-    if (ctx->kb.cache_on)
-        note_appended(ctx, slot, L, tokens, m);
-    kv_check_after(ctx, "tree accept");
+    llama_kv_check_after(ctx, "truncate");
     return 0;
 }
 
@@ -771,19 +698,19 @@ int llama_ctx_prefix_map(struct llama_ctx *ctx, int slot, const int32_t *tokens,
     ctx->slot_len[slot] = len;
     ctx->prefix_queries += n_tokens;
     ctx->prefix_hits += mapped;
-    kv_check_after(ctx, "prefix map");
+    llama_kv_check_after(ctx, "prefix map");
     return mapped;
 }
 
 void llama_ctx_prefix_clear(struct llama_ctx *ctx)
 {
     kv_blocks_clear_cached(&ctx->kb);
-    kv_check_after(ctx, "prefix clear");
+    llama_kv_check_after(ctx, "prefix clear");
 }
 
 /* Names the tokens slot just appended at positions old_len .. and
  * publishes every block they filled. */
-static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens, int n)
+void llama_kv_note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens, int n)
 {
     const int bs = ctx->block_size;
     const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
@@ -796,12 +723,6 @@ static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const in
         i += take;
     }
 }
-
-/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
- * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
-struct chunk_part {
-    int seq, tok0, n, chunk_row;
-};
 
 /* Final norm + LM head of up to LOGIT_ROWS rows gathered from the chunk
  * (any sequences): the LM head's weights, the biggest matrix of a small
@@ -861,7 +782,7 @@ static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char 
  * (free once the chunk's layers ran) in groups of LOGIT_ROWS across
  * sequences, the logits rows first, then the argmax rows. */
 static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                        const struct chunk_part *parts, int n_parts, char *err)
+                        const struct llama_chunk_part *parts, int n_parts, char *err)
 {
     const int dim = ctx->model->cfg.hidden_size, vocab = ctx->model->cfg.vocab_size;
     const int group = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
@@ -870,7 +791,7 @@ static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seq
     for (int argmax = 0; argmax < 2; argmax++) {
         struct logit_group g = {.n = 0, .argmax = argmax};
         for (int p = 0; p < n_parts; p++) {
-            const struct chunk_part *cp = &parts[p];
+            const struct llama_chunk_part *cp = &parts[p];
             const struct llama_seq_batch *s = &seqs[cp->seq];
             if ((s->argmax_out != NULL) != argmax)
                 continue;
@@ -1015,42 +936,10 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
     return 0;
 }
 
-/* The paths of the chunk's tree nodes (struct kern_kv_layout): node i of a
- * tree over a slot of length L moves to its logical position L + depth - 1
- * (ctx->positions: RoPE; rows: attention's bound) and reads its ancestors
- * and itself at their slots L + index. Chains' rows get empty paths. */
-static void chunk_paths(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                        const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv)
-{
-    int32_t off = 0;
-    ctx->path_offset[0] = 0;
-    for (int p = 0; p < n_parts; p++) {
-        const struct chunk_part *cp = &parts[p];
-        const struct llama_seq_batch *s = &seqs[cp->seq];
-        const int L = ctx->slot_len[s->slot];
-        for (int i = 0; i < cp->n; i++) {
-            const int r = cp->chunk_row + i;
-            if (s->parents) {
-                int32_t up[LLAMA_TREE_MAX];
-                int depth = 0;
-                for (int32_t node = cp->tok0 + i; node >= 0; node = s->parents[node])
-                    up[depth++] = node;
-                for (int d = 0; d < depth; d++)
-                    ctx->path_phys[off++] = L + up[depth - 1 - d];
-                ctx->positions[r] = L + depth - 1;
-                ctx->rows[2 * r + 1] = L + depth - 1;
-            }
-            ctx->path_offset[r + 1] = off;
-        }
-    }
-    kv->path_offset = ctx->path_offset;
-    kv->path_phys = ctx->path_phys;
-}
-
 /* Fills the chunk's host arrays and layout from its parts: each slot becomes
  * one sequence of the layout, with a copy of the blocks its rows reach. */
 static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                         const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv,
+                         const struct llama_chunk_part *parts, int n_parts, struct kern_kv_layout *kv,
                          int *max_positions)
 {
     int n_seqs = 0, pos_max = 1;
@@ -1062,9 +951,9 @@ static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *se
     /* a device step's tables are as wide as its bound: a function of the
      * chunk's shape, as a recorded graph needs (llama_step.c) */
     *max_positions = ctx->steps ? llama_step_positions(ctx, pos_max) : pos_max;
-    const int stride = blocks_for_len(ctx, *max_positions);
+    const int stride = llama_kv_blocks_for_len(ctx, *max_positions);
     for (int p = 0; p < n_parts; p++) {
-        const struct chunk_part *cp = &parts[p];
+        const struct llama_chunk_part *cp = &parts[p];
         const struct llama_seq_batch *s = &seqs[cp->seq];
         int idx = ctx->chunk_seq_of[s->slot];
         if (idx < 0) {
@@ -1089,7 +978,7 @@ static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *se
                                   .tables = ctx->chunk_tables, .rows = ctx->rows};
     for (int p = 0; p < n_parts; p++)
         if (seqs[parts[p].seq].parents) {
-            chunk_paths(ctx, seqs, parts, n_parts, kv);
+            llama_tree_chunk_paths(ctx, seqs, parts, n_parts, kv);
             break;
         }
 }
@@ -1121,8 +1010,8 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
         take_blocks(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot] + seqs[i].n_tokens);
 
     /* Walk the packed rows (sequence by sequence) in chunks of max_rows. */
-    struct chunk_part parts_stack[64];
-    struct chunk_part *parts = parts_stack;
+    struct llama_chunk_part parts_stack[64];
+    struct llama_chunk_part *parts = parts_stack;
     if (n_seqs > (int)(sizeof parts_stack / sizeof parts_stack[0])) {
         parts = malloc((size_t)n_seqs * sizeof *parts);
         if (!parts) {
@@ -1138,7 +1027,7 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
             int take = seqs[seq].n_tokens - tok;
             if (take > ctx->max_rows - rows)
                 take = ctx->max_rows - rows;
-            parts[n_parts++] = (struct chunk_part){.seq = seq, .tok0 = tok, .n = take,
+            parts[n_parts++] = (struct llama_chunk_part){.seq = seq, .tok0 = tok, .n = take,
                                                    .chunk_row = rows};
             rows += take;
             tok += take;
@@ -1169,17 +1058,18 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
             memcpy(ctx->tree_parents + (size_t)slot * LLAMA_TREE_MAX, seqs[i].parents,
                    (size_t)seqs[i].n_tokens * sizeof(int32_t));
         } else if (ctx->kb.cache_on) {
-            note_appended(ctx, slot, ctx->slot_len[slot], seqs[i].tokens, seqs[i].n_tokens);
+            llama_kv_note_appended(ctx, slot, ctx->slot_len[slot], seqs[i].tokens, seqs[i].n_tokens);
         }
         ctx->slot_len[slot] += seqs[i].n_tokens;
     }
-    kv_check_after(ctx, "forward");
+    llama_kv_check_after(ctx, "forward");
     return 0;
 fail:
     /* A backend failure half-way: the slots keep their old lengths, and the
      * blocks taken for the call go back. */
     for (int i = 0; i < n_seqs; i++)
-        release_blocks(ctx, seqs[i].slot, blocks_for_len(ctx, ctx->slot_len[seqs[i].slot]));
-    kv_check_after(ctx, "forward (failed)");
+        llama_kv_release_blocks(ctx, seqs[i].slot,
+                                llama_kv_blocks_for_len(ctx, ctx->slot_len[seqs[i].slot]));
+    llama_kv_check_after(ctx, "forward (failed)");
     return rc;
 }

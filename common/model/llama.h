@@ -133,8 +133,10 @@ void llama_ctx_prefix_clear(struct llama_ctx *ctx);
 /* Checks the KV cache's bookkeeping against its invariants: the block
  * ledger's own (kv_blocks_check), each slot holding exactly the blocks its
  * length needs, every block's holder count equal to the tables that name
- * it, no slot's partly written last block published, and every published
- * block in a table named after the block before it there. 0, or
+ * it, no slot's partly written last block published, every published
+ * block in a table named after the block before it there, and no block
+ * holding a node of an unaccepted tree published (nor a slot's length
+ * other than its tree's base plus its nodes). 0, or
  * ERR_INTERNAL naming the first broken one in err. A sanitizer build
  * (TANDEM_KV_CHECK) runs it after every operation on the cache and aborts
  * on a failure; tests call it after every step. */

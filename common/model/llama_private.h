@@ -112,6 +112,35 @@ struct llama_ctx {
 };
 
 
+/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
+ * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
+struct llama_chunk_part {
+    int seq, tok0, n, chunk_row;
+};
+
+/* llama.c: the KV cache's bookkeeping llama_tree.c shares */
+
+/* Blocks that hold len positions. */
+int llama_kv_blocks_for_len(const struct llama_ctx *ctx, int len);
+/* Gives back every block of slot past the first `keep` blocks. */
+void llama_kv_release_blocks(struct llama_ctx *ctx, int slot, int keep);
+/* Names the tokens slot just appended at positions old_len .. and
+ * publishes every block they filled (prefix cache on). */
+void llama_kv_note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens,
+                            int n);
+/* The whole check after an operation in the sanitizer build (aborts on a
+ * broken invariant); nothing otherwise. */
+void llama_kv_check_after(const struct llama_ctx *ctx, const char *op);
+
+/* llama_tree.c */
+
+/* Sets the chunk's tree rows (seqs with parents) at their logical
+ * positions (ctx->positions, ctx->rows) and kv's paths (ctx->path_offset,
+ * ctx->path_phys); chains' rows get empty paths. */
+void llama_tree_chunk_paths(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
+                            const struct llama_chunk_part *parts, int n_parts,
+                            struct kern_kv_layout *kv);
+
 /* llama_step.c */
 
 /* Reserves the backend's step memory for the context's largest chunk and
