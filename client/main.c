@@ -370,46 +370,62 @@ struct generate_run {
     double t_sent;
 };
 
+/* Where a request's cancel stands: sent (by --cancel-after-ms or a
+ * signal), and when the signal's went. */
+struct cancel_state {
+    bool sent;
+    double interrupted_ms; /* < 0: no signal yet */
+};
+
+/* Sends the cancel a signal or --cancel-after-ms calls for. Returns an exit
+ * status when the client must stop now (a second signal, nobody to cancel
+ * with, no answer in time, a failed send), else -1. */
+static int cancel_step(const struct generate_run *g, struct cancel_state *cs)
+{
+    char err[ERR_MSG_MAX];
+    if (g_interrupted && cs->interrupted_ms < 0) {
+        bool connected = false;
+        /* nobody to cancel with, or a second signal: exit now */
+        if (tandem_client_has_connected(g->client, &connected, err) != 0 || !connected || g_interrupted > 1) {
+            fprintf(stderr, "tandem-client: interrupted\n");
+            return CLIENT_EXIT_INTERRUPTED;
+        }
+        if (!cs->sent && tandem_client_cancel(g->client, g->req->id, err) != 0) {
+            fprintf(stderr, "tandem-client: %s\n", err);
+            return 3;
+        }
+        cs->sent = true;
+        cs->interrupted_ms = monotonic_ms();
+    }
+    if (cs->interrupted_ms >= 0 &&
+        (g_interrupted > 1 || monotonic_ms() - cs->interrupted_ms >= CLIENT_CANCEL_WAIT_MS)) {
+        fprintf(stderr, "tandem-client: interrupted (cancel sent, no answer within %d ms)\n", CLIENT_CANCEL_WAIT_MS);
+        return CLIENT_EXIT_INTERRUPTED;
+    }
+    if (!cs->sent && g->cancel_after_ms >= 0 && monotonic_ms() - g->t_sent >= (double)g->cancel_after_ms) {
+        if (tandem_client_cancel(g->client, g->req->id, err) != 0) {
+            fprintf(stderr, "tandem-client: %s\n", err);
+            return 3;
+        }
+        cs->sent = true;
+    }
+    return -1;
+}
+
 static int generate_loop(const struct generate_run *g, struct choices *ch)
 {
     struct tandem_client *client = g->client;
     const struct tandem_client_request *req = g->req;
     const int timeout_ms = g->timeout_ms, json = g->json;
-    const long cancel_after_ms = g->cancel_after_ms;
     const double t_sent = g->t_sent;
     char err[ERR_MSG_MAX];
     int rc = 0;
     long since_event_ms = 0;
-    bool cancel_sent = false;
-    double interrupted_ms = -1; /* when the interrupt's cancel was sent */
+    struct cancel_state cs = {.sent = false, .interrupted_ms = -1};
     for (;;) {
-        if (g_interrupted && interrupted_ms < 0) {
-            bool connected = false;
-            /* nobody to cancel with, or a second signal: exit now */
-            if (tandem_client_has_connected(client, &connected, err) != 0 || !connected || g_interrupted > 1) {
-                fprintf(stderr, "tandem-client: interrupted\n");
-                return CLIENT_EXIT_INTERRUPTED;
-            }
-            if (!cancel_sent && tandem_client_cancel(client, req->id, err) != 0) {
-                fprintf(stderr, "tandem-client: %s\n", err);
-                return 3;
-            }
-            cancel_sent = true;
-            interrupted_ms = monotonic_ms();
-        }
-        if (interrupted_ms >= 0 &&
-            (g_interrupted > 1 || monotonic_ms() - interrupted_ms >= CLIENT_CANCEL_WAIT_MS)) {
-            fprintf(stderr, "tandem-client: interrupted (cancel sent, no answer within %d ms)\n",
-                    CLIENT_CANCEL_WAIT_MS);
-            return CLIENT_EXIT_INTERRUPTED;
-        }
-        if (!cancel_sent && cancel_after_ms >= 0 && monotonic_ms() - t_sent >= (double)cancel_after_ms) {
-            if (tandem_client_cancel(client, req->id, err) != 0) {
-                fprintf(stderr, "tandem-client: %s\n", err);
-                return 3;
-            }
-            cancel_sent = true;
-        }
+        const int stop = cancel_step(g, &cs);
+        if (stop >= 0)
+            return stop;
         int unreached = check_connected(client, g->endpoint, t_sent);
         if (unreached != 0)
             return unreached;
@@ -451,7 +467,7 @@ static int generate_loop(const struct generate_run *g, struct choices *ch)
             }
             break;
         case TANDEM_CLIENT_EVENT_ERROR:
-            if (interrupted_ms >= 0 && strcmp(ev.code, "cancelled") == 0) {
+            if (cs.interrupted_ms >= 0 && strcmp(ev.code, "cancelled") == 0) {
                 fprintf(stderr, "tandem-client: interrupted; the request was cancelled\n");
                 status = CLIENT_EXIT_INTERRUPTED;
                 break;
@@ -531,170 +547,189 @@ static int open_client(const char *endpoint, const char *server_key_file, const 
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    const char *endpoint = TANDEM_CLIENT_DEFAULT_ENDPOINT;
-    const char *server_key_file = NULL, *client_key_file = NULL;
+/* The command line, parsed. */
+struct cli {
+    const char *endpoint, *server_key_file, *client_key_file;
     struct tandem_client_request req;
-    tandem_client_request_init(&req);
-    req.id = "cli";
-    int32_t *ids = NULL;
-    cJSON *grammar = NULL; /* --grammar-file, --json-schema, --json-object */
-    int stats = 0, prometheus = 0, json = 0;
-    long timeout_ms = 600000;
-    long cancel_after_ms = -1;
-    int status = 2;
+    int32_t *ids; /* --ids (owned) */
+    cJSON *grammar; /* --grammar-file, --json-schema, --json-object (owned) */
+    int stats, prometheus, json;
+    long timeout_ms, cancel_after_ms;
+};
 
+/* An integer option in lo..hi: 1 taken, -1 said why not. */
+static int int_option(const char *a, const char *v, long lo, long hi, int *out)
+{
+    long l = 0;
+    if (parse_long(a, v, lo, hi, &l) != 0)
+        return -1;
+    *out = (int)l;
+    return 1;
+}
+
+/* An option of the request a with its value v: 1 taken, 0 not one of
+ * them, -1 a bad value (said on stderr). Ranges the coordinator checks
+ * (penalties, the draft source, the mode) are its to name. */
+static int request_option(struct cli *cli, const char *a, const char *v)
+{
+    struct tandem_client_request *req = &cli->req;
+    double d = 0;
+    if (strcmp(a, "--prompt") == 0) {
+        req->prompt = v;
+    } else if (strcmp(a, "--chat") == 0) {
+        req->chat = v;
+    } else if (strcmp(a, "--ids") == 0) {
+        free(cli->ids);
+        cli->ids = NULL;
+        if (parse_ids(v, &cli->ids, &req->n_ids) != 0)
+            return -1;
+        req->ids = cli->ids;
+    } else if (strcmp(a, "--max-tokens") == 0) {
+        return int_option(a, v, 1, INT32_MAX, &req->max_tokens);
+    } else if (strcmp(a, "--top-k") == 0) {
+        return int_option(a, v, 0, INT32_MAX, &req->top_k);
+    } else if (strcmp(a, "--temperature") == 0 || strcmp(a, "--top-p") == 0 || strcmp(a, "--min-p") == 0 ||
+               strcmp(a, "--presence-penalty") == 0 || strcmp(a, "--frequency-penalty") == 0 ||
+               strcmp(a, "--repetition-penalty") == 0) {
+        if (parse_double(a, v, &d) != 0)
+            return -1;
+        *(strcmp(a, "--temperature") == 0        ? &req->temperature
+          : strcmp(a, "--top-p") == 0            ? &req->top_p
+          : strcmp(a, "--min-p") == 0            ? &req->min_p
+          : strcmp(a, "--presence-penalty") == 0 ? &req->presence_penalty
+          : strcmp(a, "--frequency-penalty") == 0 ? &req->frequency_penalty
+                                                  : &req->repetition_penalty) = d;
+    } else if (strcmp(a, "--seed") == 0) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long s = strtoull(v, &end, 10);
+        if (errno != 0 || end == v || *end != '\0' || v[0] == '-') {
+            fprintf(stderr, "tandem-client: --seed: expected a non-negative integer, got \"%s\"\n", v);
+            return -1;
+        }
+        req->seed = s;
+        req->has_seed = true;
+    } else if (strcmp(a, "--stop") == 0) {
+        if (req->n_stop >= TANDEM_CLIENT_STOP_MAX) {
+            fprintf(stderr, "tandem-client: --stop: at most %d stop strings\n", TANDEM_CLIENT_STOP_MAX);
+            return -1;
+        }
+        req->stop[req->n_stop++] = v;
+    } else if (strcmp(a, "--spec-k") == 0) {
+        return int_option(a, v, 0, 16, &req->spec_k);
+    } else if (strcmp(a, "--logprobs") == 0) {
+        return int_option(a, v, 0, 20, &req->logprobs);
+    } else if (strcmp(a, "--n") == 0) {
+        return int_option(a, v, 1, 16, &req->n);
+    } else if (strcmp(a, "--spec-mode") == 0) {
+        req->spec_mode = v;
+    } else if (strcmp(a, "--draft-source") == 0 || strcmp(a, "--draft") == 0) {
+        /* --draft names a model directory in the supervisor and
+         * tandem-generate; the old spelling is still accepted here */
+        req->draft = v;
+    } else if (strcmp(a, "--id") == 0) {
+        req->id = v;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* 0 with cli filled, 1 after --help (printed), -1 after saying what was
+ * wrong (exit status 2). */
+static int parse_args(int argc, char **argv, struct cli *cli)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l = 0;
-        double d = 0;
         int takes_value = 1;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
-            free(ids);
-            return 0;
-        } else if (strcmp(a, "--stats") == 0) {
-            stats = 1, takes_value = 0;
-        } else if (strcmp(a, "--prometheus") == 0) {
-            prometheus = 1, takes_value = 0;
+            return 1;
+        } else if (strcmp(a, "--stats") == 0 || strcmp(a, "--prometheus") == 0 || strcmp(a, "--json") == 0) {
+            *(a[2] == 's' ? &cli->stats : a[2] == 'p' ? &cli->prometheus : &cli->json) = 1, takes_value = 0;
         } else if (strcmp(a, "--stream") == 0) {
-            req.stream = true, takes_value = 0;
-        } else if (strcmp(a, "--json") == 0) {
-            json = 1, takes_value = 0;
+            cli->req.stream = true, takes_value = 0;
         } else if (strcmp(a, "--json-object") == 0) {
             takes_value = 0;
-            if (set_grammar(&grammar, "json_object", NULL, NULL) != 0)
-                goto done;
+            if (set_grammar(&cli->grammar, "json_object", NULL, NULL) != 0)
+                return -1;
+        } else if (strcmp(a, "--grammar-file") == 0 || strcmp(a, "--json-schema") == 0) {
+            if (v == NULL || set_grammar(&cli->grammar, a[2] == 'g' ? "gbnf" : "json_schema", a, v) != 0) {
+                if (v == NULL)
+                    fprintf(stderr, "tandem-client: %s: missing value\n", a);
+                return -1;
+            }
         } else if (v == NULL) {
             fprintf(stderr, "tandem-client: %s: unknown option or missing value\n", a);
             usage(stderr);
-            goto done;
+            return -1;
         } else if (strcmp(a, "--endpoint") == 0) {
-            endpoint = v;
+            cli->endpoint = v;
         } else if (strcmp(a, "--curve-server-key") == 0) {
-            server_key_file = v;
+            cli->server_key_file = v;
         } else if (strcmp(a, "--curve-key") == 0) {
-            client_key_file = v;
-        } else if (strcmp(a, "--prompt") == 0) {
-            req.prompt = v;
-        } else if (strcmp(a, "--chat") == 0) {
-            req.chat = v;
-        } else if (strcmp(a, "--ids") == 0) {
-            free(ids);
-            ids = NULL;
-            if (parse_ids(v, &ids, &req.n_ids) != 0)
-                goto done;
-            req.ids = ids;
-        } else if (strcmp(a, "--max-tokens") == 0) {
-            if (parse_long(a, v, 1, INT32_MAX, &l) != 0)
-                goto done;
-            req.max_tokens = (int)l;
-        } else if (strcmp(a, "--temperature") == 0) {
-            if (parse_double(a, v, &d) != 0)
-                goto done;
-            req.temperature = d;
-        } else if (strcmp(a, "--top-k") == 0) {
-            if (parse_long(a, v, 0, INT32_MAX, &l) != 0)
-                goto done;
-            req.top_k = (int)l;
-        } else if (strcmp(a, "--top-p") == 0) {
-            if (parse_double(a, v, &d) != 0)
-                goto done;
-            req.top_p = d;
-        } else if (strcmp(a, "--presence-penalty") == 0 || strcmp(a, "--frequency-penalty") == 0 ||
-                   strcmp(a, "--repetition-penalty") == 0) {
-            if (parse_double(a, v, &d) != 0) /* the coordinator checks the range and names it */
-                goto done;
-            *(a[2] == 'p' ? &req.presence_penalty : a[2] == 'f' ? &req.frequency_penalty
-                                                                : &req.repetition_penalty) = d;
-        } else if (strcmp(a, "--min-p") == 0) {
-            if (parse_double(a, v, &d) != 0)
-                goto done;
-            req.min_p = d;
-        } else if (strcmp(a, "--seed") == 0) {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno != 0 || end == v || *end != '\0' || v[0] == '-') {
-                fprintf(stderr, "tandem-client: --seed: expected a non-negative integer, got \"%s\"\n", v);
-                goto done;
-            }
-            req.seed = s;
-            req.has_seed = true;
-        } else if (strcmp(a, "--stop") == 0) {
-            if (req.n_stop >= TANDEM_CLIENT_STOP_MAX) {
-                fprintf(stderr, "tandem-client: --stop: at most %d stop strings\n", TANDEM_CLIENT_STOP_MAX);
-                goto done;
-            }
-            req.stop[req.n_stop++] = v;
-        } else if (strcmp(a, "--spec-k") == 0) {
-            if (parse_long(a, v, 0, 16, &l) != 0)
-                goto done;
-            req.spec_k = (int)l;
-        } else if (strcmp(a, "--logprobs") == 0) {
-            if (parse_long(a, v, 0, 20, &l) != 0)
-                goto done;
-            req.logprobs = (int)l;
-        } else if (strcmp(a, "--n") == 0) {
-            if (parse_long(a, v, 1, 16, &l) != 0)
-                goto done;
-            req.n = (int)l;
-        } else if (strcmp(a, "--spec-mode") == 0) {
-            req.spec_mode = v;
-        } else if (strcmp(a, "--draft-source") == 0 || strcmp(a, "--draft") == 0) {
-            /* --draft-source: --draft names a model directory in the supervisor and
-             * tandem-generate; the old spelling is still accepted */
-            req.draft = v; /* checked by the coordinator, which names it when it is wrong */
-        } else if (strcmp(a, "--timeout-ms") == 0) {
-            if (parse_long(a, v, 1, INT32_MAX, &l) != 0)
-                goto done;
-            timeout_ms = l;
-        } else if (strcmp(a, "--cancel-after-ms") == 0) {
-            if (parse_long(a, v, 0, INT32_MAX, &l) != 0)
-                goto done;
-            cancel_after_ms = l;
-        } else if (strcmp(a, "--id") == 0) {
-            req.id = v;
-        } else if (strcmp(a, "--grammar-file") == 0 || strcmp(a, "--json-schema") == 0) {
-            if (set_grammar(&grammar, a[2] == 'g' ? "gbnf" : "json_schema", a, v) != 0)
-                goto done;
+            cli->client_key_file = v;
+        } else if (strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--cancel-after-ms") == 0) {
+            const int timeout = a[2] == 't';
+            if (parse_long(a, v, timeout ? 1 : 0, INT32_MAX, &l) != 0)
+                return -1;
+            *(timeout ? &cli->timeout_ms : &cli->cancel_after_ms) = l;
         } else {
-            fprintf(stderr, "tandem-client: %s: unknown option\n", a);
-            usage(stderr);
-            goto done;
+            const int r = request_option(cli, a, v);
+            if (r < 0)
+                return -1;
+            if (r == 0) {
+                fprintf(stderr, "tandem-client: %s: unknown option\n", a);
+                usage(stderr);
+                return -1;
+            }
         }
         if (takes_value)
             i++;
     }
-    int n_inputs = (req.prompt != NULL) + (req.chat != NULL) + (req.ids != NULL);
-    req.grammar = grammar;
-    if (req.n > 1 && req.stream) {
+    cli->req.grammar = cli->grammar;
+    const struct tandem_client_request *req = &cli->req;
+    if (req->n > 1 && req->stream) {
         fprintf(stderr, "tandem-client: --stream takes one choice (--n 1): the choices' tokens would interleave\n");
-        goto done;
+        return -1;
     }
-    if (!stats && n_inputs != 1) {
+    if (!cli->stats && (req->prompt != NULL) + (req->chat != NULL) + (req->ids != NULL) != 1) {
         fprintf(stderr, "tandem-client: give exactly one of --prompt, --chat, --ids (or --stats)\n");
         usage(stderr);
-        goto done;
+        return -1;
     }
+    return 0;
+}
 
+int main(int argc, char **argv)
+{
+    struct cli cli = {.endpoint = TANDEM_CLIENT_DEFAULT_ENDPOINT, .timeout_ms = 600000, .cancel_after_ms = -1};
+    tandem_client_request_init(&cli.req);
+    cli.req.id = "cli";
+    int status = 2;
+    const int parsed = parse_args(argc, argv, &cli);
+    if (parsed != 0) {
+        free(cli.ids);
+        cJSON_Delete(cli.grammar);
+        return parsed > 0 ? 0 : 2;
+    }
     struct tandem_client *client = NULL;
-    if (open_client(endpoint, server_key_file, client_key_file, &client) != 0)
+    if (open_client(cli.endpoint, cli.server_key_file, cli.client_key_file, &client) != 0)
         goto done;
-    if (stats)
-        status = run_stats(client, endpoint, (int)timeout_ms, prometheus);
-    else {
+    if (cli.stats) {
+        status = run_stats(client, cli.endpoint, (int)cli.timeout_ms, cli.prometheus);
+    } else {
         struct sigaction sa = {.sa_handler = on_signal};
         sigemptyset(&sa.sa_mask);
         if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
             perror("tandem-client: sigaction"); /* a signal then ends it without a cancel */
-        status = run_generate(client, endpoint, &req, (int)timeout_ms, json, cancel_after_ms);
+        status = run_generate(client, cli.endpoint, &cli.req, (int)cli.timeout_ms, cli.json, cli.cancel_after_ms);
     }
     tandem_client_destroy(client);
 done:
-    free(ids);
-    cJSON_Delete(grammar);
+    free(cli.ids);
+    cJSON_Delete(cli.grammar);
     return status;
 }

@@ -83,12 +83,37 @@ struct kern_kv_layout {
     int table_stride;      /* table entries per sequence */
     const int32_t *tables; /* host [n_seqs][table_stride] */
     const int32_t *rows;   /* host [n][2]: (sequence, position) of each row */
+    /* Token trees (docs/token-trees.md); both NULL for a call of chains,
+     * which then runs exactly as without them. Row i is a tree node when
+     * path_offset[i + 1] > path_offset[i]: with p = rows[2i + 1] (its
+     * logical position, L + depth - 1) and d = that difference (its depth),
+     * its logical positions L .. p, L = p + 1 - d, sit at the pool positions
+     * path_phys[path_offset[i] ..] of its sequence (its ancestors in depth
+     * order, then its own slot: strictly increasing, all >= L), and its
+     * positions below L at themselves. kv_store writes a node at its own
+     * slot (the path's last entry); attention reads logical position t
+     * where the path puts it and orders every reduction by t, so a node's
+     * output is bit for bit what the chain of its path gives at p. Other
+     * rows (equal offsets) are chains. */
+    const int32_t *path_offset; /* host [n + 1], path_offset[0] = 0 */
+    const int32_t *path_phys;   /* host [path_offset[n]] */
 };
+
+/* The pool position row i of the call writes its keys and values at: its
+ * position, or for a tree node the last entry of its path. */
+static inline int32_t kern_kv_row_slot(const struct kern_kv_layout *kv, int i)
+{
+    if (kv->path_offset && kv->path_offset[i + 1] > kv->path_offset[i])
+        return kv->path_phys[kv->path_offset[i + 1] - 1];
+    return kv->rows[2 * i + 1];
+}
 
 /* Checks that every row of kv names a sequence of the layout, a position
  * covered by its table, and blocks inside the pool, up to and including the
- * row's own position. 0 or ERR_INVALID_ARG / ERR_RANGE naming the row.
- * Shared by the backends so that both refuse exactly the same calls. */
+ * row's own position (a tree node's: its slot), and that a tree node's path
+ * is as struct kern_kv_layout says. 0 or ERR_INVALID_ARG / ERR_RANGE naming
+ * the row. Shared by the backends so that both refuse exactly the same
+ * calls (a backend without trees refuses path_offset on its own). */
 int kern_kv_layout_check(const struct kern_kv_layout *kv, int n, const char *op, char *err);
 
 /* One forward step's small host inputs, handed to a backend at once
@@ -170,8 +195,9 @@ struct kern_ops {
                 int head_dim, const float *inv_freq, char *err);
 
     /* Writes the keys and values of n rows into the paged cache: row i goes
-     * to its sequence's position kv->rows[i] (see struct kern_kv_layout),
-     * in every one of the kv_dim columns.
+     * to its sequence's position kv->rows[i] (a tree node: its slot,
+     * kern_kv_row_slot; see struct kern_kv_layout), in every one of the
+     * kv_dim columns.
      * k_pool, v_pool: [n_blocks * block_size, kv_dim] f32 (one layer's pool);
      * k, v: [n, kv_dim] f32. */
     int (*kv_store)(struct kern_backend *be, float *k_pool, float *v_pool, const float *k,
@@ -185,7 +211,10 @@ struct kern_ops {
      * h / (n_heads / n_kv_heads). Positions are visited in increasing order
      * whatever blocks hold them, so a row's output depends on its position,
      * its q and its sequence's cached values only: not on n, the other rows,
-     * or which blocks were allocated.
+     * or which blocks were allocated. A tree node (kv->path_offset) attends
+     * its logical positions 0..p, those of its path read at their slots, and
+     * gets the bits the chain of its path would (cuda: outside a step
+     * only; step_begin refuses paths with ERR_UNSUPPORTED).
      * out: [n, n_heads, head_dim] f32 (may alias q); q: [n, n_heads, head_dim];
      * k_pool, v_pool: [n_blocks * block_size, n_kv_heads, head_dim] f32;
      * scale: usually 1/sqrt(head_dim). */

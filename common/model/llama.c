@@ -360,8 +360,15 @@ static int ctx_host_tables(struct llama_ctx *ctx, const struct llama_ctx_params 
     ctx->rows = calloc(max_rows * 2, sizeof *ctx->rows);
     ctx->chunk_tables = malloc(max_rows * table_stride * sizeof *ctx->chunk_tables);
     ctx->chunk_seq_of = malloc((size_t)ctx->n_slots * sizeof *ctx->chunk_seq_of);
+    ctx->path_offset = calloc(max_rows + 1, sizeof *ctx->path_offset);
+    ctx->path_phys = calloc(max_rows * LLAMA_TREE_MAX, sizeof *ctx->path_phys);
+    ctx->tree_base = calloc((size_t)ctx->n_slots, sizeof *ctx->tree_base);
+    ctx->tree_n = calloc((size_t)ctx->n_slots, sizeof *ctx->tree_n);
+    ctx->tree_tokens = calloc((size_t)ctx->n_slots * LLAMA_TREE_MAX, sizeof *ctx->tree_tokens);
+    ctx->tree_parents = calloc((size_t)ctx->n_slots * LLAMA_TREE_MAX, sizeof *ctx->tree_parents);
     if (!ctx->slot_len || !ctx->slot_blocks || !ctx->tables || !ctx->tokens || !ctx->positions || !ctx->rows ||
-        !ctx->chunk_tables || !ctx->chunk_seq_of)
+        !ctx->chunk_tables || !ctx->chunk_seq_of || !ctx->path_offset || !ctx->path_phys ||
+        !ctx->tree_base || !ctx->tree_n || !ctx->tree_tokens || !ctx->tree_parents)
         return error_set(err, ERR_NOMEM, "llama context: out of memory");
     for (size_t i = 0; i < (size_t)ctx->n_slots * table_stride; i++)
         ctx->tables[i] = -1;
@@ -441,6 +448,12 @@ void llama_ctx_destroy(struct llama_ctx *ctx)
     free(ctx->rows);
     free(ctx->chunk_tables);
     free(ctx->chunk_seq_of);
+    free(ctx->path_offset);
+    free(ctx->path_phys);
+    free(ctx->tree_base);
+    free(ctx->tree_n);
+    free(ctx->tree_tokens);
+    free(ctx->tree_parents);
     free(ctx);
 }
 
@@ -476,7 +489,7 @@ void llama_ctx_kv_stats(const struct llama_ctx *ctx, struct llama_kv_stats *out)
     out->prefix_hits = ctx->prefix_hits;
 }
 
-static int blocks_for_len(const struct llama_ctx *ctx, int len)
+int llama_kv_blocks_for_len(const struct llama_ctx *ctx, int len)
 {
     return (len + ctx->block_size - 1) / ctx->block_size;
 }
@@ -488,9 +501,20 @@ static int kv_check_slot(const struct llama_ctx *ctx, int slot, int *holders, ch
     const struct kv_blocks *kb = &ctx->kb;
     const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
     const int n = ctx->slot_blocks[slot], len = ctx->slot_len[slot];
-    if (n != blocks_for_len(ctx, len) || n > ctx->table_stride)
+    if (n != llama_kv_blocks_for_len(ctx, len) || n > ctx->table_stride)
         return error_set(err, ERR_INTERNAL, "kv cache: slot %d holds %d blocks for %d positions", slot,
                          n, len);
+    /* an unaccepted tree: its nodes (positions tree_base ..) are no one's
+     * prefix, so no block holding one is published */
+    const int tree_n = ctx->tree_n[slot], tree_base = ctx->tree_base[slot];
+    if (tree_n > 0 && len != tree_base + tree_n)
+        return error_set(err, ERR_INTERNAL, "kv cache: slot %d holds %d positions, its tree %d "
+                         "nodes from %d", slot, len, tree_n, tree_base);
+    for (int i = tree_n > 0 ? tree_base / ctx->block_size : n; i < n; i++)
+        if (kb->published[table[i]])
+            return error_set(err, ERR_INTERNAL, "kv cache: slot %d's block %d (pool %d) holds "
+                             "nodes of an unaccepted tree (positions %d..) and is published",
+                             slot, i, (int)table[i], tree_base);
     for (int i = 0; i < n; i++) {
         const int32_t b = table[i];
         if (b < 0 || b >= ctx->n_blocks)
@@ -535,7 +559,7 @@ int llama_ctx_kv_check(const struct llama_ctx *ctx, char *err)
  * whole check: a bookkeeping slip shows where it happens, not as another
  * request's wrong tokens later. */
 #ifdef TANDEM_KV_CHECK
-static void kv_check_after(const struct llama_ctx *ctx, const char *op)
+void llama_kv_check_after(const struct llama_ctx *ctx, const char *op)
 {
     char err[ERR_MSG_MAX] = "";
     if (llama_ctx_kv_check(ctx, err)) {
@@ -544,7 +568,7 @@ static void kv_check_after(const struct llama_ctx *ctx, const char *op)
     }
 }
 #else
-static void kv_check_after(const struct llama_ctx *ctx, const char *op)
+void llama_kv_check_after(const struct llama_ctx *ctx, const char *op)
 {
     (void)ctx;
     (void)op;
@@ -555,12 +579,12 @@ int llama_ctx_blocks_needed(const struct llama_ctx *ctx, int slot, int new_len)
 {
     if (slot < 0 || slot >= ctx->n_slots || new_len < 0)
         return 0;
-    int more = blocks_for_len(ctx, new_len) - ctx->slot_blocks[slot];
+    int more = llama_kv_blocks_for_len(ctx, new_len) - ctx->slot_blocks[slot];
     return more > 0 ? more : 0;
 }
 
 /* Gives back every block of slot past the first `keep` blocks. */
-static void release_blocks(struct llama_ctx *ctx, int slot, int keep)
+void llama_kv_release_blocks(struct llama_ctx *ctx, int slot, int keep)
 {
     int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
     while (ctx->slot_blocks[slot] > keep) {
@@ -575,7 +599,7 @@ static void release_blocks(struct llama_ctx *ctx, int slot, int keep)
 static void take_blocks(struct llama_ctx *ctx, int slot, int new_len)
 {
     int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
-    const int want = blocks_for_len(ctx, new_len);
+    const int want = llama_kv_blocks_for_len(ctx, new_len);
     while (ctx->slot_blocks[slot] < want)
         table[ctx->slot_blocks[slot]++] = kv_blocks_take(&ctx->kb);
 }
@@ -617,8 +641,18 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
     if (new_len < 0 || new_len > ctx->slot_len[slot])
         return error_set(err, ERR_RANGE, "truncate slot %d: new length %d outside 0..%d", slot,
                          new_len, ctx->slot_len[slot]);
-    const int keep = blocks_for_len(ctx, new_len);
-    release_blocks(ctx, slot, keep);
+    if (ctx->tree_n[slot] > 0) {
+        /* positions past the base hold nodes, not a chain: only
+         * llama_ctx_tree_accept knows which of them to keep */
+        if (new_len > ctx->tree_base[slot])
+            return error_set(err, ERR_INVALID_ARG,
+                             "truncate slot %d: new length %d inside its unaccepted tree (%d nodes "
+                             "from %d); accept a path or cut to %d", slot, new_len,
+                             ctx->tree_n[slot], ctx->tree_base[slot], ctx->tree_base[slot]);
+        ctx->tree_n[slot] = 0;
+    }
+    const int keep = llama_kv_blocks_for_len(ctx, new_len);
+    llama_kv_release_blocks(ctx, slot, keep);
     if (new_len % ctx->block_size != 0) {
         /* the slot will write into its last block again: it must be its own */
         const int32_t last = ctx->tables[(size_t)slot * (size_t)ctx->table_stride + (size_t)keep - 1];
@@ -627,8 +661,8 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
             if (rc) {
                 /* the slot ends before the shared block, which it lets go */
                 ctx->slot_len[slot] = (keep - 1) * ctx->block_size;
-                release_blocks(ctx, slot, keep - 1);
-                kv_check_after(ctx, "truncate (copy refused)");
+                llama_kv_release_blocks(ctx, slot, keep - 1);
+                llama_kv_check_after(ctx, "truncate (copy refused)");
                 return rc;
             }
         } else {
@@ -636,7 +670,7 @@ int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err)
         }
     }
     ctx->slot_len[slot] = new_len;
-    kv_check_after(ctx, "truncate");
+    llama_kv_check_after(ctx, "truncate");
     return 0;
 }
 
@@ -664,19 +698,19 @@ int llama_ctx_prefix_map(struct llama_ctx *ctx, int slot, const int32_t *tokens,
     ctx->slot_len[slot] = len;
     ctx->prefix_queries += n_tokens;
     ctx->prefix_hits += mapped;
-    kv_check_after(ctx, "prefix map");
+    llama_kv_check_after(ctx, "prefix map");
     return mapped;
 }
 
 void llama_ctx_prefix_clear(struct llama_ctx *ctx)
 {
     kv_blocks_clear_cached(&ctx->kb);
-    kv_check_after(ctx, "prefix clear");
+    llama_kv_check_after(ctx, "prefix clear");
 }
 
 /* Names the tokens slot just appended at positions old_len .. and
  * publishes every block they filled. */
-static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens, int n)
+void llama_kv_note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens, int n)
 {
     const int bs = ctx->block_size;
     const int32_t *table = ctx->tables + (size_t)slot * (size_t)ctx->table_stride;
@@ -689,12 +723,6 @@ static void note_appended(struct llama_ctx *ctx, int slot, int old_len, const in
         i += take;
     }
 }
-
-/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
- * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
-struct chunk_part {
-    int seq, tok0, n, chunk_row;
-};
 
 /* Final norm + LM head of up to LOGIT_ROWS rows gathered from the chunk
  * (any sequences): the LM head's weights, the biggest matrix of a small
@@ -754,7 +782,7 @@ static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char 
  * (free once the chunk's layers ran) in groups of LOGIT_ROWS across
  * sequences, the logits rows first, then the argmax rows. */
 static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                        const struct chunk_part *parts, int n_parts, char *err)
+                        const struct llama_chunk_part *parts, int n_parts, char *err)
 {
     const int dim = ctx->model->cfg.hidden_size, vocab = ctx->model->cfg.vocab_size;
     const int group = ctx->max_rows < LOGIT_ROWS ? ctx->max_rows : LOGIT_ROWS;
@@ -763,7 +791,7 @@ static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seq
     for (int argmax = 0; argmax < 2; argmax++) {
         struct logit_group g = {.n = 0, .argmax = argmax};
         for (int p = 0; p < n_parts; p++) {
-            const struct chunk_part *cp = &parts[p];
+            const struct llama_chunk_part *cp = &parts[p];
             const struct llama_seq_batch *s = &seqs[cp->seq];
             if ((s->argmax_out != NULL) != argmax)
                 continue;
@@ -881,6 +909,21 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
         return error_set(err, ERR_UNSUPPORTED,
                          "forward: argmax_out needs a backend with matmul_argmax (%s has none)",
                          ctx->be->name);
+    if (ctx->tree_n[s->slot] > 0)
+        return error_set(err, ERR_INVALID_ARG,
+                         "forward: slot %d holds an unaccepted tree of %d nodes; accept a path "
+                         "(llama_ctx_tree_accept) or truncate to %d first", s->slot,
+                         ctx->tree_n[s->slot], ctx->tree_base[s->slot]);
+    if (s->parents) {
+        if (s->n_tokens > LLAMA_TREE_MAX)
+            return error_set(err, ERR_INVALID_ARG, "forward: a tree of %d nodes, at most %d",
+                             s->n_tokens, LLAMA_TREE_MAX);
+        for (int i = 0; i < s->n_tokens; i++)
+            if (s->parents[i] < -1 || s->parents[i] >= i)
+                return error_set(err, ERR_INVALID_ARG,
+                                 "forward: tree node %d has parent %d; a parent must come before "
+                                 "its child (-1..%d)", i, s->parents[i], i - 1);
+    }
     const int len = ctx->slot_len[s->slot];
     if (s->n_tokens > ctx->max_seq_len - len)
         return error_set(err, ERR_CONTEXT_FULL,
@@ -896,7 +939,7 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
 /* Fills the chunk's host arrays and layout from its parts: each slot becomes
  * one sequence of the layout, with a copy of the blocks its rows reach. */
 static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
-                         const struct chunk_part *parts, int n_parts, struct kern_kv_layout *kv,
+                         const struct llama_chunk_part *parts, int n_parts, struct kern_kv_layout *kv,
                          int *max_positions)
 {
     int n_seqs = 0, pos_max = 1;
@@ -908,9 +951,9 @@ static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *se
     /* a device step's tables are as wide as its bound: a function of the
      * chunk's shape, as a recorded graph needs (llama_step.c) */
     *max_positions = ctx->steps ? llama_step_positions(ctx, pos_max) : pos_max;
-    const int stride = blocks_for_len(ctx, *max_positions);
+    const int stride = llama_kv_blocks_for_len(ctx, *max_positions);
     for (int p = 0; p < n_parts; p++) {
-        const struct chunk_part *cp = &parts[p];
+        const struct llama_chunk_part *cp = &parts[p];
         const struct llama_seq_batch *s = &seqs[cp->seq];
         int idx = ctx->chunk_seq_of[s->slot];
         if (idx < 0) {
@@ -933,6 +976,11 @@ static void chunk_layout(struct llama_ctx *ctx, const struct llama_seq_batch *se
     *kv = (struct kern_kv_layout){.block_size = ctx->block_size, .n_blocks = ctx->n_blocks,
                                   .n_seqs = n_seqs, .table_stride = stride,
                                   .tables = ctx->chunk_tables, .rows = ctx->rows};
+    for (int p = 0; p < n_parts; p++)
+        if (seqs[parts[p].seq].parents) {
+            llama_tree_chunk_paths(ctx, seqs, parts, n_parts, kv);
+            break;
+        }
 }
 
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs, char *err)
@@ -962,8 +1010,8 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
         take_blocks(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot] + seqs[i].n_tokens);
 
     /* Walk the packed rows (sequence by sequence) in chunks of max_rows. */
-    struct chunk_part parts_stack[64];
-    struct chunk_part *parts = parts_stack;
+    struct llama_chunk_part parts_stack[64];
+    struct llama_chunk_part *parts = parts_stack;
     if (n_seqs > (int)(sizeof parts_stack / sizeof parts_stack[0])) {
         parts = malloc((size_t)n_seqs * sizeof *parts);
         if (!parts) {
@@ -979,7 +1027,7 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
             int take = seqs[seq].n_tokens - tok;
             if (take > ctx->max_rows - rows)
                 take = ctx->max_rows - rows;
-            parts[n_parts++] = (struct chunk_part){.seq = seq, .tok0 = tok, .n = take,
+            parts[n_parts++] = (struct llama_chunk_part){.seq = seq, .tok0 = tok, .n = take,
                                                    .chunk_row = rows};
             rows += take;
             tok += take;
@@ -1000,18 +1048,28 @@ int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int
     if (rc)
         goto fail;
     for (int i = 0; i < n_seqs; i++) {
-        if (ctx->kb.cache_on)
-            note_appended(ctx, seqs[i].slot, ctx->slot_len[seqs[i].slot], seqs[i].tokens,
-                          seqs[i].n_tokens);
-        ctx->slot_len[seqs[i].slot] += seqs[i].n_tokens;
+        const int slot = seqs[i].slot;
+        if (seqs[i].parents) {
+            /* no name for a node until its path is accepted */
+            ctx->tree_base[slot] = ctx->slot_len[slot];
+            ctx->tree_n[slot] = seqs[i].n_tokens;
+            memcpy(ctx->tree_tokens + (size_t)slot * LLAMA_TREE_MAX, seqs[i].tokens,
+                   (size_t)seqs[i].n_tokens * sizeof(int32_t));
+            memcpy(ctx->tree_parents + (size_t)slot * LLAMA_TREE_MAX, seqs[i].parents,
+                   (size_t)seqs[i].n_tokens * sizeof(int32_t));
+        } else if (ctx->kb.cache_on) {
+            llama_kv_note_appended(ctx, slot, ctx->slot_len[slot], seqs[i].tokens, seqs[i].n_tokens);
+        }
+        ctx->slot_len[slot] += seqs[i].n_tokens;
     }
-    kv_check_after(ctx, "forward");
+    llama_kv_check_after(ctx, "forward");
     return 0;
 fail:
     /* A backend failure half-way: the slots keep their old lengths, and the
      * blocks taken for the call go back. */
     for (int i = 0; i < n_seqs; i++)
-        release_blocks(ctx, seqs[i].slot, blocks_for_len(ctx, ctx->slot_len[seqs[i].slot]));
-    kv_check_after(ctx, "forward (failed)");
+        llama_kv_release_blocks(ctx, seqs[i].slot,
+                                llama_kv_blocks_for_len(ctx, ctx->slot_len[seqs[i].slot]));
+    llama_kv_check_after(ctx, "forward (failed)");
     return rc;
 }

@@ -27,6 +27,8 @@
 
 #define LLAMA_DEFAULT_MAX_SEQ_LEN 8192
 #define LLAMA_DEFAULT_KV_BLOCK_SIZE 16
+/* Most nodes of one token tree (llama_seq_batch.parents). */
+#define LLAMA_TREE_MAX 32
 
 struct llama_model;
 struct llama_ctx;
@@ -81,7 +83,10 @@ int llama_ctx_slot_len(const struct llama_ctx *ctx, int slot);
  * tokens) and gives back the blocks no longer needed. ERR_RANGE if new_len
  * is negative or beyond the slot's length. A cut inside a block another
  * slot shares copies that block first: ERR_OVERLOADED when the pool has
- * none for the copy (the slot then ends at the shared block's start). */
+ * none for the copy (the slot then ends at the shared block's start).
+ * A slot holding an unaccepted tree (llama_seq_batch.parents) may only be
+ * cut back to the tree's base or below (which drops the tree, as
+ * llama_ctx_tree_accept with no node would); ERR_INVALID_ARG otherwise. */
 int llama_ctx_truncate(struct llama_ctx *ctx, int slot, int new_len, char *err);
 
 /* How the context's forward chunks reach the backend: as device steps
@@ -128,8 +133,10 @@ void llama_ctx_prefix_clear(struct llama_ctx *ctx);
 /* Checks the KV cache's bookkeeping against its invariants: the block
  * ledger's own (kv_blocks_check), each slot holding exactly the blocks its
  * length needs, every block's holder count equal to the tables that name
- * it, no slot's partly written last block published, and every published
- * block in a table named after the block before it there. 0, or
+ * it, no slot's partly written last block published, every published
+ * block in a table named after the block before it there, and no block
+ * holding a node of an unaccepted tree published (nor a slot's length
+ * other than its tree's base plus its nodes). 0, or
  * ERR_INTERNAL naming the first broken one in err. A sanitizer build
  * (TANDEM_KV_CHECK) runs it after every operation on the cache and aborts
  * on a failure; tests call it after every step. */
@@ -153,7 +160,34 @@ struct llama_seq_batch {
     float *logits_out;
     float *logits_dev;
     int32_t *argmax_out;
+    /* NULL: the tokens are a chain, as above. Else host [n_tokens]: they are
+     * a token tree of n_tokens <= LLAMA_TREE_MAX nodes, parents[i] the node
+     * before node i on its path, -1 for a child of the slot's last token;
+     * parents[i] < i (parents come first). With L the slot's length, node i
+     * of depth d (1 for parent -1) sits at logical position L + d - 1 (its
+     * RoPE) and is stored at position L + i; it attends the context and its
+     * ancestors in depth order, so its logits (or argmax) are bit for bit
+     * those of the chain of its path fed after the context. The slot's
+     * length becomes L + n_tokens, its tree unaccepted: nothing of it is
+     * published to the prefix cache, and the slot takes no other forward
+     * until llama_ctx_tree_accept (or a truncate to L or below) settles it.
+     * cuda runs the same indirection (compiled, not yet checked on a GPU). */
+    const int32_t *parents;
 };
+
+/* KV after a tree (llama_seq_batch.parents): keeps the accepted path, the
+ * nodes path[0 .. m - 1] (path[0] a child of the context, path[j] a child of
+ * path[j - 1]; m = 0 keeps nothing), and drops the rest of the tree. The
+ * path's keys and values are copied, layer by layer, from their slots to
+ * positions L .. L + m - 1, and the slot's length becomes L + m: the cache
+ * then holds exactly what feeding the path's tokens as a chain would have
+ * written, and the blocks it fills are published as that chain's would be
+ * (prefix cache). Blocks past L + m go back. ERR_INVALID_ARG (nothing
+ * changed) when the slot holds no unaccepted tree or the path is not one of
+ * its root paths. */
+int llama_ctx_tree_accept(struct llama_ctx *ctx, int slot, const int32_t *path, int m, char *err);
+/* Nodes of the slot's unaccepted tree; 0 when it holds none (or a bad slot). */
+int llama_ctx_tree_nodes(const struct llama_ctx *ctx, int slot);
 
 /* Whether the context's backend answers argmax_out (kernels.h: matmul_argmax). */
 bool llama_ctx_has_argmax(const struct llama_ctx *ctx);
@@ -179,10 +213,12 @@ int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err);
 int llama_ctx_warm_up(struct llama_ctx *ctx, char *err);
 
 /* Runs the batch: the rows of all sequences go through the layers together,
- * so a call of n sequences reads the weights once, not n times. Errors
- * (nothing is changed in any slot): ERR_CONTEXT_FULL when a slot would
- * exceed max_seq_len, ERR_RANGE for a token id outside the vocabulary or a
- * bad slot, ERR_INVALID_ARG for a slot named by two entries, ERR_OVERLOADED
+ * so a call of n sequences reads the weights once, not n times; trees and
+ * chains may share a call. Errors (nothing is changed in any slot):
+ * ERR_CONTEXT_FULL when a slot would exceed max_seq_len, ERR_RANGE for a
+ * token id outside the vocabulary or a bad slot, ERR_INVALID_ARG for a slot
+ * named by two entries, a malformed tree or a slot whose tree is still
+ * unaccepted, ERR_OVERLOADED
  * when the KV pool lacks the blocks the call needs, backend errors. */
 int llama_forward(struct llama_ctx *ctx, const struct llama_seq_batch *seqs, int n_seqs,
                   char *err);

@@ -95,6 +95,13 @@ struct llama_ctx {
     int32_t *tokens, *positions, *rows;
     int32_t *chunk_tables;  /* host [max_rows][table_stride]: tables of a chunk's slots */
     int32_t *chunk_seq_of;  /* host [n_slots]: a slot's sequence index in the chunk, or -1 */
+    /* token trees: a chunk's paths (kern_kv_layout), host [max_rows + 1]
+     * and [max_rows][LLAMA_TREE_MAX]; and each slot's unaccepted tree:
+     * tree_n[s] nodes (0: none) from position tree_base[s], their tokens
+     * and parents, host [n_slots][LLAMA_TREE_MAX] */
+    int32_t *path_offset, *path_phys;
+    int *tree_base, *tree_n;
+    int32_t *tree_tokens, *tree_parents;
     /* steps and graphs (llama_step.c) */
     bool steps;             /* the backend takes device steps (step_reserve ran) */
     bool graphs;            /* record and replay chunks of up to LLAMA_GRAPH_MAX_ROWS rows */
@@ -104,6 +111,35 @@ struct llama_ctx {
     int64_t graphs_recorded, graphs_replayed;
 };
 
+
+/* One sequence's rows inside a chunk: rows [chunk_row, chunk_row + n) of
+ * the chunk are tokens [tok0, tok0 + n) of seqs[seq]. */
+struct llama_chunk_part {
+    int seq, tok0, n, chunk_row;
+};
+
+/* llama.c: the KV cache's bookkeeping llama_tree.c shares */
+
+/* Blocks that hold len positions. */
+int llama_kv_blocks_for_len(const struct llama_ctx *ctx, int len);
+/* Gives back every block of slot past the first `keep` blocks. */
+void llama_kv_release_blocks(struct llama_ctx *ctx, int slot, int keep);
+/* Names the tokens slot just appended at positions old_len .. and
+ * publishes every block they filled (prefix cache on). */
+void llama_kv_note_appended(struct llama_ctx *ctx, int slot, int old_len, const int32_t *tokens,
+                            int n);
+/* The whole check after an operation in the sanitizer build (aborts on a
+ * broken invariant); nothing otherwise. */
+void llama_kv_check_after(const struct llama_ctx *ctx, const char *op);
+
+/* llama_tree.c */
+
+/* Sets the chunk's tree rows (seqs with parents) at their logical
+ * positions (ctx->positions, ctx->rows) and kv's paths (ctx->path_offset,
+ * ctx->path_phys); chains' rows get empty paths. */
+void llama_tree_chunk_paths(struct llama_ctx *ctx, const struct llama_seq_batch *seqs,
+                            const struct llama_chunk_part *parts, int n_parts,
+                            struct kern_kv_layout *kv);
 
 /* llama_step.c */
 

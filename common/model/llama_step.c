@@ -294,7 +294,9 @@ static bool run_graph(struct llama_ctx *ctx, int n, const struct kern_kv_layout 
 int llama_step_run(struct llama_ctx *ctx, int n, const struct kern_kv_layout *kv,
                    int max_positions, char *err)
 {
-    if (!ctx->steps)
+    /* a tree's paths are no part of a step (cuda's step_begin refuses
+     * them): its ops read their host arrays themselves */
+    if (!ctx->steps || kv->path_offset)
         return forward_chunk(ctx, n, kv, err);
     struct kern_backend *be = ctx->be;
     const struct kern_step step = {.n = n, .ids = ctx->tokens, .positions = ctx->positions,

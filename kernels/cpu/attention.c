@@ -13,6 +13,14 @@
  * cached values, so a row's output is the same whether it is computed alone
  * or beside others, by any thread, from any blocks.
  *
+ * Token trees (struct kern_kv_layout's paths): t above is a node's logical
+ * position; its context (t < L) is walked as a chain's, and its at most 32
+ * path positions one by one at the slots the path names. The scores sit at
+ * index t, the softmax's lanes and the V sum run over t, so the node gets
+ * the bits the chain of its path gets at the same position (the chains of
+ * one call share only the walk over the context). A chain's path_base is
+ * its n_pos: it never takes the indirection.
+ *
  * Tasks are (block of up to ATTN_ROWS_MAX rows, kv head) pairs. A (row,
  * head) is a "chain"; the chains of one kv head over the rows of one
  * sequence in the block (a verification's K + 1 rows, the query heads that
@@ -66,12 +74,17 @@
 #define ATTN_PAIRS_HD_MAX 256
 
 /* One (row, head): its q row, its scores (then probabilities) in scratch,
- * its output slice and how many positions it attends. */
+ * its output slice and how many positions it attends. A tree node's
+ * positions from path_base on are read at path[t - path_base] (struct
+ * kern_kv_layout); a chain's path is NULL and its path_base n_pos, so its
+ * walks never reach the indirection. */
 struct attn_chain {
     const float *q;
     float *scores;
     float *out;
     int n_pos;
+    int path_base;
+    const int32_t *path;
 };
 
 struct attn_job {
@@ -98,6 +111,14 @@ static inline const float *attn_row(const struct attn_job *job, const float *bas
                                     const int32_t *table, int t)
 {
     return base + pool_row(job->kv, table, t) * (size_t)job->n_kv_heads * (size_t)job->head_dim;
+}
+
+/* attn_row of chain c's logical position t: a tree node's path positions at
+ * their slots (a chain's path_base is its n_pos: never taken). */
+static inline const float *attn_row_of(const struct attn_job *job, const float *base,
+                                       const int32_t *table, const struct attn_chain *c, int t)
+{
+    return attn_row(job, base, table, t < c->path_base ? t : c->path[t - c->path_base]);
 }
 
 #ifdef __AVX2__
@@ -133,56 +154,77 @@ CPU_SIMD_INLINE void attn_keep_scores(const struct attn_job *job, int nc, float 
     }
 }
 
-/* Scores of nc chains at positions [t_begin, t_end), each
- * cpu_simd_dot_f32(q, k_t) * scale, the K row loaded once for all chains;
- * m[c] raised to each chain's largest. */
+/* Position t's scores of nc chains, cpu_simd_dot_f32(q, k_t) * scale with
+ * kr the K row it reads, loaded once for all chains; m[c] raised to each
+ * chain's largest. */
+CPU_SIMD_INLINE void attn_score_at(const struct attn_job *job, int nc, const struct attn_chain *ch,
+                                   const float *kr, int t, float *m)
+{
+    const int hd = job->head_dim, len8 = hd & ~7;
+    float *scores = ch[0].scores;
+    float s[ATTN_CHAINS_MAX];
+#ifdef __AVX2__
+    __m256 acc[ATTN_CHAINS_MAX];
+#pragma GCC unroll 8
+    for (int c = 0; c < nc; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int k = 0; k < len8; k += 8) {
+        const __m256 kvec = _mm256_loadu_ps(kr + k);
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(ch[c].q + k), kvec, acc[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < nc; c++)
+        s[c] = cpu_simd_hsum8(acc[c]);
+#else
+    for (int c = 0; c < nc; c++) {
+        float l[8] = {0};
+        for (int k = 0; k < len8; k += 8)
+            for (int e = 0; e < 8; e++)
+                l[e] = fmaf(ch[c].q[k + e], kr[k + e], l[e]);
+        s[c] = cpu_simd_hsum8_scalar(l);
+    }
+#endif
+    if (len8 < hd)
+        for (int c = 0; c < nc; c++)
+            for (int k = len8; k < hd; k++)
+                s[c] = fmaf(ch[c].q[k], kr[k], s[c]);
+    attn_keep_scores(job, nc, s, scores, t, m);
+}
+
+/* Scores of nc chains at positions [t_begin, t_end) (attn_score_at), a
+ * block's run of K rows at a time. */
 CPU_SIMD_INLINE void attn_scores(const struct attn_job *job, int nc, const struct attn_chain *ch,
                                  const int32_t *table, int t_begin, int t_end, const float *kb,
                                  const float *vb, float *m)
 {
-    const int hd = job->head_dim, len8 = hd & ~7;
     const struct kern_kv_layout *kv = job->kv;
-    const size_t kv_stride = (size_t)job->n_kv_heads * (size_t)hd;
+    const size_t kv_stride = (size_t)job->n_kv_heads * (size_t)job->head_dim;
     const int bs = kv->block_size;
-    float *scores = ch[0].scores;
+    (void)vb;
     for (int t0 = t_begin; t0 < t_end;) {
         const int tn = bs - t0 % bs < t_end - t0 ? bs - t0 % bs : t_end - t0;
         const float *kr = attn_row(job, kb, table, t0);
         for (int i = 0; i < tn; i++, kr += kv_stride) {
-            const int t = t0 + i;
-            float s[ATTN_CHAINS_MAX];
 #ifdef __AVX2__
             attn_prefetch(job, kr, kb, vb);
-            __m256 acc[ATTN_CHAINS_MAX];
-#pragma GCC unroll 8
-            for (int c = 0; c < nc; c++)
-                acc[c] = _mm256_setzero_ps();
-            for (int k = 0; k < len8; k += 8) {
-                const __m256 kvec = _mm256_loadu_ps(kr + k);
-#pragma GCC unroll 8
-                for (int c = 0; c < nc; c++)
-                    acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(ch[c].q + k), kvec, acc[c]);
-            }
-#pragma GCC unroll 8
-            for (int c = 0; c < nc; c++)
-                s[c] = cpu_simd_hsum8(acc[c]);
-#else
-            for (int c = 0; c < nc; c++) {
-                float l[8] = {0};
-                for (int k = 0; k < len8; k += 8)
-                    for (int e = 0; e < 8; e++)
-                        l[e] = fmaf(ch[c].q[k + e], kr[k + e], l[e]);
-                s[c] = cpu_simd_hsum8_scalar(l);
-            }
 #endif
-            if (len8 < hd)
-                for (int c = 0; c < nc; c++)
-                    for (int k = len8; k < hd; k++)
-                        s[c] = fmaf(ch[c].q[k], kr[k], s[c]);
-            attn_keep_scores(job, nc, s, scores, t, m);
+            attn_score_at(job, nc, ch, kr, t0 + i, m);
         }
         t0 += tn;
     }
+}
+
+/* One tree node's scores at its path's positions [c->path_base, c->n_pos),
+ * each K row read at the slot the path gives it: the same arithmetic as
+ * attn_scores, by logical position. At most 32 rows, just written: no
+ * prefetch. */
+static void attn_scores_path(const struct attn_job *job, const struct attn_chain *c,
+                             const int32_t *table, const float *kb, float *m)
+{
+    for (int t = c->path_base; t < c->n_pos; t++)
+        attn_score_at(job, 1, c, attn_row(job, kb, table, c->path[t - c->path_base]), t, m);
 }
 
 #ifdef __AVX512F__
@@ -304,7 +346,7 @@ CPU_SIMD_INLINE void attn_values(const struct attn_job *job, int nc, const struc
 #pragma GCC unroll 8
         for (int c = 0; c < nc; c++) {
             for (int t = n_common; t < ch[c].n_pos; t++) {
-                const float *v = attn_row(job, vb, table, t) + d;
+                const float *v = attn_row_of(job, vb, table, &ch[c], t) + d;
                 const __m512 pc = _mm512_set1_ps(ch[c].scores[t]);
 #pragma GCC unroll 4
                 for (int u = 0; u < cw / 16; u++)
@@ -339,7 +381,7 @@ CPU_SIMD_INLINE void attn_values(const struct attn_job *job, int nc, const struc
 #pragma GCC unroll 8
         for (int c = 0; c < nc; c++) {
             for (int t = n_common; t < ch[c].n_pos; t++) {
-                const float *v = attn_row(job, vb, table, t) + d;
+                const float *v = attn_row_of(job, vb, table, &ch[c], t) + d;
                 const __m256 pc = _mm256_set1_ps(ch[c].scores[t]);
                 lo[c] = _mm256_fmadd_ps(pc, _mm256_loadu_ps(v), lo[c]);
                 hi[c] = _mm256_fmadd_ps(pc, _mm256_loadu_ps(v + 8), hi[c]);
@@ -353,7 +395,7 @@ CPU_SIMD_INLINE void attn_values(const struct attn_job *job, int nc, const struc
         for (int c = 0; c < nc; c++) {
             float acc = 0.0f;
             for (int t = 0; t < ch[c].n_pos; t++)
-                acc = fmaf(ch[c].scores[t], attn_row(job, vb, table, t)[d], acc);
+                acc = fmaf(ch[c].scores[t], attn_row_of(job, vb, table, &ch[c], t)[d], acc);
             ch[c].out[d] = acc;
         }
 }
@@ -399,10 +441,11 @@ CPU_SIMD_INLINE void attn_chains(const struct attn_job *job, int nc, const struc
     const float *kb = job->k_pool + (size_t)g * (size_t)hd;
     const float *vb = job->v_pool + (size_t)g * (size_t)hd;
     float m[ATTN_CHAINS_MAX];
-    int n_common = ch[0].n_pos;
+    /* the positions every chain reads at the same rows: a tree's context */
+    int n_common = ch[0].path_base;
     for (int c = 0; c < nc; c++) {
         m[c] = -INFINITY;
-        n_common = ch[c].n_pos < n_common ? ch[c].n_pos : n_common;
+        n_common = ch[c].path_base < n_common ? ch[c].path_base : n_common;
     }
 #ifdef __AVX512F__
     if (hd % 8 == 0 && hd <= ATTN_PAIRS_HD_MAX) {
@@ -425,9 +468,12 @@ CPU_SIMD_INLINE void attn_chains(const struct attn_job *job, int nc, const struc
     } else
 #endif
         attn_scores(job, nc, ch, table, 0, n_common, kb, vb, m);
-    for (int c = 0; c < nc; c++)
-        if (ch[c].n_pos > n_common)
-            attn_scores(job, 1, &ch[c], table, n_common, ch[c].n_pos, kb, vb, &m[c]);
+    for (int c = 0; c < nc; c++) {
+        if (ch[c].path_base > n_common)
+            attn_scores(job, 1, &ch[c], table, n_common, ch[c].path_base, kb, vb, &m[c]);
+        if (ch[c].path)
+            attn_scores_path(job, &ch[c], table, kb, &m[c]);
+    }
     for (int c = 0; c < nc; c++)
         attn_softmax(ch[c].scores, ch[c].n_pos, m[c]);
     /* every chain's q is read in full above, so out may alias it */
@@ -481,18 +527,22 @@ static void attn_task(void *ctx, long begin, long end, int thread_idx)
             const int32_t *table = kv->tables + (size_t)seq * (size_t)kv->table_stride;
             struct attn_chain ch[ATTN_CHAINS_MAX];
             int nc = 0;
-            for (int r = i; r < run_end; r++)
+            for (int r = i; r < run_end; r++) {
+                const int n_pos = kv->rows[2 * r + 1] + 1;
+                const int depth = kv->path_offset ? kv->path_offset[r + 1] - kv->path_offset[r] : 0;
                 for (int h = g * job->group; h < (g + 1) * job->group; h++) {
                     const size_t qoff = ((size_t)r * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
                     ch[nc] = (struct attn_chain){
                         .q = job->q + qoff, .out = job->out + qoff,
-                        .scores = scores + (size_t)nc * job->score_stride,
-                        .n_pos = kv->rows[2 * r + 1] + 1};
+                        .scores = scores + (size_t)nc * job->score_stride, .n_pos = n_pos,
+                        .path_base = n_pos - depth,
+                        .path = depth ? kv->path_phys + kv->path_offset[r] : NULL};
                     if (++nc == ATTN_CHAINS_MAX) {
                         attn_chains_of[nc - 1](job, ch, table, g);
                         nc = 0;
                     }
                 }
+            }
             if (nc)
                 attn_chains_of[nc - 1](job, ch, table, g);
             i = run_end;
@@ -516,7 +566,7 @@ int cpu_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const fl
     const size_t row_bytes = (size_t)kv_dim * sizeof(float);
     for (int i = 0; i < n; i++) {
         const int32_t *table = kv->tables + (size_t)kv->rows[2 * i] * (size_t)kv->table_stride;
-        const size_t dst = pool_row(kv, table, kv->rows[2 * i + 1]) * (size_t)kv_dim;
+        const size_t dst = pool_row(kv, table, kern_kv_row_slot(kv, i)) * (size_t)kv_dim;
         memcpy(k_pool + dst, k + (size_t)i * (size_t)kv_dim, row_bytes);
         memcpy(v_pool + dst, v + (size_t)i * (size_t)kv_dim, row_bytes);
     }

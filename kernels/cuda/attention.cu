@@ -49,8 +49,18 @@
  * alias q: a group's partial kernel
  * reads its rows of q before its combine kernel writes the same rows of out.
  * head_dim is at most ATT_HD_MAX.
+ *
+ * Token trees (struct kern_kv_layout's paths), the CPU twin's rule: a
+ * node's logical position t is read at the slot its path names
+ * (attn_path_slot, when pool_off is filled) and every index above (the
+ * scores, the splits, the sums) stays t, so a node gets the bits the chain
+ * of its path gets; kv_store and rope_kv_store write a node at its slot.
+ * Eager calls only: a step refuses paths (llama_step.c runs a tree's chunk
+ * op by op). Compiled, not yet run on a GPU (tests/unit/
+ * test_tree_attention.c checks the CPU; its GPU twin is to come).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_backend.h"
@@ -72,6 +82,7 @@
 struct attn_dims {
     int row0;        /* first row of this group within the call */
     const int32_t *rows;   /* device [n][2]: (sequence, position) */
+    const int32_t *paths;  /* device, NULL without trees: attn_stage_layout's */
     const int32_t *tables; /* device [n_seqs][table_stride] */
     int block_size, table_stride;
     int n_heads, n_kv_heads, head_dim;
@@ -83,6 +94,25 @@ struct attn_dims {
 static __device__ __forceinline__ size_t attn_pool_row(const int32_t *table, int block_size, int t)
 {
     return (size_t)table[t / block_size] * (size_t)block_size + (size_t)(t % block_size);
+}
+
+/* Token trees (struct kern_kv_layout), as attn_stage_layout stages them:
+ * paths[i] .. paths[i + 1] - 1 index row i's path within paths itself
+ * (empty for a chain). The sequence position row i's logical position t
+ * is read at (n_pos = its logical position + 1), and the one it is stored
+ * at. */
+static __device__ __forceinline__ int attn_path_slot(const int32_t *paths, int i, int n_pos, int t)
+{
+    if (!paths)
+        return t;
+    const int base = n_pos - (paths[i + 1] - paths[i]);
+    return t < base ? t : paths[paths[i] + t - base];
+}
+
+static __device__ __forceinline__ int attn_row_slot(const int32_t *rows, const int32_t *paths,
+                                                    int i)
+{
+    return paths && paths[i + 1] > paths[i] ? paths[paths[i + 1] - 1] : rows[2 * i + 1];
 }
 
 /* The partial results of hpb query heads of one row over one split, a
@@ -125,8 +155,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int d = tid; d < hd; d += ATT_THREADS)
             qs[gq][d] = qrow[d];
     }
+    /* a tree node's path positions at their slots; every index below
+     * (scores, splits, sums) stays the logical position */
     for (int t = tid; t < len; t += ATT_THREADS)
-        pool_off[t] = attn_pool_row(table, dm.block_size, t0 + t) * kv_stride;
+        pool_off[t] = attn_pool_row(table, dm.block_size, attn_path_slot(dm.paths, i, n_pos, t0 + t)) *
+                      kv_stride;
     __syncthreads();
 
     /* Scores: warp w takes the positions t = w, w + ATT_WARPS, ...; it
@@ -319,38 +352,59 @@ static int attn_launch_group(struct cuda_backend *cb, float *out, const float *q
 /* The layout's tables and rows on the device: the step's copies (checked
  * by step_begin; *max_positions its bound), else checked here and staged
  * (*max_positions 0), valid for the kernels queued next (see
- * cuda_backend_stage2). */
+ * cuda_backend_stage2). A tree's paths (never in a step: step_begin
+ * refuses them) travel behind the rows in the same copy, as *dev_paths:
+ * [n + 1] offsets into that same array, then the slots
+ * (attn_path_slot); *dev_paths is NULL for a call of chains. */
 static int attn_stage_layout(struct cuda_backend *cb, const struct kern_kv_layout *kv, int n,
                              const char *op, const int32_t **dev_rows, const int32_t **dev_tables,
-                             int *max_positions, char *err)
+                             const int32_t **dev_paths, int *max_positions, char *err)
 {
     *max_positions = 0;
+    *dev_paths = NULL;
     if (cuda_step_layout(cb, kv, n, dev_rows, dev_tables, max_positions))
         return 0;
     int rc = kern_kv_layout_check(kv, n, op, err);
     if (rc)
         return rc;
+    const size_t rows_ints = (size_t)n * 2;
+    size_t ints = rows_ints;
+    int32_t *packed = NULL;
+    if (kv->path_offset) {
+        const size_t total = (size_t)kv->path_offset[n];
+        ints += (size_t)n + 1 + total;
+        if (!(packed = (int32_t *)malloc(ints * sizeof(int32_t))))
+            return error_set(err, ERR_NOMEM, "%s: out of memory for the tree's paths", op);
+        memcpy(packed, kv->rows, rows_ints * sizeof(int32_t));
+        for (int i = 0; i <= n; i++)
+            packed[rows_ints + (size_t)i] = n + 1 + kv->path_offset[i];
+        memcpy(packed + rows_ints + (size_t)n + 1, kv->path_phys, total * sizeof(int32_t));
+    }
     const void *dev = NULL;
     size_t tables_off = 0;
-    rc = cuda_backend_stage2(cb, kv->rows, (size_t)n * 2 * sizeof(int32_t), kv->tables,
+    rc = cuda_backend_stage2(cb, packed ? packed : kv->rows, ints * sizeof(int32_t), kv->tables,
                              (size_t)kv->n_seqs * (size_t)kv->table_stride * sizeof(int32_t), &dev,
                              &tables_off, err);
+    free(packed); /* staged: the host bytes are free again */
     if (rc < 0)
         return rc;
     *dev_rows = (const int32_t *)dev;
     *dev_tables = (const int32_t *)((const char *)dev + tables_off);
+    if (kv->path_offset)
+        *dev_paths = *dev_rows + rows_ints;
     return 0;
 }
 
 /* One block per row: the row's kv_dim keys and values to their pool row. */
 __global__ void __launch_bounds__(ATT_THREADS)
     kv_store_kernel(float *k_pool, float *v_pool, const float *k, const float *v,
-                    const int32_t *rows, const int32_t *tables, int block_size, int table_stride,
-                    int kv_dim)
+                    const int32_t *rows, const int32_t *paths, const int32_t *tables,
+                    int block_size, int table_stride, int kv_dim)
 {
     const int i = blockIdx.x;
     const int32_t *table = tables + (size_t)rows[2 * i] * (size_t)table_stride;
-    const size_t dst = attn_pool_row(table, block_size, rows[2 * i + 1]) * (size_t)kv_dim;
+    const size_t dst =
+        attn_pool_row(table, block_size, attn_row_slot(rows, paths, i)) * (size_t)kv_dim;
     const size_t src = (size_t)i * (size_t)kv_dim;
     for (int d = threadIdx.x; d < kv_dim; d += ATT_THREADS) {
         k_pool[dst + (size_t)d] = k[src + (size_t)d];
@@ -372,13 +426,13 @@ int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const f
     int rc = cuda_backend_enter(cb, err);
     if (rc < 0)
         return rc;
-    const int32_t *rows = NULL, *tables = NULL;
+    const int32_t *rows = NULL, *tables = NULL, *paths = NULL;
     int step_positions = 0;
-    if ((rc = attn_stage_layout(cb, kv, n, "cuda kv_store", &rows, &tables, &step_positions,
-                                err)))
+    if ((rc = attn_stage_layout(cb, kv, n, "cuda kv_store", &rows, &tables, &paths,
+                                &step_positions, err)))
         return rc;
     kv_store_kernel<<<(unsigned int)n, ATT_THREADS, 0, cb->stream>>>(
-        k_pool, v_pool, k, v, rows, tables, kv->block_size, kv->table_stride, kv_dim);
+        k_pool, v_pool, k, v, rows, paths, tables, kv->block_size, kv->table_stride, kv_dim);
     CUDA_CHECK_LAUNCH("kv_store_kernel");
     return 0;
 }
@@ -396,15 +450,15 @@ int cuda_kv_store(struct kern_backend *be, float *k_pool, float *v_pool, const f
 __global__ void __launch_bounds__(RKV_THREADS)
     rope_kv_store_kernel(float *q, float *k, const float *v, const int32_t *positions,
                          const float *inv_freq, int n_heads, int n_kv_heads, int head_dim,
-                         float *k_pool, float *v_pool, const int32_t *rows, const int32_t *tables,
-                         int block_size, int table_stride)
+                         float *k_pool, float *v_pool, const int32_t *rows, const int32_t *paths,
+                         const int32_t *tables, int block_size, int table_stride)
 {
     const int i = blockIdx.x;
     const int half = head_dim / 2;
     const size_t kv_dim = (size_t)n_kv_heads * (size_t)head_dim;
     const float pos = (float)positions[i];
     const int32_t *table = tables + (size_t)rows[2 * i] * (size_t)table_stride;
-    const size_t dst = attn_pool_row(table, block_size, rows[2 * i + 1]) * kv_dim;
+    const size_t dst = attn_pool_row(table, block_size, attn_row_slot(rows, paths, i)) * kv_dim;
     float *qr = q + (size_t)i * (size_t)n_heads * (size_t)head_dim;
     float *kr = k + (size_t)i * kv_dim;
     /* heads in parallel: RKV_THREADS / half of them (one when half is
@@ -458,14 +512,14 @@ int cuda_rope_kv_store(struct kern_backend *be, float *q, float *k, const float 
     if ((rc = cuda_rope_inputs(cb, positions, n, inv_freq, head_dim / 2, &pos_dev, &freq_dev,
                                err)) < 0)
         return rc;
-    const int32_t *rows = NULL, *tables = NULL;
+    const int32_t *rows = NULL, *tables = NULL, *paths = NULL;
     int step_positions = 0;
-    if ((rc = attn_stage_layout(cb, kv, n, "cuda rope_kv_store", &rows, &tables, &step_positions,
-                                err)))
+    if ((rc = attn_stage_layout(cb, kv, n, "cuda rope_kv_store", &rows, &tables, &paths,
+                                &step_positions, err)))
         return rc;
     rope_kv_store_kernel<<<(unsigned int)n, RKV_THREADS, 0, cb->stream>>>(
-        q, k, v, pos_dev, freq_dev, n_heads, n_kv_heads, head_dim, k_pool, v_pool, rows, tables,
-        kv->block_size, kv->table_stride);
+        q, k, v, pos_dev, freq_dev, n_heads, n_kv_heads, head_dim, k_pool, v_pool, rows, paths,
+        tables, kv->block_size, kv->table_stride);
     CUDA_CHECK_LAUNCH("rope_kv_store_kernel");
     return 0;
 }
@@ -497,8 +551,8 @@ int cuda_attention(struct kern_backend *be, float *out, const float *q, const fl
     struct attn_dims dm;
     dm.row0 = 0;
     int n_positions = 0;
-    if ((rc = attn_stage_layout(cb, kv, n, "cuda attention", &dm.rows, &dm.tables, &n_positions,
-                                err)))
+    if ((rc = attn_stage_layout(cb, kv, n, "cuda attention", &dm.rows, &dm.tables, &dm.paths,
+                                &n_positions, err)))
         return rc;
     if (n_positions == 0) /* not a step: the grid follows the rows' positions */
         for (int i = 0; i < n; i++)

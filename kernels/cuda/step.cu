@@ -146,6 +146,9 @@ static int step_check(const struct cuda_backend *cb, const struct kern_step *st,
     int rc = kern_kv_layout_check(st->kv, st->n, "cuda step_begin", err);
     if (rc)
         return rc;
+    if (st->kv->path_offset) /* token trees: the cpu backend's alone for now */
+        return error_set(err, ERR_UNSUPPORTED,
+                         "cuda step_begin: token-tree paths are not supported on cuda");
     for (int i = 0; i < st->n; i++) {
         if (st->ids[i] < 0)
             return error_set(err, ERR_INVALID_ARG, "cuda step_begin: ids[%d] = %d is negative", i,

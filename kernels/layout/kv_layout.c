@@ -7,6 +7,36 @@
 #include "error.h"
 #include "kernels.h"
 
+/* Row i's tree path, where it has one: a depth within its position, slots
+ * strictly increasing from the first logical position of the tree on, the
+ * last inside the table. */
+static int path_check(const struct kern_kv_layout *kv, int i, int64_t covered, const char *op,
+                      char *err)
+{
+    if (!kv->path_offset)
+        return 0;
+    const int32_t o0 = kv->path_offset[i], o1 = kv->path_offset[i + 1], pos = kv->rows[2 * i + 1];
+    if (o1 < o0)
+        return error_set(err, ERR_INVALID_ARG, "%s: row %d's path ends (%d) before it starts (%d)",
+                         op, i, o1, o0);
+    if (o1 == o0)
+        return 0;
+    const int32_t depth = o1 - o0;
+    if (depth > pos + 1)
+        return error_set(err, ERR_RANGE, "%s: row %d is a tree node of depth %d at position %d",
+                         op, i, depth, pos);
+    int32_t prev = pos + 1 - depth - 1; /* the first slot is at least L */
+    for (int32_t j = o0; j < o1; j++) {
+        if (kv->path_phys[j] <= prev || kv->path_phys[j] >= covered)
+            return error_set(err, ERR_RANGE,
+                             "%s: row %d's path puts depth %d at slot %d (after %d, inside %lld "
+                             "positions)", op, i, j - o0 + 1, kv->path_phys[j], prev,
+                             (long long)covered);
+        prev = kv->path_phys[j];
+    }
+    return 0;
+}
+
 int kern_kv_layout_check(const struct kern_kv_layout *kv, int n, const char *op, char *err)
 {
     if (!kv || kv->block_size < 1 || kv->n_blocks < 1 || kv->n_seqs < 1 || kv->table_stride < 1 ||
@@ -15,8 +45,15 @@ int kern_kv_layout_check(const struct kern_kv_layout *kv, int n, const char *op,
                          "%s: bad cache layout (block_size, n_blocks, n_seqs, table_stride must "
                          "be >= 1 and the arrays given)", op);
     const int64_t covered = (int64_t)kv->table_stride * kv->block_size;
+    if (kv->path_offset && (!kv->path_phys || kv->path_offset[0] != 0))
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s: bad tree paths (path_phys must be given, path_offset[0] must be 0)",
+                         op);
     for (int i = 0; i < n; i++) {
-        const int32_t seq = kv->rows[2 * i], pos = kv->rows[2 * i + 1];
+        int rc = path_check(kv, i, covered, op, err);
+        if (rc)
+            return rc;
+        const int32_t seq = kv->rows[2 * i], pos = kern_kv_row_slot(kv, i);
         if (seq < 0 || seq >= kv->n_seqs)
             return error_set(err, ERR_RANGE, "%s: row %d names sequence %d of %d", op, i, seq,
                              kv->n_seqs);

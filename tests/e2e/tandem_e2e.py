@@ -271,7 +271,13 @@ class Pipeline:
         finally:
             s.close()
 
-    def wait_workers(self, draft, target, timeout_s=30):
+    def wait_workers(self, draft, target, timeout_s=None):
+        # Loading and warming a model is what takes the time: under the
+        # sanitizers, or beside other jobs on the 2 cores, the small target
+        # alone took 14 s of a 30 s limit. Failing earlier proves nothing;
+        # a worker that dies is caught at once below.
+        if timeout_s is None:
+            timeout_s = 60 * time_scale()
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             for role, p in self.procs.items():
