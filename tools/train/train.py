@@ -151,6 +151,15 @@ def write_model(model, cfg, out_dir, a):
         shutil.copyfile(os.path.join(a.work, "tokenizer", f), os.path.join(out_dir, f))
 
 
+def tune_ids(a):
+    """The --tune set (build_tune.py) as one token stream, with the tokenizer in --work."""
+    enc = bpe.Encoder(*bpe.load_files(os.path.join(a.work, "tokenizer")))
+    ids = []
+    for d in read_jsonl(a.tune):
+        ids.extend(enc.encode(doc_text(d)))
+    return torch.tensor(ids, dtype=torch.int64)
+
+
 def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, seed_offset=0,
                  stop_after=None, decay_start=None, decay_steps=None):
     """Trains a model of shape for `steps` steps of the learning-rate schedule;
@@ -170,6 +179,10 @@ def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, s
     if init_from:
         model.load_state_dict(llama.load(init_from).state_dict())
     train_ids, valid_ids = load_ids(a, "train"), load_ids(a, "valid")
+    # With --tune, that many rows of each batch come from the tune set's stream,
+    # the rest from the corpus'.
+    tune = tune_ids(a) if a.tune else None
+    n_tune = int(round(a.batch * a.tune_fraction)) if tune is not None else 0
     vx, vy = val_windows(valid_ids, a.val_windows)
     out_dir = os.path.join(a.out, name)
     logf = os.path.join(a.out, f"train-log-{name}.jsonl")
@@ -181,6 +194,8 @@ def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, s
                "train_tokens": len(train_ids), "valid_tokens_evaluated": vy.numel(),
                "distilled_from": "target" if teacher is not None else None, "init_from": init_from,
                "stop_after": stop_after, "decay_start": decay_start, "decay_steps": decay_steps,
+               "warmup": a.warmup, "tune": os.path.basename(a.tune) if a.tune else None,
+               "tune_tokens": len(tune) if tune is not None else 0, "tune_rows_per_batch": n_tune,
                "threads": torch.get_num_threads(), "seed": a.seed})
     decay = [p for p in model.parameters() if p.dim() == 2]
     other = [p for p in model.parameters() if p.dim() < 2]
@@ -200,7 +215,10 @@ def run_training(a, name, shape, steps, peak_lr, teacher=None, init_from=None, s
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, peak_lr, a.warmup, decay_start, decay_steps)
-        x, y = batch(train_ids, gen, a.batch)
+        x, y = batch(train_ids, gen, a.batch - n_tune)
+        if n_tune:
+            tx, ty = batch(tune, gen, n_tune)
+            x, y = torch.cat([x, tx]), torch.cat([y, ty])
         logits = model(x)
         if teacher is None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -263,6 +281,12 @@ def main():
     ap.add_argument("--target-lr", type=float, default=2e-3)
     ap.add_argument("--draft-pretrain-lr", type=float, default=3e-3)
     ap.add_argument("--draft-lr", type=float, default=1e-3)
+    ap.add_argument("--target-init", default=None,
+                    help="start the target from this model directory (a warm start) instead of at random")
+    ap.add_argument("--draft-init", default=None,
+                    help="start the distilled draft from this model directory (default <out>/draft-pretrain)")
+    ap.add_argument("--tune", default=None, help="a build_tune.py .jsonl mixed into every batch")
+    ap.add_argument("--tune-fraction", type=float, default=0.5, help="share of each batch drawn from --tune")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=40)
     ap.add_argument("--val-windows", type=int, default=48)
@@ -276,7 +300,8 @@ def main():
     # is trained, learns the target's output distribution (forward KL): what
     # it is scored on is agreeing with the target, not with the corpus.
     if a.stage in ("target", "all"):
-        run_training(a, "target", TARGET, a.target_steps, a.target_lr, stop_after=a.target_stop_after,
+        run_training(a, "target", TARGET, a.target_steps, a.target_lr, init_from=a.target_init,
+                     stop_after=a.target_stop_after,
                      decay_start=a.target_decay_start, decay_steps=a.target_decay_steps)
     if a.stage in ("draft-pretrain", "all"):
         run_training(a, "draft-pretrain", DRAFT, a.draft_pretrain_steps, a.draft_pretrain_lr,
@@ -287,7 +312,7 @@ def main():
         for p in teacher.parameters():
             p.requires_grad_(False)
         run_training(a, "draft", DRAFT, a.draft_steps, a.draft_lr, teacher,
-                     init_from=os.path.join(a.out, "draft-pretrain"), seed_offset=1,
+                     init_from=a.draft_init or os.path.join(a.out, "draft-pretrain"), seed_offset=1,
                      decay_start=a.draft_decay_start, decay_steps=a.draft_decay_steps)
 
 
