@@ -371,6 +371,18 @@ int kern_cpu_int_dot(const struct kern_backend *be);
 int kern_cpu_set_int_dot(struct kern_backend *be, int isa, char *err);
 const char *kern_cpu_int_dot_name(int isa);
 
+/* Whether a CPU backend's bf16 matmul runs on vdpbf16ps (AVX512_BF16), the
+ * activations rounded to bf16 (kernels/cpu/bfdot.h), or, 0, on the f32
+ * paths (weights widened, f32 activations); a backend starts on vdpbf16ps
+ * where the CPU has it. The two give different bits. Set it before mapping
+ * bf16 matrices: a matrix mapped while it was off may be packed for the f32
+ * paths, and is then always multiplied on them.
+ * kern_cpu_bf16_dot: 1, 0, or -1 (not the CPU backend);
+ * kern_cpu_set_bf16_dot: 0, or ERR_UNSUPPORTED turning it on where this CPU
+ * or build lacks it (for tests and benchmarks). */
+int kern_cpu_bf16_dot(const struct kern_backend *be);
+int kern_cpu_set_bf16_dot(struct kern_backend *be, int on, char *err);
+
 /* The backend a user named: "cpu" (n_threads as kern_cpu_create; device
  * ignored) or "cuda" (device as kern_cuda_create: an ordinal or a GPU UUID,
  * "" = "0"; n_threads ignored). Refuses, with one line naming the reason in

@@ -26,6 +26,12 @@
  *     dot product (any order of d fused multiply-adds: gamma_d = 2 d 2^-24).
  *     The norms are computed once per row in double and stored rounded up,
  *     and eps_v is widened for the double arithmetic that computes it.
+ * A bf16 head on vdpbf16ps (bfdot.h) computes L_v from h rounded to bf16:
+ * the screen then takes that rounded h as h, the last term still bounds
+ * its roundings (d steps of one rounding or two per pair, and the fold's
+ * 15 additions, fewer than 2d), and eps_v gains 2^-126 (d_pad + |h|_1) for
+ * its flushing (a denormal weight read as zero, each step's denormal result
+ * flushed).
  * With M = max_v (A_v - eps_v), a row with A_v + eps_v < M has L_v < M <= the
  * largest L, so every row that holds the largest L (ties included) is among
  * the candidates A_v + eps_v >= M. On random bf16 rows the bound is about
@@ -75,6 +81,7 @@
 
 #include "argmax.h"
 #include "argmax_internal.h"
+#include "bfdot.h"
 #include "cpu_simd.h"
 #include "error.h"
 #include "packed.h"
@@ -111,9 +118,13 @@ static int grow_buffer(void **buf, size_t *cap, size_t want, size_t elem, char *
 /* ---- reading W exactly ---- */
 
 /* Logit v exactly as matmul computes it: the fixed-order dot product of the
- * row and h (matmul's every path gives these bits; cpu_simd.h). */
-static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *h, float *row)
+ * row and h (matmul's every path gives these bits; cpu_simd.h), or, with hb
+ * (h rounded, bfdot.h), vdpbf16ps's product of the row and hb. */
+static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *h,
+                         const uint16_t *hb, float *row)
 {
+    if (hb)
+        return bd_dot_avx512bf16((const uint16_t *)s->w + (size_t)v * (size_t)s->cols, hb, s->cols);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (s->packed && v < s->packed) {
         /* Straight from the packed octet: step by step its 64-byte lines
@@ -150,7 +161,7 @@ static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *
  * (the worst case), e_h2 |W_v|_2 times the copy's dq_factor (a draft's
  * statistical margin). */
 struct screen_input {
-    double s_h, e_h, e_h2, hn2, gamma_hx2;
+    double s_h, e_h, e_h2, hn2, gamma_hx2, flush;
     int64_t hq_sum; /* sum_k hq_k: a draft copy's scores carry ARGMAX_DRAFT_OFFSET times it */
 };
 
@@ -159,12 +170,13 @@ struct screen_input {
 static int quantize_input(const struct cpu_argmax_shadow *s, const float *h, int16_t *hq,
                           struct screen_input *si)
 {
-    double maxabs = 0, hx2 = 0;
+    double maxabs = 0, hx2 = 0, hx1 = 0;
     for (int k = 0; k < s->cols; k++) {
         if (!isfinite(h[k]))
             return 1;
         maxabs = fmax(maxabs, fabs((double)h[k]));
         hx2 += (double)h[k] * h[k];
+        hx1 += fabs((double)h[k]);
     }
     if (maxabs == 0)
         return 1;
@@ -206,6 +218,7 @@ static int quantize_input(const struct cpu_argmax_shadow *s, const float *h, int
     e_h = (e_h + maxabs * 0x1p-50) * (1 + 1e-9);
     *si = (struct screen_input){.s_h = s_h, .hn2 = sqrt(hn2) * (1 + 1e-9),
                                 .gamma_hx2 = gamma * sqrt(hx2) * (1 + 1e-9),
+                                .flush = 0x1p-126 * ((double)s->cols_pad + hx1) * (1 + 1e-9),
                                 .hq_sum = hq_sum};
     /* A draft's input in bytes errs by up to s_h / 2 a column, 128 times
      * what the int16 input does: weighed at its worst case (e_h |W_v|_1,
@@ -467,7 +480,8 @@ CPU_SIMD_INLINE void scores_claim(const struct cpu_argmax_shadow *s, const int16
 static inline double screen_margin(const struct cpu_argmax_shadow *s, const struct screen_input *si,
                                    double n1, double n2, double dq)
 {
-    return (si->e_h * n1 + (si->hn2 * dq + si->e_h2 * n2) * s->dq_factor + si->gamma_hx2 * n2) *
+    return (si->e_h * n1 + (si->hn2 * dq + si->e_h2 * n2) * s->dq_factor + si->gamma_hx2 * n2 +
+            si->flush) *
                (1 + 1e-6) +
            1e-30;
 }
@@ -644,8 +658,8 @@ static int compare_row(const void *a, const void *b)
  * serve it (too many candidates, logits near the float range), or an
  * error. */
 static int pick_row(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, const float *h,
-                    const struct screen_job *job, int i, double m, int32_t *idx,
-                    int *n_candidates, char *err)
+                    const uint16_t *hb, const struct screen_job *job, int i, double m,
+                    int32_t *idx, int *n_candidates, char *err)
 {
     struct cpu_argmax *a = cb->argmax;
     /* logits near the float range could round to infinity: not screened */
@@ -674,7 +688,7 @@ static int pick_row(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, c
     float best_logit = 0;
     for (int c = 0; c < n; c++) {
         const int32_t v = a->candidates[c];
-        const float l = exact_logit(s, v, h, a->logits);
+        const float l = exact_logit(s, v, h, hb, a->logits);
         if (!isfinite(l))
             return 1; /* past the float range: the whole row decides */
         if (best < 0 || l > best_logit) {
@@ -693,8 +707,8 @@ static int pick_row(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, c
  * copy: idx_out and served (candidates, or -1 where the caller must compute
  * the row whole) for each. */
 static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, const float *in,
-                        const int *rows, int ni, const struct screen_input *si, int32_t *idx_out,
-                        int *served, char *err)
+                        const uint16_t *hb, const int *rows, int ni, const struct screen_input *si,
+                        int32_t *idx_out, int *served, char *err)
 {
     struct cpu_argmax *a = cb->argmax;
     double lower_max[ARGMAX_GROUP * ARGMAX_THREADS_MAX * 8];
@@ -718,7 +732,8 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
             m = fmax(m, lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)t]);
         const float *h = in + (size_t)rows[i] * (size_t)s->cols;
         int n_candidates = 0;
-        const int rc = pick_row(cb, s, h, &job, i, m, &idx_out[rows[i]], &n_candidates, err);
+        const uint16_t *hbi = hb ? hb + (size_t)rows[i] * (size_t)bd_padded(s->cols) : NULL;
+        const int rc = pick_row(cb, s, h, hbi, &job, i, m, &idx_out[rows[i]], &n_candidates, err);
         if (rc < 0)
             return rc;
         served[rows[i]] = rc == 0 ? n_candidates : -1;
@@ -761,16 +776,34 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
             (rc = grow_buffer((void **)&a->logits, &a->logits_cap, (size_t)s->cols, sizeof(float),
                               err)))
             return rc;
+        /* A bf16 head on vdpbf16ps computes its logits from the input
+         * rounded to bf16: the screen bounds them from that input. */
+        const uint16_t *hb = NULL;
+        if (dtype == KERN_DTYPE_BF16 && cb->bf16_dot && !s->packed) {
+            const int dp = bd_padded(d_in);
+            if ((rc = grow_buffer((void **)&a->hb, &a->hb_cap, (size_t)n * (size_t)dp,
+                                  sizeof *a->hb, err)) ||
+                (rc = grow_buffer((void **)&a->hround, &a->hround_cap, (size_t)n * (size_t)d_in,
+                                  sizeof *a->hround, err)))
+                return rc;
+            bd_round_rows_avx512bf16(in, d_in, a->hb, dp, 0, n);
+            for (int i = 0; i < n; i++)
+                for (int k = 0; k < d_in; k++)
+                    a->hround[(size_t)i * (size_t)d_in + (size_t)k] =
+                        cpu_simd_bf16_to_f32(a->hb[(size_t)i * (size_t)dp + (size_t)k]);
+            hb = a->hb;
+        }
+        const float *hin = hb ? a->hround : in;
         /* groups of up to ARGMAX_GROUP rows the screen can read, one pass each */
         int group[ARGMAX_GROUP], ni = 0;
         struct screen_input si[ARGMAX_GROUP];
         for (int i = 0; i < n; i++) {
             served[i] = -1;
-            if (quantize_input(s, in + (size_t)i * (size_t)d_in, a->hq + (size_t)ni * s->cols_pad,
+            if (quantize_input(s, hin + (size_t)i * (size_t)d_in, a->hq + (size_t)ni * s->cols_pad,
                                &si[ni]) == 0)
                 group[ni++] = i;
             if (ni == ARGMAX_GROUP || (i == n - 1 && ni > 0)) {
-                if ((rc = screen_group(cb, s, in, group, ni, si, idx_out, served, err)))
+                if ((rc = screen_group(cb, s, hin, hb, group, ni, si, idx_out, served, err)))
                     return rc;
                 ni = 0;
             }

@@ -52,7 +52,12 @@ struct cpu_argmax {
     double *kept_upper;
     int32_t *candidates;    /* the kept rows that reach the final best lower bound */
     float *logits;          /* a whole row of logits (the paths that need one) */
-    size_t hq_cap, kept_cap, kept_upper_cap, logits_cap, candidates_cap;
+    /* bf16 heads on vdpbf16ps (bfdot.h): the input rows rounded to bf16,
+     * as the product reads them [n][dp], and widened back to f32 [n][cols],
+     * which the screen bounds against */
+    uint16_t *hb;
+    float *hround;
+    size_t hq_cap, kept_cap, kept_upper_cap, logits_cap, candidates_cap, hb_cap, hround_cap;
     int last_candidates;    /* rows computed exactly for the last input row; -1: all */
 };
 

@@ -74,6 +74,8 @@ void cpu_argmax_destroy(struct cpu_backend *cb)
     free(a->kept_upper);
     free(a->logits);
     free(a->candidates);
+    free(a->hb);
+    free(a->hround);
     free(a);
     cb->argmax = NULL;
 }

@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "bfdot.h"
 #include "cpu_backend.h"
 #include "packed.h"
 #include "qdot.h"
@@ -351,7 +352,8 @@ static int cpu_map_quantized(struct cpu_backend *cb, const void *host_ptr, enum 
 
 /* A matrix is packed when it is copied at all (a tensor used in place is the
  * caller's, read-only, bytes: cpu_map) and its dtype and shape have the
- * packed kernels (cpu_packed_supported). */
+ * packed kernels (cpu_packed_supported), unless bf16 goes to vdpbf16ps,
+ * which reads the rows as they are (bfdot.h). */
 static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum kern_dtype dtype,
                           int64_t rows, int64_t cols, const void **out, char *err)
 {
@@ -376,7 +378,8 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     if (bytes > SIZE_MAX)
         return error_set(err, ERR_NOMEM, "cpu map_matrix: [%lld, %lld] is too large",
                          (long long)rows, (long long)cols);
-    const int pack = cpu_packed_supported(dtype, (long)rows, (long)cols) && rows <= INT32_MAX;
+    const int pack = cpu_packed_supported(dtype, (long)rows, (long)cols) && rows <= INT32_MAX &&
+                     !(dtype == KERN_DTYPE_BF16 && cb->bf16_dot);
     return cpu_map(cb, "map_matrix", host_ptr, (size_t)bytes, pack ? (int)rows : 0,
                    pack ? (int)cols : 0, out, err);
 }
@@ -463,6 +466,7 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     cb->n_threads = n_threads;
     cb->weight_copy = cpu_thp_available();
     cb->qdot_isa = qd_isa_best();
+    cb->bf16_dot = bd_supported();
     cb->scratch = calloc((size_t)n_threads, sizeof(*cb->scratch));
     if (!cb->scratch) {
         free(cb);
@@ -531,4 +535,21 @@ int kern_cpu_set_int_dot(struct kern_backend *be, int isa, char *err)
 const char *kern_cpu_int_dot_name(int isa)
 {
     return qd_isa_name(isa);
+}
+
+int kern_cpu_bf16_dot(const struct kern_backend *be)
+{
+    if (!be || be->ops != &cpu_ops)
+        return -1;
+    return ((const struct cpu_backend *)be)->bf16_dot;
+}
+
+int kern_cpu_set_bf16_dot(struct kern_backend *be, int on, char *err)
+{
+    if (!be || be->ops != &cpu_ops)
+        return error_set(err, ERR_INVALID_ARG, "kern_cpu_set_bf16_dot: not a CPU backend");
+    if (on && !bd_supported())
+        return error_set(err, ERR_UNSUPPORTED, "kern_cpu_set_bf16_dot: this CPU (or build) has no AVX512_BF16");
+    cpu_backend_of(be)->bf16_dot = on != 0;
+    return 0;
 }

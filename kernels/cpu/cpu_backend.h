@@ -29,6 +29,7 @@ struct cpu_backend {
     int n_copies, cap_copies;
     struct cpu_argmax *argmax;       /* matmul_argmax's shadows and buffers (argmax_internal.h) */
     int qdot_isa;                    /* int8/int4 matmul's integer dot (enum qd_isa, qdot.h) */
+    int bf16_dot;                    /* bf16 matmul on vdpbf16ps (bfdot.h); 0: the f32 paths */
 };
 
 /* Whether w is a [rows][d_in] matrix of dtype that map_matrix copied into
@@ -72,6 +73,10 @@ int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, cha
 /* cpu_matmul for KERN_DTYPE_Q8 and Q4 weights (qdot.c), arguments checked. */
 int cpu_matmul_int(struct cpu_backend *cb, float *out, const float *in, const void *w,
                    enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+/* cpu_matmul for KERN_DTYPE_BF16 weights on vdpbf16ps (bfdot.c), arguments
+ * checked, w row-major (not packed), cb->bf16_dot set. */
+int cpu_matmul_bf16(struct cpu_backend *cb, float *out, const float *in, const uint16_t *w, int n,
+                    int d_in, int d_out, char *err);
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
                       enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,

@@ -229,6 +229,81 @@ static void ref_attention(double *out, const float *q, const float *kc, const fl
 
 /* ---- matmul ------------------------------------------------------------- */
 
+/* ---- bf16 weights on vdpbf16ps (kernels/cpu/bfdot.h) ------------------ */
+
+/* The contract's emulation, written here from bfdot.h's rules and Intel's
+ * pseudocode (not from the kernel's code); test_kernels_cpu_bf16_dot_step_
+ * is_the_instruction holds it against the instruction itself. */
+
+static int bf16_dot_on(const struct kern_backend *be)
+{
+    return kern_cpu_bf16_dot(be) == 1;
+}
+
+/* Rule 1, as vcvtneps2bf16: a zero or denormal to a zero of its sign, a NaN
+ * to its quiet high half, anything else to nearest even. */
+static uint16_t bf_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) == 0)
+        return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* A denormal (input: DAZ; result: FTZ) as a zero of its sign. */
+static float bf_flush(float x)
+{
+    return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x;
+}
+
+/* One vdpbf16ps lane: acc + x1 w1, rounded, then + x0 w0, rounded (each
+ * product of two bf16 is exact, so fmaf is the one rounding). */
+static float bf_step(float acc, uint16_t w0, uint16_t w1, uint16_t x0, uint16_t x1)
+{
+    const float t = bf_flush(fmaf(bf_flush((float)ref_bf16(x1)), bf_flush((float)ref_bf16(w1)),
+                                  bf_flush(acc)));
+    return bf_flush(fmaf(bf_flush((float)ref_bf16(x0)), bf_flush((float)ref_bf16(w0)), t));
+}
+
+/* Rule 2 and 3: 16 lanes of pairs over the row padded to 32 columns, then
+ * (l_j + l_{j+8}) and the fold of eight lanes. x: the row already rounded. */
+static float bf_dot_ref(const uint16_t *w, const uint16_t *x, int d_in)
+{
+    float l[16] = {0};
+    for (int k0 = 0; k0 < d_in; k0 += 32)
+        for (int j = 0; j < 16; j++) {
+            const int k = k0 + 2 * j;
+            const uint16_t w0 = k < d_in ? w[k] : 0, w1 = k + 1 < d_in ? w[k + 1] : 0;
+            const uint16_t x0 = k < d_in ? x[k] : 0, x1 = k + 1 < d_in ? x[k + 1] : 0;
+            l[j] = bf_step(l[j], w0, w1, x0, x1);
+        }
+    float m[8];
+    for (int j = 0; j < 8; j++)
+        m[j] = l[j] + l[j + 8];
+    const float a0 = m[0] + m[4], a1 = m[1] + m[5], a2 = m[2] + m[6], a3 = m[3] + m[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+static void bf_round_rows(const float *in, size_t count, uint16_t *xb)
+{
+    for (size_t i = 0; i < count; i++)
+        xb[i] = bf_round(in[i]);
+}
+
+/* in rounded by rule 1, as f32 (the input the f64 reference takes when the
+ * backend runs bf16 on vdpbf16ps). */
+static float *bf_rounded_copy(const float *in, size_t count)
+{
+    float *out = malloc((count ? count : 1) * sizeof *out);
+    assert_non_null(out);
+    for (size_t i = 0; i < count; i++)
+        out[i] = (float)ref_bf16(bf_round(in[i]));
+    return out;
+}
+
 static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **state)
 {
     static const int shapes[][3] = {
@@ -249,7 +324,10 @@ static void test_kernels_cpu_matmul_matches_reference_for_every_dtype(void **sta
             double *ref = dalloc((size_t)n * d_out);
             fill(&r, in, (size_t)n * d_in);
             assert_int_equal(be->ops->matmul(be, out, in, w, dt, n, d_in, d_out, err), 0);
-            ref_matmul(ref, in, wref, n, d_in, d_out);
+            /* on vdpbf16ps the product takes the input rounded to bf16 */
+            float *rin = dt == KERN_DTYPE_BF16 && bf16_dot_on(be) ? bf_rounded_copy(in, (size_t)n * d_in) : NULL;
+            ref_matmul(ref, rin ? rin : in, wref, n, d_in, d_out);
+            free(rin);
             char what[96];
             snprintf(what, sizeof(what), "matmul %s n=%d d_in=%d d_out=%d", kern_dtype_name(dt), n,
                      d_in, d_out);
@@ -300,7 +378,9 @@ static void test_kernels_cpu_matmul_decode_over_many_claims_matches_one_thread(v
                                  0);
             }
             double *ref = dalloc(count);
-            ref_matmul(ref, in, wref, n, d_in, d_out);
+            float *rin = dt == KERN_DTYPE_BF16 && bf16_dot_on(be[0]) ? bf_rounded_copy(in, (size_t)n * d_in) : NULL;
+            ref_matmul(ref, rin ? rin : in, wref, n, d_in, d_out);
+            free(rin);
             char what[96];
             snprintf(what, sizeof(what), "matmul %s n=%d d_in=%d d_out=%d", kern_dtype_name(dt), n,
                      d_in, d_out);
@@ -443,10 +523,19 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
             for (size_t i = 0; i < (size_t)d_in * d_out; i++)
                 wf[i] = (float)wref[i]; /* exact: the weights are bf16/f16/f32 values */
             fill(&r, in, (size_t)n_max * d_in);
+            /* bf16 on vdpbf16ps follows its own order (bfdot.h) */
+            uint16_t *xb = NULL;
+            if (dt == KERN_DTYPE_BF16 && bf16_dot_on(be)) {
+                xb = malloc((size_t)n_max * d_in * sizeof *xb);
+                assert_non_null(xb);
+                bf_round_rows(in, (size_t)n_max * d_in, xb);
+            }
             for (int i = 0; i < n_max; i++)
                 for (int o = 0; o < d_out; o++)
-                    ref[(size_t)i * d_out + o] = fixed_order_dot(
-                        wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
+                    ref[(size_t)i * d_out + o] =
+                        xb ? bf_dot_ref((const uint16_t *)w + (size_t)o * d_in, xb + (size_t)i * d_in, d_in)
+                           : fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
+            free(xb);
             for (int n = 1; n <= n_max; n += n < 18 ? 1 : 11) {
                 memset(out, 0xff, (size_t)n * d_out * sizeof(float));
                 assert_int_equal(be->ops->matmul(be, out, in, w, dt, n, d_in, d_out, err), 0);
@@ -463,6 +552,232 @@ static void test_kernels_cpu_matmul_every_path_follows_the_fixed_order(void **st
             free(out);
         }
     be->ops->destroy(be);
+}
+
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BF_HW 1
+/* The instruction itself on one lane (all 16 given the same operands). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static float
+bf_step_hw(float acc, uint16_t w0, uint16_t w1, uint16_t x0, uint16_t x1)
+{
+    const __m512i w = _mm512_set1_epi32((int)((uint32_t)w1 << 16 | w0));
+    const __m512i x = _mm512_set1_epi32((int)((uint32_t)x1 << 16 | x0));
+    return _mm512_cvtss_f32(_mm512_dpbf16_ps(_mm512_set1_ps(acc), (__m512bh)w, (__m512bh)x));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static uint16_t bf_round_hw(float x)
+{
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_set1_ps(x));
+    uint16_t out[16];
+    memcpy(out, &b, sizeof out);
+    return out[0];
+}
+#endif
+
+static int same_float(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
+}
+
+/* A bf16 of sign, biased exponent in [e0, e0 + span) and random mantissa. */
+static uint16_t bf_rand(struct rng *r, int e0, int span)
+{
+    const uint64_t u = rng_next(r);
+    return (uint16_t)((u & 0x807f) | (uint64_t)(e0 + (int)((u >> 16) % (uint64_t)span)) << 7);
+}
+
+/* bf_step and bf_round are the instruction, bit for bit (NaNs as NaNs): on
+ * random bits, on moderate values (rounding at every step), on products and
+ * sums near and below 2^-126 (DAZ, FTZ between the two steps and after),
+ * on cancellations into denormals, on overflow to infinity, and on denormal
+ * inputs. The order (the odd column's product first) is what the moderate
+ * cases pin: the other order, a single rounding of the three terms, or the
+ * products summed first each miss about 5% of them. */
+static void test_kernels_cpu_bf16_dot_step_is_the_instruction(void **state)
+{
+    (void)state;
+#ifdef BF_HW
+    struct kern_backend *be = make_backend(1);
+    const int on = bf16_dot_on(be);
+    be->ops->destroy(be);
+    if (!on) {
+        fprintf(stderr, "no AVX512_BF16 on this CPU: the emulation is not checked here\n");
+        return;
+    }
+    struct rng r = {31337};
+    int bad = 0;
+    for (int it = 0; it < 400000; it++) {
+        const int mode = it % 6;
+        uint16_t w0, w1, x0, x1;
+        uint32_t ab = (uint32_t)rng_next(&r);
+        switch (mode) {
+        case 0: /* anything, NaNs and infinities included */
+            w0 = (uint16_t)rng_next(&r), w1 = (uint16_t)rng_next(&r);
+            x0 = (uint16_t)rng_next(&r), x1 = (uint16_t)rng_next(&r);
+            break;
+        case 1: /* moderate: every step rounds */
+            w0 = bf_rand(&r, 120, 16), w1 = bf_rand(&r, 120, 16);
+            x0 = bf_rand(&r, 120, 16), x1 = bf_rand(&r, 120, 16);
+            ab = (ab & 0x807fffffu) | (uint32_t)(110 + (int)(rng_next(&r) % 40)) << 23;
+            break;
+        case 2: /* products and sums about 2^-126 */
+            w0 = bf_rand(&r, 60, 8), w1 = bf_rand(&r, 60, 8);
+            x0 = bf_rand(&r, 60, 8), x1 = bf_rand(&r, 60, 8);
+            ab = (ab & 0x807fffffu) | (uint32_t)(rng_next(&r) % 4) << 23;
+            break;
+        case 3: /* cancellation into denormals */
+            w1 = bf_rand(&r, 63, 2), x1 = bf_rand(&r, 63, 2);
+            w0 = (uint16_t)(w1 ^ 0x8000u ^ (rng_next(&r) & 3)), x0 = x1;
+            ab = (ab & 0x807fffffu) | (uint32_t)(rng_next(&r) % 3) << 23;
+            break;
+        case 4: /* past the float range */
+            w0 = bf_rand(&r, 190, 64), w1 = bf_rand(&r, 190, 64);
+            x0 = bf_rand(&r, 190, 64), x1 = bf_rand(&r, 190, 64);
+            ab = (ab & 0x807fffffu) | (uint32_t)(240 + (int)(rng_next(&r) % 15)) << 23;
+            break;
+        default: /* denormal inputs */
+            w0 = (uint16_t)(rng_next(&r) & 0x807f), x0 = bf_rand(&r, 120, 16);
+            w1 = bf_rand(&r, 120, 16), x1 = (uint16_t)(rng_next(&r) & 0x807f);
+            ab &= 0x807fffffu;
+            break;
+        }
+        float acc;
+        memcpy(&acc, &ab, sizeof acc);
+        const float hw = bf_step_hw(acc, w0, w1, x0, x1), em = bf_step(acc, w0, w1, x0, x1);
+        if (!same_float(hw, em)) {
+            if (bad < 5)
+                fprintf(stderr, "vdpbf16ps (mode %d): acc %a w %04x %04x x %04x %04x: %a, emulated %a\n",
+                        mode, (double)acc, w0, w1, x0, x1, (double)hw, (double)em);
+            bad++;
+        }
+        /* the rounding of an f32, from the same bits */
+        float f;
+        memcpy(&f, &ab, sizeof f);
+        const uint16_t rh = bf_round_hw(f), re = bf_round(f);
+        if (rh != re && !(isnan(f) && (rh & 0x7fc0) == 0x7fc0 && (re & 0x7fc0) == 0x7fc0)) {
+            if (bad < 5)
+                fprintf(stderr, "vcvtneps2bf16: %a (%08x): %04x, emulated %04x\n", (double)f, ab, rh, re);
+            bad++;
+        }
+    }
+    assert_int_equal(bad, 0);
+#endif
+}
+
+/* The emulated product of rows [0, n) of xb against w: ref [n][d_out]. */
+static void bf_matmul_ref(float *ref, const uint16_t *xb, const uint16_t *w, int n, int d_in, int d_out)
+{
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < d_out; o++)
+            ref[(size_t)i * d_out + o] = bf_dot_ref(w + (size_t)o * d_in, xb + (size_t)i * d_in, d_in);
+}
+
+/* On vdpbf16ps every product is the emulation's, bit for bit: n = 1..40
+ * (decode, every verification, prefill tiles and their groups of rows)
+ * then up to 256 (several jobs of rows), every tail of K (d_in mod 32 =
+ * 0..31) and of N (d_out mod 16, past the tiles of 8 and 4), on 1, 2 and 3
+ * threads; each row alone equals the same row in every batch; mapped
+ * matrices as the caller's bytes. Inputs include denormals, values that
+ * round past the largest bf16, and ties. */
+static void test_kernels_cpu_matmul_bf16_dot_matches_the_emulation(void **state)
+{
+    (void)state;
+    struct kern_backend *be[3];
+    for (int t = 0; t < 3; t++)
+        be[t] = make_backend(t + 1);
+    if (!bf16_dot_on(be[0])) {
+        fprintf(stderr, "no AVX512_BF16 on this CPU: bf16 takes the f32 paths\n");
+        for (int t = 0; t < 3; t++)
+            be[t]->ops->destroy(be[t]);
+        return;
+    }
+    struct rng r = {4242};
+    char err[ERR_MSG_MAX];
+    const int n_max = 256;
+    /* d_in: every tail of 32 below 64, then longer rows; d_out: tails of 16 */
+    for (int d_in = 1; d_in <= 64 + 3 * 67; d_in += d_in < 64 ? 1 : 67) {
+        const int d_out = 1 + (d_in * 7) % 37;
+        double *wref = dalloc((size_t)d_in * d_out);
+        uint16_t *w = make_weights(&r, KERN_DTYPE_BF16, (size_t)d_in * d_out, wref);
+        float *in = falloc((size_t)n_max * d_in);
+        fill(&r, in, (size_t)n_max * d_in);
+        for (size_t k = 0; k < (size_t)n_max * d_in; k += 97)
+            in[k] = k % 3 == 0 ? 0x1p-130f : k % 3 == 1 ? 3.4e38f : 1.00390625f; /* denormal, overflow, tie */
+        uint16_t *xb = malloc((size_t)n_max * d_in * sizeof *xb);
+        assert_non_null(xb);
+        bf_round_rows(in, (size_t)n_max * d_in, xb);
+        float *ref = falloc((size_t)n_max * d_out), *out = falloc((size_t)n_max * d_out);
+        bf_matmul_ref(ref, xb, w, n_max, d_in, d_out);
+        const void *mapped = NULL;
+        assert_int_equal(be[1]->ops->map_matrix(be[1], w, KERN_DTYPE_BF16, d_out, d_in, &mapped, err), 0);
+        for (int n = 1; n <= n_max; n += n < 40 ? 1 : 27) {
+            for (int t = 0; t < 3; t++) {
+                const void *wt = t == 1 ? mapped : w;
+                /* each n takes its rows from a different offset: a row's
+                 * bits cannot depend on where in the batch it sits */
+                const int i0 = (n * 5 + t) % (n_max - n + 1);
+                memset(out, 0xff, (size_t)n * d_out * sizeof(float));
+                assert_int_equal(be[t]->ops->matmul(be[t], out, in + (size_t)i0 * d_in, wt,
+                                                    KERN_DTYPE_BF16, n, d_in, d_out, err),
+                                 0);
+                char what[96];
+                snprintf(what, sizeof what, "bf16 dot d_in=%d d_out=%d n=%d rows %d.. %d threads", d_in,
+                         d_out, n, i0, t + 1);
+                assert_int_equal(count_bit_diffs(what, ref + (size_t)i0 * d_out, out, (size_t)n * d_out), 0);
+            }
+        }
+        be[1]->ops->unmap_weights(be[1], mapped);
+        free(w);
+        free(wref);
+        free(in);
+        free(xb);
+        free(ref);
+        free(out);
+    }
+    for (int t = 0; t < 3; t++)
+        be[t]->ops->destroy(be[t]);
+}
+
+/* Turned off, bf16 weights take the f32 paths again (the fixed order of
+ * cpu_simd.h on the unrounded input); turning it on where the CPU lacks it
+ * is refused. */
+static void test_kernels_cpu_bf16_dot_can_be_turned_off(void **state)
+{
+    (void)state;
+    struct kern_backend *be = make_backend(2);
+    char err[ERR_MSG_MAX];
+    const int had = bf16_dot_on(be);
+    if (!had) {
+        assert_int_equal(kern_cpu_set_bf16_dot(be, 1, err), ERR_UNSUPPORTED);
+        be->ops->destroy(be);
+        return;
+    }
+    assert_int_equal(kern_cpu_set_bf16_dot(be, 0, err), 0);
+    assert_int_equal(kern_cpu_bf16_dot(be), 0);
+    struct rng r = {99};
+    const int n = 3, d_in = 70, d_out = 9;
+    double *wref = dalloc((size_t)d_in * d_out);
+    uint16_t *w = make_weights(&r, KERN_DTYPE_BF16, (size_t)d_in * d_out, wref);
+    float *in = falloc((size_t)n * d_in), *out = falloc((size_t)n * d_out), *ref = falloc((size_t)n * d_out);
+    float *wf = falloc((size_t)d_in * d_out);
+    for (size_t i = 0; i < (size_t)d_in * d_out; i++)
+        wf[i] = (float)wref[i];
+    fill(&r, in, (size_t)n * d_in);
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < d_out; o++)
+            ref[(size_t)i * d_out + o] = fixed_order_dot(wf + (size_t)o * d_in, in + (size_t)i * d_in, d_in);
+    assert_int_equal(be->ops->matmul(be, out, in, w, KERN_DTYPE_BF16, n, d_in, d_out, err), 0);
+    assert_int_equal(count_bit_diffs("bf16 dot off: f32 order", ref, out, (size_t)n * d_out), 0);
+    assert_int_equal(kern_cpu_set_bf16_dot(be, 1, err), 0);
+    be->ops->destroy(be);
+    free(w);
+    free(wref);
+    free(wf);
+    free(in);
+    free(out);
+    free(ref);
 }
 
 /* ---- int8 / int4 weights: integer products (kernels/cpu/qdot.h) -------- */
@@ -1551,10 +1866,18 @@ static void test_kernels_cpu_map_weights_copies_large_tensors_exactly(void **sta
  * with rows a multiple of 32 columns, kernels/cpu/packed.h): matmul at every
  * path's row count and embed read it to the same bits as the caller's
  * row-major bytes, the rows after the last full octet included. */
-static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packed)
+static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packed, int bf16_dot)
 {
     const size_t count = (size_t)d_in * d_out;
     struct kern_backend *be = make_backend(2);
+    char err0[ERR_MSG_MAX];
+    if (bf16_dot && kern_cpu_set_bf16_dot(be, 1, err0) != 0) {
+        be->ops->destroy(be);
+        return; /* no AVX512_BF16 here */
+    }
+    assert_int_equal(kern_cpu_set_bf16_dot(be, bf16_dot, err0), 0);
+    /* vdpbf16ps reads the rows as they are: nothing is packed */
+    expect_packed = expect_packed && !bf16_dot;
     struct rng r = {29};
     char err[ERR_MSG_MAX];
     double *wref = dalloc(count);
@@ -1613,9 +1936,11 @@ static void check_map_matrix_reads_exactly(int d_in, int d_out, int expect_packe
 
 static void test_kernels_cpu_map_matrix_reads_exactly(void **state)
 {
-    check_map_matrix_reads_exactly(2048, 1029, 1); /* 128 octets and 5 row-major rows */
-    check_map_matrix_reads_exactly(384, 5464, 1);  /* the small draft's row length */
-    check_map_matrix_reads_exactly(2056, 1100, 0); /* not a multiple of 32: left as it is */
+    for (int dot = 0; dot < 2; dot++) { /* the f32 paths, then vdpbf16ps where the CPU has it */
+        check_map_matrix_reads_exactly(2048, 1029, 1, dot); /* 128 octets and 5 row-major rows */
+        check_map_matrix_reads_exactly(384, 5464, 1, dot);  /* the small draft's row length */
+        check_map_matrix_reads_exactly(2056, 1100, 0, dot); /* not a multiple of 32: left as it is */
+    }
 }
 
 /* ---- matmul_argmax ---- */
@@ -1926,6 +2251,9 @@ int main(void)
         cmocka_unit_test(test_kernels_cpu_matmul_row_is_bit_identical_alone_and_in_batch),
         cmocka_unit_test(test_kernels_cpu_matmul_verification_row_counts_match_single_rows),
         cmocka_unit_test(test_kernels_cpu_matmul_every_path_follows_the_fixed_order),
+        cmocka_unit_test(test_kernels_cpu_bf16_dot_step_is_the_instruction),
+        cmocka_unit_test(test_kernels_cpu_matmul_bf16_dot_matches_the_emulation),
+        cmocka_unit_test(test_kernels_cpu_bf16_dot_can_be_turned_off),
         cmocka_unit_test(test_kernels_cpu_matmul_int8_matches_the_integer_reference),
         cmocka_unit_test(test_kernels_cpu_matmul_int4_matches_the_integer_reference),
         cmocka_unit_test(test_kernels_cpu_matmul_int_scales_are_per_row_and_block),
