@@ -10,7 +10,8 @@
  *      then (a0+a2, a1+a3), then b0+b1;
  *   3. the tail k = len8 .. len-1 is added one term at a time, in order.
  * The order depends on `len` alone, never on how many rows an op processes or
- * on which thread runs it. With AVX2 the lanes are one __m256; without it they
+ * on which thread runs it. (Not here: bf16 matmuls on vdpbf16ps, which take
+ * bf16 activations in their own fixed order, bfdot.h.) With AVX2 the lanes are one __m256; without it they
  * are emulated with fmaf on a float[8], which gives the same bits.
  *
  * Conversions: bf16 -> f32 is the 16-bit pattern shifted left by 16; f16 ->

@@ -1,5 +1,6 @@
 /* packed.h: the CPU backend's packed layout of bf16 weight matrices
- * ("row octets"), made by map_matrix and read by matmul and embed.
+ * ("row octets"), made by map_matrix and read by matmul and embed; not made
+ * where bf16 goes to vdpbf16ps (bfdot.h), which reads the rows as they are.
  *
  * Why: a decode step is one pass over the weights, and the row-major layout
  * made the matrix-vector product compute-bound on an AVX-512 core before the
