@@ -181,6 +181,14 @@ static int setup(void **state)
         free(f);
         return -1;
     }
+    /* the GPU keeps f32 activations: so does the CPU reference (on AVX512_BF16
+     * its bf16 products would round them, kernels/cpu/bfdot.h) */
+    if (kern_cpu_set_bf16_dot(f->cpu, 0, err) != 0) {
+        fprintf(stderr, "kern_cpu_set_bf16_dot: %s\n", err);
+        f->cpu->ops->destroy(f->cpu);
+        free(f);
+        return -1;
+    }
     if (kern_cuda_create(&f->gpu, f->device, err) != 0) {
         fprintf(stderr, "kern_cuda_create(\"%s\"): %s\n", f->device, err);
         f->cpu->ops->destroy(f->cpu);
