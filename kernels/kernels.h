@@ -377,6 +377,9 @@ const char *kern_cpu_int_dot_name(int isa);
  * where the CPU has it. The two give different bits. Set it before mapping
  * bf16 matrices: a matrix mapped while it was off may be packed for the f32
  * paths, and is then always multiplied on them.
+ * TANDEM_CPU_BF16_DOT=0 in the environment makes kern_cpu_create start
+ * with it off (1: on, refused where the CPU lacks it; unset: on where the
+ * CPU has it).
  * kern_cpu_bf16_dot: 1, 0, or -1 (not the CPU backend);
  * kern_cpu_set_bf16_dot: 0, or ERR_UNSUPPORTED turning it on where this CPU
  * or build lacks it (for tests and benchmarks). */

@@ -37,6 +37,7 @@
 #define CPU_ALIGN 64
 #define CPU_HUGE_PAGE ((size_t)2 << 20)
 #define CPU_WEIGHT_COPY_MIN CPU_HUGE_PAGE
+#define CPU_BF16_DOT_ENV "TANDEM_CPU_BF16_DOT"
 
 /* One weight tensor copied into huge-page memory: the mapping [base, base + len). */
 struct cpu_weight_copy {
@@ -467,6 +468,25 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     cb->weight_copy = cpu_thp_available();
     cb->qdot_isa = qd_isa_best();
     cb->bf16_dot = bd_supported();
+    /* TANDEM_CPU_BF16_DOT=0 keeps bf16 on the f32 paths, for runs compared
+     * with a backend that keeps f32 activations (the GPU's); read once, at
+     * creation, so every product of a backend takes the same path */
+    const char *bf16_env = getenv(CPU_BF16_DOT_ENV);
+    if (bf16_env && *bf16_env) {
+        if (strcmp(bf16_env, "0") != 0 && strcmp(bf16_env, "1") != 0) {
+            free(cb->scratch);
+            free(cb);
+            return error_set(err, ERR_INVALID_ARG, "%s: must be 0 or 1, got \"%s\"", CPU_BF16_DOT_ENV,
+                             bf16_env);
+        }
+        if (bf16_env[0] == '1' && !cb->bf16_dot) {
+            free(cb->scratch);
+            free(cb);
+            return error_set(err, ERR_UNSUPPORTED, "%s=1: this CPU (or build) has no AVX512_BF16",
+                             CPU_BF16_DOT_ENV);
+        }
+        cb->bf16_dot = bf16_env[0] == '1';
+    }
     cb->scratch = calloc((size_t)n_threads, sizeof(*cb->scratch));
     if (!cb->scratch) {
         free(cb);

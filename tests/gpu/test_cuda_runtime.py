@@ -87,8 +87,8 @@ def binary(name):
     return os.path.join(BUILD, BIN[name])
 
 
-def run(cmd, timeout=600):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+def run(cmd, timeout=600, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode != 0:
         raise Fail("%s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
     return r.stdout
@@ -103,9 +103,12 @@ def make_pair(d, draft_preset, target_preset, seed):
 
 
 def gen(model, ids, n, backend, extra=()):
+    # the GPU keeps f32 activations: the CPU too, where AVX512_BF16 would
+    # round bf16 products' activations (kernels/cpu/bfdot.h)
+    env = dict(os.environ, TANDEM_CPU_BF16_DOT="0") if backend == "cpu" else None
     out = run([binary("generate"), "--model", model, "--ids", ",".join(map(str, ids)), "--max-tokens",
                str(n), "--temperature", "0", "--backend", backend, "--device", DEVICE, "--json"]
-              + list(extra))
+              + list(extra), env=env)
     return json.loads(out.strip().splitlines()[-1])
 
 

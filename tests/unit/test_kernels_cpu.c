@@ -746,8 +746,18 @@ static void test_kernels_cpu_matmul_bf16_dot_matches_the_emulation(void **state)
 static void test_kernels_cpu_bf16_dot_can_be_turned_off(void **state)
 {
     (void)state;
-    struct kern_backend *be = make_backend(2);
     char err[ERR_MSG_MAX];
+    /* the environment's choice, read at creation */
+    struct kern_backend *env_be = NULL;
+    assert_int_equal(setenv("TANDEM_CPU_BF16_DOT", "0", 1), 0);
+    assert_int_equal(kern_cpu_create(&env_be, 1, err), 0);
+    assert_int_equal(kern_cpu_bf16_dot(env_be), 0);
+    env_be->ops->destroy(env_be);
+    assert_int_equal(setenv("TANDEM_CPU_BF16_DOT", "yes", 1), 0);
+    assert_int_equal(kern_cpu_create(&env_be, 1, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "TANDEM_CPU_BF16_DOT"));
+    assert_int_equal(unsetenv("TANDEM_CPU_BF16_DOT"), 0);
+    struct kern_backend *be = make_backend(2);
     const int had = bf16_dot_on(be);
     if (!had) {
         assert_int_equal(kern_cpu_set_bf16_dot(be, 1, err), ERR_UNSUPPORTED);
