@@ -467,10 +467,12 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     cb->n_threads = n_threads;
     cb->weight_copy = cpu_thp_available();
     cb->qdot_isa = qd_isa_best();
-    cb->bf16_dot = bd_supported();
-    /* TANDEM_CPU_BF16_DOT=0 keeps bf16 on the f32 paths, for runs compared
-     * with a backend that keeps f32 activations (the GPU's); read once, at
-     * creation, so every product of a backend takes the same path */
+    /* Off by default: its prefill is faster, but its one-row decode read
+     * the weights at 62% of the memory's bandwidth against the f32 path's
+     * 97% (docs/perf/cpu-matmul.md), and decode is what a CPU user waits
+     * on. TANDEM_CPU_BF16_DOT=1 turns it on (=0 keeps it off); read once,
+     * at creation, so every product of a backend takes the same path. */
+    cb->bf16_dot = 0;
     const char *bf16_env = getenv(CPU_BF16_DOT_ENV);
     if (bf16_env && *bf16_env) {
         if (strcmp(bf16_env, "0") != 0 && strcmp(bf16_env, "1") != 0) {
@@ -479,7 +481,7 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
             return error_set(err, ERR_INVALID_ARG, "%s: must be 0 or 1, got \"%s\"", CPU_BF16_DOT_ENV,
                              bf16_env);
         }
-        if (bf16_env[0] == '1' && !cb->bf16_dot) {
+        if (bf16_env[0] == '1' && !bd_supported()) {
             free(cb->scratch);
             free(cb);
             return error_set(err, ERR_UNSUPPORTED, "%s=1: this CPU (or build) has no AVX512_BF16",
