@@ -103,7 +103,8 @@ static int set_grammar(cJSON **grammar, const char *type, const char *flag, cons
             (text = malloc((size_t)n + 1)) != NULL && fread(text, 1, (size_t)n, f) == (size_t)n)
             text[n] = '\0';
         else {
-            fprintf(stderr, "tandem-client: %s: cannot read %s: %s\n", flag, path, strerror(errno));
+            fprintf(stderr, "tandem-client: %s: cannot read %s: %s\n", flag, path,
+                    f != NULL && !ferror(f) && text != NULL ? "short read" : strerror(errno));
             free(text);
             text = NULL;
         }

@@ -154,8 +154,10 @@ static void multi_clear(struct tandem_client *client)
     client->n_multi = 0;
 }
 
-/* Remembers a request of n > 1 choices just sent; 0 or ERR_NOMEM. */
-static int multi_add(struct tandem_client *client, const char *id, int n, char *err)
+/* Room for one more request of several choices and a copy of its id
+ * (*copy, the caller's until multi_commit), taken before the request is
+ * sent so that nothing can fail after it went out. 0 or ERR_NOMEM. */
+static int multi_reserve(struct tandem_client *client, const char *id, char **copy, char *err)
 {
     if (client->n_multi == client->cap_multi) {
         int cap = client->cap_multi ? 2 * client->cap_multi : 8;
@@ -165,12 +167,15 @@ static int multi_add(struct tandem_client *client, const char *id, int n, char *
         client->multi = m;
         client->cap_multi = cap;
     }
-    char *copy = strdup(id);
-    if (copy == NULL)
-        return error_set(err, ERR_NOMEM, "request: out of memory");
+    *copy = strdup(id);
+    return *copy != NULL ? 0 : error_set(err, ERR_NOMEM, "request: out of memory");
+}
+
+/* The request of n > 1 choices whose id copy multi_reserve made was sent. */
+static void multi_commit(struct tandem_client *client, char *copy, int n)
+{
     client->multi[client->n_multi++] = (struct multi_choice){.id = copy, .left = n};
     client->pending += n - 1; /* the send counted one */
-    return 0;
 }
 
 /* A final reply (done or error) read: how many expected replies it ends. */
@@ -447,10 +452,17 @@ int tandem_client_generate(struct tandem_client *client, const struct tandem_cli
     int rc = tandem_client_request_to_json(req, &m, err);
     if (rc != 0)
         return rc;
+    char *id_copy = NULL;
+    if (req->n > 1 && (rc = multi_reserve(client, req->id != NULL ? req->id : "", &id_copy, err)) != 0) {
+        cJSON_Delete(m);
+        return rc;
+    }
     rc = tandem_client_send_json(client, m, err);
     cJSON_Delete(m);
-    if (rc == 0 && req->n > 1)
-        rc = multi_add(client, req->id != NULL ? req->id : "", req->n, err);
+    if (rc == 0 && id_copy != NULL)
+        multi_commit(client, id_copy, req->n);
+    else
+        free(id_copy);
     return rc;
 }
 

@@ -65,6 +65,18 @@ struct choice_ref {
     struct conn_ref conn;
 };
 
+/* Frees what start_choice built into a free record before it failed (the
+ * fields still NULL are left alone). */
+static void unbuild(struct seq *s)
+{
+    free(s->pred);
+    s->pred = NULL;
+    output_destroy(s->out);
+    s->out = NULL;
+    free(s->hist);
+    s->hist = NULL;
+}
+
 /* Queues choice `index` of r as a sequence of its own, with seed. 0, or -1
  * with the client's error sent. */
 static int start_choice(struct coordinator *c, const struct choice_ref *who, const struct request *r,
@@ -93,8 +105,7 @@ static int start_choice(struct coordinator *c, const struct choice_ref *who, con
         return -1;
     }
     if (output_create(&s->out, c->tk, r->stop, r->n_stop, err) != 0) {
-        free(s->hist);
-        s->hist = NULL;
+        unbuild(s);
         replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, err);
         return -1;
     }
@@ -104,12 +115,7 @@ static int start_choice(struct coordinator *c, const struct choice_ref *who, con
         int prc = c->tk == NULL ? ERR_UNAVAILABLE
                                 : tokenizer_encode(c->tk, r->prediction, r->prediction_len, 0, &s->pred, &n, err);
         if (prc != 0) {
-            free(s->pred);
-            s->pred = NULL;
-            output_destroy(s->out);
-            s->out = NULL;
-            free(s->hist);
-            s->hist = NULL;
+            unbuild(s);
             replies_error(c, identity, identity_size, r->id,
                           prc == ERR_NOMEM ? METRICS_ERR_INTERNAL : METRICS_ERR_INVALID_REQUEST,
                           c->tk == NULL ? "prediction: the coordinator has no tokenizer" : err);
@@ -119,12 +125,7 @@ static int start_choice(struct coordinator *c, const struct choice_ref *who, con
     }
     /* the workers compile it from this text; request_from_json compiled it once already */
     if (r->grammar.kind != GRAMMAR_SPEC_NONE && !(s->grammar = grammar_spec_to_json(&r->grammar))) {
-        free(s->pred);
-        s->pred = NULL;
-        output_destroy(s->out);
-        s->out = NULL;
-        free(s->hist);
-        s->hist = NULL;
+        unbuild(s);
         replies_error(c, identity, identity_size, r->id, METRICS_ERR_INTERNAL, "grammar: out of memory");
         return -1;
     }

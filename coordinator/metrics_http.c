@@ -40,9 +40,10 @@ int metrics_http_create(struct metrics_http **out, const char *listen_addr, char
 {
     *out = NULL;
     struct sockaddr_in sa;
-    int rc = proc_config_listen_addr(listen_addr, &sa, err);
+    char why[ERR_MSG_MAX];
+    int rc = proc_config_listen_addr(listen_addr, &sa, why);
     if (rc != 0)
-        return error_set(err, rc, "coordinator.metrics_listen: %s", listen_addr);
+        return error_set(err, rc, "coordinator.metrics_listen: %s", why);
     struct metrics_http *h = calloc(1, sizeof *h);
     if (h == NULL)
         return error_set(err, ERR_NOMEM, "metrics_http: out of memory");

@@ -343,12 +343,10 @@ void front_destroy(struct front *f)
     if (f == NULL)
         return;
     front_stop(f);
-    if (f->listen_fd >= 0)
-        close(f->listen_fd);
-    if (f->epoll_fd >= 0)
-        close(f->epoll_fd);
-    if (f->wake_fd >= 0)
-        close(f->wake_fd);
+    const int fds[3] = {f->listen_fd, f->epoll_fd, f->wake_fd};
+    for (int i = 0; i < 3; i++)
+        if (fds[i] >= 0 && close(fds[i]) != 0)
+            LOG_WARN("front: close: %s", strerror(errno));
     free(f->slots);
     free(f->free_stack);
     free(f);

@@ -115,6 +115,12 @@ int specdec_controls_dev(struct specdec_target *t, int n, char *err)
                               (size_t)t->vocab * sizeof(float), err);
         if (!rc)
             rc = specdec_dev_download_logits(t->dev, row0, j->k + 1, t->lp_rows, err);
+        /* logprobs are the raw rows' (dev_job_logprobs reads them here) */
+        if (!rc && j->logprobs)
+            rc = specdec_grow((void **)&t->raw_rows, &t->raw_cap, row, (size_t)t->vocab * sizeof(float), err);
+        if (!rc && j->logprobs)
+            memcpy(t->raw_rows + (size_t)row0 * (size_t)t->vocab, t->lp_rows,
+                   (size_t)(j->k + 1) * (size_t)t->vocab * sizeof(float));
         if (!rc && j->ctl)
             rc = specdec_controls_rows(t, j, t->lp_rows, err);
         if (!rc && j->gram)

@@ -62,6 +62,12 @@ struct specdec_target {
                            accept/reject step adjusts rows in place; the device
                            path downloads them here) */
     int lp_cap;
+    /* Device path: the raw rows (before controls and grammar masks) of the
+     * step's jobs that want logprobs and change their rows on the host
+     * (specdec_controls_dev), at their device row index: logprobs are the
+     * raw ones, as the host path keeps them (keep_logits). [raw_cap, vocab] */
+    float *raw_rows;
+    int raw_cap;
     int32_t *tokens;    /* [tokens_cap]: feed tail + drafts of each finishing job */
     int tokens_cap;
     struct llama_seq_batch *entries;

@@ -47,6 +47,7 @@ void specdec_target_destroy(struct specdec_target *t)
     free(t->argmax_rows);
     free(t->logits);
     free(t->lp_rows);
+    free(t->raw_rows);
     specdec_controls_free(t);
     free(t->scratch);
     free(t->tokens);
@@ -249,6 +250,8 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
 static int dev_job_logprobs(struct specdec_target *t, struct specdec_verify_job *j, int row0,
                             char *err)
 {
+    if (j->ctl || j->gram) /* the device rows were changed: the raw ones were kept */
+        return job_logprobs(t, j, t->raw_rows + (size_t)row0 * (size_t)t->vocab, err);
     int rc = specdec_grow((void **)&t->lp_rows, &t->lp_cap, j->n_accepted + 1,
                           (size_t)t->vocab * sizeof(float), err);
     if (!rc)

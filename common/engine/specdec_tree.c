@@ -9,11 +9,14 @@
 int specdec_tree_verify_greedy(struct llama_ctx *ctx, int slot, const struct specdec_tree *tree,
                                int32_t *out, int *n_out, char *err)
 {
-    const int n = tree->n + 1; /* `last` is node 0, the tree's root */
-    if (tree->n < 0 || n > LLAMA_TREE_MAX || (tree->n > 0 && (!tree->tokens || !tree->parents)))
+    if (tree->n < 0 || tree->n > LLAMA_TREE_MAX - 1)
         return error_set(err, ERR_INVALID_ARG,
                          "tree verify: %d candidates, at most %d after the last token", tree->n,
                          LLAMA_TREE_MAX - 1);
+    if (tree->n > 0 && (!tree->tokens || !tree->parents))
+        return error_set(err, ERR_INVALID_ARG, "tree verify: %d candidates without their tokens or parents",
+                         tree->n);
+    const int n = tree->n + 1; /* `last` is node 0, the tree's root */
     int32_t tokens[LLAMA_TREE_MAX], parents[LLAMA_TREE_MAX], picks[LLAMA_TREE_MAX],
         path[LLAMA_TREE_MAX];
     tokens[0] = tree->last;

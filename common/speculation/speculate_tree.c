@@ -128,7 +128,7 @@ static int try_children(const struct speculate_tree_input *in, int node, uint64_
         const double qx = q ? (double)q[x] : 1.0;
         const double rx = *r_used ? (double)r[x] : (double)p[x];
         const float u = philox_uniform(in->seed, PHILOX_STREAM_TARGET_ACCEPT, pos, (uint32_t)j);
-        if ((double)u * qx * sum < rx || (qx == 0.0 && rx > 0.0))
+        if ((double)u * qx * sum < rx) /* q(x) = 0 < r(x): accepted, the limit of min(1, r/q) */
             return c;
         if (faulty)
             continue;

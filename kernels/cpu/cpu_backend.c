@@ -476,13 +476,11 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     const char *bf16_env = getenv(CPU_BF16_DOT_ENV);
     if (bf16_env && *bf16_env) {
         if (strcmp(bf16_env, "0") != 0 && strcmp(bf16_env, "1") != 0) {
-            free(cb->scratch);
             free(cb);
             return error_set(err, ERR_INVALID_ARG, "%s: must be 0 or 1, got \"%s\"", CPU_BF16_DOT_ENV,
                              bf16_env);
         }
         if (bf16_env[0] == '1' && !bd_supported()) {
-            free(cb->scratch);
             free(cb);
             return error_set(err, ERR_UNSUPPORTED, "%s=1: this CPU (or build) has no AVX512_BF16",
                              CPU_BF16_DOT_ENV);

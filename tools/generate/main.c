@@ -412,8 +412,6 @@ static int load_model(const char *dir, struct kern_backend *be, enum quantize_mo
     return llama_ctx_create(ctx, *model, &p, err);
 }
 
-/* The draft must share the target's vocabulary and EOS ids, or its tokens
- * mean something else. */
 /* --dump-logits: slot 0 emptied, then prompt + out[0..n_out-2] in one
  * forward call whose every row keeps its logits, written to path. */
 static int dump_logits(struct llama_ctx *ctx, const int32_t *prompt, int n_prompt,
@@ -444,6 +442,8 @@ static int dump_logits(struct llama_ctx *ctx, const int32_t *prompt, int n_promp
     return rc;
 }
 
+/* The draft must share the target's vocabulary and EOS ids, or its tokens
+ * mean something else. */
 static int check_pair(const struct model_config *t, const struct model_config *d, char *err)
 {
     if (t->vocab_size != d->vocab_size)
