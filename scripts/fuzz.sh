@@ -55,6 +55,7 @@ run_one() {
   [[ -d $fuzz_dir/regressions/$t ]] && seeds+=("$fuzz_dir/regressions/$t")
   local before after rc=0
   before=$(find "$crashes" -type f | wc -l)
+  touch "$log.start"
   # -timeout: one input over 10 s is a hang; -rss_limit_mb: a parser that
   # allocates gigabytes for a small file is a bug too. ASan's leak check
   # stays on (a leak is reported like a crash).
@@ -66,7 +67,14 @@ run_one() {
   stats=$(grep -aE '^#[0-9]+.*(DONE|cov:)' "$log" | tail -1 || true)
   if ((rc != 0 || after > before)); then
     echo "fuzz: $t: FOUND SOMETHING (exit $rc); log $log, inputs in $crashes" >&2
-    grep -a -m1 -E 'ERROR: |runtime error|SUMMARY' "$log" >&2 || true
+    # CI keeps only what is printed: the report's stack and the input itself
+    # (base64) make a find reproducible without the machine it ran on.
+    awk '/ERROR: |runtime error/ {on = 1} on && n < 40 {print; n++}' "$log" >&2 || true
+    local f
+    for f in $(find "$crashes" -type f -newer "$log.start" 2>/dev/null | head -3); do
+      echo "fuzz: $t: input $(basename "$f") ($(stat -c %s "$f") bytes), base64:" >&2
+      head -c 4096 "$f" | base64 -w 0 >&2; echo >&2
+    done
     return 1
   fi
   echo "fuzz: $t: clean after ${time_s}s: ${stats#*\#}"

@@ -48,6 +48,7 @@ struct grammar_engine {
     int accepted;
     int depth;   /* of expand's recursion */
     int fail_rc; /* why the last expansion failed: ERR_NOMEM or ERR_RANGE */
+    int fail_wide; /* the ERR_RANGE was a set past GRAMMAR_SET_STACKS_MAX */
     int32_t start;
 };
 
@@ -151,6 +152,13 @@ static int expand_node(struct grammar_engine *e, int32_t id)
     int32_t el = g->elems[n.pos];
     switch (GRAMMAR_ELEM_KIND(el)) {
     case GRAMMAR_KIND_CLASS:
+        /* An ambiguous grammar (`x* x*`) can double its live parses with
+         * every byte; the cap turns that into an error instead of a set of
+         * millions of stacks sorted 256 times a state. */
+        if (e->n_out >= GRAMMAR_SET_STACKS_MAX) {
+            e->fail_wide = 1;
+            return e->fail_rc = ERR_RANGE;
+        }
         if (grow((void **)&e->out, sizeof *e->out, &e->cap_out, e->n_out + 1, NULL))
             return ERR_NOMEM;
         e->out[e->n_out++] = id;
@@ -259,6 +267,7 @@ static void begin_set(struct grammar_engine *e)
     e->accepted = 0;
     e->depth = 0;
     e->fail_rc = 0;
+    e->fail_wide = 0;
     if (++e->stamp == 0) { /* wrapped: old stamps could collide */
         memset(e->node_stamp, 0, (size_t)e->n_nodes * sizeof *e->node_stamp);
         e->stamp = 1;
@@ -281,6 +290,17 @@ static int32_t step(struct grammar_engine *e, int32_t state, unsigned byte)
             return -1;
     }
     return finish_set(e);
+}
+
+static int range_error(const struct grammar_engine *e, char *err)
+{
+    if (e->fail_wide)
+        return error_set(err, ERR_RANGE,
+                         "grammar: more than %d parses alive at once (an ambiguous grammar, "
+                         "such as x* x*)",
+                         GRAMMAR_SET_STACKS_MAX);
+    return error_set(err, ERR_RANGE, "grammar: rules nest more than %d deep",
+                     GRAMMAR_EXPAND_DEPTH_MAX);
 }
 
 int grammar_engine_create(struct grammar_engine **out, struct grammar *g, size_t memory_max_bytes,
@@ -309,12 +329,10 @@ int grammar_engine_create(struct grammar_engine **out, struct grammar *g, size_t
         }
     }
     if (root < 0 || (e->start = finish_set(e)) < 0) {
-        int range = e->fail_rc == ERR_RANGE;
+        int rc = e->fail_rc == ERR_RANGE ? range_error(e, err)
+                                         : error_set(err, ERR_NOMEM, "grammar: out of memory");
         grammar_engine_destroy(e);
-        if (range)
-            return error_set(err, ERR_RANGE, "grammar: rules nest more than %d deep",
-                             GRAMMAR_EXPAND_DEPTH_MAX);
-        return error_set(err, ERR_NOMEM, "grammar: out of memory");
+        return rc;
     }
     *out = e;
     return 0;
@@ -372,8 +390,7 @@ const int32_t *grammar_engine_row(struct grammar_engine *e, int32_t state, int *
     return row;
 full:
     if (e->fail_rc == ERR_RANGE)
-        *rc = error_set(err, ERR_RANGE, "grammar: rules nest more than %d deep",
-                        GRAMMAR_EXPAND_DEPTH_MAX);
+        *rc = range_error(e, err);
     else
         *rc = error_set(err, ERR_NOMEM,
                         "grammar: the matcher's state cache is over its cap of %zu MiB",

@@ -30,6 +30,9 @@
 #define GRAMMAR_STATE_DEAD 0
 /* Rules nested at one position of the input, at most (deeper: ERR_RANGE). */
 #define GRAMMAR_EXPAND_DEPTH_MAX 2048
+/* Stacks in one state, at most (more: ERR_RANGE). A JSON schema's states hold
+ * a few dozen; only an ambiguous grammar comes near. */
+#define GRAMMAR_SET_STACKS_MAX 4096
 /* Default cap on an engine's memory (interned stacks, sets and rows). */
 #define GRAMMAR_ENGINE_MEMORY_DEFAULT ((size_t)256 << 20)
 
@@ -37,7 +40,7 @@ struct grammar_engine;
 
 /* Takes ownership of g (freed by destroy, also on failure). memory_max_bytes:
  * the cap described above (0: the default). ERR_NOMEM, ERR_RANGE (rules
- * nested past GRAMMAR_EXPAND_DEPTH_MAX). */
+ * nested past GRAMMAR_EXPAND_DEPTH_MAX, a state past GRAMMAR_SET_STACKS_MAX). */
 int grammar_engine_create(struct grammar_engine **out, struct grammar *g, size_t memory_max_bytes,
                           char *err);
 void grammar_engine_destroy(struct grammar_engine *e); /* NULL-safe */
@@ -52,11 +55,11 @@ int grammar_engine_can_end(const struct grammar_engine *e, int32_t state);
 /* The transitions of `state` on all 256 bytes (GRAMMAR_STATE_DEAD where the
  * byte is refused), computed on first use. The row lives as long as e.
  * NULL with ERR_NOMEM in *rc (and the reason in err) past the memory cap,
- * ERR_RANGE past GRAMMAR_EXPAND_DEPTH_MAX. */
+ * ERR_RANGE past GRAMMAR_EXPAND_DEPTH_MAX or GRAMMAR_SET_STACKS_MAX. */
 const int32_t *grammar_engine_row(struct grammar_engine *e, int32_t state, int *rc, char *err);
 
 /* Feeds bytes[0..len) from `state`; *next is the state after them, DEAD as
- * soon as one is refused. Returns 0 or ERR_NOMEM. */
+ * soon as one is refused. Returns 0, or an error of grammar_engine_row. */
 int grammar_engine_feed(struct grammar_engine *e, int32_t state, const void *bytes, size_t len,
                         int32_t *next, char *err);
 

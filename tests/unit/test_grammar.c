@@ -438,6 +438,28 @@ static void test_engine_refuses_rules_nested_too_deep(void **state)
     free(text);
 }
 
+/* An ambiguous grammar doubles its live parses with each byte: the engine
+ * refuses it by name once a state passes the cap, within a few bytes, where
+ * without the cap a fuzzer found it sorting millions of stacks. */
+static void test_engine_refuses_ambiguous_grammar(void **state)
+{
+    (void)state;
+    static const char text[] = "root ::= [^DF] root* root*";
+    char err[ERR_MSG_MAX] = "";
+    struct grammar *g;
+    assert_int_equal(grammar_gbnf_parse(text, sizeof text - 1, &g, err), 0);
+    struct grammar_engine *e = NULL;
+    assert_int_equal(grammar_engine_create(&e, g, 0, err), 0);
+    int32_t s = grammar_engine_start(e);
+    int rc = 0, n = 0;
+    for (; n < 64 && rc == 0; n++)
+        rc = grammar_engine_feed(e, s, "a", 1, &s, err);
+    assert_int_equal(rc, ERR_RANGE);
+    assert_non_null(strstr(err, "parses alive at once"));
+    assert_true(n > 4); /* a few bytes are fine: the cap is not hit at once */
+    grammar_engine_destroy(e);
+}
+
 /* The trained pair's tokenizer as the mask's vocabulary. */
 static struct token_mask_vocab *test_vocab(void)
 {
@@ -612,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_matcher_rolls_back_tokens),
         cmocka_unit_test(test_engine_memory_cap_is_an_error),
         cmocka_unit_test(test_engine_refuses_rules_nested_too_deep),
+        cmocka_unit_test(test_engine_refuses_ambiguous_grammar),
         cmocka_unit_test(test_mask_equals_matcher_on_every_token),
         cmocka_unit_test(test_mask_equals_matcher_on_llama3),
         cmocka_unit_test(test_mask_apply_and_draft_cut),
