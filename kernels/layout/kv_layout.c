@@ -21,17 +21,18 @@ static int path_check(const struct kern_kv_layout *kv, int i, int64_t covered, c
                          op, i, o1, o0);
     if (o1 == o0)
         return 0;
-    const int32_t depth = o1 - o0;
-    if (depth > pos + 1)
-        return error_set(err, ERR_RANGE, "%s: row %d is a tree node of depth %d at position %d",
-                         op, i, depth, pos);
-    int32_t prev = pos + 1 - depth - 1; /* the first slot is at least L */
+    /* in 64 bits: pos and the offsets come from a message, any int32 */
+    const int64_t depth = (int64_t)o1 - o0;
+    if (depth > (int64_t)pos + 1)
+        return error_set(err, ERR_RANGE, "%s: row %d is a tree node of depth %lld at position %d",
+                         op, i, (long long)depth, pos);
+    int64_t prev = (int64_t)pos - depth; /* the first slot is at least L */
     for (int32_t j = o0; j < o1; j++) {
         if (kv->path_phys[j] <= prev || kv->path_phys[j] >= covered)
             return error_set(err, ERR_RANGE,
-                             "%s: row %d's path puts depth %d at slot %d (after %d, inside %lld "
-                             "positions)", op, i, j - o0 + 1, kv->path_phys[j], prev,
-                             (long long)covered);
+                             "%s: row %d's path puts depth %d at slot %d (after %lld, inside "
+                             "%lld positions)", op, i, j - o0 + 1, kv->path_phys[j],
+                             (long long)prev, (long long)covered);
         prev = kv->path_phys[j];
     }
     return 0;

@@ -592,6 +592,37 @@ static void test_tree_malformed_is_refused(void **state)
     fixture_close(&m);
 }
 
+/* The layout check every backend runs refuses paths that do not fit, with
+ * positions anywhere in int32 (a message's values), never overflowing. */
+static void test_tree_layout_check_refuses_bad_paths(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    int32_t tables[4] = {0, 1, 2, 3}, off[2] = {0, 2};
+    int32_t rows[2] = {0, 9}, phys[2] = {8, 9};
+    struct kern_kv_layout kv = {.block_size = 4, .n_blocks = 4, .n_seqs = 1, .table_stride = 4,
+                                .tables = tables, .rows = rows, .path_offset = off,
+                                .path_phys = phys};
+    assert_int_equal(kern_kv_layout_check(&kv, 1, "t", err), 0); /* depth 2 at 9: slots 8, 9 */
+    static const struct {
+        int32_t pos, phys0, phys1;
+        const char *says;
+    } bad[] = {
+        {INT32_MAX, 8, 9, "at slot 8"},          /* L far above every slot */
+        {INT32_MIN, 8, 9, "tree node of depth 2"}, /* a depth past the position */
+        {0, 8, 9, "tree node of depth 2"},
+        {9, 9, 9, "at slot 9 (after 9"},         /* not strictly increasing */
+        {9, 7, 9, "at slot 7 (after 7"},         /* below L = 8 */
+        {9, 8, 16, "inside 16 positions"},       /* past the table */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rows[1] = bad[i].pos, phys[0] = bad[i].phys0, phys[1] = bad[i].phys1;
+        assert_int_equal(kern_kv_layout_check(&kv, 1, "t", err), ERR_RANGE);
+        if (!strstr(err, bad[i].says))
+            fail_msg("case %zu: \"%s\" does not say \"%s\"", i, err, bad[i].says);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -600,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_tree_nodes_are_their_paths_bit_for_bit_head_size_8),
         cmocka_unit_test(test_tree_rounds_leave_the_kv_of_linear_decoding),
         cmocka_unit_test(test_tree_malformed_is_refused),
+        cmocka_unit_test(test_tree_layout_check_refuses_bad_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
