@@ -460,6 +460,52 @@ static void test_engine_refuses_ambiguous_grammar(void **state)
     grammar_engine_destroy(e);
 }
 
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* token_mask_apply works a 64-bit word at a time; against a bit-at-a-time
+ * reference over masks with all-refused, all-allowed and mixed words, a
+ * vocabulary not a multiple of 64, and EOS ids with and without bits,
+ * repeated and out of range, where the grammar can end and where not. */
+static void test_mask_apply_equals_bit_by_bit(void **state)
+{
+    (void)state;
+    enum { N = 64 * 5 + 37, WORDS = (N + 63) / 64 };
+    const int32_t eos_ids[] = {N - 1, 70, 70, -3, N + 5, 130};
+    const struct token_mask_eos eos = {eos_ids, 6};
+    uint64_t rng = 0x5eed;
+    for (int trial = 0; trial < 200; trial++) {
+        uint64_t bits[WORDS];
+        for (int w = 0; w < WORDS; w++) {
+            uint64_t r = splitmix(&rng);
+            int kind = (int)(r % 4);
+            bits[w] = kind == 0 ? 0 : kind == 1 ? ~0ull : splitmix(&rng);
+        }
+        const int can_end = trial & 1;
+        float got[N], want[N];
+        for (int i = 0; i < N; i++)
+            got[i] = want[i] = (float)(i % 17) - 8.0f;
+        int32_t want_allowed = 0;
+        for (int i = 0; i < N; i++) {
+            int keep = token_mask_test(bits, i);
+            for (int e = 0; e < eos.n && can_end; e++)
+                keep |= eos_ids[e] == i;
+            want_allowed += keep;
+            if (!keep)
+                want[i] = -INFINITY;
+        }
+        assert_int_equal(token_mask_apply(bits, got, N, &eos, can_end), want_allowed);
+        for (int i = 0; i < N; i++)
+            if (!(got[i] == want[i] || (isinf(got[i]) && isinf(want[i]))))
+                fail_msg("trial %d token %d: %g, want %g", trial, i, got[i], want[i]);
+    }
+}
+
 /* The trained pair's tokenizer as the mask's vocabulary. */
 static struct token_mask_vocab *test_vocab(void)
 {
@@ -635,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_engine_memory_cap_is_an_error),
         cmocka_unit_test(test_engine_refuses_rules_nested_too_deep),
         cmocka_unit_test(test_engine_refuses_ambiguous_grammar),
+        cmocka_unit_test(test_mask_apply_equals_bit_by_bit),
         cmocka_unit_test(test_mask_equals_matcher_on_every_token),
         cmocka_unit_test(test_mask_equals_matcher_on_llama3),
         cmocka_unit_test(test_mask_apply_and_draft_cut),
