@@ -392,6 +392,8 @@ size_t token_mask_words(const struct token_mask *m)
  * the error itself). */
 static const struct partition *partition_of(struct token_mask *m, int32_t state)
 {
+    if (state < 0) /* CHAR_MIXED and CHAR_UNKNOWN are not states */
+        return NULL;
     if (state >= m->n_parts) {
         int32_t n = m->n_parts ? m->n_parts : 256;
         while (n <= state)
@@ -470,8 +472,10 @@ static int32_t char_next(struct token_mask *m, int32_t state, struct partition *
                 break;
             }
             t = q->row[forms[f][0][k]];
-            if (t == GRAMMAR_STATE_DEAD && k > 0)
+            if (t == GRAMMAR_STATE_DEAD && k > 0) {
                 t = CHAR_MIXED; /* a character that dies half-way */
+                break;
+            }
         }
         target = target == CHAR_UNKNOWN || target == t ? t : CHAR_MIXED;
     }

@@ -506,6 +506,41 @@ static void test_mask_apply_equals_bit_by_bit(void **state)
     }
 }
 
+/* A state where text loops but a multi-byte character dies after its lead
+ * byte: the text shortcut must call the character mixed and stop there (it
+ * once went on to look up the partition of "state" -2, found by the fuzzer
+ * as a read before the array). The masks still agree with the matcher. */
+static void test_mask_character_dying_half_way(void **state)
+{
+    (void)state;
+    static const char text[] = "root ::= ([a] | [\\xE1-\\xEC] \"x\")*";
+    const char *toks[] = {"a", "aa", "aaa", "x", "\xe1\x80\x80", "\xe1x"};
+    enum { N = sizeof toks / sizeof *toks };
+    char err[ERR_MSG_MAX] = "";
+    struct grammar *g;
+    if (grammar_gbnf_parse(text, sizeof text - 1, &g, err))
+        fail_msg("%s", err);
+    struct grammar_engine *e;
+    assert_int_equal(grammar_engine_create(&e, g, 0, err), 0);
+    const uint8_t *bytes[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++)
+        bytes[i] = (const uint8_t *)toks[i], lens[i] = strlen(toks[i]);
+    struct token_mask_vocab *v;
+    assert_int_equal(token_mask_vocab_create(&v, bytes, lens, N, err), 0);
+    struct token_mask *m;
+    assert_int_equal(token_mask_create(&m, e, v, 0, err), 0);
+    uint64_t bits[1];
+    assert_int_equal(token_mask_compute(m, grammar_engine_start(e), bits, err), 0);
+    const int want[N] = {1, 1, 1, 0, 0, 1};
+    for (int i = 0; i < N; i++)
+        if (token_mask_test(bits, i) != want[i])
+            fail_msg("token %d: allowed %d, want %d", i, token_mask_test(bits, i), want[i]);
+    token_mask_destroy(m);
+    token_mask_vocab_destroy(v);
+    grammar_engine_destroy(e);
+}
+
 /* The trained pair's tokenizer as the mask's vocabulary. */
 static struct token_mask_vocab *test_vocab(void)
 {
@@ -682,6 +717,7 @@ int main(void)
         cmocka_unit_test(test_engine_refuses_rules_nested_too_deep),
         cmocka_unit_test(test_engine_refuses_ambiguous_grammar),
         cmocka_unit_test(test_mask_apply_equals_bit_by_bit),
+        cmocka_unit_test(test_mask_character_dying_half_way),
         cmocka_unit_test(test_mask_equals_matcher_on_every_token),
         cmocka_unit_test(test_mask_equals_matcher_on_llama3),
         cmocka_unit_test(test_mask_apply_and_draft_cut),
