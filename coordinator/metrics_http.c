@@ -19,6 +19,7 @@
 #include "error.h"
 #include "logging.h"
 #include "proc_config.h"
+#include "tcp_listen.h"
 
 #define METRICS_HTTP_HEAD_MAX 4096
 
@@ -49,24 +50,8 @@ int metrics_http_create(struct metrics_http **out, const char *listen_addr, char
         return error_set(err, ERR_NOMEM, "metrics_http: out of memory");
     for (int i = 0; i < METRICS_HTTP_CONNS; i++)
         h->conns[i].fd = -1;
-    const int one = 1;
-    const char *call = NULL;
-    h->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (h->listen_fd < 0)
-        call = "socket";
-    else if (setsockopt(h->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
-        call = "setsockopt(SO_REUSEADDR)";
-    else if (bind(h->listen_fd, (const struct sockaddr *)&sa, sizeof sa) != 0)
-        call = "bind";
-    else if (listen(h->listen_fd, METRICS_HTTP_CONNS) != 0)
-        call = "listen";
-    if (call != NULL) {
-        /* an address in use or not ours will not change on a restart: a
-         * configuration error (exit 78), not ERR_SYSTEM */
-        const bool place = strcmp(call, "bind") == 0 || strcmp(call, "listen") == 0;
-        rc = error_set(err, place ? ERR_INVALID_ARG : ERR_SYSTEM, "coordinator.metrics_listen: %s on %s: %s%s", call,
-                       listen_addr, strerror(errno),
-                       errno == EADDRINUSE ? " (another process listens there: stop it or choose another port)" : "");
+    if ((rc = tcp_listen_open(&sa, METRICS_HTTP_CONNS, listen_addr, &h->listen_fd, why)) != 0) {
+        rc = error_set(err, rc, "coordinator.metrics_listen: %s", why);
         metrics_http_destroy(h);
         return rc;
     }

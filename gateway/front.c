@@ -25,6 +25,7 @@
 #include "head_check.h"
 #include "http_reply.h"
 #include "logging.h"
+#include "tcp_listen.h"
 #include "watch.h"
 
 #define FRONT_TAG_LISTEN UINT32_MAX
@@ -83,18 +84,19 @@ int front_create(struct front **out, const struct front_params *p, char *err)
         f->slots[i].fd = -1;
         f->free_stack[f->n_free++] = p->max_sockets - 1 - i;
     }
-    const int one = 1;
+    char addr_text[INET_ADDRSTRLEN + 8] = "?";
+    char ip[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &p->addr.sin_addr, ip, sizeof ip) != NULL)
+        snprintf(addr_text, sizeof addr_text, "%s:%u", ip, (unsigned)ntohs(p->addr.sin_port));
+    char why[ERR_MSG_MAX];
+    int rc = tcp_listen_open(&p->addr, SOMAXCONN, addr_text, &f->listen_fd, why);
+    if (rc != 0) {
+        rc = error_set(err, rc, "front: %s", why);
+        front_destroy(f);
+        return rc;
+    }
     const char *call = NULL;
-    f->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (f->listen_fd < 0)
-        call = "socket";
-    else if (setsockopt(f->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
-        call = "setsockopt(SO_REUSEADDR)";
-    else if (bind(f->listen_fd, (const struct sockaddr *)&p->addr, sizeof p->addr) != 0)
-        call = "bind";
-    else if (listen(f->listen_fd, SOMAXCONN) != 0)
-        call = "listen";
-    else if ((f->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+    if ((f->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0)
         call = "epoll_create1";
     else if ((f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         call = "eventfd";
@@ -102,7 +104,7 @@ int front_create(struct front **out, const struct front_params *p, char *err)
              epoll_watch(f, EPOLL_CTL_ADD, f->wake_fd, EPOLLIN, FRONT_TAG_WAKE) != 0)
         call = "epoll_ctl";
     if (call != NULL) {
-        int rc = error_set(err, ERR_SYSTEM, "front: %s: %s", call, strerror(errno));
+        rc = error_set(err, ERR_SYSTEM, "front: %s: %s", call, strerror(errno));
         front_destroy(f);
         return rc;
     }

@@ -15,12 +15,13 @@ one gateway log line; restarted with gateway.strict_fields: true, the same
 unknown field is a 400 naming it. ignore_eos: true generates past EOS up to
 max_tokens: the same ids as without it up to the EOS, then more."""
 import json
+import subprocess
 import signal
 import socket
 import threading
 import time
 
-from tandem_e2e import Fail, Pipeline, check, http, main, reference, require_gateway
+from tandem_e2e import Fail, Pipeline, binary, check, http, main, reference, require_gateway
 
 KEY = "sk-test-123"
 AUTH = {"Authorization": "Bearer " + KEY}
@@ -239,6 +240,15 @@ def test():
     check(st == 200 and "tandem-ignored-fields" not in h, "strict, ignore_eos: %d %s" % (st, h))
     st, h, _ = http("POST", p.base_url + "/v1/completions", dict(comp, repetition_penalty=1), headers=AUTH)
     check(st == 200 and "tandem-ignored-fields" not in h, "strict, repetition_penalty 1: %d %s" % (st, h))
+
+    # A second gateway on the address the first holds: a configuration error
+    # (78, not restarted by the supervisor) that says why, as the
+    # coordinator's metrics port does (one listen rule, common/base).
+    r = subprocess.run([binary("gateway"), "--config", p.dir + "/config.json"], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode == 78 and "another process listens there" in r.stderr,
+          "a taken HTTP port: exit %d, %s" % (r.returncode, r.stderr[-500:]))
+    check(p.procs["gateway"].poll() is None, "the first gateway died")
 
 
 if __name__ == "__main__":
