@@ -11,18 +11,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BD_X86 1
-#include <cpuid.h>
-
-/* AVX512_BF16: CPUID leaf 7, sub-leaf 1, EAX bit 5 (not every compiler's
- * __builtin_cpu_supports knows the name). The OS's saving of the 512-bit
- * state is what the "avx512f" check already asks. */
-static int bd_cpu_has_avx512bf16(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
-        return 0;
-    return (a >> 5) & 1;
-}
+#include "cpu_features.h"
 #endif
 
 int bd_supported(void)
@@ -31,7 +20,7 @@ int bd_supported(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma") && bd_cpu_has_avx512bf16();
+           __builtin_cpu_supports("fma") && cpu_leaf7_1_eax_has(CPU_LEAF7_1_EAX_AVX512BF16);
 #else
     return 0;
 #endif

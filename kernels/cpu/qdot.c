@@ -262,18 +262,7 @@ void qd_panels_scalar(const struct qd_job *job, int p0, int np)
 #endif
 
 #ifdef QD_X86
-#include <cpuid.h>
-
-/* AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 (clang 14's
- * __builtin_cpu_supports does not know the name). The OS's saving of the
- * 256-bit state is what the "avx2" check already asks. */
-static int qd_cpu_has_avxvnni(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
-        return 0;
-    return (a >> 4) & 1;
-}
+#include "cpu_features.h"
 #endif
 
 int qd_isa_supported(int isa)
@@ -286,7 +275,7 @@ int qd_isa_supported(int isa)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case QD_ISA_AVXVNNI:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && qd_cpu_has_avxvnni();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_leaf7_1_eax_has(CPU_LEAF7_1_EAX_AVXVNNI);
     case QD_ISA_AVX512VNNI:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
