@@ -2,6 +2,7 @@
 #include "ngram.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 #include "error.h"
 
@@ -50,11 +51,12 @@ static bool matches_tail(const struct ext_seq *e, int i, int n)
     return true;
 }
 
-/* The most frequent token after an earlier occurrence of the last n tokens
- * within the window (ties: the most recent), or -1. */
-static int32_t predict_order(const struct ext_seq *e, int n, int window)
+/* The tokens that followed earlier occurrences of the last n tokens within
+ * the window, best first: the most frequent, then the most recent; at most
+ * max of them into tok. Returns how many (0: no occurrence). */
+static int rank_order(const struct ext_seq *e, int n, int window, int32_t *tok, int max)
 {
-    int32_t tok[NGRAM_CANDIDATES];
+    int32_t cand[NGRAM_CANDIDATES];
     int count[NGRAM_CANDIDATES], last[NGRAM_CANDIDATES];
     int n_cand = 0;
     const int from = e->len - window > 0 ? e->len - window : 0;
@@ -65,38 +67,85 @@ static int32_t predict_order(const struct ext_seq *e, int n, int window)
             continue;
         const int32_t next = at(e, i + n);
         int c = 0;
-        while (c < n_cand && tok[c] != next)
+        while (c < n_cand && cand[c] != next)
             c++;
         if (c == n_cand) {
             if (n_cand == NGRAM_CANDIDATES)
                 continue;
-            tok[c] = next;
+            cand[c] = next;
             count[c] = 0;
             n_cand++;
         }
         count[c]++;
         last[c] = i;
     }
-    int best = -1;
-    for (int c = 0; c < n_cand; c++)
-        if (best < 0 || count[c] > count[best] || (count[c] == count[best] && last[c] > last[best]))
-            best = c;
-    return best < 0 ? -1 : tok[best];
+    int n_out = 0;
+    bool taken[NGRAM_CANDIDATES] = {false};
+    for (; n_out < max && n_out < n_cand; n_out++) {
+        int best = -1;
+        for (int c = 0; c < n_cand; c++)
+            if (!taken[c] && (best < 0 || count[c] > count[best] ||
+                              (count[c] == count[best] && last[c] > last[best])))
+                best = c;
+        taken[best] = true;
+        tok[n_out] = cand[best];
+    }
+    return n_out;
+}
+
+/* The candidates after e, from its longest matching order; returns how
+ * many (at most max). */
+static int candidates(const struct ngram_params *p, const struct ext_seq *e, int32_t *tok, int max)
+{
+    for (int n = p->n_max; n >= p->n_min; n--) {
+        const int k = e->len > n ? rank_order(e, n, p->window, tok, max) : 0;
+        if (k > 0)
+            return k;
+    }
+    return 0;
 }
 
 int ngram_draft(const struct ngram_params *p, const int32_t *hist, int n_hist, int k_max, int32_t *out)
 {
     struct ext_seq e = {.hist = hist, .n_hist = n_hist, .pred = out, .len = n_hist};
     int k = 0;
-    while (k < k_max) {
-        int32_t next = -1;
-        for (int n = p->n_max; n >= p->n_min && next < 0; n--)
-            if (e.len > n)
-                next = predict_order(&e, n, p->window);
-        if (next < 0)
-            break;
-        out[k++] = next;
+    while (k < k_max && candidates(p, &e, &out[k], 1) == 1) {
+        k++;
         e.len++;
     }
     return k;
+}
+
+int ngram_draft_tree(const struct ngram_params *p, const int32_t *hist, int n_hist, int depth_max,
+                     int nodes_max, int branch, struct draft_tree *out)
+{
+    draft_tree_clear(out);
+    if (depth_max > DRAFT_TREE_NODES_MAX)
+        depth_max = DRAFT_TREE_NODES_MAX;
+    if (branch > NGRAM_TREE_BRANCH_MAX)
+        branch = NGRAM_TREE_BRANCH_MAX;
+    if (depth_max < 1 || nodes_max < 1)
+        return 0;
+    int32_t main_chain[DRAFT_TREE_NODES_MAX], alt[DRAFT_TREE_NODES_MAX];
+    const int len = ngram_draft(p, hist, n_hist, depth_max, main_chain);
+    draft_tree_add_chain(out, main_chain, len, 1, nodes_max);
+    /* then, nearest the root first (where a miss costs the most), each
+     * position's runner-up candidates, each extended by the same rule */
+    for (int d = 0; d < len && out->n < nodes_max; d++) {
+        struct ext_seq e = {.hist = hist, .n_hist = n_hist, .pred = alt, .len = n_hist + d};
+        memcpy(alt, main_chain, (size_t)d * sizeof(int32_t));
+        int32_t ranked[NGRAM_TREE_BRANCH_MAX];
+        const int n_ranked = candidates(p, &e, ranked, branch);
+        for (int c = 1; c < n_ranked && out->n < nodes_max; c++) {
+            alt[d] = ranked[c];
+            struct ext_seq x = {.hist = hist, .n_hist = n_hist, .pred = alt, .len = n_hist + d + 1};
+            int k = d + 1;
+            while (k < depth_max && candidates(p, &x, &alt[k], 1) == 1) {
+                k++;
+                x.len++;
+            }
+            draft_tree_add_chain(out, alt, k, 1, nodes_max);
+        }
+    }
+    return out->n;
 }

@@ -15,6 +15,8 @@
 
 #include <stdint.h>
 
+#include "draft_tree.h"
+
 #define NGRAM_N_MAX 8
 #define NGRAM_WINDOW_MAX 65536
 
@@ -35,5 +37,16 @@ int ngram_params_check(const struct ngram_params *p, char *err);
  * context match. Among the tokens that followed a match of the longest
  * matching order, the most frequent wins; a tie goes to the most recent. */
 int ngram_draft(const struct ngram_params *p, const int32_t *hist, int n_hist, int k_max, int32_t *out);
+
+/* Most candidates a tree node takes from one context. */
+#define NGRAM_TREE_BRANCH_MAX 4
+
+/* Several continuations as a token tree (draft_tree.h): ngram_draft's chain
+ * of up to depth_max tokens first, then, from the root down, at each of its
+ * positions the next best candidates (up to `branch` in all there, at most
+ * NGRAM_TREE_BRANCH_MAX), each continued by ngram_draft's rule to depth_max,
+ * while the tree has fewer than nodes_max nodes. Returns the nodes. */
+int ngram_draft_tree(const struct ngram_params *p, const int32_t *hist, int n_hist, int depth_max,
+                     int nodes_max, int branch, struct draft_tree *out);
 
 #endif

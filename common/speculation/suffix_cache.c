@@ -176,6 +176,61 @@ int suffix_cache_add(struct suffix_cache *sc, const int32_t *tokens, int n_token
     return 0;
 }
 
+/* How far backwards from its key posting p matches hist: SUFFIX_CACHE_KEY
+ * .. SUFFIX_CACHE_MATCH_MAX, or 0 when the key itself differs (a bucket
+ * holds other keys too). */
+static int match_length(const struct posting *p, const int32_t *hist, int n_hist)
+{
+    const int32_t *t = p->doc->tokens;
+    if (memcmp(&t[p->pos], &hist[n_hist - SUFFIX_CACHE_KEY], SUFFIX_CACHE_KEY * sizeof(int32_t)) != 0)
+        return 0;
+    int len = SUFFIX_CACHE_KEY;
+    while (len < SUFFIX_CACHE_MATCH_MAX && p->pos + SUFFIX_CACHE_KEY - len - 1 >= 0 && n_hist - len - 1 >= 0 &&
+           t[p->pos + SUFFIX_CACHE_KEY - len - 1] == hist[n_hist - len - 1])
+        len++;
+    return len;
+}
+
+/* Up to max matching postings, the longest matches first and, among equal
+ * lengths, the newest first (the bucket's order); returns how many. */
+static int find_matches(const struct suffix_cache *sc, const int32_t *hist, int n_hist,
+                        const struct posting **found, int *lens, int max)
+{
+    int n = 0, walked = 0;
+    for (const struct posting *p = sc->buckets[key_bucket(sc, &hist[n_hist - SUFFIX_CACHE_KEY])];
+         p && walked < SUFFIX_CACHE_WALK_MAX; p = p->next, walked++) {
+        const int len = match_length(p, hist, n_hist);
+        if (len == 0)
+            continue;
+        int at = n; /* after every longer or equal one: a stable insertion */
+        while (at > 0 && lens[at - 1] < len)
+            at--;
+        if (at >= max)
+            continue;
+        for (int j = (n < max ? n : max - 1); j > at; j--)
+            found[j] = found[j - 1], lens[j] = lens[j - 1];
+        found[at] = p;
+        lens[at] = len;
+        if (n < max)
+            n++;
+    }
+    return n;
+}
+
+/* The tokens that follow posting p's key, at most k_max; returns how many. */
+static int continuation(const struct posting *p, int k_max, const int32_t **out)
+{
+    const int from = p->pos + SUFFIX_CACHE_KEY;
+    *out = &p->doc->tokens[from];
+    return p->doc->n - from < k_max ? p->doc->n - from : k_max;
+}
+
+static void touch(struct suffix_cache *sc, const struct posting *p)
+{
+    lru_unlink(sc, p->doc);
+    lru_push_newest(sc, p->doc);
+}
+
 int suffix_cache_draft(struct suffix_cache *sc, const int32_t *hist, int n_hist, int k_max, int32_t *out,
                        int *match_len)
 {
@@ -183,34 +238,41 @@ int suffix_cache_draft(struct suffix_cache *sc, const int32_t *hist, int n_hist,
         *match_len = 0;
     if (n_hist < SUFFIX_CACHE_KEY || k_max < 1)
         return 0;
-    const int32_t *key = &hist[n_hist - SUFFIX_CACHE_KEY];
-    const struct posting *best = NULL;
-    int best_len = 0, walked = 0;
-    for (const struct posting *p = sc->buckets[key_bucket(sc, key)]; p && walked < SUFFIX_CACHE_WALK_MAX;
-         p = p->next, walked++) {
-        const int32_t *t = p->doc->tokens;
-        if (memcmp(&t[p->pos], key, SUFFIX_CACHE_KEY * sizeof(int32_t)) != 0)
-            continue;
-        int len = SUFFIX_CACHE_KEY;
-        while (len < SUFFIX_CACHE_MATCH_MAX && p->pos + SUFFIX_CACHE_KEY - len - 1 >= 0 &&
-               n_hist - len - 1 >= 0 && t[p->pos + SUFFIX_CACHE_KEY - len - 1] == hist[n_hist - len - 1])
-            len++;
-        if (len > best_len) {
-            best = p;
-            best_len = len;
-        }
-    }
-    if (!best)
+    const struct posting *best;
+    int best_len;
+    if (find_matches(sc, hist, n_hist, &best, &best_len, 1) == 0)
         return 0;
-    const struct doc *d = best->doc;
-    const int from = best->pos + SUFFIX_CACHE_KEY;
-    const int k = d->n - from < k_max ? d->n - from : k_max;
-    memcpy(out, &d->tokens[from], (size_t)k * sizeof(int32_t));
-    lru_unlink(sc, (struct doc *)d);
-    lru_push_newest(sc, (struct doc *)d);
+    const int32_t *from;
+    const int k = continuation(best, k_max, &from);
+    memcpy(out, from, (size_t)k * sizeof(int32_t));
+    touch(sc, best);
     if (match_len)
         *match_len = best_len;
     return k;
+}
+
+int suffix_cache_draft_tree(struct suffix_cache *sc, const int32_t *hist, int n_hist, int depth_max,
+                            int nodes_max, struct draft_tree *out, int *match_len)
+{
+    draft_tree_clear(out);
+    if (match_len)
+        *match_len = 0;
+    if (n_hist < SUFFIX_CACHE_KEY || depth_max < 1 || nodes_max < 1)
+        return 0;
+    const struct posting *found[SUFFIX_CACHE_TREE_CANDIDATES];
+    int lens[SUFFIX_CACHE_TREE_CANDIDATES];
+    const int n = find_matches(sc, hist, n_hist, found, lens, SUFFIX_CACHE_TREE_CANDIDATES);
+    for (int i = 0; i < n && out->n < nodes_max; i++) {
+        const int32_t *from;
+        const int k = continuation(found[i], depth_max, &from);
+        draft_tree_add_chain(out, from, k, 1, nodes_max);
+    }
+    if (n > 0) {
+        touch(sc, found[0]);
+        if (match_len)
+            *match_len = lens[0];
+    }
+    return out->n;
 }
 
 size_t suffix_cache_bytes(const struct suffix_cache *sc)

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "draft_tree.h"
+
 /* Tokens a match must cover at least (the index key). */
 #define SUFFIX_CACHE_KEY 4
 /* Longest stretch a match is measured over, backwards from the key. */
@@ -40,6 +42,19 @@ int suffix_cache_add(struct suffix_cache *sc, const int32_t *tokens, int n_token
  * The request matched becomes the most recently used. */
 int suffix_cache_draft(struct suffix_cache *sc, const int32_t *hist, int n_hist, int k_max, int32_t *out,
                        int *match_len);
+
+/* Matches a tree proposes from, at most: the longest first. */
+#define SUFFIX_CACHE_TREE_CANDIDATES 16
+
+/* Several continuations at once, as a token tree (draft_tree.h): the
+ * continuations (up to depth_max tokens each) of up to
+ * SUFFIX_CACHE_TREE_CANDIDATES stored occurrences of the key, the longest
+ * backward matches first (the newest on a tie), merged while the tree has
+ * fewer than nodes_max nodes. The first is suffix_cache_draft's chain, so
+ * the tree holds it (whole when depth_max <= nodes_max). Returns the nodes;
+ * *match_len as suffix_cache_draft's. */
+int suffix_cache_draft_tree(struct suffix_cache *sc, const int32_t *hist, int n_hist, int depth_max,
+                            int nodes_max, struct draft_tree *out, int *match_len);
 
 /* What it holds: bytes counted against the budget, requests stored, and
  * requests evicted since it was created. */
