@@ -248,10 +248,15 @@ struct kern_ops {
      * value from a cheaper copy and compute only those exactly (cpu:
      * kernels/cpu/argmax.c); the answer is the same either way, but for a
      * head prepared as a draft's (prepare_argmax).
+     * allow: NULL, or host [n] pointers, each NULL (every index allowed) or
+     * a bitset of (d_out + 63) / 64 words, bit v of word v / 64 set where
+     * index v is allowed (a grammar's mask): row i's answer is then the
+     * argmax among its allowed indices alone, as if the others were absent
+     * (-1 when none is allowed or every allowed value is NaN).
      * idx_out: host [n]; in: [n, d_in] f32; w: [d_out, d_in] dtype. */
     int (*matmul_argmax)(struct kern_backend *be, int32_t *idx_out, const float *in,
                          const void *w, enum kern_dtype dtype, int n, int d_in, int d_out,
-                         char *err);
+                         const uint64_t *const *allow, char *err);
     /* Optional (NULL: nothing to prepare). Readies matmul_argmax for w, a
      * [rows][cols] matrix of this dtype from map_matrix or map_weights (cpu:
      * a one-byte copy of it and four floats a row). Refuses a matrix holding a

@@ -734,6 +734,8 @@ struct logit_group {
     float *dst[LOGIT_ROWS];    /* destination of each gathered row's logits */
     int on_device[LOGIT_ROWS]; /* dst is backend memory (logits_dev): copy, not download */
     int32_t *idx_dst[LOGIT_ROWS]; /* argmax groups: where each row's index goes */
+    const uint64_t *allow[LOGIT_ROWS]; /* argmax groups: each row's mask, NULL: none */
+    int masked;                   /* some row of the group has a mask */
 };
 
 static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char *err)
@@ -750,11 +752,12 @@ static int logit_group_flush(struct llama_ctx *ctx, struct logit_group *g, char 
     if (g->argmax) {
         int32_t idx[LOGIT_ROWS];
         if ((rc = be->ops->matmul_argmax(be, idx, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
-                                         dim, vocab, err)))
+                                         dim, vocab, g->masked ? g->allow : NULL, err)))
             return rc;
         for (int i = 0; i < g->n; i++)
             *g->idx_dst[i] = idx[i];
         g->n = 0;
+        g->masked = 0;
         return 0;
     }
     if ((rc = be->ops->matmul(be, ctx->logits, ctx->xn, m->lm_head.ptr, m->lm_head.dtype, g->n,
@@ -804,6 +807,11 @@ static int chunk_logits(struct llama_ctx *ctx, const struct llama_seq_batch *seq
                                         (size_t)dim * sizeof(float), err)))
                     return rc;
                 if (argmax) {
+                    const size_t words = ((size_t)vocab + 63) / 64;
+                    g.allow[g.n] = s->argmax_allow
+                                       ? s->argmax_allow + (size_t)(t - first_logit) * words
+                                       : NULL;
+                    g.masked |= s->argmax_allow != NULL;
                     g.idx_dst[g.n++] = s->argmax_out + (t - first_logit);
                 } else {
                     float *base = s->logits_dev ? s->logits_dev : s->logits_out;
@@ -905,6 +913,8 @@ int llama_check_seq(const struct llama_ctx *ctx, const struct llama_seq_batch *s
         return error_set(err, ERR_INVALID_ARG,
                          "forward: %d logits rows need exactly one of logits_out (host), "
                          "logits_dev (backend memory) and argmax_out", s->n_logits);
+    if (s->argmax_allow && !s->argmax_out)
+        return error_set(err, ERR_INVALID_ARG, "forward: argmax_allow without argmax_out");
     if (s->n_logits > 0 && s->argmax_out && !llama_ctx_has_argmax(ctx))
         return error_set(err, ERR_UNSUPPORTED,
                          "forward: argmax_out needs a backend with matmul_argmax (%s has none)",

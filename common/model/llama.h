@@ -160,6 +160,12 @@ struct llama_seq_batch {
     float *logits_out;
     float *logits_dev;
     int32_t *argmax_out;
+    /* With argmax_out: NULL, or host [n_logits][(vocab + 63) / 64] words, a
+     * row's bitset of the token ids it may answer (bit v of word v / 64; a
+     * grammar's mask, EOS ids included where the grammar can end): each
+     * index is then the argmax among those ids alone, -1 where none is
+     * allowed (kernels.h: matmul_argmax's allow). */
+    const uint64_t *argmax_allow;
     /* NULL: the tokens are a chain, as above. Else host [n_tokens]: they are
      * a token tree of n_tokens <= LLAMA_TREE_MAX nodes, parents[i] the node
      * before node i on its path, -1 for a child of the slot's last token;

@@ -490,6 +490,8 @@ struct screen_job {
     const struct cpu_argmax_shadow *s;
     const int16_t *hq;      /* ni rows, stride apart */
     int ni;
+    const uint64_t *allow[ARGMAX_GROUP]; /* each input row's mask, NULL: all allowed */
+    int masked;             /* some input row has a mask */
     struct screen_input in[ARGMAX_GROUP];
     double eps_max[ARGMAX_GROUP]; /* screen_margin at the copy's largest norms */
     int32_t *kept;          /* cpu_argmax.kept */
@@ -508,6 +510,27 @@ static size_t kept_count_at(int t, int i)
 static size_t kept_list_at(const struct cpu_argmax_shadow *s, int t, int i)
 {
     return ((size_t)t * ARGMAX_GROUP + (size_t)i) * (size_t)s->rows;
+}
+
+static inline int row_allowed(const uint64_t *allow, long r)
+{
+    return !allow || (int)((allow[r >> 6] >> (r & 63)) & 1u);
+}
+
+/* allowed[i]: which of the claim's rows v[0..count) input row i allows, a
+ * bit each; returns whether any input row allows any of them. */
+static inline int claim_allowed(const struct screen_job *job, const long *v, int count, int ni,
+                                unsigned *allowed)
+{
+    unsigned any = 0;
+    for (int i = 0; i < ni; i++) {
+        unsigned bits = 0;
+        for (int j = 0; j < count; j++)
+            bits |= (unsigned)row_allowed(job->allow[i], v[j]) << j;
+        allowed[i] = bits;
+        any |= bits;
+    }
+    return any != 0;
 }
 
 /* A claim of tasks is ARGMAX_STREAMS runs of rows read side by side
@@ -538,9 +561,14 @@ CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, lon
         int64_t isum[4][ARGMAX_GROUP];
         long v[4];
         int count = 4;
+        unsigned allowed[ARGMAX_GROUP]; /* per input row, a bit per row of the claim */
         if (x < run) {
             for (int j = 0; j < 4; j++)
                 v[j] = r0 + j * run + x;
+            /* under a grammar most rows are refused: a claim no input row
+             * allows is neither read nor scored */
+            if (job->masked && !claim_allowed(job, v, 4, ni, allowed))
+                continue;
 #if defined(__AVX512F__) && defined(__AVX512BW__) || defined(__AVX2__)
             scores_claim(s, job->hq, ni, draft, v, isum);
 #else
@@ -549,6 +577,8 @@ CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, lon
         } else { /* the rows after the runs, one at a time */
             count = 1;
             v[0] = r0 + ARGMAX_STREAMS * run + (x - run);
+            if (job->masked && !claim_allowed(job, v, 1, ni, allowed))
+                continue;
             scores_plain(s, job->hq, ni, v, 1, isum);
         }
         /* Input rows are independent (each its own lower bound and list):
@@ -583,6 +613,8 @@ CPU_SIMD_INLINE void screen_claims(const struct screen_job *job, long begin, lon
                        0xFu;
             }
 #endif
+            if (job->masked)
+                todo &= allowed[i];
             for (int j = 0; todo; j++, todo >>= 1) {
                 if (!(todo & 1u))
                     continue;
@@ -708,7 +740,7 @@ static int pick_row(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, c
  * the row whole) for each. */
 static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *s, const float *in,
                         const uint16_t *hb, const int *rows, int ni, const struct screen_input *si,
-                        int32_t *idx_out, int *served, char *err)
+                        const uint64_t *const *allow, int32_t *idx_out, int *served, char *err)
 {
     struct cpu_argmax *a = cb->argmax;
     double lower_max[ARGMAX_GROUP * ARGMAX_THREADS_MAX * 8];
@@ -718,6 +750,8 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
                              .lower_max = lower_max};
     for (int i = 0; i < ni; i++) {
         job.in[i] = si[i];
+        job.allow[i] = allow ? allow[rows[i]] : NULL;
+        job.masked |= job.allow[i] != NULL;
         job.eps_max[i] = screen_margin(s, &si[i], s->n1_max, s->n2_max, s->dq_max);
         for (int t = 0; t < cb->n_threads; t++) {
             lower_max[(size_t)i * ARGMAX_THREADS_MAX * 8 + 8 * (size_t)t] = -INFINITY;
@@ -741,8 +775,22 @@ static int screen_group(struct cpu_backend *cb, const struct cpu_argmax_shadow *
     return 0;
 }
 
+/* argmax_f32 (base/argmax.h) among the indices allow admits (all when
+ * NULL): the lowest index of the largest value, NaN skipped, -1 for none. */
+static int32_t argmax_allowed(const float *row, int n, const uint64_t *allow)
+{
+    if (!allow)
+        return argmax_f32(row, n);
+    int32_t best = -1;
+    for (int v = 0; v < n; v++)
+        if (row_allowed(allow, v) && row[v] == row[v] && (best < 0 || row[v] > row[best]))
+            best = v;
+    return best;
+}
+
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
-                      enum kern_dtype dtype, int n, int d_in, int d_out, char *err)
+                      enum kern_dtype dtype, int n, int d_in, int d_out,
+                      const uint64_t *const *allow, char *err)
 {
     struct cpu_backend *cb = cpu_backend_of(be);
     if (n < 0 || d_in < 0 || d_out < 1)
@@ -803,7 +851,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
                                &si[ni]) == 0)
                 group[ni++] = i;
             if (ni == ARGMAX_GROUP || (i == n - 1 && ni > 0)) {
-                if ((rc = screen_group(cb, s, hin, hb, group, ni, si, idx_out, served, err)))
+                if ((rc = screen_group(cb, s, hin, hb, group, ni, si, allow, idx_out, served, err)))
                     return rc;
                 ni = 0;
             }
@@ -817,7 +865,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
                 (rc = cpu_matmul(be, a->logits, in + (size_t)i * (size_t)d_in, w, dtype, 1, d_in,
                                  d_out, err)))
                 return rc;
-            idx_out[i] = argmax_f32(a->logits, d_out);
+            idx_out[i] = argmax_allowed(a->logits, d_out, allow ? allow[i] : NULL);
         }
         a->last_candidates = served[n - 1];
         return 0;
@@ -829,7 +877,8 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
         (rc = cpu_matmul(be, a->logits, in, w, dtype, n, d_in, d_out, err)))
         return rc;
     for (int i = 0; i < n; i++)
-        idx_out[i] = argmax_f32(a->logits + (size_t)i * (size_t)d_out, d_out);
+        idx_out[i] = argmax_allowed(a->logits + (size_t)i * (size_t)d_out, d_out,
+                                    allow ? allow[i] : NULL);
     return 0;
 }
 

@@ -78,7 +78,8 @@ int cpu_matmul_int(struct cpu_backend *cb, float *out, const float *in, const vo
 int cpu_matmul_bf16(struct cpu_backend *cb, float *out, const float *in, const uint16_t *w, int n,
                     int d_in, int d_out, char *err);
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
-                      enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
+                      enum kern_dtype dtype, int n, int d_in, int d_out,
+                      const uint64_t *const *allow, char *err);
 int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype dtype, int64_t rows,
                        int64_t cols, int draft, char *err);
 /* Drops the shadow prepare_argmax made of w, if any (unmap_weights). */

@@ -1986,6 +1986,75 @@ static int32_t product_argmax(struct kern_backend *be, const float *h, const voi
     return argmax_f32(logits, d_out); /* the rule the screen must keep */
 }
 
+/* The argmax among the allowed indices of matmul's own rows of logits. */
+static int32_t masked_product_argmax(struct kern_backend *be, const float *h, const void *w,
+                                     enum kern_dtype dt, int d_in, int d_out, const uint64_t *allow,
+                                     float *logits)
+{
+    char err[ERR_MSG_MAX];
+    assert_int_equal(be->ops->matmul(be, logits, h, w, dt, 1, d_in, d_out, err), 0);
+    int32_t best = -1;
+    for (int v = 0; v < d_out; v++)
+        if ((allow[v / 64] >> (v % 64)) & 1 && !isnan(logits[v]) &&
+            (best < 0 || logits[v] > logits[best]))
+            best = v;
+    return best;
+}
+
+/* With a mask per row (a grammar's: dense, sparse, the unmasked argmax
+ * refused, one index, none; rows without one beside), each answer is the
+ * argmax among the row's allowed indices, screened or whole (9 rows). */
+static void check_masked_argmax(struct kern_backend *be, const void *mw, enum kern_dtype dt,
+                                int d_in, int d_out, const float *rows, int n_rows, struct rng *r)
+{
+    char err[ERR_MSG_MAX];
+    const size_t words = ((size_t)d_out + 63) / 64;
+    uint64_t *bits = calloc((size_t)n_rows * words, sizeof *bits);
+    const uint64_t *allow[16];
+    int32_t want[16], got[16];
+    float *logits = falloc((size_t)d_out);
+    assert_non_null(bits);
+    for (int trial = 0; trial < 6; trial++) {
+        for (int i = 0; i < n_rows; i++) {
+            uint64_t *b = bits + (size_t)i * words;
+            const int kind = (trial + i) % 6;
+            memset(b, 0, words * sizeof *b);
+            for (int v = 0; v < d_out; v++) {
+                const uint32_t x = (uint32_t)(rng_next(r) >> 32);
+                const int on = kind == 0 ? x % 2 == 0 : kind == 1 ? x % 100 == 0 : kind == 2;
+                b[v / 64] |= (uint64_t)on << (v % 64);
+            }
+            if (kind == 2) { /* everything but the unmasked argmax */
+                const int32_t top = product_argmax(be, rows + (size_t)i * d_in, mw, dt, d_in,
+                                                   d_out, logits);
+                b[top / 64] &= ~(1ull << (top % 64));
+            } else if (kind == 3) { /* one index */
+                const int v = (int)((rng_next(r) >> 33) % (uint64_t)d_out);
+                b[v / 64] |= 1ull << (v % 64);
+            }
+            /* kind 4: none allowed; kind 5: no mask at all */
+            allow[i] = kind == 5 ? NULL : b;
+            want[i] = kind == 5 ? product_argmax(be, rows + (size_t)i * d_in, mw, dt, d_in, d_out,
+                                                 logits)
+                                : masked_product_argmax(be, rows + (size_t)i * d_in, mw, dt,
+                                                        d_in, d_out, b, logits);
+        }
+        for (int n = 1; n <= n_rows; n += n_rows - 1) {
+            memset(got, 0x7f, sizeof got);
+            assert_int_equal(be->ops->matmul_argmax(be, got, rows, mw, dt, n, d_in, d_out, allow,
+                                                    err),
+                             0);
+            for (int i = 0; i < n; i++)
+                if (got[i] != want[i])
+                    fail_msg("masked matmul_argmax %s [%d, %d], trial %d, %d rows: row %d gave "
+                             "%d, want %d", kern_dtype_name(dt), d_out, d_in, trial, n, i,
+                             got[i], want[i]);
+        }
+    }
+    free(logits);
+    free(bits);
+}
+
 /* A prepared matrix: over inputs of every scale, with outliers, the screen
  * answers every row (it never fell back to the whole product) and always
  * with the index the whole product's logits give, for each dtype and for a
@@ -2029,7 +2098,7 @@ static void check_matmul_argmax(enum kern_dtype dt, int d_in, int d_out, int map
         }
         const int32_t want = product_argmax(be, h, mw, dt, d_in, d_out, logits);
         int32_t got = -7;
-        assert_int_equal(be->ops->matmul_argmax(be, &got, h, mw, dt, 1, d_in, d_out, err), 0);
+        assert_int_equal(be->ops->matmul_argmax(be, &got, h, mw, dt, 1, d_in, d_out, NULL, err), 0);
         if (got != want)
             fprintf(stderr, "matmul_argmax %s [%d, %d] input %d: %d, the product's argmax is %d\n",
                     kern_dtype_name(dt), d_out, d_in, t, got, want);
@@ -2057,7 +2126,7 @@ static void check_matmul_argmax(enum kern_dtype dt, int d_in, int d_out, int map
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         memset(got_rows, 0xff, sizeof got_rows);
         assert_int_equal(
-            be->ops->matmul_argmax(be, got_rows, rows, mw, dt, ns[t], d_in, d_out, err), 0);
+            be->ops->matmul_argmax(be, got_rows, rows, mw, dt, ns[t], d_in, d_out, NULL, err), 0);
         assert_memory_equal(got_rows, want, (size_t)ns[t] * sizeof(int32_t));
         const int candidates = kern_cpu_argmax_candidates(be);
         if (ns[t] <= 8)
@@ -2065,6 +2134,7 @@ static void check_matmul_argmax(enum kern_dtype dt, int d_in, int d_out, int map
         else
             assert_int_equal(candidates, -1);
     }
+    check_masked_argmax(be, mw, dt, d_in, d_out, rows, ROWS, &r);
     free(rows);
     be->ops->unmap_weights(be, mw); /* drops the shadow too (ASan: no leak) */
     be->ops->destroy(be);
@@ -2121,7 +2191,7 @@ static void test_kernels_cpu_matmul_argmax_finds_the_row_its_copy_ranks_lower(vo
     assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_F32, d_out, d_in, 0, err), 0);
     assert_int_equal(product_argmax(be, h, w, KERN_DTYPE_F32, d_in, d_out, logits), row_a);
     int32_t got = -1;
-    assert_int_equal(be->ops->matmul_argmax(be, &got, h, w, KERN_DTYPE_F32, 1, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, &got, h, w, KERN_DTYPE_F32, 1, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got, row_a);
     const int candidates = kern_cpu_argmax_candidates(be);
@@ -2148,13 +2218,13 @@ static void test_kernels_cpu_matmul_argmax_falls_back_to_the_whole_product(void 
     fill(&r, in, (size_t)3 * d_in);
     int32_t got[3];
     /* not prepared */
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
     assert_int_equal(kern_cpu_argmax_candidates(be), -1);
     assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_BF16, d_out, d_in, 0, err), 0);
     /* three rows in one call, screened together */
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 3, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 3, d_in, d_out, NULL, err),
                      0);
     for (int i = 0; i < 3; i++)
         assert_int_equal(got[i], product_argmax(be, in + (size_t)i * d_in, w, KERN_DTYPE_BF16,
@@ -2162,7 +2232,7 @@ static void test_kernels_cpu_matmul_argmax_falls_back_to_the_whole_product(void 
     /* a NaN in the middle row of three: that row's logits are all NaN (-1),
      * the other two are still screened */
     in[d_in + 5] = NAN;
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 3, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 3, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got[1], -1);
     assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
@@ -2171,24 +2241,24 @@ static void test_kernels_cpu_matmul_argmax_falls_back_to_the_whole_product(void 
     assert_true(kern_cpu_argmax_candidates(be) >= 1); /* the last row's: screened */
     /* a NaN, then an infinity: every logit NaN (-1), or the product's answer */
     in[5] = NAN;
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got[0], -1);
     assert_int_equal(kern_cpu_argmax_candidates(be), -1);
     in[5] = INFINITY;
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
     assert_int_equal(kern_cpu_argmax_candidates(be), -1);
     /* all zeros: every logit 0, the first index */
     memset(in, 0, (size_t)d_in * sizeof *in);
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got[0], 0);
     /* the same bytes read as another shape */
     fill(&r, in, (size_t)d_in);
     assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in / 2,
-                                            2 * d_out, err),
+                                            2 * d_out, NULL, err),
                      0);
     assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in / 2, 2 * d_out,
                                             logits));
@@ -2198,12 +2268,12 @@ static void test_kernels_cpu_matmul_argmax_falls_back_to_the_whole_product(void 
     assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_BF16, d_out, d_in, 0, err),
                      ERR_INVALID_ARG);
     assert_non_null(strstr(err, "NaN"));
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, d_out, NULL, err),
                      0);
     assert_int_equal(got[0], product_argmax(be, in, w, KERN_DTYPE_BF16, d_in, d_out, logits));
     assert_int_equal(kern_cpu_argmax_candidates(be), -1);
     /* shapes */
-    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, 0, err),
+    assert_int_equal(be->ops->matmul_argmax(be, got, in, w, KERN_DTYPE_BF16, 1, d_in, 0, NULL, err),
                      ERR_INVALID_ARG);
     assert_int_equal(be->ops->prepare_argmax(be, w, KERN_DTYPE_BF16, 0, d_in, 0, err),
                      ERR_INVALID_ARG);

@@ -577,6 +577,36 @@ static void test_llama_argmax_out_is_the_logits_argmax(void **state)
     assert_int_equal(idx[0], argmax_f32(ref + (size_t)(T - 1) * V, V));
     const int candidates = kern_cpu_argmax_candidates(L.be);
     assert_true(candidates >= 1 && candidates < V);
+    /* argmax_allow: each row's answer is the argmax among its allowed ids
+     * (a grammar's mask), rows of one call each with their own; the row
+     * whose unmasked argmax is refused answers another id */
+    enum { WORDS = (700 + 63) / 64, MASKED = 4 };
+    uint64_t allow[MASKED * WORDS];
+    int32_t midx[MASKED];
+    for (int i = 0; i < MASKED; i++)
+        for (int w = 0; w < WORDS; w++)
+            allow[i * WORDS + w] = i == 0 ? ~0ull : 0x9249249249249249ull >> (i % 3);
+    const int32_t top0 = argmax_f32(ref + (size_t)(T - MASKED) * V, V);
+    allow[top0 / 64] &= ~(1ull << (top0 % 64));
+    assert_int_equal(llama_ctx_truncate(L.ctx, 0, T - MASKED, err), 0);
+    struct llama_seq_batch masked = {.slot = 0, .tokens = tokens + T - MASKED, .n_tokens = MASKED,
+                                     .n_logits = MASKED, .argmax_out = midx,
+                                     .argmax_allow = allow};
+    if (llama_forward(L.ctx, &masked, 1, err))
+        fail_msg("llama_forward (masked): %s", err);
+    for (int i = 0; i < MASKED; i++) {
+        const float *row = ref + (size_t)(T - MASKED + i) * V;
+        int32_t want = -1;
+        for (int v = 0; v < V; v++)
+            if ((allow[i * WORDS + v / 64] >> (v % 64)) & 1 && (want < 0 || row[v] > row[want]))
+                want = v;
+        assert_int_equal(midx[i], want);
+    }
+    assert_int_not_equal(midx[0], top0);
+    struct llama_seq_batch stray = {.slot = 0, .tokens = tokens, .n_tokens = 1, .n_logits = 1,
+                                    .logits_out = host, .argmax_allow = allow};
+    assert_int_equal(llama_forward(L.ctx, &stray, 1, err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "argmax_allow without argmax_out"));
     free(host);
     free(ref);
     unload(&L);

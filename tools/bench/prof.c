@@ -133,11 +133,11 @@ static int prof_matmul(struct kern_backend *be, float *out, const float *x, cons
 }
 static int prof_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in,
                               const void *w, enum kern_dtype dtype, int n, int d_in, int d_out,
-                              char *err)
+                              const uint64_t *const *allow, char *err)
 {
     struct kern_backend *inner = prof_of(be)->inner;
     double t0 = now_s();
-    int rc = inner->ops->matmul_argmax(inner, idx_out, in, w, dtype, n, d_in, d_out, err);
+    int rc = inner->ops->matmul_argmax(inner, idx_out, in, w, dtype, n, d_in, d_out, allow, err);
     prof_add(be, PROF_ARGMAX, t0);
     return rc;
 }
