@@ -46,6 +46,7 @@ void specdec_draft_destroy(struct specdec_draft *d)
     free(d->picks);
     free(d->pick_tokens);
     free(d->argmax_picks);
+    free(d->allow_rows);
     free(d->logits);
     free(d->probs);
     free(d->entries);
@@ -305,9 +306,13 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
     else if (!rc)
         rc = specdec_grow((void **)&d->logits, &d->logits_cap, n_jobs,
                   (size_t)d->vocab * sizeof(float), err);
+    const size_t words = ((size_t)d->vocab + 63) / 64;
     if (!rc && !d->dev && d->host_argmax)
         rc = specdec_grow((void **)&d->argmax_picks, &d->argmax_cap, n_jobs, sizeof *d->argmax_picks,
                   err);
+    if (!rc && !d->dev && d->host_argmax)
+        rc = specdec_grow((void **)&d->allow_rows, &d->allow_cap, n_jobs, words * sizeof(uint64_t),
+                          err);
     if (rc)
         return rc;
     struct llama_kv_stats kv;
@@ -334,11 +339,21 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
             continue;
         if (dev_logits)
             e->logits_dev = dev_logits + (size_t)n * (size_t)d->vocab;
-        else if (d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j) && !j->gram) {
+        char e_err[ERR_MSG_MAX];
+        if (!dev_logits && d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j)) {
+            /* under a grammar, the screen among what its state allows */
+            uint64_t *allow = d->allow_rows + (size_t)n * words;
+            const int unmasked = j->gram ? specdec_grammar_allow_row(j->gram, allow, d->vocab, false,
+                                                                     e_err)
+                                         : 1;
+            if (unmasked < 0) {
+                specdec_job_fail(&j->rc, j->err, &j->done, unmasked, e_err);
+                continue;
+            }
             e->logits_out = NULL;
             e->argmax_out = d->argmax_picks + n;
+            e->argmax_allow = unmasked ? NULL : allow;
         }
-        char e_err[ERR_MSG_MAX];
         int fits = 0;
         if ((rc = llama_check_seq(d->ctx, e, e_err)) ||
             (fits = specdec_entry_fits(d->ctx, e, n, &free_left, e_err)) < 0) {

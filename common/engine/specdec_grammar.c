@@ -130,3 +130,72 @@ int specdec_grammar_mask_rows(struct specdec_grammar *g, const int32_t *drafts, 
     grammar_matcher_rollback(&g->matcher, (size_t)n_ok);
     return rc;
 }
+
+/* allow = the ids `state` admits among vocab (specdec_grammar_allow_rows);
+ * returns how many, or an error. */
+static int allow_state(struct specdec_grammar *g, int32_t state, uint64_t *allow, int vocab,
+                       char *err)
+{
+    int rc = token_mask_compute(g->mask, state, g->bits, err);
+    if (rc)
+        return rc;
+    const size_t words = ((size_t)vocab + 63) / 64;
+    int n_mask = token_mask_vocab_n_tokens(g->vocab);
+    if (n_mask > vocab)
+        n_mask = vocab;
+    const size_t mask_words = ((size_t)n_mask + 63) / 64;
+    for (size_t w = 0; w < words; w++)
+        allow[w] = w < mask_words ? g->bits[w] : 0;
+    if (n_mask % 64)
+        allow[n_mask / 64] &= (1ull << (n_mask % 64)) - 1; /* ids past the tokenizer's */
+    if (grammar_engine_can_end(g->matcher.engine, state))
+        for (int e = 0; e < g->eos.n; e++)
+            if (g->eos.ids[e] >= 0 && g->eos.ids[e] < vocab)
+                allow[g->eos.ids[e] / 64] |= 1ull << (g->eos.ids[e] % 64);
+    int n = 0;
+    for (size_t w = 0; w < words; w++)
+        n += __builtin_popcountll(allow[w]);
+    return n;
+}
+
+int specdec_grammar_allow_rows(struct specdec_grammar *g, const int32_t *drafts, int k,
+                               uint64_t *allow, int vocab, char *err)
+{
+    const size_t words = ((size_t)vocab + 63) / 64;
+    memset(allow, 0, (size_t)(k + 1) * words * sizeof *allow);
+    if (g->lost)
+        return 0; /* a target's grammar is never lost: strict starts fail instead */
+    const size_t base = g->matcher.n_tokens;
+    int rc = specdec_grammar_take(g, drafts, k, false, err);
+    const int n_ok = (int)(g->matcher.n_tokens - base);
+    g->lost = false;
+    for (int i = 0; !rc && i <= n_ok && i <= k; i++) {
+        const int n = allow_state(g, g->matcher.states[base + (size_t)i], allow + (size_t)i * words,
+                                  vocab, err);
+        if (n < 0)
+            rc = n;
+        else if (n == 0)
+            rc = error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
+                           "model has no end-of-sequence token");
+    }
+    grammar_matcher_rollback(&g->matcher, (size_t)n_ok);
+    return rc;
+}
+
+int specdec_grammar_allow_row(struct specdec_grammar *g, uint64_t *allow, int vocab, bool strict,
+                              char *err)
+{
+    if (g->lost)
+        return 1;
+    const int n = allow_state(g, grammar_matcher_state(&g->matcher), allow, vocab, err);
+    if (n < 0)
+        return n;
+    if (n == 0) {
+        if (strict)
+            return error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
+                             "model has no end-of-sequence token");
+        g->lost = true;
+        return 1;
+    }
+    return 0;
+}

@@ -42,6 +42,8 @@ struct specdec_draft {
     bool argmax_ready;              /* the backend offers it and the head is prepared */
     int32_t *argmax_picks;          /* [argmax_cap]: one per entry of a step */
     int argmax_cap;
+    uint64_t *allow_rows;           /* [allow_cap][vocab words]: a grammar job's mask */
+    int allow_cap;
 };
 
 /* A slot's tokens, for the sampling controls (specdec_controls.c). */
@@ -86,6 +88,8 @@ struct specdec_target {
     bool argmax_ready;      /* the backend offers it and the head is prepared */
     int32_t *argmax_rows;   /* [argmax_cap]: the k + 1 argmaxes of each finishing job */
     int argmax_cap;
+    uint64_t *allow_rows;   /* [allow_cap][vocab words]: a grammar job's masks for them */
+    int allow_cap;
     /* sampling controls (specdec_controls.c): each slot's tokens, made on
      * first use, and the counts scratch [vocab] */
     struct specdec_slot_hist *hist; /* [n_hist_slots] */
@@ -125,6 +129,18 @@ int specdec_grammar_mask_row(struct specdec_grammar *g, float *row, int vocab, b
                              char *err);
 int specdec_grammar_mask_rows(struct specdec_grammar *g, const int32_t *drafts, int k, float *rows,
                               int vocab, char *err);
+/* mask_rows's masks as bitsets for the argmax screen (llama_seq_batch.
+ * argmax_allow): allow [k + 1][(vocab + 63) / 64], row i the ids the state
+ * after drafts 0..i-1 admits (EOS where it can end), up to the first refused
+ * draft's row, later rows empty (greedy acceptance stops before them); a
+ * row admitting nothing is mask_row's strict error. The matcher as it was. */
+int specdec_grammar_allow_rows(struct specdec_grammar *g, const int32_t *drafts, int k,
+                               uint64_t *allow, int vocab, char *err);
+/* mask_row's mask as a bitset, [(vocab + 63) / 64]: 0 with allow filled, 1
+ * when the row is to be read unmasked (the grammar lost; or nothing allowed
+ * and not strict, which loses it, as mask_row), or an error. */
+int specdec_grammar_allow_row(struct specdec_grammar *g, uint64_t *allow, int vocab, bool strict,
+                              char *err);
 
 /* Monotonic milliseconds. */
 double specdec_now_ms(void);

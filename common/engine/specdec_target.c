@@ -45,6 +45,7 @@ void specdec_target_destroy(struct specdec_target *t)
     free(t->rounds);
     free(t->outcomes);
     free(t->argmax_rows);
+    free(t->allow_rows);
     free(t->logits);
     free(t->lp_rows);
     free(t->raw_rows);
@@ -193,6 +194,12 @@ static const float *keep_logits(struct specdec_target *t, const struct specdec_v
     return t->lp_rows;
 }
 
+/* Words of one row's allow bitset. */
+static size_t allow_words(const struct specdec_target *t)
+{
+    return ((size_t)t->vocab + 63) / 64;
+}
+
 /* Accept/reject for a job whose final entry ran: p_rows holds its k + 1
  * logits rows, or (greedy) p_argmax their k + 1 argmaxes. */
 static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows,
@@ -224,7 +231,7 @@ static void verify_finish(struct specdec_target *t, struct specdec_verify_job *j
         rc = ERR_NOMEM;
     if (!rc && j->ctl)
         rc = specdec_controls_rows(t, j, p_rows, err);
-    if (!rc && j->gram)
+    if (!rc && j->gram && p_rows) /* argmax rows were screened under the masks already */
         rc = specdec_grammar_mask_rows(j->gram, j->draft, j->k, p_rows, t->vocab, err);
     if (!rc)
         rc = speculate_verify(&in, t->scratch, j->tokens_out, &n_accepted, err);
@@ -361,7 +368,9 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                 : (rc = specdec_grow((void **)&t->logits, &t->logits_cap, want_rows,
                              (size_t)t->vocab * sizeof(float), err))) ||
         (!t->dev && t->host_argmax &&
-         (rc = specdec_grow((void **)&t->argmax_rows, &t->argmax_cap, want_rows, sizeof(int32_t), err))))
+         ((rc = specdec_grow((void **)&t->argmax_rows, &t->argmax_cap, want_rows, sizeof(int32_t), err)) ||
+          (rc = specdec_grow((void **)&t->allow_rows, &t->allow_cap, want_rows,
+                             allow_words(t) * sizeof(uint64_t), err)))))
         return rc;
     struct llama_kv_stats kv;
     llama_ctx_kv_stats(t->ctx, &kv);
@@ -407,13 +416,24 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                 memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
             *e = (struct llama_seq_batch){.slot = j->slot, .tokens = seq,
                                           .n_tokens = rest + j->k, .n_logits = j->k + 1};
-            if (dev_logits)
+            if (dev_logits) {
                 e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
-            else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs && !j->ctl &&
-                     !j->gram)
+            } else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs &&
+                       !j->ctl) {
+                /* a grammar's greedy rows: the screen under its masks */
                 e->argmax_out = t->argmax_rows + used_rows;
-            else
+                if (j->gram) {
+                    uint64_t *allow = t->allow_rows + (size_t)used_rows * allow_words(t);
+                    if ((rc = specdec_grammar_allow_rows(j->gram, j->draft, j->k, allow, t->vocab,
+                                                         e_err))) {
+                        specdec_job_fail(&j->rc, j->err, &j->done, rc, e_err);
+                        continue;
+                    }
+                    e->argmax_allow = allow;
+                }
+            } else {
                 e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
+            }
             j->step_final = true;
         }
         j->step_tokens = e->n_tokens;
