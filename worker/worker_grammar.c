@@ -6,6 +6,7 @@
  */
 #include "worker_grammar.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,12 @@ struct worker_grammar {
     int32_t eos[MODEL_CONFIG_MAX_EOS];
     int n_eos;
     struct token_mask_vocab *vocab; /* NULL until the first grammar */
+    /* Why the vocabulary could not be read (no tokenizer, a broken one):
+     * kept, so that later grammars are refused at once instead of parsing
+     * the tokenizer again per request; "" while none failed. Out of
+     * memory is not kept: it may pass. */
+    char vocab_err[ERR_MSG_MAX];
+    int vocab_rc;
     struct grammar_cache *cache;    /* over vocab */
     struct slot_grammar *slots;
     int n_slots;
@@ -79,12 +86,20 @@ static int vocab_ready(struct worker_grammar *wg, char *err)
 {
     if (wg->vocab)
         return 0;
+    if (wg->vocab_rc)
+        return error_set(err, wg->vocab_rc, "%s", wg->vocab_err);
     struct tokenizer *tk = NULL;
     char why[ERR_MSG_MAX];
     int rc = tokenizer_load(&tk, wg->model_dir, why);
-    if (rc)
-        return error_set(err, rc, "grammar: this worker needs its model's tokenizer for "
-                         "structured output: %s", why);
+    if (rc) {
+        rc = error_set(err, rc, "grammar: this worker needs its model's tokenizer for "
+                       "structured output: %s", why);
+        if (rc != ERR_NOMEM) {
+            wg->vocab_rc = rc;
+            snprintf(wg->vocab_err, sizeof wg->vocab_err, "%s", err);
+        }
+        return rc;
+    }
     const int32_t n = tokenizer_vocab_size(tk);
     const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
     size_t *lens = calloc((size_t)n, sizeof *lens);
