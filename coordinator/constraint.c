@@ -40,12 +40,10 @@ static int vocab_ready(struct coordinator *c, char *err)
         return error_set(err, ERR_UNAVAILABLE, "no tokenizer");
     struct coord_grammar *g = calloc(1, sizeof *g);
     const int32_t n = tokenizer_vocab_size(c->tk);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    int rc = !g || !bytes || !lens ? error_set(err, ERR_NOMEM, "out of memory") : 0;
-    for (int32_t i = 0; !rc && i < n; i++)
-        if (!tokenizer_is_special(c->tk, i))
-            bytes[i] = tokenizer_token_bytes(c->tk, i, &lens[i]);
+    const uint8_t **bytes = NULL;
+    size_t *lens = NULL;
+    int rc = g ? tokenizer_text_tokens(c->tk, &bytes, &lens, err)
+               : error_set(err, ERR_NOMEM, "out of memory");
     if (!rc)
         rc = token_mask_vocab_create(&g->vocab, bytes, lens, n, err);
     if (!rc)

@@ -101,13 +101,9 @@ static int vocab_ready(struct worker_grammar *wg, char *err)
         return rc;
     }
     const int32_t n = tokenizer_vocab_size(tk);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    if (!bytes || !lens)
-        rc = error_set(err, ERR_NOMEM, "grammar: out of memory");
-    for (int32_t i = 0; !rc && i < n; i++)
-        if (!tokenizer_is_special(tk, i))
-            bytes[i] = tokenizer_token_bytes(tk, i, &lens[i]);
+    const uint8_t **bytes = NULL;
+    size_t *lens = NULL;
+    rc = tokenizer_text_tokens(tk, &bytes, &lens, err);
     if (!rc)
         rc = token_mask_vocab_create(&wg->vocab, bytes, lens, n, err);
     if (!rc && (rc = grammar_cache_create(&wg->cache, wg->vocab, WORKER_GRAMMAR_CACHE, err))) {

@@ -513,3 +513,22 @@ const uint8_t *tokenizer_token_bytes(const struct tokenizer *tk, int32_t id, siz
     *len_out = (size_t)tk->dec_len[id];
     return tk->dec_arena + tk->dec_off[id];
 }
+
+int tokenizer_text_tokens(const struct tokenizer *tk, const uint8_t ***bytes_out, size_t **lens_out,
+                          char *err)
+{
+    const int32_t n = tokenizer_vocab_size(tk);
+    const uint8_t **bytes = calloc((size_t)n + 1, sizeof *bytes);
+    size_t *lens = calloc((size_t)n + 1, sizeof *lens);
+    if (!bytes || !lens) {
+        free(bytes);
+        free(lens);
+        return error_set(err, ERR_NOMEM, "tokenizer: out of memory for %d tokens' bytes", (int)n);
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (!tokenizer_is_special(tk, i))
+            bytes[i] = tokenizer_token_bytes(tk, i, &lens[i]);
+    *bytes_out = bytes;
+    *lens_out = lens;
+    return 0;
+}

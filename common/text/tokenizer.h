@@ -79,4 +79,12 @@ int tokenizer_is_special(const struct tokenizer *tk, int32_t id);
  * when id is out of range or unused. The pointer lives as long as tk. */
 const uint8_t *tokenizer_token_bytes(const struct tokenizer *tk, int32_t id, size_t *len_out);
 
+/* The bytes of every id below tokenizer_vocab_size that stands for text:
+ * *bytes_out[id] (NULL with length 0 for a special token or an unused id)
+ * and *lens_out[id], both malloc'd (the caller frees the two arrays; the
+ * bytes live as long as tk). The table a grammar's token mask is built over
+ * (token_mask_vocab_create): special tokens never match text. ERR_NOMEM. */
+int tokenizer_text_tokens(const struct tokenizer *tk, const uint8_t ***bytes_out, size_t **lens_out,
+                          char *err);
+
 #endif

@@ -402,13 +402,9 @@ static struct token_mask_vocab *vocab_of(const char *path)
     if (tokenizer_load(&tk, path, err))
         fail_msg("%s", err);
     int32_t n = tokenizer_vocab_size(tk);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    assert_non_null(bytes);
-    assert_non_null(lens);
-    for (int32_t i = 0; i < n; i++)
-        if (!tokenizer_is_special(tk, i))
-            bytes[i] = tokenizer_token_bytes(tk, i, &lens[i]);
+    const uint8_t **bytes = NULL;
+    size_t *lens = NULL;
+    assert_int_equal(tokenizer_text_tokens(tk, &bytes, &lens, err), 0);
     struct token_mask_vocab *v;
     assert_int_equal(token_mask_vocab_create(&v, bytes, lens, n, err), 0);
     free(bytes);

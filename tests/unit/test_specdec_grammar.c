@@ -66,13 +66,9 @@ static void open_fixture(struct fixture *f, const char *schema)
     grammar_spec_free(&spec);
     ok(grammar_engine_create(&f->engine, g, 0, err), "grammar_engine_create", err);
     const int32_t n = tokenizer_vocab_size(f->tk);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    assert_non_null(bytes);
-    assert_non_null(lens);
-    for (int32_t i = 0; i < n; i++)
-        if (!tokenizer_is_special(f->tk, i))
-            bytes[i] = tokenizer_token_bytes(f->tk, i, &lens[i]);
+    const uint8_t **bytes = NULL;
+    size_t *lens = NULL;
+    ok(tokenizer_text_tokens(f->tk, &bytes, &lens, err), "tokenizer_text_tokens", err);
     ok(token_mask_vocab_create(&f->vocab, bytes, lens, n, err), "token_mask_vocab_create", err);
     free(bytes);
     free(lens);

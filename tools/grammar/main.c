@@ -126,12 +126,9 @@ static int load_vocab(const char *path, struct token_mask_vocab **v, int32_t sin
     if (rc)
         return rc;
     int32_t n = tokenizer_vocab_size(tk);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    rc = bytes && lens ? 0 : error_set(err, ERR_NOMEM, "out of memory");
-    for (int32_t i = 0; i < n && rc == 0; i++)
-        if (!tokenizer_is_special(tk, i))
-            bytes[i] = tokenizer_token_bytes(tk, i, &lens[i]);
+    const uint8_t **bytes = NULL;
+    size_t *lens = NULL;
+    rc = tokenizer_text_tokens(tk, &bytes, &lens, err);
     for (int b = 0; b < 256; b++)
         single[b] = -1;
     for (int32_t i = 0; i < n && rc == 0; i++)
