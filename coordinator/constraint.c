@@ -86,16 +86,13 @@ static struct seq_grammar *seq_grammar_new(struct coordinator *c, const struct s
     return g;
 }
 
-/* Steps g over one token: 0, or nonzero when the grammar refuses it. */
+/* Steps g over one token, by the rule the workers' halves keep: 0, or
+ * nonzero when the grammar refuses it. */
 static int take(const struct coordinator *c, const struct seq *s, struct seq_grammar *g, int32_t id)
 {
-    if (coord_is_eos(c, s, id))
-        return grammar_engine_can_end(g->engine, grammar_matcher_state(&g->m))
-                   ? grammar_matcher_accept(&g->m, "", 0, NULL) : -1;
-    size_t len = 0;
-    const uint8_t *b = id >= 0 && id < token_mask_vocab_n_tokens(g->vocab)
-                           ? token_mask_vocab_bytes(g->vocab, id, &len) : NULL;
-    return b && len > 0 ? grammar_matcher_accept(&g->m, b, len, NULL) : -1;
+    const struct worker *t = coord_target_of(c, s);
+    const struct token_mask_eos eos = {.ids = t->eos_ids, .n = t->n_eos};
+    return token_mask_take(&g->m, g->vocab, &eos, id, NULL);
 }
 
 int constraint_cut(struct coordinator *c, const struct seq *s, const int32_t *drafts, int k)

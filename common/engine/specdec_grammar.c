@@ -13,42 +13,11 @@
 #include "error.h"
 #include "specdec_internal.h"
 
-static bool is_eos(const struct token_mask_eos *eos, int32_t id)
-{
-    for (int i = 0; i < eos->n; i++)
-        if (eos->ids[i] == id)
-            return true;
-    return false;
-}
-
-/* Steps the matcher over one token: 0, or ERR_INVALID_ARG when the grammar
- * refuses it (the matcher unchanged), ERR_NOMEM. */
-static int take_one(struct specdec_grammar *g, int32_t id, char *err)
-{
-    struct grammar_matcher *m = &g->matcher;
-    if (is_eos(&g->eos, id)) {
-        if (!grammar_engine_can_end(m->engine, grammar_matcher_state(m)))
-            return error_set(err, ERR_INVALID_ARG, "grammar: the end of the output at token %d "
-                             "comes before the grammar is complete", (int)id);
-        return grammar_matcher_accept(m, "", 0, err);
-    }
-    size_t len = 0;
-    const uint8_t *b = id >= 0 && id < token_mask_vocab_n_tokens(g->vocab)
-                           ? token_mask_vocab_bytes(g->vocab, id, &len) : NULL;
-    if (!b || len == 0)
-        return error_set(err, ERR_INVALID_ARG, "grammar: token %d has no text the grammar allows",
-                         (int)id);
-    int rc = grammar_matcher_accept(m, b, len, err);
-    if (rc == ERR_INVALID_ARG)
-        error_set(err, rc, "grammar: token %d does not match the grammar", (int)id);
-    return rc;
-}
-
 int specdec_grammar_take(struct specdec_grammar *g, const int32_t *tokens, int n, bool strict,
                          char *err)
 {
     for (int i = 0; i < n && !g->lost; i++) {
-        int rc = take_one(g, tokens[i], err);
+        int rc = token_mask_take(&g->matcher, g->vocab, &g->eos, tokens[i], err);
         if (rc == ERR_INVALID_ARG && !strict)
             g->lost = true;
         else if (rc)

@@ -749,31 +749,45 @@ int32_t token_mask_apply(const uint64_t *bits, float *logits, int32_t n_vocab,
     return allowed;
 }
 
+int token_mask_take(struct grammar_matcher *m, const struct token_mask_vocab *v,
+                    const struct token_mask_eos *eos, int32_t id, char *err)
+{
+    if (id < 0 || id >= v->n_tokens) {
+        if (!is_eos(eos, id))
+            return error_set(err, ERR_RANGE, "grammar: token %d outside the vocabulary", (int)id);
+    }
+    const int32_t state = grammar_matcher_state(m);
+    if (is_eos(eos, id)) {
+        if (!grammar_engine_can_end(m->engine, state))
+            return error_set(err, ERR_INVALID_ARG, "grammar: the end of the output at token %d "
+                             "comes before the grammar is complete", (int)id);
+        return grammar_matcher_accept(m, "", 0, err);
+    }
+    size_t len;
+    const uint8_t *b = token_mask_vocab_bytes(v, id, &len);
+    if (!b)
+        return error_set(err, ERR_INVALID_ARG, "grammar: token %d has no text the grammar allows",
+                         (int)id);
+    const int rc = grammar_matcher_accept(m, b, len, err);
+    if (rc == ERR_INVALID_ARG)
+        error_set(err, rc, "grammar: token %d does not match the grammar", (int)id);
+    return rc;
+}
+
 int token_mask_accept_tokens(struct grammar_matcher *m, const struct token_mask_vocab *v,
                              const int32_t *tokens, int n, const struct token_mask_eos *eos,
                              int *n_ok, char *err)
 {
     *n_ok = 0;
     for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= v->n_tokens)
-            return error_set(err, ERR_RANGE, "token %d outside the vocabulary", tokens[i]);
-        int32_t state = grammar_matcher_state(m);
-        if (is_eos(eos, tokens[i])) {
-            if (grammar_engine_can_end(m->engine, state))
-                ++*n_ok;
+        const int rc = token_mask_take(m, v, eos, tokens[i], err);
+        if (rc == ERR_INVALID_ARG)
             return 0;
-        }
-        size_t len;
-        const uint8_t *b = token_mask_vocab_bytes(v, tokens[i], &len);
-        int32_t next = GRAMMAR_STATE_DEAD;
-        int rc = b ? grammar_engine_feed(m->engine, state, b, len, &next, err) : 0;
         if (rc)
             return rc;
-        if (next == GRAMMAR_STATE_DEAD)
-            return 0;
-        if ((rc = grammar_matcher_accept(m, b, len, err)))
-            return rc;
         ++*n_ok;
+        if (is_eos(eos, tokens[i]))
+            return 0;
     }
     return 0;
 }

@@ -78,11 +78,21 @@ struct token_mask_eos {
 int32_t token_mask_apply(const uint64_t *bits, float *logits, int32_t n_vocab,
                          const struct token_mask_eos *eos, int can_end);
 
-/* Advances m over tokens[0..n) while the grammar accepts them (an EOS id
- * where the grammar can end is accepted and ends the run); *n_ok is how many
- * it took, so drafts past a refusal are cut there. The matcher keeps one
- * state per token taken (grammar_matcher_rollback undoes them). Returns 0,
- * ERR_RANGE (a token outside the vocabulary), ERR_NOMEM. */
+/* Steps m over one token id: its bytes, or for an EOS id (no bytes) a state
+ * of its own where the grammar can end, so that a matcher holds one state
+ * per position of the output (the rule every holder of a matcher keeps: the
+ * engine's halves, the coordinator's draft cut). 0; ERR_INVALID_ARG when
+ * the grammar refuses it (m unchanged): the token has no bytes, its bytes
+ * leave the grammar, or an EOS comes before the grammar can end; ERR_RANGE
+ * for an id outside v; ERR_NOMEM. err: NULL or ERR_MSG_MAX bytes. */
+int token_mask_take(struct grammar_matcher *m, const struct token_mask_vocab *v,
+                    const struct token_mask_eos *eos, int32_t id, char *err);
+
+/* token_mask_take over tokens[0..n) while the grammar accepts them, and
+ * after an EOS no further (the output ends there); *n_ok is how many it
+ * took, so drafts past a refusal are cut there. The matcher keeps one state
+ * per token taken (grammar_matcher_rollback undoes them). Returns 0, or
+ * token_mask_take's error other than a refusal. */
 int token_mask_accept_tokens(struct grammar_matcher *m, const struct token_mask_vocab *v,
                              const int32_t *tokens, int n, const struct token_mask_eos *eos,
                              int *n_ok, char *err);
