@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "chat_template.h"
+
+#include <stdbool.h>
 #include "error.h"
 #include "speculate.h"
 
@@ -50,12 +52,21 @@ static int prompt_ids(const struct tokenizer *tk, const struct prompt_limits *li
         snprintf(msg, msg_size, "out of memory");
         return ERR_NOMEM;
     }
+    bool tool_turns = r->tools != NULL;
     for (int i = 0; i < r->n_messages; i++) {
         m[i].role = r->messages[i].role;
         m[i].content = r->messages[i].content;
         m[i].content_len = strlen(r->messages[i].content);
+        m[i].tool_call_name = r->messages[i].tool_call_name;
+        m[i].tool_call_arguments = r->messages[i].tool_call_arguments;
+        tool_turns = tool_turns || m[i].tool_call_name != NULL || strcmp(m[i].role, "tool") == 0 ||
+                     strcmp(m[i].role, "ipython") == 0;
     }
-    rc = chat_template_encode(tk, m, (size_t)r->n_messages, 1, NULL, ids, n, err);
+    /* Tools and tool turns exist only in the 3.1/3.2 template, whose system
+     * turn carries a date: the template's own default, so a prompt does not
+     * change from day to day (docs/chat-template.md). */
+    const struct chat_template_options tools_opts = {.date_string = PROMPT_TOOLS_DATE, .tools = r->tools};
+    rc = chat_template_encode(tk, m, (size_t)r->n_messages, 1, tool_turns ? &tools_opts : NULL, ids, n, err);
     free(m);
     if (rc != 0)
         snprintf(msg, msg_size, "messages: %s", err);

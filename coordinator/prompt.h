@@ -15,6 +15,10 @@
 #include "request.h"
 #include "tokenizer.h"
 
+/* The "Today Date" of the Llama 3.1/3.2 system turn, used when a
+ * conversation has tools or tool turns (the template's default). */
+#define PROMPT_TOOLS_DATE "26 Jul 2024"
+
 /* What the ids must fit. */
 struct prompt_limits {
     int vocab;                  /* the target's vocabulary: every id in 0..vocab-1 */

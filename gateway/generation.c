@@ -36,6 +36,7 @@ struct generation {
     char ignored[OPENAI_IGNORED_MAX]; /* openai_request.ignored: the 200's Tandem-Ignored-Fields */
     int n, n_done;               /* choices asked for, and ended (their done replies below) */
     cJSON *dones[REQUEST_N_MAX];
+    struct openai_tools tools;   /* openai_request.tools, moved here */
 };
 
 /* Keeps a done reply of choice "index" (taken); returns how many of the n
@@ -87,6 +88,17 @@ static void note_usage(struct watch_conn *wc, const cJSON *done)
         watch_conn_set_usage(wc, pt->valueint, gt->valueint);
 }
 
+/* A streamed choice whose text may still be a tool call: its token replies
+ * are held (a call is sent whole, as one delta.tool_calls chunk, once the
+ * done reply shows that the text parses as one); once the text cannot be a
+ * call they go out as content, and the rest passes through. */
+struct tool_hold {
+    bool content;   /* decided: content */
+    cJSON *held;    /* the token replies held (an array), NULL when none */
+    char *text;     /* their texts joined */
+    size_t len;
+};
+
 struct stream {
     const struct server_params *p;
     struct MHD_Connection *conn;
@@ -107,6 +119,8 @@ struct stream {
     char ignored[OPENAI_IGNORED_MAX];
     int n, n_done;               /* as in struct generation */
     cJSON *dones[REQUEST_N_MAX];
+    struct openai_tools tools;   /* as in struct generation */
+    struct tool_hold holds[REQUEST_N_MAX]; /* per choice, while tools may turn its text into a call */
 };
 
 static void pending_add(struct stream *st, const char *data, size_t n)
@@ -145,6 +159,95 @@ static void pending_done_marker(struct stream *st)
     st->finished = true;
 }
 
+
+/* Sends a choice's held token replies as content chunks and empties the hold. */
+static void tool_hold_flush(struct stream *st, struct tool_hold *h)
+{
+    cJSON *r = NULL;
+    cJSON_ArrayForEach(r, h->held)
+        pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, r, false, NULL,
+                                            st->include_usage));
+    cJSON_Delete(h->held);
+    h->held = NULL;
+}
+
+static struct tool_hold *tool_hold_of(struct stream *st, const cJSON *reply)
+{
+    const cJSON *i = cJSON_GetObjectItemCaseSensitive(reply, "index");
+    int index = cJSON_IsNumber(i) ? i->valueint : 0;
+    if (st->tools.choice == OPENAI_TOOLS_OFF || st->tools.choice == OPENAI_TOOL_CHOICE_NONE || index < 0 ||
+        index >= st->n || index >= REQUEST_N_MAX)
+        return NULL;
+    return &st->holds[index];
+}
+
+/* A token reply of a stream with tools: true when it is held (taken);
+ * false when it goes out now (the held ones went out before it). */
+static bool tool_hold_token(struct stream *st, cJSON *reply)
+{
+    struct tool_hold *h = tool_hold_of(st, reply);
+    if (h == NULL || h->content)
+        return false;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(reply, "text");
+    const char *text = cJSON_IsString(t) ? t->valuestring : "";
+    size_t n = strlen(text);
+    char *joined = realloc(h->text, h->len + n + 1);
+    if (joined == NULL || (h->held == NULL && (h->held = cJSON_CreateArray()) == NULL)) {
+        if (joined != NULL)
+            h->text = joined;
+        h->content = true; /* out of memory: the text goes out as it is */
+        tool_hold_flush(st, h);
+        return false;
+    }
+    memcpy(joined + h->len, text, n + 1);
+    h->text = joined;
+    h->len += n;
+    if (!openai_tools_may_be_call(&st->tools, h->text)) {
+        h->content = true;
+        tool_hold_flush(st, h);
+        return false;
+    }
+    cJSON_AddItemToArray(h->held, reply);
+    return true;
+}
+
+/* A choice's done reply in a stream with tools: its text a call (one
+ * delta.tool_calls chunk sent, true) or content (the held chunks sent). */
+static bool tool_hold_done(struct stream *st, const cJSON *done)
+{
+    struct tool_hold *h = tool_hold_of(st, done);
+    if (h == NULL || h->content)
+        return false;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(done, "text");
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "call_%s_%d", st->resp_id, (int)(h - st->holds));
+    cJSON *calls = openai_tools_parse(&st->tools, cJSON_IsString(t) ? t->valuestring : "", prefix);
+    cJSON *chunk = calls ? openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, NULL,
+                                             st->include_usage)
+                         : NULL;
+    cJSON *choice = chunk ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chunk, "choices"), 0) : NULL;
+    cJSON *delta = choice ? cJSON_GetObjectItemCaseSensitive(choice, "delta") : NULL;
+    if (delta == NULL) {
+        cJSON_Delete(calls);
+        cJSON_Delete(chunk);
+        tool_hold_flush(st, h);
+        h->content = true;
+        return false;
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(choice, "index", cJSON_CreateNumber((double)(h - st->holds)));
+    int k = 0;
+    cJSON *c = NULL;
+    cJSON_ArrayForEach(c, calls) { /* delta.tool_calls[k].index: which call a delta extends */
+        cJSON_AddNumberToObject(c, "index", k++);
+    }
+    cJSON_AddItemToObject(delta, "tool_calls", calls);
+    pending_event(st, chunk);
+    cJSON_Delete(h->held);
+    h->held = NULL;
+    h->content = true;
+    return true;
+}
+
 /* Turns one coordinator reply into SSE bytes; takes reply. */
 static void stream_on_reply(struct stream *st, cJSON *reply)
 {
@@ -160,12 +263,19 @@ static void stream_on_reply(struct stream *st, cJSON *reply)
     if (strcmp(type, "token") == 0) {
         st->n_tokens += count_ids(reply);
         watch_conn_set_usage(st->wc, -1, st->n_tokens); /* what a stream cut short had */
+        if (tool_hold_token(st, reply))
+            return; /* held: the reply is the hold's now */
         pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, reply, false, NULL,
                                             st->include_usage));
     } else if (strcmp(type, "done") == 0) {
         /* each choice's last chunk; the usage and [DONE] after the last choice */
-        pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, reply,
-                                            st->include_usage));
+        bool called = tool_hold_done(st, reply);
+        cJSON *last = openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, reply,
+                                        st->include_usage);
+        if (called && last != NULL) /* the finish_reason of a call */
+            cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(last, "choices"), 0),
+                                                   "finish_reason", cJSON_CreateString("tool_calls"));
+        pending_event(st, last);
         if (done_keep(st->dones, st->n, &st->n_done, reply) < st->n)
             return;
         st->ended = true;
@@ -240,6 +350,11 @@ static void stream_free(void *cls)
     bridge_call_close(st->call); /* no notification after this: the hold can go */
     watch_conn_release(st->wc);
     dones_free(st->dones, st->n);
+    for (int i = 0; i < REQUEST_N_MAX; i++) {
+        cJSON_Delete(st->holds[i].held);
+        free(st->holds[i].text);
+    }
+    openai_tools_free(&st->tools);
     free(st->pending);
     free(st);
 }
@@ -255,6 +370,7 @@ static void generation_end(struct generation *g, const struct server_params *p, 
     bridge_call_close(g->call);
     watch_conn_release(g->wc);
     dones_free(g->dones, g->n);
+    openai_tools_free(&g->tools);
     free(g);
 }
 
@@ -300,6 +416,8 @@ static enum MHD_Result generation_begin(struct generation **out, struct MHD_Conn
     g->stream = req.stream;
     g->include_usage = req.include_usage;
     g->n = req.n;
+    g->tools = req.tools; /* moved: the request's copy is not freed twice */
+    memset(&req.tools, 0, sizeof req.tools);
     snprintf(g->ignored, sizeof(g->ignored), "%s", req.ignored);
     if (req.ignored[0] != '\0') /* one line a request; the list is cleaned in openai.c */
         LOG_WARN("%s: fields accepted without effect: %s (gateway.strict_fields: 1 refuses them)",
@@ -344,6 +462,8 @@ static enum MHD_Result start_stream(struct generation *g, struct MHD_Connection 
     st->n_done = g->n_done;
     memcpy(st->dones, g->dones, sizeof st->dones);
     memset(g->dones, 0, sizeof g->dones);
+    st->tools = g->tools;
+    memset(&g->tools, 0, sizeof g->tools);
     st->t0 = g->t0;
     snprintf(st->ignored, sizeof(st->ignored), "%s", g->ignored);
     st->deadline_s = watch_now_s() + p->cfg->request_timeout_ms / 1000.0;
@@ -403,6 +523,8 @@ static enum MHD_Result generation_answer(struct generation *g, struct MHD_Connec
     char resp_id[80];
     snprintf(resp_id, sizeof(resp_id), "%s%s", kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-", bridge_call_id(g->call));
     cJSON *out = openai_response_json(kind, resp_id, g->created, p->cfg->served_model_name, reply);
+    if (out != NULL && kind == OPENAI_CHAT)
+        openai_tools_apply_response(&g->tools, out);
     http_metrics_generation_end(p->metrics, 1, count_ids(reply), decode_s, t - g->t0);
     note_usage(g->wc, reply);
     cJSON_Delete(reply);

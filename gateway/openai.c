@@ -92,6 +92,7 @@ enum field_rule {
     F_IGNORED,        /* user: a string of metadata with no effect on generation */
     F_RESPONSE_FORMAT, /* text, json_object, json_schema -> the native "grammar" (compiled here) */
     F_PREDICTION,     /* {"type": "content", "content": text or text parts} -> the native "prediction" */
+    F_TOOLS,          /* tools, tool_choice, parallel_tool_calls: kept, translated together (openai_tools.c) */
     F_UNSUPPORTED,    /* any non-null value is a 400 */
 };
 
@@ -132,9 +133,9 @@ static const struct field fields[] = {
     {"ignore_eos", F_BOOL, CHAT | COMP},
     {"logit_bias", F_LOGIT_BIAS, CHAT | COMP},
     {"user", F_IGNORED, CHAT | COMP},
-    {"tools", F_UNSUPPORTED, CHAT},
-    {"tool_choice", F_UNSUPPORTED, CHAT},
-    {"parallel_tool_calls", F_UNSUPPORTED, CHAT},
+    {"tools", F_TOOLS, CHAT},
+    {"tool_choice", F_TOOLS, CHAT},
+    {"parallel_tool_calls", F_TOOLS, CHAT},
     {"functions", F_UNSUPPORTED, CHAT},
     {"function_call", F_UNSUPPORTED, CHAT},
     {"response_format", F_RESPONSE_FORMAT, CHAT | COMP},
@@ -235,6 +236,101 @@ static char *message_content(const cJSON *content, int index, struct openai_erro
     return out;
 }
 
+/* An assistant message's "tool_calls" as the native one call
+ * {"name", "arguments": the parsed JSON}: the Llama 3.x template renders
+ * one call a turn, and its arguments as JSON, not as the string. */
+static int translate_tool_calls(const cJSON *calls, const char *param, cJSON *o, struct openai_error *e)
+{
+    char p[OPENAI_PARAM_MAX + 48];
+    snprintf(p, sizeof(p), "%s.tool_calls", param);
+    if (!cJSON_IsArray(calls))
+        return bad(e, p, "%s: expected an array, got %s", p, json_type_name(calls));
+    if (cJSON_GetArraySize(calls) == 0)
+        return 0;
+    if (cJSON_GetArraySize(calls) > 1)
+        return bad(e, p, "%s: at most one call a message (the Llama 3.x template renders one a turn)%s", p, "");
+    const cJSON *c = calls->child;
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
+    if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(name) || !cJSON_IsString(args) ||
+        (type != NULL && (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)))
+        return bad(e, p, "%s[0]: expected {\"id\", \"type\": \"function\", \"function\": {\"name\": string, "
+                   "\"arguments\": string}}%s", p, "");
+    char why[ERR_MSG_MAX];
+    cJSON *parsed = NULL;
+    if (json_check(args->valuestring, strlen(args->valuestring), why) == 0)
+        parsed = cJSON_Parse(args->valuestring);
+    if (parsed == NULL)
+        return bad(e, p, "%s[0].function.arguments: not valid JSON (it is the call's arguments as JSON text)%s",
+                   p, "");
+    cJSON *arr = cJSON_AddArrayToObject(o, "tool_calls");
+    cJSON *one = cJSON_CreateObject();
+    if (arr == NULL || one == NULL || !cJSON_AddItemToArray(arr, one) ||
+        !cJSON_AddStringToObject(one, "name", name->valuestring) || !cJSON_AddItemToObject(one, "arguments", parsed)) {
+        if (one == NULL || arr == NULL)
+            cJSON_Delete(one);
+        cJSON_Delete(parsed);
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    }
+    return 0;
+}
+
+/* The fields a message of role r may carry besides role and content. */
+static bool message_field_ok(const char *r, const char *field)
+{
+    return strcmp(field, "role") == 0 || strcmp(field, "content") == 0 ||
+           (strcmp(r, "assistant") == 0 && strcmp(field, "tool_calls") == 0) ||
+           (strcmp(r, "tool") == 0 && strcmp(field, "tool_call_id") == 0);
+}
+
+static int translate_message(const cJSON *m, int i, cJSON *out, struct openai_error *e)
+{
+    char param[OPENAI_PARAM_MAX];
+    snprintf(param, sizeof(param), "messages[%d]", i);
+    if (!cJSON_IsObject(m))
+        return bad(e, param, "%s: expected an object, got %s", param, json_type_name(m));
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    char rparam[OPENAI_PARAM_MAX + 8];
+    snprintf(rparam, sizeof(rparam), "%s.role", param);
+    if (!cJSON_IsString(role))
+        return bad(e, rparam, "%s: expected a string, got %s", rparam, json_type_name(role));
+    const char *r = role->valuestring;
+    if (strcmp(r, "developer") == 0)
+        r = "system"; /* OpenAI's newer name for the system role */
+    if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)
+        return bad(e, rparam, "%s: must be system, developer, user, assistant or tool, got \"%.32s\"", rparam,
+                   role->valuestring);
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, m) {
+        if (!message_field_ok(r, f->string)) {
+            char p[OPENAI_PARAM_MAX + 64];
+            snprintf(p, sizeof(p), "%s.%.48s", param, f->string);
+            return bad(e, p, "%s: not supported (messages carry role and content; assistant messages "
+                       "tool_calls, tool messages tool_call_id)%s", p, "");
+        }
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+    if (id != NULL && !cJSON_IsString(id))
+        return bad(e, param, "%s.tool_call_id: expected a string, got %s", param, json_type_name(id));
+    char *content = message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i, e);
+    if (content == NULL)
+        return -1;
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL || cJSON_AddStringToObject(o, "role", r) == NULL ||
+        cJSON_AddStringToObject(o, "content", content) == NULL || !cJSON_AddItemToArray(out, o)) {
+        cJSON_Delete(o);
+        free(content);
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    }
+    free(content);
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (calls != NULL && !cJSON_IsNull(calls))
+        return translate_tool_calls(calls, param, o, e);
+    return 0;
+}
+
 static int translate_messages(const cJSON *v, cJSON *gen, struct openai_error *e)
 {
     if (!cJSON_IsArray(v))
@@ -247,40 +343,8 @@ static int translate_messages(const cJSON *v, cJSON *gen, struct openai_error *e
     const cJSON *m = NULL;
     int i = 0;
     cJSON_ArrayForEach(m, v) {
-        char param[OPENAI_PARAM_MAX];
-        snprintf(param, sizeof(param), "messages[%d]", i);
-        if (!cJSON_IsObject(m))
-            return bad(e, param, "%s: expected an object, got %s", param, json_type_name(m));
-        const cJSON *f = NULL;
-        cJSON_ArrayForEach(f, m) {
-            if (strcmp(f->string, "role") != 0 && strcmp(f->string, "content") != 0) {
-                char p[OPENAI_PARAM_MAX + 64];
-                snprintf(p, sizeof(p), "%s.%.48s", param, f->string);
-                return bad(e, p, "%s: not supported (messages carry only role and content)%s", p, "");
-            }
-        }
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        char rparam[OPENAI_PARAM_MAX + 8];
-        snprintf(rparam, sizeof(rparam), "%s.role", param);
-        if (!cJSON_IsString(role))
-            return bad(e, rparam, "%s: expected a string, got %s", rparam, json_type_name(role));
-        const char *r = role->valuestring;
-        if (strcmp(r, "developer") == 0)
-            r = "system"; /* OpenAI's newer name for the system role */
-        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0)
-            return bad(e, rparam, "%s: must be system, developer, user or assistant, got \"%.32s\"", rparam,
-                       role->valuestring);
-        char *content = message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i, e);
-        if (content == NULL)
+        if (translate_message(m, i, out, e) != 0)
             return -1;
-        cJSON *o = cJSON_CreateObject();
-        if (o == NULL || cJSON_AddStringToObject(o, "role", r) == NULL ||
-            cJSON_AddStringToObject(o, "content", content) == NULL || !cJSON_AddItemToArray(out, o)) {
-            cJSON_Delete(o);
-            free(content);
-            return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
-        }
-        free(content);
         i++;
     }
     return 0;
@@ -488,6 +552,13 @@ static int translate_prediction(const cJSON *v, cJSON *gen, struct openai_error 
     return ok ? 0 : (openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1);
 }
 
+/* root's field name, NULL when absent or null (null means "not given"). */
+static const cJSON *not_null(const cJSON *root, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    return v != NULL && !cJSON_IsNull(v) ? v : NULL;
+}
+
 static const struct field *field_find(enum openai_kind kind, const char *name)
 {
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
@@ -628,6 +699,8 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         return translate_response_format(v, gen, e);
     case F_PREDICTION:
         return translate_prediction(v, gen, e);
+    case F_TOOLS:
+        return 0; /* after the loop: tool_choice needs tools, whatever their order */
     case F_UNSUPPORTED:
         return bad(e, name, "%s: not supported by this server%s", name, "");
     }
@@ -711,6 +784,10 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
         if (apply_field(kind, fd, f, policy, gen, out, e) != 0)
             goto done;
     }
+    if (kind == OPENAI_CHAT &&
+        openai_tools_translate(not_null(root, "tools"), not_null(root, "tool_choice"),
+                               not_null(root, "parallel_tool_calls"), gen, &out->tools, e) != 0)
+        goto done;
     if (out->top_given && !out->logprobs) {
         bad(e, "top_logprobs", "top_logprobs: only with logprobs true%s%s", "", "");
         goto done;
@@ -733,6 +810,7 @@ done:
     if (rc != 0) {
         cJSON_Delete(out->generate);
         out->generate = NULL;
+        openai_tools_free(&out->tools);
     }
     return rc;
 }
@@ -743,6 +821,7 @@ void openai_request_free(struct openai_request *r)
         return;
     cJSON_Delete(r->generate);
     r->generate = NULL;
+    openai_tools_free(&r->tools);
 }
 
 cJSON *openai_error_json(const struct openai_error *e)

@@ -5,7 +5,7 @@
  * /v1/chat/completions or /v1/completions body and builds the coordinator's
  * "generate" message; the openai_*_json functions build responses, stream
  * chunks and error objects from the coordinator's replies. A field this
- * server knows and cannot honour (n > 1, tools, response_format, ...) is a
+ * server knows and cannot honour (functions, audio, ...) is a
  * 400 naming it, never silently
  * ignored; a field it does not know is accepted and listed (the vendor
  * extras of frontends and harnesses), or a 400 under strict_fields; range
@@ -21,6 +21,8 @@
 #include <stddef.h>
 
 #include <cjson/cJSON.h>
+
+#include "openai_tools.h"
 
 #define OPENAI_MESSAGE_MAX 512
 #define OPENAI_PARAM_MAX 96
@@ -66,6 +68,7 @@ struct openai_request {
     int n;                   /* choices, 1..16 (the coordinator's "n") */
     cJSON *generate;
     char ignored[OPENAI_IGNORED_MAX];
+    struct openai_tools tools; /* tools and tool_choice: how the output is read (openai_tools.h) */
 };
 
 /* Fills e (status, type, code, param, printf-style message); returns e->status. */

@@ -257,6 +257,62 @@ static int parse_seed(const cJSON *item, uint64_t *out, char *err)
                      json_type_name(item));
 }
 
+/* A message's "tool_calls": exactly one {"name": non-empty string,
+ * "arguments": any JSON value}; the Llama 3.1/3.2 template renders one call
+ * a turn and refuses more. */
+static int parse_tool_call(struct request_message *msg, const cJSON *calls, int i, char *err)
+{
+    if (!cJSON_IsArray(calls) || cJSON_GetArraySize(calls) != 1)
+        return error_set(err, ERR_INVALID_ARG,
+                         "messages[%d].tool_calls: expected an array of exactly one call (the template renders "
+                         "one call a turn), got %s",
+                         i, cJSON_IsArray(calls) ? "another count" : json_type_name(calls));
+    const cJSON *c = calls->child;
+    if (!cJSON_IsObject(c))
+        return error_set(err, ERR_INVALID_ARG, "messages[%d].tool_calls[0]: expected an object, got %s", i,
+                         json_type_name(c));
+    const cJSON *f = NULL;
+    cJSON_ArrayForEach(f, c) {
+        if (f->string == NULL || (strcmp(f->string, "name") != 0 && strcmp(f->string, "arguments") != 0))
+            return error_set(err, ERR_INVALID_ARG, "messages[%d].tool_calls[0].%.*s: unknown field", i,
+                             f->string ? quote_len(f->string) : 1, f->string ? f->string : "?");
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(c, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(c, "arguments");
+    if (!cJSON_IsString(name) || name->valuestring[0] == '\0')
+        return error_set(err, ERR_INVALID_ARG, "messages[%d].tool_calls[0].name: expected a non-empty string", i);
+    if (args == NULL)
+        return error_set(err, ERR_INVALID_ARG, "messages[%d].tool_calls[0].arguments: required", i);
+    msg->tool_call_name = dup_string(name->valuestring);
+    msg->tool_call_arguments = cJSON_Duplicate(args, 1);
+    if (msg->tool_call_name == NULL || msg->tool_call_arguments == NULL)
+        return error_set(err, ERR_NOMEM, "messages: out of memory");
+    return 0;
+}
+
+/* "tools": 1..REQUEST_TOOLS_MAX objects, kept as given for the template. */
+static int parse_tools(struct request *r, const cJSON *item, char *err)
+{
+    if (!cJSON_IsArray(item))
+        return error_set(err, ERR_INVALID_ARG, "tools: expected an array, got %s", json_type_name(item));
+    int n = cJSON_GetArraySize(item);
+    if (n < 1 || n > REQUEST_TOOLS_MAX)
+        return error_set(err, ERR_INVALID_ARG, "tools: must hold 1..%d tools, got %d", REQUEST_TOOLS_MAX, n);
+    int i = 0;
+    const cJSON *t = NULL;
+    cJSON_ArrayForEach(t, item) {
+        if (!cJSON_IsObject(t))
+            return error_set(err, ERR_INVALID_ARG, "tools[%d]: expected an object, got %s", i, json_type_name(t));
+        i++;
+    }
+    if (r->input != REQUEST_INPUT_MESSAGES)
+        return error_set(err, ERR_INVALID_ARG, "tools: only with messages (the chat template renders them)");
+    r->tools = cJSON_Duplicate(item, 1);
+    if (r->tools == NULL)
+        return error_set(err, ERR_NOMEM, "tools: out of memory");
+    return 0;
+}
+
 static int parse_messages(struct request *r, const cJSON *item, char *err)
 {
     if (!cJSON_IsArray(item))
@@ -275,10 +331,12 @@ static int parse_messages(struct request *r, const cJSON *item, char *err)
                              json_type_name(m));
         const cJSON *f = NULL;
         cJSON_ArrayForEach(f, m) {
-            if (f->string == NULL || (strcmp(f->string, "role") != 0 && strcmp(f->string, "content") != 0))
+            if (f->string == NULL || (strcmp(f->string, "role") != 0 && strcmp(f->string, "content") != 0 &&
+                                      strcmp(f->string, "tool_calls") != 0))
                 return error_set(err, ERR_INVALID_ARG, "messages[%d].%.*s: unknown field", i,
                                  f->string ? quote_len(f->string) : 1, f->string ? f->string : "?");
         }
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         char name[48];
@@ -290,17 +348,18 @@ static int parse_messages(struct request *r, const cJSON *item, char *err)
             return rc;
         if (role->valuestring[0] == '\0')
             return error_set(err, ERR_INVALID_ARG, "messages[%d].role: must not be empty", i);
-        if (content == NULL)
+        if (content == NULL && calls == NULL)
             return error_set(err, ERR_INVALID_ARG, "messages[%d].content: required", i);
         snprintf(name, sizeof(name), "messages[%d].content", i);
-        rc = expect_string(content, name, err);
-        if (rc != 0)
+        if (content != NULL && (rc = expect_string(content, name, err)) != 0)
             return rc;
         r->messages[i].role = dup_string(role->valuestring);
-        r->messages[i].content = dup_string(content->valuestring);
+        r->messages[i].content = dup_string(content != NULL ? content->valuestring : "");
         r->n_messages = i + 1;
         if (r->messages[i].role == NULL || r->messages[i].content == NULL)
             return error_set(err, ERR_NOMEM, "messages: out of memory");
+        if (calls != NULL && (rc = parse_tool_call(&r->messages[i], calls, i, err)) != 0)
+            return rc;
         i++;
     }
     return 0;
@@ -368,7 +427,7 @@ static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
     "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
     "logprobs", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-    "grammar", "prediction",
+    "grammar", "prediction", "tools",
 };
 
 static int check_fields(const cJSON *root, char *err)
@@ -458,6 +517,8 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
         if ((rc = parse_prompt_ids(r, ids, err)) != 0)
             return rc;
     }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "tools")) != NULL && (rc = parse_tools(r, item, err)) != 0)
+        return rc;
 
     long long v = 0;
     double d = 0;
@@ -701,8 +762,11 @@ void request_destroy(struct request *req)
     for (int i = 0; i < req->n_messages; i++) {
         free(req->messages[i].role);
         free(req->messages[i].content);
+        free(req->messages[i].tool_call_name);
+        cJSON_Delete(req->messages[i].tool_call_arguments);
     }
     free(req->messages);
+    cJSON_Delete(req->tools);
     free(req->prompt_ids);
     for (int i = 0; i < req->n_stop; i++)
         free(req->stop[i]);

@@ -63,7 +63,11 @@ enum request_draft {
 struct request_message {
     char *role;      /* non-empty */
     char *content;   /* may be empty */
+    char *tool_call_name;      /* "tool_calls": [{"name", "arguments"}]: the one call, NULL when none */
+    cJSON *tool_call_arguments; /* its arguments (any JSON value), owned; NULL when none */
 };
+
+#define REQUEST_TOOLS_MAX 128   /* tool definitions per request */
 
 /* Limits that come from the coordinator's configuration. */
 struct request_limits {
@@ -79,6 +83,8 @@ struct request {
     size_t prompt_len;             /* bytes of prompt */
     struct request_message *messages; /* REQUEST_INPUT_MESSAGES */
     int n_messages;                /* >= 1 */
+    cJSON *tools;                  /* "tools": an array of 1..REQUEST_TOOLS_MAX objects (rendered by the
+                                      chat template as given), owned; NULL when not given */
     int32_t *prompt_ids;           /* REQUEST_INPUT_IDS: each >= 0 */
     int n_prompt_ids;              /* >= 1 */
     int max_tokens;                /* 1 .. limits.max_tokens_max, default 128 */

@@ -44,6 +44,7 @@ BIN = {
     "make_model": "tools/make_model/tandem-make-model",
     "keygen": "tools/keygen/tandem-keygen",
     "gateway": "gateway/tandem-gateway",
+    "tokenize": "tools/tokenize/tandem-tokenize",
 }
 
 

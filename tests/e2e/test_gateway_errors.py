@@ -5,7 +5,8 @@ serving: 401 without the API key (any case of "Bearer" is accepted), 404
 unknown path or model, 405 wrong method, 413 body too large, 400 for bad
 JSON, missing fields, wrong types, numbers beyond a double's range
 (named "not finite"), out-of-range values (n > 16, logprobs beyond 20,
-penalties, a logit_bias for no token), top_logprobs without logprobs, tools,
+penalties, a logit_bias for no token), top_logprobs without logprobs, a tool without its
+function, a tool_choice without tools,
 a response_format of an unknown type or with a schema keyword the grammar
 engine cannot honour (named) and a prompt longer than the context, 429 when the coordinator is full.
 
@@ -86,7 +87,7 @@ def test():
     expect(p, "POST", "/v1/completions", {"model": "tiny"}, 400, param="prompt")
     expect(p, "POST", "/v1/chat/completions", dict(chat, messages=[]), 400, param="messages")
     expect(p, "POST", "/v1/chat/completions", dict(chat, messages="hi"), 400, param="messages")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, messages=[{"role": "tool", "content": "x"}]), 400,
+    expect(p, "POST", "/v1/chat/completions", dict(chat, messages=[{"role": "function", "content": "x"}]), 400,
            param="messages[0].role")
     expect(p, "POST", "/v1/chat/completions", dict(chat, messages=[{"role": "user", "content": 5}]), 400,
            param="messages[0].content")
@@ -96,7 +97,8 @@ def test():
     expect(p, "POST", "/v1/chat/completions", dict(chat, n=17), 400, param="n")
     expect(p, "POST", "/v1/chat/completions", dict(chat, logprobs=1), 400, param="logprobs")
     expect(p, "POST", "/v1/chat/completions", dict(chat, top_logprobs=2), 400, param="top_logprobs")
-    expect(p, "POST", "/v1/chat/completions", dict(chat, tools=[{"type": "function"}]), 400, param="tools")
+    expect(p, "POST", "/v1/chat/completions", dict(chat, tools=[{"type": "function"}]), 400, param="tools[0]",
+           needle="tools[0]: expected")
     expect(p, "POST", "/v1/chat/completions", dict(chat, tool_choice="auto"), 400, param="tool_choice")
     expect(p, "POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema", "json_schema": {
         "name": "n", "schema": {"type": "integer", "minimum": 0}}}), 400, param="response_format",

@@ -6,7 +6,9 @@
  * naming the field); then it is run through request_from_json as the
  * coordinator would. A body that is refused gets 400 (404 for a model not
  * served) and an error object that prints as UTF-8 JSON, whatever bytes the
- * body held. */
+ * body held. With tools, the body's bytes and its first message's content
+ * are also read as a model's output (openai_tools_parse): a call or NULL,
+ * never a crash. */
 #include "fuzz_common.h"
 
 #include <stdbool.h>
@@ -37,6 +39,33 @@ static void check_accepted(struct openai_request *r)
     if (request_from_json(&req, root, &limits, err) == 0)
         request_destroy(req);
     cJSON_Delete(root);
+    free(text);
+}
+
+static void check_calls(const struct openai_request *r, const char *text)
+{
+    cJSON *calls = openai_tools_parse(&r->tools, text, "call");
+    if (calls != NULL && (!cJSON_IsArray(calls) || cJSON_GetArraySize(calls) < 1))
+        abort();
+    cJSON_Delete(calls);
+    (void)openai_tools_may_be_call(&r->tools, text);
+}
+
+/* The body, and its first message's content, as output texts. */
+static void check_tool_output(const struct openai_request *r, const uint8_t *data, size_t size)
+{
+    if (r->tools.choice == OPENAI_TOOLS_OFF)
+        return;
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r->generate, "messages"), 0);
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m0, "content");
+    if (cJSON_IsString(content))
+        check_calls(r, content->valuestring);
+    char *text = malloc(size + 1);
+    if (text == NULL)
+        return;
+    memcpy(text, data, size);
+    text[size] = '\0';
+    check_calls(r, text);
     free(text);
 }
 
@@ -83,6 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (policy.strict_fields && r.ignored[0] != '\0')
                 abort();
             check_accepted(&r);
+            check_tool_output(&r, data, size);
             openai_request_free(&r);
         } else {
             check_refused(&e);

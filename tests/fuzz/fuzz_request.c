@@ -56,8 +56,10 @@ static void tokenize_request(const struct request *r)
         m[i].role = r->messages[i].role;
         m[i].content = r->messages[i].content;
         m[i].content_len = strlen(r->messages[i].content);
+        m[i].tool_call_name = r->messages[i].tool_call_name;
+        m[i].tool_call_arguments = r->messages[i].tool_call_arguments;
     }
-    const struct chat_template_options dated = {.date_string = "26 Jul 2024"};
+    const struct chat_template_options dated = {.date_string = "26 Jul 2024", .tools = r->tools};
     char err[ERR_MSG_MAX];
     size_t n_dated = 0;
     int32_t *dated_ids = NULL;
