@@ -189,7 +189,11 @@ static cJSON *call_schema(const cJSON *tool)
         cJSON_Delete(s);
         return NULL;
     }
-    cJSON_AddItemToObject(s, "required", req);
+    if (!cJSON_AddItemToObject(s, "required", req)) { /* p is s's now */
+        cJSON_Delete(req);
+        cJSON_Delete(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -230,8 +234,7 @@ static int add_call_grammar(const cJSON *tools, const struct openai_tools *t, cJ
     cJSON *g = cJSON_AddObjectToObject(gen, "grammar");
     if (g == NULL || !cJSON_AddStringToObject(g, "type", "json_schema") ||
         !cJSON_AddItemToObject(g, "schema", schema)) {
-        if (g == NULL)
-            cJSON_Delete(schema);
+        cJSON_Delete(schema); /* not added: still ours */
         return oom(e);
     }
     return 0;

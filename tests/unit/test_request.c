@@ -110,6 +110,42 @@ static void test_request_messages_are_read(void **state)
     request_destroy(r);
 }
 
+/* tools and a message's one tool call are read; the forms the template
+ * cannot render are refused, named. */
+static void test_request_tools_and_tool_calls(void **state)
+{
+    (void)state;
+    struct request *r = parse_ok(
+        "{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},"
+        "{\"role\":\"assistant\",\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"a\":1}}]},"
+        "{\"role\":\"tool\",\"content\":\"ok\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}");
+    assert_int_equal(r->n_messages, 3);
+    assert_null(r->messages[0].tool_call_name);
+    assert_string_equal(r->messages[1].tool_call_name, "f");
+    assert_string_equal(r->messages[1].content, "");
+    assert_int_equal(cJSON_GetObjectItem(r->messages[1].tool_call_arguments, "a")->valueint, 1);
+    assert_int_equal(cJSON_GetArraySize(r->tools), 1);
+    request_destroy(r);
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"tools\":[{}]}", ERR_INVALID_ARG,
+              "tools: only with messages");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}",
+              ERR_INVALID_ARG, "tools: must hold 1..128");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[1]}",
+              ERR_INVALID_ARG, "tools[0]: expected an object");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+              "[{\"name\":\"f\",\"arguments\":{}},{\"name\":\"g\",\"arguments\":{}}]}]}",
+              ERR_INVALID_ARG, "messages[0].tool_calls: expected an array of exactly one call");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+              "[{\"name\":\"\",\"arguments\":{}}]}]}",
+              ERR_INVALID_ARG, "messages[0].tool_calls[0].name");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+              "[{\"name\":\"f\"}]}]}",
+              ERR_INVALID_ARG, "messages[0].tool_calls[0].arguments: required");
+    parse_bad("{\"v\":1,\"type\":\"generate\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+              "[{\"name\":\"f\",\"arguments\":{},\"id\":\"c\"}]}]}",
+              ERR_INVALID_ARG, "messages[0].tool_calls[0].id: unknown field");
+}
+
 static void test_request_seed_as_decimal_string_keeps_all_64_bits(void **state)
 {
     (void)state;
@@ -560,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_request_all_fields_are_read),
         cmocka_unit_test(test_request_outputs_and_controls),
         cmocka_unit_test(test_request_messages_are_read),
+        cmocka_unit_test(test_request_tools_and_tool_calls),
         cmocka_unit_test(test_request_seed_as_decimal_string_keeps_all_64_bits),
         cmocka_unit_test(test_request_not_json_is_rejected),
         cmocka_unit_test(test_request_envelope_is_checked),
