@@ -8,14 +8,16 @@ tokenizer, so the 3.1/3.2 tool format renders as it would for Llama):
    drafts from the model (K 4), n-grams, the suffix cache and "auto" equal
    target-only decoding (draft "none") through the same three processes.
 2. Streamed, the call arrives as delta.tool_calls and finish_reason
-   "tool_calls", the same call as the whole response's.
+   "tool_calls", the same call as the whole response's; with tool_choice
+   auto the stream (held while it might be a call) is the whole response.
 3. The official npm `openai` client gets tool_calls (streamed and not) and
    sends the assistant's call and a `role: tool` result back (a second and a
    third turn, tool_choice auto and none).
 4. The prompt of a conversation with tools, a call and a tool result is the
    template's: the test renders the Llama 3.2 template's tool rules itself
    (json.dumps is HF's tojson), tokenizes that text, and the gateway's
-   request gives the ids and the output of those prompt_ids.
+   request gives the output and the logprobs (bit for bit) of those
+   prompt_ids: the same prompt.
 5. Bad tool definitions and choices are 400s naming what was wrong.
 Prints the tokens/s of a 3-turn tool chat with draft auto and target-only."""
 import json
@@ -97,6 +99,33 @@ def forced(url, base):
         check(chunks[-1]["choices"][0]["finish_reason"] == "tool_calls", "%s stream: last %s" % (label, chunks[-1]))
         out[label] = call
     return out
+
+
+def auto_streams_as_whole(url, base):
+    """tool_choice auto, streamed: the chunks held while the text might be a
+    call go out in order, so the stream is the whole response (text, ids,
+    finish_reason), whichever it turned out to be."""
+    poem = [{"role": "user", "content": "Write a poem about the sea."}]
+    # the third opens with "{" (json_object), so it is held to its end, then sent as content
+    for msgs, extra in ((base["messages"], {}), (poem, {}), (poem, {"response_format": {"type": "json_object"}})):
+        body = dict(base, messages=msgs, tool_choice="auto", max_tokens=60, **extra)
+        whole = chat(url, body)
+        status, _, raw = http("POST", url + "/v1/chat/completions", dict(body, stream=True), timeout_s=300)
+        check(status == 200, "auto stream: %d" % status)
+        chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        ids = [i for c in chunks for i in c.get("tandem", {}).get("ids", [])]
+        calls = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
+        w = whole["choices"][0]
+        check(chunks[-1]["choices"][0]["finish_reason"] == w["finish_reason"], "auto stream finish: %s vs %s" %
+              (chunks[-1]["choices"][0], w))
+        if w["message"].get("tool_calls"):
+            check([c["function"] for c in calls] == [c["function"] for c in w["message"]["tool_calls"]],
+                  "auto stream calls %s vs %s" % (calls, w["message"]))
+        else:
+            check(not extra or w["message"]["content"].startswith("{"), "json_object: %r" % w["message"]["content"])
+            check(text == w["message"]["content"] and ids == whole["tandem"]["ids"] and not calls,
+                  "auto stream: %r %s vs whole %r %s" % (text, ids, w["message"]["content"], whole["tandem"]["ids"]))
 
 
 def refusals(url, base):
@@ -243,13 +272,18 @@ def prompt_is_the_templates(p, url, call):
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     check(r.returncode == 0, "tandem-tokenize: %s" % r.stderr)
     ids = json.loads(r.stdout)
-    got = chat(url, {"messages": msgs, "tools": TOOLS, "max_tokens": 40, "temperature": 0, "draft": "none"})
+    got = chat(url, {"messages": msgs, "tools": TOOLS, "max_tokens": 40, "temperature": 0, "draft": "none",
+                     "logprobs": True})
     check(got["usage"]["prompt_tokens"] == len(ids), "prompt tokens %d != the template's %d" %
           (got["usage"]["prompt_tokens"], len(ids)))
     done, _ = generate(p.client(), {"id": "tmpl", "prompt_ids": ids, "max_tokens": 40, "temperature": 0,
-                                    "draft": "none"})
+                                    "draft": "none", "logprobs": 0})
     check(done.get("ids") == got["tandem"]["ids"], "the template's prompt_ids give %s, the gateway's %s" %
           (done.get("ids"), got["tandem"]["ids"]))
+    # the same ids could follow a slightly different prompt; the logits could not (bit for bit)
+    want = [e["logprob"] for e in done["logprobs"]]
+    have = [e["logprob"] for e in got["choices"][0]["logprobs"]["content"]]
+    check(have == want, "logprobs after the gateway's prompt %s != after the template's %s" % (have[:4], want[:4]))
 
 
 def test():
@@ -264,6 +298,7 @@ def test():
             "temperature": 0, "tools": TOOLS}
     calls = forced(url, base)
     prompt_is_the_templates(p, url, calls["required"])
+    auto_streams_as_whole(url, base)
     refusals(url, dict(base, tools=None))
     node_client(url, calls["required"])
     t_ref = three_turns(url, "none")
