@@ -159,7 +159,6 @@ static void pending_done_marker(struct stream *st)
     st->finished = true;
 }
 
-
 /* Sends a choice's held token replies as content chunks and empties the hold. */
 static void tool_hold_flush(struct stream *st, struct tool_hold *h)
 {
@@ -241,6 +240,17 @@ static bool tool_hold_done(struct stream *st, const cJSON *done)
         cJSON_AddNumberToObject(c, "index", k++);
     }
     cJSON_AddItemToObject(delta, "tool_calls", calls);
+    /* the call's chunk carries the ids of its text, as every chunk does */
+    cJSON *tandem = cJSON_AddObjectToObject(chunk, "tandem");
+    cJSON *ids = tandem ? cJSON_AddArrayToObject(tandem, "ids") : NULL;
+    cJSON *r = NULL;
+    cJSON_ArrayForEach(r, h->held) {
+        const cJSON *id = NULL;
+        cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(r, "ids")) {
+            if (ids != NULL)
+                cJSON_AddItemToArray(ids, cJSON_CreateNumber(id->valuedouble));
+        }
+    }
     pending_event(st, chunk);
     cJSON_Delete(h->held);
     h->held = NULL;

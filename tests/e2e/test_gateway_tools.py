@@ -97,6 +97,8 @@ def forced(url, base):
               "%s stream: tool_calls deltas %s, want %s" % (label, calls, call))
         check(not any(d.get("content") for d in deltas), "%s stream: content beside the call: %s" % (label, deltas))
         check(chunks[-1]["choices"][0]["finish_reason"] == "tool_calls", "%s stream: last %s" % (label, chunks[-1]))
+        ids = [i for c in chunks for i in c.get("tandem", {}).get("ids", [])]
+        check(ids == ref["tandem"]["ids"], "%s stream: ids %s != %s" % (label, ids, ref["tandem"]["ids"]))
         out[label] = call
     return out
 
