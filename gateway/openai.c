@@ -708,6 +708,26 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
     return bad(e, name, "%s: unexpected field%s", name, "");
 }
 
+/* What depends on several fields, once all are read: tools and
+ * tool_choice, top_logprobs with logprobs, stream_options with stream. */
+static int finish_request(enum openai_kind kind, const cJSON *root, cJSON *gen, struct openai_request *out,
+                          struct openai_error *e)
+{
+    if (kind == OPENAI_CHAT &&
+        openai_tools_translate(not_null(root, "tools"), not_null(root, "tool_choice"),
+                               not_null(root, "parallel_tool_calls"), gen, &out->tools, e) != 0)
+        return -1;
+    if (out->top_given && !out->logprobs)
+        return bad(e, "top_logprobs", "top_logprobs: only with logprobs true%s%s", "", "");
+    if (out->logprobs && cJSON_AddNumberToObject(gen, "logprobs", out->top_logprobs) == NULL)
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    if (out->include_usage && !out->stream)
+        return bad(e, "stream_options", "stream_options: only allowed when stream is true%s%s", "", "");
+    if (cJSON_AddBoolToObject(gen, "stream", out->stream) == NULL)
+        return openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    return 0;
+}
+
 int openai_parse_request(enum openai_kind kind, const char *body, size_t len, const struct openai_policy *policy,
                          struct openai_request *out, struct openai_error *e)
 {
@@ -784,27 +804,7 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
         if (apply_field(kind, fd, f, policy, gen, out, e) != 0)
             goto done;
     }
-    if (kind == OPENAI_CHAT &&
-        openai_tools_translate(not_null(root, "tools"), not_null(root, "tool_choice"),
-                               not_null(root, "parallel_tool_calls"), gen, &out->tools, e) != 0)
-        goto done;
-    if (out->top_given && !out->logprobs) {
-        bad(e, "top_logprobs", "top_logprobs: only with logprobs true%s%s", "", "");
-        goto done;
-    }
-    if (out->logprobs && cJSON_AddNumberToObject(gen, "logprobs", out->top_logprobs) == NULL) {
-        openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        goto done;
-    }
-    if (out->include_usage && !out->stream) {
-        bad(e, "stream_options", "stream_options: only allowed when stream is true%s%s", "", "");
-        goto done;
-    }
-    if (cJSON_AddBoolToObject(gen, "stream", out->stream) == NULL) {
-        openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        goto done;
-    }
-    rc = 0;
+    rc = finish_request(kind, root, gen, out, e);
 done:
     cJSON_Delete(root);
     if (rc != 0) {
