@@ -48,7 +48,8 @@ static bool name_ok(const char *s)
 }
 
 /* Compiles {"type": "json_schema", "schema": schema} as response_format's
- * would be: an unsupported keyword is a 400 naming path. */
+ * would be: an unsupported keyword is a 400 naming it under
+ * "<path>.parameters" (path: "tools[i].function"). */
 static int schema_check(const cJSON *schema, const char *path, const char *param, struct openai_error *e)
 {
     cJSON *g = cJSON_CreateObject();
@@ -68,7 +69,16 @@ static int schema_check(const cJSON *schema, const char *path, const char *param
     cJSON_Delete(g);
     if (rc == ERR_NOMEM)
         return oom(e);
-    return rc != 0 ? bad(e, param, why) : 0;
+    if (rc == 0)
+        return 0;
+    /* the engine names the wrapper's key, "<path>.schema": the client wrote "<path>.parameters" */
+    char msg[OPENAI_MESSAGE_MAX];
+    size_t n = strlen(path);
+    if (strncmp(why, path, n) == 0 && strncmp(why + n, ".schema", 7) == 0)
+        snprintf(msg, sizeof msg, "%s.parameters%s", path, why + n + 7);
+    else
+        snprintf(msg, sizeof msg, "%s", why);
+    return bad(e, param, msg);
 }
 
 /* One entry of "tools": {"type": "function", "function": {"name",
@@ -262,7 +272,7 @@ int openai_tools_translate(const cJSON *tools, const cJSON *choice, const cJSON 
             const cJSON *params =
                 cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "parameters");
             char path[OPENAI_PARAM_MAX], param[OPENAI_PARAM_MAX];
-            snprintf(path, sizeof path, "tools[%d].function.parameters", i);
+            snprintf(path, sizeof path, "tools[%d].function", i);
             snprintf(param, sizeof param, "tools[%d]", i);
             /* checked for every tool, so a schema the grammar cannot hold is
              * refused whatever tool_choice says, not only when forced */

@@ -134,7 +134,8 @@ def refusals(url, base):
     cases = [
         (dict(base, tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools[0]", "function.name"),
         (dict(base, tools=[{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}]), "tools[0]", "minimum"),
+            "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}]), "tools[0]",
+         "tools[0].function.parameters.properties.n: unsupported keyword 'minimum'"),
         (dict(base, tools=[WEATHER, WEATHER]), "tools[1]", "twice"),
         (dict(base, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice",
          "nope"),

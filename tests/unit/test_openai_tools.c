@@ -82,7 +82,7 @@ static void test_openai_tools_refusals_name_the_problem(void **state)
          "tools[1]", "twice"},
         {",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\","
          "\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}}}]",
-         "tools[0]", "minimum"},
+         "tools[0]", "tools[0].function.parameters.properties.n: unsupported keyword 'minimum'"},
         {",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"x\":1}}]", "tools[0]", "function.x"},
         {",\"tool_choice\":\"required\"", "tool_choice", "only with tools"},
         {",\"tools\":" TOOLS ",\"tool_choice\":\"always\"", "tool_choice", "always"},
