@@ -90,11 +90,13 @@ enum reply_sent replies_send(struct coordinator *c, const uint8_t *identity, siz
     return REPLY_FAILED;
 }
 
-/* A final reply: one a full queue refuses is held and sent again later, so
- * a client that reads slowly still learns how its request ended. */
+/* A final reply: one a full queue refuses, or that could not be sent at all
+ * (memory ran out encoding it), is held and sent again later, so a client
+ * that reads slowly still learns how its request ended. */
 static void send_final(struct coordinator *c, const uint8_t *identity, size_t identity_size, cJSON *msg)
 {
-    if (replies_send(c, identity, identity_size, msg) != REPLY_FULL) {
+    const enum reply_sent r = replies_send(c, identity, identity_size, msg);
+    if (r != REPLY_FULL && r != REPLY_FAILED) {
         cJSON_Delete(msg);
         return;
     }
@@ -116,14 +118,16 @@ void replies_retry_held(struct coordinator *c, double now)
     for (int i = 0; i < c->n_held;) {
         struct held_reply *h = &c->held[i];
         enum reply_sent r = replies_send(c, h->identity, h->identity_size, h->msg);
-        if (r == REPLY_FULL && now - h->since_ms < COORD_HELD_REPLY_MS) {
+        if ((r == REPLY_FULL || r == REPLY_FAILED) && now - h->since_ms < COORD_HELD_REPLY_MS) {
             i++;
             continue;
         }
         if (r != REPLY_SENT) {
             c->metrics.replies_undelivered_total++;
             LOG_WARN("final reply undeliverable (%s): dropped",
-                     r == REPLY_FULL ? "the client read nothing for 60 s" : "the client is gone");
+                     r == REPLY_FULL     ? "the client read nothing for 60 s"
+                     : r == REPLY_FAILED ? "it could not be sent for 60 s"
+                                         : "the client is gone");
         }
         cJSON_Delete(h->msg);
         *h = c->held[--c->n_held];
@@ -196,15 +200,35 @@ static cJSON *ids_array(const int32_t *ids, int n)
 
 /* Adds a string that may contain NUL bytes (cut there: JSON strings from
  * cJSON are C strings; detokenized text with NUL is rare and not printable). */
-static void add_text(cJSON *m, const char *key, const char *text, size_t len)
+static bool add_text(cJSON *m, const char *key, const char *text, size_t len)
 {
     char *copy = malloc(len + 1);
     if (copy == NULL)
-        return;
+        return false;
     memcpy(copy, text, len);
     copy[len] = '\0';
-    cJSON_AddStringToObject(m, key, copy);
+    const bool added = cJSON_AddStringToObject(m, key, copy) != NULL;
     free(copy);
+    return added;
+}
+
+/* The parts of a token or done reply a client needs to read its output:
+ * false when memory ran out for one of them. */
+static bool add_output(struct coordinator *c, struct seq *s, cJSON *m, const char *type,
+                       const char *text, size_t len, int from)
+{
+    bool whole = cJSON_AddStringToObject(m, "type", type) != NULL;
+    add_client_string(m, "id", s->id);
+    whole = whole && cJSON_GetObjectItemCaseSensitive(m, "id") != NULL;
+    if (s->n_choices > 1)
+        whole = whole && cJSON_AddNumberToObject(m, "index", s->index) != NULL;
+    whole = whole && add_text(m, "text", text, len);
+    cJSON *ids = whole ? ids_array(s->hist + s->n_prompt + from, s->generated - from) : NULL;
+    if (ids == NULL || !cJSON_AddItemToObject(m, "ids", ids)) {
+        cJSON_Delete(ids);
+        return false;
+    }
+    return logprobs_add_json(m, c->tk, &s->lp, s->hist + s->n_prompt, from, s->generated - from);
 }
 
 void replies_stream(struct coordinator *c, struct seq *s, bool final)
@@ -216,18 +240,14 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
     if (n == 0 && s->stream_from >= s->generated)
         return;
     cJSON *m = cJSON_CreateObject();
-    if (m == NULL)
+    if (m == NULL || !add_output(c, s, m, "token", piece, n, s->stream_from)) {
+        /* not sent half: the ids and logprobs go with the next event, and
+         * the done reply carries the whole text */
+        cJSON_Delete(m);
+        LOG_WARN("request \"%s\": out of memory for a token event, its tokens wait for the next",
+                 s->id);
         return;
-    cJSON_AddStringToObject(m, "type", "token");
-    add_client_string(m, "id", s->id);
-    if (s->n_choices > 1)
-        cJSON_AddNumberToObject(m, "index", s->index);
-    add_text(m, "text", piece, n);
-    cJSON *ids = ids_array(s->hist + s->n_prompt + s->stream_from, s->generated - s->stream_from);
-    if (ids != NULL)
-        cJSON_AddItemToObject(m, "ids", ids);
-    logprobs_add_json(m, c->tk, &s->lp, s->hist + s->n_prompt, s->stream_from,
-                      s->generated - s->stream_from);
+    }
     if (replies_send(c, s->client, s->client_size, m) == REPLY_FULL)
         s->replies_stalled = true;
     cJSON_Delete(m);
@@ -243,49 +263,45 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
     double decode_ms = t - s->t_first_ms;
     double queue_ms = s->t_admit_ms - s->t_arrival_ms;
     cJSON *m = cJSON_CreateObject();
-    if (m != NULL) {
-        cJSON_AddStringToObject(m, "type", "done");
-        add_client_string(m, "id", s->id);
-        if (s->n_choices > 1)
-            cJSON_AddNumberToObject(m, "index", s->index);
-        add_text(m, "text", text, text_len);
-        cJSON *ids = ids_array(s->hist + s->n_prompt, s->generated);
-        if (ids != NULL)
-            cJSON_AddItemToObject(m, "ids", ids);
-        logprobs_add_json(m, c->tk, &s->lp, s->hist + s->n_prompt, 0, s->generated);
-        cJSON_AddStringToObject(m, "finish_reason", metrics_finish_name(reason));
-        cJSON *u = cJSON_AddObjectToObject(m, "usage");
-        if (u != NULL) {
-            cJSON_AddNumberToObject(u, "prompt_tokens", s->n_prompt);
-            cJSON_AddNumberToObject(u, "cached_prompt_tokens", s->prompt_cached);
-            cJSON_AddNumberToObject(u, "generated_tokens", s->generated);
-            if (s->pred != NULL) { /* OpenAI's names: prediction drafts the target took and refused */
-                cJSON_AddNumberToObject(u, "accepted_prediction_tokens", s->pred_accepted);
-                cJSON_AddNumberToObject(u, "rejected_prediction_tokens", s->pred_rejected);
-            }
-        }
-        cJSON *tm = cJSON_AddObjectToObject(m, "timing");
-        if (tm != NULL) {
-            cJSON_AddNumberToObject(tm, "queue_ms", queue_ms);
-            cJSON_AddNumberToObject(tm, "prefill_ms", prefill_ms);
-            cJSON_AddNumberToObject(tm, "decode_ms", decode_ms);
-            cJSON_AddNumberToObject(tm, "total_ms", t - s->t_arrival_ms);
-            /* as tandem-generate: tokens after the first over the decode time */
-            cJSON_AddNumberToObject(tm, "tokens_per_s",
-                                    decode_ms > 0 && s->generated > 1 ? (s->generated - 1) * 1000.0 / decode_ms : 0.0);
-        }
-        cJSON *sp = cJSON_AddObjectToObject(m, "spec");
-        if (sp != NULL) {
-            cJSON_AddNumberToObject(sp, "rounds", s->rounds);
-            cJSON_AddNumberToObject(sp, "drafted", s->drafted);
-            cJSON_AddNumberToObject(sp, "accepted", s->accepted);
-            cJSON_AddNumberToObject(sp, "acceptance_rate", s->drafted ? (double)s->accepted / s->drafted : 0.0);
-            cJSON_AddNumberToObject(sp, "mean_accepted_per_round", s->rounds ? (double)s->accepted / s->rounds : 0.0);
-            cJSON_AddNumberToObject(sp, "predraft_offered", s->predraft_offered);
-            cJSON_AddNumberToObject(sp, "predraft_used", s->predraft_used);
-            cJSON_AddNumberToObject(sp, "draft_ms", s->draft_ms);
-            cJSON_AddNumberToObject(sp, "verify_ms", s->verify_ms);
-        }
-        send_final(c, s->client, s->client_size, m);
+    if (m == NULL || !add_output(c, s, m, "done", text, text_len, 0) ||
+        !cJSON_AddStringToObject(m, "finish_reason", metrics_finish_name(reason))) {
+        /* a done reply without its output would read as an empty answer */
+        cJSON_Delete(m);
+        replies_error_of(c, s, METRICS_ERR_INTERNAL,
+                         "out of memory building the reply: the request's output is lost");
+        return;
     }
+    cJSON *u = cJSON_AddObjectToObject(m, "usage");
+    if (u != NULL) {
+        cJSON_AddNumberToObject(u, "prompt_tokens", s->n_prompt);
+        cJSON_AddNumberToObject(u, "cached_prompt_tokens", s->prompt_cached);
+        cJSON_AddNumberToObject(u, "generated_tokens", s->generated);
+        if (s->pred != NULL) { /* OpenAI's names: prediction drafts the target took and refused */
+            cJSON_AddNumberToObject(u, "accepted_prediction_tokens", s->pred_accepted);
+            cJSON_AddNumberToObject(u, "rejected_prediction_tokens", s->pred_rejected);
+        }
+    }
+    cJSON *tm = cJSON_AddObjectToObject(m, "timing");
+    if (tm != NULL) {
+        cJSON_AddNumberToObject(tm, "queue_ms", queue_ms);
+        cJSON_AddNumberToObject(tm, "prefill_ms", prefill_ms);
+        cJSON_AddNumberToObject(tm, "decode_ms", decode_ms);
+        cJSON_AddNumberToObject(tm, "total_ms", t - s->t_arrival_ms);
+        /* as tandem-generate: tokens after the first over the decode time */
+        cJSON_AddNumberToObject(tm, "tokens_per_s",
+                                decode_ms > 0 && s->generated > 1 ? (s->generated - 1) * 1000.0 / decode_ms : 0.0);
+    }
+    cJSON *sp = cJSON_AddObjectToObject(m, "spec");
+    if (sp != NULL) {
+        cJSON_AddNumberToObject(sp, "rounds", s->rounds);
+        cJSON_AddNumberToObject(sp, "drafted", s->drafted);
+        cJSON_AddNumberToObject(sp, "accepted", s->accepted);
+        cJSON_AddNumberToObject(sp, "acceptance_rate", s->drafted ? (double)s->accepted / s->drafted : 0.0);
+        cJSON_AddNumberToObject(sp, "mean_accepted_per_round", s->rounds ? (double)s->accepted / s->rounds : 0.0);
+        cJSON_AddNumberToObject(sp, "predraft_offered", s->predraft_offered);
+        cJSON_AddNumberToObject(sp, "predraft_used", s->predraft_used);
+        cJSON_AddNumberToObject(sp, "draft_ms", s->draft_ms);
+        cJSON_AddNumberToObject(sp, "verify_ms", s->verify_ms);
+    }
+    send_final(c, s->client, s->client_size, m);
 }

@@ -26,6 +26,7 @@
 #include "connections.h"
 #include "coord_state.h"
 #include "error.h"
+#include "output.h"
 #include "protocol.h"
 #include "replies.h"
 
@@ -276,6 +277,68 @@ static void test_replies_error_of_a_choice_names_its_index(void **state)
     assert_int_equal(c->metrics.requests_failed[METRICS_ERR_CONTEXT_FULL], 2);
 }
 
+/* cJSON's allocations, the n-th of which (from 1; 0: none) fails once. */
+static int alloc_count, alloc_fail_at;
+
+static void *failing_malloc(size_t size)
+{
+    if (++alloc_count == alloc_fail_at)
+        return NULL;
+    return malloc(size);
+}
+
+/* Memory running out while the done reply is built, at each of its
+ * allocations in turn: the client gets either the whole done reply (its
+ * text and ids) or an internal error naming the lost output, never a done
+ * reply missing its output, and always exactly one of the two. */
+static void test_replies_done_without_memory_is_an_error_not_half_a_reply(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    char err[ERR_MSG_MAX];
+    int32_t hist[6] = {1, 2, 3, 40, 41, 42};
+    struct seq s = {.n_choices = 1, .client_size = strlen(CLIENT_ID), .hist = hist, .n_prompt = 3,
+                    .generated = 3};
+    memcpy(s.client, CLIENT_ID, s.client_size);
+    snprintf(s.id, sizeof s.id, "oom");
+    assert_int_equal(output_create(&s.out, NULL, NULL, 0, err), 0);
+    int errors = 0, dones = 0;
+    for (alloc_fail_at = 1; alloc_fail_at < 120; alloc_fail_at++) {
+        alloc_count = 0;
+        cJSON_Hooks hooks = {.malloc_fn = failing_malloc, .free_fn = free};
+        cJSON_InitHooks(&hooks);
+        replies_done(c, &s, METRICS_FINISH_LENGTH, 10.0);
+        cJSON_InitHooks(NULL);
+        tick(c, 20.0); /* a reply that failed to encode was held: it goes now */
+        zmq_pollitem_t item = {.socket = f->client, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, 2000) != 1)
+            fail_msg("allocation %d failing: no reply reached the client", alloc_fail_at);
+        cJSON *m = client_next(f);
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "type"));
+        assert_non_null(type);
+        if (strcmp(type, "error") == 0) {
+            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "code")),
+                                "internal");
+            errors++;
+        } else {
+            assert_string_equal(type, "done");
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(m, "ids");
+            assert_true(cJSON_IsArray(ids) && cJSON_GetArraySize(ids) == 3);
+            assert_non_null(cJSON_GetObjectItemCaseSensitive(m, "text"));
+            assert_non_null(cJSON_GetObjectItemCaseSensitive(m, "finish_reason"));
+            dones++;
+        }
+        cJSON_Delete(m);
+        int more = 0;
+        size_t size = sizeof more;
+        assert_int_equal(zmq_getsockopt(f->client, ZMQ_EVENTS, &more, &size), 0);
+        assert_false(more & ZMQ_POLLIN); /* one reply, not two */
+    }
+    assert_true(errors >= 5); /* the output's parts each failed once */
+    assert_true(dones >= 1);  /* and past them, the whole reply */
+    output_destroy(s.out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -286,6 +349,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replies_gone_client_is_noted_not_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replies_held_replies_are_bounded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replies_error_of_a_choice_names_its_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replies_done_without_memory_is_an_error_not_half_a_reply,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
