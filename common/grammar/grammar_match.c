@@ -50,6 +50,9 @@ struct grammar_engine {
     int fail_rc; /* why the last expansion failed: ERR_NOMEM or ERR_RANGE */
     int fail_wide; /* the ERR_RANGE was a set past GRAMMAR_SET_STACKS_MAX */
     int32_t start;
+    /* byte_groups' scratch: the set's distinct classes, and a stamp per class */
+    int32_t *group_classes;
+    uint32_t *class_stamp, class_stamp_now;
 };
 
 static uint64_t mix(uint64_t h)
@@ -313,6 +316,12 @@ int grammar_engine_create(struct grammar_engine **out, struct grammar *g, size_t
     }
     e->g = g;
     e->memory_max = memory_max_bytes ? memory_max_bytes : GRAMMAR_ENGINE_MEMORY_DEFAULT;
+    e->group_classes = malloc(((size_t)g->n_classes + 1) * sizeof *e->group_classes);
+    e->class_stamp = calloc((size_t)g->n_classes + 1, sizeof *e->class_stamp);
+    if (!e->group_classes || !e->class_stamp) {
+        grammar_engine_destroy(e);
+        return error_set(err, ERR_NOMEM, "grammar: out of memory");
+    }
     /* node 0: the accepted marker; state 0: the empty set (DEAD) */
     int32_t accept = node_intern(e, 0, -2);
     int32_t dead = accept == 0 ? set_intern(e, NULL, 0) : -1;
@@ -352,6 +361,8 @@ void grammar_engine_destroy(struct grammar_engine *e)
     free(e->set_off);
     free(e->set_slots);
     free(e->out);
+    free(e->group_classes);
+    free(e->class_stamp);
     grammar_free(e->g);
     free(e);
 }
@@ -368,6 +379,59 @@ int grammar_engine_can_end(const struct grammar_engine *e, int32_t state)
            e->pool[e->set_off[state]] == 0;
 }
 
+/* The bytes grouped by which of state's stacks accept them: group[b], and
+ * each group's first byte in rep; returns the groups. Bytes accepted by the
+ * same stacks lead to the same state (a step pushes what follows each
+ * accepting stack's class, whatever the byte), so a row steps once per
+ * group: a class of 200 bytes (a JSON string's body, `.`) is expanded once,
+ * not 200 times. Stacks with the same class accept the same bytes, so the
+ * grouping reads each distinct class of the set once. */
+static int byte_groups(struct grammar_engine *e, int32_t state, uint8_t *group, int *rep)
+{
+    const struct grammar *g = e->g;
+    int32_t *cls = e->group_classes;
+    int n_cls = 0;
+    if (++e->class_stamp_now == 0) { /* wrapped: old stamps could collide */
+        memset(e->class_stamp, 0, (size_t)g->n_classes * sizeof *e->class_stamp);
+        e->class_stamp_now = 1;
+    }
+    for (uint32_t k = e->set_off[state]; k < e->set_off[state + 1]; k++) {
+        const int32_t id = e->pool[k];
+        if (id == 0)
+            continue;
+        const int32_t c = GRAMMAR_ELEM_INDEX(g->elems[e->nodes[id].pos]);
+        if (e->class_stamp[c] != e->class_stamp_now) {
+            e->class_stamp[c] = e->class_stamp_now;
+            cls[n_cls++] = c;
+        }
+    }
+    uint64_t sig[256];
+    for (unsigned b = 0; b < 256; b++)
+        sig[b] = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n_cls; i++)
+        for (unsigned b = 0; b < 256; b++)
+            if (grammar_class_has(&g->classes[cls[i]], b))
+                sig[b] = mix(sig[b] ^ (uint64_t)(i + 1));
+    int n = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        int j = 0;
+        for (; j < n; j++) {
+            if (sig[rep[j]] != sig[b])
+                continue;
+            int i = 0; /* equal signatures: the same classes, checked */
+            while (i < n_cls && grammar_class_has(&g->classes[cls[i]], b) ==
+                                    grammar_class_has(&g->classes[cls[i]], (unsigned)rep[j]))
+                i++;
+            if (i == n_cls)
+                break;
+        }
+        if (j == n)
+            rep[n++] = (int)b;
+        group[b] = (uint8_t)j;
+    }
+    return n;
+}
+
 const int32_t *grammar_engine_row(struct grammar_engine *e, int32_t state, int *rc, char *err)
 {
     *rc = 0;
@@ -378,13 +442,19 @@ const int32_t *grammar_engine_row(struct grammar_engine *e, int32_t state, int *
     int32_t *row = malloc(256 * sizeof *row);
     if (!row)
         goto full;
-    for (unsigned b = 0; b < 256; b++) {
-        row[b] = state == GRAMMAR_STATE_DEAD ? GRAMMAR_STATE_DEAD : step(e, state, b);
-        if (row[b] < 0) {
+    uint8_t group[256];
+    int rep[256];
+    const int n_groups = byte_groups(e, state, group, rep);
+    int32_t next[256];
+    for (int g = 0; g < n_groups; g++) {
+        next[g] = state == GRAMMAR_STATE_DEAD ? GRAMMAR_STATE_DEAD : step(e, state, (unsigned)rep[g]);
+        if (next[g] < 0) {
             free(row);
             goto full;
         }
     }
+    for (unsigned b = 0; b < 256; b++)
+        row[b] = next[group[b]];
     e->memory += 256 * sizeof *row;
     e->rows[state] = row;
     return row;
