@@ -233,8 +233,29 @@ struct seq {
 
 struct exposure;
 
+/* The in-process transport (docs/one-core.md): a caller that runs the
+ * scheduler in its own process, without sockets, sets coordinator.local,
+ * and every message that would leave for a worker or a client is handed to
+ * it instead, still as the encoded header the socket would carry. NULL in
+ * tandem-coordinator. Borrowed: it outlives the coordinator's use of it.
+ * Both hooks run on the coordinator's thread and may not call back into
+ * the scheduler (they queue; the caller's loop delivers later). */
+struct coord_local {
+    /* A command to the worker whose routing id is identity (the one its
+     * register came with; a refusal goes to an unregistered one). hdr and
+     * frames are borrowed for the call: the transport copies what it
+     * keeps. 0, or a negative code that worker_send logs. */
+    int (*send)(void *user, const uint8_t *identity, size_t identity_size, const cJSON *hdr,
+                const struct protocol_frame *frames, int n_frames);
+    /* A reply to the client whose routing id is identity, borrowed for the
+     * call. 0 taken; nonzero: dropped (replies_send reports it failed). */
+    int (*reply)(void *user, const uint8_t *identity, size_t identity_size, const cJSON *msg);
+    void *user;
+};
+
 struct coordinator {
     struct proc_config cfg;
+    const struct coord_local *local; /* NULL: sockets (the process) */
     int readiness_written;   /* the workers' state last written by readiness.c, -1: none */
     bool readiness_warned;
     void *zctx;

@@ -3,7 +3,8 @@
  * and the timer. The work is done by the modules listed in coord_state.h.
  */
 #include "coordinator.h"
-#include "constraint.h"
+
+#include "coord_core.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -108,64 +109,11 @@ static int bind_router(struct coordinator *c, void **sock, const char *endpoint,
 int coordinator_create(struct coordinator **out, const struct proc_config *cfg, char *err)
 {
     *out = NULL;
-    struct coordinator *c = calloc(1, sizeof(*c));
-    if (c == NULL)
-        return error_set(err, ERR_NOMEM, "coordinator: out of memory");
-    c->cfg = *cfg;
-    c->readiness_written = -1;
+    struct coordinator *c = NULL;
+    int rc = coord_core_create(&c, cfg, err);
+    if (rc != 0)
+        return rc;
     const struct coordinator_config *cc = &c->cfg.coordinator;
-    c->max_message_bytes = (size_t)cc->max_message_bytes;
-    c->default_mode = strcmp(cc->spec_mode, "point_mass") == 0 ? SPECULATE_MODE_POINT_MASS : SPECULATE_MODE_SAMPLED;
-    /* checked by the config's parser: one of the names */
-    int draft_rc = request_draft_parse(cc->draft, "coordinator.draft", &c->default_draft, err);
-    if (draft_rc != 0) {
-        free(c);
-        return draft_rc;
-    }
-    ngram_params_default(&c->ngram);
-    if (cc->suffix_cache_mib > 0) {
-        int sc_rc = suffix_cache_create(&c->suffix, (size_t)cc->suffix_cache_mib << 20, err);
-        if (sc_rc != 0) {
-            free(c);
-            return sc_rc;
-        }
-    }
-    c->t_start_ms = coord_now_ms();
-    c->rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(c->t_start_ms * 1000.0);
-    /* Request numbers start somewhere new in each coordinator: the workers
-     * outlive a coordinator, and the draft's buffer still holds halves
-     * published under the last one's numbers. A verification sent beside
-     * its draft waits for the half to hold its (req, round); from a
-     * restarted coordinator counting from 1 again it would take an old
-     * half for its own (seen under load with kill -9 of the coordinator: the
-     * draft then rewrote the half under the verification). 48 bits: far
-     * below the 2^53 a JSON number carries, far above the requests of one
-     * run. */
-    c->next_req = ((c->rng_state ^ (c->rng_state >> 31)) * 0x9E3779B97F4A7C15ull) >> 16;
-    metrics_init(&c->metrics);
-    c->busy_since_ms = -1;
-    c->n_pairs = c->cfg.n_pairs;
-    for (int p = 0; p < COORD_PAIRS_MAX; p++) {
-        c->pair[p].index = p;
-        c->pair[p].target_idle_since_ms = -1;
-    }
-    int rc = 0;
-    c->n_seqs = c->n_pairs * cc->max_concurrency + cc->max_queue;
-    c->seqs = calloc((size_t)c->n_seqs, sizeof(*c->seqs));
-    if (c->seqs == NULL) {
-        rc = error_set(err, ERR_NOMEM, "coordinator: out of memory");
-        goto fail;
-    }
-    char tk_err[ERR_MSG_MAX] = "";
-    rc = tokenizer_load(&c->tk, cc->tokenizer, tk_err);
-    if (rc == ERR_IO || rc == ERR_NOT_FOUND) {
-        LOG_WARN("coordinator.tokenizer: %s; only prompt_ids requests will be served", tk_err);
-        c->tk = NULL;
-        rc = 0;
-    } else if (rc != 0) {
-        rc = error_set(err, rc, "coordinator.tokenizer: %s", tk_err);
-        goto fail;
-    }
     remove_stale_segments(c->cfg.instance);
     c->zctx = zmq_ctx_new();
     if (c->zctx == NULL) {
@@ -209,16 +157,6 @@ void coordinator_destroy(struct coordinator *c)
     if (c == NULL)
         return;
     readiness_withdraw(c);
-    replies_free_held(c);
-    for (int i = 0; c->seqs != NULL && i < c->n_seqs; i++)
-        scheduler_seq_reset(&c->seqs[i]);
-    free(c->seqs);
-    for (int p = 0; p < COORD_PAIRS_MAX; p++)
-        for (int r = 0; r < 2; r++)
-        {
-            cJSON_Delete(c->pair[p].worker[r].shm);
-            cJSON_Delete(c->pair[p].worker[r].shm_frames);
-        }
     lanes_close(c);
     connections_destroy(c->conns);
     if (c->clients != NULL)
@@ -234,10 +172,7 @@ void coordinator_destroy(struct coordinator *c)
         unlink_ipc(c->cfg.coordinator.worker_endpoint);
     if (c->zctx != NULL)
         zmq_ctx_term(c->zctx);
-    tokenizer_destroy(c->tk);
-    suffix_cache_destroy(c->suffix);
-    constraint_free(c);
-    free(c);
+    coord_core_destroy(c);
 }
 
 int coordinator_run(struct coordinator *c, volatile sig_atomic_t *stop, char *err)

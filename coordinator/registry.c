@@ -190,6 +190,13 @@ static int check_pair(const struct worker *t, const struct worker *d, char *why,
 static void note_core_sharing(struct coordinator *c, int pair)
 {
     const struct worker *d = &c->pair[pair].worker[ROLE_DRAFT], *t = &c->pair[pair].worker[ROLE_TARGET];
+    /* One thread runs both roles in process (docs/one-core.md): the draft
+     * cannot work beside the target whatever cores they name. */
+    if (c->local != NULL) {
+        c->pair[pair].cores_shared = true;
+        LOG_INFO("draft and target in one process: the draft works only while the target waits");
+        return;
+    }
     c->pair[pair].cores_shared = false;
     if (!d->cpu_known || !t->cpu_known) {
         LOG_INFO("draft (%s) and target (%s): not both on CPU cores they named; pre-drafts only where "

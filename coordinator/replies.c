@@ -63,6 +63,13 @@ enum reply_sent replies_send(struct coordinator *c, const uint8_t *identity, siz
     char err[ERR_MSG_MAX];
     if (identity_size == 0)
         return REPLY_GONE;
+    /* in-process there is no connection to watch: the caller holds it */
+    if (c->local != NULL) {
+        if (c->local->reply(c->local->user, identity, identity_size, msg) == 0)
+            return REPLY_SENT;
+        LOG_WARN("reply to the in-process caller dropped: it did not take it");
+        return REPLY_FAILED;
+    }
     if (!connection_still_there(c, identity, identity_size))
         return REPLY_GONE; /* intake_watch_connections cancels its requests */
     if (protocol_send(c->clients, identity, identity_size, msg, NULL, 0, PROTOCOL_DONTWAIT, err) == 0)

@@ -2,7 +2,9 @@
  * and the scheduler (neither calls the other to send): a registered
  * worker's messages go on its lane once it has one (lanes.h), else on the
  * worker socket; a message to a process that is not registered (a refusal)
- * goes on the socket to its routing id. Never blocks. A unit test of the
+ * goes on the socket to its routing id. In-process (coordinator.local set,
+ * docs/one-core.md) every message goes to the caller's transport instead,
+ * by the same routing id. Never blocks. A unit test of the
  * scheduler or the registry links its own record of these two instead.
  */
 #ifndef TANDEM_WORKER_SEND_H
