@@ -509,6 +509,52 @@ static int draft_shm_create(struct draft_worker *w, const struct worker_config *
     return xfer_create(&w->buf, w->m.be, &p, err);
 }
 
+/* The engine over the model w->m holds: the halves' drafting, the slots'
+ * grammars, the argmax screen and the sampler the config names; a model
+ * of our own is warmed up (a borrowed one is the caller's, warm). */
+static int draft_engine_create(struct draft_worker *w, const struct worker_config *wc, char *err)
+{
+    int rc;
+    if ((rc = specdec_draft_create(&w->spec, w->m.ctx, err)) ||
+        (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
+                                    w->m.n_slots, err)))
+        return rc;
+    LOG_INFO("draft argmax screen: %s",
+             !wc->argmax_copy                       ? "off (argmax_copy 0)"
+             : specdec_draft_prepare_argmax(w->spec) ? "on"
+                                                     : "off (no copy of the LM head)");
+    /* before the buffer: where q rows go depends on it */
+    if (strcmp(wc->sampler, "device") == 0 &&
+        (rc = specdec_draft_use_device(w->spec, true, err)))
+        return rc;
+    LOG_INFO("draft sampler: %s", specdec_draft_on_device(w->spec) ? "device" : "host");
+    if (!w->m.borrowed && (rc = worker_main_model_warm_up(&w->m, err)))
+        return rc;
+    w->k_max = w->cfg.coordinator.spec_k_max;
+    return 0;
+}
+
+/* The link (the socket's, or the in-process one over `local`) and the
+ * progress callback that keeps it alive through long feeds. */
+static int draft_link_create(struct draft_worker *w, const struct worker_link_local *local, char *err)
+{
+    const struct worker_config *wc = &w->cfg.draft_worker;
+    char note[PROC_CONFIG_PATH_MAX + 160];
+    snprintf(note, sizeof note, "%s, vocab %d, %d slots, shm %s", wc->model, w->m.vocab,
+             w->m.n_slots, xfer_name(w->buf));
+    int rc = local ? worker_link_create_local(&w->link, &draft_link_role, w, local, err)
+                   : worker_link_create(&w->link, &w->cfg, &draft_link_role, w, note, err);
+    if (rc)
+        return rc;
+    struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
+                                        .user = w};
+    specdec_draft_set_progress(w->spec, &progress);
+    LOG_INFO("draft model %s: vocab %d, %d slots x %d positions, shm %s (%.1f MiB)", wc->model,
+             w->m.vocab, w->m.n_slots, w->m.max_seq_len, xfer_name(w->buf),
+             (double)xfer_layout(w->buf)->size_bytes / (1024.0 * 1024.0));
+    return 0;
+}
+
 static int draft_worker_create(void **out, const struct proc_config *cfg, char *err)
 {
     *out = NULL;
@@ -518,24 +564,8 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
         return error_set(err, ERR_NOMEM, "draft worker: out of memory");
     w->cfg = *cfg;
     int rc;
-    if ((rc = worker_main_model_load(&w->m, cfg, wc, err)))
+    if ((rc = worker_main_model_load(&w->m, cfg, wc, err)) || (rc = draft_engine_create(w, wc, err)))
         goto fail;
-    if ((rc = specdec_draft_create(&w->spec, w->m.ctx, err)) ||
-        (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
-                                    w->m.n_slots, err)))
-        goto fail;
-    LOG_INFO("draft argmax screen: %s",
-             !wc->argmax_copy                       ? "off (argmax_copy 0)"
-             : specdec_draft_prepare_argmax(w->spec) ? "on"
-                                                     : "off (no copy of the LM head)");
-    /* before the buffer: where q rows go depends on it */
-    if (strcmp(wc->sampler, "device") == 0 &&
-        (rc = specdec_draft_use_device(w->spec, true, err)))
-        goto fail;
-    LOG_INFO("draft sampler: %s", specdec_draft_on_device(w->spec) ? "device" : "host");
-    if ((rc = worker_main_model_warm_up(&w->m, err)))
-        goto fail;
-    w->k_max = cfg->coordinator.spec_k_max;
     char cleanup_err[ERR_MSG_MAX];
     int removed = 0;
     if (shm_buffer_cleanup_stale(cfg->instance, false, &removed, cleanup_err) != 0)
@@ -543,24 +573,37 @@ static int draft_worker_create(void **out, const struct proc_config *cfg, char *
     else if (removed > 0)
         LOG_INFO("removed %d stale shared-memory segment(s) of instance %s", removed,
                  cfg->instance);
-    if ((rc = draft_shm_create(w, wc, err)))
+    if ((rc = draft_shm_create(w, wc, err)) || (rc = draft_link_create(w, NULL, err)))
         goto fail;
-    char note[PROC_CONFIG_PATH_MAX + 160];
-    snprintf(note, sizeof note, "%s, vocab %d, %d slots, shm %s", wc->model, w->m.vocab,
-             w->m.n_slots, xfer_name(w->buf));
-    if ((rc = worker_link_create(&w->link, &w->cfg, &draft_link_role, w, note, err)))
-        goto fail;
-    struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
-                                        .user = w};
-    specdec_draft_set_progress(w->spec, &progress);
-    LOG_INFO("draft model %s: vocab %d, %d slots x %d positions, shm %s (%.1f MiB)", wc->model,
-             w->m.vocab, w->m.n_slots, w->m.max_seq_len, xfer_name(w->buf),
-             (double)xfer_layout(w->buf)->size_bytes / (1024.0 * 1024.0));
     *out = w;
     return 0;
 fail:
     draft_worker_destroy(w);
     return rc;
+}
+
+int draft_worker_create_local(void **out, const struct proc_config *cfg, const struct worker_main_model *m,
+                              const struct worker_link_local *local, char *err)
+{
+    *out = NULL;
+    struct draft_worker *w = calloc(1, sizeof *w);
+    if (!w)
+        return error_set(err, ERR_NOMEM, "draft worker: out of memory");
+    w->cfg = *cfg;
+    w->m = *m;
+    int rc;
+    if ((rc = draft_engine_create(w, &cfg->draft_worker, err)) ||
+        (rc = draft_shm_create(w, &cfg->draft_worker, err)) || (rc = draft_link_create(w, local, err))) {
+        draft_worker_destroy(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+struct worker_link *draft_worker_link(void *worker)
+{
+    return ((struct draft_worker *)worker)->link;
 }
 
 static int draft_worker_run(void *worker, volatile sig_atomic_t *stop, char *err)

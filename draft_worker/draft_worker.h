@@ -35,4 +35,16 @@
  *   NULL-safe. */
 extern const struct worker_main_role draft_worker_role;
 
+/* The draft role in the caller's process (docs/one-core.md): the model is
+ * m's (worker_main_model_borrow: borrowed, already warm), the settings
+ * cfg's (copied) as create reads them, the shared buffer the same, and the
+ * link local (worker_link_create_local over `local`, borrowed). Destroy it
+ * with draft_worker_role.destroy, which leaves the model to the caller.
+ * Errors as create's. */
+int draft_worker_create_local(void **out, const struct proc_config *cfg, const struct worker_main_model *m,
+                              const struct worker_link_local *local, char *err);
+
+/* The worker's link, for worker_link_announce, _deliver and _step. */
+struct worker_link *draft_worker_link(void *worker);
+
 #endif

@@ -738,6 +738,52 @@ static void on_chunk(void *user, int n_done, int n_total)
     worker_link_keepalive(w->link);
 }
 
+/* The engine over the model w->m holds: verification, the slots'
+ * grammars, the argmax screen, the sampler the config names, the slots'
+ * gathering marks; a model of our own is warmed up (a borrowed one is the
+ * caller's, warm). */
+static int target_engine_create(struct target_worker *w, const struct worker_config *wc, char *err)
+{
+    int rc;
+    if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)) ||
+        (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
+                                    w->m.n_slots, err)))
+        return rc;
+    LOG_INFO("target argmax screen: %s",
+             !wc->argmax_copy                        ? "off (argmax_copy 0)"
+             : specdec_target_prepare_argmax(w->spec) ? "on"
+                                                      : "off (no copy of the LM head)");
+    if (strcmp(wc->sampler, "device") == 0 &&
+        (rc = specdec_target_use_device(w->spec, true, err)))
+        return rc;
+    LOG_INFO("target sampler: %s", specdec_target_on_device(w->spec) ? "device" : "host");
+    if (!w->m.borrowed && (rc = worker_main_model_warm_up(&w->m, err)))
+        return rc;
+    w->awaiting = calloc((size_t)w->m.n_slots, sizeof *w->awaiting);
+    if (!w->awaiting)
+        return error_set(err, ERR_NOMEM, "target worker: out of memory");
+    return 0;
+}
+
+/* The link (the socket's, or the in-process one over `local`) and the
+ * progress callback that keeps it alive through long feeds. */
+static int target_link_create(struct target_worker *w, const struct worker_link_local *local, char *err)
+{
+    const struct worker_config *wc = &w->cfg.target_worker;
+    char note[PROC_CONFIG_PATH_MAX + 64];
+    snprintf(note, sizeof note, "%s, vocab %d, %d slots", wc->model, w->m.vocab, w->m.n_slots);
+    int rc = local ? worker_link_create_local(&w->link, &target_link_role, w, local, err)
+                   : worker_link_create(&w->link, &w->cfg, &target_link_role, w, note, err);
+    if (rc)
+        return rc;
+    struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
+                                        .user = w};
+    specdec_target_set_progress(w->spec, &progress);
+    LOG_INFO("target model %s: vocab %d, %d slots x %d positions", wc->model, w->m.vocab,
+             w->m.n_slots, w->m.max_seq_len);
+    return 0;
+}
+
 static int target_worker_create(void **out, const struct proc_config *cfg, char *err)
 {
     *out = NULL;
@@ -747,41 +793,36 @@ static int target_worker_create(void **out, const struct proc_config *cfg, char 
         return error_set(err, ERR_NOMEM, "target worker: out of memory");
     w->cfg = *cfg;
     int rc;
-    if ((rc = worker_main_model_load(&w->m, cfg, wc, err)))
-        goto fail;
-    if ((rc = specdec_target_create(&w->spec, w->m.ctx, err)) ||
-        (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
-                                    w->m.n_slots, err)))
-        goto fail;
-    LOG_INFO("target argmax screen: %s",
-             !wc->argmax_copy                        ? "off (argmax_copy 0)"
-             : specdec_target_prepare_argmax(w->spec) ? "on"
-                                                      : "off (no copy of the LM head)");
-    if (strcmp(wc->sampler, "device") == 0 &&
-        (rc = specdec_target_use_device(w->spec, true, err)))
-        goto fail;
-    LOG_INFO("target sampler: %s", specdec_target_on_device(w->spec) ? "device" : "host");
-    if ((rc = worker_main_model_warm_up(&w->m, err)))
-        goto fail;
-    w->awaiting = calloc((size_t)w->m.n_slots, sizeof *w->awaiting);
-    if (!w->awaiting) {
-        rc = error_set(err, ERR_NOMEM, "target worker: out of memory");
-        goto fail;
+    if ((rc = worker_main_model_load(&w->m, cfg, wc, err)) || (rc = target_engine_create(w, wc, err)) ||
+        (rc = target_link_create(w, NULL, err))) {
+        target_worker_destroy(w);
+        return rc;
     }
-    char note[PROC_CONFIG_PATH_MAX + 64];
-    snprintf(note, sizeof note, "%s, vocab %d, %d slots", wc->model, w->m.vocab, w->m.n_slots);
-    if ((rc = worker_link_create(&w->link, &w->cfg, &target_link_role, w, note, err)))
-        goto fail;
-    struct specdec_progress progress = {.chunk_tokens = wc->prefill_chunk, .on_chunk = on_chunk,
-                                        .user = w};
-    specdec_target_set_progress(w->spec, &progress);
-    LOG_INFO("target model %s: vocab %d, %d slots x %d positions", wc->model, w->m.vocab,
-             w->m.n_slots, w->m.max_seq_len);
     *out = w;
     return 0;
-fail:
-    target_worker_destroy(w);
-    return rc;
+}
+
+int target_worker_create_local(void **out, const struct proc_config *cfg, const struct worker_main_model *m,
+                               const struct worker_link_local *local, char *err)
+{
+    *out = NULL;
+    struct target_worker *w = calloc(1, sizeof *w);
+    if (!w)
+        return error_set(err, ERR_NOMEM, "target worker: out of memory");
+    w->cfg = *cfg;
+    w->m = *m;
+    int rc;
+    if ((rc = target_engine_create(w, &cfg->target_worker, err)) || (rc = target_link_create(w, local, err))) {
+        target_worker_destroy(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+struct worker_link *target_worker_link(void *worker)
+{
+    return ((struct target_worker *)worker)->link;
 }
 
 static int target_worker_run(void *worker, volatile sig_atomic_t *stop, char *err)

@@ -32,4 +32,17 @@
  *   NULL-safe. */
 extern const struct worker_main_role target_worker_role;
 
+/* The target role in the caller's process (docs/one-core.md): the model
+ * is m's (worker_main_model_borrow: borrowed, already warm), the settings
+ * cfg's (copied) as create reads them, and the link local
+ * (worker_link_create_local over `local`, borrowed); the draft's buffer is
+ * attached from the welcome, as over a socket. Destroy it with
+ * target_worker_role.destroy, which leaves the model to the caller. Errors
+ * as create's. */
+int target_worker_create_local(void **out, const struct proc_config *cfg, const struct worker_main_model *m,
+                               const struct worker_link_local *local, char *err);
+
+/* The worker's link, for worker_link_announce, _deliver and _step. */
+struct worker_link *target_worker_link(void *worker);
+
 #endif

@@ -32,6 +32,7 @@
 
 struct worker_link {
     const struct worker_link_role *role;
+    const struct worker_link_local *local; /* NULL: the socket (and the lane) */
     void *user;
     char *register_note;
     char endpoint[PROC_CONFIG_PATH_MAX];
@@ -79,7 +80,11 @@ static int link_send(struct worker_link *link, cJSON *header, const struct proto
         return ERR_NOMEM;
     }
     int rc;
-    if (!zmq_only && link->lane == LINK_LANE_ON) {
+    if (link->local) {
+        rc = link->local->send(link->local->user, header, frames, n_frames);
+        if (rc != 0)
+            (void)error_set(err, rc, "the in-process transport did not take it (%s)", error_name(rc));
+    } else if (!zmq_only && link->lane == LINK_LANE_ON) {
         rc = lane_send(link->lane_fd, header, frames, n_frames, err);
         if (rc == ERR_CANCELLED)
             link->lane_lost = true;
@@ -157,7 +162,9 @@ cJSON *worker_link_register_new(const char *role, const char *model, const char 
     return worker_msg_register_encode(&r);
 }
 
-static void send_register(struct worker_link *link)
+/* 0 or the send's code; the run loop reads the outcome from
+ * register_pending instead, and retries on it. */
+static int send_register(struct worker_link *link)
 {
     cJSON *h = link->role->build_register(link->user);
     if (h && !cJSON_AddNumberToObject(h, "drops", link->n_drops)) {
@@ -170,6 +177,7 @@ static void send_register(struct worker_link *link)
     link->register_pending = rc != 0;
     if (rc == 0)
         LOG_INFO("registered with %s (%s)", link->endpoint, link->register_note);
+    return rc;
 }
 
 static void send_heartbeat(struct worker_link *link)
@@ -185,7 +193,7 @@ static void send_heartbeat(struct worker_link *link)
 
 void worker_link_keepalive(struct worker_link *link)
 {
-    if (protocol_now_ms() - link->last_beat_ms >= link->heartbeat_ms)
+    if (!link->local && protocol_now_ms() - link->last_beat_ms >= link->heartbeat_ms)
         send_heartbeat(link);
 }
 
@@ -351,6 +359,9 @@ static int drain(struct worker_link *link, bool from_lane, volatile sig_atomic_t
 
 int worker_link_run(struct worker_link *link, volatile sig_atomic_t *stop, char *err)
 {
+    if (link->local)
+        return error_set(err, ERR_INVALID_ARG, "%s worker link: an in-process link has no loop to run",
+                         link->role->name);
     send_register(link);
     link->last_heard_ms = protocol_now_ms();
     send_heartbeat(link);
@@ -494,6 +505,41 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
 fail:
     worker_link_destroy(link);
     return rc;
+}
+
+int worker_link_create_local(struct worker_link **out, const struct worker_link_role *role, void *user,
+                             const struct worker_link_local *local, char *err)
+{
+    *out = NULL;
+    struct worker_link *link = calloc(1, sizeof *link);
+    if (!link || !(link->register_note = strdup("in-process"))) {
+        free(link);
+        return error_set(err, ERR_NOMEM, "worker link: out of memory");
+    }
+    link->role = role;
+    link->user = user;
+    link->local = local;
+    snprintf(link->endpoint, sizeof link->endpoint, "%s", "the in-process coordinator");
+    link->lane = LINK_LANE_NONE;
+    link->lane_fd = -1;
+    *out = link;
+    return 0;
+}
+
+int worker_link_announce(struct worker_link *link)
+{
+    return send_register(link);
+}
+
+int worker_link_deliver(struct worker_link *link, const struct protocol_msg *m, char *err)
+{
+    link->last_heard_ms = protocol_now_ms();
+    return dispatch(link, m, err);
+}
+
+long worker_link_step(struct worker_link *link)
+{
+    return link->role->run_queued ? link->role->run_queued(link->user) : -1;
 }
 
 void worker_link_destroy(struct worker_link *link)

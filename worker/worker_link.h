@@ -118,6 +118,41 @@ int worker_link_create(struct worker_link **out, const struct proc_config *cfg,
                        const struct worker_link_role *role, void *user, const char *register_note,
                        char *err);
 
+/* The in-process end of a link (docs/one-core.md): a caller that runs the
+ * coordinator's scheduler in its own process takes the role's messages
+ * here instead of from a socket. Borrowed by the link. */
+struct worker_link_local {
+    /* One message from the role to the coordinator. header and frames are
+     * borrowed for the call (copy what is kept; the link deletes header
+     * after). 0, or a negative code, logged like a failed socket send. */
+    int (*send)(void *user, const cJSON *header, const struct protocol_frame *frames, int n_frames);
+    void *user;
+};
+
+/* A link with no socket: worker_link_send hands every message to local.
+ * There is no liveness to keep in one process: no heartbeats (keepalive
+ * does nothing), no lane, no drops; the caller registers the role once
+ * (worker_link_announce), hands it the coordinator's messages
+ * (worker_link_deliver) and runs its queued work (worker_link_step).
+ * worker_link_run refuses a local link. role and local are borrowed; user
+ * is passed to the role's callbacks. 0 or ERR_NOMEM. */
+int worker_link_create_local(struct worker_link **out, const struct worker_link_role *role, void *user,
+                             const struct worker_link_local *local, char *err);
+
+/* Sends the role's register (with "drops" 0) as worker_link_run's first
+ * message would. 0 or worker_link_send's code. */
+int worker_link_announce(struct worker_link *link);
+
+/* Hands one message from the coordinator to the role as the run loop
+ * does: welcome, heartbeat, shutdown and refused here, a served type to its
+ * handler, any other answered with an "error". 1 after a shutdown,
+ * ERR_MISMATCH with the reason in err after a refusal, else 0. */
+int worker_link_deliver(struct worker_link *link, const struct protocol_msg *m, char *err);
+
+/* One step of the role's queued work: run_queued's value (< 0: nothing is
+ * queued), or -1 for a role that answers every command at once. */
+long worker_link_step(struct worker_link *link);
+
 /* Registers, then serves until *stop becomes nonzero (signal; returns 0), a
  * "shutdown" arrives (returns 0) or the coordinator refuses the worker
  * (ERR_MISMATCH "refused by the coordinator: <its message>"). Other errors:

@@ -114,9 +114,9 @@ static bool read_host_id(char *out, size_t size)
 
 /* Fills m->cpu for a CPU backend; leaves it absent (and says why in the
  * log) where the host or the affinity cannot be read. */
-static void describe_cpu_use(struct worker_main_model *m, const struct worker_config *wc)
+static void describe_cpu_use(struct worker_main_model *m, const char *backend)
 {
-    if (strcmp(wc->backend, "cpu") != 0)
+    if (strcmp(backend, "cpu") != 0)
         return;
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -142,6 +142,18 @@ static void describe_cpu_use(struct worker_main_model *m, const struct worker_co
     }
     m->cpu = (struct worker_msg_cpu){.present = true, .host = m->cpu_host,
                                      .threads = kern_cpu_threads(m->be), .cpus = m->cpu_list};
+}
+
+/* The facts of a context, loaded or borrowed. */
+static void read_ctx_facts(struct worker_main_model *m)
+{
+    m->vocab = llama_model_config(m->model)->vocab_size;
+    m->n_slots = llama_ctx_n_slots(m->ctx);
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(m->ctx, &kv);
+    m->kv_blocks = kv.n_blocks;
+    m->kv_block_size = kv.block_size;
+    m->max_seq_len = llama_ctx_max_seq_len(m->ctx);
 }
 
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
@@ -182,19 +194,25 @@ int worker_main_model_load(struct worker_main_model *m, const struct proc_config
     }
     if ((rc = llama_ctx_create(&m->ctx, m->model, &cp, err)))
         goto fail;
-    m->vocab = llama_model_config(m->model)->vocab_size;
-    m->n_slots = llama_ctx_n_slots(m->ctx);
-    struct llama_kv_stats kv;
-    llama_ctx_kv_stats(m->ctx, &kv);
-    m->kv_blocks = kv.n_blocks;
-    m->kv_block_size = kv.block_size;
-    m->max_seq_len = llama_ctx_max_seq_len(m->ctx);
+    read_ctx_facts(m);
     m->prefix_cache = cp.prefix_cache;
-    describe_cpu_use(m, wc);
+    describe_cpu_use(m, wc->backend);
     return 0;
 fail:
     worker_main_model_free(m);
     return rc;
+}
+
+void worker_main_model_borrow(struct worker_main_model *m, struct kern_backend *be,
+                              struct llama_model *model, struct llama_ctx *ctx)
+{
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    m->model = model;
+    m->ctx = ctx;
+    m->borrowed = true;
+    read_ctx_facts(m);
+    describe_cpu_use(m, be->name);
 }
 
 struct worker_msg_prefix worker_main_prefix(const struct worker_main_model *m, int looked_up,
@@ -228,6 +246,10 @@ int worker_main_model_warm_up(struct worker_main_model *m, char *err)
 
 void worker_main_model_free(struct worker_main_model *m)
 {
+    if (m->borrowed) {
+        memset(m, 0, sizeof *m);
+        return;
+    }
     llama_ctx_destroy(m->ctx);
     llama_model_destroy(m->model);
     kern_backend_destroy(m->be);

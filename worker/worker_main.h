@@ -57,6 +57,7 @@ struct worker_main_model {
     int vocab, n_slots, max_seq_len;
     int kv_blocks, kv_block_size; /* the paged KV pool all slots share */
     bool prefix_cache;            /* whether the pool keeps filled blocks for later prompts */
+    bool borrowed;                /* be, model, ctx are the caller's (worker_main_model_borrow) */
     /* The cores a CPU backend computes on, for register's "cpu" (cpu.present
      * false on a GPU backend, or where the host or the affinity could not
      * be read: the coordinator then measures instead of knowing). */
@@ -74,6 +75,13 @@ struct worker_main_model {
  * On failure m is freed and zeroed. */
 int worker_main_model_load(struct worker_main_model *m, const struct proc_config *cfg,
                            const struct worker_config *wc, char *err);
+
+/* A worker's model made of what an in-process caller loaded (docs/one-core.md):
+ * be, model and ctx are borrowed (they must outlive m) and
+ * worker_main_model_free leaves them to the caller. The facts are read as
+ * load reads them, the cores for register's "cpu" included. */
+void worker_main_model_borrow(struct worker_main_model *m, struct kern_backend *be,
+                              struct llama_model *model, struct llama_ctx *ctx);
 
 /* What the prefix cache did for a prompt of looked_up tokens, cached of
  * them found, and where the cache stands, for the prompt's reply (not
