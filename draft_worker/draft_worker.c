@@ -519,10 +519,11 @@ static int draft_engine_create(struct draft_worker *w, const struct worker_confi
         (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
                                     w->m.n_slots, err)))
         return rc;
-    LOG_INFO("draft argmax screen: %s",
-             !wc->argmax_copy                       ? "off (argmax_copy 0)"
-             : specdec_draft_prepare_argmax(w->spec) ? "on"
-                                                     : "off (no copy of the LM head)");
+    /* outside the log call: LOG_INFO skips its arguments below the level,
+     * and a worker logging at "warn" read whole LM heads for it */
+    const bool screen = wc->argmax_copy && specdec_draft_prepare_argmax(w->spec);
+    LOG_INFO("draft argmax screen: %s", screen ? "on" : !wc->argmax_copy ? "off (argmax_copy 0)"
+                                                               : "off (no copy of the LM head)");
     /* before the buffer: where q rows go depends on it */
     if (strcmp(wc->sampler, "device") == 0 &&
         (rc = specdec_draft_use_device(w->spec, true, err)))

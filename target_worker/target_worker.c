@@ -749,10 +749,11 @@ static int target_engine_create(struct target_worker *w, const struct worker_con
         (rc = worker_grammar_create(&w->grammar, wc->model, llama_model_config(w->m.model),
                                     w->m.n_slots, err)))
         return rc;
-    LOG_INFO("target argmax screen: %s",
-             !wc->argmax_copy                        ? "off (argmax_copy 0)"
-             : specdec_target_prepare_argmax(w->spec) ? "on"
-                                                      : "off (no copy of the LM head)");
+    /* outside the log call: LOG_INFO skips its arguments below the level,
+     * and a worker logging at "warn" read whole LM heads for it */
+    const bool screen = wc->argmax_copy && specdec_target_prepare_argmax(w->spec);
+    LOG_INFO("target argmax screen: %s", screen ? "on" : !wc->argmax_copy ? "off (argmax_copy 0)"
+                                                               : "off (no copy of the LM head)");
     if (strcmp(wc->sampler, "device") == 0 &&
         (rc = specdec_target_use_device(w->spec, true, err)))
         return rc;
