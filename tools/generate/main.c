@@ -1,7 +1,9 @@
-/* tandem-generate: single-process generation, target-only or speculative.
+/* tandem-generate: single-process generation, target-only or speculative,
+ * through the server's own scheduler and worker roles (coordinator/local.h,
+ * docs/one-core.md): the rounds, K and draft sources are the server's.
  *
  *   tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)
- *       [--draft DIR] [--drafter model|ngram|none] [--spec-k N] [--spec-mode sampled|point_mass]
+ *       [--draft DIR] [--drafter model|ngram|suffix|auto|none] [--spec-k N] [--spec-mode sampled|point_mass]
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
  *       [--seed S] [--threads N] [--max-seq-len N] [--json]
  *       [--backend cpu|cuda] [--device D] [--draft-device D] [--sampler host|device]
@@ -24,8 +26,10 @@
 
 #include "chat_template.h"
 #include "error.h"
-#include "grammar_spec.h"
 #include "llama.h"
+#include "local.h"
+#include "logging.h"
+#include "request.h"
 #include "specdec.h"
 #include "tokenizer.h"
 
@@ -33,7 +37,7 @@ struct options {
     const char *model_dir, *draft_dir, *prompt, *chat, *ids;
     const char *backend, *device, *draft_device; /* draft_device NULL: the target's backend */
     const char *sampler; /* "host", "device" or NULL: device on cuda, host on cpu */
-    const char *drafter; /* "model", "ngram", "none" or NULL: model with --draft, else none */
+    const char *drafter; /* a request's "draft" (docs/protocol.md) or NULL: model with --draft, else none */
     const char *dump_logits; /* NULL, or the file of the output's logits rows */
     const char *grammar_file, *schema_file; /* structured output: GBNF text or a JSON schema */
     enum quantize_mode quantize, draft_quantize; /* the target's and the draft's projections */
@@ -47,7 +51,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tandem-generate --model DIR (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
-            "         [--draft DIR] [--drafter model|ngram|none] [--spec-k N (0 = adaptive)]\n"
+            "         [--draft DIR] [--drafter model|ngram|suffix|auto|none] [--spec-k N (0 = adaptive)]\n"
             "         [--spec-mode sampled|point_mass]\n"
             "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
             "         [--seed S] [--threads N] [--max-seq-len N] [--json]\n"
@@ -86,16 +90,6 @@ static int parse_float(const char *flag, const char *s, float *out)
     return 0;
 }
 
-/* Structured output for one run: the engine and mask of --grammar-file or
- * --json-schema over the tokenizer's bytes, and the target's and the
- * draft's views of the sequence (specdec.h). */
-struct gen_grammar {
-    struct token_mask_vocab *vocab;
-    struct grammar_engine *engine;
-    struct token_mask *mask;
-    struct specdec_grammar half[2]; /* target, draft */
-};
-
 static int read_file(const char *path, char **out, size_t *len, char *err)
 {
     FILE *f = fopen(path, "rb");
@@ -126,60 +120,59 @@ static int read_file(const char *path, char **out, size_t *len, char *err)
     return 0;
 }
 
-static int gen_grammar_open(struct gen_grammar *gg, const struct options *o,
-                            const struct tokenizer *tk, const struct model_config *cfg,
-                            struct specdec_request *req, char *err)
+/* --grammar-file or --json-schema as the request's "grammar" (docs/protocol.md):
+ * the pipeline compiles it where the server does, over the model
+ * directories' tokenizers. */
+static int add_grammar(cJSON *req, const struct options *o, char *err)
 {
-    if (!tk)
-        return error_set(err, ERR_NOT_FOUND, "--grammar-file/--json-schema: the model has no tokenizer");
-    struct grammar_spec spec = {.kind = o->grammar_file ? GRAMMAR_SPEC_GBNF : GRAMMAR_SPEC_JSON_SCHEMA};
-    int rc = read_file(o->grammar_file ? o->grammar_file : o->schema_file, &spec.text, &spec.len, err);
-    struct grammar *g = NULL;
-    if (!rc)
-        rc = grammar_spec_compile(&spec, o->grammar_file ? "--grammar-file" : "--json-schema", &g, err);
-    grammar_spec_free(&spec);
-    if (!rc)
-        rc = grammar_engine_create(&gg->engine, g, 0, err);
-    const int32_t n = tokenizer_vocab_size(tk);
-    const uint8_t **bytes = rc ? NULL : calloc((size_t)n, sizeof *bytes);
-    size_t *lens = rc ? NULL : calloc((size_t)n, sizeof *lens);
-    if (!rc && (!bytes || !lens))
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_file(o->grammar_file ? o->grammar_file : o->schema_file, &text, &len, err);
+    if (rc)
+        return rc;
+    cJSON *g = cJSON_AddObjectToObject(req, "grammar");
+    cJSON *schema = o->schema_file ? cJSON_ParseWithLength(text, len) : NULL;
+    if (o->schema_file && !schema)
+        rc = error_set(err, ERR_FORMAT, "--json-schema %s: not JSON", o->schema_file);
+    else if (!g || !cJSON_AddStringToObject(g, "type", o->schema_file ? "json_schema" : "gbnf") ||
+             !(schema ? cJSON_AddItemToObject(g, "schema", schema) : cJSON_AddStringToObject(g, "text", text) != NULL))
         rc = error_set(err, ERR_NOMEM, "out of memory");
-    for (int32_t i = 0; !rc && i < n; i++)
-        if (!tokenizer_is_special(tk, i))
-            bytes[i] = tokenizer_token_bytes(tk, i, &lens[i]);
-    if (!rc)
-        rc = token_mask_vocab_create(&gg->vocab, bytes, lens, n, err);
-    free(bytes);
-    free(lens);
-    if (!rc)
-        rc = token_mask_create(&gg->mask, gg->engine, gg->vocab, 0, err);
-    for (int h = 0; !rc && h < 2; h++) {
-        struct specdec_grammar *s = &gg->half[h];
-        s->mask = gg->mask;
-        s->vocab = gg->vocab;
-        s->eos = (struct token_mask_eos){.ids = cfg->eos_token_ids, .n = cfg->n_eos_token_ids};
-        s->bits = malloc(token_mask_words(gg->mask) * sizeof(uint64_t));
-        if (!s->bits || grammar_matcher_init(&s->matcher, gg->engine))
-            rc = error_set(err, ERR_NOMEM, "out of memory");
-    }
-    if (!rc) {
-        req->gram_target = &gg->half[0];
-        req->gram_draft = &gg->half[1];
-    }
+    else
+        schema = NULL; /* the request owns it */
+    cJSON_Delete(schema);
+    free(text);
     return rc;
 }
 
-static void gen_grammar_close(struct gen_grammar *gg)
+/* The generate request of o over prompt (docs/protocol.md), as a client of
+ * the server would send it; *out malloc'd. The seed always travels: the
+ * same seed and K give the same draws as through the server. */
+static int request_text(const struct options *o, const int32_t *prompt, int n_prompt, int max_tokens, char **out,
+                        char *err)
 {
-    for (int h = 0; h < 2; h++) {
-        if (gg->half[h].matcher.states)
-            grammar_matcher_free(&gg->half[h].matcher);
-        free(gg->half[h].bits);
-    }
-    token_mask_destroy(gg->mask);
-    grammar_engine_destroy(gg->engine);
-    token_mask_vocab_destroy(gg->vocab);
+    cJSON *r = cJSON_CreateObject();
+    cJSON *ids = r ? cJSON_AddArrayToObject(r, "prompt_ids") : NULL;
+    for (int i = 0; ids && i < n_prompt; i++)
+        if (!cJSON_AddItemToArray(ids, cJSON_CreateNumber(prompt[i])))
+            ids = NULL;
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->sampling.seed);
+    const bool ok = ids && cJSON_AddNumberToObject(r, "v", 1) && cJSON_AddStringToObject(r, "type", "generate") &&
+                    cJSON_AddNumberToObject(r, "max_tokens", max_tokens) &&
+                    cJSON_AddNumberToObject(r, "temperature", o->sampling.temperature) &&
+                    cJSON_AddNumberToObject(r, "top_k", o->sampling.top_k) &&
+                    cJSON_AddNumberToObject(r, "top_p", o->sampling.top_p) &&
+                    cJSON_AddNumberToObject(r, "min_p", o->sampling.min_p) && cJSON_AddStringToObject(r, "seed", seed) &&
+                    cJSON_AddNumberToObject(r, "spec_k", o->spec_k) &&
+                    cJSON_AddStringToObject(r, "spec_mode", o->mode == SPECULATE_MODE_POINT_MASS ? "point_mass" : "sampled") &&
+                    cJSON_AddStringToObject(r, "draft", o->drafter);
+    int rc = ok ? 0 : error_set(err, ERR_NOMEM, "out of memory");
+    if (!rc && (o->grammar_file || o->schema_file))
+        rc = add_grammar(r, o, err);
+    if (!rc && !(*out = cJSON_PrintUnformatted(r)))
+        rc = error_set(err, ERR_NOMEM, "out of memory");
+    cJSON_Delete(r);
+    return rc;
 }
 
 static int parse_args(int argc, char **argv, struct options *o)
@@ -220,9 +213,11 @@ static int parse_args(int argc, char **argv, struct options *o)
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--draft-device")) o->draft_device = v;
         else if (!strcmp(a, "--drafter")) {
-            if (strcmp(v, "model") && strcmp(v, "ngram") && strcmp(v, "none")) {
-                fprintf(stderr, "tandem-generate: --drafter: expected model, ngram or none, got \"%s\" (suffix and "
-                                "auto draft from earlier requests: the coordinator's)\n", v);
+            enum request_draft d;
+            char err[ERR_MSG_MAX];
+            if (request_draft_parse(v, "--drafter", &d, err) || d == REQUEST_DRAFT_DEFAULT) {
+                fprintf(stderr, "tandem-generate: --drafter: expected model, ngram, suffix, auto or none, "
+                                "got \"%s\"\n", v);
                 return -1;
             }
             o->drafter = v;
@@ -297,9 +292,11 @@ static int parse_args(int argc, char **argv, struct options *o)
     }
     if (!o->drafter)
         o->drafter = o->draft_dir ? "model" : "none";
-    if (!strcmp(o->drafter, "model") != !!o->draft_dir) {
+    /* auto drafts with the model where it pays, so it may have one */
+    const bool auto_src = !strcmp(o->drafter, "auto");
+    if ((!strcmp(o->drafter, "model") && !o->draft_dir) || (o->draft_dir && strcmp(o->drafter, "model") && !auto_src)) {
         fprintf(stderr, "tandem-generate: --drafter %s: %s\n", o->drafter,
-                o->draft_dir ? "--draft is for --drafter model" : "needs --draft DIR");
+                o->draft_dir ? "--draft is for --drafter model or auto" : "needs --draft DIR");
         return -1;
     }
     return 0;
@@ -455,6 +452,197 @@ static int check_pair(const struct model_config *t, const struct model_config *d
     return 0;
 }
 
+/* The models, loaded on their backends and warm, as the pipeline borrows them. */
+struct gen_models {
+    struct kern_backend *be, *draft_be; /* draft_be NULL: the draft shares be */
+    struct llama_model *target_model, *draft_model;
+    struct llama_ctx *target_ctx, *draft_ctx;
+};
+
+static int models_load(struct gen_models *g, const struct options *o, char *err)
+{
+    int rc = kern_backend_create(&g->be, o->backend, o->device ? o->device : "", o->threads, err);
+    /* A draft on another GPU gets a backend of its own; otherwise both
+     * models share one (and its stream). */
+    if (!rc && o->draft_dir && o->draft_device)
+        rc = kern_backend_create(&g->draft_be, o->backend, o->draft_device, o->threads, err);
+    if (!rc)
+        rc = load_model(o->model_dir, g->be, o->quantize, o->max_seq_len, o->no_graphs, &g->target_model,
+                        &g->target_ctx, err);
+    if (!rc && o->draft_dir) {
+        struct model_config draft_cfg;
+        rc = model_config_load(&draft_cfg, o->draft_dir, err);
+        if (!rc)
+            rc = check_pair(llama_model_config(g->target_model), &draft_cfg, err);
+        if (!rc)
+            rc = load_model(o->draft_dir, g->draft_be ? g->draft_be : g->be, o->draft_quantize, o->max_seq_len,
+                            o->no_graphs, &g->draft_model, &g->draft_ctx, err);
+    }
+    /* The workers of the pipeline are warm when a request comes (llama.h:
+     * llama_ctx_warm_up); so are the figures printed here. */
+    if (!rc)
+        rc = llama_ctx_warm_up(g->target_ctx, err);
+    if (!rc && g->draft_ctx)
+        rc = llama_ctx_warm_up(g->draft_ctx, err);
+    return rc;
+}
+
+static void models_free(struct gen_models *g)
+{
+    llama_ctx_destroy(g->draft_ctx);
+    llama_ctx_destroy(g->target_ctx);
+    llama_model_destroy(g->draft_model);
+    llama_model_destroy(g->target_model);
+    kern_backend_destroy(g->draft_be);
+    kern_backend_destroy(g->be);
+}
+
+/* What the pipeline's replies said of the request. */
+struct gen_result {
+    int32_t *ids; /* capacity max_tokens */
+    int n_ids, max_ids;
+    struct specdec_stats st;
+    char finish[32];
+    char error[ERR_MSG_MAX]; /* an error reply's message; "" for none */
+};
+
+static double number_at(const cJSON *obj, const char *a, const char *b)
+{
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(obj, a);
+    const double v = cJSON_GetNumberValue(b ? cJSON_GetObjectItemCaseSensitive(o, b) : o);
+    return v == v ? v : 0.0; /* NaN: absent */
+}
+
+/* local_reply_fn: the done reply's ids and figures, or an error's message. */
+static int on_reply(void *user, const cJSON *reply)
+{
+    struct gen_result *r = user;
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(reply, "type"));
+    if (type && !strcmp(type, "error")) {
+        const char *m = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(reply, "message"));
+        snprintf(r->error, sizeof r->error, "%s", m ? m : "the pipeline failed the request");
+    }
+    if (!type || strcmp(type, "done"))
+        return 0;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(reply, "ids");
+    for (const cJSON *id = ids ? ids->child : NULL; id && r->n_ids < r->max_ids; id = id->next)
+        r->ids[r->n_ids++] = (int32_t)cJSON_GetNumberValue(id);
+    const char *finish = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(reply, "finish_reason"));
+    snprintf(r->finish, sizeof r->finish, "%s", finish ? finish : "");
+    struct specdec_stats *st = &r->st;
+    st->finish_reason = r->finish;
+    st->prompt_tokens = (int)number_at(reply, "usage", "prompt_tokens");
+    st->generated_tokens = (int)number_at(reply, "usage", "generated_tokens");
+    st->prefill_ms = number_at(reply, "timing", "prefill_ms");
+    st->decode_ms = number_at(reply, "timing", "decode_ms");
+    st->rounds = (int)number_at(reply, "spec", "rounds");
+    st->drafted = (int)number_at(reply, "spec", "drafted");
+    st->accepted = (int)number_at(reply, "spec", "accepted");
+    st->draft_ms = number_at(reply, "spec", "draft_ms");
+    st->verify_ms = number_at(reply, "spec", "verify_ms");
+    return 0;
+}
+
+/* The settings the three processes of a server would read, for this run. */
+static void pipeline_config(struct proc_config *cfg, const struct options *o, const char *sampler)
+{
+    proc_config_defaults(cfg);
+    cfg->coordinator.max_concurrency = 1;
+    cfg->coordinator.max_queue = 1;
+    if (o->spec_k > cfg->coordinator.spec_k_max)
+        cfg->coordinator.spec_k_max = o->spec_k;
+    snprintf(cfg->coordinator.tokenizer, sizeof cfg->coordinator.tokenizer, "%s", o->model_dir);
+    snprintf(cfg->target_worker.model, sizeof cfg->target_worker.model, "%s", o->model_dir);
+    if (o->draft_dir)
+        snprintf(cfg->draft_worker.model, sizeof cfg->draft_worker.model, "%s", o->draft_dir);
+    snprintf(cfg->target_worker.sampler, sizeof cfg->target_worker.sampler, "%s", sampler);
+    snprintf(cfg->draft_worker.sampler, sizeof cfg->draft_worker.sampler, "%s", sampler);
+}
+
+/* Runs the request through the coordinator's scheduler and both roles in
+ * this process (local.h): the policy the server runs. */
+static int run_pipeline(const struct options *o, struct gen_models *g, const char *sampler, const char *request,
+                        struct gen_result *r, char *err)
+{
+    struct proc_config cfg;
+    pipeline_config(&cfg, o, sampler);
+    struct worker_main_model tm, dm;
+    worker_main_model_borrow(&tm, g->be, g->target_model, g->target_ctx);
+    if (g->draft_ctx)
+        worker_main_model_borrow(&dm, g->draft_be ? g->draft_be : g->be, g->draft_model, g->draft_ctx);
+    const struct local_params p = {.cfg = &cfg, .target = &tm, .draft = g->draft_ctx ? &dm : NULL};
+    struct local *l = NULL;
+    /* what the roles and the scheduler log is a server operator's; the
+     * person at this command reads the summary (warnings still show) */
+    logging_set_level(LOGGING_WARN);
+    int rc = local_create(&l, &p, err);
+    if (!rc)
+        rc = local_run(l, request, on_reply, r, err);
+    if (!rc)
+        r->st.cost_ratio = local_cost_ratio(l);
+    local_destroy(l);
+    logging_set_level(LOGGING_INFO);
+    if (!rc && r->error[0])
+        rc = error_set(err, ERR_INVALID_ARG, "%s", r->error);
+    return rc;
+}
+
+static void print_text(const struct options *o, const int32_t *out, int n_out, const char *text, size_t text_len,
+                       const struct specdec_stats *st)
+{
+    if (text)
+        fwrite(text, 1, text_len, stdout);
+    else
+        for (int i = 0; i < n_out; i++)
+            printf("%s%d", i ? "," : "", out[i]);
+    printf("\n");
+    double decode_tokens = st->generated_tokens > 1 ? st->generated_tokens - 1 : 0;
+    fprintf(stderr, "[%d prompt tokens, %d generated, prefill %.1f ms, %.2f tokens/s", st->prompt_tokens,
+            st->generated_tokens, st->prefill_ms, st->decode_ms > 0 ? decode_tokens * 1000.0 / st->decode_ms : 0.0);
+    if (strcmp(o->drafter, "none") != 0)
+        fprintf(stderr, ", acceptance %.3f, %.2f accepted/round",
+                st->drafted ? (double)st->accepted / st->drafted : 0.0,
+                st->rounds ? (double)st->accepted / st->rounds : 0.0);
+    fprintf(stderr, "]\n");
+}
+
+/* Generates for o on the loaded models and prints the outcome. */
+static int generate(const struct options *o, struct gen_models *g, const struct tokenizer *tk, char *err)
+{
+    int32_t *prompt = NULL;
+    char *request = NULL, *text = NULL;
+    size_t text_len = 0;
+    int n_prompt = 0;
+    struct gen_result r = {.max_ids = o->max_tokens};
+    /* Sampling on the device: per token only ids cross the bus. "host"
+     * keeps the reference path (logits downloaded), for comparison. */
+    const char *sampler = o->sampler ? o->sampler : !strcmp(g->be->name, "cuda") ? "device" : "host";
+    int rc = build_prompt(o, tk, &prompt, &n_prompt, err);
+    if (!rc && !(r.ids = malloc((size_t)o->max_tokens * sizeof *r.ids)))
+        rc = error_set(err, ERR_NOMEM, "out of memory");
+    /* The server refuses more than a context of max_tokens; this command
+     * has always run to the end of the context instead, as the server then
+     * does (finish "length"). */
+    const int context = llama_ctx_max_seq_len(g->target_ctx);
+    if (!rc)
+        rc = request_text(o, prompt, n_prompt, o->max_tokens < context ? o->max_tokens : context, &request, err);
+    if (!rc)
+        rc = run_pipeline(o, g, sampler, request, &r, err);
+    if (!rc && o->dump_logits)
+        rc = dump_logits(g->target_ctx, prompt, n_prompt, r.ids, r.n_ids, o->dump_logits, err);
+    if (!rc && tk)
+        rc = tokenizer_decode(tk, r.ids, (size_t)r.n_ids, 1, &text, &text_len, err);
+    if (!rc && o->json)
+        print_json(o, r.ids, r.n_ids, text, &r.st, sampler);
+    else if (!rc)
+        print_text(o, r.ids, r.n_ids, text, text_len, &r.st);
+    free(text);
+    free(request);
+    free(r.ids);
+    free(prompt);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     struct options o;
@@ -463,135 +651,23 @@ int main(int argc, char **argv)
         return 2;
     }
     char err[ERR_MSG_MAX] = "";
-    struct kern_backend *be = NULL, *draft_be = NULL;
-    struct llama_model *target_model = NULL, *draft_model = NULL;
-    struct llama_ctx *target_ctx = NULL, *draft_ctx = NULL;
-    struct specdec_target *target = NULL;
-    struct specdec_draft *draft = NULL;
+    struct gen_models g = {0};
     struct tokenizer *tk = NULL;
-    int32_t *prompt = NULL, *out = NULL;
-    char *text = NULL;
-    int n_prompt = 0, n_out = 0, status = 1;
-    struct gen_grammar gg = {0};
-
     int rc = sampling_params_validate(&o.sampling, err);
     if (!rc)
-        rc = kern_backend_create(&be, o.backend, o.device ? o.device : "", o.threads, err);
-    /* A draft on another GPU gets a backend of its own; otherwise both
-     * models share one (and its stream). */
-    if (!rc && o.draft_dir && o.draft_device)
-        rc = kern_backend_create(&draft_be, o.backend, o.draft_device, o.threads, err);
-    if (!rc)
-        rc = load_model(o.model_dir, be, o.quantize, o.max_seq_len, o.no_graphs, &target_model,
-                        &target_ctx, err);
-    if (!rc && o.draft_dir) {
-        struct model_config draft_cfg;
-        rc = model_config_load(&draft_cfg, o.draft_dir, err);
-        if (!rc)
-            rc = check_pair(llama_model_config(target_model), &draft_cfg, err);
-        if (!rc)
-            rc = load_model(o.draft_dir, draft_be ? draft_be : be, o.draft_quantize, o.max_seq_len,
-                            o.no_graphs, &draft_model, &draft_ctx, err);
-        if (!rc && !(rc = specdec_draft_create(&draft, draft_ctx, err)))
-            specdec_draft_prepare_argmax(draft); /* not fatal: see specdec.h */
-    }
-    if (!rc && !(rc = specdec_target_create(&target, target_ctx, err)))
-        specdec_target_prepare_argmax(target);
-    /* Sampling on the device: per token only ids cross the bus. "host"
-     * keeps the reference path (logits downloaded), for comparison. */
-    const int on_device = o.sampler ? !strcmp(o.sampler, "device")
-                                    : !strcmp(be ? be->name : "cpu", "cuda");
-    if (!rc && on_device)
-        rc = specdec_target_use_device(target, true, err);
-    if (!rc && on_device && draft)
-        rc = specdec_draft_use_device(draft, true, err);
-    /* The workers of the pipeline are warm when a request comes (llama.h:
-     * llama_ctx_warm_up); so are the figures printed here. */
-    if (!rc)
-        rc = llama_ctx_warm_up(target_ctx, err);
-    if (!rc && draft_ctx)
-        rc = llama_ctx_warm_up(draft_ctx, err);
-    if (rc)
-        goto done;
+        rc = models_load(&g, &o, err);
     /* The tokenizer is optional with --ids: random test models may have none. */
     char tk_err[ERR_MSG_MAX];
-    if (tokenizer_load(&tk, o.model_dir, tk_err) != 0) {
+    if (!rc && tokenizer_load(&tk, o.model_dir, tk_err) != 0) {
         tk = NULL;
-        if (!o.ids) {
+        if (!o.ids)
             rc = error_set(err, ERR_NOT_FOUND, "%s", tk_err);
-            goto done;
-        }
     }
-    if ((rc = build_prompt(&o, tk, &prompt, &n_prompt, err)))
-        goto done;
-    out = malloc((size_t)o.max_tokens * sizeof *out);
-    if (!out) {
-        rc = error_set(err, ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    const struct model_config *cfg = llama_model_config(target_model);
-    struct specdec_request req = {
-        .prompt = prompt,
-        .n_prompt = n_prompt,
-        .max_tokens = o.max_tokens,
-        .sampling = o.sampling,
-        .mode = o.mode,
-        .k_fixed = o.spec_k,
-        .stop_ids = cfg->eos_token_ids,
-        .n_stop_ids = cfg->n_eos_token_ids,
-        .slot = 0,
-    };
-    struct ngram_params ngram;
-    ngram_params_default(&ngram);
-    if (!strcmp(o.drafter, "ngram"))
-        req.ngram = &ngram;
-    if ((o.grammar_file || o.schema_file) &&
-        (rc = gen_grammar_open(&gg, &o, tk, cfg, &req, err)))
-        goto done;
-    struct specdec_stats stats;
-    if ((rc = specdec_generate(draft, target, &req, out, &n_out, &stats, NULL, NULL, err)))
-        goto done;
-    if (o.dump_logits &&
-        (rc = dump_logits(target_ctx, prompt, n_prompt, out, n_out, o.dump_logits, err)))
-        goto done;
-    size_t text_len = 0;
-    if (tk && (rc = tokenizer_decode(tk, out, (size_t)n_out, 1, &text, &text_len, err)))
-        goto done;
-    if (o.json) {
-        print_json(&o, out, n_out, text, &stats, on_device ? "device" : "host");
-    } else {
-        if (text)
-            fwrite(text, 1, text_len, stdout);
-        else
-            for (int i = 0; i < n_out; i++)
-                printf("%s%d", i ? "," : "", out[i]);
-        printf("\n");
-        double decode_tokens = stats.generated_tokens > 1 ? stats.generated_tokens - 1 : 0;
-        fprintf(stderr, "[%d prompt tokens, %d generated, prefill %.1f ms, %.2f tokens/s",
-                stats.prompt_tokens, stats.generated_tokens, stats.prefill_ms,
-                stats.decode_ms > 0 ? decode_tokens * 1000.0 / stats.decode_ms : 0.0);
-        if (strcmp(o.drafter, "none") != 0)
-            fprintf(stderr, ", acceptance %.3f, %.2f accepted/round",
-                    stats.drafted ? (double)stats.accepted / stats.drafted : 0.0,
-                    stats.rounds ? (double)stats.accepted / stats.rounds : 0.0);
-        fprintf(stderr, "]\n");
-    }
-    status = 0;
-done:
+    if (!rc)
+        rc = generate(&o, &g, tk, err);
     if (rc)
         fprintf(stderr, "tandem-generate: %s\n", err[0] ? err : error_str(rc));
-    free(text);
-    free(out);
-    free(prompt);
-    gen_grammar_close(&gg);
     tokenizer_destroy(tk);
-    specdec_target_destroy(target);
-    specdec_draft_destroy(draft);
-    llama_ctx_destroy(draft_ctx);
-    llama_ctx_destroy(target_ctx);
-    llama_model_destroy(draft_model);
-    llama_model_destroy(target_model);
-    kern_backend_destroy(draft_be);
-    kern_backend_destroy(be);
-    return status;
+    models_free(&g);
+    return rc ? 1 : 0;
 }
