@@ -6,7 +6,9 @@ drafting with the model and with none; a request served a second time is
 drafted from the suffix cache; the stats count each source's rounds. A
 deployment without a draft worker (no draft_worker section,
 coordinator.draft "ngram") starts, serves the same output and drafts. An
-unknown source is an invalid_request naming the field."""
+unknown source is an invalid_request naming the field. tandem-generate,
+running the same scheduler in process, takes every source with the same
+ids."""
 import random
 
 from tandem_e2e import Pipeline, check, generate, generate_concurrently, main, reference
@@ -85,6 +87,13 @@ def test():
     check(st["ngram_drafts"] > 0, "a deployment without a draft worker drafted nothing: %s" % st)
     print("without a draft worker: %d n-gram rounds, %d of %d drafted tokens accepted" %
           (st["ngram_drafts"], st["ngram_accepted_tokens"], st["ngram_draft_tokens"]))
+    # tandem-generate runs the same scheduler in process: every source the
+    # server has gives the target's ids there too
+    for source in ("ngram", "suffix", "auto", "none"):
+        for i, ids in enumerate(cases[:3]):
+            got = reference(target, ids, n, extra=["--drafter", source, "--spec-k", str(2 + i)])
+            check(got["ids"] == refs[i] and got["drafter"] == source,
+                  "tandem-generate --drafter %s, prompt %d: %s != %s" % (source, i, got["ids"], refs[i]))
     s.close()
     q.close()
 
