@@ -246,11 +246,20 @@ static int verify_chain(struct llama_ctx *ctx, int32_t last, const struct draft_
     return llama_ctx_truncate(ctx, 0, len + m + 1, err);
 }
 
-/* One turn of method m: prefill conv (untimed), decode gen tokens into
+/* What every method's run shares. */
+struct ts_bench {
+    struct llama_ctx *ctx;
+    const struct tokenizer *tk;
+    int turns, gen;
+};
+
+/* One turn of method m: prefill conv (untimed), decode b->gen tokens into
  * conv. */
-static int run_turn(struct llama_ctx *ctx, const struct ts_method *m, struct suffix_cache *sc,
-                    struct ts_seq *conv, int gen, struct ts_run *r, char *err)
+static int run_turn(const struct ts_bench *b, const struct ts_method *m, struct suffix_cache *sc,
+                    struct ts_seq *conv, struct ts_run *r, char *err)
 {
+    struct llama_ctx *ctx = b->ctx;
+    const int gen = b->gen;
     int32_t first;
     int rc = llama_ctx_truncate(ctx, 0, 0, err);
     /* the conversation so far from the prefix cache, as the server serves a
@@ -292,24 +301,24 @@ static int run_turn(struct llama_ctx *ctx, const struct ts_method *m, struct suf
 }
 
 /* Every turn of method m from an empty conversation and cache; the output
- * tokens (all turns') into *out_ids. */
-static int run_method(struct llama_ctx *ctx, const struct tokenizer *tk, const struct ts_method *m,
-                      int turns, int gen, struct ts_run *r, struct ts_seq *outputs, char *err)
+ * tokens (all turns') into *outputs. */
+static int run_method(const struct ts_bench *b, const struct ts_method *m, struct ts_run *r,
+                      struct ts_seq *outputs, char *err)
 {
     struct suffix_cache *sc = NULL;
     struct ts_seq conv = {0};
     int rc = suffix_cache_create(&sc, (size_t)16 << 20, err);
     memset(r, 0, sizeof *r);
     outputs->n = 0;
-    for (int t = 0; rc == 0 && t < turns; t++) {
-        if ((rc = turn_prompt(&conv, tk, t, err)))
+    for (int t = 0; rc == 0 && t < b->turns; t++) {
+        if ((rc = turn_prompt(&conv, b->tk, t, err)))
             break;
         const int start = conv.n;
-        if ((rc = run_turn(ctx, m, sc, &conv, gen, r, err)) ||
+        if ((rc = run_turn(b, m, sc, &conv, r, err)) ||
             (rc = seq_push(outputs, conv.ids + start, conv.n - start)) ||
             (rc = suffix_cache_add(sc, conv.ids, conv.n)))
             break;
-        if ((rc = seq_text(&conv, tk, "<|eot_id|>", err)))
+        if ((rc = seq_text(&conv, b->tk, "<|eot_id|>", err)))
             break;
     }
     if (rc == ERR_NOMEM)
@@ -369,12 +378,13 @@ int main(int argc, char **argv)
         return die("llama_ctx_create", err);
     if (!llama_ctx_has_argmax(ctx))
         return die("backend", "no argmax rows (matmul_argmax)");
+    const struct ts_bench bench = {.ctx = ctx, .tk = tk, .turns = turns, .gen = gen};
     static struct ts_run runs[TS_N_METHODS][TS_REPS_MAX];
     struct ts_seq want = {0}, got = {0};
     for (int rep = 0; rep < reps; rep++)
         for (int mi = 0; mi < TS_N_METHODS; mi++) {
             struct ts_seq *dst = mi == 0 && rep == 0 ? &want : &got;
-            if (run_method(ctx, tk, &ts_methods[mi], turns, gen, &runs[mi][rep], dst, err))
+            if (run_method(&bench, &ts_methods[mi], &runs[mi][rep], dst, err))
                 return die(ts_methods[mi].name, err);
             if (dst == &got && (got.n != want.n ||
                                 memcmp(got.ids, want.ids, (size_t)got.n * sizeof(int32_t)) != 0)) {
