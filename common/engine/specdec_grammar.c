@@ -49,14 +49,32 @@ int specdec_grammar_start(struct specdec_grammar *g, int keep_len, const int32_t
 /* Masks row with `state` (token_mask_apply: EOS kept where the grammar can
  * end); ids past the tokenizer's vocabulary are refused. Returns the
  * number of tokens left (>= 0) or an error. */
-static int mask_state(struct specdec_grammar *g, int32_t state, float *row, int vocab, char *err)
+/* g->bits = the mask of `state`; returns how many ids of the model's vocab
+ * it covers (the tokenizer's, at most vocab), or an error. */
+static int state_bits(struct specdec_grammar *g, int32_t state, int vocab, char *err)
 {
     int rc = token_mask_compute(g->mask, state, g->bits, err);
     if (rc)
         return rc;
-    int n_mask = token_mask_vocab_n_tokens(g->vocab);
-    if (n_mask > vocab)
-        n_mask = vocab;
+    const int n_mask = token_mask_vocab_n_tokens(g->vocab);
+    return n_mask < vocab ? n_mask : vocab;
+}
+
+/* A row nothing may follow: strict's error, or the grammar lost (1). */
+static int nothing_allowed(struct specdec_grammar *g, bool strict, char *err)
+{
+    if (strict)
+        return error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
+                         "model has no end-of-sequence token");
+    g->lost = true;
+    return 1;
+}
+
+static int mask_state(struct specdec_grammar *g, int32_t state, float *row, int vocab, char *err)
+{
+    const int n_mask = state_bits(g, state, vocab, err);
+    if (n_mask < 0)
+        return n_mask;
     const int allowed = token_mask_apply(g->bits, row, n_mask, &g->eos,
                                          grammar_engine_can_end(g->matcher.engine, state));
     for (int i = n_mask; i < vocab; i++)
@@ -72,13 +90,7 @@ int specdec_grammar_mask_row(struct specdec_grammar *g, float *row, int vocab, b
     int n = mask_state(g, grammar_matcher_state(&g->matcher), row, vocab, err);
     if (n < 0)
         return n;
-    if (n == 0) {
-        if (strict)
-            return error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
-                             "model has no end-of-sequence token");
-        g->lost = true;
-    }
-    return 0;
+    return n == 0 && (n = nothing_allowed(g, strict, err)) < 0 ? n : 0;
 }
 
 int specdec_grammar_mask_rows(struct specdec_grammar *g, const int32_t *drafts, int k, float *rows,
@@ -105,13 +117,10 @@ int specdec_grammar_mask_rows(struct specdec_grammar *g, const int32_t *drafts, 
 static int allow_state(struct specdec_grammar *g, int32_t state, uint64_t *allow, int vocab,
                        char *err)
 {
-    int rc = token_mask_compute(g->mask, state, g->bits, err);
-    if (rc)
-        return rc;
+    const int n_mask = state_bits(g, state, vocab, err);
+    if (n_mask < 0)
+        return n_mask;
     const size_t words = ((size_t)vocab + 63) / 64;
-    int n_mask = token_mask_vocab_n_tokens(g->vocab);
-    if (n_mask > vocab)
-        n_mask = vocab;
     const size_t mask_words = ((size_t)n_mask + 63) / 64;
     for (size_t w = 0; w < words; w++)
         allow[w] = w < mask_words ? g->bits[w] : 0;
@@ -144,8 +153,7 @@ int specdec_grammar_allow_rows(struct specdec_grammar *g, const int32_t *drafts,
         if (n < 0)
             rc = n;
         else if (n == 0)
-            rc = error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
-                           "model has no end-of-sequence token");
+            rc = nothing_allowed(g, true, err);
     }
     grammar_matcher_rollback(&g->matcher, (size_t)n_ok);
     return rc;
@@ -159,12 +167,5 @@ int specdec_grammar_allow_row(struct specdec_grammar *g, uint64_t *allow, int vo
     const int n = allow_state(g, grammar_matcher_state(&g->matcher), allow, vocab, err);
     if (n < 0)
         return n;
-    if (n == 0) {
-        if (strict)
-            return error_set(err, ERR_INVALID_ARG, "grammar: nothing may follow the output and the "
-                             "model has no end-of-sequence token");
-        g->lost = true;
-        return 1;
-    }
-    return 0;
+    return n == 0 ? nothing_allowed(g, strict, err) : 0;
 }
