@@ -227,6 +227,7 @@ struct seq {
     int kv_reserved[2];      /* KV blocks held for it in each worker's pool ([role]) */
     bool kv_waited;          /* its admission waited for KV blocks (counted once) */
     int rounds, drafted, accepted, predraft_offered, predraft_used;
+    int accepted_at[SPECULATE_K_MAX]; /* rounds whose draft position i was accepted */
     double draft_ms, verify_ms;
     struct seq *next_queued; /* FIFO of queued sequences */
 };

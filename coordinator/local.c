@@ -9,6 +9,7 @@
  */
 #include "local.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,7 +236,9 @@ static int register_roles(struct local *l, const struct local_params *p, const s
 static void in_process_settings(struct proc_config *cfg, const struct local_params *p)
 {
     cfg->n_pairs = 1;
-    snprintf(cfg->instance, sizeof cfg->instance, "local%ld", (long)getpid());
+    /* one per pipeline: a process may hold several (tests, benchmarks) */
+    static atomic_int made;
+    snprintf(cfg->instance, sizeof cfg->instance, "local%ld-%d", (long)getpid(), atomic_fetch_add(&made, 1));
     snprintf(cfg->draft_worker.shm_transport, sizeof cfg->draft_worker.shm_transport, "posix");
     struct worker_config *wc[2] = {&cfg->draft_worker, &cfg->target_worker};
     const struct worker_main_model *m[2] = {p->draft, p->target};

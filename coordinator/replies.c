@@ -261,6 +261,18 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
     s->stream_from = s->generated;
 }
 
+/* spec.accepted_at: rounds whose draft position i was accepted, up to the
+ * last position ever accepted (Leviathan's per-position acceptance). */
+static void add_accepted_at(cJSON *spec, const struct seq *s)
+{
+    int n = SPECULATE_K_MAX;
+    while (n > 0 && s->accepted_at[n - 1] == 0)
+        n--;
+    cJSON *a = cJSON_AddArrayToObject(spec, "accepted_at");
+    for (int i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(s->accepted_at[i]));
+}
+
 void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reason, double t)
 {
     replies_stream(c, s, true);
@@ -309,6 +321,7 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
         cJSON_AddNumberToObject(sp, "predraft_used", s->predraft_used);
         cJSON_AddNumberToObject(sp, "draft_ms", s->draft_ms);
         cJSON_AddNumberToObject(sp, "verify_ms", s->verify_ms);
+        add_accepted_at(sp, s);
     }
     send_final(c, s->client, s->client_size, m);
 }

@@ -198,6 +198,8 @@ static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
     mt->num_accepted_tokens_total += (uint64_t)n_acc;
     for (int i = 0; i < n_acc && i < METRICS_POS_MAX; i++)
         mt->accepted_per_pos[i]++;
+    for (int i = 0; i < n_acc && i < SPECULATE_K_MAX; i++)
+        s->accepted_at[i]++;
     if (s->round.verify.source == REQUEST_DRAFT_NGRAM) {
         mt->ngram_drafts_total++;
         mt->ngram_draft_tokens_total += (uint64_t)k;

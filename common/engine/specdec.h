@@ -1,15 +1,15 @@
 /* specdec.h: speculative decoding, built once for every caller.
  *
- * A round is split into its two halves so that the in-process generator
- * (specdec_generate) and the three-process pipeline (draft worker, target
- * worker) run the same code:
- *   draft half:  specdec_draft_propose  - roll back, feed tokens, draft k
- *   target half: specdec_target_verify  - roll back, feed tokens + k drafts in
- *                one forward call, accept/reject, roll back to what was kept
+ * A round is split into its two halves, run by the draft and the target
+ * worker roles (in their processes, or in one through coordinator/local.h),
+ * whose rounds the coordinator's scheduler decides:
+ *   draft half:  a draft job  - roll back, feed tokens, draft k
+ *   target half: a verify job - roll back, feed tokens + k drafts in one
+ *                forward call, accept/reject, roll back to what was kept
  * Both halves are told explicitly which prefix of their KV cache is still
  * valid (keep_len) and which accepted tokens they have not seen yet (feed),
  * so neither keeps hidden assumptions about the other: the caller (the
- * generator loop or the coordinator) owns the sequence.
+ * coordinator) owns the sequence.
  *
  * Randomness is Philox keyed by (request seed, stream, absolute position of
  * the token being produced): the draft samples on PHILOX_STREAM_DRAFT_SAMPLE,
@@ -112,25 +112,9 @@ void specdec_draft_set_argmax(struct specdec_draft *draft, bool on);
 void specdec_target_set_argmax(struct specdec_target *target, bool on);
 bool specdec_target_on_device(const struct specdec_target *target);
 
-/* Truncates slot to keep_len, feeds feed[0..n_feed-1] (n_feed >= 1) at
- * positions keep_len.., then drafts k tokens (0 <= k <= SPECULATE_K_MAX):
- * token i is drawn from q_i, the request's adjusted draft distribution at
- * absolute position keep_len + n_feed + i (argmax in point-mass mode and at
- * temperature 0), and tokens 0..k-2 are fed back; the last drafted token is
- * not fed (the next call's feed carries it). k = 0 only prefills.
- * Afterwards the slot holds keep_len + n_feed + max(k - 1, 0) positions.
- * q_rows_out: [k, vocab] f32, may be NULL; written only in
- * SPECULATE_MODE_SAMPLED at temperature > 0, the one case the target reads
- * q (the rows are left untouched otherwise). */
-int specdec_draft_propose(struct specdec_draft *draft, int slot, int keep_len, const int32_t *feed,
-                          int n_feed, int k, const struct sampling_params *sp,
-                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
-                          char *err);
-
 /* ---- batching: several sequences per forward call ----
  *
- * A job is one half-round of one sequence (what specdec_draft_propose or
- * specdec_target_verify does), run as a series of steps. Each step runs one
+ * A job is one half-round of one sequence, run as a series of steps. Each step runs one
  * forward call holding the next piece of every job given: a chunk of a long
  * feed (chunk_tokens rows, no logits), the last part of the feed (with the
  * drafts, for the target), or one drafted token (the draft). So the weights
@@ -151,8 +135,18 @@ struct specdec_step_info {
     double ms;  /* time of the forward call */
 };
 
+/* A draft job truncates slot to keep_len, feeds feed[0..n_feed-1] (n_feed >= 1) at
+ * positions keep_len.., then drafts k tokens (0 <= k <= SPECULATE_K_MAX):
+ * token i is drawn from q_i, the request's adjusted draft distribution at
+ * absolute position keep_len + n_feed + i (argmax in point-mass mode and at
+ * temperature 0), and tokens 0..k-2 are fed back; the last drafted token is
+ * not fed (the next call's feed carries it). k = 0 only prefills.
+ * Afterwards the slot holds keep_len + n_feed + max(k - 1, 0) positions.
+ * q_rows_out: [k, vocab] f32, may be NULL; written only in
+ * SPECULATE_MODE_SAMPLED at temperature > 0, the one case the target reads
+ * q (the rows are left untouched otherwise). */
 struct specdec_draft_job {
-    /* set by the caller, as the arguments of specdec_draft_propose */
+    /* set by the caller */
     int slot, keep_len;
     const int32_t *feed;
     int n_feed;
@@ -183,9 +177,20 @@ void specdec_draft_job_init(struct specdec_draft_job *job);
 /* One step of jobs[0..n_jobs-1] (done jobs are skipped). info may be NULL. */
 int specdec_draft_step(struct specdec_draft *draft, struct specdec_draft_job *const *jobs,
                        int n_jobs, struct specdec_step_info *info, char *err);
+/* One job alone, stepped to its end (job_init included): 0 or the job's
+ * error. For tests and tools; the workers step many jobs at once. */
+int specdec_draft_run(struct specdec_draft *draft, struct specdec_draft_job *job, char *err);
 
+/* A verify job truncates slot to keep_len, runs feed[0..n_feed-1] followed by
+ * draft[0..k-1] in one forward call, takes the k + 1 target distributions p
+ * (after the last feed token and after each draft token), accepts or rejects
+ * the drafts (speculate_verify), and truncates the slot to
+ * keep_len + n_feed + n_accepted. Leaves n_accepted + 1 tokens in tokens_out
+ * (the accepted drafts, then the correction or bonus token). k = 0 is plain
+ * decoding (and, with the prompt as feed, prefill): one token out.
+ * q_rows: [k, vocab] f32, read only in SPECULATE_MODE_SAMPLED at temperature > 0. */
 struct specdec_verify_job {
-    /* set by the caller, as the arguments of specdec_target_verify */
+    /* set by the caller */
     int slot, keep_len;
     const int32_t *feed;
     int n_feed;
@@ -237,75 +242,12 @@ struct specdec_verify_job {
 void specdec_verify_job_init(struct specdec_verify_job *job);
 int specdec_target_step(struct specdec_target *target, struct specdec_verify_job *const *jobs,
                         int n_jobs, struct specdec_step_info *info, char *err);
+/* One job alone, stepped to its end (job_init included): 0 or the job's
+ * error. */
+int specdec_target_run(struct specdec_target *target, struct specdec_verify_job *job, char *err);
 
 int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err);
 void specdec_target_destroy(struct specdec_target *target);
 struct llama_ctx *specdec_target_ctx(struct specdec_target *target);
-
-/* Truncates slot to keep_len, runs feed[0..n_feed-1] followed by
- * draft[0..k-1] in one forward call, takes the k + 1 target distributions p
- * (after the last feed token and after each draft token), accepts or rejects
- * the drafts (speculate_verify), and truncates the slot to
- * keep_len + n_feed + n_accepted. Writes n_accepted + 1 tokens to tokens_out
- * (the accepted drafts, then the correction or bonus token). k = 0 is plain
- * decoding (and, with the prompt as feed, prefill): one token out.
- * q_rows: [k, vocab] f32, read only in SPECULATE_MODE_SAMPLED at temperature > 0. */
-int specdec_target_verify(struct specdec_target *target, int slot, int keep_len,
-                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
-                          const float *q_rows, const struct sampling_params *sp,
-                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
-                          char *err);
-
-struct specdec_request {
-    const int32_t *prompt;
-    int n_prompt;
-    int max_tokens;              /* >= 1 */
-    struct sampling_params sampling;
-    enum speculate_mode mode;
-    int k_fixed;                 /* 0 = adaptive */
-    const int32_t *stop_ids;     /* EOS ids: generation ends after one of these */
-    int n_stop_ids;
-    int slot;                    /* slot in both contexts */
-    /* NULL, or the adaptive-K state of this draft/target pair kept by the
-     * caller across requests (adaptive_k_init once): the request starts from
-     * it and writes its final state back. */
-    struct adaptive_k *k_history;
-    /* With draft NULL: draft from n-grams of the sequence's own tokens
-     * (ngram.h), k_fixed of them at most (8 when 0), verified as point
-     * masses. NULL: target-only. */
-    const struct ngram_params *ngram;
-    /* Structured output (NULL: none): the target's and the draft's views
-     * of the sequence's grammar (two matchers over one engine and mask is
-     * fine: a call uses one at a time). n_prompt is set here. N-gram drafts
-     * are cut at the first token the grammar refuses. */
-    struct specdec_grammar *gram_target, *gram_draft;
-};
-
-struct specdec_stats {
-    int prompt_tokens;
-    int generated_tokens;
-    int rounds;                  /* verification calls after prefill */
-    int drafted;
-    int accepted;
-    double prefill_ms;
-    double decode_ms;            /* everything after prefill */
-    double draft_ms;
-    double verify_ms;
-    double cost_ratio;           /* measured c, 0 if never measured */
-    int accepted_at[SPECULATE_K_MAX]; /* rounds whose draft position i was accepted */
-    const char *finish_reason;   /* "stop" or "length" */
-};
-
-/* Streaming callback: called with the tokens each round adds (after stop
- * handling). Return nonzero to cancel (ERR_CANCELLED). */
-typedef int (*specdec_emit_fn)(void *user, const int32_t *tokens, int n_tokens);
-
-/* Generates up to max_tokens tokens into out_tokens (capacity max_tokens).
- * draft NULL = target-only decoding. Stop ids end generation after the stop
- * token (it is emitted); tokens accepted after it are discarded. Both slots
- * are reset (truncated to 0) first. */
-int specdec_generate(struct specdec_draft *draft, struct specdec_target *target,
-                     const struct specdec_request *req, int32_t *out_tokens, int *n_out,
-                     struct specdec_stats *stats, specdec_emit_fn emit, void *user, char *err);
 
 #endif

@@ -393,43 +393,14 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
     return 0;
 }
 
-/* specdec_draft_propose, q rows to host (q_rows_out) or device (q_rows_dev) memory. */
-int specdec_draft_propose_to(struct specdec_draft *d, int slot, int keep_len, const int32_t *feed,
-                         int n_feed, int k, const struct sampling_params *sp,
-                         enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
-                         float *q_rows_dev, char *err)
+int specdec_draft_run(struct specdec_draft *d, struct specdec_draft_job *job, char *err)
 {
-    return specdec_draft_propose_gram(d, slot, keep_len, feed, n_feed, k, sp, mode, tokens_out,
-                                      q_rows_out, q_rows_dev, NULL, err);
-}
-
-int specdec_draft_propose_gram(struct specdec_draft *d, int slot, int keep_len,
-                               const int32_t *feed, int n_feed, int k,
-                               const struct sampling_params *sp, enum speculate_mode mode,
-                               int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
-                               struct specdec_grammar *gram, char *err)
-{
-    struct specdec_draft_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
-                                  .n_feed = n_feed, .k = k, .sp = *sp, .mode = mode,
-                                  .tokens_out = tokens_out, .q_rows_out = q_rows_out,
-                                  .q_rows_dev = q_rows_dev, .gram = gram};
-    specdec_draft_job_init(&j);
-    struct specdec_draft_job *const jobs[1] = {&j};
-    while (!j.done) {
+    specdec_draft_job_init(job);
+    struct specdec_draft_job *const jobs[1] = {job};
+    while (!job->done) {
         int rc = specdec_draft_step(d, jobs, 1, NULL, err);
         if (rc)
             return rc;
     }
-    if (j.rc)
-        return error_set(err, j.rc, "%s", j.err);
-    return 0;
-}
-
-int specdec_draft_propose(struct specdec_draft *d, int slot, int keep_len, const int32_t *feed,
-                          int n_feed, int k, const struct sampling_params *sp,
-                          enum speculate_mode mode, int32_t *tokens_out, float *q_rows_out,
-                          char *err)
-{
-    return specdec_draft_propose_to(d, slot, keep_len, feed, n_feed, k, sp, mode, tokens_out, q_rows_out,
-                         NULL, err);
+    return job->rc ? error_set(err, job->rc, "%s", job->err) : 0;
 }

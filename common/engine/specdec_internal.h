@@ -1,11 +1,9 @@
 /* specdec_internal.h: what the engine's files share and nothing outside
- * common/engine sees: the two halves' state, the step helpers both halves
- * use, and the one-job forms of a draft and a verification with q rows in
- * device memory (the in-process loop's).
+ * common/engine sees: the two halves' state and the step helpers both
+ * halves use.
  *
  *   specdec_draft.c     the draft half: jobs, steps, picks (host or device)
  *   specdec_target.c    the target half: verification jobs, steps, accept/reject
- *   specdec_generate.c  the in-process speculative generation loop
  *   specdec_step.c      the helpers below
  *   specdec_device.c    the halves' device path on the CUDA backend
  */
@@ -184,34 +182,5 @@ int specdec_step_capacity(void **entries, void **in_call, int *cap, bool **slot_
  * so a head the backend will not copy (one holding a NaN) or no memory for
  * the copy is logged and decoding goes on. */
 bool specdec_prepare_argmax(struct llama_ctx *ctx, const char *half, bool draft);
-
-/* specdec_draft_propose with the q rows in host (q_rows_out) or device
- * (q_rows_dev) memory. */
-int specdec_draft_propose_to(struct specdec_draft *d, int slot, int keep_len,
-                             const int32_t *feed, int n_feed, int k,
-                             const struct sampling_params *sp, enum speculate_mode mode,
-                             int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
-                             char *err);
-/* The same with the sequence's grammar (NULL: none). */
-int specdec_draft_propose_gram(struct specdec_draft *d, int slot, int keep_len,
-                               const int32_t *feed, int n_feed, int k,
-                               const struct sampling_params *sp, enum speculate_mode mode,
-                               int32_t *tokens_out, float *q_rows_out, float *q_rows_dev,
-                               struct specdec_grammar *gram, char *err);
-
-/* specdec_target_verify with the q rows in host (q_rows) or device
- * (q_rows_dev) memory. */
-int specdec_target_verify_from(struct specdec_target *t, int slot, int keep_len,
-                               const int32_t *feed, int n_feed, const int32_t *draft, int k,
-                               const float *q_rows, const float *q_rows_dev,
-                               const struct sampling_params *sp, enum speculate_mode mode,
-                               int32_t *tokens_out, int *n_accepted_out, char *err);
-/* The same with the sequence's grammar (NULL: none). */
-int specdec_target_verify_gram(struct specdec_target *t, int slot, int keep_len,
-                               const int32_t *feed, int n_feed, const int32_t *draft, int k,
-                               const float *q_rows, const float *q_rows_dev,
-                               const struct sampling_params *sp, enum speculate_mode mode,
-                               struct specdec_grammar *gram, int32_t *tokens_out,
-                               int *n_accepted_out, char *err);
 
 #endif

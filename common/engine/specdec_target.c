@@ -486,49 +486,14 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
     return 0;
 }
 
-/* specdec_target_verify, q rows from host (q_rows) or device (q_rows_dev) memory. */
-int specdec_target_verify_from(struct specdec_target *t, int slot, int keep_len, const int32_t *feed,
-                         int n_feed, const int32_t *draft, int k, const float *q_rows,
-                         const float *q_rows_dev, const struct sampling_params *sp,
-                         enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
-                         char *err)
+int specdec_target_run(struct specdec_target *t, struct specdec_verify_job *job, char *err)
 {
-    return specdec_target_verify_gram(t, slot, keep_len, feed, n_feed, draft, k, q_rows, q_rows_dev,
-                                      sp, mode, NULL, tokens_out, n_accepted_out, err);
-}
-
-int specdec_target_verify_gram(struct specdec_target *t, int slot, int keep_len,
-                               const int32_t *feed, int n_feed, const int32_t *draft, int k,
-                               const float *q_rows, const float *q_rows_dev,
-                               const struct sampling_params *sp, enum speculate_mode mode,
-                               struct specdec_grammar *gram, int32_t *tokens_out,
-                               int *n_accepted_out, char *err)
-{
-    *n_accepted_out = 0;
-    struct specdec_verify_job j = {.slot = slot, .keep_len = keep_len, .feed = feed,
-                                   .n_feed = n_feed, .draft = draft, .k = k, .q_rows = q_rows,
-                                   .q_rows_dev = q_rows_dev, .sp = *sp, .mode = mode,
-                                   .gram = gram};
-    specdec_verify_job_init(&j);
-    struct specdec_verify_job *const jobs[1] = {&j};
-    while (!j.done) {
+    specdec_verify_job_init(job);
+    struct specdec_verify_job *const jobs[1] = {job};
+    while (!job->done) {
         int rc = specdec_target_step(t, jobs, 1, NULL, err);
         if (rc)
             return rc;
     }
-    if (j.rc)
-        return error_set(err, j.rc, "%s", j.err);
-    memcpy(tokens_out, j.tokens_out, (size_t)(j.n_accepted + 1) * sizeof(int32_t));
-    *n_accepted_out = j.n_accepted;
-    return 0;
-}
-
-int specdec_target_verify(struct specdec_target *t, int slot, int keep_len,
-                          const int32_t *feed, int n_feed, const int32_t *draft, int k,
-                          const float *q_rows, const struct sampling_params *sp,
-                          enum speculate_mode mode, int32_t *tokens_out, int *n_accepted_out,
-                          char *err)
-{
-    return specdec_target_verify_from(t, slot, keep_len, feed, n_feed, draft, k, q_rows, NULL, sp, mode,
-                         tokens_out, n_accepted_out, err);
+    return job->rc ? error_set(err, job->rc, "%s", job->err) : 0;
 }

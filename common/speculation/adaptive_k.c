@@ -1,8 +1,8 @@
 /* adaptive_k.c: the adaptive-K controller (see adaptive_k.h).
  *
  * Pure arithmetic over measured acceptance and costs: no model, no clock.
- * The callers (the in-process loop in engine/specdec_generate.c and the coordinator's
- * scheduler) time the rounds and feed the figures in.
+ * The caller (the coordinator's scheduler, in its process or in one with
+ * the workers: coordinator/local.h) times the rounds and feeds the figures in.
  */
 #include "adaptive_k.h"
 

@@ -13,7 +13,10 @@
 #include "llama.h"
 #include "modelgen.h"
 #include "sampling.h"
+#include "local_generate.h"
+#include "proc_config.h"
 #include "specdec.h"
+#include "worker_main.h"
 
 struct loaded_model {
     struct llama_model *model;
@@ -77,21 +80,103 @@ static inline void fixture_random_ids(int32_t *ids, int n, int vocab_lo, int voc
     }
 }
 
-static inline void fixture_generate(struct specdec_draft *d, struct specdec_target *t, const int32_t *prompt,
-                     int n_prompt, int max_tokens, int k, const struct sampling_params *sp,
-                     enum speculate_mode mode, const int32_t *stop, int n_stop, int32_t *out,
-                     int *n_out, struct specdec_stats *st)
+/* The server's scheduler and both roles in this process (coordinator/
+ * local.h) over target and draft (NULL: none): the one speculation loop
+ * every test of it drives. whole_heads: argmax_copy off (greedy rows read
+ * the whole LM head); prefill_chunk 0: the default. */
+struct fixture_pipeline_opts {
+    bool whole_heads;
+    int prefill_chunk;
+};
+
+static inline struct local *fixture_pipeline(struct loaded_model *draft, struct loaded_model *target,
+                                             const struct fixture_pipeline_opts *o)
 {
-    struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens,
-                                  .sampling = *sp, .mode = mode, .k_fixed = k, .stop_ids = stop,
-                                  .n_stop_ids = n_stop, .slot = 0};
+    struct proc_config cfg;
+    proc_config_defaults(&cfg);
+    cfg.coordinator.max_concurrency = 1;
+    cfg.coordinator.spec_k_max = SPECULATE_K_MAX;
+    struct worker_config *wc[2] = {&cfg.draft_worker, &cfg.target_worker};
+    for (int r = 0; r < 2; r++) {
+        wc[r]->argmax_copy = o == NULL || !o->whole_heads;
+        if (o && o->prefill_chunk)
+            wc[r]->prefill_chunk = o->prefill_chunk;
+    }
+    struct worker_main_model dm, tm;
+    worker_main_model_borrow(&tm, llama_ctx_backend(target->ctx), target->model, target->ctx);
+    if (draft)
+        worker_main_model_borrow(&dm, llama_ctx_backend(draft->ctx), draft->model, draft->ctx);
+    const struct local_params p = {.cfg = &cfg, .target = &tm, .draft = draft ? &dm : NULL};
     char err[ERR_MSG_MAX] = "";
-    fixture_check(specdec_generate(d, t, &req, out, n_out, st, NULL, NULL, err), "specdec_generate",
-                  err);
+    struct local *l = NULL;
+    fixture_check(local_create(&l, &p, err), "local_create", err);
+    return l;
+}
+
+/* One request through the pipeline: up to rq->max_tokens ids. */
+static inline void fixture_generate(struct local *l, const struct local_gen_request *rq, int32_t *out, int *n_out,
+                                    struct local_stats *st)
+{
+    char err[ERR_MSG_MAX] = "";
+    struct local_gen_result res = {.ids = out, .cap = rq->max_tokens};
+    fixture_check(local_generate(l, rq, &res, err), "local_generate", err);
+    *n_out = res.n;
+    *st = res.st;
+}
+
+/* Greedy request fields: ids, K (< 0 target-only: draft "none"), the
+ * draft source otherwise ("model" when NULL), EOS ending it or not. */
+static inline struct local_gen_request fixture_greedy(const int32_t *prompt, int n_prompt, int max_tokens, int k,
+                                                      const char *draft, bool stop_at_eos)
+{
+    struct local_gen_request rq = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens,
+                                   .spec_k = k < 0 ? 0 : k, .draft = k < 0 ? "none" : draft ? draft : "model",
+                                   .ignore_eos = !stop_at_eos};
+    sampling_params_default(&rq.sampling);
+    return rq;
+}
+
+/* The oracle, apart from the scheduler: target-only greedy ids by plain
+ * decoding (one forward call a token, the argmax of the whole row of
+ * logits), up to max_tokens, the context's end (every position fed, the
+ * last token with it) or (stop_at_eos) an EOS id, which is kept. */
+static inline void fixture_reference_greedy(struct loaded_model *t, const int32_t *prompt, int n_prompt,
+                                            int max_tokens, bool stop_at_eos, int32_t *out, int *n_out)
+{
+    char err[ERR_MSG_MAX] = "";
+    const struct model_config *mc = llama_model_config(t->model);
+    float *logits = malloc((size_t)mc->vocab_size * sizeof *logits);
+    assert_non_null(logits);
+    fixture_check(llama_ctx_truncate(t->ctx, 0, 0, err), "llama_ctx_truncate", err);
+    /* the last token is never fed: it needs no position */
+    const int room = llama_ctx_max_seq_len(t->ctx) - n_prompt + 1;
+    const int32_t *feed = prompt;
+    int n_feed = n_prompt;
+    *n_out = 0;
+    while (*n_out < max_tokens && *n_out < room) {
+        struct llama_seq_batch b = {.slot = 0, .tokens = feed, .n_tokens = n_feed, .n_logits = 1,
+                                    .logits_out = logits};
+        fixture_check(llama_forward(t->ctx, &b, 1, err), "llama_forward", err);
+        int32_t best = 0;
+        for (int v = 1; v < mc->vocab_size; v++)
+            best = logits[v] > logits[best] ? v : best;
+        out[(*n_out)++] = best;
+        bool eos = false;
+        for (int e = 0; e < mc->n_eos_token_ids; e++)
+            eos = eos || mc->eos_token_ids[e] == best;
+        if (stop_at_eos && eos)
+            break;
+        feed = &out[*n_out - 1];
+        n_feed = 1;
+    }
+    fixture_check(llama_ctx_truncate(t->ctx, 0, 0, err), "llama_ctx_truncate", err);
+    free(logits);
 }
 
 /* n_prompts prompts, target-only vs speculative for K = 1..8 and adaptive
- * (0), in the sampled draft mode and (n_modes 2) the point-mass mode. */
+ * (0), in the sampled draft mode and (n_modes 2) the point-mass mode,
+ * through the pipeline with the argmax screens on; the oracle is plain
+ * decoding from whole rows of logits (fixture_reference_greedy). */
 /* Prompts first_prompt .. first_prompt + n_prompts - 1 (a test may split
  * them across processes). */
 static inline void check_greedy_equality_range(struct loaded_model *draft_m,
@@ -99,19 +184,8 @@ static inline void check_greedy_equality_range(struct loaded_model *draft_m,
                                                int n_prompts, int max_tokens, int n_modes,
                                                double *acceptance_out)
 {
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_draft *d;
-    struct specdec_target *t;
-    fixture_check(specdec_draft_create(&d, draft_m->ctx, err), "specdec_draft_create", err);
-    fixture_check(specdec_target_create(&t, target_m->ctx, err), "specdec_target_create", err);
-    /* the screen where the backend has one (the CPU's, here): its ids are
-     * checked against whole logits below */
-    assert_true(specdec_draft_prepare_argmax(d));
-    assert_true(specdec_target_prepare_argmax(t));
+    struct local *l = fixture_pipeline(draft_m, target_m, NULL);
     const struct model_config *cfg = llama_model_config(target_m->model);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = 0;
     long drafted = 0, accepted = 0;
     int32_t *expect = malloc((size_t)max_tokens * sizeof(int32_t));
     int32_t *got = malloc((size_t)max_tokens * sizeof(int32_t));
@@ -120,25 +194,16 @@ static inline void check_greedy_equality_range(struct loaded_model *draft_m,
         int n_prompt = 2 + i % 19;
         fixture_random_ids(prompt, n_prompt, 0, cfg->vocab_size, 100 + (uint64_t)i);
         int n_expect, n_got;
-        struct specdec_stats st;
-        fixture_generate(NULL, t, prompt, n_prompt, max_tokens, 0, &sp, SPECULATE_MODE_SAMPLED,
-                 cfg->eos_token_ids, cfg->n_eos_token_ids, expect, &n_expect, &st);
-        /* the ids above come from the backend's argmax screen where it has
-         * one (kernels/cpu/argmax.c): whole rows of logits give the same */
-        specdec_target_set_argmax(t, false);
-        fixture_generate(NULL, t, prompt, n_prompt, max_tokens, 0, &sp, SPECULATE_MODE_SAMPLED,
-                 cfg->eos_token_ids, cfg->n_eos_token_ids, got, &n_got, &st);
-        specdec_target_set_argmax(t, true);
-        if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
-            fail_msg("prompt %d: target-only greedy ids from whole logits differ from the "
-                     "argmax screen's (%d vs %d tokens)", i, n_got, n_expect);
-        for (int k = 0; k <= 8; k++) {
-            for (int mode = 0; mode < n_modes; mode++) {
-                fixture_generate(d, t, prompt, n_prompt, max_tokens, k, &sp, (enum speculate_mode)mode,
-                         cfg->eos_token_ids, cfg->n_eos_token_ids, got, &n_got, &st);
+        struct local_stats st;
+        fixture_reference_greedy(target_m, prompt, n_prompt, max_tokens, true, expect, &n_expect);
+        for (int k = -1; k <= 8; k++) {
+            for (int mode = 0; mode < (k < 0 ? 1 : n_modes); mode++) {
+                struct local_gen_request rq = fixture_greedy(prompt, n_prompt, max_tokens, k, NULL, true);
+                rq.mode = (enum speculate_mode)mode;
+                fixture_generate(l, &rq, got, &n_got, &st);
                 if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
-                    fail_msg("prompt %d, K=%d, mode %d: speculative output differs from "
-                             "target-only (%d vs %d tokens)", i, k, mode, n_got, n_expect);
+                    fail_msg("prompt %d, K=%d, mode %d: output differs from target-only plain decoding "
+                             "(%d vs %d tokens)", i, k, mode, n_got, n_expect);
                 drafted += st.drafted;
                 accepted += st.accepted;
                 assert_true(st.accepted <= st.drafted);
@@ -149,8 +214,7 @@ static inline void check_greedy_equality_range(struct loaded_model *draft_m,
     *acceptance_out = drafted ? (double)accepted / drafted : 0;
     free(expect);
     free(got);
-    specdec_draft_destroy(d);
-    specdec_target_destroy(t);
+    local_destroy(l);
 }
 
 static inline void check_greedy_equality(struct loaded_model *draft_m,

@@ -673,9 +673,10 @@ static void test_llama_a_head_the_screen_refuses_still_decodes(void **state)
     struct sampling_params sp;
     sampling_params_default(&sp);
     sp.temperature = 0;
-    if (specdec_draft_propose(d, 0, 0, prompt, T, 1, &sp, SPECULATE_MODE_SAMPLED, drafted, NULL,
-                              err))
-        fail_msg("specdec_draft_propose: %s", err);
+    struct specdec_draft_job job = {.slot = 0, .keep_len = 0, .feed = prompt, .n_feed = T, .k = 1, .sp = sp,
+                                    .mode = SPECULATE_MODE_SAMPLED, .tokens_out = drafted};
+    if (specdec_draft_run(d, &job, err))
+        fail_msg("specdec_draft_run: %s", err);
     assert_int_equal(drafted[0], argmax_f32(last, shape.vocab));
     free(logits);
     specdec_target_destroy(t);

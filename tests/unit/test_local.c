@@ -126,20 +126,10 @@ static void run(struct fixture *f, const char *request, struct outcome *o)
     fixture_check(local_run(f->local, request, on_reply, o, err), "local_run", err);
 }
 
-/* Target-only greedy ids of prompt, the oracle. */
+/* Target-only greedy ids of prompt by plain decoding, the oracle. */
 static void target_only(struct fixture *f, const int32_t *prompt, int n_prompt, int32_t *out, int *n_out)
 {
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_target *t;
-    fixture_check(specdec_target_create(&t, f->target.ctx, err), "specdec_target_create", err);
-    const struct model_config *mc = llama_model_config(f->target.model);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = 0;
-    struct specdec_stats st;
-    fixture_generate(NULL, t, prompt, n_prompt, MAX_TOKENS, 0, &sp, SPECULATE_MODE_SAMPLED, mc->eos_token_ids,
-                     mc->n_eos_token_ids, out, n_out, &st);
-    specdec_target_destroy(t);
+    fixture_reference_greedy(&f->target, prompt, n_prompt, MAX_TOKENS, true, out, n_out);
 }
 
 static void test_local_greedy_equals_target_only_for_every_source_and_k(void **state)

@@ -130,15 +130,8 @@ static void test_specdec_int4_draft_keeps_greedy_output(void **state)
 static void test_specdec_ngram_greedy_equals_target_only(void **state)
 {
     struct pair *p = *state;
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_target *t;
-    fixture_check(specdec_target_create(&t, p->good.ctx, err), "specdec_target_create", err);
+    struct local *l = fixture_pipeline(NULL, &p->good, NULL);
     const struct model_config *cfg = llama_model_config(p->good.model);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = 0;
-    struct ngram_params ngram;
-    ngram_params_default(&ngram);
     long drafted = 0, accepted = 0;
     int32_t expect[48], got[48];
     for (int i = 0; i < 12; i++) {
@@ -148,16 +141,12 @@ static void test_specdec_ngram_greedy_equals_target_only(void **state)
         for (int j = phrase; j < 3 * phrase; j++)
             prompt[j] = prompt[j - phrase];
         int n_expect, n_got;
-        struct specdec_stats st;
-        fixture_generate(NULL, t, prompt, 3 * phrase, 48, 0, &sp, SPECULATE_MODE_SAMPLED, cfg->eos_token_ids,
-                         cfg->n_eos_token_ids, expect, &n_expect, &st);
+        struct local_stats st;
+        fixture_reference_greedy(&p->good, prompt, 3 * phrase, 48, true, expect, &n_expect);
         const int ks[4] = {0, 1, 3, 16};
         for (int c = 0; c < 4; c++) {
-            struct specdec_request req = {.prompt = prompt, .n_prompt = 3 * phrase, .max_tokens = 48,
-                                          .sampling = sp, .k_fixed = ks[c], .stop_ids = cfg->eos_token_ids,
-                                          .n_stop_ids = cfg->n_eos_token_ids, .ngram = &ngram};
-            fixture_check(specdec_generate(NULL, t, &req, got, &n_got, &st, NULL, NULL, err), "specdec_generate",
-                          err);
+            struct local_gen_request rq = fixture_greedy(prompt, 3 * phrase, 48, ks[c], "ngram", true);
+            fixture_generate(l, &rq, got, &n_got, &st);
             if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
                 fail_msg("prompt %d, K=%d: n-gram drafted output differs from target-only", i, ks[c]);
             drafted += st.drafted;
@@ -166,7 +155,7 @@ static void test_specdec_ngram_greedy_equals_target_only(void **state)
     }
     fprintf(stderr, "  n-gram drafts: %ld of %ld accepted\n", accepted, drafted);
     assert_true(drafted > 0 && accepted > 0);
-    specdec_target_destroy(t);
+    local_destroy(l);
 }
 
 struct chunk_count {
@@ -184,89 +173,127 @@ static void count_chunk(void *user, int n_done, int n_total)
     c->calls += n_total == 301;
 }
 
-/* A long prompt fed in chunks (prefill in the target and the draft, with a
- * progress call between chunks) gives the same greedy ids, speculative and
- * target-only, as one forward call: the CPU kernels are batch-invariant. */
+/* A long prompt fed in chunks (prefill in the target and the draft) gives
+ * the same greedy ids, speculative and target-only, as one forward call:
+ * the CPU kernels are batch-invariant. The halves report each chunk but
+ * the last (their progress call, which the workers' heartbeats ride). */
 static void test_specdec_chunked_prefill_keeps_greedy_ids(void **state)
 {
     struct pair *p = *state;
     char err[ERR_MSG_MAX] = "";
-    struct specdec_draft *d;
-    struct specdec_target *t;
-    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "specdec_draft_create", err);
-    fixture_check(specdec_target_create(&t, p->good.ctx, err), "specdec_target_create", err);
     const struct model_config *cfg = llama_model_config(p->good.model);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
     enum { N_PROMPT = 301, N_GEN = 40 };
     int32_t prompt[N_PROMPT], expect[N_GEN], got[N_GEN];
     fixture_random_ids(prompt, N_PROMPT, 0, cfg->vocab_size, 77);
     int n_expect, n_got;
-    struct specdec_stats st;
-    struct specdec_progress whole = {.chunk_tokens = 1 << 20};
-    specdec_target_set_progress(t, &whole);
-    specdec_draft_set_progress(d, &whole);
-    fixture_generate(NULL, t, prompt, N_PROMPT, N_GEN, 0, &sp, SPECULATE_MODE_SAMPLED, NULL, 0,
-                     expect, &n_expect, &st);
+    struct local_stats st;
+    fixture_reference_greedy(&p->good, prompt, N_PROMPT, N_GEN, false, expect, &n_expect);
     const int chunks[] = {1, 7, 32, 300, 301};
     for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+        const struct fixture_pipeline_opts o = {.prefill_chunk = chunks[i]};
+        struct local *l = fixture_pipeline(&p->draft, &p->good, &o);
         for (int with_draft = 0; with_draft < 2; with_draft++) {
-            struct chunk_count tc = {0}, dc = {0};
-            struct specdec_progress tp = {.chunk_tokens = chunks[i], .on_chunk = count_chunk,
-                                          .user = &tc};
-            struct specdec_progress dp = {.chunk_tokens = chunks[i], .on_chunk = count_chunk,
-                                          .user = &dc};
-            specdec_target_set_progress(t, &tp);
-            specdec_draft_set_progress(d, &dp);
-            fixture_generate(with_draft ? d : NULL, t, prompt, N_PROMPT, N_GEN, with_draft ? 4 : 0,
-                             &sp, SPECULATE_MODE_SAMPLED, NULL, 0, got, &n_got, &st);
+            struct local_gen_request rq = fixture_greedy(prompt, N_PROMPT, N_GEN, with_draft ? 4 : -1, NULL, false);
+            fixture_generate(l, &rq, got, &n_got, &st);
             if (n_got != n_expect || memcmp(got, expect, (size_t)n_got * sizeof(int32_t)))
-                fail_msg("chunk %d, draft %d: ids differ from the unchunked prefill", chunks[i],
-                         with_draft);
-            /* ceil(301 / chunk) - 1 chunks before the last call of the prefill */
-            assert_int_equal(tc.calls, (N_PROMPT + chunks[i] - 1) / chunks[i] - 1);
-            if (with_draft)
-                assert_int_equal(dc.calls, (N_PROMPT + chunks[i] - 1) / chunks[i] - 1);
+                fail_msg("chunk %d, draft %d: ids differ from the unchunked prefill", chunks[i], with_draft);
         }
+        local_destroy(l);
+        /* the halves alone: ceil(301 / chunk) - 1 chunks before the last call */
+        struct specdec_draft *d;
+        struct specdec_target *t;
+        fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "specdec_draft_create", err);
+        fixture_check(specdec_target_create(&t, p->good.ctx, err), "specdec_target_create", err);
+        struct chunk_count tc = {0}, dc = {0};
+        struct specdec_progress tp = {.chunk_tokens = chunks[i], .on_chunk = count_chunk, .user = &tc};
+        struct specdec_progress dp = {.chunk_tokens = chunks[i], .on_chunk = count_chunk, .user = &dc};
+        specdec_target_set_progress(t, &tp);
+        specdec_draft_set_progress(d, &dp);
+        struct sampling_params sp;
+        sampling_params_default(&sp);
+        struct specdec_verify_job vj = {.slot = 0, .feed = prompt, .n_feed = N_PROMPT, .sp = sp};
+        fixture_check(specdec_target_run(t, &vj, err), "specdec_target_run", err);
+        assert_int_equal(vj.tokens_out[0], expect[0]);
+        int32_t drafted[1];
+        struct specdec_draft_job dj = {.slot = 0, .feed = prompt, .n_feed = N_PROMPT, .k = 1, .sp = sp,
+                                       .tokens_out = drafted};
+        fixture_check(specdec_draft_run(d, &dj, err), "specdec_draft_run", err);
+        assert_int_equal(tc.calls, (N_PROMPT + chunks[i] - 1) / chunks[i] - 1);
+        assert_int_equal(dc.calls, (N_PROMPT + chunks[i] - 1) / chunks[i] - 1);
+        fixture_check(llama_ctx_truncate(p->good.ctx, 0, 0, err), "truncate", err);
+        fixture_check(llama_ctx_truncate(p->draft.ctx, 0, 0, err), "truncate", err);
+        specdec_target_destroy(t);
+        specdec_draft_destroy(d);
     }
-    specdec_target_destroy(t);
-    specdec_draft_destroy(d);
 }
 
-/* A stop id ends generation right after it; nothing past max_tokens or the
- * context is produced, for any K. */
+/* A copy of the model at from in to, its config naming eos as its one EOS
+ * id (the weights, so every logit, unchanged). */
+static void copy_with_eos(const char *from, const char *to, int32_t eos)
+{
+    char cmd[700], path[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/config.json", to);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    cJSON *cfg = cJSON_Parse(text);
+    assert_non_null(cfg);
+    assert_true(cJSON_ReplaceItemInObjectCaseSensitive(cfg, "eos_token_id", cJSON_CreateNumber(eos)));
+    char *out = cJSON_Print(cfg);
+    assert_non_null(out);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fputs(out, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    free(out);
+    cJSON_Delete(cfg);
+}
+
+/* An EOS id ends generation right after it, even where it was accepted
+ * from the middle of a round of drafts; nothing past max_tokens is
+ * produced, for any K. */
 static void test_specdec_stops_and_limits_apply_to_accepted_tokens(void **state)
 {
     struct pair *p = *state;
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_draft *d;
-    struct specdec_target *t;
-    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
-    fixture_check(specdec_target_create(&t, p->good.ctx, err), "target", err);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
     int32_t prompt[4] = {10, 20, 30, 40}, full[64], got[64];
     int n_full, n_got;
-    struct specdec_stats st;
-    fixture_generate(NULL, t, prompt, 4, 30, 0, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, full, &n_full, &st);
+    struct local_stats st;
+    fixture_reference_greedy(&p->good, prompt, 4, 30, false, full, &n_full);
     assert_int_equal(n_full, 30);
-    assert_string_equal(st.finish_reason, "length");
-    /* use the 7th generated token as a stop id: output ends at its first occurrence */
-    int32_t stop = full[6];
+    /* the 7th generated token as the pair's EOS: output ends at its first occurrence */
+    const int32_t stop = full[6];
     int first = 0;
     while (full[first] != stop)
         first++;
-    for (int k = 1; k <= 8; k++) {
-        fixture_generate(d, t, prompt, 4, 30, k, &sp, SPECULATE_MODE_SAMPLED, &stop, 1, got, &n_got, &st);
+    char draft_dir[400], target_dir[400];
+    snprintf(draft_dir, sizeof draft_dir, "%s/draft-eos", p->root);
+    snprintf(target_dir, sizeof target_dir, "%s/good-eos", p->root);
+    copy_with_eos(p->draft_dir, draft_dir, stop);
+    copy_with_eos(p->good_dir, target_dir, stop);
+    struct loaded_model d, t;
+    fixture_load(&d, draft_dir, p->be, 512);
+    fixture_load(&t, target_dir, p->be, 512);
+    struct local *l = fixture_pipeline(&d, &t, NULL);
+    for (int k = -1; k <= 8; k++) {
+        struct local_gen_request rq = fixture_greedy(prompt, 4, 30, k, NULL, true);
+        fixture_generate(l, &rq, got, &n_got, &st);
         assert_int_equal(n_got, first + 1);
         assert_memory_equal(got, full, (size_t)n_got * sizeof(int32_t));
         assert_string_equal(st.finish_reason, "stop");
-        fixture_generate(d, t, prompt, 4, 5, k, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, got, &n_got, &st);
+        rq = fixture_greedy(prompt, 4, 5, k, NULL, false);
+        fixture_generate(l, &rq, got, &n_got, &st);
         assert_int_equal(n_got, 5);
         assert_memory_equal(got, full, 5 * sizeof(int32_t));
+        assert_string_equal(st.finish_reason, "length");
     }
-    specdec_draft_destroy(d);
-    specdec_target_destroy(t);
+    local_destroy(l);
+    fixture_unload(&d);
+    fixture_unload(&t);
 }
 
 static void test_specdec_never_overflows_the_context(void **state)
@@ -276,20 +303,17 @@ static void test_specdec_never_overflows_the_context(void **state)
     struct loaded_model small_d, small_t;
     fixture_load(&small_d, p->draft_dir, p->be, 24);
     fixture_load(&small_t, p->good_dir, p->be, 24);
-    struct specdec_draft *d;
-    struct specdec_target *t;
-    fixture_check(specdec_draft_create(&d, small_d.ctx, err), "draft", err);
-    fixture_check(specdec_target_create(&t, small_t.ctx, err), "target", err);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
     int32_t prompt[20], out[64], ref[64];
     fixture_random_ids(prompt, 20, 0, 400, 7);
     int n, n_ref;
-    struct specdec_stats st;
-    fixture_generate(NULL, t, prompt, 20, 64, 0, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, ref, &n_ref, &st);
-    assert_int_equal(n_ref, 4); /* 20 prompt + 4 generated = the context of 24 */
-    for (int k = 0; k <= 8; k++) {
-        fixture_generate(d, t, prompt, 20, 64, k, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, out, &n, &st);
+    struct local_stats st;
+    fixture_reference_greedy(&small_t, prompt, 20, 24, false, ref, &n_ref);
+    assert_int_equal(n_ref, 5); /* 20 prompt + 4 fed = the context of 24, and the 5th from the last position */
+    struct local *l = fixture_pipeline(&small_d, &small_t, NULL);
+    for (int k = -1; k <= 8; k++) {
+        /* max_tokens the whole context: the room left ends it first */
+        struct local_gen_request rq = fixture_greedy(prompt, 20, 24, k, NULL, false);
+        fixture_generate(l, &rq, out, &n, &st);
         assert_int_equal(n, n_ref);
         assert_memory_equal(out, ref, (size_t)n * sizeof(int32_t));
         assert_string_equal(st.finish_reason, "length");
@@ -297,11 +321,11 @@ static void test_specdec_never_overflows_the_context(void **state)
     /* a prompt that fills the context leaves no room: a clear error */
     int32_t long_prompt[24];
     fixture_random_ids(long_prompt, 24, 0, 400, 8);
-    struct specdec_request req = {.prompt = long_prompt, .n_prompt = 24, .max_tokens = 4,
-                                  .sampling = sp, .slot = 0};
-    assert_int_equal(specdec_generate(d, t, &req, out, &n, &st, NULL, NULL, err), ERR_CONTEXT_FULL);
-    specdec_draft_destroy(d);
-    specdec_target_destroy(t);
+    struct local_gen_request rq = fixture_greedy(long_prompt, 24, 4, 4, NULL, false);
+    struct local_gen_result res = {.ids = out, .cap = 4};
+    assert_int_equal(local_generate(l, &rq, &res, err), ERR_CONTEXT_FULL);
+    fprintf(stderr, "  a prompt that fills the context: %s\n", err);
+    local_destroy(l);
     fixture_unload(&small_d);
     fixture_unload(&small_t);
 }
@@ -310,24 +334,18 @@ static void test_specdec_rejects_bad_parameters(void **state)
 {
     struct pair *p = *state;
     char err[ERR_MSG_MAX] = "";
-    struct specdec_target *t;
-    fixture_check(specdec_target_create(&t, p->good.ctx, err), "target", err);
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = -1;
+    struct local *l = fixture_pipeline(NULL, &p->good, NULL);
     int32_t prompt[2] = {1, 2}, out[4];
-    int n;
-    struct specdec_stats st;
-    struct specdec_request req = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .sampling = sp};
-    assert_int_equal(specdec_generate(NULL, t, &req, out, &n, &st, NULL, NULL, err),
-                     ERR_INVALID_ARG);
+    struct local_gen_result res = {.ids = out, .cap = 4};
+    struct local_gen_request rq = fixture_greedy(prompt, 2, 4, -1, NULL, false);
+    rq.sampling.temperature = -1;
+    assert_int_equal(local_generate(l, &rq, &res, err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "temperature"));
-    req.sampling.temperature = 0;
-    req.max_tokens = 0;
-    assert_int_equal(specdec_generate(NULL, t, &req, out, &n, &st, NULL, NULL, err),
-                     ERR_INVALID_ARG);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 0;
+    assert_int_equal(local_generate(l, &rq, &res, err), ERR_INVALID_ARG);
     assert_non_null(strstr(err, "max_tokens"));
-    specdec_target_destroy(t);
+    local_destroy(l);
 }
 
 /* Device sampling is the CUDA backend's: on the CPU backend both halves
@@ -459,20 +477,27 @@ static void exact_distributions(struct loaded_model *t, const int32_t *prompt, i
     sampling_workspace_destroy(ws);
 }
 
-/* Samples GOF_SAMPLES generations of 4 tokens (seeds 1..N) and tests the 2nd
- * and 3rd tokens against the exact distribution. draft NULL = target-only
- * (checks the method itself). Four tokens leave the first round room for
- * K = 2 (K is capped at the room left minus one), so with k = 2 the 3rd
- * token is decided at the round's second draft position, from that
- * position's q row. */
+/* The request of one sample: 4 tokens to the end (vocab-16 models name an
+ * EOS id inside their vocabulary, and every sample must have 4); k < 0:
+ * target-only; draft "model" or "ngram". */
+static struct local_gen_request dist_request(const int32_t *prompt, int n_prompt, int k, const char *draft,
+                                             enum speculate_mode mode, const struct sampling_params *sp)
+{
+    struct local_gen_request rq = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = 4, .sampling = *sp,
+                                   .spec_k = k < 0 ? 0 : k, .mode = mode, .draft = k < 0 ? "none" : draft,
+                                   .ignore_eos = true};
+    return rq;
+}
+
 /* A prompt that repeats a phrase (a b c a b c a b), the phrase chosen among
  * a few so that n-gram drafts are made and some of them accepted (a random
  * model gives many continuations next to no mass): 400 trial generations
- * each, seeds apart from the test's. */
-static void pick_ngram_prompt(struct specdec_target *t, const struct sampling_params *base, int k,
-                              const struct ngram_params *ngram, int32_t prompt[8])
+ * each, seeds apart from the test's. The scheduler prefills without drafts
+ * and, after a lookup that found nothing, waits a few steps, so in 4-token
+ * requests drafts come only where the first token continues the phrase:
+ * 40 drafts in 400 trials (one sample in ten) is what a phrase must reach. */
+static void pick_ngram_prompt(struct local *l, const struct sampling_params *base, int k, int32_t prompt[8])
 {
-    char err[ERR_MSG_MAX] = "";
     for (int c = 0; c < 40; c++) {
         const int32_t a = (int32_t)((c * 5 + 3) % DIST_VOCAB), b = (int32_t)((c * 7 + 9) % DIST_VOCAB),
                       d = (int32_t)((c * 11 + 4) % DIST_VOCAB);
@@ -481,16 +506,15 @@ static void pick_ngram_prompt(struct specdec_target *t, const struct sampling_pa
         for (int s = 0; s < 400; s++) {
             struct sampling_params sp = *base;
             sp.seed = 1000000 + (uint64_t)s;
-            struct specdec_request req = {.prompt = cand, .n_prompt = 8, .max_tokens = 4, .sampling = sp,
-                                          .mode = SPECULATE_MODE_SAMPLED, .k_fixed = k, .ngram = ngram};
+            struct local_gen_request rq = dist_request(cand, 8, k, "ngram", SPECULATE_MODE_SAMPLED, &sp);
             int32_t out[4];
             int n;
-            struct specdec_stats st;
-            fixture_check(specdec_generate(NULL, t, &req, out, &n, &st, NULL, NULL, err), "specdec_generate", err);
+            struct local_stats st;
+            fixture_generate(l, &rq, out, &n, &st);
             drafted += st.drafted;
             accepted += st.accepted;
         }
-        if (drafted >= 100 && accepted * 10 >= drafted && accepted < drafted) {
+        if (drafted >= 40 && accepted * 10 >= drafted && accepted < drafted) {
             memcpy(prompt, cand, sizeof cand);
             return;
         }
@@ -498,40 +522,36 @@ static void pick_ngram_prompt(struct specdec_target *t, const struct sampling_pa
     fail_msg("no phrase gave n-gram drafts that are sometimes accepted");
 }
 
-/* with_draft 2: no draft model, n-gram drafts of the sequence's own tokens
- * (specdec_request.ngram) on a prompt that repeats a phrase
- * (pick_ngram_prompt), so that they are made, accepted and rejected. */
+/* Samples GOF_SAMPLES generations of 4 tokens (seeds 1..N) through the
+ * pipeline and tests the 2nd and 3rd tokens against the exact
+ * distribution. with_draft 0: target-only (checks the method itself); 1:
+ * the draft model; 2: no draft model, n-gram drafts of the sequence's own
+ * tokens on a prompt that repeats a phrase (pick_ngram_prompt), so that
+ * they are made, accepted and rejected. */
 static void check_distribution(struct dist_pair *p, int with_draft, int k,
                                enum speculate_mode mode, const struct sampling_params *base,
                                const char *label)
 {
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_draft *d = NULL;
-    struct specdec_target *t;
-    if (with_draft == 1)
-        fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
-    fixture_check(specdec_target_create(&t, p->target.ctx, err), "target", err);
-    struct ngram_params ngram;
-    ngram_params_default(&ngram);
+    struct local *l = fixture_pipeline(with_draft == 1 ? &p->draft : NULL, &p->target, NULL);
     const int32_t plain_prompt[3] = {3, 9, 4};
     int32_t repeating_prompt[8];
     if (with_draft == 2)
-        pick_ngram_prompt(t, base, k, &ngram, repeating_prompt);
+        pick_ngram_prompt(l, base, k, repeating_prompt);
     const int32_t *prompt = with_draft == 2 ? repeating_prompt : plain_prompt;
     const int n_prompt = with_draft == 2 ? 8 : 3;
     double exact2[DIST_VOCAB], exact3[DIST_VOCAB];
     exact_distributions(&p->target, prompt, n_prompt, base, exact2, exact3);
     uint64_t count2[DIST_VOCAB] = {0}, count3[DIST_VOCAB] = {0};
     long drafted = 0, accepted = 0;
+    const char *draft = with_draft == 2 ? "ngram" : "model";
     for (int s = 1; s <= GOF_SAMPLES; s++) {
         struct sampling_params sp = *base;
         sp.seed = (uint64_t)s;
         int32_t out[4];
         int n;
-        struct specdec_stats st;
-        struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = 4, .sampling = sp,
-                                      .mode = mode, .k_fixed = k, .ngram = with_draft == 2 ? &ngram : NULL};
-        fixture_check(specdec_generate(d, t, &req, out, &n, &st, NULL, NULL, err), "specdec_generate", err);
+        struct local_stats st;
+        struct local_gen_request rq = dist_request(prompt, n_prompt, with_draft ? k : -1, draft, mode, &sp);
+        fixture_generate(l, &rq, out, &n, &st);
         assert_int_equal(n, 4);
         count2[out[1]]++;
         count3[out[2]]++;
@@ -556,8 +576,7 @@ static void check_distribution(struct dist_pair *p, int with_draft, int k,
     assert_true(x3 < c3);
     if (with_draft) /* the drafts must meet both acceptance and rejection */
         assert_true(accepted > 0 && accepted < drafted);
-    specdec_draft_destroy(d);
-    specdec_target_destroy(t);
+    local_destroy(l);
 }
 
 static void test_specdec_sampling_matches_target_distribution_temperature_1(void **state)
@@ -580,7 +599,7 @@ static void test_specdec_ngram_drafts_keep_the_target_distribution(void **state)
     check_distribution(*state, 2, 2, SPECULATE_MODE_SAMPLED, &sp, "n-gram K=2 T=1");
     sp.temperature = 0.8f;
     sp.top_k = 6;
-    check_distribution(*state, 2, 0, SPECULATE_MODE_SAMPLED, &sp, "n-gram K=8 T=0.8 top-k 6");
+    check_distribution(*state, 2, 0, SPECULATE_MODE_SAMPLED, &sp, "n-gram adaptive K T=0.8 top-k 6");
 }
 
 static void test_specdec_sampling_matches_target_distribution_top_k_top_p(void **state)
@@ -601,11 +620,7 @@ static void test_specdec_sampling_matches_target_distribution_top_k_top_p(void *
 static void test_specdec_seeded_sampling_is_reproducible(void **state)
 {
     struct dist_pair *p = *state;
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_draft *d;
-    struct specdec_target *t;
-    fixture_check(specdec_draft_create(&d, p->draft.ctx, err), "draft", err);
-    fixture_check(specdec_target_create(&t, p->target.ctx, err), "target", err);
+    struct local *l = fixture_pipeline(&p->draft, &p->target, NULL);
     struct sampling_params sp;
     sampling_params_default(&sp);
     sp.temperature = 1.0f;
@@ -613,16 +628,17 @@ static void test_specdec_seeded_sampling_is_reproducible(void **state)
     const int32_t prompt[3] = {3, 9, 4};
     int32_t a[40], b[40], c[40];
     int na, nb, nc;
-    struct specdec_stats st;
-    fixture_generate(d, t, prompt, 3, 40, 3, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, a, &na, &st);
-    fixture_generate(d, t, prompt, 3, 40, 3, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, b, &nb, &st);
+    struct local_stats st;
+    struct local_gen_request rq = dist_request(prompt, 3, 3, "model", SPECULATE_MODE_SAMPLED, &sp);
+    rq.max_tokens = 40;
+    fixture_generate(l, &rq, a, &na, &st);
+    fixture_generate(l, &rq, b, &nb, &st);
     assert_int_equal(na, nb);
     assert_memory_equal(a, b, (size_t)na * sizeof(int32_t));
-    sp.seed = 1235;
-    fixture_generate(d, t, prompt, 3, 40, 3, &sp, SPECULATE_MODE_SAMPLED, NULL, 0, c, &nc, &st);
+    rq.sampling.seed = 1235;
+    fixture_generate(l, &rq, c, &nc, &st);
     assert_true(nc != na || memcmp(a, c, (size_t)na * sizeof(int32_t)) != 0);
-    specdec_draft_destroy(d);
-    specdec_target_destroy(t);
+    local_destroy(l);
 }
 
 static void test_specdec_adaptive_k_drops_to_plain_decoding_when_drafts_fail(void **state)

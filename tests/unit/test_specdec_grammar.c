@@ -128,10 +128,12 @@ static int decode(struct fixture *f, const int32_t *prompt, int n_prompt, int k,
         int n_draft = k > 0 ? ngram_draft(&np, hist, n_hist, k, drafts) : 0;
         if (n_draft > MAX_OUT - n_out - 1)
             n_draft = MAX_OUT - n_out - 1 > 0 ? MAX_OUT - n_out - 1 : 0;
-        int n_acc = 0;
-        ok(specdec_target_verify_gram(f->t, 0, keep, feed, n_feed, drafts, n_draft, NULL, NULL, &sp,
-                                      SPECULATE_MODE_SAMPLED, &f->gram, got, &n_acc, err),
-           "specdec_target_verify_gram", err);
+        struct specdec_verify_job job = {.slot = 0, .keep_len = keep, .feed = feed, .n_feed = n_feed,
+                                         .draft = drafts, .k = n_draft, .sp = sp,
+                                         .mode = SPECULATE_MODE_SAMPLED, .gram = &f->gram};
+        ok(specdec_target_run(f->t, &job, err), "specdec_target_run", err);
+        const int n_acc = job.n_accepted;
+        memcpy(got, job.tokens_out, (size_t)(n_acc + 1) * sizeof *got);
         keep += n_feed + n_acc;
         for (int i = 0; i <= n_acc && n_out < MAX_OUT; i++) {
             out[n_out++] = got[i];

@@ -4,13 +4,14 @@
 #ifndef TANDEM_TOOLS_BENCH_H
 #define TANDEM_TOOLS_BENCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels.h"
 #include "llama.h"
 #include "quantize.h"
 #include "sampling.h"
-#include "specdec.h"
+#include "local_generate.h"
 
 struct bench_opts {
     const char *models_dir;
@@ -55,13 +56,26 @@ struct bench_prompts {
     int32_t *ids[BENCH_PROMPTS_MAX];
     int len[BENCH_PROMPTS_MAX];
 };
-/* n_prompts requests of prompt_len tokens, max_tokens each: speculative
- * with d (K = k, 0 adaptive), target-only without; the summed stats and
- * tokens/s. With prompts (non-NULL) the requests are those prompts instead
- * of synthetic ids (n_prompts and prompt_len unused). */
-int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts, int prompt_len,
-                 int max_tokens, int k, const struct sampling_params *sp, enum speculate_mode mode,
-                 struct specdec_stats *sum, double *tps, const struct bench_prompts *prompts);
+/* A pair as the server runs it, in this process (coordinator/local.h):
+ * the target, and the draft (NULL: none). */
+struct bench_pipeline {
+    struct bench_model *target, *draft;
+    const char *sampler;   /* the workers' sampler: "host" or "device" */
+    bool whole_heads;      /* argmax_copy off: greedy rows read their whole LM head */
+};
+/* A run of requests: n_prompts of prompt_len synthetic ids, or (prompts
+ * non-NULL) those prompts; max_tokens each to the end (EOS ignored). */
+struct bench_requests {
+    int n_prompts, prompt_len, max_tokens;
+    const struct bench_prompts *prompts;
+    int k;                          /* < 0: target-only; 0: adaptive; else fixed K of model drafts */
+    struct sampling_params sp;      /* the seed is the prompt's number from 1 */
+    enum speculate_mode mode;
+};
+/* Runs rq through a fresh pipeline over p (a new pair history, as a server
+ * just started): the summed figures and decode tokens/s. 0 or 1 (printed). */
+int run_requests(const struct bench_pipeline *p, const struct bench_requests *rq, struct local_stats *sum,
+                 double *tps);
 /* The first n (1..BENCH_PROMPTS_MAX) of trained.c's chat questions, rendered
  * with the chat template of the tokenizer in model_dir. 0 or 1 (printed). */
 int bench_prompts_chat(struct bench_prompts *p, const char *model_dir, int n);

@@ -70,6 +70,8 @@
 #include "modelgen.h"
 #include "prof.h"
 #include "read_bw.h"
+#include "local_generate.h"
+#include "logging.h"
 #include "specdec.h"
 
 
@@ -159,7 +161,7 @@ void unload(struct bench_model *m)
 }
 
 /* Adds one run's round counts and times to sum. */
-static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
+static void stats_add(struct local_stats *sum, const struct local_stats *st)
 {
     sum->rounds += st->rounds;
     sum->drafted += st->drafted;
@@ -170,67 +172,89 @@ static void stats_add(struct specdec_stats *sum, const struct specdec_stats *st)
         sum->accepted_at[j] += st->accepted_at[j];
 }
 
-/* Runs one request per prompt (prompt_len tokens each); returns decode
- * tokens/s over all of them. */
-int run_requests(struct specdec_draft *d, struct specdec_target *t, int n_prompts,
-                        int prompt_len, int max_tokens, int k, const struct sampling_params *sp,
-                        enum speculate_mode mode, struct specdec_stats *sum, double *tps,
-                        const struct bench_prompts *prompts)
+/* The server's scheduler and roles in this process over p's models
+ * (coordinator/local.h): a fresh pair history, as a server just started. */
+static int pipeline_create(struct local **out, const struct bench_pipeline *p, int k_max)
 {
     char err[ERR_MSG_MAX] = "";
-    if (prompts) {
-        n_prompts = prompts->n;
+    struct proc_config cfg;
+    proc_config_defaults(&cfg);
+    cfg.coordinator.max_concurrency = 1;
+    cfg.coordinator.max_queue = 1;
+    if (k_max > cfg.coordinator.spec_k_max)
+        cfg.coordinator.spec_k_max = k_max;
+    struct worker_config *wc[2] = {&cfg.draft_worker, &cfg.target_worker};
+    for (int r = 0; r < 2; r++) {
+        snprintf(wc[r]->sampler, sizeof wc[r]->sampler, "%s", p->sampler);
+        wc[r]->argmax_copy = !p->whole_heads;
+    }
+    struct worker_main_model tm, dm;
+    worker_main_model_borrow(&tm, llama_ctx_backend(p->target->ctx), p->target->model, p->target->ctx);
+    if (p->draft)
+        worker_main_model_borrow(&dm, llama_ctx_backend(p->draft->ctx), p->draft->model, p->draft->ctx);
+    const struct local_params lp = {.cfg = &cfg, .target = &tm, .draft = p->draft ? &dm : NULL};
+    /* the roles' and the scheduler's logs are a server operator's; the
+     * requests are ids, so the missing tokenizer it warns of is no loss */
+    logging_set_level(LOGGING_ERROR);
+    int rc = local_create(out, &lp, err);
+    logging_set_level(LOGGING_INFO);
+    return rc ? die("in-process pipeline", err) : 0;
+}
+
+/* Runs one request per prompt through the pipeline; returns decode
+ * tokens/s over all of them. */
+int run_requests(const struct bench_pipeline *p, const struct bench_requests *rq, struct local_stats *sum,
+                 double *tps)
+{
+    char err[ERR_MSG_MAX] = "";
+    int n_prompts = rq->n_prompts, prompt_len = rq->prompt_len;
+    if (rq->prompts) {
+        n_prompts = rq->prompts->n;
         prompt_len = 1;
-        for (int i = 0; i < prompts->n; i++)
-            prompt_len = prompts->len[i] > prompt_len ? prompts->len[i] : prompt_len;
+        for (int i = 0; i < n_prompts; i++)
+            prompt_len = rq->prompts->len[i] > prompt_len ? rq->prompts->len[i] : prompt_len;
     }
-    int32_t *out = malloc((size_t)max_tokens * sizeof(int32_t));
+    int32_t *out = malloc((size_t)rq->max_tokens * sizeof(int32_t));
     int32_t *prompt = malloc((size_t)prompt_len * sizeof(int32_t));
-    if (!out || !prompt) {
-        free(out);
-        free(prompt);
-        return die("bench", "out of memory");
-    }
+    struct local *l = NULL;
+    int rc = !out || !prompt ? die("bench", "out of memory") : pipeline_create(&l, p, rq->k);
     memset(sum, 0, sizeof *sum);
-    /* one history per run: like a server, later requests start from what
-     * earlier ones measured about the pair */
-    struct adaptive_k history;
-    adaptive_k_init(&history, k, 8);
     double decode_ms = 0;
     long decode_tokens = 0;
     /* ids below 120000 fit every Llama 3 vocabulary; a test preset's smaller
      * vocabulary (tiny: 512) bounds them instead */
-    const int vocab = llama_model_config(llama_ctx_model(specdec_target_ctx(t)))->vocab_size;
+    const int vocab = llama_model_config(p->target->model)->vocab_size;
     const int id_mod = vocab < 120000 ? vocab : 120000;
-    for (int i = 0; i < n_prompts; i++) {
+    for (int i = 0; !rc && i < n_prompts; i++) {
         int n_prompt = prompt_len;
-        if (prompts) {
-            n_prompt = prompts->len[i];
-            memcpy(prompt, prompts->ids[i], (size_t)n_prompt * sizeof(int32_t));
+        if (rq->prompts) {
+            n_prompt = rq->prompts->len[i];
+            memcpy(prompt, rq->prompts->ids[i], (size_t)n_prompt * sizeof(int32_t));
         } else {
             for (int j = 0; j < prompt_len; j++)
                 prompt[j] = (int32_t)((1000 + 7919 * (i * prompt_len + j)) % id_mod);
         }
-        struct specdec_request req = {.prompt = prompt, .n_prompt = n_prompt,
-                                      .max_tokens = max_tokens,
-                                      .sampling = *sp, .mode = mode, .k_fixed = k, .slot = 0,
-                                      .k_history = &history};
+        struct local_gen_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = rq->max_tokens,
+                                        .sampling = rq->sp, .mode = rq->mode, .ignore_eos = true,
+                                        .spec_k = rq->k < 0 ? 0 : rq->k, .draft = rq->k < 0 ? "none" : "model"};
         req.sampling.seed = (uint64_t)(i + 1);
-        struct specdec_stats st;
-        int n;
-        if (specdec_generate(d, t, &req, out, &n, &st, NULL, NULL, err)) {
-            free(out);
-            free(prompt);
-            return die("generate", err);
+        struct local_gen_result res = {.ids = out, .cap = rq->max_tokens};
+        logging_set_level(LOGGING_WARN);
+        rc = local_generate(l, &req, &res, err);
+        logging_set_level(LOGGING_INFO);
+        if (rc) {
+            rc = die("generate", err);
+            break;
         }
-        decode_ms += st.decode_ms;
-        decode_tokens += st.generated_tokens - 1;
-        stats_add(sum, &st);
+        decode_ms += res.st.decode_ms;
+        decode_tokens += res.st.generated_tokens - 1;
+        stats_add(sum, &res.st);
     }
+    local_destroy(l);
     free(out);
     free(prompt);
     *tps = decode_ms > 0 ? decode_tokens * 1000.0 / decode_ms : 0;
-    return 0;
+    return rc;
 }
 
 
@@ -420,14 +444,16 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
         struct bench_model m;
         if (load(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024, o->quantize))
             return 1;
-        struct specdec_target *t;
-        if (specdec_target_create(&t, m.ctx, err))
-            return die("target", err);
-        struct sampling_params sp;
-        sampling_params_default(&sp);
-        struct specdec_stats st;
+        /* target-only through the server's scheduler; every row reads the
+         * whole LM head, the bytes the figures below count (the argmax
+         * screen would read a copy of a quarter of its size) */
+        const struct bench_pipeline tp = {.target = &m, .sampler = "host", .whole_heads = true};
+        struct bench_requests rq = {.n_prompts = 2, .prompt_len = 16, .max_tokens = o->tokens, .k = -1,
+                                    .mode = SPECULATE_MODE_SAMPLED};
+        sampling_params_default(&rq.sp);
+        struct local_stats st;
         double tps;
-        if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps, NULL))
+        if (run_requests(&tp, &rq, &st, &tps))
             return 1;
         const double read_before = bw.read_gbs;
         if (read_bw_measure(&bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
@@ -464,8 +490,10 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             if (n_copies > 0 && read_bw_measure_regions(&rw, kern_cpu_threads(be), copy_ptr, copy_bytes,
                                                         n_copies, 3, err, sizeof err))
                 return die("read bandwidth of the weights", err);
-            if (run_requests(NULL, t, 1, 16, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS, 0, &sp,
-                             SPECULATE_MODE_SAMPLED, &st, &turn_tps, NULL))
+            struct bench_requests side = rq;
+            side.n_prompts = 1;
+            side.max_tokens = o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS;
+            if (run_requests(&tp, &side, &st, &turn_tps))
                 return 1;
             fresh[r] = rb.read_gbs;
             weights[r] = rw.read_gbs;
@@ -490,7 +518,7 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             /* a second run, now profiled from its start (the first warmed up) */
             prof_init(&prof, be);
             double t0 = now_s();
-            if (run_requests(NULL, t, 2, 16, o->tokens, 0, &sp, SPECULATE_MODE_SAMPLED, &st, &tps, NULL))
+            if (run_requests(&tp, &rq, &st, &tps))
                 return 1;
             prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
                         "generated tokens, prefill included");
@@ -499,7 +527,6 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
             return 1;
         if (cpu_prefill(&m, 512, 2))
             return 1;
-        specdec_target_destroy(t);
         unload(&m);
     }
     return 0;
@@ -580,7 +607,7 @@ static int bench_batch(const struct bench_opts *o, struct kern_backend *be)
 
 /* Leviathan's per-token acceptance a from fixed-K rounds: accepted tokens
  * over accepted tokens plus rejections (rounds that stopped before K). */
-static double alpha_of(const struct specdec_stats *s, int k)
+static double alpha_of(const struct local_stats *s, int k)
 {
     int rejections = s->rounds - (k > 0 ? s->accepted_at[k - 1] : 0);
     double denom = (double)s->accepted + rejections;
@@ -608,7 +635,7 @@ static const struct spec_pair spec_pairs[] = {
 /* One row of the spec table (K, or adaptive with kk 0; full: both whole
  * heads read), from its turns' tokens/s (tps) against target-only's
  * beside them, and the per-position acceptance and the turns below it. */
-static void print_spec_row(int kk, bool full, const struct specdec_stats *sk, const double *tps,
+static void print_spec_row(int kk, bool full, const struct local_stats *sk, const double *tps,
                            const double *base_tps, const double *base_full_tps, int repeats, double target_ms)
 {
     enum { REPEATS_MAX = 16 };
@@ -656,21 +683,21 @@ static void print_spec_row(int kk, bool full, const struct specdec_stats *sk, co
 
 /* The draft modes side by side: acceptance at T = 0.7 and 1.0 with K = 4
  * (--modes). */
-static int run_draft_modes(const struct bench_opts *o, struct specdec_draft *d, struct specdec_target *t,
-                           int n_prompts, const struct sampling_params *greedy,
-                           const struct bench_prompts *prompts)
+static int run_draft_modes(const struct bench_opts *o, const struct bench_pipeline *p,
+                           const struct bench_requests *base)
 {
     for (int ti = 0; ti < 2 * o->modes; ti++) {
-        struct sampling_params sp = *greedy;
-        sp.temperature = ti ? 1.0f : 0.7f;
+        struct bench_requests rq = *base;
+        rq.k = 4;
+        rq.sp.temperature = ti ? 1.0f : 0.7f;
         for (int mode = 0; mode < 2; mode++) {
-            struct specdec_stats st;
+            struct local_stats st;
             double tps;
-            if (run_requests(d, t, n_prompts, o->prompt, o->tokens, 4, &sp,
-                             (enum speculate_mode)mode, &st, &tps, prompts))
+            rq.mode = (enum speculate_mode)mode;
+            if (run_requests(p, &rq, &st, &tps))
                 return 1;
             printf("  T=%.1f K=4 %-10s acceptance %.3f, %.2f accepted/round, %.2f tokens/s\n",
-                   sp.temperature, mode ? "point-mass" : "sampled",
+                   rq.sp.temperature, mode ? "point-mass" : "sampled",
                    st.drafted ? (double)st.accepted / st.drafted : 0,
                    st.rounds ? (double)st.accepted / st.rounds : 0, tps);
         }
@@ -678,7 +705,80 @@ static int run_draft_modes(const struct bench_opts *o, struct specdec_draft *d, 
     return 0;
 }
 
-static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
+/* The runs of one spec table: each K of --ks, and with --full-head each K
+ * again reading both whole LM heads. */
+enum { SPEC_RUNS_MAX = 2 * (SPECULATE_K_MAX + 2), SPEC_REPEATS_MAX = 16 };
+struct spec_runs {
+    int k[SPEC_RUNS_MAX];
+    bool full[SPEC_RUNS_MAX];
+    int n;
+    bool full_head; /* target-only reading its whole head too */
+};
+
+static void spec_runs_parse(const struct bench_opts *o, struct spec_runs *r)
+{
+    char klist[64];
+    snprintf(klist, sizeof klist, "%s", o->ks);
+    r->n = 0;
+    r->full_head = o->full_head;
+    for (char *save = NULL, *kstr = strtok_r(klist, ",", &save); kstr && r->n + 2 <= SPEC_RUNS_MAX;
+         kstr = strtok_r(NULL, ",", &save)) {
+        int kk = atoi(kstr);
+        if (kk < 0 || kk > SPECULATE_K_MAX)
+            continue;
+        r->full[r->n] = false;
+        r->k[r->n++] = kk;
+        if (o->full_head) {
+            r->full[r->n] = true;
+            r->k[r->n++] = kk;
+        }
+    }
+}
+
+/* What the turns of one spec table measured. */
+struct spec_table {
+    struct local_stats base, sum[SPEC_RUNS_MAX];
+    double base_tps[SPEC_REPEATS_MAX], base_full_tps[SPEC_REPEATS_MAX];
+    double tps[SPEC_RUNS_MAX][SPEC_REPEATS_MAX];
+};
+
+/* Target-only and every run in turn, the whole turn repeated: this VM's
+ * memory bandwidth moves by up to 2x within minutes, and a speed-up is
+ * only sound against the target-only run beside it. Each K's speed-up is
+ * the median of its per-turn ratios; its other figures are summed over
+ * the turns. */
+static int spec_turns(const struct bench_pipeline *pair, const struct bench_requests *greedy,
+                      const struct spec_runs *runs, int repeats, struct spec_table *t)
+{
+    memset(t, 0, sizeof *t);
+    struct bench_pipeline p = *pair;
+    struct bench_requests rq = *greedy;
+    for (int r = 0; r < repeats; r++) {
+        struct local_stats st;
+        p.whole_heads = false;
+        rq.k = -1;
+        if (run_requests(&p, &rq, &st, &t->base_tps[r]))
+            return 1;
+        stats_add(&t->base, &st);
+        /* whole heads: target-only decoding as it was before the screen */
+        p.whole_heads = true;
+        if (runs->full_head && run_requests(&p, &rq, &st, &t->base_full_tps[r]))
+            return 1;
+        for (int i = 0; i < runs->n; i++) {
+            p.whole_heads = runs->full[i];
+            rq.k = runs->k[i];
+            if (run_requests(&p, &rq, &st, &t->tps[i][r]))
+                return 1;
+            stats_add(&t->sum[i], &st);
+        }
+    }
+    return 0;
+}
+
+/* The draft of the pair named by --pair, generated when missing. 0, 1
+ * (printed) or 2 (no such pair). */
+static int spec_draft_dir(const struct bench_opts *o, const struct spec_pair **pair_out, char *draft_dir,
+                          size_t size)
 {
     const struct spec_pair *pair = NULL;
     for (size_t i = 0; i < sizeof spec_pairs / sizeof spec_pairs[0]; i++)
@@ -688,158 +788,137 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
         fprintf(stderr, "tandem-bench: --pair %s: not a pair (small, 1b, 3b, trained)\n", o->pair);
         return 2;
     }
-    const bool trained = pair->draft_preset == NULL;
-    char draft_dir[512];
-    if (trained)
-        snprintf(draft_dir, sizeof draft_dir, "%s/draft", o->trained_dir);
+    *pair_out = pair;
+    if (pair->draft_preset == NULL) /* trained */
+        snprintf(draft_dir, size, "%s/draft", o->trained_dir);
     else if (pair->draft_layers)
-        snprintf(draft_dir, sizeof draft_dir, "%s/%s-draft-%dl", o->models_dir, pair->name,
-                 pair->draft_layers);
+        snprintf(draft_dir, size, "%s/%s-draft-%dl", o->models_dir, pair->name, pair->draft_layers);
     else
-        snprintf(draft_dir, sizeof draft_dir, "%s/%s", o->models_dir, pair->draft_preset);
-    if (!trained && ensure_model_layers(draft_dir, pair->draft_preset, pair->draft_layers, 1, NULL, 0))
+        snprintf(draft_dir, size, "%s/%s", o->models_dir, pair->draft_preset);
+    if (pair->draft_preset && ensure_model_layers(draft_dir, pair->draft_preset, pair->draft_layers, 1, NULL, 0))
         return 1;
+    return 0;
+}
+
+/* The table's title line: the pair, the prompts, target-only's speed. */
+struct spec_what {
+    const struct spec_pair *pair;
+    const char *noise;
+    const struct bench_requests *rq;
+};
+
+static void spec_title(const struct bench_opts *o, const struct spec_what *w, const struct spec_table *t,
+                       int repeats, double target_ms)
+{
+    const struct bench_requests *rq = w->rq;
+    const char *turns = repeats > 1 ? "s" : "";
+    if (rq->prompts) {
+        int shortest = rq->prompts->len[0], longest = rq->prompts->len[0];
+        for (int i = 1; i < rq->prompts->n; i++) {
+            shortest = rq->prompts->len[i] < shortest ? rq->prompts->len[i] : shortest;
+            longest = rq->prompts->len[i] > longest ? rq->prompts->len[i] : longest;
+        }
+        printf("\ntrained pair (%s), greedy, %d chat prompts of %d..%d tokens x %d tokens, %d turn%s: "
+               "target-only %.2f tokens/s (median; %.2f ms/token)\n",
+               o->trained_dir, rq->prompts->n, shortest, longest, o->tokens, repeats, turns,
+               median(t->base_tps, repeats), target_ms);
+    } else
+        printf("\n%s pair, draft noise %s, greedy, %d prompts of %d tokens x %d tokens, %d turn%s: "
+               "target-only %.2f tokens/s (median; %.2f ms/token)\n",
+               w->pair->name, w->noise, rq->n_prompts, o->prompt, o->tokens, repeats, turns,
+               median(t->base_tps, repeats), target_ms);
+    if (o->full_head)
+        printf("  target-only reading its whole LM head: %.2f tokens/s (median); the \"full\" "
+               "rows read both whole heads and are compared with it\n",
+               median(t->base_full_tps, repeats));
+}
+
+/* One target of the pair (a noise level, or the trained target): the table. */
+static int spec_target(const struct bench_opts *o, const struct spec_pair *pair, const char *noise,
+                       struct bench_pipeline *p, const struct bench_requests *rq)
+{
+    struct spec_runs runs;
+    spec_runs_parse(o, &runs);
+    const int repeats = o->repeats < 1 ? 1 : o->repeats > SPEC_REPEATS_MAX ? SPEC_REPEATS_MAX : o->repeats;
+    struct spec_table *t = malloc(sizeof *t);
+    if (!t)
+        return die("spec", "out of memory");
+    if (spec_turns(p, rq, &runs, repeats, t)) {
+        free(t);
+        return 1;
+    }
+    double target_ms = t->base.verify_ms / (t->base.rounds ? t->base.rounds : 1);
+    const struct spec_what what = {.pair = pair, .noise = noise, .rq = rq};
+    spec_title(o, &what, t, repeats, target_ms);
+    printf("%-9s %10s %8s %11s %8s %8s %10s %12s\n", "K", "tokens/s", "speedup", "acceptance",
+           "alpha", "c", "acc/round", "predicted");
+    for (int i = 0; i < runs.n; i++)
+        print_spec_row(runs.k[i], runs.full[i], &t->sum[i], t->tps[i], t->base_tps, t->base_full_tps, repeats,
+                       target_ms);
+    free(t);
+    if (run_draft_modes(o, p, rq))
+        return 1;
+    if (!strcmp(p->sampler, "device")) {
+        struct llama_graph_stats gd, gt;
+        llama_ctx_graph_stats(p->draft->ctx, &gd);
+        llama_ctx_graph_stats(p->target->ctx, &gt);
+        printf("  cuda graphs: draft %s (%lld recorded, %lld replayed), target %s (%lld, "
+               "%lld)\n", gd.graphs ? "on" : "off", (long long)gd.recorded,
+               (long long)gd.replayed, gt.graphs ? "on" : "off", (long long)gt.recorded,
+               (long long)gt.replayed);
+    }
+    return 0;
+}
+
+/* tandem-bench spec: the pair's speculation through the server's own
+ * scheduler in process, against target-only beside it. */
+static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
+{
+    const struct spec_pair *pair = NULL;
+    char draft_dir[512];
+    int rc = spec_draft_dir(o, &pair, draft_dir, sizeof draft_dir);
+    if (rc)
+        return rc;
+    const bool trained = pair->draft_preset == NULL;
     /* The trained pair answers real questions (its chat data's kinds);
      * random ids would measure agreement on noise. */
     struct bench_prompts chat_prompts = {0};
-    const struct bench_prompts *prompts = NULL;
-    if (trained) {
-        if (bench_prompts_chat(&chat_prompts, draft_dir, BENCH_PROMPTS_MAX))
-            return 1;
-        prompts = &chat_prompts;
-    }
-    struct bench_model dm;
+    if (trained && bench_prompts_chat(&chat_prompts, draft_dir, BENCH_PROMPTS_MAX))
+        return 1;
+    struct bench_model dm, tm;
     /* the requests' prompts and tokens, and the drafts of a last round */
     const int room = o->prompt + o->tokens + 64 > 1024 ? o->prompt + o->tokens + 64 : 1024;
-    if (load(&dm, draft_dir, be, room, o->draft_quantize))
+    if (load(&dm, draft_dir, be, room, o->draft_quantize)) {
+        bench_prompts_free(&chat_prompts);
         return 1;
-    char err[ERR_MSG_MAX] = "";
-    struct specdec_draft *d;
-    if (specdec_draft_create(&d, dm.ctx, err))
-        return die("draft", err);
-    specdec_draft_prepare_argmax(d); /* --full-head compares with whole heads */
+    }
     /* on the GPU both halves sample there (ids cross, logits stay) */
-    const bool on_device = !strcmp(be->name, "cuda");
-    if (on_device && specdec_draft_use_device(d, true, err))
-        return die("draft device sampling", err);
-    struct sampling_params greedy;
-    sampling_params_default(&greedy);
-    const int n_prompts = trained ? chat_prompts.n : 3;
+    struct bench_pipeline p = {.target = &tm, .draft = &dm,
+                               .sampler = !strcmp(be->name, "cuda") ? "device" : "host"};
+    struct bench_requests rq = {.n_prompts = trained ? chat_prompts.n : 3, .prompt_len = o->prompt,
+                                .max_tokens = o->tokens, .prompts = trained ? &chat_prompts : NULL,
+                                .mode = SPECULATE_MODE_SAMPLED};
+    sampling_params_default(&rq.sp);
     char list[128];
     /* the trained pair has one target, no noise levels */
     snprintf(list, sizeof list, "%s", trained ? "none" : o->noise);
-    for (char *save = NULL, *ns = strtok_r(list, ",", &save); ns; ns = strtok_r(NULL, ",", &save)) {
-        double noise = atof(ns);
+    for (char *save = NULL, *ns = strtok_r(list, ",", &save); ns && !rc; ns = strtok_r(NULL, ",", &save)) {
         char dir[512];
         if (trained)
             snprintf(dir, sizeof dir, "%s/target", o->trained_dir);
         else
             snprintf(dir, sizeof dir, "%s/%s-noise-%s", o->models_dir, pair->name, ns);
-        if (!trained && ensure_model(dir, pair->target_preset, 2, draft_dir, noise))
-            return 1;
-        struct bench_model tm;
-        if (load(&tm, dir, be, room, o->quantize))
-            return 1;
-        struct specdec_target *t;
-        if (specdec_target_create(&t, tm.ctx, err))
-            return die("target", err);
-        specdec_target_prepare_argmax(t);
-        if (on_device && specdec_target_use_device(t, true, err))
-            return die("target device sampling", err);
-        /* Target-only and every K run in turn, the whole turn repeated:
-         * this VM's memory bandwidth moves by up to 2x within minutes, and
-         * a speed-up is only sound against the target-only run beside it.
-         * Each K's speed-up is the median of its per-turn ratios; its other
-         * figures are summed over the turns. */
-        /* full[i]: run i reads the draft's whole LM head (--full-head: each K
-         * twice, so the argmax screen's gain is measured side by side) */
-        enum { RUNS_MAX = 2 * (SPECULATE_K_MAX + 2) };
-        int ks[RUNS_MAX], n_ks = 0;
-        bool full[RUNS_MAX];
-        char klist[64];
-        snprintf(klist, sizeof klist, "%s", o->ks);
-        for (char *ksave = NULL, *kstr = strtok_r(klist, ",", &ksave); kstr && n_ks + 2 <= RUNS_MAX;
-             kstr = strtok_r(NULL, ",", &ksave)) {
-            int kk = atoi(kstr);
-            if (kk < 0 || kk > SPECULATE_K_MAX)
-                continue;
-            full[n_ks] = false;
-            ks[n_ks++] = kk;
-            if (o->full_head) {
-                full[n_ks] = true;
-                ks[n_ks++] = kk;
-            }
+        if ((!trained && ensure_model(dir, pair->target_preset, 2, draft_dir, atof(ns))) ||
+            load(&tm, dir, be, room, o->quantize)) {
+            rc = 1;
+            break;
         }
-        enum { REPEATS_MAX = 16 };
-        const int repeats = o->repeats < 1 ? 1 : o->repeats > REPEATS_MAX ? REPEATS_MAX : o->repeats;
-        struct specdec_stats base_st = {0}, st_sum[RUNS_MAX];
-        double base_tps[REPEATS_MAX], base_full_tps[REPEATS_MAX], tps_of[RUNS_MAX][REPEATS_MAX];
-        memset(st_sum, 0, sizeof st_sum);
-        for (int r = 0; r < repeats; r++) {
-            struct specdec_stats st;
-            specdec_target_set_argmax(t, true);
-            if (run_requests(NULL, t, n_prompts, o->prompt, o->tokens, 0, &greedy,
-                             SPECULATE_MODE_SAMPLED, &st, &base_tps[r], prompts))
-                return 1;
-            stats_add(&base_st, &st);
-            /* whole heads: target-only decoding as it was before the screen */
-            specdec_target_set_argmax(t, false);
-            if (o->full_head && run_requests(NULL, t, n_prompts, o->prompt, o->tokens, 0, &greedy,
-                                             SPECULATE_MODE_SAMPLED, &st, &base_full_tps[r], prompts))
-                return 1;
-            for (int i = 0; i < n_ks; i++) {
-                specdec_draft_set_argmax(d, !full[i]);
-                specdec_target_set_argmax(t, !full[i]);
-                if (run_requests(d, t, n_prompts, o->prompt, o->tokens, ks[i], &greedy,
-                                 SPECULATE_MODE_SAMPLED, &st, &tps_of[i][r], prompts))
-                    return 1;
-                stats_add(&st_sum[i], &st);
-            }
-        }
-        specdec_draft_set_argmax(d, true);
-        specdec_target_set_argmax(t, true);
-        double target_ms = base_st.verify_ms / (base_st.rounds ? base_st.rounds : 1);
-        if (trained) {
-            int shortest = chat_prompts.len[0], longest = chat_prompts.len[0];
-            for (int i = 1; i < chat_prompts.n; i++) {
-                shortest = chat_prompts.len[i] < shortest ? chat_prompts.len[i] : shortest;
-                longest = chat_prompts.len[i] > longest ? chat_prompts.len[i] : longest;
-            }
-            printf("\ntrained pair (%s), greedy, %d chat prompts of %d..%d tokens x %d tokens, %d turn%s: "
-                   "target-only %.2f tokens/s (median; %.2f ms/token)\n",
-                   o->trained_dir, n_prompts, shortest, longest, o->tokens, repeats,
-                   repeats > 1 ? "s" : "", median(base_tps, repeats), target_ms);
-        } else
-            printf("\n%s pair, draft noise %s, greedy, %d prompts of %d tokens x %d tokens, %d turn%s: "
-                   "target-only %.2f tokens/s (median; %.2f ms/token)\n",
-                   pair->name, ns, n_prompts, o->prompt, o->tokens, repeats, repeats > 1 ? "s" : "",
-                   median(base_tps, repeats), target_ms);
-        if (o->full_head)
-            printf("  target-only reading its whole LM head: %.2f tokens/s (median); the \"full\" "
-                   "rows read both whole heads and are compared with it\n",
-                   median(base_full_tps, repeats));
-        printf("%-9s %10s %8s %11s %8s %8s %10s %12s\n", "K", "tokens/s", "speedup", "acceptance",
-               "alpha", "c", "acc/round", "predicted");
-        for (int i = 0; i < n_ks; i++)
-            print_spec_row(ks[i], full[i], &st_sum[i], tps_of[i], base_tps, base_full_tps, repeats, target_ms);
-        if (run_draft_modes(o, d, t, n_prompts, &greedy, prompts))
-            return 1;
-        if (on_device) {
-            struct llama_graph_stats gd, gt;
-            llama_ctx_graph_stats(dm.ctx, &gd);
-            llama_ctx_graph_stats(tm.ctx, &gt);
-            printf("  cuda graphs: draft %s (%lld recorded, %lld replayed), target %s (%lld, "
-                   "%lld)\n", gd.graphs ? "on" : "off", (long long)gd.recorded,
-                   (long long)gd.replayed, gt.graphs ? "on" : "off", (long long)gt.recorded,
-                   (long long)gt.replayed);
-        }
-        specdec_target_destroy(t);
+        rc = spec_target(o, pair, ns, &p, &rq);
         unload(&tm);
     }
-    specdec_draft_destroy(d);
     unload(&dm);
     bench_prompts_free(&chat_prompts);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv)

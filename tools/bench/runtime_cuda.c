@@ -79,7 +79,6 @@ static int decode_table(const struct bench_opts *o, const char *preset, struct b
                         struct bench_model *eager, double floor_ms)
 {
     double device_ms[2] = {0, 0}; /* device sampler: greedy, T=0.8 */
-    char err[ERR_MSG_MAX] = "";
     printf("  %-34s %10s %10s %12s\n", "decode (target only)", "tokens/s", "ms/token",
            "% of floor");
     struct sampling_params greedy, sampled;
@@ -91,17 +90,13 @@ static int decode_table(const struct bench_opts *o, const char *preset, struct b
         "device sampler, greedy", "device sampler, T=0.8", "host sampler, greedy",
         "host sampler, T=0.8", "device sampler, greedy, no graphs"};
     for (int v = 0; v < 5; v++) {
-        struct specdec_target *t;
-        if (specdec_target_create(&t, v < 4 ? m->ctx : eager->ctx, err))
-            return die("target", err);
-        if (specdec_target_use_device(t, v < 2 || v == 4, err))
-            return die("device sampling", err);
-        struct specdec_stats st;
+        const struct bench_pipeline tp = {.target = v < 4 ? m : eager,
+                                          .sampler = v < 2 || v == 4 ? "device" : "host"};
+        struct bench_requests rq = {.n_prompts = 2, .prompt_len = 16, .max_tokens = o->tokens, .k = -1,
+                                    .sp = v % 2 ? sampled : greedy, .mode = SPECULATE_MODE_SAMPLED};
+        struct local_stats st;
         double tps;
-        int rc = run_requests(NULL, t, 2, 16, o->tokens, 0, v % 2 ? &sampled : &greedy,
-                              SPECULATE_MODE_SAMPLED, &st, &tps, NULL);
-        specdec_target_destroy(t);
-        if (rc)
+        if (run_requests(&tp, &rq, &st, &tps))
             return 1;
         printf("  %-34s %10.1f %10.3f %11.1f%%\n", names[v], tps, 1000.0 / tps,
                100.0 * floor_ms * tps / 1000.0);

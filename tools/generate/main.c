@@ -28,6 +28,7 @@
 #include "error.h"
 #include "llama.h"
 #include "local.h"
+#include "local_generate.h"
 #include "logging.h"
 #include "request.h"
 #include "specdec.h"
@@ -360,7 +361,7 @@ static int build_prompt(const struct options *o, const struct tokenizer *tk, int
 }
 
 static void print_json(const struct options *o, const int32_t *ids, int n, const char *text,
-                       const struct specdec_stats *st, const char *sampler)
+                       const struct local_stats *st, const char *sampler)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(j, "ids");
@@ -369,7 +370,7 @@ static void print_json(const struct options *o, const int32_t *ids, int n, const
     cJSON_AddStringToObject(j, "text", text ? text : "");
     cJSON_AddNumberToObject(j, "prompt_tokens", st->prompt_tokens);
     cJSON_AddNumberToObject(j, "generated_tokens", st->generated_tokens);
-    cJSON_AddStringToObject(j, "finish_reason", st->finish_reason ? st->finish_reason : "");
+    cJSON_AddStringToObject(j, "finish_reason", st->finish_reason);
     cJSON_AddNumberToObject(j, "prefill_ms", st->prefill_ms);
     cJSON_AddNumberToObject(j, "decode_ms", st->decode_ms);
     double decode_tokens = st->generated_tokens > 1 ? st->generated_tokens - 1 : 0;
@@ -501,17 +502,9 @@ static void models_free(struct gen_models *g)
 struct gen_result {
     int32_t *ids; /* capacity max_tokens */
     int n_ids, max_ids;
-    struct specdec_stats st;
-    char finish[32];
+    struct local_stats st;
     char error[ERR_MSG_MAX]; /* an error reply's message; "" for none */
 };
-
-static double number_at(const cJSON *obj, const char *a, const char *b)
-{
-    const cJSON *o = cJSON_GetObjectItemCaseSensitive(obj, a);
-    const double v = cJSON_GetNumberValue(b ? cJSON_GetObjectItemCaseSensitive(o, b) : o);
-    return v == v ? v : 0.0; /* NaN: absent */
-}
 
 /* local_reply_fn: the done reply's ids and figures, or an error's message. */
 static int on_reply(void *user, const cJSON *reply)
@@ -527,19 +520,7 @@ static int on_reply(void *user, const cJSON *reply)
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(reply, "ids");
     for (const cJSON *id = ids ? ids->child : NULL; id && r->n_ids < r->max_ids; id = id->next)
         r->ids[r->n_ids++] = (int32_t)cJSON_GetNumberValue(id);
-    const char *finish = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(reply, "finish_reason"));
-    snprintf(r->finish, sizeof r->finish, "%s", finish ? finish : "");
-    struct specdec_stats *st = &r->st;
-    st->finish_reason = r->finish;
-    st->prompt_tokens = (int)number_at(reply, "usage", "prompt_tokens");
-    st->generated_tokens = (int)number_at(reply, "usage", "generated_tokens");
-    st->prefill_ms = number_at(reply, "timing", "prefill_ms");
-    st->decode_ms = number_at(reply, "timing", "decode_ms");
-    st->rounds = (int)number_at(reply, "spec", "rounds");
-    st->drafted = (int)number_at(reply, "spec", "drafted");
-    st->accepted = (int)number_at(reply, "spec", "accepted");
-    st->draft_ms = number_at(reply, "spec", "draft_ms");
-    st->verify_ms = number_at(reply, "spec", "verify_ms");
+    local_stats_from_done(reply, &r->st);
     return 0;
 }
 
@@ -588,7 +569,7 @@ static int run_pipeline(const struct options *o, struct gen_models *g, const cha
 }
 
 static void print_text(const struct options *o, const int32_t *out, int n_out, const char *text, size_t text_len,
-                       const struct specdec_stats *st)
+                       const struct local_stats *st)
 {
     if (text)
         fwrite(text, 1, text_len, stdout);
