@@ -125,6 +125,14 @@ int protocol_msg_parse_header(struct protocol_msg *msg, const void *data, size_t
     return check_header(msg, err);
 }
 
+int protocol_msg_adopt_header(struct protocol_msg *msg, cJSON *header, char *err)
+{
+    msg->header = header;
+    if (!header)
+        return error_set(err, ERR_NOMEM, "header: out of memory");
+    return check_header(msg, err);
+}
+
 int protocol_recv(void *socket, bool with_identity, size_t max_message_bytes, int flags,
                   struct protocol_msg *msg, char *err)
 {

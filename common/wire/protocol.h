@@ -109,6 +109,9 @@ int protocol_recv(void *socket, bool with_identity, size_t max_message_bytes, in
  * ("v", "type") as protocol_recv does: ERR_PROTOCOL with the reason (the
  * header is kept if it parsed). For transports other than ZeroMQ (lane.h). */
 int protocol_msg_parse_header(struct protocol_msg *msg, const void *data, size_t size, char *err);
+/* The same over a header tree already parsed (an in-process transport's
+ * copy): msg owns it from the call on, whatever the result. */
+int protocol_msg_adopt_header(struct protocol_msg *msg, cJSON *header, char *err);
 
 /* Frees what msg owns and clears it; NULL-safe, idempotent. */
 void protocol_msg_free(struct protocol_msg *msg);

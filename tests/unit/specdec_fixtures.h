@@ -14,6 +14,7 @@
 #include "modelgen.h"
 #include "sampling.h"
 #include "local_generate.h"
+#include "logging.h"
 #include "proc_config.h"
 #include "specdec.h"
 #include "worker_main.h"
@@ -109,6 +110,8 @@ static inline struct local *fixture_pipeline(struct loaded_model *draft, struct 
     const struct local_params p = {.cfg = &cfg, .target = &tm, .draft = draft ? &dm : NULL};
     char err[ERR_MSG_MAX] = "";
     struct local *l = NULL;
+    /* a line per request is a server operator's; the tests print their figures */
+    logging_set_level(LOGGING_WARN);
     fixture_check(local_create(&l, &p, err), "local_create", err);
     return l;
 }
