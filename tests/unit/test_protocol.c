@@ -311,6 +311,30 @@ static void test_protocol_dontwait_receive_reports_timeout(void **state)
     protocol_msg_free(&m);
 }
 
+/* A header tree handed over (the in-process transport's copy) is checked
+ * as a received one: type borrowed from it, a wrong version or no tree
+ * refused by name, the tree owned by the message either way. */
+static void test_protocol_adopted_header_is_checked(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    struct protocol_msg m = {0};
+    cJSON *h = protocol_header_new("verify");
+    assert_non_null(h);
+    assert_int_equal(protocol_msg_adopt_header(&m, h, err), 0);
+    assert_string_equal(m.type, "verify");
+    protocol_msg_free(&m);
+    h = cJSON_CreateObject();
+    assert_non_null(h);
+    cJSON_AddNumberToObject(h, "v", 2);
+    cJSON_AddStringToObject(h, "type", "verify");
+    assert_int_equal(protocol_msg_adopt_header(&m, h, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "v: unsupported protocol version 2"));
+    protocol_msg_free(&m);
+    assert_int_equal(protocol_msg_adopt_header(&m, NULL, err), ERR_NOMEM);
+    protocol_msg_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +349,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_protocol_bad_token_frames_are_rejected, setup,
                                         teardown),
         cmocka_unit_test(test_protocol_getters_validate_types_and_ranges),
+        cmocka_unit_test(test_protocol_adopted_header_is_checked),
         cmocka_unit_test_setup_teardown(test_protocol_dontwait_receive_reports_timeout, setup,
                                         teardown),
     };
