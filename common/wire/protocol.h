@@ -45,6 +45,7 @@
 #define PROTOCOL_PREFILL_DONE "prefill_done"
 #define PROTOCOL_VERIFY "verify"
 #define PROTOCOL_VERIFY_MATCHED "verify_matched"
+#define PROTOCOL_VERIFY_TREE "verify_tree"
 #define PROTOCOL_RUN "run"
 #define PROTOCOL_VERIFY_DONE "verify_done"
 #define PROTOCOL_RELEASE "release"

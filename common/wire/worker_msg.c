@@ -377,7 +377,7 @@ int worker_msg_draft_ready_decode(const struct protocol_msg *msg,
     return protocol_get_double_opt(h, "draft_ms", -1, 1e12, -1, &m->draft_ms, err);
 }
 
-/* ---- the target's calls: run, verify_matched, verify ---- */
+/* ---- the target's calls: run, verify_matched, verify_tree, verify ---- */
 
 static bool add_target_call(cJSON *h, const struct worker_msg_target_call *c, struct protocol_frame *frame)
 {
@@ -466,10 +466,70 @@ int worker_msg_verify_matched_decode(const struct protocol_msg *msg, const struc
         (rc = protocol_get_int_array(h, "drafts", 0, vocab_max, m->drafts, SPECULATE_K_MAX, &m->n_drafts,
                                      err)) ||
         (rc = refuse_field(h, "k", PROTOCOL_VERIFY_MATCHED, "verify: the drafts' count is theirs", err)) ||
+        (rc = refuse_field(h, "parents", PROTOCOL_VERIFY_MATCHED, "verify_tree", err)) ||
         (rc = refuse_field(h, "steps", PROTOCOL_VERIFY_MATCHED, "run", err)))
         return rc;
     if (m->n_drafts < 1 || m->n_drafts > k_limit(lim))
         return error_set(err, ERR_PROTOCOL, "drafts: %d of them, must be 1..%d", m->n_drafts, k_limit(lim));
+    return get_feed(msg, lim, &m->call, err);
+}
+
+cJSON *worker_msg_verify_tree_encode(const struct worker_msg_verify_tree *m, struct protocol_frame *frame)
+{
+    cJSON *h = protocol_header_new(PROTOCOL_VERIFY_TREE);
+    bool ok = add_target_call(h, &m->call, frame);
+    cJSON *d = ok ? cJSON_CreateIntArray(m->drafts, m->n_nodes) : NULL;
+    ok = d && cJSON_AddItemToObject(h, "drafts", d);
+    if (!ok)
+        cJSON_Delete(d);
+    cJSON *p = ok ? cJSON_CreateIntArray(m->parents, m->n_nodes) : NULL;
+    ok = p && cJSON_AddItemToObject(h, "parents", p);
+    if (!ok)
+        cJSON_Delete(p);
+    return finish(h, ok);
+}
+
+/* The tree's shape: each parent -1 or an earlier node, no root path
+ * deeper than k_max (verify_done carries at most that many accepted). */
+static int check_tree(const struct worker_msg_verify_tree *m, const struct worker_msg_limits *lim, char *err)
+{
+    int depth[WORKER_MSG_TREE_NODES_MAX];
+    for (int i = 0; i < m->n_nodes; i++) {
+        const int p = m->parents[i];
+        if (p < -1 || p >= m->n_nodes)
+            return error_set(err, ERR_PROTOCOL, "parents[%d]: %d is out of range (-1..%d)", i, p, m->n_nodes - 1);
+        if (p >= i)
+            return error_set(err, ERR_PROTOCOL, "parents[%d]: %d is not before its child (-1..%d)", i, p, i - 1);
+        depth[i] = p < 0 ? 1 : depth[p] + 1;
+        if (depth[i] > k_limit(lim))
+            return error_set(err, ERR_PROTOCOL, "parents[%d]: node %d is %d deep, more than k_max %d", i, i,
+                             depth[i], k_limit(lim));
+    }
+    return 0;
+}
+
+int worker_msg_verify_tree_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                                  struct worker_msg_verify_tree *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    const cJSON *h = msg->header;
+    const int vocab_max = lim->vocab_size > 0 ? lim->vocab_size - 1 : INT32_MAX;
+    int n_parents = 0, rc;
+    if ((rc = get_target_call(h, lim, &m->call, err)) ||
+        (rc = protocol_get_int_array(h, "drafts", 0, vocab_max, m->drafts, WORKER_MSG_TREE_NODES_MAX,
+                                     &m->n_nodes, err)) ||
+        (rc = protocol_get_int_array(h, "parents", INT32_MIN, INT32_MAX, m->parents, WORKER_MSG_TREE_NODES_MAX,
+                                     &n_parents, err)) ||
+        (rc = refuse_field(h, "k", PROTOCOL_VERIFY_TREE, "verify: the nodes' count is theirs", err)) ||
+        (rc = refuse_field(h, "steps", PROTOCOL_VERIFY_TREE, "run", err)))
+        return rc;
+    if (m->n_nodes < 1)
+        return error_set(err, ERR_PROTOCOL, "drafts: none, a tree needs 1..%d nodes", WORKER_MSG_TREE_NODES_MAX);
+    if (n_parents != m->n_nodes)
+        return error_set(err, ERR_PROTOCOL, "parents: %d of them for %d drafts (one per node)", n_parents,
+                         m->n_nodes);
+    if ((rc = check_tree(m, lim, err)))
+        return rc;
     return get_feed(msg, lim, &m->call, err);
 }
 
@@ -611,7 +671,7 @@ int worker_msg_verify_done_decode(const struct protocol_msg *msg,
         (rc = protocol_get_int(h, "n_accepted", 0, SPECULATE_K_MAX, &m->n_accepted, err)) ||
         (rc = protocol_get_double_opt(h, "verify_ms", 0, 1e12, 0, &m->verify_ms, err)) ||
         (rc = protocol_get_double_opt(h, "idle_ms", -1, 1e12, -1, &m->idle_ms, err)) ||
-        (rc = protocol_get_int_opt(h, "draft_k", 0, SPECULATE_K_MAX, 0, &m->draft_k, err)) ||
+        (rc = protocol_get_int_opt(h, "draft_k", 0, WORKER_MSG_TREE_NODES_MAX, 0, &m->draft_k, err)) ||
         (rc = protocol_get_int_opt(h, "step", 1, WORKER_MSG_STEPS_MAX, 1, &m->step, err)) ||
         (rc = protocol_get_i64_opt(h, "call", 0, (int64_t)1 << 52, 0, &m->call, err)) ||
         (rc = protocol_get_int_opt(h, "call_seqs", 0, 1 << 20, 0, &m->call_seqs, err)) ||

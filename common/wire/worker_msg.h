@@ -32,6 +32,7 @@
 #include "protocol.h"
 #include "sampling.h"
 #include "speculate.h"
+#include "speculate_tree.h"
 
 /* Largest integer a JSON number carries exactly (2^53): the range of "req"
  * and "seed". */
@@ -166,6 +167,24 @@ struct worker_msg_verify_matched {
     int n_drafts;      /* 1..k_max */
 };
 
+/* Most nodes of a verify_tree: with the last token (its root) a tree
+ * forward holds SPECULATE_TREE_NODES_MAX rows, the model's tree limit. */
+#define WORKER_MSG_TREE_NODES_MAX (SPECULATE_TREE_NODES_MAX - 1)
+
+/* verify_tree (coordinator -> target) + frame feed: a token tree the
+ * coordinator made (suffix-cache or n-gram continuations merged under the
+ * last fed token, draft_tree.h), verified in one forward as point masses.
+ * Node i holds drafts[i] under parents[i] (-1: a child of the last fed
+ * token, else an earlier node), so a root path is never deeper than k_max:
+ * verify_done's tokens are the accepted path then the target's next, as a
+ * chain's. */
+struct worker_msg_verify_tree {
+    struct worker_msg_target_call call;
+    int32_t drafts[WORKER_MSG_TREE_NODES_MAX];
+    int32_t parents[WORKER_MSG_TREE_NODES_MAX];
+    int n_nodes;       /* 1..WORKER_MSG_TREE_NODES_MAX */
+};
+
 /* verify (coordinator -> target) + frame feed [+ frame half]: the k drafts
  * (and q rows) the draft published in its buffer's half for this round. */
 struct worker_msg_verify {
@@ -191,7 +210,7 @@ struct worker_msg_verify_done {
     int n_accepted;
     double verify_ms;
     double idle_ms;    /* -1: unknown (first verification) */
-    int draft_k;
+    int draft_k;       /* drafts verified: a chain's k, a tree's nodes (0..WORKER_MSG_TREE_NODES_MAX) */
     int step;          /* which of the verify's steps this answers (1 when absent) */
     const int32_t *tokens;
     int n_tokens;
@@ -288,6 +307,15 @@ cJSON *worker_msg_verify_matched_encode(const struct worker_msg_verify_matched *
 /* Each draft a vocabulary id (when lim->vocab_size > 0). */
 int worker_msg_verify_matched_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
                                      struct worker_msg_verify_matched *m, char *err);
+
+cJSON *worker_msg_verify_tree_encode(const struct worker_msg_verify_tree *m,
+                                     struct protocol_frame *frame);
+/* Refused by name: drafts and parents of different lengths, more than
+ * WORKER_MSG_TREE_NODES_MAX nodes, a parent out of range (below -1 or past
+ * the nodes), a parent not before its child, a node deeper than k_max, a
+ * draft outside the vocabulary (when lim->vocab_size > 0). */
+int worker_msg_verify_tree_decode(const struct protocol_msg *msg, const struct worker_msg_limits *lim,
+                                  struct worker_msg_verify_tree *m, char *err);
 
 /* shm (borrowed) is duplicated into the header. A half's bytes, when they
  * travel (docs/scale-out.md), are the sender's second frame. */

@@ -62,6 +62,16 @@ static void decode_all(const struct protocol_msg *msg, const struct worker_msg_l
         check_tokens(vm.drafts, vm.n_drafts);
         check_tokens(vm.call.feed, vm.call.n_feed);
     }
+    struct worker_msg_verify_tree vt;
+    if (worker_msg_verify_tree_decode(msg, lim, &vt, err) == 0) {
+        if (vt.n_nodes < 1 || vt.n_nodes > WORKER_MSG_TREE_NODES_MAX)
+            abort();
+        for (int i = 0; i < vt.n_nodes; i++)
+            if (vt.parents[i] < -1 || vt.parents[i] >= i)
+                abort();
+        check_tokens(vt.drafts, vt.n_nodes);
+        check_tokens(vt.call.feed, vt.call.n_feed);
+    }
     struct worker_msg_verify v;
     if (worker_msg_verify_decode(msg, lim, &v, err) == 0)
         check_tokens(v.call.feed, v.call.n_feed);

@@ -141,6 +141,8 @@ wmsg("run", {"type": "run", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "sam
              "logprobs": 2}, [5])
 wmsg("verify_matched", {"type": "verify_matched", "req": 7, "slot": 1, "round": 3, "keep_len": 4,
                         "sampling": S, "drafts": [8, 9, 10]}, [5])
+wmsg("verify_tree", {"type": "verify_tree", "req": 7, "slot": 1, "round": 3, "keep_len": 4,
+                     "sampling": S, "drafts": [8, 9, 10, 11], "parents": [-1, 0, -1, 2]}, [5])
 wmsg("prefill_target", {"type": "prefill", "req": 7, "slot": 1, "round": 1, "sampling": S, "logprobs": 0},
      [1, 2, 3])
 wmsg("verify_beside", {"type": "verify", "req": 7, "slot": 1, "round": 3, "keep_len": 4, "k": 2, "half": 0,

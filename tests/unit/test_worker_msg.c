@@ -632,6 +632,83 @@ static void test_worker_msg_register_carries_the_cores_it_uses(void **state)
     protocol_msg_free(&m);
 }
 
+
+/* A tree the coordinator made (verify_tree): drafts and parents round
+ * trip; each malformed tree is refused naming what is wrong. One line a
+ * case: the tree, then the words the refusal must hold. */
+static void test_worker_msg_verify_tree_round_trips_and_refuses_bad_trees(void **state)
+{
+    (void)state;
+    char err[ERR_MSG_MAX] = "";
+    int32_t feed[1] = {42};
+    const struct worker_msg_limits lim4 = {.n_slots = 4, .max_seq_len = 128, .k_max = 4, .vocab_size = 100};
+    const struct worker_msg_target_call call = {
+        .seq = {.req = 5, .slot = 1}, .round = 3, .keep_len = 20, .sampling = some_sampling(), .feed = feed,
+        .n_feed = 1};
+    struct protocol_frame frame;
+    /* two branches under the root, one two deep */
+    struct worker_msg_verify_tree t = {.call = call, .n_nodes = 4, .drafts = {7, 8, 9, 99},
+                                       .parents = {-1, 0, -1, 2}};
+    struct protocol_msg m = over_the_wire(worker_msg_verify_tree_encode(&t, &frame), &frame);
+    assert_string_equal(m.type, PROTOCOL_VERIFY_TREE);
+    struct worker_msg_verify_tree out;
+    assert_int_equal(worker_msg_verify_tree_decode(&m, &lim4, &out, err), 0);
+    assert_int_equal(out.n_nodes, 4);
+    assert_memory_equal(out.drafts, t.drafts, 4 * sizeof(int32_t));
+    assert_memory_equal(out.parents, t.parents, 4 * sizeof(int32_t));
+    assert_int_equal(out.call.keep_len, 20);
+    assert_int_equal(out.call.n_feed, 1);
+    /* not a verify_matched: that one has no parents */
+    struct worker_msg_verify_matched vm;
+    assert_int_equal(worker_msg_verify_matched_decode(&m, &lim4, &vm, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "parents: not a field of verify_matched"));
+    protocol_msg_free(&m);
+
+    static const struct {
+        int n_drafts, n_parents;
+        int32_t parents[WORKER_MSG_TREE_NODES_MAX];
+        int32_t bad_draft; /* -1: none */
+        const char *why;
+    } bad[] = {
+        {3, 2, {-1, 0}, -1, "parents: 2 of them for 3 drafts"},              /* lengths differ */
+        {2, 3, {-1, 0, 1}, -1, "parents: 3 of them for 2 drafts"},           /* lengths differ */
+        {3, 3, {-1, 5, 0}, -1, "parents[1]: 5 is out of range"},             /* past the nodes */
+        {3, 3, {-1, -2, 0}, -1, "parents[1]: -2 is out of range"},           /* below -1 */
+        {3, 3, {-1, 2, -1}, -1, "parents[1]: 2 is not before its child"},    /* a later node */
+        {3, 3, {-1, 1, 0}, -1, "parents[1]: 1 is not before its child"},     /* itself */
+        {5, 5, {-1, 0, 1, 2, 3}, -1, "node 4 is 5 deep, more than k_max 4"}, /* deeper than k_max */
+        {0, 0, {0}, -1, "drafts: none"},                                     /* empty */
+        {32, 32, {-1}, -1, "drafts: more than 31 elements"},                 /* more than 31 + root */
+        {2, 2, {-1, 0}, 100, "drafts[1]"},                                   /* outside the vocabulary */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *h = worker_msg_verify_tree_encode(&(struct worker_msg_verify_tree){.call = call, .n_nodes = 1},
+                                                 &frame);
+        assert_non_null(h);
+        cJSON_DeleteItemFromObject(h, "drafts");
+        cJSON_DeleteItemFromObject(h, "parents");
+        int drafts[32] = {0}, parents[32] = {0};
+        for (int j = 0; j < bad[i].n_parents && j < WORKER_MSG_TREE_NODES_MAX; j++)
+            parents[j] = bad[i].parents[j];
+        if (bad[i].bad_draft >= 0)
+            drafts[1] = bad[i].bad_draft;
+        cJSON_AddItemToObject(h, "drafts", cJSON_CreateIntArray(drafts, bad[i].n_drafts));
+        cJSON_AddItemToObject(h, "parents", cJSON_CreateIntArray(parents, bad[i].n_parents));
+        m = over_the_wire(h, &frame);
+        int rc = worker_msg_verify_tree_decode(&m, &lim4, &out, err);
+        if (rc != ERR_PROTOCOL || strstr(err, bad[i].why) == NULL)
+            fail_msg("case %zu: rc %d, \"%s\", expected \"%s\"", i, rc, err, bad[i].why);
+        protocol_msg_free(&m);
+    }
+    /* a field of another meaning */
+    cJSON *h = worker_msg_verify_tree_encode(&t, &frame);
+    cJSON_AddNumberToObject(h, "k", 4);
+    m = over_the_wire(h, &frame);
+    assert_int_equal(worker_msg_verify_tree_decode(&m, &lim4, &out, err), ERR_PROTOCOL);
+    assert_non_null(strstr(err, "k: not a field of verify_tree"));
+    protocol_msg_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_worker_msg_small_messages_round_trip),
         cmocka_unit_test(test_worker_msg_decoders_refuse_out_of_range_fields),
         cmocka_unit_test(test_worker_msg_target_commands_one_per_meaning),
+        cmocka_unit_test(test_worker_msg_verify_tree_round_trips_and_refuses_bad_trees),
         cmocka_unit_test(test_worker_msg_register_carries_the_cores_it_uses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
