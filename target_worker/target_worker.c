@@ -3,7 +3,8 @@
  *
  * Its commands, one per meaning (docs/protocol-notes.md): prefill (the
  * prompt, the first token), run (plain steps), verify_matched (the
- * coordinator's drafts, in the message) and verify (the draft's half). Each
+ * coordinator's drafts, in the message), verify_tree (the coordinator's
+ * token tree, in the message) and verify (the draft's half). Each
  * becomes the same kind of queued job (specdec_verify_job), so all of them
  * batch together.
  *
@@ -67,7 +68,7 @@
 /* A verification waiting or in progress, with what its reply needs. */
 struct queued_verify {
     struct specdec_verify_job job;
-    const char *type;           /* the command (prefill, run, verify_matched, verify): errors name it */
+    const char *type;           /* the command (prefill, run, verify_matched, verify_tree, verify): errors name it */
     struct worker_msg_seq seq;
     int64_t round;
     int half;
@@ -75,9 +76,11 @@ struct queued_verify {
     uint64_t shm_seq;           /* the half's publication it read (xfer_half_read) */
     bool staging_pending;       /* cuda_ipc: its q rows are being copied (xfer_q_rows staged) */
     int32_t *feed;              /* owned copy: the message is gone */
-    /* drafts the coordinator made (verify_matched), verified as point
-     * masses: they are the job's drafts instead of the half's */
-    int32_t inline_drafts[SPECULATE_K_MAX];
+    /* drafts the coordinator made (verify_matched, verify_tree), verified
+     * as point masses: they are the job's drafts instead of the half's; a
+     * tree's parents beside them */
+    int32_t inline_drafts[WORKER_MSG_TREE_NODES_MAX];
+    int32_t inline_parents[WORKER_MSG_TREE_NODES_MAX];
     struct sampling_controls ctl; /* the job's controls (job.ctl points here when set) */
     double queued_ms;
     double compute_ms;          /* forward calls it took part in */
@@ -406,6 +409,30 @@ static void handle_verify_matched(void *user, const struct protocol_msg *m)
     queue_push(w, qv);
 }
 
+/* verify_tree: the coordinator's token tree, in the message, verified in
+ * one forward and its accepted path kept (specdec_verify_job.parents). */
+static void handle_verify_tree(void *user, const struct protocol_msg *m)
+{
+    struct target_worker *w = user;
+    char err[ERR_MSG_MAX];
+    struct worker_msg_limits lim = worker_main_model_limits(&w->m, SPECULATE_K_MAX);
+    struct worker_msg_verify_tree v;
+    int rc = worker_msg_verify_tree_decode(m, &lim, &v, err);
+    if (rc) {
+        worker_link_send_error(w->link, PROTOCOL_VERIFY_TREE, &v.call.seq, rc, err);
+        return;
+    }
+    struct queued_verify *qv = queued_new(w, PROTOCOL_VERIFY_TREE, &v.call, v.n_nodes, 1);
+    if (!qv)
+        return;
+    memcpy(qv->inline_drafts, v.drafts, (size_t)v.n_nodes * sizeof(int32_t));
+    memcpy(qv->inline_parents, v.parents, (size_t)v.n_nodes * sizeof(int32_t));
+    qv->job.draft = qv->inline_drafts;
+    qv->job.parents = qv->inline_parents;
+    qv->job.mode = SPECULATE_MODE_POINT_MASS;
+    queue_push(w, qv);
+}
+
 /* verify: the drafts (and q rows) of the draft's half. */
 static void handle_verify(void *user, const struct protocol_msg *m)
 {
@@ -697,6 +724,7 @@ static const struct worker_link_command target_commands[] = {
     {PROTOCOL_PREFILL, handle_prefill},
     {PROTOCOL_RUN, handle_run},
     {PROTOCOL_VERIFY_MATCHED, handle_verify_matched},
+    {PROTOCOL_VERIFY_TREE, handle_verify_tree},
     {PROTOCOL_VERIFY, handle_verify},
     {PROTOCOL_ATTACH, handle_attach_cmd},
     {PROTOCOL_RELEASE, handle_release},

@@ -196,6 +196,15 @@ struct specdec_verify_job {
     int n_feed;
     const int32_t *draft; /* [k] */
     int k;
+    /* NULL: the drafts are a chain. Else they are a token tree (issue 61,
+     * docs/token-trees.md): draft[i] under parents[i] (-1: a child of the
+     * last feed token, else an earlier draft), k <= SPECDEC_TREE_NODES_MAX,
+     * no root path deeper than SPECULATE_K_MAX, every draft a point mass;
+     * verified in one forward (specdec_tree_finish), the accepted path's KV
+     * kept (llama_ctx_tree_accept), tokens_out the path then the target's
+     * next, as a chain's. The host path without logprobs, controls or a
+     * grammar (ERR_UNSUPPORTED otherwise). */
+    const int32_t *parents;
     const float *q_rows;  /* [k, vocab]; sampled mode at temperature > 0 only */
     const float *q_rows_dev; /* the same rows in memory the target's backend
                                 reads on its stream: its own, or the draft's

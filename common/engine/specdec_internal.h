@@ -70,6 +70,8 @@ struct specdec_target {
     int raw_cap;
     int32_t *tokens;    /* [tokens_cap]: feed tail + drafts of each finishing job */
     int tokens_cap;
+    int32_t *tree_parents; /* [tree_parents_cap]: a tree job's entry's parents, beside its tokens */
+    int tree_parents_cap;
     struct llama_seq_batch *entries;
     struct specdec_verify_job **in_call;
     int entries_cap;

@@ -9,6 +9,7 @@
 
 #include "error.h"
 #include "specdec_internal.h"
+#include "specdec_tree.h"
 
 int specdec_target_create(struct specdec_target **out, struct llama_ctx *ctx, char *err)
 {
@@ -52,6 +53,7 @@ void specdec_target_destroy(struct specdec_target *t)
     specdec_controls_free(t);
     free(t->scratch);
     free(t->tokens);
+    free(t->tree_parents);
     free(t->entries);
     free(t->in_call);
     free(t->slot_busy);
@@ -133,7 +135,10 @@ static int prepare_p_row(void *user, int i, char *err)
 /* Checks job j once, before its first step; 0 or the error it fails with. */
 static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, char *err)
 {
-    if (j->k < 0 || j->k > SPECULATE_K_MAX)
+    int rc = 0;
+    if (j->parents && (rc = specdec_tree_check(t, j, err)))
+        return rc;
+    if (!j->parents && (j->k < 0 || j->k > SPECULATE_K_MAX))
         return error_set(err, ERR_INVALID_ARG, "k: must be in 0..%d, got %d", SPECULATE_K_MAX,
                          j->k);
     if (j->n_feed < 1 || !j->feed)
@@ -145,14 +150,14 @@ static int verify_start(struct specdec_target *t, struct specdec_verify_job *j, 
         return error_set(err, ERR_CONTEXT_FULL,
                          "verify would reach %d positions, the context length is %d",
                          j->keep_len + j->n_feed + j->k, max_seq);
-    if (j->k > 0 && !sampling_params_is_greedy(&j->sp) && j->mode == SPECULATE_MODE_SAMPLED &&
+    if (j->k > 0 && !j->parents && !sampling_params_is_greedy(&j->sp) && j->mode == SPECULATE_MODE_SAMPLED &&
         !j->q_rows && !j->q_rows_dev)
         return error_set(err, ERR_INVALID_ARG,
                          "verify: q rows are required to verify sampled drafts");
     if (j->q_rows_dev && !t->dev)
         return error_set(err, ERR_INVALID_ARG,
                          "verify: q rows in device memory need device sampling");
-    int rc = specdec_hist_start(t, j, err);
+    rc = specdec_hist_start(t, j, err);
     if (!rc && j->gram)
         rc = specdec_grammar_start(j->gram, j->keep_len, j->feed, j->n_feed, true, err);
     if (!rc)
@@ -357,13 +362,15 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
      * largest K would otherwise mean 272 vocabulary-wide rows. */
     int want_tokens = 0, want_rows = 0;
     for (int i = 0; i < n_jobs; i++) {
-        const int k = jobs[i]->done || jobs[i]->k < 0 || jobs[i]->k > SPECULATE_K_MAX ? 0
-                                                                                      : jobs[i]->k;
+        const int k_max = jobs[i]->parents ? SPECDEC_TREE_NODES_MAX : SPECULATE_K_MAX;
+        const int k = jobs[i]->done || jobs[i]->k < 0 || jobs[i]->k > k_max ? 0 : jobs[i]->k;
         want_tokens += t->progress.chunk_tokens + k;
         want_rows += k + 1;
     }
     float *dev_logits = NULL;
     if ((rc = specdec_grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
+        (rc = specdec_grow((void **)&t->tree_parents, &t->tree_parents_cap, want_tokens, sizeof(int32_t),
+                           err)) ||
         (t->dev ? (rc = specdec_dev_logits(t->dev, want_rows, &dev_logits, err))
                 : (rc = specdec_grow((void **)&t->logits, &t->logits_cap, want_rows,
                              (size_t)t->vocab * sizeof(float), err))) ||
@@ -404,10 +411,14 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
         }
         struct llama_seq_batch *e = &t->entries[n];
         const int rest = j->n_feed - j->fed;
-        if (rest > t->progress.chunk_tokens) {
+        /* a tree's forward holds its root, the last feed token, and the
+         * drafts: what comes before runs first, as a feed's head */
+        const int head_max = j->parents ? rest - 1 : rest;
+        if (rest > t->progress.chunk_tokens || (j->parents && rest > 1)) {
             /* the head of a long feed: a chunk without logits */
             *e = (struct llama_seq_batch){.slot = j->slot, .tokens = j->feed + j->fed,
-                                          .n_tokens = t->progress.chunk_tokens};
+                                          .n_tokens = head_max < t->progress.chunk_tokens
+                                                          ? head_max : t->progress.chunk_tokens};
             j->step_final = false;
         } else {
             int32_t *seq = t->tokens + used_tokens;
@@ -416,6 +427,14 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                 memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
             *e = (struct llama_seq_batch){.slot = j->slot, .tokens = seq,
                                           .n_tokens = rest + j->k, .n_logits = j->k + 1};
+            if (j->parents) {
+                /* rest is 1 here: the root, then the drafts under it */
+                int32_t *par = t->tree_parents + used_tokens;
+                par[0] = -1;
+                for (int d = 0; d < j->k; d++)
+                    par[d + 1] = j->parents[d] + 1;
+                e->parents = par;
+            }
             if (dev_logits) {
                 e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
             } else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs &&
@@ -479,7 +498,9 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                 t->progress.on_chunk(t->progress.user, j->fed, j->n_feed);
         } else {
             j->fed = j->n_feed;
-            if (!t->dev)
+            if (!t->dev && j->parents)
+                specdec_tree_finish(t, j, t->entries[i].logits_out, t->entries[i].argmax_out);
+            else if (!t->dev)
                 verify_finish(t, j, t->entries[i].logits_out, t->entries[i].argmax_out);
         }
     }

@@ -3,8 +3,12 @@
 
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "argmax.h"
 #include "error.h"
+#include "specdec_internal.h"
+#include "speculate_tree.h"
 
 int specdec_tree_verify_greedy(struct llama_ctx *ctx, int slot, const struct specdec_tree *tree,
                                int32_t *out, int *n_out, char *err)
@@ -65,4 +69,106 @@ int specdec_tree_verify_greedy(struct llama_ctx *ctx, int slot, const struct spe
         llama_ctx_truncate(ctx, slot, len, ignored);
     }
     return rc;
+}
+
+int specdec_tree_check(const struct specdec_target *t, const struct specdec_verify_job *j, char *err)
+{
+    if (j->k < 1 || j->k > SPECDEC_TREE_NODES_MAX)
+        return error_set(err, ERR_INVALID_ARG, "tree verify: %d drafts, must be 1..%d", j->k,
+                         SPECDEC_TREE_NODES_MAX);
+    if (!j->draft)
+        return error_set(err, ERR_INVALID_ARG, "tree verify: %d drafts but none given", j->k);
+    if (j->logprobs || j->ctl || j->gram || t->dev)
+        return error_set(err, ERR_UNSUPPORTED, "tree verify: not with %s yet (send a chain)",
+                         j->logprobs ? "logprobs" : j->ctl ? "sampling controls"
+                                                : j->gram ? "a grammar" : "device sampling");
+    int depth[SPECDEC_TREE_NODES_MAX];
+    for (int i = 0; i < j->k; i++) {
+        const int p = j->parents[i];
+        if (p < -1 || p >= i)
+            return error_set(err, ERR_INVALID_ARG, "tree verify: parents[%d] = %d, must be in -1..%d", i, p,
+                             i - 1);
+        depth[i] = p < 0 ? 1 : depth[p] + 1;
+        if (depth[i] > SPECULATE_K_MAX)
+            return error_set(err, ERR_INVALID_ARG, "tree verify: draft %d is %d deep, at most %d", i,
+                             depth[i], SPECULATE_K_MAX);
+    }
+    return 0;
+}
+
+/* Greedy: from the root (row 0) the child whose token is the row's argmax
+ * (the first such child), while there is one. path_out gets the accepted
+ * drafts' indices; returns how many. */
+static int tree_walk_greedy(const struct specdec_verify_job *j, const int32_t *picks, int32_t *tokens_out,
+                            int32_t *path_out)
+{
+    int m = 0, row = 0; /* row: the node reached, 0 the root, i + 1 draft i */
+    for (;;) {
+        int next = -1;
+        for (int c = row; c < j->k && next < 0; c++)
+            if (j->parents[c] == row - 1 && j->draft[c] == picks[row])
+                next = c;
+        if (next < 0)
+            break;
+        tokens_out[m] = j->draft[next];
+        path_out[m++] = next;
+        row = next + 1;
+    }
+    tokens_out[m] = picks[row];
+    return m;
+}
+
+/* Sampled: each row made the target's distribution (the request's
+ * sampling), then the multi-draft rule with point masses. */
+static int tree_walk_sampled(struct specdec_target *t, const struct specdec_verify_job *j, float *p_rows,
+                             int32_t *tokens_out, int32_t *path_out, int *n_acc, char *err)
+{
+    for (int r = 0; r <= j->k; r++) {
+        float *row = p_rows + (size_t)r * (size_t)t->vocab;
+        int rc = sampling_adjust(t->ws, &j->sp, row, t->vocab, t->scratch, err);
+        if (rc)
+            return rc;
+        memcpy(row, t->scratch, (size_t)t->vocab * sizeof(float));
+    }
+    const struct speculate_tree_input in = {
+        .n = j->k, .vocab = t->vocab, .tokens = j->draft, .parents = j->parents, .q_rows = NULL,
+        .p_rows = p_rows, .greedy = 0, .seed = j->sp.seed,
+        .position0 = (uint64_t)j->keep_len + (uint64_t)j->n_feed};
+    return speculate_tree_verify(&in, t->scratch, tokens_out, path_out, n_acc, err);
+}
+
+void specdec_tree_finish(struct specdec_target *t, struct specdec_verify_job *j, float *p_rows,
+                         const int32_t *p_argmax)
+{
+    char err[ERR_MSG_MAX];
+    int32_t tokens[SPECDEC_TREE_NODES_MAX + 1], path[SPECDEC_TREE_NODES_MAX], kept[LLAMA_TREE_MAX];
+    int32_t picks[LLAMA_TREE_MAX];
+    int n_acc = 0, rc = 0;
+    const int L = j->keep_len + j->n_feed - 1; /* the slot's length before the tree's root */
+    if (sampling_params_is_greedy(&j->sp)) {
+        if (!p_argmax)
+            for (int r = 0; r <= j->k; r++)
+                picks[r] = argmax_f32(p_rows + (size_t)r * (size_t)t->vocab, t->vocab);
+        n_acc = tree_walk_greedy(j, p_argmax ? p_argmax : picks, tokens, path);
+    } else {
+        rc = tree_walk_sampled(t, j, p_rows, tokens, path, &n_acc, err);
+    }
+    if (!rc && n_acc > SPECULATE_K_MAX) /* specdec_tree_check bounds the depth */
+        rc = error_set(err, ERR_INTERNAL, "tree verify: a path of %d drafts", n_acc);
+    if (!rc) {
+        kept[0] = 0; /* the root, then the accepted drafts at their rows */
+        for (int i = 0; i < n_acc; i++)
+            kept[i + 1] = path[i] + 1;
+        rc = llama_ctx_tree_accept(t->ctx, j->slot, kept, n_acc + 1, err);
+    }
+    if (rc) {
+        char ignored[ERR_MSG_MAX];
+        if (llama_ctx_tree_nodes(t->ctx, j->slot) > 0)
+            llama_ctx_truncate(t->ctx, j->slot, L, ignored);
+        specdec_job_fail(&j->rc, j->err, &j->done, rc, err);
+        return;
+    }
+    memcpy(j->tokens_out, tokens, (size_t)(n_acc + 1) * sizeof(int32_t));
+    j->n_accepted = n_acc;
+    j->done = true;
 }

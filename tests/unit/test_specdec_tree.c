@@ -2,7 +2,12 @@
  * target's own greedy output, whatever the trees: built from the target's
  * top-3 tokens at each step (the right one left out now and then) and
  * random tokens, bushy or deep, 1..31 candidates, for several prompts; the
- * KV ledger checked after every round. */
+ * KV ledger checked after every round. The target half's tree jobs
+ * (specdec_verify_job.parents, what the target worker runs for verify_tree)
+ * give it too, batched beside plain decoding in one forward, greedy and
+ * sampled with top_k 1 (the target's distribution a point mass: the
+ * sampled rule must then take exactly its choice); what the tree path does
+ * not do yet is refused, the slot untouched. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +23,7 @@
 #include "kernels.h"
 #include "llama.h"
 #include "modelgen.h"
+#include "specdec.h"
 #include "specdec_tree.h"
 
 enum { PROMPT = 12, OUT = 160, TOP = 3 };
@@ -191,10 +197,168 @@ static void test_specdec_tree_greedy_equals_target_only(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The deepest path of a tree. */
+static int tree_depth(const int32_t *parents, int n)
+{
+    int depth[LLAMA_TREE_MAX], max = 0;
+    for (int i = 0; i < n; i++) {
+        depth[i] = parents[i] < 0 ? 1 : depth[parents[i]] + 1;
+        max = depth[i] > max ? depth[i] : max;
+    }
+    return max;
+}
+
+/* One step of the target half for jobs[0..n) until each is done. */
+static void run_jobs(struct specdec_target *t, struct specdec_verify_job **jobs, int n)
+{
+    char err[ERR_MSG_MAX] = "";
+    for (int i = 0; i < n; i++)
+        specdec_verify_job_init(jobs[i]);
+    for (int guard = 0; guard < 64; guard++) {
+        int left = 0;
+        for (int i = 0; i < n; i++)
+            left += !jobs[i]->done;
+        if (!left)
+            return;
+        ok(specdec_target_step(t, jobs, n, NULL, err), "specdec_target_step", err);
+    }
+    fail_msg("jobs not done after 64 steps");
+}
+
+/* Slot 0 decodes by tree jobs (a feed of 1 or 2 tokens), slot 1 by plain
+ * steps of the same prompt, in the same forward calls: both must give the
+ * target-only tokens g. */
+static void decode_by_tree_jobs(struct specdec_target *t, const int32_t *prompt, const int32_t *g,
+                                int32_t (*top)[TOP], const struct sampling_params *sp, uint64_t *rng,
+                                long *nodes)
+{
+    const int vocab = llama_model_config(llama_ctx_model(specdec_target_ctx(t)))->vocab_size;
+    int32_t got[2][OUT + LLAMA_TREE_MAX];
+    struct specdec_verify_job a = {.slot = 0, .feed = prompt, .n_feed = PROMPT, .sp = *sp,
+                                   .mode = SPECULATE_MODE_POINT_MASS};
+    struct specdec_verify_job b = a;
+    b.slot = 1;
+    struct specdec_verify_job *jobs[2] = {&a, &b};
+    run_jobs(t, jobs, 2);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(b.rc, 0);
+    got[0][0] = a.tokens_out[0];
+    got[1][0] = b.tokens_out[0];
+    int pos = 1, pos_b = 1;
+    while (pos < OUT) {
+        int32_t tokens[LLAMA_TREE_MAX], parents[LLAMA_TREE_MAX];
+        int n = 0;
+        for (int budget = 1 + rng_int(rng, SPECDEC_TREE_NODES_MAX); budget > 0; budget /= 2) {
+            n = make_tree(g, top, pos, budget, vocab, rng, tokens, parents);
+            if (tree_depth(parents, n) <= SPECULATE_K_MAX)
+                break;
+        }
+        /* now and then the job cuts the slot back a token and feeds two:
+         * the first runs as the feed's head, before the tree's forward */
+        const int n_feed = pos >= 2 && rng_int(rng, 4) == 0 ? 2 : 1;
+        a = (struct specdec_verify_job){.slot = 0, .keep_len = PROMPT + pos - n_feed,
+                                        .feed = got[0] + pos - n_feed, .n_feed = n_feed, .draft = tokens,
+                                        .k = n, .parents = n > 0 ? parents : NULL, .sp = *sp,
+                                        .mode = SPECULATE_MODE_POINT_MASS};
+        b = (struct specdec_verify_job){.slot = 1, .keep_len = PROMPT + pos_b - 1, .feed = got[1] + pos_b - 1,
+                                        .n_feed = 1, .sp = *sp, .mode = SPECULATE_MODE_POINT_MASS};
+        run_jobs(t, jobs, pos_b < OUT ? 2 : 1);
+        if (a.rc)
+            fail_msg("tree job at %d (%d nodes): %s", pos, n, a.err);
+        memcpy(got[0] + pos, a.tokens_out, (size_t)(a.n_accepted + 1) * sizeof(int32_t));
+        const int check = pos + a.n_accepted + 1 < OUT ? a.n_accepted + 1 : OUT - pos;
+        if (memcmp(got[0] + pos, g + pos, (size_t)check * sizeof(int32_t)))
+            fail_msg("a tree job of %d nodes gave tokens %d.. unlike the target's", n, pos);
+        pos += a.n_accepted + 1;
+        assert_int_equal(llama_ctx_slot_len(specdec_target_ctx(t), 0), PROMPT + pos - 1);
+        if (pos_b < OUT) {
+            assert_int_equal(b.rc, 0);
+            got[1][pos_b++] = b.tokens_out[0];
+        }
+        *nodes += n;
+    }
+    while (pos_b < OUT) {
+        b = (struct specdec_verify_job){.slot = 1, .keep_len = PROMPT + pos_b - 1, .feed = got[1] + pos_b - 1,
+                                        .n_feed = 1, .sp = *sp, .mode = SPECULATE_MODE_POINT_MASS};
+        run_jobs(t, &jobs[1], 1);
+        got[1][pos_b++] = b.tokens_out[0];
+    }
+    assert_memory_equal(got[1], g, OUT * sizeof(int32_t));
+}
+
+static void test_specdec_tree_target_jobs_equal_target_only(void **state)
+{
+    (void)state;
+    char dir[256], err[ERR_MSG_MAX] = "";
+    snprintf(dir, sizeof dir, "/tmp/tandem-test-specdec-tree-jobs-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    struct modelgen_params mp = {.preset = "tiny", .seed = 12, .force = 1};
+    ok(modelgen_write(dir, &mp, err), "modelgen_write", err);
+    struct kern_backend *be = NULL;
+    struct llama_model *model = NULL;
+    ok(kern_cpu_create(&be, 2, err), "kern_cpu_create", err);
+    ok(llama_model_load(&model, dir, be, err), "llama_model_load", err);
+    const int vocab = llama_model_config(model)->vocab_size;
+    struct llama_ctx_params p = {.n_slots = 2, .max_seq_len = PROMPT + OUT + 64, .kv_block_size = 8,
+                                 .prefix_cache = true};
+    struct llama_ctx *ref = NULL, *ctx = NULL;
+    ok(llama_ctx_create(&ref, model, &p, err), "llama_ctx_create", err);
+    ok(llama_ctx_create(&ctx, model, &p, err), "llama_ctx_create", err);
+    struct specdec_target *t = NULL;
+    ok(specdec_target_create(&t, ctx, err), "specdec_target_create", err);
+    specdec_target_prepare_argmax(t);
+    uint64_t rng = 9;
+    int32_t g[OUT], top[OUT][TOP];
+    long nodes = 0;
+    struct sampling_params greedy, top1;
+    sampling_params_default(&greedy);
+    greedy.temperature = 0;
+    sampling_params_default(&top1);
+    top1.temperature = 1.0f;
+    top1.top_k = 1;
+    top1.seed = 77;
+    for (int prompt_i = 0; prompt_i < 4; prompt_i++) {
+        int32_t prompt[PROMPT];
+        for (int i = 0; i < PROMPT; i++)
+            prompt[i] = rng_int(&rng, vocab);
+        target_only(ref, prompt, g, top, vocab);
+        decode_by_tree_jobs(t, prompt, g, top, prompt_i % 2 ? &top1 : &greedy, &rng, &nodes);
+        ok(llama_ctx_kv_check(ctx, err), "llama_ctx_kv_check", err);
+    }
+    assert_true(nodes > 4 * OUT);
+    /* refused before any forward, the slot as it was: a path deeper than
+     * verify_done carries, and logprobs (not on the tree path yet) */
+    int32_t tk[SPECULATE_K_MAX + 1], par[SPECULATE_K_MAX + 1], feed[1] = {g[0]};
+    for (int i = 0; i <= SPECULATE_K_MAX; i++)
+        tk[i] = 0, par[i] = i - 1;
+    const int len = llama_ctx_slot_len(ctx, 0);
+    struct specdec_verify_job j = {.slot = 0, .keep_len = len, .feed = feed, .n_feed = 1, .draft = tk,
+                                   .k = SPECULATE_K_MAX + 1, .parents = par, .sp = greedy};
+    struct specdec_verify_job *jobs[1] = {&j};
+    run_jobs(t, jobs, 1);
+    assert_int_equal(j.rc, ERR_INVALID_ARG);
+    assert_non_null(strstr(j.err, "deep"));
+    j.k = 2;
+    j.logprobs = true;
+    run_jobs(t, jobs, 1);
+    assert_int_equal(j.rc, ERR_UNSUPPORTED);
+    assert_non_null(strstr(j.err, "logprobs"));
+    assert_int_equal(llama_ctx_slot_len(ctx, 0), len);
+    specdec_target_destroy(t);
+    llama_ctx_destroy(ctx);
+    llama_ctx_destroy(ref);
+    llama_model_destroy(model);
+    be->ops->destroy(be);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_specdec_tree_greedy_equals_target_only),
+        cmocka_unit_test(test_specdec_tree_target_jobs_equal_target_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
