@@ -3,8 +3,8 @@
 
 /* Blocks a sequence may come to hold in a worker's pool: its prompt and
  * every token it may generate, plus the rows a round adds beyond the
- * accepted ones (k + 1 for the target's verification; the draft's round and
- * its pre-draft, 2k + 2). Reserved at admission, so a worker never runs out
+ * accepted ones (k + 1 for the target's verification, or a token tree's
+ * budget when larger; the draft's round and its pre-draft, 2k + 2). Reserved at admission, so a worker never runs out
  * in the middle of a request. 0 when the worker reported no pool. */
 int admission_kv_blocks(const struct coordinator *c, const struct pair *p, enum worker_role r,
                         const struct seq *s)
@@ -13,7 +13,10 @@ int admission_kv_blocks(const struct coordinator *c, const struct pair *p, enum 
     if (w->kv_blocks <= 0 || w->kv_block_size <= 0)
         return 0;
     const long k = c->cfg.coordinator.spec_k_max;
-    long positions = (long)s->n_prompt + s->max_tokens + (r == ROLE_DRAFT ? 2 * k + 2 : k + 1);
+    long verify_rows = k + 1;
+    if (s->spec_tree >= REQUEST_SPEC_TREE_MIN && s->spec_tree > verify_rows)
+        verify_rows = s->spec_tree;
+    long positions = (long)s->n_prompt + s->max_tokens + (r == ROLE_DRAFT ? 2 * k + 2 : verify_rows);
     if (positions > w->max_seq_len)
         positions = w->max_seq_len;
     return (int)((positions + w->kv_block_size - 1) / w->kv_block_size);

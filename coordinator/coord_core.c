@@ -21,7 +21,8 @@ static int take_settings(struct coordinator *c, char *err)
     c->default_mode = strcmp(cc->spec_mode, "point_mass") == 0 ? SPECULATE_MODE_POINT_MASS : SPECULATE_MODE_SAMPLED;
     ngram_params_default(&c->ngram);
     /* checked by the config's parser: one of the names */
-    return request_draft_parse(cc->draft, "coordinator.draft", &c->default_draft, err);
+    int rc = request_spec_tree_parse_text(cc->spec_tree, "coordinator.spec_tree", &c->default_spec_tree, err);
+    return rc ? rc : request_draft_parse(cc->draft, "coordinator.draft", &c->default_draft, err);
 }
 
 /* Request numbers start somewhere new in each coordinator: the workers

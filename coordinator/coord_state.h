@@ -193,6 +193,7 @@ struct seq {
     bool gram_failed;        /* the matcher could not be made: drafts go uncut */
     struct adaptive_k kc;
     enum request_draft draft; /* where its drafts come from (never DEFAULT once queued) */
+    int spec_tree;           /* its token trees: REQUEST_SPEC_TREE_OFF, _AUTO or a node budget */
     bool spec_off;           /* draft errors: target-only for this sequence */
     int draft_errors;
     bool replies_stalled;    /* a token event met the client's full queue */
@@ -228,6 +229,7 @@ struct seq {
     bool kv_waited;          /* its admission waited for KV blocks (counted once) */
     int rounds, drafted, accepted, predraft_offered, predraft_used;
     int accepted_at[SPECULATE_K_MAX]; /* rounds whose draft position i was accepted */
+    int tree_rounds, tree_nodes, tree_accepted; /* verify_tree rounds: nodes verified, path lengths */
     double draft_ms, verify_ms;
     struct seq *next_queued; /* FIFO of queued sequences */
 };
@@ -304,6 +306,7 @@ struct coordinator {
     uint64_t next_req;
     enum speculate_mode default_mode;
     enum request_draft default_draft; /* coordinator.draft: requests that name no source */
+    int default_spec_tree;   /* coordinator.spec_tree: requests that name none (request.h's values) */
     struct ngram_params ngram;
     struct suffix_cache *suffix;      /* finished requests' tokens; NULL: off (suffix_cache_mib 0) */
     struct coord_grammar *grammar;    /* the tokenizer's bytes and the engines of requests' grammars

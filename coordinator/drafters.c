@@ -145,6 +145,64 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
     return worth;
 }
 
+/* Most candidates an n-gram tree node takes (ngram_draft_tree's branch):
+ * the runner-up beside the best, the shape the in-process measurement
+ * found paying (docs/perf/cpu-token-trees.md). */
+#define NGRAM_TREE_BRANCH 2
+
+int drafters_tree_budget(const struct coordinator *c, const struct seq *s)
+{
+    if (s->spec_tree < REQUEST_SPEC_TREE_MIN)
+        return 0; /* off, or auto: chains (auto's choice is not built yet) */
+    if (s->draft != REQUEST_DRAFT_SUFFIX && s->draft != REQUEST_DRAFT_NGRAM && s->draft != REQUEST_DRAFT_AUTO)
+        return 0;
+    /* what the target's tree path does not do yet (specdec_tree_check),
+     * and a prediction, which drafts a chain first */
+    if (s->n_pred > 0 || s->lp.on || sampling_controls_active(&s->ctl) || s->grammar != NULL)
+        return 0;
+    if (strcmp(coord_target_of(c, s)->backend, "cpu") != 0)
+        return 0;
+    const int nodes = s->spec_tree - 1; /* the budget counts the root */
+    return nodes < DRAFT_TREE_NODES_MAX ? nodes : DRAFT_TREE_NODES_MAX;
+}
+
+int drafters_propose_tree(struct coordinator *c, const struct seq *s, bool model_usable, int depth_max,
+                          int nodes_max, struct draft_tree *out, enum request_draft *source)
+{
+    draft_tree_clear(out);
+    const bool greedy = sampling_params_is_greedy(&s->sp);
+    const bool try_suffix = c->suffix != NULL &&
+                            (s->draft == REQUEST_DRAFT_SUFFIX || (s->draft == REQUEST_DRAFT_AUTO && greedy));
+    const bool try_ngram = s->draft == REQUEST_DRAFT_NGRAM || (s->draft == REQUEST_DRAFT_AUTO && greedy);
+    int n = 0;
+    if (try_suffix) {
+        int match = 0;
+        n = suffix_cache_draft_tree(c->suffix, s->hist, s->n_hist, depth_max, nodes_max, out, &match);
+        if (n > 0 && s->draft == REQUEST_DRAFT_AUTO && match < AUTO_SUFFIX_MIN_MATCH && model_usable)
+            n = 0;
+        if (n > 0)
+            *source = REQUEST_DRAFT_SUFFIX;
+    }
+    if (n == 0 && try_ngram) {
+        struct ngram_params np = c->ngram;
+        if (s->draft == REQUEST_DRAFT_AUTO && model_usable)
+            np.n_min = np.n_max;
+        n = ngram_draft_tree(&np, s->hist, s->n_hist, depth_max, nodes_max, NGRAM_TREE_BRANCH, out);
+        *source = REQUEST_DRAFT_NGRAM;
+    }
+    if (n == 0)
+        draft_tree_clear(out);
+    return n;
+}
+
+bool drafters_tree_is_chain(const struct draft_tree *t)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->parents[i] != i - 1)
+            return false;
+    return true;
+}
+
 void drafters_remember(struct coordinator *c, const struct seq *s)
 {
     if (c->suffix != NULL && suffix_cache_add(c->suffix, s->hist, s->n_hist) != 0)

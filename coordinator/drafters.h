@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "coord_state.h"
+#include "draft_tree.h"
 
 /* Drafts for s's next round from a match made here, at most k_cap, into
  * drafts; returns how many (0: no match, or none worth a verification
@@ -21,6 +22,27 @@
  * draft this round instead ("auto" then takes only a long suffix match). */
 int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usable, int k_cap, int32_t *drafts,
                      enum request_draft *source);
+
+/* How many drafts s's rounds may send as one token tree (verify_tree),
+ * 0 for chains only: its spec_tree budget less the root when it is a node
+ * budget, and only where the tree path serves it exactly as a chain would:
+ * a model-free source (suffix, ngram, auto), no prediction, logprobs,
+ * sampling controls or grammar, and a CPU target (the CUDA tree forward has
+ * not run on a GPU yet). "auto" sends chains (docs/token-trees.md). */
+int drafters_tree_budget(const struct coordinator *c, const struct seq *s);
+
+/* A token tree for s's next round from the model-free sources, under
+ * drafters_propose's rules for which source a request takes: the suffix
+ * cache's continuations (suffix_cache_draft_tree), else the n-grams' with
+ * their runner-ups (ngram_draft_tree). Paths at most depth_max deep, at
+ * most nodes_max (<= DRAFT_TREE_NODES_MAX) nodes. Returns the nodes (0:
+ * no match) and the source in *source. An explicit budget is the client's
+ * choice: the tree is not cut by what a row costs. */
+int drafters_propose_tree(struct coordinator *c, const struct seq *s, bool model_usable, int depth_max,
+                          int nodes_max, struct draft_tree *out, enum request_draft *source);
+
+/* Whether t is a chain (each node the child of the one before). */
+bool drafters_tree_is_chain(const struct draft_tree *t);
 
 /* The target's verdict on a round of matched drafts from source: k
  * drafted, n_acc accepted. */

@@ -148,6 +148,7 @@ static int start_choice(struct coordinator *c, const struct choice_ref *who, con
               : r->spec_mode == REQUEST_SPEC_MODE_SAMPLED  ? SPECULATE_MODE_SAMPLED
                                                            : c->default_mode;
     s->draft = r->draft != REQUEST_DRAFT_DEFAULT ? r->draft : c->default_draft;
+    s->spec_tree = r->spec_tree != REQUEST_SPEC_TREE_UNSET ? r->spec_tree : c->default_spec_tree;
     /* The draft proposes without the controls: its proposals are checked as
      * point masses, which keeps sampled output the target's (speculate.h) */
     s->ctl = r->ctl;

@@ -189,6 +189,9 @@ static bool add_spec_json(const struct metrics *m, cJSON *obj)
     NUM(spec, "suffix_drafts", m->suffix_drafts_total);
     NUM(spec, "suffix_draft_tokens", m->suffix_draft_tokens_total);
     NUM(spec, "suffix_accepted_tokens", m->suffix_accepted_tokens_total);
+    NUM(spec, "tree_rounds", m->tree_rounds_total);
+    NUM(spec, "tree_nodes", m->tree_nodes_total);
+    NUM(spec, "tree_accepted_tokens", m->tree_accepted_tokens_total);
     for (int i = 0; i < METRICS_POS_MAX && ok; i++) {
         cJSON *n = cJSON_CreateNumber((double)m->accepted_per_pos[i]);
         ok = n != NULL && cJSON_AddItemToArray(pos, n);
@@ -379,6 +382,11 @@ static void put_spec_series(struct prom_text *tb, const struct metrics *m)
             (double)m->suffix_draft_tokens_total);
     counter(tb, "tandem_suffix_accepted_tokens_total", "Suffix-cache drafted tokens accepted.",
             (double)m->suffix_accepted_tokens_total);
+    counter(tb, "tandem_tree_rounds_total", "Rounds whose drafts went as a token tree (verify_tree).",
+            (double)m->tree_rounds_total);
+    counter(tb, "tandem_tree_nodes_total", "Token tree nodes verified.", (double)m->tree_nodes_total);
+    counter(tb, "tandem_tree_accepted_tokens_total", "Token tree nodes accepted (the accepted paths' lengths).",
+            (double)m->tree_accepted_tokens_total);
     counter(tb, "tandem_verify_rounds_total", "Target calls after prefill (plain decoding included).",
             (double)m->verify_rounds_total);
     counter(tb, "tandem_target_only_rounds_total", "Rounds decoded without a draft (no draft worker).",

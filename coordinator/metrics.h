@@ -61,6 +61,8 @@ struct metrics {
      * num_drafts_total etc., which count every source) */
     uint64_t ngram_drafts_total, ngram_draft_tokens_total, ngram_accepted_tokens_total;
     uint64_t suffix_drafts_total, suffix_draft_tokens_total, suffix_accepted_tokens_total;
+    /* token trees (verify_tree): rounds, nodes verified, accepted path lengths */
+    uint64_t tree_rounds_total, tree_nodes_total, tree_accepted_tokens_total;
     double queue_ms_total, prefill_ms_total, decode_ms_total;
     double draft_ms_total, verify_ms_total;
     uint64_t target_idle_samples;     /* verify_done messages that reported idle_ms */

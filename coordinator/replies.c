@@ -317,6 +317,10 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
         cJSON_AddNumberToObject(sp, "accepted", s->accepted);
         cJSON_AddNumberToObject(sp, "acceptance_rate", s->drafted ? (double)s->accepted / s->drafted : 0.0);
         cJSON_AddNumberToObject(sp, "mean_accepted_per_round", s->rounds ? (double)s->accepted / s->rounds : 0.0);
+        /* token trees (verify_tree): rounds, nodes verified, accepted path lengths */
+        cJSON_AddNumberToObject(sp, "tree_rounds", s->tree_rounds);
+        cJSON_AddNumberToObject(sp, "tree_nodes", s->tree_nodes);
+        cJSON_AddNumberToObject(sp, "tree_accepted", s->tree_accepted);
         cJSON_AddNumberToObject(sp, "predraft_offered", s->predraft_offered);
         cJSON_AddNumberToObject(sp, "predraft_used", s->predraft_used);
         cJSON_AddNumberToObject(sp, "draft_ms", s->draft_ms);

@@ -99,6 +99,7 @@ struct round_verify {
     /* where its drafts came from: an n-gram or suffix-cache match travels
      * in the message (verify "drafts"), not in the draft's buffer */
     enum request_draft source;
+    bool tree;               /* its k drafts went as a token tree (verify_tree): k nodes */
     enum beside_draft beside; /* VERIFY_BESIDE_DRAFT */
 };
 

@@ -200,6 +200,14 @@ static void count_round(struct coordinator *c, struct seq *s, int k, int n_acc)
         mt->accepted_per_pos[i]++;
     for (int i = 0; i < n_acc && i < SPECULATE_K_MAX; i++)
         s->accepted_at[i]++;
+    if (s->round.verify.tree) {
+        s->tree_rounds++;
+        s->tree_nodes += k;
+        s->tree_accepted += n_acc;
+        mt->tree_rounds_total++;
+        mt->tree_nodes_total += (uint64_t)k;
+        mt->tree_accepted_tokens_total += (uint64_t)n_acc;
+    }
     if (s->round.verify.source == REQUEST_DRAFT_NGRAM) {
         mt->ngram_drafts_total++;
         mt->ngram_draft_tokens_total += (uint64_t)k;

@@ -8,7 +8,9 @@
  *            time (the target's also chooses the first token).
  *   round:   K from the sequence's controller (fixed when the request or the
  *            config sets it). K = 0 or no draft: run {feed=[H[n-1]], steps};
- *            drafts matched here: verify_matched {feed=[H[n-1]], drafts}.
+ *            drafts matched here: verify_matched {feed=[H[n-1]], drafts},
+ *            or as a token tree (spec_tree a node budget): verify_tree
+ *            {feed=[H[n-1]], drafts, parents}.
  *            Otherwise draft {keep=draft_valid, feed=H[draft_valid..n), k,
  *            predraft_k} into half 0; on draft_ready, verify {keep=n-1,
  *            feed=[H[n-1]], k, half 0}. Meanwhile the draft worker pre-drafts
@@ -279,6 +281,7 @@ struct verify_call {
     int k, half, round, cached, steps;
     bool beside_draft;          /* sent with its draft: the target waits on the buffer */
     const int32_t *inline_drafts;
+    const int32_t *inline_parents; /* NULL, or inline_drafts are a token tree: k nodes */
     enum request_draft source;  /* inline_drafts only */
 };
 
@@ -302,6 +305,12 @@ static cJSON *verify_message(struct coordinator *c, struct seq *s, const struct 
     *n_frames = 1;
     if (v->k == 0)
         return worker_msg_run_encode(&(struct worker_msg_run){.call = call, .steps = v->steps}, &frames[0]);
+    if (v->inline_parents != NULL) {
+        struct worker_msg_verify_tree m = {.call = call, .n_nodes = v->k};
+        memcpy(m.drafts, v->inline_drafts, (size_t)v->k * sizeof(int32_t));
+        memcpy(m.parents, v->inline_parents, (size_t)v->k * sizeof(int32_t));
+        return worker_msg_verify_tree_encode(&m, &frames[0]);
+    }
     if (v->inline_drafts != NULL) {
         struct worker_msg_verify_matched m = {.call = call, .n_drafts = v->k};
         memcpy(m.drafts, v->inline_drafts, (size_t)v->k * sizeof(int32_t));
@@ -347,7 +356,7 @@ static void send_verify(struct coordinator *c, struct seq *s, const struct verif
     *rv = (struct round_verify){
         .round = v->round, .k = k, .L = s->n_hist, .cached = v->cached, .keep = s->n_hist - 1, .feed = 1,
         .steps = v->steps, .done = 0, .source = matched ? v->source : REQUEST_DRAFT_MODEL,
-        .beside = BESIDE_DRAFT_AWAITED,
+        .tree = v->inline_parents != NULL, .beside = BESIDE_DRAFT_AWAITED,
     };
     c->metrics.beside_draft_total += v->beside_draft;
     round_timing_verify_sent(c, s, k, v->beside_draft);
@@ -366,6 +375,34 @@ static void send_verify_of_half(struct coordinator *c, struct seq *s, int k, int
     send_verify(c, s, &(struct verify_call){.k = k, .half = half, .round = round, .cached = cached, .steps = 1});
 }
 
+/* Sends a token tree of model-free drafts when s takes trees and its
+ * sources propose one: paths at most k_cap deep, at most the budget's
+ * nodes, no more than the context holds beside the history (the tree's
+ * nodes all take a position until the path is kept). A tree that is a
+ * chain goes as one (verify_matched). false: no tree went out. */
+static bool send_matched_tree(struct coordinator *c, struct seq *s, int k_cap)
+{
+    int nodes = drafters_tree_budget(c, s);
+    const int ctx_room = coord_context_len(c, s) - s->n_hist;
+    if (nodes > ctx_room)
+        nodes = ctx_room;
+    if (nodes > WORKER_MSG_TREE_NODES_MAX)
+        nodes = WORKER_MSG_TREE_NODES_MAX;
+    if (nodes < 1)
+        return false;
+    struct draft_tree t;
+    enum request_draft source = REQUEST_DRAFT_NGRAM;
+    const int n = drafters_propose_tree(c, s, draft_usable(c, s), k_cap, nodes, &t, &source);
+    if (n == 0)
+        return false;
+    const bool chain = drafters_tree_is_chain(&t);
+    send_verify(c, s, &(struct verify_call){.k = n, .half = COORD_HALF_FRESH, .round = ++s->round.counter,
+                                            .steps = 1, .inline_drafts = t.tokens,
+                                            .inline_parents = chain ? NULL : t.parents, .source = source});
+    s->match_miss_run = MATCH_MISS_RUN;
+    return true;
+}
+
 /* Sends the drafts a match made here predicts (at most K, as many as
  * fit); false when nothing matched. */
 static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
@@ -377,6 +414,8 @@ static bool send_matched_draft(struct coordinator *c, struct seq *s, int room)
         k_cap = SPECULATE_K_MAX;
     if (k_cap < 1)
         return false;
+    if (send_matched_tree(c, s, k_cap))
+        return true;
     int32_t drafts[SPECULATE_K_MAX];
     enum request_draft source = REQUEST_DRAFT_NGRAM;
     const int k = drafters_propose(c, s, draft_usable(c, s), k_cap, drafts, &source);

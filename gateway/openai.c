@@ -78,6 +78,7 @@ enum field_rule {
     F_NUMBER,         /* passed through under the same name */
     F_INTEGER,        /* passed through under the same name */
     F_DRAFT,          /* the draft source (an extension): one of request.h's names, passed through */
+    F_SPEC_TREE,      /* token trees (an extension): "off", "auto" or a node budget, passed through */
     F_SEED,
     F_STOP,
     F_STREAM,
@@ -117,6 +118,7 @@ static const struct field fields[] = {
     {"top_k", F_INTEGER, CHAT | COMP},
     {"spec_k", F_INTEGER, CHAT | COMP},
     {"draft", F_DRAFT, CHAT | COMP},
+    {"spec_tree", F_SPEC_TREE, CHAT | COMP},
     {"seed", F_SEED, CHAT | COMP},
     {"stop", F_STOP, CHAT | COMP},
     {"stream", F_STREAM, CHAT | COMP},
@@ -612,6 +614,18 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (request_draft_parse(v->valuestring, name, &draft, why) != 0)
             return bad(e, name, "%s%s", why, "");
         return cJSON_AddStringToObject(gen, name, v->valuestring) ? 0 : -1;
+    }
+    case F_SPEC_TREE: {
+        int tree;
+        char why[ERR_MSG_MAX];
+        if (request_spec_tree_parse(v, name, &tree, why) != 0)
+            return bad(e, name, "%s%s", why, "");
+        cJSON *copy = cJSON_Duplicate(v, 0);
+        if (copy == NULL || !cJSON_AddItemToObject(gen, name, copy)) {
+            cJSON_Delete(copy);
+            return -1;
+        }
+        return 0;
     }
     case F_SEED:
         if (expect_integer(v, name, e) != 0)

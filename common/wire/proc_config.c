@@ -115,6 +115,16 @@ static int check_draft(const char *value, char *msg, size_t msg_size)
     return -1;
 }
 
+static int check_spec_tree(const char *value, char *msg, size_t msg_size)
+{
+    int t;
+    if (request_spec_tree_parse_text(value, "coordinator.spec_tree", &t, NULL) == 0)
+        return 0;
+    snprintf(msg, msg_size, "must be \"off\", \"auto\" or a node budget %d..%d, got \"%s\"",
+             REQUEST_SPEC_TREE_MIN, REQUEST_SPEC_TREE_MAX, value);
+    return -1;
+}
+
 static int check_log_level(const char *value, char *msg, size_t msg_size)
 {
     if (logging_level_parse(value) >= 0)
@@ -245,6 +255,8 @@ static const struct key_desc coordinator_keys[] = {
     CKEY_INT(spec_k_max, 1, PROC_CONFIG_SPEC_K_LIMIT, "adaptive K upper bound [8]"),
     CKEY_STR(spec_mode, check_spec_mode, "\"sampled\" or \"point_mass\" [sampled]"),
     CKEY_STR(draft, check_draft, "drafts of requests that name none: auto|model|ngram|suffix|none [auto]"),
+    CKEY_STR(spec_tree, check_spec_tree,
+             "model-free drafts as token trees: off|auto|a node budget 2..32 (docs/token-trees.md) [auto]"),
     CKEY_INT(suffix_cache_mib, 0, 65536, "the suffix cache's budget in MiB (earlier requests' tokens), 0 = off [64]"),
     CKEY_STR(log_level, check_log_level, "error|warn|info|debug [info]"),
     CKEY_STR(metrics_listen, check_listen_or_empty,
@@ -435,6 +447,7 @@ void proc_config_defaults(struct proc_config *cfg)
     c->spec_k_max = 8;
     snprintf(c->spec_mode, sizeof c->spec_mode, "sampled");
     snprintf(c->draft, sizeof c->draft, "auto");
+    snprintf(c->spec_tree, sizeof c->spec_tree, "auto");
     c->suffix_cache_mib = 64;
     snprintf(c->log_level, sizeof c->log_level, "info");
     worker_defaults(&cfg->draft_worker);

@@ -50,6 +50,7 @@ struct coordinator_config {
     int spec_k_max;           /* default 8, at most PROC_CONFIG_SPEC_K_LIMIT */
     char spec_mode[PROC_CONFIG_NAME_MAX];  /* "sampled" (default) or "point_mass" */
     char draft[PROC_CONFIG_NAME_MAX];      /* requests without "draft": auto (default)|model|ngram|suffix|none */
+    char spec_tree[PROC_CONFIG_NAME_MAX];  /* requests without "spec_tree": auto (default)|off|2..32 */
     int suffix_cache_mib;                  /* the suffix cache's byte budget in MiB, 0 = off (default 64) */
     char log_level[PROC_CONFIG_NAME_MAX];  /* "error" | "warn" | "info" (default) | "debug" */
     /* Exposure (docs/operations.md). A client endpoint reachable from other

@@ -425,7 +425,7 @@ static int parse_stop(struct request *r, const cJSON *item, char *err)
 
 static const char *const request_fields[] = {
     "v", "type", "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p",
-    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "ignore_eos",
+    "min_p", "seed", "stop", "stream", "spec_k", "spec_mode", "draft", "spec_tree", "ignore_eos",
     "logprobs", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
     "grammar", "prediction", "tools",
 };
@@ -601,6 +601,9 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
         if ((rc = request_draft_parse(item->valuestring, "draft", &r->draft, err)) != 0)
             return rc;
     }
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_tree")) != NULL &&
+        (rc = request_spec_tree_parse(item, "spec_tree", &r->spec_tree, err)) != 0)
+        return rc;
     return 0;
 }
 
@@ -726,6 +729,7 @@ int request_from_json(struct request **out, const cJSON *root, const struct requ
     r->min_p = 0.0;
     r->spec_k = -1;
     r->spec_mode = REQUEST_SPEC_MODE_DEFAULT;
+    r->spec_tree = REQUEST_SPEC_TREE_UNSET;
     r->logprobs = -1;
     r->n = 1;
     int rc = fill_request(r, root, limits, err);
@@ -818,4 +822,55 @@ const char *request_spec_mode_name(enum request_spec_mode mode)
     default:
         return "default";
     }
+}
+
+int request_spec_tree_parse_text(const char *text, const char *field, int *out, char *err)
+{
+    if (strcmp(text, "off") == 0) {
+        *out = REQUEST_SPEC_TREE_OFF;
+        return 0;
+    }
+    if (strcmp(text, "auto") == 0) {
+        *out = REQUEST_SPEC_TREE_AUTO;
+        return 0;
+    }
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (text[0] >= '0' && text[0] <= '9' && *end == '\0' && errno == 0 && v >= REQUEST_SPEC_TREE_MIN &&
+        v <= REQUEST_SPEC_TREE_MAX) {
+        *out = (int)v;
+        return 0;
+    }
+    return error_set(err, ERR_INVALID_ARG,
+                     "%s: expected \"off\", \"auto\" or a node budget %d..%d (the last token and the drafts), "
+                     "got \"%.*s\"",
+                     field, REQUEST_SPEC_TREE_MIN, REQUEST_SPEC_TREE_MAX, quote_len(text), text);
+}
+
+int request_spec_tree_parse(const cJSON *item, const char *field, int *out, char *err)
+{
+    if (cJSON_IsString(item))
+        return request_spec_tree_parse_text(item->valuestring, field, out, err);
+    if (!cJSON_IsNumber(item))
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s: expected \"off\", \"auto\" or an integer %d..%d, got %s", field,
+                         REQUEST_SPEC_TREE_MIN, REQUEST_SPEC_TREE_MAX, json_type_name(item));
+    const double v = item->valuedouble;
+    if (v != floor(v) || v < REQUEST_SPEC_TREE_MIN || v > REQUEST_SPEC_TREE_MAX)
+        return error_set(err, ERR_INVALID_ARG,
+                         "%s: a node budget must be an integer %d..%d (the last token and the drafts), got %g",
+                         field, REQUEST_SPEC_TREE_MIN, REQUEST_SPEC_TREE_MAX, v);
+    *out = (int)v;
+    return 0;
+}
+
+const char *request_spec_tree_name(int spec_tree, char *buf)
+{
+    if (spec_tree == REQUEST_SPEC_TREE_OFF)
+        return "off";
+    if (spec_tree == REQUEST_SPEC_TREE_AUTO)
+        return "auto";
+    snprintf(buf, 12, "%d", spec_tree);
+    return buf;
 }

@@ -60,6 +60,17 @@ enum request_draft {
                                      coordinator takes before the others when it matches */
 };
 
+/* A request's token trees ("spec_tree", issue 61; docs/token-trees.md):
+ * "off", "auto", or a node budget N: the coordinator's model-free drafts
+ * (suffix cache, n-grams) go to the target as a token tree of at most N
+ * nodes, its root (the last token) included, as the model counts them
+ * (LLAMA_TREE_MAX): N - 1 drafts. */
+#define REQUEST_SPEC_TREE_UNSET (-1)  /* not given: coordinator.spec_tree */
+#define REQUEST_SPEC_TREE_OFF 0       /* chains only */
+#define REQUEST_SPEC_TREE_AUTO 1      /* the coordinator's choice (docs/token-trees.md says which) */
+#define REQUEST_SPEC_TREE_MIN 2       /* the smallest budget: the root and one draft */
+#define REQUEST_SPEC_TREE_MAX 32      /* the largest: the model's tree limit */
+
 struct request_message {
     char *role;      /* non-empty */
     char *content;   /* may be empty */
@@ -104,6 +115,7 @@ struct request {
     int spec_k;                    /* -1 = not given, else 0 .. limits.spec_k_max (0 = adaptive) */
     enum request_spec_mode spec_mode;
     enum request_draft draft;
+    int spec_tree;                 /* REQUEST_SPEC_TREE_UNSET, _OFF, _AUTO or a budget 2..32 */
     int logprobs;                  /* -1 = not given; else 0 .. SAMPLING_TOP_LOGPROBS_MAX: each
                                       emitted token's logprob and that many top alternatives */
     int n;                         /* choices sampled from the prompt: 1 .. REQUEST_N_MAX, default 1 */
@@ -177,5 +189,14 @@ const char *request_spec_mode_name(enum request_spec_mode mode);
  * field and the values. */
 const char *request_draft_name(enum request_draft draft);
 int request_draft_parse(const char *text, const char *field, enum request_draft *out, char *err);
+
+/* "spec_tree" as a JSON value: "off", "auto" or an integer 2..32, into
+ * REQUEST_SPEC_TREE_OFF, _AUTO or the budget. ERR_INVALID_ARG naming field
+ * otherwise. */
+int request_spec_tree_parse(const cJSON *item, const char *field, int *out, char *err);
+/* The same from text (a config value): "off", "auto" or a decimal 2..32. */
+int request_spec_tree_parse_text(const char *text, const char *field, int *out, char *err);
+/* "off", "auto", or the budget's digits, into buf [12]. */
+const char *request_spec_tree_name(int spec_tree, char *buf);
 
 #endif

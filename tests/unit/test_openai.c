@@ -72,6 +72,17 @@ static void test_openai_draft_source_extension(void **state)
     assert_non_null(strstr(e.message, "medusa"));
     assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"hi\",\"draft\":3}", &r, &e), 0);
     assert_string_equal(e.param, "draft");
+    /* token trees, the same way: a budget or a name passed through */
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"hi\",\"spec_tree\":16}", &r, &e), 0);
+    assert_int_equal(cJSON_GetObjectItem(r.generate, "spec_tree")->valueint, 16);
+    openai_request_free(&r);
+    assert_int_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"hi\",\"spec_tree\":\"off\"}", &r, &e),
+                     0);
+    assert_string_equal(cJSON_GetObjectItem(r.generate, "spec_tree")->valuestring, "off");
+    openai_request_free(&r);
+    assert_int_not_equal(parse(OPENAI_COMPLETION, "{\"model\":\"tiny\",\"prompt\":\"hi\",\"spec_tree\":40}", &r, &e), 0);
+    assert_string_equal(e.param, "spec_tree");
+    assert_non_null(strstr(e.message, "2..32"));
 }
 
 static void test_openai_completion_prompt_forms(void **state)

@@ -48,6 +48,7 @@ static void test_proc_config_defaults_match_the_brief(void **state)
     assert_int_equal(cfg.coordinator.spec_k_max, 8);
     assert_string_equal(cfg.coordinator.spec_mode, "sampled");
     assert_string_equal(cfg.coordinator.draft, "auto");
+    assert_string_equal(cfg.coordinator.spec_tree, "auto");
     assert_int_equal(cfg.coordinator.suffix_cache_mib, 64);
     assert_string_equal(cfg.coordinator.log_level, "info");
     assert_string_equal(cfg.draft_worker.shm_transport, "auto");
@@ -235,6 +236,10 @@ static void test_proc_config_enum_and_range_errors_name_the_key(void **state)
     assert_non_null(strstr(err, "coordinator.draft: must be \"auto\", \"model\", \"ngram\", \"suffix\" or \"none\", got \"eagle\""));
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"draft\":\"ngram\"}}", err), 0);
     assert_string_equal(cfg.coordinator.draft, "ngram");
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"spec_tree\":\"33\"}}", err), ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "coordinator.spec_tree: must be \"off\", \"auto\" or a node budget 2..32, got \"33\""));
+    assert_int_equal(load(&cfg, "{\"coordinator\":{\"spec_tree\":\"16\"}}", err), 0);
+    assert_string_equal(cfg.coordinator.spec_tree, "16");
     assert_int_equal(load(&cfg, "{\"coordinator\":{\"log_level\":\"loud\"}}", err),
                      ERR_INVALID_ARG);
     assert_non_null(strstr(err, "coordinator.log_level"));

@@ -64,7 +64,51 @@ static void test_request_prompt_gets_defaults(void **state)
     assert_int_equal(r->spec_k, -1);
     assert_int_equal(r->spec_mode, REQUEST_SPEC_MODE_DEFAULT);
     assert_int_equal(r->draft, REQUEST_DRAFT_DEFAULT);
+    assert_int_equal(r->spec_tree, REQUEST_SPEC_TREE_UNSET);
     request_destroy(r);
+}
+
+/* spec_tree: "off", "auto" or a node budget 2..32, as a string or a
+ * number; anything else refused naming the field. One line a case. */
+static void test_request_spec_tree_values(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *value; /* the JSON value */
+        int want;          /* its reading, or -100: refused */
+        const char *why;   /* the refusal's words */
+    } cases[] = {
+        {"\"off\"", REQUEST_SPEC_TREE_OFF, NULL},
+        {"\"auto\"", REQUEST_SPEC_TREE_AUTO, NULL},
+        {"2", 2, NULL},                          /* the root and one draft */
+        {"32", 32, NULL},                        /* the model's tree limit */
+        {"\"16\"", 16, NULL},                    /* a budget as text, as the config writes it */
+        {"1", -100, "spec_tree: a node budget must be an integer 2..32 (the last token and the drafts), got 1"},
+        {"33", -100, "spec_tree: a node budget must be an integer 2..32"},
+        {"4.5", -100, "spec_tree: a node budget must be an integer 2..32"},
+        {"\"bushy\"", -100, "spec_tree: expected \"off\", \"auto\" or a node budget 2..32 (the last token and "
+                            "the drafts), got \"bushy\""},
+        {"\"33\"", -100, "got \"33\""},
+        {"\"+8\"", -100, "got \"+8\""},
+        {"true", -100, "spec_tree: expected \"off\", \"auto\" or an integer 2..32, got boolean"},
+        {"null", -100, "spec_tree: expected \"off\", \"auto\" or an integer 2..32, got null"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[160];
+        snprintf(text, sizeof text, "{\"v\":1,\"type\":\"generate\",\"prompt\":\"x\",\"spec_tree\":%s}",
+                 cases[i].value);
+        if (cases[i].want == -100) {
+            parse_bad(text, ERR_INVALID_ARG, cases[i].why);
+            continue;
+        }
+        struct request *r = parse_ok(text);
+        assert_int_equal(r->spec_tree, cases[i].want);
+        request_destroy(r);
+    }
+    char buf[12];
+    assert_string_equal(request_spec_tree_name(REQUEST_SPEC_TREE_OFF, buf), "off");
+    assert_string_equal(request_spec_tree_name(REQUEST_SPEC_TREE_AUTO, buf), "auto");
+    assert_string_equal(request_spec_tree_name(24, buf), "24");
 }
 
 static void test_request_all_fields_are_read(void **state)
@@ -594,6 +638,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_prompt_gets_defaults),
         cmocka_unit_test(test_request_all_fields_are_read),
+        cmocka_unit_test(test_request_spec_tree_values),
         cmocka_unit_test(test_request_outputs_and_controls),
         cmocka_unit_test(test_request_messages_are_read),
         cmocka_unit_test(test_request_tools_and_tool_calls),
