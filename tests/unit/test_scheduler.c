@@ -103,16 +103,17 @@ static struct worker_msg_draft expect_draft(void)
 }
 
 /* A target command as a test reads it: whichever of prefill, run,
- * verify_matched and verify came, decoded by its own decoder, flattened
- * (k 0 for a prefill and a run, steps 1 but for a run). */
+ * verify_matched, verify_tree and verify came, decoded by its own decoder,
+ * flattened (k 0 for a prefill and a run, steps 1 but for a run). */
 struct target_cmd {
     const char *type;
     int64_t round;
     int keep_len, k, half, steps;
     const int32_t *feed;
     int n_feed;
-    int32_t drafts[SPECULATE_K_MAX];
-    int n_drafts;           /* verify_matched only */
+    int32_t drafts[WORKER_MSG_TREE_NODES_MAX];
+    int n_drafts;           /* verify_matched and verify_tree only */
+    int32_t parents[WORKER_MSG_TREE_NODES_MAX]; /* verify_tree only */
     bool await_draft;
     const cJSON *shm;
 };
@@ -122,7 +123,8 @@ static bool is_target_cmd(const struct sent *e)
 {
     const char *t = e->msg.type;
     return e->role == ROLE_TARGET && (strcmp(t, PROTOCOL_PREFILL) == 0 || strcmp(t, PROTOCOL_RUN) == 0 ||
-                                      strcmp(t, PROTOCOL_VERIFY_MATCHED) == 0 || strcmp(t, PROTOCOL_VERIFY) == 0);
+                                      strcmp(t, PROTOCOL_VERIFY_MATCHED) == 0 || strcmp(t, PROTOCOL_VERIFY_TREE) == 0 ||
+                                      strcmp(t, PROTOCOL_VERIFY) == 0);
 }
 
 static void take_call(struct target_cmd *t, const struct worker_msg_target_call *call)
@@ -157,7 +159,14 @@ static struct target_cmd expect_verify(void)
         rc = worker_msg_verify_matched_decode(m, &worker_limits, &vm, err);
         take_call(&t, &vm.call);
         t.k = t.n_drafts = vm.n_drafts;
-        memcpy(t.drafts, vm.drafts, sizeof t.drafts);
+        memcpy(t.drafts, vm.drafts, sizeof vm.drafts);
+    } else if (strcmp(type, PROTOCOL_VERIFY_TREE) == 0) {
+        struct worker_msg_verify_tree vt;
+        rc = worker_msg_verify_tree_decode(m, &worker_limits, &vt, err);
+        take_call(&t, &vt.call);
+        t.k = t.n_drafts = vt.n_nodes;
+        memcpy(t.drafts, vt.drafts, sizeof vt.drafts);
+        memcpy(t.parents, vt.parents, sizeof vt.parents);
     } else if (strcmp(type, PROTOCOL_VERIFY) == 0) {
         struct worker_msg_verify v;
         rc = worker_msg_verify_decode(m, &worker_limits, &v, err);
@@ -1067,6 +1076,72 @@ static void test_scheduler_ngram_drafts_travel_in_the_verify(void **state)
     assert_int_equal(v.steps, 8);
 }
 
+/* spec_tree a node budget: an n-gram match with two continuations goes to
+ * the target as one tree (verify_tree), its stats counted; the same round
+ * is a chain (verify_matched) with spec_tree off or auto, with sampling
+ * controls, and on a target that is not on the CPU. */
+static void test_scheduler_ngram_tree_travels_in_verify_tree(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    ngram_params_default(&c->ngram);
+    c->cfg.coordinator.spec_k_max = 3;
+    /* "5 6 7" was followed by 8, then by 9 */
+    const int32_t prompt[10] = {5, 6, 7, 8, 5, 6, 7, 9, 5, 6};
+    static const struct {
+        int spec_tree;
+        bool controls;
+        const char *backend;
+        const char *want; /* the round's command */
+    } cases[] = {
+        {16, false, "cpu", PROTOCOL_VERIFY_TREE},
+        {REQUEST_SPEC_TREE_OFF, false, "cpu", PROTOCOL_VERIFY_MATCHED},
+        {REQUEST_SPEC_TREE_AUTO, false, "cpu", PROTOCOL_VERIFY_MATCHED}, /* auto: chains for now */
+        {16, true, "cpu", PROTOCOL_VERIFY_MATCHED},                      /* controls: not on the tree path */
+        {16, false, "cuda", PROTOCOL_VERIFY_MATCHED},                    /* the CUDA tree forward: not run yet */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        log_clear();
+        snprintf(c->pair[0].worker[ROLE_TARGET].backend, sizeof c->pair[0].worker[ROLE_TARGET].backend, "%s",
+                 cases[i].backend);
+        struct seq *s = request_from(c, prompt, 10, 20, 0, REQUEST_DRAFT_NGRAM);
+        s->spec_tree = cases[i].spec_tree;
+        s->ctl.presence_penalty = cases[i].controls ? 0.5f : 0.0f;
+        struct target_cmd v = expect_verify();
+        assert_int_equal(v.k, 0);
+        const int32_t first = 7;
+        verify_done(c, s, v.round, 0, &first, 1);
+        v = expect_verify();
+        if (strcmp(v.type, cases[i].want) != 0)
+            fail_msg("case %zu: %s, expected %s", i, v.type, cases[i].want);
+        if (strcmp(cases[i].want, PROTOCOL_VERIFY_TREE) != 0) {
+            scheduler_cancel(c, s);
+            continue;
+        }
+        /* 9 5 6 (the chain: the latest continuation first), and under the
+         * root its runner-up 8 5 6 */
+        const int32_t want_drafts[6] = {9, 5, 6, 8, 5, 6}, want_parents[6] = {-1, 0, 1, -1, 3, 4};
+        assert_int_equal(v.n_drafts, 6);
+        assert_memory_equal(v.drafts, want_drafts, sizeof want_drafts);
+        assert_memory_equal(v.parents, want_parents, sizeof want_parents);
+        assert_int_equal(v.keep_len, 10);
+        /* the target took the second branch: 8 5, then its own 30 */
+        const uint64_t rounds_before = c->metrics.tree_rounds_total;
+        const int32_t t[3] = {8, 5, 30};
+        verify_done(c, s, v.round, 2, t, 1);
+        assert_int_equal(c->metrics.tree_rounds_total, rounds_before + 1);
+        assert_int_equal(s->tree_rounds, 1);
+        assert_int_equal(s->tree_nodes, 6);
+        assert_int_equal(s->tree_accepted, 2);
+        assert_int_equal(s->n_hist, 14);
+        assert_int_equal(s->hist[11], 8);
+        assert_int_equal(s->hist[13], 30);
+        scheduler_cancel(c, s);
+    }
+    assert_int_equal(c->metrics.tree_nodes_total, 6);
+    assert_int_equal(c->metrics.tree_accepted_tokens_total, 2);
+}
+
 /* Answers a sequence's commands until it ends, as run_to_end does, and
  * returns how many of its verifications carried drafts made here. */
 static int inline_rounds_to_end(struct coordinator *c, struct seq *s, const int32_t *script, int n_script)
@@ -1591,6 +1666,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_draft_lost_in_every_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_ngram_tree_travels_in_verify_tree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_suffix_and_auto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_auto_picks_its_source, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_matched_drafts_only_where_they_pay, setup, teardown),
