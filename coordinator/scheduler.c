@@ -376,11 +376,13 @@ static void send_verify_of_half(struct coordinator *c, struct seq *s, int k, int
 }
 
 /* Sends a token tree of model-free drafts when s takes trees and its
- * sources propose one with a branch: paths at most k_cap deep, at most the
- * budget's nodes, no more than the context holds beside the history (the
- * tree's nodes all take a position until the path is kept). false: no
- * tree went out; a tree that is a chain does not either, and the round
- * drafts its chain as without spec_tree (cut by what a row is worth). */
+ * sources propose one: paths at most k_cap deep, at most the budget's
+ * nodes, no more than the context holds beside the history (the tree's
+ * nodes all take a position until the path is kept). A tree that is a
+ * chain goes as one (verify_matched). Never cut by what a row costs (a
+ * measured time, which differs run to run): a seeded request's drafts stay
+ * a function of its tokens, and its output reproducible. false: no tree
+ * went out. */
 static bool send_matched_tree(struct coordinator *c, struct seq *s, int k_cap)
 {
     int nodes = drafters_tree_budget(c, s);
@@ -396,11 +398,10 @@ static bool send_matched_tree(struct coordinator *c, struct seq *s, int k_cap)
     const int n = drafters_propose_tree(c, s, draft_usable(c, s), k_cap, nodes, &t, &source);
     if (n == 0)
         return false;
-    if (drafters_tree_is_chain(&t))
-        return false;
+    const bool chain = drafters_tree_is_chain(&t);
     send_verify(c, s, &(struct verify_call){.k = n, .half = COORD_HALF_FRESH, .round = ++s->round.counter,
-                                            .steps = 1, .inline_drafts = t.tokens, .inline_parents = t.parents,
-                                            .source = source});
+                                            .steps = 1, .inline_drafts = t.tokens,
+                                            .inline_parents = chain ? NULL : t.parents, .source = source});
     s->match_miss_run = MATCH_MISS_RUN;
     return true;
 }
