@@ -28,6 +28,8 @@ void local_stats_from_done(const cJSON *done, struct local_stats *st)
     st->accepted = (int)number_at(done, "spec", "accepted");
     st->draft_ms = number_at(done, "spec", "draft_ms");
     st->verify_ms = number_at(done, "spec", "verify_ms");
+    st->tree_rounds = (int)number_at(done, "spec", "tree_rounds");
+    st->tree_nodes = (int)number_at(done, "spec", "tree_nodes");
     const cJSON *spec = cJSON_GetObjectItemCaseSensitive(done, "spec");
     const cJSON *at = cJSON_GetObjectItemCaseSensitive(spec, "accepted_at");
     int i = 0;
@@ -56,6 +58,9 @@ static char *request_text(const struct local_gen_request *rq)
         ok = cJSON_AddNumberToObject(r, "spec_k", rq->spec_k) != NULL;
     if (ok && rq->draft)
         ok = cJSON_AddStringToObject(r, "draft", rq->draft) != NULL;
+    if (ok && rq->spec_tree != 0)
+        ok = (rq->spec_tree < 0 ? cJSON_AddStringToObject(r, "spec_tree", "off")
+                                : cJSON_AddNumberToObject(r, "spec_tree", rq->spec_tree)) != NULL;
     char *text = ok ? cJSON_PrintUnformatted(r) : NULL;
     cJSON_Delete(r);
     return text;

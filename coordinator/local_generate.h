@@ -29,6 +29,7 @@ struct local_stats {
     double decode_ms;            /* from the first token to the last */
     double draft_ms;
     double verify_ms;
+    int tree_rounds, tree_nodes; /* rounds verified as token trees, and their nodes */
     double cost_ratio;           /* the pair's measured c after the request (local_cost_ratio), 0: none */
     int accepted_at[SPECULATE_K_MAX]; /* rounds whose draft position i was accepted */
     char finish_reason[16];      /* "stop", "length", ... */
@@ -42,6 +43,7 @@ struct local_gen_request {
     int spec_k;                  /* < 0: not sent (the configured policy) */
     enum speculate_mode mode;
     const char *draft;           /* the request's "draft"; NULL: not sent */
+    int spec_tree;               /* 0: not sent; -1: "off"; 2..32: a node budget (docs/token-trees.md) */
     bool ignore_eos;
 };
 

@@ -9,60 +9,54 @@
  * models/trained/target): each turn's prompt is the whole conversation so
  * far, then the same Python file passed back as a tool's output with one
  * more line edited, then a question; the target answers --gen tokens
- * greedily. Every turn is a new request: its prompt is prefilled anew (not
- * timed), and once answered it is added to a suffix cache, as the
- * coordinator adds finished requests. Each method decodes every turn:
- * target-only, chains of k tokens and trees of n nodes from the suffix cache
- * and from n-grams of the request itself, and a mixed tree (the suffix
- * tree with the n-gram chain merged under the same root). Chains are
- * verified as a chain forward, trees by specdec_tree_verify_greedy; both
- * accept by greedy matching, so every method's output must equal
+ * greedily. Every turn is a request to the server's own scheduler and
+ * target role in this process (coordinator/local.h): its prompt comes from
+ * the prefix cache (prefill is not timed), and once answered the
+ * coordinator adds it to its suffix cache, as a server does. Each method
+ * (a fresh pipeline, so a fresh suffix cache) decodes every turn:
+ * target-only, chains of K and trees of a node budget (the request's
+ * spec_k and spec_tree) from the suffix cache, from n-grams of the request
+ * itself, and from "auto". Greedy: every method's output must equal
  * target-only's (checked: exit 1 if not). Methods alternate within each of
- * --reps repetitions; medians of the decode time (drafting included)
- * are printed with tokens per round and rows verified per round; --show 1
- * prints the answers first.
+ * --reps repetitions; medians of the decode time (drafting included) are
+ * printed with tokens per round, rows verified per round and the share of
+ * rounds that went as trees; --show 1 prints the answers first.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "draft_tree.h"
 #include "error.h"
 #include "kernels.h"
 #include "llama.h"
-#include "ngram.h"
-#include "specdec_tree.h"
-#include "suffix_cache.h"
+#include "local_generate.h"
+#include "logging.h"
 #include "tokenizer.h"
 
 #define TS_METHODS_MAX 16
 #define TS_REPS_MAX 15
 
-enum ts_source { TS_NONE, TS_SUFFIX, TS_NGRAM, TS_MIXED };
-
 struct ts_method {
     const char *name;
-    enum ts_source source;
-    int tree;  /* 0: a chain of `size` tokens; 1: a tree of `size` nodes */
-    int size;
-    int depth; /* a tree's depth cap */
+    const char *draft; /* the request's "draft" */
+    int spec_k;        /* a chain's K; a tree's depth cap */
+    int spec_tree;     /* 0: a chain ("off"); else the node budget, the root counted */
 };
 
 static const struct ts_method ts_methods[] = {
-    {"target-only", TS_NONE, 0, 0, 0},
-    {"suffix chain 4", TS_SUFFIX, 0, 4, 4},
-    {"suffix chain 8", TS_SUFFIX, 0, 8, 8},
-    {"suffix chain 16", TS_SUFFIX, 0, 16, 16},
-    {"suffix tree 8", TS_SUFFIX, 1, 8, 8},
-    {"suffix tree 16", TS_SUFFIX, 1, 16, 12},
-    {"suffix tree 31", TS_SUFFIX, 1, 31, 16},
-    {"ngram chain 4", TS_NGRAM, 0, 4, 4},
-    {"ngram chain 8", TS_NGRAM, 0, 8, 8},
-    {"ngram tree 8", TS_NGRAM, 1, 8, 6},
-    {"ngram tree 16", TS_NGRAM, 1, 16, 8},
-    {"mixed tree 16", TS_MIXED, 1, 16, 12},
+    {"target-only", "none", 0, 0},
+    {"suffix chain 4", "suffix", 4, 0},
+    {"suffix chain 8", "suffix", 8, 0},
+    {"suffix chain 16", "suffix", 16, 0},
+    {"suffix tree 8", "suffix", 8, 8},
+    {"suffix tree 16", "suffix", 12, 16},
+    {"suffix tree 32", "suffix", 16, 32},
+    {"ngram chain 4", "ngram", 4, 0},
+    {"ngram chain 8", "ngram", 8, 0},
+    {"ngram tree 8", "ngram", 6, 8},
+    {"ngram tree 16", "ngram", 8, 16},
+    {"auto tree 16", "auto", 12, 16},
 };
 #define TS_N_METHODS ((int)(sizeof ts_methods / sizeof *ts_methods))
 
@@ -113,13 +107,6 @@ static const char *const ts_questions[] = {
     "Write a Python function named parse_args.",
     "Show me the Python code of main.",
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int die(const char *what, const char *err)
 {
@@ -192,112 +179,60 @@ static int turn_prompt(struct ts_seq *conv, const struct tokenizer *tk, int t, c
 
 struct ts_run {
     double decode_s;
-    long rounds, tokens, rows;
+    long rounds, tokens, rows, tree_rounds;
 };
-
-/* The draft of `m` after hist, into tree (a chain is a tree of one path). */
-static void propose(const struct ts_method *m, struct suffix_cache *sc, const struct ts_seq *h,
-                    struct draft_tree *tree)
-{
-    struct ngram_params np;
-    ngram_params_default(&np);
-    int32_t chain[DRAFT_TREE_NODES_MAX];
-    draft_tree_clear(tree);
-    if (m->source == TS_NONE)
-        return;
-    if (!m->tree) {
-        const int k = m->source == TS_SUFFIX ? suffix_cache_draft(sc, h->ids, h->n, m->size, chain, NULL)
-                                             : ngram_draft(&np, h->ids, h->n, m->size, chain);
-        draft_tree_add_chain(tree, chain, k, 1, m->size);
-        return;
-    }
-    if (m->source == TS_NGRAM) {
-        ngram_draft_tree(&np, h->ids, h->n, m->depth, m->size, 2, tree);
-        return;
-    }
-    suffix_cache_draft_tree(sc, h->ids, h->n, m->depth, m->size, tree, NULL);
-    if (m->source == TS_MIXED) {
-        const int k = ngram_draft(&np, h->ids, h->n, m->depth, chain);
-        draft_tree_add_chain(tree, chain, k, 1, m->size);
-    }
-}
-
-/* A chain verified as a chain: [last, d...] in one forward, the longest
- * prefix the target agrees with kept. */
-static int verify_chain(struct llama_ctx *ctx, int32_t last, const struct draft_tree *d, int32_t *out,
-                        int *n_out, char *err)
-{
-    int32_t tokens[LLAMA_TREE_MAX], picks[LLAMA_TREE_MAX];
-    const int k = d->n;
-    tokens[0] = last;
-    memcpy(tokens + 1, d->tokens, (size_t)k * sizeof(int32_t));
-    const int len = llama_ctx_slot_len(ctx, 0);
-    const struct llama_seq_batch b = {.slot = 0, .tokens = tokens, .n_tokens = k + 1,
-                                      .n_logits = k + 1, .argmax_out = picks};
-    int rc = llama_forward(ctx, &b, 1, err);
-    if (rc)
-        return rc;
-    int m = 0;
-    while (m < k && d->tokens[m] == picks[m])
-        m++;
-    memcpy(out, d->tokens, (size_t)m * sizeof(int32_t));
-    out[m] = picks[m];
-    *n_out = m + 1;
-    return llama_ctx_truncate(ctx, 0, len + m + 1, err);
-}
 
 /* What every method's run shares. */
 struct ts_bench {
+    const char *model_dir;
     struct llama_ctx *ctx;
+    struct kern_backend *be;
+    struct llama_model *model;
     const struct tokenizer *tk;
     int turns, gen;
 };
 
-/* One turn of method m: prefill conv (untimed), decode b->gen tokens into
- * conv. */
-static int run_turn(const struct ts_bench *b, const struct ts_method *m, struct suffix_cache *sc,
-                    struct ts_seq *conv, struct ts_run *r, char *err)
+/* One turn of method m through the pipeline: conv's answer appended to it. */
+static int run_turn(const struct ts_bench *b, const struct ts_method *m, struct local *l, struct ts_seq *conv,
+                    struct ts_run *r, char *err)
 {
-    struct llama_ctx *ctx = b->ctx;
-    const int gen = b->gen;
-    int32_t first;
-    int rc = llama_ctx_truncate(ctx, 0, 0, err);
-    /* the conversation so far from the prefix cache, as the server serves a
-     * follow-up (prefill is not what is measured) */
-    const int mapped = rc ? 0 : llama_ctx_prefix_map(ctx, 0, conv->ids, conv->n, conv->n - 1);
-    const struct llama_seq_batch pre = {.slot = 0, .tokens = conv->ids + mapped,
-                                        .n_tokens = conv->n - mapped, .n_logits = 1,
-                                        .argmax_out = &first};
-    if (rc || (rc = llama_forward(ctx, &pre, 1, err)) || (rc = seq_push(conv, &first, 1)))
+    int32_t *out = malloc((size_t)b->gen * sizeof *out);
+    if (!out)
+        return error_set(err, ERR_NOMEM, "out of memory");
+    struct local_gen_request rq = {.prompt = conv->ids, .n_prompt = conv->n, .max_tokens = b->gen,
+                                   .spec_k = m->spec_k, .draft = m->draft, .ignore_eos = true,
+                                   .spec_tree = m->spec_tree ? m->spec_tree : -1};
+    sampling_params_default(&rq.sampling);
+    struct local_gen_result res = {.ids = out, .cap = b->gen};
+    int rc = local_generate(l, &rq, &res, err);
+    if (!rc && res.n != b->gen)
+        rc = error_set(err, ERR_INTERNAL, "%d tokens answered, %d asked", res.n, b->gen);
+    if (!rc)
+        rc = seq_push(conv, out, res.n);
+    free(out);
+    if (rc)
         return rc;
-    int made = 1;
-    const double t0 = now_s();
-    while (made < gen) {
-        struct draft_tree d;
-        propose(m, sc, conv, &d);
-        int32_t out[LLAMA_TREE_MAX];
-        int n_out = 0;
-        const int32_t last = conv->ids[conv->n - 1];
-        if (!m->tree) {
-            rc = verify_chain(ctx, last, &d, out, &n_out, err);
-        } else {
-            const struct specdec_tree t = {.last = last, .tokens = d.tokens, .parents = d.parents,
-                                           .n = d.n};
-            rc = specdec_tree_verify_greedy(ctx, 0, &t, out, &n_out, err);
-        }
-        if (rc)
-            return rc;
-        if (n_out > gen - made)
-            n_out = gen - made; /* the same gen tokens for every method */
-        if ((rc = seq_push(conv, out, n_out)))
-            return rc;
-        made += n_out;
-        r->rounds++;
-        r->rows += d.n + 1;
-    }
-    r->decode_s += now_s() - t0;
-    r->tokens += gen - 1;
+    r->decode_s += res.st.decode_ms / 1e3;
+    r->tokens += res.st.generated_tokens - 1;
+    r->rounds += res.st.rounds;
+    r->rows += res.st.rounds + res.st.drafted;
+    r->tree_rounds += res.st.tree_rounds;
     return 0;
+}
+
+/* The server's scheduler and its target role over b's model, in process,
+ * with an empty suffix cache (target only: no draft model). */
+static int pipeline_create(const struct ts_bench *b, struct local **out, char *err)
+{
+    struct proc_config cfg;
+    proc_config_defaults(&cfg);
+    cfg.coordinator.max_concurrency = 1;
+    cfg.coordinator.spec_k_max = 16;
+    snprintf(cfg.coordinator.tokenizer, sizeof cfg.coordinator.tokenizer, "%s", b->model_dir);
+    struct worker_main_model tm;
+    worker_main_model_borrow(&tm, b->be, b->model, b->ctx);
+    const struct local_params p = {.cfg = &cfg, .target = &tm};
+    return local_create(out, &p, err);
 }
 
 /* Every turn of method m from an empty conversation and cache; the output
@@ -305,25 +240,23 @@ static int run_turn(const struct ts_bench *b, const struct ts_method *m, struct 
 static int run_method(const struct ts_bench *b, const struct ts_method *m, struct ts_run *r,
                       struct ts_seq *outputs, char *err)
 {
-    struct suffix_cache *sc = NULL;
+    struct local *l = NULL;
     struct ts_seq conv = {0};
-    int rc = suffix_cache_create(&sc, (size_t)16 << 20, err);
+    int rc = pipeline_create(b, &l, err);
     memset(r, 0, sizeof *r);
     outputs->n = 0;
     for (int t = 0; rc == 0 && t < b->turns; t++) {
         if ((rc = turn_prompt(&conv, b->tk, t, err)))
             break;
         const int start = conv.n;
-        if ((rc = run_turn(b, m, sc, &conv, r, err)) ||
-            (rc = seq_push(outputs, conv.ids + start, conv.n - start)) ||
-            (rc = suffix_cache_add(sc, conv.ids, conv.n)))
+        if ((rc = run_turn(b, m, l, &conv, r, err)) || (rc = seq_push(outputs, conv.ids + start, conv.n - start)))
             break;
         if ((rc = seq_text(&conv, b->tk, "<|eot_id|>", err)))
             break;
     }
     if (rc == ERR_NOMEM)
         error_set(err, rc, "out of memory");
-    suffix_cache_destroy(sc);
+    local_destroy(l);
     free(conv.ids);
     return rc;
 }
@@ -369,16 +302,13 @@ int main(int argc, char **argv)
         return die("llama_model_load", err);
     if (tokenizer_load(&tk, model_dir, err))
         return die("tokenizer_load", err);
-    /* greedy verification reads argmax rows, as the target worker's does */
-    if (llama_model_prepare_argmax(model, false, err))
-        return die("llama_model_prepare_argmax", err);
     const struct llama_ctx_params cp = {.n_slots = 1, .max_seq_len = turns * (900 + gen) + 64,
                                         .prefix_cache = true};
     if (llama_ctx_create(&ctx, model, &cp, err) || llama_ctx_warm_up(ctx, err))
         return die("llama_ctx_create", err);
-    if (!llama_ctx_has_argmax(ctx))
-        return die("backend", "no argmax rows (matmul_argmax)");
-    const struct ts_bench bench = {.ctx = ctx, .tk = tk, .turns = turns, .gen = gen};
+    /* the roles' and the scheduler's lines are a server operator's */
+    logging_set_level(LOGGING_WARN);
+    const struct ts_bench bench = {.model_dir = model_dir, .ctx = ctx, .be = be, .model = model, .tk = tk, .turns = turns, .gen = gen};
     static struct ts_run runs[TS_N_METHODS][TS_REPS_MAX];
     struct ts_seq want = {0}, got = {0};
     for (int rep = 0; rep < reps; rep++)
@@ -403,8 +333,8 @@ int main(int argc, char **argv)
     }
     printf("# %s, %d threads, %d turns of %d tokens, medians of %d; every output == target-only\n",
            model_dir, kern_cpu_threads(be), turns, gen, reps);
-    printf("%-16s %10s %12s %11s %10s %8s\n", "method", "decode ms", "tokens/round", "rows/round",
-           "tokens/s", "speedup");
+    printf("%-16s %10s %12s %11s %11s %10s %8s\n", "method", "decode ms", "tokens/round", "rows/round",
+           "tree share", "tokens/s", "speedup");
     double base = 0;
     for (int mi = 0; mi < TS_N_METHODS; mi++) {
         double t[TS_REPS_MAX];
@@ -415,9 +345,9 @@ int main(int argc, char **argv)
         const struct ts_run *r = &runs[mi][0];
         if (mi == 0)
             base = med;
-        printf("%-16s %10.1f %12.2f %11.2f %10.1f %8.2f\n", ts_methods[mi].name, 1e3 * med,
+        printf("%-16s %10.1f %12.2f %11.2f %11.2f %10.1f %8.2f\n", ts_methods[mi].name, 1e3 * med,
                (double)r->tokens / (double)r->rounds, (double)r->rows / (double)r->rounds,
-               (double)r->tokens / med, base / med);
+               (double)r->tree_rounds / (double)r->rounds, (double)r->tokens / med, base / med);
     }
     free(want.ids);
     free(got.ids);
