@@ -110,12 +110,19 @@ static bool draft_takes_argmax(const struct specdec_draft_job *j)
     return sampling_params_is_greedy(&j->sp) || j->mode == SPECULATE_MODE_POINT_MASS;
 }
 
-/* Picks draft token i of job j from logits, or takes the pick made already:
- * the device's on the device path (dev_pick: token, status), the forward's
- * argmax on the host path (argmax_pick). */
-static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, const float *logits,
-                      int i, const int32_t *dev_pick, const int32_t *argmax_pick, char *err)
+/* Words of one row's allow bitset. */
+static size_t draft_allow_words(const struct specdec_draft *d)
 {
+    return ((size_t)d->vocab + 63) / 64;
+}
+
+/* Picks job j's next draft token (j->drafted) from logits, or takes the
+ * pick made already: the device's on the device path (dev_pick: token,
+ * status), the forward's argmax on the host path (argmax_pick). */
+static int draft_pick(struct specdec_draft *d, struct specdec_draft_job *j, const float *logits,
+                      const int32_t *dev_pick, const int32_t *argmax_pick, char *err)
+{
+    const int i = j->drafted;
     if (argmax_pick) {
         if (*argmax_pick < 0 || *argmax_pick >= d->vocab)
             return error_set(err, ERR_INVALID_ARG, "draft token %d: no largest logit (id %d): "
@@ -224,7 +231,7 @@ static void draft_after_entry(struct specdec_draft *d, struct specdec_draft_job 
             return;
         }
     }
-    int rc = draft_pick(d, j, logits, j->drafted, dev_pick, argmax_pick, err);
+    int rc = draft_pick(d, j, logits, dev_pick, argmax_pick, err);
     if (!rc && j->gram && !dev_pick)
         rc = specdec_grammar_take(j->gram, j->tokens_out + j->drafted, 1, false, err);
     if (rc) {
@@ -290,91 +297,103 @@ static int draft_dev_picks(struct specdec_draft *d, int n, char *err)
     return 0;
 }
 
-int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const *jobs, int n_jobs,
-                       struct specdec_step_info *info, char *err)
+/* Room for a step of n_jobs entries: a logits row each (device rows on the
+ * device path, *dev_logits, with the picks), and the host path's argmax
+ * picks and grammar masks. */
+static int draft_step_reserve(struct specdec_draft *d, int n_jobs, float **dev_logits, char *err)
 {
-    struct specdec_step_info local = {0};
-    if (!info)
-        info = &local;
-    *info = (struct specdec_step_info){0};
-    const int n_slots = llama_ctx_n_slots(d->ctx);
-    int rc = specdec_step_capacity((void **)&d->entries, (void **)&d->in_call, &d->entries_cap,
-                           &d->slot_busy, n_slots, n_jobs, sizeof *d->entries, err);
-    float *dev_logits = NULL;
+    int rc = specdec_slot_flags(&d->slot_busy, llama_ctx_n_slots(d->ctx), err);
+    if (!rc)
+        rc = specdec_step_capacity(&d->entries, (void **)&d->in_call, &d->entries_cap, n_jobs,
+                                   err);
     if (!rc && d->dev)
-        rc = draft_dev_reserve(d, n_jobs, &dev_logits, err);
+        rc = draft_dev_reserve(d, n_jobs, dev_logits, err);
     else if (!rc)
         rc = specdec_grow((void **)&d->logits, &d->logits_cap, n_jobs,
                   (size_t)d->vocab * sizeof(float), err);
-    const size_t words = ((size_t)d->vocab + 63) / 64;
     if (!rc && !d->dev && d->host_argmax)
         rc = specdec_grow((void **)&d->argmax_picks, &d->argmax_cap, n_jobs, sizeof *d->argmax_picks,
                   err);
     if (!rc && !d->dev && d->host_argmax)
-        rc = specdec_grow((void **)&d->allow_rows, &d->allow_cap, n_jobs, words * sizeof(uint64_t),
-                          err);
-    if (rc)
-        return rc;
-    struct llama_kv_stats kv;
-    llama_ctx_kv_stats(d->ctx, &kv);
-    int free_left = kv.free_blocks, n = 0;
-    for (int i = 0; i < n_jobs; i++)
-        jobs[i]->in_step = false;
-    for (int i = 0; i < n_jobs; i++) {
-        struct specdec_draft_job *j = jobs[i];
-        if (j->done || j->slot < 0 || j->slot >= n_slots || d->slot_busy[j->slot]) {
-            if (!j->done && (j->slot < 0 || j->slot >= n_slots)) {
-                char e[ERR_MSG_MAX];
-                error_set(e, ERR_RANGE, "slot: must be in 0..%d, got %d", n_slots - 1, j->slot);
-                specdec_job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e);
-            }
-            continue; /* a slot's later job waits for its earlier one */
+        rc = specdec_grow((void **)&d->allow_rows, &d->allow_cap, n_jobs,
+                          draft_allow_words(d) * sizeof(uint64_t), err);
+    return rc;
+}
+
+/* What one step has taken so far: the entries admitted (d->entries,
+ * d->in_call) and the KV blocks they leave free. */
+struct draft_plan {
+    int n_slots;
+    float *dev_logits; /* the step's device rows; NULL on the host path */
+    int free_left;
+    int n;
+};
+
+/* Host path: entry e (job j's, n-th of the step) asks the forward for its
+ * row's argmax instead of the row, under a grammar the screen among what its
+ * state allows. 0 or the error that fails j. */
+static int draft_entry_argmax(struct specdec_draft *d, struct specdec_draft_job *j,
+                              struct llama_seq_batch *e, int n, char *err)
+{
+    uint64_t *allow = d->allow_rows + (size_t)n * draft_allow_words(d);
+    const int unmasked = j->gram ? specdec_grammar_allow_row(j->gram, allow, d->vocab, false, err)
+                                 : 1;
+    if (unmasked < 0)
+        return unmasked;
+    e->logits_out = NULL;
+    e->argmax_out = d->argmax_picks + n;
+    e->argmax_allow = unmasked ? NULL : allow;
+    return 0;
+}
+
+/* Takes job j into the step when its slot is free and its entry fits; a job
+ * that can never run fails with its own error and the step goes on. */
+static void draft_admit(struct specdec_draft *d, struct specdec_draft_job *j, struct draft_plan *p,
+                        struct specdec_step_info *info)
+{
+    if (j->done || j->slot < 0 || j->slot >= p->n_slots || d->slot_busy[j->slot]) {
+        if (!j->done && (j->slot < 0 || j->slot >= p->n_slots)) {
+            char e[ERR_MSG_MAX];
+            error_set(e, ERR_RANGE, "slot: must be in 0..%d, got %d", p->n_slots - 1, j->slot);
+            specdec_job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e);
         }
-        struct llama_seq_batch *e = &d->entries[n];
-        /* a start truncates and maps cached blocks (specdec_target_step) */
-        const int avail = specdec_blocks_available(d->ctx);
-        draft_next_entry(d, j, e, dev_logits ? NULL : d->logits + (size_t)n * (size_t)d->vocab);
-        free_left -= avail - specdec_blocks_available(d->ctx);
-        if (j->done)
-            continue;
-        if (dev_logits)
-            e->logits_dev = dev_logits + (size_t)n * (size_t)d->vocab;
-        char e_err[ERR_MSG_MAX];
-        if (!dev_logits && d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j)) {
-            /* under a grammar, the screen among what its state allows */
-            uint64_t *allow = d->allow_rows + (size_t)n * words;
-            const int unmasked = j->gram ? specdec_grammar_allow_row(j->gram, allow, d->vocab, false,
-                                                                     e_err)
-                                         : 1;
-            if (unmasked < 0) {
-                specdec_job_fail(&j->rc, j->err, &j->done, unmasked, e_err);
-                continue;
-            }
-            e->logits_out = NULL;
-            e->argmax_out = d->argmax_picks + n;
-            e->argmax_allow = unmasked ? NULL : allow;
-        }
-        int fits = 0;
-        if ((rc = llama_check_seq(d->ctx, e, e_err)) ||
-            (fits = specdec_entry_fits(d->ctx, e, n, &free_left, e_err)) < 0) {
-            specdec_job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
-            continue;
-        }
-        if (!fits)
-            continue;
-        d->slot_busy[j->slot] = true;
-        j->in_step = true;
-        d->in_call[n++] = j;
-        info->rows += e->n_tokens;
+        return; /* a slot's later job waits for its earlier one */
     }
-    for (int i = 0; i < n; i++)
-        d->slot_busy[d->in_call[i]->slot] = false;
-    info->seqs = n;
-    if (n == 0)
-        return 0;
+    const int n = p->n;
+    struct llama_seq_batch *e = &d->entries[n];
+    /* a start truncates and maps cached blocks (specdec_target_step) */
+    const int avail = specdec_blocks_available(d->ctx);
+    draft_next_entry(d, j, e, p->dev_logits ? NULL : d->logits + (size_t)n * (size_t)d->vocab);
+    p->free_left -= avail - specdec_blocks_available(d->ctx);
+    if (j->done)
+        return;
+    if (p->dev_logits)
+        e->logits_dev = p->dev_logits + (size_t)n * (size_t)d->vocab;
+    char e_err[ERR_MSG_MAX];
+    int rc = 0, fits = 0;
+    if ((!p->dev_logits && d->host_argmax && e->n_logits > 0 && draft_takes_argmax(j) &&
+         (rc = draft_entry_argmax(d, j, e, n, e_err))) ||
+        (rc = llama_check_seq(d->ctx, e, e_err)) ||
+        (fits = specdec_entry_fits(d->ctx, e, n, &p->free_left, e_err)) < 0) {
+        specdec_job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
+        return;
+    }
+    if (!fits)
+        return;
+    d->slot_busy[j->slot] = true;
+    j->in_step = true;
+    d->in_call[p->n++] = j;
+    info->rows += e->n_tokens;
+}
+
+/* One forward call for the step's n entries (the device's picks after it),
+ * then each job advanced past its entry. A failed call fails every job in
+ * it. */
+static void draft_forward(struct specdec_draft *d, int n, struct specdec_step_info *info)
+{
     char f_err[ERR_MSG_MAX];
     const double t0 = specdec_now_ms();
-    rc = llama_forward(d->ctx, d->entries, n, f_err);
+    int rc = llama_forward(d->ctx, d->entries, n, f_err);
     if (!rc && d->dev)
         rc = draft_dev_picks(d, n, f_err);
     info->ms = specdec_now_ms() - t0;
@@ -390,6 +409,31 @@ int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const 
         if (head && d->progress.on_chunk)
             d->progress.on_chunk(d->progress.user, j->fed, j->n_feed);
     }
+}
+
+int specdec_draft_step(struct specdec_draft *d, struct specdec_draft_job *const *jobs, int n_jobs,
+                       struct specdec_step_info *info, char *err)
+{
+    struct specdec_step_info local = {0};
+    if (!info)
+        info = &local;
+    *info = (struct specdec_step_info){0};
+    struct draft_plan p = {.n_slots = llama_ctx_n_slots(d->ctx)};
+    int rc = draft_step_reserve(d, n_jobs, &p.dev_logits, err);
+    if (rc)
+        return rc;
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(d->ctx, &kv);
+    p.free_left = kv.free_blocks;
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i]->in_step = false;
+    for (int i = 0; i < n_jobs; i++)
+        draft_admit(d, jobs[i], &p, info);
+    for (int i = 0; i < p.n; i++)
+        d->slot_busy[d->in_call[i]->slot] = false;
+    info->seqs = p.n;
+    if (p.n > 0)
+        draft_forward(d, p.n, info);
     return 0;
 }
 

@@ -174,9 +174,12 @@ int specdec_blocks_available(const struct llama_ctx *ctx);
 int specdec_entry_fits(struct llama_ctx *ctx, const struct llama_seq_batch *e, int n_taken,
                        int *free_left, char *err);
 
-/* A step's entry and call arrays for want entries, and the per-slot flags. */
-int specdec_step_capacity(void **entries, void **in_call, int *cap, bool **slot_busy,
-                          int n_slots, int want, size_t entry_size, char *err);
+/* The per-slot flags of a step ([n_slots], made once, all false). */
+int specdec_slot_flags(bool **slot_busy, int n_slots, char *err);
+
+/* A step's entry and call arrays (*cap each) grown to want entries. */
+int specdec_step_capacity(struct llama_seq_batch **entries, void **in_call, int *cap, int want,
+                          char *err);
 
 /* Readies the backend's argmax screen for ctx's LM head, where it offers
  * one (llama_model_prepare_argmax); returns whether it is ready. Never

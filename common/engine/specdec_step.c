@@ -84,13 +84,18 @@ int specdec_entry_fits(struct llama_ctx *ctx, const struct llama_seq_batch *e, i
     return 0;
 }
 
-int specdec_step_capacity(void **entries, void **in_call, int *cap, bool **slot_busy, int n_slots,
-                         int want, size_t entry_size, char *err)
+int specdec_slot_flags(bool **slot_busy, int n_slots, char *err)
 {
-    int cap_entries = *cap;
     if (!*slot_busy && !(*slot_busy = calloc((size_t)n_slots, sizeof **slot_busy)))
         return error_set(err, ERR_NOMEM, "speculation step: out of memory");
-    int rc = specdec_grow(entries, &cap_entries, want, entry_size, err);
+    return 0;
+}
+
+int specdec_step_capacity(struct llama_seq_batch **entries, void **in_call, int *cap, int want,
+                          char *err)
+{
+    int cap_entries = *cap;
+    int rc = specdec_grow((void **)entries, &cap_entries, want, sizeof **entries, err);
     if (rc)
         return rc;
     int cap_calls = *cap;

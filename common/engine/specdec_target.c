@@ -344,22 +344,21 @@ static int verify_finish_dev(struct specdec_target *t, int n, char *err)
     return 0;
 }
 
-int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *const *jobs,
-                        int n_jobs, struct specdec_step_info *info, char *err)
+/* Room for every job's final entry: at most chunk_tokens of feed plus its
+ * drafts, and k + 1 logits rows (a k out of range fails the job before it
+ * uses any). Sized by each job's own k: 16 jobs at the largest K would
+ * otherwise mean 272 vocabulary-wide rows. *dev_logits: the device rows, on
+ * the device path. */
+static int step_reserve(struct specdec_target *t, struct specdec_verify_job *const *jobs,
+                        int n_jobs, float **dev_logits, char *err)
 {
-    struct specdec_step_info local = {0};
-    if (!info)
-        info = &local;
-    *info = (struct specdec_step_info){0};
     const int n_slots = llama_ctx_n_slots(t->ctx);
-    int rc = specdec_step_capacity((void **)&t->entries, (void **)&t->in_call, &t->entries_cap,
-                           &t->slot_busy, n_slots, n_jobs, sizeof *t->entries, err);
+    int rc = specdec_slot_flags(&t->slot_busy, n_slots, err);
+    if (!rc)
+        rc = specdec_step_capacity(&t->entries, (void **)&t->in_call, &t->entries_cap, n_jobs,
+                                   err);
     if (rc)
         return rc;
-    /* Room for every job's final entry: at most chunk_tokens of feed plus
-     * its drafts, and k + 1 logits rows (a k out of range fails the job
-     * before it uses any). Sized by each job's own k: 16 jobs at the
-     * largest K would otherwise mean 272 vocabulary-wide rows. */
     int want_tokens = 0, want_rows = 0;
     for (int i = 0; i < n_jobs; i++) {
         const int k_max = jobs[i]->parents ? SPECDEC_TREE_NODES_MAX : SPECULATE_K_MAX;
@@ -367,11 +366,10 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
         want_tokens += t->progress.chunk_tokens + k;
         want_rows += k + 1;
     }
-    float *dev_logits = NULL;
     if ((rc = specdec_grow((void **)&t->tokens, &t->tokens_cap, want_tokens, sizeof(int32_t), err)) ||
         (rc = specdec_grow((void **)&t->tree_parents, &t->tree_parents_cap, want_tokens, sizeof(int32_t),
                            err)) ||
-        (t->dev ? (rc = specdec_dev_logits(t->dev, want_rows, &dev_logits, err))
+        (t->dev ? (rc = specdec_dev_logits(t->dev, want_rows, dev_logits, err))
                 : (rc = specdec_grow((void **)&t->logits, &t->logits_cap, want_rows,
                              (size_t)t->vocab * sizeof(float), err))) ||
         (!t->dev && t->host_argmax &&
@@ -379,108 +377,139 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
           (rc = specdec_grow((void **)&t->allow_rows, &t->allow_cap, want_rows,
                              allow_words(t) * sizeof(uint64_t), err)))))
         return rc;
-    struct llama_kv_stats kv;
-    llama_ctx_kv_stats(t->ctx, &kv);
-    int free_left = kv.free_blocks, n = 0, used_tokens = 0, used_rows = 0;
-    for (int i = 0; i < n_jobs; i++)
-        jobs[i]->in_step = false;
-    for (int i = 0; i < n_jobs; i++) {
-        struct specdec_verify_job *j = jobs[i];
-        char e_err[ERR_MSG_MAX];
-        if (j->done)
-            continue;
-        if (j->slot < 0 || j->slot >= n_slots) {
-            error_set(e_err, ERR_RANGE, "slot: must be in 0..%d, got %d", n_slots - 1, j->slot);
-            specdec_job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e_err);
-            continue;
+    return 0;
+}
+
+/* What one step has taken so far: the entries admitted (t->entries,
+ * t->in_call) and the room they use. */
+struct step_plan {
+    int n_slots;
+    float *dev_logits; /* the step's device rows; NULL on the host path */
+    int free_left;     /* KV blocks the admitted entries leave free */
+    int n;             /* entries admitted */
+    int used_tokens;   /* of t->tokens: final entries' feed tails and drafts */
+    int used_rows;     /* logits rows of the final entries */
+};
+
+/* Starts job j: a start truncates (blocks come back) and maps cached ones
+ * (they leave the pool's reach), so p->free_left follows the pool and what
+ * this step promised stays true. */
+static int step_start_job(struct specdec_target *t, struct specdec_verify_job *j,
+                          struct step_plan *p, char *err)
+{
+    const int avail = specdec_blocks_available(t->ctx);
+    int rc = verify_start(t, j, err);
+    p->free_left -= avail - specdec_blocks_available(t->ctx);
+    if (!rc)
+        j->started = true;
+    return rc;
+}
+
+/* Where the k + 1 rows of j's final entry e go: device rows, host argmaxes
+ * (greedy without logprobs or controls; a grammar's screened under its
+ * masks) or host logits. */
+static int final_entry_rows(struct specdec_target *t, struct specdec_verify_job *j,
+                            struct llama_seq_batch *e, const struct step_plan *p, char *err)
+{
+    if (p->dev_logits) {
+        e->logits_dev = p->dev_logits + (size_t)p->used_rows * (size_t)t->vocab;
+    } else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs && !j->ctl) {
+        e->argmax_out = t->argmax_rows + p->used_rows;
+        if (j->gram) {
+            uint64_t *allow = t->allow_rows + (size_t)p->used_rows * allow_words(t);
+            int rc = specdec_grammar_allow_rows(j->gram, j->draft, j->k, allow, t->vocab, err);
+            if (rc)
+                return rc;
+            e->argmax_allow = allow;
         }
-        if (t->slot_busy[j->slot])
-            continue; /* a slot's later job waits for its earlier one */
-        if (!j->started) {
-            /* a start truncates (blocks come back) and maps cached ones
-             * (they leave the pool's reach): what this step promised stays
-             * true */
-            const int avail = specdec_blocks_available(t->ctx);
-            rc = verify_start(t, j, e_err);
-            free_left -= avail - specdec_blocks_available(t->ctx);
-            if (rc) {
-                specdec_job_fail(&j->rc, j->err, &j->done, rc, e_err);
-                continue;
-            }
-            j->started = true;
-        }
-        struct llama_seq_batch *e = &t->entries[n];
-        const int rest = j->n_feed - j->fed;
-        /* a tree's forward holds its root, the last feed token, and the
-         * drafts: what comes before runs first, as a feed's head */
-        const int head_max = j->parents ? rest - 1 : rest;
-        if (rest > t->progress.chunk_tokens || (j->parents && rest > 1)) {
-            /* the head of a long feed: a chunk without logits */
-            *e = (struct llama_seq_batch){.slot = j->slot, .tokens = j->feed + j->fed,
-                                          .n_tokens = head_max < t->progress.chunk_tokens
-                                                          ? head_max : t->progress.chunk_tokens};
-            j->step_final = false;
-        } else {
-            int32_t *seq = t->tokens + used_tokens;
-            memcpy(seq, j->feed + j->fed, (size_t)rest * sizeof(int32_t));
-            if (j->k > 0)
-                memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
-            *e = (struct llama_seq_batch){.slot = j->slot, .tokens = seq,
-                                          .n_tokens = rest + j->k, .n_logits = j->k + 1};
-            if (j->parents) {
-                /* rest is 1 here: the root, then the drafts under it */
-                int32_t *par = t->tree_parents + used_tokens;
-                par[0] = -1;
-                for (int d = 0; d < j->k; d++)
-                    par[d + 1] = j->parents[d] + 1;
-                e->parents = par;
-            }
-            if (dev_logits) {
-                e->logits_dev = dev_logits + (size_t)used_rows * (size_t)t->vocab;
-            } else if (t->host_argmax && sampling_params_is_greedy(&j->sp) && !j->logprobs &&
-                       !j->ctl) {
-                /* a grammar's greedy rows: the screen under its masks */
-                e->argmax_out = t->argmax_rows + used_rows;
-                if (j->gram) {
-                    uint64_t *allow = t->allow_rows + (size_t)used_rows * allow_words(t);
-                    if ((rc = specdec_grammar_allow_rows(j->gram, j->draft, j->k, allow, t->vocab,
-                                                         e_err))) {
-                        specdec_job_fail(&j->rc, j->err, &j->done, rc, e_err);
-                        continue;
-                    }
-                    e->argmax_allow = allow;
-                }
-            } else {
-                e->logits_out = t->logits + (size_t)used_rows * (size_t)t->vocab;
-            }
-            j->step_final = true;
-        }
-        j->step_tokens = e->n_tokens;
-        int fits = 0;
-        if ((rc = llama_check_seq(t->ctx, e, e_err)) ||
-            (fits = specdec_entry_fits(t->ctx, e, n, &free_left, e_err)) < 0) {
-            specdec_job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
-            continue;
-        }
-        if (!fits)
-            continue;
-        if (j->step_final) {
-            used_tokens += e->n_tokens;
-            used_rows += e->n_logits;
-        }
-        t->slot_busy[j->slot] = true;
-        j->in_step = true;
-        t->in_call[n++] = j;
-        info->rows += e->n_tokens;
+    } else {
+        e->logits_out = t->logits + (size_t)p->used_rows * (size_t)t->vocab;
     }
-    for (int i = 0; i < n; i++)
-        t->slot_busy[t->in_call[i]->slot] = false;
-    info->seqs = n;
-    if (n == 0)
-        return 0;
+    return 0;
+}
+
+/* j's entry for this step in e: the head of a long feed, a chunk without
+ * logits; or the rest of the feed and the drafts, with k + 1 rows. */
+static int step_entry(struct specdec_target *t, struct specdec_verify_job *j,
+                      struct llama_seq_batch *e, const struct step_plan *p, char *err)
+{
+    const int rest = j->n_feed - j->fed;
+    /* a tree's forward holds its root, the last feed token, and the
+     * drafts: what comes before runs first, as a feed's head */
+    const int head_max = j->parents ? rest - 1 : rest;
+    if (rest > t->progress.chunk_tokens || (j->parents && rest > 1)) {
+        *e = (struct llama_seq_batch){.slot = j->slot, .tokens = j->feed + j->fed,
+                                      .n_tokens = head_max < t->progress.chunk_tokens ? head_max
+                                                                                      : t->progress.chunk_tokens};
+        j->step_final = false;
+    } else {
+        int32_t *seq = t->tokens + p->used_tokens;
+        memcpy(seq, j->feed + j->fed, (size_t)rest * sizeof(int32_t));
+        if (j->k > 0)
+            memcpy(seq + rest, j->draft, (size_t)j->k * sizeof(int32_t));
+        *e = (struct llama_seq_batch){.slot = j->slot, .tokens = seq,
+                                      .n_tokens = rest + j->k, .n_logits = j->k + 1};
+        if (j->parents) {
+            /* rest is 1 here: the root, then the drafts under it */
+            int32_t *par = t->tree_parents + p->used_tokens;
+            par[0] = -1;
+            for (int d = 0; d < j->k; d++)
+                par[d + 1] = j->parents[d] + 1;
+            e->parents = par;
+        }
+        int rc = final_entry_rows(t, j, e, p, err);
+        if (rc)
+            return rc;
+        j->step_final = true;
+    }
+    j->step_tokens = e->n_tokens;
+    return 0;
+}
+
+/* Takes job j into the step when its slot is free and its entry fits; a job
+ * that can never run fails with its own error and the step goes on. */
+static void step_admit(struct specdec_target *t, struct specdec_verify_job *j, struct step_plan *p,
+                       struct specdec_step_info *info)
+{
+    char e_err[ERR_MSG_MAX];
+    int rc = 0;
+    if (j->done)
+        return;
+    if (j->slot < 0 || j->slot >= p->n_slots) {
+        error_set(e_err, ERR_RANGE, "slot: must be in 0..%d, got %d", p->n_slots - 1, j->slot);
+        specdec_job_fail(&j->rc, j->err, &j->done, ERR_RANGE, e_err);
+        return;
+    }
+    if (t->slot_busy[j->slot])
+        return; /* a slot's later job waits for its earlier one */
+    struct llama_seq_batch *e = &t->entries[p->n];
+    int fits = 0;
+    if ((!j->started && (rc = step_start_job(t, j, p, e_err))) ||
+        (rc = step_entry(t, j, e, p, e_err)) || (rc = llama_check_seq(t->ctx, e, e_err)) ||
+        (fits = specdec_entry_fits(t->ctx, e, p->n, &p->free_left, e_err)) < 0) {
+        specdec_job_fail(&j->rc, j->err, &j->done, rc ? rc : fits, e_err);
+        return;
+    }
+    if (!fits)
+        return;
+    if (j->step_final) {
+        p->used_tokens += e->n_tokens;
+        p->used_rows += e->n_logits;
+    }
+    t->slot_busy[j->slot] = true;
+    j->in_step = true;
+    t->in_call[p->n++] = j;
+    info->rows += e->n_tokens;
+}
+
+/* One forward call for the step's n entries, then each job advanced: a
+ * chunk's feed counted, a final entry accepted/rejected. A failed call
+ * fails every job in it. */
+static void step_forward(struct specdec_target *t, int n, struct specdec_step_info *info)
+{
     char f_err[ERR_MSG_MAX];
     const double t0 = specdec_now_ms();
-    rc = llama_forward(t->ctx, t->entries, n, f_err);
+    int rc = llama_forward(t->ctx, t->entries, n, f_err);
     /* the device path accepts/rejects every finishing job at once; the
      * loop below then only advances the others */
     if (!rc && t->dev)
@@ -504,6 +533,31 @@ int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *con
                 verify_finish(t, j, t->entries[i].logits_out, t->entries[i].argmax_out);
         }
     }
+}
+
+int specdec_target_step(struct specdec_target *t, struct specdec_verify_job *const *jobs,
+                        int n_jobs, struct specdec_step_info *info, char *err)
+{
+    struct specdec_step_info local = {0};
+    if (!info)
+        info = &local;
+    *info = (struct specdec_step_info){0};
+    struct step_plan p = {.n_slots = llama_ctx_n_slots(t->ctx)};
+    int rc = step_reserve(t, jobs, n_jobs, &p.dev_logits, err);
+    if (rc)
+        return rc;
+    struct llama_kv_stats kv;
+    llama_ctx_kv_stats(t->ctx, &kv);
+    p.free_left = kv.free_blocks;
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i]->in_step = false;
+    for (int i = 0; i < n_jobs; i++)
+        step_admit(t, jobs[i], &p, info);
+    for (int i = 0; i < p.n; i++)
+        t->slot_busy[t->in_call[i]->slot] = false;
+    info->seqs = p.n;
+    if (p.n > 0)
+        step_forward(t, p.n, info);
     return 0;
 }
 
