@@ -211,26 +211,37 @@ int specdec_dev_draft_picks(struct specdec_dev *dv, const struct specdec_dev_pic
     return 0;
 }
 
-int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *rounds, int n,
-                       int n_rows, struct specdec_dev_outcome *out, char *err)
+/* What a verification batch needs room for: whether any round samples
+ * (then every row is adjusted), its q rows and draft ids, and the bytes
+ * coming back (one result per round, then with sampling a status per row). */
+struct verify_shape {
+    int sampled, n_q, n_ids;
+    size_t res_bytes, io_bytes;
+};
+
+static struct verify_shape verify_shape(const struct specdec_dev_round *rounds, int n, int n_rows)
 {
-    if (n <= 0)
-        return 0;
-    struct kern_backend *be = dv->be;
-    const size_t v = (size_t)dv->vocab;
-    int sampled = 0, n_q = 0, n_ids = 0, rc;
+    struct verify_shape sh = {0};
     for (int i = 0; i < n; i++) {
         const struct specdec_dev_round *r = &rounds[i];
         const int greedy = sampling_params_is_greedy(&r->sp);
-        sampled |= !greedy;
+        sh.sampled |= !greedy;
         if (!greedy && r->mode == SPECULATE_MODE_SAMPLED)
-            n_q += r->k;
-        n_ids += r->k;
+            sh.n_q += r->k;
+        sh.n_ids += r->k;
     }
+    sh.res_bytes = (size_t)n * sizeof(struct kern_cuda_spec_result);
+    sh.io_bytes = sh.res_bytes + (sh.sampled ? (size_t)n_rows * sizeof(int32_t) : 0);
+    return sh;
+}
+
+static int verify_reserve(struct specdec_dev *dv, int n, int n_rows, const struct verify_shape *sh,
+                          char *err)
+{
     size_t seqs_bytes = (size_t)dv->seqs_cap * sizeof *dv->seqs;
     size_t params_bytes = (size_t)dv->params_cap * sizeof *dv->params;
     void *seqs = dv->seqs, *params = dv->params;
-    rc = host_grow(&seqs, &seqs_bytes, (size_t)n * sizeof *dv->seqs, err);
+    int rc = host_grow(&seqs, &seqs_bytes, (size_t)n * sizeof *dv->seqs, err);
     dv->seqs = seqs;
     dv->seqs_cap = (int)(seqs_bytes / sizeof *dv->seqs);
     if (!rc) {
@@ -238,21 +249,24 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
         dv->params = params;
         dv->params_cap = (int)(params_bytes / sizeof *dv->params);
     }
-    const size_t res_bytes = (size_t)n * sizeof(struct kern_cuda_spec_result);
-    const size_t io_bytes = res_bytes + (sampled ? (size_t)n_rows * sizeof(int32_t) : 0);
     if (!rc)
-        rc = io_reserve(dv, io_bytes, err);
-    if (!rc && sampled)
+        rc = io_reserve(dv, sh->io_bytes, err);
+    if (!rc && sh->sampled)
         rc = dev_grow_rows(dv, &dv->probs, &dv->probs_rows, n_rows, err);
-    if (!rc && n_q)
-        rc = dev_grow_rows(dv, &dv->q, &dv->q_rows, n_q, err);
-    if (!rc && n_ids)
-        rc = ids_reserve(dv, n_ids, err);
-    if (rc)
-        return rc;
+    if (!rc && sh->n_q)
+        rc = dev_grow_rows(dv, &dv->q, &dv->q_rows, sh->n_q, err);
+    if (!rc && sh->n_ids)
+        rc = ids_reserve(dv, sh->n_ids, err);
+    return rc;
+}
 
-    struct kern_cuda_spec_result *res_dev = dv->io;
-    int32_t *st_dev = (int32_t *)((char *)dv->io + res_bytes);
+/* Each round's sequence record and row parameters on the host, its drafts
+ * gathered into ids_host and its q rows copied to the device. */
+static int verify_stage(struct specdec_dev *dv, const struct specdec_dev_round *rounds, int n,
+                        char *err)
+{
+    struct kern_backend *be = dv->be;
+    const size_t v = (size_t)dv->vocab;
     int q_at = 0, id_at = 0;
     for (int i = 0; i < n; i++) {
         const struct specdec_dev_round *r = &rounds[i];
@@ -268,37 +282,22 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
         if (!greedy && r->mode == SPECULATE_MODE_SAMPLED && r->k > 0) {
             const size_t bytes = (size_t)r->k * v * sizeof(float);
             float *dst = dv->q + (size_t)q_at * v;
-            rc = r->q_dev ? be->ops->copy(be, dst, r->q_dev, bytes, err)
-                          : be->ops->upload(be, dst, r->q_host, bytes, err);
+            int rc = r->q_dev ? be->ops->copy(be, dst, r->q_dev, bytes, err)
+                              : be->ops->upload(be, dst, r->q_host, bytes, err);
             if (rc)
                 return rc;
             q_at += r->k;
         }
     }
-    /* staged, not waited for: the host queues the adjust and verify
-     * kernels while the GPU still runs the forward pass before them (the
-     * ids are copied out of ids_host before this returns; on the stream
-     * they land ahead of the verify kernel that reads them) */
-    if (n_ids && (rc = kern_cuda_upload_staged(be, dv->ids, dv->ids_host,
-                                               (size_t)n_ids * sizeof(int32_t), err)))
-        return rc;
-    /* Every row of a sampling call is adjusted (greedy rows become one-hot
-     * at their argmax, which is all the greedy rule reads); the host path
-     * adjusts lazily, but a row's adjusted values do not depend on whether
-     * it was needed. */
-    const float *p = dv->logits;
-    if (sampled) {
-        if ((rc = kern_cuda_sampling_adjust(be, dv->probs, st_dev, dv->logits, n_rows, dv->vocab,
-                                            dv->params, err)))
-            return rc;
-        p = dv->probs;
-    }
-    if ((rc = kern_cuda_speculate_verify(be, res_dev, dv->seqs, n, p, n_q ? dv->q : NULL,
-                                         n_ids ? dv->ids : NULL, dv->vocab, err)) ||
-        (rc = be->ops->download(be, dv->io_host, dv->io, io_bytes, err)))
-        return rc;
+    return 0;
+}
+
+/* The rounds' outcomes from the results downloaded to io_host. */
+static void verify_outcomes(const struct specdec_dev *dv, const struct specdec_dev_round *rounds,
+                            int n, const struct verify_shape *sh, struct specdec_dev_outcome *out)
+{
     const struct kern_cuda_spec_result *res = dv->io_host;
-    const int32_t *st = (const int32_t *)((const char *)dv->io_host + res_bytes);
+    const int32_t *st = (const int32_t *)((const char *)dv->io_host + sh->res_bytes);
     for (int i = 0; i < n; i++) {
         const struct specdec_dev_round *r = &rounds[i];
         struct specdec_dev_outcome *o = &out[i];
@@ -309,7 +308,7 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
         /* a row that could not be adjusted explains a failed round; rows
          * past the first rejection were adjusted but never read, so only a
          * failed round reports them */
-        if (sampled && o->status != 0)
+        if (sh->sampled && o->status != 0)
             for (int row = 0; row <= r->k; row++)
                 if (st[r->p_row0 + row] != 0) {
                     o->status = st[r->p_row0 + row];
@@ -317,6 +316,45 @@ int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *r
                     break;
                 }
     }
+}
+
+int specdec_dev_verify(struct specdec_dev *dv, const struct specdec_dev_round *rounds, int n,
+                       int n_rows, struct specdec_dev_outcome *out, char *err)
+{
+    if (n <= 0)
+        return 0;
+    struct kern_backend *be = dv->be;
+    const struct verify_shape sh = verify_shape(rounds, n, n_rows);
+    int rc = verify_reserve(dv, n, n_rows, &sh, err);
+    if (!rc)
+        rc = verify_stage(dv, rounds, n, err);
+    if (rc)
+        return rc;
+    /* staged, not waited for: the host queues the adjust and verify
+     * kernels while the GPU still runs the forward pass before them (the
+     * ids are copied out of ids_host before this returns; on the stream
+     * they land ahead of the verify kernel that reads them) */
+    if (sh.n_ids && (rc = kern_cuda_upload_staged(be, dv->ids, dv->ids_host,
+                                                  (size_t)sh.n_ids * sizeof(int32_t), err)))
+        return rc;
+    /* Every row of a sampling call is adjusted (greedy rows become one-hot
+     * at their argmax, which is all the greedy rule reads); the host path
+     * adjusts lazily, but a row's adjusted values do not depend on whether
+     * it was needed. */
+    const float *p = dv->logits;
+    if (sh.sampled) {
+        int32_t *st_dev = (int32_t *)((char *)dv->io + sh.res_bytes);
+        if ((rc = kern_cuda_sampling_adjust(be, dv->probs, st_dev, dv->logits, n_rows, dv->vocab,
+                                            dv->params, err)))
+            return rc;
+        p = dv->probs;
+    }
+    struct kern_cuda_spec_result *res_dev = dv->io;
+    if ((rc = kern_cuda_speculate_verify(be, res_dev, dv->seqs, n, p, sh.n_q ? dv->q : NULL,
+                                         sh.n_ids ? dv->ids : NULL, dv->vocab, err)) ||
+        (rc = be->ops->download(be, dv->io_host, dv->io, sh.io_bytes, err)))
+        return rc;
+    verify_outcomes(dv, rounds, n, &sh, out);
     return 0;
 }
 
