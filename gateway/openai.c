@@ -569,35 +569,168 @@ static const struct field *field_find(enum openai_kind kind, const char *name)
     return NULL;
 }
 
-static int apply_field(enum openai_kind kind, const struct field *f, const cJSON *v,
-                       const struct openai_policy *policy, cJSON *gen, struct openai_request *out,
+static int apply_model(const char *name, const cJSON *v, const char *served_model,
                        struct openai_error *e)
 {
+    if (!cJSON_IsString(v))
+        return bad(e, name, "model: expected a string, got %s%s", json_type_name(v), "");
+    if (strcmp(v->valuestring, served_model) != 0) {
+        openai_error_set(e, 404, INVALID, "model_not_found", "model",
+                         "model: \"%.200s\" does not exist; this server serves \"%.200s\"", v->valuestring,
+                         served_model);
+        return -1;
+    }
+    return 0;
+}
+
+static int apply_max_tokens(const char *name, const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (expect_integer(v, name, e) != 0)
+        return -1;
+    /* max_completion_tokens wins over the deprecated max_tokens. */
+    if (strcmp(name, "max_tokens") == 0 && cJSON_GetObjectItemCaseSensitive(gen, "max_tokens") != NULL)
+        return 0;
+    cJSON_DeleteItemFromObjectCaseSensitive(gen, "max_tokens");
+    return cJSON_AddNumberToObject(gen, "max_tokens", v->valuedouble) ? 0 : -1;
+}
+
+static int apply_draft(const char *name, const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (!cJSON_IsString(v))
+        return bad(e, name, "draft: expected a string, got %s%s", json_type_name(v), "");
+    enum request_draft draft;
+    char why[ERR_MSG_MAX];
+    if (request_draft_parse(v->valuestring, name, &draft, why) != 0)
+        return bad(e, name, "%s%s", why, "");
+    return cJSON_AddStringToObject(gen, name, v->valuestring) ? 0 : -1;
+}
+
+/* "spec_tree": "off", "auto" or a node budget (request_spec_tree_parse), passed on as given. */
+static int apply_spec_tree(const char *name, const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    int tree;
+    char why[ERR_MSG_MAX];
+    if (request_spec_tree_parse(v, name, &tree, why) != 0)
+        return bad(e, name, "%s%s", why, "");
+    cJSON *copy = cJSON_Duplicate(v, 0);
+    if (copy == NULL || !cJSON_AddItemToObject(gen, name, copy)) {
+        cJSON_Delete(copy);
+        return -1;
+    }
+    return 0;
+}
+
+static int apply_seed(const char *name, const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (expect_integer(v, name, e) != 0)
+        return -1;
+    if (v->valuedouble < 0)
+        return bad(e, name, "seed: must be >= 0%s%s", "", "");
+    return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+}
+
+static int apply_stream_options(const char *name, const cJSON *v, struct openai_request *out,
+                                struct openai_error *e)
+{
+    if (!cJSON_IsObject(v))
+        return bad(e, name, "stream_options: expected an object, got %s%s", json_type_name(v), "");
+    const cJSON *o = NULL;
+    cJSON_ArrayForEach(o, v) {
+        if (strcmp(o->string, "include_usage") != 0)
+            return bad(e, "stream_options", "stream_options.%.48s: not supported%s", o->string, "");
+        if (!cJSON_IsBool(o))
+            return bad(e, "stream_options", "stream_options.include_usage: expected a boolean, got %s%s",
+                       json_type_name(o), "");
+        out->include_usage = cJSON_IsTrue(o);
+    }
+    return 0;
+}
+
+static int apply_n(const char *name, const cJSON *v, struct openai_request *out,
+                   struct openai_error *e)
+{
+    if (expect_integer(v, name, e) != 0)
+        return -1;
+    if (v->valuedouble < 1 || v->valuedouble > REQUEST_N_MAX)
+        return bad(e, name, "n: must be in 1..16, got %s%s", v->valuedouble < 1 ? "less" : "more", "");
+    out->n = (int)v->valuedouble;
+    return cJSON_AddNumberToObject(out->generate, name, v->valuedouble) ? 0 : -1;
+}
+
+/* Fields that take only a value the server already uses: the count 1, or
+ * false. */
+static int apply_fixed(const struct field *f, const cJSON *v, struct openai_error *e)
+{
     const char *name = f->name;
-    const char *served_model = policy->served_model;
+    if (f->rule == F_ONE) {
+        if (expect_integer(v, name, e) != 0)
+            return -1;
+        if (v->valuedouble != 1)
+            return bad(e, name, "%s: only 1 is supported, got %s", name, v->valuedouble < 1 ? "less" : "more");
+        return 0;
+    }
+    if (!cJSON_IsBool(v))
+        return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
+    if (cJSON_IsTrue(v))
+        return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
+    return 0;
+}
+
+/* logprobs: a boolean in chat, the count of top tokens in completions. */
+static int apply_logprobs(const char *name, const cJSON *v, struct openai_request *out,
+                          struct openai_error *e)
+{
+    if (out->kind == OPENAI_CHAT) {
+        if (!cJSON_IsBool(v))
+            return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
+        out->logprobs = cJSON_IsTrue(v);
+        return 0;
+    }
+    if (expect_top_count(v, name, e) != 0)
+        return -1;
+    out->logprobs = true;
+    out->top_logprobs = (int)v->valuedouble;
+    return 0;
+}
+
+static int apply_top_logprobs(const char *name, const cJSON *v, struct openai_request *out,
+                              struct openai_error *e)
+{
+    if (expect_top_count(v, name, e) != 0)
+        return -1;
+    out->top_logprobs = (int)v->valuedouble;
+    out->top_given = true;
+    return 0;
+}
+
+static int apply_logit_bias(const char *name, const cJSON *v, cJSON *gen, struct openai_error *e)
+{
+    if (!cJSON_IsObject(v))
+        return bad(e, name, "%s: expected an object, got %s", name, json_type_name(v));
+    cJSON *copy = cJSON_Duplicate(v, 1);
+    if (copy == NULL || !cJSON_AddItemToObject(gen, name, copy)) {
+        cJSON_Delete(copy);
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks field f's value v and carries it into out: the coordinator's
+ * generate message (out->generate) or the request's own flags. */
+static int apply_field(const struct field *f, const cJSON *v, const struct openai_policy *policy,
+                       struct openai_request *out, struct openai_error *e)
+{
+    const char *name = f->name;
+    cJSON *gen = out->generate;
     switch (f->rule) {
     case F_MODEL:
-        if (!cJSON_IsString(v))
-            return bad(e, name, "model: expected a string, got %s%s", json_type_name(v), "");
-        if (strcmp(v->valuestring, served_model) != 0) {
-            openai_error_set(e, 404, INVALID, "model_not_found", "model",
-                             "model: \"%.200s\" does not exist; this server serves \"%.200s\"", v->valuestring,
-                             served_model);
-            return -1;
-        }
-        return 0;
+        return apply_model(name, v, policy->served_model, e);
     case F_MESSAGES:
         return translate_messages(v, gen, e);
     case F_PROMPT:
         return translate_prompt(v, gen, e);
     case F_MAX_TOKENS:
-        if (expect_integer(v, name, e) != 0)
-            return -1;
-        /* max_completion_tokens wins over the deprecated max_tokens. */
-        if (strcmp(name, "max_tokens") == 0 && cJSON_GetObjectItemCaseSensitive(gen, "max_tokens") != NULL)
-            return 0;
-        cJSON_DeleteItemFromObjectCaseSensitive(gen, "max_tokens");
-        return cJSON_AddNumberToObject(gen, "max_tokens", v->valuedouble) ? 0 : -1;
+        return apply_max_tokens(name, v, gen, e);
     case F_NUMBER:
         if (expect_number(v, name, e) != 0)
             return -1;
@@ -606,33 +739,12 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
         if (expect_integer(v, name, e) != 0)
             return -1;
         return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
-    case F_DRAFT: {
-        if (!cJSON_IsString(v))
-            return bad(e, name, "draft: expected a string, got %s%s", json_type_name(v), "");
-        enum request_draft draft;
-        char why[ERR_MSG_MAX];
-        if (request_draft_parse(v->valuestring, name, &draft, why) != 0)
-            return bad(e, name, "%s%s", why, "");
-        return cJSON_AddStringToObject(gen, name, v->valuestring) ? 0 : -1;
-    }
-    case F_SPEC_TREE: {
-        int tree;
-        char why[ERR_MSG_MAX];
-        if (request_spec_tree_parse(v, name, &tree, why) != 0)
-            return bad(e, name, "%s%s", why, "");
-        cJSON *copy = cJSON_Duplicate(v, 0);
-        if (copy == NULL || !cJSON_AddItemToObject(gen, name, copy)) {
-            cJSON_Delete(copy);
-            return -1;
-        }
-        return 0;
-    }
+    case F_DRAFT:
+        return apply_draft(name, v, gen, e);
+    case F_SPEC_TREE:
+        return apply_spec_tree(name, v, gen, e);
     case F_SEED:
-        if (expect_integer(v, name, e) != 0)
-            return -1;
-        if (v->valuedouble < 0)
-            return bad(e, name, "seed: must be >= 0%s%s", "", "");
-        return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+        return apply_seed(name, v, gen, e);
     case F_STOP:
         return translate_stop(v, gen, e);
     case F_STREAM:
@@ -640,67 +752,19 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
             return bad(e, name, "stream: expected a boolean, got %s%s", json_type_name(v), "");
         out->stream = cJSON_IsTrue(v);
         return 0;
-    case F_STREAM_OPTIONS: {
-        if (!cJSON_IsObject(v))
-            return bad(e, name, "stream_options: expected an object, got %s%s", json_type_name(v), "");
-        const cJSON *o = NULL;
-        cJSON_ArrayForEach(o, v) {
-            if (strcmp(o->string, "include_usage") != 0)
-                return bad(e, "stream_options", "stream_options.%.48s: not supported%s", o->string, "");
-            if (!cJSON_IsBool(o))
-                return bad(e, "stream_options", "stream_options.include_usage: expected a boolean, got %s%s",
-                           json_type_name(o), "");
-            out->include_usage = cJSON_IsTrue(o);
-        }
-        return 0;
-    }
+    case F_STREAM_OPTIONS:
+        return apply_stream_options(name, v, out, e);
     case F_N:
-        if (expect_integer(v, name, e) != 0)
-            return -1;
-        if (v->valuedouble < 1 || v->valuedouble > REQUEST_N_MAX)
-            return bad(e, name, "n: must be in 1..16, got %s%s", v->valuedouble < 1 ? "less" : "more", "");
-        out->n = (int)v->valuedouble;
-        return cJSON_AddNumberToObject(gen, name, v->valuedouble) ? 0 : -1;
+        return apply_n(name, v, out, e);
     case F_ONE:
-        if (expect_integer(v, name, e) != 0)
-            return -1;
-        if (v->valuedouble != 1)
-            return bad(e, name, "%s: only 1 is supported, got %s", name, v->valuedouble < 1 ? "less" : "more");
-        return 0;
     case F_FALSE:
-        if (!cJSON_IsBool(v))
-            return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
-        if (cJSON_IsTrue(v))
-            return bad(e, name, "%s: not supported by this server (only false)%s", name, "");
-        return 0;
+        return apply_fixed(f, v, e);
     case F_LOGPROBS:
-        if (kind == OPENAI_CHAT) {
-            if (!cJSON_IsBool(v))
-                return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
-            out->logprobs = cJSON_IsTrue(v);
-            return 0;
-        }
-        if (expect_top_count(v, name, e) != 0)
-            return -1;
-        out->logprobs = true;
-        out->top_logprobs = (int)v->valuedouble;
-        return 0;
+        return apply_logprobs(name, v, out, e);
     case F_TOP_LOGPROBS:
-        if (expect_top_count(v, name, e) != 0)
-            return -1;
-        out->top_logprobs = (int)v->valuedouble;
-        out->top_given = true;
-        return 0;
-    case F_LOGIT_BIAS: {
-        if (!cJSON_IsObject(v))
-            return bad(e, name, "%s: expected an object, got %s", name, json_type_name(v));
-        cJSON *copy = cJSON_Duplicate(v, 1);
-        if (copy == NULL || !cJSON_AddItemToObject(gen, name, copy)) {
-            cJSON_Delete(copy);
-            return -1;
-        }
-        return 0;
-    }
+        return apply_top_logprobs(name, v, out, e);
+    case F_LOGIT_BIAS:
+        return apply_logit_bias(name, v, gen, e);
     case F_BOOL:
         if (!cJSON_IsBool(v))
             return bad(e, name, "%s: expected a boolean, got %s", name, json_type_name(v));
@@ -718,7 +782,6 @@ static int apply_field(enum openai_kind kind, const struct field *f, const cJSON
     case F_UNSUPPORTED:
         return bad(e, name, "%s: not supported by this server%s", name, "");
     }
-    (void)kind;
     return bad(e, name, "%s: unexpected field%s", name, "");
 }
 
@@ -798,7 +861,7 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
     /* max_completion_tokens first, so it wins over max_tokens whatever the order. */
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens");
     if (kind == OPENAI_CHAT && mct != NULL && !cJSON_IsNull(mct) &&
-        apply_field(kind, field_find(kind, "max_completion_tokens"), mct, policy, gen, out, e) != 0)
+        apply_field(field_find(kind, "max_completion_tokens"), mct, policy, out, e) != 0)
         goto done;
     const cJSON *f = NULL;
     cJSON_ArrayForEach(f, root) {
@@ -815,7 +878,7 @@ int openai_parse_request(enum openai_kind kind, const char *body, size_t len, co
             continue;
         if (fd->rule == F_MAX_TOKENS && strcmp(fd->name, "max_completion_tokens") == 0)
             continue;
-        if (apply_field(kind, fd, f, policy, gen, out, e) != 0)
+        if (apply_field(fd, f, policy, out, e) != 0)
             goto done;
     }
     rc = finish_request(kind, root, gen, out, e);
