@@ -176,6 +176,131 @@ static int request_text(const struct options *o, const int32_t *prompt, int n_pr
     return rc;
 }
 
+/* The option a flag that takes text as it is sets, or NULL. */
+static const char **text_option(struct options *o, const char *flag)
+{
+    if (!strcmp(flag, "--model")) return &o->model_dir;
+    if (!strcmp(flag, "--dump-logits")) return &o->dump_logits;
+    if (!strcmp(flag, "--grammar-file")) return &o->grammar_file;
+    if (!strcmp(flag, "--json-schema")) return &o->schema_file;
+    if (!strcmp(flag, "--draft")) return &o->draft_dir;
+    if (!strcmp(flag, "--prompt")) return &o->prompt;
+    if (!strcmp(flag, "--chat")) return &o->chat;
+    if (!strcmp(flag, "--ids")) return &o->ids;
+    if (!strcmp(flag, "--backend")) return &o->backend;
+    if (!strcmp(flag, "--device")) return &o->device;
+    if (!strcmp(flag, "--draft-device")) return &o->draft_device;
+    return NULL;
+}
+
+/* The flags that name one of a few choices. 1: flag a was one and v is
+ * taken, 0: a is not one of them, -1: v is not a choice (said on stderr). */
+static int parse_choice(struct options *o, const char *a, const char *v)
+{
+    char err[ERR_MSG_MAX];
+    if (!strcmp(a, "--drafter")) {
+        enum request_draft d;
+        if (request_draft_parse(v, "--drafter", &d, err) || d == REQUEST_DRAFT_DEFAULT) {
+            fprintf(stderr, "tandem-generate: --drafter: expected model, ngram, suffix, auto or none, "
+                            "got \"%s\"\n", v);
+            return -1;
+        }
+        o->drafter = v;
+    } else if (!strcmp(a, "--quantize") || !strcmp(a, "--draft-quantize")) {
+        if (quantize_mode_parse(v, !strcmp(a, "--quantize") ? &o->quantize : &o->draft_quantize, err)) {
+            fprintf(stderr, "tandem-generate: %s: %s\n", a, err);
+            return -1;
+        }
+    } else if (!strcmp(a, "--sampler")) {
+        if (strcmp(v, "host") && strcmp(v, "device")) {
+            fprintf(stderr, "tandem-generate: --sampler: expected host or device, got \"%s\"\n", v);
+            return -1;
+        }
+        o->sampler = v;
+    } else if (!strcmp(a, "--spec-mode")) {
+        if (!strcmp(v, "sampled")) o->mode = SPECULATE_MODE_SAMPLED;
+        else if (!strcmp(v, "point_mass")) o->mode = SPECULATE_MODE_POINT_MASS;
+        else {
+            fprintf(stderr, "tandem-generate: --spec-mode: expected sampled or point_mass, got \"%s\"\n", v);
+            return -1;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static int parse_seed(const char *v, uint64_t *seed)
+{
+    char *end;
+    errno = 0;
+    unsigned long long s = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-') {
+        fprintf(stderr, "tandem-generate: --seed: expected an unsigned integer, got \"%s\"\n", v);
+        return -1;
+    }
+    *seed = (uint64_t)s;
+    return 0;
+}
+
+/* The flags that take a number, as parse_choice: 1 taken, 0 not one of
+ * them, -1 v out of range or not a number. */
+static int parse_number(struct options *o, const char *a, const char *v)
+{
+    struct sampling_params *sp = &o->sampling;
+    long n;
+    int rc = 0;
+    if (!strcmp(a, "--max-tokens")) {
+        if (!(rc = parse_long(a, v, 1, 1 << 20, &n))) o->max_tokens = (int)n;
+    } else if (!strcmp(a, "--spec-k")) {
+        if (!(rc = parse_long(a, v, 0, SPECULATE_K_MAX, &n))) o->spec_k = (int)n;
+    } else if (!strcmp(a, "--threads")) {
+        if (!(rc = parse_long(a, v, 0, 1024, &n))) o->threads = (int)n;
+    } else if (!strcmp(a, "--max-seq-len")) {
+        if (!(rc = parse_long(a, v, 0, 1 << 24, &n))) o->max_seq_len = (int)n;
+    } else if (!strcmp(a, "--seed")) {
+        rc = parse_seed(v, &sp->seed);
+    } else if (!strcmp(a, "--temperature")) {
+        rc = parse_float(a, v, &sp->temperature);
+    } else if (!strcmp(a, "--top-k")) {
+        if (!(rc = parse_long(a, v, -1000000, 1000000000, &n))) sp->top_k = (int)n;
+    } else if (!strcmp(a, "--top-p")) {
+        rc = parse_float(a, v, &sp->top_p);
+    } else if (!strcmp(a, "--min-p")) {
+        rc = parse_float(a, v, &sp->min_p);
+    } else {
+        return 0;
+    }
+    return rc ? -1 : 1;
+}
+
+/* What the flags must say together; fills in the default drafter. */
+static int check_options(struct options *o)
+{
+    if (!o->model_dir) {
+        fprintf(stderr, "tandem-generate: --model: required\n");
+        return -1;
+    }
+    if (!!o->prompt + !!o->chat + !!o->ids != 1) {
+        fprintf(stderr, "tandem-generate: give exactly one of --prompt, --chat, --ids\n");
+        return -1;
+    }
+    if (o->grammar_file && o->schema_file) {
+        fprintf(stderr, "tandem-generate: give at most one of --grammar-file, --json-schema\n");
+        return -1;
+    }
+    if (!o->drafter)
+        o->drafter = o->draft_dir ? "model" : "none";
+    /* auto drafts with the model where it pays, so it may have one */
+    const bool auto_src = !strcmp(o->drafter, "auto");
+    if ((!strcmp(o->drafter, "model") && !o->draft_dir) || (o->draft_dir && strcmp(o->drafter, "model") && !auto_src)) {
+        fprintf(stderr, "tandem-generate: --drafter %s: %s\n", o->drafter,
+                o->draft_dir ? "--draft is for --drafter model or auto" : "needs --draft DIR");
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, struct options *o)
 {
     memset(o, 0, sizeof *o);
@@ -201,106 +326,22 @@ static int parse_args(int argc, char **argv, struct options *o)
             return -1;
         }
         const char *v = argv[++i];
-        long n;
-        if (!strcmp(a, "--model")) o->model_dir = v;
-        else if (!strcmp(a, "--dump-logits")) o->dump_logits = v;
-        else if (!strcmp(a, "--grammar-file")) o->grammar_file = v;
-        else if (!strcmp(a, "--json-schema")) o->schema_file = v;
-        else if (!strcmp(a, "--draft")) o->draft_dir = v;
-        else if (!strcmp(a, "--prompt")) o->prompt = v;
-        else if (!strcmp(a, "--chat")) o->chat = v;
-        else if (!strcmp(a, "--ids")) o->ids = v;
-        else if (!strcmp(a, "--backend")) o->backend = v;
-        else if (!strcmp(a, "--device")) o->device = v;
-        else if (!strcmp(a, "--draft-device")) o->draft_device = v;
-        else if (!strcmp(a, "--drafter")) {
-            enum request_draft d;
-            char err[ERR_MSG_MAX];
-            if (request_draft_parse(v, "--drafter", &d, err) || d == REQUEST_DRAFT_DEFAULT) {
-                fprintf(stderr, "tandem-generate: --drafter: expected model, ngram, suffix, auto or none, "
-                                "got \"%s\"\n", v);
-                return -1;
-            }
-            o->drafter = v;
+        const char **text = text_option(o, a);
+        if (text) {
+            *text = v;
+            continue;
         }
-        else if (!strcmp(a, "--quantize") || !strcmp(a, "--draft-quantize")) {
-            char err[ERR_MSG_MAX];
-            if (quantize_mode_parse(v, !strcmp(a, "--quantize") ? &o->quantize : &o->draft_quantize, err)) {
-                fprintf(stderr, "tandem-generate: %s: %s\n", a, err);
-                return -1;
-            }
-        }
-        else if (!strcmp(a, "--sampler")) {
-            if (strcmp(v, "host") && strcmp(v, "device")) {
-                fprintf(stderr, "tandem-generate: --sampler: expected host or device, got \"%s\"\n", v);
-                return -1;
-            }
-            o->sampler = v;
-        }
-        else if (!strcmp(a, "--max-tokens")) {
-            if (parse_long(a, v, 1, 1 << 20, &n)) return -1;
-            o->max_tokens = (int)n;
-        } else if (!strcmp(a, "--spec-k")) {
-            if (parse_long(a, v, 0, SPECULATE_K_MAX, &n)) return -1;
-            o->spec_k = (int)n;
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_long(a, v, 0, 1024, &n)) return -1;
-            o->threads = (int)n;
-        } else if (!strcmp(a, "--max-seq-len")) {
-            if (parse_long(a, v, 0, 1 << 24, &n)) return -1;
-            o->max_seq_len = (int)n;
-        } else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-') {
-                fprintf(stderr, "tandem-generate: --seed: expected an unsigned integer, got \"%s\"\n", v);
-                return -1;
-            }
-            o->sampling.seed = (uint64_t)s;
-        } else if (!strcmp(a, "--temperature")) {
-            if (parse_float(a, v, &o->sampling.temperature)) return -1;
-        } else if (!strcmp(a, "--top-k")) {
-            if (parse_long(a, v, -1000000, 1000000000, &n)) return -1;
-            o->sampling.top_k = (int)n;
-        } else if (!strcmp(a, "--top-p")) {
-            if (parse_float(a, v, &o->sampling.top_p)) return -1;
-        } else if (!strcmp(a, "--min-p")) {
-            if (parse_float(a, v, &o->sampling.min_p)) return -1;
-        } else if (!strcmp(a, "--spec-mode")) {
-            if (!strcmp(v, "sampled")) o->mode = SPECULATE_MODE_SAMPLED;
-            else if (!strcmp(v, "point_mass")) o->mode = SPECULATE_MODE_POINT_MASS;
-            else {
-                fprintf(stderr, "tandem-generate: --spec-mode: expected sampled or point_mass, got \"%s\"\n", v);
-                return -1;
-            }
-        } else {
+        int taken = parse_choice(o, a, v);
+        if (taken == 0)
+            taken = parse_number(o, a, v);
+        if (taken < 0)
+            return -1;
+        if (taken == 0) {
             fprintf(stderr, "tandem-generate: unknown flag %s\n", a);
             return -1;
         }
     }
-    if (!o->model_dir) {
-        fprintf(stderr, "tandem-generate: --model: required\n");
-        return -1;
-    }
-    if (!!o->prompt + !!o->chat + !!o->ids != 1) {
-        fprintf(stderr, "tandem-generate: give exactly one of --prompt, --chat, --ids\n");
-        return -1;
-    }
-    if (o->grammar_file && o->schema_file) {
-        fprintf(stderr, "tandem-generate: give at most one of --grammar-file, --json-schema\n");
-        return -1;
-    }
-    if (!o->drafter)
-        o->drafter = o->draft_dir ? "model" : "none";
-    /* auto drafts with the model where it pays, so it may have one */
-    const bool auto_src = !strcmp(o->drafter, "auto");
-    if ((!strcmp(o->drafter, "model") && !o->draft_dir) || (o->draft_dir && strcmp(o->drafter, "model") && !auto_src)) {
-        fprintf(stderr, "tandem-generate: --drafter %s: %s\n", o->drafter,
-                o->draft_dir ? "--draft is for --drafter model or auto" : "needs --draft DIR");
-        return -1;
-    }
-    return 0;
+    return check_options(o);
 }
 
 static int parse_ids(const char *s, int32_t **out, int *n_out, char *err)
@@ -397,49 +438,6 @@ static void print_json(const struct options *o, const int32_t *ids, int n, const
     cJSON_Delete(j);
 }
 
-/* Loads a model and a one-slot context; the caller destroys both. */
-static int load_model(const char *dir, struct kern_backend *be, enum quantize_mode quant,
-                      int max_seq_len, bool no_graphs, struct llama_model **model,
-                      struct llama_ctx **ctx, char *err)
-{
-    int rc = llama_model_load_quantized(model, dir, be, quant, err);
-    if (rc)
-        return rc;
-    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = max_seq_len,
-                                 .no_graphs = no_graphs};
-    return llama_ctx_create(ctx, *model, &p, err);
-}
-
-/* --dump-logits: slot 0 emptied, then prompt + out[0..n_out-2] in one
- * forward call whose every row keeps its logits, written to path. */
-static int dump_logits(struct llama_ctx *ctx, const int32_t *prompt, int n_prompt,
-                       const int32_t *out, int n_out, const char *path, char *err)
-{
-    const int vocab = llama_model_config(llama_ctx_model(ctx))->vocab_size;
-    const int n = n_prompt + n_out - 1;
-    int32_t *seq = malloc((size_t)(n > 0 ? n : 1) * sizeof *seq);
-    float *rows = malloc((size_t)(n > 0 ? n : 1) * (size_t)vocab * sizeof *rows);
-    int rc = !seq || !rows ? error_set(err, ERR_NOMEM, "--dump-logits: out of memory") : 0;
-    if (!rc && n_out > 0) {
-        memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
-        memcpy(seq + n_prompt, out, (size_t)(n_out - 1) * sizeof *seq);
-        struct llama_seq_batch b = {.slot = 0, .tokens = seq, .n_tokens = n, .n_logits = n,
-                                    .logits_out = rows};
-        if (!(rc = llama_ctx_truncate(ctx, 0, 0, err)))
-            rc = llama_forward(ctx, &b, 1, err);
-    }
-    FILE *f = rc ? NULL : fopen(path, "wb");
-    if (!rc && !f)
-        rc = error_set(err, ERR_IO, "--dump-logits: cannot create %s", path);
-    if (f && n_out > 0 && fwrite(rows, sizeof *rows, (size_t)n * (size_t)vocab, f) != (size_t)n * (size_t)vocab)
-        rc = error_set(err, ERR_IO, "--dump-logits: cannot write %s", path);
-    if (f && fclose(f) != 0 && !rc)
-        rc = error_set(err, ERR_IO, "--dump-logits: cannot write %s", path);
-    free(seq);
-    free(rows);
-    return rc;
-}
-
 /* The draft must share the target's vocabulary and EOS ids, or its tokens
  * mean something else. */
 static int check_pair(const struct model_config *t, const struct model_config *d, char *err)
@@ -460,6 +458,21 @@ struct gen_models {
     struct llama_ctx *target_ctx, *draft_ctx;
 };
 
+/* Loads the target's model (draft false) or the draft's, on its backend,
+ * and a one-slot context; models_free destroys both. */
+static int load_model(struct gen_models *g, const struct options *o, bool draft, char *err)
+{
+    struct kern_backend *be = draft && g->draft_be ? g->draft_be : g->be;
+    struct llama_model **model = draft ? &g->draft_model : &g->target_model;
+    int rc = llama_model_load_quantized(model, draft ? o->draft_dir : o->model_dir, be,
+                                        draft ? o->draft_quantize : o->quantize, err);
+    if (rc)
+        return rc;
+    struct llama_ctx_params p = {.n_slots = 1, .max_seq_len = o->max_seq_len,
+                                 .no_graphs = o->no_graphs};
+    return llama_ctx_create(draft ? &g->draft_ctx : &g->target_ctx, *model, &p, err);
+}
+
 static int models_load(struct gen_models *g, const struct options *o, char *err)
 {
     int rc = kern_backend_create(&g->be, o->backend, o->device ? o->device : "", o->threads, err);
@@ -468,16 +481,14 @@ static int models_load(struct gen_models *g, const struct options *o, char *err)
     if (!rc && o->draft_dir && o->draft_device)
         rc = kern_backend_create(&g->draft_be, o->backend, o->draft_device, o->threads, err);
     if (!rc)
-        rc = load_model(o->model_dir, g->be, o->quantize, o->max_seq_len, o->no_graphs, &g->target_model,
-                        &g->target_ctx, err);
+        rc = load_model(g, o, false, err);
     if (!rc && o->draft_dir) {
         struct model_config draft_cfg;
         rc = model_config_load(&draft_cfg, o->draft_dir, err);
         if (!rc)
             rc = check_pair(llama_model_config(g->target_model), &draft_cfg, err);
         if (!rc)
-            rc = load_model(o->draft_dir, g->draft_be ? g->draft_be : g->be, o->draft_quantize, o->max_seq_len,
-                            o->no_graphs, &g->draft_model, &g->draft_ctx, err);
+            rc = load_model(g, o, true, err);
     }
     /* The workers of the pipeline are warm when a request comes (llama.h:
      * llama_ctx_warm_up); so are the figures printed here. */
@@ -522,6 +533,38 @@ static int on_reply(void *user, const cJSON *reply)
         r->ids[r->n_ids++] = (int32_t)cJSON_GetNumberValue(id);
     local_stats_from_done(reply, &r->st);
     return 0;
+}
+
+/* --dump-logits: slot 0 emptied, then prompt + r's ids but the last in one
+ * forward call whose every row keeps its logits, written to path. */
+static int dump_logits(struct llama_ctx *ctx, const int32_t *prompt, int n_prompt,
+                       const struct gen_result *r, const char *path, char *err)
+{
+    const int32_t *out = r->ids;
+    const int n_out = r->n_ids;
+    const int vocab = llama_model_config(llama_ctx_model(ctx))->vocab_size;
+    const int n = n_prompt + n_out - 1;
+    int32_t *seq = malloc((size_t)(n > 0 ? n : 1) * sizeof *seq);
+    float *rows = malloc((size_t)(n > 0 ? n : 1) * (size_t)vocab * sizeof *rows);
+    int rc = !seq || !rows ? error_set(err, ERR_NOMEM, "--dump-logits: out of memory") : 0;
+    if (!rc && n_out > 0) {
+        memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+        memcpy(seq + n_prompt, out, (size_t)(n_out - 1) * sizeof *seq);
+        struct llama_seq_batch b = {.slot = 0, .tokens = seq, .n_tokens = n, .n_logits = n,
+                                    .logits_out = rows};
+        if (!(rc = llama_ctx_truncate(ctx, 0, 0, err)))
+            rc = llama_forward(ctx, &b, 1, err);
+    }
+    FILE *f = rc ? NULL : fopen(path, "wb");
+    if (!rc && !f)
+        rc = error_set(err, ERR_IO, "--dump-logits: cannot create %s", path);
+    if (f && n_out > 0 && fwrite(rows, sizeof *rows, (size_t)n * (size_t)vocab, f) != (size_t)n * (size_t)vocab)
+        rc = error_set(err, ERR_IO, "--dump-logits: cannot write %s", path);
+    if (f && fclose(f) != 0 && !rc)
+        rc = error_set(err, ERR_IO, "--dump-logits: cannot write %s", path);
+    free(seq);
+    free(rows);
+    return rc;
 }
 
 /* The settings the three processes of a server would read, for this run. */
@@ -610,7 +653,7 @@ static int generate(const struct options *o, struct gen_models *g, const struct 
     if (!rc)
         rc = run_pipeline(o, g, sampler, request, &r, err);
     if (!rc && o->dump_logits)
-        rc = dump_logits(g->target_ctx, prompt, n_prompt, r.ids, r.n_ids, o->dump_logits, err);
+        rc = dump_logits(g->target_ctx, prompt, n_prompt, &r, o->dump_logits, err);
     if (!rc && tk)
         rc = tokenizer_decode(tk, r.ids, (size_t)r.n_ids, 1, &text, &text_len, err);
     if (!rc && o->json)
