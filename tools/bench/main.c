@@ -413,6 +413,123 @@ static int cpu_verify_rows(struct bench_model *m, int prefix_len, int calls,
     return 0;
 }
 
+/* The share of read bandwidth, side by side. runtime_preset's figure sets
+ * seconds of decode against the best of a few 1 GiB read passes before and
+ * after it; this VM's bandwidth moves by up to 2x within a minute, so that
+ * share reads low whenever a fast burst lands on a read pass. Here each turn
+ * is a read (best of 3 passes) right before one request: the share per
+ * turn, median. Each turn also reads the model's own weight copies with the
+ * same loops: the bytes a decode step reads, in the pages the load placed
+ * (a fresh buffer's pages are placed when the read starts, and on a VM the
+ * host decides where). Both figures are printed; neither loop is the
+ * kernel's shape, so either may read below it. bytes: the weight bytes a
+ * token reads. */
+static int runtime_side_by_side(const struct bench_opts *o, struct kern_backend *be,
+                                const struct bench_pipeline *tp, const struct bench_requests *rq,
+                                double bytes)
+{
+    enum { SIDE_TURNS = 7, SIDE_TOKENS = 16, COPIES_MAX = 4096 };
+    static const void *copy_ptr[COPIES_MAX];
+    static size_t copy_bytes[COPIES_MAX];
+    char err[ERR_MSG_MAX] = "";
+    int n_copies = kern_cpu_weight_copies(be, copy_ptr, copy_bytes, COPIES_MAX);
+    n_copies = n_copies < COPIES_MAX ? n_copies : COPIES_MAX;
+    size_t copied = 0;
+    for (int i = 0; i < n_copies; i++)
+        copied += copy_bytes[i];
+    double share[SIDE_TURNS], share_w[SIDE_TURNS], fresh[SIDE_TURNS], weights[SIDE_TURNS];
+    for (int r = 0; r < SIDE_TURNS; r++) {
+        struct read_bw_result rb, rw = {0};
+        struct local_stats st;
+        double turn_tps;
+        if (read_bw_measure(&rb, kern_cpu_threads(be), 0, 3, err, sizeof err))
+            return die("read bandwidth", err);
+        if (n_copies > 0 && read_bw_measure_regions(&rw, kern_cpu_threads(be), copy_ptr, copy_bytes,
+                                                    n_copies, 3, err, sizeof err))
+            return die("read bandwidth of the weights", err);
+        struct bench_requests side = *rq;
+        side.n_prompts = 1;
+        side.max_tokens = o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS;
+        if (run_requests(tp, &side, &st, &turn_tps))
+            return 1;
+        fresh[r] = rb.read_gbs;
+        weights[r] = rw.read_gbs;
+        share[r] = bytes * turn_tps / 1e9 / rb.read_gbs;
+        share_w[r] = rw.read_gbs > 0 ? bytes * turn_tps / 1e9 / rw.read_gbs : 0;
+    }
+    double lo, hi, lo_w, hi_w;
+    min_max(share, SIDE_TURNS, &lo, &hi);
+    min_max(share_w, SIDE_TURNS, &lo_w, &hi_w);
+    printf("%-14s decode as a share of the read measured just before it, %d turns of a read "
+           "and %d tokens: median %.1f%% (%.1f-%.1f%%) of a fresh 1 GiB buffer's read "
+           "(median %.1f GB/s)\n",
+           "", SIDE_TURNS, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS,
+           100.0 * median(share, SIDE_TURNS), 100.0 * lo, 100.0 * hi,
+           median(fresh, SIDE_TURNS));
+    if (n_copies > 0)
+        printf("%-14s   and median %.1f%% (%.1f-%.1f%%) of a read of the model's own %.1f MB "
+               "of weight copies (median %.1f GB/s)\n",
+               "", 100.0 * median(share_w, SIDE_TURNS), 100.0 * lo_w, 100.0 * hi_w,
+               (double)copied / 1e6, median(weights, SIDE_TURNS));
+    return 0;
+}
+
+/* One preset's rows of the CPU runtime table: decode tokens/s and its share
+ * of read bandwidth, the shares side by side, a profile with --profile 1,
+ * then the verification rows and prefill. *bw: the last read figure, which
+ * the decode is set against and which is measured again after it. */
+static int runtime_preset(const struct bench_opts *o, struct kern_backend *be, const char *preset,
+                          struct read_bw_result *bw)
+{
+    char err[ERR_MSG_MAX] = "";
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", o->models_dir, preset);
+    if (ensure_model(dir, preset, 1, NULL, 0))
+        return 1;
+    struct prof_backend prof;
+    prof_init(&prof, be);
+    struct kern_backend *mbe = o->profile ? &prof.base : be;
+    struct bench_model m;
+    if (load(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024, o->quantize))
+        return 1;
+    /* target-only through the server's scheduler; every row reads the
+     * whole LM head, the bytes the figures below count (the argmax
+     * screen would read a copy of a quarter of its size) */
+    const struct bench_pipeline tp = {.target = &m, .sampler = "host", .whole_heads = true};
+    struct bench_requests rq = {.n_prompts = 2, .prompt_len = 16, .max_tokens = o->tokens, .k = -1,
+                                .mode = SPECULATE_MODE_SAMPLED};
+    sampling_params_default(&rq.sp);
+    struct local_stats st;
+    double tps;
+    if (run_requests(&tp, &rq, &st, &tps))
+        return 1;
+    const double read_before = bw->read_gbs;
+    if (read_bw_measure(bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
+        return die("read bandwidth", err);
+    const double read_gbs = read_before > bw->read_gbs ? read_before : bw->read_gbs;
+    double bytes = (double)llama_model_weight_bytes_per_token(m.model);
+    double gbps = bytes * tps / 1e9;
+    printf("%-14s %12.1f %12.2f %10.2f %12.2f %10.2f %9.1f%%\n", preset, bytes / 1e6, tps,
+           1000.0 / tps, gbps, read_gbs, 100.0 * gbps / read_gbs);
+    if (runtime_side_by_side(o, be, &tp, &rq, bytes))
+        return 1;
+    if (o->profile) {
+        /* a second run, now profiled from its start (the first warmed up) */
+        prof_init(&prof, be);
+        double t0 = now_s();
+        if (run_requests(&tp, &rq, &st, &tps))
+            return 1;
+        prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
+                    "generated tokens, prefill included");
+    }
+    if (cpu_verify_rows(&m, o->prefix, o->tokens < 10 ? o->tokens : 10, o->profile ? &prof : NULL))
+        return 1;
+    if (cpu_prefill(&m, 512, 2))
+        return 1;
+    unload(&m);
+    return 0;
+}
+
 static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
 {
     if (!strcmp(be->name, "cuda"))
@@ -433,102 +550,9 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
     char list[256];
     snprintf(list, sizeof list, "%s", o->presets);
     for (char *save = NULL, *preset = strtok_r(list, ",", &save); preset;
-         preset = strtok_r(NULL, ",", &save)) {
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s/%s", o->models_dir, preset);
-        if (ensure_model(dir, preset, 1, NULL, 0))
+         preset = strtok_r(NULL, ",", &save))
+        if (runtime_preset(o, be, preset, &bw))
             return 1;
-        struct prof_backend prof;
-        prof_init(&prof, be);
-        struct kern_backend *mbe = o->profile ? &prof.base : be;
-        struct bench_model m;
-        if (load(&m, dir, mbe, o->prefix + 64 > 1024 ? o->prefix + 64 : 1024, o->quantize))
-            return 1;
-        /* target-only through the server's scheduler; every row reads the
-         * whole LM head, the bytes the figures below count (the argmax
-         * screen would read a copy of a quarter of its size) */
-        const struct bench_pipeline tp = {.target = &m, .sampler = "host", .whole_heads = true};
-        struct bench_requests rq = {.n_prompts = 2, .prompt_len = 16, .max_tokens = o->tokens, .k = -1,
-                                    .mode = SPECULATE_MODE_SAMPLED};
-        sampling_params_default(&rq.sp);
-        struct local_stats st;
-        double tps;
-        if (run_requests(&tp, &rq, &st, &tps))
-            return 1;
-        const double read_before = bw.read_gbs;
-        if (read_bw_measure(&bw, kern_cpu_threads(be), 0, 5, err, sizeof err))
-            return die("read bandwidth", err);
-        const double read_gbs = read_before > bw.read_gbs ? read_before : bw.read_gbs;
-        double bytes = (double)llama_model_weight_bytes_per_token(m.model);
-        double gbps = bytes * tps / 1e9;
-        printf("%-14s %12.1f %12.2f %10.2f %12.2f %10.2f %9.1f%%\n", preset, bytes / 1e6, tps,
-               1000.0 / tps, gbps, read_gbs, 100.0 * gbps / read_gbs);
-        /* The figure above sets seconds of decode against the best of a few
-         * 1 GiB read passes before and after it; this VM's bandwidth moves
-         * by up to 2x within a minute, so that share reads low whenever a
-         * fast burst lands on a read pass. Here each turn is a read (best of
-         * 3 passes) right before one request: the share per turn, median.
-         * Each turn also reads the model's own weight copies with the same
-         * loops: the bytes a decode step reads, in the pages the load placed
-         * (a fresh buffer's pages are placed when the read starts, and on a
-         * VM the host decides where). Both figures are printed; neither
-         * loop is the kernel's shape, so either may read below it. */
-        enum { SIDE_TURNS = 7, SIDE_TOKENS = 16, COPIES_MAX = 4096 };
-        static const void *copy_ptr[COPIES_MAX];
-        static size_t copy_bytes[COPIES_MAX];
-        int n_copies = kern_cpu_weight_copies(be, copy_ptr, copy_bytes, COPIES_MAX);
-        n_copies = n_copies < COPIES_MAX ? n_copies : COPIES_MAX;
-        size_t copied = 0;
-        for (int i = 0; i < n_copies; i++)
-            copied += copy_bytes[i];
-        double share[SIDE_TURNS], share_w[SIDE_TURNS], fresh[SIDE_TURNS], weights[SIDE_TURNS];
-        for (int r = 0; r < SIDE_TURNS; r++) {
-            struct read_bw_result rb, rw = {0};
-            double turn_tps;
-            if (read_bw_measure(&rb, kern_cpu_threads(be), 0, 3, err, sizeof err))
-                return die("read bandwidth", err);
-            if (n_copies > 0 && read_bw_measure_regions(&rw, kern_cpu_threads(be), copy_ptr, copy_bytes,
-                                                        n_copies, 3, err, sizeof err))
-                return die("read bandwidth of the weights", err);
-            struct bench_requests side = rq;
-            side.n_prompts = 1;
-            side.max_tokens = o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS;
-            if (run_requests(&tp, &side, &st, &turn_tps))
-                return 1;
-            fresh[r] = rb.read_gbs;
-            weights[r] = rw.read_gbs;
-            share[r] = bytes * turn_tps / 1e9 / rb.read_gbs;
-            share_w[r] = rw.read_gbs > 0 ? bytes * turn_tps / 1e9 / rw.read_gbs : 0;
-        }
-        double lo, hi, lo_w, hi_w;
-        min_max(share, SIDE_TURNS, &lo, &hi);
-        min_max(share_w, SIDE_TURNS, &lo_w, &hi_w);
-        printf("%-14s decode as a share of the read measured just before it, %d turns of a read "
-               "and %d tokens: median %.1f%% (%.1f-%.1f%%) of a fresh 1 GiB buffer's read "
-               "(median %.1f GB/s)\n",
-               "", SIDE_TURNS, o->tokens < SIDE_TOKENS ? o->tokens : SIDE_TOKENS,
-               100.0 * median(share, SIDE_TURNS), 100.0 * lo, 100.0 * hi,
-               median(fresh, SIDE_TURNS));
-        if (n_copies > 0)
-            printf("%-14s   and median %.1f%% (%.1f-%.1f%%) of a read of the model's own %.1f MB "
-                   "of weight copies (median %.1f GB/s)\n",
-                   "", 100.0 * median(share_w, SIDE_TURNS), 100.0 * lo_w, 100.0 * hi_w,
-                   (double)copied / 1e6, median(weights, SIDE_TURNS));
-        if (o->profile) {
-            /* a second run, now profiled from its start (the first warmed up) */
-            prof_init(&prof, be);
-            double t0 = now_s();
-            if (run_requests(&tp, &rq, &st, &tps))
-                return 1;
-            prof_report(&prof, now_s() - t0, 2L * o->tokens, "token",
-                        "generated tokens, prefill included");
-        }
-        if (cpu_verify_rows(&m, o->prefix, o->tokens < 10 ? o->tokens : 10, o->profile ? &prof : NULL))
-            return 1;
-        if (cpu_prefill(&m, 512, 2))
-            return 1;
-        unload(&m);
-    }
     return 0;
 }
 
@@ -632,55 +656,6 @@ static const struct spec_pair spec_pairs[] = {
     {"trained", NULL, NULL, 0},
 };
 
-/* One row of the spec table (K, or adaptive with kk 0; full: both whole
- * heads read), from its turns' tokens/s (tps) against target-only's
- * beside them, and the per-position acceptance and the turns below it. */
-static void print_spec_row(int kk, bool full, const struct local_stats *sk, const double *tps,
-                           const double *base_tps, const double *base_full_tps, int repeats, double target_ms)
-{
-    enum { REPEATS_MAX = 16 };
-    double ratio[REPEATS_MAX];
-    for (int r = 0; r < repeats; r++) {
-        const double base = full ? base_full_tps[r] : base_tps[r];
-        ratio[r] = base > 0 ? tps[r] / base : 0;
-    }
-    double acc = sk->drafted ? (double)sk->accepted / sk->drafted : 0;
-    double c = sk->drafted ? (sk->draft_ms / sk->drafted) / target_ms : 0;
-    double alpha = kk ? alpha_of(sk, kk) : acc;
-    char predicted[32] = "-";
-    if (kk)
-        snprintf(predicted, sizeof predicted, "%.2fx",
-                 speculate_expected_speedup(alpha, kk, c));
-    char label[24];
-    if (kk)
-        snprintf(label, sizeof label, "%d%s", kk, full ? " full" : "");
-    else
-        snprintf(label, sizeof label, "adaptive%s", full ? " full" : "");
-    printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n", label,
-           median(tps, repeats),
-           median(ratio, repeats), acc, alpha, c,
-           sk->rounds ? (double)sk->accepted / sk->rounds : 0, predicted);
-    /* Acceptance of each draft position given the ones before it
-     * were accepted: equal across positions where acceptance is the
-     * independent draws Leviathan's E(a, k) assumes, rising where
-     * accepted drafts come in runs (then a larger K pays more than
-     * the model says). */
-    if (kk > 1 && sk->rounds) {
-        printf("%-9s", "  by pos");
-        for (int j = 0; j < kk; j++) {
-            const int reached = j ? sk->accepted_at[j - 1] : sk->rounds;
-            printf(" %.3f", reached ? (double)sk->accepted_at[j] / reached : 0.0);
-        }
-        printf("\n");
-    }
-    if (repeats > 1) {
-        printf("%-9s", "  turns");
-        for (int r = 0; r < repeats; r++)
-            printf(" %.2fx", ratio[r]);
-        printf("\n");
-    }
-}
-
 /* The draft modes side by side: acceptance at T = 0.7 and 1.0 with K = 4
  * (--modes). */
 static int run_draft_modes(const struct bench_opts *o, const struct bench_pipeline *p,
@@ -741,6 +716,59 @@ struct spec_table {
     double base_tps[SPEC_REPEATS_MAX], base_full_tps[SPEC_REPEATS_MAX];
     double tps[SPEC_RUNS_MAX][SPEC_REPEATS_MAX];
 };
+
+/* Row i of the spec table (runs->k[i], 0 for adaptive; runs->full[i]: both
+ * whole heads read), from its turns' tokens/s against target-only's beside
+ * them, and the per-position acceptance and the turns below it. */
+static void print_spec_row(const struct spec_table *t, const struct spec_runs *runs, int i,
+                           int repeats, double target_ms)
+{
+    const int kk = runs->k[i];
+    const bool full = runs->full[i];
+    const struct local_stats *sk = &t->sum[i];
+    const double *tps = t->tps[i];
+    enum { REPEATS_MAX = 16 };
+    double ratio[REPEATS_MAX];
+    for (int r = 0; r < repeats; r++) {
+        const double base = full ? t->base_full_tps[r] : t->base_tps[r];
+        ratio[r] = base > 0 ? tps[r] / base : 0;
+    }
+    double acc = sk->drafted ? (double)sk->accepted / sk->drafted : 0;
+    double c = sk->drafted ? (sk->draft_ms / sk->drafted) / target_ms : 0;
+    double alpha = kk ? alpha_of(sk, kk) : acc;
+    char predicted[32] = "-";
+    if (kk)
+        snprintf(predicted, sizeof predicted, "%.2fx",
+                 speculate_expected_speedup(alpha, kk, c));
+    char label[24];
+    if (kk)
+        snprintf(label, sizeof label, "%d%s", kk, full ? " full" : "");
+    else
+        snprintf(label, sizeof label, "adaptive%s", full ? " full" : "");
+    printf("%-9s %10.2f %7.2fx %11.3f %8.3f %8.3f %10.2f %12s\n", label,
+           median(tps, repeats),
+           median(ratio, repeats), acc, alpha, c,
+           sk->rounds ? (double)sk->accepted / sk->rounds : 0, predicted);
+    /* Acceptance of each draft position given the ones before it
+     * were accepted: equal across positions where acceptance is the
+     * independent draws Leviathan's E(a, k) assumes, rising where
+     * accepted drafts come in runs (then a larger K pays more than
+     * the model says). */
+    if (kk > 1 && sk->rounds) {
+        printf("%-9s", "  by pos");
+        for (int j = 0; j < kk; j++) {
+            const int reached = j ? sk->accepted_at[j - 1] : sk->rounds;
+            printf(" %.3f", reached ? (double)sk->accepted_at[j] / reached : 0.0);
+        }
+        printf("\n");
+    }
+    if (repeats > 1) {
+        printf("%-9s", "  turns");
+        for (int r = 0; r < repeats; r++)
+            printf(" %.2fx", ratio[r]);
+        printf("\n");
+    }
+}
 
 /* Target-only and every run in turn, the whole turn repeated: this VM's
  * memory bandwidth moves by up to 2x within minutes, and a speed-up is
@@ -853,8 +881,7 @@ static int spec_target(const struct bench_opts *o, const struct spec_pair *pair,
     printf("%-9s %10s %8s %11s %8s %8s %10s %12s\n", "K", "tokens/s", "speedup", "acceptance",
            "alpha", "c", "acc/round", "predicted");
     for (int i = 0; i < runs.n; i++)
-        print_spec_row(runs.k[i], runs.full[i], &t->sum[i], t->tps[i], t->base_tps, t->base_full_tps, repeats,
-                       target_ms);
+        print_spec_row(t, &runs, i, repeats, target_ms);
     free(t);
     if (run_draft_modes(o, p, rq))
         return 1;
@@ -921,65 +948,67 @@ static int bench_spec(const struct bench_opts *o, struct kern_backend *be)
     return rc;
 }
 
-int main(int argc, char **argv)
+static void usage(void)
 {
-    if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec") &&
-                     strcmp(argv[1], "batch") && strcmp(argv[1], "ppl"))) {
-        fprintf(stderr, "usage: tandem-bench runtime|spec|batch|ppl [--models DIR] [--threads N] [--tokens N]\n"
-                        "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
-                        "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
-                        "                    [--pair small|1b|3b|trained] [--repeats N (spec: turns)]\n"
-                        "                    [--trained DIR (spec --pair trained: models/trained)]\n"
-                        "                    [--model DIR --text FILE [--context N] (ppl)]\n"
-                        "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
-                        "                    [--profile 0|1 (runtime: time per op)]\n"
-                        "                    [--prefix N (runtime: tokens before the verification rows)]\n"
-                        "                    [--prompt N (spec: tokens per prompt, 16)]\n"
-                        "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n"
-                        "                    [--quantize none|int8|int4 (runtime, batch, spec targets)]\n"
-                        "                    [--draft-quantize none|int8|int4 (spec drafts)]\n");
-        return 2;
-    }
-    struct bench_opts o = {
+    fprintf(stderr, "usage: tandem-bench runtime|spec|batch|ppl [--models DIR] [--threads N] [--tokens N]\n"
+                    "                    [--presets small,llama-3.2-1b] [--noise 0.02,0.05,0.2]\n"
+                    "                    [--ks 1,2,3,4,5,6,7,8,0 (0 = adaptive)] [--modes 0|1]\n"
+                    "                    [--pair small|1b|3b|trained] [--repeats N (spec: turns)]\n"
+                    "                    [--trained DIR (spec --pair trained: models/trained)]\n"
+                    "                    [--model DIR --text FILE [--context N] (ppl)]\n"
+                    "                    [--full-head 0|1 (spec: also reading whole LM heads)]\n"
+                    "                    [--profile 0|1 (runtime: time per op)]\n"
+                    "                    [--prefix N (runtime: tokens before the verification rows)]\n"
+                    "                    [--prompt N (spec: tokens per prompt, 16)]\n"
+                    "                    [--backend cpu|cuda] [--device ORDINAL|GPU-UUID]\n"
+                    "                    [--quantize none|int8|int4 (runtime, batch, spec targets)]\n"
+                    "                    [--draft-quantize none|int8|int4 (spec drafts)]\n");
+}
+
+/* The flags after the command into *o, over the defaults: 0, or 2 (the
+ * usage error's exit code) with the reason on stderr. */
+static int parse_opts(int argc, char **argv, struct bench_opts *o)
+{
+    *o = (struct bench_opts){
         .models_dir = "bench-models", .threads = 0, .tokens = 64, .prefix = 64, .prompt = 16};
-    snprintf(o.presets, sizeof o.presets, "small,llama-3.2-1b");
-    snprintf(o.noise, sizeof o.noise, "0.02,0.05,0.2");
-    snprintf(o.ks, sizeof o.ks, "1,2,3,4,5,6,7,8,0");
-    o.modes = 1;
-    o.pair = "small";
-    o.trained_dir = "models/trained";
-    o.context = 256;
-    o.repeats = 1;
-    o.backend = "cpu";
-    o.device = "0";
+    snprintf(o->presets, sizeof o->presets, "small,llama-3.2-1b");
+    snprintf(o->noise, sizeof o->noise, "0.02,0.05,0.2");
+    snprintf(o->ks, sizeof o->ks, "1,2,3,4,5,6,7,8,0");
+    o->modes = 1;
+    o->pair = "small";
+    o->trained_dir = "models/trained";
+    o->context = 256;
+    o->repeats = 1;
+    o->backend = "cpu";
+    o->device = "0";
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) {
             fprintf(stderr, "tandem-bench: %s: missing value\n", argv[i]);
             return 2;
         }
         const char *v = argv[++i];
-        if (!strcmp(argv[i - 1], "--models")) o.models_dir = v;
-        else if (!strcmp(argv[i - 1], "--threads")) o.threads = atoi(v);
-        else if (!strcmp(argv[i - 1], "--tokens")) o.tokens = atoi(v);
-        else if (!strcmp(argv[i - 1], "--presets")) snprintf(o.presets, sizeof o.presets, "%s", v);
-        else if (!strcmp(argv[i - 1], "--noise")) snprintf(o.noise, sizeof o.noise, "%s", v);
-        else if (!strcmp(argv[i - 1], "--ks")) snprintf(o.ks, sizeof o.ks, "%s", v);
-        else if (!strcmp(argv[i - 1], "--modes")) o.modes = atoi(v) != 0;
-        else if (!strcmp(argv[i - 1], "--pair")) o.pair = v;
-        else if (!strcmp(argv[i - 1], "--trained")) o.trained_dir = v;
-        else if (!strcmp(argv[i - 1], "--model")) o.model = v;
-        else if (!strcmp(argv[i - 1], "--text")) o.text = v;
-        else if (!strcmp(argv[i - 1], "--context")) o.context = atoi(v);
-        else if (!strcmp(argv[i - 1], "--repeats")) o.repeats = atoi(v);
-        else if (!strcmp(argv[i - 1], "--full-head")) o.full_head = atoi(v) != 0;
-        else if (!strcmp(argv[i - 1], "--profile")) o.profile = atoi(v) != 0;
-        else if (!strcmp(argv[i - 1], "--prefix")) o.prefix = atoi(v);
-        else if (!strcmp(argv[i - 1], "--prompt")) o.prompt = atoi(v);
-        else if (!strcmp(argv[i - 1], "--backend")) o.backend = v;
-        else if (!strcmp(argv[i - 1], "--device")) o.device = v;
+        if (!strcmp(argv[i - 1], "--models")) o->models_dir = v;
+        else if (!strcmp(argv[i - 1], "--threads")) o->threads = atoi(v);
+        else if (!strcmp(argv[i - 1], "--tokens")) o->tokens = atoi(v);
+        else if (!strcmp(argv[i - 1], "--presets")) snprintf(o->presets, sizeof o->presets, "%s", v);
+        else if (!strcmp(argv[i - 1], "--noise")) snprintf(o->noise, sizeof o->noise, "%s", v);
+        else if (!strcmp(argv[i - 1], "--ks")) snprintf(o->ks, sizeof o->ks, "%s", v);
+        else if (!strcmp(argv[i - 1], "--modes")) o->modes = atoi(v) != 0;
+        else if (!strcmp(argv[i - 1], "--pair")) o->pair = v;
+        else if (!strcmp(argv[i - 1], "--trained")) o->trained_dir = v;
+        else if (!strcmp(argv[i - 1], "--model")) o->model = v;
+        else if (!strcmp(argv[i - 1], "--text")) o->text = v;
+        else if (!strcmp(argv[i - 1], "--context")) o->context = atoi(v);
+        else if (!strcmp(argv[i - 1], "--repeats")) o->repeats = atoi(v);
+        else if (!strcmp(argv[i - 1], "--full-head")) o->full_head = atoi(v) != 0;
+        else if (!strcmp(argv[i - 1], "--profile")) o->profile = atoi(v) != 0;
+        else if (!strcmp(argv[i - 1], "--prefix")) o->prefix = atoi(v);
+        else if (!strcmp(argv[i - 1], "--prompt")) o->prompt = atoi(v);
+        else if (!strcmp(argv[i - 1], "--backend")) o->backend = v;
+        else if (!strcmp(argv[i - 1], "--device")) o->device = v;
         else if (!strcmp(argv[i - 1], "--quantize") || !strcmp(argv[i - 1], "--draft-quantize")) {
             char qerr[ERR_MSG_MAX];
-            if (quantize_mode_parse(v, !strcmp(argv[i - 1], "--quantize") ? &o.quantize : &o.draft_quantize,
+            if (quantize_mode_parse(v, !strcmp(argv[i - 1], "--quantize") ? &o->quantize : &o->draft_quantize,
                                     qerr)) {
                 fprintf(stderr, "tandem-bench: %s: %s\n", argv[i - 1], qerr);
                 return 2;
@@ -990,31 +1019,50 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.tokens < 2) {
+    return 0;
+}
+
+/* The ranges and combinations of flags: 0, or 2 as parse_opts. */
+static int check_opts(const struct bench_opts *o)
+{
+    if (o->tokens < 2) {
         fprintf(stderr, "tandem-bench: --tokens: must be >= 2\n");
         return 2;
     }
-    if (o.prompt < 1 || o.prompt > 65536) {
+    if (o->prompt < 1 || o->prompt > 65536) {
         fprintf(stderr, "tandem-bench: --prompt: must be 1..65536\n");
         return 2;
     }
-    if (o.prefix < 1 || o.prefix > 65536) {
+    if (o->prefix < 1 || o->prefix > 65536) {
         fprintf(stderr, "tandem-bench: --prefix: must be 1..65536\n");
         return 2;
     }
-    if (o.context < 2 || o.context > 65536) {
+    if (o->context < 2 || o->context > 65536) {
         fprintf(stderr, "tandem-bench: --context: must be 2..65536\n");
         return 2;
     }
-    if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
-        fprintf(stderr, "tandem-bench: --backend: expected cpu or cuda, got \"%s\"\n", o.backend);
+    if (strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
+        fprintf(stderr, "tandem-bench: --backend: expected cpu or cuda, got \"%s\"\n", o->backend);
         return 2;
     }
-    if (!strcmp(o.backend, "cuda") && o.profile) {
+    if (!strcmp(o->backend, "cuda") && o->profile) {
         fprintf(stderr, "tandem-bench: --profile times ops on the host; it measures only the "
                         "cpu backend\n");
         return 2;
     }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "spec") &&
+                     strcmp(argv[1], "batch") && strcmp(argv[1], "ppl"))) {
+        usage();
+        return 2;
+    }
+    struct bench_opts o;
+    if (parse_opts(argc, argv, &o) || check_opts(&o))
+        return 2;
     /* The backend before anything else: without a GPU the run says so in
      * one line, with the skip code, and leaves nothing behind. */
     char err[ERR_MSG_MAX] = "";
