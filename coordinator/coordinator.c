@@ -75,24 +75,33 @@ static void unlink_ipc(const char *endpoint)
         LOG_WARN("cannot remove %s: %s", endpoint + 6, strerror(errno));
 }
 
-/* security: NULL, or the client endpoint's exposure (CURVE), applied
- * before the bind so no connection is ever accepted without it. conns: NULL,
- * or where to start the connection monitor, also before the bind so that
- * every connection is seen. */
-static int bind_router(struct coordinator *c, void **sock, const char *endpoint, const char *key, int max_msg,
-                       int (*secure)(struct exposure *, void *, char *), struct connections **conns, char *err)
+/* One ROUTER socket of the coordinator's: where it binds and how. */
+struct router_bind {
+    const char *endpoint;
+    const char *key;  /* the config key of endpoint, for messages */
+    int max_msg;      /* ZMQ_MAXMSGSIZE in bytes; 0: no limit */
+    /* the endpoint's exposure (CURVE), applied before the bind so no
+     * connection is ever accepted without it */
+    int (*secure)(struct exposure *, void *, char *);
+    /* NULL, or where to start the connection monitor, also before the bind
+     * so that every connection is seen */
+    struct connections **conns;
+};
+
+static int bind_router(struct coordinator *c, void **sock, const struct router_bind *b, char *err)
 {
+    const char *endpoint = b->endpoint, *key = b->key;
     *sock = zmq_socket(c->zctx, ZMQ_ROUTER);
     if (*sock == NULL)
         return error_set(err, ERR_SYSTEM, "zmq_socket(ROUTER): %s", zmq_strerror(zmq_errno()));
     int linger_ms = 0;
-    int64_t max_bytes = max_msg;
+    int64_t max_bytes = b->max_msg;
     if (zmq_setsockopt(*sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms)) != 0 ||
         (max_bytes > 0 && zmq_setsockopt(*sock, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes)) != 0))
         return error_set(err, ERR_SYSTEM, "%s: zmq_setsockopt: %s", key, zmq_strerror(zmq_errno()));
-    int rc = secure(c->exposure, *sock, err);
-    if (rc == 0 && conns != NULL)
-        rc = connections_create(conns, c->zctx, *sock, err);
+    int rc = b->secure(c->exposure, *sock, err);
+    if (rc == 0 && b->conns != NULL)
+        rc = connections_create(b->conns, c->zctx, *sock, err);
     if (rc != 0)
         return rc;
     /* An address in use or not ours is a configuration error: a restart
@@ -128,8 +137,10 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
         goto fail;
     if ((rc = exposure_create(&c->exposure, c->zctx, cc, err)) != 0)
         goto fail;
-    if ((rc = bind_router(c, &c->clients, cc->client_endpoint, "coordinator.client_endpoint", hard_max,
-                          exposure_apply, &c->conns, err)) != 0)
+    const struct router_bind clients = {.endpoint = cc->client_endpoint,
+                                        .key = "coordinator.client_endpoint", .max_msg = hard_max,
+                                        .secure = exposure_apply, .conns = &c->conns};
+    if ((rc = bind_router(c, &c->clients, &clients, err)) != 0)
         goto fail;
     c->clients_bound = true;
     /* Replies to a vanished client fail (EHOSTUNREACH) instead of vanishing:
@@ -140,8 +151,10 @@ int coordinator_create(struct coordinator **out, const struct proc_config *cfg, 
                        zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if ((rc = bind_router(c, &c->workers, cc->worker_endpoint, "coordinator.worker_endpoint", 0,
-                          exposure_apply_workers, NULL, err)) != 0)
+    const struct router_bind workers = {.endpoint = cc->worker_endpoint,
+                                        .key = "coordinator.worker_endpoint",
+                                        .secure = exposure_apply_workers};
+    if ((rc = bind_router(c, &c->workers, &workers, err)) != 0)
         goto fail;
     c->workers_bound = true;
     lanes_open(c);
