@@ -219,14 +219,13 @@ static bool add_text(cJSON *m, const char *key, const char *text, size_t len)
     return added;
 }
 
-/* The parts of a token or done reply a client needs to read its output:
- * false when memory ran out for one of them. */
-static bool add_output(struct coordinator *c, struct seq *s, cJSON *m, const char *type,
+/* The parts of a token or done reply a client needs to read its output
+ * (output_reply): false when memory ran out for one of them. */
+static bool add_output(const struct coordinator *c, struct seq *s, cJSON *m,
                        const char *text, size_t len, int from)
 {
-    bool whole = cJSON_AddStringToObject(m, "type", type) != NULL;
     add_client_string(m, "id", s->id);
-    whole = whole && cJSON_GetObjectItemCaseSensitive(m, "id") != NULL;
+    bool whole = cJSON_GetObjectItemCaseSensitive(m, "id") != NULL;
     if (s->n_choices > 1)
         whole = whole && cJSON_AddNumberToObject(m, "index", s->index) != NULL;
     whole = whole && add_text(m, "text", text, len);
@@ -238,6 +237,20 @@ static bool add_output(struct coordinator *c, struct seq *s, cJSON *m, const cha
     return logprobs_add_json(m, c->tk, &s->lp, s->hist + s->n_prompt, from, s->generated - from);
 }
 
+/* A reply of type ("token" or "done") holding s's output from its token
+ * from on, text its text: NULL when memory ran out for any part. */
+static cJSON *output_reply(const struct coordinator *c, struct seq *s, const char *type,
+                           const char *text, size_t len, int from)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL || cJSON_AddStringToObject(m, "type", type) == NULL ||
+        !add_output(c, s, m, text, len, from)) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
+}
+
 void replies_stream(struct coordinator *c, struct seq *s, bool final)
 {
     if (!s->stream || (!final && s->stream_from >= s->generated))
@@ -246,8 +259,8 @@ void replies_stream(struct coordinator *c, struct seq *s, bool final)
     const char *piece = output_take_stream(s->out, final, &n);
     if (n == 0 && s->stream_from >= s->generated)
         return;
-    cJSON *m = cJSON_CreateObject();
-    if (m == NULL || !add_output(c, s, m, "token", piece, n, s->stream_from)) {
+    cJSON *m = output_reply(c, s, "token", piece, n, s->stream_from);
+    if (m == NULL) {
         /* not sent half: the ids and logprobs go with the next event, and
          * the done reply carries the whole text */
         cJSON_Delete(m);
@@ -281,8 +294,8 @@ void replies_done(struct coordinator *c, struct seq *s, enum metrics_finish reas
     double prefill_ms = s->t_first_ms - s->t_admit_ms;
     double decode_ms = t - s->t_first_ms;
     double queue_ms = s->t_admit_ms - s->t_arrival_ms;
-    cJSON *m = cJSON_CreateObject();
-    if (m == NULL || !add_output(c, s, m, "done", text, text_len, 0) ||
+    cJSON *m = output_reply(c, s, "done", text, text_len, 0);
+    if (m == NULL ||
         !cJSON_AddStringToObject(m, "finish_reason", metrics_finish_name(reason))) {
         /* a done reply without its output would read as an empty answer */
         cJSON_Delete(m);
