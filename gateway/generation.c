@@ -159,13 +159,20 @@ static void pending_done_marker(struct stream *st)
     st->finished = true;
 }
 
+/* A chunk of st's stream for a token reply or the done reply (the other
+ * NULL; both NULL: an empty delta). */
+static cJSON *stream_chunk(const struct stream *st, const cJSON *token, const cJSON *done)
+{
+    const struct openai_chunk c = {.token = token, .done = done, .with_usage_null = st->include_usage};
+    return openai_chunk_json(st->kind, st->resp_id, st->created, st->model, &c);
+}
+
 /* Sends a choice's held token replies as content chunks and empties the hold. */
 static void tool_hold_flush(struct stream *st, struct tool_hold *h)
 {
     cJSON *r = NULL;
     cJSON_ArrayForEach(r, h->held)
-        pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, r, false, NULL,
-                                            st->include_usage));
+        pending_event(st, stream_chunk(st, r, NULL));
     cJSON_Delete(h->held);
     h->held = NULL;
 }
@@ -221,9 +228,7 @@ static bool tool_hold_done(struct stream *st, const cJSON *done)
     char prefix[96];
     snprintf(prefix, sizeof prefix, "call_%s_%d", st->resp_id, (int)(h - st->holds));
     cJSON *calls = openai_tools_parse(&st->tools, cJSON_IsString(t) ? t->valuestring : "", prefix);
-    cJSON *chunk = calls ? openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, NULL,
-                                             st->include_usage)
-                         : NULL;
+    cJSON *chunk = calls ? stream_chunk(st, NULL, NULL) : NULL;
     cJSON *choice = chunk ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chunk, "choices"), 0) : NULL;
     cJSON *delta = choice ? cJSON_GetObjectItemCaseSensitive(choice, "delta") : NULL;
     if (delta == NULL) {
@@ -275,13 +280,11 @@ static void stream_on_reply(struct stream *st, cJSON *reply)
         watch_conn_set_usage(st->wc, -1, st->n_tokens); /* what a stream cut short had */
         if (tool_hold_token(st, reply))
             return; /* held: the reply is the hold's now */
-        pending_event(st, openai_chunk_json(st->kind, st->resp_id, st->created, st->model, reply, false, NULL,
-                                            st->include_usage));
+        pending_event(st, stream_chunk(st, reply, NULL));
     } else if (strcmp(type, "done") == 0) {
         /* each choice's last chunk; the usage and [DONE] after the last choice */
         bool called = tool_hold_done(st, reply);
-        cJSON *last = openai_chunk_json(st->kind, st->resp_id, st->created, st->model, NULL, false, reply,
-                                        st->include_usage);
+        cJSON *last = stream_chunk(st, NULL, reply);
         if (called && last != NULL) /* the finish_reason of a call */
             cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(last, "choices"), 0),
                                                    "finish_reason", cJSON_CreateString("tool_calls"));
@@ -401,16 +404,17 @@ static enum MHD_Result answer_error(struct MHD_Connection *conn, const struct op
 /* Validates the body and sends the request: *out set, or an error queued
  * (*status set). */
 static enum MHD_Result generation_begin(struct generation **out, struct MHD_Connection *conn,
-                                        const struct server_params *p, struct watch_conn *wc, enum openai_kind kind,
-                                        const char *body, size_t len, int *status)
+                                        const struct server_params *p, const struct generation_input *in,
+                                        int *status)
 {
+    struct watch_conn *wc = in->wc;
     char err[ERR_MSG_MAX];
     struct openai_error e;
     struct openai_request req;
     *out = NULL;
     const struct openai_policy policy = {.served_model = p->cfg->served_model_name,
                                          .strict_fields = p->cfg->strict_fields != 0};
-    if (openai_parse_request(kind, body, len, &policy, &req, &e) != 0)
+    if (openai_parse_request(in->kind, in->body, in->len, &policy, &req, &e) != 0)
         return answer_error(conn, &e, status);
     struct generation *g = calloc(1, sizeof(*g));
     if (g == NULL || bridge_call_open(p->bridge, "gw", &g->call, err) != 0) {
@@ -482,8 +486,9 @@ static enum MHD_Result start_stream(struct generation *g, struct MHD_Connection 
              bridge_call_id(st->call));
     snprintf(st->model, sizeof(st->model), "%s", p->cfg->served_model_name);
     if (kind == OPENAI_CHAT) /* the opening chunk carries the role, as OpenAI's does */
-        pending_event(st, openai_chunk_json(kind, st->resp_id, st->created, st->model, NULL, true, NULL,
-                                            st->include_usage));
+        pending_event(st, openai_chunk_json(kind, st->resp_id, st->created, st->model,
+                                            &(struct openai_chunk){.role_first = true,
+                                                                   .with_usage_null = st->include_usage}));
     stream_on_reply(st, reply);
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, GENERATION_BLOCK_BYTES, stream_read, st, stream_free);
@@ -547,13 +552,12 @@ static enum MHD_Result generation_answer(struct generation *g, struct MHD_Connec
 }
 
 enum MHD_Result generation_step(struct generation **gp, struct MHD_Connection *conn, const struct server_params *p,
-                                struct watch_conn *wc, enum openai_kind kind, const char *body, size_t len,
-                                int *status)
+                                const struct generation_input *in, int *status)
 {
     char err[ERR_MSG_MAX];
     *status = 0;
     if (*gp == NULL) {
-        enum MHD_Result rc = generation_begin(gp, conn, p, wc, kind, body, len, status);
+        enum MHD_Result rc = generation_begin(gp, conn, p, in, status);
         if (*gp == NULL)
             return rc;
     }
@@ -579,7 +583,7 @@ enum MHD_Result generation_step(struct generation **gp, struct MHD_Connection *c
             if (strcmp(type_of(reply), "error") == 0 || strcmp(type_of(reply), "done") == 0 ||
                 (g->stream && strcmp(type_of(reply), "token") == 0)) {
                 *gp = NULL;
-                return generation_answer(g, conn, p, kind, reply, status);
+                return generation_answer(g, conn, p, in->kind, reply, status);
             }
             cJSON_Delete(reply); /* not for us (a token of a non-streamed request cannot come) */
             continue;
@@ -592,7 +596,7 @@ enum MHD_Result generation_step(struct generation **gp, struct MHD_Connection *c
                              p->cfg->request_timeout_ms);
             return answer_error(conn, &e, status);
         }
-        enum watch_park park = watch_park(wc, g->deadline_s);
+        enum watch_park park = watch_park(in->wc, g->deadline_s);
         if (park == WATCH_PARKED)
             return MHD_YES;
         if (park == WATCH_STOPPING)

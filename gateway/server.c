@@ -221,13 +221,15 @@ static bool stats_send(struct request_state *st, const struct server_params *p, 
     return true;
 }
 
-/* The coordinator's stats for /health and /metrics, without blocking the
- * event loop: 1 while parked (nothing queued); 0 with *reply (caller
- * deletes), or NULL and why when the coordinator did not answer; -1 when
- * the client left or the gateway stops. */
+/* The coordinator's stats for /health and /metrics (st->route, which sets
+ * the wait), without blocking the event loop: 1 while parked (nothing
+ * queued); 0 with *reply (caller deletes), or NULL and why when the
+ * coordinator did not answer; -1 when the client left or the gateway
+ * stops. */
 static int stats_step(struct MHD_Connection *conn, struct request_state *st, const struct server_params *p,
-                      int timeout_ms, cJSON **reply, char *why, size_t why_size)
+                      cJSON **reply, char *why, size_t why_size)
 {
+    const int timeout_ms = st->route == ROUTE_HEALTH ? SERVER_HEALTH_TIMEOUT_MS : SERVER_STATS_TIMEOUT_MS;
     char err[ERR_MSG_MAX];
     *reply = NULL;
     if (st->stats_call == NULL && !stats_send(st, p, timeout_ms, why, why_size))
@@ -268,7 +270,7 @@ static enum MHD_Result handle_health(struct MHD_Connection *conn, struct request
 {
     char why[256];
     cJSON *stats = NULL;
-    int w = stats_step(conn, st, p, SERVER_HEALTH_TIMEOUT_MS, &stats, why, sizeof(why));
+    int w = stats_step(conn, st, p, &stats, why, sizeof(why));
     if (w != 0) {
         *status = w > 0 ? 0 : 499;
         return w > 0 ? MHD_YES : MHD_NO;
@@ -299,7 +301,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *conn, struct reques
 {
     char why[256], err[ERR_MSG_MAX];
     cJSON *stats = NULL;
-    int w = stats_step(conn, st, p, SERVER_STATS_TIMEOUT_MS, &stats, why, sizeof(why));
+    int w = stats_step(conn, st, p, &stats, why, sizeof(why));
     if (w != 0) {
         *status = w > 0 ? 0 : 499;
         return w > 0 ? MHD_YES : MHD_NO;
@@ -505,11 +507,13 @@ static enum MHD_Result on_request(struct MHD_Connection *conn, const char *url, 
     enum MHD_Result rc;
     switch (st->route) {
     case ROUTE_CHAT:
-        rc = generation_step(&st->gen, conn, p, st->wc, OPENAI_CHAT, st->body, st->len, &status);
+    case ROUTE_COMPLETIONS: {
+        const struct generation_input in = {
+            .wc = st->wc, .kind = st->route == ROUTE_CHAT ? OPENAI_CHAT : OPENAI_COMPLETION,
+            .body = st->body, .len = st->len};
+        rc = generation_step(&st->gen, conn, p, &in, &status);
         break;
-    case ROUTE_COMPLETIONS:
-        rc = generation_step(&st->gen, conn, p, st->wc, OPENAI_COMPLETION, st->body, st->len, &status);
-        break;
+    }
     case ROUTE_HEALTH:
         rc = handle_health(conn, st, p, &status);
         break;
