@@ -1220,8 +1220,10 @@ cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long
 }
 
 cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,
-                         const cJSON *token, bool role_first, const cJSON *done, bool with_usage_null)
+                         const struct openai_chunk *chunk)
 {
+    const cJSON *token = chunk->token, *done = chunk->done;
+    const bool role_first = chunk->role_first;
     cJSON *r = envelope(kind, response_id, created, model, true);
     cJSON *choices = cJSON_AddArrayToObject(r, "choices");
     cJSON *c = cJSON_CreateObject();
@@ -1247,7 +1249,7 @@ cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long cr
         cJSON_AddStringToObject(c, "finish_reason", openai_finish_reason(string_of(done, "finish_reason")));
     else
         cJSON_AddNullToObject(c, "finish_reason");
-    if (with_usage_null)
+    if (chunk->with_usage_null)
         cJSON_AddNullToObject(r, "usage");
     if (token != NULL || done != NULL)
         cJSON_AddItemToObject(r, "tandem", tandem_json(token, done));

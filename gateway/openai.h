@@ -105,12 +105,18 @@ cJSON *openai_merge_dones(cJSON *const *dones, int n);
 cJSON *openai_response_json(enum openai_kind kind, const char *response_id, long created, const char *model,
                             const cJSON *done);
 
-/* One stream chunk. token: a coordinator "token" reply (its text and ids),
- * or NULL. role_first: the chat chunk that opens the stream (delta.role).
- * done: the final chunk (finish_reason, the tandem statistics), else NULL.
- * with_usage_null: "usage": null on the chunk (stream_options.include_usage). */
+/* What one stream chunk carries besides the response's identity. */
+struct openai_chunk {
+    const cJSON *token;   /* a coordinator "token" reply (its text and ids), or NULL */
+    const cJSON *done;    /* the final chunk's "done" reply (finish_reason, the tandem
+                             statistics), else NULL */
+    bool role_first;      /* the chat chunk that opens the stream (delta.role) */
+    bool with_usage_null; /* "usage": null on the chunk (stream_options.include_usage) */
+};
+
+/* One stream chunk. */
 cJSON *openai_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,
-                         const cJSON *token, bool role_first, const cJSON *done, bool with_usage_null);
+                         const struct openai_chunk *chunk);
 
 /* The usage-only chunk of stream_options.include_usage (choices empty). */
 cJSON *openai_usage_chunk_json(enum openai_kind kind, const char *response_id, long created, const char *model,

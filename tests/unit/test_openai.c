@@ -441,7 +441,8 @@ static void test_openai_response_and_chunks_have_openai_shapes(void **state)
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(u, "choices")), 0);
     assert_string_equal(cJSON_GetObjectItem(u, "object")->valuestring, "text_completion");
     cJSON_Delete(u);
-    cJSON *first = openai_chunk_json(OPENAI_CHAT, "chatcmpl-1", 5, "tiny", NULL, true, NULL, true);
+    cJSON *first = openai_chunk_json(OPENAI_CHAT, "chatcmpl-1", 5, "tiny",
+                                     &(struct openai_chunk){.role_first = true, .with_usage_null = true});
     const cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(first, "choices"), 0), "delta");
     assert_string_equal(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(first, "usage")));
