@@ -66,14 +66,22 @@ static int mc_as_int(const cJSON *v, const char *src, const char *key, int *out,
     return 0;
 }
 
-/* Integer key, >= min_value; when absent: the default, or an error if
- * required. */
-static int mc_int(const cJSON *obj, const char *src, const char *prefix, const char *key,
-                  int required, int def, int min_value, int *out, char *err)
+/* The object keys are read from: its file (for messages) and its path
+ * from the top ("rope_scaling." or ""). */
+struct mc_keys {
+    const cJSON *obj;
+    const char *src;
+    const char *prefix;
+};
+
+/* Integer key, >= 1; when absent: the default, or an error if required. */
+static int mc_int(const struct mc_keys *k, const char *key, int required, int def, int *out,
+                  char *err)
 {
+    const char *src = k->src;
     char full[96];
-    snprintf(full, sizeof(full), "%s%s", prefix, key);
-    const cJSON *v = mc_get(obj, key);
+    snprintf(full, sizeof(full), "%s%s", k->prefix, key);
+    const cJSON *v = mc_get(k->obj, key);
     if (!v) {
         if (required)
             return error_set(err, ERR_INVALID_ARG, "%s: %s: missing", src, full);
@@ -83,19 +91,20 @@ static int mc_int(const cJSON *obj, const char *src, const char *prefix, const c
     int rc = mc_as_int(v, src, full, out, err);
     if (rc != 0)
         return rc;
-    if (*out < min_value)
+    if (*out < 1)
         return error_set(err, ERR_INVALID_ARG, "%s: %s: must be at least %d, got %d", src, full,
-                         min_value, *out);
+                         1, *out);
     return 0;
 }
 
 /* Finite number key, > 0; when absent: the default, or an error if required. */
-static int mc_positive(const cJSON *obj, const char *src, const char *prefix, const char *key,
-                       int required, double def, double *out, char *err)
+static int mc_positive(const struct mc_keys *k, const char *key, int required, double def,
+                       double *out, char *err)
 {
+    const char *src = k->src;
     char full[96];
-    snprintf(full, sizeof(full), "%s%s", prefix, key);
-    const cJSON *v = mc_get(obj, key);
+    snprintf(full, sizeof(full), "%s%s", k->prefix, key);
+    const cJSON *v = mc_get(k->obj, key);
     if (!v) {
         if (required)
             return error_set(err, ERR_INVALID_ARG, "%s: %s: missing", src, full);
@@ -228,12 +237,11 @@ static int mc_parse_rope_scaling(const cJSON *root, const char *src, struct mode
                          "%s: %s: \"%s\" unsupported (llama3 or default only)", src, type_key,
                          type->valuestring);
     int rc;
-    if ((rc = mc_positive(rs, src, "rope_scaling.", "factor", 1, 0, &c->rope_factor, err)) ||
-        (rc = mc_positive(rs, src, "rope_scaling.", "low_freq_factor", 1, 0,
-                          &c->rope_low_freq_factor, err)) ||
-        (rc = mc_positive(rs, src, "rope_scaling.", "high_freq_factor", 1, 0,
-                          &c->rope_high_freq_factor, err)) ||
-        (rc = mc_int(rs, src, "rope_scaling.", "original_max_position_embeddings", 1, 0, 1,
+    const struct mc_keys k = {.obj = rs, .src = src, .prefix = "rope_scaling."};
+    if ((rc = mc_positive(&k, "factor", 1, 0, &c->rope_factor, err)) ||
+        (rc = mc_positive(&k, "low_freq_factor", 1, 0, &c->rope_low_freq_factor, err)) ||
+        (rc = mc_positive(&k, "high_freq_factor", 1, 0, &c->rope_high_freq_factor, err)) ||
+        (rc = mc_int(&k, "original_max_position_embeddings", 1, 0,
                      &c->rope_original_max_position_embeddings, err)))
         return rc;
     if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
@@ -321,23 +329,22 @@ int model_config_parse(struct model_config *out, const char *json, size_t len,
     if ((rc = mc_parse_architecture(root, src, err)) || (rc = mc_refuse_prequantized(root, src, err)))
         goto done;
 
-    if ((rc = mc_int(root, src, "", "vocab_size", 1, 0, 1, &c.vocab_size, err)) ||
-        (rc = mc_int(root, src, "", "hidden_size", 1, 0, 1, &c.hidden_size, err)) ||
-        (rc = mc_int(root, src, "", "intermediate_size", 1, 0, 1, &c.intermediate_size, err)) ||
-        (rc = mc_int(root, src, "", "num_hidden_layers", 1, 0, 1, &c.num_hidden_layers, err)) ||
-        (rc = mc_int(root, src, "", "num_attention_heads", 1, 0, 1, &c.num_attention_heads,
-                     err)) ||
-        (rc = mc_int(root, src, "", "num_key_value_heads", 0, c.num_attention_heads, 1,
+    const struct mc_keys k = {.obj = root, .src = src, .prefix = ""};
+    if ((rc = mc_int(&k, "vocab_size", 1, 0, &c.vocab_size, err)) ||
+        (rc = mc_int(&k, "hidden_size", 1, 0, &c.hidden_size, err)) ||
+        (rc = mc_int(&k, "intermediate_size", 1, 0, &c.intermediate_size, err)) ||
+        (rc = mc_int(&k, "num_hidden_layers", 1, 0, &c.num_hidden_layers, err)) ||
+        (rc = mc_int(&k, "num_attention_heads", 1, 0, &c.num_attention_heads, err)) ||
+        (rc = mc_int(&k, "num_key_value_heads", 0, c.num_attention_heads,
                      &c.num_key_value_heads, err)) ||
-        (rc = mc_int(root, src, "", "max_position_embeddings", 0, 2048, 1,
-                     &c.max_position_embeddings, err)) ||
-        (rc = mc_positive(root, src, "", "rms_norm_eps", 0, 1e-6, &c.rms_norm_eps, err)) ||
-        (rc = mc_positive(root, src, "", "rope_theta", 0, 10000.0, &c.rope_theta, err)) ||
+        (rc = mc_int(&k, "max_position_embeddings", 0, 2048, &c.max_position_embeddings, err)) ||
+        (rc = mc_positive(&k, "rms_norm_eps", 0, 1e-6, &c.rms_norm_eps, err)) ||
+        (rc = mc_positive(&k, "rope_theta", 0, 10000.0, &c.rope_theta, err)) ||
         (rc = mc_bool(root, src, "tie_word_embeddings", 0, &c.tie_word_embeddings, err)))
         goto done;
 
     if (mc_get(root, "head_dim")) {
-        if ((rc = mc_int(root, src, "", "head_dim", 1, 0, 1, &c.head_dim, err)))
+        if ((rc = mc_int(&k, "head_dim", 1, 0, &c.head_dim, err)))
             goto done;
     } else {
         if (c.hidden_size % c.num_attention_heads != 0) {
