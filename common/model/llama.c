@@ -49,11 +49,12 @@
 #include "quantize.h"
 #include "safetensors.h"
 
-/* The quantized copy of t (m->quant) mapped as a matrix: int4 where its
- * rows split into groups of 32, else int8. */
+/* The quantized copy of t (m->quant), a matrix [d0, d1], mapped: int4
+ * where its rows split into groups of 32, else int8. */
 static int map_quantized(struct llama_model *m, const char *name, const struct safetensors_tensor *t,
-                         int64_t d0, int64_t d1, struct llama_weight *w, char *err)
+                         struct llama_weight *w, char *err)
 {
+    const int64_t d0 = t->shape[0], d1 = t->shape[1];
     void *buf = NULL;
     char why[ERR_MSG_MAX];
     const bool q4 = m->quant == QUANTIZE_INT4 && d1 % KERN_Q4_GROUP == 0;
@@ -125,18 +126,28 @@ static void load_progress(struct llama_model *m)
              now - m->load_t0_s);
 }
 
-/* quantizable: a layer's projection, which m->quant applies to (the
- * embedding, the LM head and the norms keep the files' precision). */
-static int map_tensor(struct llama_model *m, const char *name, int n_dims, int64_t d0, int64_t d1,
-                      bool quantizable, struct llama_weight *w, char *err)
+/* A tensor as the model expects it in the files. */
+struct tensor_want {
+    const char *name;
+    int64_t d0, d1;   /* [d0, d1], or a vector [d0] with d1 0 */
+    /* a layer's projection, which m->quant applies to (the embedding, the
+     * LM head and the norms keep the files' precision) */
+    bool quantizable;
+};
+
+static int map_tensor(struct llama_model *m, const struct tensor_want *want, struct llama_weight *w,
+                      char *err)
 {
+    const char *name = want->name;
+    const int64_t d0 = want->d0, d1 = want->d1;
+    const int n_dims = d1 > 0 ? 2 : 1;
     const struct safetensors_tensor *t;
     int64_t shape[2] = {d0, d1};
     int rc = safetensors_expect(m->st, name, n_dims, shape, &t, err);
     if (rc)
         return rc;
-    if (quantizable && n_dims == 2 && m->quant != QUANTIZE_NONE) {
-        if ((rc = map_quantized(m, name, t, d0, d1, w, err)) == 0)
+    if (want->quantizable && n_dims == 2 && m->quant != QUANTIZE_NONE) {
+        if ((rc = map_quantized(m, name, t, w, err)) == 0)
             load_progress(m);
         return rc;
     }
@@ -211,13 +222,14 @@ int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
     }
     model_config_rope_inv_freq(c, m->inv_freq);
 
-    if ((rc = map_tensor(m, "model.embed_tokens.weight", 2, c->vocab_size, dim, false, &m->embed,
-                         err)) ||
-        (rc = map_tensor(m, "model.norm.weight", 1, dim, 0, false, &m->norm, err)))
+    const struct tensor_want embed = {"model.embed_tokens.weight", c->vocab_size, dim, false};
+    const struct tensor_want norm = {"model.norm.weight", dim, 0, false};
+    const struct tensor_want lm_head = {"lm_head.weight", c->vocab_size, dim, false};
+    if ((rc = map_tensor(m, &embed, &m->embed, err)) || (rc = map_tensor(m, &norm, &m->norm, err)))
         goto fail;
     if (c->tie_word_embeddings)
         m->lm_head = m->embed;
-    else if ((rc = map_tensor(m, "lm_head.weight", 2, c->vocab_size, dim, false, &m->lm_head, err)))
+    else if ((rc = map_tensor(m, &lm_head, &m->lm_head, err)))
         goto fail;
 
     size_t per_token = weight_bytes(&m->norm, (size_t)dim) +
@@ -228,7 +240,8 @@ int llama_model_load_quantized(struct llama_model **out, const char *model_dir,
 #define LAYER_TENSOR(field, suffix, nd, a, b)                                       \
     do {                                                                            \
         snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, suffix);        \
-        if ((rc = map_tensor(m, name, nd, a, b, (nd) == 2, &L->field, err)))        \
+        if ((rc = map_tensor(m, &(struct tensor_want){name, a, b, (nd) == 2},       \
+                             &L->field, err)))                                      \
             goto fail;                                                              \
         per_token += weight_bytes(&L->field, (size_t)(a) * (size_t)((nd) == 2 ? (b) : 1)); \
     } while (0)
