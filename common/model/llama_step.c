@@ -25,27 +25,39 @@
 #include "llama_private.h"
 #include "logging.h"
 
-/* The products of count weights that share ctx->xn as input: one
- * matmul_multi where the backend has it and the weights share a dtype,
- * else one matmul each (the same bits either way). */
-static int products(struct llama_ctx *ctx, int count, float *const *outs,
-                    const struct llama_weight *const *ws, int n, int d_in, const int *d_outs,
-                    char *err)
+/* One product of ctx->xn ([n, hidden_size]) with a weight [d_out,
+ * hidden_size] into out ([n, d_out]). */
+struct product {
+    const struct llama_weight *w;
+    float *out;
+    int d_out;
+};
+
+/* count products (at most 4) that share ctx->xn as input: one matmul_multi
+ * where the backend has it and the weights share a dtype, else one matmul
+ * each (the same bits either way). */
+static int products(struct llama_ctx *ctx, const struct product *p, int count, int n, char *err)
 {
     struct kern_backend *be = ctx->be;
+    const int d_in = ctx->model->cfg.hidden_size;
     bool same = be->ops->matmul_multi != NULL;
     for (int j = 1; j < count; j++)
-        same = same && ws[j]->dtype == ws[0]->dtype;
+        same = same && p[j].w->dtype == p[0].w->dtype;
     if (same) {
+        float *outs[4];
         const void *ptrs[4];
-        for (int j = 0; j < count; j++)
-            ptrs[j] = ws[j]->ptr;
-        return be->ops->matmul_multi(be, count, outs, ctx->xn, ptrs, ws[0]->dtype, n, d_in,
+        int d_outs[4];
+        for (int j = 0; j < count; j++) {
+            outs[j] = p[j].out;
+            ptrs[j] = p[j].w->ptr;
+            d_outs[j] = p[j].d_out;
+        }
+        return be->ops->matmul_multi(be, count, outs, ctx->xn, ptrs, p[0].w->dtype, n, d_in,
                                      d_outs, err);
     }
     for (int j = 0; j < count; j++) {
-        int rc = be->ops->matmul(be, outs[j], ctx->xn, ws[j]->ptr, ws[j]->dtype, n, d_in,
-                                 d_outs[j], err);
+        int rc = be->ops->matmul(be, p[j].out, ctx->xn, p[j].w->ptr, p[j].w->dtype, n, d_in,
+                                 p[j].d_out, err);
         if (rc)
             return rc;
     }
@@ -55,12 +67,13 @@ static int products(struct llama_ctx *ctx, int count, float *const *outs,
 static int qkv(struct llama_ctx *ctx, const struct llama_layer *L, int n, char *err)
 {
     const struct model_config *c = &ctx->model->cfg;
-    float *const outs[3] = {ctx->q, ctx->k, ctx->v};
-    const struct llama_weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
-    const int d_outs[3] = {c->num_attention_heads * c->head_dim,
-                           c->num_key_value_heads * c->head_dim,
-                           c->num_key_value_heads * c->head_dim};
-    return products(ctx, 3, outs, ws, n, c->hidden_size, d_outs, err);
+    const int kv_dim = c->num_key_value_heads * c->head_dim;
+    const struct product p[3] = {
+        {&L->wq, ctx->q, c->num_attention_heads * c->head_dim},
+        {&L->wk, ctx->k, kv_dim},
+        {&L->wv, ctx->v, kv_dim},
+    };
+    return products(ctx, p, 3, n, err);
 }
 
 /* ctx->gate = silu(gate product) * up product: one matmul_swiglu where the
@@ -73,10 +86,11 @@ static int gate_up(struct llama_ctx *ctx, const struct llama_layer *L, int n, ch
         return be->ops->matmul_swiglu(be, ctx->gate, ctx->up, ctx->xn, L->w_gate.ptr,
                                       L->w_up.ptr, L->w_gate.dtype, n, c->hidden_size,
                                       c->intermediate_size, err);
-    float *const outs[2] = {ctx->gate, ctx->up};
-    const struct llama_weight *const ws[2] = {&L->w_gate, &L->w_up};
-    const int d_outs[2] = {c->intermediate_size, c->intermediate_size};
-    int rc = products(ctx, 2, outs, ws, n, c->hidden_size, d_outs, err);
+    const struct product p[2] = {
+        {&L->w_gate, ctx->gate, c->intermediate_size},
+        {&L->w_up, ctx->up, c->intermediate_size},
+    };
+    int rc = products(ctx, p, 2, n, err);
     if (rc == 0)
         rc = be->ops->swiglu(be, ctx->gate, ctx->gate, ctx->up,
                              (size_t)n * (size_t)c->intermediate_size, err);
