@@ -168,12 +168,12 @@ static int st_push_tensor(struct safetensors *st, struct st_tensor *t, char *err
 
 /* ------------------------------------------------------------ one file */
 
-/* Parses one header entry into t (name already set by the caller).
- * data/data_size describe the file's data region. */
-static int st_parse_entry(const char *path, const char *name, const cJSON *info,
-                          const unsigned char *data, uint64_t data_size, struct st_tensor *t,
-                          char *err)
+/* Parses one header entry, the tensor info->string, into t (its name is
+ * the caller's to set). data/data_size describe the file's data region. */
+static int st_parse_entry(const char *path, const cJSON *info, const unsigned char *data,
+                          uint64_t data_size, struct st_tensor *t, char *err)
 {
+    const char *name = info->string;
     if (!cJSON_IsObject(info))
         return error_set(err, ERR_FORMAT, "%s: tensor %s: header entry is not an object", path,
                          name);
@@ -383,7 +383,7 @@ static int st_add_entry(struct safetensors *st, const struct st_file *f, const c
     }
     struct st_tensor t;
     memset(&t, 0, sizeof(t));
-    int rc = st_parse_entry(f->path, name, item, data, data_size, &t, err);
+    int rc = st_parse_entry(f->path, item, data, data_size, &t, err);
     if (rc != 0)
         return rc;
     t.pub.name = st_strdup(name);
