@@ -96,39 +96,13 @@ struct render {
     char *text; /* scratch: the plain text between two special tokens */
     size_t cap_text, text_len;
     int32_t bos, start_header, end_header, eot;
+    const char *date; /* 3.1/3.2: the system block's date_string; NULL: 3.0 */
+    int with_tools;   /* tool definitions were given (3.1/3.2) */
 };
 
 static int push_id(struct render *r, int32_t id, char *err)
 {
     if (ids_push(&r->out, &id, 1))
-        return error_set(err, ERR_NOMEM, "chat template: out of memory");
-    return 0;
-}
-
-/* Encodes a + b as one plain-text segment. */
-static int push_text(struct render *r, const char *a, size_t la, const char *b, size_t lb, const char *what,
-                     char *err)
-{
-    if (la + lb + 1 > r->cap_text) {
-        char *nt = realloc(r->text, la + lb + 1);
-        if (!nt)
-            return error_set(err, ERR_NOMEM, "chat template: out of memory");
-        r->text = nt;
-        r->cap_text = la + lb + 1;
-    }
-    if (la)
-        memcpy(r->text, a, la);
-    if (lb)
-        memcpy(r->text + la, b, lb);
-    int32_t *ids;
-    size_t n;
-    char inner[ERR_MSG_MAX];
-    int rc = tokenizer_encode(r->tk, r->text, la + lb, 0, &ids, &n, inner);
-    if (rc)
-        return error_set(err, rc, "%s: %s", what, inner);
-    rc = ids_push(&r->out, ids, n);
-    free(ids);
-    if (rc)
         return error_set(err, ERR_NOMEM, "chat template: out of memory");
     return 0;
 }
@@ -169,10 +143,18 @@ static int text_flush(struct render *r, const char *what, char *err)
     return 0;
 }
 
+/* Encodes s as one plain-text segment (the scratch text is empty between
+ * segments: every one is flushed where it ends). */
+static int push_text(struct render *r, const char *s, size_t n, const char *what, char *err)
+{
+    int rc = text_append(r, s, n, err);
+    return rc ? rc : text_flush(r, what, err);
+}
+
 static int header(struct render *r, const char *role, const char *what, char *err)
 {
     int rc;
-    if ((rc = push_id(r, r->start_header, err)) || (rc = push_text(r, role, strlen(role), NULL, 0, what, err)) ||
+    if ((rc = push_id(r, r->start_header, err)) || (rc = push_text(r, role, strlen(role), what, err)) ||
         (rc = push_id(r, r->end_header, err)))
         return rc;
     return 0;
@@ -222,12 +204,12 @@ static int push_json(struct render *r, const cJSON *v, int indent, const char *w
 
 /* 3.1/3.2: the system turn, with the dates, "Environment: ipython" when
  * there are tools, and the system message if msgs[0] is one (*first = 1). */
-static int render_system(struct render *r, const struct chat_message *msgs, size_t n, const char *date,
-                         int with_tools, size_t *first, char *err)
+static int render_system(struct render *r, const struct chat_message *msgs, size_t n, size_t *first,
+                         char *err)
 {
     char block[256];
     int bl = snprintf(block, sizeof block, "\n\n%sCutting Knowledge Date: December 2023\nToday Date: %s\n\n",
-                      with_tools ? "Environment: ipython\n" : "", date);
+                      r->with_tools ? "Environment: ipython\n" : "", r->date);
     if (bl < 0 || (size_t)bl >= sizeof block)
         return error_set(err, ERR_INVALID_ARG, "chat template: date_string too long");
     size_t ts = 0, tl = 0;
@@ -239,7 +221,8 @@ static int render_system(struct render *r, const struct chat_message *msgs, size
     }
     int rc;
     if ((rc = header(r, "system", "system header", err)) ||
-        (rc = push_text(r, block, (size_t)bl, tl ? sys : NULL, tl, "messages[0].content", err)) ||
+        (rc = text_append(r, block, (size_t)bl, err)) || (rc = text_append(r, sys, tl, err)) ||
+        (rc = text_flush(r, "messages[0].content", err)) ||
         (rc = push_id(r, r->eot, err)))
         return rc;
     return 0;
@@ -344,7 +327,7 @@ int chat_template_encode(const struct tokenizer *tk, const struct chat_message *
     for (size_t i = 0; i < n && !date; i++)
         if (msgs[i].tool_call_name)
             return error_set(err, ERR_INVALID_ARG, "messages[%zu].tool_calls: need the 3.1/3.2 template", i);
-    struct render r = {.tk = tk};
+    struct render r = {.tk = tk, .date = date, .with_tools = with_tools};
     if ((rc = lookup(tk, "<|begin_of_text|>", &r.bos, err)) ||
         (rc = lookup(tk, "<|start_header_id|>", &r.start_header, err)) ||
         (rc = lookup(tk, "<|end_header_id|>", &r.end_header, err)) || (rc = lookup(tk, "<|eot_id|>", &r.eot, err)))
@@ -352,7 +335,7 @@ int chat_template_encode(const struct tokenizer *tk, const struct chat_message *
     size_t first = 0;
     if ((rc = push_id(&r, r.bos, err)))
         goto done;
-    if (date && (rc = render_system(&r, msgs, n, date, with_tools, &first, err)))
+    if (date && (rc = render_system(&r, msgs, n, &first, err)))
         goto done;
     if (with_tools && (rc = render_tools_turn(&r, msgs, n, tools, &first, err)))
         goto done;
@@ -361,7 +344,7 @@ int chat_template_encode(const struct tokenizer *tk, const struct chat_message *
             goto done;
     if (add_generation_prompt) {
         if ((rc = header(&r, "assistant", "generation prompt", err)) ||
-            (rc = push_text(&r, "\n\n", 2, NULL, 0, "generation prompt", err)))
+            (rc = push_text(&r, "\n\n", 2, "generation prompt", err)))
             goto done;
     }
 done:
