@@ -53,12 +53,13 @@ int xfer_create(struct xfer **out, struct kern_backend *be, const struct xfer_pa
     rc = shm_buffer_create(&x->shm, transport, p->instance, p->tag, p->n_slots, p->k_max, p->vocab,
                            err);
     if (rc == 0 && ipc) {
-        char note[256] = "";
+        struct xfer_device_info info = {.note = ""};
         x->ops = &xfer_cuda_ipc_ops;
-        rc = x->ops->create(&x->dev, be, x->shm, p, &x->q_in_slab, note, sizeof note, err);
+        rc = x->ops->create(&x->dev, be, x->shm, p, &info, err);
+        x->q_in_slab = info.q_in_slab;
         if (rc == 0) {
             x->q_slab = x->q_in_slab ? x->ops->slab_base(x->dev) : NULL;
-            LOG_INFO("draft buffer over CUDA IPC on %s; q rows %s", note,
+            LOG_INFO("draft buffer over CUDA IPC on %s; q rows %s", info.note,
                      x->q_in_slab ? "written by the sampling kernels into the slab (no host copy)"
                                   : "written to the host face");
         }

@@ -49,11 +49,10 @@ static bool names_this_gpu(const char *reader_device, const char *writer_device,
 }
 
 static int ipc_create(struct xfer_device **out, struct kern_backend *be, struct shm_buffer *shm,
-                      const struct xfer_params *p, bool *q_in_slab, char *note, size_t note_len,
-                      char *err)
+                      const struct xfer_params *p, struct xfer_device_info *info, char *err)
 {
     *out = NULL;
-    *q_in_slab = false;
+    info->q_in_slab = false;
     struct xfer_device *d = calloc(1, sizeof *d);
     if (!d)
         return error_set(err, ERR_NOMEM, "xfer cuda_ipc: out of memory");
@@ -77,8 +76,8 @@ static int ipc_create(struct xfer_device **out, struct kern_backend *be, struct 
                    names_this_gpu(p->reader_device, p->writer_device, h->device_uuid);
     if ((rc = shm_buffer_set_cuda(shm, &cd, err)))
         return rc;
-    *q_in_slab = cd.q_in_slab;
-    snprintf(note, note_len, "%s: %s", h->device_uuid,
+    info->q_in_slab = cd.q_in_slab;
+    snprintf(info->note, sizeof info->note, "%s: %s", h->device_uuid,
              h->staging ? "pinned host staging (shm_staging)" : "device slab + events");
     return 0;
 }
@@ -191,12 +190,11 @@ static int no_cuda(char *err)
 }
 
 static int ipc_create(struct xfer_device **out, struct kern_backend *be, struct shm_buffer *shm,
-                      const struct xfer_params *p, bool *q_in_slab, char *note, size_t note_len,
-                      char *err)
+                      const struct xfer_params *p, struct xfer_device_info *info, char *err)
 {
-    (void)be, (void)shm, (void)p, (void)note, (void)note_len;
+    (void)be, (void)shm, (void)p;
     *out = NULL;
-    *q_in_slab = false;
+    info->q_in_slab = false;
     return no_cuda(err);
 }
 

@@ -16,13 +16,18 @@
 
 struct xfer_device;
 
+/* What a writer's device side says of itself once created. */
+struct xfer_device_info {
+    bool q_in_slab; /* q rows live in the slab alone (xfer_params' rule) */
+    char note[256]; /* what the log says of it */
+};
+
 struct xfer_device_ops {
     /* Writer: the device side of shm (which it describes in shm's "cuda"
-     * object: shm_buffer_set_cuda), on be. *q_in_slab: q rows live in the
-     * slab alone (p's rule); *note: what the log says of it. */
+     * object: shm_buffer_set_cuda), on be; *info filled (q_in_slab false
+     * on an error). */
     int (*create)(struct xfer_device **out, struct kern_backend *be, struct shm_buffer *shm,
-                  const struct xfer_params *p, bool *q_in_slab, char *note, size_t note_len,
-                  char *err);
+                  const struct xfer_params *p, struct xfer_device_info *info, char *err);
     /* Reader: opens shm's device side on be (falling back to staging). */
     int (*import)(struct xfer_device **out, struct kern_backend *be, struct shm_buffer *shm,
                   bool force_staging, char *err);
