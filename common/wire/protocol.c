@@ -242,8 +242,8 @@ static const cJSON *lookup(const cJSON *obj, const char *field)
 
 #define JSON_EXACT_INT_MAX 9007199254740992.0 /* 2^53 */
 
-static int get_integer(const cJSON *item, const char *field, int64_t lo, int64_t hi,
-                       int64_t type_max, int64_t *out, char *err)
+/* item as an integer a JSON number holds exactly (|v| <= 2^53). */
+static int get_integer(const cJSON *item, const char *field, int64_t *out, char *err)
 {
     if (!cJSON_IsNumber(item))
         return error_set(err, ERR_PROTOCOL, "%s: expected an integer, got %s", field,
@@ -251,16 +251,22 @@ static int get_integer(const cJSON *item, const char *field, int64_t lo, int64_t
     double v = item->valuedouble;
     if (!isfinite(v) || v != floor(v) || fabs(v) > JSON_EXACT_INT_MAX)
         return error_set(err, ERR_PROTOCOL, "%s: expected an integer, got %g", field, v);
-    int64_t iv = (int64_t)v;
-    if (iv < lo || iv > hi) {
-        if (hi >= type_max)
-            return error_set(err, ERR_PROTOCOL, "%s: must be >= %lld, got %lld", field,
-                             (long long)lo, (long long)iv);
-        return error_set(err, ERR_PROTOCOL, "%s: must be in %lld..%lld, got %lld", field,
-                         (long long)lo, (long long)hi, (long long)iv);
-    }
-    *out = iv;
+    *out = (int64_t)v;
     return 0;
+}
+
+/* v in lo..hi; a hi at the type's largest value (type_max) is no bound
+ * worth naming in the message. */
+static int check_range(const char *field, int64_t v, int64_t lo, int64_t hi, int64_t type_max,
+                       char *err)
+{
+    if (v >= lo && v <= hi)
+        return 0;
+    if (hi >= type_max)
+        return error_set(err, ERR_PROTOCOL, "%s: must be >= %lld, got %lld", field,
+                         (long long)lo, (long long)v);
+    return error_set(err, ERR_PROTOCOL, "%s: must be in %lld..%lld, got %lld", field,
+                     (long long)lo, (long long)hi, (long long)v);
 }
 
 int protocol_get_int(const cJSON *obj, const char *field, int lo, int hi, int *out, char *err)
@@ -269,7 +275,9 @@ int protocol_get_int(const cJSON *obj, const char *field, int lo, int hi, int *o
     if (!item)
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
     int64_t v = 0;
-    int rc = get_integer(item, field, lo, hi, INT_MAX, &v, err);
+    int rc = get_integer(item, field, &v, err);
+    if (rc == 0)
+        rc = check_range(field, v, lo, hi, INT_MAX, err);
     if (rc == 0)
         *out = (int)v;
     return rc;
@@ -291,7 +299,13 @@ int protocol_get_i64(const cJSON *obj, const char *field, int64_t lo, int64_t hi
     const cJSON *item = lookup(obj, field);
     if (!item)
         return error_set(err, ERR_PROTOCOL, "%s: required", field);
-    return get_integer(item, field, lo, hi, (int64_t)JSON_EXACT_INT_MAX, out, err);
+    int64_t v = 0;
+    int rc = get_integer(item, field, &v, err);
+    if (rc == 0)
+        rc = check_range(field, v, lo, hi, (int64_t)JSON_EXACT_INT_MAX, err);
+    if (rc == 0)
+        *out = v;
+    return rc;
 }
 
 int protocol_get_i64_opt(const cJSON *obj, const char *field, int64_t lo, int64_t hi,
@@ -417,7 +431,9 @@ int protocol_get_int_array(const cJSON *obj, const char *field, int lo, int hi, 
         char name[160];
         snprintf(name, sizeof name, "%s[%d]", field, i);
         int64_t v = 0;
-        int rc = get_integer(el, name, lo, hi, INT_MAX, &v, err);
+        int rc = get_integer(el, name, &v, err);
+        if (rc == 0)
+            rc = check_range(name, v, lo, hi, INT_MAX, err);
         if (rc != 0)
             return rc;
         out[i] = (int32_t)v;
