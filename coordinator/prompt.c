@@ -11,11 +11,19 @@
 #include "error.h"
 #include "speculate.h"
 
-/* The ids of r's input, unchecked against the target (but prompt_ids). */
+/* Ids being built: malloc'd, n of them. */
+struct id_list {
+    int32_t *ids;
+    size_t n;
+};
+
+/* The ids of r's input into *out, unchecked against the target (but
+ * prompt_ids). */
 static int prompt_ids(const struct tokenizer *tk, const struct prompt_limits *lim,
-                      const struct request *r, int32_t **ids, size_t *n, char *msg,
-                      size_t msg_size)
+                      const struct request *r, struct id_list *out, char *msg, size_t msg_size)
 {
+    int32_t **ids = &out->ids;
+    size_t *n = &out->n;
     char err[ERR_MSG_MAX] = "";
     int rc;
     if (r->input == REQUEST_INPUT_IDS) {
@@ -77,8 +85,6 @@ int prompt_build(const struct tokenizer *tk, const struct prompt_limits *lim,
                  const struct request *r, int32_t **ids_out, int *n_out, int *cap_out, char *msg,
                  size_t msg_size)
 {
-    int32_t *ids = NULL;
-    size_t n = 0;
     *ids_out = NULL;
     for (int i = 0; i < r->ctl.n_bias; i++) {
         if (r->ctl.bias_ids[i] >= lim->vocab) {
@@ -87,7 +93,10 @@ int prompt_build(const struct tokenizer *tk, const struct prompt_limits *lim,
             return ERR_INVALID_ARG;
         }
     }
-    int rc = prompt_ids(tk, lim, r, &ids, &n, msg, msg_size);
+    struct id_list list = {0};
+    int rc = prompt_ids(tk, lim, r, &list, msg, msg_size);
+    int32_t *ids = list.ids;
+    const size_t n = list.n;
     if (rc != 0) {
         free(ids);
         return rc;
