@@ -776,18 +776,18 @@ int token_mask_take(struct grammar_matcher *m, const struct token_mask_vocab *v,
 
 int token_mask_accept_tokens(struct grammar_matcher *m, const struct token_mask_vocab *v,
                              const int32_t *tokens, int n, const struct token_mask_eos *eos,
-                             int *n_ok, char *err)
+                             char *err)
 {
-    *n_ok = 0;
+    int n_ok = 0;
     for (int i = 0; i < n; i++) {
         const int rc = token_mask_take(m, v, eos, tokens[i], err);
         if (rc == ERR_INVALID_ARG)
-            return 0;
+            return n_ok;
         if (rc)
             return rc;
-        ++*n_ok;
+        ++n_ok;
         if (is_eos(eos, tokens[i]))
-            return 0;
+            return n_ok;
     }
-    return 0;
+    return n_ok;
 }

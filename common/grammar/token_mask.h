@@ -89,13 +89,13 @@ int token_mask_take(struct grammar_matcher *m, const struct token_mask_vocab *v,
                     const struct token_mask_eos *eos, int32_t id, char *err);
 
 /* token_mask_take over tokens[0..n) while the grammar accepts them, and
- * after an EOS no further (the output ends there); *n_ok is how many it
- * took, so drafts past a refusal are cut there. The matcher keeps one state
- * per token taken (grammar_matcher_rollback undoes them). Returns 0, or
- * token_mask_take's error other than a refusal. */
+ * after an EOS no further (the output ends there). The matcher keeps one
+ * state per token taken (grammar_matcher_rollback undoes them). Returns how
+ * many it took (>= 0; drafts past a refusal are cut there), or
+ * token_mask_take's error other than a refusal (< 0). */
 int token_mask_accept_tokens(struct grammar_matcher *m, const struct token_mask_vocab *v,
                              const int32_t *tokens, int n, const struct token_mask_eos *eos,
-                             int *n_ok, char *err);
+                             char *err);
 
 static inline int token_mask_test(const uint64_t *bits, int32_t id)
 {
