@@ -474,11 +474,10 @@ int request_cancel_from_json(const cJSON *root, char *id_out, char *err)
     return 0;
 }
 
-static int fill_request(struct request *r, const cJSON *root, const struct request_limits *limits, char *err)
+/* "id": at most REQUEST_ID_MAX bytes, copied. */
+static int fill_id(struct request *r, const cJSON *root, char *err)
 {
-    int rc = check_fields(root, err);
-    if (rc != 0)
-        return rc;
+    int rc;
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "id");
     if (item != NULL) {
         if ((rc = expect_string(item, "id", err)) != 0)
@@ -488,7 +487,13 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
                              strlen(item->valuestring));
         memcpy(r->id, item->valuestring, strlen(item->valuestring) + 1);
     }
+    return 0;
+}
 
+/* The input: exactly one of prompt, messages, prompt_ids. */
+static int fill_input(struct request *r, const cJSON *root, char *err)
+{
+    int rc;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *messages = cJSON_GetObjectItemCaseSensitive(root, "messages");
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "prompt_ids");
@@ -517,9 +522,14 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
         if ((rc = parse_prompt_ids(r, ids, err)) != 0)
             return rc;
     }
-    if ((item = cJSON_GetObjectItemCaseSensitive(root, "tools")) != NULL && (rc = parse_tools(r, item, err)) != 0)
-        return rc;
+    return 0;
+}
 
+/* max_tokens and the sampling settings, checked as the workers check them. */
+static int fill_sampling(struct request *r, const cJSON *root, const struct request_limits *limits, char *err)
+{
+    const cJSON *item;
+    int rc;
     long long v = 0;
     double d = 0;
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "max_tokens")) != NULL) {
@@ -552,6 +562,14 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
     sampling_params_default(&sp);
     if ((rc = sampling_params_set(&sp, r->temperature, r->top_k, r->top_p, r->min_p, err)) != 0)
         return rc;
+    return 0;
+}
+
+/* seed, stop, stream and ignore_eos. */
+static int fill_output_controls(struct request *r, const cJSON *root, char *err)
+{
+    const cJSON *item;
+    int rc;
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "seed")) != NULL) {
         if ((rc = parse_seed(item, &r->seed, err)) != 0)
             return rc;
@@ -572,6 +590,15 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
                              json_type_name(item));
         r->ignore_eos = cJSON_IsTrue(item);
     }
+    return 0;
+}
+
+/* spec_k, spec_mode, draft and spec_tree. */
+static int fill_speculation(struct request *r, const cJSON *root, const struct request_limits *limits, char *err)
+{
+    const cJSON *item;
+    long long v = 0;
+    int rc;
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "spec_k")) != NULL) {
         int k_max = limits->spec_k_max > 0 ? limits->spec_k_max : REQUEST_SPEC_K_MAX;
         if ((rc = expect_int(item, "spec_k", 0, REQUEST_SPEC_K_MAX, &v, err)) != 0)
@@ -605,6 +632,21 @@ static int fill_request(struct request *r, const cJSON *root, const struct reque
         (rc = request_spec_tree_parse(item, "spec_tree", &r->spec_tree, err)) != 0)
         return rc;
     return 0;
+}
+
+static int fill_request(struct request *r, const cJSON *root, const struct request_limits *limits, char *err)
+{
+    const cJSON *item;
+    int rc;
+    if ((rc = check_fields(root, err)) != 0 || (rc = fill_id(r, root, err)) != 0 ||
+        (rc = fill_input(r, root, err)) != 0)
+        return rc;
+    if ((item = cJSON_GetObjectItemCaseSensitive(root, "tools")) != NULL && (rc = parse_tools(r, item, err)) != 0)
+        return rc;
+
+    if ((rc = fill_sampling(r, root, limits, err)) != 0 || (rc = fill_output_controls(r, root, err)) != 0)
+        return rc;
+    return fill_speculation(r, root, limits, err);
 }
 
 /* logit_bias: {"<token id>": bias, ...}, OpenAI's shape. */
