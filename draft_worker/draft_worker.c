@@ -75,10 +75,11 @@ struct draft_worker {
 static cJSON *build_register(void *user)
 {
     struct draft_worker *w = user;
-    cJSON *h = worker_link_register_new("draft", w->cfg.draft_worker.model,
-                                        w->cfg.draft_worker.backend, llama_model_config(w->m.model),
-                                        w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
-                                        w->m.kv_block_size, &w->m.cpu, w->cfg.pair);
+    const struct worker_link_facts facts = {
+        .model = w->cfg.draft_worker.model, .backend = w->cfg.draft_worker.backend, .mc = llama_model_config(w->m.model),
+        .max_seq_len = w->m.max_seq_len, .n_slots = w->m.n_slots, .kv_blocks = w->m.kv_blocks,
+        .kv_block_size = w->m.kv_block_size, .cpu = &w->m.cpu};
+    cJSON *h = worker_link_register_new("draft", &facts, w->cfg.pair);
     cJSON *shm = h ? xfer_export(w->buf) : NULL;
     if (!shm || !cJSON_AddItemToObject(h, "shm", shm)) {
         cJSON_Delete(shm);
@@ -95,13 +96,10 @@ static cJSON *build_register(void *user)
  * NOT_PUBLISHED. A target that shares no memory with this draft (the
  * welcome's "halves": "frames") gets the published half as the message's
  * frame, through the coordinator. */
-static void send_draft_ready(struct draft_worker *w, const struct worker_msg_seq *seq, int half,
-                             int64_t round, int k, int guess, bool predraft, double ms, int q_rows)
+static void send_draft_ready(struct draft_worker *w, struct worker_msg_draft_ready r, int q_rows)
 {
-    struct worker_msg_draft_ready r = {
-        .seq = *seq, .half = half, .round = round, .k = k, .guess = guess,
-        .predraft = predraft, .draft_ms = ms,
-    };
+    const struct worker_msg_seq *seq = &r.seq;
+    const int half = r.half;
     if (w->halves_as_frames && q_rows != NOT_PUBLISHED) {
         char err[ERR_MSG_MAX];
         void *bytes = NULL;
@@ -119,6 +117,15 @@ static void send_draft_ready(struct draft_worker *w, const struct worker_msg_seq
         r.guess = -1;
     }
     worker_link_send(w->link, worker_msg_draft_ready_encode(&r), NULL, 0);
+}
+
+/* A pre-draft of (seq, half, round) that was not made: nothing to read. */
+static void send_no_predraft(struct draft_worker *w, const struct worker_msg_seq *seq, int half, int64_t round,
+                             double ms)
+{
+    send_draft_ready(w, (struct worker_msg_draft_ready){.seq = *seq, .half = half, .round = round, .k = 0,
+                                                        .guess = -1, .predraft = true, .draft_ms = ms},
+                     NOT_PUBLISHED);
 }
 
 /* A welcome says how the target reads this draft's halves (registry.c). */
@@ -270,7 +277,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, rc, err);
         /* the coordinator waits for the pre-draft's reply too */
         if (d.seq.req >= 0 && d.seq.slot >= 0 && d.predraft_k > 0)
-            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+            send_no_predraft(w, &d.seq, 1 - d.half, d.round + 1, 0.0);
         return;
     }
     struct queued_draft *qd = queued_new(w, QD_DRAFT, &d.seq, d.feed, d.n_feed);
@@ -278,7 +285,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, ERR_NOMEM,
                                "draft: out of memory queueing the round");
         if (d.predraft_k > 0)
-            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+            send_no_predraft(w, &d.seq, 1 - d.half, d.round + 1, 0.0);
         return;
     }
     qd->half = d.half;
@@ -288,7 +295,7 @@ static void handle_draft(void *user, const struct protocol_msg *m)
         queued_free(qd);
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &d.seq, rc, err);
         if (d.predraft_k > 0)
-            send_draft_ready(w, &d.seq, 1 - d.half, d.round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+            send_no_predraft(w, &d.seq, 1 - d.half, d.round + 1, 0.0);
         return;
     }
     qd->job.keep_len = d.keep_len;
@@ -311,7 +318,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
     if (j->rc) {
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, j->rc, j->err);
         if (qd->predraft_k > 0)
-            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+            send_no_predraft(w, &qd->seq, other, qd->round + 1, 0.0);
         return NULL;
     }
     const struct shm_half_info info = {.req = (uint64_t)qd->seq.req, .round = (uint32_t)qd->round,
@@ -320,18 +327,21 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
     if (half_publish(w, slot, qd->half, &info, k, job_writes_q(j))) {
         worker_link_send_error(w->link, PROTOCOL_DRAFT, &qd->seq, w->fatal.rc, w->fatal.err);
         if (qd->predraft_k > 0)
-            send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+            send_no_predraft(w, &qd->seq, other, qd->round + 1, 0.0);
         return NULL;
     }
-    send_draft_ready(w, &qd->seq, qd->half, qd->round, k, -1, false, qd->compute_ms, job_writes_q(j) ? k : 0);
+    send_draft_ready(w,
+                     (struct worker_msg_draft_ready){.seq = qd->seq, .half = qd->half, .round = qd->round, .k = k,
+                                                     .guess = -1, .draft_ms = qd->compute_ms},
+                     job_writes_q(j) ? k : 0);
     if (qd->predraft_k <= 0)
         return NULL;
     if (half_begin_write(w, slot, other, err)) {
-        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+        send_no_predraft(w, &qd->seq, other, qd->round + 1, 0.0);
         return NULL;
     }
     if (k == 0) {
-        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+        send_no_predraft(w, &qd->seq, other, qd->round + 1, 0.0);
         return NULL;
     }
     const int32_t last = j->tokens_out[k - 1];
@@ -342,7 +352,7 @@ static struct queued_draft *finish_draft(struct draft_worker *w, struct queued_d
         free(feed);
         LOG_DEBUG("pre-draft req %lld slot %d skipped: out of memory", (long long)qd->seq.req,
                   slot);
-        send_draft_ready(w, &qd->seq, other, qd->round + 1, 0, -1, true, 0.0, NOT_PUBLISHED);
+        send_no_predraft(w, &qd->seq, other, qd->round + 1, 0.0);
         return NULL;
     }
     feed[0] = last;
@@ -363,18 +373,21 @@ static void finish_predraft(struct draft_worker *w, struct queued_draft *qd)
     const int slot = qd->seq.slot;
     if (j->rc) {
         LOG_DEBUG("pre-draft req %lld slot %d skipped: %s", (long long)qd->seq.req, slot, j->err);
-        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms, NOT_PUBLISHED);
+        send_no_predraft(w, &qd->seq, qd->half, qd->round, qd->compute_ms);
         return;
     }
     const struct shm_half_info info = {.req = (uint64_t)qd->seq.req, .round = (uint32_t)qd->round,
                                        .k = (uint32_t)qd->predraft_k, .first = 1,
                                        .guess = (uint32_t)j->tokens_out[0]};
     if (half_publish(w, slot, qd->half, &info, j->k, job_writes_q(j))) {
-        send_draft_ready(w, &qd->seq, qd->half, qd->round, 0, -1, true, qd->compute_ms, NOT_PUBLISHED);
+        send_no_predraft(w, &qd->seq, qd->half, qd->round, qd->compute_ms);
         return;
     }
-    send_draft_ready(w, &qd->seq, qd->half, qd->round, qd->predraft_k, j->tokens_out[0], true,
-                     qd->compute_ms, job_writes_q(j) ? j->k : 0);
+    send_draft_ready(w,
+                     (struct worker_msg_draft_ready){.seq = qd->seq, .half = qd->half, .round = qd->round,
+                                                     .k = qd->predraft_k, .guess = j->tokens_out[0],
+                                                     .predraft = true, .draft_ms = qd->compute_ms},
+                     job_writes_q(j) ? j->k : 0);
 }
 
 /* worker_link_role.run_queued: one forward call for every queued prefill,

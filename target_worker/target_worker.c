@@ -117,10 +117,11 @@ struct target_worker {
 static cJSON *build_register(void *user)
 {
     struct target_worker *w = user;
-    return worker_link_register_new("target", w->cfg.target_worker.model,
-                                    w->cfg.target_worker.backend, llama_model_config(w->m.model),
-                                    w->m.max_seq_len, w->m.n_slots, w->m.kv_blocks,
-                                    w->m.kv_block_size, &w->m.cpu, w->cfg.pair);
+    const struct worker_link_facts facts = {
+        .model = w->cfg.target_worker.model, .backend = w->cfg.target_worker.backend, .mc = llama_model_config(w->m.model),
+        .max_seq_len = w->m.max_seq_len, .n_slots = w->m.n_slots, .kv_blocks = w->m.kv_blocks,
+        .kv_block_size = w->m.kv_block_size, .cpu = &w->m.cpu};
+    return worker_link_register_new("target", &facts, w->cfg.pair);
 }
 
 static void queued_free(struct queued_verify *qv)

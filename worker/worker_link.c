@@ -143,16 +143,14 @@ static void shm_domain(char *out, size_t size)
     snprintf(out, size, "%s:%llu:%llu", boot, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
 }
 
-cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
-                                const struct model_config *mc, int max_seq_len, int n_slots,
-                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu,
-                                int pair)
+cJSON *worker_link_register_new(const char *role, const struct worker_link_facts *f, int pair)
 {
+    const struct model_config *mc = f->mc;
     struct worker_msg_register r = {
-        .role = role, .pid = (int)getpid(), .model = model, .backend = backend,
-        .vocab_size = mc->vocab_size, .max_seq_len = max_seq_len, .n_slots = n_slots,
-        .bos_id = mc->bos_token_id, .kv_blocks = kv_blocks, .kv_block_size = kv_block_size,
-        .cpu = *cpu, .pair = pair,
+        .role = role, .pid = (int)getpid(), .model = f->model, .backend = f->backend,
+        .vocab_size = mc->vocab_size, .max_seq_len = f->max_seq_len, .n_slots = f->n_slots,
+        .bos_id = mc->bos_token_id, .kv_blocks = f->kv_blocks, .kv_block_size = f->kv_block_size,
+        .cpu = *f->cpu, .pair = pair,
     };
     char domain[WORKER_MSG_SHM_DOMAIN_MAX];
     shm_domain(domain, sizeof domain);

@@ -189,9 +189,13 @@ void worker_link_send_error(struct worker_link *link, const char *in_reply_to,
  * model facts from mc and the cores it computes on (cpu, not present on a
  * GPU backend), and the pair it serves. The draft adds its "shm" descriptor. NULL when out of
  * memory. */
-cJSON *worker_link_register_new(const char *role, const char *model, const char *backend,
-                                const struct model_config *mc, int max_seq_len, int n_slots,
-                                int kv_blocks, int kv_block_size, const struct worker_msg_cpu *cpu,
-                                int pair);
+struct worker_link_facts {
+    const char *model, *backend;    /* as the worker's config names them */
+    const struct model_config *mc;
+    int max_seq_len, n_slots;
+    int kv_blocks, kv_block_size;   /* the paged KV pool all slots share */
+    const struct worker_msg_cpu *cpu;
+};
+cJSON *worker_link_register_new(const char *role, const struct worker_link_facts *f, int pair);
 
 #endif
