@@ -70,6 +70,10 @@
  *   are mapped as a model maps its matrices (map_matrix: on an AVX-512 CPU,
  *   bf16 rows of a multiple of 32 are packed, kernels/cpu/packed.h), which a
  *   shape under 2 MiB is not (only copies are packed), --hot's included
+ *   --bf16-dot (CPU): as --layouts, the second copies mapped with the
+ *   backend's bf16 dot on (vdpbf16ps, bf16 activations, its line octets)
+ *   against the first on the f32 paths (kern_cpu_set_bf16_dot off while
+ *   they were mapped): the two products side by side in one process
  *   --layouts (CPU): both, side by side: every copy mapped both ways
  *   (map_matrix, and map_weights for the row-major copy, so both sit in
  *   the backend's own memory), each n timed on one then the other in turn,
@@ -424,6 +428,7 @@ static int parse_rows(const char *arg, int *ns, int *n_ns)
 /* What a CPU matmul run measures, from the command line. */
 struct bench_cpu_opts {
     int threads, rounds, hot, row_major, layouts;
+    int bf16_dot; /* --bf16-dot: the second copies on vdpbf16ps, not row-major */
     double min_s;
     const int *ns; /* row counts, ascending */
     int n_ns;
@@ -556,7 +561,8 @@ static void bench_shape_report(const struct bench_cpu_opts *o, int d_in, int d_o
         printf("layout %-11s", label);
         for (int ni = 0; ni < n_ns; ni++)
             printf(" n%d:%.2f", ns[ni], ratio[1][ni].median);
-        printf("  (time as mapped / time row-major, median of the rounds)\n");
+        printf("  (time as mapped / time %s, median of the rounds)\n",
+               o->bf16_dot ? "on vdpbf16ps" : "row-major");
     }
 }
 
@@ -581,7 +587,12 @@ static int bench_shape(struct kern_backend *be, const struct bench_cpu_opts *o, 
         uint16_t *p = host[c];
         for (size_t k = 0; k < w_bytes / 2; k++)
             p[k] = rand_bf16();
-        /* as a model maps its matrices (its own layout, huge pages) */
+        /* as a model maps its matrices (its own layout, huge pages); with
+         * --bf16-dot, for the f32 paths */
+        if (o->bf16_dot && kern_cpu_set_bf16_dot(be, 0, err) != 0) {
+            fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+            return 1;
+        }
         const void *mapped = host[c];
         if (!row_major && be->ops->map_matrix &&
             be->ops->map_matrix(be, host[c], KERN_DTYPE_BF16, d_out, d_in, &mapped, err) != 0) {
@@ -589,7 +600,17 @@ static int bench_shape(struct kern_backend *be, const struct bench_cpu_opts *o, 
             return 1;
         }
         w[c] = (void *)(uintptr_t)mapped;
-        if (layouts) {
+        if (layouts && o->bf16_dot) {
+            /* the same bytes mapped for vdpbf16ps; a matrix keeps the path
+             * it was mapped for (kernels.h), so both sets run side by side */
+            const void *bd = NULL;
+            if (kern_cpu_set_bf16_dot(be, 1, err) != 0 ||
+                be->ops->map_matrix(be, host[c], KERN_DTYPE_BF16, d_out, d_in, &bd, err) != 0) {
+                fprintf(stderr, "tandem-bench-kernels: %s\n", err);
+                return 1;
+            }
+            w_rm[c] = (void *)(uintptr_t)bd;
+        } else if (layouts) {
             const void *rm = NULL;
             if (be->ops->map_weights(be, host[c], w_bytes, &rm, err) != 0) {
                 fprintf(stderr, "tandem-bench-kernels: %s\n", err);
@@ -679,7 +700,7 @@ int main(int argc, char **argv)
     int shapes[BENCH_SHAPES_MAX][2] = {
         {2048, 2048}, {2048, 512}, {2048, 8192}, {8192, 2048}, {2048, 128256}};
     int n_shapes = BENCH_N_SHAPES;
-    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0, row_major = 0, layouts = 0;
+    int ns[BENCH_N_MAX], n_ns = BENCH_N_MAX, hot = 0, row_major = 0, layouts = 0, bf16_dot = 0;
     for (int ni = 0; ni < BENCH_N_MAX; ni++)
         ns[ni] = ni + 1;
     for (int i = 1; i < argc; i++) {
@@ -705,12 +726,14 @@ int main(int argc, char **argv)
             row_major = 1;
         } else if (strcmp(argv[i], "--layouts") == 0) {
             layouts = 1;
+        } else if (strcmp(argv[i], "--bf16-dot") == 0) {
+            layouts = bf16_dot = 1;
         } else if (strcmp(argv[i], "--cpu-time") == 0) {
             bench_clock = CLOCK_PROCESS_CPUTIME_ID;
         } else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--seconds S] [--rounds R] [--shapes DINxDOUT,...] "
-                    "[--rows N,...] [--cpu-time] [--hot] [--row-major | --layouts]\n"
+                    "[--rows N,...] [--cpu-time] [--hot] [--row-major | --layouts | --bf16-dot]\n"
                     "       %s --backend cuda [--device D] [--seconds S] [--rounds R]\n",
                     argv[0], argv[0]);
             return 2;
@@ -780,12 +803,13 @@ int main(int argc, char **argv)
            hot ? "; --hot: one weight copy, cache-resident if it fits" : "");
     if (layouts)
         printf("%-18s %3s %11s %10s %9s %9s %8s %14s %12s\n", "d_in -> d_out", "n", "us/call",
-               "GB/s", "%read", "%own", "t(n)/t1", "row-major us", "vs row-major");
+               "GB/s", "%read", "%own", "t(n)/t1", bf16_dot ? "bf16-dot us" : "row-major us",
+               bf16_dot ? "vs bf16-dot" : "vs row-major");
     else
         printf("%-18s %3s %11s %10s %9s %9s %8s\n", "d_in -> d_out", "n", "us/call", "GB/s",
                "%read", "%own", "t(n)/t1");
     const struct bench_cpu_opts opts = {.threads = threads, .rounds = rounds, .hot = hot, .row_major = row_major,
-                                        .layouts = layouts, .min_s = min_s, .ns = ns, .n_ns = n_ns,
+                                        .layouts = layouts, .bf16_dot = bf16_dot, .min_s = min_s, .ns = ns, .n_ns = n_ns,
                                         .read_buf = read_buf};
     for (int si = 0; si < n_shapes; si++)
         if (bench_shape(be, &opts, shapes[si][0], shapes[si][1]) != 0)
