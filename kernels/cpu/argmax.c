@@ -124,9 +124,11 @@ static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *
                          const uint16_t *hb, float *row)
 {
     if (hb)
-        return bd_dot_avx512bf16((const uint16_t *)s->w + (size_t)v * (size_t)s->cols, hb, s->cols);
+        return bd_dot_avx512bf16((const uint16_t *)s->w +
+                                     cpu_lines_row_offset(s->layout, s->packed, s->cols, v),
+                                 cpu_lines_step(s->layout, s->packed, v), hb, s->cols);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (s->packed && v < s->packed) {
+    if (s->layout == CPU_LAYOUT_OCTETS && v < s->packed) {
         /* Straight from the packed octet: step by step its 64-byte lines
          * hold this row's 8-column chunks 2L (high halves) and 2L + 1 (low
          * halves) in lanes (v % 2) * 8 .. + 7, in increasing column order,
@@ -149,7 +151,7 @@ static float exact_logit(const struct cpu_argmax_shadow *s, int v, const float *
         return cpu_simd_hsum8(acc); /* packed rows are whole steps: no tail */
     }
 #endif
-    cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, v, row);
+    cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, s->layout, v, row);
     return cpu_simd_dot_f32(row, h, s->cols);
 }
 
@@ -827,7 +829,7 @@ int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in
         /* A bf16 head on vdpbf16ps computes its logits from the input
          * rounded to bf16: the screen bounds them from that input. */
         const uint16_t *hb = NULL;
-        if (dtype == KERN_DTYPE_BF16 && cb->bf16_dot && !s->packed) {
+        if (cpu_backend_on_bd(cb, dtype, s->layout)) {
             const int dp = bd_padded(d_in);
             if ((rc = grow_buffer((void **)&a->hb, &a->hb_cap, (size_t)n * (size_t)dp,
                                   sizeof *a->hb, err)) ||

@@ -30,6 +30,7 @@ struct cpu_argmax_shadow {
     int draft;              /* the draft copy: 4-bit codes, statistical margin */
     double dq_factor;       /* weight of dq in the margin: 1, or Z / sqrt(d) for a draft */
     int packed;             /* rows of w from the first in the packed layout (packed.h) */
+    enum cpu_layout layout; /* which packed layout (packed.h) */
     /* [rows][stride], one mapping of map_len bytes. A draft copy's block b
      * (64 bytes, columns 128b .. 128b + 127): byte j holds column 128b + j in
      * its low four bits and column 128b + 64 + j in its high four. */

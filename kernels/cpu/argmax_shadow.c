@@ -100,7 +100,7 @@ static void prepare_task(void *ctx, long begin, long end, int thread_idx)
     struct cpu_argmax_shadow *s = job->s;
     float *y = job->rows[thread_idx];
     for (long v = begin; v < end; v++) {
-        cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, v, y);
+        cpu_matrix_row_f32(s->w, s->dtype, s->cols, s->packed, s->layout, v, y);
         double maxabs = 0;
         for (int k = 0; k < s->cols; k++) {
             if (!isfinite(y[k])) {
@@ -151,7 +151,8 @@ int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype d
                          "got %p [%lld, %lld]",
                          w, (long long)rows, (long long)cols);
     int packed_rows = 0, packed_d_in = 0;
-    if (cpu_backend_packed(cb, w, &packed_rows, &packed_d_in) &&
+    const int layout = cpu_backend_packed(cb, w, &packed_rows, &packed_d_in);
+    if (layout != CPU_LAYOUT_ROWS &&
         (packed_d_in != cols || dtype != KERN_DTYPE_BF16 || rows < packed_rows))
         return error_set(err, ERR_INVALID_ARG,
                          "cpu prepare_argmax: w was mapped as a bf16 matrix of at least %d rows of "
@@ -171,7 +172,8 @@ int cpu_prepare_argmax(struct kern_backend *be, const void *w, enum kern_dtype d
         a->cap_shadows = cap;
     }
     struct cpu_argmax_shadow s = {.w = w, .dtype = dtype, .rows = (int)rows, .cols = (int)cols,
-                                  .packed = packed_rows, .dq_factor = 1.0};
+                                  .packed = packed_rows,
+                                  .layout = (enum cpu_layout)layout, .dq_factor = 1.0};
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     /* the draft copy is read by the AVX-512 screen only (scores_rows_draft):
      * elsewhere a draft gets the one-byte copy, exact and no slower */

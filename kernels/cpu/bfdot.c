@@ -33,9 +33,9 @@ void bd_round_rows_avx512bf16(const float *in, int d_in, uint16_t *xb, int dp, i
     (void)in, (void)d_in, (void)xb, (void)dp, (void)i0, (void)i1;
 }
 void bd_rows_avx512bf16(const struct bd_job *job, int o0, int o1) { (void)job, (void)o0, (void)o1; }
-float bd_dot_avx512bf16(const uint16_t *w, const uint16_t *xb, int d_in)
+float bd_dot_avx512bf16(const uint16_t *w, size_t step, const uint16_t *xb, int d_in)
 {
-    (void)w, (void)xb, (void)d_in;
+    (void)w, (void)step, (void)xb, (void)d_in;
     return 0.0f;
 }
 #endif
@@ -67,7 +67,7 @@ static void bd_task(void *ctx, long begin, long end, int thread_idx)
 }
 
 int cpu_matmul_bf16(struct cpu_backend *cb, float *out, const float *in, const uint16_t *w, int n,
-                    int d_in, int d_out, char *err)
+                    int d_in, int d_out, int packed_rows, char *err)
 {
     const int dp = bd_padded(d_in);
     int rc = cpu_backend_scratch_reserve(cb, (size_t)n * (size_t)dp * sizeof(uint16_t), err);
@@ -77,8 +77,12 @@ int cpu_matmul_bf16(struct cpu_backend *cb, float *out, const float *in, const u
     struct bd_round_job rj = {.in = in, .xb = xb, .d_in = d_in, .dp = dp};
     /* rows are rounded independently: a prompt's on all threads */
     cpu_pool_run(cb->pool, n, (long)n * d_in < 65536 ? n : 1, bd_round_task, &rj);
-    const long n_tasks = (d_out + BD_TASK_ROWS - 1) / BD_TASK_ROWS;
-    struct bd_job job = {.w = w, .d_in = d_in, .dp = dp, .d_out = d_out, .task_rows = BD_TASK_ROWS};
+    /* one row on line octets: tasks of BD_STREAMS octets, so that a claim
+     * cuts into BD_STREAMS equal runs read side by side */
+    const int task_rows = n == 1 && packed_rows ? 8 * BD_STREAMS : BD_TASK_ROWS;
+    const long n_tasks = (d_out + task_rows - 1) / task_rows;
+    struct bd_job job = {.w = w, .d_in = d_in, .dp = dp, .d_out = d_out, .packed_rows = packed_rows,
+                         .task_rows = task_rows};
     int job_rows = dp ? (int)(BD_JOB_BYTES / ((size_t)dp * sizeof(uint16_t))) : n;
     job_rows = job_rows < BD_RMAX ? BD_RMAX : job_rows;
     for (int i0 = 0; i0 < n; i0 += job_rows) {

@@ -44,6 +44,7 @@ struct cpu_weight_copy {
     void *base;
     size_t len;
     int packed_rows, d_in; /* map_matrix packed it (packed.h): rows in octets; else 0 */
+    enum cpu_layout layout; /* which octets (CPU_LAYOUT_ROWS where none) */
     int qrows, qd_in;      /* map_matrix's int8/int4 panels (qdot.h): the matrix's shape */
     enum kern_dtype qdtype;
 };
@@ -258,7 +259,8 @@ static int cpu_copies_reserve(struct cpu_backend *cb, char *err)
 }
 
 static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, size_t size_bytes,
-                                int pack_rows, int pack_d_in, const void **out, char *err)
+                                int pack_rows, int pack_d_in, enum cpu_layout layout,
+                                const void **out, char *err)
 {
     int rc = cpu_copies_reserve(cb, err);
     if (rc < 0)
@@ -281,7 +283,10 @@ static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, si
             munmap(base, len);
             return error_set(err, ERR_NOMEM, "cpu map_matrix: out of memory");
         }
-        cpu_packed_pack((uint16_t *)(void *)base, pack_rows, pack_d_in, tmp);
+        if (layout == CPU_LAYOUT_LINES)
+            cpu_lines_pack((uint16_t *)(void *)base, pack_rows, pack_d_in, tmp);
+        else
+            cpu_packed_pack((uint16_t *)(void *)base, pack_rows, pack_d_in, tmp);
         free(tmp);
         packed_rows = pack_rows / CPU_PACKED_ROWS * CPU_PACKED_ROWS;
     }
@@ -291,22 +296,26 @@ static int cpu_weight_copy_make(struct cpu_backend *cb, const void *host_ptr, si
         return error_set_errno(err, ERR_SYSTEM, e, "cpu map_weights: mprotect(PROT_READ)");
     }
     cb->copies[cb->n_copies++] = (struct cpu_weight_copy){
-        .base = base, .len = len, .packed_rows = packed_rows, .d_in = packed_rows ? pack_d_in : 0};
+        .base = base, .len = len, .packed_rows = packed_rows, .d_in = packed_rows ? pack_d_in : 0,
+        .layout = packed_rows ? layout : CPU_LAYOUT_ROWS};
     *out = base;
     return 0;
 }
 
 /* map_weights and map_matrix: large tensors are copied (and, with pack_rows
- * > 0, packed), small ones used in place. what: the op, for errors. */
+ * > 0, packed in layout), small ones used in place. what: the op, for
+ * errors. */
 static int cpu_map(struct cpu_backend *cb, const char *what, const void *host_ptr,
-                   size_t size_bytes, int pack_rows, int pack_d_in, const void **out, char *err)
+                   size_t size_bytes, int pack_rows, int pack_d_in, enum cpu_layout layout,
+                   const void **out, char *err)
 {
     *out = NULL;
     if (!host_ptr && size_bytes > 0)
         return error_set(err, ERR_INVALID_ARG, "cpu %s: NULL pointer for %zu bytes", what,
                          size_bytes);
     if (cb->weight_copy && size_bytes >= CPU_WEIGHT_COPY_MIN)
-        return cpu_weight_copy_make(cb, host_ptr, size_bytes, pack_rows, pack_d_in, out, err);
+        return cpu_weight_copy_make(cb, host_ptr, size_bytes, pack_rows, pack_d_in, layout, out,
+                                    err);
     *out = host_ptr;
     return 0;
 }
@@ -314,7 +323,8 @@ static int cpu_map(struct cpu_backend *cb, const char *what, const void *host_pt
 static int cpu_map_weights(struct kern_backend *be, const void *host_ptr, size_t size_bytes,
                            const void **out, char *err)
 {
-    return cpu_map(cpu_backend_of(be), "map_weights", host_ptr, size_bytes, 0, 0, out, err);
+    return cpu_map(cpu_backend_of(be), "map_weights", host_ptr, size_bytes, 0, 0, CPU_LAYOUT_ROWS,
+                   out, err);
 }
 
 /* int8 and int4 matrices are always copied, into the panels of qdot.h,
@@ -352,9 +362,9 @@ static int cpu_map_quantized(struct cpu_backend *cb, const void *host_ptr, enum 
 }
 
 /* A matrix is packed when it is copied at all (a tensor used in place is the
- * caller's, read-only, bytes: cpu_map) and its dtype and shape have the
- * packed kernels (cpu_packed_supported), unless bf16 goes to vdpbf16ps,
- * which reads the rows as they are (bfdot.h). */
+ * caller's, read-only, bytes: cpu_map) and its dtype and shape have packed
+ * kernels: in line octets where bf16 goes to vdpbf16ps (cpu_lines_supported,
+ * bfdot.h), else in row octets (cpu_packed_supported). */
 static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum kern_dtype dtype,
                           int64_t rows, int64_t cols, const void **out, char *err)
 {
@@ -379,10 +389,12 @@ static int cpu_map_matrix(struct kern_backend *be, const void *host_ptr, enum ke
     if (bytes > SIZE_MAX)
         return error_set(err, ERR_NOMEM, "cpu map_matrix: [%lld, %lld] is too large",
                          (long long)rows, (long long)cols);
-    const int pack = cpu_packed_supported(dtype, (long)rows, (long)cols) && rows <= INT32_MAX &&
-                     !(dtype == KERN_DTYPE_BF16 && cb->bf16_dot);
+    const int bd = dtype == KERN_DTYPE_BF16 && cb->bf16_dot;
+    const enum cpu_layout layout = bd ? CPU_LAYOUT_LINES : CPU_LAYOUT_OCTETS;
+    const int pack = rows <= INT32_MAX && (bd ? cpu_lines_supported(dtype, (long)rows, (long)cols)
+                                              : cpu_packed_supported(dtype, (long)rows, (long)cols));
     return cpu_map(cb, "map_matrix", host_ptr, (size_t)bytes, pack ? (int)rows : 0,
-                   pack ? (int)cols : 0, out, err);
+                   pack ? (int)cols : 0, layout, out, err);
 }
 
 int cpu_backend_qpanels(const struct cpu_backend *cb, const void *w, enum kern_dtype dtype, int rows,
@@ -400,12 +412,12 @@ int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_
     for (int i = 0; i < cb->n_copies; i++)
         if (cb->copies[i].base == w) {
             if (cb->copies[i].packed_rows == 0)
-                return 0;
+                return CPU_LAYOUT_ROWS;
             *packed_rows = cb->copies[i].packed_rows;
             *d_in = cb->copies[i].d_in;
-            return 1;
+            return (int)cb->copies[i].layout;
         }
-    return 0;
+    return CPU_LAYOUT_ROWS;
 }
 
 /* Releases a copy made by map_weights; a pointer used in place is not ours. */

@@ -14,6 +14,7 @@
 
 #include "cpu_pool.h"
 #include "kernels.h"
+#include "packed.h"
 
 struct cpu_backend {
     struct kern_backend base; /* must stay first */
@@ -37,9 +38,20 @@ struct cpu_backend {
 int cpu_backend_qpanels(const struct cpu_backend *cb, const void *w, enum kern_dtype dtype, int rows,
                         int d_in);
 
-/* Whether w is a matrix map_matrix packed (kernels/cpu/packed.h): returns 1
- * and its packed rows (a multiple of 8) and row length, or 0. */
+/* Whether w is a matrix map_matrix packed (kernels/cpu/packed.h): returns
+ * its layout (enum cpu_layout: CPU_LAYOUT_OCTETS or CPU_LAYOUT_LINES) and
+ * its packed rows (a multiple of 8) and row length, or 0
+ * (CPU_LAYOUT_ROWS), leaving them as they were. */
 int cpu_backend_packed(const struct cpu_backend *cb, const void *w, int *packed_rows, int *d_in);
+
+/* Whether a product of a matrix of dtype in this layout (cpu_backend_packed)
+ * runs on vdpbf16ps (bfdot.h): bf16 in line octets always, bf16 row-major
+ * where the backend's bf16 dot is on; row octets never. */
+static inline int cpu_backend_on_bd(const struct cpu_backend *cb, enum kern_dtype dtype, int layout)
+{
+    return dtype == KERN_DTYPE_BF16 &&
+           (layout == CPU_LAYOUT_LINES || (layout == CPU_LAYOUT_ROWS && cb->bf16_dot));
+}
 
 static inline struct cpu_backend *cpu_backend_of(struct kern_backend *be)
 {
@@ -74,9 +86,10 @@ int cpu_add(struct kern_backend *be, float *x, const float *y, size_t count, cha
 int cpu_matmul_int(struct cpu_backend *cb, float *out, const float *in, const void *w,
                    enum kern_dtype dtype, int n, int d_in, int d_out, char *err);
 /* cpu_matmul for KERN_DTYPE_BF16 weights on vdpbf16ps (bfdot.c), arguments
- * checked, w row-major (not packed), cb->bf16_dot set. */
+ * checked: w row-major, or its first packed_rows rows in line octets
+ * (packed.h). */
 int cpu_matmul_bf16(struct cpu_backend *cb, float *out, const float *in, const uint16_t *w, int n,
-                    int d_in, int d_out, char *err);
+                    int d_in, int d_out, int packed_rows, char *err);
 int cpu_matmul_argmax(struct kern_backend *be, int32_t *idx_out, const float *in, const void *w,
                       enum kern_dtype dtype, int n, int d_in, int d_out,
                       const uint64_t *const *allow, char *err);

@@ -53,12 +53,13 @@
  * int8 and int4 weights are not here: they take the integer product of
  * qdot.c (int8 activations, its own contract in qdot.h), to which
  * cpu_matmul hands them after checking the arguments. Nor are bf16 weights
- * where the CPU has AVX512_BF16: they take vdpbf16ps (bfdot.c, bf16
- * activations, its own contract in bfdot.h); the paths below then serve
- * only f16 and f32 weights, and bf16 ones packed before the backend's
- * bf16 dot was turned on (kern_cpu_set_bf16_dot). So a bf16 matrix's
- * product differs by ISA (with AVX512_BF16 or without), where this file's
- * paths give the same bits on every ISA.
+ * where the CPU has AVX512_BF16 (the default): they take vdpbf16ps
+ * (bfdot.c, bf16 activations, its own contract in bfdot.h); the paths below
+ * then serve only f16 and f32 weights, and bf16 ones mapped while the
+ * backend's bf16 dot was off (kern_cpu_set_bf16_dot, TANDEM_CPU_BF16_DOT=0;
+ * cpu_backend_on_bd). So a bf16 matrix's product differs by ISA (with
+ * AVX512_BF16 or without), where this file's paths give the same bits on
+ * every ISA.
  *
  * Files: this one holds the contract, the choice of path and the dispatch
  * (cpu_matmul, the pool's claims, the per-block choice among the row-block
@@ -212,14 +213,15 @@ int cpu_matmul(struct kern_backend *be, float *out, const float *in, const void 
     if (quantized)
         return cpu_matmul_int(cb, out, in, w, dtype, n, d_in, d_out, err);
     int packed_d_in = 0;
-    if (cpu_backend_packed(cb, w, &job.packed_rows, &packed_d_in) &&
+    const int layout = cpu_backend_packed(cb, w, &job.packed_rows, &packed_d_in);
+    if (layout != CPU_LAYOUT_ROWS &&
         (packed_d_in != d_in || dtype != KERN_DTYPE_BF16 || d_out < job.packed_rows))
         return error_set(err, ERR_INVALID_ARG,
                          "cpu matmul: w was mapped as a bf16 matrix of at least %d rows of %d, "
                          "called as %s [%d, %d]",
                          job.packed_rows, packed_d_in, kern_dtype_name(dtype), d_out, d_in);
-    if (dtype == KERN_DTYPE_BF16 && cb->bf16_dot && !job.packed_rows)
-        return cpu_matmul_bf16(cb, out, in, w, n, d_in, d_out, err);
+    if (cpu_backend_on_bd(cb, dtype, layout))
+        return cpu_matmul_bf16(cb, out, in, w, n, d_in, d_out, job.packed_rows, err);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (job.packed_rows) {
         /* Jobs of at most MM_PK_JOB_ROWS input rows keep a job's inputs in

@@ -32,6 +32,25 @@ int cpu_packed_supported(enum kern_dtype dtype, long rows, long d_in)
 #endif
 }
 
+int cpu_lines_supported(enum kern_dtype dtype, long rows, long d_in)
+{
+    return dtype == KERN_DTYPE_BF16 && rows >= CPU_PACKED_ROWS && d_in >= CPU_PACKED_STEP &&
+           d_in % CPU_PACKED_STEP == 0 && d_in <= (1L << 24);
+}
+
+void cpu_lines_pack(uint16_t *w, int rows, int d_in, uint16_t *tmp)
+{
+    const size_t octet = (size_t)CPU_PACKED_ROWS * (size_t)d_in;
+    for (int b = 0; b < rows / CPU_PACKED_ROWS; b++) {
+        uint16_t *o = w + (size_t)b * octet;
+        memcpy(tmp, o, octet * sizeof *tmp);
+        for (int k0 = 0; k0 < d_in; k0 += CPU_PACKED_STEP)
+            for (int a = 0; a < CPU_PACKED_ROWS; a++, o += CPU_PACKED_STEP)
+                memcpy(o, tmp + (size_t)a * (size_t)d_in + (size_t)k0,
+                       CPU_PACKED_STEP * sizeof *tmp);
+    }
+}
+
 void cpu_packed_pack(uint16_t *w, int rows, int d_in, uint16_t *tmp)
 {
     const size_t octet = (size_t)CPU_PACKED_ROWS * (size_t)d_in;
@@ -51,11 +70,19 @@ void cpu_packed_pack(uint16_t *w, int rows, int d_in, uint16_t *tmp)
     }
 }
 
-void cpu_matrix_row_f32(const void *w, enum kern_dtype dtype, int d_in, int packed_rows, long r,
-                        float *y)
+void cpu_matrix_row_f32(const void *w, enum kern_dtype dtype, int d_in, int packed_rows,
+                        enum cpu_layout layout, long r, float *y)
 {
-    if (r < packed_rows) {
+    if (r < packed_rows && layout == CPU_LAYOUT_OCTETS) {
         cpu_packed_row_f32(w, d_in, (int)r, y);
+        return;
+    }
+    if (r < packed_rows && layout == CPU_LAYOUT_LINES) {
+        const uint16_t *src = (const uint16_t *)w + cpu_lines_row_offset(layout, packed_rows, d_in, r);
+        const size_t step = cpu_lines_step(layout, packed_rows, r);
+        for (int k = 0; k < d_in; k += CPU_PACKED_STEP, src += step)
+            for (int j = 0; j < CPU_PACKED_STEP; j++)
+                y[k + j] = cpu_simd_bf16_to_f32(src[j]);
         return;
     }
     const size_t row = (size_t)r * (size_t)d_in;

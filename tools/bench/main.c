@@ -542,6 +542,8 @@ static int bench_runtime(const struct bench_opts *o, struct kern_backend *be)
            bw.size_bytes >> 20, bw.read_gbs);
     printf("memcpy (read+write counted, for reference only): %.2f GB/s\n", bw.memcpy_gbs);
     printf("int8/int4 integer dot: %s\n", kern_cpu_int_dot_name(kern_cpu_int_dot(be)));
+    printf("bf16 products: %s\n", kern_cpu_bf16_dot(be) == 1 ? "vdpbf16ps (bf16 activations)"
+                                                             : "f32 paths (f32 activations)");
     /* This VM's read bandwidth swings by 2x from minute to minute: it is
      * measured again after each decode, and the decode is set against the
      * higher of the two figures around it (never the flattering one). */
