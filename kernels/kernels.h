@@ -378,13 +378,18 @@ const char *kern_cpu_int_dot_name(int isa);
 
 /* Whether a CPU backend's bf16 matmul runs on vdpbf16ps (AVX512_BF16), the
  * activations rounded to bf16 (kernels/cpu/bfdot.h), or, 0, on the f32
- * paths (weights widened, f32 activations); a backend starts on the f32
- * paths (faster for one-row decode so far: docs/perf/cpu-matmul.md). The
- * two give different bits. Set it before mapping bf16 matrices: a matrix
- * mapped while it was off may be packed for the f32 paths, and is then
- * always multiplied on them.
- * TANDEM_CPU_BF16_DOT=1 in the environment makes kern_cpu_create start
- * with it on (refused where the CPU lacks it; 0 or unset: off).
+ * paths (weights widened, f32 activations). A backend starts on vdpbf16ps
+ * wherever the CPU has it: every bf16 product (one decode row, 2-17
+ * verification rows, prefill) then takes it, so a row's bits do not depend
+ * on the batch. The two give different bits, so a bf16 model's outputs
+ * differ between CPUs with and without AVX512_BF16 (each is the same on
+ * every CPU of its kind). Set it before mapping bf16 matrices: map_matrix
+ * lays a matrix out for the path that is on then, and the matrix is always
+ * multiplied on that path (a row-major one, used in place, on the path on
+ * at the call).
+ * TANDEM_CPU_BF16_DOT=0 in the environment makes kern_cpu_create start on
+ * the f32 paths, =1 on vdpbf16ps (refused where the CPU lacks it); unset:
+ * vdpbf16ps where the CPU has it.
  * kern_cpu_bf16_dot: 1, 0, or -1 (not the CPU backend);
  * kern_cpu_set_bf16_dot: 0, or ERR_UNSUPPORTED turning it on where this CPU
  * or build lacks it (for tests and benchmarks). */

@@ -479,12 +479,12 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
     cb->n_threads = n_threads;
     cb->weight_copy = cpu_thp_available();
     cb->qdot_isa = qd_isa_best();
-    /* Off by default: its prefill is faster, but its one-row decode read
-     * the weights at 62% of the memory's bandwidth against the f32 path's
-     * 97% (docs/perf/cpu-matmul.md), and decode is what a CPU user waits
-     * on. TANDEM_CPU_BF16_DOT=1 turns it on (=0 keeps it off); read once,
-     * at creation, so every product of a backend takes the same path. */
-    cb->bf16_dot = 0;
+    /* bf16 on vdpbf16ps wherever the CPU has it, so that a bf16 product's
+     * bits depend on the CPU's ISA only (kernels.h). TANDEM_CPU_BF16_DOT=0
+     * keeps bf16 on the f32 paths (for comparison), =1 insists on it
+     * (refused where the CPU lacks it); read once, at creation, so every
+     * product of a backend takes the same path. */
+    cb->bf16_dot = bd_supported();
     const char *bf16_env = getenv(CPU_BF16_DOT_ENV);
     if (bf16_env && *bf16_env) {
         if (strcmp(bf16_env, "0") != 0 && strcmp(bf16_env, "1") != 0) {
@@ -492,7 +492,7 @@ int kern_cpu_create(struct kern_backend **out, int n_threads, char *err)
             return error_set(err, ERR_INVALID_ARG, "%s: must be 0 or 1, got \"%s\"", CPU_BF16_DOT_ENV,
                              bf16_env);
         }
-        if (bf16_env[0] == '1' && !bd_supported()) {
+        if (bf16_env[0] == '1' && !cb->bf16_dot) {
             free(cb);
             return error_set(err, ERR_UNSUPPORTED, "%s=1: this CPU (or build) has no AVX512_BF16",
                              CPU_BF16_DOT_ENV);

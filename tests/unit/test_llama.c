@@ -1548,7 +1548,7 @@ static void test_llama_bf16_dot_decodes_close_to_f32_activations(void **state)
     write_model(&m, &SHAPE_GQA_BF16, 87);
     load(&on, m.dir, 1, 64, 0);
     if (kern_cpu_bf16_dot(on.be) != 1) {
-        fprintf(stderr, "  bf16 on the f32 paths here (test_llama_bf16_dot, TANDEM_CPU_BF16_DOT=1, checks the other)\n");
+        fprintf(stderr, "  bf16 on the f32 paths here (no AVX512_BF16, or TANDEM_CPU_BF16_DOT=0)\n");
         unload(&on);
         free_model(&m);
         return;
@@ -1606,8 +1606,9 @@ static void test_llama_missing_tensor_is_named(void **state)
 
 int main(void)
 {
-    /* The run with bf16 on vdpbf16ps (tests/CMakeLists.txt, *_bf16_dot):
-     * nothing to check where the CPU cannot run it. */
+    /* Run with TANDEM_CPU_BF16_DOT=1 (bf16 on vdpbf16ps required): nothing
+     * to check where the CPU cannot run it. (CTest's *_bf16_f32 runs set it
+     * to 0: the f32 paths.) */
     const char *bf16_dot = getenv("TANDEM_CPU_BF16_DOT");
     if (bf16_dot != NULL && strcmp(bf16_dot, "1") == 0) {
         /* the backend's own check: it refuses to start so where it cannot */
