@@ -850,8 +850,15 @@ int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err)
 {
     if (!m->be->ops->prepare_argmax)
         return 0;
-    return m->be->ops->prepare_argmax(m->be, m->lm_head.ptr, m->lm_head.dtype, m->cfg.vocab_size,
-                                      m->cfg.hidden_size, draft ? 1 : 0, err);
+    /* the head never changes once loaded: every pipeline an in-process
+     * tool makes over the model asks again, and the copy it has serves */
+    const int want = draft ? 2 : 1;
+    if (m->argmax_prepared == want)
+        return 0;
+    int rc = m->be->ops->prepare_argmax(m->be, m->lm_head.ptr, m->lm_head.dtype, m->cfg.vocab_size,
+                                        m->cfg.hidden_size, draft ? 1 : 0, err);
+    m->argmax_prepared = rc ? 0 : want;
+    return rc;
 }
 
 /* Prefill positions of the warm-up (llama_ctx_warm_up). */

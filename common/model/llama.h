@@ -203,7 +203,9 @@ bool llama_ctx_has_argmax(const struct llama_ctx *ctx);
  * nothing to prepare. For a model whose logits are mostly wanted as argmax_out.
  * draft: the model drafts for a target that verifies its proposals; the
  * backend may answer from a cheaper copy whose index is exact but for a
- * vanishing chance (kernels.h: prepare_argmax; cpu: half a byte a weight). */
+ * vanishing chance (kernels.h: prepare_argmax; cpu: half a byte a weight).
+ * Asked again the way it was last made, it keeps that copy (the head does
+ * not change once loaded); asked the other way, it makes the other. */
 int llama_model_prepare_argmax(struct llama_model *m, bool draft, char *err);
 
 /* Runs what a first request would run once, on slot 0, and empties the slot

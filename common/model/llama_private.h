@@ -65,6 +65,7 @@ struct llama_model {
     const void **mapped;         /* every map_weights result, to unmap */
     int n_mapped;
     enum quantize_mode quant;    /* of the layers' projections */
+    int argmax_prepared;         /* the head's prepare_argmax: 0 none, 1 a target's, 2 a draft's */
     void **qbufs;                /* quantized host buffers the backend reads in place */
     int n_qbufs;
     size_t file_bytes, held_bytes; /* weights as in the files, as held */

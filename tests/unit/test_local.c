@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "local.h"
+#include "local_generate.h"
 #include "specdec_fixtures.h"
 
 #define MAX_TOKENS 40
@@ -92,6 +93,17 @@ static int on_reply(void *user, const cJSON *reply)
         const cJSON *spec = cJSON_GetObjectItemCaseSensitive(reply, "spec");
         o->drafted = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(spec, "drafted"));
         o->accepted = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(spec, "accepted"));
+        /* spec.accepted_at: a round that accepted m drafts counts at
+         * positions 0..m-1, so the counts never rise and sum to accepted */
+        struct local_stats st;
+        local_stats_from_done(reply, &st);
+        int sum = 0;
+        for (int i = 0; i < SPECULATE_K_MAX; i++) {
+            sum += st.accepted_at[i];
+            assert_true(i == 0 || st.accepted_at[i] <= st.accepted_at[i - 1]);
+        }
+        assert_int_equal(sum, o->accepted);
+        assert_true(st.accepted_at[0] <= st.rounds);
     }
     return o->stop_after > 0 && o->replies >= o->stop_after;
 }
