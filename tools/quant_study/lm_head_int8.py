@@ -26,19 +26,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import llama  # noqa: E402  (tools/train/llama.py: the same forward the trainer uses)
 
 
-def hidden_states(model, ids):
-    """The final norm's output at every position, [t, hidden]."""
-    t = ids.shape[1]
-    pos = torch.arange(t, dtype=torch.float32)
-    freqs = torch.outer(pos, model.inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
-    x = model.model.embed_tokens(ids)
-    for layer in model.model.layers:
-        x = layer(x, cos, sin)
-    return model.model.norm(x)[0]
-
-
 def int8_rows(w):
     """One scale a row (max|w| / 127, 1 for a zero row), values rounded to nearest."""
     scale = w.abs().amax(dim=1) / 127.0
@@ -82,9 +69,9 @@ def int8_logits(h, wq, ws, block=32):
 
 
 def hidden_windows(model, ids, window):
-    """hidden_states over consecutive windows of `window` positions (the
+    """model.hidden over consecutive windows of `window` positions (the
     trained pair saw 256-token contexts), concatenated."""
-    return torch.cat([hidden_states(model, ids[:, i:i + window]) for i in range(0, ids.shape[1], window)])
+    return torch.cat([model.hidden(ids[:, i:i + window])[0] for i in range(0, ids.shape[1], window)])
 
 
 def ids_of(model_dir, cfg, n):

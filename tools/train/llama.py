@@ -125,7 +125,8 @@ class Llama(nn.Module):
                 s = std / math.sqrt(2 * cfg["num_hidden_layers"]) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
                 nn.init.normal_(p, 0.0, s)
 
-    def forward(self, ids):
+    def hidden(self, ids):
+        """The final norm's output at every position (what the head multiplies)."""
         t = ids.shape[1]
         pos = torch.arange(t, dtype=torch.float32)
         freqs = torch.outer(pos, self.inv_freq)
@@ -134,8 +135,10 @@ class Llama(nn.Module):
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
-        x = self.model.norm(x)
-        return x @ self.model.embed_tokens.weight.t()  # tied output embedding
+        return self.model.norm(x)
+
+    def forward(self, ids):
+        return self.hidden(ids) @ self.model.embed_tokens.weight.t()  # tied output embedding
 
 
 def n_params(model):
