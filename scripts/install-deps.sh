@@ -2,7 +2,8 @@
 # Installs what Tandem needs on a fresh Debian machine, skipping what is there:
 #   Debian: compiler, CMake, libzmq, cJSON, CMocka, PCRE2, libmicrohttpd (the
 #           gateway's HTTP server; GnuTLS, its TLS, checks the certificates),
-#           pyzmq (wire example), jsonschema (the structured-output test
+#           pyzmq (wire example), numpy (the logprobs test computes its
+#           reference log-softmax in float64), jsonschema (the structured-output test
 #           validates outputs with it, not with Tandem's code), curl and openssl (gateway tests: openssl
 #           makes the HTTPS test's certificates),
 #           nginx-light (the balancer the replicas test puts in front of two
@@ -18,7 +19,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 debian_packages=(build-essential cmake pkg-config libzmq3-dev libcjson-dev libcmocka-dev
-                 libpcre2-dev libmicrohttpd-dev libgnutls28-dev openssl curl nginx-light python3 python3-zmq python3-jsonschema nodejs npm clang
+                 libpcre2-dev libmicrohttpd-dev libgnutls28-dev openssl curl nginx-light python3 python3-zmq python3-jsonschema python3-numpy nodejs npm clang
                  libclang-rt-dev)
 missing=()
 for pkg in "${debian_packages[@]}"; do
