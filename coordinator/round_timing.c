@@ -153,11 +153,12 @@ static void learn(struct coordinator *c, struct seq *s, const struct worker_msg_
     if (draft_unknown)
         round_timing_draft_wait(c, s, now);
     /* Every round teaches the controller, plain ones included (they are
-     * what speculation is compared with). Its wall time counts only where
-     * it is the request's own: alone on the workers, catching-up on
-     * skipped tokens left out (a one-off, as in last_draft_ms), and for a
-     * plain round, no unused pre-draft still running beside it. */
-    double wall_ms = coord_pair_of(c, s)->n_active == 1 ? round_wall_ms : -1.0;
+     * what speculation is compared with). Its wall time counts, at the load
+     * level the round was decided under (the controller keeps each level's
+     * figures apart), with catching-up on skipped tokens left out (a
+     * one-off, as in last_draft_ms), and for a plain round, no unused
+     * pre-draft still running beside it. */
+    double wall_ms = round_wall_ms;
     if (k > 0 && s->round.times.last_draft_raw_ms > s->round.times.last_draft_ms)
         wall_ms -= s->round.times.last_draft_raw_ms - s->round.times.last_draft_ms;
     if (k == 0 && !s->round.times.plain_alone)
@@ -173,14 +174,14 @@ static void learn(struct coordinator *c, struct seq *s, const struct worker_msg_
         adaptive_k_note_predraft(&s->kc, s->round.times.predrafted, n_tok, wall_ms);
     LOG_DEBUG("round \"%s\" #%d: k %d accepted %d %s; wall %.2f ms: draft wait %.2f (draft compute %.2f), "
               "verify sent->done %.2f (target compute %.2f, idle %.2f); controller: a %.2f, draft %.2f/token, "
-              "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f, pre-drafts %s",
+              "verify %.2f + %.2f/row, plain wall %.2f, drafting excess %.2f (load level %d), pre-drafts %s",
               s->id, s->rounds, k, n_acc, k == 0 ? "plain" : s->round.times.draft_ready_ms < 0 ? "pre-draft" : "fresh",
               round_wall_ms,
               k > 0 ? (beside && !draft_unknown ? s->round.times.draft_ready_ms : s->round.times.verify_sent_ms) - (now - round_wall_ms)
                     : 0.0,
               k > 0 ? s->round.times.last_draft_raw_ms : 0.0, now - s->round.times.verify_sent_ms, m->verify_ms, m->idle_ms,
               s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
-              s->kc.wall_plain_ms, s->kc.wall_extra_ms,
+              s->kc.wall[s->kc.load_level].plain_ms, s->kc.wall[s->kc.load_level].extra_ms, s->kc.load_level,
               coord_pair_of(c, s)->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
 }
 

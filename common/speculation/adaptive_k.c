@@ -68,6 +68,14 @@
  * nothing and a draft that starts matching again is found. */
 #define K_PROBE_INTERVAL_MIN 16
 #define K_PROBE_INTERVAL_MAX 256
+/* ... and in wall time, at least as many rounds as keep what a probe is
+ * measured to cost beyond the plain rounds it replaces within this share
+ * of the time plain rounds take. In a batch a probe waits for the call
+ * its sequence missed while the draft was made: small pair, 4 requests of
+ * 64 tokens, a probe of two drafts took 22-40 ms where a plain round took
+ * 10.5, and probes every 16-32 rounds cost the batch 4-6% of its
+ * throughput. Alone the excess is a hop or two, and 16 rounds stay. */
+#define K_PROBE_BUDGET 0.01
 /* Drafts in a probe timed in wall time (the pipeline), at least: a round
  * there pays two trips through the coordinator whatever its K, which one
  * draft carries alone. Small pair, 2 + 2 threads on 2 cores: K = 1 rounds
@@ -341,12 +349,22 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     kc->rounds_observed++;
 }
 
+/* What the verification of k drafts is priced at for the round being
+ * decided or learnt: the shared call's price under load (see
+ * load_call_base), else what this sequence's verifications at k cost. */
+static double k_verify_priced(const struct adaptive_k *kc, int k)
+{
+    return kc->load_call_base > 0 ? kc->load_call_base + kc->load_call_per_row * (double)(k + 1)
+                                   : k_verify_ms(kc, k);
+}
+
 void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double draft_ms,
                             double verify_ms, double wall_ms)
 {
     /* the draft's first call (see k_update) would price drafting rounds'
      * wall time as wrongly as their compute */
     const bool first_draft = k > 0 && draft_ms >= 0 && !kc->draft_warm;
+    struct adaptive_k_wall *w = &kc->wall[kc->load_level];
     /* What the round should take, before this round is learnt from: a
      * stalled round counts for at most K_SAMPLE_CAP of it, as in k_update,
      * and a plain round for at least its share: the steps of a plain run
@@ -360,11 +378,16 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
      * 1.16x). */
     const double draft_expected = kc->draft_ms_per_token * k;
     const double round_expected =
-        k == 0 ? kc->wall_plain_ms
-        : kc->wall_spec_rounds > 0 && draft_expected > 0
-            ? draft_expected + k_verify_ms(kc, k) + kc->wall_extra_ms
+        k == 0 ? w->plain_ms
+        : w->spec_rounds > 0 && draft_expected > 0
+            ? draft_expected + k_verify_priced(kc, k) + w->extra_ms
             : 0;
-    k_update(kc, k, n_accepted, draft_ms, verify_ms);
+    /* Under load a verification's compute is the batch's shared call,
+     * priced by the call's fit: taken as this sequence's cost of k rows it
+     * would price its rounds alone at the batch's calls (the small pair: 44
+     * ms for two drafts where alone they cost 12), and alone again it
+     * would decode plainly until those figures went stale. */
+    k_update(kc, k, n_accepted, draft_ms, kc->load_call_base > 0 ? 0.0 : verify_ms);
     const bool probe = kc->probing;
     kc->probing = false;
     if (wall_ms <= 0 || draft_ms < 0 || first_draft)
@@ -378,13 +401,13 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
         if (round_expected > 0 && wall_ms < round_expected / K_SAMPLE_CAP)
             wall_ms = round_expected / K_SAMPLE_CAP;
         /* a plain round run to measure, among drafting rounds, weighs as a probe */
-        const double alpha = probe ? K_PROBE_ALPHA : k_alpha(wall_ms, kc->wall_plain_ms);
-        kc->wall_plain_ms = kc->wall_plain_ms > 0 ? kc->wall_plain_ms + alpha * (wall_ms - kc->wall_plain_ms)
+        const double alpha = probe ? K_PROBE_ALPHA : k_alpha(wall_ms, w->plain_ms);
+        w->plain_ms = w->plain_ms > 0 ? w->plain_ms + alpha * (wall_ms - w->plain_ms)
                                                   : wall_ms;
         if (probe) {
-            const bool clear = kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS &&
-                               kc->wall_spec_tokens_sum > 0 && kc->plain_ms > 0 &&
-                               kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum <=
+            const bool clear = w->spec_rounds >= K_WALL_MIN_ROUNDS &&
+                               w->spec_tokens_sum > 0 && kc->plain_ms > 0 &&
+                               w->spec_ms_sum / w->spec_tokens_sum <=
                                    K_PLAIN_CLEAR_SHARE * kc->plain_ms;
             const int stretched = kc->plain_interval_wall * 2;
             kc->plain_interval_wall = !clear ? K_PLAIN_PROBE_INTERVAL_WALL
@@ -405,16 +428,17 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
      * the same way), and the request ran at 1.23x target-only where K = 2
      * throughout ran at 1.54x in the same minute. */
     double extra = wall_ms - (draft_ms > 0 ? draft_ms : 0) -
-                   (verify_ms > 0 ? verify_ms : k_verify_ms(kc, k));
+                   (kc->load_call_base > 0 ? k_verify_priced(kc, k) : verify_ms > 0 ? verify_ms : k_verify_ms(kc, k));
     if (extra < 0)
         extra = 0;
-    const double alpha = probe ? K_PROBE_ALPHA : k_alpha(extra, kc->wall_extra_ms);
-    kc->wall_extra_ms = kc->wall_spec_rounds > 0 ? kc->wall_extra_ms + alpha * (extra - kc->wall_extra_ms)
+    const double alpha = probe ? K_PROBE_ALPHA : k_alpha(extra, w->extra_ms);
+    w->extra_ms = w->spec_rounds > 0 ? w->extra_ms + alpha * (extra - w->extra_ms)
                                                  : extra;
-    kc->wall_spec_rounds++;
+    w->spec_rounds++;
     const double decay = probe ? K_PROBE_ALPHA : K_WALL_DECAY;
-    kc->wall_spec_ms_sum = kc->wall_spec_ms_sum * decay + wall_ms;
-    kc->wall_spec_tokens_sum = kc->wall_spec_tokens_sum * decay + n_accepted + 1;
+    w->spec_ms_sum = w->spec_ms_sum * decay + wall_ms;
+    w->spec_tokens_sum = w->spec_tokens_sum * decay + n_accepted + 1;
+    w->spec_n_sum = w->spec_n_sum * decay + 1;
 }
 
 /* Tokens per ms of drafting rounds made that way (0 while unmeasured). */
@@ -462,13 +486,30 @@ void adaptive_k_new_request(struct adaptive_k *kc)
     kc->probe_interval = K_PROBE_INTERVAL_MIN;
 }
 
+/* Rounds at K = 0 before the next probe at the current load level: the
+ * doubling interval, stretched to K_PROBE_BUDGET of the level's plain
+ * rounds where a probe was measured to cost more. */
+static int k_probe_due(const struct adaptive_k *kc)
+{
+    const struct adaptive_k_wall *w = &kc->wall[kc->load_level];
+    if (w->plain_ms <= 0 || w->spec_n_sum <= 0)
+        return kc->probe_interval;
+    /* what the level's drafting rounds took beyond the plain rounds that
+     * would have given their tokens */
+    const double excess = (w->spec_ms_sum - w->spec_tokens_sum * w->plain_ms) / w->spec_n_sum;
+    const double rounds = excess / (K_PROBE_BUDGET * w->plain_ms);
+    if (rounds <= kc->probe_interval)
+        return kc->probe_interval;
+    return rounds >= K_PROBE_INTERVAL_MAX ? K_PROBE_INTERVAL_MAX : (int)ceil(rounds);
+}
+
 int adaptive_k_plain_run(struct adaptive_k *kc, int max_rounds)
 {
     if (max_rounds <= 1 || kc->k_fixed > 0 || kc->k_current != 0)
         return 1;
     /* at K = 0 each further plain round moves rounds_since_probe on, and
      * the one that reaches probe_interval is the probe */
-    int run = kc->probe_interval - kc->rounds_since_probe;
+    int run = k_probe_due(kc) - kc->rounds_since_probe;
     if (run < 1)
         run = 1;
     if (run > max_rounds)
@@ -500,24 +541,31 @@ struct k_prices {
 
 /* Plain decoding as measured in plain rounds when there were any: the
  * fit's base is taken while drafts run, which may slow the target. In wall
- * time where plain rounds were timed so (the pipeline): then a drafting
- * round is charged its own measured excess over its compute, or until one
- * is measured, the excess a plain round has over its compute (the hop
- * through the coordinator a drafting round makes too). Under load the
- * verification cost is the shared call's, every sequence adding its rows. */
-static struct k_prices k_prices_of(const struct adaptive_k *kc, const struct adaptive_k_load *load)
+ * time where plain rounds of this load level were timed so (the pipeline):
+ * then a drafting round is charged its own measured excess over its
+ * compute, or until one is measured, the excess a plain round has over its
+ * compute (the hop through the coordinator a drafting round makes too).
+ * Under load the verification cost is the shared call's, every sequence
+ * adding its rows; where plain rounds were timed at this level, plain
+ * decoding is priced at their wall time, and a drafting round at its
+ * compute plus the level's measured excess: in a batch that excess holds
+ * the call the sequence misses while its draft is made (small pair, 4
+ * requests: a plain round 11.4 ms, a drafting round of one draft 27-44,
+ * its compute 18-20), which the fit of the call's cost cannot see. */
+static struct k_prices k_prices_of(const struct adaptive_k *kc)
 {
+    const struct adaptive_k_wall *w = &kc->wall[kc->load_level];
     struct k_prices p = {0};
-    p.loaded = load && load->batch > 1 && load->call_ms_base > 0 && load->call_ms_per_row >= 0;
-    p.wall = !p.loaded && kc->wall_plain_ms > 0;
-    p.plain_ms = p.loaded            ? load->call_ms_base + load->call_ms_per_row * load->batch
-                 : p.wall            ? kc->wall_plain_ms
+    p.loaded = kc->load_call_base > 0;
+    p.wall = w->plain_ms > 0;
+    p.plain_ms = p.wall     ? w->plain_ms
+                 : p.loaded ? kc->load_call_base + kc->load_call_per_row
                  : kc->plain_ms > 0 ? kc->plain_ms
-                                     : kc->verify_ms_base;
-    if (p.wall && kc->wall_spec_rounds > 0)
-        p.extra_ms = kc->wall_extra_ms;
-    else if (p.wall && kc->plain_ms > 0 && kc->wall_plain_ms > kc->plain_ms)
-        p.extra_ms = kc->wall_plain_ms - kc->plain_ms;
+                                    : kc->verify_ms_base;
+    if (p.wall && w->spec_rounds > 0)
+        p.extra_ms = w->extra_ms;
+    else if (p.wall && !p.loaded && kc->plain_ms > 0 && w->plain_ms > kc->plain_ms)
+        p.extra_ms = w->plain_ms - kc->plain_ms;
     return p;
 }
 
@@ -526,17 +574,14 @@ static struct k_prices k_prices_of(const struct adaptive_k *kc, const struct ada
  * in place of the ratio c alone), its round's cost in *cost. Between two K
  * the better rate wins outright: a margin there held the 1B-shaped pair at
  * K = 1 where K = 2 was as good or better (a = 0.65-0.75, c = 0.3). */
-static int k_best_by_model(const struct adaptive_k *kc, int limit, const struct k_prices *p,
-                           const struct adaptive_k_load *load, double *cost)
+static int k_best_by_model(const struct adaptive_k *kc, int limit, const struct k_prices *p, double *cost)
 {
     double best_rate = 0;
     int best_k = 0;
     *cost = 0;
     for (int k = 1; k <= limit; k++) {
         const double tokens = speculate_expected_tokens(kc->accept_rate, k);
-        const double verify_ms = p->loaded ? load->call_ms_base + load->call_ms_per_row * load->batch * (double)(k + 1)
-                                           : k_verify_ms(kc, k);
-        const double round_ms = k * kc->draft_ms_per_token + verify_ms + p->extra_ms;
+        const double round_ms = k * kc->draft_ms_per_token + k_verify_priced(kc, k) + p->extra_ms;
         if (tokens / round_ms > best_rate) {
             best_rate = tokens / round_ms;
             *cost = round_ms;
@@ -578,8 +623,9 @@ static int k_against_plain(const struct adaptive_k *kc, int best_k, double best_
      * they were slower than plain rounds the model's prices are off (the
      * acceptance is not the independent draws E(a, k) assumes, costs moved)
      * and plain decoding is the safe choice; probes measure again. */
-    if (best_k > 0 && p->wall && kc->wall_spec_rounds >= K_WALL_MIN_ROUNDS && kc->wall_spec_tokens_sum > 0 &&
-        kc->wall_spec_ms_sum / kc->wall_spec_tokens_sum > p->plain_ms * K_WALL_VETO_MARGIN)
+    const struct adaptive_k_wall *w = &kc->wall[kc->load_level];
+    if (best_k > 0 && p->wall && w->spec_rounds >= K_WALL_MIN_ROUNDS && w->spec_tokens_sum > 0 &&
+        w->spec_ms_sum / w->spec_tokens_sum > p->plain_ms * K_WALL_VETO_MARGIN)
         best_k = 0;
     return best_k;
 }
@@ -593,7 +639,7 @@ static int k_with_probes(struct adaptive_k *kc, int best_k, int model_k, int lim
         kc->plain_interval_wall = K_PLAIN_PROBE_INTERVAL_WALL;
         if (kc->k_current != 0)
             kc->rounds_since_probe = 0;
-        if (++kc->rounds_since_probe >= kc->probe_interval) {
+        if (++kc->rounds_since_probe >= k_probe_due(kc)) {
             kc->rounds_since_probe = 0;
             kc->probe_interval = kc->probe_interval * 2 > K_PROBE_INTERVAL_MAX ? K_PROBE_INTERVAL_MAX
                                                                                : kc->probe_interval * 2;
@@ -621,21 +667,55 @@ static int k_with_probes(struct adaptive_k *kc, int best_k, int model_k, int lim
     return best_k;
 }
 
+/* Whether the controller is fed wall times (the pipeline): plain rounds'
+ * wall time was measured at some load level. */
+static bool k_wall_timed(const struct adaptive_k *kc)
+{
+    for (int i = 0; i < ADAPTIVE_K_LOAD_LEVELS; i++)
+        if (kc->wall[i].plain_ms > 0)
+            return true;
+    return false;
+}
+
+int adaptive_k_load_level(int batch)
+{
+    int level = 0;
+    while (batch > 1 && level < ADAPTIVE_K_LOAD_LEVELS - 1) {
+        batch /= 2;
+        level++;
+    }
+    return level;
+}
+
 int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load)
 {
+    const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 && load->call_ms_per_row >= 0;
+    kc->load_level = adaptive_k_load_level(load ? load->batch : 1);
+    kc->load_call_base = loaded ? load->call_ms_base : 0.0;
+    kc->load_call_per_row = loaded ? load->call_ms_per_row * load->batch : 0.0;
     int cap = room - 1;
     if (cap <= 0)
         return 0;
     if (kc->k_fixed > 0)
         return kc->k_fixed < cap ? kc->k_fixed : cap;
     int limit = kc->k_max < cap ? kc->k_max : cap;
-    if (kc->draft_ms_per_token <= 0 || kc->verify_ms_base <= 0) {
-        /* nothing measured yet: a first round at the initial K */
+    if (kc->draft_ms_per_token <= 0 || (kc->verify_ms_base <= 0 && !loaded)) {
+        /* nothing measured yet: a first round at the initial K (under load
+         * the verification is priced by the call's fit, see k_update's
+         * caller in adaptive_k_update_wall) */
         return kc->k_current < limit ? kc->k_current : limit;
     }
-    const struct k_prices prices = k_prices_of(kc, load);
+    const struct k_prices prices = k_prices_of(kc);
+    if (!prices.wall && k_wall_timed(kc)) {
+        /* a load level not seen yet in a pipeline: one plain round first,
+         * so that drafting there is weighed against what plain decoding
+         * costs there (the level's drafting rounds would otherwise run
+         * priced by the fit alone until the next plain round, up to 32
+         * rounds away) */
+        return 0;
+    }
     double best_cost = 0;
-    const int model_k = k_best_by_model(kc, limit, &prices, load, &best_cost);
+    const int model_k = k_best_by_model(kc, limit, &prices, &best_cost);
     const int best_k = k_against_plain(kc, model_k, best_cost, &prices);
     return k_with_probes(kc, best_k, model_k, limit, prices.wall);
 }

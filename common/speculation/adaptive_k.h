@@ -24,6 +24,20 @@
  * (in the three-process pipeline on shared cores, a verification runs
  * slower while the draft works beside it, and only a plain round shows what
  * the target costs alone). */
+/* Load levels: one sequence alone, then batches of 2-3, 4-7, 8-15, 16 and
+ * more (adaptive_k_load_level). */
+#define ADAPTIVE_K_LOAD_LEVELS 5
+
+/* Wall-time figures of rounds decided at one load level. */
+struct adaptive_k_wall {
+    double plain_ms;        /* running average of plain rounds' wall time (0: none yet) */
+    double extra_ms;        /* running average of a drafting round's wall time beyond
+                             * its draft_ms + verify_ms */
+    int spec_rounds;        /* drafting rounds whose wall time was measured */
+    double spec_ms_sum, spec_tokens_sum, spec_n_sum; /* decayed sums over those rounds
+                                                      * (wall time, tokens, rounds) */
+};
+
 struct adaptive_k {
     int k_fixed;            /* > 0: always this K (still clipped by the context) */
     int k_max;
@@ -57,13 +71,18 @@ struct adaptive_k {
      * that is more than the draft's and the target's compute: in the
      * three-process pipeline each round crosses the coordinator, a fresh
      * draft adds two more hops, and on shared cores whatever the draft does
-     * beside a verification slows it. */
-    double wall_plain_ms;   /* running average of plain rounds' wall time (0: none yet) */
-    double wall_extra_ms;   /* running average of a drafting round's wall time beyond
-                             * its draft_ms + verify_ms */
-    int wall_spec_rounds;   /* drafting rounds whose wall time was measured */
-    double wall_spec_ms_sum, wall_spec_tokens_sum; /* decayed sums over those rounds: their
-                                                    * measured wall time per token */
+     * beside a verification slows it. Kept per load level (the batch the
+     * round was decided under, adaptive_k_load_level): in a batch a
+     * drafting round also waits for the call its sequence missed while its
+     * draft was made, so a round alone says nothing of a round in a batch
+     * of 16, and the other way. */
+    struct adaptive_k_wall wall[ADAPTIVE_K_LOAD_LEVELS];
+    int load_level;         /* of the round last decided (adaptive_k_next*) */
+    /* The shared call's price that round was decided with, base + per_row
+     * * (k + 1) for k drafts (per_row already times the batch); base 0:
+     * not under load. Its wall time's excess is taken over this price, so
+     * that the price plus the excess is what such rounds took. */
+    double load_call_base, load_call_per_row;
     /* Pre-drafting (adaptive_k_predraft): decayed sums of drafting rounds'
      * wall time and tokens, [0] rounds drafted without a pre-draft, [1] with
      * one (a fresh round that asked for it and a round that used it). */
@@ -99,6 +118,9 @@ struct adaptive_k_load {
 /* adaptive_k_next with the load taken into account; load NULL or batch <= 1
  * or unmeasured is adaptive_k_next. */
 int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct adaptive_k_load *load);
+
+/* The load level of a batch of this many sequences (0: alone). */
+int adaptive_k_load_level(int batch);
 
 /* Feeds the measurements of a finished round (k drafted, n_accepted).
  * draft_ms < 0: the round's drafting cost is not representative (it shared
