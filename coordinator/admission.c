@@ -1,6 +1,8 @@
 /* admission.c: see admission.h. */
 #include "admission.h"
 
+#include "drafters.h"
+
 /* Blocks a sequence may come to hold in a worker's pool: its prompt and
  * every token it may generate, plus the rows a round adds beyond the
  * accepted ones (k + 1 for the target's verification, or a token tree's
@@ -16,6 +18,8 @@ int admission_kv_blocks(const struct coordinator *c, const struct pair *p, enum 
     long verify_rows = k + 1;
     if (s->spec_tree >= REQUEST_SPEC_TREE_MIN && s->spec_tree > verify_rows)
         verify_rows = s->spec_tree;
+    if (s->spec_tree == REQUEST_SPEC_TREE_AUTO && DRAFTERS_AUTO_TREE_NODES > verify_rows)
+        verify_rows = DRAFTERS_AUTO_TREE_NODES;
     long positions = (long)s->n_prompt + s->max_tokens + (r == ROLE_DRAFT ? 2 * k + 2 : verify_rows);
     if (positions > w->max_seq_len)
         positions = w->max_seq_len;

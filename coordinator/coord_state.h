@@ -31,6 +31,7 @@
 #include "speculate.h"
 #include "suffix_cache.h"
 #include "tokenizer.h"
+#include "tree_choice.h"
 #include "logprobs.h"
 #include "worker_msg.h"
 
@@ -159,6 +160,9 @@ struct pair {
     double target_idle_since_ms; /* < 0: not idle (or unknown) */
     uint64_t target_calls;   /* forward calls its target reported */
     uint64_t requests_admitted;
+    /* spec_tree "auto": whether the model-free sources' trees pay over
+     * their chains on this pair, measured on rounds alone (tree_choice.h) */
+    struct tree_choice trees;
 };
 
 enum seq_state {

@@ -152,8 +152,17 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
 
 int drafters_tree_budget(const struct coordinator *c, const struct seq *s)
 {
-    if (s->spec_tree < REQUEST_SPEC_TREE_MIN)
-        return 0; /* off, or auto: chains (auto's choice is not built yet) */
+    int budget = s->spec_tree;
+    if (budget == REQUEST_SPEC_TREE_AUTO) {
+        /* measured (tree_choice.h), alone only: in a batch every tree's
+         * rows are every sequence's cost, and that is not measured */
+        const struct pair *p = &c->pair[s->pair];
+        if (p->n_active > 1 || !tree_choice_trees(&p->trees))
+            return 0;
+        budget = DRAFTERS_AUTO_TREE_NODES;
+    }
+    if (budget < REQUEST_SPEC_TREE_MIN)
+        return 0; /* off */
     if (s->draft != REQUEST_DRAFT_SUFFIX && s->draft != REQUEST_DRAFT_NGRAM && s->draft != REQUEST_DRAFT_AUTO)
         return 0;
     /* what the target's tree path does not do yet (specdec_tree_check),
@@ -162,7 +171,7 @@ int drafters_tree_budget(const struct coordinator *c, const struct seq *s)
         return 0;
     if (strcmp(coord_target_of(c, s)->backend, "cpu") != 0)
         return 0;
-    const int nodes = s->spec_tree - 1; /* the budget counts the root */
+    const int nodes = budget - 1; /* the budget counts the root */
     return nodes < DRAFT_TREE_NODES_MAX ? nodes : DRAFT_TREE_NODES_MAX;
 }
 

@@ -28,8 +28,15 @@ int drafters_propose(struct coordinator *c, const struct seq *s, bool model_usab
  * budget, and only where the tree path serves it exactly as a chain would:
  * a model-free source (suffix, ngram, auto), no prediction, logprobs,
  * sampling controls or grammar, and a CPU target (the CUDA tree forward has
- * not run on a GPU yet). "auto" sends chains (docs/token-trees.md). */
+ * not run on a GPU yet). "auto": a tree of DRAFTERS_AUTO_TREE_NODES where the
+ * pair's rounds alone measured trees paying over chains (tree_choice.h),
+ * chains otherwise and in a batch (docs/token-trees.md). */
 int drafters_tree_budget(const struct coordinator *c, const struct seq *s);
+
+/* The node budget of an "auto" tree, the root counted: where trees paid in
+ * the benchmarks, 8 nodes took as many tokens a round as 16 or 32
+ * (docs/perf/cpu-token-trees.md). Admission reserves KV for it. */
+#define DRAFTERS_AUTO_TREE_NODES 8
 
 /* A token tree for s's next round from the model-free sources, under
  * drafters_propose's rules for which source a request takes: the suffix

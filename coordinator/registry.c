@@ -81,6 +81,7 @@ void registry_draft_lost(struct coordinator *c, int pair, const char *why)
 void registry_target_lost(struct coordinator *c, int pair, const char *why)
 {
     c->pair[pair].k_history_valid = false;
+    tree_choice_init(&c->pair[pair].trees); /* what trees cost is the target's */
     struct worker *t = &c->pair[pair].worker[ROLE_TARGET];
     if (!t->up)
         return;

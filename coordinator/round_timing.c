@@ -232,6 +232,13 @@ void round_timing_verify_done(struct coordinator *c, struct seq *s, const struct
      * K is the cap: its drafts cost nothing to make) */
     if (s->round.verify.source == REQUEST_DRAFT_MODEL)
         learn(c, s, m, round_wall_ms, now);
+    /* a matched round of a request that leaves trees to the coordinator
+     * teaches the pair's tree choice, alone only (drafters_tree_budget) */
+    const enum request_draft src = s->round.verify.source;
+    struct pair *p = coord_pair_of(c, s);
+    if (s->round.verify.k > 0 && (src == REQUEST_DRAFT_SUFFIX || src == REQUEST_DRAFT_NGRAM) &&
+        s->spec_tree == REQUEST_SPEC_TREE_AUTO && p->n_active == 1)
+        tree_choice_note(&p->trees, s->round.verify.tree, m->n_tokens, round_wall_ms);
 }
 
 void round_timing_step_sent(struct seq *s, double now)

@@ -1096,7 +1096,7 @@ static void test_scheduler_ngram_tree_travels_in_verify_tree(void **state)
     } cases[] = {
         {16, false, "cpu", PROTOCOL_VERIFY_TREE},
         {REQUEST_SPEC_TREE_OFF, false, "cpu", PROTOCOL_VERIFY_MATCHED},
-        {REQUEST_SPEC_TREE_AUTO, false, "cpu", PROTOCOL_VERIFY_MATCHED}, /* auto: chains for now */
+        {REQUEST_SPEC_TREE_AUTO, false, "cpu", PROTOCOL_VERIFY_MATCHED}, /* auto: chains until trees are measured */
         {16, true, "cpu", PROTOCOL_VERIFY_MATCHED},                      /* controls: not on the tree path */
         {16, false, "cuda", PROTOCOL_VERIFY_MATCHED},                    /* the CUDA tree forward: not run yet */
     };
@@ -1140,6 +1140,58 @@ static void test_scheduler_ngram_tree_travels_in_verify_tree(void **state)
     }
     assert_int_equal(c->metrics.tree_nodes_total, 6);
     assert_int_equal(c->metrics.tree_accepted_tokens_total, 2);
+}
+
+/* spec_tree "auto": chains until the pair's rounds alone measured trees
+ * paying (tree_choice.h), then a tree of DRAFTERS_AUTO_TREE_NODES;
+ * in a batch chains again; and its matched rounds alone teach the choice. */
+static void test_scheduler_auto_tree_where_trees_were_measured_paying(void **state)
+{
+    struct fixture *f = *state;
+    struct coordinator *c = &f->c;
+    ngram_params_default(&c->ngram);
+    c->cfg.coordinator.spec_k_max = 3;
+    const int32_t prompt[10] = {5, 6, 7, 8, 5, 6, 7, 9, 5, 6};
+    snprintf(c->pair[0].worker[ROLE_TARGET].backend, sizeof c->pair[0].worker[ROLE_TARGET].backend, "cpu");
+    for (int pass = 0; pass < 3; pass++) {
+        log_clear();
+        if (pass == 1) {
+            /* chains gave a token in 10 ms, trees 2 */
+            tree_choice_init(&c->pair[0].trees);
+            for (int i = 0; i < 8; i++)
+                tree_choice_note(&c->pair[0].trees, false, 1, 10.0);
+            for (int i = 0; i < 8; i++)
+                tree_choice_note(&c->pair[0].trees, true, 2, 10.0);
+            assert_true(tree_choice_trees(&c->pair[0].trees));
+        }
+        struct seq *s = request_from(c, prompt, 10, 20, 0, REQUEST_DRAFT_NGRAM);
+        s->spec_tree = REQUEST_SPEC_TREE_AUTO;
+        if (pass == 2)
+            c->pair[0].n_active = 2; /* a batch: another sequence shares the calls */
+        struct target_cmd v = expect_verify();
+        const int32_t first = 7;
+        verify_done(c, s, v.round, 0, &first, 1);
+        v = expect_verify();
+        const char *want = pass == 1 ? PROTOCOL_VERIFY_TREE : PROTOCOL_VERIFY_MATCHED;
+        if (strcmp(v.type, want) != 0)
+            fail_msg("pass %d: %s, expected %s", pass, v.type, want);
+        if (pass == 1) {
+            /* 9 5 6 and its runner-up 8 5 6, within the 7 drafts of an
+             * 8-node budget */
+            assert_int_equal(v.n_drafts, 6);
+            const int32_t want_parents[6] = {-1, 0, 1, -1, 3, 4};
+            assert_memory_equal(v.parents, want_parents, sizeof want_parents);
+        }
+        if (pass == 0) {
+            /* alone, its chain round is counted for the choice */
+            const int before = c->pair[0].trees.rounds[0];
+            const int32_t t[2] = {9, 30};
+            verify_done(c, s, v.round, 1, t, 1);
+            assert_int_equal(c->pair[0].trees.rounds[0], before + 1);
+        }
+        scheduler_cancel(c, s);
+        c->pair[0].n_active = 0;
+    }
 }
 
 /* Answers a sequence's commands until it ends, as run_to_end does, and
@@ -1667,6 +1719,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scheduler_beside_draft_error_then_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_drafts_travel_in_the_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_ngram_tree_travels_in_verify_tree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scheduler_auto_tree_where_trees_were_measured_paying, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_suffix_and_auto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_auto_picks_its_source, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scheduler_matched_drafts_only_where_they_pay, setup, teardown),

@@ -13,7 +13,8 @@ benchmark fails otherwise), and the suffix cache then holds them. Methods,
 each over every prompt, in a fresh order each repeat: target-only (draft
 none), and for the n-grams and the suffix cache a chain of K 4 (spec_tree
 off) and trees of budget 8 and 16 (32 for the suffix cache) with paths of K
-4. Printed per method: tokens a round (generated after the first token over
+4, and spec_tree "auto" (the coordinator's measured choice, one pair's
+for both sources). Printed per method: tokens a round (generated after the first token over
 verification calls), rows a round (the nodes or drafts verified and the fed
 token, over verification calls), tree rounds, and tokens/s (tokens after
 the first over decode time, all requests together), with its ratio to
@@ -34,10 +35,12 @@ METHODS = [  # label, draft, spec_tree, spec_k
     ("ngram chain 4", "ngram", "off", 4),
     ("ngram tree 8", "ngram", 8, 4),
     ("ngram tree 16", "ngram", 16, 4),
+    ("ngram auto", "ngram", "auto", 4),
     ("suffix chain 4", "suffix", "off", 4),
     ("suffix tree 8", "suffix", 8, 4),
     ("suffix tree 16", "suffix", 16, 4),
     ("suffix tree 32", "suffix", 32, 4),
+    ("suffix auto", "suffix", "auto", 4),
 ]
 
 
