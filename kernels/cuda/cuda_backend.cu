@@ -242,6 +242,7 @@ static void cuda_destroy(struct kern_backend *be)
     }
     cuda_step_release(cb);
     CUDA_LOG(cudaFree(cb->mm_act));
+    CUDA_LOG(cudaFree(cb->mmq_act));
     CUDA_LOG(cudaFree(cb->attn_part));
     if (cb->cublas) {
         cublasStatus_t st = cublasDestroy(cb->cublas);

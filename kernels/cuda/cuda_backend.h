@@ -93,6 +93,9 @@ struct cuda_backend {
     void *mm_act;             /* matmul: [n, d_in] bf16 activations for the cuBLAS
                                  path (benchmarks only, see matmul.cu) */
     size_t mm_act_bytes;
+    void *mmq_act;            /* matmul_quant.cu: int8 codes and block scales of the
+                               * activations of int8/int4 products */
+    size_t mmq_act_bytes;
     void *attn_part;          /* attention: per-split partial results */
     size_t attn_part_bytes;
     cudaEvent_t synced;       /* recorded by cuda_backend_wait_stream */
