@@ -137,6 +137,10 @@ struct pair {
      * acceptance belong to the pair) */
     struct adaptive_k k_history;
     bool k_history_valid;
+    /* what rounds cost in wall time at each load level, shared by the
+     * pair's sequences' controllers (adaptive_k_load.costs); reset with
+     * k_history */
+    struct adaptive_k_costs wall_costs[ADAPTIVE_K_LOAD_LEVELS];
     uint64_t draft_gen;      /* bumped at each draft registration and loss */
     /* The registered draft and target compute on the same cores, more
      * threads than there are cores (registry: their "cpu"): what one runs

@@ -43,6 +43,7 @@ static void forget_orphan(struct coordinator *c, int i)
 void registry_draft_lost(struct coordinator *c, int pair, const char *why)
 {
     c->pair[pair].k_history_valid = false;
+    memset(c->pair[pair].wall_costs, 0, sizeof c->pair[pair].wall_costs);
     struct worker *d = &c->pair[pair].worker[ROLE_DRAFT];
     if (!d->up && !d->held)
         return;
@@ -81,6 +82,7 @@ void registry_draft_lost(struct coordinator *c, int pair, const char *why)
 void registry_target_lost(struct coordinator *c, int pair, const char *why)
 {
     c->pair[pair].k_history_valid = false;
+    memset(c->pair[pair].wall_costs, 0, sizeof c->pair[pair].wall_costs);
     tree_choice_init(&c->pair[pair].trees); /* what trees cost is the target's */
     struct worker *t = &c->pair[pair].worker[ROLE_TARGET];
     if (!t->up)

@@ -181,7 +181,7 @@ static void learn(struct coordinator *c, struct seq *s, const struct worker_msg_
                     : 0.0,
               k > 0 ? s->round.times.last_draft_raw_ms : 0.0, now - s->round.times.verify_sent_ms, m->verify_ms, m->idle_ms,
               s->kc.accept_rate, s->kc.draft_ms_per_token, s->kc.verify_ms_base, s->kc.verify_ms_per_row,
-              s->kc.wall[s->kc.load_level].plain_ms, s->kc.wall[s->kc.load_level].extra_ms, s->kc.load_level,
+              adaptive_k_level_costs(&s->kc)->plain_ms, adaptive_k_level_costs(&s->kc)->extra_ms, s->kc.load_level,
               coord_pair_of(c, s)->cores_shared ? "off (shared cores)" : s->kc.predraft_on ? "on" : "off");
 }
 

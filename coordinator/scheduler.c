@@ -526,11 +526,13 @@ static void seq_advance(struct coordinator *c, struct seq *s)
         return;
     int k = 0, steps = 1;
     if (draft_usable(c, s)) {
-        const struct pair *p = coord_pair_of(c, s);
+        struct pair *p = coord_pair_of(c, s);
         int draft_room = p->worker[ROLE_DRAFT].max_seq_len - s->n_hist + 1;
-        /* every active sequence of the pair shares its target's forward calls */
+        /* every active sequence of the pair shares its target's forward
+         * calls, and what rounds cost at each load (one sequence's rounds
+         * price the others') */
         struct adaptive_k_load load = {.batch = p->n_active, .call_ms_base = p->call_ms_base,
-                                       .call_ms_per_row = p->call_ms_per_row};
+                                       .call_ms_per_row = p->call_ms_per_row, .costs = p->wall_costs};
         k = adaptive_k_next_under_load(&s->kc, room < draft_room ? room : draft_room, &load);
         /* the plain rounds the controller commits to go as one run: each
          * would otherwise cost a trip through the coordinator, 0.4-0.7 ms

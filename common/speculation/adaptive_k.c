@@ -349,6 +349,18 @@ static void k_update(struct adaptive_k *kc, int k, int n_accepted, double draft_
     kc->rounds_observed++;
 }
 
+/* The wall-time costs of the current load level: the shared table's where
+ * the last decision was handed one, else the controller's own. */
+static struct adaptive_k_costs *k_costs(struct adaptive_k *kc)
+{
+    return kc->shared_costs ? &kc->shared_costs[kc->load_level] : &kc->costs[kc->load_level];
+}
+
+static const struct adaptive_k_costs *k_costs_c(const struct adaptive_k *kc)
+{
+    return kc->shared_costs ? &kc->shared_costs[kc->load_level] : &kc->costs[kc->load_level];
+}
+
 /* What the verification of k drafts is priced at for the round being
  * decided or learnt: the shared call's price under load (see
  * load_call_base), else what this sequence's verifications at k cost. */
@@ -364,6 +376,7 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
     /* the draft's first call (see k_update) would price drafting rounds'
      * wall time as wrongly as their compute */
     const bool first_draft = k > 0 && draft_ms >= 0 && !kc->draft_warm;
+    struct adaptive_k_costs *cost = k_costs(kc);
     struct adaptive_k_wall *w = &kc->wall[kc->load_level];
     /* What the round should take, before this round is learnt from: a
      * stalled round counts for at most K_SAMPLE_CAP of it, as in k_update,
@@ -378,9 +391,9 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
      * 1.16x). */
     const double draft_expected = kc->draft_ms_per_token * k;
     const double round_expected =
-        k == 0 ? w->plain_ms
-        : w->spec_rounds > 0 && draft_expected > 0
-            ? draft_expected + k_verify_priced(kc, k) + w->extra_ms
+        k == 0 ? cost->plain_ms
+        : cost->spec_rounds > 0 && draft_expected > 0
+            ? draft_expected + k_verify_priced(kc, k) + cost->extra_ms
             : 0;
     /* Under load a verification's compute is the batch's shared call,
      * priced by the call's fit: taken as this sequence's cost of k rows it
@@ -401,9 +414,8 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
         if (round_expected > 0 && wall_ms < round_expected / K_SAMPLE_CAP)
             wall_ms = round_expected / K_SAMPLE_CAP;
         /* a plain round run to measure, among drafting rounds, weighs as a probe */
-        const double alpha = probe ? K_PROBE_ALPHA : k_alpha(wall_ms, w->plain_ms);
-        w->plain_ms = w->plain_ms > 0 ? w->plain_ms + alpha * (wall_ms - w->plain_ms)
-                                                  : wall_ms;
+        const double alpha = probe ? K_PROBE_ALPHA : k_alpha(wall_ms, cost->plain_ms);
+        cost->plain_ms = cost->plain_ms > 0 ? cost->plain_ms + alpha * (wall_ms - cost->plain_ms) : wall_ms;
         if (probe) {
             const bool clear = w->spec_rounds >= K_WALL_MIN_ROUNDS &&
                                w->spec_tokens_sum > 0 && kc->plain_ms > 0 &&
@@ -431,14 +443,13 @@ void adaptive_k_update_wall(struct adaptive_k *kc, int k, int n_accepted, double
                    (kc->load_call_base > 0 ? k_verify_priced(kc, k) : verify_ms > 0 ? verify_ms : k_verify_ms(kc, k));
     if (extra < 0)
         extra = 0;
-    const double alpha = probe ? K_PROBE_ALPHA : k_alpha(extra, w->extra_ms);
-    w->extra_ms = w->spec_rounds > 0 ? w->extra_ms + alpha * (extra - w->extra_ms)
-                                                 : extra;
+    const double alpha = probe ? K_PROBE_ALPHA : k_alpha(extra, cost->extra_ms);
+    cost->extra_ms = cost->spec_rounds > 0 ? cost->extra_ms + alpha * (extra - cost->extra_ms) : extra;
+    cost->spec_rounds++;
     w->spec_rounds++;
     const double decay = probe ? K_PROBE_ALPHA : K_WALL_DECAY;
     w->spec_ms_sum = w->spec_ms_sum * decay + wall_ms;
     w->spec_tokens_sum = w->spec_tokens_sum * decay + n_accepted + 1;
-    w->spec_n_sum = w->spec_n_sum * decay + 1;
 }
 
 /* Tokens per ms of drafting rounds made that way (0 while unmeasured). */
@@ -491,13 +502,16 @@ void adaptive_k_new_request(struct adaptive_k *kc)
  * rounds where a probe was measured to cost more. */
 static int k_probe_due(const struct adaptive_k *kc)
 {
-    const struct adaptive_k_wall *w = &kc->wall[kc->load_level];
-    if (w->plain_ms <= 0 || w->spec_n_sum <= 0)
+    const struct adaptive_k_costs *cost = k_costs_c(kc);
+    if (cost->plain_ms <= 0 || cost->spec_rounds == 0 || kc->draft_ms_per_token <= 0)
         return kc->probe_interval;
-    /* what the level's drafting rounds took beyond the plain rounds that
-     * would have given their tokens */
-    const double excess = (w->spec_ms_sum - w->spec_tokens_sum * w->plain_ms) / w->spec_n_sum;
-    const double rounds = excess / (K_PROBE_BUDGET * w->plain_ms);
+    /* what a probe takes (its price plus the level's measured excess over
+     * the price, which is what such rounds took) beyond the plain rounds
+     * that would have given its expected tokens */
+    const int k = K_PROBE_K_WALL;
+    const double round_ms = k * kc->draft_ms_per_token + k_verify_priced(kc, k) + cost->extra_ms;
+    const double excess = round_ms - speculate_expected_tokens(kc->accept_rate, k) * cost->plain_ms;
+    const double rounds = excess / (K_PROBE_BUDGET * cost->plain_ms);
     if (rounds <= kc->probe_interval)
         return kc->probe_interval;
     return rounds >= K_PROBE_INTERVAL_MAX ? K_PROBE_INTERVAL_MAX : (int)ceil(rounds);
@@ -554,7 +568,7 @@ struct k_prices {
  * its compute 18-20), which the fit of the call's cost cannot see. */
 static struct k_prices k_prices_of(const struct adaptive_k *kc)
 {
-    const struct adaptive_k_wall *w = &kc->wall[kc->load_level];
+    const struct adaptive_k_costs *w = k_costs_c(kc);
     struct k_prices p = {0};
     p.loaded = kc->load_call_base > 0;
     p.wall = w->plain_ms > 0;
@@ -671,10 +685,16 @@ static int k_with_probes(struct adaptive_k *kc, int best_k, int model_k, int lim
  * wall time was measured at some load level. */
 static bool k_wall_timed(const struct adaptive_k *kc)
 {
+    const struct adaptive_k_costs *costs = kc->shared_costs ? kc->shared_costs : kc->costs;
     for (int i = 0; i < ADAPTIVE_K_LOAD_LEVELS; i++)
-        if (kc->wall[i].plain_ms > 0)
+        if (costs[i].plain_ms > 0)
             return true;
     return false;
+}
+
+const struct adaptive_k_costs *adaptive_k_level_costs(const struct adaptive_k *kc)
+{
+    return k_costs_c(kc);
 }
 
 int adaptive_k_load_level(int batch)
@@ -691,6 +711,7 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
 {
     const bool loaded = load && load->batch > 1 && load->call_ms_base > 0 && load->call_ms_per_row >= 0;
     kc->load_level = adaptive_k_load_level(load ? load->batch : 1);
+    kc->shared_costs = load ? load->costs : NULL;
     kc->load_call_base = loaded ? load->call_ms_base : 0.0;
     kc->load_call_per_row = loaded ? load->call_ms_per_row * load->batch : 0.0;
     int cap = room - 1;

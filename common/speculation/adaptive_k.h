@@ -28,14 +28,24 @@
  * more (adaptive_k_load_level). */
 #define ADAPTIVE_K_LOAD_LEVELS 5
 
-/* Wall-time figures of rounds decided at one load level. */
-struct adaptive_k_wall {
+/* What rounds cost in wall time at one load level. They belong to the pair
+ * (its hardware, its batch), not to a sequence's content: where the caller
+ * hands a table (adaptive_k_load.costs) every sequence of the pair reads
+ * and teaches the same one, so one sequence's rounds at a level price the
+ * others' at once; else the controller keeps its own. */
+struct adaptive_k_costs {
     double plain_ms;        /* running average of plain rounds' wall time (0: none yet) */
     double extra_ms;        /* running average of a drafting round's wall time beyond
-                             * its draft_ms + verify_ms */
+                             * its draft_ms + priced verification */
+    int spec_rounds;        /* drafting rounds extra_ms was learnt from */
+};
+
+/* This sequence's own drafting rounds at one load level: their wall time
+ * per token depends on its acceptance, so they are never shared. */
+struct adaptive_k_wall {
     int spec_rounds;        /* drafting rounds whose wall time was measured */
-    double spec_ms_sum, spec_tokens_sum, spec_n_sum; /* decayed sums over those rounds
-                                                      * (wall time, tokens, rounds) */
+    double spec_ms_sum, spec_tokens_sum; /* decayed sums over those rounds: their
+                                          * measured wall time per token */
 };
 
 struct adaptive_k {
@@ -76,6 +86,8 @@ struct adaptive_k {
      * drafting round also waits for the call its sequence missed while its
      * draft was made, so a round alone says nothing of a round in a batch
      * of 16, and the other way. */
+    struct adaptive_k_costs costs[ADAPTIVE_K_LOAD_LEVELS]; /* its own, without a shared table */
+    struct adaptive_k_costs *shared_costs; /* the table of the last decision's load, or NULL */
     struct adaptive_k_wall wall[ADAPTIVE_K_LOAD_LEVELS];
     int load_level;         /* of the round last decided (adaptive_k_next*) */
     /* The shared call's price that round was decided with, base + per_row
@@ -113,6 +125,9 @@ struct adaptive_k_load {
     int batch;              /* sequences sharing the target's calls, >= 1 */
     double call_ms_base;    /* <= 0: not measured yet (the load is then ignored) */
     double call_ms_per_row;
+    /* the pair's wall-time costs per load level [ADAPTIVE_K_LOAD_LEVELS],
+     * shared by its sequences (adaptive_k_costs); NULL: the controller's own */
+    struct adaptive_k_costs *costs;
 };
 
 /* adaptive_k_next with the load taken into account; load NULL or batch <= 1
@@ -121,6 +136,10 @@ int adaptive_k_next_under_load(struct adaptive_k *kc, int room, const struct ada
 
 /* The load level of a batch of this many sequences (0: alone). */
 int adaptive_k_load_level(int batch);
+
+/* The wall-time costs the last decision was priced with (its load level's,
+ * in the shared table or the controller's own). */
+const struct adaptive_k_costs *adaptive_k_level_costs(const struct adaptive_k *kc);
 
 /* Feeds the measurements of a finished round (k drafted, n_accepted).
  * draft_ms < 0: the round's drafting cost is not representative (it shared

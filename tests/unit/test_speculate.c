@@ -1306,11 +1306,11 @@ static void test_adaptive_k_unrepresentative_draft_cost_is_not_learnt(void **sta
     adaptive_k_init(&kc, 0, 8);
     adaptive_k_update_wall(&kc, 1, 1, 40.0, 12.0, 54.0); /* the draft's first call */
     adaptive_k_update_wall(&kc, 1, 1, 4.0, 12.0, 18.0);
-    const double draft = kc.draft_ms_per_token, extra = kc.wall[0].extra_ms, a = kc.accept_rate;
+    const double draft = kc.draft_ms_per_token, extra = kc.costs[0].extra_ms, a = kc.accept_rate;
     assert_true(draft == 4.0);
     adaptive_k_update_wall(&kc, 1, 1, -1.0, 12.0, 130.0);
     assert_true(kc.draft_ms_per_token == draft);
-    assert_true(kc.wall[0].extra_ms == extra);
+    assert_true(kc.costs[0].extra_ms == extra);
     assert_int_equal(kc.wall[0].spec_rounds, 1);
     assert_true(kc.accept_rate > a);
 }
@@ -1447,9 +1447,11 @@ struct batch_sim {
     int longest_plain;
 };
 
-static int batch_sim_run(struct adaptive_k *kc, int batch, int rounds, struct batch_sim *sim)
+static int batch_sim_rounds(struct adaptive_k *kc, int batch, int rounds, struct adaptive_k_costs *costs,
+                            struct batch_sim *sim)
 {
-    const struct adaptive_k_load load = {.batch = batch, .call_ms_base = 30.0, .call_ms_per_row = 0.6};
+    const struct adaptive_k_load load = {.batch = batch, .call_ms_base = 30.0, .call_ms_per_row = 0.6,
+                                         .costs = costs};
     int drafting = 0, plain_run = 0;
     for (int r = 0; r < rounds; r++) {
         const int k = adaptive_k_next_under_load(kc, 1000, &load);
@@ -1480,6 +1482,18 @@ static int batch_sim_run(struct adaptive_k *kc, int batch, int rounds, struct ba
     return drafting;
 }
 
+static int batch_sim_run(struct adaptive_k *kc, int batch, int rounds, struct batch_sim *sim)
+{
+    return batch_sim_rounds(kc, batch, rounds, NULL, sim);
+}
+
+/* One round of a sequence in the batch of 16, with the pair's table when
+ * costs is not NULL. */
+static int batch_sim_run_shared(struct adaptive_k *kc, struct adaptive_k_costs *costs, struct batch_sim *sim)
+{
+    return batch_sim_rounds(kc, 16, 1, costs, sim);
+}
+
 /* Wall times are kept per load level: a controller that learnt alone that
  * speculation pays finds out in a batch, from the batch's own rounds, that
  * it does not there (the call's fit alone would have it draft on), and
@@ -1500,10 +1514,12 @@ static void test_adaptive_k_wall_time_per_load_level(void **state)
     const int alone = batch_sim_run(&kc, 1, 200, &sim);
     assert_true(alone >= 150);
     const struct adaptive_k_wall before = kc.wall[0];
+    const struct adaptive_k_costs costs_before = kc.costs[0];
     const int loaded = batch_sim_run(&kc, 16, 400, &sim);
     /* a few rounds to learn the level, then probes only */
     assert_true(loaded <= 24);
     assert_memory_equal(&kc.wall[0], &before, sizeof before);
+    assert_memory_equal(&kc.costs[0], &costs_before, sizeof costs_before);
     /* alone again: speculating on the alone figures */
     assert_true(batch_sim_run(&kc, 1, 100, &sim) >= 60);
     /* a pipeline loaded from its first request learns the same (its
@@ -1534,6 +1550,37 @@ static void test_adaptive_k_wall_time_probes_rarer_where_they_cost_more(void **s
         drafting += batch_sim_run(&kc, 16, 64, &sim);
     }
     assert_true(drafting <= 20);
+}
+
+/* The costs of a load level belong to the pair: where the caller hands a
+ * shared table (adaptive_k_load.costs), what one sequence's rounds in the
+ * batch measured prices another's at once. 16 sequences starting together
+ * at a level none has seen: with the table, the first learns it and the
+ * rest draft in a handful of rounds; each on its own, every one pays its
+ * own rounds to learn it. */
+static void test_adaptive_k_wall_costs_shared_by_a_pair(void **state)
+{
+    (void)state;
+    struct adaptive_k alone;
+    adaptive_k_init_wall(&alone, 0, 4);
+    struct batch_sim sim = {.draw = 5};
+    batch_sim_run(&alone, 1, 100, &sim);
+    int drafting[2] = {0, 0};
+    for (int shared = 0; shared < 2; shared++) {
+        struct adaptive_k_costs table[ADAPTIVE_K_LOAD_LEVELS];
+        memcpy(table, alone.costs, sizeof table); /* the pair's, from its alone rounds */
+        struct adaptive_k seqs[16];
+        for (int i = 0; i < 16; i++)
+            seqs[i] = alone;
+        sim.draw = 5;
+        for (int r = 0; r < 40; r++)
+            for (int i = 0; i < 16; i++)
+                drafting[shared] += batch_sim_run_shared(&seqs[i], shared ? table : NULL, &sim);
+    }
+    /* before the first probes (about 50 rounds in): each on its own drafted
+     * once or twice to learn the level, with the table one did */
+    assert_true(drafting[0] >= 12);
+    assert_true(drafting[1] <= 3);
 }
 
 /* One round of the simulated pair of test_adaptive_k_plain_runs_*: the
@@ -1658,6 +1705,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_k_new_request_probes_afresh),
         cmocka_unit_test(test_adaptive_k_wall_time_per_load_level),
         cmocka_unit_test(test_adaptive_k_wall_time_probes_rarer_where_they_cost_more),
+        cmocka_unit_test(test_adaptive_k_wall_costs_shared_by_a_pair),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
